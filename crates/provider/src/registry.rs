@@ -1,0 +1,188 @@
+//! The one table of provider types: what the config loader accepts, how each
+//! type's block is validated, and how each entry is constructed.
+//!
+//! A [`ProviderType`] cannot exist without both a validator and a
+//! constructor, so a type the loader accepts is always a type the process
+//! can build (the original kept two lists that drifted).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::config::{ProviderConfig, ProvidersConfig};
+use crate::decorate::{self, ProviderMetrics};
+use crate::{BoxError, Checker, Provider};
+
+/// Checks the type-specific part of one entry; returns the message tail
+/// (the loader prefixes `providers[i] "name": `).
+pub type Validator = fn(&ProviderConfig) -> Result<(), String>;
+
+/// Builds a provider from a validated entry. Synchronous and never dials
+/// the backend: a backend that is down at startup must not stop the others.
+/// Anything the constructor needs from the process (a Kubernetes client,
+/// flags) is captured by the closure in the composition root.
+pub type Constructor = Box<dyn Fn(&ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> + Send + Sync>;
+
+/// One provider type: its `type:` value, its validator and its constructor.
+pub struct ProviderType {
+    name: &'static str,
+    validate: Validator,
+    construct: Constructor,
+}
+
+impl fmt::Debug for ProviderType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProviderType").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl ProviderType {
+    /// A type accepted as `type: <name>`.
+    pub fn new(
+        name: &'static str,
+        validate: Validator,
+        construct: impl Fn(&ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name,
+            validate,
+            construct: Box::new(construct),
+        }
+    }
+
+    /// The `type:` value.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Runs the type's validator on an entry.
+    ///
+    /// # Errors
+    /// The message tail describing the first problem.
+    pub fn validate(&self, entry: &ProviderConfig) -> Result<(), String> {
+        (self.validate)(entry)
+    }
+
+    /// Runs the constructor on an entry.
+    ///
+    /// # Errors
+    /// Whatever the constructor refused (config problems only).
+    pub fn construct(&self, entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
+        (self.construct)(entry)
+    }
+}
+
+/// The provider types this process knows.
+#[derive(Debug, Default)]
+pub struct Registry {
+    types: Vec<ProviderType>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a type.
+    ///
+    /// # Panics
+    /// When a type of that name is already registered: two constructors for
+    /// one `type:` value is a wiring mistake in the composition root.
+    pub fn with(mut self, provider_type: ProviderType) -> Self {
+        assert!(
+            self.get(provider_type.name).is_none(),
+            "provider type {:?} registered twice",
+            provider_type.name
+        );
+        self.types.push(provider_type);
+        self
+    }
+
+    /// The type registered as `name`.
+    pub fn get(&self, name: &str) -> Option<&ProviderType> {
+        self.types.iter().find(|t| t.name == name)
+    }
+
+    /// The registered type names, in registration order.
+    pub fn type_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.types.iter().map(|t| t.name)
+    }
+
+    /// Builds every entry of a loaded config, in file order, and wraps each as
+    /// `tracing(metrics(p))`. The checkers are taken from the undecorated
+    /// providers first.
+    ///
+    /// # Errors
+    /// The first constructor failure, naming the entry: building is
+    /// all-or-nothing.
+    pub fn build(&self, config: &ProvidersConfig, metrics: &ProviderMetrics) -> Result<Providers, BuildError> {
+        let mut entries = Vec::with_capacity(config.providers.len());
+        for entry in &config.providers {
+            let fail = |message: String| BuildError {
+                entry: entry.name.clone(),
+                type_name: entry.type_name.clone(),
+                message,
+            };
+            let provider_type = self
+                .get(&entry.type_name)
+                .ok_or_else(|| fail("no constructor is registered for this type".to_owned()))?;
+            let raw = provider_type.construct(entry).map_err(|e| fail(e.to_string()))?;
+            let checker = raw.checker();
+            entries.push(BuiltProvider {
+                name: entry.name.clone(),
+                type_name: entry.type_name.clone(),
+                provider: decorate::decorate(&entry.name, raw, metrics),
+                checker,
+            });
+        }
+        Ok(Providers { entries })
+    }
+}
+
+/// A constructor refused an entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("provider {entry:?} (type {type_name}): {message}")]
+pub struct BuildError {
+    /// The entry name.
+    pub entry: String,
+    /// The entry's type.
+    pub type_name: String,
+    /// What the constructor said.
+    pub message: String,
+}
+
+/// One built entry.
+#[derive(Debug, Clone)]
+pub struct BuiltProvider {
+    /// The configured entry name.
+    pub name: String,
+    /// The entry's type.
+    pub type_name: String,
+    /// The decorated provider (`tracing(metrics(p))`).
+    pub provider: Arc<dyn Provider>,
+    /// The undecorated provider's checker, if it has one.
+    pub checker: Option<Arc<dyn Checker>>,
+}
+
+/// Every built entry, in config order.
+#[derive(Debug, Clone, Default)]
+pub struct Providers {
+    entries: Vec<BuiltProvider>,
+}
+
+impl Providers {
+    /// The decorated provider configured as `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
+        self.entries.iter().find(|e| e.name == name).map(|e| &e.provider)
+    }
+
+    /// All entries, in config order (checkers included).
+    pub fn entries(&self) -> &[BuiltProvider] {
+        &self.entries
+    }
+
+    /// Whether no provider is configured.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
