@@ -22,7 +22,7 @@ use serde::Deserialize;
 mod load;
 mod validate;
 
-pub use load::ConfigError;
+pub use load::{ConfigError, Loaded};
 pub use validate::validators;
 
 /// The whole file.

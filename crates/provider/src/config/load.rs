@@ -1,4 +1,32 @@
-//! Reading and strictly parsing the file. (stub: being written)
+//! Reading and strictly parsing the file.
+//!
+//! Parsing happens in two steps so each problem gets the best message:
+//!
+//! 1. YAML text to a generic tree (`serde_json::Value`) with serde-saphyr:
+//!    syntax errors and duplicate keys are reported there, with line and
+//!    column, and its alias and size budgets stay on.
+//! 2. The tree to the model, one entry at a time through
+//!    `serde_path_to_error`, so an unknown key or a wrongly typed value names
+//!    the entry and the path inside it (`providers[2] "kvm-home": kvm.hosts[0]: ...`).
+//!
+//! Then [`validate`](super::validate) applies the per-entry rules.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+use serde_saphyr::{DuplicateKeyPolicy, SnippetMode, UserMessageFormatter};
+
+use super::validate::{entry_prefix, go_quote, validate_entries};
+use super::{ProviderConfig, ProvidersConfig};
+use crate::Registry;
+
+/// The largest file [`ProvidersConfig::load`] reads (1 MiB). A providers
+/// file is a few kilobytes; anything near a mebibyte is a mistake (wrong
+/// path, a binary), and refusing it bounds the memory spent on it.
+const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
 /// A problem with the providers config file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}: {message}")]
@@ -7,4 +35,220 @@ pub struct ConfigError {
     pub file: String,
     /// One line naming the entry and the field.
     pub message: String,
+}
+
+/// A parsed and validated config, with the warnings worth logging.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loaded {
+    /// The validated config.
+    pub config: ProvidersConfig,
+    /// Problems that do not stop the process (e.g. no provider configured).
+    pub warnings: Vec<String>,
+}
+
+impl ProvidersConfig {
+    /// Parses and validates the text of a providers file. `file` only names
+    /// the source in messages; `registry` supplies the accepted types and
+    /// their block validators.
+    ///
+    /// # Errors
+    /// The first problem found, as one line.
+    pub fn parse(text: &str, file: &str, registry: &Registry) -> Result<Loaded, ConfigError> {
+        let fail = |message: String| ConfigError {
+            file: file.to_owned(),
+            message: one_line(&message),
+        };
+        let entries = top_level_entries(text).map_err(fail)?;
+        // Like the original, every entry is decoded before any is validated:
+        // shape problems anywhere come before rule violations.
+        let providers = entries
+            .iter()
+            .enumerate()
+            .map(|(i, value)| decode_entry(i, value))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(fail)?;
+        validate_entries(&providers, registry).map_err(fail)?;
+
+        let mut warnings = Vec::new();
+        if providers.is_empty() {
+            // Accepted on purpose: Proxies in External mode need no provider.
+            warnings
+                .push("no providers are configured; only External proxies can be used".to_owned());
+        }
+        Ok(Loaded {
+            config: ProvidersConfig { providers },
+            warnings,
+        })
+    }
+
+    /// Reads, parses and validates the providers file at `path`, logging
+    /// each warning.
+    ///
+    /// # Errors
+    /// An unreadable file, a file over 1 MiB, or the first
+    /// problem [`ProvidersConfig::parse`] finds.
+    pub fn load(path: &Path, registry: &Registry) -> Result<ProvidersConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = read_capped(path).map_err(|message| ConfigError {
+            file: file.clone(),
+            message,
+        })?;
+        let loaded = Self::parse(&text, &file, registry)?;
+        for warning in &loaded.warnings {
+            tracing::warn!(file = %file, "{warning}");
+        }
+        Ok(loaded.config)
+    }
+}
+
+/// Reads at most [`MAX_FILE_BYTES`] (plus one byte, to tell "exactly at the
+/// limit" from "over it"), so a huge file is never buffered whole.
+fn read_capped(path: &Path) -> Result<String, String> {
+    let cannot_read = |e: std::io::Error| format!("cannot read the providers config: {e}");
+    let file = File::open(path).map_err(cannot_read)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot_read)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "the file is larger than the {MAX_FILE_BYTES}-byte (1 MiB) limit for a providers config"
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("the file is not valid UTF-8: {e}"))
+}
+
+/// Parses the YAML and returns the `providers` list, checking the top level
+/// by hand so its messages say what is expected rather than quoting a Rust
+/// type name.
+fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
+    let options = serde_saphyr::options! {
+        // The default already, but strictness is the point: say it.
+        duplicate_keys: DuplicateKeyPolicy::Error,
+        // Snippets are multi-line; we want one line with line and column.
+        with_snippet: false,
+        // Only `true`/`false` are booleans (YAML 1.2). Step 1 infers types
+        // without knowing the model, so with YAML 1.1 rules a host named
+        // `no` or `on` would turn into a boolean and be refused as a name.
+        strict_booleans: true,
+    };
+    let doc: Value = serde_saphyr::from_str_with_options(text, options).map_err(|e| {
+        let rendered = e.render_with_options(serde_saphyr::render_options! {
+            formatter: &UserMessageFormatter,
+            snippets: SnippetMode::Off,
+        });
+        format!("invalid YAML: {rendered}")
+    })?;
+
+    let mut map = match doc {
+        // An empty file, only comments, or a lone `null`.
+        Value::Null => {
+            return Err("the file is empty; expected a mapping with a `providers` list".to_owned());
+        }
+        Value::Object(map) => map,
+        other => {
+            return Err(format!(
+                "the top level must be a mapping with a `providers` list (got {})",
+                kind(&other)
+            ));
+        }
+    };
+    if let Some(key) = map.keys().find(|k| *k != "providers") {
+        return Err(format!(
+            "unknown top-level key {}; only `providers` is allowed",
+            go_quote(key)
+        ));
+    }
+    match map.remove("providers") {
+        None => Err("the `providers` list is missing".to_owned()),
+        // `providers:` with every entry commented out: an empty list.
+        Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(entries)) => Ok(entries),
+        Some(other) => Err(format!(
+            "`providers` must be a list of entries (got {})",
+            kind(&other)
+        )),
+    }
+}
+
+/// Decodes one list element into the model, naming the entry and the path
+/// inside it on failure.
+fn decode_entry(index: usize, value: &Value) -> Result<ProviderConfig, String> {
+    let prefix = match value.get("name").and_then(Value::as_str) {
+        Some(name) => entry_prefix(index, name),
+        None => format!("providers[{index}]"),
+    };
+    if !value.is_object() {
+        return Err(format!(
+            "{prefix}: an entry must be a mapping with `name` and `type` (got {})",
+            kind(value)
+        ));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let message = readable_serde_message(&e.inner().to_string());
+        if path == "." {
+            format!("{prefix}: {message}")
+        } else {
+            format!("{prefix}: {path}: {message}")
+        }
+    })
+}
+
+/// serde names the Rust struct it expected (`expected struct KvmHost`);
+/// users wrote YAML, so say "a mapping" instead.
+fn readable_serde_message(message: &str) -> String {
+    match message.split_once(", expected struct ") {
+        Some((head, _)) => format!("{head}, expected a mapping"),
+        None => message.to_owned(),
+    }
+}
+
+/// What a YAML value is, in words, for "got ..." messages.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// Collapses line breaks (and the indentation after them) into single
+/// spaces: a config error is one log line.
+fn one_line(message: &str) -> String {
+    if !message.contains(['\n', '\r']) {
+        return message.to_owned();
+    }
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_collapses_breaks() {
+        assert_eq!(one_line("a\n   b\r\n\nc"), "a b c");
+        assert_eq!(one_line("plain  text"), "plain  text");
+    }
+
+    #[test]
+    fn struct_names_become_mapping() {
+        assert_eq!(
+            readable_serde_message(r#"invalid type: string "x", expected struct GcpConfig"#),
+            r#"invalid type: string "x", expected a mapping"#
+        );
+        assert_eq!(
+            readable_serde_message("missing field `x`"),
+            "missing field `x`"
+        );
+    }
 }

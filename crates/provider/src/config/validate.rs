@@ -1,3 +1,417 @@
-//! Validation rules. (stub: being written)
-/// Block validators for the registry.
-pub mod validators {}
+//! Validation rules: the per-entry checks every type shares, and the block
+//! validators the registry attaches to each type.
+//!
+//! Messages are part of the contract (operators grep logs for them), so they
+//! follow providers.md §3.3 and kvm.md §1.2 word for word. Every message is
+//! one line; the loader only adds the file name in front.
+
+use std::collections::HashSet;
+
+use super::ProviderConfig;
+use crate::Registry;
+use crate::naming::is_dns1123_label;
+
+/// Checks every entry in file order and returns the first problem as a full
+/// message (`providers[<i>] "<name>": ...`).
+pub(super) fn validate_entries(
+    entries: &[ProviderConfig],
+    registry: &Registry,
+) -> Result<(), String> {
+    let mut seen = HashSet::new();
+    for (i, entry) in entries.iter().enumerate() {
+        // 1. Name: present, a DNS-1123 label (it names a ProviderHealth
+        // object), unique.
+        if entry.name.is_empty() {
+            return Err(format!("providers[{i}]: name is required"));
+        }
+        let prefix = entry_prefix(i, &entry.name);
+        if !is_dns1123_label(&entry.name) {
+            return Err(format!(
+                "{prefix}: name must be a lowercase DNS-1123 label (lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit, at most 63 characters)"
+            ));
+        }
+        if !seen.insert(entry.name.as_str()) {
+            return Err(format!("{prefix}: duplicate provider name"));
+        }
+
+        // 2. Type: the registry is the allow-list, so a type the loader
+        // accepts is always one the process can build.
+        if entry.type_name.is_empty() {
+            return Err(format!("{prefix}: type is required"));
+        }
+        let Some(provider_type) = registry.get(&entry.type_name) else {
+            return Err(format!(
+                "{prefix}: unknown provider type {}",
+                go_quote(&entry.type_name)
+            ));
+        };
+
+        // 3. Set-blocks rule: only the block named by the type may be set,
+        // so porting an entry means changing both `type` and the block key.
+        if let Some(block) = entry
+            .blocks_present()
+            .into_iter()
+            .find(|b| *b != entry.type_name)
+        {
+            return Err(format!(
+                "{prefix}: type is {} but a {block} block is set",
+                entry.type_name
+            ));
+        }
+
+        // 4. The type's own rules.
+        provider_type
+            .validate(entry)
+            .map_err(|tail| format!("{prefix}: {tail}"))?;
+    }
+    Ok(())
+}
+
+/// `providers[<i>] "<name>"`, the prefix of every per-entry message.
+pub(super) fn entry_prefix(index: usize, name: &str) -> String {
+    format!("providers[{index}] {}", go_quote(name))
+}
+
+/// Quotes `s` the way Go's `%q` does, so messages stay byte-identical with
+/// the original operator's: double quotes, `\"` and `\\`, the short escapes
+/// for common control characters, and `\x`/`\u`/`\U` for anything else that
+/// does not print. Printable non-ASCII text is kept as is.
+pub(super) fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if is_printable(c) => out.push(c),
+            c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push_str(&format!("\\U{:08x}", c as u32)),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// An approximation of Go's `unicode.IsPrint` without Unicode tables:
+/// rejects control characters, every space but U+0020, the common invisible
+/// format characters (bidi overrides, zero-width characters, BOM) and
+/// private-use code points. Unassigned code points are not detected; they
+/// are printed as is, which is harmless in a log line.
+fn is_printable(c: char) -> bool {
+    if c == ' ' {
+        return true;
+    }
+    if c.is_control() || c.is_whitespace() {
+        return false;
+    }
+    !matches!(c as u32,
+        0xAD
+        | 0x600..=0x605
+        | 0x61C
+        | 0x6DD
+        | 0x70F
+        | 0x180E
+        | 0x200B..=0x200F
+        | 0x202A..=0x202E
+        | 0x2060..=0x206F
+        | 0xE000..=0xF8FF
+        | 0xFEFF
+        | 0xFFF9..=0xFFFB
+        | 0xE0001
+        | 0xE0020..=0xE007F
+        | 0xF0000..)
+}
+
+/// Whether `raw` is an absolute `http`/`https` URL with a non-empty host,
+/// the rule Go applied with `url.Parse` (no URL crate is available here).
+///
+/// Accepted shape: `scheme "://" [userinfo "@"] host [":" port] [path] ["?" query] ["#" fragment]`
+/// with the scheme compared case-insensitively, a registered name or a
+/// bracketed IPv6 literal as host and a port of digits only. Slightly
+/// stricter than Go on exotic hosts (`%` escapes in a host are refused).
+pub(super) fn is_http_url(raw: &str) -> bool {
+    // Go's parser refuses ASCII control characters anywhere in a URL.
+    if raw.chars().any(|c| c.is_ascii_control()) {
+        return false;
+    }
+    let Some((scheme, rest)) = raw.split_once(':') else {
+        return false;
+    };
+    if !(scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")) {
+        return false;
+    }
+    // Without `//` there is no authority (`http:host` is an opaque URL), so no host.
+    let Some(rest) = rest.strip_prefix("//") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    // Userinfo ends at the last `@`: a password may itself contain `@`
+    // only escaped, but Go splits at the last one too.
+    let host_port = match authority.rsplit_once('@') {
+        Some((userinfo, host_port)) => {
+            if !userinfo.chars().all(is_userinfo_char) {
+                return false;
+            }
+            host_port
+        }
+        None => authority,
+    };
+    valid_host_port(host_port)
+}
+
+/// Characters Go's `validUserinfo` accepts.
+fn is_userinfo_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._:~!$&'()*+,;=%@".contains(c) || !c.is_ascii()
+}
+
+/// `host [":" port]`, with a non-empty host.
+fn valid_host_port(host_port: &str) -> bool {
+    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        // IPv6 literal: `[addr]` or `[addr]:port`.
+        let Some((addr, after)) = bracketed.split_once(']') else {
+            return false;
+        };
+        // Hex digits and colons, plus an optional `%zone` (letters, digits, `-._~`).
+        let addr_char = |c: char| c.is_ascii_alphanumeric() || ":.%-_~".contains(c);
+        if addr.is_empty() || !addr.chars().all(addr_char) {
+            return false;
+        }
+        match after.strip_prefix(':') {
+            Some(port) => (addr, Some(port)),
+            None if after.is_empty() => (addr, None),
+            None => return false,
+        }
+    } else {
+        let (host, port) = match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        };
+        let host_char =
+            |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=".contains(c) || !c.is_ascii();
+        if !host.chars().all(host_char) {
+            return false;
+        }
+        (host, port)
+    };
+    // Go accepts an empty port after the colon (`host:`); so do we.
+    let port_ok = port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()));
+    !host.is_empty() && port_ok
+}
+
+/// Block validators to register with each [`ProviderType`](crate::ProviderType).
+/// Each returns the message tail; the loader adds `providers[<i>] "<name>": `.
+pub mod validators {
+    use super::{go_quote, is_http_url};
+    use crate::config::ProviderConfig;
+    use crate::naming::is_identifier;
+
+    /// For types without settings to check (`kubernetes`, `local`, ...).
+    ///
+    /// # Errors
+    /// Never.
+    pub fn none(_entry: &ProviderConfig) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The `gcp` block: a project is mandatory.
+    ///
+    /// # Errors
+    /// `gcp.project is required`, `gcp.diskSizeGb must not be negative`.
+    pub fn gcp(entry: &ProviderConfig) -> Result<(), String> {
+        let Some(gcp) = entry.gcp.as_ref().filter(|g| !g.project.is_empty()) else {
+            return Err("gcp.project is required".to_owned());
+        };
+        if gcp.disk_size_gb.is_some_and(|size| size < 0) {
+            return Err("gcp.diskSizeGb must not be negative".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The `kvm` and `kvm2` blocks (one shape; the block name is the type),
+    /// checked in the order of kvm.md §1.2, stopping at the first problem.
+    ///
+    /// # Errors
+    /// The first failing rule, e.g. `kvm2.sshKeyFile is required`.
+    pub fn kvm(entry: &ProviderConfig) -> Result<(), String> {
+        let b = entry.type_name.as_str();
+        let Some(cfg) = entry.libvirt_block() else {
+            return Err(format!("{b} block is required"));
+        };
+        if cfg.ssh_key_file.is_empty() {
+            return Err(format!("{b}.sshKeyFile is required"));
+        }
+        if cfg.known_hosts_file.is_empty() && !cfg.insecure_ignore_host_key {
+            return Err(format!(
+                "{b}.knownHostsFile is required unless {b}.insecureIgnoreHostKey is true"
+            ));
+        }
+        if cfg.disk_size_gb < 0 {
+            return Err(format!("{b}.diskSizeGb must not be negative"));
+        }
+        if let Some(domain_type) = cfg.domain_type.as_deref()
+            && !matches!(domain_type, "" | "kvm" | "qemu")
+        {
+            return Err(format!(
+                "{b}.domainType must be kvm or qemu (got {})",
+                go_quote(domain_type)
+            ));
+        }
+
+        // BTreeMap: keys in sorted order, so the reported key is deterministic.
+        for (key, image) in &cfg.images {
+            let at = format!("{b}.images[{}]", go_quote(key));
+            if !is_identifier(key) {
+                return Err(format!(
+                    "{at}: key must be letters, digits, dots, dashes or underscores \u{2014} \
+                     it becomes part of the cached base volume's name"
+                ));
+            }
+            if !is_http_url(&image.url) {
+                return Err(format!(
+                    "{at}.url must be an http(s) URL (got {})",
+                    go_quote(&image.url)
+                ));
+            }
+            if !image.sha256.is_empty() && !is_sha256_hex(&image.sha256) {
+                return Err(format!("{at}.sha256 must be 64 hex characters"));
+            }
+            if !matches!(image.format.as_str(), "" | "qcow2" | "raw") {
+                return Err(format!(
+                    "{at}.format must be qcow2 or raw (got {})",
+                    go_quote(&image.format)
+                ));
+            }
+            if !matches!(image.firmware.as_str(), "" | "uefi" | "bios") {
+                return Err(format!(
+                    "{at}.firmware must be uefi or bios (got {})",
+                    go_quote(&image.firmware)
+                ));
+            }
+        }
+
+        if cfg.machine_types.is_empty() {
+            return Err(format!("{b}.machineTypes must define at least one profile"));
+        }
+        for (key, machine) in &cfg.machine_types {
+            if machine.vcpus <= 0 || machine.memory_mib <= 0 {
+                return Err(format!(
+                    "{b}.machineTypes[{}] needs vcpus > 0 and memoryMiB > 0",
+                    go_quote(key)
+                ));
+            }
+        }
+
+        if cfg.hosts.is_empty() {
+            return Err(format!("{b}.hosts must list at least one host"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (j, host) in cfg.hosts.iter().enumerate() {
+            let at = format!("{b}.hosts[{j}]");
+            if host.name.is_empty() {
+                return Err(format!("{at}: name is required"));
+            }
+            let name = go_quote(&host.name);
+            if !is_identifier(&host.name) {
+                return Err(format!(
+                    "{at}: name {name} must be letters, digits, dots, dashes or underscores \u{2014} \
+                     it becomes part of the providerID hosts/<name>/domains/<vm>"
+                ));
+            }
+            if !seen.insert(host.name.as_str()) {
+                return Err(format!("{at}: duplicate host name {name}"));
+            }
+            for (field, value) in [
+                ("address", &host.address),
+                ("user", &host.user),
+                ("bridge", &host.bridge),
+            ] {
+                if value.is_empty() {
+                    return Err(format!("{at} {name}: {field} is required"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `^[0-9a-fA-F]{64}$`.
+    fn is_sha256_hex(s: &str) -> bool {
+        s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_quote_matches_go() {
+        // Expected values are what Go's fmt.Sprintf("%q", s) prints.
+        let cases = [
+            ("p1", r#""p1""#),
+            ("", r#""""#),
+            (r#"a"b"#, r#""a\"b""#),
+            (r"a\b", r#""a\\b""#),
+            ("a\nb\tc\r", r#""a\nb\tc\r""#),
+            ("\u{7}\u{8}\u{b}\u{c}", r#""\a\b\v\f""#),
+            ("\u{0}\u{1b}\u{7f}", r#""\x00\x1b\x7f""#),
+            ("caf\u{e9} \u{2014}", "\"caf\u{e9} \u{2014}\""),
+            ("a\u{a0}b", r#""a\u00a0b""#),
+            ("\u{202e}x\u{feff}", r#""\u202ex\ufeff""#),
+            ("\u{f0000}", r#""\U000f0000""#),
+            ("\u{1f600}", "\"\u{1f600}\""),
+        ];
+        for (input, want) in cases {
+            assert_eq!(go_quote(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn http_urls() {
+        for good in [
+            "https://cloud.debian.org/images/cloud/trixie/latest/debian-13-generic-amd64.qcow2",
+            "http://example.com",
+            "HTTPS://Example.COM/x",
+            "http://user:pass@host:8080/p?q=1#f",
+            "http://host:",
+            "http://host?x=1",
+            "http://[::1]:80/img",
+            "http://[fe80::1%25eth0]/",
+            "http://10.0.0.1/img.raw",
+            "https://bücher.example/x",
+        ] {
+            assert!(is_http_url(good), "{good}");
+        }
+        for bad in [
+            "",
+            "ftp://x",
+            "http://",
+            "https:///path",
+            "http://:80/",
+            "http://user@/x",
+            "not a url",
+            "http:host",
+            "http:/host/x",
+            "//host/path",
+            "file:///etc/passwd",
+            "http://host:port/",
+            "http://a b/",
+            "http://host/a\nb",
+            "http://[::1/",
+            "http://[]/",
+            "http://[::1]x/",
+            "http://us er@host/",
+            "http://ho%41st/",
+        ] {
+            assert!(!is_http_url(bad), "{bad}");
+        }
+    }
+}

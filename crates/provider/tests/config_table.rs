@@ -1,0 +1,529 @@
+//! Table tests of the providers config loader: every malformed file must fail
+//! with a one-line message naming the file, the entry and the field, and
+//! every valid file must load into the expected model.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
+use egress_provider::{BoxError, Provider, ProviderType, Registry};
+
+const FILE: &str = "providers.yaml";
+
+/// The four types of the operator, with the real validators and a
+/// constructor that is never called here.
+fn registry() -> Registry {
+    fn unused(_: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
+        Err("unused".into())
+    }
+    Registry::new()
+        .with(ProviderType::new("kubernetes", validators::none, unused))
+        .with(ProviderType::new("gcp", validators::gcp, unused))
+        .with(ProviderType::new("kvm", validators::kvm, unused))
+        .with(ProviderType::new("kvm2", validators::kvm, unused))
+}
+
+/// Strips the indentation shared by every non-blank line (and a leading
+/// line break), so YAML can be written indented inside the table.
+fn dedent(text: &str) -> String {
+    let text = text.strip_prefix('\n').unwrap_or(text);
+    let margin = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start_matches(' ').len())
+        .min()
+        .unwrap_or(0);
+    text.lines()
+        .map(|l| l.get(margin..).unwrap_or("").to_owned() + "\n")
+        .collect()
+}
+
+/// A valid kvm or kvm2 entry named `kvm-home`; rows edit it line by line.
+fn kvm_yaml(block: &str) -> String {
+    dedent(&format!(
+        "
+        providers:
+          - name: kvm-home
+            type: {block}
+            {block}:
+              sshKeyFile: /k/id
+              knownHostsFile: /k/known_hosts
+              images:
+                debian-13:
+                  url: https://example.com/debian-13.qcow2
+              machineTypes:
+                small: {{vcpus: 1, memoryMiB: 1024}}
+              hosts:
+                - {{name: beelink, address: beelink:22, user: novakj, bridge: br0}}
+        "
+    ))
+}
+
+const SSH_LINE: &str = "      sshKeyFile: /k/id\n";
+const KNOWN_HOSTS_LINE: &str = "      knownHostsFile: /k/known_hosts\n";
+const URL_LINE: &str = "          url: https://example.com/debian-13.qcow2\n";
+const MACHINES: &str = "      machineTypes:\n        small: {vcpus: 1, memoryMiB: 1024}\n";
+const HOST_LINE: &str =
+    "        - {name: beelink, address: beelink:22, user: novakj, bridge: br0}\n";
+
+/// The kvm template with `from` replaced by `to`; panics if `from` is not
+/// in the template, so an edit can never silently do nothing.
+fn kvm_edit(block: &str, from: &str, to: &str) -> String {
+    let yaml = kvm_yaml(block);
+    assert!(yaml.contains(from), "template has no {from:?}");
+    yaml.replacen(from, to, 1)
+}
+
+/// One malformed file and the message it must produce.
+struct Bad {
+    what: String,
+    yaml: String,
+    want: String,
+}
+
+fn bad(what: impl Into<String>, yaml: impl AsRef<str>, want: impl Into<String>) -> Bad {
+    Bad {
+        what: what.into(),
+        yaml: dedent(yaml.as_ref()),
+        want: want.into(),
+    }
+}
+
+const EMPTY: &str = "the file is empty; expected a mapping with a `providers` list";
+const DNS: &str = "name must be a lowercase DNS-1123 label (lowercase letters, digits and '-', \
+                   starting and ending with a letter or digit, at most 63 characters)";
+/// Expands to about a million nodes if nothing stops it.
+const ALIAS_BOMB: &str = "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n\
+    c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n\
+    e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n";
+
+/// Problems of the file's shape: YAML syntax, the top level, unknown keys,
+/// wrong value types.
+#[rustfmt::skip]
+fn structural_rows() -> Vec<Bad> {
+    let ke = r#"providers[0] "kvm-home": kvm"#;
+    vec![
+        bad("empty file", "", format!("providers.yaml: {EMPTY}")),
+        bad("only a comment", "# nothing here yet\n", EMPTY),
+        bad("null document", "~\n", EMPTY),
+        bad("not YAML: braces", "{{{", "invalid YAML: unclosed bracket '{' at line 1, column 3"),
+        bad("not YAML: tabs", "providers:\n\t- name: a\n\t  type: kubernetes\n", "invalid YAML: tabs disallowed within this context (block indentation) at line 2, column 2"),
+        bad("not YAML: unclosed quote", "providers:\n  - name: \"a\n", "invalid YAML: unclosed quote at line 2, column 11"),
+        bad("two documents", "providers: []\n---\nproviders: []\n", "invalid YAML: only single YAML document expected but multiple found at line 3, column 1"),
+        // The alias budget stops it long before a million nodes are built.
+        bad("alias bomb", ALIAS_BOMB, "invalid YAML: YAML document too large or too complex: limits breached"),
+        bad("duplicate top-level key", "providers: []\nproviders: []\n", "invalid YAML: duplicate mapping key `providers` is not allowed here at line 2, column 1"),
+        bad("duplicate key in an entry", "providers:\n  - name: a\n    type: kubernetes\n    name: b\n", "invalid YAML: duplicate mapping key `name` is not allowed here at line 4, column 5"),
+        bad("duplicate image key", kvm_edit("kvm", URL_LINE, &format!("{URL_LINE}        debian-13:\n{URL_LINE}")), "invalid YAML: duplicate mapping key `debian-13` is not allowed here at line 10, column 9"),
+        bad("top level is a list", "- name: a\n  type: kubernetes\n", "the top level must be a mapping with a `providers` list (got a list)"),
+        bad("top level is a string", "kubernetes\n", "the top level must be a mapping with a `providers` list (got a string)"),
+        bad("unknown top-level key", "providers: []\nextra: 1\n", r#"unknown top-level key "extra"; only `providers` is allowed"#),
+        bad("misspelled providers", "provider:\n  - name: a\n", r#"unknown top-level key "provider"; only `providers` is allowed"#),
+        bad("non-string top-level key", "1: x\nproviders: []\n", r#"unknown top-level key "1"; only `providers` is allowed"#),
+        bad("providers missing", "{}\n", "the `providers` list is missing"),
+        bad("providers is a mapping", "providers:\n  name: a\n", "`providers` must be a list of entries (got a mapping)"),
+        bad("providers is a string", "providers: kubernetes\n", "`providers` must be a list of entries (got a string)"),
+        bad("entry is a string", "providers:\n  - kubernetes\n", "providers[0]: an entry must be a mapping with `name` and `type` (got a string)"),
+        bad("entry is null", "providers:\n  -\n", "providers[0]: an entry must be a mapping with `name` and `type` (got null)"),
+        bad("unknown key in an entry", "providers:\n  - {name: a, type: kubernetes, region: eu}\n", r#"providers[0] "a": region: unknown field `region`, expected one of `name`, `type`, `kubernetes`, `gcp`, `kvm`, `kvm2`"#),
+        bad("unknown key in an unnamed entry", "providers:\n  - {type: kubernetes, nmae: a}\n", "providers[0]: nmae: unknown field `nmae`, expected one of `name`"),
+        bad("unknown key in a kubernetes block", "providers:\n  - {name: k, type: kubernetes, kubernetes: {img: squid}}\n", r#"providers[0] "k": kubernetes.img: unknown field `img`, expected `image`"#),
+        bad("unknown key in a gcp block", "providers:\n  - {name: g, type: gcp, gcp: {project: p, zone: z}}\n", r#"providers[0] "g": gcp.zone: unknown field `zone`, expected one of `project`, `network`, `networkTag`, `diskSizeGb`"#),
+        // Go matched field names case-insensitively; serde does not.
+        bad("keys are case-sensitive", "providers:\n  - {name: g, type: gcp, gcp: {Project: p}}\n", r#"providers[0] "g": gcp.Project: unknown field `Project`, expected one of `project`"#),
+        bad("unknown key in a kvm block", kvm_edit("kvm", SSH_LINE, &format!("{SSH_LINE}      sshPort: 22\n")), format!("{ke}.sshPort: unknown field `sshPort`, expected one of `sshKeyFile`, `knownHostsFile`")),
+        bad("unknown key in a kvm image", kvm_edit("kvm", URL_LINE, &format!("{URL_LINE}          checksum: abc\n")), format!("{ke}.images.debian-13.checksum: unknown field `checksum`, expected one of `url`, `sha256`, `format`, `firmware`")),
+        bad("unknown key in a kvm host", kvm_edit("kvm", "bridge: br0}", "bridge: br0, port: 22}"), format!("{ke}.hosts[0].port: unknown field `port`, expected one of `name`, `address`, `user`")),
+        bad("unknown key in a machine type", kvm_edit("kvm", "memoryMiB: 1024}", "memoryMiB: 1024, gpus: 1}"), format!("{ke}.machineTypes.small.gpus: unknown field `gpus`, expected `vcpus` or `memoryMiB`")),
+        bad("a block that is a string", "providers:\n  - {name: g, type: gcp, gcp: \"x\"}\n", r#"providers[0] "g": gcp: invalid type: string "x", expected a mapping"#),
+        bad("a list where a string is expected", "providers:\n  - {name: g, type: gcp, gcp: {project: [a, b]}}\n", r#"providers[0] "g": gcp.project: invalid type: sequence, expected a string"#),
+        bad("a string where a number is expected", kvm_edit("kvm", "{vcpus: 1,", "{vcpus: two,"), format!(r#"{ke}.machineTypes.small.vcpus: invalid type: string "two", expected i32"#)),
+        bad("YAML 1.1 booleans are strings", kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: yes\n"), format!(r#"{ke}.insecureIgnoreHostKey: invalid type: string "yes", expected a boolean"#)),
+        bad("hosts is a mapping", kvm_edit("kvm", HOST_LINE, "        beelink: {}\n"), format!("{ke}.hosts: invalid type: map, expected a sequence")),
+    ]
+}
+
+/// The entry-level rules of providers.md §3.3: name, type, set blocks, gcp.
+#[rustfmt::skip]
+fn entry_rows() -> Vec<Bad> {
+    let long = "a".repeat(64);
+    let mut rows = vec![
+        bad("missing name", "providers:\n  - type: kubernetes\n", "providers.yaml: providers[0]: name is required"),
+        bad("empty name", "providers:\n  - {name: \"\", type: kubernetes}\n", "providers[0]: name is required"),
+        bad("uppercase name", "providers:\n  - {name: Kvm-Home, type: kubernetes}\n", format!(r#"providers[0] "Kvm-Home": {DNS}"#)),
+        bad("underscore in name", "providers:\n  - {name: kvm_home, type: kubernetes}\n", format!(r#"providers[0] "kvm_home": {DNS}"#)),
+        bad("name of 64 characters", format!("providers:\n  - {{name: {long}, type: kubernetes}}\n"), format!(r#"providers[0] "{long}": {DNS}"#)),
+        bad("name is %q-quoted", "providers:\n  - {name: 'a\"b', type: kubernetes}\n", format!(r#"providers[0] "a\"b": {DNS}"#)),
+        bad("duplicate entry name", "providers:\n  - {name: a, type: kubernetes}\n  - {name: b, type: kubernetes}\n  - {name: a, type: kubernetes}\n", r#"providers[2] "a": duplicate provider name"#),
+        bad("missing type", "providers:\n  - name: a\n", r#"providers.yaml: providers[0] "a": type is required"#),
+        bad("unknown type", "providers:\n  - {name: a, type: docker}\n", r#"providers[0] "a": unknown provider type "docker""#),
+        bad("unknown type is %q-quoted", "providers:\n  - {name: a, type: 'we\"ird'}\n", r#"providers[0] "a": unknown provider type "we\"ird""#),
+        bad("types are case-sensitive", "providers:\n  - {name: a, type: KVM}\n", r#"providers[0] "a": unknown provider type "KVM""#),
+        bad("the first bad entry wins", "providers:\n  - {name: ok, type: kubernetes}\n  - {name: bad, type: gcp}\n  - {name: worse, type: nope}\n", r#"providers[1] "bad": gcp.project is required"#),
+        bad("own and foreign block", "providers:\n  - {name: a, type: gcp, gcp: {project: p}, kvm: {}}\n", r#"providers[0] "a": type is gcp but a kvm block is set"#),
+        bad("first foreign block in fixed order", "providers:\n  - {name: a, type: kvm, kvm2: {}, kubernetes: {}}\n", r#"providers[0] "a": type is kvm but a kubernetes block is set"#),
+        bad("gcp without a block", "providers:\n  - {name: g, type: gcp}\n", r#"providers[0] "g": gcp.project is required"#),
+        bad("gcp without a project", "providers:\n  - {name: g, type: gcp, gcp: {network: default}}\n", r#"providers[0] "g": gcp.project is required"#),
+        bad("gcp with an empty project", "providers:\n  - {name: g, type: gcp, gcp: {project: \"\"}}\n", r#"providers[0] "g": gcp.project is required"#),
+        bad("gcp with a negative disk", "providers:\n  - {name: g, type: gcp, gcp: {project: p, diskSizeGb: -5}}\n", r#"providers[0] "g": gcp.diskSizeGb must not be negative"#),
+    ];
+    // Every wrong-block pair, including kvm<->kvm2 and gcp<->kubernetes.
+    let types = ["kubernetes", "gcp", "kvm", "kvm2"];
+    for t in types {
+        for b in types.into_iter().filter(|b| *b != t) {
+            let yaml = format!("providers:\n  - name: p1\n    type: {t}\n    {b}: {{}}\n");
+            rows.push(bad(format!("type {t} with a {b} block"), yaml, format!(r#"providers[0] "p1": type is {t} but a {b} block is set"#)));
+        }
+    }
+    rows
+}
+
+/// Every kvm.md §1.2 message for block `b` (`kvm` or `kvm2`), in the
+/// validator's order. The dash in two messages is U+2014.
+#[rustfmt::skip]
+fn kvm_rows(b: &str) -> Vec<Bad> {
+    let row = |what: &str, yaml: String, tail: String| bad(format!("{b}: {what}"), yaml, format!(r#"providers[0] "kvm-home": {b}{tail}"#));
+    let img = r#".images["debian-13"]"#;
+    let hosts = format!("      hosts:\n{HOST_LINE}");
+    vec![
+        row("block missing", format!("providers:\n  - {{name: kvm-home, type: {b}}}\n"), " block is required".into()),
+        row("null block counts as missing", format!("providers:\n  - name: kvm-home\n    type: {b}\n    {b}:\n"), " block is required".into()),
+        row("no sshKeyFile", kvm_edit(b, SSH_LINE, ""), ".sshKeyFile is required".into()),
+        row("no knownHostsFile", kvm_edit(b, KNOWN_HOSTS_LINE, ""), format!(".knownHostsFile is required unless {b}.insecureIgnoreHostKey is true")),
+        row("no knownHostsFile, not insecure", kvm_edit(b, KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: false\n"), format!(".knownHostsFile is required unless {b}.insecureIgnoreHostKey is true")),
+        row("negative diskSizeGb", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      diskSizeGb: -1\n")), ".diskSizeGb must not be negative".into()),
+        row("bad domainType", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      domainType: xen\n")), r#".domainType must be kvm or qemu (got "xen")"#.into()),
+        row("image key ../etc/d", kvm_edit(b, "        debian-13:\n", "        ../etc/d:\n"), r#".images["../etc/d"]: key must be letters, digits, dots, dashes or underscores — it becomes part of the cached base volume's name"#.into()),
+        row("bad image keys in sorted order", kvm_edit(b, "        debian-13:\n", &format!("        zz/bad:\n{URL_LINE}        aa/bad:\n{URL_LINE}        debian-13:\n")), r#".images["aa/bad"]: key must be"#.into()),
+        row("ftp url", kvm_edit(b, URL_LINE, "          url: ftp://x\n"), format!(r#"{img}.url must be an http(s) URL (got "ftp://x")"#)),
+        row("url without a host", kvm_edit(b, URL_LINE, "          url: 'http://'\n"), format!(r#"{img}.url must be an http(s) URL (got "http://")"#)),
+        row("url that is not a url", kvm_edit(b, URL_LINE, "          url: not a url\n"), format!(r#"{img}.url must be an http(s) URL (got "not a url")"#)),
+        row("image without a url", kvm_edit(b, URL_LINE, "          format: raw\n"), format!(r#"{img}.url must be an http(s) URL (got "")"#)),
+        row("short sha256", kvm_edit(b, URL_LINE, &format!("{URL_LINE}          sha256: abc123\n")), format!("{img}.sha256 must be 64 hex characters")),
+        row("non-hex sha256", kvm_edit(b, URL_LINE, &format!("{URL_LINE}          sha256: {}g\n", "a".repeat(63))), format!("{img}.sha256 must be 64 hex characters")),
+        row("bad format", kvm_edit(b, URL_LINE, &format!("{URL_LINE}          format: vmdk\n")), format!(r#"{img}.format must be qcow2 or raw (got "vmdk")"#)),
+        row("bad firmware", kvm_edit(b, URL_LINE, &format!("{URL_LINE}          firmware: coreboot\n")), format!(r#"{img}.firmware must be uefi or bios (got "coreboot")"#)),
+        row("no machineTypes", kvm_edit(b, MACHINES, ""), ".machineTypes must define at least one profile".into()),
+        row("empty machineTypes", kvm_edit(b, MACHINES, "      machineTypes: {}\n"), ".machineTypes must define at least one profile".into()),
+        row("zero vcpus", kvm_edit(b, "{vcpus: 1,", "{vcpus: 0,"), r#".machineTypes["small"] needs vcpus > 0 and memoryMiB > 0"#.into()),
+        row("no memory", kvm_edit(b, "{vcpus: 1, memoryMiB: 1024}", "{vcpus: 1}"), r#".machineTypes["small"] needs vcpus > 0 and memoryMiB > 0"#.into()),
+        row("no hosts", kvm_edit(b, &hosts, ""), ".hosts must list at least one host".into()),
+        row("empty hosts", kvm_edit(b, &hosts, "      hosts: []\n"), ".hosts must list at least one host".into()),
+        row("host without a name", kvm_edit(b, "{name: beelink, ", "{"), ".hosts[0]: name is required".into()),
+        row("host name with a slash", kvm_edit(b, "name: beelink", "name: dc1/rack2"), r#".hosts[0]: name "dc1/rack2" must be letters, digits, dots, dashes or underscores — it becomes part of the providerID hosts/<name>/domains/<vm>"#.into()),
+        row("duplicate host name", kvm_edit(b, HOST_LINE, &format!("{HOST_LINE}{HOST_LINE}")), r#".hosts[1]: duplicate host name "beelink""#.into()),
+        row("host without an address", kvm_edit(b, "address: beelink:22, ", ""), r#".hosts[0] "beelink": address is required"#.into()),
+        row("host without a user", kvm_edit(b, "user: novakj, ", ""), r#".hosts[0] "beelink": user is required"#.into()),
+        row("host without a bridge", kvm_edit(b, ", bridge: br0", ""), r#".hosts[0] "beelink": bridge is required"#.into()),
+    ]
+}
+
+#[test]
+fn config_malformed_files_are_rejected_with_one_line() {
+    let registry = registry();
+    let mut rows = structural_rows();
+    rows.extend(entry_rows());
+    rows.extend(kvm_rows("kvm"));
+    rows.extend(kvm_rows("kvm2"));
+    assert!(rows.len() >= 25);
+
+    let mut failures = Vec::new();
+    for row in &rows {
+        match ProvidersConfig::parse(&row.yaml, FILE, &registry) {
+            Ok(loaded) => failures.push(format!("{}: accepted: {loaded:?}", row.what)),
+            Err(err) => {
+                let shown = err.to_string();
+                println!("{:<50} {shown}", row.what);
+                if !shown.starts_with("providers.yaml: ")
+                    || shown.contains(['\n', '\r'])
+                    || !shown.contains(&row.want)
+                {
+                    failures.push(format!(
+                        "{}:\n   got: {shown}\n  want: {}",
+                        row.what, row.want
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} rows failed:\n{}",
+        failures.len(),
+        rows.len(),
+        failures.join("\n")
+    );
+    println!("{} malformed rows", rows.len());
+}
+
+/// One valid file and what must be true of its model.
+struct Good {
+    what: &'static str,
+    yaml: String,
+    check: fn(&ProvidersConfig, &[String]),
+}
+
+fn good(what: &'static str, yaml: impl AsRef<str>, check: fn(&ProvidersConfig, &[String])) -> Good {
+    Good {
+        what,
+        yaml: dedent(yaml.as_ref()),
+        check,
+    }
+}
+
+fn only(config: &ProvidersConfig) -> &ProviderConfig {
+    assert_eq!(config.providers.len(), 1);
+    &config.providers[0]
+}
+
+fn valid_rows() -> Vec<Good> {
+    vec![
+        good(
+            "kubernetes minimal",
+            "providers:\n  - {name: kubernetes, type: kubernetes}\n",
+            |c, w| {
+                assert!(w.is_empty());
+                let e = only(c);
+                assert_eq!(
+                    (e.name.as_str(), e.type_name.as_str()),
+                    ("kubernetes", "kubernetes")
+                );
+                assert!(e.blocks_present().is_empty());
+            },
+        ),
+        good(
+            "kubernetes with an image",
+            "providers:\n  - {name: k, type: kubernetes, kubernetes: {image: 'squid:7'}}\n",
+            |c, _| {
+                let image = only(c).kubernetes.as_ref().and_then(|k| k.image.as_deref());
+                assert_eq!(image, Some("squid:7"));
+            },
+        ),
+        good(
+            "gcp minimal",
+            "providers:\n  - {name: gcp-eu, type: gcp, gcp: {project: my-project}}\n",
+            |c, _| {
+                let gcp = only(c).gcp.as_ref().expect("gcp block");
+                assert_eq!(gcp.project, "my-project");
+                assert_eq!((gcp.network.as_deref(), gcp.disk_size_gb), (None, None));
+            },
+        ),
+        good("kvm minimal", kvm_yaml("kvm"), |c, _| {
+            let e = only(c);
+            let kvm = e.kvm.as_ref().expect("kvm block");
+            assert!(e.kvm2.is_none());
+            assert_eq!(kvm.hosts[0].name, "beelink");
+            assert_eq!(kvm.machine_types["small"].memory_mib, 1024);
+            assert_eq!(kvm.effective_disk_size_gb(), 10);
+        }),
+        good(
+            "kvm2 is parsed into the kvm2 block",
+            kvm_yaml("kvm2"),
+            |c, _| {
+                let e = only(c);
+                assert!(e.kvm.is_none());
+                assert_eq!(e.libvirt_block(), e.kvm2.as_ref());
+                assert_eq!(
+                    e.kvm2.as_ref().map(|k| k.ssh_key_file.as_str()),
+                    Some("/k/id")
+                );
+            },
+        ),
+        good(
+            "kvm, insecure, no knownHostsFile",
+            kvm_edit(
+                "kvm",
+                KNOWN_HOSTS_LINE,
+                "      insecureIgnoreHostKey: true\n",
+            ),
+            |c, _| {
+                let kvm = only(c).kvm.as_ref().expect("kvm block");
+                assert!(kvm.insecure_ignore_host_key && kvm.known_hosts_file.is_empty());
+            },
+        ),
+        good(
+            "kvm2 with every optional field",
+            include_str!("data/providers/kvm2-all-fields.yaml"),
+            |c, _| {
+                let kvm = only(c).kvm2.as_ref().expect("kvm2 block");
+                assert_eq!(
+                    (kvm.effective_domain_type(), kvm.effective_cpu_mode()),
+                    ("qemu", None)
+                );
+                assert!(!kvm.effective_install_guest_agent());
+                assert_eq!(kvm.images["debian-13.raw"].effective_firmware(), "bios");
+                assert_eq!(kvm.hosts[0].effective_pool(), "images");
+            },
+        ),
+        good(
+            "empty domainType means kvm",
+            kvm_edit(
+                "kvm",
+                SSH_LINE,
+                &format!("{SSH_LINE}      domainType: ''\n"),
+            ),
+            |c, _| {
+                assert_eq!(
+                    only(c).kvm.as_ref().map(|k| k.effective_domain_type()),
+                    Some("kvm")
+                );
+            },
+        ),
+        good(
+            "names that look like YAML 1.1 booleans or numbers",
+            kvm_edit("kvm", "name: beelink", "name: no").replacen("small:", "1:", 1),
+            |c, _| {
+                let kvm = only(c).kvm.as_ref().expect("kvm block");
+                assert_eq!(kvm.hosts[0].name, "no");
+                assert!(kvm.machine_types.contains_key("1"));
+            },
+        ),
+        good(
+            "the full example of providers.md 3.5",
+            include_str!("data/providers/full-example.yaml"),
+            |c, w| {
+                assert!(w.is_empty());
+                let names: Vec<_> = c.providers.iter().map(|e| e.name.as_str()).collect();
+                assert_eq!(names, ["kubernetes", "gcp-eu", "kvm-home", "kvm2-home"]);
+                assert!(c.providers[3].kvm2.is_some() && c.providers[3].kvm.is_none());
+            },
+        ),
+        good(
+            "an empty list is accepted with a warning",
+            "providers: []\n",
+            |c, w| {
+                assert!(c.providers.is_empty());
+                assert_eq!(
+                    w,
+                    ["no providers are configured; only External proxies can be used"]
+                );
+            },
+        ),
+        good(
+            "every entry commented out",
+            "providers:\n#  - {name: k, type: kubernetes}\n",
+            |c, w| {
+                assert!(c.providers.is_empty());
+                assert_eq!(w.len(), 1);
+            },
+        ),
+        good(
+            "null blocks count as absent",
+            "providers:\n  - name: k\n    type: kubernetes\n    gcp:\n    kvm2: ~\n",
+            |c, _| {
+                let e = only(c);
+                assert!(e.gcp.is_none() && e.kvm2.is_none());
+            },
+        ),
+        good(
+            "merge keys are expanded",
+            "providers:\n  - &k {name: a, type: kubernetes}\n  - <<: *k\n    name: b\n",
+            |c, _| {
+                assert_eq!(
+                    (
+                        c.providers[1].name.as_str(),
+                        c.providers[1].type_name.as_str()
+                    ),
+                    ("b", "kubernetes")
+                );
+            },
+        ),
+        good(
+            "anchors and aliases are allowed",
+            "
+            providers:
+              - name: kvm-a
+                type: kvm
+                kvm: &shared
+                  sshKeyFile: /k/id
+                  insecureIgnoreHostKey: true
+                  machineTypes: {small: {vcpus: 1, memoryMiB: 512}}
+                  hosts: [{name: h1, address: 'h1:22', user: u, bridge: br0}]
+              - name: kvm-b
+                type: kvm2
+                kvm2: *shared
+            ",
+            |c, _| assert_eq!(c.providers[0].kvm, c.providers[1].kvm2),
+        ),
+    ]
+}
+
+#[test]
+fn config_valid_files_load() {
+    let registry = registry();
+    let rows = valid_rows();
+    for row in &rows {
+        let loaded = ProvidersConfig::parse(&row.yaml, FILE, &registry)
+            .unwrap_or_else(|e| panic!("{}: rejected: {e}\n{}", row.what, row.yaml));
+        (row.check)(&loaded.config, &loaded.warnings);
+    }
+    println!("{} valid rows", rows.len());
+}
+
+/// A path in the temp dir unique to this process and test.
+fn temp_path(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "egress-provider-config-{}-{tag}.yaml",
+        std::process::id()
+    ))
+}
+
+#[test]
+fn config_load_reads_a_file() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/providers/full-example.yaml");
+    let config = ProvidersConfig::load(&path, &registry()).expect("loads");
+    assert_eq!(config.providers.len(), 4);
+}
+
+#[test]
+fn config_load_of_a_missing_file_names_the_path() {
+    let path = temp_path("missing");
+    let err = ProvidersConfig::load(&path, &registry()).expect_err("missing file");
+    let shown = err.to_string();
+    assert!(shown.starts_with(&path.display().to_string()), "{shown}");
+    assert!(
+        shown.contains("cannot read the providers config"),
+        "{shown}"
+    );
+    assert!(shown.contains("os error 2"), "{shown}");
+}
+
+#[test]
+fn config_load_refuses_a_file_over_one_mib() {
+    let path = temp_path("huge");
+    let mut text = String::from("providers: []\n");
+    text.push_str(&format!("# {}\n", "x".repeat(1024 * 1024)));
+    std::fs::write(&path, &text).expect("write temp file");
+    let result = ProvidersConfig::load(&path, &registry());
+    std::fs::remove_file(&path).expect("remove temp file");
+    let shown = result.expect_err("too big").to_string();
+    assert!(shown.contains("1 MiB"), "{shown}");
+    assert!(!shown.contains('\n'));
+}
+
+#[test]
+fn config_load_accepts_a_file_just_under_the_cap() {
+    let path = temp_path("big");
+    let mut text = String::from("providers: []\n# ");
+    text.push_str(&"x".repeat(1024 * 1024 - text.len() - 1));
+    text.push('\n');
+    assert_eq!(text.len(), 1024 * 1024);
+    std::fs::write(&path, &text).expect("write temp file");
+    let result = ProvidersConfig::load(&path, &registry());
+    std::fs::remove_file(&path).expect("remove temp file");
+    assert!(result.expect("exactly 1 MiB loads").providers.is_empty());
+}
+
+#[test]
+fn config_load_refuses_a_file_that_is_not_utf8() {
+    let path = temp_path("latin1");
+    std::fs::write(
+        &path,
+        b"providers:\n  - {name: caf\xe9, type: kubernetes}\n",
+    )
+    .expect("write temp file");
+    let result = ProvidersConfig::load(&path, &registry());
+    std::fs::remove_file(&path).expect("remove temp file");
+    let shown = result.expect_err("not UTF-8").to_string();
+    assert!(shown.contains("the file is not valid UTF-8"), "{shown}");
+}
