@@ -1,1 +1,110 @@
-fn main() {}
+//! Project automation. `cargo xtask <command>`:
+//!
+//! - `test`: the README's test command. As root, installs the system
+//!   packages the workspace needs (apt); then runs every test of the
+//!   workspace, streaming cargo's own output, and exits with its status.
+//! - `ci`: what CI checks: `cargo fmt --check`, clippy with warnings denied,
+//!   then `test`.
+//! - `deny`: `cargo deny check licenses bans sources` (advisories need the
+//!   network, which these machines do not have).
+//!
+//! Later issues add `dev`, `crds`, `conformance`, `hypervisor` and `bench`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+mod system;
+
+#[derive(Parser)]
+#[command(about = "Automation for the egress-proxy operator workspace")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the tests need (as root), then run every test of the workspace.
+    Test {
+        /// Extra arguments passed to `cargo test` after `--` (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Formatting check, clippy with warnings denied, then `test`.
+    Ci,
+    /// License, ban and source checks with cargo-deny.
+    Deny,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let root = workspace_root();
+    match cli.command {
+        Cmd::Test { args } => test(&root, &args),
+        Cmd::Ci => {
+            cargo(&root, &["fmt", "--all", "--check"])?;
+            cargo(&root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+            test(&root, &[])
+        }
+        Cmd::Deny => cargo(&root, &["deny", "check", "licenses", "bans", "sources"]).context(
+            "cargo-deny is needed: cargo install cargo-deny --locked (advisories are not checked: they need the network)",
+        ),
+    }
+}
+
+/// The README's test command.
+fn test(root: &Path, extra: &[String]) -> Result<()> {
+    system::ensure_packages(system::APT_PACKAGES)?;
+    let mut args = vec!["test".to_owned(), "--workspace".to_owned()];
+    if !extra.is_empty() {
+        args.push("--".to_owned());
+        args.extend(extra.iter().cloned());
+    }
+    let status = Command::new(cargo_bin())
+        .args(&args)
+        .current_dir(root)
+        // Under this command a real backend that is not configured is a
+        // failure, not a skip: CI must run the real-backend cases.
+        .env("EGRESS_CONFORMANCE_REQUIRED", "1")
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    Ok(())
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    println!("xtask: cargo {}", args.join(" "));
+    let status = Command::new(cargo_bin())
+        .args(args)
+        .current_dir(root)
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn cargo_bin() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask lives one directory below the workspace root.
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}

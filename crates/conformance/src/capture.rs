@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::Layer;
 
 /// One captured event.
 #[derive(Clone, Debug)]
@@ -64,7 +64,11 @@ pub struct CapturedSpan {
 impl CapturedSpan {
     /// A field's last recorded value.
     pub fn field(&self, name: &str) -> Option<&str> {
-        self.fields.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.fields
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 

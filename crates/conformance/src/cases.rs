@@ -72,12 +72,7 @@ pub(crate) fn assert_class(what: &str, e: &ProviderError, class: ErrorClass) {
 
 /// Polls `get` every 100 ms until NotFound, within `budget`. Every answer
 /// before that must be `Ok`, or Transient where `transient_ok`.
-pub(crate) async fn poll_to_not_found(
-    p: &dyn Provider,
-    id: &ProviderId,
-    budget: Duration,
-    transient_ok: bool,
-) {
+pub(crate) async fn poll_to_not_found(p: &dyn Provider, id: &ProviderId, budget: Duration, transient_ok: bool) {
     let cx = OpCtx::background();
     let deadline = tokio::time::Instant::now() + budget;
     loop {

@@ -40,7 +40,11 @@ pub type CaseResult = Result<(), Skip>;
 /// # Errors
 /// [`Skip::NotApplicable`] with `why` when `condition` is false.
 pub fn require(condition: bool, why: &str) -> CaseResult {
-    if condition { Ok(()) } else { Err(Skip::NotApplicable(why.to_owned())) }
+    if condition {
+        Ok(())
+    } else {
+        Err(Skip::NotApplicable(why.to_owned()))
+    }
 }
 
 /// Everything a case works with.
@@ -59,7 +63,9 @@ pub struct Scenario<T: ConformanceTarget> {
 
 impl<T: ConformanceTarget> std::fmt::Debug for Scenario<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scenario").field("profile", &self.profile).finish_non_exhaustive()
+        f.debug_struct("Scenario")
+            .field("profile", &self.profile)
+            .finish_non_exhaustive()
     }
 }
 

@@ -4,8 +4,10 @@
 //! (CT-A01 ... CT-L02) written once here as a public async function over a
 //! [`ConformanceTarget`]. A provider crate runs all of them with one line:
 //!
-//! ```ignore
-//! egress_conformance::conformance_suite!(MyTarget::new());
+//! ```no_run
+//! // tests/conformance.rs of a provider crate, with its own target type:
+//! egress_conformance::conformance_suite!(egress_conformance::memory::MemoryTarget::new());
+//! # fn main() {}
 //! ```
 //!
 //! which expands to one named `#[test]` per case (`cargo test ct_b02` runs

@@ -18,16 +18,15 @@ use async_trait::async_trait;
 use egress_provider::{BoxError, CreateRequest, ErrorClass, Placement, Provider, ProviderId, name_from_uid};
 
 pub use backend::{
-    BackendError, DEFAULT_ZONE, INITIAL_TOKEN, INSERT, InstanceView, LIST, LOOKUP, MemoryBackend, REMOVE, ZONES, native,
-    unix_seconds,
+    BackendError, DEFAULT_ZONE, INITIAL_TOKEN, INSERT, InstanceView, LIST, LOOKUP, MemoryBackend, REMOVE, ZONES,
+    native, unix_seconds,
 };
 pub use provider::{Defect, MemoryConfig, MemoryProvider, classify, parse_id};
 
 use crate::hooks::Fault;
 use crate::target::{
-    AsyncOps, BuildOptions, Budgets, CallKinds, ChildSpans, ClassifyCase, ConformanceTarget, CreateReturn,
-    Credentials, DeleteReturn, Fixtures, GcMark, ListPartial, Logging, NotConfigured, Profile, ProvisioningState,
-    Quota, Timeouts,
+    AsyncOps, Budgets, BuildOptions, CallKinds, ChildSpans, ClassifyCase, ConformanceTarget, CreateReturn, Credentials,
+    DeleteReturn, Fixtures, GcMark, ListPartial, Logging, NotConfigured, Profile, ProvisioningState, Quota, Timeouts,
 };
 
 /// The budget of one backend call of the reference provider.
@@ -165,10 +164,19 @@ impl ConformanceTarget for MemoryTarget {
             not_a_backend_error: true,
         });
         Fixtures {
-            malformed_ids: ["", "name-only", "zones/z/instances", "zones//instances/x", "regions/r/instances/x", "zones/z/instances/x/y", "zones/z/instances/", "z/x"]
-                .into_iter()
-                .map(ProviderId::from)
-                .collect(),
+            malformed_ids: [
+                "",
+                "name-only",
+                "zones/z/instances",
+                "zones//instances/x",
+                "regions/r/instances/x",
+                "zones/z/instances/x/y",
+                "zones/z/instances/",
+                "z/x",
+            ]
+            .into_iter()
+            .map(ProviderId::from)
+            .collect(),
             id_in_unconfigured_location: Some((
                 ProviderId::new("zones/zone-gone/instances/proxy-aaaaaaaaaaaaaaaa"),
                 "zone-gone".to_owned(),
@@ -183,9 +191,21 @@ impl ConformanceTarget for MemoryTarget {
             classify_cases,
             check_targets: ZONES.iter().map(|z| (*z).to_owned()).collect(),
             check_faults: vec![
-                (Fault::Unauthenticated, "zone-a".into(), egress_provider::REASON_UNAUTHORIZED),
-                (Fault::PermissionDenied, "zone-a".into(), egress_provider::REASON_FORBIDDEN),
-                (Fault::ConnectionReset, "zone-a".into(), egress_provider::REASON_UNREACHABLE),
+                (
+                    Fault::Unauthenticated,
+                    "zone-a".into(),
+                    egress_provider::REASON_UNAUTHORIZED,
+                ),
+                (
+                    Fault::PermissionDenied,
+                    "zone-a".into(),
+                    egress_provider::REASON_FORBIDDEN,
+                ),
+                (
+                    Fault::ConnectionReset,
+                    "zone-a".into(),
+                    egress_provider::REASON_UNREACHABLE,
+                ),
                 (Fault::Timeout, "zone-a".into(), egress_provider::REASON_TIMEOUT),
                 (Fault::Server5xx, "zone-a".into(), egress_provider::REASON_API_ERROR),
             ],

@@ -19,7 +19,12 @@ macro_rules! caught {
                 $defect
             );
             let healthy = outcome(MemoryTarget::new(), $case);
-            assert_eq!(healthy, Ok(Ok(())), "the correct provider must pass {}", stringify!($case));
+            assert_eq!(
+                healthy,
+                Ok(Ok(())),
+                "the correct provider must pass {}",
+                stringify!($case)
+            );
         }
     };
 }

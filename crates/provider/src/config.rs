@@ -223,7 +223,11 @@ impl KvmImage {
 
     /// The firmware after defaults.
     pub fn effective_firmware(&self) -> &str {
-        if self.firmware.is_empty() { "uefi" } else { &self.firmware }
+        if self.firmware.is_empty() {
+            "uefi"
+        } else {
+            &self.firmware
+        }
     }
 }
 
@@ -266,7 +270,11 @@ pub struct KvmHost {
 impl KvmHost {
     /// The remote socket after defaults.
     pub fn effective_socket(&self) -> &str {
-        if self.socket.is_empty() { "/var/run/libvirt/libvirt-sock" } else { &self.socket }
+        if self.socket.is_empty() {
+            "/var/run/libvirt/libvirt-sock"
+        } else {
+            &self.socket
+        }
     }
 
     /// The storage pool after defaults.

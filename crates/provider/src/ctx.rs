@@ -156,13 +156,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn run_stops_at_the_deadline() {
         let cx = OpCtx::background().with_timeout(Duration::from_secs(1));
-        assert_eq!(cx.run(std::future::pending::<()>()).await, Err(Interrupted::DeadlineExceeded));
+        assert_eq!(
+            cx.run(std::future::pending::<()>()).await,
+            Err(Interrupted::DeadlineExceeded)
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn run_within_stops_at_the_budget() {
         let cx = OpCtx::background();
-        let out = cx.run_within(Duration::from_secs(2), std::future::pending::<()>()).await;
+        let out = cx
+            .run_within(Duration::from_secs(2), std::future::pending::<()>())
+            .await;
         assert_eq!(out, Err(Interrupted::BudgetExceeded(Duration::from_secs(2))));
     }
 

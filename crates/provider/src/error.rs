@@ -22,12 +22,7 @@ pub enum ErrorClass {
 
 impl ErrorClass {
     /// Every class, in a fixed order (for tables and tests).
-    pub const ALL: [ErrorClass; 4] = [
-        Self::NotFound,
-        Self::QuotaExceeded,
-        Self::Transient,
-        Self::Permanent,
-    ];
+    pub const ALL: [ErrorClass; 4] = [Self::NotFound, Self::QuotaExceeded, Self::Transient, Self::Permanent];
 
     /// The bounded metric and span label for this class.
     pub fn label(self) -> &'static str {

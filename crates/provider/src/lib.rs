@@ -39,12 +39,12 @@ pub mod decorate;
 pub use ctx::{Interrupted, OpCtx};
 pub use error::{BoxError, ErrorClass, ErrorScope, Message, Op, ProviderError, class_of, result_label};
 pub use naming::{
-    LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, NAME_PREFIX, is_dns1123_label,
-    is_identifier, name_from_uid,
+    LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, NAME_PREFIX, is_dns1123_label, is_identifier,
+    name_from_uid,
 };
 pub use provider::{
-    Checker, Provider, REASON_API_ERROR, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT,
-    REASON_UNAUTHORIZED, REASON_UNREACHABLE, TargetStatus,
+    Checker, Provider, REASON_API_ERROR, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT, REASON_UNAUTHORIZED,
+    REASON_UNREACHABLE, TargetStatus,
 };
 pub use redact::redact;
 pub use registry::{BuildError, BuiltProvider, Constructor, ProviderType, Providers, Registry, Validator};

@@ -24,9 +24,7 @@ pub fn name_from_uid(uid: &str) -> String {
     let digest = Sha256::digest(uid.as_bytes());
     // NB: 10 bytes are exactly 16 base32 characters, so no padding and no
     // truncation mid-group.
-    let suffix = data_encoding::BASE32_NOPAD
-        .encode(&digest[..10])
-        .to_ascii_lowercase();
+    let suffix = data_encoding::BASE32_NOPAD.encode(&digest[..10]).to_ascii_lowercase();
     format!("{NAME_PREFIX}{suffix}")
 }
 
@@ -36,11 +34,7 @@ pub fn name_from_uid(uid: &str) -> String {
 pub fn is_dns1123_label(s: &str) -> bool {
     let b = s.as_bytes();
     let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| ok(c) || *c == b'-')
-        && ok(&b[0])
-        && ok(&b[b.len() - 1])
+    !b.is_empty() && b.len() <= 63 && b.iter().all(|c| ok(c) || *c == b'-') && ok(&b[0]) && ok(&b[b.len() - 1])
 }
 
 /// Whether `s` matches `^[A-Za-z0-9][A-Za-z0-9_.-]*$`: the identifier rule
@@ -64,10 +58,7 @@ mod tests {
     fn name_from_uid_matches_the_pinned_vector() {
         // Computed once with an independent tool (python hashlib + base64.b32encode)
         // for the UID below; pins the derivation against accidental change.
-        assert_eq!(
-            name_from_uid("9bbceb41-4d4b-4a9c-8d2e-0f3c3a1b2c3d"),
-            EXPECTED_VECTOR
-        );
+        assert_eq!(name_from_uid("9bbceb41-4d4b-4a9c-8d2e-0f3c3a1b2c3d"), EXPECTED_VECTOR);
     }
 
     const EXPECTED_VECTOR: &str = include_str!("../tests/data/name_vector.txt");

@@ -40,13 +40,14 @@ fn next_secret(s: &str) -> Option<(usize, usize)> {
             best = Some((start, end));
         }
     };
-    let value_end = |from: usize, stop: &dyn Fn(char) -> bool| {
-        s[from..].find(stop).map_or(s.len(), |i| from + i)
-    };
+    let value_end = |from: usize, stop: &dyn Fn(char) -> bool| s[from..].find(stop).map_or(s.len(), |i| from + i);
     for scheme in ["bearer ", "basic "] {
         if let Some(i) = lower.find(scheme) {
             let start = i + scheme.len();
-            consider(start, value_end(start, &|c: char| c.is_whitespace() || c == '"' || c == '\''));
+            consider(
+                start,
+                value_end(start, &|c: char| c.is_whitespace() || c == '"' || c == '\''),
+            );
         }
     }
     if let Some(i) = lower.find("authorization:") {
@@ -65,7 +66,10 @@ fn next_secret(s: &str) -> Option<(usize, usize)> {
             let boundary = at == 0 || matches!(lower.as_bytes()[at - 1], b'?' | b'&' | b' ' | b';' | b'"' | b'\'');
             let start = at + param.len() + 1;
             if boundary {
-                consider(start, value_end(start, &|c: char| matches!(c, '&' | ' ' | '"' | '\'' | '\n' | ';' | '#')));
+                consider(
+                    start,
+                    value_end(start, &|c: char| matches!(c, '&' | ' ' | '"' | '\'' | '\n' | ';' | '#')),
+                );
                 break;
             }
             from = start;
@@ -74,10 +78,10 @@ fn next_secret(s: &str) -> Option<(usize, usize)> {
     if let Some(i) = lower.find("://") {
         let auth_start = i + 3;
         let auth_end = value_end(auth_start, &|c: char| matches!(c, '/' | ' ' | '?' | '#' | '"'));
-        if let Some(at) = s[auth_start..auth_end].rfind('@') {
-            if let Some(colon) = s[auth_start..auth_start + at].find(':') {
-                consider(auth_start + colon + 1, auth_start + at);
-            }
+        if let Some(at) = s[auth_start..auth_end].rfind('@')
+            && let Some(colon) = s[auth_start..auth_start + at].find(':')
+        {
+            consider(auth_start + colon + 1, auth_start + at);
         }
     }
     best

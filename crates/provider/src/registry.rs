@@ -31,7 +31,9 @@ pub struct ProviderType {
 
 impl fmt::Debug for ProviderType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ProviderType").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("ProviderType")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 

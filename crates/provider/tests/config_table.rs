@@ -63,8 +63,7 @@ const SSH_LINE: &str = "      sshKeyFile: /k/id\n";
 const KNOWN_HOSTS_LINE: &str = "      knownHostsFile: /k/known_hosts\n";
 const URL_LINE: &str = "          url: https://example.com/debian-13.qcow2\n";
 const MACHINES: &str = "      machineTypes:\n        small: {vcpus: 1, memoryMiB: 1024}\n";
-const HOST_LINE: &str =
-    "        - {name: beelink, address: beelink:22, user: novakj, bridge: br0}\n";
+const HOST_LINE: &str = "        - {name: beelink, address: beelink:22, user: novakj, bridge: br0}\n";
 
 /// The kvm template with `from` replaced by `to`; panics if `from` is not
 /// in the template, so an edit can never silently do nothing.
@@ -234,14 +233,9 @@ fn config_malformed_files_are_rejected_with_one_line() {
             Err(err) => {
                 let shown = err.to_string();
                 println!("{:<50} {shown}", row.what);
-                if !shown.starts_with("providers.yaml: ")
-                    || shown.contains(['\n', '\r'])
-                    || !shown.contains(&row.want)
+                if !shown.starts_with("providers.yaml: ") || shown.contains(['\n', '\r']) || !shown.contains(&row.want)
                 {
-                    failures.push(format!(
-                        "{}:\n   got: {shown}\n  want: {}",
-                        row.what, row.want
-                    ));
+                    failures.push(format!("{}:\n   got: {shown}\n  want: {}", row.what, row.want));
                 }
             }
         }
@@ -284,10 +278,7 @@ fn valid_rows() -> Vec<Good> {
             |c, w| {
                 assert!(w.is_empty());
                 let e = only(c);
-                assert_eq!(
-                    (e.name.as_str(), e.type_name.as_str()),
-                    ("kubernetes", "kubernetes")
-                );
+                assert_eq!((e.name.as_str(), e.type_name.as_str()), ("kubernetes", "kubernetes"));
                 assert!(e.blocks_present().is_empty());
             },
         ),
@@ -316,26 +307,15 @@ fn valid_rows() -> Vec<Good> {
             assert_eq!(kvm.machine_types["small"].memory_mib, 1024);
             assert_eq!(kvm.effective_disk_size_gb(), 10);
         }),
-        good(
-            "kvm2 is parsed into the kvm2 block",
-            kvm_yaml("kvm2"),
-            |c, _| {
-                let e = only(c);
-                assert!(e.kvm.is_none());
-                assert_eq!(e.libvirt_block(), e.kvm2.as_ref());
-                assert_eq!(
-                    e.kvm2.as_ref().map(|k| k.ssh_key_file.as_str()),
-                    Some("/k/id")
-                );
-            },
-        ),
+        good("kvm2 is parsed into the kvm2 block", kvm_yaml("kvm2"), |c, _| {
+            let e = only(c);
+            assert!(e.kvm.is_none());
+            assert_eq!(e.libvirt_block(), e.kvm2.as_ref());
+            assert_eq!(e.kvm2.as_ref().map(|k| k.ssh_key_file.as_str()), Some("/k/id"));
+        }),
         good(
             "kvm, insecure, no knownHostsFile",
-            kvm_edit(
-                "kvm",
-                KNOWN_HOSTS_LINE,
-                "      insecureIgnoreHostKey: true\n",
-            ),
+            kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: true\n"),
             |c, _| {
                 let kvm = only(c).kvm.as_ref().expect("kvm block");
                 assert!(kvm.insecure_ignore_host_key && kvm.known_hosts_file.is_empty());
@@ -346,10 +326,7 @@ fn valid_rows() -> Vec<Good> {
             include_str!("data/providers/kvm2-all-fields.yaml"),
             |c, _| {
                 let kvm = only(c).kvm2.as_ref().expect("kvm2 block");
-                assert_eq!(
-                    (kvm.effective_domain_type(), kvm.effective_cpu_mode()),
-                    ("qemu", None)
-                );
+                assert_eq!((kvm.effective_domain_type(), kvm.effective_cpu_mode()), ("qemu", None));
                 assert!(!kvm.effective_install_guest_agent());
                 assert_eq!(kvm.images["debian-13.raw"].effective_firmware(), "bios");
                 assert_eq!(kvm.hosts[0].effective_pool(), "images");
@@ -357,16 +334,9 @@ fn valid_rows() -> Vec<Good> {
         ),
         good(
             "empty domainType means kvm",
-            kvm_edit(
-                "kvm",
-                SSH_LINE,
-                &format!("{SSH_LINE}      domainType: ''\n"),
-            ),
+            kvm_edit("kvm", SSH_LINE, &format!("{SSH_LINE}      domainType: ''\n")),
             |c, _| {
-                assert_eq!(
-                    only(c).kvm.as_ref().map(|k| k.effective_domain_type()),
-                    Some("kvm")
-                );
+                assert_eq!(only(c).kvm.as_ref().map(|k| k.effective_domain_type()), Some("kvm"));
             },
         ),
         good(
@@ -388,17 +358,10 @@ fn valid_rows() -> Vec<Good> {
                 assert!(c.providers[3].kvm2.is_some() && c.providers[3].kvm.is_none());
             },
         ),
-        good(
-            "an empty list is accepted with a warning",
-            "providers: []\n",
-            |c, w| {
-                assert!(c.providers.is_empty());
-                assert_eq!(
-                    w,
-                    ["no providers are configured; only External proxies can be used"]
-                );
-            },
-        ),
+        good("an empty list is accepted with a warning", "providers: []\n", |c, w| {
+            assert!(c.providers.is_empty());
+            assert_eq!(w, ["no providers are configured; only External proxies can be used"]);
+        }),
         good(
             "every entry commented out",
             "providers:\n#  - {name: k, type: kubernetes}\n",
@@ -420,10 +383,7 @@ fn valid_rows() -> Vec<Good> {
             "providers:\n  - &k {name: a, type: kubernetes}\n  - <<: *k\n    name: b\n",
             |c, _| {
                 assert_eq!(
-                    (
-                        c.providers[1].name.as_str(),
-                        c.providers[1].type_name.as_str()
-                    ),
+                    (c.providers[1].name.as_str(), c.providers[1].type_name.as_str()),
                     ("b", "kubernetes")
                 );
             },
@@ -462,10 +422,7 @@ fn config_valid_files_load() {
 
 /// A path in the temp dir unique to this process and test.
 fn temp_path(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "egress-provider-config-{}-{tag}.yaml",
-        std::process::id()
-    ))
+    std::env::temp_dir().join(format!("egress-provider-config-{}-{tag}.yaml", std::process::id()))
 }
 
 #[test]
@@ -481,10 +438,7 @@ fn config_load_of_a_missing_file_names_the_path() {
     let err = ProvidersConfig::load(&path, &registry()).expect_err("missing file");
     let shown = err.to_string();
     assert!(shown.starts_with(&path.display().to_string()), "{shown}");
-    assert!(
-        shown.contains("cannot read the providers config"),
-        "{shown}"
-    );
+    assert!(shown.contains("cannot read the providers config"), "{shown}");
     assert!(shown.contains("os error 2"), "{shown}");
 }
 
@@ -517,11 +471,7 @@ fn config_load_accepts_a_file_just_under_the_cap() {
 #[test]
 fn config_load_refuses_a_file_that_is_not_utf8() {
     let path = temp_path("latin1");
-    std::fs::write(
-        &path,
-        b"providers:\n  - {name: caf\xe9, type: kubernetes}\n",
-    )
-    .expect("write temp file");
+    std::fs::write(&path, b"providers:\n  - {name: caf\xe9, type: kubernetes}\n").expect("write temp file");
     let result = ProvidersConfig::load(&path, &registry());
     std::fs::remove_file(&path).expect("remove temp file");
     let shown = result.expect_err("not UTF-8").to_string();

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use egress_provider::{Checker, OpCtx, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT};
 
+use crate::PROMPT;
 use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::{Fault, Times};
 use crate::target::ConformanceTarget;
-use crate::PROMPT;
 
 use super::{expect_ok, promptly, uid, within};
 
@@ -76,7 +76,12 @@ pub async fn ct_j05_frozen_probe_times_out<T: ConformanceTarget>(s: Scenario<T>)
     let c = checker_of(&s)?;
     let gate = s.hooks().freeze(probe_kind(&s)?).await?;
     let cx = OpCtx::background().with_timeout(Duration::from_millis(200));
-    let verdicts = within(Duration::from_millis(200) + PROMPT, "a check with a hung probe", c.check(&cx)).await;
+    let verdicts = within(
+        Duration::from_millis(200) + PROMPT,
+        "a check with a hung probe",
+        c.check(&cx),
+    )
+    .await;
     gate.release();
     assert!(verdicts.iter().any(|t| t.reason == REASON_TIMEOUT), "{verdicts:?}");
     Ok(())
@@ -91,7 +96,10 @@ pub async fn ct_j06_reasons_table<T: ConformanceTarget>(s: Scenario<T>) -> CaseR
         s.hooks().fail(kind, fault.clone(), Times::Once).await?;
         let verdicts = c.check(&s.cx()).await;
         s.hooks().clear_faults().await?;
-        let t = verdicts.iter().find(|t| t.name == target).expect("the target's verdict");
+        let t = verdicts
+            .iter()
+            .find(|t| t.name == target)
+            .expect("the target's verdict");
         assert!(!t.ready);
         assert_eq!(t.reason, reason, "{fault:?} on {target}");
     }
@@ -125,9 +133,17 @@ pub async fn ct_j07_check_does_not_disrupt_reconciles<T: ConformanceTarget>(s: S
 /// CT-J08 (CK6): when the check probes with the list call, denying list shows as `Forbidden`.
 pub async fn ct_j08_check_uses_list_permissions<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let c = checker_of(&s)?;
-    require(s.fixtures.calls.probe == Some(s.fixtures.calls.list), "the check probes another call than list")?;
-    s.hooks().fail(s.fixtures.calls.list, Fault::PermissionDenied, Times::Always).await?;
+    require(
+        s.fixtures.calls.probe == Some(s.fixtures.calls.list),
+        "the check probes another call than list",
+    )?;
+    s.hooks()
+        .fail(s.fixtures.calls.list, Fault::PermissionDenied, Times::Always)
+        .await?;
     let verdicts = c.check(&s.cx()).await;
-    assert!(verdicts.iter().all(|t| !t.ready && t.reason == REASON_FORBIDDEN), "{verdicts:?}");
+    assert!(
+        verdicts.iter().all(|t| !t.ready && t.reason == REASON_FORBIDDEN),
+        "{verdicts:?}"
+    );
     Ok(())
 }

@@ -20,14 +20,22 @@ pub async fn ct_a01_constructor_does_not_dial<T: ConformanceTarget>(s: Scenario<
     let _provider = s.provider();
     assert!(start.elapsed() < PROMPT, "building took {:?}", start.elapsed());
     let after = s.hooks().call_log().await?;
-    assert_eq!(after.len(), before, "the constructor called the backend: {:?}", &after[before..]);
+    assert_eq!(
+        after.len(),
+        before,
+        "the constructor called the backend: {:?}",
+        &after[before..]
+    );
     Ok(())
 }
 
 /// CT-A02 (CRD2): a missing credential file is warned about at build, fails calls Transient, and works once it appears.
 pub async fn ct_a02_missing_credentials_are_lazy<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     require(
-        matches!(s.profile.credentials, Credentials::MountedFiles { .. } | Credentials::Environment),
+        matches!(
+            s.profile.credentials,
+            Credentials::MountedFiles { .. } | Credentials::Environment
+        ),
         "credentials are not read from files",
     )?;
     let path = s.hooks().credential_path().await?;
@@ -65,11 +73,20 @@ pub async fn ct_a03_unparsable_credentials_are_permanent<T: ConformanceTarget>(s
     let path = s.hooks().credential_path().await?;
     std::fs::write(&path, format!("garbage {SENTINEL_CRED} garbage\n\n")).expect("write garbage");
     let p = s.provider();
-    let e = expect_err("create with garbage credentials", p.create(&s.cx(), &s.request(&uid("a03"))).await);
+    let e = expect_err(
+        "create with garbage credentials",
+        p.create(&s.cx(), &s.request(&uid("a03"))).await,
+    );
     assert_class("create with garbage credentials", &e, ErrorClass::Permanent);
     let shown = format!("{e} {e:?}");
-    assert!(!shown.contains(SENTINEL_CRED), "the credential's content leaked into the error: {shown}");
-    assert!(!shown.contains("garbage"), "the credential's content leaked into the error: {shown}");
+    assert!(
+        !shown.contains(SENTINEL_CRED),
+        "the credential's content leaked into the error: {shown}"
+    );
+    assert!(
+        !shown.contains("garbage"),
+        "the credential's content leaked into the error: {shown}"
+    );
     Ok(())
 }
 

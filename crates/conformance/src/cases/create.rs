@@ -43,7 +43,10 @@ async fn assert_one_instance_set<T: ConformanceTarget>(s: &Scenario<T>, name: &s
     );
     assert_eq!(instances.len(), 1, "another instance appeared: {instances:?}");
     for kind in &s.fixtures.secondary_kinds {
-        assert!(owned(&inv, name, kind).len() <= 1, "secondary {kind} duplicated: {inv:?}");
+        assert!(
+            owned(&inv, name, kind).len() <= 1,
+            "secondary {kind} duplicated: {inv:?}"
+        );
     }
     Ok(())
 }
@@ -76,20 +79,29 @@ pub async fn ct_b03_concurrent_creates_same_name<T: ConformanceTarget>(s: Scenar
 pub async fn ct_b04_create_adopts_existing_by_name<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let req = s.request(&uid("b04"));
     s.hooks().seed(SeedSpec::marked(&req.name, &req.uid)).await?;
-    let id = expect_ok("create over a seeded instance", s.provider().create(&s.cx(), &req).await);
+    let id = expect_ok(
+        "create over a seeded instance",
+        s.provider().create(&s.cx(), &req).await,
+    );
     assert_eq!(id, s.id_for(&req.name), "create did not address the seeded instance");
     assert_one_instance_set(&s, &req.name).await
 }
 
 /// CT-B05 (CR2): the marks are on the instance from the call that creates it.
 pub async fn ct_b05_marks_written_in_the_create_call<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    require(s.profile.gc_mark != GcMark::MarkWindow, "marks are written in a documented window")?;
+    require(
+        s.profile.gc_mark != GcMark::MarkWindow,
+        "marks are written in a documented window",
+    )?;
     let req = s.request(&uid("b05"));
     let p = s.provider();
     let check_marks = |inv: &[crate::hooks::BackendObject]| {
         let inst = owned(inv, &req.name, "instance");
         assert_eq!(inst.len(), 1, "no instance named {} after creating it", req.name);
-        assert_eq!(inst[0].marks.get(LABEL_MANAGED).map(String::as_str), Some(LABEL_MANAGED_YES));
+        assert_eq!(
+            inst[0].marks.get(LABEL_MANAGED).map(String::as_str),
+            Some(LABEL_MANAGED_YES)
+        );
         assert_eq!(inst[0].marks.get(LABEL_UID), Some(&req.uid));
     };
     let log_before = s.hooks().call_log().await?.len();
@@ -103,8 +115,14 @@ pub async fn ct_b05_marks_written_in_the_create_call<T: ConformanceTarget>(s: Sc
             .iter()
             .position(|c| c.kind == s.fixtures.calls.create_instance)
             .expect("the creating call is in the log");
-        let later: Vec<_> = calls[creating + 1..].iter().filter(|c| c.target.contains(&req.name)).collect();
-        assert!(later.is_empty(), "calls after the creating one touched the instance: {later:?}");
+        let later: Vec<_> = calls[creating + 1..]
+            .iter()
+            .filter(|c| c.target.contains(&req.name))
+            .collect();
+        assert!(
+            later.is_empty(),
+            "calls after the creating one touched the instance: {later:?}"
+        );
     }
     Ok(())
 }
@@ -115,14 +133,23 @@ pub async fn ct_b06_get_after_create_is_not_notfound<T: ConformanceTarget>(s: Sc
     let p = s.provider();
     let id = expect_ok("create", p.create(&s.cx(), &s.request(&uid("b06"))).await);
     if let Err(e) = p.get(&s.cx(), &id).await {
-        assert_ne!(e.class(), ErrorClass::NotFound, "get after create said NotFound (read lag {lag}): {e}");
+        assert_ne!(
+            e.class(),
+            ErrorClass::NotFound,
+            "get after create said NotFound (read lag {lag}): {e}"
+        );
     }
     Ok(())
 }
 
 /// CT-B07 (CR7): a placement that can never work is Permanent, names field and value, and calls nothing.
-pub async fn ct_b07_unsatisfiable_placement_rejected_before_backend<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    require(!s.fixtures.invalid_placements.is_empty(), "the provider ignores placement")?;
+pub async fn ct_b07_unsatisfiable_placement_rejected_before_backend<T: ConformanceTarget>(
+    s: Scenario<T>,
+) -> CaseResult {
+    require(
+        !s.fixtures.invalid_placements.is_empty(),
+        "the provider ignores placement",
+    )?;
     let p = s.provider();
     let before = s.hooks().call_log().await?.len();
     for (placement, field, value) in s.fixtures.invalid_placements.clone() {
@@ -132,10 +159,18 @@ pub async fn ct_b07_unsatisfiable_placement_rejected_before_backend<T: Conforman
         assert_class(&format!("bad {field}"), &e, ErrorClass::Permanent);
         let text = e.to_string();
         assert!(text.contains(field), "the message does not name {field}: {text}");
-        assert!(value.is_empty() || text.contains(&value), "the message does not name {value:?}: {text}");
+        assert!(
+            value.is_empty() || text.contains(&value),
+            "the message does not name {value:?}: {text}"
+        );
     }
     let log = s.hooks().call_log().await?;
-    assert_eq!(log.len(), before, "a bad placement reached the backend: {:?}", &log[before..]);
+    assert_eq!(
+        log.len(),
+        before,
+        "a bad placement reached the backend: {:?}",
+        &log[before..]
+    );
     Ok(())
 }
 
@@ -148,10 +183,17 @@ pub async fn ct_b08_create_never_returns_notfound<T: ConformanceTarget>(s: Scena
         match p.create(&s.cx(), &req).await {
             Ok(_) => {}
             Err(e) => {
-                assert_ne!(e.class(), ErrorClass::NotFound, "create said NotFound when {kind} did: {e}");
+                assert_ne!(
+                    e.class(),
+                    ErrorClass::NotFound,
+                    "create said NotFound when {kind} did: {e}"
+                );
                 assert_class(&format!("not-found in {kind}"), &e, s.profile.create_not_found_class);
                 if e.class() == ErrorClass::Transient {
-                    expect_ok("create retried after a transient not-found", p.create(&s.cx(), &req).await);
+                    expect_ok(
+                        "create retried after a transient not-found",
+                        p.create(&s.cx(), &req).await,
+                    );
                 }
             }
         }
@@ -164,12 +206,20 @@ pub async fn ct_b08_create_never_returns_notfound<T: ConformanceTarget>(s: Scena
 pub async fn ct_b09_quota_signal_is_quota_class<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let p = s.provider();
     let faults = match s.profile.quota {
-        Quota::Detected => vec![(Fault::Quota, ErrorClass::QuotaExceeded), (Fault::RateLimit, ErrorClass::QuotaExceeded)],
+        Quota::Detected => vec![
+            (Fault::Quota, ErrorClass::QuotaExceeded),
+            (Fault::RateLimit, ErrorClass::QuotaExceeded),
+        ],
         Quota::Absent(class) => vec![(Fault::Quota, class)],
     };
     for (fault, class) in faults {
-        s.hooks().fail(s.fixtures.calls.create_instance, fault.clone(), Times::Once).await?;
-        let e = expect_err(&format!("create with {fault:?}"), p.create(&s.cx(), &s.request(&uid("b09"))).await);
+        s.hooks()
+            .fail(s.fixtures.calls.create_instance, fault.clone(), Times::Once)
+            .await?;
+        let e = expect_err(
+            &format!("create with {fault:?}"),
+            p.create(&s.cx(), &s.request(&uid("b09"))).await,
+        );
         assert_class(&format!("create with {fault:?}"), &e, class);
     }
     Ok(())
@@ -177,9 +227,14 @@ pub async fn ct_b09_quota_signal_is_quota_class<T: ConformanceTarget>(s: Scenari
 
 /// CT-B10 (CR10): cloud-init reaches the backend byte for byte.
 pub async fn ct_b10_cloud_init_delivered_byte_for_byte<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    require(s.profile.delivers_cloud_init, "the provider does not deliver cloud-init")?;
+    require(
+        s.profile.delivers_cloud_init,
+        "the provider does not deliver cloud-init",
+    )?;
     let mut req = s.request(&uid("b10"));
-    req.cloud_init = "\r\n#cloud-config\r\n# a comment  \r\nwrite_files:   \r\n  - content: \"naïve ☃ 東京\"\r\n    path: /x".to_owned();
+    req.cloud_init =
+        "\r\n#cloud-config\r\n# a comment  \r\nwrite_files:   \r\n  - content: \"naïve ☃ 東京\"\r\n    path: /x"
+            .to_owned();
     expect_ok("create", s.provider().create(&s.cx(), &req).await);
     let inv = s.hooks().inventory().await?;
     let delivered: Vec<_> = inv
@@ -196,7 +251,10 @@ pub async fn ct_b10_cloud_init_delivered_byte_for_byte<T: ConformanceTarget>(s: 
 
 /// CT-B11 (CR6): a blocking create cut off at any step resumes without duplicates.
 pub async fn ct_b11_blocking_create_resumes_after_each_step<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    require(s.profile.create_return == CreateReturn::Blocking, "create returns on submit")?;
+    require(
+        s.profile.create_return == CreateReturn::Blocking,
+        "create returns on submit",
+    )?;
     let p = s.provider();
     for kind in s.fixtures.calls.create_steps.clone() {
         let req = s.request(&uid("b11"));
@@ -207,7 +265,10 @@ pub async fn ct_b11_blocking_create_resumes_after_each_step<T: ConformanceTarget
         let inv = s.hooks().inventory().await?;
         assert_eq!(owned(&inv, &req.name, "instance").len(), 1, "after {kind} failed");
         for k in &s.fixtures.secondary_kinds {
-            assert!(owned(&inv, &req.name, k).len() <= 1, "{k} duplicated after {kind} failed");
+            assert!(
+                owned(&inv, &req.name, k).len() <= 1,
+                "{k} duplicated after {kind} failed"
+            );
         }
     }
     Ok(())
@@ -220,7 +281,11 @@ pub async fn ct_b12_create_return_matches_profile<T: ConformanceTarget>(s: Scena
         CreateReturn::Blocking => {
             let id = expect_ok("create", p.create(&s.cx(), &s.request(&uid("b12"))).await);
             let inst = expect_ok("get", p.get(&s.cx(), &id).await);
-            assert_ne!(inst.state, InstanceState::Stopped, "a blocking create returned before the instance ran");
+            assert_ne!(
+                inst.state,
+                InstanceState::Stopped,
+                "a blocking create returned before the instance ran"
+            );
         }
         CreateReturn::Submit => {
             s.hooks().hold_new_instances_pending(true).await?;
@@ -240,17 +305,27 @@ pub async fn ct_b13_adoption_guard<T: ConformanceTarget>(s: Scenario<T>) -> Case
     let e = expect_err("create over another Proxy's instance", p.create(&s.cx(), &req).await);
     assert_class("adoption of another UID", &e, ErrorClass::Permanent);
     let text = e.to_string();
-    assert!(text.contains("someone-else") && text.contains(&req.uid), "the message must name both UIDs: {text}");
+    assert!(
+        text.contains("someone-else") && text.contains(&req.uid),
+        "the message must name both UIDs: {text}"
+    );
     let req2 = s.request(&uid("b13"));
     s.hooks()
         .seed(SeedSpec::marked(&req2.name, &req2.uid).managed(SeedManaged::No))
         .await?;
     let e = expect_err("create over an unmanaged instance", p.create(&s.cx(), &req2).await);
     assert_class("adoption of an unmanaged instance", &e, ErrorClass::Permanent);
-    assert!(e.to_string().contains("not managed"), "the message must say it is not managed: {e}");
+    assert!(
+        e.to_string().contains("not managed"),
+        "the message must say it is not managed: {e}"
+    );
     let inv = s.hooks().inventory().await?;
     let seeded = owned(&inv, &req.name, "instance");
     assert_eq!(seeded.len(), 1);
-    assert_eq!(seeded[0].marks.get(LABEL_UID).map(String::as_str), Some("someone-else"), "the seeded instance was touched");
+    assert_eq!(
+        seeded[0].marks.get(LABEL_UID).map(String::as_str),
+        Some("someone-else"),
+        "the seeded instance was touched"
+    );
     Ok(())
 }

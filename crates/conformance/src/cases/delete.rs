@@ -37,7 +37,13 @@ pub async fn ct_d03_concurrent_deletes_same_id<T: ConformanceTarget>(s: Scenario
         expect_ok("a concurrent delete", r);
     }
     if s.profile.delete_return == DeleteReturn::ReturnsEarly {
-        poll_to_not_found(p.as_ref(), &id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
+        poll_to_not_found(
+            p.as_ref(),
+            &id,
+            s.profile.delete_budget,
+            s.profile.async_ops != AsyncOps::None,
+        )
+        .await;
     }
     let inv = s.hooks().inventory().await?;
     let left: Vec<_> = inv.iter().filter(|o| o.owner == req.name).collect();
@@ -53,7 +59,10 @@ pub async fn ct_d04_delete_while_deleting_is_ok_and_cheap<T: ConformanceTarget>(
     match s.profile.delete_return {
         DeleteReturn::ReturnsEarly => {
             s.hooks().begin_backend_delete(&req.name).await?;
-            expect_ok("delete while deleting", promptly("delete while deleting", p.delete(&s.cx(), &id)).await);
+            expect_ok(
+                "delete while deleting",
+                promptly("delete while deleting", p.delete(&s.cx(), &id)).await,
+            );
             s.hooks().finish_delete(&req.name).await?;
         }
         DeleteReturn::Waits => {
@@ -96,10 +105,19 @@ pub async fn ct_d05_delete_removes_secondary_resources<T: ConformanceTarget>(s: 
     let id = expect_ok("create", p.create(&s.cx(), &req).await);
     let inv = s.hooks().inventory().await?;
     for kind in &s.fixtures.secondary_kinds {
-        assert!(!owned(&inv, &req.name, kind).is_empty(), "create made no {kind}, yet the fixtures declare it");
+        assert!(
+            !owned(&inv, &req.name, kind).is_empty(),
+            "create made no {kind}, yet the fixtures declare it"
+        );
     }
     expect_ok("delete", p.delete(&s.cx(), &id).await);
-    poll_to_not_found(p.as_ref(), &id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
+    poll_to_not_found(
+        p.as_ref(),
+        &id,
+        s.profile.delete_budget,
+        s.profile.async_ops != AsyncOps::None,
+    )
+    .await;
     let inv = s.hooks().inventory().await?;
     let left: Vec<_> = inv
         .iter()
@@ -118,7 +136,12 @@ pub async fn ct_d06_delete_malformed_id_is_permanent<T: ConformanceTarget>(s: Sc
         assert_class(&format!("delete {:?}", id.as_str()), &e, ErrorClass::Permanent);
     }
     let log = s.hooks().call_log().await?;
-    assert_eq!(log.len(), before, "malformed ids reached the backend: {:?}", &log[before..]);
+    assert_eq!(
+        log.len(),
+        before,
+        "malformed ids reached the backend: {:?}",
+        &log[before..]
+    );
     Ok(())
 }
 
@@ -128,10 +151,15 @@ pub async fn ct_d07_delete_unconfigured_location_is_logged_noop<T: ConformanceTa
         return require(false, "every location is in scope");
     };
     let mark = s.capture.event_mark();
-    expect_ok("delete in an unconfigured location", s.provider().delete(&s.cx(), &id).await);
+    expect_ok(
+        "delete in an unconfigured location",
+        s.provider().delete(&s.cx(), &id).await,
+    );
     let events = s.capture.events_since(mark);
     assert!(
-        events.iter().any(|e| e.text().contains(&location) && e.text().to_lowercase().contains("nothing")),
+        events
+            .iter()
+            .any(|e| e.text().contains(&location) && e.text().to_lowercase().contains("nothing")),
         "no event says nothing was deleted in {location}: {events:?}"
     );
     Ok(())

@@ -13,7 +13,11 @@ use crate::{ENTRY_NAME, SENTINEL_CRED};
 use super::{expect_err, expect_ok, uid};
 
 fn assert_wrapped(what: &str, e: &ProviderError, op: Op, id: &str) {
-    assert_eq!(e.provider(), ENTRY_NAME, "{what}: the error names another provider: {e}");
+    assert_eq!(
+        e.provider(),
+        ENTRY_NAME,
+        "{what}: the error names another provider: {e}"
+    );
     assert_eq!(e.op(), op, "{what}: wrong op in {e}");
     assert_eq!(e.id(), id, "{what}: wrong id in {e}");
     assert!(ErrorClass::ALL.contains(&e.class()));
@@ -31,13 +35,18 @@ pub async fn ct_f01_every_error_is_wrapped_with_configured_name<T: ConformanceTa
     }
     let kind = s.fixtures.calls.create_instance;
     s.hooks().fail(kind, Fault::Server5xx, Times::Once).await?;
-    let e = expect_err("create with a failing backend", p.create(&cx, &s.request(&uid("f01"))).await);
+    let e = expect_err(
+        "create with a failing backend",
+        p.create(&cx, &s.request(&uid("f01"))).await,
+    );
     assert_wrapped("failing create", &e, Op::Create, e.id());
     let missing = s.id_for(&egress_provider::name_from_uid(&uid("f01")));
     let e = expect_err("get of a missing id", p.get(&cx, &missing).await);
     assert_wrapped("get missing", &e, Op::Get, missing.as_str());
     let id = expect_ok("create", p.create(&cx, &s.request(&uid("f01"))).await);
-    s.hooks().fail(s.fixtures.calls.get[0], Fault::Server5xx, Times::Once).await?;
+    s.hooks()
+        .fail(s.fixtures.calls.get[0], Fault::Server5xx, Times::Once)
+        .await?;
     let e = expect_err("get with a failing backend", p.get(&cx, &id).await);
     assert_wrapped("failing get", &e, Op::Get, id.as_str());
     for bad in s.fixtures.malformed_ids.clone() {
@@ -46,7 +55,9 @@ pub async fn ct_f01_every_error_is_wrapped_with_configured_name<T: ConformanceTa
         let e = expect_err("delete malformed", p.delete(&cx, &bad).await);
         assert_wrapped("delete malformed", &e, Op::Delete, bad.as_str());
     }
-    s.hooks().fail(s.fixtures.calls.list, Fault::Server5xx, Times::Always).await?;
+    s.hooks()
+        .fail(s.fixtures.calls.list, Fault::Server5xx, Times::Always)
+        .await?;
     let e = expect_err("failing list", p.list_by_tag(&cx).await);
     assert_wrapped("failing list", &e, Op::List, "");
     Ok(())
@@ -57,10 +68,14 @@ pub async fn ct_f02_classify_table<T: ConformanceTarget>(s: Scenario<T>) -> Case
     let rows = &s.fixtures.classify_cases;
     require(!rows.is_empty(), "no classify table supplied")?;
     for class in ErrorClass::ALL {
-        assert!(rows.iter().any(|r| r.expected == class), "the classify table has no {class:?} row");
+        assert!(
+            rows.iter().any(|r| r.expected == class),
+            "the classify table has no {class:?} row"
+        );
     }
     assert!(
-        rows.iter().any(|r| r.not_a_backend_error && r.expected == ErrorClass::Transient),
+        rows.iter()
+            .any(|r| r.not_a_backend_error && r.expected == ErrorClass::Transient),
         "the classify table lacks the 'not a backend error' row"
     );
     for r in rows {
@@ -75,8 +90,13 @@ pub async fn ct_f03_errors_are_sanitised<T: ConformanceTarget>(s: Scenario<T>) -
     let echo = format!(
         "upstream said: GET https://compute.invalid/v1/x?access_token={SENTINEL_CRED}&alt=json with header Authorization: Bearer {SENTINEL_CRED}"
     );
-    s.hooks().fail(s.fixtures.calls.create_instance, Fault::Raw(echo), Times::Once).await?;
-    let e = expect_err("create with an echoing backend", p.create(&s.cx(), &s.request(&uid("f03"))).await);
+    s.hooks()
+        .fail(s.fixtures.calls.create_instance, Fault::Raw(echo), Times::Once)
+        .await?;
+    let e = expect_err(
+        "create with an echoing backend",
+        p.create(&s.cx(), &s.request(&uid("f03"))).await,
+    );
     let mut texts = vec![e.to_string(), format!("{e:?}")];
     let mut next = e.source();
     while let Some(src) = next {

@@ -25,7 +25,13 @@ pub async fn ct_c02_notfound_after_delete<T: ConformanceTarget>(s: Scenario<T>) 
     let p = s.provider();
     let id = expect_ok("create", p.create(&s.cx(), &s.request(&uid("c02"))).await);
     expect_ok("delete", p.delete(&s.cx(), &id).await);
-    poll_to_not_found(p.as_ref(), &id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
+    poll_to_not_found(
+        p.as_ref(),
+        &id,
+        s.profile.delete_budget,
+        s.profile.async_ops != AsyncOps::None,
+    )
+    .await;
     Ok(())
 }
 
@@ -45,17 +51,21 @@ pub async fn ct_c03_faults_are_never_notfound<T: ConformanceTarget>(s: Scenario<
                     e.class()
                 ),
                 Ok(i) if s.profile.ip_discovered && s.fixtures.calls.get_discovery.contains(&kind) => {
-                    assert!(i.ip.is_none() && i.state == InstanceState::Provisioning, "discovery failed yet {i:?}");
+                    assert!(
+                        i.ip.is_none() && i.state == InstanceState::Provisioning,
+                        "discovery failed yet {i:?}"
+                    );
                 }
                 Ok(i) => panic!("get with {fault:?} on {kind} answered Ok({i:?})"),
             }
         }
     }
-    if let Some(loc) = s.fixtures.locations.first() {
-        if s.hooks().make_scope_unreachable(loc).await.is_ok() {
-            let e = expect_err("get in an unreachable location", p.get(&s.cx(), &id).await);
-            assert_ne!(e.class(), ErrorClass::NotFound, "an unreachable location gave NotFound: {e}");
-        }
+    // The instance lives in the first location; take all of it away.
+    if let Some(loc) = s.fixtures.locations.first()
+        && s.hooks().make_scope_unreachable(loc).await.is_ok()
+    {
+        let e = expect_err("get in an unreachable location", p.get(&s.cx(), &id).await);
+        assert_ne!(e.class(), ErrorClass::NotFound, "an unreachable location gave NotFound: {e}");
     }
     Ok(())
 }
@@ -68,7 +78,11 @@ pub async fn ct_c04_running_requires_ip<T: ConformanceTarget>(s: Scenario<T>) ->
     s.hooks().set_native_state(&req.name, NativeState::Running).await?;
     s.hooks().set_address(&req.name, None).await?;
     let i = expect_ok("get", p.get(&s.cx(), &id).await);
-    assert_eq!((i.state, i.ip), (InstanceState::Provisioning, None), "running without an address");
+    assert_eq!(
+        (i.state, i.ip),
+        (InstanceState::Provisioning, None),
+        "running without an address"
+    );
     let ip: IpAddr = "192.0.2.10".parse().expect("an address");
     s.hooks().set_address(&req.name, Some(ip)).await?;
     let i = expect_ok("get", p.get(&s.cx(), &id).await);
@@ -97,7 +111,12 @@ pub async fn ct_c06_never_started_is_not_stopped<T: ConformanceTarget>(s: Scenar
             let p = s.provider();
             let id = expect_ok("create", p.create(&s.cx(), &s.request(&uid("c06"))).await);
             let i = expect_ok("get", p.get(&s.cx(), &id).await);
-            assert_eq!(i.state, InstanceState::Provisioning, "a pending instance was reported {:?}", i.state);
+            assert_eq!(
+                i.state,
+                InstanceState::Provisioning,
+                "a pending instance was reported {:?}",
+                i.state
+            );
             Ok(())
         }
         (ProvisioningState::CreateBlocks, _) => require(false, "create blocks until started (covered by CT-B12)"),
@@ -143,7 +162,9 @@ pub async fn ct_c08_async_or_locked_is_last_state_or_transient<T: ConformanceTar
     let req = s.request(&uid("c08"));
     let id = expect_ok("create", p.create(&s.cx(), &req).await);
     if s.profile.async_ops == AsyncOps::None {
-        s.hooks().fail(s.fixtures.calls.get[0], Fault::Busy, Times::Once).await?;
+        s.hooks()
+            .fail(s.fixtures.calls.get[0], Fault::Busy, Times::Once)
+            .await?;
     } else {
         s.hooks().lock(&req.name).await?;
     }
@@ -173,11 +194,19 @@ pub async fn ct_c10_missing_or_garbage_created_at_is_zero<T: ConformanceTarget>(
     let p = s.provider();
     let missing = egress_provider::name_from_uid(&uid("c10m"));
     let garbage = egress_provider::name_from_uid(&uid("c10g"));
-    s.hooks().seed(SeedSpec::marked(&missing, "u-m").created(SeedTime::Missing)).await?;
-    s.hooks().seed(SeedSpec::marked(&garbage, "u-g").created(SeedTime::Garbage)).await?;
+    s.hooks()
+        .seed(SeedSpec::marked(&missing, "u-m").created(SeedTime::Missing))
+        .await?;
+    s.hooks()
+        .seed(SeedSpec::marked(&garbage, "u-g").created(SeedTime::Garbage))
+        .await?;
     for name in [&missing, &garbage] {
         let i = expect_ok("get", p.get(&s.cx(), &s.id_for(name)).await);
-        assert_eq!(i.created_at, None, "{name}: created_at must be None, got {:?}", i.created_at);
+        assert_eq!(
+            i.created_at, None,
+            "{name}: created_at must be None, got {:?}",
+            i.created_at
+        );
     }
     let listed = expect_ok("list", p.list_by_tag(&s.cx()).await);
     for i in listed.iter().filter(|i| i.uid == "u-m" || i.uid == "u-g") {
@@ -196,7 +225,12 @@ pub async fn ct_c11_malformed_id_is_permanent<T: ConformanceTarget>(s: Scenario<
         assert_class(&format!("get {:?}", id.as_str()), &e, ErrorClass::Permanent);
     }
     let log = s.hooks().call_log().await?;
-    assert_eq!(log.len(), before, "malformed ids reached the backend: {:?}", &log[before..]);
+    assert_eq!(
+        log.len(),
+        before,
+        "malformed ids reached the backend: {:?}",
+        &log[before..]
+    );
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! L. Lifecycle (fake and real).
 
-use crate::hooks::BackendHooks as _;
 use crate::harness::{CaseResult, Scenario, require};
+use crate::hooks::BackendHooks as _;
 use crate::target::{AsyncOps, ConformanceTarget};
 
 use super::{expect_ok, poll_to_not_found, poll_to_running, uid};
@@ -21,7 +21,11 @@ pub async fn ct_l01_full_lifecycle<T: ConformanceTarget>(s: Scenario<T>) -> Case
     let again = expect_ok("create again", p.create(&s.cx(), &req).await);
     assert_eq!(again, id, "a repeated create returned another id");
     if let Ok(before) = before {
-        assert_eq!(count(&s.hooks().inventory().await?), before, "a repeated create made an instance");
+        assert_eq!(
+            count(&s.hooks().inventory().await?),
+            before,
+            "a repeated create made an instance"
+        );
     }
     let running = poll_to_running(p.as_ref(), &id, s.profile.readiness_budget).await;
     assert_eq!(running.uid, req.uid);
@@ -30,7 +34,13 @@ pub async fn ct_l01_full_lifecycle<T: ConformanceTarget>(s: Scenario<T>) -> Case
     assert_eq!(mine.uid, req.uid);
     expect_ok("delete", p.delete(&s.cx(), &id).await);
     expect_ok("delete again", p.delete(&s.cx(), &id).await);
-    poll_to_not_found(p.as_ref(), &id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
+    poll_to_not_found(
+        p.as_ref(),
+        &id,
+        s.profile.delete_budget,
+        s.profile.async_ops != AsyncOps::None,
+    )
+    .await;
     let inv = s.hooks().inventory().await?;
     let left: Vec<_> = inv
         .iter()
@@ -48,7 +58,10 @@ pub async fn ct_l02_check_against_real_backend<T: ConformanceTarget>(s: Scenario
         return require(false, "the provider has no checker");
     };
     let verdicts = c.check(&s.cx()).await;
-    assert_eq!(verdicts.iter().map(|t| t.name.clone()).collect::<Vec<_>>(), s.fixtures.check_targets);
+    assert_eq!(
+        verdicts.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+        s.fixtures.check_targets
+    );
     for t in verdicts {
         assert!(t.ready, "{t:?}");
     }

@@ -59,7 +59,13 @@ pub async fn ct_e03_listed_ids_work_for_get_and_delete<T: ConformanceTarget>(s: 
     for i in listed {
         expect_ok("get of a listed id", p.get(&s.cx(), &i.id).await);
         expect_ok("delete of a listed id", p.delete(&s.cx(), &i.id).await);
-        poll_to_not_found(p.as_ref(), &i.id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
+        poll_to_not_found(
+            p.as_ref(),
+            &i.id,
+            s.profile.delete_budget,
+            s.profile.async_ops != AsyncOps::None,
+        )
+        .await;
     }
     Ok(())
 }
@@ -73,10 +79,16 @@ pub async fn ct_e04_listed_fields_are_real<T: ConformanceTarget>(s: Scenario<T>)
     let id = expect_ok("create", p.create(&s.cx(), &req).await);
     let listed = expect_ok("list", p.list_by_tag(&s.cx()).await);
     let t1 = SystemTime::now();
-    let i = listed.iter().find(|i| i.id == id).expect("the created instance is listed");
+    let i = listed
+        .iter()
+        .find(|i| i.id == id)
+        .expect("the created instance is listed");
     assert_eq!(i.uid, req.uid);
     let at = i.created_at.expect("a creation time");
-    assert!(at >= t0 - skew && at <= t1 + skew, "creation time {at:?} is not between {t0:?} and {t1:?}");
+    assert!(
+        at >= t0 - skew && at <= t1 + skew,
+        "creation time {at:?} is not between {t0:?} and {t1:?}"
+    );
     Ok(())
 }
 
@@ -92,7 +104,10 @@ pub async fn ct_e05_whole_scope_is_covered<T: ConformanceTarget>(s: Scenario<T>)
     }
     let listed = expect_ok("list", s.provider().list_by_tag(&s.cx()).await);
     for u in want {
-        assert!(listed.iter().any(|i| i.uid == u), "the instance of {u} is not listed: {listed:?}");
+        assert!(
+            listed.iter().any(|i| i.uid == u),
+            "the instance of {u} is not listed: {listed:?}"
+        );
     }
     Ok(())
 }
@@ -120,7 +135,10 @@ pub async fn ct_e06_partial_scope_follows_policy<T: ConformanceTarget>(s: Scenar
             let listed = expect_ok("list with a location down", r);
             assert!(listed.iter().any(|i| i.uid == ua) && !listed.iter().any(|i| i.uid == ub));
             let events = s.capture.events_since(mark);
-            assert!(events.iter().any(|e| e.text().contains(&b)), "the omitted location {b} is not logged");
+            assert!(
+                events.iter().any(|e| e.text().contains(&b)),
+                "the omitted location {b} is not logged"
+            );
         }
     }
     Ok(())
@@ -136,13 +154,19 @@ pub async fn ct_e07_unreadable_instance_is_skipped_or_fails<T: ConformanceTarget
     match s.provider().list_by_tag(&s.cx()).await {
         Err(_) => {}
         Ok(listed) => {
-            assert!(listed.iter().any(|i| i.uid == "readable"), "the readable instance is missing");
+            assert!(
+                listed.iter().any(|i| i.uid == "readable"),
+                "the readable instance is missing"
+            );
             assert!(
                 !listed.iter().any(|i| i.id == s.id_for(&bad)),
                 "the unreadable instance was listed with guessed fields: {listed:?}"
             );
             let events = s.capture.events_since(mark);
-            assert!(events.iter().any(|e| e.text().contains(&bad)), "skipping {bad} was not logged");
+            assert!(
+                events.iter().any(|e| e.text().contains(&bad)),
+                "skipping {bad} was not logged"
+            );
         }
     }
     Ok(())
@@ -151,8 +175,13 @@ pub async fn ct_e07_unreadable_instance_is_skipped_or_fails<T: ConformanceTarget
 /// CT-E08 (LS2): a failing list call is an error, never an empty list.
 pub async fn ct_e08_list_failure_is_an_error<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     s.hooks().seed(SeedSpec::marked(seeded_name("e08"), "U")).await?;
-    s.hooks().fail(s.fixtures.calls.list, Fault::Server5xx, Times::Always).await?;
-    expect_err("list with the list call failing", s.provider().list_by_tag(&s.cx()).await);
+    s.hooks()
+        .fail(s.fixtures.calls.list, Fault::Server5xx, Times::Always)
+        .await?;
+    expect_err(
+        "list with the list call failing",
+        s.provider().list_by_tag(&s.cx()).await,
+    );
     Ok(())
 }
 

@@ -33,12 +33,18 @@ pub async fn ct_i01_no_own_operation_spans_or_counts<T: ConformanceTarget>(s: Sc
 
 /// CT-I02 (OB2, OB3): every span the provider opens descends from the caller's span.
 pub async fn ct_i02_child_spans_under_caller<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    require(s.profile.child_spans != ChildSpans::None, "the provider emits no child spans")?;
+    require(
+        s.profile.child_spans != ChildSpans::None,
+        "the provider emits no child spans",
+    )?;
     let mark = s.capture.span_mark();
     run_all_four(&s).await;
     let parent = s.parent_span();
     let spans = s.capture.spans_since(mark);
-    assert!(!spans.is_empty(), "the profile declares child spans but none were opened");
+    assert!(
+        !spans.is_empty(),
+        "the profile declares child spans but none were opened"
+    );
     for sp in &spans {
         assert!(
             s.capture.descends_from(sp.id, parent),
@@ -62,7 +68,12 @@ pub async fn ct_i02_child_spans_under_caller<T: ConformanceTarget>(s: Scenario<T
             })
         });
         let _ = list.join();
-        let roots: Vec<_> = s.capture.spans_since(before).into_iter().filter(|sp| sp.parent.is_none()).collect();
+        let roots: Vec<_> = s
+            .capture
+            .spans_since(before)
+            .into_iter()
+            .filter(|sp| sp.parent.is_none())
+            .collect();
         assert!(roots.is_empty(), "spans opened without a parent: {roots:?}");
     }
     Ok(())

@@ -32,14 +32,29 @@ pub async fn ct_h01_cloud_init_sentinel_never_leaks<T: ConformanceTarget>(s: Sce
     let p = s.provider();
     expect_ok("create", p.create(&s.cx(), &req).await);
     // A fresh backend, so a lookup-first provider cannot just adopt.
-    let fresh = s.target.backend().await.map_err(|nc| crate::harness::Skip::NotConfigured(nc.0))?;
+    let fresh = s
+        .target
+        .backend()
+        .await
+        .map_err(|nc| crate::harness::Skip::NotConfigured(nc.0))?;
     let p2 = s
         .target
-        .build(&fresh, &crate::target::BuildOptions { entry_name: crate::ENTRY_NAME.to_owned(), insecure: false })
+        .build(
+            &fresh,
+            &crate::target::BuildOptions {
+                entry_name: crate::ENTRY_NAME.to_owned(),
+                insecure: false,
+            },
+        )
         .expect("build");
-    for fault in [Fault::Server5xx, Fault::Raw(format!("400 Bad Request: invalid user-data {:?}", req.cloud_init))] {
+    for fault in [
+        Fault::Server5xx,
+        Fault::Raw(format!("400 Bad Request: invalid user-data {:?}", req.cloud_init)),
+    ] {
         use crate::hooks::BackendHooks as _;
-        fresh.fail(s.fixtures.calls.create_instance, fault.clone(), Times::Once).await?;
+        fresh
+            .fail(s.fixtures.calls.create_instance, fault.clone(), Times::Once)
+            .await?;
         if let Err(e) = p2.create(&s.cx(), &req).await {
             if !matches!(fault, Fault::Raw(_)) {
                 assert_error_clean(&e, SENTINEL_CI);
@@ -97,7 +112,10 @@ pub async fn ct_h02_credential_sentinel_never_leaks<T: ConformanceTarget>(s: Sce
         }
         if let Some(c) = p.checker() {
             for t in c.check(&cx).await {
-                assert!(!format!("{t:?}").contains(SENTINEL_CRED), "a credential leaked into a check verdict: {t:?}");
+                assert!(
+                    !format!("{t:?}").contains(SENTINEL_CRED),
+                    "a credential leaked into a check verdict: {t:?}"
+                );
             }
         }
         s.hooks().clear_faults().await?;

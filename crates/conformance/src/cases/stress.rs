@@ -35,7 +35,9 @@ pub async fn ct_k01_mixed_load<T: ConformanceTarget>(s: Scenario<T>) -> CaseResu
     };
     for _round in 0..20 {
         for kind in &kinds {
-            s.hooks().delay(*kind, Duration::from_millis(next(&mut seed) % 21)).await?;
+            s.hooks()
+                .delay(*kind, Duration::from_millis(next(&mut seed) % 21))
+                .await?;
         }
         let reqs: Vec<_> = (0..3).map(|_| s.request(&uid("k01"))).collect();
         let doomed: Vec<_> = alive.drain(..alive.len().min(2)).collect();
@@ -63,7 +65,13 @@ pub async fn ct_k01_mixed_load<T: ConformanceTarget>(s: Scenario<T>) -> CaseResu
     }
     if s.profile.delete_return == DeleteReturn::ReturnsEarly {
         for (_, id) in &deleted {
-            poll_to_not_found(p.as_ref(), id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
+            poll_to_not_found(
+                p.as_ref(),
+                id,
+                s.profile.delete_budget,
+                s.profile.async_ops != AsyncOps::None,
+            )
+            .await;
         }
     }
     let inv = s.hooks().inventory().await?;
@@ -72,7 +80,10 @@ pub async fn ct_k01_mixed_load<T: ConformanceTarget>(s: Scenario<T>) -> CaseResu
         assert_eq!(n, 1, "{name} should exist exactly once, found {n}");
     }
     for (name, _) in &deleted {
-        assert!(!inv.iter().any(|o| &o.owner == name), "{name} was deleted but left objects");
+        assert!(
+            !inv.iter().any(|o| &o.owner == name),
+            "{name} was deleted but left objects"
+        );
     }
     let listed: BTreeSet<_> = expect_ok("final list", p.list_by_tag(&s.cx()).await)
         .into_iter()
@@ -95,7 +106,13 @@ pub async fn ct_k02_create_delete_race_converges<T: ConformanceTarget>(s: Scenar
         let _ = (c, d);
     }
     expect_ok("the final delete", p.delete(&cx, &id).await);
-    poll_to_not_found(p.as_ref(), &id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
+    poll_to_not_found(
+        p.as_ref(),
+        &id,
+        s.profile.delete_budget,
+        s.profile.async_ops != AsyncOps::None,
+    )
+    .await;
     let inv = s.hooks().inventory().await?;
     let left: Vec<_> = inv.iter().filter(|o| o.owner == req.name).collect();
     assert!(left.is_empty(), "objects left after the race: {left:?}");

@@ -6,10 +6,10 @@ use std::time::Duration;
 use egress_provider::{ErrorClass, Op, OpCtx, ProviderError};
 use futures::FutureExt;
 
+use crate::PROMPT;
 use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::{CallKind, Gate};
 use crate::target::{ConformanceTarget, Timeouts};
-use crate::PROMPT;
 
 use super::{assert_class, expect_err, expect_ok, owned, promptly, uid, within};
 
@@ -27,7 +27,10 @@ where
         gate.entered().await;
         token.cancel();
     };
-    let (r, ()) = promptly(&format!("{op} after cancellation"), async { tokio::join!(running, cancel) }).await;
+    let (r, ()) = promptly(&format!("{op} after cancellation"), async {
+        tokio::join!(running, cancel)
+    })
+    .await;
     gate.release();
     let e = expect_err(&format!("cancelled {op}"), r);
     assert_class(&format!("cancelled {op}"), &e, ErrorClass::Transient);
@@ -62,10 +65,16 @@ pub async fn ct_g02_pre_cancelled_does_nothing<T: ConformanceTarget>(s: Scenario
     let req = s.request(&uid("g02"));
     let id = s.id_for(&req.name);
     for (what, r) in [
-        ("create", promptly("pre-cancelled create", p.create(&cx, &req)).await.map(|_| ())),
+        (
+            "create",
+            promptly("pre-cancelled create", p.create(&cx, &req)).await.map(|_| ()),
+        ),
         ("get", promptly("pre-cancelled get", p.get(&cx, &id)).await.map(|_| ())),
         ("delete", promptly("pre-cancelled delete", p.delete(&cx, &id)).await),
-        ("list", promptly("pre-cancelled list", p.list_by_tag(&cx)).await.map(|_| ())),
+        (
+            "list",
+            promptly("pre-cancelled list", p.list_by_tag(&cx)).await.map(|_| ()),
+        ),
     ] {
         if let Err(e) = r {
             assert!(
@@ -95,22 +104,36 @@ pub async fn ct_g03_dropped_future_leaves_no_poison<T: ConformanceTarget>(s: Sce
         drop(fut);
     }
     gate.release();
-    let id = expect_ok("create after a dropped one", promptly("create after a dropped one", p.create(&s.cx(), &req)).await);
-    expect_ok("delete", promptly("delete after a dropped create", p.delete(&s.cx(), &id)).await);
+    let id = expect_ok(
+        "create after a dropped one",
+        promptly("create after a dropped one", p.create(&s.cx(), &req)).await,
+    );
+    expect_ok(
+        "delete",
+        promptly("delete after a dropped create", p.delete(&s.cx(), &id)).await,
+    );
     let other = s.request(&uid("g03b"));
-    expect_ok("create of another name", promptly("create of another name", p.create(&s.cx(), &other)).await);
+    expect_ok(
+        "create of another name",
+        promptly("create of another name", p.create(&s.cx(), &other)).await,
+    );
     Ok(())
 }
 
 /// CT-G04 (GN3): a hung backend call is cut off by the provider's own budget, as Transient.
 pub async fn ct_g04_per_call_budget_bounds_a_hung_call<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    require(s.profile.timeouts == Timeouts::PerCall, "the provider relies on its client's timeout")?;
+    require(
+        s.profile.timeouts == Timeouts::PerCall,
+        "the provider relies on its client's timeout",
+    )?;
     let Some(budgets) = s.fixtures.budgets else {
         return require(false, "no per-call budgets declared");
     };
     let p = s.provider();
     let id = expect_ok("create", p.create(&s.cx(), &s.request(&uid("g04"))).await);
-    s.hooks().delay(s.fixtures.calls.get[0], budgets.get + Duration::from_secs(5)).await?;
+    s.hooks()
+        .delay(s.fixtures.calls.get[0], budgets.get + Duration::from_secs(5))
+        .await?;
     let r = within(budgets.get + PROMPT, "a get with a hung backend", p.get(&s.cx(), &id)).await;
     let e = expect_err("a get with a hung backend", r);
     assert_class("a get with a hung backend", &e, ErrorClass::Transient);
@@ -118,7 +141,9 @@ pub async fn ct_g04_per_call_budget_bounds_a_hung_call<T: ConformanceTarget>(s: 
 }
 
 /// CT-G05 (informative): cancelling one call hurts a sibling on the same location at most once.
-pub async fn ct_g05_cancel_does_not_kill_unrelated_calls_repeatedly<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
+pub async fn ct_g05_cancel_does_not_kill_unrelated_calls_repeatedly<T: ConformanceTarget>(
+    s: Scenario<T>,
+) -> CaseResult {
     let p = s.provider();
     let id = expect_ok("create", p.create(&s.cx(), &s.request(&uid("g05"))).await);
     let kind: CallKind = s.fixtures.calls.get[0];
@@ -132,7 +157,10 @@ pub async fn ct_g05_cancel_does_not_kill_unrelated_calls_repeatedly<T: Conforman
         token.cancel();
         r
     };
-    let (_, sibling) = promptly("a cancelled get and its sibling", async { tokio::join!(frozen, sibling) }).await;
+    let (_, sibling) = promptly("a cancelled get and its sibling", async {
+        tokio::join!(frozen, sibling)
+    })
+    .await;
     gate.release();
     if let Err(e) = sibling {
         assert_class("the sibling get", &e, ErrorClass::Transient);

@@ -66,7 +66,10 @@ impl std::error::Error for BackendError {}
 
 impl BackendError {
     fn new(code: Fault, text: impl Into<String>) -> Self {
-        Self { code, text: text.into() }
+        Self {
+            code,
+            text: text.into(),
+        }
     }
 }
 
@@ -210,7 +213,9 @@ impl MemoryBackend {
         if !st.tokens.contains(token) {
             return Err(BackendError::new(
                 Fault::Unauthenticated,
-                format!("401 Unauthorized: request {kind} {target} with header Authorization: Bearer {token} was rejected"),
+                format!(
+                    "401 Unauthorized: request {kind} {target} with header Authorization: Bearer {token} was rejected"
+                ),
             ));
         }
         Ok(())
@@ -459,7 +464,9 @@ impl BackendHooks for MemoryBackend {
 
     async fn rewrite_marks(&self, name: &str, uid: &str, created_at: SystemTime) -> HookResult {
         self.with_obj(name, |o| {
-            o.view.labels.insert(egress_provider::LABEL_UID.to_owned(), uid.to_owned());
+            o.view
+                .labels
+                .insert(egress_provider::LABEL_UID.to_owned(), uid.to_owned());
             o.view.created = unix_seconds(created_at);
         })
     }

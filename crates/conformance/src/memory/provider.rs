@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use egress_provider::{
     Checker, CreateRequest, ErrorClass, ErrorScope, Instance, InstanceState, LABEL_INSTALLATION, LABEL_MANAGED,
-    LABEL_MANAGED_YES, LABEL_UID, Op, OpCtx, Provider, ProviderError, ProviderId, REASON_API_ERROR,
-    REASON_FORBIDDEN, REASON_TIMEOUT, REASON_UNAUTHORIZED, REASON_UNREACHABLE, TargetStatus, redact,
+    LABEL_MANAGED_YES, LABEL_UID, Op, OpCtx, Provider, ProviderError, ProviderId, REASON_API_ERROR, REASON_FORBIDDEN,
+    REASON_TIMEOUT, REASON_UNAUTHORIZED, REASON_UNREACHABLE, TargetStatus, redact,
 };
 use tracing::Instrument;
 
@@ -199,7 +199,14 @@ impl MemoryProvider {
         }
     }
 
-    async fn lookup(&self, cx: &OpCtx, scope: &ErrorScope, token: &str, zone: &str, name: &str) -> Result<Result<InstanceView, BackendError>, ProviderError> {
+    async fn lookup(
+        &self,
+        cx: &OpCtx,
+        scope: &ErrorScope,
+        token: &str,
+        zone: &str,
+        name: &str,
+    ) -> Result<Result<InstanceView, BackendError>, ProviderError> {
         let span = tracing::debug_span!("memory.lookup", zone, name);
         self.call(cx, scope, span, self.backend.lookup(token, zone, name)).await
     }
@@ -250,16 +257,28 @@ impl Provider for MemoryProvider {
         }
         let span = tracing::debug_span!("memory.insert", zone, name = %req.name);
         let inserted = self
-            .call(cx, &scope, span, self.backend.insert(&token, zone, &req.name, labels.clone(), req.cloud_init.as_bytes()))
+            .call(
+                cx,
+                &scope,
+                span,
+                self.backend
+                    .insert(&token, zone, &req.name, labels.clone(), req.cloud_init.as_bytes()),
+            )
             .await?;
         let name = match inserted {
             Ok(()) => req.name.clone(),
             Err(e) if e.code == Fault::AlreadyExists && self.has(Defect::CreateNotIdempotent) => {
                 let other = format!("{}-2", req.name);
                 let span = tracing::debug_span!("memory.insert", zone, name = %other);
-                self.call(cx, &scope, span, self.backend.insert(&token, zone, &other, labels, req.cloud_init.as_bytes()))
-                    .await?
-                    .map_err(|e| self.wrap(&scope, &e))?;
+                self.call(
+                    cx,
+                    &scope,
+                    span,
+                    self.backend
+                        .insert(&token, zone, &other, labels, req.cloud_init.as_bytes()),
+                )
+                .await?
+                .map_err(|e| self.wrap(&scope, &e))?;
                 other
             }
             Err(e) if e.code == Fault::AlreadyExists => {
@@ -314,7 +333,10 @@ impl Provider for MemoryProvider {
         }
         let token = self.token(&scope)?;
         let span = tracing::debug_span!("memory.remove", zone = %zone, name = %name);
-        match self.call(cx, &scope, span, self.backend.remove(&token, &zone, &name)).await? {
+        match self
+            .call(cx, &scope, span, self.backend.remove(&token, &zone, &name))
+            .await?
+        {
             Ok(()) => {
                 tracing::debug!(id = %id, "Instance deleted");
                 Ok(())
@@ -363,7 +385,10 @@ impl Provider for MemoryProvider {
 /// (rule CR12): it is a transient inconsistency.
 fn not_not_found(e: ProviderError, scope: &ErrorScope) -> ProviderError {
     if e.is_not_found() {
-        scope.transient(format!("backend reported not found during create: {}", e.cause().map(|c| c.to_string()).unwrap_or_default()))
+        scope.transient(format!(
+            "backend reported not found during create: {}",
+            e.cause().map(|c| c.to_string()).unwrap_or_default()
+        ))
     } else {
         e
     }
@@ -415,7 +440,10 @@ fn read_token(path: &std::path::Path) -> Result<String, (ErrorClass, String)> {
         Some(t) if !t.is_empty() && !t.contains(char::is_whitespace) => Ok(t.to_owned()),
         _ => Err((
             ErrorClass::Permanent,
-            format!("credential file {} does not hold a token (want one line token:<value>)", path.display()),
+            format!(
+                "credential file {} does not hold a token (want one line token:<value>)",
+                path.display()
+            ),
         )),
     }
 }
@@ -438,7 +466,13 @@ impl Checker for MemoryChecker {
             let token = match read_token(&self.config.token_file) {
                 Ok(t) => t,
                 Err((_, msg)) => {
-                    out.push(TargetStatus::failed(zone, address, REASON_UNAUTHORIZED, msg, start.elapsed()));
+                    out.push(TargetStatus::failed(
+                        zone,
+                        address,
+                        REASON_UNAUTHORIZED,
+                        msg,
+                        start.elapsed(),
+                    ));
                     continue;
                 }
             };

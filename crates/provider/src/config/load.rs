@@ -72,8 +72,7 @@ impl ProvidersConfig {
         let mut warnings = Vec::new();
         if providers.is_empty() {
             // Accepted on purpose: Proxies in External mode need no provider.
-            warnings
-                .push("no providers are configured; only External proxies can be used".to_owned());
+            warnings.push("no providers are configured; only External proxies can be used".to_owned());
         }
         Ok(Loaded {
             config: ProvidersConfig { providers },
@@ -164,10 +163,7 @@ fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
         // `providers:` with every entry commented out: an empty list.
         Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(entries)) => Ok(entries),
-        Some(other) => Err(format!(
-            "`providers` must be a list of entries (got {})",
-            kind(&other)
-        )),
+        Some(other) => Err(format!("`providers` must be a list of entries (got {})", kind(&other))),
     }
 }
 
@@ -246,9 +242,6 @@ mod tests {
             readable_serde_message(r#"invalid type: string "x", expected struct GcpConfig"#),
             r#"invalid type: string "x", expected a mapping"#
         );
-        assert_eq!(
-            readable_serde_message("missing field `x`"),
-            "missing field `x`"
-        );
+        assert_eq!(readable_serde_message("missing field `x`"), "missing field `x`");
     }
 }

@@ -13,10 +13,7 @@ use crate::naming::is_dns1123_label;
 
 /// Checks every entry in file order and returns the first problem as a full
 /// message (`providers[<i>] "<name>": ...`).
-pub(super) fn validate_entries(
-    entries: &[ProviderConfig],
-    registry: &Registry,
-) -> Result<(), String> {
+pub(super) fn validate_entries(entries: &[ProviderConfig], registry: &Registry) -> Result<(), String> {
     let mut seen = HashSet::new();
     for (i, entry) in entries.iter().enumerate() {
         // 1. Name: present, a DNS-1123 label (it names a ProviderHealth
@@ -49,11 +46,7 @@ pub(super) fn validate_entries(
 
         // 3. Set-blocks rule: only the block named by the type may be set,
         // so porting an entry means changing both `type` and the block key.
-        if let Some(block) = entry
-            .blocks_present()
-            .into_iter()
-            .find(|b| *b != entry.type_name)
-        {
+        if let Some(block) = entry.blocks_present().into_iter().find(|b| *b != entry.type_name) {
             return Err(format!(
                 "{prefix}: type is {} but a {block} block is set",
                 entry.type_name
@@ -195,8 +188,7 @@ fn valid_host_port(host_port: &str) -> bool {
             Some((host, port)) => (host, Some(port)),
             None => (host_port, None),
         };
-        let host_char =
-            |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=".contains(c) || !c.is_ascii();
+        let host_char = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=".contains(c) || !c.is_ascii();
         if !host.chars().all(host_char) {
             return false;
         }

@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use crate::error::result_label;
-use crate::{CreateRequest, Instance, OpCtx, Op, Provider, ProviderError, ProviderId};
+use crate::{CreateRequest, Instance, Op, OpCtx, Provider, ProviderError, ProviderId};
 
 /// Labels of the request counter. Every value is bounded: the configured
 /// entry name, one of four ops, one of five results.
@@ -43,9 +43,7 @@ impl ProviderMetrics {
 
     /// The current count for one label set (for tests and diagnostics).
     pub fn requests(&self, provider: &str, op: Op, result: &str) -> u64 {
-        self.requests
-            .get_or_create(&labels(provider, op, result))
-            .get()
+        self.requests.get_or_create(&labels(provider, op, result)).get()
     }
 
     fn count(&self, provider: &str, op: Op, result: &str) {

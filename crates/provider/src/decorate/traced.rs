@@ -7,9 +7,8 @@ use async_trait::async_trait;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-
 use crate::error::result_label;
-use crate::{CreateRequest, ErrorClass, Instance, OpCtx, Op, Provider, ProviderError, ProviderId};
+use crate::{CreateRequest, ErrorClass, Instance, Op, OpCtx, Provider, ProviderError, ProviderId};
 
 /// Opens a span per call with `provider.name`, `provider.id` (when there is
 /// one) and `provider.result`. The span status is an error for every class
@@ -90,7 +89,8 @@ impl TracedProvider {
 #[async_trait]
 impl Provider for TracedProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
-        self.traced(Op::Create, None, self.inner.create(cx, req), |id| Some(id)).await
+        self.traced(Op::Create, None, self.inner.create(cx, req), |id| Some(id))
+            .await
     }
 
     async fn get(&self, cx: &OpCtx, id: &ProviderId) -> Result<Instance, ProviderError> {
@@ -98,7 +98,8 @@ impl Provider for TracedProvider {
     }
 
     async fn delete(&self, cx: &OpCtx, id: &ProviderId) -> Result<(), ProviderError> {
-        self.traced(Op::Delete, Some(id), self.inner.delete(cx, id), |_| None).await
+        self.traced(Op::Delete, Some(id), self.inner.delete(cx, id), |_| None)
+            .await
     }
 
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {

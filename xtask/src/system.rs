@@ -1,0 +1,54 @@
+//! System packages: what the workspace needs from Debian, installed when
+//! missing and when running as root (as CI does).
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Debian packages the workspace's build and tests need. Later issues add
+/// the hypervisor stack, tinyproxy, redis, ...
+pub(crate) const APT_PACKAGES: &[&str] = &["ca-certificates"];
+
+/// Installs the packages of `wanted` that are missing. Without root it only
+/// reports what is missing, so a developer's run never needs sudo.
+pub(crate) fn ensure_packages(wanted: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = wanted.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        println!(
+            "xtask: not root, so not installing missing packages: {} (tests that need them will say so)",
+            missing.join(" ")
+        );
+        return Ok(());
+    }
+    println!("xtask: installing {}", missing.join(" "));
+    run(Command::new("apt-get").arg("update").arg("-q"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
