@@ -285,6 +285,10 @@ pub trait BackendHooks: Send + Sync + 'static {
     async fn rewrite_marks(&self, name: &str, uid: &str, created_at: SystemTime) -> HookResult {
         Err(Unsupported("H04 rewrite_marks"))
     }
+    /// H04: remove the managed and UID marks out of band.
+    async fn strip_marks(&self, name: &str) -> HookResult {
+        Err(Unsupported("H04 strip_marks"))
+    }
     /// H05: every instance and secondary object.
     async fn inventory(&self) -> HookResult<Vec<BackendObject>> {
         Err(Unsupported("H05 inventory"))

@@ -65,7 +65,11 @@ pub async fn ct_c03_faults_are_never_notfound<T: ConformanceTarget>(s: Scenario<
         && s.hooks().make_scope_unreachable(loc).await.is_ok()
     {
         let e = expect_err("get in an unreachable location", p.get(&s.cx(), &id).await);
-        assert_ne!(e.class(), ErrorClass::NotFound, "an unreachable location gave NotFound: {e}");
+        assert_ne!(
+            e.class(),
+            ErrorClass::NotFound,
+            "an unreachable location gave NotFound: {e}"
+        );
     }
     Ok(())
 }

@@ -15,11 +15,14 @@ fn seeded_name(tag: &str) -> String {
     egress_provider::name_from_uid(&uid(tag))
 }
 
-/// CT-E01 (LS1): only instances with the managed mark are listed, with their UIDs.
+/// CT-E01 (LS1): only instances with the managed mark are listed (read from the backend, not remembered), with their UIDs.
 pub async fn ct_e01_lists_marked_only<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let p = s.provider();
     let u1 = uid("e01");
     expect_ok("create", p.create(&s.cx(), &s.request(&u1)).await);
+    let stripped = s.request(&uid("e01s"));
+    expect_ok("create", p.create(&s.cx(), &stripped).await);
+    s.hooks().strip_marks(&stripped.name).await?;
     s.hooks().seed(SeedSpec::marked(seeded_name("e01b"), "U2")).await?;
     s.hooks()
         .seed(SeedSpec::marked(seeded_name("e01c"), "U3").managed(SeedManaged::No))

@@ -65,6 +65,24 @@ impl fmt::Display for BackendError {
 impl std::error::Error for BackendError {}
 
 impl BackendError {
+    /// The error code alone, without the API's text.
+    pub fn code_name(&self) -> &'static str {
+        match self.code {
+            Fault::NotFound => "NOT_FOUND",
+            Fault::AlreadyExists => "ALREADY_EXISTS",
+            Fault::Quota => "QUOTA_EXCEEDED",
+            Fault::RateLimit => "RATE_LIMITED",
+            Fault::Unauthenticated => "UNAUTHENTICATED",
+            Fault::PermissionDenied => "PERMISSION_DENIED",
+            Fault::BadRequest => "BAD_REQUEST",
+            Fault::Server5xx => "UNAVAILABLE",
+            Fault::Timeout => "TIMEOUT",
+            Fault::ConnectionReset => "CONNECTION_RESET",
+            Fault::Busy => "BUSY",
+            Fault::Raw(_) => "UNKNOWN",
+        }
+    }
+
     fn new(code: Fault, text: impl Into<String>) -> Self {
         Self {
             code,
@@ -468,6 +486,13 @@ impl BackendHooks for MemoryBackend {
                 .labels
                 .insert(egress_provider::LABEL_UID.to_owned(), uid.to_owned());
             o.view.created = unix_seconds(created_at);
+        })
+    }
+
+    async fn strip_marks(&self, name: &str) -> HookResult {
+        self.with_obj(name, |o| {
+            o.view.labels.remove(egress_provider::LABEL_MANAGED);
+            o.view.labels.remove(egress_provider::LABEL_UID);
         })
     }
 

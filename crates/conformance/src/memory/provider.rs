@@ -290,7 +290,16 @@ impl Provider for MemoryProvider {
                 return self.adopt(&scope, req, &view);
             }
             Err(e) => {
-                let err = not_not_found(self.wrap(&scope, &e), &scope);
+                // NB: an API may echo the request in its answer, and this
+                // request carried user-data: quote only the code.
+                let err = scope.message(
+                    self.classify(&e),
+                    format!(
+                        "insert failed with {} (the response is not quoted: the request carried user-data)",
+                        e.code_name()
+                    ),
+                );
+                let err = not_not_found(err, &scope);
                 if self.has(Defect::CloudInitInErrors) {
                     return Err(scope.message(err.class(), format!("{err} (user-data was {:?})", req.cloud_init)));
                 }
