@@ -81,7 +81,9 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
         .status()
         .context("running cargo test")?;
     if !status.success() {
-        bail!("cargo test failed ({status})");
+        // Exit with cargo's own status, as the README promises.
+        eprintln!("xtask: cargo test failed ({status})");
+        std::process::exit(status.code().unwrap_or(1));
     }
     Ok(())
 }

@@ -1,9 +1,19 @@
 //! An in-memory record of every tracing event and span a case produces, at
 //! every level and target, so cases can assert on parentage, levels and the
 //! absence of secrets.
+//!
+//! NB: one process-wide subscriber routes to the capture of the current
+//! thread. Per-test scoped subscribers would race on tracing's per-callsite
+//! interest cache when tests run in parallel (a callsite first seen by a
+//! thread without a subscriber can be switched off for everyone), which
+//! silently drops spans and events: fatal for a suite that proves absence.
+//! Each case runs on its own current-thread runtime, so thread routing sees
+//! everything the provider does on that runtime; work a provider moves to
+//! other threads must carry the caller's span and dispatcher.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -84,14 +94,53 @@ pub struct Capture {
     store: Arc<Mutex<Store>>,
 }
 
+thread_local! {
+    static CURRENT: RefCell<Option<Capture>> = const { RefCell::new(None) };
+}
+
+/// Records this thread's telemetry into `capture` (an existing one, e.g.
+/// from a helper thread of a case) until the guard is dropped.
+pub fn route_to(capture: Capture) -> CaptureGuard {
+    let previous = CURRENT.with(|c| c.borrow_mut().replace(capture));
+    CaptureGuard { previous }
+}
+
+/// Stops capturing on this thread when dropped.
+#[derive(Debug)]
+pub struct CaptureGuard {
+    previous: Option<Capture>,
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CURRENT.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
 impl Capture {
-    /// A subscriber that records everything into a fresh capture.
-    pub fn subscriber() -> (Capture, impl Subscriber + Send + Sync) {
+    /// Starts recording everything this thread emits into a fresh capture,
+    /// until the guard is dropped. Installs the process-wide routing
+    /// subscriber on first use.
+    ///
+    /// # Panics
+    /// When another global subscriber was installed first (the suite cannot
+    /// see anything then).
+    pub fn start() -> (Capture, CaptureGuard) {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::registry().with(CaptureLayer);
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("egress-conformance needs to own the global tracing subscriber in its test binaries");
+        });
         let capture = Capture::default();
-        let layer = CaptureLayer {
-            capture: capture.clone(),
-        };
-        (capture, tracing_subscriber::registry().with(layer))
+        let previous = CURRENT.with(|c| c.borrow_mut().replace(capture.clone()));
+        (capture, CaptureGuard { previous })
+    }
+
+    /// The capture of the current thread, if one is running.
+    fn current() -> Option<Capture> {
+        CURRENT.with(|c| c.borrow().clone())
     }
 
     fn lock(&self) -> MutexGuard<'_, Store> {
@@ -169,9 +218,7 @@ impl Capture {
     }
 }
 
-struct CaptureLayer {
-    capture: Capture,
-}
+struct CaptureLayer;
 
 /// Our own span number, kept in the span's extensions. NB: the registry
 /// reuses span ids after a span closes, so parentage is tracked by these
@@ -210,6 +257,9 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(capture) = Capture::current() else {
+            return;
+        };
         let mut visitor = FieldsVisitor::default();
         attrs.record(&mut visitor);
         let parent_id = if attrs.is_root() {
@@ -226,7 +276,7 @@ where
         if let Some(span) = ctx.span(id) {
             span.extensions_mut().insert(Seq(seq));
         }
-        self.capture.lock().spans.push(CapturedSpan {
+        capture.lock().spans.push(CapturedSpan {
             id: seq,
             name: attrs.metadata().name().to_owned(),
             parent,
@@ -235,18 +285,24 @@ where
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(capture) = Capture::current() else {
+            return;
+        };
         let mut visitor = FieldsVisitor::default();
         values.record(&mut visitor);
         let Some(seq) = ctx.span(id).and_then(|s| s.extensions().get::<Seq>().map(|s| s.0)) else {
             return;
         };
-        let mut store = self.capture.lock();
+        let mut store = capture.lock();
         if let Some(span) = store.spans.iter_mut().rev().find(|s| s.id == seq) {
             span.fields.extend(visitor.0);
         }
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let Some(capture) = Capture::current() else {
+            return;
+        };
         let mut visitor = FieldsVisitor::default();
         event.record(&mut visitor);
         let (scope, scope_ids) = ctx
@@ -262,7 +318,7 @@ where
                 spans.into_iter().unzip()
             })
             .unwrap_or_default();
-        self.capture.lock().events.push(CapturedEvent {
+        capture.lock().events.push(CapturedEvent {
             level: *event.metadata().level(),
             target: event.metadata().target().to_owned(),
             fields: visitor.0,

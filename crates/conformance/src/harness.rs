@@ -170,10 +170,9 @@ where
         Ok(rt) => rt,
         Err(e) => return Err(format!("cannot build a runtime: {e}")),
     };
-    let (capture, subscriber) = Capture::subscriber();
-    let dispatch = tracing::Dispatch::new(subscriber);
+    let (capture, _capturing) = Capture::start();
     let target = Arc::new(target);
-    tracing::dispatcher::with_default(&dispatch, || {
+    {
         runtime.block_on(async move {
             let backend = match target.backend().await {
                 Ok(b) => Arc::new(b),
@@ -196,7 +195,7 @@ where
                 Err(_) => Err(format!("the case did not finish within {CASE_BUDGET:?}")),
             }
         })
-    })
+    }
 }
 
 /// The longest one case may take before it is failed as hung.

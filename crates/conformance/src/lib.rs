@@ -68,6 +68,7 @@ pub const REQUIRED_ENV: &str = "EGRESS_CONFORMANCE_REQUIRED";
 macro_rules! __with_cases {
     ($callback:ident ! ($($args:tt)*)) => {
         $crate::$callback! { ($($args)*)
+            ct_a00_mandatory_hooks_are_offered
             ct_a01_constructor_does_not_dial
             ct_a02_missing_credentials_are_lazy
             ct_a03_unparsable_credentials_are_permanent

@@ -83,21 +83,19 @@ fn the_counter_is_exposed_under_its_wire_name() {
 
 #[test]
 fn each_call_gets_one_span_and_notfound_keeps_the_status_ok() {
-    let (capture, subscriber) = Capture::subscriber();
+    let (capture, _capturing) = Capture::start();
     let backend = MemoryBackend::new();
     let p = decorate("entry-a", memory("entry-a", &backend), &ProviderMetrics::new());
     let target = MemoryTarget::new();
-    tracing::subscriber::with_default(subscriber, || {
-        block_on(async {
-            let cx = OpCtx::background();
-            let id = p.create(&cx, &target.valid_request("cd02")).await.expect("create");
-            p.get(&cx, &target.id_for("proxy-aaaaaaaaaaaaaaaa"))
-                .await
-                .expect_err("missing");
-            p.get(&cx, &ProviderId::new("bad")).await.expect_err("malformed");
-            p.list_by_tag(&cx).await.expect("list");
-            p.delete(&cx, &id).await.expect("delete");
-        })
+    block_on(async {
+        let cx = OpCtx::background();
+        let id = p.create(&cx, &target.valid_request("cd02")).await.expect("create");
+        p.get(&cx, &target.id_for("proxy-aaaaaaaaaaaaaaaa"))
+            .await
+            .expect_err("missing");
+        p.get(&cx, &ProviderId::new("bad")).await.expect_err("malformed");
+        p.list_by_tag(&cx).await.expect("list");
+        p.delete(&cx, &id).await.expect("delete");
     });
     let spans: Vec<_> = capture
         .spans()

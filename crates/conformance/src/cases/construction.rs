@@ -113,3 +113,48 @@ pub async fn ct_a04_insecure_switch_warns_at_build<T: ConformanceTarget>(s: Scen
     assert_eq!(s.hooks().call_log().await?.len(), before, "building called the backend");
     Ok(())
 }
+
+/// CT-A00 (suite rule §2.2): in fake mode the backend offers every mandatory hook.
+pub async fn ct_a00_mandatory_hooks_are_offered<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
+    require(!s.target_is_real(), "real backends offer what they can")?;
+    let h = s.hooks();
+    let name = egress_provider::name_from_uid(&uid("a00"));
+    let mut missing: Vec<&'static str> = Vec::new();
+    let mut note = |r: crate::hooks::HookResult| {
+        if let Err(u) = r {
+            missing.push(u.0);
+        }
+    };
+    note(h.seed(crate::hooks::SeedSpec::marked(&name, "hook-probe")).await);
+    note(h.set_native_state(&name, crate::hooks::NativeState::Stopped).await);
+    note(h.set_address(&name, None).await);
+    note(h.rewrite_marks(&name, "hook-probe", std::time::SystemTime::now()).await);
+    note(h.inventory().await.map(drop));
+    note(h.call_log().await.map(drop));
+    let kind = s.fixtures.calls.list;
+    note(
+        h.fail(kind, crate::hooks::Fault::Server5xx, crate::hooks::Times::Once)
+            .await,
+    );
+    note(h.clear_faults().await);
+    note(h.freeze(kind).await.map(|g| g.release()));
+    note(h.delay(kind, std::time::Duration::ZERO).await);
+    note(h.begin_backend_delete(&name).await);
+    note(h.finish_delete(&name).await);
+    note(h.set_unreachable(false).await);
+    if s.profile.async_ops != crate::target::AsyncOps::None {
+        note(h.lock(&name).await);
+        note(h.unlock(&name).await);
+    }
+    if matches!(
+        s.profile.credentials,
+        Credentials::MountedFiles { .. } | Credentials::Environment
+    ) {
+        note(h.credential_path().await.map(drop));
+    }
+    assert!(
+        missing.is_empty(),
+        "mandatory backend hooks are missing in fake mode: {missing:?}"
+    );
+    Ok(())
+}

@@ -57,15 +57,14 @@ pub async fn ct_i02_child_spans_under_caller<T: ConformanceTarget>(s: Scenario<T
         let before = s.capture.span_mark();
         let p = s.provider();
         let cx = s.cx();
-        // A new thread has no current span, but the same subscriber.
-        let root = tracing::dispatcher::get_default(|d| d.clone());
+        // A new thread has no current span; it records into this case's capture.
+        let capture = s.capture.clone();
         let list = std::thread::spawn(move || {
-            tracing::dispatcher::with_default(&root, || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map(|rt| rt.block_on(p.list_by_tag(&cx)).is_ok())
-            })
+            let _capturing = crate::capture::route_to(capture);
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|rt| rt.block_on(p.list_by_tag(&cx)).is_ok())
         });
         let _ = list.join();
         let roots: Vec<_> = s
