@@ -172,30 +172,28 @@ where
     };
     let (capture, _capturing) = Capture::start();
     let target = Arc::new(target);
-    {
-        runtime.block_on(async move {
-            let backend = match target.backend().await {
-                Ok(b) => Arc::new(b),
-                Err(nc) => return Ok(Err(Skip::NotConfigured(nc.0))),
-            };
-            let scenario = Scenario {
-                profile: target.profile(),
-                fixtures: target.fixtures(),
-                target,
-                backend,
-                capture,
-            };
-            let parent = tracing::info_span!(crate::PARENT_SPAN);
-            let run = AssertUnwindSafe(case(scenario).instrument(parent)).catch_unwind();
-            // NB: a generous overall bound so a hung provider fails the case
-            // instead of hanging the test binary.
-            match tokio::time::timeout(CASE_BUDGET, run).await {
-                Ok(Ok(result)) => Ok(result),
-                Ok(Err(panic)) => Err(panic_message(panic.as_ref())),
-                Err(_) => Err(format!("the case did not finish within {CASE_BUDGET:?}")),
-            }
-        })
-    }
+    runtime.block_on(async move {
+        let backend = match target.backend().await {
+            Ok(b) => Arc::new(b),
+            Err(nc) => return Ok(Err(Skip::NotConfigured(nc.0))),
+        };
+        let scenario = Scenario {
+            profile: target.profile(),
+            fixtures: target.fixtures(),
+            target,
+            backend,
+            capture,
+        };
+        let parent = tracing::info_span!(crate::PARENT_SPAN);
+        let run = AssertUnwindSafe(case(scenario).instrument(parent)).catch_unwind();
+        // NB: a generous overall bound so a hung provider fails the case
+        // instead of hanging the test binary.
+        match tokio::time::timeout(CASE_BUDGET, run).await {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(panic)) => Err(panic_message(panic.as_ref())),
+            Err(_) => Err(format!("the case did not finish within {CASE_BUDGET:?}")),
+        }
+    })
 }
 
 /// The longest one case may take before it is failed as hung.
