@@ -8,7 +8,9 @@ use std::time::Duration;
 use egress_provider::{ErrorClass, Instance, OpCtx, Provider, ProviderError, ProviderId};
 
 use crate::PROMPT;
-use crate::hooks::BackendObject;
+use crate::harness::{CaseResult, Scenario, Skip};
+use crate::hooks::{BackendHooks as _, BackendObject};
+use crate::target::ConformanceTarget;
 
 mod checker;
 mod construction;
@@ -115,6 +117,33 @@ pub(crate) async fn poll_to_running(p: &dyn Provider, id: &ProviderId, budget: D
 /// Objects of `kind` owned by `name`.
 pub(crate) fn owned<'a>(inv: &'a [BackendObject], name: &str, kind: &str) -> Vec<&'a BackendObject> {
     inv.iter().filter(|o| o.owner == name && o.kind == kind).collect()
+}
+
+/// The length of the backend's call log, to check later that nothing was called.
+pub(crate) async fn calls_so_far<T: ConformanceTarget>(s: &Scenario<T>) -> Result<usize, Skip> {
+    Ok(s.hooks().call_log().await?.len())
+}
+
+/// Fails the case when the backend saw any call after `mark`.
+pub(crate) async fn assert_no_calls_since<T: ConformanceTarget>(
+    s: &Scenario<T>,
+    mark: usize,
+    what: &str,
+) -> CaseResult {
+    let log = s.hooks().call_log().await?;
+    assert_eq!(log.len(), mark, "{what} reached the backend: {:?}", &log[mark..]);
+    Ok(())
+}
+
+/// Fails the case when anything owned by instance `name` is left, shared kinds aside.
+pub(crate) async fn assert_nothing_left<T: ConformanceTarget>(s: &Scenario<T>, name: &str, what: &str) -> CaseResult {
+    let inv = s.hooks().inventory().await?;
+    let left: Vec<_> = inv
+        .iter()
+        .filter(|o| o.owner == name && !s.fixtures.shared_kinds.contains(&o.kind))
+        .collect();
+    assert!(left.is_empty(), "objects left {what}: {left:?}");
+    Ok(())
 }
 
 /// A UID unique within the test process.

@@ -10,7 +10,7 @@ use crate::target::{BuildOptions, ConformanceTarget, Credentials};
 use crate::{ENTRY_NAME, PROMPT, SENTINEL_CRED};
 use egress_provider::ErrorClass;
 
-use super::{assert_class, expect_err, expect_ok, uid};
+use super::{assert_class, assert_no_calls_since, calls_so_far, expect_err, expect_ok, uid};
 
 /// CT-A01 (CRD1): building a provider never contacts the backend, even an unreachable one.
 pub async fn ct_a01_constructor_does_not_dial<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
@@ -95,7 +95,7 @@ pub async fn ct_a04_insecure_switch_warns_at_build<T: ConformanceTarget>(s: Scen
     let Some(switch) = s.fixtures.insecure_switch else {
         return require(false, "the entry has no verification-disabling switch");
     };
-    let before = s.hooks().call_log().await?.len();
+    let before = calls_so_far(&s).await?;
     let warned = |insecure: bool| {
         let mark = s.capture.event_mark();
         let _p = s.provider_with(&BuildOptions {
@@ -110,8 +110,7 @@ pub async fn ct_a04_insecure_switch_warns_at_build<T: ConformanceTarget>(s: Scen
     };
     assert_eq!(warned(true), 1, "with {switch} set, exactly one warning must name it");
     assert_eq!(warned(false), 0, "with {switch} unset, no warning may name it");
-    assert_eq!(s.hooks().call_log().await?.len(), before, "building called the backend");
-    Ok(())
+    assert_no_calls_since(&s, before, "building").await
 }
 
 /// CT-A00 (suite rule §2.2): in fake mode the backend offers every mandatory hook.

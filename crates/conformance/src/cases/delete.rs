@@ -8,7 +8,10 @@ use crate::harness::{CaseResult, Scenario, require};
 use crate::target::{AsyncOps, ConformanceTarget, DeleteReturn};
 use crate::{CONCURRENT_DELETES, PROMPT};
 
-use super::{assert_class, expect_err, expect_ok, owned, poll_to_not_found, promptly, uid};
+use super::{
+    assert_class, assert_no_calls_since, assert_nothing_left, calls_so_far, expect_err, expect_ok, owned,
+    poll_to_not_found, promptly, uid,
+};
 
 /// CT-D01 (DL1): deleting a well-formed id that never existed succeeds.
 pub async fn ct_d01_delete_missing_is_ok<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
@@ -45,10 +48,7 @@ pub async fn ct_d03_concurrent_deletes_same_id<T: ConformanceTarget>(s: Scenario
         )
         .await;
     }
-    let inv = s.hooks().inventory().await?;
-    let left: Vec<_> = inv.iter().filter(|o| o.owner == req.name).collect();
-    assert!(left.is_empty(), "objects left after concurrent deletes: {left:?}");
-    Ok(())
+    assert_nothing_left(&s, &req.name, "after concurrent deletes").await
 }
 
 /// CT-D04 (DL2): a delete while another is in progress succeeds (promptly when delete returns early).
@@ -118,31 +118,18 @@ pub async fn ct_d05_delete_removes_secondary_resources<T: ConformanceTarget>(s: 
         s.profile.async_ops != AsyncOps::None,
     )
     .await;
-    let inv = s.hooks().inventory().await?;
-    let left: Vec<_> = inv
-        .iter()
-        .filter(|o| o.owner == req.name && !s.fixtures.shared_kinds.contains(&o.kind))
-        .collect();
-    assert!(left.is_empty(), "delete left objects behind: {left:?}");
-    Ok(())
+    assert_nothing_left(&s, &req.name, "after delete").await
 }
 
 /// CT-D06 (GT8): delete of a malformed id is Permanent, without a backend call.
 pub async fn ct_d06_delete_malformed_id_is_permanent<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let p = s.provider();
-    let before = s.hooks().call_log().await?.len();
+    let before = calls_so_far(&s).await?;
     for id in s.fixtures.malformed_ids.clone() {
         let e = expect_err(&format!("delete {:?}", id.as_str()), p.delete(&s.cx(), &id).await);
         assert_class(&format!("delete {:?}", id.as_str()), &e, ErrorClass::Permanent);
     }
-    let log = s.hooks().call_log().await?;
-    assert_eq!(
-        log.len(),
-        before,
-        "malformed ids reached the backend: {:?}",
-        &log[before..]
-    );
-    Ok(())
+    assert_no_calls_since(&s, before, "a malformed id").await
 }
 
 /// CT-D07 (DL5): delete in a location no longer configured succeeds and logs that nothing was done.

@@ -4,7 +4,7 @@ use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::BackendHooks as _;
 use crate::target::{AsyncOps, ConformanceTarget};
 
-use super::{expect_ok, poll_to_not_found, poll_to_running, uid};
+use super::{assert_nothing_left, expect_ok, poll_to_not_found, poll_to_running, uid};
 
 /// CT-L01 (contract §11): check, create twice, Running with an address, listed, deleted twice, gone, nothing left.
 pub async fn ct_l01_full_lifecycle<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
@@ -41,13 +41,7 @@ pub async fn ct_l01_full_lifecycle<T: ConformanceTarget>(s: Scenario<T>) -> Case
         s.profile.async_ops != AsyncOps::None,
     )
     .await;
-    let inv = s.hooks().inventory().await?;
-    let left: Vec<_> = inv
-        .iter()
-        .filter(|o| o.owner == req.name && !s.fixtures.shared_kinds.contains(&o.kind))
-        .collect();
-    assert!(left.is_empty(), "objects left after the lifecycle: {left:?}");
-    Ok(())
+    assert_nothing_left(&s, &req.name, "after the lifecycle").await
 }
 
 /// CT-L02 (CK1-CK3, real mode only): every checker target of the real backend is ready.

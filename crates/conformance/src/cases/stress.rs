@@ -10,7 +10,7 @@ use futures::future::join_all;
 use crate::harness::{CaseResult, Scenario};
 use crate::target::{AsyncOps, ConformanceTarget, DeleteReturn};
 
-use super::{expect_ok, poll_to_not_found, uid};
+use super::{assert_nothing_left, expect_ok, poll_to_not_found, uid};
 
 /// A small deterministic generator for the backend delays (no extra dependency).
 fn next(seed: &mut u64) -> u64 {
@@ -113,8 +113,5 @@ pub async fn ct_k02_create_delete_race_converges<T: ConformanceTarget>(s: Scenar
         s.profile.async_ops != AsyncOps::None,
     )
     .await;
-    let inv = s.hooks().inventory().await?;
-    let left: Vec<_> = inv.iter().filter(|o| o.owner == req.name).collect();
-    assert!(left.is_empty(), "objects left after the race: {left:?}");
-    Ok(())
+    assert_nothing_left(&s, &req.name, "after the race").await
 }
