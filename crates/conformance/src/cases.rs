@@ -10,7 +10,7 @@ use egress_provider::{ErrorClass, Instance, OpCtx, Provider, ProviderError, Prov
 use crate::PROMPT;
 use crate::harness::{CaseResult, Scenario, Skip};
 use crate::hooks::{BackendHooks as _, BackendObject};
-use crate::target::ConformanceTarget;
+use crate::target::{AsyncOps, ConformanceTarget};
 
 mod checker;
 mod construction;
@@ -90,6 +90,12 @@ pub(crate) async fn poll_to_not_found(p: &dyn Provider, id: &ProviderId, budget:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Polls `get` until NotFound within the profile's delete budget; Transient
+/// answers are tolerated where the backend has locks or async tasks (GT6).
+pub(crate) async fn poll_gone<T: ConformanceTarget>(s: &Scenario<T>, p: &dyn Provider, id: &ProviderId) {
+    poll_to_not_found(p, id, s.profile.delete_budget, s.profile.async_ops != AsyncOps::None).await;
 }
 
 /// Polls `get` every 100 ms until Running with an address, within `budget`.

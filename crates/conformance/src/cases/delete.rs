@@ -9,8 +9,8 @@ use crate::target::{AsyncOps, ConformanceTarget, DeleteReturn};
 use crate::{CONCURRENT_DELETES, PROMPT};
 
 use super::{
-    assert_class, assert_no_calls_since, assert_nothing_left, calls_so_far, expect_err, expect_ok, owned,
-    poll_to_not_found, promptly, uid,
+    assert_class, assert_no_calls_since, assert_nothing_left, calls_so_far, expect_err, expect_ok, owned, poll_gone,
+    promptly, uid,
 };
 
 /// CT-D01 (DL1): deleting a well-formed id that never existed succeeds.
@@ -40,13 +40,7 @@ pub async fn ct_d03_concurrent_deletes_same_id<T: ConformanceTarget>(s: Scenario
         expect_ok("a concurrent delete", r);
     }
     if s.profile.delete_return == DeleteReturn::ReturnsEarly {
-        poll_to_not_found(
-            p.as_ref(),
-            &id,
-            s.profile.delete_budget,
-            s.profile.async_ops != AsyncOps::None,
-        )
-        .await;
+        poll_gone(&s, p.as_ref(), &id).await;
     }
     assert_nothing_left(&s, &req.name, "after concurrent deletes").await
 }
@@ -111,13 +105,7 @@ pub async fn ct_d05_delete_removes_secondary_resources<T: ConformanceTarget>(s: 
         );
     }
     expect_ok("delete", p.delete(&s.cx(), &id).await);
-    poll_to_not_found(
-        p.as_ref(),
-        &id,
-        s.profile.delete_budget,
-        s.profile.async_ops != AsyncOps::None,
-    )
-    .await;
+    poll_gone(&s, p.as_ref(), &id).await;
     assert_nothing_left(&s, &req.name, "after delete").await
 }
 

@@ -10,7 +10,9 @@ use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::{Fault, NativeState, SeedSpec, SeedTime, Times};
 use crate::target::{AsyncOps, ConformanceTarget, CreateReturn, DeleteReturn, ProvisioningState};
 
-use super::{assert_class, assert_no_calls_since, calls_so_far, expect_err, expect_ok, poll_to_not_found, uid};
+use super::{
+    assert_class, assert_no_calls_since, calls_so_far, expect_err, expect_ok, poll_gone, poll_to_not_found, uid,
+};
 
 /// CT-C01 (GT1): get of a well-formed id that was never created is NotFound.
 pub async fn ct_c01_missing_is_notfound<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
@@ -25,13 +27,7 @@ pub async fn ct_c02_notfound_after_delete<T: ConformanceTarget>(s: Scenario<T>) 
     let p = s.provider();
     let id = expect_ok("create", p.create(&s.cx(), &s.request(&uid("c02"))).await);
     expect_ok("delete", p.delete(&s.cx(), &id).await);
-    poll_to_not_found(
-        p.as_ref(),
-        &id,
-        s.profile.delete_budget,
-        s.profile.async_ops != AsyncOps::None,
-    )
-    .await;
+    poll_gone(&s, p.as_ref(), &id).await;
     Ok(())
 }
 

@@ -2,9 +2,9 @@
 
 use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::BackendHooks as _;
-use crate::target::{AsyncOps, ConformanceTarget};
+use crate::target::ConformanceTarget;
 
-use super::{assert_nothing_left, expect_ok, poll_to_not_found, poll_to_running, uid};
+use super::{assert_nothing_left, expect_ok, poll_gone, poll_to_running, uid};
 
 /// CT-L01 (contract §11): check, create twice, Running with an address, listed, deleted twice, gone, nothing left.
 pub async fn ct_l01_full_lifecycle<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
@@ -34,13 +34,7 @@ pub async fn ct_l01_full_lifecycle<T: ConformanceTarget>(s: Scenario<T>) -> Case
     assert_eq!(mine.uid, req.uid);
     expect_ok("delete", p.delete(&s.cx(), &id).await);
     expect_ok("delete again", p.delete(&s.cx(), &id).await);
-    poll_to_not_found(
-        p.as_ref(),
-        &id,
-        s.profile.delete_budget,
-        s.profile.async_ops != AsyncOps::None,
-    )
-    .await;
+    poll_gone(&s, p.as_ref(), &id).await;
     assert_nothing_left(&s, &req.name, "after the lifecycle").await
 }
 

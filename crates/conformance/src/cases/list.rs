@@ -7,9 +7,9 @@ use egress_provider::ErrorClass;
 
 use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::{Fault, SeedManaged, SeedSpec, Times};
-use crate::target::{AsyncOps, ConformanceTarget, ListPartial};
+use crate::target::{ConformanceTarget, ListPartial};
 
-use super::{assert_class, expect_err, expect_ok, poll_to_not_found, promptly, uid};
+use super::{assert_class, expect_err, expect_ok, poll_gone, promptly, uid};
 
 fn seeded_name(tag: &str) -> String {
     egress_provider::name_from_uid(&uid(tag))
@@ -62,13 +62,7 @@ pub async fn ct_e03_listed_ids_work_for_get_and_delete<T: ConformanceTarget>(s: 
     for i in listed {
         expect_ok("get of a listed id", p.get(&s.cx(), &i.id).await);
         expect_ok("delete of a listed id", p.delete(&s.cx(), &i.id).await);
-        poll_to_not_found(
-            p.as_ref(),
-            &i.id,
-            s.profile.delete_budget,
-            s.profile.async_ops != AsyncOps::None,
-        )
-        .await;
+        poll_gone(&s, p.as_ref(), &i.id).await;
     }
     Ok(())
 }

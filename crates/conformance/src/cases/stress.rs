@@ -8,9 +8,9 @@ use egress_provider::ProviderId;
 use futures::future::join_all;
 
 use crate::harness::{CaseResult, Scenario};
-use crate::target::{AsyncOps, ConformanceTarget, DeleteReturn};
+use crate::target::{ConformanceTarget, DeleteReturn};
 
-use super::{assert_nothing_left, expect_ok, poll_to_not_found, uid};
+use super::{assert_nothing_left, expect_ok, poll_gone, uid};
 
 /// A small deterministic generator for the backend delays (no extra dependency).
 fn next(seed: &mut u64) -> u64 {
@@ -65,13 +65,7 @@ pub async fn ct_k01_mixed_load<T: ConformanceTarget>(s: Scenario<T>) -> CaseResu
     }
     if s.profile.delete_return == DeleteReturn::ReturnsEarly {
         for (_, id) in &deleted {
-            poll_to_not_found(
-                p.as_ref(),
-                id,
-                s.profile.delete_budget,
-                s.profile.async_ops != AsyncOps::None,
-            )
-            .await;
+            poll_gone(&s, p.as_ref(), id).await;
         }
     }
     let inv = s.hooks().inventory().await?;
@@ -106,12 +100,6 @@ pub async fn ct_k02_create_delete_race_converges<T: ConformanceTarget>(s: Scenar
         let _ = (c, d);
     }
     expect_ok("the final delete", p.delete(&cx, &id).await);
-    poll_to_not_found(
-        p.as_ref(),
-        &id,
-        s.profile.delete_budget,
-        s.profile.async_ops != AsyncOps::None,
-    )
-    .await;
+    poll_gone(&s, p.as_ref(), &id).await;
     assert_nothing_left(&s, &req.name, "after the race").await
 }
