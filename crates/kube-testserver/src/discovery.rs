@@ -1,0 +1,193 @@
+//! What clients read before they talk to a resource: `/version`, the discovery documents, the
+//! OpenAPI v3 index kubectl consults (for `fieldValidation` support and patch types), and the
+//! `Table` form `kubectl get` asks for.
+
+use serde_json::{Value, json};
+
+use crate::resources::{ResourceType, Types};
+
+pub(crate) const SERVER_VERSION: (&str, &str) = ("1", "33");
+
+pub(crate) fn version() -> Value {
+    json!({
+        "major": SERVER_VERSION.0, "minor": SERVER_VERSION.1,
+        "gitVersion": format!("v{}.{}.0-egress-kube-testserver", SERVER_VERSION.0, SERVER_VERSION.1),
+        "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "none (egress-kube-testserver, Rust)", "compiler": "rustc", "platform": "linux/amd64",
+    })
+}
+
+pub(crate) fn core_versions(server_address: &str) -> Value {
+    json!({"kind": "APIVersions", "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}]})
+}
+
+fn group_json(name: &str, versions: &[String]) -> Value {
+    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
+    json!({"name": name, "versions": vs, "preferredVersion": vs[0]})
+}
+
+pub(crate) fn group_list(types: &Types) -> Value {
+    let groups: Vec<Value> =
+        types.groups().iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_json(g, vs)).collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+pub(crate) fn group(types: &Types, name: &str) -> Option<Value> {
+    let groups = types.groups();
+    let versions = groups.get(name).filter(|_| !name.is_empty())?;
+    let mut g = group_json(name, versions);
+    g["kind"] = json!("APIGroup");
+    g["apiVersion"] = json!("v1");
+    Some(g)
+}
+
+const VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+pub(crate) fn resource_list(types: &Types, group: &str, version: &str) -> Option<Value> {
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let mut resources = Vec::new();
+    for rt in types.all().filter(|t| t.group == group && t.version == version) {
+        resources.push(json!({
+            "name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced, "kind": rt.kind,
+            "verbs": VERBS, "shortNames": rt.short_names, "categories": rt.categories,
+        }));
+        if rt.status_subresource {
+            resources.push(json!({"name": format!("{}/status", rt.plural), "singularName": "",
+                "namespaced": rt.namespaced, "kind": rt.kind, "verbs": ["get", "patch", "update"]}));
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+}
+
+/// The OpenAPI v3 index: one document per group-version.
+pub(crate) fn openapi_v3_root(types: &Types) -> Value {
+    let mut paths = serde_json::Map::new();
+    for (g, versions) in types.groups() {
+        for v in versions {
+            let key = if g.is_empty() { format!("api/{v}") } else { format!("apis/{g}/{v}") };
+            paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}")}));
+        }
+    }
+    json!({"paths": paths})
+}
+
+/// One group-version's OpenAPI v3 document: the item paths with their PATCH operation (the
+/// media types it takes and its `fieldValidation` parameter) and the custom resources' schemas.
+pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str) -> Option<Value> {
+    let mut paths = serde_json::Map::new();
+    let mut schemas = serde_json::Map::new();
+    let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+    let mut any = false;
+    for rt in types.all().filter(|t| t.group == group && t.version == version) {
+        any = true;
+        let item = if rt.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}/{{name}}", rt.plural)
+        } else {
+            format!("{prefix}/{}/{{name}}", rt.plural)
+        };
+        let mut media = vec!["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
+        if !rt.custom {
+            media.push("application/strategic-merge-patch+json");
+        }
+        let content: serde_json::Map<String, Value> =
+            media.iter().map(|m| (m.to_string(), json!({"schema": {"type": "object"}}))).collect();
+        let gvk = json!({"group": rt.group, "version": rt.version, "kind": rt.kind});
+        let params: Vec<Value> = ["dryRun", "fieldManager", "fieldValidation", "force"]
+            .iter()
+            .map(|p| json!({"name": p, "in": "query", "schema": {"type": "string", "uniqueItems": true}}))
+            .collect();
+        paths.insert(
+            item,
+            json!({"patch": {
+                "operationId": format!("patch{}", rt.kind),
+                "x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "patch",
+                "parameters": params, "requestBody": {"content": content, "required": true},
+                "responses": {"200": {"description": "OK"}},
+            }}),
+        );
+        let schema_name = format!("{}.{}.{}", reverse_domain(&rt.group), rt.version, rt.kind);
+        let mut schema = rt.schema.as_ref().map(|_| json!({"type": "object"})).unwrap_or(json!({"type": "object"}));
+        schema["x-kubernetes-group-version-kind"] = json!([gvk]);
+        schemas.insert(schema_name, schema);
+    }
+    any.then(|| {
+        json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"},
+            "paths": paths, "components": {"schemas": schemas}})
+    })
+}
+
+fn reverse_domain(group: &str) -> String {
+    if group.is_empty() { "io.k8s.api.core".into() } else { group.split('.').rev().collect::<Vec<_>>().join(".") }
+}
+
+/// The value at a printer column's simple JSONPath (`.status.phase`, `.spec.hosts[0]`).
+fn json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
+    let path = path.trim().trim_start_matches('{').trim_end_matches('}').trim_start_matches('$');
+    let mut cur = object;
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let (name, index) = match part.split_once('[') {
+            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (part, None),
+        };
+        if !name.is_empty() {
+            cur = cur.get(name)?;
+        }
+        if let Some(i) = index {
+            cur = cur.get(i)?;
+        }
+    }
+    Some(cur)
+}
+
+/// `meta.k8s.io/v1 Table` for a list of objects, with the kind's printer columns.
+pub(crate) fn table(rt: &ResourceType, items: &[Value], resource_version: &str) -> Value {
+    let mut columns = vec![json!({"name": "Name", "type": "string", "format": "name", "priority": 0,
+        "description": "Name must be unique within a namespace."})];
+    let mut paths = Vec::new();
+    let printer = if rt.printer_columns.is_empty() {
+        vec![crate::resources::PrinterColumn {
+            name: "Age".into(),
+            type_: "date".into(),
+            format: String::new(),
+            description: "Time since the object was created.".into(),
+            json_path: ".metadata.creationTimestamp".into(),
+            priority: 0,
+        }]
+    } else {
+        rt.printer_columns.clone()
+    };
+    for c in &printer {
+        columns.push(json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description,
+            "priority": c.priority}));
+        paths.push(c.json_path.clone());
+    }
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            let mut cells = vec![o.pointer("/metadata/name").cloned().unwrap_or(Value::Null)];
+            cells.extend(paths.iter().map(|p| json_path(o, p).cloned().unwrap_or(Value::Null)));
+            let metadata = o.get("metadata").cloned().unwrap_or(json!({}));
+            json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                "metadata": metadata}})
+        })
+        .collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": columns, "rows": rows})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_paths() {
+        let o = json!({"status": {"phase": "Ready", "hosts": ["a", "b"]}});
+        assert_eq!(json_path(&o, ".status.phase"), Some(&json!("Ready")));
+        assert_eq!(json_path(&o, ".status.hosts[1]"), Some(&json!("b")));
+        assert_eq!(json_path(&o, ".status.none"), None);
+    }
+}

@@ -1,0 +1,172 @@
+//! Test controls: fault injection and request counting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A request's verb, as RBAC and audit logs name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    /// The verbs that change state.
+    pub const WRITES: [Verb; 5] = [Verb::Create, Verb::Update, Verb::Patch, Verb::Delete, Verb::DeleteCollection];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => "get",
+            Self::List => "list",
+            Self::Watch => "watch",
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Patch => "patch",
+            Self::Delete => "delete",
+            Self::DeleteCollection => "deletecollection",
+        }
+    }
+
+    pub fn is_write(self) -> bool {
+        Self::WRITES.contains(&self)
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an injected fault does to a matching request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Answer with this HTTP status and a `Status` body carrying the matching reason.
+    Fail(u16),
+    /// Hold the request this long, then serve it normally.
+    Delay(Duration),
+}
+
+/// A rule: the next `times` requests with this verb (any verb when `None`) on this resource
+/// (`proxies`, `proxies/status`, or `*` for any) get `action`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub verb: Option<Verb>,
+    pub resource: String,
+    pub action: FaultAction,
+    pub times: usize,
+}
+
+impl Fault {
+    /// The next matching request fails with `status` (use `.times(n)` for more).
+    pub fn fail(verb: Verb, resource: &str, status: u16) -> Self {
+        Self { verb: Some(verb), resource: resource.into(), action: FaultAction::Fail(status), times: 1 }
+    }
+
+    /// The next matching request is held for `delay` before it is served.
+    pub fn delay(verb: Verb, resource: &str, delay: Duration) -> Self {
+        Self { verb: Some(verb), resource: resource.into(), action: FaultAction::Delay(delay), times: 1 }
+    }
+
+    pub fn times(mut self, times: usize) -> Self {
+        self.times = times;
+        self
+    }
+
+    /// Match every verb.
+    pub fn any_verb(mut self) -> Self {
+        self.verb = None;
+        self
+    }
+
+    fn matches(&self, verb: Verb, resource: &str) -> bool {
+        self.times > 0 && self.verb.is_none_or(|v| v == verb) && (self.resource == "*" || self.resource == resource)
+    }
+}
+
+/// The injected faults of one server. Cloning shares them.
+#[derive(Debug, Clone, Default)]
+pub struct Faults(Arc<Mutex<Vec<Fault>>>);
+
+impl Faults {
+    pub fn inject(&self, fault: Fault) {
+        self.0.lock().expect("fault list lock").push(fault);
+    }
+
+    /// Removes every rule not yet used up.
+    pub fn clear(&self) {
+        self.0.lock().expect("fault list lock").clear();
+    }
+
+    /// Rules not yet used up.
+    pub fn pending(&self) -> usize {
+        self.0.lock().expect("fault list lock").iter().map(|f| f.times).sum()
+    }
+
+    /// The action for this request, using up one count of the first matching rule.
+    pub(crate) fn take(&self, verb: Verb, resource: &str) -> Option<FaultAction> {
+        let mut rules = self.0.lock().expect("fault list lock");
+        let rule = rules.iter_mut().find(|f| f.matches(verb, resource))?;
+        rule.times -= 1;
+        let action = rule.action.clone();
+        rules.retain(|f| f.times > 0);
+        Some(action)
+    }
+}
+
+/// Requests served, by verb and resource (`proxies`, `proxies/status`). Cloning shares them.
+#[derive(Debug, Clone, Default)]
+pub struct Requests(Arc<Mutex<BTreeMap<(Verb, String), u64>>>);
+
+impl Requests {
+    pub(crate) fn record(&self, verb: Verb, resource: &str) {
+        *self.0.lock().expect("request counter lock").entry((verb, resource.to_string())).or_default() += 1;
+    }
+
+    /// Requests with this verb on this resource (`*` counts every resource).
+    pub fn count(&self, verb: Verb, resource: &str) -> u64 {
+        let counts = self.0.lock().expect("request counter lock");
+        counts.iter().filter(|((v, r), _)| *v == verb && (resource == "*" || r == resource)).map(|(_, n)| *n).sum()
+    }
+
+    /// Requests that could change state (create, update, patch, delete, deletecollection) on this
+    /// resource (`*` for all).
+    pub fn writes(&self, resource: &str) -> u64 {
+        Verb::WRITES.iter().map(|v| self.count(*v, resource)).sum()
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<(Verb, String), u64> {
+        self.0.lock().expect("request counter lock").clone()
+    }
+
+    pub fn reset(&self) {
+        self.0.lock().expect("request counter lock").clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_is_used_up() {
+        let f = Faults::default();
+        f.inject(Fault::fail(Verb::Update, "proxies", 500).times(2));
+        assert_eq!(f.take(Verb::Get, "proxies"), None);
+        assert_eq!(f.take(Verb::Update, "pods"), None);
+        assert_eq!(f.take(Verb::Update, "proxies"), Some(FaultAction::Fail(500)));
+        assert_eq!(f.take(Verb::Update, "proxies"), Some(FaultAction::Fail(500)));
+        assert_eq!(f.take(Verb::Update, "proxies"), None);
+        f.inject(Fault::fail(Verb::Get, "*", 503).any_verb());
+        assert_eq!(f.take(Verb::Watch, "leases"), Some(FaultAction::Fail(503)));
+        assert_eq!(f.pending(), 0);
+    }
+}

@@ -1,0 +1,723 @@
+//! The HTTP side: routing a request to a resource and verb, content negotiation, test faults,
+//! request counting, and the watch stream.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::discovery;
+use crate::faults::{FaultAction, Faults, Requests, Verb};
+use crate::selectors::{FieldSelector, LabelSelector, labels_of};
+use crate::status::ApiError;
+use crate::store::{Change, ChangeKind, DeleteOptions, ListOptions, PatchKind, State, Target, WriteOptions, watches};
+
+/// The largest request body accepted, as the real server's limit.
+const MAX_BODY: usize = 3 * 1024 * 1024;
+/// How long a watch lasts when the client does not say.
+const DEFAULT_WATCH_SECONDS: u64 = 1800;
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// What the connection tasks share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) state: Mutex<State>,
+    pub(crate) faults: Faults,
+    pub(crate) requests: Requests,
+    pub(crate) bookmark_interval: Duration,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) address: String,
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug in this crate; the state is still whole
+        // because every change is committed in one step, so keep serving.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of descriptors or a reset during accept: give the system a moment.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let token = shared.shutdown.clone();
+            let service = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(shared, req).await) }
+            });
+            let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                _ = token.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn full(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, content_type.parse().expect("a valid content type"));
+    r
+}
+
+fn json_response(status: u16, value: &Value) -> Response<Body> {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    full(status, "application/json", serde_json::to_vec(value).expect("JSON values serialise"))
+}
+
+fn error_response(e: &ApiError) -> Response<Body> {
+    let mut r = json_response(e.code, &e.to_status());
+    if matches!(e.code, 429 | 503) {
+        r.headers_mut().insert(header::RETRY_AFTER, "1".parse().expect("a valid header"));
+    }
+    r
+}
+
+/// The reason the real server gives with each status code.
+fn reason_for(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        406 => "NotAcceptable",
+        409 => "Conflict",
+        410 => "Expired",
+        413 => "RequestEntityTooLarge",
+        415 => "UnsupportedMediaType",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "Unknown",
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The decoded query parameters.
+#[derive(Debug, Default)]
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(q: Option<&str>) -> Self {
+        Self(
+            q.unwrap_or_default()
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| match p.split_once('=') {
+                    Some((k, v)) => (percent_decode(k), percent_decode(v)),
+                    None => (percent_decode(p), String::new()),
+                })
+                .collect(),
+        )
+    }
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+    fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some("true" | "1" | ""))
+    }
+}
+
+/// Which part of the API a path names.
+#[derive(Debug)]
+enum Route {
+    Version,
+    Health,
+    CoreVersions,
+    Groups,
+    Group(String),
+    Resources(String, String),
+    OpenApiV2,
+    OpenApiV3Root,
+    OpenApiV3(String, String),
+    Object { group: String, version: String, rest: Vec<String> },
+    Unknown,
+}
+
+fn route(path: &str) -> Route {
+    let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
+    let s: Vec<&str> = segs.iter().map(String::as_str).collect();
+    match s.as_slice() {
+        ["version"] => Route::Version,
+        ["healthz" | "livez" | "readyz", ..] => Route::Health,
+        ["api"] => Route::CoreVersions,
+        ["apis"] => Route::Groups,
+        ["apis", g] => Route::Group(g.to_string()),
+        ["api", v] => Route::Resources(String::new(), v.to_string()),
+        ["apis", g, v] => Route::Resources(g.to_string(), v.to_string()),
+        ["openapi", "v2"] => Route::OpenApiV2,
+        ["openapi", "v3"] => Route::OpenApiV3Root,
+        ["openapi", "v3", "api", v] => Route::OpenApiV3(String::new(), v.to_string()),
+        ["openapi", "v3", "apis", g, v] => Route::OpenApiV3(g.to_string(), v.to_string()),
+        ["api", v, rest @ ..] => Route::Object { group: String::new(), version: v.to_string(), rest: to_owned(rest) },
+        ["apis", g, v, rest @ ..] => Route::Object { group: g.to_string(), version: v.to_string(), rest: to_owned(rest) },
+        _ => Route::Unknown,
+    }
+}
+
+fn to_owned(s: &[&str]) -> Vec<String> {
+    s.iter().map(|x| x.to_string()).collect()
+}
+
+/// Resolves `[namespaces/{ns}/]{plural}[/{name}[/{subresource}]]` against the served types.
+fn target(state: &State, group: &str, version: &str, rest: &[String]) -> Result<Target, ApiError> {
+    let (namespace, rest) = match rest {
+        [ns_word, ns, tail @ ..] if ns_word == "namespaces" && !tail.is_empty() && tail[0] != "status" && tail[0] != "finalize" => {
+            (Some(ns.clone()), tail)
+        }
+        _ => (None, rest),
+    };
+    let (plural, name, sub) = match rest {
+        [p] => (p, None, None),
+        [p, n] => (p, Some(n.clone()), None),
+        [p, n, sub] => (p, Some(n.clone()), Some(sub.clone())),
+        _ => return Err(ApiError::no_such_resource()),
+    };
+    let rt = state.types.get(group, version, plural).cloned().ok_or_else(ApiError::no_such_resource)?;
+    if namespace.is_some() && !rt.namespaced {
+        return Err(ApiError::no_such_resource());
+    }
+    if let Some(sub) = &sub
+        && !(sub == "status" && rt.status_subresource)
+    {
+        return Err(ApiError::no_such_resource());
+    }
+    Ok(Target { rt, namespace, name, subresource: sub })
+}
+
+fn verb_of(method: &Method, t: &Target, query: &Query) -> Result<Verb, ApiError> {
+    let named = t.name.is_some();
+    let what = format!("{}", t.rt.qualified());
+    Ok(match (method.as_str(), named) {
+        ("GET", true) => Verb::Get,
+        ("GET", false) if query.flag("watch") => Verb::Watch,
+        ("GET", false) => Verb::List,
+        ("POST", false) => Verb::Create,
+        ("PUT", true) => Verb::Update,
+        ("PATCH", true) => Verb::Patch,
+        ("DELETE", true) => Verb::Delete,
+        ("DELETE", false) => Verb::DeleteCollection,
+        (m, _) => return Err(ApiError::method_not_allowed(m, &what)),
+    })
+}
+
+fn media_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+/// What the client accepts: JSON, and whether it asked for the `Table` form.
+fn negotiate(headers: &HeaderMap) -> Result<bool, ApiError> {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        return Ok(false);
+    };
+    let mut json_ok = false;
+    let mut table = false;
+    for option in accept.split(',') {
+        let mut parts = option.split(';').map(str::trim);
+        let media = parts.next().unwrap_or_default().to_ascii_lowercase();
+        let params: Vec<&str> = parts.collect();
+        if matches!(media.as_str(), "application/json" | "*/*" | "application/*" | "") {
+            if params.iter().any(|p| p.eq_ignore_ascii_case("as=Table")) {
+                table = true;
+            } else if !params.iter().any(|p| p.starts_with("as=")) {
+                json_ok = true;
+            }
+        }
+    }
+    if table || json_ok {
+        Ok(table)
+    } else {
+        Err(ApiError::new(406, "NotAcceptable", "only the following media types are accepted: application/json"))
+    }
+}
+
+fn parse_yaml_or_json(bytes: &[u8]) -> Result<Value, String> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(v) => Ok(v),
+        Err(json_err) => {
+            let text = std::str::from_utf8(bytes).map_err(|_| json_err.to_string())?;
+            serde_saphyr::from_str::<Value>(text).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// The object in a create or update body.
+fn decode_object(bytes: &[u8], media: &str, kind: &str) -> Result<Value, ApiError> {
+    let unrecognized = |e: String| {
+        ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"
+        ))
+    };
+    match media {
+        "" | "application/json" => serde_json::from_slice(bytes).map_err(|e| unrecognized(e.to_string())),
+        "application/yaml" => parse_yaml_or_json(bytes).map_err(unrecognized),
+        _ => Err(ApiError::unsupported_media_type(&["application/json", "application/yaml"])),
+    }
+}
+
+fn patch_kind(media: &str, custom: bool) -> Result<PatchKind, ApiError> {
+    match media {
+        "application/json-patch+json" => Ok(PatchKind::Json),
+        "application/merge-patch+json" => Ok(PatchKind::Merge),
+        "application/strategic-merge-patch+json" => Ok(PatchKind::Strategic),
+        "application/apply-patch+yaml" => Ok(PatchKind::Apply),
+        _ => {
+            let mut accepted = vec!["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
+            if !custom {
+                accepted.push("application/strategic-merge-patch+json");
+            }
+            Err(ApiError::unsupported_media_type(&accepted))
+        }
+    }
+}
+
+fn dry_run(query: &Query, body: Option<&Value>) -> Result<bool, ApiError> {
+    let from_body = body.and_then(|b| b.get("dryRun")).and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    match query.get("dryRun") {
+        None | Some("") => Ok(from_body),
+        Some("All") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!("Invalid dryRun value: {other}: supported values: \"All\""))),
+    }
+}
+
+/// The field manager: the `fieldManager` parameter, else the client's user agent up to its first
+/// `/`, as the real server derives it.
+fn manager(query: &Query, headers: &HeaderMap, apply: bool) -> String {
+    match query.get("fieldManager") {
+        Some(m) => m.to_string(),
+        None if apply => String::new(),
+        None => headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "unknown".into()),
+    }
+}
+
+fn list_options(query: &Query) -> Result<ListOptions, ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or_default()).map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or_default()).map_err(ApiError::bad_request)?;
+    let limit = match query.get("limit") {
+        None | Some("") => None,
+        Some(l) => Some(l.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?),
+    };
+    let continue_token = query.get("continue").filter(|c| !c.is_empty()).map(str::to_string);
+    Ok(ListOptions { labels, fields, limit, continue_token })
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<(http::request::Parts, Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    match Limited::new(body, MAX_BODY).collect().await {
+        Ok(collected) => Ok((parts, collected.to_bytes())),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {MAX_BODY}"),
+        )),
+        Err(e) => Err(ApiError::bad_request(format!("reading the request body: {e}"))),
+    }
+}
+
+pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let query = Query::parse(req.uri().query());
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let headers = req.headers().clone();
+    let state = || shared.state();
+    let doc = |v: Option<Value>| match v {
+        Some(v) => json_response(200, &v),
+        None => error_response(&ApiError::no_such_resource()),
+    };
+    let route = route(&path);
+    if !matches!(route, Route::Object { .. }) && method != Method::GET {
+        return error_response(&ApiError::method_not_allowed(method.as_str(), &path));
+    }
+    match route {
+        Route::Version => json_response(200, &discovery::version()),
+        Route::Health => full(StatusCode::OK, "text/plain", b"ok".to_vec()),
+        Route::CoreVersions => json_response(200, &discovery::core_versions(&shared.address)),
+        Route::Groups => json_response(200, &discovery::group_list(&state().types)),
+        Route::Group(g) => doc(discovery::group(&state().types, &g)),
+        Route::Resources(g, v) => doc(discovery::resource_list(&state().types, &g, &v)),
+        Route::OpenApiV3Root => json_response(200, &discovery::openapi_v3_root(&state().types)),
+        Route::OpenApiV3(g, v) => doc(discovery::openapi_v3_group_version(&state().types, &g, &v)),
+        // Only the protobuf form of v2 exists on a real server's fast path; clients fall back to v3.
+        Route::OpenApiV2 | Route::Unknown => error_response(&ApiError::no_such_resource()),
+        Route::Object { group, version, rest } => {
+            match object_request(&shared, req, &query, &headers, &group, &version, &rest).await {
+                Ok(r) => r,
+                Err(e) => error_response(&e),
+            }
+        }
+    }
+}
+
+async fn object_request(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    query: &Query,
+    headers: &HeaderMap,
+    group: &str,
+    version: &str,
+    rest: &[String],
+) -> Result<Response<Body>, ApiError> {
+    let t = target(&shared.state(), group, version, rest)?;
+    let verb = verb_of(req.method(), &t, query)?;
+    if t.namespace.is_none() && t.rt.namespaced && !matches!(verb, Verb::List | Verb::Watch) {
+        return Err(ApiError::no_such_resource());
+    }
+    let resource = match &t.subresource {
+        Some(sub) => format!("{}/{sub}", t.rt.plural),
+        None => t.rt.plural.clone(),
+    };
+    shared.requests.record(verb, &resource);
+    match shared.faults.take(verb, &resource) {
+        Some(FaultAction::Fail(code)) => {
+            let e = ApiError::new(code, reason_for(code), format!("injected fault: {verb} {resource} fails with {code}"));
+            return Err(e);
+        }
+        Some(FaultAction::Delay(d)) => {
+            tokio::select! {
+                _ = tokio::time::sleep(d) => {}
+                _ = shared.shutdown.cancelled() => return Err(ApiError::new(503, "ServiceUnavailable", "shutting down")),
+            }
+        }
+        None => {}
+    }
+    let as_table = if matches!(verb, Verb::Get | Verb::List) { negotiate(headers)? } else { negotiate(headers).map(|_| false)? };
+    let (parts, bytes) = read_body(req).await?;
+    let media = media_type(&parts.headers);
+    let writer = |apply: bool, body: Option<&Value>| -> Result<WriteOptions, ApiError> {
+        Ok(WriteOptions {
+            manager: manager(query, &parts.headers, apply),
+            dry_run: dry_run(query, body)?,
+            force: query.flag("force"),
+        })
+    };
+    let (code, value) = match verb {
+        Verb::Get => {
+            let o = shared.state().get(&t)?;
+            if as_table {
+                let rv = o.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+                (200, discovery::table(&t.rt, &[o], &rv))
+            } else {
+                (200, o)
+            }
+        }
+        Verb::List => {
+            let opts = list_options(query)?;
+            let list = shared.state().list(&t, &opts)?;
+            if as_table {
+                let items = list["items"].as_array().cloned().unwrap_or_default();
+                let rv = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+                let mut table = discovery::table(&t.rt, &items, &rv);
+                if let Some(c) = list.pointer("/metadata/continue") {
+                    table["metadata"]["continue"] = c.clone();
+                }
+                (200, table)
+            } else {
+                (200, list)
+            }
+        }
+        Verb::Watch => return watch(shared, t, query),
+        Verb::Create => {
+            let body = decode_object(&bytes, &media, &t.rt.kind)?;
+            let opts = writer(false, None)?;
+            strict_fields(query, &t, &body)?;
+            (201, shared.state().create(&t, body, &opts)?)
+        }
+        Verb::Update => {
+            let body = decode_object(&bytes, &media, &t.rt.kind)?;
+            let opts = writer(false, None)?;
+            strict_fields(query, &t, &body)?;
+            (200, shared.state().update(&t, body, &opts)?)
+        }
+        Verb::Patch => {
+            let kind = patch_kind(&media, t.rt.custom)?;
+            let body = match kind {
+                PatchKind::Apply => parse_yaml_or_json(&bytes).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
+                _ => serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+            };
+            let opts = writer(kind == PatchKind::Apply, None)?;
+            if kind != PatchKind::Json {
+                strict_fields(query, &t, &body)?;
+            }
+            let mut state = shared.state();
+            let existed = state.get(&t).is_ok();
+            let out = state.patch(&t, kind, body, &opts)?;
+            (if existed { 200 } else { 201 }, out)
+        }
+        Verb::Delete | Verb::DeleteCollection => {
+            let body: Option<Value> = if bytes.is_empty() {
+                None
+            } else {
+                Some(serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?)
+            };
+            let opts = DeleteOptions {
+                dry_run: dry_run(query, body.as_ref())?,
+                precondition_uid: body.as_ref().and_then(|b| b.pointer("/preconditions/uid")).and_then(Value::as_str).map(str::to_string),
+                precondition_rv: body
+                    .as_ref()
+                    .and_then(|b| b.pointer("/preconditions/resourceVersion"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            };
+            let mut state = shared.state();
+            if verb == Verb::Delete {
+                (200, state.delete(&t, &opts)?)
+            } else {
+                (200, state.delete_collection(&t, &list_options(query)?, &opts)?)
+            }
+        }
+    };
+    Ok(json_response(code, &value))
+}
+
+/// `fieldValidation=Strict` refuses fields the schema does not declare (the default, `Warn`,
+/// and `Ignore` let pruning drop them silently).
+fn strict_fields(query: &Query, t: &Target, body: &Value) -> Result<(), ApiError> {
+    match query.get("fieldValidation") {
+        None | Some("" | "Ignore" | "Warn") => Ok(()),
+        Some("Strict") => match &t.rt.schema {
+            Some(schema) => {
+                let unknown = schema.unknown_fields(body);
+                if unknown.is_empty() {
+                    Ok(())
+                } else {
+                    let listed: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+                    Err(ApiError::bad_request(format!(
+                        "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                        t.rt.kind,
+                        t.rt.api_version(),
+                        t.rt.kind,
+                        listed.join(", ")
+                    )))
+                }
+            }
+            None => Ok(()),
+        },
+        Some(other) => Err(ApiError::bad_request(format!(
+            "fieldValidation must be one of \"Ignore\", \"Warn\", or \"Strict\", got \"{other}\""
+        ))),
+    }
+}
+
+/// What one change looks like to a watch with these selectors, if it sees it at all.
+fn seen_as(change: &Change, opts: &ListOptions) -> Option<&'static str> {
+    let selected = |o: &Value| opts.labels.matches(&labels_of(o)) && opts.fields.matches(o);
+    let now = selected(&change.object);
+    let before = change.previous.as_ref().is_some_and(selected);
+    match change.kind {
+        ChangeKind::Added => now.then_some("ADDED"),
+        ChangeKind::Deleted => (now || before).then_some("DELETED"),
+        ChangeKind::Modified => match (before, now) {
+            (true, true) => Some("MODIFIED"),
+            (false, true) => Some("ADDED"),
+            (true, false) => Some("DELETED"),
+            (false, false) => None,
+        },
+    }
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).expect("JSON values serialise");
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+fn bookmark(t: &Target, rv: u64, initial_end: bool) -> Bytes {
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    event_line("BOOKMARK", &json!({"kind": t.rt.kind, "apiVersion": t.rt.api_version(), "metadata": metadata}))
+}
+
+fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body>, ApiError> {
+    let mut opts = list_options(query)?;
+    opts.limit = None;
+    opts.continue_token = None;
+    let bookmarks = query.flag("allowWatchBookmarks");
+    let send_initial = query.flag("sendInitialEvents");
+    if send_initial && query.get("resourceVersionMatch") != Some("NotOlderThan") {
+        return Err(ApiError::invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            vec![crate::status::FieldCause::forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )],
+        ));
+    }
+    let timeout = match query.get("timeoutSeconds") {
+        None | Some("") => DEFAULT_WATCH_SECONDS,
+        Some(s) => s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {s}")))?,
+    };
+    let from = query.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0");
+    let (initial, mut live, start, finished) = {
+        let state = shared.state();
+        let live = state.subscribe();
+        let start = state.resource_version();
+        let mut lines = Vec::new();
+        let mut finished = false;
+        match from {
+            Some(rv) if !send_initial => {
+                let since = rv.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
+                match state.changes_since(&t, since) {
+                    Ok(changes) => lines.extend(
+                        changes.iter().filter_map(|c| seen_as(c, &opts).map(|k| event_line(k, &with_type(&t, &c.object)))),
+                    ),
+                    Err(gone) => {
+                        lines.push(event_line("ERROR", &gone.to_status()));
+                        finished = true;
+                    }
+                }
+            }
+            _ => {
+                lines.extend(state.snapshot(&t, &opts).iter().map(|o| event_line("ADDED", o)));
+                if send_initial && bookmarks {
+                    lines.push(bookmark(&t, start, true));
+                }
+            }
+        }
+        (lines, live, start, finished)
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    let shutdown = shared.shutdown.clone();
+    let interval = shared.bookmark_interval;
+    tokio::spawn(async move {
+        for line in initial {
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+        if finished {
+            return;
+        }
+        let deadline = tokio::time::sleep(Duration::from_secs(timeout));
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        let mut last_rv = start;
+        loop {
+            let line = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+                _ = &mut deadline => {
+                    if bookmarks {
+                        let _ = tx.send(bookmark(&t, last_rv, false)).await;
+                    }
+                    return;
+                }
+                _ = ticker.tick(), if bookmarks => bookmark(&t, last_rv, false),
+                received = live.recv() => match received {
+                    Ok(change) if change.rv > start && watches(&t, &change) => {
+                        last_rv = change.rv;
+                        match seen_as(&change, &opts) {
+                            Some(kind) => event_line(kind, &with_type(&t, &change.object)),
+                            None => continue,
+                        }
+                    }
+                    Ok(_) => continue,
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // This watcher fell too far behind: it must re-list, as after a compaction.
+                        let gone = ApiError::gone(format!("too old resource version: {last_rv}"));
+                        let _ = tx.send(event_line("ERROR", &gone.to_status())).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            };
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    r.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().expect("a valid content type"));
+    r.headers_mut().insert(header::TRANSFER_ENCODING, "chunked".parse().expect("a valid header"));
+    Ok(r)
+}
+
+fn with_type(t: &Target, object: &Value) -> Value {
+    let mut o = object.clone();
+    o["apiVersion"] = json!(t.rt.api_version());
+    o["kind"] = json!(t.rt.kind);
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert!(matches!(route("/api/v1/namespaces/a/pods/b"), Route::Object { .. }));
+        assert!(matches!(route("/apis/x.io/v1"), Route::Resources(..)));
+        assert!(matches!(route("/nope"), Route::Unknown));
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%3Db%2Cc+d"), "a=b,c d");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}
