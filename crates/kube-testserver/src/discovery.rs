@@ -89,10 +89,9 @@ pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str
         } else {
             format!("{prefix}/{}/{{name}}", rt.plural)
         };
-        let mut media = vec!["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
-        if !rt.custom {
-            media.push("application/strategic-merge-patch+json");
-        }
+        // Strategic merge is accepted for built-in kinds but not advertised: this server has no
+        // field schemas for them, and kubectl then computes the patch from its compiled-in types.
+        let media = ["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
         let content: serde_json::Map<String, Value> =
             media.iter().map(|m| (m.to_string(), json!({"schema": {"type": "object"}}))).collect();
         let gvk = json!({"group": rt.group, "version": rt.version, "kind": rt.kind});
@@ -169,7 +168,13 @@ pub(crate) fn table(rt: &ResourceType, items: &[Value], resource_version: &str) 
         .iter()
         .map(|o| {
             let mut cells = vec![o.pointer("/metadata/name").cloned().unwrap_or(Value::Null)];
-            cells.extend(paths.iter().map(|p| json_path(o, p).cloned().unwrap_or(Value::Null)));
+            cells.extend(printer.iter().zip(&paths).map(|(c, p)| {
+                let value = json_path(o, p).cloned().unwrap_or(Value::Null);
+                match (c.type_.as_str(), value.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok())) {
+                    ("date", Some(t)) => json!(human_age(jiff::Timestamp::now().duration_since(t).as_secs())),
+                    _ => value,
+                }
+            }));
             let metadata = o.get("metadata").cloned().unwrap_or(json!({}));
             json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                 "metadata": metadata}})
@@ -179,9 +184,41 @@ pub(crate) fn table(rt: &ResourceType, items: &[Value], resource_version: &str) 
         "columnDefinitions": columns, "rows": rows})
 }
 
+/// An age as `kubectl get` shows it (`45s`, `3m12s`, `5h`, `2d3h`), the server's rounding rules.
+pub(crate) fn human_age(seconds: i64) -> String {
+    if seconds < -1 {
+        return "<invalid>".into();
+    }
+    let s = seconds.max(0);
+    let (m, h, d, y) = (s / 60, s / 3600, s / 86_400, s / (86_400 * 365));
+    match s {
+        _ if s < 120 => format!("{s}s"),
+        _ if m < 10 => if s % 60 == 0 { format!("{m}m") } else { format!("{m}m{}s", s % 60) },
+        _ if h < 3 => format!("{m}m"),
+        _ if h < 8 => if m % 60 == 0 { format!("{h}h") } else { format!("{h}h{}m", m % 60) },
+        _ if h < 48 => format!("{h}h"),
+        _ if h < 24 * 8 => if h % 24 == 0 { format!("{d}d") } else { format!("{d}d{}h", h % 24) },
+        _ if y < 2 => format!("{d}d"),
+        _ if y < 8 => if d % 365 == 0 { format!("{y}y") } else { format!("{y}y{}d", d % 365) },
+        _ => format!("{y}y"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ages() {
+        assert_eq!(human_age(0), "0s");
+        assert_eq!(human_age(119), "119s");
+        assert_eq!(human_age(192), "3m12s");
+        assert_eq!(human_age(600), "10m");
+        assert_eq!(human_age(4 * 3600 + 60), "4h1m");
+        assert_eq!(human_age(30 * 3600), "30h");
+        assert_eq!(human_age(3 * 86_400 + 3600), "3d1h");
+        assert_eq!(human_age(-5), "<invalid>");
+    }
 
     #[test]
     fn json_paths() {

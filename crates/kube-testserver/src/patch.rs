@@ -13,11 +13,26 @@ pub(crate) fn json_merge(doc: &mut Value, patch: &Value) {
     json_patch::merge(doc, patch);
 }
 
-/// Applies an RFC 6902 patch; the error is what the server reports.
+/// Applies an RFC 6902 patch, all or nothing; the error is what the server reports.
+///
+/// One rule follows the Go library the API server uses rather than the RFC: a `test` for `null`
+/// passes when the path is absent (kube's finalizer helper relies on it).
 pub(crate) fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchFailure> {
     let ops: json_patch::Patch =
         serde_json::from_value(patch.clone()).map_err(|e| PatchFailure::Malformed(e.to_string()))?;
-    json_patch::patch(doc, &ops).map_err(|e| PatchFailure::DoesNotApply(e.to_string()))
+    let mut work = doc.clone();
+    for (i, op) in ops.0.iter().enumerate() {
+        if let json_patch::PatchOperation::Test(t) = op
+            && t.value.is_null()
+            && work.pointer(t.path.as_str()).is_none()
+        {
+            continue;
+        }
+        json_patch::patch(&mut work, std::slice::from_ref(op))
+            .map_err(|e| PatchFailure::DoesNotApply(e.to_string().replacen("'/0'", &format!("'/{i}'"), 1)))?;
+    }
+    *doc = work;
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -86,7 +86,7 @@ impl ApiError {
         let joined = if listed.len() == 1 { listed[0].clone() } else { format!("[{}]", listed.join(", ")) };
         let mut d = details(name, group, kind);
         d["causes"] = Value::Array(
-            causes.iter().map(|c| json!({"reason": c.reason, "message": c.sentence(), "field": c.field})).collect(),
+            causes.iter().map(|c| json!({"reason": c.reason, "message": c.detail, "field": c.field})).collect(),
         );
         Self { code: 422, reason: "Invalid", message: format!("{gk} \"{name}\" is invalid: {joined}"), details: d }
     }

@@ -480,8 +480,9 @@ impl State {
         }
         let name = meta_str(&body, "name").unwrap_or_default().to_string();
         let t = Target { name: Some(name.clone()), ..t.clone() };
-        self.admit(&t, &mut body, None)?;
+        // Namespace lifecycle admission runs before validation, as on the real server.
         self.check_namespace_for_write(&t)?;
+        self.admit(&t, &mut body, None)?;
         if self.lookup(&t).is_some() {
             return Err(ApiError::already_exists(&t.rt.group, &t.rt.plural, &name));
         }
@@ -753,6 +754,9 @@ impl State {
             return Err(ApiError::conflict(&t.rt.group, &t.rt.plural, t.name(), &why));
         }
         let is_namespace = t.rt.plural == "namespaces" && t.rt.group.is_empty();
+        if is_namespace && matches!(t.name(), "default" | "kube-system" | "kube-public") {
+            return Err(ApiError::forbidden(format!("namespaces \"{}\" is forbidden: this namespace may not be deleted", t.name())));
+        }
         if !finalizers(&current).is_empty() || is_namespace {
             if meta(&current).contains_key("deletionTimestamp") {
                 return Ok(Self::shown(&t.rt, &current));
