@@ -139,6 +139,7 @@ impl Builder {
             requests: Requests::default(),
             bookmark_interval: self.bookmark_interval,
             shutdown: shutdown.clone(),
+            watches: Mutex::new(CancellationToken::new()),
             address: addr.to_string(),
         });
         let task = tokio::spawn(server::serve(listener, shared.clone()));
@@ -238,6 +239,14 @@ impl TestServer {
     /// earlier resourceVersion gets 410 Gone and must re-list.
     pub fn compact(&self) {
         self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).compact();
+    }
+
+    /// Ends every open watch stream (cleanly, as when an API server restarts); clients re-watch
+    /// from their last resourceVersion.
+    pub fn end_watches(&self) {
+        let mut token = self.shared.watches.lock().unwrap_or_else(|p| p.into_inner());
+        token.cancel();
+        *token = CancellationToken::new();
     }
 
     /// Stops accepting, ends every watch and closes every connection.

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) requests: Requests,
     pub(crate) bookmark_interval: Duration,
     pub(crate) shutdown: CancellationToken,
+    /// Cancelled (and replaced) to end every open watch, as an API server restart does.
+    pub(crate) watches: Mutex<CancellationToken>,
     pub(crate) address: String,
 }
 
@@ -641,6 +643,7 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
     };
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     let shutdown = shared.shutdown.clone();
+    let dropped = shared.watches.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let interval = shared.bookmark_interval;
     tokio::spawn(async move {
         for line in initial {
@@ -658,6 +661,7 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
         loop {
             let line = tokio::select! {
                 _ = shutdown.cancelled() => return,
+                _ = dropped.cancelled() => return,
                 _ = tx.closed() => return,
                 _ = &mut deadline => {
                     if bookmarks {
