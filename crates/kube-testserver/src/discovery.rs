@@ -23,13 +23,20 @@ pub(crate) fn core_versions(server_address: &str) -> Value {
 }
 
 fn group_json(name: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
     json!({"name": name, "versions": vs, "preferredVersion": vs[0]})
 }
 
 pub(crate) fn group_list(types: &Types) -> Value {
-    let groups: Vec<Value> =
-        types.groups().iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_json(g, vs)).collect();
+    let groups: Vec<Value> = types
+        .groups()
+        .iter()
+        .filter(|(g, _)| !g.is_empty())
+        .map(|(g, vs)| group_json(g, vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
@@ -42,10 +49,23 @@ pub(crate) fn group(types: &Types, name: &str) -> Option<Value> {
     Some(g)
 }
 
-const VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 pub(crate) fn resource_list(types: &Types, group: &str, version: &str) -> Option<Value> {
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
     let mut resources = Vec::new();
     for rt in types.all().filter(|t| t.group == group && t.version == version) {
         resources.push(json!({
@@ -68,7 +88,11 @@ pub(crate) fn openapi_v3_root(types: &Types) -> Value {
     let mut paths = serde_json::Map::new();
     for (g, versions) in types.groups() {
         for v in versions {
-            let key = if g.is_empty() { format!("api/{v}") } else { format!("apis/{g}/{v}") };
+            let key = if g.is_empty() {
+                format!("api/{v}")
+            } else {
+                format!("apis/{g}/{v}")
+            };
             paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}")}));
         }
     }
@@ -80,7 +104,11 @@ pub(crate) fn openapi_v3_root(types: &Types) -> Value {
 pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
     let mut schemas = serde_json::Map::new();
-    let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+    let prefix = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
     let mut any = false;
     for rt in types.all().filter(|t| t.group == group && t.version == version) {
         any = true;
@@ -91,9 +119,15 @@ pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str
         };
         // Strategic merge is accepted for built-in kinds but not advertised: this server has no
         // field schemas for them, and kubectl then computes the patch from its compiled-in types.
-        let media = ["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
-        let content: serde_json::Map<String, Value> =
-            media.iter().map(|m| (m.to_string(), json!({"schema": {"type": "object"}}))).collect();
+        let media = [
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/apply-patch+yaml",
+        ];
+        let content: serde_json::Map<String, Value> = media
+            .iter()
+            .map(|m| (m.to_string(), json!({"schema": {"type": "object"}})))
+            .collect();
         let gvk = json!({"group": rt.group, "version": rt.version, "kind": rt.kind});
         let params: Vec<Value> = ["dryRun", "fieldManager", "fieldValidation", "force"]
             .iter()
@@ -109,7 +143,11 @@ pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str
             }}),
         );
         let schema_name = format!("{}.{}.{}", reverse_domain(&rt.group), rt.version, rt.kind);
-        let mut schema = rt.schema.as_ref().map(|_| json!({"type": "object"})).unwrap_or(json!({"type": "object"}));
+        let mut schema = rt
+            .schema
+            .as_ref()
+            .map(|_| json!({"type": "object"}))
+            .unwrap_or(json!({"type": "object"}));
         schema["x-kubernetes-group-version-kind"] = json!([gvk]);
         schemas.insert(schema_name, schema);
     }
@@ -120,12 +158,20 @@ pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str
 }
 
 fn reverse_domain(group: &str) -> String {
-    if group.is_empty() { "io.k8s.api.core".into() } else { group.split('.').rev().collect::<Vec<_>>().join(".") }
+    if group.is_empty() {
+        "io.k8s.api.core".into()
+    } else {
+        group.split('.').rev().collect::<Vec<_>>().join(".")
+    }
 }
 
 /// The value at a printer column's simple JSONPath (`.status.phase`, `.spec.hosts[0]`).
 fn json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
-    let path = path.trim().trim_start_matches('{').trim_end_matches('}').trim_start_matches('$');
+    let path = path
+        .trim()
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .trim_start_matches('$');
     let mut cur = object;
     for part in path.split('.').filter(|p| !p.is_empty()) {
         let (name, index) = match part.split_once('[') {
@@ -144,8 +190,10 @@ fn json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
 
 /// `meta.k8s.io/v1 Table` for a list of objects, with the kind's printer columns.
 pub(crate) fn table(rt: &ResourceType, items: &[Value], resource_version: &str) -> Value {
-    let mut columns = vec![json!({"name": "Name", "type": "string", "format": "name", "priority": 0,
-        "description": "Name must be unique within a namespace."})];
+    let mut columns = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "priority": 0,
+        "description": "Name must be unique within a namespace."}),
+    ];
     let mut paths = Vec::new();
     let printer = if rt.printer_columns.is_empty() {
         vec![crate::resources::PrinterColumn {
@@ -160,8 +208,10 @@ pub(crate) fn table(rt: &ResourceType, items: &[Value], resource_version: &str) 
         rt.printer_columns.clone()
     };
     for c in &printer {
-        columns.push(json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description,
-            "priority": c.priority}));
+        columns.push(
+            json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description,
+            "priority": c.priority}),
+        );
         paths.push(c.json_path.clone());
     }
     let rows: Vec<Value> = items
@@ -170,7 +220,10 @@ pub(crate) fn table(rt: &ResourceType, items: &[Value], resource_version: &str) 
             let mut cells = vec![o.pointer("/metadata/name").cloned().unwrap_or(Value::Null)];
             cells.extend(printer.iter().zip(&paths).map(|(c, p)| {
                 let value = json_path(o, p).cloned().unwrap_or(Value::Null);
-                match (c.type_.as_str(), value.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok())) {
+                match (
+                    c.type_.as_str(),
+                    value.as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok()),
+                ) {
                     ("date", Some(t)) => json!(human_age(jiff::Timestamp::now().duration_since(t).as_secs())),
                     _ => value,
                 }
@@ -193,13 +246,37 @@ pub(crate) fn human_age(seconds: i64) -> String {
     let (m, h, d, y) = (s / 60, s / 3600, s / 86_400, s / (86_400 * 365));
     match s {
         _ if s < 120 => format!("{s}s"),
-        _ if m < 10 => if s % 60 == 0 { format!("{m}m") } else { format!("{m}m{}s", s % 60) },
+        _ if m < 10 => {
+            if s % 60 == 0 {
+                format!("{m}m")
+            } else {
+                format!("{m}m{}s", s % 60)
+            }
+        }
         _ if h < 3 => format!("{m}m"),
-        _ if h < 8 => if m % 60 == 0 { format!("{h}h") } else { format!("{h}h{}m", m % 60) },
+        _ if h < 8 => {
+            if m % 60 == 0 {
+                format!("{h}h")
+            } else {
+                format!("{h}h{}m", m % 60)
+            }
+        }
         _ if h < 48 => format!("{h}h"),
-        _ if h < 24 * 8 => if h % 24 == 0 { format!("{d}d") } else { format!("{d}d{}h", h % 24) },
+        _ if h < 24 * 8 => {
+            if h % 24 == 0 {
+                format!("{d}d")
+            } else {
+                format!("{d}d{}h", h % 24)
+            }
+        }
         _ if y < 2 => format!("{d}d"),
-        _ if y < 8 => if d % 365 == 0 { format!("{y}y") } else { format!("{y}y{}d", d % 365) },
+        _ if y < 8 => {
+            if d % 365 == 0 {
+                format!("{y}y")
+            } else {
+                format!("{y}y{}d", d % 365)
+            }
+        }
         _ => format!("{y}y"),
     }
 }

@@ -20,7 +20,13 @@ pub enum Verb {
 
 impl Verb {
     /// The verbs that change state.
-    pub const WRITES: [Verb; 5] = [Verb::Create, Verb::Update, Verb::Patch, Verb::Delete, Verb::DeleteCollection];
+    pub const WRITES: [Verb; 5] = [
+        Verb::Create,
+        Verb::Update,
+        Verb::Patch,
+        Verb::Delete,
+        Verb::DeleteCollection,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -68,12 +74,22 @@ pub struct Fault {
 impl Fault {
     /// The next matching request fails with `status` (use `.times(n)` for more).
     pub fn fail(verb: Verb, resource: &str, status: u16) -> Self {
-        Self { verb: Some(verb), resource: resource.into(), action: FaultAction::Fail(status), times: 1 }
+        Self {
+            verb: Some(verb),
+            resource: resource.into(),
+            action: FaultAction::Fail(status),
+            times: 1,
+        }
     }
 
     /// The next matching request is held for `delay` before it is served.
     pub fn delay(verb: Verb, resource: &str, delay: Duration) -> Self {
-        Self { verb: Some(verb), resource: resource.into(), action: FaultAction::Delay(delay), times: 1 }
+        Self {
+            verb: Some(verb),
+            resource: resource.into(),
+            action: FaultAction::Delay(delay),
+            times: 1,
+        }
     }
 
     pub fn times(mut self, times: usize) -> Self {
@@ -128,13 +144,22 @@ pub struct Requests(Arc<Mutex<BTreeMap<(Verb, String), u64>>>);
 
 impl Requests {
     pub(crate) fn record(&self, verb: Verb, resource: &str) {
-        *self.0.lock().expect("request counter lock").entry((verb, resource.to_string())).or_default() += 1;
+        *self
+            .0
+            .lock()
+            .expect("request counter lock")
+            .entry((verb, resource.to_string()))
+            .or_default() += 1;
     }
 
     /// Requests with this verb on this resource (`*` counts every resource).
     pub fn count(&self, verb: Verb, resource: &str) -> u64 {
         let counts = self.0.lock().expect("request counter lock");
-        counts.iter().filter(|((v, r), _)| *v == verb && (resource == "*" || r == resource)).map(|(_, n)| *n).sum()
+        counts
+            .iter()
+            .filter(|((v, r), _)| *v == verb && (resource == "*" || r == resource))
+            .map(|(_, n)| *n)
+            .sum()
     }
 
     /// Requests that could change state (create, update, patch, delete, deletecollection) on this

@@ -83,7 +83,10 @@ impl Builder {
     }
 
     /// Serve the kind a CustomResourceDefinition defines.
-    pub fn crd(self, crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition) -> Self {
+    pub fn crd(
+        self,
+        crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    ) -> Self {
         let crd = serde_json::to_value(crd).expect("a CustomResourceDefinition serialises");
         self.crd_json(crd)
     }
@@ -123,8 +126,14 @@ impl Builder {
     pub async fn start(self) -> Result<TestServer, StartError> {
         let listener = TcpListener::bind(("127.0.0.1", self.port))
             .await
-            .map_err(|source| StartError::Bind { port: self.port, source })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Bind { port: self.port, source })?;
+            .map_err(|source| StartError::Bind {
+                port: self.port,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            port: self.port,
+            source,
+        })?;
         let mut state = State::new(self.history_limit);
         for crd in self.crds {
             install_crd(&mut state, crd)?;
@@ -143,30 +152,60 @@ impl Builder {
             address: addr.to_string(),
         });
         let task = tokio::spawn(server::serve(listener, shared.clone()));
-        Ok(TestServer { shared, addr, shutdown, task: Some(task) })
+        Ok(TestServer {
+            shared,
+            addr,
+            shutdown,
+            task: Some(task),
+        })
     }
 }
 
 fn system_target(state: &State, group: &str, plural: &str) -> store::Target {
-    let rt = state.types.get(group, "v1", plural).cloned().expect("built-in kinds are always served");
-    store::Target { rt, namespace: None, name: None, subresource: None }
+    let rt = state
+        .types
+        .get(group, "v1", plural)
+        .cloned()
+        .expect("built-in kinds are always served");
+    store::Target {
+        rt,
+        namespace: None,
+        name: None,
+        subresource: None,
+    }
 }
 
 fn install_crd(state: &mut State, crd: Value) -> Result<(), StartError> {
-    let name = crd.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+    let name = crd
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let t = system_target(state, "apiextensions.k8s.io", "customresourcedefinitions");
-    let opts = store::WriteOptions { manager: "kube-testserver".into(), ..Default::default() };
-    state.create(&t, crd, &opts).map(drop).map_err(|e| StartError::Crd { name, message: e.message })
+    let opts = store::WriteOptions {
+        manager: "kube-testserver".into(),
+        ..Default::default()
+    };
+    state.create(&t, crd, &opts).map(drop).map_err(|e| StartError::Crd {
+        name,
+        message: e.message,
+    })
 }
 
 fn create_namespace(state: &mut State, name: &str) -> Result<(), StartError> {
     let t = system_target(state, "", "namespaces");
     let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-    let opts = store::WriteOptions { manager: "kube-testserver".into(), ..Default::default() };
+    let opts = store::WriteOptions {
+        manager: "kube-testserver".into(),
+        ..Default::default()
+    };
     match state.create(&t, body, &opts) {
         Ok(_) => Ok(()),
         Err(e) if e.code == 409 => Ok(()),
-        Err(e) => Err(StartError::Namespace { name: name.into(), message: e.message }),
+        Err(e) => Err(StartError::Namespace {
+            name: name.into(),
+            message: e.message,
+        }),
     }
 }
 
@@ -232,7 +271,11 @@ impl TestServer {
 
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).resource_version()
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .resource_version()
     }
 
     /// Forgets the change history, as an etcd compaction does: a watch that resumes from any

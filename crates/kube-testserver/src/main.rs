@@ -9,7 +9,10 @@ use egress_kube_testserver::TestServer;
 use serde_json::Value;
 
 #[derive(Debug, Parser)]
-#[command(version, about = "An in-memory Kubernetes API server for tests and local runs (not a cluster).")]
+#[command(
+    version,
+    about = "An in-memory Kubernetes API server for tests and local runs (not a cluster)."
+)]
 struct Args {
     /// Port on 127.0.0.1 (0 picks a free one).
     #[arg(long, default_value_t = 0)]
@@ -42,7 +45,9 @@ fn crd_files(path: &PathBuf) -> anyhow::Result<Vec<PathBuf>> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     let args = Args::parse();
     let mut builder = TestServer::builder().port(args.port);
     for path in &args.crds {
@@ -57,7 +62,9 @@ async fn main() -> anyhow::Result<()> {
     }
     let server = builder.start().await?;
     if let Some(path) = &args.kubeconfig {
-        server.write_kubeconfig(path).with_context(|| format!("writing {}", path.display()))?;
+        server
+            .write_kubeconfig(path)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     println!("egress-kube-testserver listening on {}", server.url());
     if let Some(path) = &args.kubeconfig {

@@ -183,7 +183,9 @@ fn value_at<'a>(object: &'a Value, path: &[String]) -> Option<&'a Value> {
 }
 
 fn remove_at(object: &mut Value, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else { return };
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
     let mut cur = object;
     for k in parents {
         match cur.get_mut(k) {
@@ -213,8 +215,10 @@ fn fields_v1(set: &BTreeSet<FieldPath>) -> Value {
 
 fn from_fields_v1(v: &Value) -> BTreeSet<FieldPath> {
     fn walk(v: &Value, path: &mut FieldPath, out: &mut BTreeSet<FieldPath>) {
-        let children: Vec<(&String, &Value)> =
-            v.as_object().map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect()).unwrap_or_default();
+        let children: Vec<(&String, &Value)> = v
+            .as_object()
+            .map(|m| m.iter().filter(|(k, _)| k.starts_with("f:")).collect())
+            .unwrap_or_default();
         if children.is_empty() {
             if !path.is_empty() {
                 out.insert(path.clone());
@@ -242,9 +246,18 @@ struct Owner {
 
 fn owners(object: &Value) -> BTreeMap<Owner, (String, BTreeSet<FieldPath>)> {
     let mut out = BTreeMap::new();
-    for e in object.pointer("/metadata/managedFields").and_then(Value::as_array).into_iter().flatten() {
+    for e in object
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-        let owner = Owner { manager: s("manager"), operation: s("operation"), subresource: s("subresource") };
+        let owner = Owner {
+            manager: s("manager"),
+            operation: s("operation"),
+            subresource: s("subresource"),
+        };
         let fields = e.get("fieldsV1").map(from_fields_v1).unwrap_or_default();
         out.insert(owner, (s("apiVersion"), fields));
     }
@@ -299,8 +312,14 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, who: &Writer<'
     for (_, set) in table.values_mut() {
         set.retain(|p| !changed.contains(p) && !gone.contains(p));
     }
-    let me = Owner { manager: who.manager.into(), operation: "Update".into(), subresource: who.subresource.into() };
-    let entry = table.entry(me).or_insert_with(|| (who.api_version.to_string(), BTreeSet::new()));
+    let me = Owner {
+        manager: who.manager.into(),
+        operation: "Update".into(),
+        subresource: who.subresource.into(),
+    };
+    let entry = table
+        .entry(me)
+        .or_insert_with(|| (who.api_version.to_string(), BTreeSet::new()));
     entry.0 = who.api_version.to_string();
     entry.1.extend(changed);
     write_owners(new, &table, who.now);
@@ -323,7 +342,11 @@ pub(crate) fn apply(
 ) -> Result<Value, Vec<ApplyConflict>> {
     let mut table = owners(current);
     let wanted = leaves(applied);
-    let me = Owner { manager: who.manager.into(), operation: "Apply".into(), subresource: who.subresource.into() };
+    let me = Owner {
+        manager: who.manager.into(),
+        operation: "Apply".into(),
+        subresource: who.subresource.into(),
+    };
     let mut conflicts = Vec::new();
     for (owner, (_, set)) in table.iter_mut() {
         if owner.manager == who.manager {
@@ -337,9 +360,10 @@ pub(crate) fn apply(
         if force {
             set.retain(|p| !clashing.contains(p));
         } else {
-            conflicts.extend(
-                clashing.iter().map(|p| ApplyConflict { manager: owner.manager.clone(), field: format!(".{}", p.join(".")) }),
-            );
+            conflicts.extend(clashing.iter().map(|p| ApplyConflict {
+                manager: owner.manager.clone(),
+                field: format!(".{}", p.join(".")),
+            }));
         }
     }
     if !conflicts.is_empty() {
@@ -364,7 +388,12 @@ mod tests {
     use super::*;
 
     fn who(manager: &str) -> Writer<'_> {
-        Writer { manager, subresource: "", api_version: "v1", now: "2026-01-01T00:00:00Z" }
+        Writer {
+            manager,
+            subresource: "",
+            api_version: "v1",
+            now: "2026-01-01T00:00:00Z",
+        }
     }
 
     #[test]
@@ -375,7 +404,10 @@ mod tests {
             "containers": [{"name": "a", "image": "z"}, {"name": "b", "$patch": "delete"}],
             "$deleteFromPrimitiveList/finalizers": ["p"]}});
         strategic_merge(&mut doc, &patch);
-        assert_eq!(doc, json!({"spec": {"containers": [{"name": "a", "image": "z"}], "finalizers": ["q"]}}));
+        assert_eq!(
+            doc,
+            json!({"spec": {"containers": [{"name": "a", "image": "z"}], "finalizers": ["q"]}})
+        );
     }
 
     #[test]
@@ -383,13 +415,23 @@ mod tests {
         let mut obj = json!({"metadata": {"name": "a"}, "spec": {"port": 1}});
         record_update(None, &mut obj, &who("kubectl"));
         let err = apply(&obj, &json!({"spec": {"port": 2}}), false, &who("op")).unwrap_err();
-        assert_eq!(err, vec![ApplyConflict { manager: "kubectl".into(), field: ".spec.port".into() }]);
+        assert_eq!(
+            err,
+            vec![ApplyConflict {
+                manager: "kubectl".into(),
+                field: ".spec.port".into()
+            }]
+        );
         // The same value is shared ownership, not a conflict.
         assert!(apply(&obj, &json!({"spec": {"port": 1}}), false, &who("op")).is_ok());
         let forced = apply(&obj, &json!({"spec": {"port": 2}}), true, &who("op")).unwrap();
         assert_eq!(forced["spec"]["port"], 2);
-        let managers: Vec<&str> =
-            forced["metadata"]["managedFields"].as_array().unwrap().iter().map(|e| e["manager"].as_str().unwrap()).collect();
+        let managers: Vec<&str> = forced["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["manager"].as_str().unwrap())
+            .collect();
         assert_eq!(managers, vec!["op"]);
     }
 
@@ -403,8 +445,11 @@ mod tests {
 
     #[test]
     fn fields_v1_round_trips() {
-        let set: BTreeSet<FieldPath> =
-            [vec!["spec".to_string(), "port".to_string()], vec!["metadata".into(), "labels".into(), "x".into()]].into();
+        let set: BTreeSet<FieldPath> = [
+            vec!["spec".to_string(), "port".to_string()],
+            vec!["metadata".into(), "labels".into(), "x".into()],
+        ]
+        .into();
         assert_eq!(from_fields_v1(&fields_v1(&set)), set);
     }
 }

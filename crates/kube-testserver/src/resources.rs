@@ -51,11 +51,18 @@ pub(crate) struct ResourceType {
 
 impl ResourceType {
     pub(crate) fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     pub(crate) fn key(&self) -> StoreKey {
-        StoreKey { group: self.group.clone(), plural: self.plural.clone() }
+        StoreKey {
+            group: self.group.clone(),
+            plural: self.plural.clone(),
+        }
     }
 
     /// `proxies.crawl.example.com` or `pods`.
@@ -139,14 +146,23 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, CrdError> {
     let expected = format!("{plural}.{group}");
     let name = text(crd, "/metadata/name").unwrap_or_default();
     if name != expected {
-        return Err(CrdError(format!("metadata.name: Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group")));
+        return Err(CrdError(format!(
+            "metadata.name: Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"
+        )));
     }
     let namespaced = match text(crd, "/spec/scope") {
         Some("Namespaced") => true,
         Some("Cluster") => false,
-        _ => return Err(CrdError("spec.scope: Unsupported value: must be Namespaced or Cluster".into())),
+        _ => {
+            return Err(CrdError(
+                "spec.scope: Unsupported value: must be Namespaced or Cluster".into(),
+            ));
+        }
     };
-    let versions = crd.pointer("/spec/versions").and_then(Value::as_array).ok_or_else(|| missing("versions"))?;
+    let versions = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .ok_or_else(|| missing("versions"))?;
     let mut out = Vec::new();
     for v in versions {
         if v.get("served").and_then(Value::as_bool) == Some(false) {
@@ -155,7 +171,9 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, CrdError> {
         let version = text(v, "/name").ok_or_else(|| missing("versions[].name"))?;
         let schema = match v.pointer("/schema/openAPIV3Schema") {
             Some(s) => Some(Arc::new(Schema::compile(s).map_err(|e| {
-                CrdError(format!("spec.versions[{version}].schema.openAPIV3Schema: Invalid value: {e}"))
+                CrdError(format!(
+                    "spec.versions[{version}].schema.openAPIV3Schema: Invalid value: {e}"
+                ))
             })?)),
             None => None,
         };
@@ -179,9 +197,13 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, CrdError> {
             group: group.into(),
             version: version.into(),
             kind: kind.into(),
-            list_kind: text(crd, "/spec/names/listKind").map(str::to_string).unwrap_or_else(|| format!("{kind}List")),
+            list_kind: text(crd, "/spec/names/listKind")
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{kind}List")),
             plural: plural.into(),
-            singular: text(crd, "/spec/names/singular").map(str::to_string).unwrap_or_else(|| kind.to_lowercase()),
+            singular: text(crd, "/spec/names/singular")
+                .map(str::to_string)
+                .unwrap_or_else(|| kind.to_lowercase()),
             short_names: strings(crd, "/spec/names/shortNames"),
             categories: strings(crd, "/spec/names/categories"),
             namespaced,
@@ -194,7 +216,9 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, CrdError> {
         });
     }
     if out.is_empty() {
-        return Err(CrdError("spec.versions: Invalid value: must have at least one served version".into()));
+        return Err(CrdError(
+            "spec.versions: Invalid value: must have at least one served version".into(),
+        ));
     }
     Ok(out)
 }
@@ -235,7 +259,8 @@ impl Types {
     }
 
     pub(crate) fn get(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
-        self.by_path.get(&(group.to_string(), version.to_string(), plural.to_string()))
+        self.by_path
+            .get(&(group.to_string(), version.to_string(), plural.to_string()))
     }
 
     pub(crate) fn all(&self) -> impl Iterator<Item = &ResourceType> {

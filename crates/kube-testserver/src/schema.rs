@@ -23,8 +23,13 @@ impl std::fmt::Debug for Schema {
 impl Schema {
     pub(crate) fn compile(openapi: &Value) -> Result<Self, String> {
         let json_schema = to_json_schema(openapi);
-        let validator = jsonschema::draft4::options().build(&json_schema).map_err(|e| e.to_string())?;
-        Ok(Self { openapi: openapi.clone(), validator })
+        let validator = jsonschema::draft4::options()
+            .build(&json_schema)
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            openapi: openapi.clone(),
+            validator,
+        })
     }
 
     /// Nulls dropped, unknown fields pruned and defaults applied, as on every write.
@@ -49,7 +54,11 @@ impl Schema {
             && let Err(errors) = kube_cel::Validator::new().validate(&self.openapi, object, old)
         {
             for e in errors.into_vec() {
-                let field = if e.field_path.is_empty() { "<nil>".to_string() } else { e.field_path.clone() };
+                let field = if e.field_path.is_empty() {
+                    "<nil>".to_string()
+                } else {
+                    e.field_path.clone()
+                };
                 let value = lookup_dotted(object, &e.field_path).cloned().unwrap_or(Value::Null);
                 let mut cause = FieldCause::invalid(field, &value, e.message.clone());
                 if e.reason.as_deref() == Some("FieldValueForbidden") {
@@ -96,16 +105,27 @@ fn lookup_dotted<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
 
 fn cause_of(e: &jsonschema::ValidationError<'_>) -> FieldCause {
     let path = dotted(&e.instance_path().to_string());
-    let at = if path.is_empty() { "body".to_string() } else { path.clone() };
+    let at = if path.is_empty() {
+        "body".to_string()
+    } else {
+        path.clone()
+    };
     let value = e.instance().as_ref();
     match e.kind() {
         ValidationErrorKind::Required { property } => {
             let name = property.as_str().unwrap_or_default();
-            let field = if path.is_empty() { name.to_string() } else { format!("{path}.{name}") };
+            let field = if path.is_empty() {
+                name.to_string()
+            } else {
+                format!("{path}.{name}")
+            };
             FieldCause::required(field, "")
         }
         ValidationErrorKind::Enum { options } => {
-            let listed: Vec<String> = options.as_array().map(|a| a.iter().map(Value::to_string).collect()).unwrap_or_default();
+            let listed: Vec<String> = options
+                .as_array()
+                .map(|a| a.iter().map(Value::to_string).collect())
+                .unwrap_or_default();
             FieldCause {
                 reason: "FieldValueNotSupported",
                 field: at,
@@ -115,12 +135,16 @@ fn cause_of(e: &jsonschema::ValidationError<'_>) -> FieldCause {
         ValidationErrorKind::Type { .. } => {
             FieldCause::invalid(&at, value, format!("{at} in body must be of type {}", type_words(e)))
         }
-        ValidationErrorKind::Maximum { limit } => {
-            FieldCause::invalid(&at, value, format!("{at} in body should be less than or equal to {limit}"))
-        }
-        ValidationErrorKind::Minimum { limit } => {
-            FieldCause::invalid(&at, value, format!("{at} in body should be greater than or equal to {limit}"))
-        }
+        ValidationErrorKind::Maximum { limit } => FieldCause::invalid(
+            &at,
+            value,
+            format!("{at} in body should be less than or equal to {limit}"),
+        ),
+        ValidationErrorKind::Minimum { limit } => FieldCause::invalid(
+            &at,
+            value,
+            format!("{at} in body should be greater than or equal to {limit}"),
+        ),
         ValidationErrorKind::ExclusiveMaximum { limit } => {
             FieldCause::invalid(&at, value, format!("{at} in body should be less than {limit}"))
         }
@@ -132,9 +156,11 @@ fn cause_of(e: &jsonschema::ValidationError<'_>) -> FieldCause {
             field: at,
             detail: format!("Too long: may not be more than {limit} bytes"),
         },
-        ValidationErrorKind::MinLength { limit } => {
-            FieldCause::invalid(&at, value, format!("{at} in body should be at least {limit} chars long"))
-        }
+        ValidationErrorKind::MinLength { limit } => FieldCause::invalid(
+            &at,
+            value,
+            format!("{at} in body should be at least {limit} chars long"),
+        ),
         ValidationErrorKind::Pattern { pattern } => {
             FieldCause::invalid(&at, value, format!("{at} in body should match '{pattern}'"))
         }
@@ -152,7 +178,10 @@ fn cause_of(e: &jsonschema::ValidationError<'_>) -> FieldCause {
 
 fn type_words(e: &jsonschema::ValidationError<'_>) -> String {
     match e.kind() {
-        ValidationErrorKind::Type { kind } => format!("{kind:?}").to_lowercase().replace("single(", "").replace(')', ""),
+        ValidationErrorKind::Type { kind } => format!("{kind:?}")
+            .to_lowercase()
+            .replace("single(", "")
+            .replace(')', ""),
         _ => String::new(),
     }
 }
@@ -170,7 +199,10 @@ fn to_json_schema(openapi: &Value) -> Value {
             }
             if map.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true) {
                 out.remove("type");
-                out.insert("anyOf".into(), serde_json::json!([{"type": "integer"}, {"type": "string"}]));
+                out.insert(
+                    "anyOf".into(),
+                    serde_json::json!([{"type": "integer"}, {"type": "string"}]),
+                );
             }
             if map.get("nullable").and_then(Value::as_bool) == Some(true)
                 && let Some(Value::String(t)) = map.get("type")
@@ -192,7 +224,10 @@ fn nullable(schema: &Value) -> bool {
 }
 
 fn preserves_unknown(schema: &Value) -> bool {
-    schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true)
+    schema
+        .get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        == Some(true)
 }
 
 /// The schema of a map's values (`additionalProperties` as a schema), if it is a map.
@@ -225,7 +260,13 @@ fn drop_nulls(schema: &Value, value: &mut Value) {
 }
 
 fn unknown(schema: &Value, value: &Value, root: bool, at: &str, found: &mut Vec<String>) {
-    let join = |k: &str| if at.is_empty() { k.to_string() } else { format!("{at}.{k}") };
+    let join = |k: &str| {
+        if at.is_empty() {
+            k.to_string()
+        } else {
+            format!("{at}.{k}")
+        }
+    };
     match value {
         Value::Object(map) => {
             let props = schema.get("properties").and_then(Value::as_object);
@@ -260,7 +301,9 @@ fn prune(schema: &Value, value: &mut Value, root: bool) {
     match value {
         Value::Object(map) => {
             let props = schema.get("properties").and_then(Value::as_object);
-            let keep_all = preserves_unknown(schema) || value_schema(schema).is_some() || schema.get("additionalProperties") == Some(&Value::Bool(true));
+            let keep_all = preserves_unknown(schema)
+                || value_schema(schema).is_some()
+                || schema.get("additionalProperties") == Some(&Value::Bool(true));
             if !keep_all {
                 map.retain(|k, _| {
                     (root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
@@ -316,8 +359,11 @@ mod tests {
         let mut obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a", "extra": 1},
             "spec": {"mode": "A", "unknown": true, "note": null, "limit": null}, "stray": 1});
         s.normalise(&mut obj);
-        assert_eq!(obj, json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a", "extra": 1},
-            "spec": {"mode": "A", "note": null, "port": 3128}}));
+        assert_eq!(
+            obj,
+            json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a", "extra": 1},
+            "spec": {"mode": "A", "note": null, "port": 3128}})
+        );
     }
 
     #[test]
@@ -328,7 +374,10 @@ mod tests {
         assert!(fields.contains(&"spec.mode"), "{causes:?}");
         assert!(fields.contains(&"spec.port"), "{causes:?}");
         let port = causes.iter().find(|c| c.field == "spec.port").unwrap();
-        assert_eq!(port.detail, "Invalid value: 70000: spec.port in body should be less than or equal to 65535");
+        assert_eq!(
+            port.detail,
+            "Invalid value: 70000: spec.port in body should be less than or equal to 65535"
+        );
         let missing = s.validate(&json!({"spec": {}}), None);
         assert_eq!(missing[0].field, "spec.mode");
         assert_eq!(missing[0].reason, "FieldValueRequired");
@@ -340,7 +389,10 @@ mod tests {
         let causes = s.validate(&json!({"spec": {"mode": "B"}}), None);
         assert_eq!(causes.len(), 1, "{causes:?}");
         assert!(causes[0].detail.contains("B needs a note"), "{causes:?}");
-        assert!(s.validate(&json!({"spec": {"mode": "B", "note": "n"}}), None).is_empty());
+        assert!(
+            s.validate(&json!({"spec": {"mode": "B", "note": "n"}}), None)
+                .is_empty()
+        );
     }
 
     #[test]

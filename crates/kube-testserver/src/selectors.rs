@@ -42,7 +42,9 @@ fn valid_key(key: &str) -> bool {
     let name = key.rsplit_once('/').map_or(key, |(_, n)| n);
     !name.is_empty()
         && name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
@@ -50,7 +52,9 @@ fn valid_key(key: &str) -> bool {
 fn valid_value(value: &str) -> bool {
     value.is_empty()
         || (value.len() <= 63
-            && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
             && value.starts_with(|c: char| c.is_ascii_alphanumeric())
             && value.ends_with(|c: char| c.is_ascii_alphanumeric()))
 }
@@ -81,17 +85,24 @@ impl LabelSelector {
             } else if let Some((k, v)) = part.split_once('=') {
                 Requirement::Equals(k.trim().into(), v.trim().into())
             } else if let Some((k, v)) = part.split_once(" notin ") {
-                Requirement::NotIn(k.trim().into(), set_values(v).ok_or_else(|| bad("values must be a list in parentheses"))?)
+                Requirement::NotIn(
+                    k.trim().into(),
+                    set_values(v).ok_or_else(|| bad("values must be a list in parentheses"))?,
+                )
             } else if let Some((k, v)) = part.split_once(" in ") {
-                Requirement::In(k.trim().into(), set_values(v).ok_or_else(|| bad("values must be a list in parentheses"))?)
+                Requirement::In(
+                    k.trim().into(),
+                    set_values(v).ok_or_else(|| bad("values must be a list in parentheses"))?,
+                )
             } else {
                 Requirement::Exists(part.to_string())
             };
             let (key, value) = match &req {
                 Requirement::Equals(k, v) | Requirement::NotEquals(k, v) => (k, Some(v)),
-                Requirement::In(k, _) | Requirement::NotIn(k, _) | Requirement::Exists(k) | Requirement::DoesNotExist(k) => {
-                    (k, None)
-                }
+                Requirement::In(k, _)
+                | Requirement::NotIn(k, _)
+                | Requirement::Exists(k)
+                | Requirement::DoesNotExist(k) => (k, None),
             };
             if !valid_key(key) {
                 return Err(bad(&format!("invalid label key \"{key}\"")));
@@ -123,7 +134,11 @@ pub(crate) fn labels_of(object: &Value) -> BTreeMap<String, String> {
     object
         .pointer("/metadata/labels")
         .and_then(Value::as_object)
-        .map(|m| m.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -155,7 +170,11 @@ impl FieldSelector {
 
     pub(crate) fn matches(&self, object: &Value) -> bool {
         self.0.iter().all(|(field, equal, value)| {
-            let pointer = if field == "metadata.name" { "/metadata/name" } else { "/metadata/namespace" };
+            let pointer = if field == "metadata.name" {
+                "/metadata/name"
+            } else {
+                "/metadata/namespace"
+            };
             let actual = object.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
             (actual == value) == *equal
         })
@@ -173,10 +192,28 @@ mod tests {
     #[test]
     fn every_operator() {
         let l = labels(&[("app", "web"), ("tier", "front"), ("example.com/zone", "a")]);
-        let yes = ["app=web", "app==web", "app!=db", "tier in (front, back)", "tier notin (back)", "app", "!missing",
-            "example.com/zone=a,app", "missing notin (x)", ""];
-        let no = ["app=db", "app!=web", "tier in (back)", "tier notin (front)", "missing", "!app", "app=web,missing",
-            "missing in (x)"];
+        let yes = [
+            "app=web",
+            "app==web",
+            "app!=db",
+            "tier in (front, back)",
+            "tier notin (back)",
+            "app",
+            "!missing",
+            "example.com/zone=a,app",
+            "missing notin (x)",
+            "",
+        ];
+        let no = [
+            "app=db",
+            "app!=web",
+            "tier in (back)",
+            "tier notin (front)",
+            "missing",
+            "!app",
+            "app=web,missing",
+            "missing in (x)",
+        ];
         for s in yes {
             assert!(LabelSelector::parse(s).unwrap().matches(&l), "{s} should match");
         }
@@ -190,14 +227,21 @@ mod tests {
         for s in ["app in web", "=x", "a b=c", "app=-bad", "tier in (a,-b)"] {
             assert!(LabelSelector::parse(s).is_err(), "{s} should be refused");
         }
-        assert_eq!(FieldSelector::parse("spec.x=1").unwrap_err(), "field label not supported: spec.x");
+        assert_eq!(
+            FieldSelector::parse("spec.x=1").unwrap_err(),
+            "field label not supported: spec.x"
+        );
         assert!(FieldSelector::parse("metadata.name").is_err());
     }
 
     #[test]
     fn field_selectors() {
         let o = serde_json::json!({"metadata": {"name": "a", "namespace": "n"}});
-        assert!(FieldSelector::parse("metadata.name=a,metadata.namespace==n").unwrap().matches(&o));
+        assert!(
+            FieldSelector::parse("metadata.name=a,metadata.namespace==n")
+                .unwrap()
+                .matches(&o)
+        );
         assert!(!FieldSelector::parse("metadata.name!=a").unwrap().matches(&o));
     }
 }

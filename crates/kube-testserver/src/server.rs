@@ -16,8 +16,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::discovery;
@@ -84,19 +84,27 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
 fn full(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body)).boxed());
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, content_type.parse().expect("a valid content type"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        content_type.parse().expect("a valid content type"),
+    );
     r
 }
 
 fn json_response(status: u16, value: &Value) -> Response<Body> {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    full(status, "application/json", serde_json::to_vec(value).expect("JSON values serialise"))
+    full(
+        status,
+        "application/json",
+        serde_json::to_vec(value).expect("JSON values serialise"),
+    )
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
     let mut r = json_response(e.code, &e.to_status());
     if matches!(e.code, 429 | 503) {
-        r.headers_mut().insert(header::RETRY_AFTER, "1".parse().expect("a valid header"));
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, "1".parse().expect("a valid header"));
     }
     r
 }
@@ -183,7 +191,11 @@ enum Route {
     OpenApiV2,
     OpenApiV3Root,
     OpenApiV3(String, String),
-    Object { group: String, version: String, rest: Vec<String> },
+    Object {
+        group: String,
+        version: String,
+        rest: Vec<String>,
+    },
     Unknown,
 }
 
@@ -202,8 +214,16 @@ fn route(path: &str) -> Route {
         ["openapi", "v3"] => Route::OpenApiV3Root,
         ["openapi", "v3", "api", v] => Route::OpenApiV3(String::new(), v.to_string()),
         ["openapi", "v3", "apis", g, v] => Route::OpenApiV3(g.to_string(), v.to_string()),
-        ["api", v, rest @ ..] => Route::Object { group: String::new(), version: v.to_string(), rest: to_owned(rest) },
-        ["apis", g, v, rest @ ..] => Route::Object { group: g.to_string(), version: v.to_string(), rest: to_owned(rest) },
+        ["api", v, rest @ ..] => Route::Object {
+            group: String::new(),
+            version: v.to_string(),
+            rest: to_owned(rest),
+        },
+        ["apis", g, v, rest @ ..] => Route::Object {
+            group: g.to_string(),
+            version: v.to_string(),
+            rest: to_owned(rest),
+        },
         _ => Route::Unknown,
     }
 }
@@ -215,7 +235,9 @@ fn to_owned(s: &[&str]) -> Vec<String> {
 /// Resolves `[namespaces/{ns}/]{plural}[/{name}[/{subresource}]]` against the served types.
 fn target(state: &State, group: &str, version: &str, rest: &[String]) -> Result<Target, ApiError> {
     let (namespace, rest) = match rest {
-        [ns_word, ns, tail @ ..] if ns_word == "namespaces" && !tail.is_empty() && tail[0] != "status" && tail[0] != "finalize" => {
+        [ns_word, ns, tail @ ..]
+            if ns_word == "namespaces" && !tail.is_empty() && tail[0] != "status" && tail[0] != "finalize" =>
+        {
             (Some(ns.clone()), tail)
         }
         _ => (None, rest),
@@ -226,7 +248,11 @@ fn target(state: &State, group: &str, version: &str, rest: &[String]) -> Result<
         [p, n, sub] => (p, Some(n.clone()), Some(sub.clone())),
         _ => return Err(ApiError::no_such_resource()),
     };
-    let rt = state.types.get(group, version, plural).cloned().ok_or_else(ApiError::no_such_resource)?;
+    let rt = state
+        .types
+        .get(group, version, plural)
+        .cloned()
+        .ok_or_else(ApiError::no_such_resource)?;
     if namespace.is_some() && !rt.namespaced {
         return Err(ApiError::no_such_resource());
     }
@@ -235,12 +261,17 @@ fn target(state: &State, group: &str, version: &str, rest: &[String]) -> Result<
     {
         return Err(ApiError::no_such_resource());
     }
-    Ok(Target { rt, namespace, name, subresource: sub })
+    Ok(Target {
+        rt,
+        namespace,
+        name,
+        subresource: sub,
+    })
 }
 
 fn verb_of(method: &Method, t: &Target, query: &Query) -> Result<Verb, ApiError> {
     let named = t.name.is_some();
-    let what = format!("{}", t.rt.qualified());
+    let what = t.rt.qualified();
     Ok(match (method.as_str(), named) {
         ("GET", true) => Verb::Get,
         ("GET", false) if query.flag("watch") => Verb::Watch,
@@ -284,7 +315,11 @@ fn negotiate(headers: &HeaderMap) -> Result<bool, ApiError> {
     if table || json_ok {
         Ok(table)
     } else {
-        Err(ApiError::new(406, "NotAcceptable", "only the following media types are accepted: application/json"))
+        Err(ApiError::new(
+            406,
+            "NotAcceptable",
+            "only the following media types are accepted: application/json",
+        ))
     }
 }
 
@@ -308,7 +343,10 @@ fn decode_object(bytes: &[u8], media: &str, kind: &str) -> Result<Value, ApiErro
     match media {
         "" | "application/json" => serde_json::from_slice(bytes).map_err(|e| unrecognized(e.to_string())),
         "application/yaml" => parse_yaml_or_json(bytes).map_err(unrecognized),
-        _ => Err(ApiError::unsupported_media_type(&["application/json", "application/yaml"])),
+        _ => Err(ApiError::unsupported_media_type(&[
+            "application/json",
+            "application/yaml",
+        ])),
     }
 }
 
@@ -319,7 +357,11 @@ fn patch_kind(media: &str, custom: bool) -> Result<PatchKind, ApiError> {
         "application/strategic-merge-patch+json" => Ok(PatchKind::Strategic),
         "application/apply-patch+yaml" => Ok(PatchKind::Apply),
         _ => {
-            let mut accepted = vec!["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
+            let mut accepted = vec![
+                "application/json-patch+json",
+                "application/merge-patch+json",
+                "application/apply-patch+yaml",
+            ];
             if !custom {
                 accepted.push("application/strategic-merge-patch+json");
             }
@@ -329,11 +371,16 @@ fn patch_kind(media: &str, custom: bool) -> Result<PatchKind, ApiError> {
 }
 
 fn dry_run(query: &Query, body: Option<&Value>) -> Result<bool, ApiError> {
-    let from_body = body.and_then(|b| b.get("dryRun")).and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    let from_body = body
+        .and_then(|b| b.get("dryRun"))
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty());
     match query.get("dryRun") {
         None | Some("") => Ok(from_body),
         Some("All") => Ok(true),
-        Some(other) => Err(ApiError::bad_request(format!("Invalid dryRun value: {other}: supported values: \"All\""))),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "Invalid dryRun value: {other}: supported values: \"All\""
+        ))),
     }
 }
 
@@ -357,10 +404,18 @@ fn list_options(query: &Query) -> Result<ListOptions, ApiError> {
     let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or_default()).map_err(ApiError::bad_request)?;
     let limit = match query.get("limit") {
         None | Some("") => None,
-        Some(l) => Some(l.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?),
+        Some(l) => Some(
+            l.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?,
+        ),
     };
     let continue_token = query.get("continue").filter(|c| !c.is_empty()).map(str::to_string);
-    Ok(ListOptions { labels, fields, limit, continue_token })
+    Ok(ListOptions {
+        labels,
+        fields,
+        limit,
+        continue_token,
+    })
 }
 
 async fn read_body(req: Request<Incoming>) -> Result<(http::request::Parts, Bytes), ApiError> {
@@ -431,7 +486,11 @@ async fn object_request(
     shared.requests.record(verb, &resource);
     match shared.faults.take(verb, &resource) {
         Some(FaultAction::Fail(code)) => {
-            let e = ApiError::new(code, reason_for(code), format!("injected fault: {verb} {resource} fails with {code}"));
+            let e = ApiError::new(
+                code,
+                reason_for(code),
+                format!("injected fault: {verb} {resource} fails with {code}"),
+            );
             return Err(e);
         }
         Some(FaultAction::Delay(d)) => {
@@ -442,7 +501,11 @@ async fn object_request(
         }
         None => {}
     }
-    let as_table = if matches!(verb, Verb::Get | Verb::List) { negotiate(headers)? } else { negotiate(headers).map(|_| false)? };
+    let as_table = if matches!(verb, Verb::Get | Verb::List) {
+        negotiate(headers)?
+    } else {
+        negotiate(headers).map(|_| false)?
+    };
     let (parts, bytes) = read_body(req).await?;
     let media = media_type(&parts.headers);
     let writer = |apply: bool, body: Option<&Value>| -> Result<WriteOptions, ApiError> {
@@ -456,7 +519,11 @@ async fn object_request(
         Verb::Get => {
             let o = shared.state().get(&t)?;
             if as_table {
-                let rv = o.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+                let rv = o
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
                 (200, discovery::table(&t.rt, &[o], &rv))
             } else {
                 (200, o)
@@ -467,7 +534,11 @@ async fn object_request(
             let list = shared.state().list(&t, &opts)?;
             if as_table {
                 let items = list["items"].as_array().cloned().unwrap_or_default();
-                let rv = list.pointer("/metadata/resourceVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+                let rv = list
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
                 let mut table = discovery::table(&t.rt, &items, &rv);
                 if let Some(c) = list.pointer("/metadata/continue") {
                     table["metadata"]["continue"] = c.clone();
@@ -493,8 +564,10 @@ async fn object_request(
         Verb::Patch => {
             let kind = patch_kind(&media, t.rt.custom)?;
             let body = match kind {
-                PatchKind::Apply => parse_yaml_or_json(&bytes).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
-                _ => serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+                PatchKind::Apply => parse_yaml_or_json(&bytes)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
+                _ => serde_json::from_slice(&bytes)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
             };
             let opts = writer(kind == PatchKind::Apply, None)?;
             if kind != PatchKind::Json {
@@ -509,11 +582,18 @@ async fn object_request(
             let body: Option<Value> = if bytes.is_empty() {
                 None
             } else {
-                Some(serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?)
+                Some(
+                    serde_json::from_slice(&bytes)
+                        .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?,
+                )
             };
             let opts = DeleteOptions {
                 dry_run: dry_run(query, body.as_ref())?,
-                precondition_uid: body.as_ref().and_then(|b| b.pointer("/preconditions/uid")).and_then(Value::as_str).map(str::to_string),
+                precondition_uid: body
+                    .as_ref()
+                    .and_then(|b| b.pointer("/preconditions/uid"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
                 precondition_rv: body
                     .as_ref()
                     .and_then(|b| b.pointer("/preconditions/resourceVersion"))
@@ -588,7 +668,10 @@ fn bookmark(t: &Target, rv: u64, initial_end: bool) -> Bytes {
     if initial_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    event_line("BOOKMARK", &json!({"kind": t.rt.kind, "apiVersion": t.rt.api_version(), "metadata": metadata}))
+    event_line(
+        "BOOKMARK",
+        &json!({"kind": t.rt.kind, "apiVersion": t.rt.api_version(), "metadata": metadata}),
+    )
 }
 
 fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body>, ApiError> {
@@ -610,7 +693,9 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
     }
     let timeout = match query.get("timeoutSeconds") {
         None | Some("") => DEFAULT_WATCH_SECONDS,
-        Some(s) => s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {s}")))?,
+        Some(s) => s
+            .parse::<u64>()
+            .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {s}")))?,
     };
     let from = query.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0");
     let (initial, mut live, start, finished) = {
@@ -621,10 +706,14 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
         let mut finished = false;
         match from {
             Some(rv) if !send_initial => {
-                let since = rv.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
+                let since = rv
+                    .parse::<u64>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
                 match state.changes_since(&t, since) {
                     Ok(changes) => lines.extend(
-                        changes.iter().filter_map(|c| seen_as(c, &opts).map(|k| event_line(k, &with_type(&t, &c.object)))),
+                        changes
+                            .iter()
+                            .filter_map(|c| seen_as(c, &opts).map(|k| event_line(k, &with_type(&t, &c.object)))),
                     ),
                     Err(gone) => {
                         lines.push(event_line("ERROR", &gone.to_status()));
@@ -695,8 +784,12 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
     });
     let stream = ReceiverStream::new(rx).map(|b| Ok::<_, Infallible>(Frame::data(b)));
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    r.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().expect("a valid content type"));
-    r.headers_mut().insert(header::TRANSFER_ENCODING, "chunked".parse().expect("a valid header"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        "application/json".parse().expect("a valid content type"),
+    );
+    r.headers_mut()
+        .insert(header::TRANSFER_ENCODING, "chunked".parse().expect("a valid header"));
     Ok(r)
 }
 

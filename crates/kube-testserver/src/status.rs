@@ -14,7 +14,11 @@ pub struct ApiError {
 
 /// How an object is named in messages: `pods`, `proxies.crawl.example.com`.
 pub(crate) fn qualified(group: &str, plural: &str) -> String {
-    if group.is_empty() { plural.to_string() } else { format!("{plural}.{group}") }
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
 }
 
 fn details(name: &str, group: &str, kind: &str) -> Value {
@@ -31,7 +35,12 @@ fn details(name: &str, group: &str, kind: &str) -> Value {
 
 impl ApiError {
     pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: json!({}) }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: json!({}),
+        }
     }
 
     pub(crate) fn not_found(group: &str, plural: &str, name: &str) -> Self {
@@ -61,7 +70,10 @@ impl ApiError {
         Self {
             code: 409,
             reason: "Conflict",
-            message: format!("Operation cannot be fulfilled on {} \"{name}\": {why}", qualified(group, plural)),
+            message: format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                qualified(group, plural)
+            ),
             details: details(name, group, plural),
         }
     }
@@ -81,14 +93,30 @@ impl ApiError {
 
     /// 422 with one cause per field, as field validation reports it.
     pub(crate) fn invalid(kind: &str, group: &str, name: &str, causes: Vec<FieldCause>) -> Self {
-        let gk = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
+        let gk = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
         let listed: Vec<String> = causes.iter().map(FieldCause::sentence).collect();
-        let joined = if listed.len() == 1 { listed[0].clone() } else { format!("[{}]", listed.join(", ")) };
+        let joined = if listed.len() == 1 {
+            listed[0].clone()
+        } else {
+            format!("[{}]", listed.join(", "))
+        };
         let mut d = details(name, group, kind);
         d["causes"] = Value::Array(
-            causes.iter().map(|c| json!({"reason": c.reason, "message": c.detail, "field": c.field})).collect(),
+            causes
+                .iter()
+                .map(|c| json!({"reason": c.reason, "message": c.detail, "field": c.field}))
+                .collect(),
         );
-        Self { code: 422, reason: "Invalid", message: format!("{gk} \"{name}\" is invalid: {joined}"), details: d }
+        Self {
+            code: 422,
+            reason: "Invalid",
+            message: format!("{gk} \"{name}\" is invalid: {joined}"),
+            details: d,
+        }
     }
 
     /// A patch that parsed but cannot be applied to the object.
@@ -153,15 +181,27 @@ impl FieldCause {
     pub(crate) fn invalid(field: impl Into<String>, value: &Value, detail: impl Into<String>) -> Self {
         let field = field.into();
         let detail = detail.into();
-        Self { reason: "FieldValueInvalid", detail: format!("Invalid value: {}: {detail}", short(value)), field }
+        Self {
+            reason: "FieldValueInvalid",
+            detail: format!("Invalid value: {}: {detail}", short(value)),
+            field,
+        }
     }
 
     pub(crate) fn required(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { reason: "FieldValueRequired", field: field.into(), detail: format!("Required value: {}", detail.into()) }
+        Self {
+            reason: "FieldValueRequired",
+            field: field.into(),
+            detail: format!("Required value: {}", detail.into()),
+        }
     }
 
     pub(crate) fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { reason: "FieldValueForbidden", field: field.into(), detail: format!("Forbidden: {}", detail.into()) }
+        Self {
+            reason: "FieldValueForbidden",
+            field: field.into(),
+            detail: format!("Forbidden: {}", detail.into()),
+        }
     }
 
     fn sentence(&self) -> String {
@@ -172,5 +212,9 @@ impl FieldCause {
 /// A value as it appears in a validation message: strings quoted, large values elided.
 fn short(value: &Value) -> String {
     let text = value.to_string();
-    if text.chars().count() > 80 { format!("{}...", text.chars().take(77).collect::<String>()) } else { text }
+    if text.chars().count() > 80 {
+        format!("{}...", text.chars().take(77).collect::<String>())
+    } else {
+        text
+    }
 }

@@ -111,19 +111,29 @@ pub(crate) fn now() -> String {
 fn new_uid() -> String {
     let b: [u8; 16] = rand::random();
     let h = data_encoding::HEXLOWER.encode(&b);
-    format!("{}-{}-4{}-a{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[17..20], &h[20..32])
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    )
 }
 
 /// The five random characters the server appends to a `generateName`.
 fn name_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5).map(|_| ALPHABET[rand::random::<u8>() as usize % ALPHABET.len()] as char).collect()
+    (0..5)
+        .map(|_| ALPHABET[rand::random::<u8>() as usize % ALPHABET.len()] as char)
+        .collect()
 }
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -134,7 +144,10 @@ fn is_dns_subdomain(s: &str) -> bool {
 
 fn meta(object: &Value) -> &Map<String, Value> {
     static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
-    object.get("metadata").and_then(Value::as_object).unwrap_or_else(|| EMPTY.get_or_init(Map::new))
+    object
+        .get("metadata")
+        .and_then(Value::as_object)
+        .unwrap_or_else(|| EMPTY.get_or_init(Map::new))
 }
 
 fn meta_mut(object: &mut Value) -> &mut Map<String, Value> {
@@ -225,14 +238,29 @@ impl State {
         if self.objects.get(&rt.key()).is_some_and(|m| m.contains_key(&key)) {
             return;
         }
-        let target = Target { rt, namespace: None, name: None, subresource: None };
+        let target = Target {
+            rt,
+            namespace: None,
+            name: None,
+            subresource: None,
+        };
         let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-        self.create(&target, body, &WriteOptions { manager: "kube-testserver".into(), ..Default::default() })
-            .expect("a namespace with a valid name can be created");
+        self.create(
+            &target,
+            body,
+            &WriteOptions {
+                manager: "kube-testserver".into(),
+                ..Default::default()
+            },
+        )
+        .expect("a namespace with a valid name can be created");
     }
 
     fn builtin(&self, group: &str, plural: &str) -> ResourceType {
-        self.types.get(group, "v1", plural).cloned().expect("built-in kinds are always served")
+        self.types
+            .get(group, "v1", plural)
+            .cloned()
+            .expect("built-in kinds are always served")
     }
 
     fn bucket(&self, key: &StoreKey) -> Option<&BTreeMap<(String, String), Value>> {
@@ -261,8 +289,14 @@ impl State {
             ChangeKind::Deleted => bucket.remove(&(ns.clone(), name)),
             _ => bucket.insert((ns.clone(), name), object.clone()),
         };
-        let change =
-            Arc::new(Change { rv: self.rv, key: rt.key(), namespace: ns, kind, object: object.clone(), previous });
+        let change = Arc::new(Change {
+            rv: self.rv,
+            key: rt.key(),
+            namespace: ns,
+            kind,
+            object: object.clone(),
+            previous,
+        });
         self.history.push_back(change.clone());
         while self.history.len() > self.history_limit {
             if let Some(old) = self.history.pop_front() {
@@ -277,7 +311,9 @@ impl State {
     // ---- reads -----------------------------------------------------------------------------
 
     pub(crate) fn get(&self, t: &Target) -> Result<Value, ApiError> {
-        self.lookup(t).map(|o| Self::shown(&t.rt, o)).ok_or_else(|| t.not_found())
+        self.lookup(t)
+            .map(|o| Self::shown(&t.rt, o))
+            .ok_or_else(|| t.not_found())
     }
 
     /// Objects in scope, sorted by namespace and name.
@@ -299,8 +335,10 @@ impl State {
             .matching(t, opts)
             .filter(|o| {
                 start_after.as_ref().is_none_or(|after| {
-                    (meta_str(o, "namespace").unwrap_or_default(), meta_str(o, "name").unwrap_or_default())
-                        > (after.0.as_str(), after.1.as_str())
+                    (
+                        meta_str(o, "namespace").unwrap_or_default(),
+                        meta_str(o, "name").unwrap_or_default(),
+                    ) > (after.0.as_str(), after.1.as_str())
                 })
             })
             .map(|o| Self::shown(&t.rt, o))
@@ -323,9 +361,17 @@ impl State {
     /// The changes after `since` that a watch on `t` sees, or 410 when they are no longer kept.
     pub(crate) fn changes_since(&self, t: &Target, since: u64) -> Result<Vec<Arc<Change>>, ApiError> {
         if since < self.compacted_through {
-            return Err(ApiError::gone(format!("too old resource version: {since} ({})", self.compacted_through + 1)));
+            return Err(ApiError::gone(format!(
+                "too old resource version: {since} ({})",
+                self.compacted_through + 1
+            )));
         }
-        Ok(self.history.iter().filter(|c| c.rv > since && watches(t, c)).cloned().collect())
+        Ok(self
+            .history
+            .iter()
+            .filter(|c| c.rv > since && watches(t, c))
+            .cloned()
+            .collect())
     }
 
     /// The current objects in scope, as the synthetic ADDED events a watch from "now" starts with.
@@ -411,7 +457,11 @@ impl State {
     fn admit(&self, t: &Target, object: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
         let name = meta_str(object, "name").unwrap_or_default().to_string();
         let mut causes = Vec::new();
-        let name_ok = if t.rt.label_names { is_dns_label(&name) } else { is_dns_subdomain(&name) };
+        let name_ok = if t.rt.label_names {
+            is_dns_label(&name)
+        } else {
+            is_dns_subdomain(&name)
+        };
         if !name_ok {
             let rule = if t.rt.label_names {
                 "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"
@@ -445,8 +495,13 @@ impl State {
         let now = now();
         {
             let m = meta_mut(&mut body);
-            if m.get("resourceVersion").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
-                return Err(ApiError::bad_request("resourceVersion should not be set on objects to be created"));
+            if m.get("resourceVersion")
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+            {
+                return Err(ApiError::bad_request(
+                    "resourceVersion should not be set on objects to be created",
+                ));
             }
             let name = m.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
             if name.is_empty() {
@@ -460,12 +515,21 @@ impl State {
                             &t.rt.kind,
                             &t.rt.group,
                             "",
-                            vec![FieldCause::required("metadata.name", "name or generateName is required")],
+                            vec![FieldCause::required(
+                                "metadata.name",
+                                "name or generateName is required",
+                            )],
                         ));
                     }
                 }
             }
-            for server_owned in ["uid", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "managedFields"] {
+            for server_owned in [
+                "uid",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+                "managedFields",
+            ] {
                 m.remove(server_owned);
             }
             m.insert("uid".into(), json!(new_uid()));
@@ -479,14 +543,22 @@ impl State {
             body["status"] = json!({"phase": "Active"});
         }
         let name = meta_str(&body, "name").unwrap_or_default().to_string();
-        let t = Target { name: Some(name.clone()), ..t.clone() };
+        let t = Target {
+            name: Some(name.clone()),
+            ..t.clone()
+        };
         // Namespace lifecycle admission runs before validation, as on the real server.
         self.check_namespace_for_write(&t)?;
         self.admit(&t, &mut body, None)?;
         if self.lookup(&t).is_some() {
             return Err(ApiError::already_exists(&t.rt.group, &t.rt.plural, &name));
         }
-        let who = Writer { manager: &opts.manager, subresource: "", api_version: &t.rt.api_version(), now: &now };
+        let who = Writer {
+            manager: &opts.manager,
+            subresource: "",
+            api_version: &t.rt.api_version(),
+            now: &now,
+        };
         patch::record_update(None, &mut body, &who);
         if opts.dry_run {
             return Ok(body);
@@ -499,7 +571,8 @@ impl State {
     fn after_create(&mut self, t: &Target, object: &Value) -> Result<(), ApiError> {
         if t.rt.group == "apiextensions.k8s.io" {
             let types = from_crd(object).map_err(|e| ApiError::bad_request(e.0))?;
-            self.types.register_crd(meta_str(object, "name").unwrap_or_default(), types);
+            self.types
+                .register_crd(meta_str(object, "name").unwrap_or_default(), types);
         }
         Ok(())
     }
@@ -547,11 +620,19 @@ impl State {
             match status {
                 Some(s) => new["status"] = s,
                 None => {
-                    new.as_object_mut().expect("stored objects are objects").remove("status");
+                    new.as_object_mut()
+                        .expect("stored objects are objects")
+                        .remove("status");
                 }
             }
         } else {
-            for keep in ["uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds"] {
+            for keep in [
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ] {
                 let m = meta_mut(&mut new);
                 match meta(old).get(keep) {
                     Some(v) => m.insert(keep.into(), v.clone()),
@@ -570,7 +651,9 @@ impl State {
                 new["status"] = old.get("status").cloned().unwrap_or(Value::Null);
             }
         }
-        let owners = applied_ownership.or_else(|| meta(old).get("managedFields").cloned()).unwrap_or(json!([]));
+        let owners = applied_ownership
+            .or_else(|| meta(old).get("managedFields").cloned())
+            .unwrap_or(json!([]));
         meta_mut(&mut new).insert("managedFields".into(), owners);
         let deleting = meta(old).contains_key("deletionTimestamp");
         if deleting {
@@ -579,7 +662,9 @@ impl State {
             if !added.is_empty() {
                 let cause = FieldCause::forbidden(
                     "metadata.finalizers",
-                    format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                    format!(
+                        "no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                    ),
                 );
                 return Err(ApiError::invalid(&t.rt.kind, &t.rt.group, t.name(), vec![cause]));
             }
@@ -587,7 +672,12 @@ impl State {
         self.admit(t, &mut new, Some(old))?;
         let now = now();
         let subresource = if t.is_status() { "status" } else { "" };
-        let who = Writer { manager: &opts.manager, subresource, api_version: &t.rt.api_version(), now: &now };
+        let who = Writer {
+            manager: &opts.manager,
+            subresource,
+            api_version: &t.rt.api_version(),
+            now: &now,
+        };
         if applied.is_none() {
             patch::record_update(Some(old), &mut new, &who);
         }
@@ -615,7 +705,13 @@ impl State {
         Ok(Self::shown(&t.rt, &self.commit(&t.rt, ChangeKind::Modified, new)))
     }
 
-    pub(crate) fn patch(&mut self, t: &Target, kind: PatchKind, body: Value, opts: &WriteOptions) -> Result<Value, ApiError> {
+    pub(crate) fn patch(
+        &mut self,
+        t: &Target,
+        kind: PatchKind,
+        body: Value,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
         if kind == PatchKind::Strategic && t.rt.custom {
             return Err(ApiError::unsupported_media_type(&[
                 "application/json-patch+json",
@@ -632,13 +728,17 @@ impl State {
         match kind {
             PatchKind::Merge => {
                 if !body.is_object() {
-                    return Err(ApiError::bad_request("error decoding patch: a merge patch must be a JSON object"));
+                    return Err(ApiError::bad_request(
+                        "error decoding patch: a merge patch must be a JSON object",
+                    ));
                 }
                 patch::json_merge(&mut patched, &body);
             }
             PatchKind::Strategic => {
                 if !body.is_object() {
-                    return Err(ApiError::bad_request("error decoding patch: a strategic merge patch must be a JSON object"));
+                    return Err(ApiError::bad_request(
+                        "error decoding patch: a strategic merge patch must be a JSON object",
+                    ));
                 }
                 patch::strategic_merge(&mut patched, &body);
             }
@@ -661,13 +761,21 @@ impl State {
         self.write(t, &current, patched, opts, None)
     }
 
-    fn apply(&mut self, t: &Target, current: Option<Value>, mut body: Value, opts: &WriteOptions) -> Result<Value, ApiError> {
+    fn apply(
+        &mut self,
+        t: &Target,
+        current: Option<Value>,
+        mut body: Value,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
         if opts.manager.is_empty() {
             let cause = FieldCause::required("fieldManager", "is required for apply patch");
             return Err(ApiError::invalid("PatchOptions", "meta.k8s.io", "", vec![cause]));
         }
         if !body.is_object() {
-            return Err(ApiError::bad_request("error decoding YAML: an apply configuration must be an object"));
+            return Err(ApiError::bad_request(
+                "error decoding YAML: an apply configuration must be an object",
+            ));
         }
         Self::check_type(t, &mut body)?;
         Self::check_namespace_in_body(t, &mut body)?;
@@ -682,7 +790,12 @@ impl State {
         }
         let now = now();
         let subresource = if t.is_status() { "status" } else { "" };
-        let who = Writer { manager: &opts.manager, subresource, api_version: &t.rt.api_version(), now: &now };
+        let who = Writer {
+            manager: &opts.manager,
+            subresource,
+            api_version: &t.rt.api_version(),
+            now: &now,
+        };
         let shell = json!({"apiVersion": t.rt.api_version(), "kind": t.rt.kind,
             "metadata": {"name": t.name(), "namespace": t.namespace}});
         let base = current.clone().unwrap_or(shell);
@@ -718,7 +831,14 @@ impl State {
                 let mut merged = merged;
                 meta_mut(&mut merged).remove("resourceVersion");
                 let fields = meta(&merged).get("managedFields").cloned();
-                let created = self.create(t, merged, &WriteOptions { dry_run: true, ..opts.clone() })?;
+                let created = self.create(
+                    t,
+                    merged,
+                    &WriteOptions {
+                        dry_run: true,
+                        ..opts.clone()
+                    },
+                )?;
                 let mut created = created;
                 if let Some(f) = fields {
                     meta_mut(&mut created).insert("managedFields".into(), f);
@@ -726,7 +846,10 @@ impl State {
                 if opts.dry_run {
                     return Ok(created);
                 }
-                let t = Target { name: Some(t.name().to_string()), ..t.clone() };
+                let t = Target {
+                    name: Some(t.name().to_string()),
+                    ..t.clone()
+                };
                 self.after_create(&t, &created)?;
                 Ok(self.commit(&t.rt, ChangeKind::Added, created))
             }
@@ -755,7 +878,10 @@ impl State {
         }
         let is_namespace = t.rt.plural == "namespaces" && t.rt.group.is_empty();
         if is_namespace && matches!(t.name(), "default" | "kube-system" | "kube-public") {
-            return Err(ApiError::forbidden(format!("namespaces \"{}\" is forbidden: this namespace may not be deleted", t.name())));
+            return Err(ApiError::forbidden(format!(
+                "namespaces \"{}\" is forbidden: this namespace may not be deleted",
+                t.name()
+            )));
         }
         if !finalizers(&current).is_empty() || is_namespace {
             if meta(&current).contains_key("deletionTimestamp") {
@@ -797,12 +923,22 @@ impl State {
         Ok(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}))
     }
 
-    pub(crate) fn delete_collection(&mut self, t: &Target, list: &ListOptions, opts: &DeleteOptions) -> Result<Value, ApiError> {
-        let names: Vec<String> =
-            self.matching(t, list).map(|o| meta_str(o, "name").unwrap_or_default().to_string()).collect();
+    pub(crate) fn delete_collection(
+        &mut self,
+        t: &Target,
+        list: &ListOptions,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        let names: Vec<String> = self
+            .matching(t, list)
+            .map(|o| meta_str(o, "name").unwrap_or_default().to_string())
+            .collect();
         let mut items = Vec::new();
         for name in names {
-            let one = Target { name: Some(name), ..t.clone() };
+            let one = Target {
+                name: Some(name),
+                ..t.clone()
+            };
             match self.delete(&one, opts) {
                 Ok(o) if o.get("kind").and_then(Value::as_str) != Some("Status") => items.push(o),
                 Ok(_) | Err(_) => {}
@@ -821,7 +957,11 @@ impl State {
                 && let Some(first) = types.first()
             {
                 let key = first.key();
-                let objects: Vec<Value> = self.objects.get(&key).map(|b| b.values().cloned().collect()).unwrap_or_default();
+                let objects: Vec<Value> = self
+                    .objects
+                    .get(&key)
+                    .map(|b| b.values().cloned().collect())
+                    .unwrap_or_default();
                 for o in objects {
                     self.commit(first, ChangeKind::Deleted, o);
                 }
@@ -869,9 +1009,10 @@ impl State {
         if !meta(&namespace).contains_key("deletionTimestamp") {
             return None;
         }
-        let occupied = self.objects.iter().any(|(key, bucket)| {
-            key.plural != "namespaces" && bucket.keys().any(|(obj_ns, _)| obj_ns == ns)
-        });
+        let occupied = self
+            .objects
+            .iter()
+            .any(|(key, bucket)| key.plural != "namespaces" && bucket.keys().any(|(obj_ns, _)| obj_ns == ns));
         if occupied {
             return None;
         }
@@ -904,7 +1045,9 @@ fn encode_continue(ns: &str, name: &str) -> String {
 
 fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
     let bad = || ApiError::bad_request("invalid continue token");
-    let bytes = data_encoding::BASE64URL_NOPAD.decode(token.as_bytes()).map_err(|_| bad())?;
+    let bytes = data_encoding::BASE64URL_NOPAD
+        .decode(token.as_bytes())
+        .map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
     let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string).ok_or_else(bad);
     Ok((s("ns")?, s("name")?))

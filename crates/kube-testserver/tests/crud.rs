@@ -8,8 +8,8 @@ use common::*;
 use egress_kube_testserver::TestServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 
 #[tokio::test]
 async fn create_sets_server_fields_and_refuses_a_duplicate() {
@@ -20,7 +20,11 @@ async fn create_sets_server_fields_and_refuses_a_duplicate() {
     assert_eq!(uid.len(), 36);
     assert!(created.metadata.creation_timestamp.is_some());
     assert_eq!(created.metadata.generation, Some(1));
-    let rv: u64 = created.resource_version().unwrap().parse().expect("a numeric resourceVersion");
+    let rv: u64 = created
+        .resource_version()
+        .unwrap()
+        .parse()
+        .expect("a numeric resourceVersion");
     assert!(rv > 0);
     let (code, reason, message) = api_error(api.create(&PostParams::default(), &toy("a", 3)).await);
     assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
@@ -40,12 +44,19 @@ async fn generate_name_gets_a_random_suffix() {
     t.metadata.generate_name = Some("gen-".into());
     let a = api.create(&PostParams::default(), &t).await.unwrap();
     let b = api.create(&PostParams::default(), &t).await.unwrap();
-    assert!(a.name_any().starts_with("gen-") && a.name_any().len() == 9, "{}", a.name_any());
+    assert!(
+        a.name_any().starts_with("gen-") && a.name_any().len() == 9,
+        "{}",
+        a.name_any()
+    );
     assert_ne!(a.name_any(), b.name_any());
     t.metadata.generate_name = None;
     let (code, reason, message) = api_error(api.create(&PostParams::default(), &t).await);
     assert_eq!((code, reason.as_str()), (422, "Invalid"));
-    assert!(message.contains("metadata.name: Required value: name or generateName is required"), "{message}");
+    assert!(
+        message.contains("metadata.name: Required value: name or generateName is required"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -88,7 +99,11 @@ async fn label_selectors_support_every_operator() {
         ("app=web,tier=back", vec!["b"]),
     ];
     for (selector, want) in cases {
-        assert_eq!(names(&api, &ListParams::default().labels(selector)).await, want, "{selector}");
+        assert_eq!(
+            names(&api, &ListParams::default().labels(selector)).await,
+            want,
+            "{selector}"
+        );
     }
     let (code, reason, _) = api_error(api.list(&ListParams::default().labels("app in web")).await);
     assert_eq!((code, reason.as_str()), (400, "BadRequest"));
@@ -100,11 +115,23 @@ async fn field_selectors_on_name_and_namespace() {
     let api = toys(&s);
     create_toy(&api, "a", 1).await;
     create_toy(&api, "b", 1).await;
-    Api::<Toy>::namespaced(client(&s), "default").create(&PostParams::default(), &toy("a", 1)).await.unwrap();
-    assert_eq!(names(&api, &ListParams::default().fields("metadata.name=b")).await, vec!["b"]);
-    assert_eq!(names(&api, &ListParams::default().fields("metadata.name!=b")).await, vec!["a"]);
+    Api::<Toy>::namespaced(client(&s), "default")
+        .create(&PostParams::default(), &toy("a", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        names(&api, &ListParams::default().fields("metadata.name=b")).await,
+        vec!["b"]
+    );
+    assert_eq!(
+        names(&api, &ListParams::default().fields("metadata.name!=b")).await,
+        vec!["a"]
+    );
     let all: Api<Toy> = Api::all(client(&s));
-    let in_default = all.list(&ListParams::default().fields("metadata.namespace=default")).await.unwrap();
+    let in_default = all
+        .list(&ListParams::default().fields("metadata.namespace=default"))
+        .await
+        .unwrap();
     assert_eq!(in_default.items.len(), 1);
     assert_eq!(all.list(&ListParams::default()).await.unwrap().items.len(), 3);
     let (code, _, message) = api_error(api.list(&ListParams::default().fields("spec.size=1")).await);
@@ -163,12 +190,22 @@ async fn update_with_a_stale_resource_version_is_a_conflict() {
     // Without a resourceVersion the update is unconditional, as for every built-in and custom kind.
     let mut blind = toy("a", 4);
     blind.metadata.resource_version = None;
-    assert_eq!(api.replace("a", &PostParams::default(), &blind).await.unwrap().spec.size, 4);
+    assert_eq!(
+        api.replace("a", &PostParams::default(), &blind)
+            .await
+            .unwrap()
+            .spec
+            .size,
+        4
+    );
     let (code, _, _) = api_error(api.replace("missing", &PostParams::default(), &toy("missing", 1)).await);
     assert_eq!(code, 404);
     let (code, _, message) = api_error(api.replace("a", &PostParams::default(), &toy("b", 1)).await);
     assert_eq!(code, 400);
-    assert_eq!(message, "the name of the object (b) does not match the name on the URL (a)");
+    assert_eq!(
+        message,
+        "the name of the object (b) does not match the name on the URL (a)"
+    );
 }
 
 #[tokio::test]
@@ -208,8 +245,14 @@ async fn sixteen_conflicting_writers_lose_no_update() {
     for t in tasks {
         conflicts += within("writers", t).await.unwrap();
     }
-    let final_count: usize = api.get("counter").await.unwrap().annotations()["count"].parse().unwrap();
-    assert_eq!(final_count, WRITERS * EACH, "no update may be lost ({conflicts} conflicts were retried)");
+    let final_count: usize = api.get("counter").await.unwrap().annotations()["count"]
+        .parse()
+        .unwrap();
+    assert_eq!(
+        final_count,
+        WRITERS * EACH,
+        "no update may be lost ({conflicts} conflicts were retried)"
+    );
 }
 
 #[tokio::test]
@@ -220,7 +263,13 @@ async fn an_object_in_a_missing_namespace_is_refused() {
     assert_eq!((code, reason.as_str()), (404, "NotFound"));
     assert_eq!(message, "namespaces \"ghost\" not found");
     let secrets: Api<Secret> = Api::namespaced(client(&s), "ghost");
-    let secret = Secret { metadata: ObjectMeta { name: Some("s".into()), ..Default::default() }, ..Default::default() };
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("s".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let (code, _, _) = api_error(secrets.create(&PostParams::default(), &secret).await);
     assert_eq!(code, 404);
 }
@@ -229,7 +278,13 @@ async fn an_object_in_a_missing_namespace_is_refused() {
 async fn deleting_a_namespace_takes_its_objects_and_refuses_new_ones_meanwhile() {
     let s = server().await;
     let namespaces: Api<Namespace> = Api::all(client(&s));
-    let ns = Namespace { metadata: ObjectMeta { name: Some("doomed".into()), ..Default::default() }, ..Default::default() };
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("doomed".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     namespaces.create(&PostParams::default(), &ns).await.unwrap();
     let api: Api<Toy> = Api::namespaced(client(&s), "doomed");
     create_toy(&api, "plain", 1).await;
@@ -245,10 +300,17 @@ async fn deleting_a_namespace_takes_its_objects_and_refuses_new_ones_meanwhile()
     let (code, reason, message) = api_error(api.create(&PostParams::default(), &toy("late", 1)).await);
     assert_eq!((code, reason.as_str()), (403, "Forbidden"));
     assert!(message.contains("because it is being terminated"), "{message}");
-    api.patch("held", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
-    assert!(namespaces.get_opt("doomed").await.unwrap().is_none(), "the empty namespace goes");
+    api.patch(
+        "held",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        namespaces.get_opt("doomed").await.unwrap().is_none(),
+        "the empty namespace goes"
+    );
     let (code, _, _) = api_error(namespaces.delete("default", &DeleteParams::default()).await);
     assert_eq!(code, 403);
 }
@@ -257,7 +319,13 @@ async fn deleting_a_namespace_takes_its_objects_and_refuses_new_ones_meanwhile()
 async fn cluster_scoped_kinds_have_no_namespace() {
     let s = server().await;
     let gadgets: Api<Gadget> = Api::all(client(&s));
-    let g = gadgets.create(&PostParams::default(), &Gadget::new("g", GadgetSpec { mode: "x".into() })).await.unwrap();
+    let g = gadgets
+        .create(
+            &PostParams::default(),
+            &Gadget::new("g", GadgetSpec { mode: "x".into() }),
+        )
+        .await
+        .unwrap();
     assert_eq!(g.metadata.namespace, None);
     assert_eq!(gadgets.list(&ListParams::default()).await.unwrap().items.len(), 1);
     let ar = kube::api::ApiResource::erase::<Gadget>(&());
@@ -272,7 +340,9 @@ async fn delete_answers_with_a_status_or_the_object_as_the_kind_does() {
     let api = toys(&s);
     create_toy(&api, "a", 1).await;
     let answer = api.delete("a", &DeleteParams::default()).await.unwrap();
-    let status = answer.right().expect("a custom resource deleted at once answers with a Status");
+    let status = answer
+        .right()
+        .expect("a custom resource deleted at once answers with a Status");
     assert_eq!(status.details.unwrap().name, "a");
     let pods: Api<Pod> = Api::namespaced(client(&s), NS);
     let pod: Pod = serde_json::from_value(serde_json::json!({"metadata": {"name": "p"},
@@ -290,12 +360,24 @@ async fn delete_preconditions_are_checked() {
     let s = server().await;
     let api = toys(&s);
     let t = create_toy(&api, "a", 1).await;
-    let wrong = DeleteParams { preconditions: Some(Preconditions { uid: Some("other".into()), resource_version: None }), ..Default::default() };
+    let wrong = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("other".into()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
     let (code, _, message) = api_error(api.delete("a", &wrong).await);
     assert_eq!(code, 409);
-    assert!(message.contains("Precondition failed: UID in precondition: other"), "{message}");
+    assert!(
+        message.contains("Precondition failed: UID in precondition: other"),
+        "{message}"
+    );
     let right = DeleteParams {
-        preconditions: Some(Preconditions { uid: t.uid(), resource_version: t.resource_version() }),
+        preconditions: Some(Preconditions {
+            uid: t.uid(),
+            resource_version: t.resource_version(),
+        }),
         ..Default::default()
     };
     api.delete("a", &right).await.unwrap();
@@ -306,12 +388,23 @@ async fn dry_run_writes_nothing() {
     let s = server().await;
     let api = toys(&s);
     let rv = s.resource_version();
-    let pp = PostParams { dry_run: true, ..Default::default() };
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
     let would = api.create(&pp, &toy("a", 1)).await.unwrap();
     assert_eq!(would.name_any(), "a");
     assert!(api.get_opt("a").await.unwrap().is_none());
     create_toy(&api, "b", 1).await;
-    api.delete("b", &DeleteParams { dry_run: true, ..Default::default() }).await.unwrap();
+    api.delete(
+        "b",
+        &DeleteParams {
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     assert!(api.get_opt("b").await.unwrap().is_some());
     assert_eq!(s.resource_version(), rv + 1, "only the real create moved the clock");
 }
@@ -323,7 +416,9 @@ async fn delete_collection_takes_what_the_selector_picks() {
     labelled(&api, "a", &[("batch", "1")]).await;
     labelled(&api, "b", &[("batch", "1")]).await;
     labelled(&api, "c", &[("batch", "2")]).await;
-    api.delete_collection(&DeleteParams::default(), &ListParams::default().labels("batch=1")).await.unwrap();
+    api.delete_collection(&DeleteParams::default(), &ListParams::default().labels("batch=1"))
+        .await
+        .unwrap();
     assert_eq!(names(&api, &ListParams::default()).await, vec!["c"]);
 }
 
@@ -355,7 +450,17 @@ async fn leases_round_trip_for_leader_election() {
     late.spec.as_mut().unwrap().holder_identity = Some("c".into());
     let (code, _, _) = api_error(leases.replace("leader", &PostParams::default(), &late).await);
     assert_eq!(code, 409, "a second candidate with a stale copy loses");
-    assert_eq!(leases.get("leader").await.unwrap().spec.unwrap().holder_identity.as_deref(), Some("b"));
+    assert_eq!(
+        leases
+            .get("leader")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .holder_identity
+            .as_deref(),
+        Some("b")
+    );
 }
 
 #[tokio::test]

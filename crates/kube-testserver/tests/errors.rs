@@ -13,10 +13,15 @@ async fn raw(s: &TestServer, method: &str, path: &str, content_type: Option<&str
         req = req.header(http::header::CONTENT_TYPE, ct);
     }
     let req = req.body(kube::client::Body::from(body.to_vec())).unwrap();
-    let resp = within("a raw request", client(s).send(req)).await.expect("an HTTP answer");
+    let resp = within("a raw request", client(s).send(req))
+        .await
+        .expect("an HTTP answer");
     let code = resp.status().as_u16();
     let bytes = resp.into_body().collect_bytes().await.unwrap();
-    (code, serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into())))
+    (
+        code,
+        serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into())),
+    )
 }
 
 fn reason(v: &Value) -> &str {
@@ -31,23 +36,45 @@ async fn malformed_json_is_a_bad_request() {
     let s = server().await;
     let (code, body) = raw(&s, "POST", TOYS, Some("application/json"), b"{\"apiVersion\": ").await;
     assert_eq!((code, reason(&body)), (400, "BadRequest"));
-    assert!(body["message"].as_str().unwrap().starts_with("the object provided is unrecognized (must be of type Toy)"));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the object provided is unrecognized (must be of type Toy)")
+    );
     let (code, _) = raw(&s, "POST", TOYS, Some("application/json"), b"[1, 2]").await;
     assert_eq!(code, 400);
-    let (code, body) = raw(&s, "POST", TOYS, Some("application/json"),
-        br#"{"apiVersion": "toys.example.com/v1", "kind": "Gadget", "metadata": {"name": "a"}}"#).await;
+    let (code, body) = raw(
+        &s,
+        "POST",
+        TOYS,
+        Some("application/json"),
+        br#"{"apiVersion": "toys.example.com/v1", "kind": "Gadget", "metadata": {"name": "a"}}"#,
+    )
+    .await;
     assert_eq!((code, reason(&body)), (400, "BadRequest"));
-    assert_eq!(body["message"], "the kind in the data (Gadget) does not match the expected kind (Toy)");
+    assert_eq!(
+        body["message"],
+        "the kind in the data (Gadget) does not match the expected kind (Toy)"
+    );
 }
 
 #[tokio::test]
 async fn unknown_resources_groups_and_versions_are_not_found() {
     let s = server().await;
-    for path in ["/apis/toys.example.com/v1/namespaces/tests/robots", "/apis/toys.example.com/v9/namespaces/tests/toys",
-        "/apis/nowhere.io/v1/things", "/api/v1/namespaces/tests/pods/a/exec", "/totally/else"] {
+    for path in [
+        "/apis/toys.example.com/v1/namespaces/tests/robots",
+        "/apis/toys.example.com/v9/namespaces/tests/toys",
+        "/apis/nowhere.io/v1/things",
+        "/api/v1/namespaces/tests/pods/a/exec",
+        "/totally/else",
+    ] {
         let (code, body) = raw(&s, "GET", path, None, b"").await;
         assert_eq!((code, reason(&body)), (404, "NotFound"), "{path}");
-        assert_eq!(body["message"], "the server could not find the requested resource", "{path}");
+        assert_eq!(
+            body["message"], "the server could not find the requested resource",
+            "{path}"
+        );
     }
 }
 
@@ -55,7 +82,8 @@ async fn unknown_resources_groups_and_versions_are_not_found() {
 async fn wrong_content_types_are_unsupported_media() {
     let s = server().await;
     let toy = serde_json::to_vec(&json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
-        "metadata": {"name": "a"}, "spec": {"size": 1}})).unwrap();
+        "metadata": {"name": "a"}, "spec": {"size": 1}}))
+    .unwrap();
     let (code, body) = raw(&s, "POST", TOYS, Some("application/vnd.kubernetes.protobuf"), &toy).await;
     assert_eq!((code, reason(&body)), (415, "UnsupportedMediaType"));
     let (code, body) = raw(&s, "POST", TOYS, Some("text/plain"), &toy).await;
@@ -77,17 +105,51 @@ async fn patches_that_do_not_parse_or_do_not_apply() {
     let item = format!("{TOYS}/a");
     let (code, body) = raw(&s, "PATCH", &item, Some("application/merge-patch+json"), b"{not json").await;
     assert_eq!((code, reason(&body)), (400, "BadRequest"));
-    let (code, body) = raw(&s, "PATCH", &item, Some("application/json-patch+json"), br#"{"op": "add"}"#).await;
+    let (code, body) = raw(
+        &s,
+        "PATCH",
+        &item,
+        Some("application/json-patch+json"),
+        br#"{"op": "add"}"#,
+    )
+    .await;
     assert_eq!((code, reason(&body)), (400, "BadRequest"));
-    let (code, body) = raw(&s, "PATCH", &item, Some("application/json-patch+json"),
-        br#"[{"op": "replace", "path": "/spec/nothing/deeper", "value": 1}]"#).await;
+    let (code, body) = raw(
+        &s,
+        "PATCH",
+        &item,
+        Some("application/json-patch+json"),
+        br#"[{"op": "replace", "path": "/spec/nothing/deeper", "value": 1}]"#,
+    )
+    .await;
     assert_eq!((code, reason(&body)), (422, "Invalid"));
-    let (code, body) = raw(&s, "PATCH", &item, Some("application/merge-patch+json"), br#"{"spec": {"size": "big"}}"#).await;
+    let (code, body) = raw(
+        &s,
+        "PATCH",
+        &item,
+        Some("application/merge-patch+json"),
+        br#"{"spec": {"size": "big"}}"#,
+    )
+    .await;
     assert_eq!((code, reason(&body)), (422, "Invalid"));
     assert_eq!(body["details"]["causes"][0]["field"], "spec.size");
-    let (code, body) = raw(&s, "PATCH", &item, Some("application/merge-patch+json"), br#"{"metadata": {"name": "b"}}"#).await;
+    let (code, body) = raw(
+        &s,
+        "PATCH",
+        &item,
+        Some("application/merge-patch+json"),
+        br#"{"metadata": {"name": "b"}}"#,
+    )
+    .await;
     assert_eq!((code, reason(&body)), (422, "Invalid"));
-    let (code, _) = raw(&s, "PATCH", &format!("{TOYS}/missing"), Some("application/merge-patch+json"), b"{}").await;
+    let (code, _) = raw(
+        &s,
+        "PATCH",
+        &format!("{TOYS}/missing"),
+        Some("application/merge-patch+json"),
+        b"{}",
+    )
+    .await;
     assert_eq!(code, 404);
 }
 
@@ -108,7 +170,14 @@ async fn hostile_bodies_and_methods_are_refused_cleanly() {
     assert_eq!(code, 400);
     let (code, _) = raw(&s, "GET", &format!("{TOYS}?watch=true&resourceVersion=abc"), None, b"").await;
     assert_eq!(code, 400);
-    let (code, _) = raw(&s, "POST", &format!("{TOYS}?dryRun=Maybe"), Some("application/json"), b"{}").await;
+    let (code, _) = raw(
+        &s,
+        "POST",
+        &format!("{TOYS}?dryRun=Maybe"),
+        Some("application/json"),
+        b"{}",
+    )
+    .await;
     assert_eq!(code, 400);
     let (code, _) = raw(&s, "DELETE", &format!("{TOYS}/a"), Some("application/json"), b"{oops").await;
     assert_eq!(code, 400);

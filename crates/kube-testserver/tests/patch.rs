@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 #[tokio::test]
@@ -16,7 +16,14 @@ async fn merge_patch_changes_and_removes_fields() {
     let mut t = toy("a", 1);
     t.spec.color = Some("red".into());
     api.create(&PostParams::default(), &t).await.unwrap();
-    let p = api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 5, "color": null}}))).await.unwrap();
+    let p = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 5, "color": null}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(p.spec, ToySpec { size: 5, color: None });
     assert_eq!(p.metadata.generation, Some(2));
 }
@@ -26,7 +33,13 @@ async fn merge_patch_with_a_resource_version_is_optimistic() {
     let s = server().await;
     let api = toys(&s);
     let t = create_toy(&api, "a", 1).await;
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 2}}))).await.unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 2}})),
+    )
+    .await
+    .unwrap();
     let stale = json!({"metadata": {"resourceVersion": t.resource_version()}, "spec": {"size": 3}});
     let (code, reason, _) = api_error(api.patch("a", &PatchParams::default(), &Patch::Merge(stale)).await);
     assert_eq!((code, reason.as_str()), (409, "Conflict"));
@@ -43,7 +56,10 @@ async fn json_patch_applies_with_test_ops_and_fails_whole_when_a_test_fails() {
         {"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}
     ]))
     .unwrap();
-    let p = api.patch("a", &PatchParams::default(), &Patch::<()>::Json(ok)).await.unwrap();
+    let p = api
+        .patch("a", &PatchParams::default(), &Patch::<()>::Json(ok))
+        .await
+        .unwrap();
     assert_eq!(p.spec.size, 7);
     assert_eq!(p.labels()["x"], "y");
     let failing: json_patch::Patch = serde_json::from_value(json!([
@@ -51,12 +67,22 @@ async fn json_patch_applies_with_test_ops_and_fails_whole_when_a_test_fails() {
         {"op": "test", "path": "/spec/size", "value": 1}
     ]))
     .unwrap();
-    let (code, reason, _) = api_error(api.patch("a", &PatchParams::default(), &Patch::<()>::Json(failing)).await);
+    let (code, reason, _) = api_error(
+        api.patch("a", &PatchParams::default(), &Patch::<()>::Json(failing))
+            .await,
+    );
     assert_eq!((code, reason.as_str()), (422, "Invalid"));
-    assert_eq!(api.get("a").await.unwrap().spec.size, 7, "a failed JSON patch changes nothing");
+    assert_eq!(
+        api.get("a").await.unwrap().spec.size,
+        7,
+        "a failed JSON patch changes nothing"
+    );
     let missing: json_patch::Patch =
         serde_json::from_value(json!([{"op": "remove", "path": "/spec/nothing/here"}])).unwrap();
-    let (code, _, _) = api_error(api.patch("a", &PatchParams::default(), &Patch::<()>::Json(missing)).await);
+    let (code, _, _) = api_error(
+        api.patch("a", &PatchParams::default(), &Patch::<()>::Json(missing))
+            .await,
+    );
     assert_eq!(code, 422);
 }
 
@@ -69,13 +95,28 @@ async fn strategic_merge_works_on_built_in_kinds_and_is_refused_for_custom_ones(
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let patch = json!({"spec": {"containers": [{"name": "b", "image": "z"}]}});
-    let p = pods.patch("p", &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap();
-    let images: Vec<_> = p.spec.unwrap().containers.iter().map(|c| c.image.clone().unwrap()).collect();
+    let p = pods
+        .patch("p", &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .unwrap();
+    let images: Vec<_> = p
+        .spec
+        .unwrap()
+        .containers
+        .iter()
+        .map(|c| c.image.clone().unwrap())
+        .collect();
     assert_eq!(images, vec!["x", "z"], "containers merge by name");
     let api = toys(&s);
     create_toy(&api, "a", 1).await;
-    let (code, reason, message) =
-        api_error(api.patch("a", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"size": 2}}))).await);
+    let (code, reason, message) = api_error(
+        api.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"size": 2}})),
+        )
+        .await,
+    );
     assert_eq!((code, reason.as_str()), (415, "UnsupportedMediaType"));
     assert!(message.contains("application/merge-patch+json"), "{message}");
 }
@@ -85,26 +126,45 @@ async fn server_side_apply_creates_updates_and_tracks_the_manager() {
     let s = server().await;
     let api = toys(&s);
     let pp = PatchParams::apply("op");
-    let applied = api.patch("a", &pp, &Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
-        "metadata": {"name": "a"}, "spec": {"size": 2, "color": "red"}})))
-    .await
-    .unwrap();
+    let applied = api
+        .patch(
+            "a",
+            &pp,
+            &Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
+        "metadata": {"name": "a"}, "spec": {"size": 2, "color": "red"}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(applied.spec.size, 2);
-    let managers: Vec<String> =
-        applied.metadata.managed_fields.unwrap().iter().map(|m| m.manager.clone().unwrap()).collect();
+    let managers: Vec<String> = applied
+        .metadata
+        .managed_fields
+        .unwrap()
+        .iter()
+        .map(|m| m.manager.clone().unwrap())
+        .collect();
     assert_eq!(managers, vec!["op"]);
     let rv = s.resource_version();
     // The same configuration again writes nothing.
-    api.patch("a", &pp, &Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
-        "metadata": {"name": "a"}, "spec": {"size": 2, "color": "red"}})))
+    api.patch(
+        "a",
+        &pp,
+        &Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
+        "metadata": {"name": "a"}, "spec": {"size": 2, "color": "red"}})),
+    )
     .await
     .unwrap();
     assert_eq!(s.resource_version(), rv, "an unchanged apply is a no-op");
     // Dropping a field from the configuration removes it.
-    let p = api.patch("a", &pp, &Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
-        "metadata": {"name": "a"}, "spec": {"size": 2}})))
-    .await
-    .unwrap();
+    let p = api
+        .patch(
+            "a",
+            &pp,
+            &Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
+        "metadata": {"name": "a"}, "spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(p.spec.color, None);
 }
 
@@ -112,16 +172,20 @@ async fn server_side_apply_creates_updates_and_tracks_the_manager() {
 async fn server_side_apply_conflicts_with_another_manager_unless_forced() {
     let s = server().await;
     let api = toys(&s);
-    let config = |size: i32| Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
-        "metadata": {"name": "a"}, "spec": {"size": size}}));
+    let config = |size: i32| {
+        Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
+        "metadata": {"name": "a"}, "spec": {"size": size}}))
+    };
     api.patch("a", &PatchParams::apply("first"), &config(1)).await.unwrap();
     let (code, reason, message) = api_error(api.patch("a", &PatchParams::apply("second"), &config(2)).await);
     assert_eq!((code, reason.as_str()), (409, "Conflict"));
     assert!(message.contains("conflict with \"first\": .spec.size"), "{message}");
-    let forced = api.patch("a", &PatchParams::apply("second").force(), &config(2)).await.unwrap();
+    let forced = api
+        .patch("a", &PatchParams::apply("second").force(), &config(2))
+        .await
+        .unwrap();
     assert_eq!(forced.spec.size, 2);
-    let mut no_manager = PatchParams::default();
-    no_manager.field_manager = None;
+    let no_manager = PatchParams { field_manager: None, ..Default::default() };
     let (code, _, message) = api_error(api.patch("a", &no_manager, &config(3)).await);
     assert_eq!(code, 422);
     assert!(message.contains("fieldManager: Required value"), "{message}");
@@ -132,28 +196,48 @@ async fn the_status_subresource_separates_spec_and_status_writes() {
     let s = server().await;
     let api = toys(&s);
     let mut t = toy("a", 1);
-    t.status = Some(ToyStatus { ready: true, observed_generation: None });
+    t.status = Some(ToyStatus {
+        ready: true,
+        observed_generation: None,
+    });
     let created = api.create(&PostParams::default(), &t).await.unwrap();
     assert_eq!(created.status, None, "status is dropped on create");
     // A main-resource write ignores .status.
-    let p = api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"status": {"ready": true}}))).await.unwrap();
-    assert_eq!(p.status, None);
-    assert_eq!(p.resource_version(), created.resource_version(), "ignoring .status left nothing to write");
-    // A /status write touches only .status and does not move the generation.
     let p = api
-        .patch_status("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 9}, "status": {"ready": true}})))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"ready": true}})),
+        )
         .await
         .unwrap();
-    assert_eq!(p.status.as_ref().unwrap().ready, true);
+    assert_eq!(p.status, None);
+    assert_eq!(
+        p.resource_version(),
+        created.resource_version(),
+        "ignoring .status left nothing to write"
+    );
+    // A /status write touches only .status and does not move the generation.
+    let p = api
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 9}, "status": {"ready": true}})),
+        )
+        .await
+        .unwrap();
+    assert!(p.status.as_ref().unwrap().ready);
     assert_eq!(p.spec.size, 1);
     assert_eq!(p.metadata.generation, Some(1));
     // Status by PUT, with optimistic concurrency.
     let mut current = api.get_status("a").await.unwrap();
-    current.status = Some(ToyStatus { ready: false, observed_generation: Some(1) });
+    current.status = Some(ToyStatus {
+        ready: false,
+        observed_generation: Some(1),
+    });
     let replaced = api.replace_status("a", &PostParams::default(), &current).await.unwrap();
     assert_eq!(replaced.status.unwrap().observed_generation, Some(1));
-    let (code, _, _) =
-        api_error(api.replace_status("a", &PostParams::default(), &current).await);
+    let (code, _, _) = api_error(api.replace_status("a", &PostParams::default(), &current).await);
     assert_eq!(code, 409);
 }
 
@@ -162,13 +246,38 @@ async fn generation_moves_on_spec_changes_only() {
     let s = server().await;
     let api = toys(&s);
     create_toy(&api, "a", 1).await;
-    let labelled = api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
+    let labelled = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(labelled.metadata.generation, Some(1), "metadata is not spec");
-    let spec = api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 2}}))).await.unwrap();
+    let spec = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(spec.metadata.generation, Some(2));
-    let same = api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 2}}))).await.unwrap();
+    let same = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 2}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(same.metadata.generation, Some(2));
-    assert_eq!(same.resource_version(), spec.resource_version(), "a no-op patch writes nothing");
+    assert_eq!(
+        same.resource_version(),
+        spec.resource_version(),
+        "a no-op patch writes nothing"
+    );
 }
 
 #[tokio::test]
@@ -189,17 +298,33 @@ async fn finalizers_hold_a_deleted_object_until_the_last_one_goes() {
     let add = json!({"metadata": {"finalizers": ["example.com/one", "example.com/two", "example.com/three"]}});
     let (code, reason, message) = api_error(api.patch("a", &PatchParams::default(), &Patch::Merge(add)).await);
     assert_eq!((code, reason.as_str()), (422, "Invalid"));
-    assert!(message.contains("no new finalizers can be added if the object is being deleted"), "{message}");
+    assert!(
+        message.contains("no new finalizers can be added if the object is being deleted"),
+        "{message}"
+    );
     // Spec updates still work while it is held.
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 3}}))).await.unwrap();
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/two"]}})))
-        .await
-        .unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 3}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/two"]}})),
+    )
+    .await
+    .unwrap();
     assert!(api.get_opt("a").await.unwrap().is_some());
     let mut last = api.get("a").await.unwrap();
     last.metadata.finalizers = None;
     api.replace("a", &PostParams::default(), &last).await.unwrap();
-    assert!(api.get_opt("a").await.unwrap().is_none(), "removing the last finalizer deletes it");
+    assert!(
+        api.get_opt("a").await.unwrap().is_none(),
+        "removing the last finalizer deletes it"
+    );
 }
 
 #[tokio::test]
@@ -232,5 +357,8 @@ async fn kube_runtime_finalizer_helper_runs_its_cleanup() {
     api.delete("a", &DeleteParams::default()).await.unwrap();
     run(api.clone(), seen.clone()).await.unwrap();
     assert_eq!(*seen.lock().unwrap(), vec!["applied", "cleaned"]);
-    assert!(api.get_opt("a").await.unwrap().is_none(), "the helper removed its finalizer and the object went");
+    assert!(
+        api.get_opt("a").await.unwrap().is_none(),
+        "the helper removed its finalizer and the object went"
+    );
 }

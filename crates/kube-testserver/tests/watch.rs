@@ -8,9 +8,9 @@ use std::time::Duration;
 use common::*;
 use egress_kube_testserver::TestServer;
 use futures::{StreamExt, TryStreamExt};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::ResourceExt;
 use serde_json::json;
 
 /// The next event of a raw watch stream, within the liveness bound.
@@ -18,7 +18,10 @@ async fn next<S>(stream: &mut S) -> WatchEvent<Toy>
 where
     S: futures::Stream<Item = kube::Result<WatchEvent<Toy>>> + Unpin,
 {
-    within("the next watch event", stream.next()).await.expect("the stream is open").expect("a decodable event")
+    within("the next watch event", stream.next())
+        .await
+        .expect("the stream is open")
+        .expect("a decodable event")
 }
 
 fn describe(e: &WatchEvent<Toy>) -> String {
@@ -35,9 +38,21 @@ fn describe(e: &WatchEvent<Toy>) -> String {
 async fn a_watch_from_a_resource_version_replays_the_changes_in_order() {
     let s = server().await;
     let api = toys(&s);
-    let start = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    let start = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     create_toy(&api, "a", 1).await;
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 2}}))).await.unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 2}})),
+    )
+    .await
+    .unwrap();
     create_toy(&api, "b", 1).await;
     api.delete("a", &DeleteParams::default()).await.unwrap();
     let mut stream = api.watch(&WatchParams::default(), &start).await.unwrap().boxed();
@@ -47,7 +62,13 @@ async fn a_watch_from_a_resource_version_replays_the_changes_in_order() {
     }
     assert_eq!(seen, vec!["ADDED a", "MODIFIED a size=2", "ADDED b", "DELETED a"]);
     // Then live changes follow.
-    api.patch("b", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 5}}))).await.unwrap();
+    api.patch(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 5}})),
+    )
+    .await
+    .unwrap();
     assert_eq!(describe(&next(&mut stream).await), "MODIFIED b size=5");
 }
 
@@ -87,8 +108,18 @@ async fn bookmarks_come_when_allowed_and_carry_the_resource_version() {
 async fn timeout_seconds_ends_the_stream() {
     let s = server().await;
     let api = toys(&s);
-    let rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = api.watch(&WatchParams::default().timeout(1), &rv).await.unwrap().boxed();
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .unwrap()
+        .boxed();
     let ended = within("the watch to end at its timeout", async {
         while let Some(e) = stream.next().await {
             e.unwrap();
@@ -118,7 +149,13 @@ async fn a_watch_from_a_compacted_resource_version_gets_410() {
 
 #[tokio::test]
 async fn a_short_history_expires_old_resource_versions() {
-    let s = TestServer::builder().custom_resource::<Toy>().namespace(NS).history_limit(3).start().await.unwrap();
+    let s = TestServer::builder()
+        .custom_resource::<Toy>()
+        .namespace(NS)
+        .history_limit(3)
+        .start()
+        .await
+        .unwrap();
     let api = toys(&s);
     let first = create_toy(&api, "a", 1).await.resource_version().unwrap();
     for i in 0..5 {
@@ -132,8 +169,18 @@ async fn a_short_history_expires_old_resource_versions() {
 async fn a_label_filtered_watch_sees_objects_enter_and_leave_the_selection() {
     let s = server().await;
     let api = toys(&s);
-    let rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = api.watch(&WatchParams::default().labels("pick=yes"), &rv).await.unwrap().boxed();
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default().labels("pick=yes"), &rv)
+        .await
+        .unwrap()
+        .boxed();
     create_toy(&api, "a", 1).await;
     let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"pick": v}}}));
     api.patch("a", &PatchParams::default(), &label("yes")).await.unwrap();
@@ -147,7 +194,9 @@ async fn kube_runtime_watcher_sees_the_initial_list_and_later_changes() {
     let s = server().await;
     let api = toys(&s);
     create_toy(&api, "before", 1).await;
-    let mut objects = watcher(api.clone(), watcher::Config::default()).applied_objects().boxed();
+    let mut objects = watcher(api.clone(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
     let first = within("the first object", objects.try_next()).await.unwrap().unwrap();
     assert_eq!(first.name_any(), "before");
     create_toy(&api, "after", 3).await;
@@ -178,7 +227,9 @@ async fn kube_runtime_watcher_recovers_from_410_by_relisting() {
     let s = server().await;
     let api = toys(&s);
     create_toy(&api, "a", 1).await;
-    let mut events = watcher(api.clone(), watcher::Config::default()).default_backoff().boxed();
+    let mut events = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .boxed();
     let mut init_done = 0;
     while init_done == 0 {
         if let watcher::Event::InitDone = within("the first list", events.try_next()).await.unwrap().unwrap() {
@@ -215,7 +266,9 @@ async fn a_reflector_store_mirrors_the_server() {
     let task = tokio::spawn(
         kube::runtime::reflector(writer, watcher(api.clone(), watcher::Config::default())).for_each(|_| async {}),
     );
-    within("the reflector's first list", reader.wait_until_ready()).await.unwrap();
+    within("the reflector's first list", reader.wait_until_ready())
+        .await
+        .unwrap();
     assert_eq!(reader.state().len(), 5);
     task.abort();
 }
@@ -223,7 +276,8 @@ async fn a_reflector_store_mirrors_the_server() {
 /// A toy reconciler: copies the spec's generation into `.status.observedGeneration` and marks it ready.
 async fn reconcile(toy: Arc<Toy>, api: Arc<Api<Toy>>) -> Result<kube::runtime::controller::Action, kube::Error> {
     let status = json!({"status": {"ready": true, "observedGeneration": toy.metadata.generation}});
-    api.patch_status(&toy.name_any(), &PatchParams::default(), &Patch::Merge(status)).await?;
+    api.patch_status(&toy.name_any(), &PatchParams::default(), &Patch::Merge(status))
+        .await?;
     Ok(kube::runtime::controller::Action::await_change())
 }
 
@@ -239,19 +293,38 @@ async fn a_controller_reconciles_a_custom_resource_end_to_end() {
         .run(reconcile, on_error, Arc::new(api.clone()))
         .for_each(|_| async {});
     let task = tokio::spawn(controller);
-    let observer = watcher(api.clone(), watcher::Config::default()).applied_objects().boxed();
+    let observer = watcher(api.clone(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
     create_toy(&api, "a", 1).await;
     let wait_for_generation = |mut stream: futures::stream::BoxStream<'static, Result<Toy, watcher::Error>>, g: i64| async move {
         loop {
             let t = stream.try_next().await.unwrap().unwrap();
-            if t.status.as_ref().is_some_and(|st| st.ready && st.observed_generation == Some(g)) {
+            if t.status
+                .as_ref()
+                .is_some_and(|st| st.ready && st.observed_generation == Some(g))
+            {
                 return stream;
             }
         }
     };
-    let observer = within("the controller to reconcile generation 1", wait_for_generation(observer, 1)).await;
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 4}}))).await.unwrap();
-    let _ = within("the controller to reconcile generation 2", wait_for_generation(observer, 2)).await;
+    let observer = within(
+        "the controller to reconcile generation 1",
+        wait_for_generation(observer, 1),
+    )
+    .await;
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"size": 4}})),
+    )
+    .await
+    .unwrap();
+    let _ = within(
+        "the controller to reconcile generation 2",
+        wait_for_generation(observer, 2),
+    )
+    .await;
     // Steady state: the controller's status write changed nothing more, so it writes nothing more.
     let writes = s.requests().writes("toys/status");
     assert!(writes >= 2, "{writes}");
@@ -262,10 +335,19 @@ async fn a_controller_reconciles_a_custom_resource_end_to_end() {
 async fn a_watch_on_all_namespaces_sees_every_namespace() {
     let s = server().await;
     let all: Api<Toy> = Api::all(client(&s));
-    let rv = all.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    let rv = all
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     let mut stream = all.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
     create_toy(&toys(&s), "a", 1).await;
-    Api::<Toy>::namespaced(client(&s), "default").create(&PostParams::default(), &toy("b", 1)).await.unwrap();
+    Api::<Toy>::namespaced(client(&s), "default")
+        .create(&PostParams::default(), &toy("b", 1))
+        .await
+        .unwrap();
     assert_eq!(describe(&next(&mut stream).await), "ADDED a");
     assert_eq!(describe(&next(&mut stream).await), "ADDED b");
 }

@@ -11,7 +11,14 @@ use serde::{Deserialize, Serialize};
 
 /// A namespaced kind with a status subresource and schema bounds.
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
-#[kube(group = "toys.example.com", version = "v1", kind = "Toy", namespaced, status = "ToyStatus", shortname = "ty")]
+#[kube(
+    group = "toys.example.com",
+    version = "v1",
+    kind = "Toy",
+    namespaced,
+    status = "ToyStatus",
+    shortname = "ty"
+)]
 #[kube(printcolumn = r#"{"name":"Size", "type":"integer", "jsonPath":".spec.size"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct ToySpec {
@@ -61,7 +68,9 @@ pub fn toy(name: &str, size: i32) -> Toy {
 }
 
 pub async fn create_toy(api: &Api<Toy>, name: &str, size: i32) -> Toy {
-    api.create(&PostParams::default(), &toy(name, size)).await.expect("create")
+    api.create(&PostParams::default(), &toy(name, size))
+        .await
+        .expect("create")
 }
 
 /// The code and reason of a failed call.
@@ -76,7 +85,9 @@ pub fn api_error<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> (u16, String,
 pub const LIVENESS: Duration = Duration::from_secs(20);
 
 pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(LIVENESS, f).await.unwrap_or_else(|_| panic!("{what}: no answer within {LIVENESS:?}"))
+    tokio::time::timeout(LIVENESS, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer within {LIVENESS:?}"))
 }
 
 pub fn toy_crd_name() -> String {
