@@ -587,8 +587,22 @@ async fn object_request(
                         .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?,
                 )
             };
+            let policy = body
+                .as_ref()
+                .and_then(|b| b.get("propagationPolicy"))
+                .and_then(Value::as_str)
+                .or(query.get("propagationPolicy"));
             let opts = DeleteOptions {
                 dry_run: dry_run(query, body.as_ref())?,
+                orphan: match policy {
+                    None | Some("" | "Background" | "Foreground") => false,
+                    Some("Orphan") => true,
+                    Some(other) => {
+                        return Err(ApiError::bad_request(format!(
+                            "propagationPolicy: Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
+                        )));
+                    }
+                },
                 precondition_uid: body
                     .as_ref()
                     .and_then(|b| b.pointer("/preconditions/uid"))
@@ -692,7 +706,7 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
         ));
     }
     let timeout = match query.get("timeoutSeconds") {
-        None | Some("") => DEFAULT_WATCH_SECONDS,
+        None | Some("" | "0") => DEFAULT_WATCH_SECONDS,
         Some(s) => s
             .parse::<u64>()
             .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {s}")))?,

@@ -78,6 +78,8 @@ pub(crate) struct ListOptions {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DeleteOptions {
     pub(crate) dry_run: bool,
+    /// `propagationPolicy: Orphan`: dependents keep living, without this owner.
+    pub(crate) orphan: bool,
     pub(crate) precondition_uid: Option<String>,
     pub(crate) precondition_rv: Option<String>,
 }
@@ -912,6 +914,9 @@ impl State {
             return Ok(Self::shown(&t.rt, &current));
         }
         let gone = self.commit(&t.rt, ChangeKind::Deleted, current);
+        if opts.orphan {
+            self.orphan_dependents(meta_str(&gone, "uid").unwrap_or_default());
+        }
         self.after_delete(&t.rt, &gone);
         if t.rt.returns_deleted_object {
             return Ok(Self::shown(&t.rt, &gone));
@@ -973,6 +978,75 @@ impl State {
         {
             let ns = ns.to_string();
             self.finish_namespace(&ns);
+        }
+        self.collect_dependents();
+    }
+
+    fn type_of(&self, key: &StoreKey) -> Option<ResourceType> {
+        self.types.all().find(|t| t.key() == *key).cloned()
+    }
+
+    /// The garbage collector's background pass: an object whose every owner is gone is deleted
+    /// (finalizers still hold it). Runs after each final removal, so chains of owners unwind.
+    fn collect_dependents(&mut self) {
+        let uids: std::collections::HashSet<String> = self
+            .objects
+            .values()
+            .flat_map(|b| b.values())
+            .filter_map(|o| meta_str(o, "uid").map(str::to_string))
+            .collect();
+        let mut orphans = Vec::new();
+        for (key, bucket) in &self.objects {
+            for ((ns, name), o) in bucket {
+                let owners = meta(o).get("ownerReferences").and_then(Value::as_array);
+                let Some(owners) = owners.filter(|a| !a.is_empty()) else {
+                    continue;
+                };
+                let all_gone = owners.iter().all(|r| {
+                    r.get("uid")
+                        .and_then(Value::as_str)
+                        .is_none_or(|uid| !uids.contains(uid))
+                });
+                if all_gone && !meta(o).contains_key("deletionTimestamp") {
+                    orphans.push((key.clone(), ns.clone(), name.clone()));
+                }
+            }
+        }
+        for (key, ns, name) in orphans {
+            let Some(rt) = self.type_of(&key) else { continue };
+            let namespace = rt.namespaced.then_some(ns);
+            let t = Target {
+                rt,
+                namespace,
+                name: Some(name),
+                subresource: None,
+            };
+            if self.lookup(&t).is_some() {
+                let _ = self.delete(&t, &DeleteOptions::default());
+            }
+        }
+    }
+
+    /// `Orphan` propagation: dependents lose their reference to the deleted owner.
+    fn orphan_dependents(&mut self, owner_uid: &str) {
+        let mut freed = Vec::new();
+        for (key, bucket) in &self.objects {
+            for o in bucket.values() {
+                let refs = meta(o).get("ownerReferences").and_then(Value::as_array);
+                if refs.is_some_and(|r| {
+                    r.iter()
+                        .any(|x| x.get("uid").and_then(Value::as_str) == Some(owner_uid))
+                }) {
+                    freed.push((key.clone(), o.clone()));
+                }
+            }
+        }
+        for (key, mut o) in freed {
+            let Some(rt) = self.type_of(&key) else { continue };
+            if let Some(Value::Array(refs)) = meta_mut(&mut o).get_mut("ownerReferences") {
+                refs.retain(|x| x.get("uid").and_then(Value::as_str) != Some(owner_uid));
+            }
+            self.commit(&rt, ChangeKind::Modified, o);
         }
     }
 

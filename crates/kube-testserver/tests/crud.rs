@@ -495,3 +495,43 @@ async fn a_crd_created_through_the_api_starts_serving_and_deleting_it_stops() {
     assert_eq!(code, 404);
     assert_eq!(message, "the server could not find the requested resource");
 }
+
+#[tokio::test]
+async fn deleting_an_owner_collects_its_dependents_unless_orphaned() {
+    let s = server().await;
+    let api = toys(&s);
+    let owner = create_toy(&api, "owner", 1).await;
+    let reference = json_owner(&owner);
+    let pods: Api<Pod> = Api::namespaced(client(&s), NS);
+    for name in ["dep1", "dep2"] {
+        let pod: Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": name, "ownerReferences": [reference]},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
+        )
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    api.delete("owner", &DeleteParams::background()).await.unwrap();
+    assert!(
+        pods.list(&ListParams::default()).await.unwrap().items.is_empty(),
+        "dependents go with their owner"
+    );
+
+    let owner = create_toy(&api, "owner2", 1).await;
+    let pod: Pod = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "kept", "ownerReferences": [json_owner(&owner)]},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
+    )
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    api.delete("owner2", &DeleteParams::orphan()).await.unwrap();
+    let kept = pods.get("kept").await.unwrap();
+    assert!(
+        kept.metadata.owner_references.unwrap_or_default().is_empty(),
+        "an orphan loses the reference"
+    );
+}
+
+fn json_owner(owner: &Toy) -> serde_json::Value {
+    serde_json::json!({"apiVersion": "toys.example.com/v1", "kind": "Toy", "name": owner.name_any(), "uid": owner.uid()})
+}

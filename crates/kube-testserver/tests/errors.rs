@@ -187,6 +187,27 @@ async fn hostile_bodies_and_methods_are_refused_cleanly() {
 }
 
 #[tokio::test]
+async fn an_apply_body_that_expands_without_bound_is_refused() {
+    let s = server().await;
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 0..12 {
+        let prev = if i == 0 { "a".to_string() } else { format!("l{}", i - 1) };
+        bomb.push_str(&format!(
+            "l{i}: &l{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+        ));
+    }
+    let (code, body) = raw(
+        &s,
+        "PATCH",
+        &format!("{TOYS}/a?fieldManager=m"),
+        Some("application/apply-patch+yaml"),
+        bomb.as_bytes(),
+    )
+    .await;
+    assert_eq!((code, reason(&body)), (400, "BadRequest"), "{body}");
+}
+
+#[tokio::test]
 async fn a_protobuf_only_client_is_not_acceptable() {
     let s = server().await;
     let req = http::Request::builder()

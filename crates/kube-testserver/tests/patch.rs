@@ -185,7 +185,10 @@ async fn server_side_apply_conflicts_with_another_manager_unless_forced() {
         .await
         .unwrap();
     assert_eq!(forced.spec.size, 2);
-    let no_manager = PatchParams { field_manager: None, ..Default::default() };
+    let no_manager = PatchParams {
+        field_manager: None,
+        ..Default::default()
+    };
     let (code, _, message) = api_error(api.patch("a", &no_manager, &config(3)).await);
     assert_eq!(code, 422);
     assert!(message.contains("fieldManager: Required value"), "{message}");
