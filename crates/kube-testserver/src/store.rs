@@ -979,48 +979,53 @@ impl State {
             let ns = ns.to_string();
             self.finish_namespace(&ns);
         }
-        self.collect_dependents();
+        if let Some(uid) = meta_str(gone, "uid") {
+            let uid = uid.to_string();
+            self.collect_dependents(&uid);
+        }
     }
 
     fn type_of(&self, key: &StoreKey) -> Option<ResourceType> {
         self.types.all().find(|t| t.key() == *key).cloned()
     }
 
-    /// The garbage collector's background pass: an object whose every owner is gone is deleted
-    /// (finalizers still hold it). Runs after each final removal, so chains of owners unwind.
-    fn collect_dependents(&mut self) {
-        let uids: std::collections::HashSet<String> = self
+    /// The garbage collector's background pass for one removed owner: each object that named it
+    /// and has no other owner left is deleted (finalizers still hold it). Deleting those runs
+    /// this again, so chains of owners unwind.
+    fn collect_dependents(&mut self, owner_uid: &str) {
+        let refers_to = |o: &Value, uid: &str| {
+            meta(o)
+                .get("ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|refs| refs.iter().any(|r| r.get("uid").and_then(Value::as_str) == Some(uid)))
+        };
+        let candidates: Vec<(StoreKey, String, String, Value)> = self
+            .objects
+            .iter()
+            .flat_map(|(key, bucket)| bucket.iter().map(move |((ns, name), o)| (key, ns, name, o)))
+            .filter(|(_, _, _, o)| refers_to(o, owner_uid) && !meta(o).contains_key("deletionTimestamp"))
+            .map(|(key, ns, name, o)| (key.clone(), ns.clone(), name.clone(), o.clone()))
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let live: std::collections::HashSet<String> = self
             .objects
             .values()
             .flat_map(|b| b.values())
             .filter_map(|o| meta_str(o, "uid").map(str::to_string))
             .collect();
-        let mut orphans = Vec::new();
-        for (key, bucket) in &self.objects {
-            for ((ns, name), o) in bucket {
-                let owners = meta(o).get("ownerReferences").and_then(Value::as_array);
-                let Some(owners) = owners.filter(|a| !a.is_empty()) else {
-                    continue;
-                };
-                let all_gone = owners.iter().all(|r| {
-                    r.get("uid")
-                        .and_then(Value::as_str)
-                        .is_none_or(|uid| !uids.contains(uid))
-                });
-                if all_gone && !meta(o).contains_key("deletionTimestamp") {
-                    orphans.push((key.clone(), ns.clone(), name.clone()));
-                }
-            }
-        }
-        for (key, ns, name) in orphans {
+        for (key, ns, name, o) in candidates {
+            let owners = meta(&o).get("ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
+            let all_gone = owners
+                .iter()
+                .all(|r| r.get("uid").and_then(Value::as_str).is_none_or(|uid| !live.contains(uid)));
             let Some(rt) = self.type_of(&key) else { continue };
+            if !all_gone {
+                continue;
+            }
             let namespace = rt.namespaced.then_some(ns);
-            let t = Target {
-                rt,
-                namespace,
-                name: Some(name),
-                subresource: None,
-            };
+            let t = Target { rt, namespace, name: Some(name), subresource: None };
             if self.lookup(&t).is_some() {
                 let _ = self.delete(&t, &DeleteOptions::default());
             }
