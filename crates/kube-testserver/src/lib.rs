@@ -18,6 +18,7 @@
 
 mod discovery;
 mod faults;
+mod fields;
 mod patch;
 mod resources;
 mod schema;

@@ -64,6 +64,11 @@ impl ResourceType {
             plural: self.plural.clone(),
         }
     }
+    /// A PUT without a resourceVersion is allowed for built-in kinds; custom resources and CRDs
+    /// require one (their strategies refuse unconditional updates).
+    pub(crate) fn allows_unconditional_update(&self) -> bool {
+        !self.custom && self.group != "apiextensions.k8s.io"
+    }
 
     /// `proxies.crawl.example.com` or `pods`.
     pub(crate) fn qualified(&self) -> String {
@@ -119,6 +124,29 @@ pub(crate) fn builtins() -> Vec<ResourceType> {
     crds.status_subresource = true;
     crds.short_names = vec!["crd".into(), "crds".into()];
     vec![pods, secrets, namespaces, core_events, events, leases, crds]
+}
+
+/// How Kubernetes ranks versions: GA above beta above alpha, then higher numbers first;
+/// names that do not look like versions rank last.
+fn version_priority(version: &str) -> (u8, u64, u64) {
+    let Some(rest) = version.strip_prefix('v') else {
+        return (0, 0, 0);
+    };
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let Ok(major) = digits.parse::<u64>() else {
+        return (0, 0, 0);
+    };
+    let tail = &rest[digits.len()..];
+    let (tier, minor) = if tail.is_empty() {
+        (3, 0)
+    } else if let Some(n) = tail.strip_prefix("beta") {
+        (2, n.parse().unwrap_or(0))
+    } else if let Some(n) = tail.strip_prefix("alpha") {
+        (1, n.parse().unwrap_or(0))
+    } else {
+        return (0, 0, 0);
+    };
+    (tier, major, minor)
 }
 
 /// A CRD the server cannot serve, with the reason.
@@ -266,8 +294,8 @@ impl Types {
     pub(crate) fn all(&self) -> impl Iterator<Item = &ResourceType> {
         self.by_path.values()
     }
-
-    /// Versions served per group, in registration-independent order (groups sorted, core first).
+    /// Versions served per group (groups sorted, core first), each group's versions in
+    /// Kubernetes priority order, so the first is the preferred one.
     pub(crate) fn groups(&self) -> BTreeMap<String, Vec<String>> {
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (g, v, _) in self.by_path.keys() {
@@ -276,6 +304,24 @@ impl Types {
                 versions.push(v.clone());
             }
         }
+        for versions in groups.values_mut() {
+            versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)).then_with(|| a.cmp(b)));
+        }
         groups
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_rank_as_kubernetes_ranks_them() {
+        let mut v = vec!["v1alpha1", "v1", "v2beta1", "v1beta2", "v2", "foo", "v1beta1", "v10"];
+        v.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)).then_with(|| a.cmp(b)));
+        assert_eq!(
+            v,
+            vec!["v10", "v2", "v1", "v2beta1", "v1beta2", "v1beta1", "v1alpha1", "foo"]
+        );
     }
 }

@@ -38,6 +38,28 @@ impl Schema {
         prune(&self.openapi, object, true);
         *object = kube_cel::apply_defaults(&self.openapi, object);
     }
+    /// The `x-kubernetes-list-type` of the list at a FieldsV1 path, if the schema declares one.
+    pub(crate) fn list_type(&self, path: &[String]) -> Option<crate::fields::ListType> {
+        let mut node = &self.openapi;
+        for element in path {
+            node = match element.strip_prefix("f:") {
+                Some(name) => node
+                    .pointer(&format!("/properties/{}", name.replace('~', "~0").replace('/', "~1")))
+                    .or_else(|| value_schema(node))?,
+                None => node.get("items")?,
+            };
+        }
+        match node.get("x-kubernetes-list-type").and_then(Value::as_str)? {
+            "set" => Some(crate::fields::ListType::Set),
+            "map" => {
+                let keys = node.get("x-kubernetes-list-map-keys").and_then(Value::as_array)?;
+                Some(crate::fields::ListType::Map(
+                    keys.iter().filter_map(|k| k.as_str().map(str::to_string)).collect(),
+                ))
+            }
+            _ => Some(crate::fields::ListType::Atomic),
+        }
+    }
 
     /// The fields pruning would drop, as dotted paths (for `fieldValidation=Strict`).
     pub(crate) fn unknown_fields(&self, object: &Value) -> Vec<String> {

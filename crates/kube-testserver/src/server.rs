@@ -28,6 +28,8 @@ use crate::store::{Change, ChangeKind, DeleteOptions, ListOptions, PatchKind, St
 
 /// The largest request body accepted, as the real server's limit.
 const MAX_BODY: usize = 3 * 1024 * 1024;
+/// The shortest bookmark period (a zero period would make no sense and cannot be timed).
+const MIN_BOOKMARK_INTERVAL: Duration = Duration::from_millis(10);
 /// How long a watch lasts when the client does not say.
 const DEFAULT_WATCH_SECONDS: u64 = 1800;
 
@@ -48,8 +50,9 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding the lock would be a bug in this crate; the state is still whole
-        // because every change is committed in one step, so keep serving.
+        // A panic while holding the lock would be a bug in this crate. Serving on is more useful
+        // to a test than hanging, though a panic in the middle of a cascade (namespace, CRD or
+        // garbage-collection deletes) may have committed only part of it.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -119,7 +122,7 @@ fn reason_for(code: u16) -> &'static str {
         405 => "MethodNotAllowed",
         406 => "NotAcceptable",
         409 => "Conflict",
-        410 => "Expired",
+        410 => "Gone",
         413 => "RequestEntityTooLarge",
         415 => "UnsupportedMediaType",
         422 => "Invalid",
@@ -293,34 +296,46 @@ fn media_type(headers: &HeaderMap) -> String {
         .unwrap_or_default()
 }
 
-/// What the client accepts: JSON, and whether it asked for the `Table` form.
-fn negotiate(headers: &HeaderMap) -> Result<bool, ApiError> {
+/// The shape a read is answered in, from the `Accept` header's `as=` parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Full,
+    /// `meta.k8s.io/v1 Table`, for `kubectl get`.
+    Table,
+    /// `PartialObjectMetadata(List)`, for metadata-only clients and watchers.
+    Metadata,
+}
+
+/// The first form the client accepts, in the order it lists them; JSON only.
+fn negotiate(headers: &HeaderMap) -> Result<Form, ApiError> {
     let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
-        return Ok(false);
+        return Ok(Form::Full);
     };
-    let mut json_ok = false;
-    let mut table = false;
     for option in accept.split(',') {
         let mut parts = option.split(';').map(str::trim);
         let media = parts.next().unwrap_or_default().to_ascii_lowercase();
-        let params: Vec<&str> = parts.collect();
-        if matches!(media.as_str(), "application/json" | "*/*" | "application/*" | "") {
-            if params.iter().any(|p| p.eq_ignore_ascii_case("as=Table")) {
-                table = true;
-            } else if !params.iter().any(|p| p.starts_with("as=")) {
-                json_ok = true;
-            }
+        if !matches!(media.as_str(), "application/json" | "*/*" | "application/*" | "") {
+            continue;
+        }
+        let as_param = parts.find_map(|p| p.strip_prefix("as="));
+        match as_param {
+            None => return Ok(Form::Full),
+            Some("Table") => return Ok(Form::Table),
+            Some("PartialObjectMetadata" | "PartialObjectMetadataList") => return Ok(Form::Metadata),
+            Some(_) => {}
         }
     }
-    if table || json_ok {
-        Ok(table)
-    } else {
-        Err(ApiError::new(
-            406,
-            "NotAcceptable",
-            "only the following media types are accepted: application/json",
-        ))
-    }
+    Err(ApiError::new(
+        406,
+        "NotAcceptable",
+        "only the following media types are accepted: application/json",
+    ))
+}
+
+/// One object as `PartialObjectMetadata`.
+fn metadata_only(object: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+        "metadata": object.get("metadata").cloned().unwrap_or(json!({}))})
 }
 
 fn parse_yaml_or_json(bytes: &[u8]) -> Result<Value, String> {
@@ -500,11 +515,10 @@ async fn object_request(
             }
         }
         None => {}
-    }
-    let as_table = if matches!(verb, Verb::Get | Verb::List) {
-        negotiate(headers)?
-    } else {
-        negotiate(headers).map(|_| false)?
+    } // Writes answer with the whole object whatever the client prefers.
+    let form = match verb {
+        Verb::Get | Verb::List | Verb::Watch => negotiate(headers)?,
+        _ => negotiate(headers).map(|_| Form::Full)?,
     };
     let (parts, bytes) = read_body(req).await?;
     let media = media_type(&parts.headers);
@@ -518,7 +532,9 @@ async fn object_request(
     let (code, value) = match verb {
         Verb::Get => {
             let o = shared.state().get(&t)?;
-            if as_table {
+            if form == Form::Metadata {
+                (200, metadata_only(&o))
+            } else if form == Form::Table {
                 let rv = o
                     .pointer("/metadata/resourceVersion")
                     .and_then(Value::as_str)
@@ -532,7 +548,19 @@ async fn object_request(
         Verb::List => {
             let opts = list_options(query)?;
             let list = shared.state().list(&t, &opts)?;
-            if as_table {
+            if form == Form::Metadata {
+                let items: Vec<Value> = list["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(metadata_only)
+                    .collect();
+                (
+                    200,
+                    json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                    "metadata": list["metadata"], "items": items}),
+                )
+            } else if form == Form::Table {
                 let items = list["items"].as_array().cloned().unwrap_or_default();
                 let rv = list
                     .pointer("/metadata/resourceVersion")
@@ -548,7 +576,7 @@ async fn object_request(
                 (200, list)
             }
         }
-        Verb::Watch => return watch(shared, t, query),
+        Verb::Watch => return watch(shared, t, query, form == Form::Metadata),
         Verb::Create => {
             let body = decode_object(&bytes, &media, &t.rt.kind)?;
             let opts = writer(false, None)?;
@@ -654,18 +682,26 @@ fn strict_fields(query: &Query, t: &Target, body: &Value) -> Result<(), ApiError
     }
 }
 
-/// What one change looks like to a watch with these selectors, if it sees it at all.
-fn seen_as(change: &Change, opts: &ListOptions) -> Option<&'static str> {
+/// What one change looks like to a watch with these selectors, if it sees it at all: the event
+/// type and the object to send. An object that leaves the selection is sent as DELETED in its
+/// last selected state, stamped with the change's resourceVersion, as the watch cache does.
+fn seen_as(change: &Change, opts: &ListOptions) -> Option<(&'static str, Value)> {
     let selected = |o: &Value| opts.labels.matches(&labels_of(o)) && opts.fields.matches(o);
     let now = selected(&change.object);
     let before = change.previous.as_ref().is_some_and(selected);
+    let current = || change.object.clone();
+    let last_selected = || {
+        let mut o = change.previous.clone().unwrap_or_else(|| change.object.clone());
+        o["metadata"]["resourceVersion"] = json!(change.rv.to_string());
+        o
+    };
     match change.kind {
-        ChangeKind::Added => now.then_some("ADDED"),
-        ChangeKind::Deleted => (now || before).then_some("DELETED"),
+        ChangeKind::Added => now.then(|| ("ADDED", current())),
+        ChangeKind::Deleted => (now || before).then(|| ("DELETED", current())),
         ChangeKind::Modified => match (before, now) {
-            (true, true) => Some("MODIFIED"),
-            (false, true) => Some("ADDED"),
-            (true, false) => Some("DELETED"),
+            (true, true) => Some(("MODIFIED", current())),
+            (false, true) => Some(("ADDED", current())),
+            (true, false) => Some(("DELETED", last_selected())),
             (false, false) => None,
         },
     }
@@ -688,38 +724,58 @@ fn bookmark(t: &Target, rv: u64, initial_end: bool) -> Bytes {
     )
 }
 
-fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body>, ApiError> {
+/// The watch parameters the real server refuses in combination: `sendInitialEvents` (whatever
+/// its value) needs `resourceVersionMatch=NotOlderThan`, and `resourceVersionMatch` on a watch
+/// needs `sendInitialEvents`.
+fn check_watch_params(query: &Query) -> Result<(), ApiError> {
+    let forbidden = |detail: &str| {
+        let cause = crate::status::FieldCause::forbidden("resourceVersionMatch", detail);
+        ApiError::invalid("ListOptions", "meta.k8s.io", "", vec![cause])
+    };
+    match (query.get("sendInitialEvents"), query.get("resourceVersionMatch")) {
+        (Some(_), Some("NotOlderThan")) | (None, None | Some("")) => Ok(()),
+        (Some(_), _) => Err(forbidden(
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        )),
+        (None, Some(_)) => Err(forbidden(
+            "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+        )),
+    }
+}
+
+fn watch(shared: &Arc<Shared>, t: Target, query: &Query, metadata: bool) -> Result<Response<Body>, ApiError> {
     let mut opts = list_options(query)?;
     opts.limit = None;
     opts.continue_token = None;
+    check_watch_params(query)?;
     let bookmarks = query.flag("allowWatchBookmarks");
-    let send_initial = query.flag("sendInitialEvents");
-    if send_initial && query.get("resourceVersionMatch") != Some("NotOlderThan") {
-        return Err(ApiError::invalid(
-            "ListOptions",
-            "meta.k8s.io",
-            "",
-            vec![crate::status::FieldCause::forbidden(
-                "resourceVersionMatch",
-                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-            )],
-        ));
-    }
+    let send_initial = query.get("sendInitialEvents").map(|v| matches!(v, "true" | "1"));
     let timeout = match query.get("timeoutSeconds") {
         None | Some("" | "0") => DEFAULT_WATCH_SECONDS,
         Some(s) => s
             .parse::<u64>()
             .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {s}")))?,
     };
+    let render = {
+        let t = t.clone();
+        move |object: &Value| {
+            let typed = with_type(&t, object);
+            if metadata { metadata_only(&typed) } else { typed }
+        }
+    };
     let from = query.get("resourceVersion").filter(|s| !s.is_empty() && *s != "0");
+    // Taken before the state lock, so an `end_watches` racing with this start ends it too.
+    let dropped = shared.watches.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let (initial, mut live, start, finished) = {
         let state = shared.state();
+        // Subscribed under the lock that also reads the history or the snapshot: no change can
+        // fall between the replay and the live stream.
         let live = state.subscribe();
         let start = state.resource_version();
         let mut lines = Vec::new();
         let mut finished = false;
-        match from {
-            Some(rv) if !send_initial => {
+        match (from, send_initial) {
+            (Some(rv), None | Some(false)) => {
                 let since = rv
                     .parse::<u64>()
                     .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
@@ -727,7 +783,7 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
                     Ok(changes) => lines.extend(
                         changes
                             .iter()
-                            .filter_map(|c| seen_as(c, &opts).map(|k| event_line(k, &with_type(&t, &c.object)))),
+                            .filter_map(|c| seen_as(c, &opts).map(|(kind, o)| event_line(kind, &render(&o)))),
                     ),
                     Err(gone) => {
                         lines.push(event_line("ERROR", &gone.to_status()));
@@ -735,9 +791,16 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
                     }
                 }
             }
+            // Explicitly no initial events: from now on.
+            (None, Some(false)) => {}
             _ => {
-                lines.extend(state.snapshot(&t, &opts).iter().map(|o| event_line("ADDED", o)));
-                if send_initial && bookmarks {
+                lines.extend(
+                    state
+                        .snapshot(&t, &opts)
+                        .iter()
+                        .map(|o| event_line("ADDED", &render(o))),
+                );
+                if send_initial == Some(true) && bookmarks {
                     lines.push(bookmark(&t, start, true));
                 }
             }
@@ -746,8 +809,7 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
     };
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     let shutdown = shared.shutdown.clone();
-    let dropped = shared.watches.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let interval = shared.bookmark_interval;
+    let interval = shared.bookmark_interval.max(MIN_BOOKMARK_INTERVAL);
     tokio::spawn(async move {
         for line in initial {
             if tx.send(line).await.is_err() {
@@ -777,7 +839,7 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query) -> Result<Response<Body
                     Ok(change) if change.rv > start && watches(&t, &change) => {
                         last_rv = change.rv;
                         match seen_as(&change, &opts) {
-                            Some(kind) => event_line(kind, &with_type(&t, &change.object)),
+                            Some((kind, o)) => event_line(kind, &render(&o)),
                             None => continue,
                         }
                     }

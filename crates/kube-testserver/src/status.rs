@@ -148,9 +148,13 @@ impl ApiError {
     pub(crate) fn gone(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)
     }
-
-    pub(crate) fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(403, "Forbidden", message)
+    pub(crate) fn forbidden(group: &str, plural: &str, name: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: 403,
+            reason: "Forbidden",
+            message: message.into(),
+            details: details(name, group, plural),
+        }
     }
 
     /// The `Status` body sent for this error.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
-use crate::patch::{self, PatchFailure, Writer};
+use crate::fields::{self, ListType, Scope, Writer};
+use crate::patch::{self, PatchFailure};
 use crate::resources::{ResourceType, StoreKey, Types, from_crd};
 use crate::selectors::{FieldSelector, LabelSelector, labels_of};
 use crate::status::{ApiError, FieldCause};
@@ -95,6 +96,10 @@ pub(crate) struct State {
     /// Changes up to and including this resourceVersion are no longer in the history.
     compacted_through: u64,
     changes: broadcast::Sender<Arc<Change>>,
+    /// Owners removed whose dependents the garbage collector has still to look at. A worklist,
+    /// so a long chain of owners does not become a deep recursion.
+    gc_pending: Vec<String>,
+    gc_running: bool,
 }
 
 /// The patch formats, by content type.
@@ -141,7 +146,14 @@ fn is_dns_label(s: &str) -> bool {
 }
 
 fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !p.starts_with('-')
+            && !p.ends_with('-')
+    };
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(part)
 }
 
 fn meta(object: &Value) -> &Map<String, Value> {
@@ -213,6 +225,8 @@ impl State {
             history_limit: history_limit.max(1),
             compacted_through: 0,
             changes,
+            gc_pending: Vec::new(),
+            gc_running: false,
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             state.ensure_namespace(ns);
@@ -391,11 +405,16 @@ impl State {
         let key = self.builtin("", "namespaces").key();
         match self.bucket(&key).and_then(|b| b.get(&(String::new(), ns.clone()))) {
             None => Err(ApiError::not_found("", "namespaces", &ns)),
-            Some(o) if meta(o).contains_key("deletionTimestamp") => Err(ApiError::forbidden(format!(
-                "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                t.rt.qualified(),
-                t.name()
-            ))),
+            Some(o) if meta(o).contains_key("deletionTimestamp") => Err(ApiError::forbidden(
+                &t.rt.group,
+                &t.rt.plural,
+                t.name(),
+                format!(
+                    "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                    t.rt.qualified(),
+                    t.name()
+                ),
+            )),
             Some(_) => Ok(()),
         }
     }
@@ -473,7 +492,9 @@ impl State {
             causes.push(FieldCause::invalid("metadata.name", &json!(name), rule));
         }
         if t.rt.plural == "secrets" && t.rt.group.is_empty() {
-            fold_string_data(object);
+            fold_string_data(object).map_err(|why| {
+                ApiError::bad_request(format!("Secret in version \"v1\" cannot be handled as a Secret: {why}"))
+            })?;
         }
         if let Some(schema) = &t.rt.schema {
             schema.normalise(object);
@@ -509,6 +530,8 @@ impl State {
             if name.is_empty() {
                 match m.get("generateName").and_then(Value::as_str) {
                     Some(prefix) if !prefix.is_empty() => {
+                        // The prefix is cut so that the name stays within 63 characters.
+                        let prefix: String = prefix.chars().take(58).collect();
                         let generated = format!("{prefix}{}", name_suffix());
                         m.insert("name".into(), json!(generated));
                     }
@@ -544,6 +567,9 @@ impl State {
         if t.rt.plural == "namespaces" && t.rt.group.is_empty() {
             body["status"] = json!({"phase": "Active"});
         }
+        if t.rt.group == "apiextensions.k8s.io" {
+            body["status"] = crd_status(&body);
+        }
         let name = meta_str(&body, "name").unwrap_or_default().to_string();
         let t = Target {
             name: Some(name.clone()),
@@ -555,13 +581,9 @@ impl State {
         if self.lookup(&t).is_some() {
             return Err(ApiError::already_exists(&t.rt.group, &t.rt.plural, &name));
         }
-        let who = Writer {
-            manager: &opts.manager,
-            subresource: "",
-            api_version: &t.rt.api_version(),
-            now: &now,
-        };
-        patch::record_update(None, &mut body, &who);
+        let lists = |p: &[String]| list_type(&t.rt, p);
+        let who = writer(&t, opts, &now, &lists);
+        fields::record_update(None, &mut body, &who);
         if opts.dry_run {
             return Ok(body);
         }
@@ -584,6 +606,14 @@ impl State {
         let old = self.lookup(t).cloned().ok_or_else(|| t.not_found())?;
         Self::check_type(t, &mut body)?;
         Self::check_namespace_in_body(t, &mut body)?;
+        if meta_str(&body, "resourceVersion").is_none_or(str::is_empty) && !t.rt.allows_unconditional_update() {
+            let cause = FieldCause {
+                reason: "FieldValueInvalid",
+                field: "metadata.resourceVersion".into(),
+                detail: "Invalid value: 0x0: must be specified for an update".into(),
+            };
+            return Err(ApiError::invalid(&t.rt.kind, &t.rt.group, t.name(), vec![cause]));
+        }
         let given = meta_str(&body, "name").unwrap_or_default();
         if given.is_empty() {
             meta_mut(&mut body).insert("name".into(), json!(t.name()));
@@ -613,6 +643,15 @@ impl State {
         };
         if stale {
             return Err(ApiError::stale(&t.rt.group, &t.rt.plural, t.name()));
+        }
+        if let Some(uid) = meta_str(&new, "uid").filter(|u| !u.is_empty())
+            && Some(uid) != meta_str(old, "uid")
+        {
+            let why = format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta_str(old, "uid").unwrap_or_default()
+            );
+            return Err(ApiError::conflict(&t.rt.group, &t.rt.plural, t.name(), &why));
         }
         let applied_ownership = applied.and(meta(&new).get("managedFields").cloned());
         if t.is_status() {
@@ -649,9 +688,6 @@ impl State {
                     }
                 }
             }
-            if t.rt.plural == "namespaces" && t.rt.group.is_empty() {
-                new["status"] = old.get("status").cloned().unwrap_or(Value::Null);
-            }
         }
         let owners = applied_ownership
             .or_else(|| meta(old).get("managedFields").cloned())
@@ -673,15 +709,10 @@ impl State {
         }
         self.admit(t, &mut new, Some(old))?;
         let now = now();
-        let subresource = if t.is_status() { "status" } else { "" };
-        let who = Writer {
-            manager: &opts.manager,
-            subresource,
-            api_version: &t.rt.api_version(),
-            now: &now,
-        };
+        let lists = |p: &[String]| list_type(&t.rt, p);
+        let who = writer(t, opts, &now, &lists);
         if applied.is_none() {
-            patch::record_update(Some(old), &mut new, &who);
+            fields::record_update(Some(old), &mut new, &who);
         }
         // Nothing changed (ownership aside from its timestamps): the real server writes nothing
         // and sends no event.
@@ -696,7 +727,14 @@ impl State {
         if opts.dry_run {
             return Ok(Self::shown(&t.rt, &new));
         }
+        let is_namespace = t.rt.plural == "namespaces" && t.rt.group.is_empty();
         if deleting && finalizers(&new).is_empty() {
+            if is_namespace {
+                // A namespace goes only once it is also empty.
+                let kept = self.commit(&t.rt, ChangeKind::Modified, new);
+                let result = self.finish_namespace(t.name()).unwrap_or(kept);
+                return Ok(Self::shown(&t.rt, &result));
+            }
             let gone = self.commit(&t.rt, ChangeKind::Deleted, new);
             self.after_delete(&t.rt, &gone);
             return Ok(Self::shown(&t.rt, &gone));
@@ -723,6 +761,9 @@ impl State {
         }
         let current = self.lookup(t).cloned();
         if kind == PatchKind::Apply {
+            if current.is_none() && t.is_status() {
+                return Err(t.not_found());
+            }
             return self.apply(t, current, body, opts);
         }
         let current = current.ok_or_else(|| t.not_found())?;
@@ -791,28 +832,14 @@ impl State {
             }
         }
         let now = now();
-        let subresource = if t.is_status() { "status" } else { "" };
-        let who = Writer {
-            manager: &opts.manager,
-            subresource,
-            api_version: &t.rt.api_version(),
-            now: &now,
-        };
+        let lists = |p: &[String]| list_type(&t.rt, p);
+        let who = writer(t, opts, &now, &lists);
         let shell = json!({"apiVersion": t.rt.api_version(), "kind": t.rt.kind,
             "metadata": {"name": t.name(), "namespace": t.namespace}});
         let base = current.clone().unwrap_or(shell);
-        let merged = patch::apply(&base, &body, opts.force, &who).map_err(|conflicts| {
-            let mut e = ApiError::conflict(
-                &t.rt.group,
-                &t.rt.plural,
-                t.name(),
-                &format!("Apply failed with {} conflict{}", conflicts.len(), if conflicts.len() == 1 { "" } else { "s" }),
-            );
-            e.message = format!(
-                "Apply failed with {} conflict(s): {}",
-                conflicts.len(),
-                conflicts.iter().map(|c| format!("conflict with \"{}\": {}", c.manager, c.field)).collect::<Vec<_>>().join(", ")
-            );
+        let merged = fields::apply(&base, &body, opts.force, &who).map_err(|conflicts| {
+            let mut e = ApiError::conflict(&t.rt.group, &t.rt.plural, t.name(), "");
+            e.message = fields::conflict_message(&conflicts);
             e.details["causes"] = Value::Array(
                 conflicts
                     .iter()
@@ -880,10 +907,15 @@ impl State {
         }
         let is_namespace = t.rt.plural == "namespaces" && t.rt.group.is_empty();
         if is_namespace && matches!(t.name(), "default" | "kube-system" | "kube-public") {
-            return Err(ApiError::forbidden(format!(
-                "namespaces \"{}\" is forbidden: this namespace may not be deleted",
-                t.name()
-            )));
+            return Err(ApiError::forbidden(
+                "",
+                "namespaces",
+                t.name(),
+                format!(
+                    "namespaces \"{}\" is forbidden: this namespace may not be deleted",
+                    t.name()
+                ),
+            ));
         }
         if !finalizers(&current).is_empty() || is_namespace {
             if meta(&current).contains_key("deletionTimestamp") {
@@ -944,9 +976,12 @@ impl State {
                 name: Some(name),
                 ..t.clone()
             };
-            match self.delete(&one, opts) {
-                Ok(o) if o.get("kind").and_then(Value::as_str) != Some("Status") => items.push(o),
-                Ok(_) | Err(_) => {}
+            let before = self.lookup(&one).map(|o| Self::shown(&t.rt, o));
+            match (self.delete(&one, opts), before) {
+                // An object deleted at once answers with a Status; the list shows the object.
+                (Ok(o), Some(before)) if o.get("kind").and_then(Value::as_str) == Some("Status") => items.push(before),
+                (Ok(o), _) => items.push(o),
+                (Err(_), _) => {}
             }
         }
         Ok(json!({"kind": t.rt.list_kind, "apiVersion": t.rt.api_version(),
@@ -981,7 +1016,14 @@ impl State {
         }
         if let Some(uid) = meta_str(gone, "uid") {
             let uid = uid.to_string();
-            self.collect_dependents(&uid);
+            self.gc_pending.push(uid);
+            if !self.gc_running {
+                self.gc_running = true;
+                while let Some(owner) = self.gc_pending.pop() {
+                    self.collect_dependents(&owner);
+                }
+                self.gc_running = false;
+            }
         }
     }
 
@@ -990,8 +1032,8 @@ impl State {
     }
 
     /// The garbage collector's background pass for one removed owner: each object that named it
-    /// and has no other owner left is deleted (finalizers still hold it). Deleting those runs
-    /// this again, so chains of owners unwind.
+    /// and has no other owner left is deleted (finalizers still hold it). Their own removal
+    /// queues them as owners in turn, so chains of owners unwind.
     fn collect_dependents(&mut self, owner_uid: &str) {
         let refers_to = |o: &Value, uid: &str| {
             meta(o)
@@ -1016,16 +1058,27 @@ impl State {
             .filter_map(|o| meta_str(o, "uid").map(str::to_string))
             .collect();
         for (key, ns, name, o) in candidates {
-            let owners = meta(&o).get("ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
-            let all_gone = owners
-                .iter()
-                .all(|r| r.get("uid").and_then(Value::as_str).is_none_or(|uid| !live.contains(uid)));
+            let owners = meta(&o)
+                .get("ownerReferences")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let all_gone = owners.iter().all(|r| {
+                r.get("uid")
+                    .and_then(Value::as_str)
+                    .is_none_or(|uid| !live.contains(uid))
+            });
             let Some(rt) = self.type_of(&key) else { continue };
             if !all_gone {
                 continue;
             }
             let namespace = rt.namespaced.then_some(ns);
-            let t = Target { rt, namespace, name: Some(name), subresource: None };
+            let t = Target {
+                rt,
+                namespace,
+                name: Some(name),
+                subresource: None,
+            };
             if self.lookup(&t).is_some() {
                 let _ = self.delete(&t, &DeleteOptions::default());
             }
@@ -1058,10 +1111,11 @@ impl State {
     /// Deletes everything in a terminating namespace (objects with finalizers get marked).
     fn empty_namespace(&mut self, ns: &str) {
         let mut doomed = Vec::new();
-        for rt in self.types.all() {
-            if !rt.namespaced {
-                continue;
-            }
+        let mut kinds: Vec<&ResourceType> = self.types.all().filter(|rt| rt.namespaced).collect();
+        // Several versions of one kind share one store: visit each store once.
+        kinds.sort_by_key(|rt| rt.key());
+        kinds.dedup_by_key(|rt| rt.key());
+        for rt in kinds {
             if let Some(bucket) = self.objects.get(&rt.key()) {
                 for ((obj_ns, name), _) in bucket.iter().filter(|((n, _), _)| n == ns) {
                     doomed.push(Target {
@@ -1073,7 +1127,6 @@ impl State {
                 }
             }
         }
-        doomed.dedup_by(|a, b| a.rt.key() == b.rt.key() && a.name == b.name && a.namespace == b.namespace);
         for t in doomed {
             if self.lookup(&t).is_some() {
                 let _ = self.delete(&t, &DeleteOptions::default());
@@ -1085,7 +1138,7 @@ impl State {
     fn finish_namespace(&mut self, ns: &str) -> Option<Value> {
         let rt = self.builtin("", "namespaces");
         let namespace = self.bucket(&rt.key())?.get(&(String::new(), ns.to_string()))?.clone();
-        if !meta(&namespace).contains_key("deletionTimestamp") {
+        if !meta(&namespace).contains_key("deletionTimestamp") || !finalizers(&namespace).is_empty() {
             return None;
         }
         let occupied = self
@@ -1099,23 +1152,86 @@ impl State {
     }
 }
 
+/// A served CRD's status: names accepted, established, and its storage version recorded, so
+/// clients waiting for `Established` go on.
+fn crd_status(crd: &Value) -> Value {
+    let now = now();
+    let condition = |kind: &str, reason: &str, message: &str| json!({"type": kind, "status": "True", "lastTransitionTime": now, "reason": reason, "message": message});
+    let stored: Vec<Value> = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        .filter_map(|v| v.get("name").cloned())
+        .collect();
+    json!({
+        "acceptedNames": crd.pointer("/spec/names").cloned().unwrap_or(json!({})),
+        "conditions": [
+            condition("NamesAccepted", "NoConflicts", "no conflicts found"),
+            condition("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+        ],
+        "storedVersions": stored,
+    })
+}
+
+/// The list type at a path of an object of this kind: the metadata rules, then the CRD schema,
+/// then (for built-in kinds, which have no schema here) their well-known keyed lists.
+fn list_type(rt: &ResourceType, path: &[String]) -> ListType {
+    if let Some(t) = fields::metadata_list_type(path) {
+        return t;
+    }
+    match &rt.schema {
+        Some(schema) => schema.list_type(path).unwrap_or(ListType::Atomic),
+        None => fields::builtin_list_type(path),
+    }
+}
+
+/// Ownership rules for a write to `t`.
+fn writer<'a>(
+    t: &'a Target,
+    opts: &'a WriteOptions,
+    now: &'a str,
+    lists: &'a dyn Fn(&[String]) -> ListType,
+) -> Writer<'a> {
+    let scope = match (t.is_status(), t.rt.status_subresource) {
+        (true, _) => Scope::OnlyStatus,
+        (false, true) => Scope::NotStatus,
+        (false, false) => Scope::Everything,
+    };
+    Writer {
+        manager: &opts.manager,
+        subresource: if t.is_status() { "status" } else { "" },
+        api_version: t.rt.api_version(),
+        now,
+        scope,
+        lists,
+    }
+}
+
 /// Whether a change belongs to a watch on `t`.
 pub(crate) fn watches(t: &Target, change: &Change) -> bool {
     change.key == t.rt.key() && t.namespace.as_ref().is_none_or(|ns| *ns == change.namespace)
 }
 
 /// `stringData` is write-only: it is folded into `data` (base64) as the server does.
-fn fold_string_data(secret: &mut Value) {
-    let Some(Value::Object(string_data)) = secret.as_object_mut().and_then(|m| m.remove("stringData")) else {
-        return;
+/// A value that is not a string is refused with the decoder's complaint.
+fn fold_string_data(secret: &mut Value) -> Result<(), String> {
+    let string_data = match secret.as_object_mut().and_then(|m| m.remove("stringData")) {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err("stringData: expected a map of strings".into()),
     };
     if !secret.get("data").is_some_and(Value::is_object) {
         secret["data"] = json!({});
     }
     for (k, v) in string_data {
-        let text = v.as_str().unwrap_or_default();
+        let Some(text) = v.as_str() else {
+            return Err(format!("stringData.{k}: expected a string"));
+        };
         secret["data"][k] = json!(data_encoding::BASE64.encode(text.as_bytes()));
     }
+    Ok(())
 }
 
 fn encode_continue(ns: &str, name: &str) -> String {
@@ -1154,7 +1270,7 @@ mod tests {
     #[test]
     fn string_data_is_folded_into_data() {
         let mut s = json!({"data": {"a": "eA=="}, "stringData": {"b": "hi"}});
-        fold_string_data(&mut s);
+        fold_string_data(&mut s).unwrap();
         assert_eq!(s, json!({"data": {"a": "eA==", "b": "aGk="}}));
     }
 }

@@ -187,20 +187,34 @@ async fn update_with_a_stale_resource_version_is_a_conflict() {
         "Operation cannot be fulfilled on toys.toys.example.com \"a\": the object has been modified; please apply your changes to the latest version and try again"
     );
     assert_eq!(api.get("a").await.unwrap().spec.size, 2);
-    // Without a resourceVersion the update is unconditional, as for every built-in and custom kind.
+    // Without a resourceVersion: refused for custom resources, unconditional for built-in kinds.
     let mut blind = toy("a", 4);
     blind.metadata.resource_version = None;
-    assert_eq!(
-        api.replace("a", &PostParams::default(), &blind)
-            .await
-            .unwrap()
-            .spec
-            .size,
-        4
+    let (code, _, message) = api_error(api.replace("a", &PostParams::default(), &blind).await);
+    assert_eq!(code, 422);
+    assert!(
+        message.ends_with("metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"),
+        "{message}"
     );
-    let (code, _, _) = api_error(api.replace("missing", &PostParams::default(), &toy("missing", 1)).await);
+    let secrets: Api<Secret> = Api::namespaced(client(&s), NS);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("s".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let mut labelled = secret.clone();
+    labelled.metadata.labels = Some(BTreeMap::from([("a".to_string(), "b".to_string())]));
+    secrets.replace("s", &PostParams::default(), &labelled).await.unwrap();
+    let mut missing = toy("missing", 1);
+    missing.metadata.resource_version = Some("1".into());
+    let (code, _, _) = api_error(api.replace("missing", &PostParams::default(), &missing).await);
     assert_eq!(code, 404);
-    let (code, _, message) = api_error(api.replace("a", &PostParams::default(), &toy("b", 1)).await);
+    let mut renamed = api.get("a").await.unwrap();
+    renamed.metadata.name = Some("b".into());
+    let (code, _, message) = api_error(api.replace("a", &PostParams::default(), &renamed).await);
     assert_eq!(code, 400);
     assert_eq!(
         message,

@@ -155,7 +155,7 @@ async fn kubectl_get_apply_and_delete() {
     // it conflicts until forced.
     let (ok, _, err) = k.run(&["apply", "--server-side", "-f", &objects]).await;
     assert!(
-        !ok && err.contains("conflict with \"kubectl-client-side-apply\": .spec.size"),
+        !ok && err.contains("Apply failed with 1 conflict: conflict with \"kubectl-client-side-apply\" using kubectl.example.com/v1: .spec.size"),
         "{err}"
     );
     let out = k

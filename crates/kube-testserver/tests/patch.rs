@@ -179,7 +179,10 @@ async fn server_side_apply_conflicts_with_another_manager_unless_forced() {
     api.patch("a", &PatchParams::apply("first"), &config(1)).await.unwrap();
     let (code, reason, message) = api_error(api.patch("a", &PatchParams::apply("second"), &config(2)).await);
     assert_eq!((code, reason.as_str()), (409, "Conflict"));
-    assert!(message.contains("conflict with \"first\": .spec.size"), "{message}");
+    assert_eq!(
+        message,
+        "Apply failed with 1 conflict: conflict with \"first\": .spec.size"
+    );
     let forced = api
         .patch("a", &PatchParams::apply("second").force(), &config(2))
         .await
