@@ -100,7 +100,7 @@ pub(crate) fn openapi_v3_root(types: &Types) -> Value {
 }
 
 /// One group-version's OpenAPI v3 document: the item paths with their PATCH operation (the
-/// media types it takes and its `fieldValidation` parameter) and the custom resources' schemas.
+/// media types it takes and its `fieldValidation` parameter) and each kind's identity.
 pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
     let mut schemas = serde_json::Map::new();
@@ -143,11 +143,9 @@ pub(crate) fn openapi_v3_group_version(types: &Types, group: &str, version: &str
             }}),
         );
         let schema_name = format!("{}.{}.{}", reverse_domain(&rt.group), rt.version, rt.kind);
-        let mut schema = rt
-            .schema
-            .as_ref()
-            .map(|_| json!({"type": "object"}))
-            .unwrap_or(json!({"type": "object"}));
+        // Only the kind's identity is published, not its field schema: kubectl needs the former
+        // (to find the PATCH operation) and leaves field checks to the server.
+        let mut schema = json!({"type": "object"});
         schema["x-kubernetes-group-version-kind"] = json!([gvk]);
         schemas.insert(schema_name, schema);
     }

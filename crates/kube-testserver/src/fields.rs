@@ -244,10 +244,11 @@ fn remove_at(object: &mut Value, path: &[String]) {
                 let only_keys_left = next
                     .as_object()
                     .is_some_and(|m| m.keys().all(|k| item_keys.contains(k)));
-                if !element.starts_with("f:") && only_keys_left {
-                    if let Value::Array(items) = cur {
-                        items.retain(|i| !item_matches(element, i));
-                    }
+                if !element.starts_with("f:")
+                    && only_keys_left
+                    && let Value::Array(items) = cur
+                {
+                    items.retain(|i| !item_matches(element, i));
                 }
             }
         }

@@ -1,5 +1,6 @@
-//! `egress-kube-testserver`: the in-memory API server as a process, for `cargo xtask dev` and
-//! for pointing `kubectl` at. Not a cluster: see docs/testing.md.
+//! `egress-kube-testserver`: the in-memory API server as a process, for local runs of the
+//! operator (the coming `cargo xtask dev`) and for pointing `kubectl` at. Not a cluster: see
+//! docs/testing.md.
 
 use std::path::PathBuf;
 

@@ -38,15 +38,31 @@ pub(crate) enum PatchFailure {
     DoesNotApply(String),
 }
 
-/// Keys on which the built-in kinds merge their lists of objects (containers, ports, env...).
-const MERGE_KEYS: [&str; 6] = ["name", "containerPort", "mountPath", "devicePath", "ip", "type"];
+/// How a list field of a built-in kind merges under strategic merge (its `patchStrategy` and
+/// `patchMergeKey` in the Kubernetes types); lists not named here are replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ListMerge {
+    ByKey(&'static str),
+    /// A list of scalars merged as a set (`finalizers`).
+    Union,
+}
 
-fn merge_key(a: &[Value], b: &[Value]) -> Option<&'static str> {
-    let all: Vec<&Value> = a.iter().chain(b.iter()).collect();
-    if all.is_empty() || !all.iter().all(|v| v.is_object()) {
-        return None;
-    }
-    MERGE_KEYS.into_iter().find(|k| all.iter().all(|v| v.get(*k).is_some()))
+fn list_merge(field: &str) -> Option<ListMerge> {
+    Some(match field {
+        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets" => {
+            ListMerge::ByKey("name")
+        }
+        "ports" => ListMerge::ByKey("containerPort"),
+        "volumeMounts" => ListMerge::ByKey("mountPath"),
+        "volumeDevices" => ListMerge::ByKey("devicePath"),
+        "hostAliases" => ListMerge::ByKey("ip"),
+        "conditions" => ListMerge::ByKey("type"),
+        "ownerReferences" => ListMerge::ByKey("uid"),
+        "topologySpreadConstraints" => ListMerge::ByKey("topologyKey"),
+        "readinessGates" => ListMerge::ByKey("conditionType"),
+        "finalizers" => ListMerge::Union,
+        _ => return None,
+    })
 }
 
 /// Strategic merge for built-in kinds: objects merge, lists of keyed objects merge by key, and the
@@ -66,6 +82,10 @@ pub(crate) fn strategic_merge(doc: &mut Value, patch: &Value) {
         *doc = Value::Object(Map::new());
     }
     let target = doc.as_object_mut().expect("an object");
+    let retain: Option<Vec<String>> = patch_map
+        .get("$retainKeys")
+        .and_then(Value::as_array)
+        .map(|keys| keys.iter().filter_map(|k| k.as_str().map(str::to_string)).collect());
     for (key, value) in patch_map {
         if key.starts_with("$setElementOrder/") || key == "$retainKeys" || key == "$patch" {
             continue;
@@ -81,9 +101,18 @@ pub(crate) fn strategic_merge(doc: &mut Value, patch: &Value) {
             continue;
         }
         match (target.get_mut(key), value) {
-            (Some(Value::Array(existing)), Value::Array(incoming)) => match merge_key(existing, incoming) {
-                Some(k) => merge_list(existing, incoming, k),
-                None => *existing = incoming.clone(),
+            (Some(Value::Array(existing)), Value::Array(incoming)) => match list_merge(key) {
+                Some(ListMerge::ByKey(k)) if incoming.iter().all(|i| i.get(k).is_some()) => {
+                    merge_list(existing, incoming, k)
+                }
+                Some(ListMerge::Union) => {
+                    for item in incoming {
+                        if !existing.contains(item) {
+                            existing.push(item.clone());
+                        }
+                    }
+                }
+                _ => *existing = incoming.clone(),
             },
             (Some(existing @ Value::Object(_)), Value::Object(_)) => strategic_merge(existing, value),
             _ => {
@@ -92,6 +121,10 @@ pub(crate) fn strategic_merge(doc: &mut Value, patch: &Value) {
                 target.insert(key.clone(), if value.is_object() { fresh } else { value.clone() });
             }
         }
+    }
+    // `$retainKeys`: the fields not listed go (a union type switching its member).
+    if let Some(keys) = retain {
+        target.retain(|k, _| keys.contains(k));
     }
 }
 
@@ -119,6 +152,23 @@ fn merge_list(existing: &mut Vec<Value>, incoming: &[Value], key: &str) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn strategic_merge_unites_finalizers_keys_ports_by_port_and_retains_keys() {
+        let mut doc = json!({"metadata": {"finalizers": ["a"]}, "spec": {
+            "ports": [{"name": "web", "containerPort": 80}], "strategy": {"type": "X", "old": 1}}});
+        let patch = json!({"metadata": {"finalizers": ["b", "a"]}, "spec": {
+            "ports": [{"name": "web", "containerPort": 8080}],
+            "strategy": {"$retainKeys": ["type", "new"], "type": "Y", "new": 2}}});
+        strategic_merge(&mut doc, &patch);
+        assert_eq!(doc["metadata"]["finalizers"], json!(["a", "b"]));
+        assert_eq!(
+            doc["spec"]["ports"].as_array().unwrap().len(),
+            2,
+            "ports merge by containerPort"
+        );
+        assert_eq!(doc["spec"]["strategy"], json!({"type": "Y", "new": 2}));
+    }
 
     #[test]
     fn strategic_merge_merges_containers_by_name_and_honours_directives() {

@@ -38,6 +38,7 @@ impl Schema {
         prune(&self.openapi, object, true);
         *object = kube_cel::apply_defaults(&self.openapi, object);
     }
+
     /// The `x-kubernetes-list-type` of the list at a FieldsV1 path, if the schema declares one.
     pub(crate) fn list_type(&self, path: &[String]) -> Option<crate::fields::ListType> {
         let mut node = &self.openapi;
@@ -71,10 +72,14 @@ impl Schema {
     /// Every field that breaks the schema or one of its CEL rules. `old` is the stored object on
     /// an update, so transition rules (`oldSelf`) are evaluated.
     pub(crate) fn validate(&self, object: &Value, old: Option<&Value>) -> Vec<FieldCause> {
-        let mut causes: Vec<FieldCause> = self.validator.iter_errors(object).map(|e| cause_of(&e)).collect();
-        if causes.is_empty()
-            && let Err(errors) = kube_cel::Validator::new().validate(&self.openapi, object, old)
-        {
+        let errors: Vec<jsonschema::ValidationError<'_>> = self.validator.iter_errors(object).collect();
+        // As on the real server, CEL rules run unless the object has the wrong shape (a type
+        // error), where the rules could not be evaluated meaningfully.
+        let wrong_shape = errors
+            .iter()
+            .any(|e| matches!(e.kind(), ValidationErrorKind::Type { .. }));
+        let mut causes: Vec<FieldCause> = errors.iter().map(cause_of).collect();
+        if !wrong_shape && let Err(errors) = kube_cel::Validator::new().validate(&self.openapi, object, old) {
             for e in errors.into_vec() {
                 let field = if e.field_path.is_empty() {
                     "<nil>".to_string()

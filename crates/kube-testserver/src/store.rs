@@ -34,6 +34,17 @@ pub(crate) struct Change {
     pub(crate) previous: Option<Value>,
 }
 
+/// The most the change history may hold, roughly, in bytes of JSON.
+const HISTORY_BYTE_LIMIT: usize = 64 * 1024 * 1024;
+
+impl Change {
+    /// The JSON size of what the change keeps (the object and its previous state).
+    fn approximate_size(&self) -> usize {
+        let size = |v: &Value| serde_json::to_vec(v).map_or(0, |b| b.len());
+        size(&self.object) + self.previous.as_ref().map_or(0, size)
+    }
+}
+
 /// Where a request points.
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
@@ -93,6 +104,8 @@ pub(crate) struct State {
     objects: HashMap<StoreKey, BTreeMap<(String, String), Value>>,
     history: VecDeque<Arc<Change>>,
     history_limit: usize,
+    /// The approximate bytes the history holds, and the most it may hold.
+    history_bytes: usize,
     /// Changes up to and including this resourceVersion are no longer in the history.
     compacted_through: u64,
     changes: broadcast::Sender<Arc<Change>>,
@@ -223,6 +236,7 @@ impl State {
             objects: HashMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
+            history_bytes: 0,
             compacted_through: 0,
             changes,
             gc_pending: Vec::new(),
@@ -245,6 +259,7 @@ impl State {
     /// Drops the whole change history, so a watch from any earlier resourceVersion gets 410.
     pub(crate) fn compact(&mut self) {
         self.history.clear();
+        self.history_bytes = 0;
         self.compacted_through = self.rv;
     }
 
@@ -313,9 +328,15 @@ impl State {
             object: object.clone(),
             previous,
         });
+        self.history_bytes += change.approximate_size();
         self.history.push_back(change.clone());
-        while self.history.len() > self.history_limit {
+        // Bounded by count and by size, as the real watch cache is bounded; the newest change
+        // always stays.
+        while self.history.len() > self.history_limit
+            || (self.history_bytes > HISTORY_BYTE_LIMIT && self.history.len() > 1)
+        {
             if let Some(old) = self.history.pop_front() {
+                self.history_bytes -= old.approximate_size();
                 self.compacted_through = old.rv;
             }
         }

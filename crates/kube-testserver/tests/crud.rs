@@ -549,3 +549,87 @@ async fn deleting_an_owner_collects_its_dependents_unless_orphaned() {
 fn json_owner(owner: &Toy) -> serde_json::Value {
     serde_json::json!({"apiVersion": "toys.example.com/v1", "kind": "Toy", "name": owner.name_any(), "uid": owner.uid()})
 }
+
+#[tokio::test]
+async fn an_update_naming_another_uid_fails_its_precondition() {
+    let s = server().await;
+    let api = toys(&s);
+    let mut t = create_toy(&api, "a", 1).await;
+    t.metadata.uid = Some("00000000-0000-4000-a000-000000000000".into());
+    let (code, _, message) = api_error(api.replace("a", &PostParams::default(), &t).await);
+    assert_eq!(code, 409);
+    assert!(
+        message.contains("Precondition failed: UID in precondition: 00000000-0000-4000-a000-000000000000"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn names_follow_the_subdomain_and_label_rules() {
+    let s = server().await;
+    let api = toys(&s);
+    // A subdomain's parts are not limited to 63 characters; only the whole to 253.
+    let long = "a".repeat(100);
+    create_toy(&api, &long, 1).await;
+    for bad in ["Upper", "-lead", "trail-", "a..b", &"a".repeat(254)] {
+        let (code, _, message) = api_error(api.create(&PostParams::default(), &toy(bad, 1)).await);
+        assert_eq!(code, 422, "{bad}");
+        assert!(message.contains("metadata.name: Invalid value"), "{message}");
+    }
+    let namespaces: Api<Namespace> = Api::all(client(&s));
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("a.b".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (code, _, _) = api_error(namespaces.create(&PostParams::default(), &ns).await);
+    assert_eq!(code, 422, "a namespace name is a label, without dots");
+}
+
+#[tokio::test]
+async fn a_namespace_with_its_own_finalizer_waits_for_it() {
+    let s = server().await;
+    let namespaces: Api<Namespace> = Api::all(client(&s));
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some("held".into()),
+            finalizers: Some(vec!["example.com/hold".into()]),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces.create(&PostParams::default(), &ns).await.unwrap();
+    namespaces.delete("held", &DeleteParams::default()).await.unwrap();
+    assert!(
+        namespaces
+            .get("held")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "empty, but still held"
+    );
+    let release = kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    namespaces
+        .patch("held", &kube::api::PatchParams::default(), &release)
+        .await
+        .unwrap();
+    assert!(namespaces.get_opt("held").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn string_data_must_hold_strings() {
+    let s = server().await;
+    let secrets: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client(&s), NS, &kube::api::ApiResource::erase::<Secret>(&()));
+    let bad: kube::api::DynamicObject =
+        serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s"}, "stringData": {"n": 1}}))
+        .unwrap();
+    let (code, reason, message) = api_error(secrets.create(&PostParams::default(), &bad).await);
+    assert_eq!((code, reason.as_str()), (400, "BadRequest"));
+    assert!(message.contains("stringData.n"), "{message}");
+}

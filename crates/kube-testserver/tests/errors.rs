@@ -218,3 +218,28 @@ async fn a_protobuf_only_client_is_not_acceptable() {
     let resp = client(&s).send(req).await.unwrap();
     assert_eq!(resp.status().as_u16(), 406);
 }
+
+#[tokio::test]
+async fn watch_parameters_the_real_server_refuses_together() {
+    let s = server().await;
+    let (code, body) = raw(
+        &s,
+        "GET",
+        &format!("{TOYS}?watch=true&resourceVersionMatch=NotOlderThan"),
+        None,
+        b"",
+    )
+    .await;
+    assert_eq!((code, reason(&body)), (422, "Invalid"));
+    let (code, body) = raw(
+        &s,
+        "GET",
+        &format!("{TOYS}?watch=true&sendInitialEvents=false"),
+        None,
+        b"",
+    )
+    .await;
+    assert_eq!((code, reason(&body)), (422, "Invalid"));
+    let (code, body) = raw(&s, "GET", &format!("{TOYS}?watch=true&timeoutSeconds=soon"), None, b"").await;
+    assert_eq!((code, reason(&body)), (400, "BadRequest"));
+}

@@ -33,7 +33,12 @@ fn crd() -> Value {
                             "note": {"type": "string", "nullable": true},
                             "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
                         }},
-                    "status": {"type": "object", "properties": {"phase": {"type": "string"}}}
+                    "status": {"type": "object", "properties": {
+                        "phase": {"type": "string"},
+                        "conditions": {"type": "array", "x-kubernetes-list-type": "map",
+                            "x-kubernetes-list-map-keys": ["type"],
+                            "items": {"type": "object", "required": ["type", "status"], "properties": {
+                                "type": {"type": "string"}, "status": {"type": "string"}}}}}}
                 }}}}]}
     })
 }
@@ -259,4 +264,61 @@ async fn a_crd_with_an_unusable_schema_is_refused_at_start() {
     misnamed["metadata"]["name"] = json!("wrong");
     let err = TestServer::builder().crd_json(misnamed).start().await.unwrap_err();
     assert!(err.to_string().contains("must be spec.names.plural"), "{err}");
+}
+
+#[tokio::test]
+async fn server_side_apply_merges_map_lists_per_item_and_finalizers_as_a_set() {
+    let (_s, api) = setup().await;
+    create(&api, "a", json!({"provider": "kvm", "mode": "Managed"}))
+        .await
+        .unwrap();
+    let status = |kind: &str, value: &str| {
+        Patch::Apply(
+            json!({"apiVersion": "shop.example.com/v1", "kind": "Proxy", "metadata": {"name": "a"},
+            "status": {"conditions": [{"type": kind, "status": value}]}}),
+        )
+    };
+    api.patch_status("a", &PatchParams::apply("health"), &status("Healthy", "True"))
+        .await
+        .unwrap();
+    let p = api
+        .patch_status("a", &PatchParams::apply("reconciler"), &status("Ready", "False"))
+        .await
+        .unwrap();
+    let types: Vec<&str> = p.data["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, vec!["Healthy", "Ready"], "each manager owns its own condition");
+    match api
+        .patch_status("a", &PatchParams::apply("reconciler"), &status("Healthy", "False"))
+        .await
+    {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 409);
+            assert!(
+                e.message.contains(".status.conditions[type=\"Healthy\"].status"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    let finalizer = |f: &str| {
+        Patch::Apply(json!({"apiVersion": "shop.example.com/v1", "kind": "Proxy",
+            "metadata": {"name": "a", "finalizers": [f]}, "spec": {"provider": "kvm", "mode": "Managed"}}))
+    };
+    api.patch("a", &PatchParams::apply("one"), &finalizer("x/one"))
+        .await
+        .unwrap();
+    let p = api
+        .patch("a", &PatchParams::apply("two"), &finalizer("x/two"))
+        .await
+        .unwrap();
+    assert_eq!(
+        p.metadata.finalizers,
+        Some(vec!["x/one".to_string(), "x/two".to_string()])
+    );
 }

@@ -188,8 +188,70 @@ async fn a_label_filtered_watch_sees_objects_enter_and_leave_the_selection() {
     let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"pick": v}}}));
     api.patch("a", &PatchParams::default(), &label("yes")).await.unwrap();
     assert_eq!(describe(&next(&mut stream).await), "ADDED a");
-    api.patch("a", &PatchParams::default(), &label("no")).await.unwrap();
-    assert_eq!(describe(&next(&mut stream).await), "DELETED a");
+    let unlabelled = api.patch("a", &PatchParams::default(), &label("no")).await.unwrap();
+    match next(&mut stream).await {
+        // The last state the watch was entitled to see, at the resourceVersion of the change.
+        WatchEvent::Deleted(t) => {
+            assert_eq!(t.labels()["pick"], "yes");
+            assert_eq!(t.resource_version(), unlabelled.resource_version());
+        }
+        other => panic!("expected DELETED, got {}", describe(&other)),
+    }
+}
+
+#[tokio::test]
+async fn metadata_only_reads_and_watches() {
+    let s = server().await;
+    let api = toys(&s);
+    create_toy(&api, "a", 1).await;
+    let meta = api.get_metadata("a").await.unwrap();
+    assert_eq!(meta.metadata.name.as_deref(), Some("a"));
+    assert_eq!(
+        meta.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata"),
+        "the server sent metadata only"
+    );
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    // `Api<PartialObjectMeta<K>>` makes metadata-only requests (kube's metadata watcher).
+    let meta_api: Api<kube::core::PartialObjectMeta<Toy>> = Api::namespaced(client(&s), NS);
+    let mut stream = watcher(meta_api, watcher::Config::default()).applied_objects().boxed();
+    let first = within("the first metadata object", stream.try_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.metadata.name.as_deref(), Some("a"));
+    assert_eq!(
+        first.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
+    create_toy(&api, "b", 1).await;
+    let second = within("the second metadata object", stream.try_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.metadata.name.as_deref(), Some("b"));
+}
+
+#[tokio::test]
+async fn a_crd_created_over_the_api_becomes_established() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use kube::runtime::wait::{await_condition, conditions};
+    let s = TestServer::start().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client(&s));
+    crds.create(&PostParams::default(), &Toy::crd()).await.unwrap();
+    let established = within(
+        "the CRD to be established",
+        await_condition(crds, &toy_crd_name(), conditions::is_crd_established()),
+    )
+    .await
+    .unwrap()
+    .expect("the CRD exists");
+    assert_eq!(
+        established.status.unwrap().stored_versions,
+        Some(vec!["v1".to_string()])
+    );
 }
 
 #[tokio::test]
