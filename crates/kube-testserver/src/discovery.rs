@@ -163,7 +163,9 @@ fn reverse_domain(group: &str) -> String {
     }
 }
 
-/// The value at a printer column's simple JSONPath (`.status.phase`, `.spec.hosts[0]`).
+/// The value at a printer column's JSONPath: fields (`.status.phase`), indexes
+/// (`.spec.hosts[0]`) and equality filters (`.status.conditions[?(@.type=="Ready")].status`),
+/// the forms CRDs use. A filter picks the first matching item.
 fn json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
     let path = path
         .trim()
@@ -171,16 +173,32 @@ fn json_path<'a>(object: &'a Value, path: &str) -> Option<&'a Value> {
         .trim_end_matches('}')
         .trim_start_matches('$');
     let mut cur = object;
-    for part in path.split('.').filter(|p| !p.is_empty()) {
-        let (name, index) = match part.split_once('[') {
-            Some((n, rest)) => (n, rest.trim_end_matches(']').parse::<usize>().ok()),
-            None => (part, None),
-        };
-        if !name.is_empty() {
-            cur = cur.get(name)?;
-        }
-        if let Some(i) = index {
-            cur = cur.get(i)?;
+    let mut rest = path;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('.') {
+            let end = after.find(['.', '[']).unwrap_or(after.len());
+            if end > 0 {
+                cur = cur.get(&after[..end])?;
+            }
+            rest = &after[end..];
+        } else if let Some(after) = rest.strip_prefix('[') {
+            let end = after.find(']')?;
+            let inner = &after[..end];
+            cur = match inner.strip_prefix("?(@.").and_then(|f| f.strip_suffix(')')) {
+                Some(filter) => {
+                    let (field, wanted) = filter.split_once("==")?;
+                    let wanted = wanted.trim().trim_matches(|c| c == '"' || c == '\'');
+                    cur.as_array()?
+                        .iter()
+                        .find(|item| item.get(field.trim()).and_then(Value::as_str) == Some(wanted))?
+                }
+                None => cur.get(inner.trim().parse::<usize>().ok()?)?,
+            };
+            rest = &after[end + 1..];
+        } else {
+            let end = rest.find(['.', '[']).unwrap_or(rest.len());
+            cur = cur.get(&rest[..end])?;
+            rest = &rest[end..];
         }
     }
     Some(cur)
@@ -301,5 +319,22 @@ mod tests {
         assert_eq!(json_path(&o, ".status.phase"), Some(&json!("Ready")));
         assert_eq!(json_path(&o, ".status.hosts[1]"), Some(&json!("b")));
         assert_eq!(json_path(&o, ".status.none"), None);
+        let c = json!({"status": {"conditions": [{"type": "Provisioned", "status": "True"},
+            {"type": "Healthy", "status": "False"}]}});
+        assert_eq!(
+            json_path(&c, r#".status.conditions[?(@.type=="Healthy")].status"#),
+            Some(&json!("False"))
+        );
+        assert_eq!(
+            json_path(&c, ".status.conditions[?(@.type=='Provisioned')].status"),
+            Some(&json!("True"))
+        );
+        assert_eq!(json_path(&c, r#".status.conditions[?(@.type=="Gone")].status"#), None);
+        assert_eq!(json_path(&c, ".status.conditions[9]"), None);
+        assert_eq!(
+            json_path(&c, ".status.conditions[?(@.type"),
+            None,
+            "a broken filter is no value, not a panic"
+        );
     }
 }
