@@ -7,8 +7,10 @@
 //!   then `test`.
 //! - `deny`: `cargo deny check licenses bans sources` (advisories need the
 //!   network, which these machines do not have).
+//! - `crds [--check]`: writes `deploy/crds/*.yaml` from the `egress-api` types;
+//!   `--check` fails when the files are stale (CI runs it).
 //!
-//! Later issues add `dev`, `crds`, `conformance`, `hypervisor` and `bench`.
+//! Later issues add `dev`, `conformance`, `hypervisor` and `bench`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -16,6 +18,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod crds;
 mod system;
 
 #[derive(Parser)]
@@ -37,6 +40,11 @@ enum Cmd {
     Ci,
     /// License, ban and source checks with cargo-deny.
     Deny,
+    /// Write deploy/crds/*.yaml from the Rust types (`--check`: fail if they are stale).
+    Crds {
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -53,8 +61,10 @@ fn run(cli: Cli) -> Result<()> {
     let root = workspace_root();
     match cli.command {
         Cmd::Test { args } => test(&root, &args),
+        Cmd::Crds { check } => crds::run(&root, check),
         Cmd::Ci => {
             cargo(&root, &["fmt", "--all", "--check"])?;
+            crds::run(&root, true)?;
             cargo(&root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
             test(&root, &[])
         }

@@ -165,19 +165,21 @@ fn cause_of(e: &jsonschema::ValidationError<'_>) -> FieldCause {
         ValidationErrorKind::Maximum { limit } => FieldCause::invalid(
             &at,
             value,
-            format!("{at} in body should be less than or equal to {limit}"),
+            format!("{at} in body should be less than or equal to {}", bound(limit)),
         ),
         ValidationErrorKind::Minimum { limit } => FieldCause::invalid(
             &at,
             value,
-            format!("{at} in body should be greater than or equal to {limit}"),
+            format!("{at} in body should be greater than or equal to {}", bound(limit)),
         ),
         ValidationErrorKind::ExclusiveMaximum { limit } => {
-            FieldCause::invalid(&at, value, format!("{at} in body should be less than {limit}"))
+            FieldCause::invalid(&at, value, format!("{at} in body should be less than {}", bound(limit)))
         }
-        ValidationErrorKind::ExclusiveMinimum { limit } => {
-            FieldCause::invalid(&at, value, format!("{at} in body should be greater than {limit}"))
-        }
+        ValidationErrorKind::ExclusiveMinimum { limit } => FieldCause::invalid(
+            &at,
+            value,
+            format!("{at} in body should be greater than {}", bound(limit)),
+        ),
         ValidationErrorKind::MaxLength { limit } => FieldCause {
             reason: "FieldValueTooLong",
             field: at,
@@ -200,6 +202,14 @@ fn cause_of(e: &jsonschema::ValidationError<'_>) -> FieldCause {
             FieldCause::invalid(&at, value, format!("{at} in body should have at least {limit} items"))
         }
         _ => FieldCause::invalid(&at, value, format!("{at} in body {}", e.masked())),
+    }
+}
+
+/// A schema bound as the real server prints it: `1`, not `1.0`, for a whole number.
+fn bound(limit: &Value) -> String {
+    match limit.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+        _ => limit.to_string(),
     }
 }
 

@@ -1,0 +1,81 @@
+//! The custom resources of the egress-proxy operator: `Proxy` (namespaced, short name `px`) and
+//! `ProviderHealth` (cluster-scoped, short name `ph`), group `crawl.example.com`, version
+//! `v1alpha1`, with the annotation, label, finalizer and condition names the operator and its
+//! users share. The wire shapes are those of the Go operator this replaces.
+//!
+//! `cargo xtask crds` writes `deploy/crds/*.yaml` from these types.
+
+mod condition;
+mod provider_health;
+mod proxy;
+
+pub use condition::{Condition, ConditionStatus};
+pub use provider_health::{ProviderHealth, ProviderHealthFields, ProviderHealthStatus, ProviderTarget};
+pub use proxy::{
+    CloudInit, Endpoint, HealthCheck, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec, ProxyStatus, SecretRef,
+};
+
+/// The API group.
+pub const GROUP: &str = "crawl.example.com";
+/// The API version.
+pub const VERSION: &str = "v1alpha1";
+
+/// The finalizer the operator puts on every Managed Proxy before it provisions anything.
+pub const FINALIZER: &str = "crawl.example.com/finalizer";
+/// Hash of the replacement-relevant spec the current instance was built from.
+pub const ANNOTATION_SPEC_HASH: &str = "crawl.example.com/spec-hash";
+/// Set by a user to exactly `"true"`: deletion releases the finalizer without provider cleanup.
+pub const ANNOTATION_SKIP_CLEANUP: &str = "crawl.example.com/skip-cleanup";
+/// Must be `"true"` on every Secret a Proxy's `cloudInit.secretRef` names.
+pub const LABEL_CLOUD_INIT: &str = "crawl.example.com/cloud-init";
+/// The label on objects the operator creates (ProviderHealth), and its value.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "egress-proxies-operator";
+
+/// Condition types.
+pub mod conditions {
+    /// On a Proxy: the instance is running with an IP.
+    pub const PROVISIONED: &str = "Provisioned";
+    /// On a Proxy: the health engine's verdict.
+    pub const HEALTHY: &str = "Healthy";
+    /// On a ProviderHealth: every target is ready.
+    pub const READY: &str = "Ready";
+}
+
+/// Condition reasons.
+pub mod reasons {
+    pub const PROVISIONING: &str = "Provisioning";
+    pub const RUNNING: &str = "Running";
+    pub const PERMANENT_ERROR: &str = "PermanentError";
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+    pub const CLOUD_INIT_ERROR: &str = "CloudInitError";
+    pub const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
+    pub const PROBE_FAILED: &str = "ProbeFailed";
+    pub const ALL_TARGETS_READY: &str = "AllTargetsReady";
+    pub const TARGETS_NOT_READY: &str = "TargetsNotReady";
+    pub const CHECKS_NOT_IMPLEMENTED: &str = "ChecksNotImplemented";
+    pub const NO_TARGETS: &str = "NoTargets";
+}
+
+/// The port a proxy listens on when the spec does not say.
+pub const DEFAULT_PORT: i32 = 3128;
+/// The lease capacity when `maxLeases` is absent (an explicit 0 means unleasable).
+pub const DEFAULT_MAX_LEASES: i32 = 5;
+/// The key in a cloud-init Secret when `secretRef.key` is not given.
+pub const DEFAULT_SECRET_KEY: &str = "userdata";
+/// Longest message written into a ProviderHealth target.
+pub const MAX_TARGET_MESSAGE: usize = 1024;
+
+pub(crate) mod schema {
+    use schemars::{Schema, SchemaGenerator, json_schema};
+
+    /// A timestamp on the wire: RFC 3339, as `metav1.Time`.
+    pub(crate) fn date_time(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "format": "date-time"})
+    }
+
+    /// An optional timestamp.
+    pub(crate) fn optional_date_time(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "format": "date-time", "nullable": true})
+    }
+}

@@ -1,0 +1,358 @@
+//! `Proxy`: one egress proxy, either provisioned by the operator through a provider (`Managed`)
+//! or already running somewhere (`External`).
+// The KubeSchema derive builds its schema from a private twin of each struct it derives,
+// whose `pub` items trip `unreachable_pub`; every type here is re-exported from the crate root.
+#![allow(unreachable_pub)]
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::Condition;
+
+/// Who runs the proxy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Mode {
+    /// The operator provisions the instance through `spec.provider`.
+    #[default]
+    Managed,
+    /// The proxy already exists at `spec.endpoint`; the operator only checks and hands it out.
+    External,
+}
+
+/// The desired proxy.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "crawl.example.com",
+    version = "v1alpha1",
+    kind = "Proxy",
+    plural = "proxies",
+    singular = "proxy",
+    shortname = "px",
+    namespaced,
+    status = "ProxyStatus",
+    doc = "An egress forward proxy: provisioned through a provider (Managed) or already running (External), health-checked through a real CONNECT and handed out by the discovery API.",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"IP","type":"string","jsonPath":".status.ip"}"#,
+    printcolumn = r#"{"name":"Healthy","type":"string","jsonPath":".status.conditions[?(@.type==\"Healthy\")].status"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.mode != 'External' || has(self.endpoint)").message("an External proxy needs spec.endpoint"),
+    validation = Rule::new("self.mode != 'Managed' || (has(self.provider) && size(self.provider) > 0)").message("a Managed proxy needs spec.provider"),
+    validation = Rule::new("self.mode != 'Managed' || !has(self.endpoint)").message("spec.endpoint is for External proxies only"),
+    validation = Rule::new("!has(oldSelf.provider) || (has(self.provider) && self.provider == oldSelf.provider)").message("spec.provider is immutable")
+)]
+pub struct ProxySpec {
+    /// `Managed` (default) or `External`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// The configured name of a providers-config entry (not its type). Immutable.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub provider: String,
+    /// Provider-specific placement, passed through to the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// The port the proxy listens on. Part of the spec hash.
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// The instance's user-data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<CloudInit>,
+    /// Where an `External` proxy is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+    /// Free-form selection labels (`geo`, `asn`, `purpose`, ...) the discovery API filters on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, String>,
+    /// Lease capacity. Absent means 5; an explicit 0 means the proxy is never leased.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0), extend("default" = 5))]
+    pub max_leases: Option<i32>,
+    /// Probe settings for this proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheckSpec>,
+}
+
+fn default_port() -> i32 {
+    crate::DEFAULT_PORT
+}
+
+/// The spec the server's defaulting would produce for an empty one: Managed, port 3128.
+impl Default for ProxySpec {
+    fn default() -> Self {
+        Self {
+            mode: Mode::default(),
+            provider: String::new(),
+            placement: None,
+            port: default_port(),
+            cloud_init: None,
+            endpoint: None,
+            attributes: BTreeMap::new(),
+            max_leases: None,
+            health_check: None,
+        }
+    }
+}
+
+impl ProxySpec {
+    /// The lease capacity: `maxLeases`, or 5 when it is absent.
+    pub fn effective_max_leases(&self) -> i32 {
+        self.max_leases.unwrap_or(crate::DEFAULT_MAX_LEASES)
+    }
+
+    /// The probe settings with every default filled in.
+    pub fn effective_health_check(&self) -> HealthCheck {
+        self.health_check.clone().unwrap_or_default().effective()
+    }
+
+    /// Where an `External` proxy listens: `endpoint.port` when set, else `spec.port`.
+    pub fn external_address(&self) -> Option<(String, i32)> {
+        let endpoint = self.endpoint.as_ref()?;
+        Some((endpoint.host.clone(), endpoint.port.unwrap_or(self.port)))
+    }
+}
+
+/// Provider-specific placement. Each provider refuses what it cannot use, naming the field.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    /// A GCP zone, a KVM host name...
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub zone: String,
+    /// A GCP machine type, a KVM catalogue key...
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine_type: String,
+    /// An image path, a catalogue key, a URL...
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image: String,
+}
+
+/// User-data for the instance: inline text or a key of a labelled Secret, exactly one of them.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.inline) != has(self.secretRef)").message("exactly one of cloudInit.inline and cloudInit.secretRef must be set"))]
+pub struct CloudInit {
+    /// The user-data, byte for byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<String>,
+    /// A Secret in the Proxy's namespace, labelled `crawl.example.com/cloud-init: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretRef>,
+}
+
+/// A key of a Secret in the Proxy's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Defaults to `userdata`.
+    #[serde(default = "default_secret_key")]
+    #[schemars(length(min = 1))]
+    pub key: String,
+}
+
+fn default_secret_key() -> String {
+    crate::DEFAULT_SECRET_KEY.into()
+}
+
+/// Where an existing proxy listens.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Endpoint {
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
+    /// Defaults to `spec.port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+}
+
+/// Probe settings. Every field is optional; [`HealthCheckSpec::effective`] fills the defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckSpec {
+    /// The target fetched through the proxy. Default `https://www.gstatic.com/generate_204`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1), regex(pattern = r"^https?://"))]
+    pub url: Option<String>,
+    /// The status the target must answer. Default 204.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 100, max = 599))]
+    pub expected_status: Option<i32>,
+    /// Seconds between probes. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub interval_seconds: Option<i32>,
+    /// Seconds one probe may take. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: Option<i32>,
+    /// Consecutive successes before a proxy counts as healthy. Default 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub success_threshold: Option<i32>,
+    /// Consecutive failures before a proxy counts as unhealthy. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub failure_threshold: Option<i32>,
+}
+
+/// Probe settings with every default applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub url: String,
+    pub expected_status: u16,
+    pub interval: std::time::Duration,
+    pub timeout: std::time::Duration,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
+}
+
+impl HealthCheckSpec {
+    pub const DEFAULT_URL: &'static str = "https://www.gstatic.com/generate_204";
+
+    /// The settings with defaults for what is unset. Values below the schema's minimums (only
+    /// possible for objects that bypassed validation) are raised to them.
+    pub fn effective(&self) -> HealthCheck {
+        let at_least_one = |v: Option<i32>, default: u32| v.map_or(default, |v| v.max(1).unsigned_abs());
+        HealthCheck {
+            url: self.url.clone().unwrap_or_else(|| Self::DEFAULT_URL.into()),
+            expected_status: self.expected_status.and_then(|s| u16::try_from(s).ok()).unwrap_or(204),
+            interval: std::time::Duration::from_secs(at_least_one(self.interval_seconds, 1).into()),
+            timeout: std::time::Duration::from_secs(at_least_one(self.timeout_seconds, 5).into()),
+            success_threshold: at_least_one(self.success_threshold, 2),
+            failure_threshold: at_least_one(self.failure_threshold, 3),
+        }
+    }
+}
+
+/// Where a Proxy is in its life, as the operator derives it from the instance and its health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    Pending,
+    Provisioning,
+    Running,
+    Ready,
+    Unhealthy,
+    Deleting,
+    Failed,
+}
+
+/// What the operator observed.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The instance's IP once it runs (for `External`, the endpoint host).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ip: String,
+    /// The provider's id of the current instance; empty until a create succeeded.
+    #[serde(default, rename = "providerID", skip_serializing_if = "String::is_empty")]
+    pub provider_id: String,
+    /// `Provisioned` and `Healthy`, keyed by type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// Duration of the last status-affecting probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub latency_millis: Option<i64>,
+}
+
+impl Proxy {
+    /// Whether the user asked deletion to skip provider cleanup (the annotation is exactly `"true"`).
+    pub fn skip_cleanup(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::ANNOTATION_SKIP_CLEANUP))
+            .is_some_and(|v| v == "true")
+    }
+
+    /// The condition of this type, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn helpers_apply_the_documented_defaults() {
+        let spec = ProxySpec::default();
+        assert_eq!((spec.mode, spec.port), (Mode::Managed, 3128));
+        assert_eq!(spec.effective_max_leases(), 5);
+        assert_eq!(
+            ProxySpec {
+                max_leases: Some(0),
+                ..Default::default()
+            }
+            .effective_max_leases(),
+            0
+        );
+        let hc = spec.effective_health_check();
+        assert_eq!(hc.url, "https://www.gstatic.com/generate_204");
+        assert_eq!(
+            (hc.expected_status, hc.success_threshold, hc.failure_threshold),
+            (204, 2, 3)
+        );
+        assert_eq!((hc.interval.as_secs(), hc.timeout.as_secs()), (1, 5));
+        let external = ProxySpec {
+            mode: Mode::External,
+            endpoint: Some(Endpoint {
+                host: "h".into(),
+                port: None,
+            }),
+            port: 8080,
+            ..Default::default()
+        };
+        assert_eq!(external.external_address(), Some(("h".into(), 8080)));
+    }
+
+    #[test]
+    fn wire_names_are_the_go_operators() {
+        let status = ProxyStatus {
+            provider_id: "id".into(),
+            latency_millis: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&status).unwrap(),
+            json!({"providerID": "id", "latencyMillis": 3})
+        );
+        let spec: ProxySpec =
+            serde_json::from_value(json!({"provider": "p", "cloudInit": {"secretRef": {"name": "s"}},
+            "maxLeases": 0, "healthCheck": {"expectedStatus": 200}}))
+            .unwrap();
+        assert_eq!(spec.cloud_init.unwrap().secret_ref.unwrap().key, "userdata");
+        assert_eq!(spec.max_leases, Some(0));
+        let round = serde_json::to_value(ProxySpec::default()).unwrap();
+        assert_eq!(
+            round,
+            json!({"mode": "Managed", "port": 3128}),
+            "absent fields stay absent"
+        );
+    }
+
+    #[test]
+    fn skip_cleanup_needs_exactly_true() {
+        let mut p = Proxy::new("a", ProxySpec::default());
+        assert!(!p.skip_cleanup());
+        for (value, skip) in [("true", true), ("True", false), ("yes", false), ("", false)] {
+            p.metadata.annotations = Some([(crate::ANNOTATION_SKIP_CLEANUP.to_string(), value.to_string())].into());
+            assert_eq!(p.skip_cleanup(), skip, "{value:?}");
+        }
+    }
+}
