@@ -1,0 +1,571 @@
+//! The reconciler's decision for one Proxy, as a pure function (spec/core.md §3).
+//!
+//! A pass is a loop: [`next`] looks at the Proxy as fetched and at the [`Facts`] gathered so
+//! far in this pass, and answers either an [`Action`] to perform (a metadata write, a secret
+//! read, a provider call) or the end of the pass ([`Outcome`]: the status to flush and when to
+//! come back). The caller performs the action, records its result in the facts and asks again.
+//! Each call replays the rules from the top, so the order of the rules is the order of the
+//! code below, and every branch can be tested without I/O.
+//!
+//! A pass performs each kind of provider call at most once, so the loop ends after a handful of
+//! steps; the caller still bounds it.
+
+use std::time::Duration;
+
+use egress_api::{ConditionStatus, FINALIZER, Mode, Proxy, ProxyStatus, SecretRef, conditions, reasons};
+use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::spec_hash::spec_hash;
+use crate::status::{InstanceView, Verdict, apply_verdict, latched, phase, set_condition};
+
+/// The reconciler's waits (spec/core.md §3.2). Tests shorten them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timings {
+    /// While an instance is being created or booting.
+    pub provisioning_poll: Duration,
+    /// While waiting for an instance to disappear.
+    pub deletion_poll: Duration,
+    /// Steady-state recheck of a running instance.
+    pub drift_poll: Duration,
+    /// A short follow-up, after adding the finalizer.
+    pub requeue_now: Duration,
+    /// After a quota error.
+    pub quota_retry: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            provisioning_poll: Duration::from_secs(10),
+            deletion_poll: Duration::from_secs(10),
+            drift_poll: Duration::from_secs(120),
+            requeue_now: Duration::from_secs(1),
+            quota_retry: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A failed provider call, as the decision needs it: its class and its (already redacted) text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub class: ErrorClass,
+    pub message: String,
+}
+
+/// What is known about the Proxy before the pass starts.
+#[derive(Debug, Clone)]
+pub struct Input<'a> {
+    /// The Proxy as fetched (the base the status patch is computed against).
+    pub proxy: &'a Proxy,
+    /// Whether `spec.provider` names a configured provider.
+    pub provider_configured: bool,
+    /// The health engine's verdict for this Proxy, if it has one.
+    pub verdict: Option<Verdict>,
+    pub now: Time,
+}
+
+/// What this pass has done and learned so far.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub finalizer_added: bool,
+    pub finalizer_removed: bool,
+    /// The spec hash written into the annotation in this pass.
+    pub spec_hash_written: Option<String>,
+    /// The content of the cloud-init Secret, or why it could not be read.
+    pub secret: Option<Result<Vec<u8>, String>>,
+    pub get: Option<Result<Instance, Failure>>,
+    pub create: Option<Result<ProviderId, Failure>>,
+    pub delete: Option<Result<(), Failure>>,
+}
+
+/// The next thing to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    AddFinalizer,
+    RemoveFinalizer,
+    /// Write this value into the `crawl.example.com/spec-hash` annotation.
+    WriteSpecHash(String),
+    /// Read the cloud-init Secret (labelled Secrets only).
+    ReadSecret(SecretRef),
+    Get(ProviderId),
+    /// Create the instance from the spec with this cloud-init.
+    Create {
+        cloud_init: Vec<u8>,
+    },
+    Delete(ProviderId),
+}
+
+/// When the Proxy is reconciled again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requeue {
+    After(Duration),
+    /// Only when something changes (a watch event, a health event, the periodic resync).
+    Never,
+    /// A failure for the workqueue's exponential backoff.
+    Error(String),
+}
+
+/// Something a person wants to know about, logged (and later recorded as an Event).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// Deletion released the Proxy without provider cleanup because of the annotation.
+    SkipCleanup { provider_id: String },
+    /// `Get` failed permanently during deletion, but `Delete` succeeded.
+    UnreachableButCleaned { provider_id: String, get_error: String },
+}
+
+/// The end of a pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The status to flush (written only if it differs from the fetched one).
+    pub status: ProxyStatus,
+    pub requeue: Requeue,
+    pub note: Option<Note>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    Do(Action),
+    Done(Outcome),
+}
+
+/// The message on `Provisioned=False` while an instance boots.
+pub const WAITING_TO_RUN: &str = "waiting for the instance to run";
+
+/// The decision for one step of a pass.
+pub fn next(input: &Input<'_>, facts: &Facts, timings: &Timings) -> Next {
+    let proxy = input.proxy;
+    let status = proxy.status.clone().unwrap_or_default();
+    if proxy.metadata.deletion_timestamp.is_some() {
+        return delete_path(input, facts, timings, status);
+    }
+    match proxy.spec.mode {
+        Mode::External => Next::Done(external_path(input, status)),
+        Mode::Managed => managed_path(input, facts, timings, status),
+    }
+}
+
+fn has_finalizer(proxy: &Proxy) -> bool {
+    proxy
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
+}
+
+fn generation(proxy: &Proxy) -> Option<i64> {
+    proxy.metadata.generation
+}
+
+/// Fills the health verdict and the phase, and ends the pass.
+fn finish(input: &Input<'_>, mut status: ProxyStatus, instance: InstanceView, requeue: Requeue) -> Next {
+    let proxy = input.proxy;
+    let mode = proxy.spec.mode;
+    let deleting = proxy.metadata.deletion_timestamp.is_some();
+    // A verdict belongs to something that can be probed: a running instance or an External proxy.
+    let verdict = match (mode, instance) {
+        (Mode::External, _) | (_, InstanceView::Running) => input.verdict,
+        _ => None,
+    };
+    // The Healthy condition follows what this pass saw; a pass that did not look at the
+    // instance (a latch, a quota wait) leaves it alone.
+    if !deleting && (mode == Mode::External || instance != InstanceView::Unobserved) {
+        apply_verdict(&mut status, verdict, generation(proxy), &input.now);
+    }
+    let is_latched = latched(&status, generation(proxy));
+    status.phase = Some(phase(deleting, is_latched, mode, instance, verdict));
+    Next::Done(Outcome {
+        status,
+        requeue,
+        note: None,
+    })
+}
+
+fn set_provisioned(input: &Input<'_>, status: &mut ProxyStatus, value: ConditionStatus, reason: &str, message: &str) {
+    set_condition(
+        &mut status.conditions,
+        conditions::PROVISIONED,
+        value,
+        reason,
+        message,
+        generation(input.proxy),
+        &input.now,
+    );
+}
+
+fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
+    let spec = &input.proxy.spec;
+    let Some(endpoint) = &spec.endpoint else {
+        // Only an object that bypassed admission gets here (CEL requires the endpoint).
+        let message = "spec.endpoint is required for an External proxy";
+        set_provisioned(
+            input,
+            &mut status,
+            ConditionStatus::False,
+            reasons::PERMANENT_ERROR,
+            message,
+        );
+        return into_outcome(finish(input, status, InstanceView::Unobserved, Requeue::Never));
+    };
+    status.ip = endpoint.host.clone();
+    // Health events drive External proxies; no periodic requeue.
+    into_outcome(finish(input, status, InstanceView::Unobserved, Requeue::Never))
+}
+
+fn into_outcome(next: Next) -> Outcome {
+    match next {
+        Next::Done(o) => o,
+        Next::Do(a) => unreachable!("finish always ends the pass, not {a:?}"),
+    }
+}
+
+/// The cloud-init text, once known: inline text is at hand, a Secret needs a read.
+fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<Vec<u8>, String>, Action> {
+    match &input.proxy.spec.cloud_init {
+        None => Ok(Ok(Vec::new())),
+        Some(ci) => match (&ci.inline, &ci.secret_ref) {
+            (Some(text), None) => Ok(Ok(text.as_bytes().to_vec())),
+            (None, Some(secret)) => match &facts.secret {
+                None => Err(Action::ReadSecret(secret.clone())),
+                Some(result) => Ok(result.clone()),
+            },
+            (None, None) => Ok(Ok(Vec::new())),
+            (Some(_), Some(_)) => Ok(Err(
+                "exactly one of spec.cloudInit.inline and spec.cloudInit.secretRef must be set".into(),
+            )),
+        },
+    }
+}
+
+/// `providerFailure` (spec/core.md §3.8).
+fn provider_failure(
+    input: &Input<'_>,
+    timings: &Timings,
+    mut status: ProxyStatus,
+    instance: InstanceView,
+    failure: &Failure,
+) -> Next {
+    match failure.class {
+        ErrorClass::QuotaExceeded => {
+            set_provisioned(
+                input,
+                &mut status,
+                ConditionStatus::False,
+                reasons::QUOTA_EXCEEDED,
+                &failure.message,
+            );
+            finish(
+                input,
+                status,
+                InstanceView::Unobserved,
+                Requeue::After(timings.quota_retry),
+            )
+        }
+        ErrorClass::Permanent => {
+            set_provisioned(
+                input,
+                &mut status,
+                ConditionStatus::False,
+                reasons::PERMANENT_ERROR,
+                &failure.message,
+            );
+            finish(input, status, instance, Requeue::Never)
+        }
+        // A transient error leaves the status as it was: a Ready proxy stays Ready.
+        ErrorClass::Transient | ErrorClass::NotFound => Next::Done(Outcome {
+            status,
+            requeue: Requeue::Error(failure.message.clone()),
+            note: None,
+        }),
+    }
+}
+
+fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: ProxyStatus) -> Next {
+    let proxy = input.proxy;
+    // 1. The finalizer first, in a pass of its own.
+    if !has_finalizer(proxy) {
+        if !facts.finalizer_added {
+            return Next::Do(Action::AddFinalizer);
+        }
+        return finish(
+            input,
+            status,
+            InstanceView::Unobserved,
+            Requeue::After(timings.requeue_now),
+        );
+    }
+    // 2. A latched permanent error waits for a spec change.
+    if latched(&status, generation(proxy)) {
+        return finish(input, status, InstanceView::Unobserved, Requeue::Never);
+    }
+    // 3. The provider must be configured.
+    if !input.provider_configured {
+        let message = format!("provider \"{}\" is not configured", proxy.spec.provider);
+        set_provisioned(
+            input,
+            &mut status,
+            ConditionStatus::False,
+            reasons::PERMANENT_ERROR,
+            &message,
+        );
+        return finish(input, status, InstanceView::Unobserved, Requeue::Never);
+    }
+    // 4. Cloud-init.
+    let text = match cloud_init(input, facts) {
+        Err(action) => return Next::Do(action),
+        Ok(Err(why)) => {
+            set_provisioned(
+                input,
+                &mut status,
+                ConditionStatus::False,
+                reasons::CLOUD_INIT_ERROR,
+                &why,
+            );
+            return finish(
+                input,
+                status,
+                InstanceView::Unobserved,
+                Requeue::After(timings.drift_poll),
+            );
+        }
+        Ok(Ok(text)) => text,
+    };
+    // 5. What the instance should be built from.
+    let hash = spec_hash(&proxy.spec, &text);
+    let annotation = facts.spec_hash_written.clone().or_else(|| {
+        proxy
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(egress_api::ANNOTATION_SPEC_HASH))
+            .cloned()
+    });
+    if !status.provider_id.is_empty() {
+        let id = ProviderId::new(status.provider_id.clone());
+        match annotation.as_deref() {
+            // An instance without a recorded hash is adopted as it is.
+            None => return Next::Do(Action::WriteSpecHash(hash)),
+            // 7. The spec changed: replace.
+            Some(recorded) if recorded != hash => match &facts.get {
+                None => return Next::Do(Action::Get(id)),
+                // The old instance is gone: record the new hash; the next step then finds the
+                // hash current and the instance gone, and creates.
+                Some(Err(f)) if f.class == ErrorClass::NotFound => return Next::Do(Action::WriteSpecHash(hash)),
+                Some(Err(f)) => return provider_failure(input, timings, status, InstanceView::Unobserved, f),
+                Some(Ok(_)) => {
+                    status.ip.clear();
+                    set_provisioned(
+                        input,
+                        &mut status,
+                        ConditionStatus::False,
+                        reasons::PROVISIONING,
+                        "replacing the instance after a spec change",
+                    );
+                    return match &facts.delete {
+                        None => Next::Do(Action::Delete(id)),
+                        Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
+                        Some(Ok(())) => finish(
+                            input,
+                            status,
+                            InstanceView::Booting,
+                            Requeue::After(timings.deletion_poll),
+                        ),
+                    };
+                }
+            },
+            // 8. Observe the instance.
+            Some(_) => match &facts.get {
+                None => return Next::Do(Action::Get(id)),
+                Some(Err(f)) if f.class == ErrorClass::NotFound => {
+                    // It vanished (or, in a replacement, the old one is gone): build it again.
+                }
+                Some(Err(f)) => return provider_failure(input, timings, status, InstanceView::Unobserved, f),
+                Some(Ok(instance)) => return observed(input, facts, timings, status, instance),
+            },
+        }
+        // The recorded instance is gone.
+        status.provider_id.clear();
+        status.ip.clear();
+    }
+    // 6. No instance recorded: make sure the annotation describes what is built, then create.
+    if annotation.as_deref() != Some(hash.as_str()) {
+        return Next::Do(Action::WriteSpecHash(hash));
+    }
+    match &facts.create {
+        None => Next::Do(Action::Create { cloud_init: text }),
+        Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Unobserved, f),
+        Some(Ok(id)) => {
+            status.provider_id = id.as_str().to_string();
+            status.ip.clear();
+            set_provisioned(
+                input,
+                &mut status,
+                ConditionStatus::False,
+                reasons::PROVISIONING,
+                WAITING_TO_RUN,
+            );
+            finish(
+                input,
+                status,
+                InstanceView::Booting,
+                Requeue::After(timings.provisioning_poll),
+            )
+        }
+    }
+}
+
+/// Step 8 with an answer from `Get`.
+fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: ProxyStatus, instance: &Instance) -> Next {
+    match instance.state {
+        InstanceState::Provisioning => {
+            status.ip.clear();
+            set_provisioned(
+                input,
+                &mut status,
+                ConditionStatus::False,
+                reasons::PROVISIONING,
+                WAITING_TO_RUN,
+            );
+            finish(
+                input,
+                status,
+                InstanceView::Booting,
+                Requeue::After(timings.provisioning_poll),
+            )
+        }
+        InstanceState::Running => match instance.ip {
+            Some(ip) => {
+                status.ip = ip.to_string();
+                set_provisioned(
+                    input,
+                    &mut status,
+                    ConditionStatus::True,
+                    reasons::RUNNING,
+                    "the instance is running",
+                );
+                finish(input, status, InstanceView::Running, Requeue::After(timings.drift_poll))
+            }
+            // A provider must not say Running without an address; treat it as still booting.
+            None => {
+                status.ip.clear();
+                set_provisioned(
+                    input,
+                    &mut status,
+                    ConditionStatus::False,
+                    reasons::PROVISIONING,
+                    WAITING_TO_RUN,
+                );
+                finish(
+                    input,
+                    status,
+                    InstanceView::Booting,
+                    Requeue::After(timings.provisioning_poll),
+                )
+            }
+        },
+        // Stopped, terminated or unknown: delete it (keeping its id) until Get says NotFound.
+        InstanceState::Stopped | InstanceState::Terminated => {
+            status.ip.clear();
+            set_provisioned(
+                input,
+                &mut status,
+                ConditionStatus::False,
+                reasons::PROVISIONING,
+                "the instance stopped; replacing it",
+            );
+            match &facts.delete {
+                None => Next::Do(Action::Delete(instance.id.clone())),
+                Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
+                Some(Ok(())) => finish(
+                    input,
+                    status,
+                    InstanceView::Booting,
+                    Requeue::After(timings.deletion_poll),
+                ),
+            }
+        }
+    }
+}
+
+/// `deletionFailure` (spec/core.md §3.8): never gives up.
+fn deletion_failure(timings: &Timings, status: ProxyStatus, message: String, class: ErrorClass) -> Outcome {
+    let requeue = match class {
+        ErrorClass::QuotaExceeded => Requeue::After(timings.quota_retry),
+        _ => Requeue::Error(message),
+    };
+    Outcome {
+        status,
+        requeue,
+        note: None,
+    }
+}
+
+fn delete_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: ProxyStatus) -> Next {
+    let proxy = input.proxy;
+    status.phase = Some(egress_api::Phase::Deleting);
+    let done =
+        |status: ProxyStatus, requeue: Requeue, note: Option<Note>| Next::Done(Outcome { status, requeue, note });
+    let release = |status: ProxyStatus, note: Option<Note>| {
+        if facts.finalizer_removed {
+            Next::Done(Outcome {
+                status,
+                requeue: Requeue::Never,
+                note,
+            })
+        } else {
+            Next::Do(Action::RemoveFinalizer)
+        }
+    };
+    // 1. Not ours to clean up.
+    if !has_finalizer(proxy) {
+        return done(status, Requeue::Never, None);
+    }
+    // 2. Nothing was ever recorded as created.
+    if status.provider_id.is_empty() {
+        return release(status, None);
+    }
+    let id = ProviderId::new(status.provider_id.clone());
+    // 3. The escape hatch, before the provider lookup.
+    if proxy.skip_cleanup() {
+        let note = Note::SkipCleanup {
+            provider_id: id.as_str().to_string(),
+        };
+        return release(status, Some(note));
+    }
+    // 4. Cleanup needs the provider.
+    if !input.provider_configured {
+        let message = format!(
+            "provider \"{}\" is not configured; cannot clean up instance {}",
+            proxy.spec.provider,
+            id.as_str()
+        );
+        return done(status, Requeue::Error(message), None);
+    }
+    // 5. Where is it?
+    match &facts.get {
+        None => Next::Do(Action::Get(id)),
+        Some(Err(f)) if f.class == ErrorClass::NotFound => release(status, None),
+        Some(Err(get)) if get.class == ErrorClass::Permanent => match &facts.delete {
+            None => Next::Do(Action::Delete(id)),
+            Some(Ok(())) => {
+                let note = Note::UnreachableButCleaned {
+                    provider_id: id.as_str().to_string(),
+                    get_error: get.message.clone(),
+                };
+                release(status, Some(note))
+            }
+            Some(Err(del)) => {
+                let joined = format!("{}; {}", get.message, del.message);
+                Next::Done(deletion_failure(timings, status, joined, del.class))
+            }
+        },
+        Some(Err(get)) => Next::Done(deletion_failure(timings, status, get.message.clone(), get.class)),
+        // 6. Still there: delete, and poll until Get says NotFound.
+        Some(Ok(_)) => match &facts.delete {
+            None => Next::Do(Action::Delete(id)),
+            Some(Err(f)) => Next::Done(deletion_failure(timings, status, f.message.clone(), f.class)),
+            Some(Ok(())) => done(status, Requeue::After(timings.deletion_poll), None),
+        },
+    }
+}

@@ -1,0 +1,10 @@
+//! The operator's controllers. This is the one crate that turns Kubernetes objects into provider
+//! contract types and back.
+//!
+//! The reconciler's decisions are pure functions ([`decide`]): given what is known about one
+//! Proxy, they name the next action or the end of the pass. A thin layer performs the actions
+//! with kube and the provider and feeds the results back.
+
+pub mod decide;
+pub mod spec_hash;
+pub mod status;

@@ -1,0 +1,209 @@
+//! Status building blocks: conditions with standard semantics, the permanent-error latch, the
+//! health verdict and phase derivation (spec/core.md §1.7, §3.11). All pure.
+
+use egress_api::{Condition, ConditionStatus, Mode, Phase, ProxyStatus, conditions, reasons};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// The health engine's current verdict for one Proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub healthy: bool,
+    /// Duration of the probe that produced the verdict.
+    pub latency_millis: i64,
+}
+
+/// Sets a condition as `meta.SetStatusCondition` does: `lastTransitionTime` moves only when the
+/// status changes; reason, message and observedGeneration always follow.
+pub fn set_condition(
+    list: &mut Vec<Condition>,
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    match list.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status {
+                c.status = status;
+                c.last_transition_time = now.clone();
+            }
+            c.reason = reason.into();
+            c.message = message.into();
+            c.observed_generation = generation;
+        }
+        None => list.push(Condition {
+            type_: type_.into(),
+            status,
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+            reason: reason.into(),
+            message: message.into(),
+        }),
+    }
+}
+
+pub fn remove_condition(list: &mut Vec<Condition>, type_: &str) {
+    list.retain(|c| c.type_ != type_);
+}
+
+/// Whether a permanent error is latched for this generation: `Provisioned=False` with reason
+/// `PermanentError` recorded for the current `metadata.generation`.
+pub fn latched(status: &ProxyStatus, generation: Option<i64>) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == conditions::PROVISIONED
+            && c.status == ConditionStatus::False
+            && c.reason == reasons::PERMANENT_ERROR
+            && c.observed_generation == generation
+    })
+}
+
+/// What this pass learned about the instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceView {
+    /// Not observed in this pass (quota wait, cloud-init error, a latch...).
+    Unobserved,
+    /// Being created, booting, without an address, or being replaced.
+    Booting,
+    /// Running with an IP.
+    Running,
+}
+
+/// The phase, first match wins (spec/core.md §3.11).
+pub fn phase(deleting: bool, latched: bool, mode: Mode, instance: InstanceView, verdict: Option<Verdict>) -> Phase {
+    if deleting {
+        return Phase::Deleting;
+    }
+    if latched {
+        return Phase::Failed;
+    }
+    let by_verdict = |v: Option<Verdict>, none: Phase| match v {
+        None => none,
+        Some(v) if v.healthy => Phase::Ready,
+        Some(_) => Phase::Unhealthy,
+    };
+    match (mode, instance) {
+        (Mode::Managed, InstanceView::Booting) => Phase::Provisioning,
+        (Mode::Managed, InstanceView::Running) => by_verdict(verdict, Phase::Running),
+        (Mode::Managed, InstanceView::Unobserved) => Phase::Pending,
+        (Mode::External, _) => by_verdict(verdict, Phase::Pending),
+    }
+}
+
+/// The `Healthy` condition and the latency from the verdict; without a verdict both go (the
+/// HEALTHY column is empty until the first probe result).
+pub fn apply_verdict(status: &mut ProxyStatus, verdict: Option<Verdict>, generation: Option<i64>, now: &Time) {
+    match verdict {
+        Some(v) => {
+            let (s, reason, message) = if v.healthy {
+                (
+                    ConditionStatus::True,
+                    reasons::PROBE_SUCCEEDED,
+                    "the proxy carried the probe",
+                )
+            } else {
+                (
+                    ConditionStatus::False,
+                    reasons::PROBE_FAILED,
+                    "the proxy failed its probes",
+                )
+            };
+            set_condition(
+                &mut status.conditions,
+                conditions::HEALTHY,
+                s,
+                reason,
+                message,
+                generation,
+                now,
+            );
+            status.latency_millis = Some(v.latency_millis);
+        }
+        None => {
+            remove_condition(&mut status.conditions, conditions::HEALTHY);
+            status.latency_millis = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    #[test]
+    fn transition_time_moves_only_with_the_status() {
+        let mut list = Vec::new();
+        set_condition(&mut list, "Healthy", ConditionStatus::True, "A", "m", Some(1), &at(1));
+        set_condition(&mut list, "Healthy", ConditionStatus::True, "B", "n", Some(2), &at(2));
+        assert_eq!(
+            (list[0].last_transition_time.clone(), list[0].reason.as_str()),
+            (at(1), "B")
+        );
+        set_condition(&mut list, "Healthy", ConditionStatus::False, "C", "o", Some(2), &at(3));
+        assert_eq!(list[0].last_transition_time, at(3));
+        assert_eq!(list.len(), 1);
+    }
+
+    #[test]
+    fn the_latch_holds_for_its_generation_only() {
+        let mut status = ProxyStatus::default();
+        set_condition(
+            &mut status.conditions,
+            conditions::PROVISIONED,
+            ConditionStatus::False,
+            reasons::PERMANENT_ERROR,
+            "bad",
+            Some(3),
+            &at(0),
+        );
+        assert!(latched(&status, Some(3)));
+        assert!(!latched(&status, Some(4)));
+        set_condition(
+            &mut status.conditions,
+            conditions::PROVISIONED,
+            ConditionStatus::False,
+            reasons::QUOTA_EXCEEDED,
+            "wait",
+            Some(3),
+            &at(0),
+        );
+        assert!(!latched(&status, Some(3)), "a quota wait is never a latch");
+    }
+
+    #[test]
+    fn phases_first_match_wins() {
+        use InstanceView::*;
+        let ok = Some(Verdict {
+            healthy: true,
+            latency_millis: 1,
+        });
+        let bad = Some(Verdict {
+            healthy: false,
+            latency_millis: 1,
+        });
+        let rows = [
+            (true, true, Mode::Managed, Running, ok, Phase::Deleting),
+            (false, true, Mode::Managed, Running, ok, Phase::Failed),
+            (false, false, Mode::Managed, Booting, ok, Phase::Provisioning),
+            (false, false, Mode::Managed, Running, None, Phase::Running),
+            (false, false, Mode::Managed, Running, ok, Phase::Ready),
+            (false, false, Mode::Managed, Running, bad, Phase::Unhealthy),
+            (false, false, Mode::Managed, Unobserved, None, Phase::Pending),
+            (false, false, Mode::External, Unobserved, None, Phase::Pending),
+            (false, false, Mode::External, Unobserved, ok, Phase::Ready),
+            (false, false, Mode::External, Unobserved, bad, Phase::Unhealthy),
+        ];
+        for (deleting, latch, mode, instance, verdict, want) in rows {
+            assert_eq!(
+                phase(deleting, latch, mode, instance, verdict),
+                want,
+                "{deleting} {latch} {mode:?} {instance:?} {verdict:?}"
+            );
+        }
+    }
+}

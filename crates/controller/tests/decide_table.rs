@@ -1,0 +1,689 @@
+//! The reconciler's decision table: every branch of spec/core.md §3 (and the rows of the Go
+//! operator's action table), driven through whole passes against a scripted world.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use egress_api::{
+    ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, CloudInit, ConditionStatus, Endpoint, FINALIZER, Mode, Phase,
+    Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
+};
+use egress_controller::decide::{Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, Timings, next};
+use egress_controller::spec_hash::spec_hash;
+use egress_controller::status::{Verdict, set_condition};
+use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+fn at(s: i64) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+}
+
+const CLOUD_INIT: &str = "#cloud-config\n";
+
+/// A Managed Proxy with its finalizer, an instance `id-1` recorded and its hash current.
+fn proxy() -> Proxy {
+    let spec = ProxySpec {
+        provider: "kvm-home".into(),
+        placement: Some(Placement {
+            zone: "hv1".into(),
+            ..Default::default()
+        }),
+        cloud_init: Some(CloudInit {
+            inline: Some(CLOUD_INIT.into()),
+            secret_ref: None,
+        }),
+        ..Default::default()
+    };
+    let mut p = Proxy::new("p", spec);
+    p.metadata.namespace = Some("ns".into());
+    p.metadata.uid = Some("uid-1".into());
+    p.metadata.generation = Some(1);
+    p.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    let hash = spec_hash(&p.spec, CLOUD_INIT.as_bytes());
+    p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), hash)].into());
+    p.status = Some(ProxyStatus {
+        provider_id: "id-1".into(),
+        ..Default::default()
+    });
+    p
+}
+
+fn instance(state: InstanceState) -> Instance {
+    let ip = (state == InstanceState::Running).then_some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7)));
+    Instance {
+        id: ProviderId::new("id-1"),
+        ip,
+        state,
+        uid: "uid-1".into(),
+        created_at: None,
+        installation: None,
+    }
+}
+
+fn fail(class: ErrorClass, message: &str) -> Failure {
+    Failure {
+        class,
+        message: message.into(),
+    }
+}
+
+/// What the world answers in this pass. `None` means the call must not happen.
+#[derive(Clone, Default)]
+struct World {
+    configured: bool,
+    verdict: Option<Verdict>,
+    secret: Option<Result<Vec<u8>, String>>,
+    get: Option<Result<Instance, Failure>>,
+    create: Option<Result<ProviderId, Failure>>,
+    delete: Option<Result<(), Failure>>,
+}
+
+fn world() -> World {
+    World {
+        configured: true,
+        ..Default::default()
+    }
+}
+
+fn short(a: &Action) -> &'static str {
+    match a {
+        Action::AddFinalizer => "AddFinalizer",
+        Action::RemoveFinalizer => "RemoveFinalizer",
+        Action::WriteSpecHash(_) => "WriteSpecHash",
+        Action::ReadSecret(_) => "ReadSecret",
+        Action::Get(_) => "Get",
+        Action::Create { .. } => "Create",
+        Action::Delete(_) => "Delete",
+    }
+}
+
+/// Runs one pass to its end: the actions in order and the outcome.
+fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
+    let input = Input {
+        proxy,
+        provider_configured: w.configured,
+        verdict: w.verdict,
+        now: at(1000),
+    };
+    let mut facts = Facts::default();
+    let mut actions = Vec::new();
+    for _ in 0..16 {
+        match next(&input, &facts, &Timings::default()) {
+            Next::Done(o) => return (actions.iter().map(short).collect(), actions, o),
+            Next::Do(a) => {
+                match &a {
+                    Action::AddFinalizer => facts.finalizer_added = true,
+                    Action::RemoveFinalizer => facts.finalizer_removed = true,
+                    Action::WriteSpecHash(h) => facts.spec_hash_written = Some(h.clone()),
+                    Action::ReadSecret(_) => facts.secret = Some(w.secret.clone().expect("unexpected secret read")),
+                    Action::Get(_) => facts.get = Some(w.get.clone().expect("unexpected Get")),
+                    Action::Create { .. } => facts.create = Some(w.create.clone().expect("unexpected Create")),
+                    Action::Delete(_) => facts.delete = Some(w.delete.clone().expect("unexpected Delete")),
+                }
+                actions.push(a);
+            }
+        }
+    }
+    panic!("the pass did not end within 16 steps: {actions:?}");
+}
+
+fn provisioned(o: &Outcome) -> Option<(ConditionStatus, String)> {
+    o.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::PROVISIONED)
+        .map(|c| (c.status, c.reason.clone()))
+}
+
+fn healthy(o: &Outcome) -> Option<ConditionStatus> {
+    o.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::HEALTHY)
+        .map(|c| c.status)
+}
+
+const SECS: fn(u64) -> Requeue = |s| Requeue::After(Duration::from_secs(s));
+
+// ---- managed path --------------------------------------------------------------------------
+
+#[test]
+fn a_missing_finalizer_is_added_in_a_pass_of_its_own() {
+    let mut p = proxy();
+    p.metadata.finalizers = None;
+    let (actions, _, o) = run(&p, &world());
+    assert_eq!(actions, ["AddFinalizer"]);
+    assert_eq!(o.requeue, SECS(1));
+}
+
+#[test]
+fn a_latched_permanent_error_waits_for_a_spec_change() {
+    let mut p = proxy();
+    let status = p.status.as_mut().unwrap();
+    set_condition(
+        &mut status.conditions,
+        conditions::PROVISIONED,
+        ConditionStatus::False,
+        reasons::PERMANENT_ERROR,
+        "bad image",
+        Some(1),
+        &at(0),
+    );
+    let (actions, _, o) = run(&p, &world());
+    assert!(actions.is_empty(), "no provider call while latched: {actions:?}");
+    assert_eq!(
+        (o.requeue.clone(), o.status.phase),
+        (Requeue::Never, Some(Phase::Failed))
+    );
+    // A new generation releases the latch.
+    p.metadata.generation = Some(2);
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["Get"]);
+    assert_eq!(o.status.phase, Some(Phase::Running));
+}
+
+#[test]
+fn an_unconfigured_provider_latches() {
+    let w = World {
+        configured: false,
+        ..world()
+    };
+    let (actions, _, o) = run(&proxy(), &w);
+    assert!(actions.is_empty());
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::PERMANENT_ERROR.into()))
+    );
+    assert!(
+        o.status.conditions[0]
+            .message
+            .contains("provider \"kvm-home\" is not configured")
+    );
+    assert_eq!((o.requeue, o.status.phase), (Requeue::Never, Some(Phase::Failed)));
+}
+
+fn with_secret(mut p: Proxy) -> Proxy {
+    p.spec.cloud_init = Some(CloudInit {
+        inline: None,
+        secret_ref: Some(SecretRef {
+            name: "s".into(),
+            key: "userdata".into(),
+        }),
+    });
+    p
+}
+
+#[test]
+fn an_unreadable_cloud_init_secret_is_a_cloud_init_error_and_not_latched() {
+    let w = World {
+        secret: Some(Err("secret \"s\" (key \"userdata\") not found or not labelled".into())),
+        ..world()
+    };
+    let (actions, _, o) = run(&with_secret(proxy()), &w);
+    assert_eq!(actions, ["ReadSecret"]);
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::CLOUD_INIT_ERROR.into()))
+    );
+    assert_eq!((o.requeue, o.status.phase), (SECS(120), Some(Phase::Pending)));
+}
+
+#[test]
+fn a_new_proxy_writes_its_hash_then_creates() {
+    let mut p = with_secret(proxy());
+    p.status = None;
+    p.metadata.annotations = None;
+    let w = World {
+        secret: Some(Ok(b"from-secret".to_vec())),
+        create: Some(Ok(ProviderId::new("id-9"))),
+        ..world()
+    };
+    let (actions, all, o) = run(&p, &w);
+    assert_eq!(actions, ["ReadSecret", "WriteSpecHash", "Create"]);
+    assert_eq!(all[1], Action::WriteSpecHash(spec_hash(&p.spec, b"from-secret")));
+    assert_eq!(
+        all[2],
+        Action::Create {
+            cloud_init: b"from-secret".to_vec()
+        }
+    );
+    assert_eq!(o.status.provider_id, "id-9");
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::PROVISIONING.into()))
+    );
+    assert_eq!((o.requeue, o.status.phase), (SECS(10), Some(Phase::Provisioning)));
+}
+
+#[test]
+fn create_failures_by_class() {
+    let mut p = proxy();
+    p.status = None;
+    let rows = [
+        (
+            ErrorClass::QuotaExceeded,
+            SECS(300),
+            Some(Phase::Pending),
+            Some(reasons::QUOTA_EXCEEDED),
+        ),
+        (
+            ErrorClass::Permanent,
+            Requeue::Never,
+            Some(Phase::Failed),
+            Some(reasons::PERMANENT_ERROR),
+        ),
+        (ErrorClass::Transient, Requeue::Error("boom".into()), None, None),
+        (ErrorClass::NotFound, Requeue::Error("boom".into()), None, None),
+    ];
+    for (class, requeue, phase, reason) in rows {
+        let w = World {
+            create: Some(Err(fail(class, "boom"))),
+            ..world()
+        };
+        let (actions, _, o) = run(&p, &w);
+        assert_eq!(actions, ["Create"], "{class:?}");
+        assert_eq!(o.requeue, requeue, "{class:?}");
+        assert_eq!(o.status.phase, phase, "{class:?}");
+        assert_eq!(provisioned(&o).map(|(_, r)| r), reason.map(str::to_string), "{class:?}");
+    }
+    // The permanent error is latched for this generation.
+    let w = World {
+        create: Some(Err(fail(ErrorClass::Permanent, "no such image"))),
+        ..world()
+    };
+    let (_, _, o) = run(&p, &w);
+    assert_eq!(o.status.conditions[0].observed_generation, Some(1));
+}
+
+#[test]
+fn observing_the_instance_by_state() {
+    let rows = [
+        (
+            InstanceState::Provisioning,
+            vec!["Get"],
+            SECS(10),
+            Phase::Provisioning,
+            ConditionStatus::False,
+            "",
+        ),
+        (
+            InstanceState::Running,
+            vec!["Get"],
+            SECS(120),
+            Phase::Running,
+            ConditionStatus::True,
+            "10.0.0.7",
+        ),
+        (
+            InstanceState::Stopped,
+            vec!["Get", "Delete"],
+            SECS(10),
+            Phase::Provisioning,
+            ConditionStatus::False,
+            "",
+        ),
+        (
+            InstanceState::Terminated,
+            vec!["Get", "Delete"],
+            SECS(10),
+            Phase::Provisioning,
+            ConditionStatus::False,
+            "",
+        ),
+    ];
+    for (state, want, requeue, phase, prov, ip) in rows {
+        let w = World {
+            get: Some(Ok(instance(state))),
+            delete: Some(Ok(())),
+            ..world()
+        };
+        let (actions, _, o) = run(&proxy(), &w);
+        assert_eq!(actions, want, "{state:?}");
+        assert_eq!((o.requeue.clone(), o.status.phase), (requeue, Some(phase)), "{state:?}");
+        assert_eq!(provisioned(&o).unwrap().0, prov, "{state:?}");
+        assert_eq!(o.status.ip, ip, "{state:?}");
+        assert_eq!(
+            o.status.provider_id, "id-1",
+            "{state:?}: the id is kept until Get says NotFound"
+        );
+    }
+}
+
+#[test]
+fn health_verdicts_set_ready_or_unhealthy() {
+    for (healthy_now, phase, cond) in [
+        (true, Phase::Ready, ConditionStatus::True),
+        (false, Phase::Unhealthy, ConditionStatus::False),
+    ] {
+        let w = World {
+            verdict: Some(Verdict {
+                healthy: healthy_now,
+                latency_millis: 37,
+            }),
+            get: Some(Ok(instance(InstanceState::Running))),
+            ..world()
+        };
+        let (_, _, o) = run(&proxy(), &w);
+        assert_eq!(o.status.phase, Some(phase));
+        assert_eq!(healthy(&o), Some(cond));
+        assert_eq!(o.status.latency_millis, Some(37));
+    }
+}
+
+#[test]
+fn a_vanished_instance_is_created_again_in_the_same_pass() {
+    let w = World {
+        get: Some(Err(fail(ErrorClass::NotFound, "gone"))),
+        create: Some(Ok(ProviderId::new("id-2"))),
+        ..world()
+    };
+    let (actions, _, o) = run(&proxy(), &w);
+    assert_eq!(actions, ["Get", "Create"]);
+    assert_eq!(o.status.provider_id, "id-2");
+    assert_eq!(o.requeue, SECS(10));
+}
+
+#[test]
+fn a_transient_get_error_leaves_a_ready_proxy_ready() {
+    let mut p = proxy();
+    let w = World {
+        verdict: Some(Verdict {
+            healthy: true,
+            latency_millis: 5,
+        }),
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    p.status = Some(run(&p, &w).2.status);
+    assert_eq!(p.status.as_ref().unwrap().phase, Some(Phase::Ready));
+    let w = World {
+        get: Some(Err(fail(ErrorClass::Transient, "timeout"))),
+        ..w
+    };
+    let (_, _, o) = run(&p, &w);
+    assert_eq!(o.requeue, Requeue::Error("timeout".into()));
+    assert_eq!(Some(o.status), p.status, "the status is untouched");
+}
+
+#[test]
+fn steady_state_changes_nothing() {
+    let mut p = proxy();
+    let w = World {
+        verdict: Some(Verdict {
+            healthy: true,
+            latency_millis: 5,
+        }),
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    p.status = Some(run(&p, &w).2.status);
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["Get"]);
+    assert_eq!(
+        Some(o.status),
+        p.status,
+        "a second pass with the same facts writes no status"
+    );
+}
+
+fn changed_spec() -> Proxy {
+    let mut p = proxy();
+    p.spec.port = 8080;
+    p
+}
+
+#[test]
+fn a_spec_change_deletes_the_old_instance_first() {
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        delete: Some(Ok(())),
+        ..world()
+    };
+    let (actions, _, o) = run(&changed_spec(), &w);
+    assert_eq!(
+        actions,
+        ["Get", "Delete"],
+        "no create while the old instance, with the same name, exists"
+    );
+    assert_eq!(o.status.provider_id, "id-1");
+    assert_eq!(o.status.ip, "");
+    assert_eq!((o.requeue, o.status.phase), (SECS(10), Some(Phase::Provisioning)));
+}
+
+#[test]
+fn a_spec_change_creates_once_the_old_instance_is_gone() {
+    let p = changed_spec();
+    let w = World {
+        get: Some(Err(fail(ErrorClass::NotFound, "gone"))),
+        create: Some(Ok(ProviderId::new("id-2"))),
+        ..world()
+    };
+    let (actions, all, o) = run(&p, &w);
+    assert_eq!(actions, ["Get", "WriteSpecHash", "Create"]);
+    assert_eq!(all[1], Action::WriteSpecHash(spec_hash(&p.spec, CLOUD_INIT.as_bytes())));
+    assert_eq!(o.status.provider_id, "id-2");
+}
+
+#[test]
+fn replacement_failures_go_through_provider_failure() {
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        delete: Some(Err(fail(ErrorClass::QuotaExceeded, "rate limited"))),
+        ..world()
+    };
+    let (_, _, o) = run(&changed_spec(), &w);
+    assert_eq!(o.requeue, SECS(300));
+    let w = World {
+        get: Some(Err(fail(ErrorClass::Transient, "timeout"))),
+        ..world()
+    };
+    let (_, _, o) = run(&changed_spec(), &w);
+    assert_eq!(o.requeue, Requeue::Error("timeout".into()));
+}
+
+#[test]
+fn an_instance_without_a_recorded_hash_is_adopted_not_replaced() {
+    let mut p = proxy();
+    p.metadata.annotations = None;
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["WriteSpecHash", "Get"]);
+    assert_eq!(o.status.phase, Some(Phase::Running));
+}
+
+// ---- external path -------------------------------------------------------------------------
+
+#[test]
+fn an_external_proxy_reflects_its_verdict_without_provider_calls() {
+    let mut p = proxy();
+    p.spec = ProxySpec {
+        mode: Mode::External,
+        endpoint: Some(Endpoint {
+            host: "10.1.1.1".into(),
+            port: None,
+        }),
+        ..Default::default()
+    };
+    p.status = None;
+    let (actions, _, o) = run(&p, &world());
+    assert!(actions.is_empty());
+    assert_eq!(
+        (o.status.ip.as_str(), o.status.phase),
+        ("10.1.1.1", Some(Phase::Pending))
+    );
+    assert_eq!(provisioned(&o), None, "External proxies have no Provisioned condition");
+    let w = World {
+        verdict: Some(Verdict {
+            healthy: true,
+            latency_millis: 3,
+        }),
+        ..world()
+    };
+    let (_, _, o) = run(&p, &w);
+    assert_eq!(
+        (o.status.phase, healthy(&o)),
+        (Some(Phase::Ready), Some(ConditionStatus::True))
+    );
+    p.spec.endpoint = None;
+    let (_, _, o) = run(&p, &world());
+    assert_eq!(o.status.phase, Some(Phase::Failed));
+}
+
+// ---- delete path ---------------------------------------------------------------------------
+
+fn deleting() -> Proxy {
+    let mut p = proxy();
+    p.metadata.deletion_timestamp = Some(at(500));
+    p
+}
+
+#[test]
+fn deletion_without_our_finalizer_or_without_an_instance() {
+    let mut p = deleting();
+    p.metadata.finalizers = Some(vec!["someone.else/finalizer".into()]);
+    let (actions, _, o) = run(&p, &world());
+    assert!(actions.is_empty());
+    assert_eq!(o.status.phase, Some(Phase::Deleting));
+    let mut p = deleting();
+    p.status = None;
+    let (actions, _, o) = run(&p, &world());
+    assert_eq!(actions, ["RemoveFinalizer"]);
+    assert_eq!(o.requeue, Requeue::Never);
+}
+
+#[test]
+fn skip_cleanup_releases_without_any_provider_call_even_when_unconfigured() {
+    let mut p = deleting();
+    p.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(ANNOTATION_SKIP_CLEANUP.into(), "true".into());
+    let w = World {
+        configured: false,
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["RemoveFinalizer"]);
+    assert_eq!(
+        o.note,
+        Some(Note::SkipCleanup {
+            provider_id: "id-1".into()
+        })
+    );
+}
+
+#[test]
+fn deletion_needs_the_provider() {
+    let w = World {
+        configured: false,
+        ..world()
+    };
+    let (actions, _, o) = run(&deleting(), &w);
+    assert!(actions.is_empty());
+    assert_eq!(
+        o.requeue,
+        Requeue::Error("provider \"kvm-home\" is not configured; cannot clean up instance id-1".into())
+    );
+}
+
+/// A name, the world, the actions expected, the requeue and the note.
+type DeletionRow = (&'static str, World, Vec<&'static str>, Requeue, Option<Note>);
+
+#[test]
+fn deletion_by_what_get_and_delete_answer() {
+    let rows: Vec<DeletionRow> = vec![
+        (
+            "gone",
+            World {
+                get: Some(Err(fail(ErrorClass::NotFound, "gone"))),
+                ..world()
+            },
+            vec!["Get", "RemoveFinalizer"],
+            Requeue::Never,
+            None,
+        ),
+        (
+            "there",
+            World {
+                get: Some(Ok(instance(InstanceState::Running))),
+                delete: Some(Ok(())),
+                ..world()
+            },
+            vec!["Get", "Delete"],
+            SECS(10),
+            None,
+        ),
+        (
+            "unreachable but deleted",
+            World {
+                get: Some(Err(fail(ErrorClass::Permanent, "no such host"))),
+                delete: Some(Ok(())),
+                ..world()
+            },
+            vec!["Get", "Delete", "RemoveFinalizer"],
+            Requeue::Never,
+            Some(Note::UnreachableButCleaned {
+                provider_id: "id-1".into(),
+                get_error: "no such host".into(),
+            }),
+        ),
+        (
+            "unreachable and undeletable",
+            World {
+                get: Some(Err(fail(ErrorClass::Permanent, "no such host"))),
+                delete: Some(Err(fail(ErrorClass::Permanent, "denied"))),
+                ..world()
+            },
+            vec!["Get", "Delete"],
+            Requeue::Error("no such host; denied".into()),
+            None,
+        ),
+        (
+            "get transient",
+            World {
+                get: Some(Err(fail(ErrorClass::Transient, "timeout"))),
+                ..world()
+            },
+            vec!["Get"],
+            Requeue::Error("timeout".into()),
+            None,
+        ),
+        (
+            "delete quota",
+            World {
+                get: Some(Ok(instance(InstanceState::Running))),
+                delete: Some(Err(fail(ErrorClass::QuotaExceeded, "slow down"))),
+                ..world()
+            },
+            vec!["Get", "Delete"],
+            SECS(300),
+            None,
+        ),
+        (
+            "delete permanent never gives up",
+            World {
+                get: Some(Ok(instance(InstanceState::Running))),
+                delete: Some(Err(fail(ErrorClass::Permanent, "denied"))),
+                ..world()
+            },
+            vec!["Get", "Delete"],
+            Requeue::Error("denied".into()),
+            None,
+        ),
+    ];
+    for (name, w, want, requeue, note) in rows {
+        let (actions, _, o) = run(&deleting(), &w);
+        assert_eq!(actions, want, "{name}");
+        assert_eq!(o.requeue, requeue, "{name}");
+        assert_eq!(o.note, note, "{name}");
+        assert_eq!(o.status.phase, Some(Phase::Deleting), "{name}");
+    }
+}
