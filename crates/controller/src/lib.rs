@@ -6,5 +6,7 @@
 //! with kube and the provider and feeds the results back.
 
 pub mod decide;
+pub mod gc;
+pub mod provider_health;
 pub mod spec_hash;
 pub mod status;
