@@ -72,8 +72,8 @@ pub struct Facts {
     pub finalizer_removed: bool,
     /// The spec hash written into the annotation in this pass.
     pub spec_hash_written: Option<String>,
-    /// The content of the cloud-init Secret, or why it could not be read.
-    pub secret: Option<Result<Vec<u8>, String>>,
+    /// The cloud-init text from the Secret, or why it could not be read.
+    pub secret: Option<Result<String, String>>,
     pub get: Option<Result<Instance, Failure>>,
     pub create: Option<Result<ProviderId, Failure>>,
     pub delete: Option<Result<(), Failure>>,
@@ -91,7 +91,7 @@ pub enum Action {
     Get(ProviderId),
     /// Create the instance from the spec with this cloud-init.
     Create {
-        cloud_init: Vec<u8>,
+        cloud_init: String,
     },
     Delete(ProviderId),
 }
@@ -221,16 +221,16 @@ fn into_outcome(next: Next) -> Outcome {
 }
 
 /// The cloud-init text, once known: inline text is at hand, a Secret needs a read.
-fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<Vec<u8>, String>, Action> {
+fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<String, String>, Action> {
     match &input.proxy.spec.cloud_init {
-        None => Ok(Ok(Vec::new())),
+        None => Ok(Ok(String::new())),
         Some(ci) => match (&ci.inline, &ci.secret_ref) {
-            (Some(text), None) => Ok(Ok(text.as_bytes().to_vec())),
+            (Some(text), None) => Ok(Ok(text.clone())),
             (None, Some(secret)) => match &facts.secret {
                 None => Err(Action::ReadSecret(secret.clone())),
                 Some(result) => Ok(result.clone()),
             },
-            (None, None) => Ok(Ok(Vec::new())),
+            (None, None) => Ok(Ok(String::new())),
             (Some(_), Some(_)) => Ok(Err(
                 "exactly one of spec.cloudInit.inline and spec.cloudInit.secretRef must be set".into(),
             )),
@@ -332,7 +332,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
         Ok(Ok(text)) => text,
     };
     // 5. What the instance should be built from.
-    let hash = spec_hash(&proxy.spec, &text);
+    let hash = spec_hash(&proxy.spec, text.as_bytes());
     let annotation = facts.spec_hash_written.clone().or_else(|| {
         proxy
             .metadata

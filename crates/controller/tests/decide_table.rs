@@ -72,7 +72,7 @@ fn fail(class: ErrorClass, message: &str) -> Failure {
 struct World {
     configured: bool,
     verdict: Option<Verdict>,
-    secret: Option<Result<Vec<u8>, String>>,
+    secret: Option<Result<String, String>>,
     get: Option<Result<Instance, Failure>>,
     create: Option<Result<ProviderId, Failure>>,
     delete: Option<Result<(), Failure>>,
@@ -238,7 +238,7 @@ fn a_new_proxy_writes_its_hash_then_creates() {
     p.status = None;
     p.metadata.annotations = None;
     let w = World {
-        secret: Some(Ok(b"from-secret".to_vec())),
+        secret: Some(Ok("from-secret".into())),
         create: Some(Ok(ProviderId::new("id-9"))),
         ..world()
     };
@@ -248,7 +248,7 @@ fn a_new_proxy_writes_its_hash_then_creates() {
     assert_eq!(
         all[2],
         Action::Create {
-            cloud_init: b"from-secret".to_vec()
+            cloud_init: "from-secret".into()
         }
     );
     assert_eq!(o.status.provider_id, "id-9");
