@@ -7,6 +7,8 @@
 
 pub mod decide;
 pub mod gc;
+pub mod merge;
 pub mod provider_health;
+pub mod reconciler;
 pub mod spec_hash;
 pub mod status;

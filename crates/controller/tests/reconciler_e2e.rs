@@ -1,0 +1,349 @@
+//! The reconciler end to end: a kube `Controller` running `reconcile` against
+//! egress-kube-testserver (real HTTP, real watches, the CRD's schema and CEL rules) with the
+//! conformance crate's in-memory reference provider and scripted health verdicts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egress_api::{ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, FINALIZER, Phase, Placement, Proxy, ProxySpec};
+use egress_conformance::BackendHooks;
+use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_controller::decide::Timings;
+use egress_controller::reconciler::{Context, HealthVerdicts, error_policy, reconcile};
+use egress_controller::status::Verdict;
+use egress_kube_testserver::TestServer;
+use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
+use egress_provider::decorate::ProviderMetrics;
+use egress_provider::{ProviderType, Registry};
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::{Controller, watcher};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "crawl";
+const LIVENESS: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct ScriptedHealth(Mutex<HashMap<(String, String), Verdict>>);
+
+impl HealthVerdicts for ScriptedHealth {
+    fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(&(namespace.to_string(), name.to_string()))
+            .copied()
+    }
+}
+
+struct Harness {
+    server: TestServer,
+    backend: MemoryBackend,
+    health: Arc<ScriptedHealth>,
+    shutdown: CancellationToken,
+    api: Api<Proxy>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Short waits, so a test's passes follow each other quickly; correctness never depends on them.
+fn timings() -> Timings {
+    Timings {
+        provisioning_poll: Duration::from_millis(50),
+        deletion_poll: Duration::from_millis(50),
+        drift_poll: Duration::from_millis(100),
+        requeue_now: Duration::from_millis(10),
+        quota_retry: Duration::from_millis(200),
+    }
+}
+
+async fn start() -> Harness {
+    let server = TestServer::builder()
+        .custom_resource::<Proxy>()
+        .namespace(NS)
+        .start()
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    let backend = MemoryBackend::new();
+    let shared = backend.clone();
+    let registry = Registry::new().with(ProviderType::new(
+        "memory",
+        validators::none,
+        move |entry: &ProviderConfig| {
+            let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
+                &entry.name,
+                MemoryTarget::config(&shared),
+                shared.clone(),
+                vec![],
+            ));
+            Ok(p)
+        },
+    ));
+    let config = ProvidersConfig {
+        providers: vec![ProviderConfig {
+            name: "mem".into(),
+            type_name: "memory".into(),
+            ..Default::default()
+        }],
+    };
+    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let health = Arc::new(ScriptedHealth::default());
+    let shutdown = CancellationToken::new();
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        providers,
+        health.clone(),
+        timings(),
+        None,
+        shutdown.clone(),
+    ));
+    let controller = Controller::new(Api::<Proxy>::all(client.clone()), watcher::Config::default())
+        .graceful_shutdown_on({
+            let token = shutdown.clone();
+            async move { token.cancelled().await }
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::spawn(controller);
+    Harness {
+        server,
+        backend,
+        health,
+        shutdown,
+        api: Api::namespaced(client, NS),
+    }
+}
+
+fn proxy(name: &str, zone: &str) -> Proxy {
+    Proxy::new(
+        name,
+        ProxySpec {
+            provider: "mem".into(),
+            placement: Some(Placement {
+                zone: zone.into(),
+                machine_type: "small".into(),
+                image: "debian-13".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+}
+
+fn phase_is(phase: Phase) -> impl Fn(Option<&Proxy>) -> bool {
+    move |p: Option<&Proxy>| p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase) == Some(phase)
+}
+
+async fn wait_for(h: &Harness, name: &str, phase: Phase) -> Proxy {
+    tokio::time::timeout(LIVENESS, await_condition(h.api.clone(), name, phase_is(phase)))
+        .await
+        .unwrap_or_else(|_| panic!("{name} did not reach {phase:?}"))
+        .unwrap()
+        .unwrap()
+}
+
+async fn live_instances(h: &Harness) -> usize {
+    h.backend
+        .inventory()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|o| o.kind == "instance")
+        .count()
+}
+
+#[tokio::test]
+async fn a_managed_proxy_becomes_ready_and_deletion_releases_it() {
+    let h = start().await;
+    h.api
+        .create(&PostParams::default(), &proxy("p1", "zone-a"))
+        .await
+        .unwrap();
+    let running = wait_for(&h, "p1", Phase::Running).await;
+    let status = running.status.clone().unwrap();
+    assert!(!status.ip.is_empty() && !status.provider_id.is_empty(), "{status:?}");
+    assert_eq!(running.finalizers(), [FINALIZER]);
+    assert!(running.annotations().contains_key(ANNOTATION_SPEC_HASH));
+    assert_eq!(running.condition("Provisioned").unwrap().reason, "Running");
+    assert_eq!(live_instances(&h).await, 1);
+
+    h.health.0.lock().unwrap().insert(
+        (NS.into(), "p1".into()),
+        Verdict {
+            healthy: true,
+            latency_millis: 9,
+        },
+    );
+    let ready = wait_for(&h, "p1", Phase::Ready).await;
+    assert_eq!(ready.status.as_ref().unwrap().latency_millis, Some(9));
+
+    let uid = ready.uid().unwrap();
+    h.api.delete("p1", &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(
+        LIVENESS,
+        await_condition(h.api.clone(), "p1", conditions::is_deleted(&uid)),
+    )
+    .await
+    .expect("the finalizer is released")
+    .unwrap();
+    assert_eq!(live_instances(&h).await, 0, "the instance went before the finalizer");
+}
+
+#[tokio::test]
+async fn skip_cleanup_releases_the_proxy_and_leaves_the_instance() {
+    let h = start().await;
+    h.api
+        .create(&PostParams::default(), &proxy("p2", "zone-a"))
+        .await
+        .unwrap();
+    let running = wait_for(&h, "p2", Phase::Running).await;
+    let annotate = Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION_SKIP_CLEANUP: "true"}}}));
+    h.api.patch("p2", &PatchParams::default(), &annotate).await.unwrap();
+    let removes_before = h
+        .backend
+        .call_log()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind.0 == "remove")
+        .count();
+    h.api.delete("p2", &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(
+        LIVENESS,
+        await_condition(h.api.clone(), "p2", conditions::is_deleted(&running.uid().unwrap())),
+    )
+    .await
+    .expect("the finalizer is released")
+    .unwrap();
+    let removes_after = h
+        .backend
+        .call_log()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind.0 == "remove")
+        .count();
+    assert_eq!(removes_after, removes_before, "no provider delete");
+    assert_eq!(live_instances(&h).await, 1, "the instance is abandoned, not deleted");
+}
+
+#[tokio::test]
+async fn a_permanent_error_latches_until_the_spec_changes() {
+    let h = start().await;
+    h.api
+        .create(&PostParams::default(), &proxy("p3", "zone-z"))
+        .await
+        .unwrap();
+    let failed = wait_for(&h, "p3", Phase::Failed).await;
+    let provisioned = failed.condition("Provisioned").unwrap();
+    assert_eq!(provisioned.reason, "PermanentError");
+    assert!(provisioned.message.contains("zone"), "{}", provisioned.message);
+    assert_eq!(provisioned.observed_generation, failed.metadata.generation);
+    let fix = Patch::Merge(json!({"spec": {"placement": {"zone": "zone-a"}}}));
+    h.api.patch("p3", &PatchParams::default(), &fix).await.unwrap();
+    wait_for(&h, "p3", Phase::Running).await;
+}
+
+#[tokio::test]
+async fn steady_state_writes_nothing() {
+    let h = start().await;
+    h.api
+        .create(&PostParams::default(), &proxy("p4", "zone-a"))
+        .await
+        .unwrap();
+    h.health.0.lock().unwrap().insert(
+        (NS.into(), "p4".into()),
+        Verdict {
+            healthy: true,
+            latency_millis: 4,
+        },
+    );
+    wait_for(&h, "p4", Phase::Ready).await;
+    // Let the first drift passes settle, then count: several more passes must write nothing.
+    let lookups = || async {
+        h.backend
+            .call_log()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|c| c.kind.0 == "lookup")
+            .count()
+    };
+    let settle = lookups().await + 2;
+    let wait_lookups = |n: usize| async move {
+        tokio::time::timeout(LIVENESS, async {
+            while lookups().await < n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("drift passes keep coming");
+    };
+    wait_lookups(settle).await;
+    h.server.requests().reset();
+    let from = lookups().await;
+    wait_lookups(from + 5).await;
+    assert_eq!(h.server.requests().writes("proxies"), 0);
+    assert_eq!(h.server.requests().writes("proxies/status"), 0);
+}
+
+#[tokio::test]
+async fn a_spec_change_replaces_the_instance_only_after_the_old_one_is_gone() {
+    let h = start().await;
+    h.api
+        .create(&PostParams::default(), &proxy("p5", "zone-a"))
+        .await
+        .unwrap();
+    let before = wait_for(&h, "p5", Phase::Running).await;
+    let old_hash = before.annotations()[ANNOTATION_SPEC_HASH].clone();
+    let calls_before = h.backend.call_log().await.unwrap().len();
+    h.api
+        .patch(
+            "p5",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 8080}})),
+        )
+        .await
+        .unwrap();
+    let after = tokio::time::timeout(
+        LIVENESS,
+        await_condition(h.api.clone(), "p5", |p: Option<&Proxy>| {
+            p.is_some_and(|p| {
+                p.annotations().get(ANNOTATION_SPEC_HASH) != Some(&old_hash)
+                    && p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
+            })
+        }),
+    )
+    .await
+    .expect("the replacement runs")
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        after.status.as_ref().unwrap().provider_id,
+        before.status.as_ref().unwrap().provider_id,
+        "the same name"
+    );
+    let calls: Vec<String> = h.backend.call_log().await.unwrap()[calls_before..]
+        .iter()
+        .map(|c| c.kind.0.to_string())
+        .collect();
+    let removed = calls
+        .iter()
+        .position(|k| k == "remove")
+        .expect("the old instance was removed");
+    let inserted = calls
+        .iter()
+        .position(|k| k == "insert")
+        .expect("a new instance was created");
+    assert!(removed < inserted, "remove before insert: {calls:?}");
+    assert_eq!(live_instances(&h).await, 1);
+}
