@@ -1,9 +1,16 @@
-//! Orphan GC's rule for one listed instance (spec/core.md §6.2), as a pure function.
+//! Orphan GC (spec/core.md §6): deletes provider instances whose Proxy is gone. The rule for
+//! one instance is a pure function ([`verdict`]); [`OrphanGc::sweep`] is one sweep.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use egress_provider::Instance;
+use egress_api::Proxy;
+use egress_provider::{Instance, OpCtx, Providers};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Why an instance is kept, or that it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +54,126 @@ pub fn verdict(
             // Younger than the minimum, or created "in the future".
             _ => Verdict::KeepYoung,
         },
+    }
+}
+
+/// Orphan GC, leader-only.
+#[derive(Clone)]
+pub struct OrphanGc {
+    pub client: Client,
+    pub providers: Arc<Providers>,
+    /// Time between sweeps (`--gc-interval`, default 10m).
+    pub interval: Duration,
+    /// Instances younger than this are kept (`--gc-min-age`, default 10m).
+    pub min_age: Duration,
+    /// When set, only instances carrying this installation mark are collected.
+    pub installation: Option<String>,
+}
+
+impl std::fmt::Debug for OrphanGc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrphanGc")
+            .field("interval", &self.interval)
+            .field("min_age", &self.min_age)
+            .field("installation", &self.installation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// False when the Proxy list failed and nothing was looked at.
+    pub swept: bool,
+    pub deleted: usize,
+    /// Providers whose list failed, skipped for this sweep.
+    pub skipped: Vec<String>,
+}
+
+/// Proxies are listed in pages of this size, so a large cluster is not read in one answer.
+const PAGE: u32 = 500;
+
+impl OrphanGc {
+    /// The UIDs of every Proxy in the cluster, from an uncached, cluster-wide list (a
+    /// namespace-restricted view would make other namespaces' instances look orphaned).
+    /// Proxies being deleted count as live: their own reconciler cleans up.
+    async fn live_uids(&self) -> Result<HashSet<String>, kube::Error> {
+        let api: Api<Proxy> = Api::all(self.client.clone());
+        let mut uids = HashSet::new();
+        let mut params = ListParams::default().limit(PAGE);
+        loop {
+            let page = api.list(&params).await?;
+            uids.extend(page.items.iter().filter_map(|p| p.uid()));
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return Ok(uids),
+            }
+        }
+    }
+
+    /// One sweep, providers one after another. A provider whose list fails is skipped; the others
+    /// are still swept. A failed Proxy list skips the whole sweep: never act on an empty live set.
+    pub async fn sweep(&self, cx: &OpCtx) -> SweepReport {
+        let span = tracing::info_span!(
+            "gc.sweep",
+            gc.providers = self.providers.entries().len(),
+            gc.deleted = tracing::field::Empty
+        );
+        let report = async {
+            let mut report = SweepReport::default();
+            let live = match self.live_uids().await {
+                Ok(live) => live,
+                Err(e) => {
+                    tracing::error!(target: "orphan-gc", error = %e, "listing Proxies failed; skipping this sweep");
+                    return report;
+                }
+            };
+            report.swept = true;
+            for entry in self.providers.entries() {
+                let instances = match entry.provider.list_by_tag(cx).await {
+                    Ok(list) => list,
+                    Err(e) => {
+                        tracing::error!(target: "orphan-gc", provider = %entry.name, error = %e, "listing instances failed; skipping this provider");
+                        report.skipped.push(entry.name.clone());
+                        continue;
+                    }
+                };
+                for instance in instances {
+                    let v = verdict(&instance, &live, self.installation.as_deref(), SystemTime::now(), self.min_age);
+                    if v != Verdict::Delete {
+                        continue;
+                    }
+                    match entry.provider.delete(cx, &instance.id).await {
+                        Ok(()) => {
+                            report.deleted += 1;
+                            tracing::info!(target: "orphan-gc", provider = %entry.name, providerID = %instance.id.as_str(), uid = %instance.uid, "deleted an orphaned instance");
+                        }
+                        Err(e) => tracing::error!(
+                            target: "orphan-gc", provider = %entry.name, providerID = %instance.id.as_str(),
+                            uid = %instance.uid, error = %e, "deleting orphaned instance"
+                        ),
+                    }
+                }
+            }
+            report
+        }
+        .instrument(span.clone())
+        .await;
+        span.record("gc.deleted", report.deleted);
+        report
+    }
+
+    /// Sweeps every interval until `shutdown`; the first sweep comes after one interval, once the
+    /// operator has settled.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let cx = OpCtx::with_cancel(shutdown.child_token());
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.interval) => {}
+            }
+            self.sweep(&cx).await;
+        }
     }
 }
 

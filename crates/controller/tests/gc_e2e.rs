@@ -1,0 +1,233 @@
+//! Orphan GC sweeps against egress-kube-testserver and the in-memory reference provider.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use egress_api::{Proxy, ProxySpec};
+use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_conformance::{BackendHooks, CallKind, Fault, SeedSpec, SeedTime, Times};
+use egress_controller::gc::{OrphanGc, SweepReport};
+use egress_kube_testserver::{Fault as ApiFault, TestServer, Verb};
+use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
+use egress_provider::decorate::ProviderMetrics;
+use egress_provider::{CreateRequest, OpCtx, Placement, ProviderType, Providers, Registry};
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+
+struct Setup {
+    server: TestServer,
+    backends: Vec<MemoryBackend>,
+    providers: Arc<Providers>,
+}
+
+async fn setup(names: &[&str]) -> Setup {
+    let server = TestServer::builder()
+        .custom_resource::<Proxy>()
+        .namespace("a")
+        .namespace("b")
+        .start()
+        .await
+        .unwrap();
+    let backends: Vec<MemoryBackend> = names.iter().map(|_| MemoryBackend::new()).collect();
+    let mut registry = Registry::new();
+    for (i, backend) in backends.iter().enumerate() {
+        let backend = backend.clone();
+        let type_name: &'static str = Box::leak(format!("memory{i}").into_boxed_str());
+        registry = registry.with(ProviderType::new(
+            type_name,
+            validators::none,
+            move |entry: &ProviderConfig| {
+                let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
+                    &entry.name,
+                    MemoryTarget::config(&backend),
+                    backend.clone(),
+                    vec![],
+                ));
+                Ok(p)
+            },
+        ));
+    }
+    let config = ProvidersConfig {
+        providers: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| ProviderConfig {
+                name: (*n).into(),
+                type_name: format!("memory{i}"),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    Setup {
+        server,
+        backends,
+        providers,
+    }
+}
+
+fn gc(s: &Setup, min_age: Duration, installation: Option<&str>) -> OrphanGc {
+    OrphanGc {
+        client: s.server.client().unwrap(),
+        providers: s.providers.clone(),
+        interval: Duration::from_secs(600),
+        min_age,
+        installation: installation.map(str::to_string),
+    }
+}
+
+async fn live_proxy(s: &Setup, namespace: &str) -> String {
+    let api: Api<Proxy> = Api::namespaced(s.server.client().unwrap(), namespace);
+    let p = Proxy::new(
+        "live",
+        ProxySpec {
+            provider: "mem1".into(),
+            ..Default::default()
+        },
+    );
+    api.create(&PostParams::default(), &p).await.unwrap().uid().unwrap()
+}
+
+async fn names(backend: &MemoryBackend) -> Vec<String> {
+    let mut names: Vec<String> = backend
+        .inventory()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|o| o.kind == "instance")
+        .map(|o| o.owner)
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn a_sweep_deletes_old_orphans_only() {
+    let s = setup(&["mem1"]).await;
+    // The live Proxy is in another namespace than any default: the live set is cluster-wide.
+    let uid = live_proxy(&s, "b").await;
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    let b = &s.backends[0];
+    b.seed(SeedSpec {
+        created_at: SeedTime::Valid(hour_ago),
+        ..SeedSpec::marked("owned", uid)
+    })
+    .await
+    .unwrap();
+    b.seed(SeedSpec {
+        created_at: SeedTime::Valid(hour_ago),
+        ..SeedSpec::marked("orphan-old", "gone-1")
+    })
+    .await
+    .unwrap();
+    b.seed(SeedSpec {
+        created_at: SeedTime::Missing,
+        ..SeedSpec::marked("orphan-undated", "gone-2")
+    })
+    .await
+    .unwrap();
+    b.seed(SeedSpec::marked("orphan-young", "gone-3")).await.unwrap();
+    b.seed(SeedSpec {
+        uid: None,
+        created_at: SeedTime::Valid(hour_ago),
+        ..SeedSpec::marked("unmarked", "x")
+    })
+    .await
+    .unwrap();
+    let report = gc(&s, Duration::from_secs(600), None).sweep(&OpCtx::background()).await;
+    assert_eq!(
+        report,
+        SweepReport {
+            swept: true,
+            deleted: 2,
+            skipped: vec![]
+        }
+    );
+    assert_eq!(names(b).await, vec!["orphan-young", "owned", "unmarked"]);
+}
+
+#[tokio::test]
+async fn a_broken_provider_is_skipped_and_the_others_swept() {
+    let s = setup(&["mem1", "mem2"]).await;
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    for b in &s.backends {
+        b.seed(SeedSpec {
+            created_at: SeedTime::Valid(old),
+            ..SeedSpec::marked("orphan", "gone")
+        })
+        .await
+        .unwrap();
+    }
+    s.backends[1]
+        .fail(CallKind("list"), Fault::Server5xx, Times::Always)
+        .await
+        .unwrap();
+    let report = gc(&s, Duration::from_secs(600), None).sweep(&OpCtx::background()).await;
+    assert_eq!(
+        report,
+        SweepReport {
+            swept: true,
+            deleted: 1,
+            skipped: vec!["mem2".into()]
+        }
+    );
+    assert!(names(&s.backends[0]).await.is_empty());
+    s.backends[1].clear_faults().await.unwrap();
+    assert_eq!(names(&s.backends[1]).await, vec!["orphan"]);
+}
+
+#[tokio::test]
+async fn a_failed_proxy_list_skips_the_whole_sweep() {
+    let s = setup(&["mem1"]).await;
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    s.backends[0]
+        .seed(SeedSpec {
+            created_at: SeedTime::Valid(old),
+            ..SeedSpec::marked("orphan", "gone")
+        })
+        .await
+        .unwrap();
+    s.server.faults().inject(ApiFault::fail(Verb::List, "proxies", 500));
+    let report = gc(&s, Duration::from_secs(600), None).sweep(&OpCtx::background()).await;
+    assert_eq!(
+        report,
+        SweepReport {
+            swept: false,
+            deleted: 0,
+            skipped: vec![]
+        }
+    );
+    assert_eq!(
+        names(&s.backends[0]).await,
+        vec!["orphan"],
+        "never act on an empty live set"
+    );
+}
+
+#[tokio::test]
+async fn another_installations_instances_are_never_collected() {
+    let s = setup(&["mem1"]).await;
+    let provider = s.providers.get("mem1").unwrap().clone();
+    let cx = OpCtx::background();
+    for (name, installation) in [("ours", Some("blue")), ("theirs", Some("green")), ("unlabelled", None)] {
+        let req = CreateRequest {
+            name: name.into(),
+            uid: format!("gone-{name}"),
+            namespace: "a".into(),
+            proxy_name: name.into(),
+            placement: Placement {
+                zone: "zone-a".into(),
+                machine_type: "small".into(),
+                image: "debian-13".into(),
+                ..Default::default()
+            },
+            cloud_init: String::new(),
+            port: 3128,
+            installation: installation.map(str::to_string),
+        };
+        provider.create(&cx, &req).await.unwrap();
+    }
+    let report = gc(&s, Duration::ZERO, Some("blue")).sweep(&cx).await;
+    assert_eq!(report.deleted, 1);
+    assert_eq!(names(&s.backends[0]).await, vec!["theirs", "unlabelled"]);
+}
