@@ -65,6 +65,15 @@ pub struct Input<'a> {
     pub now: Time,
 }
 
+/// Why the cloud-init Secret gave no text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretProblem {
+    /// Missing, unlabelled, without the key, or not text: a `CloudInitError` on the Proxy.
+    Unusable(String),
+    /// The API server did not answer: retried with backoff, the status left as it was.
+    Unavailable(String),
+}
+
 /// What this pass has done and learned so far.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
@@ -73,7 +82,7 @@ pub struct Facts {
     /// The spec hash written into the annotation in this pass.
     pub spec_hash_written: Option<String>,
     /// The cloud-init text from the Secret, or why it could not be read.
-    pub secret: Option<Result<String, String>>,
+    pub secret: Option<Result<String, SecretProblem>>,
     pub get: Option<Result<Instance, Failure>>,
     pub create: Option<Result<ProviderId, Failure>>,
     pub delete: Option<Result<(), Failure>>,
@@ -128,6 +137,31 @@ pub struct Outcome {
 pub enum Next {
     Do(Action),
     Done(Outcome),
+}
+
+/// Whether this step of the pass belongs to a replacement (an instance is recorded and the spec
+/// hash it was built from differs from the spec's): the `reconcile.replaceInstance` span.
+pub fn replacing(input: &Input<'_>, facts: &Facts) -> bool {
+    let proxy = input.proxy;
+    if proxy.metadata.deletion_timestamp.is_some() || proxy.spec.mode != Mode::Managed {
+        return false;
+    }
+    if proxy.status.as_ref().is_none_or(|s| s.provider_id.is_empty()) {
+        return false;
+    }
+    let Ok(Ok(text)) = cloud_init(input, facts) else {
+        return false;
+    };
+    let hash = spec_hash(&proxy.spec, text.as_bytes());
+    let recorded = facts.spec_hash_written.clone().or_else(|| {
+        proxy
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(egress_api::ANNOTATION_SPEC_HASH))
+            .cloned()
+    });
+    recorded.is_some_and(|r| r != hash)
 }
 
 /// The message on `Provisioned=False` while an instance boots.
@@ -221,7 +255,10 @@ fn into_outcome(next: Next) -> Outcome {
 }
 
 /// The cloud-init text, once known: inline text is at hand, a Secret needs a read.
-fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<String, String>, Action> {
+fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<String, SecretProblem>, Action> {
+    let both = || {
+        SecretProblem::Unusable("exactly one of spec.cloudInit.inline and spec.cloudInit.secretRef must be set".into())
+    };
     match &input.proxy.spec.cloud_init {
         None => Ok(Ok(String::new())),
         Some(ci) => match (&ci.inline, &ci.secret_ref) {
@@ -231,9 +268,7 @@ fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<String, String>
                 Some(result) => Ok(result.clone()),
             },
             (None, None) => Ok(Ok(String::new())),
-            (Some(_), Some(_)) => Ok(Err(
-                "exactly one of spec.cloudInit.inline and spec.cloudInit.secretRef must be set".into(),
-            )),
+            (Some(_), Some(_)) => Ok(Err(both())),
         },
     }
 }
@@ -255,6 +290,10 @@ fn provider_failure(
                 reasons::QUOTA_EXCEEDED,
                 &failure.message,
             );
+            if status.ip.is_empty() {
+                // No address, nothing probed: no health verdict either.
+                apply_verdict(&mut status, None, generation(input.proxy), &input.now);
+            }
             finish(
                 input,
                 status,
@@ -272,9 +311,10 @@ fn provider_failure(
             );
             finish(input, status, instance, Requeue::Never)
         }
-        // A transient error leaves the status as it was: a Ready proxy stays Ready.
+        // A transient error leaves the status exactly as fetched, even where this pass had
+        // already changed it: a Ready proxy stays Ready.
         ErrorClass::Transient | ErrorClass::NotFound => Next::Done(Outcome {
-            status,
+            status: input.proxy.status.clone().unwrap_or_default(),
             requeue: Requeue::Error(failure.message.clone()),
             note: None,
         }),
@@ -314,7 +354,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
     // 4. Cloud-init.
     let text = match cloud_init(input, facts) {
         Err(action) => return Next::Do(action),
-        Ok(Err(why)) => {
+        Ok(Err(SecretProblem::Unusable(why))) => {
             set_provisioned(
                 input,
                 &mut status,
@@ -328,6 +368,15 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
                 InstanceView::Unobserved,
                 Requeue::After(timings.drift_poll),
             );
+        }
+        // The API server could not answer: retry, and change nothing meanwhile.
+        Ok(Err(SecretProblem::Unavailable(why))) => {
+            let status = input.proxy.status.clone().unwrap_or_default();
+            return Next::Done(Outcome {
+                status,
+                requeue: Requeue::Error(why),
+                note: None,
+            });
         }
         Ok(Ok(text)) => text,
     };
@@ -475,7 +524,8 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
                 "the instance stopped; replacing it",
             );
             match &facts.delete {
-                None => Next::Do(Action::Delete(instance.id.clone())),
+                // The id as recorded in the status, which is what Delete is promised.
+                None => Next::Do(Action::Delete(ProviderId::new(status.provider_id.clone()))),
                 Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
                 Some(Ok(())) => finish(
                     input,

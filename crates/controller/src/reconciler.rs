@@ -2,6 +2,7 @@
 //! each action with kube or the provider, and flushes the status when it changed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,8 +15,11 @@ use kube::runtime::controller::Action as Requeue_;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
-use crate::decide::{Action, Facts, Failure, Input, Next, Note, Requeue, Timings, next};
+use crate::decide::{
+    Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, SecretProblem, Timings, next, replacing,
+};
 use crate::merge;
 use crate::status::Verdict;
 
@@ -134,18 +138,23 @@ fn create_request(proxy: &Proxy, cloud_init: String, installation: Option<String
 
 /// Reads a cloud-init Secret as the labelled-Secret cache would: an unlabelled Secret is
 /// invisible. The error names the Secret and key, never the content.
-async fn read_secret(client: &Client, namespace: &str, r: &SecretRef) -> Result<String, String> {
+async fn read_secret(client: &Client, namespace: &str, r: &SecretRef) -> Result<String, SecretProblem> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let missing = || {
-        format!(
+        SecretProblem::Unusable(format!(
             "Secret \"{}\" with label {LABEL_CLOUD_INIT}=true and key \"{}\" not found in namespace {namespace}",
             r.name, r.key
-        )
+        ))
     };
     let secret = match api.get_opt(&r.name).await {
         Ok(Some(s)) => s,
         Ok(None) => return Err(missing()),
-        Err(e) => return Err(format!("reading Secret \"{}\": {e}", r.name)),
+        Err(e) => {
+            return Err(SecretProblem::Unavailable(format!(
+                "reading Secret \"{}\": {e}",
+                r.name
+            )));
+        }
     };
     let labelled = secret.labels().get(LABEL_CLOUD_INIT).is_some_and(|v| v == "true");
     if !labelled {
@@ -157,7 +166,8 @@ async fn read_secret(client: &Client, namespace: &str, r: &SecretRef) -> Result<
         .and_then(|d| d.get(&r.key))
         .map(|b| b.0.clone())
         .ok_or_else(missing)?;
-    String::from_utf8(bytes).map_err(|_| format!("Secret \"{}\" key \"{}\" is not UTF-8 text", r.name, r.key))
+    String::from_utf8(bytes)
+        .map_err(|_| SecretProblem::Unusable(format!("Secret \"{}\" key \"{}\" is not UTF-8 text", r.name, r.key)))
 }
 
 /// Writes metadata with a merge patch conditioned on the resourceVersion the pass started from
@@ -182,79 +192,65 @@ async fn write_metadata(
     Ok(updated.resource_version().unwrap_or_default())
 }
 
-/// One reconcile of one Proxy.
+/// One reconcile of one Proxy, in its `Reconcile Proxy` span (spec/core.md §9.3).
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_, ReconcileError> {
+    static RECONCILE_ID: AtomicU64 = AtomicU64::new(0);
+    let span = tracing::info_span!(
+        "Reconcile Proxy",
+        otel.kind = "internal",
+        k8s.namespace.name = %proxy.namespace().unwrap_or_default(),
+        k8s.object.name = %proxy.name_any(),
+        reconcile.id = RECONCILE_ID.fetch_add(1, Ordering::Relaxed) + 1,
+        reconcile.requeue_after = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let result = reconcile_in_span(&proxy, &ctx, &span).instrument(span.clone()).await;
+    match &result {
+        Ok(Requeue::After(d)) => {
+            span.record("reconcile.requeue_after", d.as_secs_f64());
+        }
+        Ok(_) => {}
+        Err(_) => {
+            span.record("otel.status_code", "error");
+        }
+    }
+    let result = result.and_then(|requeue| match requeue {
+        Requeue::After(d) => Ok(Requeue_::requeue(d)),
+        Requeue::Never => Ok(Requeue_::await_change()),
+        Requeue::Error(message) => Err(ReconcileError::Provider(message)),
+    });
+    if result.is_ok() {
+        ctx.succeeded(&key(&proxy));
+    }
+    result
+}
+
+async fn reconcile_in_span(proxy: &Proxy, ctx: &Context, root: &tracing::Span) -> Result<Requeue, ReconcileError> {
     let namespace = proxy.namespace().unwrap_or_default();
     let name = proxy.name_any();
     let api: Api<Proxy> = Api::namespaced(ctx.client.clone(), &namespace);
-    let provider: Option<Arc<dyn Provider>> = ctx.providers.get(&proxy.spec.provider).cloned();
-    let input = Input {
-        proxy: &proxy,
-        provider_configured: provider.is_some(),
-        verdict: ctx.health.verdict(&namespace, &name),
-        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    let path = if proxy.metadata.deletion_timestamp.is_some() {
+        Some(tracing::info_span!("reconcile.delete", otel.kind = "internal"))
+    } else if proxy.spec.mode == egress_api::Mode::Managed {
+        Some(tracing::info_span!("reconcile.managed", otel.kind = "internal"))
+    } else {
+        // The external path does no I/O and has no span.
+        None
     };
-    let cx = OpCtx::with_cancel(ctx.shutdown.child_token());
-    let mut facts = Facts::default();
-    let mut rv = proxy.resource_version().unwrap_or_default();
-    let mut finalizers = proxy.finalizers().to_vec();
-    let mut outcome = None;
-    for _ in 0..MAX_STEPS {
-        let action = match next(&input, &facts, &ctx.timings) {
-            Next::Done(o) => {
-                outcome = Some(o);
-                break;
-            }
-            Next::Do(a) => a,
-        };
-        // The decision asks for a provider call only when the provider is configured.
-        let p = || {
-            provider
-                .as_ref()
-                .expect("the decision checked that the provider is configured")
-        };
-        match action {
-            Action::AddFinalizer => {
-                finalizers.push(FINALIZER.into());
-                rv = write_metadata(&api, &name, &rv, json!({"finalizers": finalizers}), "finalizer").await?;
-                facts.finalizer_added = true;
-            }
-            Action::RemoveFinalizer => {
-                finalizers.retain(|f| f != FINALIZER);
-                match write_metadata(&api, &name, &rv, json!({"finalizers": finalizers}), "finalizer").await {
-                    Ok(new_rv) => rv = new_rv,
-                    // Removing the last finalizer may have let the object go already.
-                    Err(ReconcileError::Kube {
-                        source: kube::Error::Api(s),
-                        ..
-                    }) if s.code == 404 => {}
-                    Err(e) => return Err(e),
-                }
-                facts.finalizer_removed = true;
-            }
-            Action::WriteSpecHash(hash) => {
-                let annotations = json!({ANNOTATION_SPEC_HASH: hash});
-                rv = write_metadata(
-                    &api,
-                    &name,
-                    &rv,
-                    json!({"annotations": annotations}),
-                    "spec-hash annotation",
-                )
-                .await?;
-                facts.spec_hash_written = Some(hash);
-            }
-            Action::ReadSecret(r) => facts.secret = Some(read_secret(&ctx.client, &namespace, &r).await),
-            Action::Get(id) => facts.get = Some(p().get(&cx, &id).await.map_err(|e| failure(&e))),
-            Action::Create { cloud_init } => {
-                let request = create_request(&proxy, cloud_init, ctx.installation.clone());
-                facts.create = Some(p().create(&cx, &request).await.map_err(|e| failure(&e)));
-            }
-            Action::Delete(id) => facts.delete = Some(p().delete(&cx, &id).await.map_err(|e| failure(&e))),
-        }
-    }
-    let outcome = outcome.ok_or(ReconcileError::Runaway)?;
-    flush_status(&api, &proxy, &outcome.status).await?;
+    let pass = match path {
+        Some(span) => run_pass(proxy, ctx, &api, root).instrument(span).await,
+        None => run_pass(proxy, ctx, &api, root).await,
+    };
+    // The status flush runs on every exit, errors included (with nothing decided, the fetched
+    // status is flushed, which writes nothing).
+    let status = match &pass {
+        Ok(outcome) => outcome.status.clone(),
+        Err(_) => proxy.status.clone().unwrap_or_default(),
+    };
+    let flushed = flush_status(&api, proxy, &status)
+        .instrument(tracing::info_span!("status.patch", otel.kind = "internal"))
+        .await;
+    let outcome = pass?;
     match &outcome.note {
         Some(Note::SkipCleanup { provider_id }) => tracing::info!(
             proxy = %name, namespace = %namespace, providerID = %provider_id, provider = %proxy.spec.provider,
@@ -266,23 +262,137 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_,
         ),
         None => {}
     }
-    match outcome.requeue {
-        Requeue::After(d) => {
-            ctx.succeeded(&key(&proxy));
-            Ok(Requeue_::requeue(d))
-        }
-        Requeue::Never => {
-            ctx.succeeded(&key(&proxy));
-            Ok(Requeue_::await_change())
-        }
-        Requeue::Error(message) => Err(ReconcileError::Provider(message)),
+    match (outcome.requeue, flushed) {
+        (requeue, Ok(())) => Ok(requeue),
+        // A failed status write is added to the reconcile's own error, if it has one.
+        (Requeue::Error(message), Err(e)) => Err(ReconcileError::Provider(format!("{message}; {e}"))),
+        (_, Err(e)) => Err(e),
     }
+}
+
+/// The steps of one pass until the decision ends it.
+async fn run_pass(
+    proxy: &Proxy,
+    ctx: &Context,
+    api: &Api<Proxy>,
+    root: &tracing::Span,
+) -> Result<Outcome, ReconcileError> {
+    let namespace = proxy.namespace().unwrap_or_default();
+    let name = proxy.name_any();
+    let provider: Option<Arc<dyn Provider>> = ctx.providers.get(&proxy.spec.provider).cloned();
+    let input = Input {
+        proxy,
+        provider_configured: provider.is_some(),
+        verdict: ctx.health.verdict(&namespace, &name),
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    let cx = OpCtx::with_cancel(ctx.shutdown.child_token());
+    let mut facts = Facts::default();
+    let mut rv = proxy.resource_version().unwrap_or_default();
+    let mut finalizers = proxy.finalizers().to_vec();
+    let mut replace_span: Option<tracing::Span> = None;
+    for _ in 0..MAX_STEPS {
+        let action = match next(&input, &facts, &ctx.timings) {
+            Next::Done(o) => return Ok(o),
+            Next::Do(a) => a,
+        };
+        // The steps of a replacement share one `reconcile.replaceInstance` span, a sibling of
+        // `reconcile.managed` under `Reconcile Proxy`.
+        let step_span = if replacing(&input, &facts) {
+            replace_span
+                .get_or_insert_with(
+                    || tracing::info_span!(parent: root, "reconcile.replaceInstance", otel.kind = "internal"),
+                )
+                .clone()
+        } else {
+            tracing::Span::current()
+        };
+        perform(
+            action,
+            proxy,
+            ctx,
+            api,
+            provider.as_ref(),
+            &cx,
+            &mut facts,
+            &mut rv,
+            &mut finalizers,
+        )
+        .instrument(step_span)
+        .await?;
+    }
+    Err(ReconcileError::Runaway)
+}
+
+/// Performs one action and records its result in the facts.
+#[allow(clippy::too_many_arguments)]
+async fn perform(
+    action: Action,
+    proxy: &Proxy,
+    ctx: &Context,
+    api: &Api<Proxy>,
+    provider: Option<&Arc<dyn Provider>>,
+    cx: &OpCtx,
+    facts: &mut Facts,
+    rv: &mut String,
+    finalizers: &mut Vec<String>,
+) -> Result<(), ReconcileError> {
+    let name = proxy.name_any();
+    // The decision asks for a provider call only when the provider is configured.
+    let p = || {
+        provider
+            .ok_or_else(|| ReconcileError::Provider(format!("provider \"{}\" is not configured", proxy.spec.provider)))
+    };
+    match action {
+        Action::AddFinalizer => {
+            finalizers.push(FINALIZER.into());
+            *rv = write_metadata(api, &name, rv, json!({"finalizers": finalizers}), "finalizer").await?;
+            facts.finalizer_added = true;
+        }
+        Action::RemoveFinalizer => {
+            finalizers.retain(|f| f != FINALIZER);
+            match write_metadata(api, &name, rv, json!({"finalizers": finalizers}), "finalizer").await {
+                Ok(new_rv) => *rv = new_rv,
+                // Removing the last finalizer may have let the object go already.
+                Err(ReconcileError::Kube {
+                    source: kube::Error::Api(s),
+                    ..
+                }) if s.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+            facts.finalizer_removed = true;
+        }
+        Action::WriteSpecHash(hash) => {
+            let annotations = json!({ANNOTATION_SPEC_HASH: hash});
+            *rv = write_metadata(
+                api,
+                &name,
+                rv,
+                json!({"annotations": annotations}),
+                "spec-hash annotation",
+            )
+            .await?;
+            facts.spec_hash_written = Some(hash);
+        }
+        Action::ReadSecret(r) => {
+            let namespace = proxy.namespace().unwrap_or_default();
+            facts.secret = Some(read_secret(&ctx.client, &namespace, &r).await);
+        }
+        Action::Get(id) => facts.get = Some(p()?.get(cx, &id).await.map_err(|e| failure(&e))),
+        Action::Create { cloud_init } => {
+            let request = create_request(proxy, cloud_init, ctx.installation.clone());
+            facts.create = Some(p()?.create(cx, &request).await.map_err(|e| failure(&e)));
+        }
+        Action::Delete(id) => facts.delete = Some(p()?.delete(cx, &id).await.map_err(|e| failure(&e))),
+    }
+    Ok(())
 }
 
 /// Sends the status as a merge patch against the fetched status, only when it changed. A Proxy
 /// that is gone (its last finalizer just went) is not an error.
 async fn flush_status(api: &Api<Proxy>, base: &Proxy, status: &egress_api::ProxyStatus) -> Result<(), ReconcileError> {
-    let before = serde_json::to_value(&base.status).unwrap_or_default();
+    // No status and an empty one are the same thing: nothing to write.
+    let before = serde_json::to_value(base.status.clone().unwrap_or_default()).unwrap_or_default();
     let after = serde_json::to_value(status).unwrap_or_default();
     if before == after {
         return Ok(());

@@ -8,7 +8,9 @@ use egress_api::{
     ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, CloudInit, ConditionStatus, Endpoint, FINALIZER, Mode, Phase,
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
 };
-use egress_controller::decide::{Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, Timings, next};
+use egress_controller::decide::{
+    Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, SecretProblem, Timings, next,
+};
 use egress_controller::spec_hash::spec_hash;
 use egress_controller::status::{Verdict, set_condition};
 use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId};
@@ -72,7 +74,7 @@ fn fail(class: ErrorClass, message: &str) -> Failure {
 struct World {
     configured: bool,
     verdict: Option<Verdict>,
-    secret: Option<Result<String, String>>,
+    secret: Option<Result<String, SecretProblem>>,
     get: Option<Result<Instance, Failure>>,
     create: Option<Result<ProviderId, Failure>>,
     delete: Option<Result<(), Failure>>,
@@ -220,7 +222,9 @@ fn with_secret(mut p: Proxy) -> Proxy {
 #[test]
 fn an_unreadable_cloud_init_secret_is_a_cloud_init_error_and_not_latched() {
     let w = World {
-        secret: Some(Err("secret \"s\" (key \"userdata\") not found or not labelled".into())),
+        secret: Some(Err(SecretProblem::Unusable(
+            "secret \"s\" not found or not labelled".into(),
+        ))),
         ..world()
     };
     let (actions, _, o) = run(&with_secret(proxy()), &w);
@@ -686,4 +690,268 @@ fn deletion_by_what_get_and_delete_answer() {
         assert_eq!(o.note, note, "{name}");
         assert_eq!(o.status.phase, Some(Phase::Deleting), "{name}");
     }
+}
+
+// ---- rows added after review: failure classes on every provider call, and ordering ---------
+
+fn ready_proxy() -> Proxy {
+    let mut p = proxy();
+    let w = World {
+        verdict: Some(Verdict {
+            healthy: true,
+            latency_millis: 5,
+        }),
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    p.status = Some(run(&p, &w).2.status);
+    assert_eq!(p.status.as_ref().unwrap().phase, Some(Phase::Ready));
+    p
+}
+
+#[test]
+fn observing_failures_by_class() {
+    let rows = [
+        (
+            ErrorClass::QuotaExceeded,
+            SECS(300),
+            Some(Phase::Pending),
+            Some(reasons::QUOTA_EXCEEDED),
+        ),
+        (
+            ErrorClass::Permanent,
+            Requeue::Never,
+            Some(Phase::Failed),
+            Some(reasons::PERMANENT_ERROR),
+        ),
+    ];
+    for (class, requeue, phase, reason) in rows {
+        let w = World {
+            get: Some(Err(fail(class, "backend says no"))),
+            ..world()
+        };
+        let (actions, _, o) = run(&proxy(), &w);
+        assert_eq!(actions, ["Get"], "{class:?}");
+        assert_eq!((o.requeue.clone(), o.status.phase), (requeue, phase), "{class:?}");
+        assert_eq!(provisioned(&o).map(|(_, r)| r), reason.map(str::to_string), "{class:?}");
+    }
+}
+
+#[test]
+fn a_stopped_instance_whose_delete_fails() {
+    let p = ready_proxy();
+    let stopped = World {
+        get: Some(Ok(instance(InstanceState::Stopped))),
+        ..world()
+    };
+    let quota = World {
+        delete: Some(Err(fail(ErrorClass::QuotaExceeded, "slow down"))),
+        ..stopped.clone()
+    };
+    let (_, _, o) = run(&p, &quota);
+    assert_eq!(o.requeue, SECS(300));
+    assert_eq!(o.status.ip, "");
+    assert_eq!(healthy(&o), None, "no address, no health verdict");
+    let permanent = World {
+        delete: Some(Err(fail(ErrorClass::Permanent, "denied"))),
+        ..stopped.clone()
+    };
+    let (_, _, o) = run(&p, &permanent);
+    assert_eq!((o.requeue, o.status.phase), (Requeue::Never, Some(Phase::Failed)));
+    let transient = World {
+        delete: Some(Err(fail(ErrorClass::Transient, "timeout"))),
+        ..stopped
+    };
+    let (_, _, o) = run(&p, &transient);
+    assert_eq!(o.requeue, Requeue::Error("timeout".into()));
+    assert_eq!(
+        Some(o.status),
+        p.status,
+        "a transient failure leaves the fetched status, untouched"
+    );
+}
+
+#[test]
+fn a_vanished_instance_whose_create_fails_transiently_changes_nothing() {
+    let p = ready_proxy();
+    let w = World {
+        get: Some(Err(fail(ErrorClass::NotFound, "gone"))),
+        create: Some(Err(fail(ErrorClass::Transient, "timeout"))),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["Get", "Create"]);
+    assert_eq!(Some(o.status), p.status);
+}
+
+#[test]
+fn replacement_failures_by_class() {
+    let mut p = ready_proxy();
+    p.spec.port = 8080;
+    let old = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    let rows = [
+        (
+            World {
+                get: Some(Err(fail(ErrorClass::Permanent, "bad id"))),
+                ..world()
+            },
+            Requeue::Never,
+            Some(Phase::Failed),
+        ),
+        (
+            World {
+                delete: Some(Err(fail(ErrorClass::Permanent, "denied"))),
+                ..old.clone()
+            },
+            Requeue::Never,
+            Some(Phase::Failed),
+        ),
+    ];
+    for (w, requeue, phase) in rows {
+        let (_, _, o) = run(&p, &w);
+        assert_eq!((o.requeue, o.status.phase), (requeue, phase));
+    }
+    let w = World {
+        delete: Some(Err(fail(ErrorClass::Transient, "timeout"))),
+        ..old
+    };
+    let (_, _, o) = run(&p, &w);
+    assert_eq!(o.requeue, Requeue::Error("timeout".into()));
+    assert_eq!(Some(o.status), p.status);
+}
+
+#[test]
+fn more_deletion_rows() {
+    let rows: Vec<DeletionRow> = vec![
+        (
+            "get quota",
+            World {
+                get: Some(Err(fail(ErrorClass::QuotaExceeded, "slow"))),
+                ..world()
+            },
+            vec!["Get"],
+            SECS(300),
+            None,
+        ),
+        (
+            "delete transient",
+            World {
+                get: Some(Ok(instance(InstanceState::Running))),
+                delete: Some(Err(fail(ErrorClass::Transient, "reset"))),
+                ..world()
+            },
+            vec!["Get", "Delete"],
+            Requeue::Error("reset".into()),
+            None,
+        ),
+        (
+            "get permanent then delete quota",
+            World {
+                get: Some(Err(fail(ErrorClass::Permanent, "no such host"))),
+                delete: Some(Err(fail(ErrorClass::QuotaExceeded, "slow"))),
+                ..world()
+            },
+            vec!["Get", "Delete"],
+            SECS(300),
+            None,
+        ),
+    ];
+    for (name, w, want, requeue, note) in rows {
+        let (actions, _, o) = run(&deleting(), &w);
+        assert_eq!(actions, want, "{name}");
+        assert_eq!(o.requeue, requeue, "{name}");
+        assert_eq!(o.note, note, "{name}");
+    }
+}
+
+#[test]
+fn the_provider_lookup_comes_before_the_secret_and_the_latch_before_both() {
+    let w = World {
+        configured: false,
+        ..world()
+    };
+    let (actions, _, o) = run(&with_secret(proxy()), &w);
+    assert!(
+        actions.is_empty(),
+        "no secret read for an unconfigured provider: {actions:?}"
+    );
+    assert_eq!(provisioned(&o).unwrap().1, reasons::PERMANENT_ERROR);
+    let mut latched = proxy();
+    let status = latched.status.as_mut().unwrap();
+    set_condition(
+        &mut status.conditions,
+        conditions::PROVISIONED,
+        ConditionStatus::False,
+        reasons::PERMANENT_ERROR,
+        "bad image",
+        Some(1),
+        &at(0),
+    );
+    let (_, _, o) = run(&latched, &w);
+    assert_eq!(
+        o.status.conditions[0].message, "bad image",
+        "the latch is kept as it was"
+    );
+}
+
+#[test]
+fn a_changed_secret_content_replaces_the_instance() {
+    let p = with_secret(proxy());
+    // The recorded hash was computed from the inline text; the Secret now says something else.
+    let w = World {
+        secret: Some(Ok("new content".into())),
+        get: Some(Ok(instance(InstanceState::Running))),
+        delete: Some(Ok(())),
+        ..world()
+    };
+    let (actions, _, _) = run(&p, &w);
+    assert_eq!(actions, ["ReadSecret", "Get", "Delete"]);
+}
+
+#[test]
+fn an_unavailable_secret_is_retried_without_touching_the_status() {
+    let p = with_secret(ready_proxy());
+    let w = World {
+        secret: Some(Err(SecretProblem::Unavailable("the API server timed out".into()))),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["ReadSecret"]);
+    assert_eq!(o.requeue, Requeue::Error("the API server timed out".into()));
+    assert_eq!(Some(o.status), p.status);
+}
+
+#[test]
+fn an_external_proxy_without_an_endpoint_is_latched_failed() {
+    let mut p = proxy();
+    p.spec = ProxySpec {
+        mode: Mode::External,
+        ..Default::default()
+    };
+    p.status = None;
+    let (_, _, o) = run(&p, &world());
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::PERMANENT_ERROR.into()))
+    );
+    assert_eq!((o.requeue, o.status.phase), (Requeue::Never, Some(Phase::Failed)));
+}
+
+#[test]
+fn a_verdict_while_booting_is_ignored() {
+    let w = World {
+        verdict: Some(Verdict {
+            healthy: true,
+            latency_millis: 5,
+        }),
+        get: Some(Ok(instance(InstanceState::Provisioning))),
+        ..world()
+    };
+    let (_, _, o) = run(&proxy(), &w);
+    assert_eq!(o.status.phase, Some(Phase::Provisioning));
+    assert_eq!(healthy(&o), None);
+    assert_eq!(o.status.latency_millis, None);
 }
