@@ -2,6 +2,7 @@
 //! built from a check round, and the transitions worth a log line.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use egress_api::{ConditionStatus, MAX_TARGET_MESSAGE, ProviderHealthStatus, ProviderTarget, conditions, reasons};
@@ -9,6 +10,8 @@ use egress_provider::TargetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::status::set_condition;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// The shortest check interval, other than 0 (off).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
@@ -189,6 +192,229 @@ pub fn transitions(previous: &[TargetStatus], current: &[TargetStatus]) -> Vec<T
             _ => None,
         })
         .collect()
+}
+
+// ---- the monitor's I/O ----------------------------------------------------------------------
+
+/// One provider's latest round, as the gauges and the status read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderResult {
+    /// The configured name.
+    pub name: String,
+    /// The configured type.
+    pub type_name: String,
+    /// When the round finished.
+    pub checked_at: std::time::SystemTime,
+    /// `None` when the provider has no checker.
+    pub targets: Option<Vec<TargetStatus>>,
+}
+
+/// The latest round of every provider. Empty before the first round, on non-leaders and when
+/// checks are off (then no target gauge is exported at all).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot(Arc<std::sync::RwLock<Vec<ProviderResult>>>);
+
+impl Snapshot {
+    /// A copy of the latest results.
+    pub fn results(&self) -> Vec<ProviderResult> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn replace(&self, results: Vec<ProviderResult>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = results;
+    }
+}
+
+/// The provider-health monitor (leader-only).
+#[derive(Clone)]
+pub struct Monitor {
+    pub client: kube::Client,
+    pub providers: Arc<egress_provider::Providers>,
+    /// `None`: checks are off.
+    pub schedule: Option<Schedule>,
+    pub snapshot: Snapshot,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor")
+            .field("schedule", &self.schedule)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a configured name can be an object name (a DNS-1123 subdomain). Names that cannot
+/// still get gauges, but no ProviderHealth object.
+pub fn valid_object_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        })
+}
+
+fn time_of(t: std::time::SystemTime) -> Time {
+    let ts = k8s_openapi::jiff::Timestamp::try_from(t).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    // Status times are whole seconds on the wire (metav1.Time).
+    Time(k8s_openapi::jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
+}
+
+impl Monitor {
+    fn api(&self) -> kube::Api<egress_api::ProviderHealth> {
+        kube::Api::all(self.client.clone())
+    }
+
+    /// Once per process: removes the operator's ProviderHealth objects for providers no longer
+    /// configured (all of them when checks are off, so no stale `Ready=True` survives).
+    pub async fn cleanup(&self) -> Result<usize, kube::Error> {
+        let selector = format!("{}={}", egress_api::LABEL_MANAGED_BY, egress_api::MANAGED_BY);
+        let list = self
+            .api()
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await?;
+        let mut deleted = 0;
+        for object in list.items {
+            let name = kube::ResourceExt::name_any(&object);
+            let configured = self.schedule.is_some() && self.providers.get(&name).is_some();
+            if !configured {
+                match self.api().delete(&name, &Default::default()).await {
+                    Ok(_) => deleted += 1,
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// One round: every checker concurrently under the round's timeout, the snapshot replaced,
+    /// transitions logged, and each provider's object published.
+    pub async fn round(&self, schedule: &Schedule, shutdown: &CancellationToken) {
+        let span = tracing::info_span!(
+            "providerhealth.check",
+            otel.kind = "internal",
+            providerhealth.providers = self.providers.entries().len(),
+            providerhealth.targets_not_ready = tracing::field::Empty,
+        );
+        async {
+            let cx = egress_provider::OpCtx::with_cancel(shutdown.child_token()).with_timeout(schedule.timeout);
+            let checks = self.providers.entries().iter().map(|entry| {
+                let cx = &cx;
+                async move {
+                    let targets = match &entry.checker {
+                        Some(checker) => Some(checker.check(cx).await),
+                        None => None,
+                    };
+                    ProviderResult {
+                        name: entry.name.clone(),
+                        type_name: entry.type_name.clone(),
+                        checked_at: std::time::SystemTime::now(),
+                        targets,
+                    }
+                }
+            });
+            let results = futures::future::join_all(checks).await;
+            let previous = self.snapshot.results();
+            for r in &results {
+                let before = previous.iter().find(|p| p.name == r.name).and_then(|p| p.targets.clone()).unwrap_or_default();
+                for t in transitions(&before, r.targets.as_deref().unwrap_or_default()) {
+                    match t {
+                        Transition::NotReady { target, address, reason, message } => tracing::info!(
+                            provider = %r.name, target = %target, address = %address, reason = %reason, message = %message,
+                            "WARNING: provider target not ready"
+                        ),
+                        Transition::Ready { target } => tracing::info!(provider = %r.name, target = %target, "Provider target ready"),
+                        Transition::FirstSeenReady { target } => tracing::debug!(provider = %r.name, target = %target, "Provider target ready"),
+                    }
+                }
+            }
+            let not_ready: usize =
+                results.iter().map(|r| r.targets.as_ref().map_or(0, |t| t.iter().filter(|t| !t.ready).count())).sum();
+            tracing::Span::current().record("providerhealth.targets_not_ready", not_ready);
+            self.snapshot.replace(results.clone());
+            for r in &results {
+                if let Err(e) = self.publish(r).await {
+                    tracing::warn!(provider = %r.name, error = %e, "writing ProviderHealth failed; the next round retries");
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Reads the object through the API (not a cache), creates it when missing, and patches its
+    /// status when it differs.
+    async fn publish(&self, result: &ProviderResult) -> Result<(), kube::Error> {
+        if !valid_object_name(&result.name) {
+            return Ok(());
+        }
+        let api = self.api();
+        let existing = match api.get_opt(&result.name).await? {
+            Some(o) => o,
+            None => {
+                let mut object = egress_api::ProviderHealth::new(&result.name, Default::default());
+                object.metadata.labels = Some(
+                    [(
+                        egress_api::LABEL_MANAGED_BY.to_string(),
+                        egress_api::MANAGED_BY.to_string(),
+                    )]
+                    .into(),
+                );
+                match api.create(&Default::default(), &object).await {
+                    Ok(o) => o,
+                    Err(kube::Error::Api(s)) if s.code == 409 => api.get(&result.name).await?,
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let round = Round {
+            provider_type: &result.type_name,
+            targets: result.targets.as_deref(),
+            checked_at: time_of(result.checked_at),
+        };
+        let status = build_status(existing.status.as_ref(), &round, existing.metadata.generation);
+        if existing.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        let before = serde_json::to_value(existing.status.clone().unwrap_or_default()).unwrap_or_default();
+        let after = serde_json::to_value(&status).unwrap_or_default();
+        let patch = serde_json::json!({"status": crate::merge::diff(&before, &after)});
+        let params = kube::api::PatchParams {
+            field_manager: Some(crate::reconciler::FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        api.patch_status(&result.name, &params, &kube::api::Patch::Merge(patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Cleanup once, then a round at once and one every interval, until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        for name in self
+            .providers
+            .entries()
+            .iter()
+            .map(|e| &e.name)
+            .filter(|n| !valid_object_name(n))
+        {
+            tracing::warn!(provider = %name, "provider name is not a valid object name; no ProviderHealth object is written for it");
+        }
+        if let Err(e) = self.cleanup().await {
+            tracing::warn!(error = %e, "cleaning up stale ProviderHealth objects failed");
+        }
+        let Some(schedule) = self.schedule else { return };
+        loop {
+            self.round(&schedule, &shutdown).await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(schedule.interval) => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]
