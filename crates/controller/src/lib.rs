@@ -8,6 +8,7 @@
 pub mod decide;
 pub mod gc;
 pub mod merge;
+pub mod metrics;
 pub mod provider_health;
 pub mod reconciler;
 pub mod spec_hash;

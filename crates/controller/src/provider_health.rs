@@ -220,7 +220,7 @@ impl Snapshot {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn replace(&self, results: Vec<ProviderResult>) {
+    pub(crate) fn replace(&self, results: Vec<ProviderResult>) {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = results;
     }
 }
