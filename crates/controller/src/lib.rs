@@ -7,6 +7,7 @@
 
 pub mod decide;
 pub mod gc;
+pub mod leader;
 pub mod merge;
 pub mod metrics;
 pub mod provider_health;
