@@ -415,3 +415,81 @@ pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>
     tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?delay, "reconcile failed");
     Requeue_::requeue(delay)
 }
+
+/// How the Proxy controller is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerConfig {
+    /// Restrict the watched Proxies and Secrets to one namespace (`--proxy-namespace`).
+    pub namespace: Option<String>,
+    /// Proxies reconciled at once (3, as the Go operator); one key is never reconciled twice at
+    /// the same time.
+    pub concurrency: u16,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            concurrency: 3,
+        }
+    }
+}
+
+/// The Proxy controller: watches Proxies, watches cloud-init Secrets (a changed Secret enqueues
+/// the Proxies in its namespace that reference it, so a content change replaces their instances
+/// without waiting for the drift poll), and takes health events (a Proxy whose verdict changed).
+/// Returns the future that runs it until `shutdown`, and the Proxy cache it keeps (the metrics
+/// count phases from it).
+pub fn controller(
+    ctx: Arc<Context>,
+    config: ControllerConfig,
+    health_events: impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<Proxy>> + Send + 'static,
+    shutdown: CancellationToken,
+) -> (
+    impl std::future::Future<Output = ()> + Send,
+    kube::runtime::reflector::Store<Proxy>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::reflector::ObjectRef;
+    use kube::runtime::{Controller, watcher};
+
+    let (proxies, secrets): (Api<Proxy>, Api<Secret>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(ctx.client.clone(), ns),
+            Api::namespaced(ctx.client.clone(), ns),
+        ),
+        None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
+    };
+    let controller = Controller::new(proxies, watcher::Config::default());
+    let store = controller.store();
+    let lookup = store.clone();
+    let labelled = watcher::Config::default().labels(&format!("{LABEL_CLOUD_INIT}=true"));
+    let run = controller
+        .watches(secrets, labelled, move |secret: Secret| {
+            let namespace = secret.namespace();
+            let name = secret.name_any();
+            lookup
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == namespace)
+                .filter(|p| {
+                    p.spec
+                        .cloud_init
+                        .as_ref()
+                        .and_then(|c| c.secret_ref.as_ref())
+                        .is_some_and(|r| r.name == name)
+                })
+                .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(health_events)
+        .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+        });
+    (run, store)
+}

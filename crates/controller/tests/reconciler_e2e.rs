@@ -10,17 +10,16 @@ use egress_api::{ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, FINALIZER, Phase
 use egress_conformance::BackendHooks;
 use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
 use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, HealthVerdicts, error_policy, reconcile};
+use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::status::Verdict;
 use egress_kube_testserver::TestServer;
 use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
 use egress_provider::decorate::ProviderMetrics;
 use egress_provider::{ProviderType, Registry};
-use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::wait::{await_condition, conditions};
-use kube::runtime::{Controller, watcher};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -41,11 +40,27 @@ impl HealthVerdicts for ScriptedHealth {
 }
 
 struct Harness {
-    server: TestServer,
+    server: Arc<TestServer>,
     backend: MemoryBackend,
     health: Arc<ScriptedHealth>,
+    /// Health events: a Proxy whose verdict changed.
+    events: futures::channel::mpsc::UnboundedSender<ObjectRef<Proxy>>,
     shutdown: CancellationToken,
     api: Api<Proxy>,
+}
+
+impl Harness {
+    /// Scripts a verdict and tells the controller, as the health engine does.
+    fn verdict(&self, name: &str, healthy: bool, latency_millis: i64) {
+        self.health.0.lock().unwrap().insert(
+            (NS.into(), name.into()),
+            Verdict {
+                healthy,
+                latency_millis,
+            },
+        );
+        self.events.unbounded_send(ObjectRef::new(name).within(NS)).unwrap();
+    }
 }
 
 impl Drop for Harness {
@@ -66,14 +81,29 @@ fn timings() -> Timings {
 }
 
 async fn start() -> Harness {
+    start_with(timings()).await
+}
+
+/// Timings where nothing comes back by itself for an hour: only events can drive a pass.
+fn event_driven() -> Timings {
+    Timings {
+        drift_poll: Duration::from_secs(3600),
+        ..timings()
+    }
+}
+
+async fn start_with(timings: Timings) -> Harness {
     let server = TestServer::builder()
         .custom_resource::<Proxy>()
         .namespace(NS)
         .start()
         .await
         .unwrap();
+    start_on(Arc::new(server), MemoryBackend::new(), timings).await
+}
+
+async fn start_on(server: Arc<TestServer>, backend: MemoryBackend, timings: Timings) -> Harness {
     let client = server.client().unwrap();
-    let backend = MemoryBackend::new();
     let shared = backend.clone();
     let registry = Registry::new().with(ProviderType::new(
         "memory",
@@ -102,22 +132,18 @@ async fn start() -> Harness {
         client.clone(),
         providers,
         health.clone(),
-        timings(),
+        timings,
         None,
         shutdown.clone(),
     ));
-    let controller = Controller::new(Api::<Proxy>::all(client.clone()), watcher::Config::default())
-        .graceful_shutdown_on({
-            let token = shutdown.clone();
-            async move { token.cancelled().await }
-        })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {});
-    tokio::spawn(controller);
+    let (events, health_events) = futures::channel::mpsc::unbounded();
+    let (run, _store) = controller(ctx, ControllerConfig::default(), health_events, shutdown.clone());
+    tokio::spawn(run);
     Harness {
         server,
         backend,
         health,
+        events,
         shutdown,
         api: Api::namespaced(client, NS),
     }
@@ -176,13 +202,7 @@ async fn a_managed_proxy_becomes_ready_and_deletion_releases_it() {
     assert_eq!(running.condition("Provisioned").unwrap().reason, "Running");
     assert_eq!(live_instances(&h).await, 1);
 
-    h.health.0.lock().unwrap().insert(
-        (NS.into(), "p1".into()),
-        Verdict {
-            healthy: true,
-            latency_millis: 9,
-        },
-    );
+    h.verdict("p1", true, 9);
     let ready = wait_for(&h, "p1", Phase::Ready).await;
     assert_eq!(ready.status.as_ref().unwrap().latency_millis, Some(9));
 
@@ -260,13 +280,7 @@ async fn steady_state_writes_nothing() {
         .create(&PostParams::default(), &proxy("p4", "zone-a"))
         .await
         .unwrap();
-    h.health.0.lock().unwrap().insert(
-        (NS.into(), "p4".into()),
-        Verdict {
-            healthy: true,
-            latency_millis: 4,
-        },
-    );
+    h.verdict("p4", true, 4);
     wait_for(&h, "p4", Phase::Ready).await;
     // Let the first drift passes settle, then count: several more passes must write nothing.
     let lookups = || async {
@@ -346,4 +360,133 @@ async fn a_spec_change_replaces_the_instance_only_after_the_old_one_is_gone() {
         .expect("a new instance was created");
     assert!(removed < inserted, "remove before insert: {calls:?}");
     assert_eq!(live_instances(&h).await, 1);
+}
+
+#[tokio::test]
+async fn a_health_event_updates_the_proxy_without_waiting_for_the_drift_poll() {
+    let h = start_with(event_driven()).await;
+    h.api
+        .create(&PostParams::default(), &proxy("p6", "zone-a"))
+        .await
+        .unwrap();
+    wait_for(&h, "p6", Phase::Running).await;
+    h.verdict("p6", true, 3);
+    wait_for(&h, "p6", Phase::Ready).await;
+    h.verdict("p6", false, 3);
+    wait_for(&h, "p6", Phase::Unhealthy).await;
+}
+
+#[tokio::test]
+async fn a_changed_cloud_init_secret_replaces_the_instance() {
+    use k8s_openapi::api::core::v1::Secret;
+    let h = start_with(event_driven()).await;
+    let secrets: Api<Secret> = Api::namespaced(h.server.client().unwrap(), NS);
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
+        "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n# v1\n"}}))
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let mut p = proxy("p7", "zone-a");
+    p.spec.cloud_init = Some(egress_api::CloudInit {
+        inline: None,
+        secret_ref: Some(egress_api::SecretRef {
+            name: "ud".into(),
+            key: "userdata".into(),
+        }),
+    });
+    h.api.create(&PostParams::default(), &p).await.unwrap();
+    let before = wait_for(&h, "p7", Phase::Running).await;
+    let old_hash = before.annotations()[ANNOTATION_SPEC_HASH].clone();
+    let delivered = || async {
+        h.backend
+            .inventory()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|o| o.kind == "instance")
+            .and_then(|o| o.user_data)
+    };
+    assert_eq!(delivered().await.as_deref(), Some(b"#cloud-config\n# v1\n".as_slice()));
+    // Only the Secret watch can notice this: the drift poll is an hour away.
+    let change = Patch::Merge(json!({"stringData": {"userdata": "#cloud-config\n# v2\n"}}));
+    secrets.patch("ud", &PatchParams::default(), &change).await.unwrap();
+    tokio::time::timeout(
+        LIVENESS,
+        await_condition(h.api.clone(), "p7", |p: Option<&Proxy>| {
+            p.is_some_and(|p| {
+                p.annotations().get(ANNOTATION_SPEC_HASH) != Some(&old_hash)
+                    && p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
+            })
+        }),
+    )
+    .await
+    .expect("the instance is replaced")
+    .unwrap();
+    assert_eq!(delivered().await.as_deref(), Some(b"#cloud-config\n# v2\n".as_slice()));
+}
+
+#[tokio::test]
+async fn a_quota_error_waits_and_then_creates() {
+    use egress_conformance::{CallKind, Fault, Times};
+    let h = start().await;
+    h.backend
+        .fail(CallKind("insert"), Fault::Quota, Times::Once)
+        .await
+        .unwrap();
+    h.api
+        .create(&PostParams::default(), &proxy("p8", "zone-a"))
+        .await
+        .unwrap();
+    let waiting = tokio::time::timeout(
+        LIVENESS,
+        await_condition(h.api.clone(), "p8", |p: Option<&Proxy>| {
+            p.and_then(|p| p.condition("Provisioned"))
+                .is_some_and(|c| c.reason == "QuotaExceeded")
+        }),
+    )
+    .await
+    .expect("the quota wait shows")
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        waiting.status.as_ref().unwrap().phase,
+        Some(Phase::Pending),
+        "a quota wait is never Failed"
+    );
+    wait_for(&h, "p8", Phase::Running).await;
+}
+
+#[tokio::test]
+async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
+    use egress_provider::{CreateRequest, OpCtx, Provider};
+    let h = start_with(event_driven()).await;
+    // The previous operator process created the instance and died before recording its id: the
+    // Proxy has no status, and the backend has the instance under the Proxy's name.
+    h.shutdown.cancel();
+    let created = h
+        .api
+        .create(&PostParams::default(), &proxy("p9", "zone-a"))
+        .await
+        .unwrap();
+    let uid = created.uid().unwrap();
+    let previous = MemoryProvider::new("mem", MemoryTarget::config(&h.backend), h.backend.clone(), vec![]);
+    let request = CreateRequest {
+        name: egress_provider::name_from_uid(&uid),
+        uid: uid.clone(),
+        namespace: NS.into(),
+        proxy_name: "p9".into(),
+        placement: egress_provider::Placement {
+            zone: "zone-a".into(),
+            machine_type: "small".into(),
+            image: "debian-13".into(),
+            ..Default::default()
+        },
+        cloud_init: String::new(),
+        port: 3128,
+        installation: None,
+    };
+    previous.create(&OpCtx::background(), &request).await.unwrap();
+    // A new operator process starts on the same cluster and backend.
+    let h2 = start_on(h.server.clone(), h.backend.clone(), event_driven()).await;
+    wait_for(&h2, "p9", Phase::Running).await;
+    assert_eq!(live_instances(&h2).await, 1, "the create adopted the existing instance");
 }
