@@ -59,6 +59,8 @@ pub struct Context {
     pub installation: Option<String>,
     /// Cancelled at shutdown: provider calls in flight return promptly.
     pub shutdown: CancellationToken,
+    /// Publishes Events on Proxies (events.k8s.io/v1).
+    recorder: kube::runtime::events::Recorder,
     failures: Mutex<HashMap<(String, String), u32>>,
 }
 
@@ -79,6 +81,11 @@ impl Context {
         installation: Option<String>,
         shutdown: CancellationToken,
     ) -> Self {
+        let reporter = kube::runtime::events::Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
         Self {
             client,
             providers,
@@ -86,6 +93,7 @@ impl Context {
             timings,
             installation,
             shutdown,
+            recorder,
             failures: Mutex::default(),
         }
     }
@@ -251,6 +259,7 @@ async fn reconcile_in_span(proxy: &Proxy, ctx: &Context, root: &tracing::Span) -
         .instrument(tracing::info_span!("status.patch", otel.kind = "internal"))
         .await;
     let outcome = pass?;
+    publish_events(ctx, proxy, &outcome).await;
     match &outcome.note {
         Some(Note::SkipCleanup { provider_id }) => tracing::info!(
             proxy = %name, namespace = %namespace, providerID = %provider_id, provider = %proxy.spec.provider,
@@ -386,6 +395,40 @@ async fn perform(
         Action::Delete(id) => facts.delete = Some(p()?.delete(cx, &id).await.map_err(|e| failure(&e))),
     }
     Ok(())
+}
+
+/// Publishes the pass's Events. A failure to publish is logged; it never fails the reconcile.
+async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
+    use kube::runtime::events::{Event, EventType};
+    let before = proxy.status.clone().unwrap_or_default();
+    let deleting = proxy.metadata.deletion_timestamp.is_some();
+    let events = crate::events::derive(
+        &before,
+        &outcome.status,
+        outcome.note.as_ref(),
+        &outcome.requeue,
+        deleting,
+    );
+    if events.is_empty() {
+        return;
+    }
+    let reference = kube::Resource::object_ref(proxy, &());
+    for e in events {
+        let event = Event {
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.into(),
+            note: Some(crate::provider_health::truncate_chars(&e.note, 1024)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(err) = ctx.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %err, reason = e.reason, "publishing an Event failed");
+        }
+    }
 }
 
 /// Sends the status as a merge patch against the fetched status, only when it changed. A Proxy

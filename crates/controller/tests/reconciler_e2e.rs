@@ -177,6 +177,18 @@ async fn wait_for(h: &Harness, name: &str, phase: Phase) -> Proxy {
         .unwrap()
 }
 
+async fn event_reasons(h: &Harness) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.server.client().unwrap(), NS);
+    events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect()
+}
+
 async fn live_instances(h: &Harness) -> usize {
     h.backend
         .inventory()
@@ -205,6 +217,13 @@ async fn a_managed_proxy_becomes_ready_and_deletion_releases_it() {
     h.verdict("p1", true, 9);
     let ready = wait_for(&h, "p1", Phase::Ready).await;
     assert_eq!(ready.status.as_ref().unwrap().latency_millis, Some(9));
+
+    // What `kubectl describe` shows.
+    let reasons = event_reasons(&h).await;
+    assert!(
+        reasons.contains(&"Created".to_string()) && reasons.contains(&"Ready".to_string()),
+        "{reasons:?}"
+    );
 
     let uid = ready.uid().unwrap();
     h.api.delete("p1", &DeleteParams::default()).await.unwrap();
@@ -254,6 +273,7 @@ async fn skip_cleanup_releases_the_proxy_and_leaves_the_instance() {
         .count();
     assert_eq!(removes_after, removes_before, "no provider delete");
     assert_eq!(live_instances(&h).await, 1, "the instance is abandoned, not deleted");
+    assert!(event_reasons(&h).await.contains(&"SkipCleanup".to_string()));
 }
 
 #[tokio::test]

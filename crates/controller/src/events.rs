@@ -1,0 +1,195 @@
+//! Kubernetes Events on a Proxy, for `kubectl describe`: what a person wants to know, derived
+//! purely from what a pass changed. Emitted on transitions only, so a steady Proxy emits none.
+
+use egress_api::{Phase, ProxyStatus, conditions, reasons};
+
+use crate::decide::{Note, Requeue};
+
+/// One event: Normal or Warning, a CamelCase reason and a note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+fn provisioned(status: &ProxyStatus) -> Option<(&str, &str)> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::PROVISIONED)
+        .map(|c| (c.reason.as_str(), c.message.as_str()))
+}
+
+/// The events of one pass, from the status before and after it, its note and its end.
+pub fn derive(
+    before: &ProxyStatus,
+    after: &ProxyStatus,
+    note: Option<&Note>,
+    requeue: &Requeue,
+    deleting: bool,
+) -> Vec<ProxyEvent> {
+    let mut events = Vec::new();
+    let normal = |reason, note: String| ProxyEvent {
+        warning: false,
+        reason,
+        note,
+    };
+    let warning = |reason, note: String| ProxyEvent {
+        warning: true,
+        reason,
+        note,
+    };
+    if !after.provider_id.is_empty() && after.provider_id != before.provider_id {
+        events.push(normal("Created", format!("created instance {}", after.provider_id)));
+    }
+    let (was, now) = (provisioned(before), provisioned(after));
+    if now != was
+        && let Some((reason, message)) = now
+    {
+        match reason {
+            r if r == reasons::QUOTA_EXCEEDED && was.map(|w| w.0) != Some(r) => {
+                events.push(warning("QuotaExceeded", format!("waiting for quota: {message}")));
+            }
+            r if r == reasons::PERMANENT_ERROR => events.push(warning("Failed", message.to_string())),
+            r if r == reasons::CLOUD_INIT_ERROR => events.push(warning("CloudInitError", message.to_string())),
+            r if r == reasons::PROVISIONING && message != crate::decide::WAITING_TO_RUN => {
+                events.push(normal("Replacing", message.to_string()));
+            }
+            _ => {}
+        }
+    }
+    if after.phase != before.phase {
+        match after.phase {
+            Some(Phase::Ready) => events.push(normal("Ready", format!("the proxy at {} carries traffic", after.ip))),
+            Some(Phase::Unhealthy) => events.push(warning("Unhealthy", "the proxy failed its health probes".into())),
+            _ => {}
+        }
+    }
+    match note {
+        Some(Note::SkipCleanup { provider_id }) => events.push(normal(
+            "SkipCleanup",
+            format!("skip-cleanup annotation set; instance {provider_id} was abandoned, not deleted"),
+        )),
+        Some(Note::UnreachableButCleaned { provider_id, .. }) => events.push(normal(
+            "CleanedUp",
+            format!("instance {provider_id} was unreachable but its delete succeeded"),
+        )),
+        None => {}
+    }
+    if deleting && let Requeue::Error(message) = requeue {
+        events.push(warning("CleanupFailed", message.clone()));
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::set_condition;
+    use egress_api::ConditionStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn with(reason: &str, message: &str, phase: Option<Phase>) -> ProxyStatus {
+        let mut s = ProxyStatus {
+            phase,
+            ..Default::default()
+        };
+        let t = Time(k8s_openapi::jiff::Timestamp::from_second(0).unwrap());
+        set_condition(
+            &mut s.conditions,
+            conditions::PROVISIONED,
+            ConditionStatus::False,
+            reason,
+            message,
+            Some(1),
+            &t,
+        );
+        s
+    }
+
+    fn reasons_of(events: &[ProxyEvent]) -> Vec<&'static str> {
+        events.iter().map(|e| e.reason).collect()
+    }
+
+    #[test]
+    fn transitions_make_events_and_steady_state_none() {
+        let empty = ProxyStatus::default();
+        let created = ProxyStatus {
+            provider_id: "id".into(),
+            ..with(
+                reasons::PROVISIONING,
+                crate::decide::WAITING_TO_RUN,
+                Some(Phase::Provisioning),
+            )
+        };
+        assert_eq!(
+            reasons_of(&derive(&empty, &created, None, &Requeue::Never, false)),
+            ["Created"]
+        );
+        assert!(
+            derive(&created, &created, None, &Requeue::Never, false).is_empty(),
+            "nothing changed, nothing said"
+        );
+        let ready = ProxyStatus {
+            phase: Some(Phase::Ready),
+            ip: "10.0.0.1".into(),
+            ..created.clone()
+        };
+        assert_eq!(
+            reasons_of(&derive(&created, &ready, None, &Requeue::Never, false)),
+            ["Ready"]
+        );
+        let sick = ProxyStatus {
+            phase: Some(Phase::Unhealthy),
+            ..ready.clone()
+        };
+        let e = derive(&ready, &sick, None, &Requeue::Never, false);
+        assert_eq!((reasons_of(&e), e[0].warning), (vec!["Unhealthy"], true));
+        let quota = with(reasons::QUOTA_EXCEEDED, "no CPUs", Some(Phase::Pending));
+        assert_eq!(
+            reasons_of(&derive(&empty, &quota, None, &Requeue::Never, false)),
+            ["QuotaExceeded"]
+        );
+        let replacing = with(
+            reasons::PROVISIONING,
+            "replacing the instance after a spec change",
+            Some(Phase::Provisioning),
+        );
+        assert_eq!(
+            reasons_of(&derive(&ready, &replacing, None, &Requeue::Never, false)),
+            ["Replacing"]
+        );
+        let failed = with(reasons::PERMANENT_ERROR, "no such image", Some(Phase::Failed));
+        assert_eq!(
+            reasons_of(&derive(&empty, &failed, None, &Requeue::Never, false)),
+            ["Failed"]
+        );
+        let cloud = with(reasons::CLOUD_INIT_ERROR, "Secret missing", Some(Phase::Pending));
+        assert_eq!(
+            reasons_of(&derive(&empty, &cloud, None, &Requeue::Never, false)),
+            ["CloudInitError"]
+        );
+    }
+
+    #[test]
+    fn deletion_events() {
+        let s = ProxyStatus::default();
+        let skip = Note::SkipCleanup {
+            provider_id: "id".into(),
+        };
+        assert_eq!(
+            reasons_of(&derive(&s, &s, Some(&skip), &Requeue::Never, true)),
+            ["SkipCleanup"]
+        );
+        let failed = derive(&s, &s, None, &Requeue::Error("denied".into()), true);
+        assert_eq!(
+            (reasons_of(&failed), failed[0].note.as_str()),
+            (vec!["CleanupFailed"], "denied")
+        );
+        assert!(
+            derive(&s, &s, None, &Requeue::Error("timeout".into()), false).is_empty(),
+            "transient errors outside deletion are logged, not evented"
+        );
+    }
+}
