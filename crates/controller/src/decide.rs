@@ -74,8 +74,8 @@ pub enum SecretProblem {
     Unavailable(String),
 }
 
-/// What this pass has done and learned so far.
-#[derive(Debug, Clone, Default)]
+/// What this pass has done and learned so far. Its `Debug` shows the cloud-init size only.
+#[derive(Clone, Default)]
 pub struct Facts {
     pub finalizer_added: bool,
     pub finalizer_removed: bool,
@@ -88,8 +88,8 @@ pub struct Facts {
     pub delete: Option<Result<(), Failure>>,
 }
 
-/// The next thing to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The next thing to do. Its `Debug` shows the cloud-init size only: it may hold secrets.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Action {
     AddFinalizer,
     RemoveFinalizer,
@@ -103,6 +103,38 @@ pub enum Action {
         cloud_init: String,
     },
     Delete(ProviderId),
+}
+
+impl std::fmt::Debug for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::AddFinalizer => f.write_str("AddFinalizer"),
+            Self::RemoveFinalizer => f.write_str("RemoveFinalizer"),
+            Self::WriteSpecHash(h) => f.debug_tuple("WriteSpecHash").field(h).finish(),
+            Self::ReadSecret(r) => f.debug_tuple("ReadSecret").field(r).finish(),
+            Self::Get(id) => f.debug_tuple("Get").field(id).finish(),
+            Self::Create { cloud_init } => write!(f, "Create {{ cloud_init: <{} bytes> }}", cloud_init.len()),
+            Self::Delete(id) => f.debug_tuple("Delete").field(id).finish(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Facts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = self.secret.as_ref().map(|r| match r {
+            Ok(text) => format!("Ok(<{} bytes>)", text.len()),
+            Err(e) => format!("Err({e:?})"),
+        });
+        f.debug_struct("Facts")
+            .field("finalizer_added", &self.finalizer_added)
+            .field("finalizer_removed", &self.finalizer_removed)
+            .field("spec_hash_written", &self.spec_hash_written)
+            .field("secret", &secret)
+            .field("get", &self.get)
+            .field("create", &self.create)
+            .field("delete", &self.delete)
+            .finish()
+    }
 }
 
 /// When the Proxy is reconciled again.
@@ -617,5 +649,26 @@ fn delete_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: 
             Some(Err(f)) => Next::Done(deletion_failure(timings, status, f.message.clone(), f.class)),
             Some(Ok(())) => done(status, Requeue::After(timings.deletion_poll), None),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_cloud_init() {
+        let secret = "#cloud-config\npassword: SENTINEL-7f3a";
+        let action = Action::Create {
+            cloud_init: secret.into(),
+        };
+        let facts = Facts {
+            secret: Some(Ok(secret.into())),
+            ..Default::default()
+        };
+        for text in [format!("{action:?}"), format!("{facts:?}")] {
+            assert!(!text.contains("SENTINEL"), "{text}");
+            assert!(text.contains(&format!("<{} bytes>", secret.len())), "{text}");
+        }
     }
 }

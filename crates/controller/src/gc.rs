@@ -121,6 +121,9 @@ impl OrphanGc {
         );
         let report = async {
             let mut report = SweepReport::default();
+            // Ages are measured against the moment before the Proxy list: an instance created
+            // after it (whose Proxy the list may miss) then looks too young to collect.
+            let listed_at = SystemTime::now();
             let live = match self.live_uids().await {
                 Ok(live) => live,
                 Err(e) => {
@@ -139,7 +142,7 @@ impl OrphanGc {
                     }
                 };
                 for instance in instances {
-                    let v = verdict(&instance, &live, self.installation.as_deref(), SystemTime::now(), self.min_age);
+                    let v = verdict(&instance, &live, self.installation.as_deref(), listed_at, self.min_age);
                     if v != Verdict::Delete {
                         continue;
                     }

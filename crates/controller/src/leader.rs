@@ -59,14 +59,22 @@ fn now_micro() -> MicroTime {
 }
 
 impl Elector {
-    pub fn new(api: Api<Lease>, name: &str, identity: &str, timings: ElectionTimings) -> Self {
-        Self {
+    /// A candidate. The timings must satisfy `lease_duration > renew_deadline > retry_period`,
+    /// or a slow renewal could outlive the lease another replica is waiting on.
+    pub fn new(api: Api<Lease>, name: &str, identity: &str, timings: ElectionTimings) -> Result<Self, String> {
+        if !(timings.lease_duration > timings.renew_deadline && timings.renew_deadline > timings.retry_period) {
+            return Err(format!(
+                "leader election needs lease duration > renew deadline > retry period, got {:?} / {:?} / {:?}",
+                timings.lease_duration, timings.renew_deadline, timings.retry_period
+            ));
+        }
+        Ok(Self {
             api,
             name: name.into(),
             identity: identity.into(),
             timings,
             observed: None,
-        }
+        })
     }
 
     fn spec(&self, acquire: Option<MicroTime>, transitions: i32) -> LeaseSpec {
@@ -87,6 +95,14 @@ impl Elector {
     /// One attempt to acquire or renew. `Ok(true)` when this candidate holds the lease now.
     pub async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            // A lease that vanished while another holder was renewing it is not free: wait out
+            // the duration from when this process last saw that holder.
+            if let Some((Some(holder), _, seen)) = &self.observed
+                && *holder != self.identity
+                && *seen + self.timings.lease_duration > Instant::now()
+            {
+                return Ok(false);
+            }
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
@@ -139,41 +155,55 @@ impl Elector {
     }
 
     /// Campaigns until `shutdown`: the returned channel says whether this candidate leads.
-    /// Leadership, once lost (renewals failing past the renew deadline, or another holder), is
-    /// reported as `false` and the task ends: the process should stop its leader-only work and
-    /// exit, as controller-runtime does.
+    ///
+    /// While leading, every renewal must succeed before `last successful renewal + renew
+    /// deadline`; each attempt is cut off at that deadline, and leadership is reported lost the
+    /// moment it passes (before the lease, which is longer, can run out for the others). Lost
+    /// leadership, or shutdown, ends the campaign with `false`: the process should stop its
+    /// leader-only work and exit, as controller-runtime does.
     pub fn run(mut self, shutdown: CancellationToken) -> (tokio::task::JoinHandle<()>, watch::Receiver<bool>) {
         let (tx, rx) = watch::channel(false);
         let task = tokio::spawn(async move {
-            let mut last_renewal: Option<Instant> = None;
+            let mut renew_by: Option<Instant> = None;
             loop {
-                let attempt = tokio::time::timeout(self.timings.renew_deadline, self.try_acquire_or_renew()).await;
-                let leading = matches!(attempt, Ok(Ok(true)));
-                if let Ok(Err(e)) = &attempt {
-                    tracing::warn!(lease = %self.name, error = %e, "leader election attempt failed");
-                }
-                match (leading, last_renewal) {
-                    (true, _) => {
-                        if last_renewal.is_none() {
+                let attempt_started = Instant::now();
+                // Not leading: an attempt may take up to the renew deadline. Leading: only until
+                // the deadline of the current term.
+                let cut_off = renew_by.unwrap_or(attempt_started + self.timings.renew_deadline);
+                let attempt = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    r = tokio::time::timeout_at(cut_off, self.try_acquire_or_renew()) => r,
+                };
+                match attempt {
+                    Ok(Ok(true)) => {
+                        if renew_by.is_none() {
                             tracing::info!(lease = %self.name, identity = %self.identity, "successfully acquired lease");
                         }
-                        last_renewal = Some(Instant::now());
+                        // Measured from the start of the attempt that succeeded: its write may
+                        // have landed any time after that.
+                        renew_by = Some(attempt_started + self.timings.renew_deadline);
                         let _ = tx.send(true);
                     }
-                    (false, Some(at))
-                        if at.elapsed() >= self.timings.renew_deadline || matches!(attempt, Ok(Ok(false))) =>
-                    {
-                        tracing::error!(lease = %self.name, "leader election lost");
-                        let _ = tx.send(false);
-                        return;
+                    Ok(Ok(false)) if renew_by.is_some() => {
+                        tracing::error!(lease = %self.name, "leader election lost: another holder has the lease");
+                        break;
                     }
-                    (false, _) => {}
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => tracing::warn!(lease = %self.name, error = %e, "leader election attempt failed"),
+                    Err(_) => tracing::warn!(lease = %self.name, "leader election attempt timed out"),
                 }
+                if renew_by.is_some_and(|deadline| Instant::now() >= deadline) {
+                    tracing::error!(lease = %self.name, "leader election lost: the lease could not be renewed in time");
+                    break;
+                }
+                let next = Instant::now() + self.timings.retry_period;
+                let wake = renew_by.map_or(next, |deadline| next.min(deadline));
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(self.timings.retry_period) => {}
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep_until(wake) => {}
                 }
             }
+            let _ = tx.send(false);
         });
         (task, rx)
     }

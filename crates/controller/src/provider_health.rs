@@ -317,7 +317,10 @@ impl Monitor {
                     }
                 }
             });
-            let results = futures::future::join_all(checks).await;
+            let mut results = futures::future::join_all(checks).await;
+            // Every result carries the round's finish time.
+            let finished = std::time::SystemTime::now();
+            results.iter_mut().for_each(|r| r.checked_at = finished);
             let previous = self.snapshot.results();
             for r in &results {
                 let before = previous.iter().find(|p| p.name == r.name).and_then(|p| p.targets.clone()).unwrap_or_default();
@@ -403,11 +406,28 @@ impl Monitor {
         {
             tracing::warn!(provider = %name, "provider name is not a valid object name; no ProviderHealth object is written for it");
         }
-        if let Err(e) = self.cleanup().await {
-            tracing::warn!(error = %e, "cleaning up stale ProviderHealth objects failed");
-        }
-        let Some(schedule) = self.schedule else { return };
+        // Cleanup is retried until it succeeds: with checks off it is the only thing that keeps
+        // a stale Ready=True from surviving.
+        let mut cleaned = false;
+        let mut retry = Duration::from_secs(1);
         loop {
+            if !cleaned {
+                match self.cleanup().await {
+                    Ok(_) => cleaned = true,
+                    Err(e) => tracing::warn!(error = %e, "cleaning up stale ProviderHealth objects failed; retrying"),
+                }
+            }
+            let Some(schedule) = self.schedule else {
+                if cleaned {
+                    return;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(retry) => {}
+                }
+                retry = (retry * 2).min(Duration::from_secs(60));
+                continue;
+            };
             self.round(&schedule, &shutdown).await;
             tokio::select! {
                 _ = shutdown.cancelled() => return,

@@ -217,8 +217,9 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_,
         Ok(Requeue::After(d)) => {
             span.record("reconcile.requeue_after", d.as_secs_f64());
         }
-        Ok(_) => {}
-        Err(_) => {
+        Ok(Requeue::Never) => {}
+        // A failure the workqueue retries is an error of this reconcile, whatever its source.
+        Ok(Requeue::Error(_)) | Err(_) => {
             span.record("otel.status_code", "error");
         }
     }
@@ -259,7 +260,10 @@ async fn reconcile_in_span(proxy: &Proxy, ctx: &Context, root: &tracing::Span) -
         .instrument(tracing::info_span!("status.patch", otel.kind = "internal"))
         .await;
     let outcome = pass?;
-    publish_events(ctx, proxy, &outcome).await;
+    // Events follow a status that was written; after a failed flush the next pass says it again.
+    if flushed.is_ok() {
+        publish_events(ctx, proxy, &outcome).await;
+    }
     match &outcome.note {
         Some(Note::SkipCleanup { provider_id }) => tracing::info!(
             proxy = %name, namespace = %namespace, providerID = %provider_id, provider = %proxy.spec.provider,
@@ -397,6 +401,18 @@ async fn perform(
     Ok(())
 }
 
+/// Cuts text to at most `max` bytes, at a character boundary (an Event note's limit is in bytes).
+fn truncate_bytes(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].to_string()
+}
+
 /// Publishes the pass's Events. A failure to publish is logged; it never fails the reconcile.
 async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
     use kube::runtime::events::{Event, EventType};
@@ -421,7 +437,7 @@ async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
                 EventType::Normal
             },
             reason: e.reason.into(),
-            note: Some(crate::provider_health::truncate_chars(&e.note, 1024)),
+            note: Some(truncate_bytes(&e.note, 1024)),
             action: "Reconcile".into(),
             secondary: None,
         };

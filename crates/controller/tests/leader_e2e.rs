@@ -3,21 +3,26 @@
 use std::time::Duration;
 
 use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
-use egress_kube_testserver::TestServer;
+use egress_kube_testserver::{Fault, TestServer, Verb};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-const LIVENESS: Duration = Duration::from_secs(20);
+const LIVENESS: Duration = Duration::from_secs(30);
 
+/// Short, but with room for a busy two-core machine: a renewal takes milliseconds here.
 fn timings() -> ElectionTimings {
     ElectionTimings {
-        lease_duration: Duration::from_secs(1),
-        renew_deadline: Duration::from_millis(800),
-        retry_period: Duration::from_millis(100),
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(200),
     }
+}
+
+fn elector(api: &Api<Lease>, identity: &str) -> Elector {
+    Elector::new(api.clone(), LEASE_NAME, identity, timings()).unwrap()
 }
 
 async fn becomes(rx: &mut watch::Receiver<bool>, want: bool) {
@@ -27,27 +32,62 @@ async fn becomes(rx: &mut watch::Receiver<bool>, want: bool) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn one_leader_then_a_takeover_after_the_lease_runs_out() {
+async fn setup() -> (TestServer, Api<Lease>) {
     let server = TestServer::builder().namespace("system").start().await.unwrap();
-    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "system");
-    let a_stop = CancellationToken::new();
-    let (_a, mut a_rx) = Elector::new(api.clone(), LEASE_NAME, "a", timings()).run(a_stop.clone());
+    let api = Api::namespaced(server.client().unwrap(), "system");
+    (server, api)
+}
+
+#[test]
+fn inconsistent_timings_are_refused() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_s, api) = setup().await;
+        let bad = ElectionTimings {
+            renew_deadline: Duration::from_secs(5),
+            ..timings()
+        };
+        let err = Elector::new(api, LEASE_NAME, "a", bad).unwrap_err();
+        assert!(err.contains("lease duration > renew deadline > retry period"), "{err}");
+    });
+}
+
+#[tokio::test]
+async fn while_the_leader_renews_nobody_else_takes_the_lease() {
+    let (_s, api) = setup().await;
+    let (_a, mut a_rx) = elector(&api, "a").run(CancellationToken::new());
     becomes(&mut a_rx, true).await;
+    // b keeps trying for well over two lease durations; a's renewals keep it out.
+    let mut b = elector(&api, "b");
+    let until = tokio::time::Instant::now() + timings().lease_duration * 2 + Duration::from_millis(500);
+    while tokio::time::Instant::now() < until {
+        assert!(
+            !b.try_acquire_or_renew().await.unwrap(),
+            "b must not lead while a renews"
+        );
+        tokio::time::sleep(timings().retry_period).await;
+    }
+    assert!(*a_rx.borrow());
+}
 
-    // While a renews, b cannot take the lease.
-    let mut b = Elector::new(api.clone(), LEASE_NAME, "b", timings());
-    assert!(!b.try_acquire_or_renew().await.unwrap());
-
-    // a stops without releasing; b takes over once the lease has run out.
+#[tokio::test]
+async fn a_takeover_after_the_leader_stops_and_loss_when_someone_else_writes_it() {
+    let (_s, api) = setup().await;
+    let a_stop = CancellationToken::new();
+    let (_a, mut a_rx) = elector(&api, "a").run(a_stop.clone());
+    becomes(&mut a_rx, true).await;
     a_stop.cancel();
-    let (_b, mut b_rx) = Elector::new(api.clone(), LEASE_NAME, "b", timings()).run(CancellationToken::new());
+    becomes(&mut a_rx, false).await;
+    // a stopped without releasing; b takes over once the lease has run out.
+    let (_b, mut b_rx) = elector(&api, "b").run(CancellationToken::new());
     becomes(&mut b_rx, true).await;
     let lease = api.get(LEASE_NAME).await.unwrap().spec.unwrap();
     assert_eq!(lease.holder_identity.as_deref(), Some("b"));
     assert_eq!(lease.lease_transitions, Some(1));
-    assert_eq!(lease.lease_duration_seconds, Some(1));
-
+    assert_eq!(lease.lease_duration_seconds, Some(3));
     // Someone else writes the lease: b notices it no longer leads.
     let intruder = json!({"spec": {"holderIdentity": "c", "renewTime": "2099-01-01T00:00:00.000000Z"}});
     api.patch(LEASE_NAME, &PatchParams::default(), &Patch::Merge(intruder))
@@ -57,11 +97,36 @@ async fn one_leader_then_a_takeover_after_the_lease_runs_out() {
 }
 
 #[tokio::test]
+async fn a_leader_that_cannot_renew_steps_down_by_the_renew_deadline() {
+    let (server, api) = setup().await;
+    let (_a, mut a_rx) = elector(&api, "a").run(CancellationToken::new());
+    becomes(&mut a_rx, true).await;
+    server
+        .faults()
+        .inject(Fault::fail(Verb::Get, "leases", 500).times(10_000));
+    becomes(&mut a_rx, false).await;
+    server.faults().clear();
+}
+
+#[tokio::test]
+async fn a_deleted_lease_is_not_free_while_its_holder_was_seen_renewing() {
+    let (_s, api) = setup().await;
+    let (_a, mut a_rx) = elector(&api, "a").run(CancellationToken::new());
+    becomes(&mut a_rx, true).await;
+    let mut b = elector(&api, "b");
+    assert!(!b.try_acquire_or_renew().await.unwrap(), "b sees a holding");
+    api.delete(LEASE_NAME, &Default::default()).await.unwrap();
+    assert!(
+        !b.try_acquire_or_renew().await.unwrap(),
+        "a was seen renewing: b waits out the lease"
+    );
+}
+
+#[tokio::test]
 async fn two_candidates_starting_together_elect_one() {
-    let server = TestServer::builder().namespace("system").start().await.unwrap();
-    let api: Api<Lease> = Api::namespaced(server.client().unwrap(), "system");
-    let mut a = Elector::new(api.clone(), LEASE_NAME, "a", timings());
-    let mut b = Elector::new(api.clone(), LEASE_NAME, "b", timings());
+    let (_s, api) = setup().await;
+    let mut a = elector(&api, "a");
+    let mut b = elector(&api, "b");
     let (ra, rb) = tokio::join!(a.try_acquire_or_renew(), b.try_acquire_or_renew());
     assert_ne!(ra.unwrap(), rb.unwrap(), "exactly one wins");
 }

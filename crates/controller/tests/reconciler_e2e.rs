@@ -26,16 +26,24 @@ use tokio_util::sync::CancellationToken;
 const NS: &str = "crawl";
 const LIVENESS: Duration = Duration::from_secs(30);
 
+/// Scripted verdicts; counts how often each Proxy's verdict was read (once per pass).
 #[derive(Default)]
-struct ScriptedHealth(Mutex<HashMap<(String, String), Verdict>>);
+struct ScriptedHealth(Mutex<HashMap<(String, String), Verdict>>, Mutex<HashMap<String, usize>>);
 
 impl HealthVerdicts for ScriptedHealth {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
+        *self.1.lock().unwrap().entry(name.to_string()).or_default() += 1;
         self.0
             .lock()
             .unwrap()
             .get(&(namespace.to_string(), name.to_string()))
             .copied()
+    }
+}
+
+impl ScriptedHealth {
+    fn passes(&self, name: &str) -> usize {
+        self.1.lock().unwrap().get(name).copied().unwrap_or(0)
     }
 }
 
@@ -177,16 +185,21 @@ async fn wait_for(h: &Harness, name: &str, phase: Phase) -> Proxy {
         .unwrap()
 }
 
-async fn event_reasons(h: &Harness) -> Vec<String> {
+/// Waits for an Event with this reason (Events are published after the status is written).
+async fn wait_for_event(h: &Harness, reason: &str) {
+    use futures::TryStreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(h.server.client().unwrap(), NS);
-    events
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect()
+    let mut stream = Box::pin(watcher(events, watcher::Config::default()).applied_objects());
+    tokio::time::timeout(LIVENESS, async {
+        while let Some(e) = stream.try_next().await.unwrap() {
+            if e.reason.as_deref() == Some(reason) {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {reason} event"));
 }
 
 async fn live_instances(h: &Harness) -> usize {
@@ -219,11 +232,8 @@ async fn a_managed_proxy_becomes_ready_and_deletion_releases_it() {
     assert_eq!(ready.status.as_ref().unwrap().latency_millis, Some(9));
 
     // What `kubectl describe` shows.
-    let reasons = event_reasons(&h).await;
-    assert!(
-        reasons.contains(&"Created".to_string()) && reasons.contains(&"Ready".to_string()),
-        "{reasons:?}"
-    );
+    wait_for_event(&h, "Created").await;
+    wait_for_event(&h, "Ready").await;
 
     let uid = ready.uid().unwrap();
     h.api.delete("p1", &DeleteParams::default()).await.unwrap();
@@ -273,7 +283,7 @@ async fn skip_cleanup_releases_the_proxy_and_leaves_the_instance() {
         .count();
     assert_eq!(removes_after, removes_before, "no provider delete");
     assert_eq!(live_instances(&h).await, 1, "the instance is abandoned, not deleted");
-    assert!(event_reasons(&h).await.contains(&"SkipCleanup".to_string()));
+    wait_for_event(&h, "SkipCleanup").await;
 }
 
 #[tokio::test]
@@ -288,6 +298,15 @@ async fn a_permanent_error_latches_until_the_spec_changes() {
     assert_eq!(provisioned.reason, "PermanentError");
     assert!(provisioned.message.contains("zone"), "{}", provisioned.message);
     assert_eq!(provisioned.observed_generation, failed.metadata.generation);
+    let inserts = h
+        .backend
+        .call_log()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind.0 == "insert")
+        .count();
+    assert_eq!(inserts, 0, "a refused placement never reaches the backend");
     let fix = Patch::Merge(json!({"spec": {"placement": {"zone": "zone-a"}}}));
     h.api.patch("p3", &PatchParams::default(), &fix).await.unwrap();
     wait_for(&h, "p3", Phase::Running).await;
@@ -390,8 +409,18 @@ async fn a_health_event_updates_the_proxy_without_waiting_for_the_drift_poll() {
         .await
         .unwrap();
     wait_for(&h, "p6", Phase::Running).await;
+    // Let p6's own follow-up passes (its status writes trigger one) finish: bring a second Proxy
+    // all the way up meanwhile. With the drift poll an hour away, only an event can bring p6's
+    // next pass.
+    h.api
+        .create(&PostParams::default(), &proxy("p6b", "zone-a"))
+        .await
+        .unwrap();
+    wait_for(&h, "p6b", Phase::Running).await;
+    let before = h.health.passes("p6");
     h.verdict("p6", true, 3);
     wait_for(&h, "p6", Phase::Ready).await;
+    assert!(h.health.passes("p6") > before, "the event brought a pass");
     h.verdict("p6", false, 3);
     wait_for(&h, "p6", Phase::Unhealthy).await;
 }
@@ -505,8 +534,23 @@ async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
         installation: None,
     };
     previous.create(&OpCtx::background(), &request).await.unwrap();
+    let inserts = || async {
+        h.backend
+            .call_log()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|c| c.kind.0 == "insert")
+            .count()
+    };
+    let inserted_before = inserts().await;
     // A new operator process starts on the same cluster and backend.
     let h2 = start_on(h.server.clone(), h.backend.clone(), event_driven()).await;
     wait_for(&h2, "p9", Phase::Running).await;
-    assert_eq!(live_instances(&h2).await, 1, "the create adopted the existing instance");
+    assert_eq!(
+        inserts().await,
+        inserted_before,
+        "the new process's create adopted the instance: no second insert"
+    );
+    assert_eq!(live_instances(&h2).await, 1);
 }
