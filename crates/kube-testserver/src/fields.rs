@@ -390,13 +390,41 @@ fn owners(object: &Value) -> Table {
     out
 }
 
-fn write_owners(object: &mut Value, owners: &Table, now: &str) {
+/// The `time` of each entry as stored.
+fn owner_times(object: Option<&Value>) -> BTreeMap<Owner, (BTreeSet<FieldPath>, Value)> {
+    let mut out = BTreeMap::new();
+    for e in object
+        .and_then(|o| o.pointer("/metadata/managedFields"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+        let owner = Owner {
+            manager: s("manager"),
+            operation: s("operation"),
+            subresource: s("subresource"),
+        };
+        let fields = e.get("fieldsV1").map(from_fields_v1).unwrap_or_default();
+        out.insert(owner, (fields, e.get("time").cloned().unwrap_or(Value::Null)));
+    }
+    out
+}
+
+/// Writes the ownership table. The writer's entry, and any entry whose fields changed, get
+/// `now`; the others keep their time, as on the real server.
+fn write_owners(object: &mut Value, owners: &Table, now: &str, previous: Option<&Value>, writer: &Owner) {
+    let before = owner_times(previous);
     let entries: Vec<Value> = owners
         .iter()
         .filter(|(_, (_, set))| !set.is_empty())
         .map(|(o, (api_version, set))| {
+            let time = match before.get(o) {
+                Some((old_set, old_time)) if o != writer && old_set == set && !old_time.is_null() => old_time.clone(),
+                _ => json!(now),
+            };
             let mut e = json!({
-                "manager": o.manager, "operation": o.operation, "apiVersion": api_version, "time": now,
+                "manager": o.manager, "operation": o.operation, "apiVersion": api_version, "time": time,
                 "fieldsType": "FieldsV1", "fieldsV1": fields_v1(set),
             });
             if !o.subresource.is_empty() {
@@ -435,11 +463,11 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, who: &Writer<'
         subresource: who.subresource.into(),
     };
     let entry = table
-        .entry(me)
+        .entry(me.clone())
         .or_insert_with(|| (who.api_version.to_string(), BTreeSet::new()));
     entry.0 = who.api_version.to_string();
     entry.1.extend(changed);
-    write_owners(new, &table, who.now);
+    write_owners(new, &table, who.now, old, &me);
 }
 
 /// Fields other managers own with a different value, grouped by manager.
@@ -474,7 +502,7 @@ pub(crate) fn conflict_message(conflicts: &[ApplyConflict]) -> String {
     }
     let mut message = format!("Apply failed with {} conflicts:", conflicts.len());
     for (owner, fields) in by_owner {
-        message.push_str(&format!(" conflicts with {owner}:"));
+        message.push_str(&format!("\nconflicts with {owner}:"));
         for f in fields {
             message.push_str(&format!("\n- {f}"));
         }
@@ -499,7 +527,8 @@ pub(crate) fn apply(
     };
     let mut conflicts = Vec::new();
     for (owner, (api_version, set)) in table.iter_mut() {
-        if owner.manager == who.manager {
+        // A manager's own Apply entry never conflicts with itself; its Update entries do.
+        if *owner == me {
             continue;
         }
         let clashing: Vec<FieldPath> = set
@@ -542,8 +571,8 @@ pub(crate) fn apply(
         }
     }
     merge_applied(&mut merged, &in_scope, &mut Vec::new(), who);
-    table.insert(me, (who.api_version.to_string(), wanted));
-    write_owners(&mut merged, &table, who.now);
+    table.insert(me.clone(), (who.api_version.to_string(), wanted));
+    write_owners(&mut merged, &table, who.now, Some(current), &me);
     Ok(merged)
 }
 
@@ -650,6 +679,34 @@ mod tests {
         );
         let owned = from_fields_v1(&applied["metadata"]["managedFields"][0]["fieldsV1"]);
         assert!(owned.iter().all(|p| p[0] != "f:status"));
+    }
+
+    #[test]
+    fn untouched_entries_keep_their_time() {
+        let mut obj = json!({"metadata": {"name": "a"}, "spec": {"a": 1}});
+        let first = Writer {
+            now: "2026-01-01T00:00:00Z",
+            ..who("one")
+        };
+        record_update(None, &mut obj, &first);
+        let old = obj.clone();
+        let mut new = obj.clone();
+        new["spec"]["b"] = json!(2);
+        let second = Writer {
+            now: "2026-02-02T00:00:00Z",
+            ..who("two")
+        };
+        record_update(Some(&old), &mut new, &second);
+        let times: Vec<(&str, &str)> = new["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["manager"].as_str().unwrap(), e["time"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            times,
+            vec![("one", "2026-01-01T00:00:00Z"), ("two", "2026-02-02T00:00:00Z")]
+        );
     }
 
     #[test]

@@ -96,25 +96,38 @@ pub(crate) fn strategic_merge(doc: &mut Value, patch: &Value) {
             }
             continue;
         }
-        if value.is_null() {
+        // `null` and `{"$patch": "delete"}` both remove the field.
+        if value.is_null() || directive(value) == Some("delete") {
             target.remove(key);
             continue;
         }
         match (target.get_mut(key), value) {
-            (Some(Value::Array(existing)), Value::Array(incoming)) => match list_merge(key) {
-                Some(ListMerge::ByKey(k)) if incoming.iter().all(|i| i.get(k).is_some()) => {
-                    merge_list(existing, incoming, k)
-                }
-                Some(ListMerge::Union) => {
-                    for item in incoming {
-                        if !existing.contains(item) {
-                            existing.push(item.clone());
+            (Some(Value::Array(existing)), Value::Array(incoming)) => {
+                // A `{"$patch": "replace"}` item: the list becomes the patch's, directives aside.
+                if incoming.iter().any(|i| directive(i) == Some("replace")) {
+                    *existing = without_directives(incoming);
+                } else {
+                    match list_merge(key) {
+                        Some(ListMerge::ByKey(k))
+                            if incoming.iter().all(|i| directive(i).is_some() || i.get(k).is_some()) =>
+                        {
+                            merge_list(existing, incoming, k)
                         }
+                        Some(ListMerge::Union) => {
+                            for item in incoming {
+                                if !existing.contains(item) {
+                                    existing.push(item.clone());
+                                }
+                            }
+                        }
+                        _ => *existing = without_directives(incoming),
                     }
                 }
-                _ => *existing = incoming.clone(),
-            },
+            }
             (Some(existing @ Value::Object(_)), Value::Object(_)) => strategic_merge(existing, value),
+            (_, Value::Array(incoming)) => {
+                target.insert(key.clone(), Value::Array(without_directives(incoming)));
+            }
             _ => {
                 let mut fresh = Value::Null;
                 strategic_merge(&mut fresh, value);
@@ -122,10 +135,62 @@ pub(crate) fn strategic_merge(doc: &mut Value, patch: &Value) {
             }
         }
     }
+    // `$setElementOrder/<list>`: the items named come first, in that order; others keep theirs.
+    for (key, order) in patch_map
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("$setElementOrder/").zip(v.as_array()))
+    {
+        if let Some(Value::Array(list)) = target.get_mut(key) {
+            let merge_key = match list_merge(key) {
+                Some(ListMerge::ByKey(k)) => Some(k),
+                _ => None,
+            };
+            let id = |v: &Value| match merge_key {
+                Some(k) => v.get(k).cloned(),
+                None => Some(v.clone()),
+            };
+            let mut ordered = Vec::with_capacity(list.len());
+            for wanted in order {
+                if let Some(pos) = list
+                    .iter()
+                    .position(|item| id(item).is_some() && id(item) == id(wanted))
+                {
+                    ordered.push(list.remove(pos));
+                }
+            }
+            ordered.append(list);
+            *list = ordered;
+        }
+    }
     // `$retainKeys`: the fields not listed go (a union type switching its member).
     if let Some(keys) = retain {
         target.retain(|k, _| keys.contains(k));
     }
+}
+
+/// The `$patch` directive of an object in a patch, if it has one.
+fn directive(v: &Value) -> Option<&str> {
+    v.get("$patch").and_then(Value::as_str)
+}
+
+/// A list as stored: directive items dropped, `$patch` keys removed from the rest.
+fn without_directives(items: &[Value]) -> Vec<Value> {
+    items
+        .iter()
+        .filter(|i| match directive(i) {
+            // Deleting an item that is not there, or the bare "replace the list" marker.
+            Some("delete") => false,
+            Some("replace") => i.as_object().is_some_and(|m| m.len() > 1),
+            _ => true,
+        })
+        .map(|i| {
+            let mut i = i.clone();
+            if let Some(m) = i.as_object_mut() {
+                m.remove("$patch");
+            }
+            i
+        })
+        .collect()
 }
 
 fn merge_list(existing: &mut Vec<Value>, incoming: &[Value], key: &str) {
@@ -152,6 +217,25 @@ fn merge_list(existing: &mut Vec<Value>, incoming: &[Value], key: &str) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn strategic_merge_directives() {
+        let mut doc = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
+            "volumes": [{"name": "v1"}], "extra": {"x": 1}, "finalizers": ["p", "q"]}});
+        let patch = json!({"spec": {
+            "$setElementOrder/containers": [{"name": "c"}, {"name": "a"}],
+            "containers": [{"name": "a", "image": "i"}],
+            "volumes": [{"$patch": "replace"}, {"name": "v2"}],
+            "extra": {"$patch": "delete"},
+            "$setElementOrder/finalizers": ["q", "p"],
+            "newlist": [{"name": "n", "$patch": "delete"}, {"name": "m"}]}});
+        strategic_merge(&mut doc, &patch);
+        assert_eq!(
+            doc,
+            json!({"spec": {"containers": [{"name": "c"}, {"name": "a", "image": "i"}, {"name": "b"}],
+            "volumes": [{"name": "v2"}], "finalizers": ["q", "p"], "newlist": [{"name": "m"}]}})
+        );
+    }
 
     #[test]
     fn strategic_merge_unites_finalizers_keys_ports_by_port_and_retains_keys() {

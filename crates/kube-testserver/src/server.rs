@@ -527,6 +527,7 @@ async fn object_request(
             manager: manager(query, &parts.headers, apply),
             dry_run: dry_run(query, body)?,
             force: query.flag("force"),
+            strict: query.get("fieldValidation") == Some("Strict"),
         })
     };
     let (code, value) = match verb {
@@ -836,8 +837,13 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query, metadata: bool) -> Resu
                 }
                 _ = ticker.tick(), if bookmarks => bookmark(&t, last_rv, false),
                 received = live.recv() => match received {
-                    Ok(change) if change.rv > start && watches(&t, &change) => {
+                    Ok(change) if change.rv > start => {
+                        // Bookmarks carry the newest resourceVersion seen, whatever its kind:
+                        // resuming from it must not replay or expire on other kinds' churn.
                         last_rv = change.rv;
+                        if !watches(&t, &change) {
+                            continue;
+                        }
                         match seen_as(&change, &opts) {
                             Some((kind, o)) => event_line(kind, &render(&o)),
                             None => continue,

@@ -75,6 +75,8 @@ pub(crate) struct WriteOptions {
     pub(crate) manager: String,
     pub(crate) dry_run: bool,
     pub(crate) force: bool,
+    /// `fieldValidation=Strict` for a JSON patch, whose unknown fields show only once applied.
+    pub(crate) strict: bool,
 }
 
 /// Options of a list or watch.
@@ -760,7 +762,25 @@ impl State {
             self.after_delete(&t.rt, &gone);
             return Ok(Self::shown(&t.rt, &gone));
         }
-        if t.rt.group == "apiextensions.k8s.io" {
+        if t.rt.group == "apiextensions.k8s.io" && !t.is_status() {
+            // Names and versions may have changed: the status follows, keeping every version
+            // ever stored.
+            let mut status = crd_status(&new);
+            let mut stored: Vec<Value> = old
+                .pointer("/status/storedVersions")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for v in status["storedVersions"].as_array().cloned().unwrap_or_default() {
+                if !stored.contains(&v) {
+                    stored.push(v);
+                }
+            }
+            status["storedVersions"] = Value::Array(stored);
+            if let Some(conditions) = old.pointer("/status/conditions") {
+                status["conditions"] = conditions.clone();
+            }
+            new["status"] = status;
             self.after_create(t, &new)?;
         }
         Ok(Self::shown(&t.rt, &self.commit(&t.rt, ChangeKind::Modified, new)))
@@ -806,19 +826,39 @@ impl State {
                 }
                 patch::strategic_merge(&mut patched, &body);
             }
-            PatchKind::Json => match patch::json_patch(&mut patched, &body) {
-                Ok(()) => {}
-                Err(PatchFailure::Malformed(e)) => return Err(ApiError::bad_request(e)),
-                Err(PatchFailure::DoesNotApply(e)) => return Err(ApiError::patch_failed(e)),
-            },
+            PatchKind::Json => {
+                match patch::json_patch(&mut patched, &body) {
+                    Ok(()) => {}
+                    Err(PatchFailure::Malformed(e)) => return Err(ApiError::bad_request(e)),
+                    Err(PatchFailure::DoesNotApply(e)) => return Err(ApiError::patch_failed(e)),
+                }
+                if opts.strict
+                    && let Some(schema) = &t.rt.schema
+                {
+                    let unknown = schema.unknown_fields(&patched);
+                    if !unknown.is_empty() {
+                        let listed: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect();
+                        return Err(ApiError::bad_request(format!(
+                            "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                            t.rt.kind,
+                            t.rt.api_version(),
+                            t.rt.kind,
+                            listed.join(", ")
+                        )));
+                    }
+                }
+            }
             PatchKind::Apply => unreachable!("handled above"),
         }
         if !patched.is_object() {
             return Err(ApiError::patch_failed("the patched document is not an object"));
         }
         if meta_str(&patched, "name") != Some(t.name()) {
-            let cause = FieldCause::invalid("metadata.name", &patched["metadata"]["name"], "field is immutable");
-            return Err(ApiError::invalid(&t.rt.kind, &t.rt.group, t.name(), vec![cause]));
+            let given = meta_str(&patched, "name").unwrap_or_default();
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({given}) does not match the name on the URL ({})",
+                t.name()
+            )));
         }
         Self::check_type(t, &mut patched)?;
         Self::check_namespace_in_body(t, &mut patched)?;
@@ -841,13 +881,28 @@ impl State {
                 "error decoding YAML: an apply configuration must be an object",
             ));
         }
+        // An apply configuration names its type itself, and never carries managedFields.
+        if body.get("apiVersion").and_then(Value::as_str).is_none_or(str::is_empty)
+            || body.get("kind").and_then(Value::as_str).is_none_or(str::is_empty)
+        {
+            return Err(ApiError::bad_request(
+                "invalid object type: apiVersion and kind must be set in an apply configuration",
+            ));
+        }
+        if meta(&body).get("managedFields").is_some_and(|m| !m.is_null()) {
+            return Err(ApiError::bad_request("metadata.managedFields must be nil"));
+        }
         Self::check_type(t, &mut body)?;
         Self::check_namespace_in_body(t, &mut body)?;
+        // The name may be left out (it is taken from the URL), not changed.
         match meta_str(&body, "name") {
+            None | Some("") => {
+                meta_mut(&mut body).insert("name".into(), json!(t.name()));
+            }
             Some(n) if n == t.name() => {}
-            _ => {
+            Some(n) => {
                 return Err(ApiError::bad_request(format!(
-                    "metadata.name: Invalid value: the name of the object does not match the name on the URL ({})",
+                    "the name of the object ({n}) does not match the name on the URL ({})",
                     t.name()
                 )));
             }
@@ -1024,7 +1079,9 @@ impl State {
                     .map(|b| b.values().cloned().collect())
                     .unwrap_or_default();
                 for o in objects {
-                    self.commit(first, ChangeKind::Deleted, o);
+                    let gone = self.commit(first, ChangeKind::Deleted, o);
+                    // Their dependents and a namespace waiting on them follow, as for any delete.
+                    self.after_delete(first, &gone);
                 }
             }
             self.types.unregister_crd(&name);

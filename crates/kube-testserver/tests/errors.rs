@@ -141,7 +141,11 @@ async fn patches_that_do_not_parse_or_do_not_apply() {
         br#"{"metadata": {"name": "b"}}"#,
     )
     .await;
-    assert_eq!((code, reason(&body)), (422, "Invalid"));
+    assert_eq!((code, reason(&body)), (400, "BadRequest"));
+    assert_eq!(
+        body["message"],
+        "the name of the object (b) does not match the name on the URL (a)"
+    );
     let (code, _) = raw(
         &s,
         "PATCH",

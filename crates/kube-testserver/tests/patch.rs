@@ -368,3 +368,43 @@ async fn kube_runtime_finalizer_helper_runs_its_cleanup() {
         "the helper removed its finalizer and the object went"
     );
 }
+
+#[tokio::test]
+async fn an_apply_may_leave_the_name_out_but_must_name_its_type() {
+    let s = server().await;
+    let api = toys(&s);
+    create_toy(&api, "a", 1).await;
+    // controller-style status apply: no metadata.name in the body.
+    let status = Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy", "status": {"ready": true}}));
+    let p = api
+        .patch_status("a", &PatchParams::apply("ctl").force(), &status)
+        .await
+        .unwrap();
+    assert!(p.status.unwrap().ready);
+    let untyped = Patch::Apply(json!({"spec": {"size": 2}}));
+    let (code, _, _) = api_error(api.patch("a", &PatchParams::apply("ctl"), &untyped).await);
+    assert_eq!(code, 400);
+    let with_fields = Patch::Apply(json!({"apiVersion": "toys.example.com/v1", "kind": "Toy",
+        "metadata": {"managedFields": [{"manager": "x"}]}, "spec": {"size": 2}}));
+    let (code, _, message) = api_error(api.patch("a", &PatchParams::apply("ctl"), &with_fields).await);
+    assert_eq!((code, message.as_str()), (400, "metadata.managedFields must be nil"));
+}
+
+#[tokio::test]
+async fn strict_field_validation_covers_json_patches() {
+    let s = server().await;
+    create_toy(&toys(&s), "a", 1).await;
+    let req = http::Request::builder()
+        .method("PATCH")
+        .uri("/apis/toys.example.com/v1/namespaces/tests/toys/a?fieldValidation=Strict")
+        .header("content-type", "application/json-patch+json")
+        .body(br#"[{"op": "add", "path": "/spec/bogus", "value": 1}]"#.to_vec())
+        .unwrap();
+    match client(&s).request::<Toy>(req).await {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 400);
+            assert!(e.message.contains("unknown field \"spec.bogus\""), "{}", e.message);
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+}
