@@ -224,8 +224,13 @@ fn generation(proxy: &Proxy) -> Option<i64> {
     proxy.metadata.generation
 }
 
-/// Fills the health verdict and the phase, and ends the pass.
-fn finish(input: &Input<'_>, mut status: ProxyStatus, instance: InstanceView, requeue: Requeue) -> Next {
+/// Ends the pass, with the health verdict and the phase filled in.
+fn finish(input: &Input<'_>, status: ProxyStatus, instance: InstanceView, requeue: Requeue) -> Next {
+    Next::Done(outcome(input, status, instance, requeue))
+}
+
+/// Fills the health verdict and the phase.
+fn outcome(input: &Input<'_>, mut status: ProxyStatus, instance: InstanceView, requeue: Requeue) -> Outcome {
     let proxy = input.proxy;
     let mode = proxy.spec.mode;
     let deleting = proxy.metadata.deletion_timestamp.is_some();
@@ -241,11 +246,11 @@ fn finish(input: &Input<'_>, mut status: ProxyStatus, instance: InstanceView, re
     }
     let is_latched = latched(&status, generation(proxy));
     status.phase = Some(phase(deleting, is_latched, mode, instance, verdict));
-    Next::Done(Outcome {
+    Outcome {
         status,
         requeue,
         note: None,
-    })
+    }
 }
 
 fn set_provisioned(input: &Input<'_>, status: &mut ProxyStatus, value: ConditionStatus, reason: &str, message: &str) {
@@ -272,18 +277,11 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
             reasons::PERMANENT_ERROR,
             message,
         );
-        return into_outcome(finish(input, status, InstanceView::Unobserved, Requeue::Never));
+        return outcome(input, status, InstanceView::Unobserved, Requeue::Never);
     };
     status.ip = endpoint.host.clone();
     // Health events drive External proxies; no periodic requeue.
-    into_outcome(finish(input, status, InstanceView::Unobserved, Requeue::Never))
-}
-
-fn into_outcome(next: Next) -> Outcome {
-    match next {
-        Next::Done(o) => o,
-        Next::Do(a) => unreachable!("finish always ends the pass, not {a:?}"),
-    }
+    outcome(input, status, InstanceView::Unobserved, Requeue::Never)
 }
 
 /// The cloud-init text, once known: inline text is at hand, a Secret needs a read.
