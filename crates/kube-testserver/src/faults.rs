@@ -138,24 +138,39 @@ impl Faults {
     }
 }
 
-/// Requests served, by verb and resource (`proxies`, `proxies/status`). Cloning shares them.
+/// Requests served, by verb and resource (`proxies`, `proxies/status`), and by client for clients
+/// made with [`crate::TestServer::client_named`]. Cloning shares them.
 #[derive(Debug, Clone, Default)]
-pub struct Requests(Arc<Mutex<BTreeMap<(Verb, String), u64>>>);
+pub struct Requests(Arc<Mutex<Counts>>);
+
+#[derive(Debug, Default)]
+struct Counts {
+    all: BTreeMap<(Verb, String), u64>,
+    by_client: BTreeMap<String, BTreeMap<(Verb, String), u64>>,
+}
+
+/// The header a named client sends, so its requests can be told apart.
+pub(crate) const CLIENT_HEADER: &str = "x-kube-testserver-client";
 
 impl Requests {
-    pub(crate) fn record(&self, verb: Verb, resource: &str) {
-        *self
-            .0
-            .lock()
-            .expect("request counter lock")
-            .entry((verb, resource.to_string()))
-            .or_default() += 1;
+    pub(crate) fn record(&self, verb: Verb, resource: &str, client: Option<&str>) {
+        let mut counts = self.0.lock().expect("request counter lock");
+        *counts.all.entry((verb, resource.to_string())).or_default() += 1;
+        if let Some(client) = client {
+            *counts
+                .by_client
+                .entry(client.to_string())
+                .or_default()
+                .entry((verb, resource.to_string()))
+                .or_default() += 1;
+        }
     }
 
     /// Requests with this verb on this resource (`*` counts every resource).
     pub fn count(&self, verb: Verb, resource: &str) -> u64 {
         let counts = self.0.lock().expect("request counter lock");
         counts
+            .all
             .iter()
             .filter(|((v, r), _)| *v == verb && (resource == "*" || r == resource))
             .map(|(_, n)| *n)
@@ -169,11 +184,24 @@ impl Requests {
     }
 
     pub fn snapshot(&self) -> BTreeMap<(Verb, String), u64> {
-        self.0.lock().expect("request counter lock").clone()
+        self.0.lock().expect("request counter lock").all.clone()
+    }
+
+    /// What one named client asked for (see [`crate::TestServer::client_named`]).
+    pub fn by_client(&self, client: &str) -> BTreeMap<(Verb, String), u64> {
+        self.0
+            .lock()
+            .expect("request counter lock")
+            .by_client
+            .get(client)
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub fn reset(&self) {
-        self.0.lock().expect("request counter lock").clear();
+        let mut counts = self.0.lock().expect("request counter lock");
+        counts.all.clear();
+        counts.by_client.clear();
     }
 }
 

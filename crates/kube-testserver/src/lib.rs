@@ -246,6 +246,19 @@ impl TestServer {
         kube::Client::try_from(config)
     }
 
+    /// A client whose requests are also counted under `name` ([`Requests::by_client`]), to tell
+    /// the code under test from the test's own calls.
+    pub fn client_named(&self, name: &str) -> Result<kube::Client, kube::Error> {
+        let uri: http::Uri = self.url().parse().expect("a valid URL");
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = "default".into();
+        let value = http::HeaderValue::from_str(name).map_err(|e| kube::Error::Service(Box::new(e)))?;
+        config
+            .headers
+            .push((http::HeaderName::from_static(faults::CLIENT_HEADER), value));
+        kube::Client::try_from(config)
+    }
+
     /// A kubeconfig (YAML) for `kubectl` and any client that reads one.
     pub fn kubeconfig(&self) -> String {
         format!(

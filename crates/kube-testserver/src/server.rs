@@ -498,7 +498,8 @@ async fn object_request(
         Some(sub) => format!("{}/{sub}", t.rt.plural),
         None => t.rt.plural.clone(),
     };
-    shared.requests.record(verb, &resource);
+    let client = headers.get(crate::faults::CLIENT_HEADER).and_then(|v| v.to_str().ok());
+    shared.requests.record(verb, &resource, client);
     match shared.faults.take(verb, &resource) {
         Some(FaultAction::Fail(code)) => {
             let e = ApiError::new(

@@ -190,3 +190,21 @@ async fn a_second_server_is_independent() {
     let (code, _, _) = api_error(toys(&b).get("x").await);
     assert_eq!(code, 404, "b does not serve toys at all");
 }
+
+#[tokio::test]
+async fn requests_are_also_counted_per_named_client() {
+    let s = server().await;
+    let operator: kube::Api<Toy> = kube::Api::namespaced(s.client_named("operator").unwrap(), NS);
+    create_toy(&toys(&s), "a", 1).await;
+    operator.get("a").await.unwrap();
+    operator.list(&ListParams::default()).await.unwrap();
+    let mine = s.requests().by_client("operator");
+    assert_eq!(mine.get(&(Verb::Get, "toys".to_string())), Some(&1));
+    assert_eq!(mine.get(&(Verb::List, "toys".to_string())), Some(&1));
+    assert_eq!(
+        mine.get(&(Verb::Create, "toys".to_string())),
+        None,
+        "the test's own create is not the operator's"
+    );
+    assert_eq!(s.requests().count(Verb::Create, "toys"), 1);
+}

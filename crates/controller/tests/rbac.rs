@@ -1,0 +1,299 @@
+//! The RBAC in deploy/rbac grants exactly what the operator's code does: every component runs
+//! its paths against egress-kube-testserver through a client named "operator", and the requests
+//! it made (by verb and resource) must equal the rules granted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use egress_api::{CloudInit, Phase, Placement, ProviderHealth, Proxy, ProxySpec, SecretRef};
+use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_conformance::{BackendHooks, SeedSpec, SeedTime};
+use egress_controller::decide::Timings;
+use egress_controller::gc::OrphanGc;
+use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
+use egress_controller::provider_health::{Monitor, Schedule, Snapshot};
+use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
+use egress_controller::status::Verdict;
+use egress_kube_testserver::{TestServer, Verb};
+use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
+use egress_provider::decorate::ProviderMetrics;
+use egress_provider::{OpCtx, ProviderType, Registry};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::wait::{await_condition, conditions};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "crawl";
+const LIVENESS: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Verdicts(Mutex<HashMap<String, Verdict>>);
+impl HealthVerdicts for Verdicts {
+    fn verdict(&self, _: &str, name: &str) -> Option<Verdict> {
+        self.0.lock().unwrap().get(name).copied()
+    }
+}
+
+/// (apiGroup, resource, verb) for every rule of the manifests.
+fn granted() -> BTreeSet<(String, String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/rbac");
+    let mut out = BTreeSet::new();
+    for file in ["role.yaml", "leader_election_role.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let role: Value = serde_saphyr::from_str(&text).unwrap();
+        for rule in role["rules"].as_array().unwrap() {
+            for g in rule["apiGroups"].as_array().unwrap() {
+                for r in rule["resources"].as_array().unwrap() {
+                    for v in rule["verbs"].as_array().unwrap() {
+                        out.insert((
+                            g.as_str().unwrap().into(),
+                            r.as_str().unwrap().into(),
+                            v.as_str().unwrap().into(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn group_of(resource: &str) -> &'static str {
+    match resource.split('/').next().unwrap() {
+        "proxies" | "providerhealths" => "crawl.example.com",
+        "leases" => "coordination.k8s.io",
+        "events" => "events.k8s.io",
+        "secrets" => "",
+        other => panic!("the operator touched an unexpected resource: {other}"),
+    }
+}
+
+async fn wait_phase(api: &Api<Proxy>, name: &str, phase: Phase) {
+    let cond = move |p: Option<&Proxy>| p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase) == Some(phase);
+    tokio::time::timeout(LIVENESS, await_condition(api.clone(), name, cond))
+        .await
+        .expect("phase")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_manager_role_grants_exactly_what_the_code_uses() {
+    let server = TestServer::builder()
+        .custom_resource::<Proxy>()
+        .custom_resource::<ProviderHealth>()
+        .namespace(NS)
+        .namespace("system")
+        .start()
+        .await
+        .unwrap();
+    let me = server.client().unwrap();
+    let operator = server.client_named("operator").unwrap();
+    let backend = MemoryBackend::new();
+    let shared = backend.clone();
+    let registry = Registry::new().with(ProviderType::new(
+        "memory",
+        validators::none,
+        move |e: &ProviderConfig| {
+            let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
+                &e.name,
+                MemoryTarget::config(&shared),
+                shared.clone(),
+                vec![],
+            ));
+            Ok(p)
+        },
+    ));
+    let config = ProvidersConfig {
+        providers: vec![ProviderConfig {
+            name: "mem".into(),
+            type_name: "memory".into(),
+            ..Default::default()
+        }],
+    };
+    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let shutdown = CancellationToken::new();
+
+    // Leader election: acquire, then renew at least once.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(operator.clone(), "system");
+    let timings = ElectionTimings {
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(100),
+    };
+    let (_leader, mut leading) = Elector::new(leases, LEASE_NAME, "operator", timings)
+        .unwrap()
+        .run(shutdown.clone());
+    tokio::time::timeout(LIVENESS, leading.wait_for(|l| *l))
+        .await
+        .unwrap()
+        .unwrap();
+
+    // The reconciler, through a Proxy's whole life, with a cloud-init Secret and health events.
+    let verdicts = Arc::new(Verdicts::default());
+    let fast = Timings {
+        provisioning_poll: Duration::from_millis(50),
+        deletion_poll: Duration::from_millis(50),
+        drift_poll: Duration::from_millis(200),
+        requeue_now: Duration::from_millis(10),
+        quota_retry: Duration::from_millis(200),
+    };
+    let ctx = Arc::new(Context::new(
+        operator.clone(),
+        providers.clone(),
+        verdicts.clone(),
+        fast,
+        None,
+        shutdown.clone(),
+    ));
+    let (events, health_events) = futures::channel::mpsc::unbounded();
+    let (run, _) = controller(ctx, ControllerConfig::default(), health_events, shutdown.clone());
+    tokio::spawn(run);
+    let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
+        "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n"}}))
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let proxies: Api<Proxy> = Api::namespaced(me.clone(), NS);
+    let spec = ProxySpec {
+        provider: "mem".into(),
+        placement: Some(Placement {
+            zone: "zone-a".into(),
+            machine_type: "small".into(),
+            image: "debian-13".into(),
+            ..Default::default()
+        }),
+        cloud_init: Some(CloudInit {
+            inline: None,
+            secret_ref: Some(SecretRef {
+                name: "ud".into(),
+                key: "userdata".into(),
+            }),
+        }),
+        ..Default::default()
+    };
+    proxies
+        .create(&PostParams::default(), &Proxy::new("p", spec))
+        .await
+        .unwrap();
+    wait_phase(&proxies, "p", Phase::Running).await;
+    let say = |healthy: bool| {
+        verdicts.0.lock().unwrap().insert(
+            "p".into(),
+            Verdict {
+                healthy,
+                latency_millis: 1,
+            },
+        );
+        events.unbounded_send(ObjectRef::new("p").within(NS)).unwrap();
+    };
+    // Ready, Unhealthy, Ready again: the repeated Ready event is patched into a series.
+    say(true);
+    wait_phase(&proxies, "p", Phase::Ready).await;
+    say(false);
+    wait_phase(&proxies, "p", Phase::Unhealthy).await;
+    say(true);
+    wait_phase(&proxies, "p", Phase::Ready).await;
+    proxies
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"port": 8080}})),
+        )
+        .await
+        .unwrap();
+    let uid = proxies.get("p").await.unwrap().uid().unwrap();
+    proxies.delete("p", &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(
+        LIVENESS,
+        await_condition(proxies.clone(), "p", conditions::is_deleted(&uid)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    // Orphan GC, with an orphan to delete.
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    backend
+        .seed(SeedSpec {
+            created_at: SeedTime::Valid(old),
+            ..SeedSpec::marked("orphan", "gone")
+        })
+        .await
+        .unwrap();
+    let gc = OrphanGc {
+        client: operator.clone(),
+        providers: providers.clone(),
+        interval: Duration::from_secs(600),
+        min_age: Duration::from_secs(600),
+        installation: None,
+    };
+    assert_eq!(gc.sweep(&OpCtx::background()).await.deleted, 1);
+
+    // The provider-health monitor, with a stale object to clean up.
+    let phs: Api<ProviderHealth> = Api::all(me.clone());
+    let mut stale = ProviderHealth::new("gone", Default::default());
+    stale.metadata.labels = Some(
+        [(
+            egress_api::LABEL_MANAGED_BY.to_string(),
+            egress_api::MANAGED_BY.to_string(),
+        )]
+        .into(),
+    );
+    phs.create(&PostParams::default(), &stale).await.unwrap();
+    let schedule = Schedule {
+        interval: Duration::from_secs(60),
+        timeout: Duration::from_secs(10),
+    };
+    let monitor = Monitor {
+        client: operator.clone(),
+        providers,
+        schedule: Some(schedule),
+        snapshot: Snapshot::default(),
+    };
+    assert_eq!(monitor.cleanup().await.unwrap(), 1);
+    monitor.round(&schedule, &shutdown).await;
+    monitor.round(&schedule, &shutdown).await;
+
+    // Wait for a lease renewal (an update) to have happened.
+    tokio::time::timeout(LIVENESS, async {
+        while !server
+            .requests()
+            .by_client("operator")
+            .contains_key(&(Verb::Update, "leases".to_string()))
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap();
+    shutdown.cancel();
+
+    let used: BTreeSet<(String, String, String)> = server
+        .requests()
+        .by_client("operator")
+        .keys()
+        .map(|(verb, resource)| {
+            (
+                group_of(resource).to_string(),
+                resource.clone(),
+                verb.as_str().to_string(),
+            )
+        })
+        .collect();
+    let granted = granted();
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        missing.is_empty(),
+        "the code uses verbs the RBAC does not grant: {missing:?}"
+    );
+    assert!(
+        unused.is_empty(),
+        "the RBAC grants verbs the code never uses: {unused:?}"
+    );
+}
