@@ -476,43 +476,33 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
         Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Unobserved, f),
         Some(Ok(id)) => {
             status.provider_id = id.as_str().to_string();
-            status.ip.clear();
-            set_provisioned(
-                input,
-                &mut status,
-                ConditionStatus::False,
-                reasons::PROVISIONING,
-                WAITING_TO_RUN,
-            );
-            finish(
-                input,
-                status,
-                InstanceView::Booting,
-                Requeue::After(timings.provisioning_poll),
-            )
+            booting(input, timings, status)
         }
     }
+}
+
+/// The instance exists but is not running yet: no address, `Provisioned=False`, poll again soon.
+fn booting(input: &Input<'_>, timings: &Timings, mut status: ProxyStatus) -> Next {
+    status.ip.clear();
+    set_provisioned(
+        input,
+        &mut status,
+        ConditionStatus::False,
+        reasons::PROVISIONING,
+        WAITING_TO_RUN,
+    );
+    finish(
+        input,
+        status,
+        InstanceView::Booting,
+        Requeue::After(timings.provisioning_poll),
+    )
 }
 
 /// Step 8 with an answer from `Get`.
 fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: ProxyStatus, instance: &Instance) -> Next {
     match instance.state {
-        InstanceState::Provisioning => {
-            status.ip.clear();
-            set_provisioned(
-                input,
-                &mut status,
-                ConditionStatus::False,
-                reasons::PROVISIONING,
-                WAITING_TO_RUN,
-            );
-            finish(
-                input,
-                status,
-                InstanceView::Booting,
-                Requeue::After(timings.provisioning_poll),
-            )
-        }
+        InstanceState::Provisioning => booting(input, timings, status),
         InstanceState::Running => match instance.ip {
             Some(ip) => {
                 status.ip = ip.to_string();
@@ -526,22 +516,7 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
                 finish(input, status, InstanceView::Running, Requeue::After(timings.drift_poll))
             }
             // A provider must not say Running without an address; treat it as still booting.
-            None => {
-                status.ip.clear();
-                set_provisioned(
-                    input,
-                    &mut status,
-                    ConditionStatus::False,
-                    reasons::PROVISIONING,
-                    WAITING_TO_RUN,
-                );
-                finish(
-                    input,
-                    status,
-                    InstanceView::Booting,
-                    Requeue::After(timings.provisioning_poll),
-                )
-            }
+            None => booting(input, timings, status),
         },
         // Stopped, terminated or unknown: delete it (keeping its id) until Get says NotFound.
         InstanceState::Stopped | InstanceState::Terminated => {

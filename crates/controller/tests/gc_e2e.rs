@@ -1,16 +1,16 @@
 //! Orphan GC sweeps against egress-kube-testserver and the in-memory reference provider.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use egress_api::{Proxy, ProxySpec};
-use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_conformance::memory::MemoryBackend;
 use egress_conformance::{BackendHooks, CallKind, Fault, SeedSpec, SeedTime, Times};
 use egress_controller::gc::{OrphanGc, SweepReport};
 use egress_kube_testserver::{Fault as ApiFault, TestServer, Verb};
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
-use egress_provider::decorate::ProviderMetrics;
-use egress_provider::{CreateRequest, OpCtx, Placement, ProviderType, Providers, Registry};
+use egress_provider::{CreateRequest, OpCtx, Placement, Providers};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
@@ -29,36 +29,8 @@ async fn setup(names: &[&str]) -> Setup {
         .await
         .unwrap();
     let backends: Vec<MemoryBackend> = names.iter().map(|_| MemoryBackend::new()).collect();
-    let mut registry = Registry::new();
-    for (i, backend) in backends.iter().enumerate() {
-        let backend = backend.clone();
-        let type_name: &'static str = Box::leak(format!("memory{i}").into_boxed_str());
-        registry = registry.with(ProviderType::new(
-            type_name,
-            validators::none,
-            move |entry: &ProviderConfig| {
-                let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
-                    &entry.name,
-                    MemoryTarget::config(&backend),
-                    backend.clone(),
-                    vec![],
-                ));
-                Ok(p)
-            },
-        ));
-    }
-    let config = ProvidersConfig {
-        providers: names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| ProviderConfig {
-                name: (*n).into(),
-                type_name: format!("memory{i}"),
-                ..Default::default()
-            })
-            .collect(),
-    };
-    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let named: Vec<(&str, &MemoryBackend)> = names.iter().copied().zip(backends.iter()).collect();
+    let providers = common::memory_providers(&named);
     Setup {
         server,
         backends,

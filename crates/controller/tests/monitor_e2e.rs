@@ -1,46 +1,22 @@
 //! The provider-health monitor against egress-kube-testserver with the reference provider's
 //! checker: objects created and patched, stale ones removed, checks-off cleanup.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use egress_api::{LABEL_MANAGED_BY, MANAGED_BY, ProviderHealth};
 use egress_conformance::BackendHooks;
-use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_conformance::memory::MemoryBackend;
 use egress_controller::provider_health::{Monitor, Schedule, Snapshot};
 use egress_kube_testserver::TestServer;
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
-use egress_provider::decorate::ProviderMetrics;
-use egress_provider::{ProviderType, Providers, Registry};
+use egress_provider::Providers;
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
 fn providers(backend: &MemoryBackend, names: &[&str]) -> Arc<Providers> {
-    let backend = backend.clone();
-    let registry = Registry::new().with(ProviderType::new(
-        "memory",
-        validators::none,
-        move |entry: &ProviderConfig| {
-            let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
-                &entry.name,
-                MemoryTarget::config(&backend),
-                backend.clone(),
-                vec![],
-            ));
-            Ok(p)
-        },
-    ));
-    let config = ProvidersConfig {
-        providers: names
-            .iter()
-            .map(|n| ProviderConfig {
-                name: (*n).into(),
-                type_name: "memory".into(),
-                ..Default::default()
-            })
-            .collect(),
-    };
-    Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap())
+    common::memory_providers_on(backend, names)
 }
 
 fn schedule() -> Schedule {

@@ -2,13 +2,15 @@
 //! its paths against egress-kube-testserver through a client named "operator", and the requests
 //! it made (by verb and resource) must equal the rules granted.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use egress_api::{CloudInit, Phase, Placement, ProviderHealth, Proxy, ProxySpec, SecretRef};
-use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_conformance::memory::MemoryBackend;
 use egress_conformance::{BackendHooks, SeedSpec, SeedTime};
 use egress_controller::decide::Timings;
 use egress_controller::gc::OrphanGc;
@@ -16,10 +18,8 @@ use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
 use egress_controller::provider_health::{Monitor, Schedule, Snapshot};
 use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::status::Verdict;
-use egress_kube_testserver::{TestServer, Verb};
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
-use egress_provider::decorate::ProviderMetrics;
-use egress_provider::{OpCtx, ProviderType, Registry};
+use egress_kube_testserver::TestServer;
+use egress_provider::OpCtx;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -94,28 +94,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     let me = server.client().unwrap();
     let operator = server.client_named("operator").unwrap();
     let backend = MemoryBackend::new();
-    let shared = backend.clone();
-    let registry = Registry::new().with(ProviderType::new(
-        "memory",
-        validators::none,
-        move |e: &ProviderConfig| {
-            let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
-                &e.name,
-                MemoryTarget::config(&shared),
-                shared.clone(),
-                vec![],
-            ));
-            Ok(p)
-        },
-    ));
-    let config = ProvidersConfig {
-        providers: vec![ProviderConfig {
-            name: "mem".into(),
-            type_name: "memory".into(),
-            ..Default::default()
-        }],
-    };
-    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let providers = common::memory_providers(&[("mem", &backend)]);
     let shutdown = CancellationToken::new();
 
     // Leader election: acquire, then renew at least once.
@@ -259,18 +238,16 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     monitor.round(&schedule, &shutdown).await;
     monitor.round(&schedule, &shutdown).await;
 
-    // Wait for a lease renewal (an update) to have happened.
-    tokio::time::timeout(LIVENESS, async {
-        while !server
-            .requests()
-            .by_client("operator")
-            .contains_key(&(Verb::Update, "leases".to_string()))
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .unwrap();
+    // Wait for a lease renewal (an update, which moves the resourceVersion) to have happened.
+    let my_leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(me.clone(), "system");
+    let acquired = my_leases.get(LEASE_NAME).await.unwrap().resource_version();
+    let renewed = move |l: Option<&k8s_openapi::api::coordination::v1::Lease>| {
+        l.is_some_and(|l| l.resource_version() != acquired)
+    };
+    tokio::time::timeout(LIVENESS, await_condition(my_leases, LEASE_NAME, renewed))
+        .await
+        .unwrap()
+        .unwrap();
     shutdown.cancel();
 
     let used: BTreeSet<(String, String, String)> = server

@@ -3,18 +3,17 @@
 //! `status.patch` on every pass; `reconcile.replaceInstance` → `provider.delete`;
 //! `reconcile.delete` → `provider.delete`.
 
+mod common;
+
 use std::sync::Arc;
 
 use egress_api::{Phase, Placement, Proxy, ProxySpec};
 use egress_conformance::capture::{Capture, CapturedSpan};
-use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_conformance::memory::MemoryBackend;
 use egress_controller::decide::Timings;
 use egress_controller::reconciler::{Context, HealthVerdicts, reconcile};
 use egress_controller::status::Verdict;
 use egress_kube_testserver::TestServer;
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
-use egress_provider::decorate::ProviderMetrics;
-use egress_provider::{ProviderType, Registry};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -28,27 +27,7 @@ impl HealthVerdicts for NoVerdicts {
 
 async fn context(server: &TestServer) -> Arc<Context> {
     let backend = MemoryBackend::new();
-    let registry = Registry::new().with(ProviderType::new(
-        "memory",
-        validators::none,
-        move |entry: &ProviderConfig| {
-            let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
-                &entry.name,
-                MemoryTarget::config(&backend),
-                backend.clone(),
-                vec![],
-            ));
-            Ok(p)
-        },
-    ));
-    let config = ProvidersConfig {
-        providers: vec![ProviderConfig {
-            name: "mem".into(),
-            type_name: "memory".into(),
-            ..Default::default()
-        }],
-    };
-    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let providers = common::memory_providers(&[("mem", &backend)]);
     Arc::new(Context::new(
         server.client().unwrap(),
         providers,

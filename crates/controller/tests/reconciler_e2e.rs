@@ -2,6 +2,8 @@
 //! egress-kube-testserver (real HTTP, real watches, the CRD's schema and CEL rules) with the
 //! conformance crate's in-memory reference provider and scripted health verdicts.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,9 +15,6 @@ use egress_controller::decide::Timings;
 use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::status::Verdict;
 use egress_kube_testserver::TestServer;
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
-use egress_provider::decorate::ProviderMetrics;
-use egress_provider::{ProviderType, Registry};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
@@ -27,13 +26,26 @@ const NS: &str = "crawl";
 const LIVENESS: Duration = Duration::from_secs(30);
 
 /// Scripted verdicts; counts how often each Proxy's verdict was read (once per pass).
-#[derive(Default)]
-struct ScriptedHealth(Mutex<HashMap<(String, String), Verdict>>, Mutex<HashMap<String, usize>>);
+struct ScriptedHealth {
+    verdicts: Mutex<HashMap<(String, String), Verdict>>,
+    /// Verdict reads per Proxy name, one per pass; tests wait on it instead of sleeping.
+    passes: tokio::sync::watch::Sender<HashMap<String, usize>>,
+}
+
+impl Default for ScriptedHealth {
+    fn default() -> Self {
+        Self {
+            verdicts: Mutex::default(),
+            passes: tokio::sync::watch::channel(HashMap::new()).0,
+        }
+    }
+}
 
 impl HealthVerdicts for ScriptedHealth {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
-        *self.1.lock().unwrap().entry(name.to_string()).or_default() += 1;
-        self.0
+        self.passes
+            .send_modify(|m| *m.entry(name.to_string()).or_default() += 1);
+        self.verdicts
             .lock()
             .unwrap()
             .get(&(namespace.to_string(), name.to_string()))
@@ -43,7 +55,16 @@ impl HealthVerdicts for ScriptedHealth {
 
 impl ScriptedHealth {
     fn passes(&self, name: &str) -> usize {
-        self.1.lock().unwrap().get(name).copied().unwrap_or(0)
+        self.passes.borrow().get(name).copied().unwrap_or(0)
+    }
+
+    /// Waits until `name` has had `n` passes.
+    async fn wait_passes(&self, name: &str, n: usize) {
+        let mut rx = self.passes.subscribe();
+        tokio::time::timeout(LIVENESS, rx.wait_for(|m| m.get(name).copied().unwrap_or(0) >= n))
+            .await
+            .expect("passes keep coming")
+            .unwrap();
     }
 }
 
@@ -60,7 +81,7 @@ struct Harness {
 impl Harness {
     /// Scripts a verdict and tells the controller, as the health engine does.
     fn verdict(&self, name: &str, healthy: bool, latency_millis: i64) {
-        self.health.0.lock().unwrap().insert(
+        self.health.verdicts.lock().unwrap().insert(
             (NS.into(), name.into()),
             Verdict {
                 healthy,
@@ -77,26 +98,15 @@ impl Drop for Harness {
     }
 }
 
-/// Short waits, so a test's passes follow each other quickly; correctness never depends on them.
-fn timings() -> Timings {
-    Timings {
-        provisioning_poll: Duration::from_millis(50),
-        deletion_poll: Duration::from_millis(50),
-        drift_poll: Duration::from_millis(100),
-        requeue_now: Duration::from_millis(10),
-        quota_retry: Duration::from_millis(200),
-    }
-}
-
 async fn start() -> Harness {
-    start_with(timings()).await
+    start_with(common::fast_timings()).await
 }
 
 /// Timings where nothing comes back by itself for an hour: only events can drive a pass.
 fn event_driven() -> Timings {
     Timings {
         drift_poll: Duration::from_secs(3600),
-        ..timings()
+        ..common::fast_timings()
     }
 }
 
@@ -112,28 +122,7 @@ async fn start_with(timings: Timings) -> Harness {
 
 async fn start_on(server: Arc<TestServer>, backend: MemoryBackend, timings: Timings) -> Harness {
     let client = server.client().unwrap();
-    let shared = backend.clone();
-    let registry = Registry::new().with(ProviderType::new(
-        "memory",
-        validators::none,
-        move |entry: &ProviderConfig| {
-            let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
-                &entry.name,
-                MemoryTarget::config(&shared),
-                shared.clone(),
-                vec![],
-            ));
-            Ok(p)
-        },
-    ));
-    let config = ProvidersConfig {
-        providers: vec![ProviderConfig {
-            name: "mem".into(),
-            type_name: "memory".into(),
-            ..Default::default()
-        }],
-    };
-    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let providers = common::memory_providers(&[("mem", &backend)]);
     let health = Arc::new(ScriptedHealth::default());
     let shutdown = CancellationToken::new();
     let ctx = Arc::new(Context::new(
@@ -200,6 +189,21 @@ async fn wait_for_event(h: &Harness, reason: &str) {
     })
     .await
     .unwrap_or_else(|_| panic!("no {reason} event"));
+}
+
+/// Waits until the Proxy runs an instance built from a spec hash other than `old_hash`.
+async fn wait_replaced(h: &Harness, name: &str, old_hash: &str) -> Proxy {
+    let replaced = |p: Option<&Proxy>| {
+        p.is_some_and(|p| {
+            p.annotations().get(ANNOTATION_SPEC_HASH).map(String::as_str) != Some(old_hash)
+                && p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
+        })
+    };
+    tokio::time::timeout(LIVENESS, await_condition(h.api.clone(), name, replaced))
+        .await
+        .expect("the instance is replaced")
+        .unwrap()
+        .unwrap()
 }
 
 async fn live_instances(h: &Harness) -> usize {
@@ -322,29 +326,11 @@ async fn steady_state_writes_nothing() {
     h.verdict("p4", true, 4);
     wait_for(&h, "p4", Phase::Ready).await;
     // Let the first drift passes settle, then count: several more passes must write nothing.
-    let lookups = || async {
-        h.backend
-            .call_log()
-            .await
-            .unwrap()
-            .iter()
-            .filter(|c| c.kind.0 == "lookup")
-            .count()
-    };
-    let settle = lookups().await + 2;
-    let wait_lookups = |n: usize| async move {
-        tokio::time::timeout(LIVENESS, async {
-            while lookups().await < n {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .expect("drift passes keep coming");
-    };
-    wait_lookups(settle).await;
+    let settle = h.health.passes("p4") + 2;
+    h.health.wait_passes("p4", settle).await;
     h.server.requests().reset();
-    let from = lookups().await;
-    wait_lookups(from + 5).await;
+    let from = h.health.passes("p4");
+    h.health.wait_passes("p4", from + 5).await;
     assert_eq!(h.server.requests().writes("proxies"), 0);
     assert_eq!(h.server.requests().writes("proxies/status"), 0);
 }
@@ -367,19 +353,7 @@ async fn a_spec_change_replaces_the_instance_only_after_the_old_one_is_gone() {
         )
         .await
         .unwrap();
-    let after = tokio::time::timeout(
-        LIVENESS,
-        await_condition(h.api.clone(), "p5", |p: Option<&Proxy>| {
-            p.is_some_and(|p| {
-                p.annotations().get(ANNOTATION_SPEC_HASH) != Some(&old_hash)
-                    && p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
-            })
-        }),
-    )
-    .await
-    .expect("the replacement runs")
-    .unwrap()
-    .unwrap();
+    let after = wait_replaced(&h, "p5", &old_hash).await;
     assert_eq!(
         after.status.as_ref().unwrap().provider_id,
         before.status.as_ref().unwrap().provider_id,
@@ -458,18 +432,7 @@ async fn a_changed_cloud_init_secret_replaces_the_instance() {
     // Only the Secret watch can notice this: the drift poll is an hour away.
     let change = Patch::Merge(json!({"stringData": {"userdata": "#cloud-config\n# v2\n"}}));
     secrets.patch("ud", &PatchParams::default(), &change).await.unwrap();
-    tokio::time::timeout(
-        LIVENESS,
-        await_condition(h.api.clone(), "p7", |p: Option<&Proxy>| {
-            p.is_some_and(|p| {
-                p.annotations().get(ANNOTATION_SPEC_HASH) != Some(&old_hash)
-                    && p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
-            })
-        }),
-    )
-    .await
-    .expect("the instance is replaced")
-    .unwrap();
+    wait_replaced(&h, "p7", &old_hash).await;
     assert_eq!(delivered().await.as_deref(), Some(b"#cloud-config\n# v2\n".as_slice()));
 }
 

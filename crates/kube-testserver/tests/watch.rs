@@ -38,13 +38,7 @@ fn describe(e: &WatchEvent<Toy>) -> String {
 async fn a_watch_from_a_resource_version_replays_the_changes_in_order() {
     let s = server().await;
     let api = toys(&s);
-    let start = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let start = list_rv(&api).await;
     create_toy(&api, "a", 1).await;
     api.patch(
         "a",
@@ -108,13 +102,7 @@ async fn bookmarks_come_when_allowed_and_carry_the_resource_version() {
 async fn timeout_seconds_ends_the_stream() {
     let s = server().await;
     let api = toys(&s);
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = list_rv(&api).await;
     let mut stream = api
         .watch(&WatchParams::default().timeout(1), &rv)
         .await
@@ -172,13 +160,7 @@ async fn a_short_history_expires_old_resource_versions() {
 async fn a_label_filtered_watch_sees_objects_enter_and_leave_the_selection() {
     let s = server().await;
     let api = toys(&s);
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = list_rv(&api).await;
     let mut stream = api
         .watch(&WatchParams::default().labels("pick=yes"), &rv)
         .await
@@ -400,13 +382,7 @@ async fn a_controller_reconciles_a_custom_resource_end_to_end() {
 async fn a_watch_on_all_namespaces_sees_every_namespace() {
     let s = server().await;
     let all: Api<Toy> = Api::all(client(&s));
-    let rv = all
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = list_rv(&all).await;
     let mut stream = all.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
     create_toy(&toys(&s), "a", 1).await;
     Api::<Toy>::namespaced(client(&s), "default")

@@ -73,6 +73,19 @@ pub async fn create_toy(api: &Api<Toy>, name: &str, size: i32) -> Toy {
         .expect("create")
 }
 
+/// The resourceVersion of a fresh list: where a watch "from now" starts.
+pub async fn list_rv<K>(api: &Api<K>) -> String
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+}
+
 /// The code and reason of a failed call.
 pub fn api_error<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> (u16, String, String) {
     match r {

@@ -1,0 +1,82 @@
+//! Shared by the controller's end-to-end tests: providers built from the conformance crate's
+//! in-memory reference provider, and short reconciler timings.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_controller::decide::Timings;
+use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
+use egress_provider::decorate::ProviderMetrics;
+use egress_provider::{ProviderType, Providers, Registry};
+
+/// Configured providers, each a reference provider on its own backend, built through the
+/// registry (so they are decorated as in the operator).
+pub fn memory_providers(entries: &[(&str, &MemoryBackend)]) -> Arc<Providers> {
+    let mut registry = Registry::new();
+    let mut config = ProvidersConfig::default();
+    for (i, (name, backend)) in entries.iter().enumerate() {
+        let backend = (*backend).clone();
+        let type_name: &'static str = Box::leak(format!("memory{i}").into_boxed_str());
+        registry = registry.with(ProviderType::new(
+            type_name,
+            validators::none,
+            move |entry: &ProviderConfig| {
+                let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
+                    &entry.name,
+                    MemoryTarget::config(&backend),
+                    backend.clone(),
+                    vec![],
+                ));
+                Ok(p)
+            },
+        ));
+        config.providers.push(ProviderConfig {
+            name: (*name).into(),
+            type_name: type_name.into(),
+            ..Default::default()
+        });
+    }
+    Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap())
+}
+
+/// Configured providers sharing one backend and one provider type, `memory`.
+pub fn memory_providers_on(backend: &MemoryBackend, names: &[&str]) -> Arc<Providers> {
+    let backend = backend.clone();
+    let registry = Registry::new().with(ProviderType::new(
+        "memory",
+        validators::none,
+        move |entry: &ProviderConfig| {
+            let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
+                &entry.name,
+                MemoryTarget::config(&backend),
+                backend.clone(),
+                vec![],
+            ));
+            Ok(p)
+        },
+    ));
+    let config = ProvidersConfig {
+        providers: names
+            .iter()
+            .map(|n| ProviderConfig {
+                name: (*n).into(),
+                type_name: "memory".into(),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap())
+}
+
+/// Short waits, so passes follow each other quickly; correctness never depends on them.
+pub fn fast_timings() -> Timings {
+    Timings {
+        provisioning_poll: Duration::from_millis(50),
+        deletion_poll: Duration::from_millis(50),
+        drift_poll: Duration::from_millis(100),
+        requeue_now: Duration::from_millis(10),
+        quota_retry: Duration::from_millis(200),
+    }
+}
