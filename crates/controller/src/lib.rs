@@ -12,6 +12,7 @@ pub mod leader;
 pub mod merge;
 pub mod metrics;
 pub mod provider_health;
+pub mod proxy_cache;
 pub mod reconciler;
 pub mod spec_hash;
 pub mod status;

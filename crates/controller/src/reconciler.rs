@@ -494,36 +494,30 @@ impl Default for ControllerConfig {
     }
 }
 
-/// The Proxy controller: watches Proxies, watches cloud-init Secrets (a changed Secret enqueues
-/// the Proxies in its namespace that reference it, so a content change replaces their instances
-/// without waiting for the drift poll), and takes health events (a Proxy whose verdict changed).
-/// Returns the future that runs it until `shutdown`, and the Proxy cache it keeps (the metrics
-/// count phases from it).
+/// The Proxy controller: takes Proxies from the shared cache, watches cloud-init Secrets (a
+/// changed Secret enqueues the Proxies in its namespace that reference it, so a content change
+/// replaces their instances without waiting for the drift poll), and takes health events (a Proxy
+/// whose verdict changed). Returns the future that runs it until `shutdown`; the cache must be
+/// kept running beside it.
 pub fn controller(
     ctx: Arc<Context>,
     config: ControllerConfig,
+    cache: crate::proxy_cache::ProxyCache,
     health_events: impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<Proxy>> + Send + 'static,
     shutdown: CancellationToken,
-) -> (
-    impl std::future::Future<Output = ()> + Send,
-    kube::runtime::reflector::Store<Proxy>,
-) {
+) -> impl std::future::Future<Output = ()> + Send {
     use futures::StreamExt;
     use kube::runtime::reflector::ObjectRef;
     use kube::runtime::{Controller, watcher};
 
-    let (proxies, secrets): (Api<Proxy>, Api<Secret>) = match &config.namespace {
-        Some(ns) => (
-            Api::namespaced(ctx.client.clone(), ns),
-            Api::namespaced(ctx.client.clone(), ns),
-        ),
-        None => (Api::all(ctx.client.clone()), Api::all(ctx.client.clone())),
+    let secrets: Api<Secret> = match &config.namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
     };
-    let controller = Controller::new(proxies, watcher::Config::default());
-    let store = controller.store();
-    let lookup = store.clone();
+    let lookup = cache.store();
+    let controller = Controller::for_stream(cache.subscribe(), cache.store());
     let labelled = watcher::Config::default().labels(&format!("{LABEL_CLOUD_INIT}=true"));
-    let run = controller
+    controller
         .watches(secrets, labelled, move |secret: Secret| {
             let namespace = secret.namespace();
             let name = secret.name_any();
@@ -549,6 +543,5 @@ pub fn controller(
             if let Err(e) = result {
                 tracing::debug!(error = %e, "controller event");
             }
-        });
-    (run, store)
+        })
 }

@@ -130,7 +130,9 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         shutdown.clone(),
     ));
     let (events, health_events) = futures::channel::mpsc::unbounded();
-    let (run, _) = controller(ctx, ControllerConfig::default(), health_events, shutdown.clone());
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(operator.clone(), None, shutdown.clone());
+    tokio::spawn(keep_cache);
+    let run = controller(ctx, ControllerConfig::default(), cache, health_events, shutdown.clone());
     tokio::spawn(run);
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",

@@ -134,7 +134,9 @@ async fn start_on(server: Arc<TestServer>, backend: MemoryBackend, timings: Timi
         shutdown.clone(),
     ));
     let (events, health_events) = futures::channel::mpsc::unbounded();
-    let (run, _store) = controller(ctx, ControllerConfig::default(), health_events, shutdown.clone());
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
+    tokio::spawn(keep_cache);
+    let run = controller(ctx, ControllerConfig::default(), cache, health_events, shutdown.clone());
     tokio::spawn(run);
     Harness {
         server,

@@ -31,7 +31,7 @@ fn span_for(op: Op, name: &str) -> Span {
                 provider.id = Empty,
                 provider.result = Empty,
                 otel.status_code = Empty,
-                otel.status_message = Empty,
+                otel.status_description = Empty,
             )
         };
     }
@@ -76,7 +76,7 @@ impl TracedProvider {
         match &result {
             Err(e) if e.class() != ErrorClass::NotFound => {
                 span.record("otel.status_code", "error");
-                span.record("otel.status_message", e.class().label());
+                span.record("otel.status_description", e.class().label());
             }
             _ => {
                 span.record("otel.status_code", "ok");

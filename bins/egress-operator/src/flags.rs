@@ -1,0 +1,575 @@
+//! The command line, parsed the way Go's `flag` package parses it, so the Go operator's manifests
+//! and scripts keep working: `-name` and `--name`, `--name=value` and `--name value`, booleans only
+//! as `--name` or `--name=<bool>`, `--` ends the flags, a repeated flag keeps its last value.
+//!
+//! One difference, on purpose: Go stops at the first argument that is not a flag and ignores the
+//! rest, so `--leader-elect false` silently leaves leader election on and drops every later flag.
+//! Here a stray argument is an error.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::logging::{Encoder, LogLevel, LogOptions, StacktraceLevel, TimeEncoding};
+
+/// Every flag's value after parsing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub metrics_bind_address: String,
+    pub metrics_secure: bool,
+    pub enable_http2: bool,
+    pub health_probe_bind_address: String,
+    pub leader_elect: bool,
+    pub providers_config: String,
+    pub proxy_namespace: String,
+    pub provider_check_interval: Duration,
+    pub provider_check_timeout: Duration,
+    pub gc_interval: Duration,
+    pub gc_min_age: Duration,
+    pub installation_id: String,
+    pub version: bool,
+    pub log: LogOptions,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            metrics_bind_address: "0".into(),
+            metrics_secure: true,
+            enable_http2: false,
+            health_probe_bind_address: ":8081".into(),
+            leader_elect: false,
+            providers_config: String::new(),
+            proxy_namespace: String::new(),
+            provider_check_interval: Duration::from_secs(60),
+            provider_check_timeout: Duration::ZERO,
+            gc_interval: Duration::from_secs(600),
+            gc_min_age: Duration::from_secs(600),
+            installation_id: String::new(),
+            version: false,
+            log: LogOptions::default(),
+        }
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Run(Box<Options>),
+    /// `-h`, `-help` or `--help`: print [`usage`] and exit 0.
+    Help,
+}
+
+/// A command line that cannot be used. Printed as one line, before any logger exists.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagError {
+    #[error("flag provided but not defined: -{0}")]
+    Unknown(String),
+    #[error("flag needs an argument: -{0}")]
+    MissingValue(String),
+    #[error("invalid value {value:?} for flag -{flag}: {reason}")]
+    Invalid {
+        flag: String,
+        value: String,
+        reason: String,
+    },
+    #[error("bad flag syntax: {0}")]
+    Syntax(String),
+    #[error("unexpected argument {0:?}: every setting is a flag (a boolean takes its value as -flag=false)")]
+    Stray(String),
+}
+
+enum Kind {
+    Bool,
+    Text,
+}
+
+struct Flag {
+    name: &'static str,
+    kind: Kind,
+    default: &'static str,
+    usage: &'static str,
+}
+
+const FLAGS: &[Flag] = &[
+    Flag {
+        name: "metrics-bind-address",
+        kind: Kind::Text,
+        default: "0",
+        usage: "Address the metrics endpoint binds to: :8443 serves HTTPS, :8080 HTTP, 0 disables it.",
+    },
+    Flag {
+        name: "metrics-secure",
+        kind: Kind::Bool,
+        default: "true",
+        usage: "Serve metrics over HTTPS (a self-signed certificate made at start), allowing only callers the API server authenticates and authorises for GET /metrics.",
+    },
+    Flag {
+        name: "enable-http2",
+        kind: Kind::Bool,
+        default: "false",
+        usage: "Allow HTTP/2 on the metrics server (off by default: HTTP/2 rapid-reset exposure).",
+    },
+    Flag {
+        name: "health-probe-bind-address",
+        kind: Kind::Text,
+        default: ":8081",
+        usage: "Address of /healthz and /readyz; 0 disables them.",
+    },
+    Flag {
+        name: "leader-elect",
+        kind: Kind::Bool,
+        default: "false",
+        usage: "Run the reconciler, orphan GC and provider checks only while holding the leader Lease.",
+    },
+    Flag {
+        name: "providers-config",
+        kind: Kind::Text,
+        default: "",
+        usage: "Path of the providers YAML file (required).",
+    },
+    Flag {
+        name: "proxy-namespace",
+        kind: Kind::Text,
+        default: "",
+        usage: "Watch Proxies and cloud-init Secrets in this namespace only; empty watches all.",
+    },
+    Flag {
+        name: "provider-check-interval",
+        kind: Kind::Text,
+        default: "1m0s",
+        usage: "How often provider targets are checked; 0 turns checks off, otherwise at least 10s.",
+    },
+    Flag {
+        name: "provider-check-timeout",
+        kind: Kind::Text,
+        default: "0s",
+        usage: "Budget of one check round; 0 means min(15s, interval), otherwise at most the interval.",
+    },
+    Flag {
+        name: "gc-interval",
+        kind: Kind::Text,
+        default: "10m0s",
+        usage: "Time between orphan GC sweeps (more than 0).",
+    },
+    Flag {
+        name: "gc-min-age",
+        kind: Kind::Text,
+        default: "10m0s",
+        usage: "Orphan GC never deletes an instance younger than this.",
+    },
+    Flag {
+        name: "installation-id",
+        kind: Kind::Text,
+        default: "",
+        usage: "Marks new instances with this installation, and lets orphan GC collect only instances carrying it (two operators sharing a backend).",
+    },
+    Flag {
+        name: "version",
+        kind: Kind::Bool,
+        default: "false",
+        usage: "Print the commit this binary was built from and exit.",
+    },
+    Flag {
+        name: "zap-devel",
+        kind: Kind::Bool,
+        default: "true",
+        usage: "Development logging defaults (console, debug, stack traces from warn); false gives production ones (json, info, stack traces from error).",
+    },
+    Flag {
+        name: "zap-encoder",
+        kind: Kind::Text,
+        default: "",
+        usage: "Log encoding: json or console.",
+    },
+    Flag {
+        name: "zap-log-level",
+        kind: Kind::Text,
+        default: "",
+        usage: "Least level logged: debug, info, error, or an integer > 0 for more verbose debug output.",
+    },
+    Flag {
+        name: "zap-stacktrace-level",
+        kind: Kind::Text,
+        default: "",
+        usage: "Least level whose lines carry a stack trace: info, error or panic.",
+    },
+    Flag {
+        name: "zap-time-encoding",
+        kind: Kind::Text,
+        default: "",
+        usage: "Time format of log lines: epoch, millis, nano, iso8601, rfc3339 or rfc3339nano.",
+    },
+];
+
+/// The help text, listing every flag with its default.
+pub fn usage() -> String {
+    let mut text = String::from("Usage of egress-operator:\n");
+    for f in FLAGS {
+        let kind = match f.kind {
+            Kind::Bool => "",
+            Kind::Text if f.name.ends_with("interval") || f.name.ends_with("timeout") || f.name.ends_with("age") => {
+                " duration"
+            }
+            Kind::Text => " string",
+        };
+        text.push_str(&format!("  -{}{kind}\n    \t{}", f.name, f.usage));
+        if !f.default.is_empty() && f.default != "false" {
+            text.push_str(&format!(" (default {:?})", f.default));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// Parses the arguments after the program name.
+///
+/// # Errors
+///
+/// The first unusable argument, worded as Go's `flag` package words it.
+pub fn parse<I, S>(args: I) -> Result<Command, FlagError>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let mut options = Options::default();
+    let mut args = args.into_iter().map(Into::into);
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            if let Some(stray) = args.next() {
+                return Err(FlagError::Stray(stray));
+            }
+            break;
+        }
+        let Some(body) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            return Err(FlagError::Stray(arg));
+        };
+        if body.is_empty() || body.starts_with('-') || body.starts_with('=') {
+            return Err(FlagError::Syntax(arg));
+        }
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (body, None),
+        };
+        let Some(flag) = FLAGS.iter().find(|f| f.name == name) else {
+            if name == "h" || name == "help" {
+                return Ok(Command::Help);
+            }
+            return Err(FlagError::Unknown(name.into()));
+        };
+        let value = match (&flag.kind, inline) {
+            (_, Some(v)) => v,
+            (Kind::Bool, None) => "true".into(),
+            (Kind::Text, None) => args.next().ok_or_else(|| FlagError::MissingValue(name.into()))?,
+        };
+        set(&mut options, flag, &value).map_err(|reason| FlagError::Invalid {
+            flag: name.into(),
+            value: value.clone(),
+            reason,
+        })?;
+    }
+    Ok(Command::Run(Box::new(options)))
+}
+
+fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
+    match flag.name {
+        "metrics-bind-address" => o.metrics_bind_address = value.into(),
+        "metrics-secure" => o.metrics_secure = parse_bool(value)?,
+        "enable-http2" => o.enable_http2 = parse_bool(value)?,
+        "health-probe-bind-address" => o.health_probe_bind_address = value.into(),
+        "leader-elect" => o.leader_elect = parse_bool(value)?,
+        "providers-config" => o.providers_config = value.into(),
+        "proxy-namespace" => o.proxy_namespace = value.into(),
+        "provider-check-interval" => o.provider_check_interval = parse_duration(value)?,
+        "provider-check-timeout" => o.provider_check_timeout = parse_duration(value)?,
+        "gc-interval" => {
+            let d = parse_duration(value)?;
+            if d.is_zero() {
+                return Err("must be more than 0".into());
+            }
+            o.gc_interval = d;
+        }
+        "gc-min-age" => o.gc_min_age = parse_duration(value)?,
+        "installation-id" => o.installation_id = value.into(),
+        "version" => o.version = parse_bool(value)?,
+        "zap-devel" => o.log.devel = parse_bool(value)?,
+        "zap-encoder" => o.log.encoder = Some(value.parse::<Encoder>()?),
+        "zap-log-level" => o.log.level = Some(value.parse::<LogLevel>()?),
+        "zap-stacktrace-level" => o.log.stacktrace_level = Some(value.parse::<StacktraceLevel>()?),
+        "zap-time-encoding" => o.log.time_encoding = Some(value.parse::<TimeEncoding>()?),
+        other => unreachable!("flag {other} is in FLAGS but has no setter"),
+    }
+    Ok(())
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err("parse error".into()),
+    }
+}
+
+/// Go's `time.ParseDuration` (`300ms`, `1h30m`, `1.5h`, `0`), limited to durations that are not
+/// negative: every duration flag here is a period or an age.
+///
+/// # Errors
+///
+/// Go's wording: `time: invalid duration "x"`, `time: missing unit in duration "x"`,
+/// `time: unknown unit "u" in duration "x"`; and `must not be negative`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let invalid = || format!("time: invalid duration {text:?}");
+    let (negative, mut rest) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    let mut total: u128 = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let whole: u128 = if digits == 0 {
+            0
+        } else {
+            rest[..digits].parse().map_err(|_| invalid())?
+        };
+        rest = &rest[digits..];
+        let (mut fraction, mut scale, mut fraction_digits) = (0u128, 1u128, 0usize);
+        if let Some(after_dot) = rest.strip_prefix('.') {
+            fraction_digits = after_dot.bytes().take_while(u8::is_ascii_digit).count();
+            // Nanoseconds need at most 9 digits below the unit's smallest part; more are dropped.
+            for b in after_dot[..fraction_digits].bytes().take(18) {
+                fraction = fraction * 10 + u128::from(b - b'0');
+                scale *= 10;
+            }
+            rest = &after_dot[fraction_digits..];
+        }
+        if digits == 0 && fraction_digits == 0 {
+            return Err(invalid());
+        }
+        let unit_len = rest
+            .char_indices()
+            .find(|(_, c)| *c == '.' || c.is_ascii_digit())
+            .map_or(rest.len(), |(i, _)| i);
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let nanos_per: u128 = match unit {
+            "" => return Err(format!("time: missing unit in duration {text:?}")),
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            other => return Err(format!("time: unknown unit {other:?} in duration {text:?}")),
+        };
+        total = total
+            .checked_add(whole.checked_mul(nanos_per).ok_or_else(invalid)?)
+            .and_then(|t| t.checked_add(fraction * nanos_per / scale))
+            .ok_or_else(invalid)?;
+        // Go's durations are int64 nanoseconds.
+        if total > i64::MAX as u128 {
+            return Err(invalid());
+        }
+    }
+    if negative && total > 0 {
+        return Err("must not be negative".into());
+    }
+    Ok(Duration::from_nanos(u64::try_from(total).map_err(|_| invalid())?))
+}
+
+/// A duration the way Go prints one (`1m0s`, `1h30m0s`, `500ms`), for log lines and messages.
+pub fn go_duration(d: Duration) -> String {
+    GoDuration(d).to_string()
+}
+
+struct GoDuration(Duration);
+
+impl fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nanos = self.0.as_nanos();
+        if nanos == 0 {
+            return f.write_str("0s");
+        }
+        if nanos < 1_000_000_000 {
+            let (unit, per) = match nanos {
+                n if n < 1_000 => return write!(f, "{n}ns"),
+                n if n < 1_000_000 => ("µs", 1_000u128),
+                _ => ("ms", 1_000_000u128),
+            };
+            return write!(f, "{}{unit}", trim_fraction(nanos, per));
+        }
+        let secs = nanos / 1_000_000_000;
+        let (h, m) = (secs / 3600, (secs / 60) % 60);
+        let seconds = trim_fraction(nanos % 60_000_000_000, 1_000_000_000);
+        if h > 0 {
+            write!(f, "{h}h{m}m{seconds}s")
+        } else if m > 0 {
+            write!(f, "{m}m{seconds}s")
+        } else {
+            write!(f, "{seconds}s")
+        }
+    }
+}
+
+fn trim_fraction(value: u128, per: u128) -> String {
+    let whole = value / per;
+    let rest = value % per;
+    if rest == 0 {
+        return whole.to_string();
+    }
+    let width = per.to_string().len() - 1;
+    let digits = format!("{rest:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Options {
+        match parse(args.iter().copied()) {
+            Ok(Command::Run(o)) => *o,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn go_durations_parse_as_go_parses_them() {
+        let ok = [
+            ("0", 0),
+            ("1h30m", 5_400_000_000_000),
+            ("1.5h", 5_400_000_000_000),
+            ("300ms", 300_000_000),
+            ("2h45m10.5s", 9_910_500_000_000),
+            ("1µs", 1_000),
+            ("1us", 1_000),
+            ("10ns", 10),
+            ("+5s", 5_000_000_000),
+            (".5s", 500_000_000),
+            ("1.s", 1_000_000_000),
+            ("-0s", 0),
+        ];
+        for (text, nanos) in ok {
+            assert_eq!(parse_duration(text), Ok(Duration::from_nanos(nanos)), "{text}");
+        }
+        let bad = [
+            ("", "time: invalid duration \"\""),
+            ("5", "time: missing unit in duration \"5\""),
+            ("1d", "time: unknown unit \"d\" in duration \"1d\""),
+            ("abc", "time: invalid duration \"abc\""),
+            ("1h-5m", "time: unknown unit \"h-\" in duration \"1h-5m\""),
+            (".s", "time: invalid duration \".s\""),
+            ("-1m", "must not be negative"),
+            ("9999999999h", "time: invalid duration \"9999999999h\""),
+        ];
+        for (text, message) in bad {
+            assert_eq!(parse_duration(text), Err(message.to_string()), "{text}");
+        }
+    }
+
+    #[test]
+    fn durations_print_as_go_prints_them() {
+        for (nanos, text) in [
+            (0, "0s"),
+            (60_000_000_000, "1m0s"),
+            (5_400_000_000_000, "1h30m0s"),
+            (500_000_000, "500ms"),
+            (1_500_000_000, "1.5s"),
+            (15_000_000_000, "15s"),
+            (1_000, "1µs"),
+        ] {
+            assert_eq!(go_duration(Duration::from_nanos(nanos)), text);
+        }
+    }
+
+    #[test]
+    fn both_dash_styles_both_value_styles_and_the_last_value_wins() {
+        let o = run(&[
+            "-leader-elect",
+            "--providers-config",
+            "/etc/p.yaml",
+            "-provider-check-interval=1h30m",
+            "--metrics-secure=false",
+            "-gc-min-age",
+            "5m",
+            "-gc-min-age=7m",
+        ]);
+        assert!(o.leader_elect);
+        assert!(!o.metrics_secure);
+        assert_eq!(o.providers_config, "/etc/p.yaml");
+        assert_eq!(o.provider_check_interval, Duration::from_secs(5400));
+        assert_eq!(o.gc_min_age, Duration::from_secs(420));
+        assert_eq!(run(&[]), Options::default());
+    }
+
+    #[test]
+    fn unusable_command_lines_are_named() {
+        let cases: [(&[&str], &str); 9] = [
+            (&["--nope"], "flag provided but not defined: -nope"),
+            (&["--providers-config"], "flag needs an argument: -providers-config"),
+            (
+                &["--provider-check-interval=soon"],
+                "invalid value \"soon\" for flag -provider-check-interval: time: invalid duration \"soon\"",
+            ),
+            (
+                &["--leader-elect=yes"],
+                "invalid value \"yes\" for flag -leader-elect: parse error",
+            ),
+            (
+                &["--leader-elect", "false"],
+                "unexpected argument \"false\": every setting is a flag (a boolean takes its value as -flag=false)",
+            ),
+            (&["---x"], "bad flag syntax: ---x"),
+            (
+                &["--gc-interval=0"],
+                "invalid value \"0\" for flag -gc-interval: must be more than 0",
+            ),
+            (
+                &["--zap-encoder=xml"],
+                "invalid value \"xml\" for flag -zap-encoder: invalid encoder value \"xml\"",
+            ),
+            (
+                &["--zap-log-level=loud"],
+                "invalid value \"loud\" for flag -zap-log-level: invalid log level \"loud\"",
+            ),
+        ];
+        for (args, message) in cases {
+            let err = parse(args.iter().copied()).expect_err(message);
+            assert_eq!(err.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn help_is_a_command_and_lists_every_flag() {
+        assert_eq!(parse(["-h"]), Ok(Command::Help));
+        assert_eq!(parse(["--help"]), Ok(Command::Help));
+        let text = usage();
+        for f in FLAGS {
+            assert!(text.contains(&format!("-{}", f.name)), "{}", f.name);
+        }
+    }
+
+    #[test]
+    fn every_flag_has_a_setter() {
+        for f in FLAGS {
+            let value = match f.kind {
+                Kind::Bool => "true",
+                Kind::Text if f.name.starts_with("zap-") => match f.name {
+                    "zap-encoder" => "json",
+                    "zap-log-level" => "info",
+                    "zap-stacktrace-level" => "error",
+                    _ => "rfc3339",
+                },
+                Kind::Text if f.default.ends_with('s') => "1m",
+                Kind::Text => "x",
+            };
+            set(&mut Options::default(), f, value).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+        }
+    }
+}

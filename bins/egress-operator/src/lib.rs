@@ -1,0 +1,400 @@
+//! The egress-proxy operator process: flags, logging, tracing export, the metrics and probe
+//! servers, leader election, and the composition of the controllers.
+//!
+//! ```text
+//! flags ─► logger ─► tracing ─► signals ─► providers (load, build: fail fast)
+//!       ─► kube client ─► probe + metrics servers ─► Proxy cache (every replica)
+//!       ─► leader? ─► reconciler, orphan GC, provider-health monitor ─► shutdown, flush
+//! ```
+//!
+//! [`main_with`] is the whole program; the binary calls it with the provider types it ships and
+//! the health engine's seam. Tests and the bench call it with the conformance crate's reference
+//! provider and a scripted health verdict.
+
+pub mod flags;
+pub mod logging;
+pub mod serve;
+pub mod telemetry;
+
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egress_api::Proxy;
+use egress_controller::decide::Timings;
+use egress_controller::gc::OrphanGc;
+use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
+use egress_controller::provider_health::{self, Monitor, Snapshot};
+use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
+use egress_provider::Registry;
+use egress_provider::config::ProvidersConfig;
+use egress_provider::decorate::ProviderMetrics;
+use futures::Stream;
+use kube::runtime::reflector::ObjectRef;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+
+use crate::flags::{Command, Options};
+
+/// The commit this binary was built from.
+pub const COMMIT: &str = env!("EGRESS_COMMIT");
+
+/// How long the controllers get to stop after SIGTERM before the process exits anyway (the
+/// Deployment's grace period is 10 s; the trace flush has its own budget after this).
+const STOP_BUDGET: Duration = Duration::from_secs(5);
+/// The budget of the final trace flush.
+const FLUSH_BUDGET: Duration = Duration::from_secs(10);
+
+/// What the caller plugs in: the provider types it ships, and where health verdicts come from.
+pub struct Extensions {
+    pub registry: Registry,
+    /// The health engine's verdicts (the seam the health engine fills).
+    pub health: Arc<dyn HealthVerdicts>,
+    /// Proxies whose verdict changed, so they are reconciled at once.
+    pub health_events: Pin<Box<dyn Stream<Item = ObjectRef<Proxy>> + Send>>,
+    /// Said once at start when set: what this build lacks.
+    pub notice: Option<&'static str>,
+}
+
+impl std::fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extensions")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses the process's arguments and runs the operator; the exit code follows the Go operator:
+/// 2 for an unusable command line, 1 for a failed start or run, 0 after a clean shutdown.
+pub fn main_with(extensions: Extensions) -> ExitCode {
+    let options = match flags::parse(std::env::args().skip(1)) {
+        Ok(Command::Run(o)) => o,
+        Ok(Command::Help) => {
+            eprint!("{}", flags::usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // Before any logger exists: plain text.
+            eprintln!("{e}");
+            eprintln!("Run egress-operator -h to list the flags.");
+            return ExitCode::from(2);
+        }
+    };
+    if options.version {
+        println!("{COMMIT}");
+        return ExitCode::SUCCESS;
+    }
+    // reqwest (OTLP export) is built without a default crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(run(*options, extensions));
+    // Tasks still running (servers, watches) are dropped here, without waiting on them.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+/// Installs the logger (and the span exporter when the environment asks for one).
+fn install_logging(options: &Options, tracer: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
+    let config = options.log.resolve();
+    let filter = tracing_subscriber::filter::filter_fn(move |meta| {
+        // Spans of our crates always reach the formatter, so their fields are on every line
+        // inside them whatever the level.
+        (meta.is_span() && meta.target().starts_with("egress")) || config.enabled(meta.target(), *meta.level())
+    });
+    let fmt = tracing_subscriber::fmt::layer()
+        .fmt_fields(logging::span_fields())
+        .event_format(logging::ZapFormat { config })
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let otel = tracer.map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(telemetry::tracer(provider))
+            .with_location(false)
+            .with_threads(false)
+            .with_level(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|meta, cx| {
+                // Only spans (no span events), and only ours, plus Kubernetes API calls made
+                // inside one of ours: watches, lease renewals and other background calls never
+                // start a trace.
+                meta.is_span()
+                    && (meta.target().starts_with("egress")
+                        || (meta.target().starts_with("kube_client") && cx.lookup_current().is_some()))
+            }))
+    });
+    let subscriber = tracing_subscriber::registry().with(fmt).with(otel);
+    let dispatch = tracing::Dispatch::new(subscriber);
+    if tracer.is_some() {
+        logging::enable_trace_ids(&dispatch);
+    }
+    let _ = tracing::dispatcher::set_global_default(dispatch);
+}
+
+/// Runs until SIGTERM/SIGINT or a fatal error.
+pub async fn run(options: Options, extensions: Extensions) -> ExitCode {
+    let env = |k: &str| std::env::var(k).ok();
+    let tracing_mode = telemetry::mode(env);
+    let provider = match &tracing_mode {
+        Ok(mode) => telemetry::provider(*mode, COMMIT),
+        Err(e) => Err(e.clone()),
+    };
+    install_logging(&options, provider.as_ref().ok().and_then(Option::as_ref));
+    tracing::info!(
+        commit = COMMIT,
+        rustVersion = env!("EGRESS_RUSTC_VERSION"),
+        "Starting egress-proxies-operator"
+    );
+    let tracer = match provider {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "Failed to set up tracing");
+            return ExitCode::FAILURE;
+        }
+    };
+    match (&tracer, &tracing_mode) {
+        (Some(_), Ok(mode)) => tracing::info!(exporter = ?mode, "tracing enabled"),
+        _ => tracing::info!("tracing disabled"),
+    }
+
+    let shutdown = CancellationToken::new();
+    if let Err(e) = on_signal(shutdown.clone()) {
+        tracing::error!(error = %e, "Failed to install the signal handler");
+        return ExitCode::FAILURE;
+    }
+
+    let outcome = operate(options, extensions, shutdown).await;
+
+    if let Some(provider) = tracer
+        && let Err(e) = telemetry::shutdown(provider, FLUSH_BUDGET).await
+    {
+        tracing::error!(error = %e, "Failed to flush traces on shutdown");
+    }
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fatal(message, error)) => {
+            match error {
+                Some(error) => tracing::error!(error = %error, "{message}"),
+                None => tracing::error!("{message}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Why the operator stops with exit code 1: the message, and the cause when there is one.
+struct Fatal(String, Option<String>);
+
+fn fatal(message: impl Into<String>, error: impl std::fmt::Display) -> Fatal {
+    Fatal(message.into(), Some(error.to_string()))
+}
+
+fn on_signal(shutdown: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "Stopping"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "Stopping"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
+/// The namespace the leader Lease lives in: the pod's own (downward API or service account), or
+/// the kubeconfig's when run outside a cluster.
+fn own_namespace(client: &kube::Client) -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .ok()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| client.default_namespace().to_string())
+}
+
+/// This replica's name in the Lease: the pod (or host) name plus a random suffix, as
+/// controller-runtime makes it, so a restarted pod is a new candidate.
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "egress-operator".into());
+    let suffix = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|u| u.trim().to_string())
+        .unwrap_or_else(|_| format!("{}", std::process::id()));
+    format!("{host}_{suffix}")
+}
+
+async fn operate(options: Options, extensions: Extensions, shutdown: CancellationToken) -> Result<(), Fatal> {
+    let Extensions {
+        registry,
+        health,
+        health_events,
+        notice,
+    } = extensions;
+    if options.providers_config.is_empty() {
+        return Err(Fatal("--providers-config is required".into(), None));
+    }
+    let schedule = provider_health::schedule(options.provider_check_interval, options.provider_check_timeout)
+        .map_err(|e| fatal("Invalid provider check schedule", e))?;
+    let path = std::path::Path::new(&options.providers_config);
+    let config = ProvidersConfig::load(path, &registry).map_err(|e| {
+        Fatal(
+            "Failed to load providers config".into(),
+            Some(format!("{e} (path {})", options.providers_config)),
+        )
+    })?;
+    let provider_metrics = ProviderMetrics::new();
+    let providers = Arc::new(
+        registry
+            .build(&config, &provider_metrics)
+            .map_err(|e| fatal("Failed to build providers", e))?,
+    );
+    tracing::info!(
+        providers = ?providers.entries().iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        "Providers ready"
+    );
+    if let Some(notice) = notice {
+        tracing::warn!("{notice}");
+    }
+
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
+
+    // Every replica: probes, metrics, the Proxy cache.
+    let snapshot = Snapshot::default();
+    let namespace = Some(options.proxy_namespace.clone()).filter(|n| !n.is_empty());
+    let (cache, keep_cache) =
+        egress_controller::proxy_cache::proxy_cache(client.clone(), namespace.as_deref(), shutdown.clone());
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(keep_cache);
+    let mut registry = prometheus_client::registry::Registry::default();
+    provider_metrics.register(&mut registry);
+    egress_controller::metrics::register(&mut registry, snapshot.clone(), cache.store());
+    let registry = Arc::new(Mutex::new(registry));
+
+    if options.health_probe_bind_address != "0" {
+        let addr = serve::bind_address("health-probe-bind-address", &options.health_probe_bind_address)
+            .map_err(|e| fatal("Failed to start the health probe server", e))?;
+        let bound = serve::probes(addr, shutdown.clone())
+            .await
+            .map_err(|e| fatal("Failed to start the health probe server", e))?;
+        tracing::info!(address = %bound, "Serving health probes");
+    }
+    if options.metrics_bind_address != "0" {
+        let addr = serve::bind_address("metrics-bind-address", &options.metrics_bind_address)
+            .map_err(|e| fatal("Failed to start the metrics server", e))?;
+        let guard = options.metrics_secure.then(|| serve::Guard { client: client.clone() });
+        let bound = serve::metrics(addr, registry.clone(), guard, options.enable_http2, shutdown.clone())
+            .await
+            .map_err(|e| fatal("Failed to start the metrics server", e))?;
+        tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
+    }
+
+    // Leader-only work waits for the Lease.
+    let mut leading = None;
+    if options.leader_elect {
+        let namespace = own_namespace(&client);
+        let elector = Elector::new(
+            kube::Api::namespaced(client.clone(), &namespace),
+            LEASE_NAME,
+            &identity(),
+            ElectionTimings::default(),
+        )
+        .map_err(|e| fatal("Failed to set up leader election", e))?;
+        tracing::info!(lease = %format!("{namespace}/{LEASE_NAME}"), "Attempting to acquire leader lease");
+        let (_task, mut rx) = elector.run(shutdown.clone());
+        tokio::select! {
+            _ = shutdown.cancelled() => return stop(tasks).await,
+            won = rx.wait_for(|l| *l) => if won.is_err() {
+                return Err(Fatal("leader election ended before this replica led".into(), None));
+            },
+        }
+        leading = Some(rx);
+    }
+
+    tracing::info!("Starting manager");
+    let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
+    let work = shutdown.child_token();
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        providers.clone(),
+        health,
+        Timings::default(),
+        installation.clone(),
+        work.clone(),
+    ));
+    let config = ControllerConfig {
+        namespace,
+        ..Default::default()
+    };
+    tasks.spawn(controller(ctx, config, cache.clone(), health_events, work.clone()));
+    tasks.spawn(
+        OrphanGc {
+            client: client.clone(),
+            providers: providers.clone(),
+            interval: options.gc_interval,
+            min_age: options.gc_min_age,
+            installation,
+        }
+        .run(work.clone()),
+    );
+    tasks.spawn(
+        Monitor {
+            client,
+            providers,
+            schedule,
+            snapshot,
+        }
+        .run(work.clone()),
+    );
+
+    let lost = async {
+        match leading.as_mut() {
+            Some(rx) => {
+                let _ = rx.wait_for(|l| !*l).await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = shutdown.cancelled() => stop(tasks).await,
+        _ = lost => {
+            if shutdown.is_cancelled() {
+                return stop(tasks).await;
+            }
+            // As controller-runtime does: a replica that lost the Lease exits and is restarted
+            // as a fresh candidate, so two leaders never act at once.
+            shutdown.cancel();
+            let _ = stop(tasks).await;
+            Err(Fatal("leader election lost".into(), None))
+        }
+    }
+}
+
+/// Waits for the running parts to stop, within [`STOP_BUDGET`].
+async fn stop(mut tasks: tokio::task::JoinSet<()>) -> Result<(), Fatal> {
+    let all = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(STOP_BUDGET, all).await.is_err() {
+        tracing::info!("Some parts did not stop within the budget; exiting anyway");
+    }
+    tracing::info!("Stopped");
+    Ok(())
+}

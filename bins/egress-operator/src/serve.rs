@@ -1,0 +1,312 @@
+//! The two small HTTP servers every replica runs: health probes (`/healthz`, `/readyz`) and
+//! metrics (`/metrics`, Prometheus text format).
+//!
+//! Metrics are served as controller-runtime serves them: plain HTTP with `--metrics-secure=false`;
+//! otherwise HTTPS with a self-signed certificate made at start, and only for callers whose bearer
+//! token the API server accepts (TokenReview) and who may `get` the `/metrics` path
+//! (SubjectAccessReview). HTTP/2 is off unless `--enable-http2`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use kube::api::PostParams;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A request's headers must arrive within this, and an authn/authz review answer too.
+const BUDGET: Duration = Duration::from_secs(10);
+
+/// Turns a Go listen address into one to bind: `:8080` is every interface.
+///
+/// # Errors
+///
+/// Not `host:port` with a numeric port.
+pub fn bind_address(flag: &str, value: &str) -> Result<SocketAddr, String> {
+    let full = if value.starts_with(':') {
+        format!("0.0.0.0{value}")
+    } else {
+        value.replace("localhost:", "127.0.0.1:")
+    };
+    full.parse()
+        .map_err(|_| format!("--{flag}={value:?} is not an address (host:port, :port, or 0 to disable)"))
+}
+
+type Body = Full<Bytes>;
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(body.into()))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// Serves `/healthz` and `/readyz` (plain pings: a replica that answers is alive and ready; no
+/// provider is consulted) until `shutdown`.
+///
+/// # Errors
+///
+/// The address cannot be bound.
+pub async fn probes(addr: SocketAddr, shutdown: CancellationToken) -> Result<SocketAddr, String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("binding the health probe address {addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(accept_loop(
+        listener,
+        None,
+        false,
+        shutdown,
+        |req: Request<Incoming>| async move {
+            Ok(match req.uri().path() {
+                "/healthz" | "/readyz" => text(StatusCode::OK, "ok"),
+                _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+            })
+        },
+    ));
+    Ok(bound)
+}
+
+/// Who may read metrics when they are served securely.
+#[derive(Clone)]
+pub struct Guard {
+    pub client: kube::Client,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard").finish_non_exhaustive()
+    }
+}
+
+impl Guard {
+    /// `Ok` when the bearer token belongs to someone allowed to `get` `path`; otherwise the
+    /// status to answer (401 unauthenticated, 403 forbidden, 500 the review failed).
+    async fn check(&self, req: &Request<Incoming>) -> Result<(), (StatusCode, &'static str)> {
+        let token = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or((StatusCode::UNAUTHORIZED, "Unauthorized"))?;
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
+        let answer = tokio::time::timeout(BUDGET, api.create(&PostParams::default(), &review))
+            .await
+            .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"))?
+            .map_err(|e| {
+                // The token is in the request, never in the error.
+                tracing::info!(error = %e, "metrics authentication review failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+            })?;
+        let status = answer.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            return Err((StatusCode::UNAUTHORIZED, "Unauthorized"));
+        }
+        let user = status.user.unwrap_or_default();
+        let sar = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: user.username,
+                groups: user.groups,
+                uid: user.uid,
+                extra: user.extra,
+                non_resource_attributes: Some(NonResourceAttributes {
+                    path: Some(req.uri().path().to_string()),
+                    verb: Some("get".into()),
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
+        let answer = tokio::time::timeout(BUDGET, api.create(&PostParams::default(), &sar))
+            .await
+            .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"))?
+            .map_err(|e| {
+                tracing::info!(error = %e, "metrics authorization review failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+            })?;
+        if answer.status.is_some_and(|s| s.allowed) {
+            Ok(())
+        } else {
+            Err((StatusCode::FORBIDDEN, "Forbidden"))
+        }
+    }
+}
+
+/// Serves `/metrics` from `registry` until `shutdown`. With a guard, over HTTPS and only for
+/// authorised callers.
+///
+/// # Errors
+///
+/// The address cannot be bound, or the certificate cannot be made.
+pub async fn metrics(
+    addr: SocketAddr,
+    registry: Arc<Mutex<Registry>>,
+    guard: Option<Guard>,
+    http2: bool,
+    shutdown: CancellationToken,
+) -> Result<SocketAddr, String> {
+    let tls = match guard {
+        Some(_) => Some(self_signed(http2)?),
+        None => None,
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("binding the metrics address {addr}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(accept_loop(
+        listener,
+        tls,
+        http2,
+        shutdown,
+        move |req: Request<Incoming>| {
+            let registry = registry.clone();
+            let guard = guard.clone();
+            async move {
+                if req.uri().path() != "/metrics" {
+                    return Ok(text(StatusCode::NOT_FOUND, "404 page not found\n"));
+                }
+                if let Some(guard) = &guard
+                    && let Err((status, message)) = guard.check(&req).await
+                {
+                    return Ok(text(status, message));
+                }
+                let mut body = String::new();
+                let encoded = {
+                    let registry = registry.lock().unwrap_or_else(|p| p.into_inner());
+                    prometheus_client::encoding::text::encode(&mut body, &registry)
+                };
+                Ok(match encoded {
+                    Ok(()) => Response::builder()
+                        .header(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )
+                        .body(Full::new(Bytes::from(body)))
+                        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed")),
+                    Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed"),
+                })
+            }
+        },
+    ));
+    Ok(bound)
+}
+
+/// A certificate for `localhost` and the pod's names, made in memory at start (controller-runtime
+/// does the same when no certificate is mounted). Scrapers skip verification or pin it.
+fn self_signed(http2: bool) -> Result<tokio_rustls::TlsAcceptor, String> {
+    let mut names = vec!["localhost".to_string()];
+    if let Ok(pod) = std::env::var("POD_NAME") {
+        names.push(pod);
+    }
+    let key = rcgen::KeyPair::generate().map_err(|e| format!("making the metrics key: {e}"))?;
+    let cert = rcgen::CertificateParams::new(names)
+        .and_then(|p| p.self_signed(&key))
+        .map_err(|e| format!("making the metrics certificate: {e}"))?;
+    let key_der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], key_der)
+        .map_err(|e| format!("loading the metrics certificate: {e}"))?;
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    http2: bool,
+    shutdown: CancellationToken,
+    handler: F,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+{
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::info!(error = %e, "accepting a connection failed");
+                    continue;
+                }
+            },
+        };
+        let handler = handler.clone();
+        let tls = tls.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(handler);
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .header_read_timeout(BUDGET)
+                .timer(hyper_util::rt::TokioTimer::new());
+            if !http2 {
+                builder = builder.http1_only();
+            }
+            let served = match tls {
+                Some(acceptor) => match tokio::time::timeout(BUDGET, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let conn = builder.serve_connection(TokioIo::new(stream), service);
+                        tokio::select! { r = conn => r, _ = shutdown.cancelled() => Ok(()) }
+                    }
+                    _ => return,
+                },
+                None => {
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::select! { r = conn => r, _ = shutdown.cancelled() => Ok(()) }
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(error = %e, "serving a connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_listen_addresses() {
+        assert_eq!(bind_address("x", ":8080").unwrap(), "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(
+            bind_address("x", "127.0.0.1:9").unwrap(),
+            "127.0.0.1:9".parse().unwrap()
+        );
+        assert_eq!(
+            bind_address("x", "localhost:9").unwrap(),
+            "127.0.0.1:9".parse().unwrap()
+        );
+        assert_eq!(
+            bind_address("metrics-bind-address", "8080").unwrap_err(),
+            "--metrics-bind-address=\"8080\" is not an address (host:port, :port, or 0 to disable)"
+        );
+    }
+}

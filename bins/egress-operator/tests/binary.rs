@@ -1,0 +1,122 @@
+//! The shipped binary against the in-memory API server: it starts, takes the leader Lease, serves
+//! probes and metrics, counts Proxies by phase on its metrics, and stops cleanly on SIGTERM.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Operator, PATIENCE, operator_binary, scratch, test_server};
+use egress_api::{Proxy, ProxySpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+
+/// The address a server logged it is serving on.
+fn served(line: &serde_json::Value) -> String {
+    line["address"].as_str().expect("address").to_string()
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let r = client.get(url).send().await.expect(url);
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_starts_serves_and_stops_on_sigterm() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = test_server().await;
+    let dir = scratch("binary");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let providers = dir.join("providers.yaml");
+    std::fs::write(&providers, "providers: []\n").unwrap();
+    let providers_flag = format!("--providers-config={}", providers.display());
+
+    let mut op = Operator::start(
+        &operator_binary(),
+        &[
+            &providers_flag,
+            "--leader-elect",
+            "--health-probe-bind-address=127.0.0.1:0",
+            "--metrics-bind-address=127.0.0.1:0",
+            "--metrics-secure=false",
+            "--zap-encoder=json",
+            "--zap-time-encoding=rfc3339",
+        ],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("POD_NAMESPACE", "egress-proxies-operator-system"),
+            ("POD_NAME", "manager-0"),
+        ],
+    );
+    let start = op.wait_msg("Starting egress-proxies-operator");
+    assert_eq!(start["commit"], egress_operator::COMMIT);
+    assert!(start["ts"].as_str().is_some_and(|t| t.ends_with('Z')), "{start}");
+    op.wait_msg("tracing disabled");
+    op.wait_line("no-providers warning", |l| {
+        l.contains("WARNING: no providers are configured")
+    });
+    let probes = served(&op.wait_msg("Serving health probes"));
+    let metrics = served(&op.wait_msg("Serving metrics"));
+    op.wait_msg("Starting manager");
+
+    assert_eq!(get(&format!("http://{probes}/healthz")).await, (200, "ok".into()));
+    assert_eq!(get(&format!("http://{probes}/readyz")).await, (200, "ok".into()));
+    assert_eq!(get(&format!("http://{probes}/nope")).await.0, 404);
+
+    let leases: Api<Lease> = Api::namespaced(server.client().unwrap(), "egress-proxies-operator-system");
+    let lease = leases.get("b47711d1.example.com").await.expect("the leader Lease");
+    let holder = lease.spec.unwrap().holder_identity.unwrap();
+    assert!(holder.starts_with("manager-0_"), "{holder}");
+
+    // An External Proxy without a health engine stays unready; the gauge counts it by phase.
+    let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
+    let proxy = Proxy::new(
+        "outside",
+        ProxySpec {
+            mode: egress_api::Mode::External,
+            endpoint: Some(egress_api::Endpoint {
+                host: "192.0.2.10".into(),
+                port: None,
+            }),
+            ..Default::default()
+        },
+    );
+    proxies.create(&PostParams::default(), &proxy).await.unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let scrape = loop {
+        let (status, text) = get(&format!("http://{metrics}/metrics")).await;
+        assert_eq!(status, 200);
+        if text.lines().any(|l| l.starts_with("proxy_operator_proxies{phase=")) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no phase gauge within {PATIENCE:?}:\n{text}");
+        // The cache fills from a watch; wait for the Proxy's status to change before scraping again.
+        let _ = kube::runtime::wait::await_condition(proxies.clone(), "outside", |p: Option<&Proxy>| {
+            p.and_then(|p| p.status.as_ref()).is_some()
+        })
+        .await;
+    };
+    assert!(
+        scrape
+            .lines()
+            .any(|l| l == r#"proxy_operator_proxies{phase="Pending"} 1"#),
+        "without a health engine an External Proxy stays Pending:\n{scrape}"
+    );
+    assert!(
+        !scrape.contains("proxy_operator_provider_target_up"),
+        "no providers, no targets:\n{scrape}"
+    );
+
+    op.terminate();
+    let status = op.wait_exit();
+    assert_eq!(status.code(), Some(0), "{}", op.output());
+    assert!(op.output().contains("\"msg\":\"Stopped\""), "{}", op.output());
+    for line in op.seen.iter().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v.get("traceID").is_none(), "tracing is off, yet {line}");
+    }
+}

@@ -1,0 +1,186 @@
+//! Runs the operator as a child process against an in-process test server, and reads its log
+//! lines (JSON, one per line) as they come.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use egress_api::{ProviderHealth, Proxy};
+use egress_kube_testserver::TestServer;
+
+/// How long any one step may take before the test fails (a liveness bound, not a speed check).
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The shipped binary.
+pub fn operator_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_egress-operator"))
+}
+
+/// The operator with the reference provider (examples/reference_operator.rs), which cargo builds
+/// next to the test binaries.
+pub fn reference_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let path = profile_dir.join("examples/reference_operator");
+    assert!(path.exists(), "{} is missing: build with --all-targets", path.display());
+    path
+}
+
+pub async fn test_server() -> TestServer {
+    TestServer::builder()
+        .custom_resource::<Proxy>()
+        .custom_resource::<ProviderHealth>()
+        .namespace("default")
+        .namespace("egress-proxies-operator-system")
+        .start()
+        .await
+        .expect("test server")
+}
+
+/// A scratch directory for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("egress-operator-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub struct Operator {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Operator {
+    /// Starts `binary` with `args` and the given environment on top of a clean one (no OTEL_*
+    /// variable leaks in from the test's own environment).
+    pub fn start(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(binary);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn the operator");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let out = tx.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if out.send(format!("stdout: {line}")).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a log line for which `pred` holds, and returns it.
+    pub fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        if let Some(l) = self.seen.iter().find(|l| pred(l)) {
+            return l.clone();
+        }
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no log line {what} within {PATIENCE:?}; lines so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// The JSON line whose `msg` is `msg`.
+    pub fn wait_msg(&mut self, msg: &str) -> serde_json::Value {
+        let line = self.wait_line(msg, |l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["msg"] == msg)
+        });
+        serde_json::from_str(&line).unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM, as the kubelet does.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, collecting the rest of its output.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // The pipes close with the process; drain what is left.
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+                    self.seen.push(line);
+                }
+                return status;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "the operator did not exit within {PATIENCE:?}");
+            // Output keeps the wait event-driven: each line or a short tick re-checks the exit.
+            if let Ok(line) = self.lines.recv_timeout(left.min(Duration::from_millis(50))) {
+                self.seen.push(line);
+            }
+        }
+    }
+
+    pub fn output(&self) -> String {
+        self.seen.join("\n")
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the binary to completion (a start that must fail) and returns its exit code and output.
+pub fn run_to_exit(binary: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(binary)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .expect("run the operator");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}

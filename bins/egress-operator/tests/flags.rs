@@ -1,0 +1,105 @@
+//! Each unusable start names its problem and exits non-zero, before touching any cluster.
+
+mod common;
+
+use common::{operator_binary, run_to_exit, scratch};
+
+#[test]
+fn version_prints_the_commit_and_exits_zero() {
+    let (code, out) = run_to_exit(&operator_binary(), &["--version"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(out.trim(), egress_operator::COMMIT);
+    assert!(!out.contains("msg"), "written before any logger exists: {out}");
+}
+
+#[test]
+fn help_lists_the_flags_and_exits_zero() {
+    let (code, out) = run_to_exit(&operator_binary(), &["-h"]);
+    assert_eq!(code, Some(0));
+    for flag in [
+        "-providers-config",
+        "-provider-check-interval",
+        "-gc-min-age",
+        "-zap-encoder",
+    ] {
+        assert!(out.contains(flag), "{flag} missing from\n{out}");
+    }
+}
+
+#[test]
+fn flag_errors_name_the_problem_and_exit_non_zero() {
+    let dir = scratch("flags");
+    let empty = dir.join("empty.yaml");
+    std::fs::write(&empty, "providers: []\n").unwrap();
+    let malformed = dir.join("malformed.yaml");
+    std::fs::write(&malformed, "providers:\n  - name: a\n    type: kvm9\n").unwrap();
+    let not_yaml = dir.join("not-yaml.yaml");
+    std::fs::write(&not_yaml, "providers: [\n").unwrap();
+    let config = |p: &std::path::Path| format!("--providers-config={}", p.display());
+    let (empty, malformed, not_yaml) = (config(&empty), config(&malformed), config(&not_yaml));
+    let missing = format!("--providers-config={}", dir.join("absent.yaml").display());
+
+    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
+        (
+            vec!["--provider-check-interval=soon", &empty],
+            2,
+            vec![r#"invalid value "soon" for flag -provider-check-interval: time: invalid duration "soon""#],
+        ),
+        (
+            vec!["-gc-min-age", "10", &empty],
+            2,
+            vec![r#"invalid value "10" for flag -gc-min-age: time: missing unit in duration "10""#],
+        ),
+        (
+            vec!["--provider-check-interval=5s", &empty],
+            1,
+            vec![
+                "Invalid provider check schedule",
+                "--provider-check-interval must be 0 (off) or at least 10s, got 5s",
+            ],
+        ),
+        (
+            vec!["--provider-check-interval=30s", "--provider-check-timeout=1m", &empty],
+            1,
+            vec!["--provider-check-timeout must be at most --provider-check-interval (30s), got 60s"],
+        ),
+        (vec![], 1, vec!["--providers-config is required"]),
+        (
+            vec![&missing],
+            1,
+            vec!["Failed to load providers config", "absent.yaml"],
+        ),
+        (
+            vec![&malformed],
+            1,
+            vec![
+                "Failed to load providers config",
+                r#"providers[0] \"a\": unknown provider type \"kvm9\""#,
+            ],
+        ),
+        (
+            vec![&not_yaml],
+            1,
+            vec!["Failed to load providers config", "not-yaml.yaml"],
+        ),
+        (
+            vec!["--no-such-flag"],
+            2,
+            vec!["flag provided but not defined: -no-such-flag"],
+        ),
+        (
+            vec!["--zap-time-encoding=sundial"],
+            2,
+            vec![r#"invalid time encoding \"sundial\""#],
+        ),
+    ];
+    for (mut args, want_code, wants) in cases {
+        args.push("--zap-encoder=json");
+        let (code, out) = run_to_exit(&operator_binary(), &args);
+        assert_eq!(code, Some(want_code), "{args:?}:\n{out}");
+        for want in wants {
+            let found = out.contains(want) || out.contains(&want.replace("\\\"", "\""));
+            assert!(found, "{args:?}: {want:?} missing from\n{out}");
+        }
+    }
+}
