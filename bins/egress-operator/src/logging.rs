@@ -286,10 +286,7 @@ where
             values.insert("spanID".into(), span_id.into());
         }
         if self.config.stacktrace_for(level) {
-            values.insert(
-                "stacktrace".into(),
-                std::backtrace::Backtrace::force_capture().to_string().into(),
-            );
+            values.insert("stacktrace".into(), stacktrace().into());
         }
 
         let now = jiff::Timestamp::now();
@@ -320,6 +317,31 @@ where
             }
         }
     }
+}
+
+/// The caller's stack, cut to the operator's own frames (the logging machinery and the runtime
+/// around them are dozens of frames that say nothing).
+fn stacktrace() -> String {
+    let full = std::backtrace::Backtrace::force_capture().to_string();
+    let mut frames: Vec<String> = Vec::new();
+    for line in full.lines() {
+        let is_frame_start = line
+            .trim_start()
+            .split_once(':')
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        match frames.last_mut() {
+            Some(frame) if !is_frame_start => {
+                frame.push('\n');
+                frame.push_str(line);
+            }
+            _ => frames.push(line.to_string()),
+        }
+    }
+    frames
+        .into_iter()
+        .filter(|f| f.contains("egress") && !f.contains("egress_operator::logging"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn trace_ids(id: &tracing::span::Id) -> Option<(String, String)> {

@@ -111,17 +111,19 @@ pub fn provider(mode: Mode, version: &str) -> Result<Option<SdkTracerProvider>, 
     let processor = BatchSpanProcessor::builder(Boxed(exporter), opentelemetry_sdk::runtime::Tokio)
         .with_batch_config(batch)
         .build();
-    // Ours first, then the environment's detectors, which override ours.
-    let resource = Resource::builder_empty()
+    // Ours first, then OTEL_RESOURCE_ATTRIBUTES, then OTEL_SERVICE_NAME: the environment wins.
+    // (The SDK's own service-name detector is left out: without OTEL_SERVICE_NAME it would put
+    // `unknown_service:<exe>` over ours.)
+    let mut resource = Resource::builder_empty()
         .with_attributes([
             KeyValue::new("service.name", SERVICE_NAME),
             KeyValue::new("service.version", version.to_string()),
         ])
-        .with_detectors(&[
-            Box::new(opentelemetry_sdk::resource::EnvResourceDetector::new()),
-            Box::new(opentelemetry_sdk::resource::SdkProvidedResourceDetector),
-        ])
-        .build();
+        .with_detector(Box::new(opentelemetry_sdk::resource::EnvResourceDetector::new()));
+    if let Some(name) = std::env::var("OTEL_SERVICE_NAME").ok().filter(|n| !n.trim().is_empty()) {
+        resource = resource.with_attribute(KeyValue::new("service.name", name));
+    }
+    let resource = resource.build();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(resource)
@@ -241,7 +243,8 @@ mod tests {
     #[test]
     fn the_environment_switches_tracing() {
         let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318");
-        let rows: [(&[(&str, &str)], Result<Mode, String>); 10] = [
+        type Vars<'a> = &'a [(&'a str, &'a str)];
+        let rows: [(Vars<'_>, Result<Mode, String>); 10] = [
             (&[], Ok(Mode::Off)),
             (&[("OTEL_SERVICE_NAME", "x")], Ok(Mode::Off)),
             (&[endpoint], Ok(Mode::Otlp(Protocol::HttpProtobuf))),

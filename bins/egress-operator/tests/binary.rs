@@ -120,3 +120,78 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
         assert!(v.get("traceID").is_none(), "tracing is off, yet {line}");
     }
 }
+
+async fn get_tls(url: &str, token: Option<&str>) -> (u16, http::Version, String) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let mut req = client.get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect(url);
+    (r.status().as_u16(), r.version(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secure_metrics_serve_only_authorised_callers_over_https() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = egress_kube_testserver::TestServer::builder()
+        .custom_resource::<Proxy>()
+        .custom_resource::<egress_api::ProviderHealth>()
+        .user(
+            "scraper-token",
+            "system:serviceaccount:monitoring:prometheus",
+            &["system:serviceaccounts"],
+        )
+        .user("nosy-token", "system:serviceaccount:default:nosy", &[])
+        .allow_path("system:serviceaccount:monitoring:prometheus", "get", "/metrics")
+        .start()
+        .await
+        .unwrap();
+    let dir = scratch("secure-metrics");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let providers = dir.join("providers.yaml");
+    std::fs::write(&providers, "providers: []\n").unwrap();
+    let providers_flag = format!("--providers-config={}", providers.display());
+    for (http2, version) in [(false, http::Version::HTTP_11), (true, http::Version::HTTP_2)] {
+        let http2_flag = format!("--enable-http2={http2}");
+        let mut op = Operator::start(
+            &operator_binary(),
+            &[
+                &providers_flag,
+                "--health-probe-bind-address=0",
+                "--metrics-bind-address=127.0.0.1:0",
+                &http2_flag,
+                "--zap-encoder=json",
+            ],
+            &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+        );
+        let line = op.wait_msg("Serving metrics");
+        assert_eq!(line["secure"], true);
+        let url = format!("https://{}/metrics", served(&line));
+        assert_eq!(get_tls(&url, None).await.0, 401, "no token");
+        assert_eq!(
+            get_tls(&url, Some("forged")).await.0,
+            401,
+            "a token the API server rejects"
+        );
+        assert_eq!(
+            get_tls(&url, Some("nosy-token")).await.0,
+            403,
+            "authenticated but not allowed"
+        );
+        let (status, got, _) = get_tls(&url, Some("scraper-token")).await;
+        assert_eq!((status, got), (200, version), "allowed, over {version:?}");
+        assert!(
+            !op.output().contains("scraper-token") && !op.output().contains("forged"),
+            "tokens never reach the logs:\n{}",
+            op.output()
+        );
+        op.terminate();
+        assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    }
+}

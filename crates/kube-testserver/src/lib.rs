@@ -21,6 +21,7 @@ mod faults;
 mod fields;
 mod patch;
 mod resources;
+mod reviews;
 mod schema;
 mod selectors;
 mod server;
@@ -51,6 +52,7 @@ pub struct Builder {
     history_limit: usize,
     bookmark_interval: Duration,
     port: u16,
+    identities: reviews::Identities,
 }
 
 impl Default for Builder {
@@ -61,6 +63,7 @@ impl Default for Builder {
             history_limit: 10_000,
             bookmark_interval: Duration::from_secs(60),
             port: 0,
+            identities: reviews::Identities::default(),
         }
     }
 }
@@ -118,6 +121,24 @@ impl Builder {
         self
     }
 
+    /// A user TokenReviews authenticate by `token`, with its groups.
+    pub fn user(mut self, token: &str, name: &str, groups: &[&str]) -> Self {
+        self.identities.tokens.insert(
+            token.into(),
+            reviews::User {
+                name: name.into(),
+                groups: groups.iter().map(|g| (*g).to_string()).collect(),
+            },
+        );
+        self
+    }
+
+    /// Lets `user` use `verb` on the non-resource `path` (answered by SubjectAccessReviews).
+    pub fn allow_path(mut self, user: &str, verb: &str, path: &str) -> Self {
+        self.identities.allowed.insert((user.into(), verb.into(), path.into()));
+        self
+    }
+
     /// Listen on this port of 127.0.0.1 (default 0: a free port).
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
@@ -151,6 +172,7 @@ impl Builder {
             shutdown: shutdown.clone(),
             watches: Mutex::new(CancellationToken::new()),
             address: addr.to_string(),
+            identities: self.identities,
         });
         let task = tokio::spawn(server::serve(listener, shared.clone()));
         Ok(TestServer {

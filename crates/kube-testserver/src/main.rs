@@ -36,6 +36,8 @@ fn crd_files(path: &PathBuf) -> anyhow::Result<Vec<PathBuf>> {
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            // A kustomize directory of CRDs (deploy/crds) also holds its kustomization.
+            .filter(|p| p.file_stem().is_none_or(|s| s != "kustomization"))
             .collect();
         files.sort();
         Ok(files)

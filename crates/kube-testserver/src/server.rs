@@ -46,6 +46,7 @@ pub(crate) struct Shared {
     /// Cancelled (and replaced) to end every open watch, as an API server restart does.
     pub(crate) watches: Mutex<CancellationToken>,
     pub(crate) address: String,
+    pub(crate) identities: crate::reviews::Identities,
 }
 
 impl Shared {
@@ -456,6 +457,9 @@ pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Respo
         Some(v) => json_response(200, &v),
         None => error_response(&ApiError::no_such_resource()),
     };
+    if method == Method::POST && (path == crate::reviews::TOKEN_REVIEWS || path == crate::reviews::ACCESS_REVIEWS) {
+        return review(&shared, req, &path).await;
+    }
     let route = route(&path);
     if !matches!(route, Route::Object { .. }) && method != Method::GET {
         return error_response(&ApiError::method_not_allowed(method.as_str(), &path));
@@ -477,6 +481,35 @@ pub(crate) async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Respo
                 Err(e) => error_response(&e),
             }
         }
+    }
+}
+
+/// A TokenReview or SubjectAccessReview: answered, counted, never stored.
+async fn review(shared: &Arc<Shared>, req: Request<Incoming>, path: &str) -> Response<Body> {
+    let resource = if path == crate::reviews::TOKEN_REVIEWS {
+        "tokenreviews"
+    } else {
+        "subjectaccessreviews"
+    };
+    let client = req
+        .headers()
+        .get(crate::faults::CLIENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    shared.requests.record(Verb::Create, resource, client.as_deref());
+    let answer = async {
+        let (_, bytes) = read_body(req).await?;
+        let body: Value =
+            serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("decoding the review: {e}")))?;
+        if resource == "tokenreviews" {
+            shared.identities.token_review(&body)
+        } else {
+            shared.identities.access_review(&body)
+        }
+    };
+    match answer.await {
+        Ok(v) => json_response(201, &v),
+        Err(e) => error_response(&e),
     }
 }
 
