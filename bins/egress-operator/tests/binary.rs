@@ -194,4 +194,24 @@ async fn secure_metrics_serve_only_authorised_callers_over_https() {
         op.terminate();
         assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
     }
+    // The reviews it made are exactly what deploy/rbac/metrics_auth_role.yaml grants.
+    let used: Vec<(egress_kube_testserver::Verb, String)> = server
+        .requests()
+        .snapshot()
+        .into_keys()
+        .filter(|(_, r)| r.ends_with("reviews"))
+        .collect();
+    let role = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/rbac/metrics_auth_role.yaml"
+    ))
+    .unwrap();
+    for (verb, resource) in &used {
+        assert_eq!(verb.as_str(), "create");
+        assert!(
+            role.contains(&format!("resources: [\"{resource}\"]")),
+            "{resource} not granted"
+        );
+    }
+    assert_eq!(used.len(), 2, "{used:?}");
 }
