@@ -10,7 +10,10 @@
 //! - `crds [--check]`: writes `deploy/crds/*.yaml` from the `egress-api` types;
 //!   `--check` fails when the files are stale (CI runs it).
 //!
-//! Later issues add `dev`, `conformance`, `hypervisor` and `bench`.
+//! - `bench [--proxies N] [--debug]`: the operator's resident memory and time to Ready with N
+//!   Proxies (default 10 000), printed as a table.
+//!
+//! Later issues add `dev`, `conformance` and `hypervisor`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -18,6 +21,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod crds;
 mod system;
 
@@ -45,6 +49,14 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Memory and time to Ready of the operator with many Proxies (a release build by default).
+    Bench {
+        #[arg(long, default_value_t = 10_000)]
+        proxies: usize,
+        /// Measure a debug build (faster to build, not representative of the image).
+        #[arg(long)]
+        debug: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -62,6 +74,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Cmd::Test { args } => test(&root, &args),
         Cmd::Crds { check } => crds::run(&root, check),
+        Cmd::Bench { proxies, debug } => bench::run(&root, proxies, !debug),
         Cmd::Ci => {
             cargo(&root, &["fmt", "--all", "--check"])?;
             crds::run(&root, true)?;

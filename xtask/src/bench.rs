@@ -1,0 +1,239 @@
+//! `cargo xtask bench`: the operator's memory and convergence with many Proxies.
+//!
+//! Starts `egress-kube-testserver` (its own process), creates N Managed Proxies, then starts the
+//! operator built with the reference provider and an all-healthy health verdict
+//! (`examples/reference_operator.rs`, the same program as the shipped binary otherwise) and
+//! follows `proxy_operator_proxies{phase="Ready"}` on its metrics until every Proxy is Ready.
+//! Reports the time to Ready and the operator's resident memory (peak and after settling) next to
+//! the 128 MiB limit the manager Deployment ships with.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use egress_api::{Placement, Proxy, ProxySpec};
+use futures::StreamExt;
+use kube::api::{Api, PostParams};
+
+/// The manager Deployment's memory limit.
+const LIMIT_MIB: f64 = 128.0;
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn rss_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+async fn ready_count(metrics: &str) -> Option<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(metrics))
+        .await
+        .ok()?
+        .ok()?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {metrics}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    Some(
+        body.lines()
+            .find_map(|l| l.strip_prefix(r#"proxy_operator_proxies{phase="Ready"} "#))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0),
+    )
+}
+
+fn wait_for_file(path: &Path, server: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        if let Some(status) = server.try_wait()? {
+            bail!("egress-kube-testserver exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("egress-kube-testserver wrote no kubeconfig within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
+    let profile = if release { "release" } else { "debug" };
+    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    build.current_dir(root).args([
+        "build",
+        "-p",
+        "egress-kube-testserver",
+        "-p",
+        "egress-operator",
+        "--bin",
+        "egress-kube-testserver",
+        "--example",
+        "reference_operator",
+    ]);
+    if release {
+        build.arg("--release");
+    }
+    if !build.status().context("running cargo build")?.success() {
+        bail!("building the bench programs failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let bin = target.join(profile);
+    let dir = target.join("bench");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    let providers = dir.join("providers.yaml");
+    std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n")?;
+
+    let mut server = Command::new(bin.join("egress-kube-testserver"))
+        .args(["--namespace", "bench", "--crds"])
+        .arg(root.join("deploy/crds"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("testserver.log"))?)
+        .spawn()
+        .context("starting egress-kube-testserver")?;
+    wait_for_file(&kubeconfig, &mut server)?;
+    let server = Killed(server);
+
+    let runtime = tokio::runtime::Runtime::new()?;
+    let created = runtime.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig)?,
+            &Default::default(),
+        )
+        .await?;
+        let api: Api<Proxy> = Api::namespaced(kube::Client::try_from(config)?, "bench");
+        let started = Instant::now();
+        let results: Vec<Result<Proxy, kube::Error>> = futures::stream::iter(0..count)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    let proxy = Proxy::new(
+                        &format!("p{i:05}"),
+                        ProxySpec {
+                            provider: "mem".into(),
+                            placement: Some(Placement {
+                                zone: "zone-a".into(),
+                                machine_type: "small".into(),
+                                image: "debian-13".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    );
+                    api.create(&PostParams::default(), &proxy).await
+                }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+            bail!("creating Proxies: {e}");
+        }
+        anyhow::Ok(started.elapsed())
+    })?;
+    eprintln!("bench: {count} Proxies created in {created:.1?}; starting the operator");
+
+    let port = free_port()?;
+    let metrics = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    let operator = Command::new(bin.join("examples/reference_operator"))
+        .arg(format!("--providers-config={}", providers.display()))
+        .arg(format!("--metrics-bind-address={metrics}"))
+        .args([
+            "--metrics-secure=false",
+            "--health-probe-bind-address=0",
+            "--provider-check-interval=0",
+            "--zap-log-level=info",
+            "--zap-encoder=json",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("operator.log"))?)
+        .spawn()
+        .context("starting the reference operator")?;
+    let mut operator = Killed(operator);
+    let pid = operator.0.id();
+
+    let budget = Duration::from_secs(1800);
+    let mut first_ready = None;
+    let all_ready = runtime.block_on(async {
+        loop {
+            if let Some(status) = operator.0.try_wait()? {
+                bail!("the operator exited: {status} (see {})", dir.join("operator.log").display());
+            }
+            let ready = ready_count(&metrics).await.unwrap_or(0);
+            if ready > 0 && first_ready.is_none() {
+                first_ready = Some(started.elapsed());
+            }
+            if ready as usize >= count {
+                return anyhow::Ok(started.elapsed());
+            }
+            if started.elapsed() > budget {
+                bail!("only {ready} of {count} Proxies Ready after {budget:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })?;
+    let peak_at_ready = rss_kib(pid, "VmHWM:").unwrap_or(0);
+    // A while of steady state (drift polls), then the figures again.
+    std::thread::sleep(Duration::from_secs(30));
+    let peak = rss_kib(pid, "VmHWM:").unwrap_or(0);
+    let settled = rss_kib(pid, "VmRSS:").unwrap_or(0);
+    let server_rss = rss_kib(server.0.id(), "VmRSS:").unwrap_or(0);
+    drop(operator);
+    drop(server);
+
+    println!();
+    println!("| egress-operator bench ({profile} build)               | figure |");
+    println!("|---------------------------------------------------|--------|");
+    println!("| Proxies                                           | {count} |");
+    println!("| creating them in the test server                  | {created:.1?} |");
+    println!(
+        "| operator start to first Ready                     | {:.1?} |",
+        first_ready.unwrap_or_default()
+    );
+    println!("| operator start to all Ready                       | {all_ready:.1?} |");
+    println!(
+        "| operator peak RSS (VmHWM) at all Ready            | {:.1} MiB |",
+        mib(peak_at_ready)
+    );
+    println!("| operator peak RSS after 30 s of steady state      | {:.1} MiB |", mib(peak));
+    println!("| operator RSS after 30 s of steady state           | {:.1} MiB |", mib(settled));
+    println!(
+        "| manager memory limit                              | {LIMIT_MIB:.0} MiB ({}) |",
+        if mib(peak) < LIMIT_MIB { "under" } else { "OVER" }
+    );
+    println!("| test server RSS (separate process, for reference) | {:.1} MiB |", mib(server_rss));
+    Ok(())
+}
