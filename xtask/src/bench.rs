@@ -113,17 +113,18 @@ pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
     let providers = dir.join("providers.yaml");
     std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n")?;
 
-    let mut server = Command::new(bin.join("egress-kube-testserver"))
-        .args(["--namespace", "bench", "--crds"])
-        .arg(root.join("deploy/crds"))
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("testserver.log"))?)
-        .spawn()
-        .context("starting egress-kube-testserver")?;
-    wait_for_file(&kubeconfig, &mut server)?;
-    let server = Killed(server);
+    let mut server = Killed(
+        Command::new(bin.join("egress-kube-testserver"))
+            .args(["--namespace", "bench", "--crds"])
+            .arg(root.join("deploy/crds"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("testserver.log"))?)
+            .spawn()
+            .context("starting egress-kube-testserver")?,
+    );
+    wait_for_file(&kubeconfig, &mut server.0)?;
 
     let runtime = tokio::runtime::Runtime::new()?;
     let created = runtime.block_on(async {
@@ -190,7 +191,10 @@ pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
     let all_ready = runtime.block_on(async {
         loop {
             if let Some(status) = operator.0.try_wait()? {
-                bail!("the operator exited: {status} (see {})", dir.join("operator.log").display());
+                bail!(
+                    "the operator exited: {status} (see {})",
+                    dir.join("operator.log").display()
+                );
             }
             let ready = ready_count(&metrics).await.unwrap_or(0);
             if ready > 0 && first_ready.is_none() {
@@ -228,12 +232,21 @@ pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
         "| operator peak RSS (VmHWM) at all Ready            | {:.1} MiB |",
         mib(peak_at_ready)
     );
-    println!("| operator peak RSS after 30 s of steady state      | {:.1} MiB |", mib(peak));
-    println!("| operator RSS after 30 s of steady state           | {:.1} MiB |", mib(settled));
+    println!(
+        "| operator peak RSS after 30 s of steady state      | {:.1} MiB |",
+        mib(peak)
+    );
+    println!(
+        "| operator RSS after 30 s of steady state           | {:.1} MiB |",
+        mib(settled)
+    );
     println!(
         "| manager memory limit                              | {LIMIT_MIB:.0} MiB ({}) |",
         if mib(peak) < LIMIT_MIB { "under" } else { "OVER" }
     );
-    println!("| test server RSS (separate process, for reference) | {:.1} MiB |", mib(server_rss));
+    println!(
+        "| test server RSS (separate process, for reference) | {:.1} MiB |",
+        mib(server_rss)
+    );
     Ok(())
 }

@@ -180,10 +180,11 @@ pub async fn run(options: Options, extensions: Extensions) -> ExitCode {
     }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Fatal(message, error)) => {
-            match error {
-                Some(error) => tracing::error!(error = %error, "{message}"),
-                None => tracing::error!("{message}"),
+        Err(Fatal { message, error, path }) => {
+            match (error, path) {
+                (Some(error), Some(path)) => tracing::error!(error = %error, path = %path, "{message}"),
+                (Some(error), None) => tracing::error!(error = %error, "{message}"),
+                _ => tracing::error!("{message}"),
             }
             ExitCode::FAILURE
         }
@@ -191,10 +192,27 @@ pub async fn run(options: Options, extensions: Extensions) -> ExitCode {
 }
 
 /// Why the operator stops with exit code 1: the message, and the cause when there is one.
-struct Fatal(String, Option<String>);
+struct Fatal {
+    message: String,
+    error: Option<String>,
+    /// The file the problem is in, as its own log key.
+    path: Option<String>,
+}
 
 fn fatal(message: impl Into<String>, error: impl std::fmt::Display) -> Fatal {
-    Fatal(message.into(), Some(error.to_string()))
+    Fatal {
+        message: message.into(),
+        error: Some(error.to_string()),
+        path: None,
+    }
+}
+
+fn fatal_plain(message: impl Into<String>) -> Fatal {
+    Fatal {
+        message: message.into(),
+        error: None,
+        path: None,
+    }
 }
 
 fn on_signal(shutdown: CancellationToken) -> std::io::Result<()> {
@@ -249,16 +267,15 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         notice,
     } = extensions;
     if options.providers_config.is_empty() {
-        return Err(Fatal("--providers-config is required".into(), None));
+        return Err(fatal_plain("--providers-config is required"));
     }
     let schedule = provider_health::schedule(options.provider_check_interval, options.provider_check_timeout)
-        .map_err(|e| fatal("Invalid provider check schedule", e))?;
+        .map_err(|e| fatal("Invalid provider check flags", e))?;
     let path = std::path::Path::new(&options.providers_config);
-    let config = ProvidersConfig::load(path, &registry).map_err(|e| {
-        Fatal(
-            "Failed to load providers config".into(),
-            Some(format!("{e} (path {})", options.providers_config)),
-        )
+    let config = ProvidersConfig::load(path, &registry).map_err(|e| Fatal {
+        message: "Failed to load providers config".into(),
+        error: Some(e.message),
+        path: Some(options.providers_config.clone()),
     })?;
     let provider_metrics = ProviderMetrics::new();
     let providers = Arc::new(
@@ -284,7 +301,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let (cache, keep_cache) =
         egress_controller::proxy_cache::proxy_cache(client.clone(), namespace.as_deref(), shutdown.clone());
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(keep_cache);
+    let cache_task = tasks.spawn(keep_cache).id();
     let mut registry = prometheus_client::registry::Registry::default();
     provider_metrics.register(&mut registry);
     egress_controller::metrics::register(&mut registry, snapshot.clone(), cache.store());
@@ -301,7 +318,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     if options.metrics_bind_address != "0" {
         let addr = serve::bind_address("metrics-bind-address", &options.metrics_bind_address)
             .map_err(|e| fatal("Failed to start the metrics server", e))?;
-        let guard = options.metrics_secure.then(|| serve::Guard { client: client.clone() });
+        let guard = options.metrics_secure.then(|| serve::Guard::new(client.clone()));
         let bound = serve::metrics(addr, registry.clone(), guard, options.enable_http2, shutdown.clone())
             .await
             .map_err(|e| fatal("Failed to start the metrics server", e))?;
@@ -324,7 +341,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         tokio::select! {
             _ = shutdown.cancelled() => return stop(tasks).await,
             won = rx.wait_for(|l| *l) => if won.is_err() {
-                return Err(Fatal("leader election ended before this replica led".into(), None));
+                return Err(fatal_plain("leader election ended before this replica led"));
             },
         }
         leading = Some(rx);
@@ -345,16 +362,27 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         namespace,
         ..Default::default()
     };
-    tasks.spawn(controller(ctx, config, cache.clone(), health_events, work.clone()));
-    tasks.spawn(
-        OrphanGc {
-            client: client.clone(),
-            providers: providers.clone(),
-            interval: options.gc_interval,
-            min_age: options.gc_min_age,
-            installation,
-        }
-        .run(work.clone()),
+    // These run until shutdown; one that ends before is a failure of the manager. (The monitor
+    // may end early by design: with checks off it only cleans up.)
+    let mut essential = std::collections::HashSet::from([cache_task]);
+    essential.insert(
+        tasks
+            .spawn(controller(ctx, config, cache.clone(), health_events, work.clone()))
+            .id(),
+    );
+    essential.insert(
+        tasks
+            .spawn(
+                OrphanGc {
+                    client: client.clone(),
+                    providers: providers.clone(),
+                    interval: options.gc_interval,
+                    min_age: options.gc_min_age,
+                    installation,
+                }
+                .run(work.clone()),
+            )
+            .id(),
     );
     tasks.spawn(
         Monitor {
@@ -374,17 +402,37 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             None => std::future::pending::<()>().await,
         }
     };
-    tokio::select! {
-        _ = shutdown.cancelled() => stop(tasks).await,
-        _ = lost => {
-            if shutdown.is_cancelled() {
-                return stop(tasks).await;
+    tokio::pin!(lost);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return stop(tasks).await,
+            _ = &mut lost => {
+                if shutdown.is_cancelled() {
+                    return stop(tasks).await;
+                }
+                // As controller-runtime does: a replica that lost the Lease stops at once (no
+                // grace: another replica may lead already) and exits, to be restarted as a fresh
+                // candidate.
+                tasks.abort_all();
+                shutdown.cancel();
+                return Err(fatal_plain("leader election lost"));
             }
-            // As controller-runtime does: a replica that lost the Lease exits and is restarted
-            // as a fresh candidate, so two leaders never act at once.
-            shutdown.cancel();
-            let _ = stop(tasks).await;
-            Err(Fatal("leader election lost".into(), None))
+            Some(ended) = tasks.join_next_with_id() => {
+                if shutdown.is_cancelled() {
+                    // Parts end because of the shutdown; that is no failure.
+                    return stop(tasks).await;
+                }
+                let failure = match ended {
+                    Ok((id, ())) if essential.contains(&id) => "a part of the manager stopped unexpectedly".to_string(),
+                    Ok(_) => continue,
+                    Err(e) if e.is_panic() => format!("a part of the manager panicked: {e}"),
+                    Err(e) => e.to_string(),
+                };
+                shutdown.cancel();
+                let _ = stop(tasks).await;
+                return Err(fatal("Failed to run manager", failure));
+            }
         }
     }
 }

@@ -26,19 +26,29 @@ use tokio_util::sync::CancellationToken;
 /// A request's headers must arrive within this, and an authn/authz review answer too.
 const BUDGET: Duration = Duration::from_secs(10);
 
-/// Turns a Go listen address into one to bind: `:8080` is every interface.
+/// Turns a Go listen address into one to bind: `:8080` is every interface (IPv6 and IPv4, as
+/// Go listens; [`listen`] falls back to IPv4 alone on a host without IPv6).
 ///
 /// # Errors
 ///
 /// Not `host:port` with a numeric port.
 pub fn bind_address(flag: &str, value: &str) -> Result<SocketAddr, String> {
     let full = if value.starts_with(':') {
-        format!("0.0.0.0{value}")
+        format!("[::]{value}")
     } else {
         value.replace("localhost:", "127.0.0.1:")
     };
     full.parse()
         .map_err(|_| format!("--{flag}={value:?} is not an address (host:port, :port, or 0 to disable)"))
+}
+
+async fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    match TcpListener::bind(addr).await {
+        Err(_) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => {
+            TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], addr.port()))).await
+        }
+        other => other,
+    }
 }
 
 type Body = Full<Bytes>;
@@ -58,7 +68,7 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 ///
 /// The address cannot be bound.
 pub async fn probes(addr: SocketAddr, shutdown: CancellationToken) -> Result<SocketAddr, String> {
-    let listener = TcpListener::bind(addr)
+    let listener = listen(addr)
         .await
         .map_err(|e| format!("binding the health probe address {addr}: {e}"))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
@@ -77,10 +87,22 @@ pub async fn probes(addr: SocketAddr, shutdown: CancellationToken) -> Result<Soc
     Ok(bound)
 }
 
+/// How long an authentication and authorisation answer is reused for the same token and path.
+const REVIEW_TTL: Duration = Duration::from_secs(10);
+/// Remembered answers at most; the memory is cleared when full.
+const REVIEW_CACHE: usize = 1024;
+/// Reviews in flight at most: a flood of made-up tokens costs the API server a bounded load.
+const REVIEWS_AT_ONCE: usize = 4;
+
+type Denied = (StatusCode, &'static str);
+
 /// Who may read metrics when they are served securely.
 #[derive(Clone)]
 pub struct Guard {
-    pub client: kube::Client,
+    client: kube::Client,
+    /// SHA-256 of (token, path): the answer and when it was given. Tokens are not kept.
+    answers: Arc<Mutex<std::collections::HashMap<[u8; 32], (Result<(), Denied>, std::time::Instant)>>>,
+    reviews: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -89,18 +111,59 @@ impl std::fmt::Debug for Guard {
     }
 }
 
+const INTERNAL: Denied = (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error");
+
 impl Guard {
-    /// `Ok` when the bearer token belongs to someone allowed to `get` `path`; otherwise the
-    /// status to answer (401 unauthenticated, 403 forbidden, 500 the review failed).
-    async fn check(&self, req: &Request<Incoming>) -> Result<(), (StatusCode, &'static str)> {
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            answers: Arc::default(),
+            reviews: Arc::new(tokio::sync::Semaphore::new(REVIEWS_AT_ONCE)),
+        }
+    }
+
+    /// `Ok` when the bearer token belongs to someone allowed to `get` the request's path;
+    /// otherwise the status to answer (401 unauthenticated, 403 forbidden, 500 the review failed).
+    async fn check(&self, req: &Request<Incoming>) -> Result<(), Denied> {
         let token = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim())
             .filter(|t| !t.is_empty())
             .ok_or((StatusCode::UNAUTHORIZED, "Unauthorized"))?;
+        let path = req.uri().path();
+        let key: [u8; 32] = {
+            use sha2::Digest as _;
+            let mut h = sha2::Sha256::new();
+            h.update(token.as_bytes());
+            h.update([0]);
+            h.update(path.as_bytes());
+            h.finalize().into()
+        };
+        if let Some((answer, at)) = self.answers.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+            && at.elapsed() < REVIEW_TTL
+        {
+            return *answer;
+        }
+        let _permit = tokio::time::timeout(BUDGET, self.reviews.acquire())
+            .await
+            .map_err(|_| INTERNAL)?
+            .map_err(|_| INTERNAL)?;
+        let answer = self.review(token, path).await;
+        if answer != Err(INTERNAL) {
+            let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+            if answers.len() >= REVIEW_CACHE {
+                answers.clear();
+            }
+            answers.insert(key, (answer, std::time::Instant::now()));
+        }
+        answer
+    }
+
+    async fn review(&self, token: &str, path: &str) -> Result<(), Denied> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_string()),
@@ -111,11 +174,11 @@ impl Guard {
         let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
         let answer = tokio::time::timeout(BUDGET, api.create(&PostParams::default(), &review))
             .await
-            .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"))?
+            .map_err(|_| INTERNAL)?
             .map_err(|e| {
                 // The token is in the request, never in the error.
                 tracing::info!(error = %e, "metrics authentication review failed");
-                (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+                INTERNAL
             })?;
         let status = answer.status.unwrap_or_default();
         if status.authenticated != Some(true) {
@@ -129,7 +192,7 @@ impl Guard {
                 uid: user.uid,
                 extra: user.extra,
                 non_resource_attributes: Some(NonResourceAttributes {
-                    path: Some(req.uri().path().to_string()),
+                    path: Some(path.to_string()),
                     verb: Some("get".into()),
                 }),
                 ..Default::default()
@@ -139,10 +202,10 @@ impl Guard {
         let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
         let answer = tokio::time::timeout(BUDGET, api.create(&PostParams::default(), &sar))
             .await
-            .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"))?
+            .map_err(|_| INTERNAL)?
             .map_err(|e| {
                 tracing::info!(error = %e, "metrics authorization review failed");
-                (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+                INTERNAL
             })?;
         if answer.status.is_some_and(|s| s.allowed) {
             Ok(())
@@ -169,7 +232,7 @@ pub async fn metrics(
         Some(_) => Some(self_signed(http2)?),
         None => None,
     };
-    let listener = TcpListener::bind(addr)
+    let listener = listen(addr)
         .await
         .map_err(|e| format!("binding the metrics address {addr}: {e}"))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
@@ -245,14 +308,24 @@ async fn accept_loop<F, Fut>(
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
 {
+    // After a failed accept (out of file descriptors, say), wait before the next, doubling
+    // from 5 ms to 1 s as Go's net/http does, instead of spinning.
+    let mut pause = Duration::ZERO;
     loop {
         let (stream, _) = tokio::select! {
             _ = shutdown.cancelled() => return,
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    pause = Duration::ZERO;
+                    a
+                }
                 Err(e) => {
-                    tracing::info!(error = %e, "accepting a connection failed");
-                    continue;
+                    pause = (pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                    tracing::info!(error = %e, retry_in = ?pause, "accepting a connection failed");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => continue,
+                    }
                 }
             },
         };
@@ -295,7 +368,7 @@ mod tests {
 
     #[test]
     fn go_listen_addresses() {
-        assert_eq!(bind_address("x", ":8080").unwrap(), "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(bind_address("x", ":8080").unwrap(), "[::]:8080".parse().unwrap());
         assert_eq!(
             bind_address("x", "127.0.0.1:9").unwrap(),
             "127.0.0.1:9".parse().unwrap()

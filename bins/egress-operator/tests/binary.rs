@@ -3,10 +3,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Operator, PATIENCE, operator_binary, scratch, test_server};
 use egress_api::{Proxy, ProxySpec};
+use egress_kube_testserver::Verb;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 
@@ -86,20 +87,17 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
         },
     );
     proxies.create(&PostParams::default(), &proxy).await.unwrap();
-    let deadline = Instant::now() + PATIENCE;
-    let scrape = loop {
-        let (status, text) = get(&format!("http://{metrics}/metrics")).await;
-        assert_eq!(status, 200);
-        if text.lines().any(|l| l.starts_with("proxy_operator_proxies{phase=")) {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "no phase gauge within {PATIENCE:?}:\n{text}");
-        // The cache fills from a watch; wait for the Proxy's status to change before scraping again.
-        let _ = kube::runtime::wait::await_condition(proxies.clone(), "outside", |p: Option<&Proxy>| {
-            p.and_then(|p| p.status.as_ref()).is_some()
-        })
-        .await;
-    };
+    // The reconcile that writes its status was triggered from the cache, so by then the cache
+    // holds the Proxy and the gauge counts it.
+    let reconciled = kube::runtime::wait::await_condition(proxies.clone(), "outside", |p: Option<&Proxy>| {
+        p.and_then(|p| p.status.as_ref()).is_some()
+    });
+    tokio::time::timeout(PATIENCE, reconciled)
+        .await
+        .expect("the External Proxy is reconciled")
+        .unwrap();
+    let (status, scrape) = get(&format!("http://{metrics}/metrics")).await;
+    assert_eq!(status, 200);
     assert!(
         scrape
             .lines()
@@ -184,15 +182,20 @@ async fn secure_metrics_serve_only_authorised_callers_over_https() {
             403,
             "authenticated but not allowed"
         );
+        let reviews = || server.requests().count(Verb::Create, "tokenreviews");
+        let before = reviews();
         let (status, got, _) = get_tls(&url, Some("scraper-token")).await;
         assert_eq!((status, got), (200, version), "allowed, over {version:?}");
+        assert_eq!(get_tls(&url, Some("scraper-token")).await.0, 200);
+        assert_eq!(reviews(), before + 1, "a repeated scrape reuses the answer");
+        op.terminate();
+        assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+        // Checked once the process is gone and every line it wrote has been read.
         assert!(
             !op.output().contains("scraper-token") && !op.output().contains("forged"),
             "tokens never reach the logs:\n{}",
             op.output()
         );
-        op.terminate();
-        assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
     }
     // The reviews it made are exactly what deploy/rbac/metrics_auth_role.yaml grants.
     let used: Vec<(egress_kube_testserver::Verb, String)> = server
@@ -214,4 +217,48 @@ async fn secure_metrics_serve_only_authorised_callers_over_https() {
         );
     }
     assert_eq!(used.len(), 2, "{used:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
+    let server = test_server().await;
+    let dir = scratch("lease-loss");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let providers = dir.join("providers.yaml");
+    std::fs::write(&providers, "providers: []\n").unwrap();
+    let providers_flag = format!("--providers-config={}", providers.display());
+    let mut op = Operator::start(
+        &operator_binary(),
+        &[
+            &providers_flag,
+            "--leader-elect",
+            "--health-probe-bind-address=0",
+            "--zap-encoder=json",
+        ],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("POD_NAMESPACE", "egress-proxies-operator-system"),
+        ],
+    );
+    op.wait_msg("Starting manager");
+    // Another replica takes the Lease over (as after a partition): the next renewal sees it.
+    let leases: Api<Lease> = Api::namespaced(server.client().unwrap(), "egress-proxies-operator-system");
+    let mut lease = leases.get("b47711d1.example.com").await.unwrap();
+    let spec = lease.spec.as_mut().unwrap();
+    spec.holder_identity = Some("another-replica".into());
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    leases
+        .replace("b47711d1.example.com", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let status = op.wait_exit();
+    assert_eq!(status.code(), Some(1), "{}", op.output());
+    assert!(
+        op.output().contains("\"msg\":\"leader election lost\""),
+        "{}",
+        op.output()
+    );
 }

@@ -54,7 +54,7 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
             vec!["--provider-check-interval=5s", &empty],
             1,
             vec![
-                "Invalid provider check schedule",
+                "Invalid provider check flags",
                 "--provider-check-interval must be 0 (off) or at least 10s, got 5s",
             ],
         ),

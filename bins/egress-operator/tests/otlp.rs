@@ -112,7 +112,10 @@ async fn start(env: &[(&str, &str)], name: &str) -> Run {
     let providers = dir.join("providers.yaml");
     std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n").unwrap();
     let providers_flag = format!("--providers-config={}", providers.display());
-    let mut all_env = vec![("KUBECONFIG", kubeconfig.to_str().unwrap())];
+    let mut all_env = vec![
+        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+        ("POD_NAMESPACE", "default"),
+    ];
     all_env.extend_from_slice(env);
     let op = Operator::start(
         &reference_binary(),
@@ -120,6 +123,7 @@ async fn start(env: &[(&str, &str)], name: &str) -> Run {
             &providers_flag,
             "--health-probe-bind-address=0",
             "--provider-check-interval=0",
+            "--leader-elect",
             "--zap-encoder=json",
         ],
         &all_env,

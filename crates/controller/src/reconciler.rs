@@ -540,8 +540,12 @@ pub fn controller(
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "controller event");
+            use kube::runtime::controller::Error;
+            match result {
+                // Failed reconciles are logged by error_policy; a vanished object is routine.
+                Ok(_) | Err(Error::ReconcilerFailed(..) | Error::ObjectNotFound(_)) => {}
+                // A failing watch (of Secrets, say, when RBAC forbids it) must be visible.
+                Err(e) => tracing::warn!(error = %e, "Proxy controller error"),
             }
         })
 }
