@@ -96,12 +96,15 @@ const REVIEWS_AT_ONCE: usize = 4;
 
 type Denied = (StatusCode, &'static str);
 
+/// Remembered answers: SHA-256 of (token, path) to the answer and when it was given.
+type Answers = std::collections::HashMap<[u8; 32], (Result<(), Denied>, std::time::Instant)>;
+
 /// Who may read metrics when they are served securely.
 #[derive(Clone)]
 pub struct Guard {
     client: kube::Client,
     /// SHA-256 of (token, path): the answer and when it was given. Tokens are not kept.
-    answers: Arc<Mutex<std::collections::HashMap<[u8; 32], (Result<(), Denied>, std::time::Instant)>>>,
+    answers: Arc<Mutex<Answers>>,
     reviews: Arc<tokio::sync::Semaphore>,
 }
 
