@@ -71,6 +71,15 @@ pub fn proxy_cache(
     let run = async move {
         let changes = watcher(api, watcher::Config::default())
             .default_backoff()
+            // NB: managedFields and kubectl's last-applied copy are most of a Proxy's size and
+            // nothing here reads them; dropping them keeps a large fleet within the manager's
+            // memory. (Writes are merge patches computed from this copy, which never touch them.)
+            .modify(|p| {
+                p.metadata.managed_fields = None;
+                if let Some(a) = p.metadata.annotations.as_mut() {
+                    a.remove("kubectl.kubernetes.io/last-applied-configuration");
+                }
+            })
             .reflect(writer)
             .applied_objects();
         let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));

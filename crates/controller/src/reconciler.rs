@@ -59,8 +59,8 @@ pub struct Context {
     pub installation: Option<String>,
     /// Cancelled at shutdown: provider calls in flight return promptly.
     pub shutdown: CancellationToken,
-    /// Publishes Events on Proxies (events.k8s.io/v1).
-    recorder: kube::runtime::events::Recorder,
+    /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
+    instance: String,
     failures: Mutex<HashMap<(String, String), u32>>,
 }
 
@@ -81,11 +81,7 @@ impl Context {
         installation: Option<String>,
         shutdown: CancellationToken,
     ) -> Self {
-        let reporter = kube::runtime::events::Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
+        let instance = std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.into());
         Self {
             client,
             providers,
@@ -93,7 +89,7 @@ impl Context {
             timings,
             installation,
             shutdown,
-            recorder,
+            instance,
             failures: Mutex::default(),
         }
     }
@@ -415,7 +411,8 @@ fn truncate_bytes(text: &str, max: usize) -> String {
 
 /// Publishes the pass's Events. A failure to publish is logged; it never fails the reconcile.
 async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
-    use kube::runtime::events::{Event, EventType};
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::api::PostParams;
     let before = proxy.status.clone().unwrap_or_default();
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     let events = crate::events::derive(
@@ -429,19 +426,30 @@ async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
         return;
     }
     let reference = kube::Resource::object_ref(proxy, &());
+    let namespace = proxy.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), &namespace);
     for e in events {
-        let event = Event {
-            type_: if e.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
+        let now = k8s_openapi::jiff::Timestamp::now();
+        // NB: one Event object per occurrence, no aggregation cache: events follow status
+        // transitions, so repeats are rare, and a cache (kube's Recorder keeps six minutes of
+        // them) would grow with the fleet.
+        let event = K8sEvent {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{}.{:x}", proxy.name_any(), now.as_nanosecond())),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
             },
-            reason: e.reason.into(),
+            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now)),
+            type_: Some(if e.warning { "Warning" } else { "Normal" }.into()),
+            reason: Some(e.reason.into()),
             note: Some(truncate_bytes(&e.note, 1024)),
-            action: "Reconcile".into(),
-            secondary: None,
+            action: Some("Reconcile".into()),
+            regarding: Some(reference.clone()),
+            reporting_controller: Some(FIELD_MANAGER.into()),
+            reporting_instance: Some(ctx.instance.clone()),
+            ..Default::default()
         };
-        if let Err(err) = ctx.recorder.publish(&event, &reference).await {
+        if let Err(err) = api.create(&PostParams::default(), &event).await {
             tracing::debug!(error = %err, reason = e.reason, "publishing an Event failed");
         }
     }
@@ -471,7 +479,14 @@ async fn flush_status(api: &Api<Proxy>, base: &Proxy, status: &egress_api::Proxy
 /// The workqueue's answer to a failed reconcile: exponential backoff per Proxy.
 pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>) -> Requeue_ {
     let delay = ctx.backoff(key(&proxy));
-    tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?delay, "reconcile failed");
+    let conflict = matches!(error, ReconcileError::Kube { source: kube::Error::Api(s), .. } if s.code == 409);
+    if conflict {
+        // The pass started from a copy the cache had not yet updated; the retry reads a newer
+        // one. Routine with optimistic writes, so not worth a warning.
+        tracing::debug!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), retry_in = ?delay, "reconcile raced a newer version; retrying");
+    } else {
+        tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?delay, "reconcile failed");
+    }
     Requeue_::requeue(delay)
 }
 
