@@ -101,6 +101,8 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
         // Under this command a real backend that is not configured is a
         // failure, not a skip: CI must run the real-backend cases.
         .env("EGRESS_CONFORMANCE_REQUIRED", "1")
+        // Tests that need a real component (tinyproxy, ...) fail instead of skipping.
+        .env("EGRESS_REAL_BACKENDS_REQUIRED", "1")
         .status()
         .context("running cargo test")?;
     if !status.success() {

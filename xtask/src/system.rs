@@ -5,9 +5,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// Debian packages the workspace's build and tests need. Later issues add
-/// the hypervisor stack, tinyproxy, redis, ...
-pub(crate) const APT_PACKAGES: &[&str] = &["ca-certificates"];
+/// Debian packages the workspace's build and tests need: CA roots, and tinyproxy (the real
+/// forward proxy the health probes go through). Later issues add the hypervisor stack, redis, ...
+pub(crate) const APT_PACKAGES: &[&str] = &["ca-certificates", "tinyproxy"];
 
 /// Installs the packages of `wanted` that are missing. Without root it only
 /// reports what is missing, so a developer's run never needs sudo.

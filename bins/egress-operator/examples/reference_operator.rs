@@ -42,8 +42,10 @@ fn main() -> ExitCode {
     ));
     egress_operator::main_with(egress_operator::Extensions {
         registry,
-        health: Arc::new(AllHealthy),
-        health_events: Box::pin(futures::stream::pending()),
+        health: egress_operator::Health::Scripted {
+            verdicts: Arc::new(AllHealthy),
+            events: Box::pin(futures::stream::pending()),
+        },
         notice: Some("reference build: instances are in this process's memory, and every Proxy is reported healthy"),
     })
 }

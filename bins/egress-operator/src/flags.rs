@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use crate::logging::{Encoder, LogLevel, LogOptions, StacktraceLevel, TimeEncoding};
 
+/// The probe target when a Proxy names none (the Go operator's manual check).
+pub const DEFAULT_HEALTH_CHECK_URL: &str = "https://www.gstatic.com/generate_204";
+
 /// Every flag's value after parsing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -26,6 +29,10 @@ pub struct Options {
     pub gc_interval: Duration,
     pub gc_min_age: Duration,
     pub installation_id: String,
+    pub health_workers: usize,
+    pub trace_health_probes: bool,
+    pub health_check_url: String,
+    pub health_check_ca_file: String,
     pub version: bool,
     pub log: LogOptions,
 }
@@ -45,6 +52,10 @@ impl Default for Options {
             gc_interval: Duration::from_secs(600),
             gc_min_age: Duration::from_secs(600),
             installation_id: String::new(),
+            health_workers: 10,
+            trace_health_probes: false,
+            health_check_url: DEFAULT_HEALTH_CHECK_URL.into(),
+            health_check_ca_file: String::new(),
             version: false,
             log: LogOptions::default(),
         }
@@ -162,6 +173,30 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "",
         usage: "Marks new instances with this installation, and lets orphan GC collect only instances carrying it (two operators sharing a backend).",
+    },
+    Flag {
+        name: "health-workers",
+        kind: Kind::Text,
+        default: "10",
+        usage: "Health probes in flight at most.",
+    },
+    Flag {
+        name: "trace-health-probes",
+        kind: Kind::Bool,
+        default: "false",
+        usage: "One health.probe span per probe (with tracing on; about one per proxy per second).",
+    },
+    Flag {
+        name: "health-check-url",
+        kind: Kind::Text,
+        default: DEFAULT_HEALTH_CHECK_URL,
+        usage: "What probes fetch through each proxy when its spec.healthCheck.url is unset (http:// or https://).",
+    },
+    Flag {
+        name: "health-check-ca-file",
+        kind: Kind::Text,
+        default: "",
+        usage: "PEM file of CA certificates probes trust in addition to the system's (a private target).",
     },
     Flag {
         name: "version",
@@ -290,6 +325,21 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         }
         "gc-min-age" => o.gc_min_age = parse_duration(value)?,
         "installation-id" => o.installation_id = value.into(),
+        "health-workers" => {
+            o.health_workers = value
+                .parse()
+                .ok()
+                .filter(|n| (1..=10_000).contains(n))
+                .ok_or_else(|| "must be a whole number from 1 to 10000".to_string())?;
+        }
+        "trace-health-probes" => o.trace_health_probes = parse_bool(value)?,
+        "health-check-url" => {
+            if !(value.starts_with("https://") || value.starts_with("http://")) || value.parse::<http::Uri>().is_err() {
+                return Err("must be an http:// or https:// URL".into());
+            }
+            o.health_check_url = value.into();
+        }
+        "health-check-ca-file" => o.health_check_ca_file = value.into(),
         "version" => o.version = parse_bool(value)?,
         "zap-devel" => o.log.devel = parse_bool(value)?,
         "zap-encoder" => o.log.encoder = Some(value.parse::<Encoder>()?),
@@ -567,6 +617,8 @@ mod tests {
                     _ => "rfc3339",
                 },
                 Kind::Text if f.default.ends_with('s') => "1m",
+                Kind::Text if f.name == "health-workers" => "4",
+                Kind::Text if f.name == "health-check-url" => "https://x.test/",
                 Kind::Text => "x",
             };
             set(&mut Options::default(), f, value).unwrap_or_else(|e| panic!("{}: {e}", f.name));

@@ -30,7 +30,7 @@ use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, c
 use egress_provider::Registry;
 use egress_provider::config::ProvidersConfig;
 use egress_provider::decorate::ProviderMetrics;
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::Layer as _;
@@ -50,12 +50,32 @@ const FLUSH_BUDGET: Duration = Duration::from_secs(10);
 /// What the caller plugs in: the provider types it ships, and where health verdicts come from.
 pub struct Extensions {
     pub registry: Registry,
-    /// The health engine's verdicts (the seam the health engine fills).
-    pub health: Arc<dyn HealthVerdicts>,
-    /// Proxies whose verdict changed, so they are reconciled at once.
-    pub health_events: Pin<Box<dyn Stream<Item = ObjectRef<Proxy>> + Send>>,
+    pub health: Health,
     /// Said once at start when set: what this build lacks.
     pub notice: Option<&'static str>,
+}
+
+/// Proxies whose verdict changed, so they are reconciled at once.
+pub type HealthEvents = Pin<Box<dyn Stream<Item = ObjectRef<Proxy>> + Send>>;
+
+/// Where health verdicts come from.
+pub enum Health {
+    /// The health engine, probing through each proxy (configured by the `--health-*` flags).
+    Engine,
+    /// Verdicts given from outside (tests and the bench, with the reference provider).
+    Scripted {
+        verdicts: Arc<dyn HealthVerdicts>,
+        events: HealthEvents,
+    },
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Engine => "Health::Engine",
+            Self::Scripted { .. } => "Health::Scripted",
+        })
+    }
 }
 
 impl std::fmt::Debug for Extensions {
@@ -263,7 +283,6 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let Extensions {
         registry,
         health,
-        health_events,
         notice,
     } = extensions;
     if options.providers_config.is_empty() {
@@ -277,6 +296,13 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         error: Some(e.message),
         path: Some(options.providers_config.clone()),
     })?;
+    let probe_tls = match (&health, options.health_check_ca_file.as_str()) {
+        (Health::Scripted { .. }, _) => None,
+        (Health::Engine, "") => Some(egress_health::ProbeTls::system()),
+        (Health::Engine, file) => Some(egress_health::ProbeTls::system_and_file(std::path::Path::new(file))),
+    }
+    .transpose()
+    .map_err(|e| fatal("Failed to load the health probes' CA roots", e))?;
     let provider_metrics = ProviderMetrics::new();
     let providers = Arc::new(
         registry
@@ -304,6 +330,8 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let cache_task = tasks.spawn(keep_cache).id();
     let mut registry = prometheus_client::registry::Registry::default();
     provider_metrics.register(&mut registry);
+    let health_metrics = egress_health::HealthMetrics::new();
+    health_metrics.register(&mut registry);
     egress_controller::metrics::register(&mut registry, snapshot.clone(), cache.store());
     let registry = Arc::new(Mutex::new(registry));
 
@@ -350,10 +378,39 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     tracing::info!("Starting manager");
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
     let work = shutdown.child_token();
+    let mut essential = std::collections::HashSet::from([cache_task]);
+    let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_tls) {
+        (Health::Scripted { verdicts, events }, _) => (verdicts, events),
+        (Health::Engine, tls) => {
+            let snapshot = egress_health::Snapshot::default();
+            let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
+            let engine = egress_health::Engine::new(
+                Arc::new(egress_controller::health::CachedProxies {
+                    store: cache.store(),
+                    default_url: options.health_check_url.clone(),
+                }),
+                egress_health::ConnectProber {
+                    tls: tls.ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?,
+                },
+                egress_health::EngineConfig {
+                    workers: options.health_workers,
+                    trace_probes: options.trace_health_probes,
+                    ..Default::default()
+                },
+                health_metrics,
+                snapshot.clone(),
+                tx,
+            );
+            essential.insert(tasks.spawn(engine.run(work.clone())).id());
+            let events =
+                tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| egress_controller::health::object_ref(&key));
+            (Arc::new(snapshot), Box::pin(events))
+        }
+    };
     let ctx = Arc::new(Context::new(
         client.clone(),
         providers.clone(),
-        health,
+        verdicts,
         Timings::default(),
         installation.clone(),
         work.clone(),
@@ -364,7 +421,6 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     };
     // These run until shutdown; one that ends before is a failure of the manager. (The monitor
     // may end early by design: with checks off it only cleans up.)
-    let mut essential = std::collections::HashSet::from([cache_task]);
     essential.insert(
         tasks
             .spawn(controller(ctx, config, cache.clone(), health_events, work.clone()))

@@ -73,36 +73,50 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
     let holder = lease.spec.unwrap().holder_identity.unwrap();
     assert!(holder.starts_with("manager-0_"), "{holder}");
 
-    // An External Proxy without a health engine stays unready; the gauge counts it by phase.
+    // An External Proxy whose proxy is not there: the health engine probes it, fails, and the
+    // reconciler marks it Unhealthy; the metrics count it by phase and count its failed probes.
     let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
     let proxy = Proxy::new(
         "outside",
         ProxySpec {
             mode: egress_api::Mode::External,
             endpoint: Some(egress_api::Endpoint {
-                host: "192.0.2.10".into(),
-                port: None,
+                host: "127.0.0.1".into(),
+                port: Some(1),
             }),
             ..Default::default()
         },
     );
     proxies.create(&PostParams::default(), &proxy).await.unwrap();
-    // The reconcile that writes its status was triggered from the cache, so by then the cache
-    // holds the Proxy and the gauge counts it.
-    let reconciled = kube::runtime::wait::await_condition(proxies.clone(), "outside", |p: Option<&Proxy>| {
-        p.and_then(|p| p.status.as_ref()).is_some()
+    let unhealthy = kube::runtime::wait::await_condition(proxies.clone(), "outside", |p: Option<&Proxy>| {
+        p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase) == Some(egress_api::Phase::Unhealthy)
     });
-    tokio::time::timeout(PATIENCE, reconciled)
+    tokio::time::timeout(PATIENCE, unhealthy)
         .await
-        .expect("the External Proxy is reconciled")
+        .expect("the External Proxy is found Unhealthy")
         .unwrap();
-    let (status, scrape) = get(&format!("http://{metrics}/metrics")).await;
-    assert_eq!(status, 200);
+    // The gauge reads the operator's own cache, which follows the API server by a watch event.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let scrape = loop {
+        let (status, text) = get(&format!("http://{metrics}/metrics")).await;
+        assert_eq!(status, 200);
+        if text
+            .lines()
+            .any(|l| l == r#"proxy_operator_proxies{phase="Unhealthy"} 1"#)
+        {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Unhealthy in the phase gauge:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(
         scrape
             .lines()
-            .any(|l| l == r#"proxy_operator_proxies{phase="Pending"} 1"#),
-        "without a health engine an External Proxy stays Pending:\n{scrape}"
+            .any(|l| l.starts_with(r#"healthcheck_failures_total{proxy="default/outside"} "#)),
+        "{scrape}"
     );
     assert!(
         !scrape.contains("proxy_operator_provider_target_up"),

@@ -8,6 +8,7 @@
 pub mod decide;
 pub mod events;
 pub mod gc;
+pub mod health;
 pub mod leader;
 pub mod merge;
 pub mod metrics;

@@ -1,0 +1,99 @@
+//! The shipped binary's health engine end to end: an External Proxy in front of a real tinyproxy
+//! turns Healthy and Ready, goes Unhealthy once tinyproxy stops (after the failure threshold),
+//! and recovers when it starts again. Probes fetch a local TLS target signed by a test CA that
+//! the operator trusts through `--health-check-ca-file`.
+
+mod common;
+
+#[path = "../../../crates/health/tests/support/mod.rs"]
+mod support;
+
+use common::{Operator, PATIENCE, operator_binary, scratch, test_server};
+use egress_api::{Endpoint, HealthCheckSpec, Mode, Phase, Proxy, ProxySpec};
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+
+async fn wait_phase(api: &Api<Proxy>, name: &str, phase: Phase) -> Proxy {
+    let cond = await_condition(api.clone(), name, move |p: Option<&Proxy>| {
+        p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase) == Some(phase)
+    });
+    tokio::time::timeout(PATIENCE, cond)
+        .await
+        .unwrap_or_else(|_| panic!("{name} not {phase:?} within {PATIENCE:?}"))
+        .unwrap()
+        .unwrap()
+}
+
+fn healthy(p: &Proxy) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Healthy")
+        .map(|c| format!("{:?}", c.status))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let pki = support::pki();
+    let (target, _) = support::tls_target(&pki).await;
+    let mut tinyproxy = support::Tinyproxy::start(&[]);
+
+    let server = test_server().await;
+    let dir = scratch("health-e2e");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let providers = dir.join("providers.yaml");
+    std::fs::write(&providers, "providers: []\n").unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    let flags = [
+        format!("--providers-config={}", providers.display()),
+        format!("--health-check-ca-file={}", ca.display()),
+        format!("--health-check-url=https://localhost:{}/204", target.port()),
+        "--health-probe-bind-address=0".into(),
+        "--zap-encoder=json".into(),
+    ];
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut op = Operator::start(
+        &operator_binary(),
+        &args,
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    op.wait_msg("Starting manager");
+
+    let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
+    let proxy = Proxy::new(
+        "tiny",
+        ProxySpec {
+            mode: Mode::External,
+            endpoint: Some(Endpoint {
+                host: "127.0.0.1".into(),
+                port: Some(i32::from(tinyproxy.port)),
+            }),
+            health_check: Some(HealthCheckSpec {
+                failure_threshold: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    api.create(&PostParams::default(), &proxy).await.unwrap();
+    let ready = wait_phase(&api, "tiny", Phase::Ready).await;
+    assert_eq!(healthy(&ready).as_deref(), Some("True"));
+    assert!(ready.status.unwrap().latency_millis.is_some_and(|l| l >= 0));
+
+    tinyproxy.stop();
+    let down = wait_phase(&api, "tiny", Phase::Unhealthy).await;
+    assert_eq!(healthy(&down).as_deref(), Some("False"));
+
+    tinyproxy.resume();
+    let back = wait_phase(&api, "tiny", Phase::Ready).await;
+    assert_eq!(healthy(&back).as_deref(), Some("True"));
+
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+}

@@ -1,0 +1,148 @@
+//! The seam between Proxies and the health engine (which knows no Kubernetes): what to probe for
+//! each Proxy, and the engine's verdicts as the reconciler reads them (spec/core.md §3.11, §4.2).
+
+use std::time::Duration;
+
+use egress_api::{Mode, Proxy};
+use egress_health::{ProbeSettings, ProxyKey, ProxySource, ProxyView, Snapshot};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::reconciler::HealthVerdicts;
+use crate::status::Verdict;
+
+impl HealthVerdicts for Snapshot {
+    fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
+        self.get(namespace, name).map(|v| Verdict {
+            healthy: v.healthy,
+            latency_millis: i64::try_from(v.latency.as_millis()).unwrap_or(i64::MAX),
+        })
+    }
+}
+
+/// The Proxies of the operator's cache, as the engine probes them.
+#[derive(Clone)]
+pub struct CachedProxies {
+    pub store: Store<Proxy>,
+    /// The target when a Proxy's `spec.healthCheck.url` is unset (`--health-check-url`).
+    pub default_url: String,
+}
+
+impl std::fmt::Debug for CachedProxies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedProxies")
+            .field("default_url", &self.default_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to probe for one Proxy: `None` while it is being deleted. An empty host (a Managed Proxy
+/// without an IP yet) tells the engine to prune.
+pub fn view(proxy: &Proxy, default_url: &str) -> Option<ProxyView> {
+    if proxy.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let (host, port) = match proxy.spec.mode {
+        Mode::External => proxy.spec.external_address().unwrap_or_default(),
+        Mode::Managed => (
+            proxy.status.as_ref().map(|s| s.ip.clone()).unwrap_or_default(),
+            proxy.spec.port,
+        ),
+    };
+    // A port no proxy can listen on leaves nothing to probe.
+    let port = u16::try_from(port).ok().filter(|p| *p != 0);
+    let host = if port.is_some() { host } else { String::new() };
+    let check = proxy.spec.effective_health_check();
+    let url = proxy
+        .spec
+        .health_check
+        .as_ref()
+        .and_then(|h| h.url.clone())
+        .unwrap_or_else(|| default_url.to_string());
+    Some(ProxyView {
+        key: ProxyKey::new(&proxy.namespace().unwrap_or_default(), &proxy.name_any()),
+        uid: proxy.uid().unwrap_or_default(),
+        host,
+        port: port.unwrap_or(0),
+        settings: ProbeSettings {
+            url,
+            expected_status: check.expected_status,
+            interval: check.interval.max(Duration::from_secs(1)),
+            timeout: check.timeout,
+            success_threshold: check.success_threshold,
+            failure_threshold: check.failure_threshold,
+        },
+    })
+}
+
+impl ProxySource for CachedProxies {
+    fn proxies(&self) -> Vec<ProxyView> {
+        self.store
+            .state()
+            .iter()
+            .filter_map(|p| view(p, &self.default_url))
+            .collect()
+    }
+}
+
+/// The reconciler's trigger for a Proxy the engine names.
+pub fn object_ref(key: &ProxyKey) -> ObjectRef<Proxy> {
+    ObjectRef::new(&key.name).within(&key.namespace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_api::{Endpoint, HealthCheckSpec, ProxySpec, ProxyStatus};
+
+    fn proxy(mode: Mode) -> Proxy {
+        let mut p = Proxy::new(
+            "p",
+            ProxySpec {
+                mode,
+                provider: "x".into(),
+                port: 3128,
+                ..Default::default()
+            },
+        );
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.uid = Some("u".into());
+        p
+    }
+
+    #[test]
+    fn what_each_proxy_is_probed_at() {
+        let mut managed = proxy(Mode::Managed);
+        let v = view(&managed, "https://default.test/204").unwrap();
+        assert_eq!((v.host.as_str(), v.port), ("", 3128), "no IP yet: the engine prunes");
+        assert_eq!(v.settings.url, "https://default.test/204");
+        managed.status = Some(ProxyStatus {
+            ip: "10.0.0.5".into(),
+            ..Default::default()
+        });
+        managed.spec.health_check = Some(HealthCheckSpec {
+            url: Some("https://own.test/".into()),
+            success_threshold: Some(4),
+            ..Default::default()
+        });
+        let v = view(&managed, "https://default.test/204").unwrap();
+        assert_eq!(
+            (v.host.as_str(), v.settings.url.as_str(), v.settings.success_threshold),
+            ("10.0.0.5", "https://own.test/", 4)
+        );
+        assert_eq!(v.key, ProxyKey::new("ns", "p"));
+
+        let mut external = proxy(Mode::External);
+        external.spec.endpoint = Some(Endpoint {
+            host: "proxy.example".into(),
+            port: Some(8080),
+        });
+        let v = view(&external, "u").unwrap();
+        assert_eq!((v.host.as_str(), v.port), ("proxy.example", 8080));
+
+        external.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(view(&external, "u"), None, "a Proxy being deleted is not probed");
+    }
+}

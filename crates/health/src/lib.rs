@@ -1,0 +1,24 @@
+//! Health of egress proxies, proved through each one: a probe opens a `CONNECT` tunnel through
+//! the proxy and fetches a target over TLS (or forwards a plain `http://` request), and the
+//! engine runs that probe for every proxy about once per interval.
+//!
+//! - [`probe`]: one probe, bounded by one deadline, sending no identifying header.
+//! - [`state`]: the pure threshold rule (first verdict, flips, material latency).
+//! - [`engine`]: scheduling, a bounded worker pool, the verdict snapshot, the event channel to
+//!   the reconciler, and pruning.
+//! - [`metrics`]: `healthcheck_duration_seconds{proxy}` and `healthcheck_failures_total{proxy}`.
+//!
+//! No Kubernetes here: the engine reads proxies through [`engine::ProxySource`], and the
+//! operator translates Proxies into [`engine::ProxyView`]s.
+
+pub mod engine;
+pub mod metrics;
+pub mod probe;
+pub mod state;
+
+pub use engine::{
+    ConnectProber, Engine, EngineConfig, ProbeSettings, Prober, ProxyKey, ProxySource, ProxyView, Snapshot,
+};
+pub use metrics::HealthMetrics;
+pub use probe::{ProbeError, ProbeOutcome, ProbeRequest, ProbeTls, probe};
+pub use state::Verdict;

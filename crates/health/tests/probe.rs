@@ -1,0 +1,185 @@
+//! The probe against real tinyproxy, a TLS target signed by a test CA, and a scripted proxy for
+//! the faults a real one cannot be made to do on demand.
+
+mod support;
+
+use std::time::Duration;
+
+use egress_health::{ProbeError, ProbeRequest, probe};
+use support::{Fault, Tinyproxy, dead_address, fault_proxy, http_target, pki, tinyproxy_available, tls_target};
+
+fn request(proxy: &str, url: String, expected_status: u16) -> ProbeRequest {
+    ProbeRequest {
+        proxy: proxy.into(),
+        url,
+        expected_status,
+        timeout: Duration::from_secs(5),
+    }
+}
+
+/// Header names that would carry trace context or baggage to the target.
+const TRACING_HEADERS: [&str; 6] = [
+    "traceparent",
+    "tracestate",
+    "baggage",
+    "uber-trace-id",
+    "x-b3-traceid",
+    "b3",
+];
+
+#[tokio::test]
+async fn a_connect_through_tinyproxy_reaches_the_target_and_sends_nothing_identifying() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let pki = pki();
+    let (target, seen) = tls_target(&pki).await;
+    let proxy = Tinyproxy::start(&[]);
+    let url = format!("https://localhost:{}/generate_204", target.port());
+    let outcome = probe(&request(&proxy.addr(), url, 204), &pki.trust()).await;
+    assert_eq!(outcome.result, Ok(()));
+    assert!(outcome.latency > Duration::ZERO);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, "GET /generate_204 HTTP/1.1");
+    assert_eq!(
+        seen[0].1,
+        ["host", "user-agent", "accept", "connection"],
+        "exactly these headers"
+    );
+}
+
+#[tokio::test]
+async fn a_proxy_that_refuses_the_tunnel_fails_the_probe() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let pki = pki();
+    let (target, seen) = tls_target(&pki).await;
+    // CONNECT is allowed to 443 only, so the target's port is refused.
+    let proxy = Tinyproxy::start(&[443]);
+    let url = format!("https://localhost:{}/204", target.port());
+    let outcome = probe(&request(&proxy.addr(), url, 204), &pki.trust()).await;
+    assert!(
+        matches!(outcome.result, Err(ProbeError::TunnelRefused(403))),
+        "{outcome:?}"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "the target was never reached");
+}
+
+#[tokio::test]
+async fn a_plain_http_target_is_fetched_in_absolute_form() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let (target, seen) = http_target().await;
+    let proxy = Tinyproxy::start(&[]);
+    let url = format!("http://127.0.0.1:{}/200", target.port());
+    let outcome = probe(&request(&proxy.addr(), url, 200), &pki().trust()).await;
+    assert_eq!(outcome.result, Ok(()));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen[0].0, "GET /200 HTTP/1.1",
+        "tinyproxy forwarded our absolute-form request"
+    );
+    for h in TRACING_HEADERS {
+        assert!(
+            !seen[0].1.iter().any(|n| n == h),
+            "{h} reached the target: {:?}",
+            seen[0].1
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_status_fails_the_probe() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let pki = pki();
+    let (target, _) = tls_target(&pki).await;
+    let proxy = Tinyproxy::start(&[]);
+    let url = format!("https://localhost:{}/500", target.port());
+    let outcome = probe(&request(&proxy.addr(), url, 204), &pki.trust()).await;
+    assert_eq!(
+        outcome.result,
+        Err(ProbeError::WrongStatus {
+            got: 500,
+            expected: 204
+        })
+    );
+}
+
+#[tokio::test]
+async fn an_untrusted_target_certificate_fails_the_probe() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let (target, seen) = tls_target(&pki()).await;
+    let proxy = Tinyproxy::start(&[]);
+    let url = format!("https://localhost:{}/204", target.port());
+    // Trusts another CA than the one that signed the target.
+    let outcome = probe(&request(&proxy.addr(), url, 204), &pki().trust()).await;
+    assert!(matches!(outcome.result, Err(ProbeError::Tls(_))), "{outcome:?}");
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_dead_proxy_is_unreachable() {
+    let proxy = dead_address().await;
+    let outcome = probe(
+        &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
+        &pki().trust(),
+    )
+    .await;
+    assert!(matches!(outcome.result, Err(ProbeError::Unreachable(_))), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn a_407_is_its_own_failure() {
+    let proxy = fault_proxy(Fault::AuthRequired).await;
+    let outcome = probe(
+        &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
+        &pki().trust(),
+    )
+    .await;
+    assert_eq!(outcome.result, Err(ProbeError::ProxyAuthRequired));
+    let plain = probe(
+        &request(&proxy.to_string(), "http://localhost:1/204".into(), 204),
+        &pki().trust(),
+    )
+    .await;
+    assert_eq!(plain.result, Err(ProbeError::ProxyAuthRequired));
+}
+
+#[tokio::test]
+async fn a_stalling_or_slow_proxy_is_cut_off_by_the_deadline() {
+    for fault in [Fault::Silent, Fault::Slow] {
+        let proxy = fault_proxy(fault).await;
+        let mut req = request(&proxy.to_string(), "https://localhost:1/204".into(), 204);
+        req.timeout = Duration::from_millis(300);
+        let outcome = probe(&req, &pki().trust()).await;
+        assert_eq!(
+            outcome.result,
+            Err(ProbeError::Timeout(Duration::from_millis(300))),
+            "{fault:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tunnel_closed_before_tls_fails_the_probe() {
+    let proxy = fault_proxy(Fault::CloseMidTunnel).await;
+    let outcome = probe(
+        &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
+        &pki().trust(),
+    )
+    .await;
+    assert!(matches!(outcome.result, Err(ProbeError::Tls(_))), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn a_malformed_target_url_is_named() {
+    let outcome = probe(&request("127.0.0.1:1", "ftp://x/".into(), 204), &pki().trust()).await;
+    assert!(matches!(outcome.result, Err(ProbeError::BadUrl(_))), "{outcome:?}");
+}
