@@ -82,7 +82,58 @@ fn wait_for_file(path: &Path, server: &mut Child) -> Result<()> {
     Ok(())
 }
 
+/// The health engine's figures: one process per fleet size (examples/health_bench.rs).
+fn health(root: &Path, release: bool) -> Result<()> {
+    let mut rows = Vec::new();
+    for n in [1_000, 10_000] {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.current_dir(root)
+            .args(["run", "--quiet", "-p", "egress-health", "--example", "health_bench"]);
+        if release {
+            cmd.arg("--release");
+        }
+        let out = cmd
+            .args(["--", "--proxies", &n.to_string()])
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running the health bench")?;
+        if !out.status.success() {
+            bail!("the health bench failed for {n} proxies");
+        }
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        rows.push(line.split('|').map(str::to_string).collect::<Vec<_>>());
+    }
+    let cell = |i: usize| {
+        rows.iter()
+            .map(|r| r.get(i).cloned().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    println!();
+    println!("| health engine, proxies probed once a second | {} |", cell(0));
+    println!("|---|---|---|");
+    println!("| no-op probes per second | {} |", cell(1));
+    println!(
+        "| scheduler CPU with no-op probes (share of one core; target < 5 %) | {} |",
+        cell(2)
+    );
+    println!(
+        "| state per proxy (resident memory growth / proxies; target < 2 KiB) | {} |",
+        cell(3)
+    );
+    println!(
+        "| TLS probes per second sustained (64 workers; proxy and target in the same process) | {} |",
+        cell(4)
+    );
+    println!(
+        "| CPU while probing with TLS (share of one core, proxy and target included) | {} |",
+        cell(5)
+    );
+    Ok(())
+}
+
 pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
+    health(root, release)?;
     let profile = if release { "release" } else { "debug" };
     let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     build.current_dir(root).args([

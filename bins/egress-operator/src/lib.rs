@@ -386,7 +386,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
             let engine = egress_health::Engine::new(
                 Arc::new(egress_controller::health::CachedProxies {
-                    store: cache.store(),
+                    cache: cache.clone(),
                     default_url: options.health_check_url.clone(),
                 }),
                 egress_health::ConnectProber {

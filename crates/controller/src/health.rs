@@ -6,7 +6,7 @@ use std::time::Duration;
 use egress_api::{Mode, Proxy};
 use egress_health::{ProbeSettings, ProxyKey, ProxySource, ProxyView, Snapshot};
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 
 use crate::reconciler::HealthVerdicts;
 use crate::status::Verdict;
@@ -23,7 +23,7 @@ impl HealthVerdicts for Snapshot {
 /// The Proxies of the operator's cache, as the engine probes them.
 #[derive(Clone)]
 pub struct CachedProxies {
-    pub store: Store<Proxy>,
+    pub cache: crate::proxy_cache::ProxyCache,
     /// The target when a Proxy's `spec.healthCheck.url` is unset (`--health-check-url`).
     pub default_url: String,
 }
@@ -77,11 +77,16 @@ pub fn view(proxy: &Proxy, default_url: &str) -> Option<ProxyView> {
 
 impl ProxySource for CachedProxies {
     fn proxies(&self) -> Vec<ProxyView> {
-        self.store
+        self.cache
+            .store()
             .state()
             .iter()
             .filter_map(|p| view(p, &self.default_url))
             .collect()
+    }
+
+    fn generation(&self) -> Option<u64> {
+        Some(self.cache.generation())
     }
 }
 

@@ -22,6 +22,7 @@ type Subscribers = Arc<Mutex<Vec<mpsc::Sender<Proxy>>>>;
 pub struct ProxyCache {
     store: Store<Proxy>,
     subscribers: Subscribers,
+    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for ProxyCache {
@@ -36,6 +37,11 @@ impl ProxyCache {
     /// The cache's contents.
     pub fn store(&self) -> Store<Proxy> {
         self.store.clone()
+    }
+
+    /// Changes with every watch event the cache applies (readers skip work on an unchanged cache).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Every Proxy now in the cache, then every Proxy the watch changes from here on.
@@ -64,9 +70,11 @@ pub fn proxy_cache(
     };
     let (store, writer) = reflector::store();
     let subscribers: Subscribers = Arc::default();
+    let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let cache = ProxyCache {
         store,
         subscribers: subscribers.clone(),
+        generation: generation.clone(),
     };
     let run = async move {
         let changes = watcher(api, watcher::Config::default())
@@ -81,6 +89,9 @@ pub fn proxy_cache(
                 }
             })
             .reflect(writer)
+            .inspect(move |_| {
+                generation.fetch_add(1, std::sync::atomic::Ordering::Release);
+            })
             .applied_objects();
         let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));
         while let Some(change) = changes.next().await {

@@ -18,10 +18,13 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -78,11 +81,18 @@ pub struct ProxyView {
 /// being deleted.
 pub trait ProxySource: Send + Sync + 'static {
     fn proxies(&self) -> Vec<ProxyView>;
+
+    /// A number that changes whenever the proxies may have changed, when the source can tell;
+    /// the engine then skips re-reading an unchanged source. `None`: always re-read.
+    fn generation(&self) -> Option<u64> {
+        None
+    }
 }
 
-/// Probes one proxy. The engine's only I/O; tests replace it.
+/// Probes one proxy. The engine's only I/O; tests replace it. A probe must end within
+/// `req.timeout`: the engine does not cut it off.
 pub trait Prober: Send + Sync + 'static {
-    fn probe(&self, req: ProbeRequest) -> impl Future<Output = ProbeOutcome> + Send;
+    fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send;
 }
 
 /// The real probe ([`crate::probe::probe`]).
@@ -92,7 +102,7 @@ pub struct ConnectProber {
 }
 
 impl Prober for ConnectProber {
-    fn probe(&self, req: ProbeRequest) -> impl Future<Output = ProbeOutcome> + Send {
+    fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
         let tls = self.tls.clone();
         async move { crate::probe::probe(&req, &tls).await }
     }
@@ -100,7 +110,7 @@ impl Prober for ConnectProber {
 
 /// The current verdicts, by proxy. Clones share them.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot(Arc<RwLock<HashMap<ProxyKey, Verdict>>>);
+pub struct Snapshot(Arc<RwLock<HashMap<Arc<ProxyKey>, Verdict>>>);
 
 impl Snapshot {
     /// The verdict for a proxy, if it has one.
@@ -121,7 +131,7 @@ impl Snapshot {
         self.len() == 0
     }
 
-    fn set(&self, key: &ProxyKey, verdict: Verdict) {
+    fn set(&self, key: &Arc<ProxyKey>, verdict: Verdict) {
         self.0
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -158,29 +168,57 @@ impl Default for EngineConfig {
 pub const EVENT_CAPACITY: usize = 1024;
 
 struct Record {
+    /// Unique per record: a result carries it, so one for a replaced record is recognised.
+    id: u64,
+    key: Arc<ProxyKey>,
     uid: String,
     host: String,
     port: u16,
     settings: ProbeSettings,
+    /// The probe to run, built once.
+    request: Arc<ProbeRequest>,
+    series: crate::metrics::ProxySeries,
     next_due: Instant,
     in_flight: bool,
     thresholds: Thresholds,
 }
 
-/// The engine's state: one record per proxy, the queue of due probes (earliest first; entries
-/// a record no longer matches are skipped when they come up), and events not yet delivered.
+/// The engine's state: one record per proxy (by record id, with an index by proxy), the queue of
+/// due probes (earliest first; entries a record no longer matches are skipped when they come up),
+/// and events not yet delivered.
 #[derive(Default)]
 struct Schedule {
-    records: HashMap<ProxyKey, Record>,
-    due: BinaryHeap<Reverse<(Instant, ProxyKey)>>,
-    unsent: HashSet<ProxyKey>,
+    records: HashMap<u64, Record, BuildHasherDefault<IdHasher>>,
+    index: HashMap<Arc<ProxyKey>, u64>,
+    due: BinaryHeap<Reverse<(Instant, u64)>>,
+    unsent: HashSet<Arc<ProxyKey>>,
+    next_id: u64,
+    /// The source's generation at the last refresh.
+    seen: Option<u64>,
+}
+
+/// Hashes record ids. They are counters the engine makes, never input, so the cost of a
+/// flood-resistant hash buys nothing on this path, which runs twice per probe.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing spreads sequential ids over the table.
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 struct Done {
-    key: ProxyKey,
-    uid: String,
-    host: String,
-    port: u16,
+    id: u64,
     outcome: ProbeOutcome,
 }
 
@@ -223,37 +261,59 @@ impl<P: Prober> Engine<P> {
         }
     }
 
-    /// Runs until `shutdown`; probes in flight are abandoned then.
+    /// Runs until `shutdown`. Probes still in flight then finish within their own timeout and
+    /// their results are dropped.
     pub async fn run(self, shutdown: CancellationToken) {
-        let permits = Arc::new(Semaphore::new(self.config.workers.max(1)));
+        // Probes in flight: a counter, not a semaphore (whose release takes a lock): only this
+        // loop starts probes, so check-then-increment cannot overshoot.
+        let running = Arc::new(AtomicUsize::new(0));
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
+        let done_tx = Arc::new(done_tx);
         let mut s = Schedule::default();
         let mut next_refresh = Instant::now();
-        let probes = tokio_util::task::TaskTracker::new();
+        let workers = self.config.workers.max(1);
+        let started = Instant::now();
+        // NB: one timer and one cancellation future for the whole run, re-armed rather than
+        // re-created. The loop wakes on a GRAIN grid only, not per result: results wait for the
+        // next turn, so ten thousand probes a second cost some fifty turns, not ten thousand.
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
+        let timer = tokio::time::sleep_until(next_refresh);
+        tokio::pin!(timer);
         loop {
-            // Wake for the next due probe or the next refresh, whichever is first.
-            let wake = s
-                .due
-                .peek()
-                .map_or(next_refresh, |Reverse((due, _))| (*due).min(next_refresh));
             tokio::select! {
-                _ = shutdown.cancelled() => break,
-                Some(done) = done_rx.recv() => self.finish(&mut s, done),
-                _ = tokio::time::sleep_until(wake) => {}
+                _ = &mut cancelled => break,
+                _ = &mut timer => {}
             }
             let now = Instant::now();
+            while let Ok(done) = done_rx.try_recv() {
+                self.finish(&mut s, done);
+            }
             if now >= next_refresh {
                 self.refresh(&mut s, now);
                 next_refresh = now + self.config.refresh;
             }
-            self.dispatch(&mut s, now, &permits, &done_tx, &probes, &shutdown);
+            self.dispatch(&mut s, now, &running, workers, &done_tx);
             self.resend(&mut s.unsent);
+            // The next turn: the next due probe or refresh, on the grid; no later than one grain
+            // while probes run (their results and freed workers are picked up then).
+            let mut wake = s.due.peek().map_or(next_refresh, |Reverse((due, _))| {
+                on_grid(started, *due).min(next_refresh)
+            });
+            if running.load(Ordering::Acquire) > 0 || !done_rx.is_empty() || !s.unsent.is_empty() {
+                wake = wake.min(on_grid(started, now + GRAIN));
+            }
+            timer.as_mut().reset(wake);
         }
-        probes.close();
     }
 
     /// Adds new proxies and prunes gone or changed ones.
     fn refresh(&self, s: &mut Schedule, now: Instant) {
+        let generation = self.source.generation();
+        if generation.is_some() && generation == s.seen {
+            return;
+        }
+        s.seen = generation;
         let mut views: HashMap<ProxyKey, ProxyView> = self
             .source
             .proxies()
@@ -262,17 +322,21 @@ impl<P: Prober> Engine<P> {
             .map(|v| (v.key.clone(), v))
             .collect();
         let mut gone = Vec::new();
-        s.records.retain(|key, record| match views.get(key) {
+        s.records.retain(|_, record| match views.get(&*record.key) {
             Some(v) if v.uid == record.uid && v.host == record.host && v.port == record.port => {
-                record.settings = v.settings.clone();
+                if v.settings != record.settings {
+                    record.settings = v.settings.clone();
+                    record.request = Arc::new(request(&record.host, record.port, &record.settings));
+                }
                 true
             }
             _ => {
-                gone.push(key.clone());
+                gone.push(record.key.clone());
                 false
             }
         });
         for key in gone {
+            s.index.remove(&key);
             self.metrics.forget(&key.to_string());
             if self.snapshot.remove(&key) {
                 // Its verdict is gone: the status should drop it.
@@ -280,16 +344,24 @@ impl<P: Prober> Engine<P> {
             }
         }
         for (key, view) in views.drain() {
-            if s.records.contains_key(&key) {
+            if s.index.contains_key(&key) {
                 continue;
             }
             // Spread first probes over one interval, so a fleet does not fire at once.
             let spread = view.settings.interval.as_millis().max(1) as u64;
             let due = now + Duration::from_millis(rand::random_range(0..spread));
-            s.due.push(Reverse((due, key.clone())));
+            let key = Arc::new(key);
+            s.next_id += 1;
+            let id = s.next_id;
+            s.due.push(Reverse((due, id)));
+            s.index.insert(key.clone(), id);
             s.records.insert(
-                key,
+                id,
                 Record {
+                    id,
+                    series: self.metrics.series(&key.to_string()),
+                    request: Arc::new(request(&view.host, view.port, &view.settings)),
+                    key,
                     next_due: due,
                     uid: view.uid,
                     host: view.host,
@@ -307,20 +379,19 @@ impl<P: Prober> Engine<P> {
         &self,
         s: &mut Schedule,
         now: Instant,
-        permits: &Arc<Semaphore>,
-        done_tx: &mpsc::UnboundedSender<Done>,
-        probes: &tokio_util::task::TaskTracker,
-        shutdown: &CancellationToken,
+        running: &Arc<AtomicUsize>,
+        workers: usize,
+        done_tx: &Arc<mpsc::UnboundedSender<Done>>,
     ) {
         while let Some(Reverse((due, _))) = s.due.peek() {
             if *due > now {
                 return;
             }
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                return; // stays due; a finishing probe frees a worker and wakes the loop
-            };
-            let Some(Reverse((due, key))) = s.due.pop() else { return };
-            let Some(record) = s.records.get_mut(&key) else {
+            if running.load(Ordering::Acquire) >= workers {
+                return; // stays due; a finishing probe frees a worker for a later turn
+            }
+            let Some(Reverse((due, id))) = s.due.pop() else { return };
+            let Some(record) = s.records.get_mut(&id) else {
                 continue; // pruned
             };
             if record.in_flight || record.next_due != due {
@@ -329,53 +400,38 @@ impl<P: Prober> Engine<P> {
             record.in_flight = true;
             // Never sooner than one interval after this start.
             record.next_due = now + record.settings.interval;
-            let req = ProbeRequest {
-                proxy: if record.host.contains(':') {
-                    format!("[{}]:{}", record.host, record.port)
-                } else {
-                    format!("{}:{}", record.host, record.port)
-                },
-                url: record.settings.url.clone(),
-                expected_status: record.settings.expected_status,
-                timeout: record.settings.timeout,
-            };
-            let (uid, host, port) = (record.uid.clone(), record.host.clone(), record.port);
+            running.fetch_add(1, Ordering::AcqRel);
+            let req = record.request.clone();
+            // The key travels only for the span.
+            let key = self.config.trace_probes.then(|| record.key.clone());
             let prober = self.prober.clone();
             let tx = done_tx.clone();
-            let trace = self.config.trace_probes;
-            let shutdown = shutdown.clone();
-            probes.spawn(async move {
-                let _permit = permit;
-                let outcome = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    o = traced_probe(&*prober, req, &key, trace) => o,
+            let running = running.clone();
+            // Bounded by the probe's own timeout, so no cancellation is needed at shutdown.
+            tokio::spawn(async move {
+                let outcome = match key {
+                    Some(key) => traced_probe(&*prober, req, &key).await,
+                    None => prober.probe(req).await,
                 };
-                let _ = tx.send(Done {
-                    key,
-                    uid,
-                    host,
-                    port,
-                    outcome,
-                });
+                running.fetch_sub(1, Ordering::AcqRel);
+                let _ = tx.send(Done { id, outcome });
             });
         }
     }
 
     /// Folds one result into its record, and queues the record's next probe.
     fn finish(&self, s: &mut Schedule, done: Done) {
-        let Some(record) = s.records.get_mut(&done.key) else {
-            return; // pruned while the probe ran
+        // Ids are never reused: a result for a pruned or replaced record (a Proxy recreated under
+        // the same name, or moved) finds nothing and is dropped.
+        let Some(record) = s.records.get_mut(&done.id) else {
+            return;
         };
-        if record.uid != done.uid || record.host != done.host || record.port != done.port {
-            return; // a result for an earlier Proxy of that name, or an earlier address
-        }
         record.in_flight = false;
-        s.due.push(Reverse((record.next_due, done.key.clone())));
-        let proxy = done.key.to_string();
+        s.due.push(Reverse((record.next_due, record.id)));
         let ok = done.outcome.ok();
-        self.metrics.observe(&proxy, done.outcome.latency, ok);
+        record.series.observe(done.outcome.latency, ok);
         if let Err(e) = &done.outcome.result {
-            tracing::debug!(proxy = %proxy, reason = %e, "health probe failed");
+            tracing::debug!(proxy = %record.key, reason = %e, "health probe failed");
         }
         let settings = &record.settings;
         if let Some(verdict) = record.thresholds.fold(
@@ -384,14 +440,15 @@ impl<P: Prober> Engine<P> {
             settings.success_threshold,
             settings.failure_threshold,
         ) {
-            self.snapshot.set(&done.key, verdict);
-            self.notify(&done.key, &mut s.unsent);
+            let key = record.key.clone();
+            self.snapshot.set(&key, verdict);
+            self.notify(&key, &mut s.unsent);
         }
     }
 
-    /// Tells the reconciler; never waits. A full channel keeps the key for the next tick.
-    fn notify(&self, key: &ProxyKey, unsent: &mut HashSet<ProxyKey>) {
-        match self.events.try_send(key.clone()) {
+    /// Tells the reconciler; never waits. A full channel keeps the key for a later turn.
+    fn notify(&self, key: &Arc<ProxyKey>, unsent: &mut HashSet<Arc<ProxyKey>>) {
+        match self.events.try_send(ProxyKey::clone(key)) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 unsent.insert(key.clone());
@@ -400,23 +457,43 @@ impl<P: Prober> Engine<P> {
         }
     }
 
-    fn resend(&self, unsent: &mut HashSet<ProxyKey>) {
+    fn resend(&self, unsent: &mut HashSet<Arc<ProxyKey>>) {
         if unsent.is_empty() {
             return;
         }
-        let keys: Vec<ProxyKey> = unsent.drain().collect();
+        let keys: Vec<Arc<ProxyKey>> = unsent.drain().collect();
         for key in keys {
             self.notify(&key, unsent);
         }
     }
 }
 
-/// A probe, in its own root `health.probe` span when asked. The span ends before the result is
-/// folded.
-async fn traced_probe<P: Prober>(prober: &P, req: ProbeRequest, key: &ProxyKey, trace: bool) -> ProbeOutcome {
-    if !trace {
-        return prober.probe(req).await;
+/// How late a due probe may start, so starts can be batched.
+const GRAIN: Duration = Duration::from_millis(20);
+
+/// The first point of the GRAIN grid (counted from `origin`) at or after `t`.
+fn on_grid(origin: Instant, t: Instant) -> Instant {
+    let since = t.saturating_duration_since(origin).as_nanos();
+    let grain = GRAIN.as_nanos();
+    let steps = since.div_ceil(grain);
+    origin + Duration::from_nanos(u64::try_from(steps * grain).unwrap_or(u64::MAX))
+}
+
+fn request(host: &str, port: u16, settings: &ProbeSettings) -> ProbeRequest {
+    ProbeRequest {
+        proxy: if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        },
+        url: settings.url.clone(),
+        expected_status: settings.expected_status,
+        timeout: settings.timeout,
     }
+}
+
+/// A probe in its own root `health.probe` span. The span ends before the result is folded.
+async fn traced_probe<P: Prober>(prober: &P, req: Arc<ProbeRequest>, key: &ProxyKey) -> ProbeOutcome {
     let span = tracing::info_span!(
         parent: None,
         "health.probe",

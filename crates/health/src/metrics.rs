@@ -64,10 +64,15 @@ impl HealthMetrics {
 
     /// Records one probe.
     pub fn observe(&self, proxy: &str, latency: Duration, ok: bool) {
+        self.series(proxy).observe(latency, ok);
+    }
+
+    /// A proxy's two series, resolved once so each probe records without a lookup.
+    pub fn series(&self, proxy: &str) -> ProxySeries {
         let labels = labels(proxy);
-        self.duration.get_or_create(&labels).observe(latency.as_secs_f64());
-        if !ok {
-            self.failures.get_or_create(&labels).inc();
+        ProxySeries {
+            duration: self.duration.get_or_create(&labels).clone(),
+            failures: self.failures.get_or_create(&labels).clone(),
         }
     }
 
@@ -87,6 +92,23 @@ impl HealthMetrics {
     /// Whether a proxy has a duration series.
     pub fn has_series(&self, proxy: &str) -> bool {
         self.duration.get(&labels(proxy)).is_some()
+    }
+}
+
+/// One proxy's series (handles into the families).
+#[derive(Debug, Clone)]
+pub struct ProxySeries {
+    duration: Histogram,
+    failures: Counter,
+}
+
+impl ProxySeries {
+    /// Records one probe.
+    pub fn observe(&self, latency: Duration, ok: bool) {
+        self.duration.observe(latency.as_secs_f64());
+        if !ok {
+            self.failures.inc();
+        }
     }
 }
 

@@ -76,7 +76,7 @@ impl Scripted {
 struct Handle(Arc<Scripted>);
 
 impl Prober for Handle {
-    fn probe(&self, req: ProbeRequest) -> impl Future<Output = ProbeOutcome> + Send {
+    fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
         let me = self.0.clone();
         async move {
             me.started
@@ -127,6 +127,10 @@ struct Running {
 }
 
 fn start(views: Vec<ProxyView>, capacity: usize) -> Running {
+    start_with(views, capacity, EngineConfig::default())
+}
+
+fn start_with(views: Vec<ProxyView>, capacity: usize, config: EngineConfig) -> Running {
     let source = Arc::new(Source::default());
     source.set(views);
     let prober = Arc::new(Scripted::default());
@@ -137,7 +141,7 @@ fn start(views: Vec<ProxyView>, capacity: usize) -> Running {
     let engine = Engine::new(
         source.clone(),
         Handle(prober.clone()),
-        EngineConfig::default(),
+        config,
         metrics.clone(),
         snapshot.clone(),
         tx,
@@ -305,4 +309,67 @@ async fn no_proxy_is_probed_more_often_than_its_interval() {
         }
     }
     r.stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_probes_are_spread_over_one_interval() {
+    let views: Vec<ProxyView> = (0..40)
+        .map(|i| view(&format!("p{i}"), &format!("u{i}"), &format!("10.0.2.{i}")))
+        .collect();
+    let started = Instant::now();
+    let r = start(views, 4096);
+    tokio::time::sleep(Duration::from_millis(1021)).await;
+    let firsts: Vec<Instant> = (0..40)
+        .map(|i| r.prober.starts(&format!("10.0.2.{i}:3128"))[0])
+        .collect();
+    // Within the first interval (a start may be up to the engine's 20 ms batching grain late).
+    assert!(
+        firsts.iter().all(|t| *t - started <= Duration::from_millis(1020)),
+        "all within the first interval"
+    );
+    let distinct: std::collections::HashSet<_> = firsts.iter().collect();
+    assert!(
+        distinct.len() > 10,
+        "not all at once: {} distinct start times",
+        distinct.len()
+    );
+    r.stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_probe_is_a_root_span_only_when_asked() {
+    let (capture, _guard) = egress_conformance::capture::Capture::start();
+    let config = EngineConfig {
+        trace_probes: true,
+        ..Default::default()
+    };
+    let mut r = start_with(vec![view("a", "u1", "10.0.0.1")], 16, config);
+    r.prober.script("10.0.0.1:3128", &[(false, 12)]);
+    r.next_event().await;
+    r.stop.cancel();
+    let spans: Vec<_> = capture
+        .spans()
+        .into_iter()
+        .filter(|s| s.name == "health.probe")
+        .collect();
+    assert!(!spans.is_empty());
+    let s = &spans[0];
+    assert_eq!(s.parent, None, "a root span");
+    assert_eq!(s.field("proxy"), Some("ns/a"));
+    assert_eq!(s.field("probe.ok"), Some("false"));
+    assert_eq!(s.field("probe.latency_ms"), Some("12"));
+    assert_eq!(s.field("otel.status_code"), Some("error"));
+    assert_eq!(
+        s.field("otel.status_description"),
+        Some("the proxy is unreachable: scripted")
+    );
+
+    let mark = capture.span_mark();
+    let mut quiet = start(vec![view("b", "u2", "10.0.0.2")], 16);
+    quiet.next_event().await;
+    quiet.stop.cancel();
+    assert!(
+        capture.spans_since(mark).iter().all(|s| s.name != "health.probe"),
+        "no probe spans by default"
+    );
 }

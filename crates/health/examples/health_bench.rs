@@ -1,0 +1,261 @@
+//! The health engine's figures, for `cargo xtask bench`: at 1 000 and 10 000 proxies probed
+//! once a second,
+//!
+//! - the scheduler's own CPU, with a probe that does nothing (so only scheduling is measured);
+//! - the memory each proxy's state costs (resident memory before and after the records exist);
+//! - probes per second sustained with real TLS probes through an in-process CONNECT proxy to an
+//!   in-process TLS target (both on loopback, in this process, so they share its CPU).
+//!
+//! Prints one Markdown table. Not a test: it asserts nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egress_health::{
+    ConnectProber, Engine, EngineConfig, HealthMetrics, ProbeOutcome, ProbeRequest, ProbeSettings, ProbeTls, Prober,
+    ProxyKey, ProxySource, ProxyView, Snapshot,
+};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+struct Fleet(Vec<ProxyView>);
+
+impl ProxySource for Fleet {
+    fn proxies(&self) -> Vec<ProxyView> {
+        self.0.clone()
+    }
+    fn generation(&self) -> Option<u64> {
+        Some(0) // never changes
+    }
+}
+
+fn fleet(n: usize, proxy: &str, url: &str) -> Arc<Fleet> {
+    let (host, port) = proxy.rsplit_once(':').unwrap();
+    Arc::new(Fleet(
+        (0..n)
+            .map(|i| ProxyView {
+                key: ProxyKey::new("bench", &format!("p{i:05}")),
+                uid: format!("uid-{i}"),
+                host: host.into(),
+                port: port.parse().unwrap(),
+                settings: ProbeSettings {
+                    url: url.into(),
+                    expected_status: 204,
+                    interval: Duration::from_secs(1),
+                    timeout: Duration::from_secs(5),
+                    success_threshold: 2,
+                    failure_threshold: 3,
+                },
+            })
+            .collect(),
+    ))
+}
+
+/// A probe that does nothing, so only the engine is measured.
+struct NoOp;
+
+impl Prober for NoOp {
+    fn probe(&self, _req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
+        std::future::ready(ProbeOutcome {
+            result: Ok(()),
+            latency: Duration::from_millis(1),
+        })
+    }
+}
+
+fn cpu_seconds() -> f64 {
+    // utime + stime of this process, in clock ticks (100 per second on Linux).
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn rss_kib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0.0)
+}
+
+/// Probes done so far, from the engine's own metrics (so the count costs the probes nothing).
+fn probes_done(registry: &prometheus_client::registry::Registry) -> u64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("healthcheck_duration_seconds_count{"))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
+        .sum()
+}
+
+/// Runs the engine; returns (probes per second, CPU share of one core) over `measure`, and the
+/// resident memory once the engine has settled. The CPU window excludes the counting.
+async fn run_engine<P: Prober>(
+    source: Arc<Fleet>,
+    prober: P,
+    workers: usize,
+    warmup: Duration,
+    measure: Duration,
+) -> (f64, f64, f64) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let stop = CancellationToken::new();
+    let metrics = HealthMetrics::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let engine = Engine::new(
+        source,
+        prober,
+        EngineConfig {
+            workers,
+            ..Default::default()
+        },
+        metrics,
+        Snapshot::default(),
+        tx,
+    );
+    tokio::spawn(engine.run(stop.clone()));
+    tokio::time::sleep(warmup).await;
+    // Before the counting below allocates its text.
+    let rss = rss_kib();
+    let n0 = probes_done(&registry);
+    let (c0, t0) = (cpu_seconds(), Instant::now());
+    tokio::time::sleep(measure).await;
+    let (c1, t1) = (cpu_seconds(), Instant::now());
+    let n1 = probes_done(&registry);
+    stop.cancel();
+    let secs = (t1 - t0).as_secs_f64();
+    ((n1 - n0) as f64 / secs, (c1 - c0) / secs, rss)
+}
+
+/// A CONNECT proxy: answers 200 and splices the tunnel.
+async fn connect_proxy() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut client = BufReader::new(client);
+                let mut line = String::new();
+                if client.read_line(&mut line).await.is_err() {
+                    return;
+                }
+                let target = line.split(' ').nth(1).unwrap_or_default().to_string();
+                loop {
+                    let mut h = String::new();
+                    if client.read_line(&mut h).await.unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                let Ok(mut upstream) = TcpStream::connect(&target).await else {
+                    return;
+                };
+                if client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A TLS target answering 204, with its CA.
+async fn tls_target() -> (u16, rustls::RootCertStore) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let mut tls = BufReader::new(tls);
+                loop {
+                    let mut h = String::new();
+                    if tls.read_line(&mut h).await.unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                let _ = tls
+                    .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    (port, roots)
+}
+
+/// One row for `--proxies N` (default 1000), as `|`-separated cells. One process per size, so
+/// the memory figure of one size is not hidden in memory freed by another.
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::args()
+        .skip_while(|a| a != "--proxies")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let proxy = connect_proxy().await;
+    let (port, roots) = tls_target().await;
+    let url = format!("https://localhost:{port}/generate_204");
+    let tls = ProbeTls::with_roots(roots);
+
+    // Scheduling alone: a probe that does nothing. Memory: resident memory before and after the
+    // engine holds the records (their thresholds, verdicts, queue entries and metric series).
+    let source = fleet(n, &proxy, &url);
+    let before = rss_kib();
+    let (noop_rate, noop_cpu, during) =
+        run_engine(source, NoOp, 64, Duration::from_secs(3), Duration::from_secs(10)).await;
+    let per_proxy_kib = (during - before).max(0.0) / n as f64;
+
+    // Real TLS probes through the in-process proxy.
+    let (tls_rate, tls_cpu, _) = run_engine(
+        fleet(n, &proxy, &url),
+        ConnectProber { tls },
+        64,
+        Duration::from_secs(3),
+        Duration::from_secs(10),
+    )
+    .await;
+    println!(
+        "{n}|{noop_rate:.0}|{:.1} %|{per_proxy_kib:.2} KiB|{tls_rate:.0}|{:.0} %",
+        noop_cpu * 100.0,
+        tls_cpu * 100.0
+    );
+}
