@@ -334,9 +334,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         }
         "trace-health-probes" => o.trace_health_probes = parse_bool(value)?,
         "health-check-url" => {
-            if !(value.starts_with("https://") || value.starts_with("http://")) || value.parse::<http::Uri>().is_err() {
-                return Err("must be an http:// or https:// URL".into());
-            }
+            egress_health::check_url(value).map_err(|e| e.to_string())?;
             o.health_check_url = value.into();
         }
         "health-check-ca-file" => o.health_check_ca_file = value.into(),

@@ -191,9 +191,10 @@ pub struct HealthCheckSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub interval_seconds: Option<i32>,
-    /// Seconds one probe may take. Default 5.
+    /// Seconds one probe may take. Default 5, at most 60 (a probe holds one of the engine's
+    /// workers for as long as it runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 60))]
     pub timeout_seconds: Option<i32>,
     /// Consecutive successes before a proxy counts as healthy. Default 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -216,6 +217,9 @@ pub struct HealthCheck {
     pub failure_threshold: u32,
 }
 
+/// The longest probe timeout (the schema's maximum; also applied to objects that bypassed it).
+const MAX_TIMEOUT_SECONDS: u32 = 60;
+
 impl HealthCheckSpec {
     pub const DEFAULT_URL: &'static str = "https://www.gstatic.com/generate_204";
 
@@ -227,7 +231,9 @@ impl HealthCheckSpec {
             url: self.url.clone().unwrap_or_else(|| Self::DEFAULT_URL.into()),
             expected_status: self.expected_status.and_then(|s| u16::try_from(s).ok()).unwrap_or(204),
             interval: std::time::Duration::from_secs(at_least_one(self.interval_seconds, 1).into()),
-            timeout: std::time::Duration::from_secs(at_least_one(self.timeout_seconds, 5).into()),
+            timeout: std::time::Duration::from_secs(
+                at_least_one(self.timeout_seconds, 5).min(MAX_TIMEOUT_SECONDS).into(),
+            ),
             success_threshold: at_least_one(self.success_threshold, 2),
             failure_threshold: at_least_one(self.failure_threshold, 3),
         }

@@ -224,6 +224,20 @@ fn generation(proxy: &Proxy) -> Option<i64> {
     proxy.metadata.generation
 }
 
+/// The verdict the status records (its `Healthy` condition and latency), if any.
+pub fn last_verdict(status: &ProxyStatus) -> Option<Verdict> {
+    let healthy = status.conditions.iter().find(|c| c.type_ == conditions::HEALTHY)?;
+    let healthy = match healthy.status {
+        ConditionStatus::True => true,
+        ConditionStatus::False => false,
+        ConditionStatus::Unknown => return None,
+    };
+    Some(Verdict {
+        healthy,
+        latency_millis: status.latency_millis.unwrap_or(0),
+    })
+}
+
 /// Ends the pass, with the health verdict and the phase filled in.
 fn finish(input: &Input<'_>, status: ProxyStatus, instance: InstanceView, requeue: Requeue) -> Next {
     Next::Done(outcome(input, status, instance, requeue))
@@ -235,8 +249,10 @@ fn outcome(input: &Input<'_>, mut status: ProxyStatus, instance: InstanceView, r
     let mode = proxy.spec.mode;
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     // A verdict belongs to something that can be probed: a running instance or an External proxy.
+    // Until the health engine has one (just after it starts, on a new leader), the last verdict
+    // written stands: no flap of every Proxy's status at each failover.
     let verdict = match (mode, instance) {
-        (Mode::External, _) | (_, InstanceView::Running) => input.verdict,
+        (Mode::External, _) | (_, InstanceView::Running) => input.verdict.or_else(|| last_verdict(&status)),
         _ => None,
     };
     // The Healthy condition follows what this pass saw; a pass that did not look at the

@@ -11,12 +11,22 @@ use kube::runtime::reflector::ObjectRef;
 use crate::reconciler::HealthVerdicts;
 use crate::status::Verdict;
 
+fn to_status(v: egress_health::Verdict) -> Verdict {
+    Verdict {
+        healthy: v.healthy,
+        latency_millis: i64::try_from(v.latency.as_millis()).unwrap_or(i64::MAX),
+    }
+}
+
 impl HealthVerdicts for Snapshot {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
-        self.get(namespace, name).map(|v| Verdict {
-            healthy: v.healthy,
-            latency_millis: i64::try_from(v.latency.as_millis()).unwrap_or(i64::MAX),
-        })
+        self.get(namespace, name).map(to_status)
+    }
+
+    /// Only a verdict about this very Proxy (UID) at its current address.
+    fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
+        let view = view(proxy, "")?;
+        self.get_for(&view).map(to_status)
     }
 }
 
@@ -72,6 +82,14 @@ pub fn view(proxy: &Proxy, default_url: &str) -> Option<ProxyView> {
             success_threshold: check.success_threshold,
             failure_threshold: check.failure_threshold,
         },
+        known: proxy
+            .status
+            .as_ref()
+            .and_then(crate::decide::last_verdict)
+            .map(|v| egress_health::Verdict {
+                healthy: v.healthy,
+                latency: Duration::from_millis(u64::try_from(v.latency_millis).unwrap_or(0)),
+            }),
     })
 }
 

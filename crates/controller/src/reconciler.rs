@@ -32,6 +32,12 @@ const MAX_STEPS: usize = 16;
 /// Where the reconciler reads health verdicts: the health engine's snapshot.
 pub trait HealthVerdicts: Send + Sync + 'static {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict>;
+
+    /// The verdict for this very Proxy: a source that knows which object and address it probed
+    /// refuses a verdict about an earlier Proxy of the same name, or an earlier address.
+    fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
+        self.verdict(&proxy.namespace().unwrap_or_default(), &proxy.name_any())
+    }
 }
 
 /// A reconcile that failed; the workqueue retries it with backoff.
@@ -286,13 +292,11 @@ async fn run_pass(
     api: &Api<Proxy>,
     root: &tracing::Span,
 ) -> Result<Outcome, ReconcileError> {
-    let namespace = proxy.namespace().unwrap_or_default();
-    let name = proxy.name_any();
     let provider: Option<Arc<dyn Provider>> = ctx.providers.get(&proxy.spec.provider).cloned();
     let input = Input {
         proxy,
         provider_configured: provider.is_some(),
-        verdict: ctx.health.verdict(&namespace, &name),
+        verdict: ctx.health.verdict_for(proxy),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let cx = OpCtx::with_cancel(ctx.shutdown.child_token());

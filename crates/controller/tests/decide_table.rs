@@ -434,6 +434,28 @@ fn steady_state_changes_nothing() {
     );
 }
 
+#[test]
+fn without_a_verdict_yet_the_recorded_one_stands() {
+    // A new leader's health engine has no verdict yet: the Ready Proxy stays Ready, unwritten.
+    let mut p = proxy();
+    let w = World {
+        verdict: Some(Verdict {
+            healthy: true,
+            latency_millis: 5,
+        }),
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    p.status = Some(run(&p, &w).2.status);
+    let w = World { verdict: None, ..w };
+    let (_, _, o) = run(&p, &w);
+    assert_eq!(Some(o.status), p.status, "the status is untouched");
+    // A fresh Proxy without one shows Running: up, not yet probed.
+    let (_, _, o) = run(&proxy(), &w);
+    assert_eq!(o.status.phase, Some(Phase::Running));
+    assert_eq!(healthy(&o), None);
+}
+
 fn changed_spec() -> Proxy {
     let mut p = proxy();
     p.spec.port = 8080;

@@ -47,6 +47,7 @@ fn fleet(n: usize, proxy: &str, url: &str) -> Arc<Fleet> {
                     success_threshold: 2,
                     failure_threshold: 3,
                 },
+                known: None,
             })
             .collect(),
     ))

@@ -75,6 +75,9 @@ pub struct ProxyView {
     pub host: String,
     pub port: u16,
     pub settings: ProbeSettings,
+    /// The verdict the Proxy's status already records, if any: a new record starts from it, so
+    /// a new leader needs a threshold of results to change it (no flap at each failover).
+    pub known: Option<Verdict>,
 }
 
 /// Where the engine reads proxies from (the operator's Proxy cache). Leave out proxies that are
@@ -110,7 +113,16 @@ impl Prober for ConnectProber {
 
 /// The current verdicts, by proxy. Clones share them.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot(Arc<RwLock<HashMap<Arc<ProxyKey>, Verdict>>>);
+pub struct Snapshot(Arc<RwLock<HashMap<Arc<ProxyKey>, Entry>>>);
+
+/// A verdict and what it is about: the Proxy's UID and the address probed.
+#[derive(Debug, Clone)]
+struct Entry {
+    uid: Arc<str>,
+    host: Arc<str>,
+    port: u16,
+    verdict: Verdict,
+}
 
 impl Snapshot {
     /// The verdict for a proxy, if it has one.
@@ -120,7 +132,18 @@ impl Snapshot {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&ProxyKey::new(namespace, name))
-            .copied()
+            .map(|e| e.verdict)
+    }
+
+    /// The verdict for this Proxy at this address: `None` when the verdict is about an earlier
+    /// Proxy of the same name or another address (until the engine catches up with the change).
+    pub fn get_for(&self, view: &ProxyView) -> Option<Verdict> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&view.key)
+            .filter(|e| *e.uid == *view.uid && *e.host == *view.host && e.port == view.port)
+            .map(|e| e.verdict)
     }
 
     pub fn len(&self) -> usize {
@@ -131,11 +154,17 @@ impl Snapshot {
         self.len() == 0
     }
 
-    fn set(&self, key: &Arc<ProxyKey>, verdict: Verdict) {
+    fn set(&self, record: &Record, verdict: Verdict) {
+        let entry = Entry {
+            uid: record.uid.clone(),
+            host: record.host.clone(),
+            port: record.port,
+            verdict,
+        };
         self.0
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key.clone(), verdict);
+            .insert(record.key.clone(), entry);
     }
 
     fn remove(&self, key: &ProxyKey) -> bool {
@@ -171,8 +200,8 @@ struct Record {
     /// Unique per record: a result carries it, so one for a replaced record is recognised.
     id: u64,
     key: Arc<ProxyKey>,
-    uid: String,
-    host: String,
+    uid: Arc<str>,
+    host: Arc<str>,
     port: u16,
     settings: ProbeSettings,
     /// The probe to run, built once.
@@ -282,6 +311,7 @@ impl<P: Prober> Engine<P> {
         tokio::pin!(timer);
         loop {
             tokio::select! {
+                biased;
                 _ = &mut cancelled => break,
                 _ = &mut timer => {}
             }
@@ -303,6 +333,8 @@ impl<P: Prober> Engine<P> {
             if running.load(Ordering::Acquire) > 0 || !done_rx.is_empty() || !s.unsent.is_empty() {
                 wake = wake.min(on_grid(started, now + GRAIN));
             }
+            // A probe still due here waits for a worker: look again in a grain, not at once.
+            wake = wake.max(on_grid(started, now + Duration::from_nanos(1)));
             timer.as_mut().reset(wake);
         }
     }
@@ -322,11 +354,23 @@ impl<P: Prober> Engine<P> {
             .map(|v| (v.key.clone(), v))
             .collect();
         let mut gone = Vec::new();
+        let mut s_due_push = Vec::new();
         s.records.retain(|_, record| match views.get(&*record.key) {
-            Some(v) if v.uid == record.uid && v.host == record.host && v.port == record.port => {
+            Some(v) if *v.uid == *record.uid && *v.host == *record.host && v.port == record.port => {
                 if v.settings != record.settings {
+                    // A shorter interval takes effect now, not after the old one has run out.
+                    let last_start = record.next_due.checked_sub(record.settings.interval);
                     record.settings = v.settings.clone();
                     record.request = Arc::new(request(&record.host, record.port, &record.settings));
+                    if let Some(last) = last_start
+                        && !record.in_flight
+                    {
+                        let due = (last + record.settings.interval).max(now);
+                        if due < record.next_due {
+                            record.next_due = due;
+                            s_due_push.push((due, record.id));
+                        }
+                    }
                 }
                 true
             }
@@ -335,6 +379,7 @@ impl<P: Prober> Engine<P> {
                 false
             }
         });
+        s.due.extend(s_due_push.into_iter().map(Reverse));
         for key in gone {
             s.index.remove(&key);
             self.metrics.forget(&key.to_string());
@@ -363,12 +408,12 @@ impl<P: Prober> Engine<P> {
                     request: Arc::new(request(&view.host, view.port, &view.settings)),
                     key,
                     next_due: due,
-                    uid: view.uid,
-                    host: view.host,
+                    uid: view.uid.into(),
+                    host: view.host.into(),
                     port: view.port,
                     settings: view.settings,
                     in_flight: false,
-                    thresholds: Thresholds::default(),
+                    thresholds: Thresholds::starting_from(view.known),
                 },
             );
         }
@@ -409,12 +454,17 @@ impl<P: Prober> Engine<P> {
             let running = running.clone();
             // Bounded by the probe's own timeout, so no cancellation is needed at shutdown.
             tokio::spawn(async move {
-                let outcome = match key {
+                // Reports even if the prober panics, so the worker and the record are freed.
+                let mut report = Report {
+                    running,
+                    tx,
+                    id,
+                    outcome: None,
+                };
+                report.outcome = Some(match key {
                     Some(key) => traced_probe(&*prober, req, &key).await,
                     None => prober.probe(req).await,
-                };
-                running.fetch_sub(1, Ordering::AcqRel);
-                let _ = tx.send(Done { id, outcome });
+                });
             });
         }
     }
@@ -440,8 +490,8 @@ impl<P: Prober> Engine<P> {
             settings.success_threshold,
             settings.failure_threshold,
         ) {
+            self.snapshot.set(record, verdict);
             let key = record.key.clone();
-            self.snapshot.set(&key, verdict);
             self.notify(&key, &mut s.unsent);
         }
     }
@@ -465,6 +515,26 @@ impl<P: Prober> Engine<P> {
         for key in keys {
             self.notify(&key, unsent);
         }
+    }
+}
+
+/// Frees a worker and sends a probe's result when dropped: after the probe, or when a panicking
+/// prober unwinds (reported as a failed probe).
+struct Report {
+    running: Arc<AtomicUsize>,
+    tx: Arc<mpsc::UnboundedSender<Done>>,
+    id: u64,
+    outcome: Option<ProbeOutcome>,
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        self.running.fetch_sub(1, Ordering::AcqRel);
+        let outcome = self.outcome.take().unwrap_or(ProbeOutcome {
+            result: Err(crate::probe::ProbeError::Io("the probe panicked".into())),
+            latency: Duration::ZERO,
+        });
+        let _ = self.tx.send(Done { id: self.id, outcome });
     }
 }
 

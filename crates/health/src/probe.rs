@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// The `User-Agent` of probe requests.
@@ -118,6 +118,10 @@ impl ProbeTls {
             .with_safe_default_protocol_versions()
             .map(|b| b.with_root_certificates(roots).with_no_client_auth())
             .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"));
+        let mut config = config;
+        // NB: no session resumption. A ticket issued through one proxy and shown through another
+        // would tell the target that all the egress addresses are one client.
+        config.resumption = rustls::client::Resumption::disabled();
         Self(Arc::new(config))
     }
 }
@@ -133,6 +137,15 @@ pub struct ProbeRequest {
     pub expected_status: u16,
     /// The budget of the whole probe.
     pub timeout: Duration,
+}
+
+/// Whether a probe can use `url` as its target (for flags and validation at start).
+///
+/// # Errors
+///
+/// What the probe would refuse: another scheme, no host, credentials in the URL.
+pub fn check_url(url: &str) -> Result<(), ProbeError> {
+    target(url).map(drop)
 }
 
 /// The parts of a target URL a probe needs.
@@ -181,19 +194,22 @@ async fn read_status<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> Result<
     let mut head = Vec::new();
     loop {
         let before = head.len();
-        let n = reader
+        // Never more than the cap, even from a line that does not end.
+        let room = (MAX_HEAD + 1 - head.len()) as u64;
+        let n = (&mut *reader)
+            .take(room)
             .read_until(b'\n', &mut head)
             .await
             .map_err(|e| ProbeError::Io(e.to_string()))?;
-        if n == 0 {
-            return Err(ProbeError::Malformed(
-                "the connection closed before the response head ended".into(),
-            ));
-        }
         if head.len() > MAX_HEAD {
             return Err(ProbeError::Malformed(format!(
                 "the response head exceeds {MAX_HEAD} bytes"
             )));
+        }
+        if n == 0 {
+            return Err(ProbeError::Malformed(
+                "the connection closed before the response head ended".into(),
+            ));
         }
         let line = &head[before..];
         if line == b"\r\n" || line == b"\n" {

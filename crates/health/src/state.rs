@@ -35,6 +35,16 @@ pub fn material(reported: Duration, new: Duration) -> bool {
 }
 
 impl Thresholds {
+    /// Counts that start from a verdict already known (recorded before this process): the first
+    /// result then does not replace it at once; a flip needs its threshold.
+    pub fn starting_from(known: Option<Verdict>) -> Self {
+        Self {
+            successes: 0,
+            failures: 0,
+            verdict: known,
+        }
+    }
+
     pub fn verdict(&self) -> Option<Verdict> {
         self.verdict
     }

@@ -47,6 +47,7 @@ fn view(name: &str, uid: &str, host: &str) -> ProxyView {
         host: host.into(),
         port: 3128,
         settings: settings(1000),
+        known: None,
     }
 }
 
@@ -372,4 +373,149 @@ async fn each_probe_is_a_root_span_only_when_asked() {
         capture.spans_since(mark).iter().all(|s| s.name != "health.probe"),
         "no probe spans by default"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_pool_delays_probes_without_spinning() {
+    let config = EngineConfig {
+        workers: 1,
+        ..Default::default()
+    };
+    let mut r = start_with(
+        vec![view("a", "u1", "10.0.0.1"), view("b", "u2", "10.0.0.2")],
+        16,
+        config,
+    );
+    let gate = Arc::new(Notify::new());
+    *r.prober.gate.lock().unwrap() = Some(("10.0.0.1:3128".into(), gate.clone()));
+    // Whichever starts first, a's probe ends up holding the only worker for a while: the engine
+    // must keep sleeping (time advances) rather than spin on the due probe of b.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let a = r.prober.starts("10.0.0.1:3128").len();
+    let b = r.prober.starts("10.0.0.2:3128").len();
+    assert_eq!(a, 1, "a's probe is held");
+    assert!(b <= 1, "b waits for the worker a holds: {b} probes");
+    *r.prober.gate.lock().unwrap() = None;
+    gate.notify_waiters();
+    while r.snapshot.len() < 2 {
+        r.next_event().await;
+    }
+    assert!(!r.prober.starts("10.0.0.2:3128").is_empty());
+    r.stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_verdict_already_in_the_status_needs_a_threshold_to_change() {
+    let mut known = view("a", "u1", "10.0.0.1");
+    known.known = Some(egress_health::Verdict {
+        healthy: true,
+        latency: Duration::from_millis(30),
+    });
+    let mut r = start(vec![known], 16);
+    r.prober.script(
+        "10.0.0.1:3128",
+        &[(false, 5), (true, 30), (false, 5), (false, 6), (false, 7)],
+    );
+    let event = r.next_event().await;
+    assert_eq!(event.name, "a");
+    assert_eq!(
+        r.verdict("a"),
+        Some((false, 7)),
+        "only the third failure in a row flips it"
+    );
+    assert_eq!(r.prober.starts("10.0.0.1:3128").len(), 5);
+    r.stop.cancel();
+}
+
+/// A source that says when it changed.
+#[derive(Default)]
+struct Versioned {
+    views: Mutex<Vec<ProxyView>>,
+    generation: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl ProxySource for Versioned {
+    fn proxies(&self) -> Vec<ProxyView> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.views.lock().unwrap().clone()
+    }
+    fn generation(&self) -> Option<u64> {
+        Some(self.generation.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unchanged_source_is_not_read_again() {
+    let source = Arc::new(Versioned::default());
+    *source.views.lock().unwrap() = vec![view("a", "u1", "10.0.0.1")];
+    let prober = Arc::new(Scripted::default());
+    let (tx, mut events) = mpsc::channel(16);
+    let stop = CancellationToken::new();
+    let snapshot = Snapshot::default();
+    let engine = Engine::new(
+        source.clone(),
+        Handle(prober.clone()),
+        EngineConfig::default(),
+        HealthMetrics::new(),
+        snapshot.clone(),
+        tx,
+    );
+    tokio::spawn(engine.run(stop.clone()));
+    events.recv().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(source.reads.load(std::sync::atomic::Ordering::SeqCst), 1, "read once");
+    // A change the source reports is picked up at the next refresh.
+    source.views.lock().unwrap().clear();
+    source.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(events.recv().await.unwrap().name, "a", "pruned");
+    assert!(snapshot.is_empty());
+    stop.cancel();
+}
+
+/// Panics on every probe of one address.
+struct Panicky(Arc<Scripted>);
+
+impl Prober for Panicky {
+    fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
+        let handle = Handle(self.0.clone());
+        async move {
+            if req.proxy == "10.0.0.1:3128" {
+                panic!("a broken prober");
+            }
+            handle.probe(req).await
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_probe_frees_its_worker_and_counts_as_a_failure() {
+    let source = Arc::new(Source::default());
+    source.set(vec![view("a", "u1", "10.0.0.1"), view("b", "u2", "10.0.0.2")]);
+    let prober = Arc::new(Scripted::default());
+    let (tx, mut events) = mpsc::channel(16);
+    let stop = CancellationToken::new();
+    let snapshot = Snapshot::default();
+    let metrics = HealthMetrics::new();
+    let config = EngineConfig {
+        workers: 1,
+        ..Default::default()
+    };
+    let engine = Engine::new(
+        source,
+        Panicky(prober.clone()),
+        config,
+        metrics.clone(),
+        snapshot.clone(),
+        tx,
+    );
+    tokio::spawn(engine.run(stop.clone()));
+    let mut seen = vec![events.recv().await.unwrap().name, events.recv().await.unwrap().name];
+    seen.sort();
+    assert_eq!(seen, ["a", "b"]);
+    assert_eq!(snapshot.get("ns", "a").map(|v| v.healthy), Some(false));
+    assert_eq!(snapshot.get("ns", "b").map(|v| v.healthy), Some(true));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(metrics.failures("ns/a").unwrap_or(0) >= 2, "a keeps being probed");
+    stop.cancel();
 }

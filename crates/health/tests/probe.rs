@@ -183,3 +183,19 @@ async fn a_malformed_target_url_is_named() {
     let outcome = probe(&request("127.0.0.1:1", "ftp://x/".into(), 204), &pki().trust()).await;
     assert!(matches!(outcome.result, Err(ProbeError::BadUrl(_))), "{outcome:?}");
 }
+
+#[tokio::test]
+async fn hostile_answers_are_malformed_and_bounded() {
+    for fault in [Fault::Endless, Fault::Garbage] {
+        let proxy = fault_proxy(fault).await;
+        let outcome = probe(
+            &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
+            &pki().trust(),
+        )
+        .await;
+        assert!(
+            matches!(outcome.result, Err(ProbeError::Malformed(_))),
+            "{fault:?}: {outcome:?}"
+        );
+    }
+}

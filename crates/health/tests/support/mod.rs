@@ -156,6 +156,10 @@ pub enum Fault {
     CloseMidTunnel,
     /// Answers the CONNECT only after a long pause.
     Slow,
+    /// Streams a megabyte without a line end.
+    Endless,
+    /// Answers bytes that are not HTTP.
+    Garbage,
 }
 
 /// A scripted proxy on 127.0.0.1.
@@ -186,6 +190,14 @@ pub async fn fault_proxy(fault: Fault) -> SocketAddr {
                 Fault::CloseMidTunnel => {
                     let _ = conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await;
                     drop(conn);
+                }
+                Fault::Endless => {
+                    let _ = conn.write_all(&vec![b'x'; 1 << 20]).await;
+                    held.push(conn);
+                }
+                Fault::Garbage => {
+                    let _ = conn.write_all(b"\x16\x03\x01\x00\xff\r\n\r\n").await;
+                    held.push(conn);
                 }
                 Fault::Slow => {
                     tokio::spawn(async move {
