@@ -293,14 +293,15 @@ impl<P: Prober> Engine<P> {
     /// Runs until `shutdown`. Probes still in flight then finish within their own timeout and
     /// their results are dropped.
     pub async fn run(self, shutdown: CancellationToken) {
-        // Probes in flight: a counter, not a semaphore (whose release takes a lock): only this
-        // loop starts probes, so check-then-increment cannot overshoot.
-        let running = Arc::new(AtomicUsize::new(0));
+        let pool = Arc::new(Pool {
+            running: AtomicUsize::new(0),
+            workers: self.config.workers.max(1),
+            freed: tokio::sync::Notify::new(),
+        });
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Done>();
         let done_tx = Arc::new(done_tx);
         let mut s = Schedule::default();
         let mut next_refresh = Instant::now();
-        let workers = self.config.workers.max(1);
         let started = Instant::now();
         // NB: one timer and one cancellation future for the whole run, re-armed rather than
         // re-created. The loop wakes on a GRAIN grid only, not per result: results wait for the
@@ -309,11 +310,15 @@ impl<P: Prober> Engine<P> {
         tokio::pin!(cancelled);
         let timer = tokio::time::sleep_until(next_refresh);
         tokio::pin!(timer);
+        let signals = pool.clone();
+        let freed = signals.freed.notified();
+        tokio::pin!(freed);
         loop {
             tokio::select! {
                 biased;
                 _ = &mut cancelled => break,
                 _ = &mut timer => {}
+                _ = &mut freed => freed.set(signals.freed.notified()),
             }
             let now = Instant::now();
             while let Ok(done) = done_rx.try_recv() {
@@ -323,17 +328,17 @@ impl<P: Prober> Engine<P> {
                 self.refresh(&mut s, now);
                 next_refresh = now + self.config.refresh;
             }
-            self.dispatch(&mut s, now, &running, workers, &done_tx);
+            self.dispatch(&mut s, now, &pool, &done_tx);
             self.resend(&mut s.unsent);
             // The next turn: the next due probe or refresh, on the grid; no later than one grain
             // while probes run (their results and freed workers are picked up then).
             let mut wake = s.due.peek().map_or(next_refresh, |Reverse((due, _))| {
                 on_grid(started, *due).min(next_refresh)
             });
-            if running.load(Ordering::Acquire) > 0 || !done_rx.is_empty() || !s.unsent.is_empty() {
+            if pool.running.load(Ordering::Acquire) > 0 || !done_rx.is_empty() || !s.unsent.is_empty() {
                 wake = wake.min(on_grid(started, now + GRAIN));
             }
-            // A probe still due here waits for a worker: look again in a grain, not at once.
+            // A probe still due here waits for a worker: the freed signal, or a grain from now.
             wake = wake.max(on_grid(started, now + Duration::from_nanos(1)));
             timer.as_mut().reset(wake);
         }
@@ -420,19 +425,12 @@ impl<P: Prober> Engine<P> {
     }
 
     /// Starts the due probes there are workers for, oldest due first.
-    fn dispatch(
-        &self,
-        s: &mut Schedule,
-        now: Instant,
-        running: &Arc<AtomicUsize>,
-        workers: usize,
-        done_tx: &Arc<mpsc::UnboundedSender<Done>>,
-    ) {
+    fn dispatch(&self, s: &mut Schedule, now: Instant, pool: &Arc<Pool>, done_tx: &Arc<mpsc::UnboundedSender<Done>>) {
         while let Some(Reverse((due, _))) = s.due.peek() {
             if *due > now {
                 return;
             }
-            if running.load(Ordering::Acquire) >= workers {
+            if pool.running.load(Ordering::Acquire) >= pool.workers {
                 return; // stays due; a finishing probe frees a worker for a later turn
             }
             let Some(Reverse((due, id))) = s.due.pop() else { return };
@@ -445,18 +443,18 @@ impl<P: Prober> Engine<P> {
             record.in_flight = true;
             // Never sooner than one interval after this start.
             record.next_due = now + record.settings.interval;
-            running.fetch_add(1, Ordering::AcqRel);
+            pool.running.fetch_add(1, Ordering::AcqRel);
             let req = record.request.clone();
             // The key travels only for the span.
             let key = self.config.trace_probes.then(|| record.key.clone());
             let prober = self.prober.clone();
             let tx = done_tx.clone();
-            let running = running.clone();
+            let pool = pool.clone();
             // Bounded by the probe's own timeout, so no cancellation is needed at shutdown.
             tokio::spawn(async move {
                 // Reports even if the prober panics, so the worker and the record are freed.
                 let mut report = Report {
-                    running,
+                    pool,
                     tx,
                     id,
                     outcome: None,
@@ -520,8 +518,17 @@ impl<P: Prober> Engine<P> {
 
 /// Frees a worker and sends a probe's result when dropped: after the probe, or when a panicking
 /// prober unwinds (reported as a failed probe).
+/// The probes in flight: a counter, not a semaphore (whose release takes a lock). Only the
+/// engine's loop starts probes, so its check-then-increment cannot overshoot.
+struct Pool {
+    running: AtomicUsize,
+    workers: usize,
+    /// Signalled when a full pool frees a worker, so due probes start without waiting for a turn.
+    freed: tokio::sync::Notify,
+}
+
 struct Report {
-    running: Arc<AtomicUsize>,
+    pool: Arc<Pool>,
     tx: Arc<mpsc::UnboundedSender<Done>>,
     id: u64,
     outcome: Option<ProbeOutcome>,
@@ -529,7 +536,9 @@ struct Report {
 
 impl Drop for Report {
     fn drop(&mut self) {
-        self.running.fetch_sub(1, Ordering::AcqRel);
+        if self.pool.running.fetch_sub(1, Ordering::AcqRel) == self.pool.workers {
+            self.pool.freed.notify_one();
+        }
         let outcome = self.outcome.take().unwrap_or(ProbeOutcome {
             result: Err(crate::probe::ProbeError::Io("the probe panicked".into())),
             latency: Duration::ZERO,
