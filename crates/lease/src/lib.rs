@@ -1,0 +1,25 @@
+//! Leases of egress proxies to crawler clients (spec/core.md §5).
+//!
+//! A client asks for a proxy, optionally naming the site it will crawl (the *target*) and
+//! attributes the proxy must have; it gets the least loaded healthy proxy with free capacity
+//! that is not cooling down for that target, for a time (the TTL). A client that was rate
+//! limited or banned through a proxy reports it, and the proxy then cools down for that target
+//! (or for everything, when no target is known) for one cooldown window.
+//!
+//! - [`store`]: the [`LeaseStore`] trait and the in-memory store (one mutex; selection and the
+//!   new lease are one atomic step, so concurrent acquisitions never exceed a capacity).
+//! - [`clock`]: the injectable clock.
+//! - [`ttl`]: the TTL rule of lease requests.
+//!
+//! No Kubernetes and no HTTP here: the caller passes the proxies that match a request
+//! ([`Candidate`]s), and the discovery API serves the store.
+
+pub mod clock;
+pub mod store;
+pub mod ttl;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use store::{
+    Candidate, Grant, LeaseRequest, LeaseStore, MemoryStore, NoMatch, ReportResult, UnknownLease, lease_id,
+};
+pub use ttl::{DEFAULT_TTL, TtlError, effective_ttl};

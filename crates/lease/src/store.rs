@@ -1,0 +1,352 @@
+//! The lease store: leases, capacity, selection and cooldowns.
+//!
+//! Rules (spec/core.md §5.7-§5.10):
+//!
+//! - A proxy is eligible when it is healthy, has fewer active leases than its capacity
+//!   (`maxLeases`; 0 means never leased) and is not cooling down for the request. A proxy failing
+//!   several checks is counted once, under the first in that order (health, capacity, cooldown),
+//!   so the three counts of a refusal add up to the proxies considered.
+//! - Among the eligible: fewest active leases, then lowest latency, then smallest id.
+//! - Active leases are those neither released nor past their expiry, whenever the sweep runs.
+//! - A `rate_limited` or `banned` report starts one cooldown window for the lease's proxy and the
+//!   resolved target (the report's, else the lease's, else none: a global cooldown). A cooldown
+//!   with a target blocks only requests naming that target; a global one blocks every request.
+//!   Overlapping cooldowns keep the later end.
+//! - A lease stays reportable (released or not) until one cooldown window after its expiry; the
+//!   sweep then forgets it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use crate::clock::Clock;
+
+/// A proxy that matches a request's selector, as the caller knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// `<namespace>/<name>`.
+    pub id: String,
+    pub healthy: bool,
+    pub latency_millis: i64,
+    /// Capacity; 0 (or less) means the proxy is never leased.
+    pub max_leases: i32,
+}
+
+/// What a client asks for, once validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRequest {
+    pub ttl: Duration,
+    /// The site to be crawled; empty is none.
+    pub target: Option<String>,
+}
+
+/// A lease granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub lease_id: String,
+    pub proxy_id: String,
+    pub expires_at: SystemTime,
+    pub ttl: Duration,
+    /// The proxy's active leases, this one included.
+    pub active_leases: usize,
+}
+
+/// Why no lease was granted: the proxies considered, and why each was skipped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NoMatch {
+    pub considered: usize,
+    pub at_capacity: usize,
+    pub in_cooldown: usize,
+    pub unhealthy: usize,
+}
+
+/// What a client reports about a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportResult {
+    Ok,
+    RateLimited,
+    Banned,
+}
+
+impl std::str::FromStr for ReportResult {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "ok" => Ok(Self::Ok),
+            "rate_limited" => Ok(Self::RateLimited),
+            "banned" => Ok(Self::Banned),
+            _ => Err(()),
+        }
+    }
+}
+
+/// A report on a lease never issued, or forgotten (one cooldown window after its expiry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no such lease")]
+pub struct UnknownLease;
+
+/// A lease store. Implementations keep selection and insertion atomic.
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Grants a lease on the best eligible candidate.
+    ///
+    /// # Errors
+    ///
+    /// [`NoMatch`] with the counts when no candidate is eligible.
+    fn acquire(&self, candidates: &[Candidate], req: &LeaseRequest) -> Result<Grant, NoMatch>;
+
+    /// Ends a lease now. Unknown, expired or already released ids are fine.
+    fn release(&self, lease_id: &str);
+
+    /// Records a report.
+    ///
+    /// # Errors
+    ///
+    /// [`UnknownLease`] for a lease never issued or already forgotten.
+    fn report(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), UnknownLease>;
+
+    /// The active leases of each of `proxies`, in their order.
+    fn active_leases(&self, proxies: &[&str]) -> Vec<usize>;
+
+    /// All active leases (`proxy_operator_leases_active`).
+    fn active_total(&self) -> usize;
+
+    /// Forgets leases past their retention and cooldowns that have ended.
+    fn sweep(&self);
+}
+
+/// A new lease id: 128 random bits from the OS-seeded CSPRNG, as 26 unpadded base32 characters.
+pub fn lease_id() -> String {
+    let bytes: [u8; 16] = rand::random();
+    data_encoding::BASE32_NOPAD.encode(&bytes)
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    proxy: String,
+    target: Option<String>,
+    expires_at: SystemTime,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every lease not yet forgotten (reports need them after their end).
+    leases: HashMap<String, Lease>,
+    /// The unreleased leases of each proxy, with their expiry. Released ones leave at once and
+    /// expired ones at the sweep, so these lists stay as short as the capacities.
+    active: HashMap<String, Vec<(SystemTime, String)>>,
+    /// (proxy, target) to the end of its cooldown; `None` target is a global cooldown.
+    cooldowns: HashMap<(String, Option<String>), SystemTime>,
+}
+
+impl State {
+    fn active(&self, proxy: &str, now: SystemTime) -> usize {
+        self.active
+            .get(proxy)
+            .map_or(0, |leases| leases.iter().filter(|(expires, _)| *expires > now).count())
+    }
+
+    fn cooling(&self, proxy: &str, target: Option<&str>, now: SystemTime) -> bool {
+        let active = |t: Option<String>| {
+            self.cooldowns
+                .get(&(proxy.to_string(), t))
+                .is_some_and(|end| *end > now)
+        };
+        active(None) || target.is_some_and(|t| active(Some(t.to_string())))
+    }
+}
+
+fn non_empty(s: Option<&str>) -> Option<&str> {
+    s.filter(|t| !t.is_empty())
+}
+
+/// The in-memory store: all state behind one mutex.
+pub struct MemoryStore {
+    state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+    cooldown: Duration,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("cooldown", &self.cooldown)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// A store whose cooldown window (and lease retention after expiry) is `cooldown`.
+    pub fn new(clock: Arc<dyn Clock>, cooldown: Duration) -> Self {
+        Self {
+            state: Mutex::default(),
+            clock,
+            cooldown,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `proxy` is cooling down for a request naming `target` (tests and the API's views).
+    pub fn cooling(&self, proxy: &str, target: Option<&str>) -> bool {
+        self.lock().cooling(proxy, non_empty(target), self.clock.now())
+    }
+}
+
+impl LeaseStore for MemoryStore {
+    fn acquire(&self, candidates: &[Candidate], req: &LeaseRequest) -> Result<Grant, NoMatch> {
+        let now = self.clock.now();
+        let target = non_empty(req.target.as_deref());
+        let mut state = self.lock();
+        let mut refused = NoMatch {
+            considered: candidates.len(),
+            ..NoMatch::default()
+        };
+        let mut best: Option<(usize, i64, &str)> = None;
+        for c in candidates {
+            if !c.healthy {
+                refused.unhealthy += 1;
+                continue;
+            }
+            let active = state.active(&c.id, now);
+            if i64::try_from(active).unwrap_or(i64::MAX) >= i64::from(c.max_leases) {
+                refused.at_capacity += 1;
+                continue;
+            }
+            if state.cooling(&c.id, target, now) {
+                refused.in_cooldown += 1;
+                continue;
+            }
+            let key = (active, c.latency_millis, c.id.as_str());
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+        let Some((active, _, proxy)) = best else {
+            return Err(refused);
+        };
+        let proxy = proxy.to_string();
+        let lease_id = loop {
+            let id = lease_id();
+            if !state.leases.contains_key(&id) {
+                break id;
+            }
+        };
+        let expires_at = now + req.ttl;
+        state.leases.insert(
+            lease_id.clone(),
+            Lease {
+                proxy: proxy.clone(),
+                target: target.map(str::to_string),
+                expires_at,
+            },
+        );
+        state
+            .active
+            .entry(proxy.clone())
+            .or_default()
+            .push((expires_at, lease_id.clone()));
+        Ok(Grant {
+            lease_id,
+            proxy_id: proxy,
+            expires_at,
+            ttl: req.ttl,
+            active_leases: active + 1,
+        })
+    }
+
+    fn release(&self, lease_id: &str) {
+        let mut state = self.lock();
+        let Some(proxy) = state.leases.get(lease_id).map(|l| l.proxy.clone()) else {
+            return;
+        };
+        if let Some(leases) = state.active.get_mut(&proxy) {
+            leases.retain(|(_, id)| id != lease_id);
+            if leases.is_empty() {
+                state.active.remove(&proxy);
+            }
+        }
+    }
+
+    fn report(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), UnknownLease> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let lease = state.leases.get(lease_id).ok_or(UnknownLease)?;
+        // Forgotten one window after expiry, whether or not the sweep has run yet.
+        if lease.expires_at + self.cooldown <= now {
+            return Err(UnknownLease);
+        }
+        if result == ReportResult::Ok {
+            return Ok(());
+        }
+        let resolved = non_empty(target)
+            .map(str::to_string)
+            .or_else(|| lease.target.clone().filter(|t| !t.is_empty()));
+        let key = (lease.proxy.clone(), resolved);
+        let end = now + self.cooldown;
+        let slot = state.cooldowns.entry(key).or_insert(end);
+        *slot = (*slot).max(end);
+        Ok(())
+    }
+
+    fn active_leases(&self, proxies: &[&str]) -> Vec<usize> {
+        let now = self.clock.now();
+        let state = self.lock();
+        proxies.iter().map(|p| state.active(p, now)).collect()
+    }
+
+    fn active_total(&self) -> usize {
+        let now = self.clock.now();
+        self.lock()
+            .active
+            .values()
+            .map(|leases| leases.iter().filter(|(expires, _)| *expires > now).count())
+            .sum()
+    }
+
+    fn sweep(&self) {
+        let now = self.clock.now();
+        let cooldown = self.cooldown;
+        let mut state = self.lock();
+        let State {
+            leases,
+            active,
+            cooldowns,
+        } = &mut *state;
+        leases.retain(|_, l| l.expires_at + cooldown > now);
+        active.retain(|_, list| {
+            list.retain(|(expires, _)| *expires > now);
+            !list.is_empty()
+        });
+        cooldowns.retain(|_, end| *end > now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_are_26_base32_characters_of_16_random_bytes() {
+        let a = lease_id();
+        let b = lease_id();
+        assert_eq!(a.len(), 26);
+        assert!(
+            a.bytes().all(|c| c.is_ascii_uppercase() || (b'2'..=b'7').contains(&c)),
+            "{a}"
+        );
+        assert_eq!(data_encoding::BASE32_NOPAD.decode(a.as_bytes()).unwrap().len(), 16);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn report_results_parse_exactly() {
+        assert_eq!("ok".parse(), Ok(ReportResult::Ok));
+        assert_eq!("rate_limited".parse(), Ok(ReportResult::RateLimited));
+        assert_eq!("banned".parse(), Ok(ReportResult::Banned));
+        for bad in ["", "OK", "ban", "rate-limited"] {
+            assert_eq!(bad.parse::<ReportResult>(), Err(()), "{bad}");
+        }
+    }
+}
