@@ -1,0 +1,290 @@
+//! The routes: what each answers, as pure functions of the request, the proxies and the store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, effective_ttl};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// A proxy as the API shows it (the caller leaves out Proxies being deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyInfo {
+    /// `<namespace>/<name>`.
+    pub id: String,
+    /// The effective host; empty until a Managed instance is up.
+    pub ip: String,
+    pub port: u16,
+    pub attributes: BTreeMap<String, String>,
+    pub phase: String,
+    /// `Healthy` is `True`.
+    pub healthy: bool,
+    pub latency_millis: i64,
+    /// Effective capacity (0 = never leased).
+    pub max_leases: i32,
+}
+
+/// Where the API reads proxies from.
+pub trait ProxyDirectory: Send + Sync + 'static {
+    /// Every proxy, or why they could not be listed.
+    ///
+    /// # Errors
+    ///
+    /// The list failed; the API answers `500 internal` and logs the reason.
+    fn proxies(&self) -> Result<Vec<ProxyInfo>, String>;
+}
+
+/// What the routes share.
+pub struct Api {
+    pub directory: Arc<dyn ProxyDirectory>,
+    pub store: Arc<dyn LeaseStore>,
+    /// `--max-lease-ttl`.
+    pub max_ttl: Duration,
+    /// `DISCOVERY_TOKEN`; `None` serves unauthenticated.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api")
+            .field("max_ttl", &self.max_ttl)
+            .field("authenticated", &self.token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An answer: status and JSON body (`None`: no body).
+pub(crate) type Answer = (u16, Option<Value>);
+
+pub(crate) fn error(status: u16, code: &str, message: &str) -> Answer {
+    (status, Some(json!({"error": code, "message": message})))
+}
+
+fn view(p: &ProxyInfo, active: usize) -> Value {
+    let mut v = json!({
+        "id": p.id,
+        "ip": p.ip,
+        "port": p.port,
+        "phase": p.phase,
+        "healthy": p.healthy,
+        "latencyMillis": p.latency_millis,
+        "activeLeases": active,
+        "maxLeases": p.max_leases,
+    });
+    if !p.attributes.is_empty() {
+        v["attributes"] = json!(p.attributes);
+    }
+    v
+}
+
+fn matches(p: &ProxyInfo, selector: &BTreeMap<String, Vec<String>>) -> bool {
+    selector
+        .iter()
+        .all(|(k, values)| values.iter().all(|v| p.attributes.get(k) == Some(v)))
+}
+
+fn list_failed(e: &str, what: &str) -> Answer {
+    tracing::error!(error = %e, "{what}");
+    error(500, "internal", "listing proxies failed")
+}
+
+impl Api {
+    /// `GET /v1/proxies?healthy=&attr.<k>=`.
+    pub(crate) fn list(&self, query: Option<&str>) -> Answer {
+        let mut healthy = None;
+        let mut selector: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in form_pairs(query.unwrap_or_default()) {
+            if k == "healthy" {
+                healthy = match v.as_str() {
+                    "" => None,
+                    "true" => Some(true),
+                    "false" => Some(false),
+                    _ => return error(400, "invalid_query", "healthy must be true or false"),
+                };
+            } else if let Some(attr) = k.strip_prefix("attr.") {
+                selector.entry(attr.to_string()).or_default().push(v);
+            }
+        }
+        let mut proxies = match self.directory.proxies() {
+            Ok(p) => p,
+            Err(e) => return list_failed(&e, "listing proxies"),
+        };
+        proxies.retain(|p| healthy.is_none_or(|h| p.healthy == h) && matches(p, &selector));
+        proxies.sort_by(|a, b| a.id.cmp(&b.id));
+        let ids: Vec<&str> = proxies.iter().map(|p| p.id.as_str()).collect();
+        let active = self.store.active_leases(&ids);
+        let views: Vec<Value> = proxies.iter().zip(active).map(|(p, n)| view(p, n)).collect();
+        (200, Some(json!({"count": views.len(), "proxies": views})))
+    }
+
+    /// `POST /v1/leases`.
+    pub(crate) fn acquire(&self, body: &[u8]) -> Answer {
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct Body {
+            #[serde(default)]
+            selector: BTreeMap<String, String>,
+            #[serde(default)]
+            ttl_seconds: Option<i64>,
+            #[serde(default)]
+            target: Option<String>,
+        }
+        let body: Body = match decode(body) {
+            Ok(b) => b,
+            Err(answer) => return answer,
+        };
+        let ttl = match effective_ttl(body.ttl_seconds, self.max_ttl) {
+            Ok(t) => t,
+            Err(e) => return error(400, "invalid_ttl", &e.to_string()),
+        };
+        let proxies = match self.directory.proxies() {
+            Ok(p) => p,
+            Err(e) => return list_failed(&e, "listing proxies for lease"),
+        };
+        let selector: BTreeMap<String, Vec<String>> = body.selector.into_iter().map(|(k, v)| (k, vec![v])).collect();
+        let matching: Vec<&ProxyInfo> = proxies.iter().filter(|p| matches(p, &selector)).collect();
+        let candidates: Vec<Candidate> = matching
+            .iter()
+            .map(|p| Candidate {
+                id: p.id.clone(),
+                healthy: p.healthy,
+                latency_millis: p.latency_millis,
+                max_leases: p.max_leases,
+            })
+            .collect();
+        let req = LeaseRequest {
+            ttl,
+            target: body.target.filter(|t| !t.is_empty()),
+        };
+        match self.store.acquire(&candidates, &req) {
+            Ok(grant) => {
+                let proxy = matching
+                    .iter()
+                    .find(|p| p.id == grant.proxy_id)
+                    .map(|p| view(p, grant.active_leases))
+                    .unwrap_or(Value::Null);
+                let expires = jiff::Timestamp::try_from(grant.expires_at)
+                    .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+                    .unwrap_or_default();
+                (
+                    201,
+                    Some(json!({
+                        "leaseID": grant.lease_id,
+                        "proxy": proxy,
+                        "expiresAt": expires,
+                        "ttlSeconds": grant.ttl.as_secs(),
+                    })),
+                )
+            }
+            Err(n) => (
+                409,
+                Some(json!({
+                    "error": "no_match",
+                    "message": "no healthy proxy with free capacity matched the selector",
+                    "considered": n.considered,
+                    "atCapacity": n.at_capacity,
+                    "inCooldown": n.in_cooldown,
+                    "unhealthy": n.unhealthy,
+                })),
+            ),
+        }
+    }
+
+    /// `DELETE /v1/leases/{id}`.
+    pub(crate) fn release(&self, id: &str) -> Answer {
+        self.store.release(id);
+        (204, None)
+    }
+
+    /// `POST /v1/leases/{id}/report`.
+    pub(crate) fn report(&self, id: &str, body: &[u8]) -> Answer {
+        #[derive(Deserialize, Default)]
+        struct Body {
+            #[serde(default)]
+            result: Option<String>,
+            #[serde(default)]
+            target: Option<String>,
+        }
+        let body: Body = match decode(body) {
+            Ok(b) => b,
+            Err(answer) => return answer,
+        };
+        let Some(result) = body.result.as_deref().and_then(|r| r.parse::<ReportResult>().ok()) else {
+            return error(400, "invalid_result", "result must be ok, rate_limited or banned");
+        };
+        match self.store.report(id, result, body.target.as_deref()) {
+            Ok(()) => (204, None),
+            Err(_) => error(404, "unknown_lease", "no such lease"),
+        }
+    }
+}
+
+/// Decodes a JSON body whatever its content type; an empty body is `{}`.
+fn decode<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Answer> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        error(
+            400,
+            "invalid_body",
+            &format!("the body is not valid JSON for this endpoint: {e}"),
+        )
+    })
+}
+
+/// `application/x-www-form-urlencoded` pairs of a query string, percent-decoded.
+fn form_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (unescape(k), unescape(v))
+        })
+        .collect()
+}
+
+fn unescape(s: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_decode_as_forms() {
+        assert_eq!(
+            form_pairs("healthy=true&attr.geo=eu%2Dwest&attr.x=a+b&flag"),
+            [
+                ("healthy".into(), "true".into()),
+                ("attr.geo".into(), "eu-west".into()),
+                ("attr.x".into(), "a b".into()),
+                ("flag".into(), String::new())
+            ]
+        );
+        assert_eq!(unescape("100%"), "100%");
+        assert_eq!(unescape("%zz"), "%zz");
+        assert_eq!(unescape("%4"), "%4");
+    }
+}

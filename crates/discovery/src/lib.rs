@@ -1,0 +1,24 @@
+//! The discovery and lease API (spec/core.md §5): crawler clients list proxies, borrow one for a
+//! time, give it back, and report when a site rate-limited or banned them through it.
+//!
+//! ```text
+//! GET    /healthz                  200 ok (never authenticated)
+//! GET    /v1/proxies               {"proxies": [view...], "count": n}
+//! POST   /v1/leases                201 grant | 409 no_match
+//! DELETE /v1/leases/{id}           204, always
+//! POST   /v1/leases/{id}/report    204 | 404 unknown_lease
+//! ```
+//!
+//! Every request passes, outermost first: recover (a panic is a 500, never a dead server) →
+//! request log → body cap (64 KiB) → bearer auth → the route. Bodies are JSON whatever their
+//! `Content-Type` says (the documented `curl -d` examples send form encoding). Every error is
+//! `{"error": "<code>", "message": "<text>"}`; no client mistake is a 500.
+//!
+//! The API knows no Kubernetes: it reads proxies through [`ProxyDirectory`] and leases through
+//! [`egress_lease::LeaseStore`].
+
+mod api;
+mod server;
+
+pub use api::{Api, ProxyDirectory, ProxyInfo};
+pub use server::{MAX_BODY, serve};

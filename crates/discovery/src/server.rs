@@ -1,0 +1,228 @@
+//! The HTTP side: listening, the middleware chain and routing.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt as _;
+use http::{Method, Request, Response, header};
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{Answer, Api, error};
+
+/// The largest request body (64 KiB); a larger one is `400 invalid_body`.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// A request's head must arrive within this, and its body within the read budget.
+const HEADER_BUDGET: Duration = Duration::from_secs(5);
+const READ_BUDGET: Duration = Duration::from_secs(10);
+/// How long open connections get to finish at shutdown.
+const DRAIN_BUDGET: Duration = Duration::from_secs(5);
+
+type Body = Full<Bytes>;
+
+fn respond((status, body): Answer) -> Response<Body> {
+    let mut builder = Response::builder().status(status);
+    let bytes = match body {
+        Some(v) => {
+            builder = builder.header(header::CONTENT_TYPE, "application/json");
+            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+        }
+        None => Bytes::new(),
+    };
+    builder
+        .body(Full::new(bytes))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// A Go duration string (`1.5ms`, `250µs`, `2s`) for the request log.
+fn go_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    let (value, unit) = match nanos {
+        n if n < 1_000 => return format!("{n}ns"),
+        n if n < 1_000_000 => (n as f64 / 1e3, "µs"),
+        n if n < 1_000_000_000 => (n as f64 / 1e6, "ms"),
+        n => (n as f64 / 1e9, "s"),
+    };
+    let text = format!("{value:.3}");
+    format!("{}{unit}", text.trim_end_matches('0').trim_end_matches('.'))
+}
+
+/// Constant-time comparison of two tokens (the length is not secret).
+fn same_token(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+/// Routes a request whose body is already read.
+fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Answer {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["healthz"] => match *method {
+            Method::GET => (200, None),
+            _ => error(405, "method_not_allowed", "GET only"),
+        },
+        ["v1", "proxies"] => match *method {
+            Method::GET => api.list(query),
+            _ => error(405, "method_not_allowed", "GET only"),
+        },
+        ["v1", "leases"] => match *method {
+            Method::POST => api.acquire(body),
+            _ => error(405, "method_not_allowed", "POST only"),
+        },
+        ["v1", "leases", id] if !id.is_empty() => match *method {
+            Method::DELETE => api.release(id),
+            _ => error(405, "method_not_allowed", "DELETE only"),
+        },
+        ["v1", "leases", id, "report"] if !id.is_empty() => match *method {
+            Method::POST => api.report(id, body),
+            _ => error(405, "method_not_allowed", "POST only"),
+        },
+        _ => error(404, "not_found", "no such endpoint"),
+    }
+}
+
+/// One request through the chain: recover → request log → body cap → auth → route.
+async fn handle(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let inner = std::panic::AssertUnwindSafe(handle_inner(api, req)).catch_unwind();
+    let response = match inner.await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::error!(target: "discovery", method = %method, path = %path, "a handler panicked");
+            respond(error(500, "internal", "internal error"))
+        }
+    };
+    if path != "/healthz" {
+        tracing::info!(
+            target: "discovery",
+            method = %method,
+            path = %path,
+            status = response.status().as_u16(),
+            duration = %go_duration(started.elapsed()),
+            "request"
+        );
+    }
+    response
+}
+
+async fn handle_inner(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    // The cap first: a body over it is never read whole.
+    let body = match tokio::time::timeout(READ_BUDGET, Limited::new(body, MAX_BODY).collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(_)) => Err(error(
+            400,
+            "invalid_body",
+            "the body is over 64 KiB or could not be read",
+        )),
+        Err(_) => Err(error(400, "invalid_body", "the body did not arrive in time")),
+    };
+    let public = parts.method == Method::GET && parts.uri.path() == "/healthz";
+    if let Some(token) = api.token.as_deref()
+        && !public
+    {
+        let given = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !same_token(given.as_bytes(), token.as_bytes()) {
+            return respond(error(401, "unauthorized", "missing or invalid bearer token"));
+        }
+    }
+    let body = match body {
+        Ok(b) => b,
+        // Only routes that read a body care; the others answer as usual.
+        Err(answer) if matches!(parts.method, Method::POST) => return respond(answer),
+        Err(_) => Bytes::new(),
+    };
+    if parts.uri.path() == "/healthz" && parts.method == Method::GET {
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(Full::new(Bytes::from_static(b"ok")))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
+    }
+    respond(route(&api, &parts.method, parts.uri.path(), parts.uri.query(), &body))
+}
+
+/// Serves the API on `listener` until `shutdown`, then gives open connections a few seconds.
+pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken) {
+    if api.token.is_none() {
+        tracing::warn!(target: "discovery", "DISCOVERY_TOKEN is empty: the discovery API serves anyone who can reach it");
+    }
+    let connections = tokio_util::task::TaskTracker::new();
+    let mut pause = Duration::ZERO;
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    pause = Duration::ZERO;
+                    stream
+                }
+                Err(e) => {
+                    pause = (pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                    tracing::error!(target: "discovery", error = %e, "accepting a connection failed");
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+            },
+        };
+        let api = api.clone();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let api = api.clone();
+                async move { Ok::<_, Infallible>(handle(api, req).await) }
+            });
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_BUDGET);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    tokio::time::timeout(DRAIN_BUDGET, conn).await.unwrap_or(Ok(()))
+                }
+            };
+            if let Err(e) = result {
+                tracing::error!(target: "discovery", error = %e, "serving a connection failed");
+            }
+        });
+    }
+    connections.close();
+    let _ = tokio::time::timeout(DRAIN_BUDGET, connections.wait()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_as_go_writes_them() {
+        assert_eq!(go_duration(Duration::from_nanos(800)), "800ns");
+        assert_eq!(go_duration(Duration::from_micros(250)), "250µs");
+        assert_eq!(go_duration(Duration::from_micros(1500)), "1.5ms");
+        assert_eq!(go_duration(Duration::from_secs(2)), "2s");
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same_token(b"secret", b"secret"));
+        assert!(!same_token(b"secreT", b"secret"));
+        assert!(!same_token(b"secret2", b"secret"));
+        assert!(!same_token(b"", b"secret"));
+    }
+}

@@ -1,0 +1,399 @@
+//! The API over real HTTP: auth, listing, leases, reports, and what every client mistake gets.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use egress_discovery::{Api, MAX_BODY, ProxyDirectory, ProxyInfo, serve};
+use egress_lease::{ManualClock, MemoryStore};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Default)]
+struct Directory {
+    proxies: Mutex<Vec<ProxyInfo>>,
+    broken: Mutex<bool>,
+}
+
+impl ProxyDirectory for Directory {
+    fn proxies(&self) -> Result<Vec<ProxyInfo>, String> {
+        if *self.broken.lock().unwrap() {
+            return Err("the cache is gone".into());
+        }
+        Ok(self.proxies.lock().unwrap().clone())
+    }
+}
+
+fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &str)]) -> ProxyInfo {
+    ProxyInfo {
+        id: id.into(),
+        ip: "10.0.0.1".into(),
+        port: 3128,
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect::<BTreeMap<_, _>>(),
+        phase: if healthy { "Ready" } else { "Unhealthy" }.into(),
+        healthy,
+        latency_millis: latency,
+        max_leases: max,
+    }
+}
+
+struct Server {
+    url: String,
+    directory: Arc<Directory>,
+    clock: ManualClock,
+    http: reqwest::Client,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+async fn start(token: Option<&str>) -> Server {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let directory = Arc::new(Directory::default());
+    let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let api = Api {
+        directory: directory.clone(),
+        store: Arc::new(MemoryStore::new(Arc::new(clock.clone()), Duration::from_secs(900))),
+        max_ttl: Duration::from_secs(3600),
+        token: token.map(str::to_string),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    Server {
+        url,
+        directory,
+        clock,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+        _stop: stop.drop_guard(),
+    }
+}
+
+impl Server {
+    fn set(&self, proxies: Vec<ProxyInfo>) {
+        *self.directory.proxies.lock().unwrap() = proxies;
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<&str>) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b.to_string());
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+}
+
+fn assert_error(answer: &(u16, Value), status: u16, code: &str) {
+    assert_eq!(answer.0, status, "{answer:?}");
+    assert_eq!(answer.1["error"], code, "{answer:?}");
+    assert!(
+        answer.1["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_bearer_token_guards_everything_but_healthz() {
+    let s = start(Some("s3cret")).await;
+    let healthz = s.http.get(format!("{}/healthz", s.url)).send().await.unwrap();
+    assert_eq!(healthz.status(), 200);
+    assert_eq!(healthz.text().await.unwrap(), "ok");
+    assert_error(&s.get("/v1/proxies").await, 401, "unauthorized");
+    for auth in ["Bearer wrong", "Bearer s3cret2", "s3cret", "Basic czNjcmV0", "Bearer "] {
+        let r = s
+            .http
+            .get(format!("{}/v1/proxies", s.url))
+            .header("authorization", auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{auth}");
+    }
+    let r = s
+        .http
+        .post(format!("{}/v1/leases", s.url))
+        .bearer_auth("s3cret")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409, "authenticated; no proxy to lease");
+    // Unknown paths are answered only after auth, so they reveal nothing.
+    assert_error(&s.get("/v2/anything").await, 401, "unauthorized");
+}
+
+#[tokio::test]
+async fn listing_filters_sorts_and_counts() {
+    let s = start(None).await;
+    s.set(vec![
+        info("ns/c", true, 30, 5, &[("geo", "eu"), ("purpose", "crawl")]),
+        info("ns/a", false, 10, 5, &[("geo", "eu")]),
+        info("ns/b", true, 20, 5, &[]),
+    ]);
+    let (status, all) = s.get("/v1/proxies").await;
+    assert_eq!(status, 200);
+    assert_eq!(all["count"], 3);
+    let ids: Vec<&str> = all["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["ns/a", "ns/b", "ns/c"], "sorted by id");
+    let b = &all["proxies"][1];
+    assert!(b.get("attributes").is_none(), "omitted when empty: {b}");
+    assert_eq!(
+        all["proxies"][2],
+        json!({"id": "ns/c", "ip": "10.0.0.1", "port": 3128, "attributes": {"geo": "eu", "purpose": "crawl"},
+               "phase": "Ready", "healthy": true, "latencyMillis": 30, "activeLeases": 0, "maxLeases": 5})
+    );
+    let count = |path: &'static str| {
+        let s = &s;
+        async move { s.get(path).await.1["count"].as_u64().unwrap() }
+    };
+    assert_eq!(count("/v1/proxies?healthy=true").await, 2);
+    assert_eq!(count("/v1/proxies?healthy=false").await, 1);
+    assert_eq!(count("/v1/proxies?healthy=").await, 3, "empty is absent");
+    assert_eq!(count("/v1/proxies?attr.geo=eu").await, 2);
+    assert_eq!(
+        count("/v1/proxies?attr.geo=eu&healthy=true&attr.purpose=crawl").await,
+        1
+    );
+    assert_eq!(
+        count("/v1/proxies?attr.geo=eu&attr.geo=us").await,
+        0,
+        "every value must match"
+    );
+    assert_eq!(
+        count("/v1/proxies?unknown=1").await,
+        3,
+        "unknown parameters are ignored"
+    );
+    let (_, none) = s.get("/v1/proxies?attr.geo=mars").await;
+    assert_eq!(none, json!({"count": 0, "proxies": []}));
+    assert_error(&s.get("/v1/proxies?healthy=yes").await, 400, "invalid_query");
+}
+
+#[tokio::test]
+async fn a_grant_has_its_documented_shape() {
+    let s = start(None).await;
+    s.set(vec![info("ns/a", true, 10, 2, &[("geo", "eu")])]);
+    let (status, g) = s
+        .post("/v1/leases", r#"{"selector": {"geo": "eu"}, "target": "example.com"}"#)
+        .await;
+    assert_eq!(status, 201, "{g}");
+    let id = g["leaseID"].as_str().unwrap();
+    assert_eq!(id.len(), 26);
+    assert_eq!(g["ttlSeconds"], 300);
+    assert_eq!(g["expiresAt"], "2027-01-15T08:05:00Z");
+    assert_eq!(g["proxy"]["id"], "ns/a");
+    assert_eq!(g["proxy"]["activeLeases"], 1, "counts this lease");
+    let (_, listed) = s.get("/v1/proxies").await;
+    assert_eq!(listed["proxies"][0]["activeLeases"], 1);
+    let (status, g2) = s.post("/v1/leases", r#"{"ttlSeconds": 60}"#).await;
+    assert_eq!((status, g2["ttlSeconds"].as_u64()), (201, Some(60)));
+    assert_ne!(g2["leaseID"], g["leaseID"]);
+}
+
+#[tokio::test]
+async fn no_match_counts_each_skipped_proxy_once() {
+    let s = start(None).await;
+    s.set(vec![
+        info("ns/sick", false, 1, 5, &[("geo", "eu")]),
+        info("ns/full", true, 1, 0, &[("geo", "eu")]),
+        info("ns/cool", true, 1, 5, &[("geo", "eu")]),
+        info("ns/other", true, 1, 5, &[("geo", "us")]),
+    ]);
+    let (_, g) = s
+        .post("/v1/leases", r#"{"selector": {"geo": "eu"}, "target": "t.example"}"#)
+        .await;
+    assert_eq!(g["proxy"]["id"], "ns/cool");
+    let lease = g["leaseID"].as_str().unwrap().to_string();
+    let (status, _) = s
+        .post(&format!("/v1/leases/{lease}/report"), r#"{"result": "rate_limited"}"#)
+        .await;
+    assert_eq!(status, 204);
+    let (status, refused) = s
+        .post("/v1/leases", r#"{"selector": {"geo": "eu"}, "target": "t.example"}"#)
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        refused,
+        json!({"error": "no_match", "message": "no healthy proxy with free capacity matched the selector",
+               "considered": 3, "atCapacity": 1, "inCooldown": 1, "unhealthy": 1})
+    );
+    // The cooldown is for that target only; after its window the proxy is leasable again.
+    let (status, _) = s
+        .post(
+            "/v1/leases",
+            r#"{"selector": {"geo": "eu"}, "target": "other.example"}"#,
+        )
+        .await;
+    assert_eq!(status, 201);
+    s.clock.advance(Duration::from_secs(900));
+    let (status, _) = s
+        .post("/v1/leases", r#"{"selector": {"geo": "eu"}, "target": "t.example"}"#)
+        .await;
+    assert_eq!(status, 201);
+}
+
+#[tokio::test]
+async fn reports_and_releases() {
+    let s = start(None).await;
+    s.set(vec![info("ns/a", true, 1, 1, &[])]);
+    let (_, g) = s.post("/v1/leases", "{}").await;
+    let lease = g["leaseID"].as_str().unwrap().to_string();
+    let report = format!("/v1/leases/{lease}/report");
+    assert_eq!(s.post(&report, r#"{"result": "ok"}"#).await.0, 204);
+    for bad in [r#"{}"#, r#"{"result": "OK"}"#, r#"{"result": 1}"#, ""] {
+        let answer = s.post(&report, bad).await;
+        if bad == r#"{"result": 1}"# {
+            assert_error(&answer, 400, "invalid_body");
+        } else {
+            assert_error(&answer, 400, "invalid_result");
+        }
+    }
+    let unknown = s
+        .post("/v1/leases/AAAAAAAAAAAAAAAAAAAAAAAAAA/report", r#"{"result": "ok"}"#)
+        .await;
+    assert_error(&unknown, 404, "unknown_lease");
+    assert_eq!(unknown.1["message"], "no such lease");
+    // Release frees the slot at once, and is idempotent.
+    for _ in 0..2 {
+        assert_eq!(
+            s.call(reqwest::Method::DELETE, &format!("/v1/leases/{lease}"), None)
+                .await
+                .0,
+            204
+        );
+    }
+    assert_eq!(
+        s.call(reqwest::Method::DELETE, "/v1/leases/NEVERISSUED", None).await.0,
+        204
+    );
+    assert_eq!(s.post("/v1/leases", "{}").await.0, 201);
+    // A released lease stays reportable.
+    assert_eq!(s.post(&report, r#"{"result": "banned"}"#).await.0, 204);
+}
+
+#[tokio::test]
+async fn bodies_are_json_whatever_their_type_and_at_most_64_kib() {
+    let s = start(None).await;
+    s.set(vec![info("ns/a", true, 1, 100, &[])]);
+    // curl -d sends form encoding: still JSON to us.
+    let r = s
+        .http
+        .post(format!("{}/v1/leases", s.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(r#"{"ttlSeconds": 30}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(s.post("/v1/leases", "").await.0, 201, "an empty body is {{}}");
+    let padded = format!("{{}}{}", " ".repeat(MAX_BODY - 2));
+    assert_eq!(s.post("/v1/leases", &padded).await.0, 201, "exactly 64 KiB");
+    let over = format!("{{}}{}", " ".repeat(MAX_BODY - 1));
+    assert_error(&s.post("/v1/leases", &over).await, 400, "invalid_body");
+    assert_error(&s.post("/v1/leases", "{not json").await, 400, "invalid_body");
+    assert_error(
+        &s.post("/v1/leases", r#"{"ttlSeconds": "soon"}"#).await,
+        400,
+        "invalid_body",
+    );
+    assert_error(
+        &s.post("/v1/leases", r#"{"ttlSeconds": 3601}"#).await,
+        400,
+        "invalid_ttl",
+    );
+    assert_error(&s.post("/v1/leases", r#"{"ttlSeconds": -5}"#).await, 400, "invalid_ttl");
+    assert_eq!(
+        s.post("/v1/leases", r#"{"unknown": true}"#).await.0,
+        201,
+        "unknown keys are ignored"
+    );
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods_get_json_errors() {
+    let s = start(None).await;
+    assert_error(&s.get("/v1/nothing").await, 404, "not_found");
+    assert_error(&s.get("/").await, 404, "not_found");
+    assert_error(&s.get("/v1/leases").await, 405, "method_not_allowed");
+    assert_error(
+        &s.call(reqwest::Method::PUT, "/v1/proxies", None).await,
+        405,
+        "method_not_allowed",
+    );
+    assert_error(&s.get("/v1/leases/abc/report").await, 405, "method_not_allowed");
+    assert_error(
+        &s.call(reqwest::Method::DELETE, "/healthz", None).await,
+        405,
+        "method_not_allowed",
+    );
+}
+
+#[tokio::test]
+async fn a_failing_proxy_list_is_the_only_internal_error() {
+    let s = start(None).await;
+    *s.directory.broken.lock().unwrap() = true;
+    let answer = s.get("/v1/proxies").await;
+    assert_error(&answer, 500, "internal");
+    assert_eq!(answer.1["message"], "listing proxies failed");
+    assert_error(&s.post("/v1/leases", "{}").await, 500, "internal");
+}
+
+#[tokio::test]
+async fn no_client_mistake_is_a_500() {
+    let s = start(Some("t")).await;
+    s.set(vec![info("ns/a", true, 1, 1, &[])]);
+    let hostile_bodies = [
+        "\u{0}",
+        "[]",
+        "null",
+        "1e999",
+        "{\"selector\": []}",
+        "{\"target\": {}}",
+        "\u{fffd}\u{fffd}",
+    ];
+    let paths = [
+        "/v1/leases",
+        "/v1/leases/x/report",
+        "/v1/proxies?healthy=%ff",
+        "/v1//report",
+        "/v1/leases//report",
+    ];
+    for path in paths {
+        for body in hostile_bodies {
+            for method in [reqwest::Method::GET, reqwest::Method::POST, reqwest::Method::DELETE] {
+                for auth in [None, Some("t")] {
+                    let mut req = s
+                        .http
+                        .request(method.clone(), format!("{}{path}", s.url))
+                        .body(body.to_string());
+                    if let Some(a) = auth {
+                        req = req.bearer_auth(a);
+                    }
+                    let status = req.send().await.unwrap().status().as_u16();
+                    assert!(status < 500, "{method} {path} {body:?} auth={auth:?}: {status}");
+                }
+            }
+        }
+    }
+}
