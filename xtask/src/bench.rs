@@ -225,6 +225,7 @@ pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
         .args([
             "--metrics-secure=false",
             "--health-probe-bind-address=0",
+            "--discovery-addr=127.0.0.1:0",
             "--provider-check-interval=0",
             "--zap-log-level=info",
             "--zap-encoder=json",

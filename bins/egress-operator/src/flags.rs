@@ -29,6 +29,9 @@ pub struct Options {
     pub gc_interval: Duration,
     pub gc_min_age: Duration,
     pub installation_id: String,
+    pub discovery_addr: String,
+    pub max_lease_ttl: Duration,
+    pub lease_cooldown: Duration,
     pub health_workers: usize,
     pub trace_health_probes: bool,
     pub health_check_url: String,
@@ -52,6 +55,9 @@ impl Default for Options {
             gc_interval: Duration::from_secs(600),
             gc_min_age: Duration::from_secs(600),
             installation_id: String::new(),
+            discovery_addr: ":8090".into(),
+            max_lease_ttl: Duration::from_secs(3600),
+            lease_cooldown: Duration::from_secs(900),
             health_workers: 10,
             trace_health_probes: false,
             health_check_url: DEFAULT_HEALTH_CHECK_URL.into(),
@@ -175,6 +181,24 @@ const FLAGS: &[Flag] = &[
         usage: "Marks new instances with this installation, and lets orphan GC collect only instances carrying it (two operators sharing a backend).",
     },
     Flag {
+        name: "discovery-addr",
+        kind: Kind::Text,
+        default: ":8090",
+        usage: "Address of the discovery and lease API (served by every replica).",
+    },
+    Flag {
+        name: "max-lease-ttl",
+        kind: Kind::Text,
+        default: "1h0m0s",
+        usage: "The longest lease a client may ask for (ttlSeconds).",
+    },
+    Flag {
+        name: "lease-cooldown",
+        kind: Kind::Text,
+        default: "15m0s",
+        usage: "How long a proxy rests for a target after a rate_limited or banned report; also how long an ended lease stays reportable.",
+    },
+    Flag {
         name: "health-workers",
         kind: Kind::Text,
         default: "10",
@@ -242,7 +266,13 @@ pub fn usage() -> String {
     for f in FLAGS {
         let kind = match f.kind {
             Kind::Bool => "",
-            Kind::Text if f.name.ends_with("interval") || f.name.ends_with("timeout") || f.name.ends_with("age") => {
+            Kind::Text
+                if f.name.ends_with("interval")
+                    || f.name.ends_with("timeout")
+                    || f.name.ends_with("age")
+                    || f.name.ends_with("ttl")
+                    || f.name.ends_with("cooldown") =>
+            {
                 " duration"
             }
             Kind::Text => " string",
@@ -325,6 +355,9 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         }
         "gc-min-age" => o.gc_min_age = parse_duration(value)?,
         "installation-id" => o.installation_id = value.into(),
+        "discovery-addr" => o.discovery_addr = value.into(),
+        "max-lease-ttl" => o.max_lease_ttl = positive(parse_duration(value)?)?,
+        "lease-cooldown" => o.lease_cooldown = positive(parse_duration(value)?)?,
         "health-workers" => {
             o.health_workers = value
                 .parse()
@@ -347,6 +380,14 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         other => unreachable!("flag {other} is in FLAGS but has no setter"),
     }
     Ok(())
+}
+
+fn positive(d: Duration) -> Result<Duration, String> {
+    if d.is_zero() {
+        Err("must be more than 0".into())
+    } else {
+        Ok(d)
+    }
 }
 
 /// Go's `strconv.ParseBool`.
@@ -616,6 +657,7 @@ mod tests {
                 },
                 Kind::Text if f.default.ends_with('s') => "1m",
                 Kind::Text if f.name == "health-workers" => "4",
+                Kind::Text if f.name == "discovery-addr" => ":0",
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",
                 Kind::Text => "x",
             };

@@ -333,7 +333,14 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let health_metrics = egress_health::HealthMetrics::new();
     health_metrics.register(&mut registry);
     egress_controller::metrics::register(&mut registry, snapshot.clone(), cache.store());
+    // Leases live in this process (one replica); the store and its sweep run on every replica.
+    let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
+        Arc::new(egress_lease::SystemClock),
+        options.lease_cooldown,
+    ));
+    registry.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
     let registry = Arc::new(Mutex::new(registry));
+    let mut always = vec![cache_task, tasks.spawn(sweep(store.clone(), shutdown.clone())).id()];
 
     if options.health_probe_bind_address != "0" {
         let addr = serve::bind_address("health-probe-bind-address", &options.health_probe_bind_address)
@@ -351,6 +358,28 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             .await
             .map_err(|e| fatal("Failed to start the metrics server", e))?;
         tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
+    }
+    if options.discovery_addr != "0" {
+        let addr = serve::bind_address("discovery-addr", &options.discovery_addr)
+            .map_err(|e| fatal("Failed to start the discovery server", e))?;
+        let listener = serve::listen(addr)
+            .await
+            .map_err(|e| fatal("Failed to start the discovery server", format!("binding {addr}: {e}")))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| fatal("Failed to start the discovery server", e))?;
+        let api = egress_discovery::Api {
+            directory: Arc::new(egress_controller::discovery::CachedDirectory(cache.clone())),
+            store: store.clone(),
+            max_ttl: options.max_lease_ttl,
+            token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+        };
+        always.push(
+            tasks
+                .spawn(egress_discovery::serve(listener, Arc::new(api), shutdown.clone()))
+                .id(),
+        );
+        tracing::info!(address = %bound, "Serving the discovery API");
     }
 
     // Leader-only work waits for the Lease.
@@ -378,7 +407,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     tracing::info!("Starting manager");
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
     let work = shutdown.child_token();
-    let mut essential = std::collections::HashSet::from([cache_task]);
+    let mut essential: std::collections::HashSet<tokio::task::Id> = always.into_iter().collect();
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_tls) {
         (Health::Scripted { verdicts, events }, _) => (verdicts, events),
         (Health::Engine, tls) => {
@@ -489,6 +518,16 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
                 let _ = stop(tasks).await;
                 return Err(fatal("Failed to run manager", failure));
             }
+        }
+    }
+}
+
+/// Forgets ended leases and cooldowns every 30 s, until `shutdown`.
+async fn sweep(store: Arc<dyn egress_lease::LeaseStore>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(30)) => store.sweep(),
         }
     }
 }

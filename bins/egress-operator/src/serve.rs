@@ -42,7 +42,12 @@ pub fn bind_address(flag: &str, value: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("--{flag}={value:?} is not an address (host:port, :port, or 0 to disable)"))
 }
 
-async fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// Binds `addr`; `[::]` falls back to `0.0.0.0` on a host without IPv6.
+///
+/// # Errors
+///
+/// The address cannot be bound.
+pub async fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     match TcpListener::bind(addr).await {
         Err(_) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => {
             TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], addr.port()))).await

@@ -45,6 +45,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
             "--metrics-bind-address=127.0.0.1:0",
             "--metrics-secure=false",
             "--zap-encoder=json",
+            "--discovery-addr=127.0.0.1:0",
             "--zap-time-encoding=rfc3339",
         ],
         &[
@@ -118,6 +119,33 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
             .any(|l| l.starts_with(r#"healthcheck_failures_total{proxy="default/outside"} "#)),
         "{scrape}"
     );
+    // The discovery API lists it and will not lease it.
+    let discovery = served(&op.wait_msg("Serving the discovery API"));
+    op.wait_line("the unauthenticated warning", |l| {
+        l.contains("WARNING: DISCOVERY_TOKEN is empty")
+    });
+    let listed: serde_json::Value = reqwest::get(format!("http://{discovery}/v1/proxies"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["count"], 1, "{listed}");
+    assert_eq!(listed["proxies"][0]["id"], "default/outside");
+    assert_eq!(listed["proxies"][0]["healthy"], false);
+    let refused = reqwest::Client::new()
+        .post(format!("http://{discovery}/v1/leases"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let refused: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(
+        (refused["considered"].as_u64(), refused["unhealthy"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(scrape.contains("proxy_operator_leases_active 0"), "{scrape}");
     assert!(
         !scrape.contains("proxy_operator_provider_target_up"),
         "no providers, no targets:\n{scrape}"
@@ -179,6 +207,7 @@ async fn secure_metrics_serve_only_authorised_callers_over_https() {
                 "--metrics-bind-address=127.0.0.1:0",
                 &http2_flag,
                 "--zap-encoder=json",
+                "--discovery-addr=127.0.0.1:0",
             ],
             &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
         );
@@ -249,6 +278,7 @@ async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
             "--leader-elect",
             "--health-probe-bind-address=0",
             "--zap-encoder=json",
+            "--discovery-addr=127.0.0.1:0",
         ],
         &[
             ("KUBECONFIG", kubeconfig.to_str().unwrap()),

@@ -56,13 +56,21 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
         format!("--health-check-url=https://localhost:{}/204", target.port()),
         "--health-probe-bind-address=0".into(),
         "--zap-encoder=json".into(),
+        "--discovery-addr=127.0.0.1:0".into(),
     ];
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut op = Operator::start(
         &operator_binary(),
         &args,
-        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+        &[
+            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("DISCOVERY_TOKEN", "crawler-token"),
+        ],
     );
+    let discovery = op.wait_msg("Serving the discovery API")["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
     op.wait_msg("Starting manager");
 
     let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
@@ -85,6 +93,23 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
     let ready = wait_phase(&api, "tiny", Phase::Ready).await;
     assert_eq!(healthy(&ready).as_deref(), Some("True"));
     assert!(ready.status.unwrap().latency_millis.is_some_and(|l| l >= 0));
+
+    // Ready means leasable: a crawler gets it through the discovery API (with the token).
+    let http = reqwest::Client::new();
+    let lease = |token: Option<&'static str>| {
+        let mut req = http
+            .post(format!("http://{discovery}/v1/leases"))
+            .body(r#"{"target": "example.com"}"#);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    assert_eq!(lease(None).await.unwrap().status(), 401);
+    let grant: serde_json::Value = lease(Some("crawler-token")).await.unwrap().json().await.unwrap();
+    assert_eq!(grant["proxy"]["id"], "default/tiny", "{grant}");
+    assert_eq!(grant["proxy"]["port"], i64::from(tinyproxy.port));
+    assert_eq!(grant["proxy"]["healthy"], true);
 
     tinyproxy.stop();
     let down = wait_phase(&api, "tiny", Phase::Unhealthy).await;

@@ -125,6 +125,7 @@ async fn start(env: &[(&str, &str)], name: &str) -> Run {
             "--provider-check-interval=0",
             "--leader-elect",
             "--zap-encoder=json",
+            "--discovery-addr=127.0.0.1:0",
         ],
         &all_env,
     );

@@ -6,6 +6,7 @@
 //! with kube and the provider and feeds the results back.
 
 pub mod decide;
+pub mod discovery;
 pub mod events;
 pub mod gc;
 pub mod health;

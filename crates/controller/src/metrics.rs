@@ -118,6 +118,29 @@ impl Collector for ProxyPhases {
     }
 }
 
+/// `proxy_operator_leases_active`, read from the lease store at each scrape.
+pub struct LeasesActive(pub std::sync::Arc<dyn egress_lease::LeaseStore>);
+
+impl std::fmt::Debug for LeasesActive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasesActive").finish_non_exhaustive()
+    }
+}
+
+impl Collector for LeasesActive {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let n = i64::try_from(self.0.active_total()).unwrap_or(i64::MAX);
+        let gauge = encoder.encode_descriptor(
+            "proxy_operator_leases_active",
+            "Number of active proxy leases.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(n).encode(gauge)?;
+        Ok(())
+    }
+}
+
 /// Registers the controller's scrape-time metrics.
 pub fn register(registry: &mut Registry, snapshot: Snapshot, proxies: Store<Proxy>) {
     registry.register_collector(Box::new(ProviderTargetGauges(snapshot)));

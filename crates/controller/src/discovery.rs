@@ -1,0 +1,98 @@
+//! The seam between Proxies and the discovery API (which knows no Kubernetes): the proxies it
+//! lists and leases, from the operator's cache, Proxies being deleted left out.
+
+use egress_api::{Mode, Proxy};
+use egress_discovery::{ProxyDirectory, ProxyInfo};
+use kube::ResourceExt;
+
+use crate::proxy_cache::ProxyCache;
+
+/// A Proxy as the discovery API shows it; `None` while it is being deleted.
+pub fn info(proxy: &Proxy) -> Option<ProxyInfo> {
+    if proxy.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = proxy.status.clone().unwrap_or_default();
+    let (ip, port) = match proxy.spec.mode {
+        Mode::External => proxy.spec.external_address().unwrap_or_default(),
+        Mode::Managed => (status.ip.clone(), proxy.spec.port),
+    };
+    let verdict = crate::decide::last_verdict(&status);
+    Some(ProxyInfo {
+        id: format!("{}/{}", proxy.namespace().unwrap_or_default(), proxy.name_any()),
+        ip,
+        port: u16::try_from(port).unwrap_or(0),
+        attributes: proxy.spec.attributes.clone(),
+        phase: status.phase.map(|p| format!("{p:?}")).unwrap_or_default(),
+        healthy: verdict.is_some_and(|v| v.healthy),
+        latency_millis: status.latency_millis.unwrap_or(0),
+        max_leases: proxy.spec.effective_max_leases(),
+    })
+}
+
+/// The operator's Proxy cache as the discovery API's directory.
+#[derive(Debug, Clone)]
+pub struct CachedDirectory(pub ProxyCache);
+
+impl ProxyDirectory for CachedDirectory {
+    fn proxies(&self) -> Result<Vec<ProxyInfo>, String> {
+        Ok(self.0.store().state().iter().filter_map(|p| info(p)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_api::{Condition, ConditionStatus, Endpoint, Phase, ProxySpec, ProxyStatus};
+
+    #[test]
+    fn the_view_of_a_proxy() {
+        let mut p = Proxy::new(
+            "out",
+            ProxySpec {
+                mode: Mode::External,
+                endpoint: Some(Endpoint {
+                    host: "proxy.example".into(),
+                    port: None,
+                }),
+                attributes: [("geo".to_string(), "eu".to_string())].into(),
+                max_leases: Some(0),
+                ..Default::default()
+            },
+        );
+        p.metadata.namespace = Some("ns".into());
+        p.status = Some(ProxyStatus {
+            phase: Some(Phase::Ready),
+            latency_millis: Some(42),
+            conditions: vec![Condition {
+                type_: "Healthy".into(),
+                status: ConditionStatus::True,
+                observed_generation: None,
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+                reason: "ProbeSucceeded".into(),
+                message: String::new(),
+            }],
+            ..Default::default()
+        });
+        let v = info(&p).unwrap();
+        assert_eq!(
+            (
+                v.id.as_str(),
+                v.ip.as_str(),
+                v.port,
+                v.phase.as_str(),
+                v.healthy,
+                v.latency_millis,
+                v.max_leases
+            ),
+            ("ns/out", "proxy.example", 3128, "Ready", true, 42, 0)
+        );
+        assert_eq!(v.attributes["geo"], "eu");
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(info(&p), None);
+    }
+}
