@@ -281,7 +281,9 @@ where
             }
         }
         values.extend(fields.values);
-        if let Some((trace_id, span_id)) = ctx.lookup_current().and_then(|span| trace_ids(&span.id())) {
+        // The event's own span: its explicit parent, else the current one.
+        let leaf = ctx.event_scope().and_then(|mut scope| scope.next());
+        if let Some((trace_id, span_id)) = leaf.and_then(|span| trace_ids(&span.id())) {
             values.insert("traceID".into(), trace_id.into());
             values.insert("spanID".into(), span_id.into());
         }

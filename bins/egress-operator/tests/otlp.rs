@@ -198,7 +198,21 @@ async fn a_proxy_lifecycle_exports_the_documented_span_tree() {
     )
     .await;
     run.op.wait_msg("tracing enabled");
+    let discovery = run.op.wait_msg("Serving the discovery API")["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
     lifecycle(&run.api, "traced").await;
+    // A crawler's trace continues into the discovery API.
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let client_span = "00f067aa0ba902b7";
+    let listed = reqwest::Client::new()
+        .get(format!("http://{discovery}/v1/proxies"))
+        .header("traceparent", format!("00-{client_trace}-{client_span}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
     run.op.terminate();
     let status = run.op.wait_exit();
     assert_eq!(status.code(), Some(0), "{}", run.op.output());
@@ -258,6 +272,25 @@ async fn a_proxy_lifecycle_exports_the_documented_span_tree() {
     for s in &spans {
         assert!(s.service.contains("egress-proxies-operator"), "{s:?}");
     }
+
+    let served = spans
+        .iter()
+        .find(|s| s.name == "GET /v1/proxies")
+        .unwrap_or_else(|| panic!("no discovery span: {spans:#?}"));
+    assert_eq!(
+        (served.trace.as_str(), served.parent.as_str()),
+        (client_trace, client_span)
+    );
+    assert_eq!(served.kind, 2, "a server span");
+    let request_line = run
+        .op
+        .seen
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["msg"] == "request" && v["path"] == "/v1/proxies")
+        .expect("the request log line");
+    assert_eq!(request_line["traceID"], client_trace, "{request_line}");
+    assert_eq!(request_line["logger"], "discovery");
 
     // Log lines inside the create's trace carry its trace ID.
     let correlated: Vec<serde_json::Value> = run

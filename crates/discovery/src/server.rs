@@ -86,22 +86,67 @@ fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8
     }
 }
 
-/// One request through the chain: recover → request log → body cap → auth → route.
+/// The route pattern a path matches, which names the request's span (`POST /v1/leases/{id}/report`).
+fn pattern(method: &Method, path: &str) -> String {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let route = match segments.as_slice() {
+        ["healthz"] => "/healthz",
+        ["v1", "proxies"] => "/v1/proxies",
+        ["v1", "leases"] => "/v1/leases",
+        ["v1", "leases", _] => "/v1/leases/{id}",
+        ["v1", "leases", _, "report"] => "/v1/leases/{id}/report",
+        _ => "unmatched",
+    };
+    format!("{method} {route}")
+}
+
+/// Reads W3C trace context from request headers.
+struct Headers<'a>(&'a http::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// One request through the chain: recover → tracing (a server span, continuing the client's
+/// trace from `traceparent`; `/healthz` is not traced) → request log → body cap → auth → route.
 async fn handle(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
+    use opentelemetry::propagation::TextMapPropagator as _;
+    use tracing::Instrument as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
     let started = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let inner = std::panic::AssertUnwindSafe(handle_inner(api, req)).catch_unwind();
+    let traced = path != "/healthz";
+    let span = if traced {
+        let name = pattern(&method, &path);
+        let span = tracing::info_span!("discovery request", otel.name = %name, otel.kind = "server", http.route = %name, http.status_code = tracing::field::Empty);
+        // NB: an explicit W3C propagator, not the global one, as the Go operator did.
+        let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Headers(req.headers()));
+        let _ = span.set_parent(parent);
+        span
+    } else {
+        tracing::Span::none()
+    };
+    let inner = std::panic::AssertUnwindSafe(handle_inner(api, req).instrument(span.clone())).catch_unwind();
     let response = match inner.await {
         Ok(r) => r,
         Err(_) => {
+            // Logged outside the request's span, with the server's own logger.
             tracing::error!(target: "discovery", method = %method, path = %path, "a handler panicked");
             respond(error(500, "internal", "internal error"))
         }
     };
-    if path != "/healthz" {
+    if traced {
+        span.record("http.status_code", response.status().as_u16());
         tracing::info!(
             target: "discovery",
+            parent: &span,
             method = %method,
             path = %path,
             status = response.status().as_u16(),
@@ -216,6 +261,17 @@ mod tests {
         assert_eq!(go_duration(Duration::from_micros(250)), "250µs");
         assert_eq!(go_duration(Duration::from_micros(1500)), "1.5ms");
         assert_eq!(go_duration(Duration::from_secs(2)), "2s");
+    }
+
+    #[test]
+    fn spans_are_named_from_the_route_pattern() {
+        assert_eq!(
+            pattern(&Method::POST, "/v1/leases/ABC/report"),
+            "POST /v1/leases/{id}/report"
+        );
+        assert_eq!(pattern(&Method::DELETE, "/v1/leases/ABC"), "DELETE /v1/leases/{id}");
+        assert_eq!(pattern(&Method::GET, "/v1/proxies"), "GET /v1/proxies");
+        assert_eq!(pattern(&Method::GET, "/nope"), "GET unmatched");
     }
 
     #[test]
