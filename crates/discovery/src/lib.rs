@@ -18,6 +18,7 @@
 //! [`egress_lease::LeaseStore`].
 
 mod api;
+pub mod openapi;
 mod server;
 
 pub use api::{Api, ProxyDirectory, ProxyInfo};

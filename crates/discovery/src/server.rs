@@ -66,6 +66,10 @@ fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8
             Method::GET => (200, None),
             _ => error(405, "method_not_allowed", "GET only"),
         },
+        ["openapi.json"] => match *method {
+            Method::GET => (200, Some(crate::openapi::document().clone())),
+            _ => error(405, "method_not_allowed", "GET only"),
+        },
         ["v1", "proxies"] => match *method {
             Method::GET => api.list(query),
             _ => error(405, "method_not_allowed", "GET only"),
@@ -91,6 +95,7 @@ fn pattern(method: &Method, path: &str) -> String {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let route = match segments.as_slice() {
         ["healthz"] => "/healthz",
+        ["openapi.json"] => "/openapi.json",
         ["v1", "proxies"] => "/v1/proxies",
         ["v1", "leases"] => "/v1/leases",
         ["v1", "leases", _] => "/v1/leases/{id}",

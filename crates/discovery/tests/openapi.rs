@@ -1,0 +1,152 @@
+//! docs/discovery-openapi.json against the server: the document served is the committed one,
+//! every documented operation is routed and every route is documented, and real answers
+//! validate against the documented schemas.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
+use egress_lease::{MemoryStore, SystemClock};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+struct Fixed(Vec<ProxyInfo>);
+
+impl ProxyDirectory for Fixed {
+    fn proxies(&self) -> Result<Vec<ProxyInfo>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+async fn start() -> (String, CancellationToken) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let proxy = |id: &str, healthy: bool, attrs: &[(&str, &str)]| ProxyInfo {
+        id: id.into(),
+        ip: "10.0.0.1".into(),
+        port: 3128,
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect::<BTreeMap<_, _>>(),
+        phase: "Ready".into(),
+        healthy,
+        latency_millis: 12,
+        max_leases: 1,
+    };
+    let api = Api {
+        directory: Arc::new(Fixed(vec![
+            proxy("ns/a", true, &[("geo", "eu")]),
+            proxy("ns/b", false, &[]),
+        ])),
+        store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
+        max_ttl: Duration::from_secs(3600),
+        token: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    (url, stop)
+}
+
+fn validator(doc: &Value, schema: &str) -> jsonschema::Validator {
+    let root = json!({"$ref": format!("#/components/schemas/{schema}"), "components": doc["components"]});
+    jsonschema::validator_for(&root).unwrap_or_else(|e| panic!("schema {schema}: {e}"))
+}
+
+async fn call(url: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let client = reqwest::Client::new();
+    let mut req = client.request(method.parse().unwrap(), format!("{url}{path}"));
+    if let Some(b) = body {
+        req = req.body(b.to_string());
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+#[tokio::test]
+async fn the_served_document_is_the_committed_one() {
+    let (url, _stop) = start().await;
+    let committed: Value = serde_json::from_str(egress_discovery::openapi::TEXT).unwrap();
+    let (status, served) = call(&url, "GET", "/openapi.json", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(served, committed);
+    assert_eq!(served["openapi"], "3.1.0");
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_routed_and_every_route_documented() {
+    let (url, _stop) = start().await;
+    let doc = egress_discovery::openapi::document();
+    let mut documented = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            documented.push((method.to_uppercase(), path.replace("{id}", "SOMELEASE")));
+        }
+    }
+    documented.sort();
+    for (method, path) in &documented {
+        let (status, body) = call(&url, method, path, Some("{}")).await;
+        assert!(
+            body.get("error") != Some(&json!("not_found")) && body.get("error") != Some(&json!("method_not_allowed")),
+            "{method} {path} is documented but not routed: {status} {body}"
+        );
+    }
+    // And the other way: each method on each documented path that the document leaves out is 405.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in ["GET", "POST", "DELETE", "PUT", "PATCH"] {
+            if item.get(method.to_lowercase()).is_none() {
+                let (status, body) = call(&url, method, &path.replace("{id}", "X"), None).await;
+                assert_eq!(
+                    (status, &body["error"]),
+                    (405, &json!("method_not_allowed")),
+                    "{method} {path}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn real_answers_validate_against_the_documented_schemas() {
+    let (url, _stop) = start().await;
+    let doc = egress_discovery::openapi::document();
+    let check = |schema: &str, value: &Value| {
+        let v = validator(doc, schema);
+        let errors: Vec<String> = v.iter_errors(value).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{schema}: {errors:?} in {value}");
+    };
+    // The schemas can refuse: a lease without its fields, a proxy with an unknown key.
+    assert!(!validator(doc, "Lease").is_valid(&json!({})));
+    assert!(!validator(doc, "Proxy").is_valid(&json!({"id": "x", "surprise": 1})));
+    let (_, list) = call(&url, "GET", "/v1/proxies", None).await;
+    check("ProxyList", &list);
+    let (status, lease) = call(
+        &url,
+        "POST",
+        "/v1/leases",
+        Some(r#"{"selector": {"geo": "eu"}, "target": "t"}"#),
+    )
+    .await;
+    assert_eq!(status, 201);
+    check("Lease", &lease);
+    let (status, refused) = call(&url, "POST", "/v1/leases", Some("{}")).await;
+    assert_eq!(status, 409);
+    check("NoMatch", &refused);
+    for (method, path, body) in [
+        ("GET", "/v1/proxies?healthy=maybe", None),
+        ("POST", "/v1/leases", Some("{")),
+        ("POST", "/v1/leases", Some(r#"{"ttlSeconds": 99999}"#)),
+        ("POST", "/v1/leases/X/report", Some(r#"{"result": "meh"}"#)),
+        ("POST", "/v1/leases/X/report", Some(r#"{"result": "ok"}"#)),
+        ("GET", "/nowhere", None),
+        ("PUT", "/v1/leases", None),
+    ] {
+        let (status, error) = call(&url, method, path, body).await;
+        assert!(status >= 400, "{method} {path}");
+        check("Error", &error);
+    }
+}
