@@ -18,6 +18,7 @@
 //! [`egress_lease::LeaseStore`].
 
 mod api;
+pub mod client;
 pub mod openapi;
 mod server;
 

@@ -1,0 +1,361 @@
+//! A typed client of the API, for crawler code: list, acquire, release, report, with the error
+//! envelope mapped to [`ClientError`]. It needs nothing of the operator.
+//!
+//! ```no_run
+//! # async fn crawl() -> Result<(), egress_discovery::client::ClientError> {
+//! use egress_discovery::client::{AcquireRequest, Client, ReportResult};
+//! let api = Client::new("http://discovery:8090", Some("token".into()))?;
+//! let lease = api
+//!     .acquire(&AcquireRequest { target: Some("example.com".into()), ..Default::default() })
+//!     .await?;
+//! // ... crawl through http://{lease.proxy.ip}:{lease.proxy.port} ...
+//! api.report(&lease.lease_id, ReportResult::RateLimited, None).await?;
+//! api.release(&lease.lease_id).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use egress_lease::ReportResult;
+
+/// A proxy as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyView {
+    pub id: String,
+    pub ip: String,
+    pub port: u16,
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+    pub phase: String,
+    pub healthy: bool,
+    pub latency_millis: i64,
+    pub active_leases: u64,
+    pub max_leases: i64,
+}
+
+/// A lease granted.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    #[serde(rename = "leaseID")]
+    pub lease_id: String,
+    pub proxy: ProxyView,
+    /// RFC 3339, UTC.
+    pub expires_at: String,
+    pub ttl_seconds: u64,
+}
+
+/// What to borrow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AcquireRequest {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    /// `None`: the server's default (300 s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// Which proxies to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    pub healthy: Option<bool>,
+    /// Every attribute must match exactly.
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// What went wrong, by the API's error code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    #[error("invalid query: {0}")]
+    InvalidQuery(String),
+    #[error("invalid body: {0}")]
+    InvalidBody(String),
+    #[error("invalid ttl: {0}")]
+    InvalidTtl(String),
+    #[error("invalid result: {0}")]
+    InvalidResult(String),
+    #[error(
+        "no match: {message} ({considered} considered: {unhealthy} unhealthy, {at_capacity} at capacity, {in_cooldown} in cooldown)"
+    )]
+    NoMatch {
+        message: String,
+        considered: u64,
+        at_capacity: u64,
+        in_cooldown: u64,
+        unhealthy: u64,
+    },
+    #[error("unknown lease: {0}")]
+    UnknownLease(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
+    #[error("the operator failed: {0}")]
+    Internal(String),
+    /// An answer outside the API's contract (a proxy in between, a wrong URL).
+    #[error("unexpected answer {status}: {body}")]
+    Unexpected { status: u16, body: String },
+    /// The request did not get an answer (connection, timeout).
+    #[error("transport: {0}")]
+    Transport(String),
+}
+
+/// The longest body of an unexpected answer kept in the error.
+const MAX_UNEXPECTED: usize = 512;
+
+fn from_answer(status: u16, body: &str) -> ClientError {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Envelope {
+        error: String,
+        #[serde(default)]
+        message: String,
+        #[serde(default)]
+        considered: u64,
+        #[serde(default)]
+        at_capacity: u64,
+        #[serde(default)]
+        in_cooldown: u64,
+        #[serde(default)]
+        unhealthy: u64,
+    }
+    let Ok(e) = serde_json::from_str::<Envelope>(body) else {
+        return ClientError::Unexpected {
+            status,
+            body: body.chars().take(MAX_UNEXPECTED).collect(),
+        };
+    };
+    match e.error.as_str() {
+        "unauthorized" => ClientError::Unauthorized(e.message),
+        "invalid_query" => ClientError::InvalidQuery(e.message),
+        "invalid_body" => ClientError::InvalidBody(e.message),
+        "invalid_ttl" => ClientError::InvalidTtl(e.message),
+        "invalid_result" => ClientError::InvalidResult(e.message),
+        "no_match" => ClientError::NoMatch {
+            message: e.message,
+            considered: e.considered,
+            at_capacity: e.at_capacity,
+            in_cooldown: e.in_cooldown,
+            unhealthy: e.unhealthy,
+        },
+        "unknown_lease" => ClientError::UnknownLease(e.message),
+        "not_found" => ClientError::NotFound(e.message),
+        "method_not_allowed" => ClientError::MethodNotAllowed(e.message),
+        "internal" => ClientError::Internal(e.message),
+        _ => ClientError::Unexpected {
+            status,
+            body: body.chars().take(MAX_UNEXPECTED).collect(),
+        },
+    }
+}
+
+/// The client. Cheap to clone; every call is bounded (10 s by default).
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never printed.
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("authenticated", &self.token.is_some())
+            .finish()
+    }
+}
+
+fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl Client {
+    /// A client of the API at `base` (`http://host:8090`), with the bearer token when the
+    /// operator has one.
+    ///
+    /// # Errors
+    ///
+    /// The HTTP client cannot be built.
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
+        Self::with_timeout(base, token, Duration::from_secs(10))
+    }
+
+    /// As [`Client::new`], with a budget per call.
+    ///
+    /// # Errors
+    ///
+    /// The HTTP client cannot be built.
+    pub fn with_timeout(base: &str, token: Option<String>, timeout: Duration) -> Result<Self, ClientError> {
+        // reqwest is built without a default crypto provider; ring is the workspace's.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        Ok(Self {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, String), ClientError> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        let r = req.send().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+        let status = r.status().as_u16();
+        let body = r.text().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+        Ok((status, body))
+    }
+
+    fn expect<T: serde::de::DeserializeOwned>(status: u16, want: u16, body: &str) -> Result<T, ClientError> {
+        if status != want {
+            return Err(from_answer(status, body));
+        }
+        serde_json::from_str(body).map_err(|_| ClientError::Unexpected {
+            status,
+            body: body.chars().take(MAX_UNEXPECTED).collect(),
+        })
+    }
+
+    /// `GET /v1/proxies`.
+    ///
+    /// # Errors
+    ///
+    /// The API's error, or a transport failure.
+    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<ProxyView>, ClientError> {
+        #[derive(Deserialize)]
+        struct List {
+            proxies: Vec<ProxyView>,
+        }
+        let mut query: Vec<String> = filter
+            .attributes
+            .iter()
+            .map(|(k, v)| format!("attr.{}={}", percent(k), percent(v)))
+            .collect();
+        if let Some(h) = filter.healthy {
+            query.push(format!("healthy={h}"));
+        }
+        let url = format!("{}/v1/proxies?{}", self.base, query.join("&"));
+        let (status, body) = self.send(self.http.get(url)).await?;
+        Self::expect::<List>(status, 200, &body).map(|l| l.proxies)
+    }
+
+    /// `POST /v1/leases`.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::NoMatch`] when no proxy is eligible; the API's other errors; transport.
+    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Lease, ClientError> {
+        let body = serde_json::to_string(req).map_err(|e| ClientError::InvalidBody(e.to_string()))?;
+        let request = self
+            .http
+            .post(format!("{}/v1/leases", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        let (status, body) = self.send(request).await?;
+        Self::expect(status, 201, &body)
+    }
+
+    /// `DELETE /v1/leases/{id}` (idempotent).
+    ///
+    /// # Errors
+    ///
+    /// The API's error, or a transport failure.
+    pub async fn release(&self, lease_id: &str) -> Result<(), ClientError> {
+        let url = format!("{}/v1/leases/{}", self.base, percent(lease_id));
+        match self.send(self.http.delete(url)).await? {
+            (204, _) => Ok(()),
+            (status, body) => Err(from_answer(status, &body)),
+        }
+    }
+
+    /// `POST /v1/leases/{id}/report`.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::UnknownLease`]; the API's other errors; transport.
+    pub async fn report(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), ClientError> {
+        let result = match result {
+            ReportResult::Ok => "ok",
+            ReportResult::RateLimited => "rate_limited",
+            ReportResult::Banned => "banned",
+        };
+        let mut body = serde_json::json!({"result": result});
+        if let Some(t) = target {
+            body["target"] = t.into();
+        }
+        let request = self
+            .http
+            .post(format!("{}/v1/leases/{}/report", self.base, percent(lease_id)))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        match self.send(request).await? {
+            (204, _) => Ok(()),
+            (status, body) => Err(from_answer(status, &body)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_envelopes_map_to_variants() {
+        assert_eq!(
+            from_answer(
+                409,
+                r#"{"error":"no_match","message":"m","considered":3,"atCapacity":1,"inCooldown":1,"unhealthy":1}"#
+            ),
+            ClientError::NoMatch {
+                message: "m".into(),
+                considered: 3,
+                at_capacity: 1,
+                in_cooldown: 1,
+                unhealthy: 1
+            }
+        );
+        assert_eq!(
+            from_answer(404, r#"{"error":"unknown_lease","message":"no such lease"}"#),
+            ClientError::UnknownLease("no such lease".into())
+        );
+        assert!(matches!(
+            from_answer(502, "<html>bad gateway</html>"),
+            ClientError::Unexpected { status: 502, .. }
+        ));
+        assert!(matches!(
+            from_answer(400, r#"{"error":"brand_new"}"#),
+            ClientError::Unexpected { .. }
+        ));
+        let long = "x".repeat(10_000);
+        let ClientError::Unexpected { body, .. } = from_answer(500, &long) else {
+            panic!()
+        };
+        assert_eq!(body.len(), MAX_UNEXPECTED);
+    }
+
+    #[test]
+    fn the_token_is_never_printed() {
+        let c = Client::new("http://x", Some("sekrit".into())).unwrap();
+        assert!(!format!("{c:?}").contains("sekrit"));
+    }
+}
