@@ -132,8 +132,55 @@ fn health(root: &Path, release: bool) -> Result<()> {
     Ok(())
 }
 
+/// The discovery API's figures (examples/discovery_bench.rs).
+fn discovery(root: &Path, release: bool) -> Result<()> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root).args([
+        "run",
+        "--quiet",
+        "-p",
+        "egress-discovery",
+        "--example",
+        "discovery_bench",
+    ]);
+    if release {
+        cmd.arg("--release");
+    }
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the discovery bench")?;
+    if !out.status.success() {
+        bail!("the discovery bench failed");
+    }
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let cells: Vec<&str> = line.split('|').collect();
+    let cell = |i: usize| cells.get(i).copied().unwrap_or("?");
+    println!();
+    println!(
+        "| discovery API on loopback ({} proxies, {} clients) | figure |",
+        cell(0),
+        cell(1)
+    );
+    println!("|---|---|");
+    println!("| acquire+release pairs per second | {} |", cell(2));
+    println!(
+        "| pair latency p50 / p99 (target p99 < 5 ms) | {} ms / {} ms |",
+        cell(3),
+        cell(4)
+    );
+    println!(
+        "| trivial hyper handler, same clients: pairs per second | {} |",
+        cell(5)
+    );
+    println!("| trivial handler p50 / p99 | {} ms / {} ms |", cell(6), cell(7));
+    println!("| API rate / ceiling (target at least 50 %) | {} |", cell(8));
+    Ok(())
+}
+
 pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
     health(root, release)?;
+    discovery(root, release)?;
     let profile = if release { "release" } else { "debug" };
     let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     build.current_dir(root).args([

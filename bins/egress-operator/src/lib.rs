@@ -369,7 +369,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             .local_addr()
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
         let api = egress_discovery::Api {
-            directory: Arc::new(egress_controller::discovery::CachedDirectory(cache.clone())),
+            directory: Arc::new(egress_controller::discovery::CachedDirectory::new(cache.clone())),
             store: store.clone(),
             max_ttl: options.max_lease_ttl,
             token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),

@@ -1,6 +1,8 @@
 //! The seam between Proxies and the discovery API (which knows no Kubernetes): the proxies it
 //! lists and leases, from the operator's cache, Proxies being deleted left out.
 
+use std::sync::{Arc, Mutex};
+
 use egress_api::{Mode, Proxy};
 use egress_discovery::{ProxyDirectory, ProxyInfo};
 use kube::ResourceExt;
@@ -30,13 +32,37 @@ pub fn info(proxy: &Proxy) -> Option<ProxyInfo> {
     })
 }
 
-/// The operator's Proxy cache as the discovery API's directory.
-#[derive(Debug, Clone)]
-pub struct CachedDirectory(pub ProxyCache);
+/// The operator's Proxy cache as the discovery API's directory. The views are rebuilt only when
+/// the cache has changed since the last request, and kept in (latency, id) order.
+#[derive(Debug)]
+pub struct CachedDirectory {
+    cache: ProxyCache,
+    snapshot: Mutex<Option<(u64, Arc<Vec<ProxyInfo>>)>>,
+}
+
+impl CachedDirectory {
+    pub fn new(cache: ProxyCache) -> Self {
+        Self {
+            cache,
+            snapshot: Mutex::default(),
+        }
+    }
+}
 
 impl ProxyDirectory for CachedDirectory {
-    fn proxies(&self) -> Result<Vec<ProxyInfo>, String> {
-        Ok(self.0.store().state().iter().filter_map(|p| info(p)).collect())
+    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
+        let generation = self.cache.generation();
+        let mut snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, views)) = snapshot.as_ref()
+            && *seen == generation
+        {
+            return Ok(views.clone());
+        }
+        let mut views: Vec<ProxyInfo> = self.cache.store().state().iter().filter_map(|p| info(p)).collect();
+        views.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
+        let views = Arc::new(views);
+        *snapshot = Some((generation, views.clone()));
+        Ok(views)
     }
 }
 

@@ -27,12 +27,14 @@ pub struct ProxyInfo {
 
 /// Where the API reads proxies from.
 pub trait ProxyDirectory: Send + Sync + 'static {
-    /// Every proxy, or why they could not be listed.
+    /// Every proxy, or why they could not be listed: a shared snapshot, in ascending
+    /// (latency, id) order (the order leases are chosen in). Implementations keep one until
+    /// their proxies change.
     ///
     /// # Errors
     ///
     /// The list failed; the API answers `500 internal` and logs the reason.
-    fn proxies(&self) -> Result<Vec<ProxyInfo>, String>;
+    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String>;
 }
 
 /// What the routes share.
@@ -106,11 +108,14 @@ impl Api {
                 selector.entry(attr.to_string()).or_default().push(v);
             }
         }
-        let mut proxies = match self.directory.proxies() {
+        let all = match self.directory.proxies() {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies"),
         };
-        proxies.retain(|p| healthy.is_none_or(|h| p.healthy == h) && matches(p, &selector));
+        let mut proxies: Vec<&ProxyInfo> = all
+            .iter()
+            .filter(|p| healthy.is_none_or(|h| p.healthy == h) && matches(p, &selector))
+            .collect();
         proxies.sort_by(|a, b| a.id.cmp(&b.id));
         let ids: Vec<&str> = proxies.iter().map(|p| p.id.as_str()).collect();
         let active = self.store.active_leases(&ids);
@@ -143,23 +148,25 @@ impl Api {
             Err(e) => return list_failed(&e, "listing proxies for lease"),
         };
         let selector: BTreeMap<String, Vec<String>> = body.selector.into_iter().map(|(k, v)| (k, vec![v])).collect();
-        let matching: Vec<&ProxyInfo> = proxies.iter().filter(|p| matches(p, &selector)).collect();
-        let candidates: Vec<Candidate> = matching
-            .iter()
-            .map(|p| Candidate {
-                id: p.id.clone(),
-                healthy: p.healthy,
-                latency_millis: p.latency_millis,
-                max_leases: p.max_leases,
-            })
-            .collect();
+        debug_assert!(
+            proxies.is_sorted_by_key(|p| (p.latency_millis, p.id.as_str())),
+            "the directory must list proxies in (latency, id) order"
+        );
+        // Lazily, in the directory's (latency, id) order: the store stops at the first idle
+        // eligible proxy, so a lease costs the same with ten proxies or ten thousand.
+        let mut candidates = proxies.iter().filter(|p| matches(p, &selector)).map(|p| Candidate {
+            id: &p.id,
+            healthy: p.healthy,
+            latency_millis: p.latency_millis,
+            max_leases: p.max_leases,
+        });
         let req = LeaseRequest {
             ttl,
             target: body.target.filter(|t| !t.is_empty()),
         };
-        match self.store.acquire(&candidates, &req) {
+        match self.store.acquire(&mut candidates, &req) {
             Ok(grant) => {
-                let proxy = matching
+                let proxy = proxies
                     .iter()
                     .find(|p| p.id == grant.proxy_id)
                     .map(|p| view(p, grant.active_leases))

@@ -9,7 +9,7 @@ use futures::FutureExt as _;
 use http::{Method, Request, Response, header};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -233,11 +233,9 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationT
                 let api = api.clone();
                 async move { Ok::<_, Infallible>(handle(api, req).await) }
             });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_BUDGET);
+            // HTTP/1.1 only: crawlers speak HTTP/1, and detecting HTTP/2 costs every connection.
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(HEADER_BUDGET);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             let result = tokio::select! {

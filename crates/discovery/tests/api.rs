@@ -16,11 +16,13 @@ struct Directory {
 }
 
 impl ProxyDirectory for Directory {
-    fn proxies(&self) -> Result<Vec<ProxyInfo>, String> {
+    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
         if *self.broken.lock().unwrap() {
             return Err("the cache is gone".into());
         }
-        Ok(self.proxies.lock().unwrap().clone())
+        let mut all = self.proxies.lock().unwrap().clone();
+        all.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
+        Ok(Arc::new(all))
     }
 }
 

@@ -14,8 +14,10 @@ use tokio_util::sync::CancellationToken;
 struct Fixed(Vec<ProxyInfo>);
 
 impl ProxyDirectory for Fixed {
-    fn proxies(&self) -> Result<Vec<ProxyInfo>, String> {
-        Ok(self.0.clone())
+    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
+        let mut all = self.0.clone();
+        all.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
+        Ok(Arc::new(all))
     }
 }
 

@@ -22,14 +22,21 @@ use std::time::{Duration, SystemTime};
 use crate::clock::Clock;
 
 /// A proxy that matches a request's selector, as the caller knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate<'a> {
     /// `<namespace>/<name>`.
-    pub id: String,
+    pub id: &'a str,
     pub healthy: bool,
     pub latency_millis: i64,
     /// Capacity; 0 (or less) means the proxy is never leased.
     pub max_leases: i32,
+}
+
+impl Candidate<'_> {
+    /// The order [`LeaseStore::acquire`] wants its candidates in: latency, then id.
+    pub fn order(&self, other: &Self) -> std::cmp::Ordering {
+        (self.latency_millis, self.id).cmp(&(other.latency_millis, other.id))
+    }
 }
 
 /// What a client asks for, once validated.
@@ -87,12 +94,18 @@ pub struct UnknownLease;
 
 /// A lease store. Implementations keep selection and insertion atomic.
 pub trait LeaseStore: Send + Sync + 'static {
-    /// Grants a lease on the best eligible candidate.
+    /// Grants a lease on the best eligible candidate. The candidates must come in ascending
+    /// (latency, id) order ([`Candidate::order`]): the first idle eligible one is then the best,
+    /// and the search stops there, whatever the size of the fleet.
     ///
     /// # Errors
     ///
     /// [`NoMatch`] with the counts when no candidate is eligible.
-    fn acquire(&self, candidates: &[Candidate], req: &LeaseRequest) -> Result<Grant, NoMatch>;
+    fn acquire(
+        &self,
+        candidates: &mut dyn Iterator<Item = Candidate<'_>>,
+        req: &LeaseRequest,
+    ) -> Result<Grant, NoMatch>;
 
     /// Ends a lease now. Unknown, expired or already released ids are fine.
     fn release(&self, lease_id: &str);
@@ -134,8 +147,8 @@ struct State {
     /// The unreleased leases of each proxy, with their expiry. Released ones leave at once and
     /// expired ones at the sweep, so these lists stay as short as the capacities.
     active: HashMap<String, Vec<(SystemTime, String)>>,
-    /// (proxy, target) to the end of its cooldown; `None` target is a global cooldown.
-    cooldowns: HashMap<(String, Option<String>), SystemTime>,
+    /// By proxy: (target, end) of each cooldown; a `None` target is a global cooldown.
+    cooldowns: HashMap<String, Vec<(Option<String>, SystemTime)>>,
 }
 
 impl State {
@@ -146,12 +159,10 @@ impl State {
     }
 
     fn cooling(&self, proxy: &str, target: Option<&str>, now: SystemTime) -> bool {
-        let active = |t: Option<String>| {
-            self.cooldowns
-                .get(&(proxy.to_string(), t))
-                .is_some_and(|end| *end > now)
-        };
-        active(None) || target.is_some_and(|t| active(Some(t.to_string())))
+        self.cooldowns.get(proxy).is_some_and(|list| {
+            list.iter()
+                .any(|(t, end)| *end > now && (t.is_none() || t.as_deref() == target))
+        })
     }
 }
 
@@ -195,38 +206,45 @@ impl MemoryStore {
 }
 
 impl LeaseStore for MemoryStore {
-    fn acquire(&self, candidates: &[Candidate], req: &LeaseRequest) -> Result<Grant, NoMatch> {
+    fn acquire(
+        &self,
+        candidates: &mut dyn Iterator<Item = Candidate<'_>>,
+        req: &LeaseRequest,
+    ) -> Result<Grant, NoMatch> {
         let now = self.clock.now();
         let target = non_empty(req.target.as_deref());
         let mut state = self.lock();
-        let mut refused = NoMatch {
-            considered: candidates.len(),
-            ..NoMatch::default()
-        };
-        let mut best: Option<(usize, i64, &str)> = None;
+        let mut refused = NoMatch::default();
+        let mut best: Option<(usize, i64, String)> = None;
         for c in candidates {
+            refused.considered += 1;
             if !c.healthy {
                 refused.unhealthy += 1;
                 continue;
             }
-            let active = state.active(&c.id, now);
+            let active = state.active(c.id, now);
             if i64::try_from(active).unwrap_or(i64::MAX) >= i64::from(c.max_leases) {
                 refused.at_capacity += 1;
                 continue;
             }
-            if state.cooling(&c.id, target, now) {
+            if state.cooling(c.id, target, now) {
                 refused.in_cooldown += 1;
                 continue;
             }
-            let key = (active, c.latency_millis, c.id.as_str());
-            if best.is_none_or(|b| key < b) {
-                best = Some(key);
+            if best
+                .as_ref()
+                .is_none_or(|(a, l, id)| (active, c.latency_millis, c.id) < (*a, *l, id.as_str()))
+            {
+                best = Some((active, c.latency_millis, c.id.to_string()));
+            }
+            if active == 0 {
+                // In (latency, id) order, the first idle eligible proxy cannot be beaten.
+                break;
             }
         }
         let Some((active, _, proxy)) = best else {
             return Err(refused);
         };
-        let proxy = proxy.to_string();
         let lease_id = loop {
             let id = lease_id();
             if !state.leases.contains_key(&id) {
@@ -283,10 +301,13 @@ impl LeaseStore for MemoryStore {
         let resolved = non_empty(target)
             .map(str::to_string)
             .or_else(|| lease.target.clone().filter(|t| !t.is_empty()));
-        let key = (lease.proxy.clone(), resolved);
+        let proxy = lease.proxy.clone();
         let end = now + self.cooldown;
-        let slot = state.cooldowns.entry(key).or_insert(end);
-        *slot = (*slot).max(end);
+        let list = state.cooldowns.entry(proxy).or_default();
+        match list.iter_mut().find(|(t, _)| *t == resolved) {
+            Some((_, slot)) => *slot = (*slot).max(end),
+            None => list.push((resolved, end)),
+        }
         Ok(())
     }
 
@@ -319,7 +340,10 @@ impl LeaseStore for MemoryStore {
             list.retain(|(expires, _)| *expires > now);
             !list.is_empty()
         });
-        cooldowns.retain(|_, end| *end > now);
+        cooldowns.retain(|_, list| {
+            list.retain(|(_, end)| *end > now);
+            !list.is_empty()
+        });
     }
 }
 

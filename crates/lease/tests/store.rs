@@ -20,13 +20,37 @@ fn store() -> (MemoryStore, ManualClock) {
     (MemoryStore::new(Arc::new(clock.clone()), COOLDOWN), clock)
 }
 
-fn proxy(id: &str, latency_millis: i64, max_leases: i32) -> Candidate {
-    Candidate {
+/// A proxy the test owns; candidates borrow from it.
+#[derive(Debug, Clone)]
+struct P {
+    id: String,
+    healthy: bool,
+    latency_millis: i64,
+    max_leases: i32,
+}
+
+fn proxy(id: &str, latency_millis: i64, max_leases: i32) -> P {
+    P {
         id: id.into(),
         healthy: true,
         latency_millis,
         max_leases,
     }
+}
+
+/// Acquires over `fleet`, handing the store its candidates in the order it wants.
+fn acquire(s: &MemoryStore, fleet: &[P], r: &LeaseRequest) -> Result<egress_lease::Grant, NoMatch> {
+    let mut candidates: Vec<Candidate<'_>> = fleet
+        .iter()
+        .map(|p| Candidate {
+            id: &p.id,
+            healthy: p.healthy,
+            latency_millis: p.latency_millis,
+            max_leases: p.max_leases,
+        })
+        .collect();
+    candidates.sort_by(|a, b| a.order(b));
+    s.acquire(&mut candidates.into_iter(), r)
 }
 
 fn req(target: Option<&str>) -> LeaseRequest {
@@ -41,10 +65,10 @@ fn selection_prefers_fewest_leases_then_latency_then_id() {
     let (s, _) = store();
     let fleet = [proxy("ns/c", 10, 5), proxy("ns/b", 10, 5), proxy("ns/a", 50, 5)];
     // All idle: the lowest latency wins, and between equal latencies the smaller id.
-    assert_eq!(s.acquire(&fleet, &req(None)).unwrap().proxy_id, "ns/b");
-    assert_eq!(s.acquire(&fleet, &req(None)).unwrap().proxy_id, "ns/c");
+    assert_eq!(acquire(&s, &fleet, &req(None)).unwrap().proxy_id, "ns/b");
+    assert_eq!(acquire(&s, &fleet, &req(None)).unwrap().proxy_id, "ns/c");
     // b and c have one lease each: a (idle) wins despite its latency.
-    let g = s.acquire(&fleet, &req(None)).unwrap();
+    let g = acquire(&s, &fleet, &req(None)).unwrap();
     assert_eq!((g.proxy_id.as_str(), g.active_leases), ("ns/a", 1));
     assert_eq!(s.active_leases(&["ns/a", "ns/b", "ns/c", "ns/none"]), [1, 1, 1, 0]);
     assert_eq!(s.active_total(), 3);
@@ -58,9 +82,9 @@ fn capacity_zero_and_unhealthy_proxies_are_never_leased_and_counted_once() {
     let mut sick_and_full = proxy("ns/sick-full", 1, 0);
     sick_and_full.healthy = false;
     let fleet = [sick, sick_and_full, proxy("ns/zero", 1, 0), proxy("ns/one", 1, 1)];
-    assert_eq!(s.acquire(&fleet, &req(None)).unwrap().proxy_id, "ns/one");
+    assert_eq!(acquire(&s, &fleet, &req(None)).unwrap().proxy_id, "ns/one");
     assert_eq!(
-        s.acquire(&fleet, &req(None)),
+        acquire(&s, &fleet, &req(None)),
         Err(NoMatch {
             considered: 4,
             at_capacity: 2,
@@ -69,7 +93,7 @@ fn capacity_zero_and_unhealthy_proxies_are_never_leased_and_counted_once() {
         })
     );
     assert_eq!(
-        s.acquire(&[], &req(None)),
+        acquire(&s, &[], &req(None)),
         Err(NoMatch::default()),
         "nothing matched the selector"
     );
@@ -79,13 +103,13 @@ fn capacity_zero_and_unhealthy_proxies_are_never_leased_and_counted_once() {
 fn release_frees_capacity_at_once_and_is_idempotent() {
     let (s, _) = store();
     let fleet = [proxy("ns/a", 1, 1)];
-    let g = s.acquire(&fleet, &req(None)).unwrap();
-    assert!(s.acquire(&fleet, &req(None)).is_err());
+    let g = acquire(&s, &fleet, &req(None)).unwrap();
+    assert!(acquire(&s, &fleet, &req(None)).is_err());
     s.release(&g.lease_id);
     s.release(&g.lease_id);
     s.release("NEVERISSUED");
     assert_eq!(s.active_total(), 0);
-    assert!(s.acquire(&fleet, &req(None)).is_ok());
+    assert!(acquire(&s, &fleet, &req(None)).is_ok());
     assert_eq!(s.active_total(), 1, "a double release freed nothing extra");
 }
 
@@ -93,28 +117,28 @@ fn release_frees_capacity_at_once_and_is_idempotent() {
 fn expiry_frees_capacity_whenever_the_sweep_runs() {
     let (s, clock) = store();
     let fleet = [proxy("ns/a", 1, 1)];
-    let g = s.acquire(&fleet, &req(None)).unwrap();
+    let g = acquire(&s, &fleet, &req(None)).unwrap();
     assert_eq!(g.expires_at, start() + Duration::from_secs(300));
     clock.advance(Duration::from_secs(299));
-    assert!(s.acquire(&fleet, &req(None)).is_err());
+    assert!(acquire(&s, &fleet, &req(None)).is_err());
     clock.advance(Duration::from_secs(1));
     assert_eq!(s.active_total(), 0, "expired at expiresAt, no sweep needed");
-    assert!(s.acquire(&fleet, &req(None)).is_ok());
+    assert!(acquire(&s, &fleet, &req(None)).is_ok());
 }
 
 #[test]
 fn a_targeted_cooldown_blocks_only_that_target() {
     let (s, clock) = store();
     let fleet = [proxy("ns/a", 1, 5)];
-    let g = s.acquire(&fleet, &req(Some("example.com"))).unwrap();
+    let g = acquire(&s, &fleet, &req(Some("example.com"))).unwrap();
     s.report(&g.lease_id, ReportResult::RateLimited, None).unwrap();
-    let refused = s.acquire(&fleet, &req(Some("example.com"))).unwrap_err();
+    let refused = acquire(&s, &fleet, &req(Some("example.com"))).unwrap_err();
     assert_eq!((refused.considered, refused.in_cooldown), (1, 1));
-    assert!(s.acquire(&fleet, &req(Some("other.org"))).is_ok(), "another target");
-    assert!(s.acquire(&fleet, &req(None)).is_ok(), "no target");
+    assert!(acquire(&s, &fleet, &req(Some("other.org"))).is_ok(), "another target");
+    assert!(acquire(&s, &fleet, &req(None)).is_ok(), "no target");
     clock.advance(COOLDOWN);
     assert!(
-        s.acquire(&fleet, &req(Some("example.com"))).is_ok(),
+        acquire(&s, &fleet, &req(Some("example.com"))).is_ok(),
         "the window is over"
     );
 }
@@ -123,7 +147,7 @@ fn a_targeted_cooldown_blocks_only_that_target() {
 fn the_reports_target_wins_over_the_leases() {
     let (s, _) = store();
     let fleet = [proxy("ns/a", 1, 5)];
-    let g = s.acquire(&fleet, &req(Some("example.com"))).unwrap();
+    let g = acquire(&s, &fleet, &req(Some("example.com"))).unwrap();
     s.report(&g.lease_id, ReportResult::Banned, Some("shop.example"))
         .unwrap();
     assert!(s.cooling("ns/a", Some("shop.example")));
@@ -134,11 +158,15 @@ fn the_reports_target_wins_over_the_leases() {
 fn a_global_cooldown_blocks_every_request() {
     let (s, _) = store();
     let fleet = [proxy("ns/a", 1, 5), proxy("ns/b", 9, 5)];
-    let g = s.acquire(&fleet, &req(None)).unwrap();
+    let g = acquire(&s, &fleet, &req(None)).unwrap();
     assert_eq!(g.proxy_id, "ns/a");
     s.report(&g.lease_id, ReportResult::Banned, Some("")).unwrap();
     for target in [None, Some("example.com"), Some("")] {
-        assert_eq!(s.acquire(&fleet, &req(target)).unwrap().proxy_id, "ns/b", "{target:?}");
+        assert_eq!(
+            acquire(&s, &fleet, &req(target)).unwrap().proxy_id,
+            "ns/b",
+            "{target:?}"
+        );
     }
 }
 
@@ -146,7 +174,7 @@ fn a_global_cooldown_blocks_every_request() {
 fn an_ok_report_records_nothing() {
     let (s, _) = store();
     let fleet = [proxy("ns/a", 1, 5)];
-    let g = s.acquire(&fleet, &req(Some("example.com"))).unwrap();
+    let g = acquire(&s, &fleet, &req(Some("example.com"))).unwrap();
     s.report(&g.lease_id, ReportResult::Ok, None).unwrap();
     assert!(!s.cooling("ns/a", Some("example.com")));
 }
@@ -155,7 +183,7 @@ fn an_ok_report_records_nothing() {
 fn overlapping_cooldowns_keep_the_later_end() {
     let (s, clock) = store();
     let fleet = [proxy("ns/a", 1, 5)];
-    let g = s.acquire(&fleet, &req(Some("t"))).unwrap();
+    let g = acquire(&s, &fleet, &req(Some("t"))).unwrap();
     s.report(&g.lease_id, ReportResult::RateLimited, None).unwrap();
     clock.advance(Duration::from_secs(600));
     s.report(&g.lease_id, ReportResult::RateLimited, None).unwrap();
@@ -172,7 +200,7 @@ fn overlapping_cooldowns_keep_the_later_end() {
 fn an_expired_or_released_lease_stays_reportable_for_one_window() {
     let (s, clock) = store();
     let fleet = [proxy("ns/a", 1, 5)];
-    let g = s.acquire(&fleet, &req(Some("t"))).unwrap();
+    let g = acquire(&s, &fleet, &req(Some("t"))).unwrap();
     s.release(&g.lease_id);
     clock.advance(Duration::from_secs(300) + COOLDOWN - Duration::from_secs(1));
     s.sweep();
@@ -196,10 +224,10 @@ fn an_expired_or_released_lease_stays_reportable_for_one_window() {
 fn the_sweep_forgets_ended_cooldowns_and_old_leases_only() {
     let (s, clock) = store();
     let fleet = [proxy("ns/a", 1, 5)];
-    let old = s.acquire(&fleet, &req(Some("t"))).unwrap();
+    let old = acquire(&s, &fleet, &req(Some("t"))).unwrap();
     s.report(&old.lease_id, ReportResult::RateLimited, None).unwrap();
     clock.advance(COOLDOWN);
-    let young = s.acquire(&fleet, &req(Some("t"))).unwrap();
+    let young = acquire(&s, &fleet, &req(Some("t"))).unwrap();
     s.sweep();
     assert!(
         s.report(&old.lease_id, ReportResult::Ok, None).is_ok(),
@@ -216,7 +244,7 @@ fn the_sweep_forgets_ended_cooldowns_and_old_leases_only() {
 fn sixty_four_threads_never_exceed_any_capacity() {
     let (s, _) = store();
     let s = Arc::new(s);
-    let fleet: Vec<Candidate> = (0..8).map(|i| proxy(&format!("ns/p{i}"), i, 3)).collect();
+    let fleet: Vec<P> = (0..8).map(|i| proxy(&format!("ns/p{i}"), i, 3)).collect();
     let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
     std::thread::scope(|scope| {
         for t in 0..64 {
@@ -224,7 +252,7 @@ fn sixty_four_threads_never_exceed_any_capacity() {
             scope.spawn(move || {
                 for round in 0..200 {
                     let target = (round % 3 == 0).then(|| format!("site{}", t % 4));
-                    if let Ok(g) = s.acquire(fleet, &req(target.as_deref())) {
+                    if let Ok(g) = acquire(&s, fleet, &req(target.as_deref())) {
                         assert!(g.active_leases <= 3, "{g:?}");
                         for n in s.active_leases(ids) {
                             assert!(n <= 3, "a proxy over capacity: {n}");
@@ -263,7 +291,7 @@ proptest! {
     #[test]
     fn invariants_hold_for_any_sequence(ops in proptest::collection::vec(op(), 1..80)) {
         let (s, clock) = store();
-        let fleet: Vec<Candidate> = (0..4).map(|i| proxy(&format!("ns/p{i}"), i64::from(i), i % 3)).collect();
+        let fleet: Vec<P> = (0..4).map(|i| proxy(&format!("ns/p{i}"), i64::from(i), i % 3)).collect();
         let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
         let mut granted: Vec<String> = Vec::new();
         let target = |t: Option<u8>| t.map(|t| format!("site{t}"));
@@ -274,7 +302,7 @@ proptest! {
                     // Which proxies may not be granted: full ones, and those cooling for t.
                     let before = s.active_leases(&ids);
                     let cooling: Vec<bool> = ids.iter().map(|p| s.cooling(p, t.as_deref())).collect();
-                    if let Ok(g) = s.acquire(&fleet, &req(t.as_deref())) {
+                    if let Ok(g) = acquire(&s, &fleet, &req(t.as_deref())) {
                         let i = ids.iter().position(|p| *p == g.proxy_id).unwrap();
                         prop_assert!(before[i] < fleet[i].max_leases as usize, "granted a full proxy");
                         prop_assert!(!cooling[i], "granted a proxy cooling for {t:?}");

@@ -1,0 +1,142 @@
+//! The discovery API's figures, for `cargo xtask bench`: on loopback, with 10 000 proxies and 64
+//! concurrent clients each acquiring and releasing leases in a loop, the pairs per second and
+//! the p50/p99 latency of a pair; next to the same clients against a trivial hyper handler
+//! measured in the same run (this machine's ceiling). Prints one `|`-separated row.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
+use egress_lease::{MemoryStore, SystemClock};
+use http_body_util::Full;
+use tokio_util::sync::CancellationToken;
+
+const PROXIES: usize = 10_000;
+const CLIENTS: usize = 64;
+const MEASURE: Duration = Duration::from_secs(10);
+
+struct Fleet(Arc<Vec<ProxyInfo>>);
+
+impl ProxyDirectory for Fleet {
+    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+async fn trivial_server() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(
+                        http::Response::builder()
+                            .status(201)
+                            .body(Full::new(Bytes::from_static(b"{}")))
+                            .unwrap(),
+                    )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// 64 clients doing acquire+release pairs for MEASURE; returns (pairs per second, p50, p99).
+async fn load(base: String, lease_paths: bool) -> (f64, Duration, Duration) {
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let base = base.clone();
+        clients.push(tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            let mut latencies = Vec::new();
+            while started.elapsed() < MEASURE {
+                let t = Instant::now();
+                let grant = http.post(format!("{base}/v1/leases")).body("{}").send().await.unwrap();
+                let id = if lease_paths {
+                    let v: serde_json::Value = grant.json().await.unwrap();
+                    v["leaseID"].as_str().unwrap_or("none").to_string()
+                } else {
+                    let _ = grant.bytes().await;
+                    "none".to_string()
+                };
+                let _ = http
+                    .delete(format!("{base}/v1/leases/{id}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await;
+                latencies.push(t.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::new();
+    for c in clients {
+        all.extend(c.await.unwrap());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    all.sort();
+    let at = |q: f64| {
+        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    (all.len() as f64 / secs, at(0.5), at(0.99))
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fleet: Vec<ProxyInfo> = (0..PROXIES)
+        .map(|i| ProxyInfo {
+            id: format!("bench/p{i:05}"),
+            ip: format!("10.1.{}.{}", i / 256, i % 256),
+            port: 3128,
+            attributes: BTreeMap::from([("geo".to_string(), if i % 2 == 0 { "eu" } else { "us" }.to_string())]),
+            phase: "Ready".into(),
+            healthy: true,
+            latency_millis: (i % 97) as i64,
+            max_leases: 5,
+        })
+        .collect();
+    let mut fleet = fleet;
+    fleet.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
+    let api = Api {
+        directory: Arc::new(Fleet(Arc::new(fleet))),
+        store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
+        max_ttl: Duration::from_secs(3600),
+        token: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    let ceiling_base = format!("http://{}", trivial_server().await);
+
+    let (ceiling, c50, c99) = load(ceiling_base, false).await;
+    let (rate, p50, p99) = load(base, true).await;
+    stop.cancel();
+    println!(
+        "{PROXIES}|{CLIENTS}|{rate:.0}|{:.2}|{:.2}|{ceiling:.0}|{:.2}|{:.2}|{:.0} %",
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        c50.as_secs_f64() * 1e3,
+        c99.as_secs_f64() * 1e3,
+        rate / ceiling * 100.0
+    );
+}
