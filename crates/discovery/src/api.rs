@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, effective_ttl};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// A proxy as the API shows it (the caller leaves out Proxies being deleted).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,28 +56,45 @@ impl std::fmt::Debug for Api {
     }
 }
 
-/// An answer: status and JSON body (`None`: no body).
-pub(crate) type Answer = (u16, Option<Value>);
+/// An answer: status and its JSON body, already encoded (`None`: no body).
+pub(crate) type Answer = (u16, Option<Vec<u8>>);
 
-pub(crate) fn error(status: u16, code: &str, message: &str) -> Answer {
-    (status, Some(json!({"error": code, "message": message})))
+fn encoded(value: &impl serde::Serialize) -> Option<Vec<u8>> {
+    Some(serde_json::to_vec(value).unwrap_or_default())
 }
 
-fn view(p: &ProxyInfo, active: usize) -> Value {
-    let mut v = json!({
-        "id": p.id,
-        "ip": p.ip,
-        "port": p.port,
-        "phase": p.phase,
-        "healthy": p.healthy,
-        "latencyMillis": p.latency_millis,
-        "activeLeases": active,
-        "maxLeases": p.max_leases,
-    });
-    if !p.attributes.is_empty() {
-        v["attributes"] = json!(p.attributes);
+pub(crate) fn error(status: u16, code: &str, message: &str) -> Answer {
+    (status, encoded(&json!({"error": code, "message": message})))
+}
+
+/// The proxy view of §5.5, encoded straight from the directory's data.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct View<'a> {
+    id: &'a str,
+    ip: &'a str,
+    port: u16,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    attributes: &'a BTreeMap<String, String>,
+    phase: &'a str,
+    healthy: bool,
+    latency_millis: i64,
+    active_leases: usize,
+    max_leases: i32,
+}
+
+fn view(p: &ProxyInfo, active: usize) -> View<'_> {
+    View {
+        id: &p.id,
+        ip: &p.ip,
+        port: p.port,
+        attributes: &p.attributes,
+        phase: &p.phase,
+        healthy: p.healthy,
+        latency_millis: p.latency_millis,
+        active_leases: active,
+        max_leases: p.max_leases,
     }
-    v
 }
 
 fn matches(p: &ProxyInfo, selector: &BTreeMap<String, Vec<String>>) -> bool {
@@ -119,8 +136,19 @@ impl Api {
         proxies.sort_by(|a, b| a.id.cmp(&b.id));
         let ids: Vec<&str> = proxies.iter().map(|p| p.id.as_str()).collect();
         let active = self.store.active_leases(&ids);
-        let views: Vec<Value> = proxies.iter().zip(active).map(|(p, n)| view(p, n)).collect();
-        (200, Some(json!({"count": views.len(), "proxies": views})))
+        let views: Vec<View<'_>> = proxies.iter().zip(active).map(|(p, n)| view(p, n)).collect();
+        #[derive(serde::Serialize)]
+        struct List<'a> {
+            count: usize,
+            proxies: Vec<View<'a>>,
+        }
+        (
+            200,
+            encoded(&List {
+                count: views.len(),
+                proxies: views,
+            }),
+        )
     }
 
     /// `POST /v1/leases`.
@@ -166,27 +194,35 @@ impl Api {
         };
         match self.store.acquire(&mut candidates, &req) {
             Ok(grant) => {
+                #[derive(serde::Serialize)]
+                #[serde(rename_all = "camelCase")]
+                struct Granted<'a> {
+                    #[serde(rename = "leaseID")]
+                    lease_id: &'a str,
+                    proxy: Option<View<'a>>,
+                    expires_at: String,
+                    ttl_seconds: u64,
+                }
                 let proxy = proxies
                     .iter()
                     .find(|p| p.id == grant.proxy_id)
-                    .map(|p| view(p, grant.active_leases))
-                    .unwrap_or(Value::Null);
-                let expires = jiff::Timestamp::try_from(grant.expires_at)
+                    .map(|p| view(p, grant.active_leases));
+                let expires_at = jiff::Timestamp::try_from(grant.expires_at)
                     .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
                     .unwrap_or_default();
                 (
                     201,
-                    Some(json!({
-                        "leaseID": grant.lease_id,
-                        "proxy": proxy,
-                        "expiresAt": expires,
-                        "ttlSeconds": grant.ttl.as_secs(),
-                    })),
+                    encoded(&Granted {
+                        lease_id: &grant.lease_id,
+                        proxy,
+                        expires_at,
+                        ttl_seconds: grant.ttl.as_secs(),
+                    }),
                 )
             }
             Err(n) => (
                 409,
-                Some(json!({
+                encoded(&json!({
                     "error": "no_match",
                     "message": "no healthy proxy with free capacity matched the selector",
                     "considered": n.considered,

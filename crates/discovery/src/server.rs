@@ -29,9 +29,9 @@ type Body = Full<Bytes>;
 fn respond((status, body): Answer) -> Response<Body> {
     let mut builder = Response::builder().status(status);
     let bytes = match body {
-        Some(v) => {
+        Some(encoded) => {
             builder = builder.header(header::CONTENT_TYPE, "application/json");
-            Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+            Bytes::from(encoded)
         }
         None => Bytes::new(),
     };
@@ -67,7 +67,7 @@ fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8
             _ => error(405, "method_not_allowed", "GET only"),
         },
         ["openapi.json"] => match *method {
-            Method::GET => (200, Some(crate::openapi::document().clone())),
+            Method::GET => (200, Some(crate::openapi::TEXT.as_bytes().to_vec())),
             _ => error(405, "method_not_allowed", "GET only"),
         },
         ["v1", "proxies"] => match *method {
@@ -129,11 +129,22 @@ async fn handle(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let traced = path != "/healthz";
     let span = if traced {
-        let name = pattern(&method, &path);
-        let span = tracing::info_span!("discovery request", otel.name = %name, otel.kind = "server", http.route = %name, http.status_code = tracing::field::Empty);
-        // NB: an explicit W3C propagator, not the global one, as the Go operator did.
-        let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Headers(req.headers()));
-        let _ = span.set_parent(parent);
+        let span = tracing::info_span!(
+            "discovery request",
+            otel.name = tracing::field::Empty,
+            otel.kind = "server",
+            http.route = tracing::field::Empty,
+            http.status_code = tracing::field::Empty
+        );
+        // Only a span someone records costs its name and the trace context.
+        if !span.is_disabled() {
+            let name = pattern(&method, &path);
+            span.record("otel.name", name.as_str());
+            span.record("http.route", name.as_str());
+            // NB: an explicit W3C propagator, not the global one, as the Go operator did.
+            let parent = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&Headers(req.headers()));
+            let _ = span.set_parent(parent);
+        }
         span
     } else {
         tracing::Span::none()

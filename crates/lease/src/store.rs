@@ -101,9 +101,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// [`NoMatch`] with the counts when no candidate is eligible.
-    fn acquire(
+    fn acquire<'c>(
         &self,
-        candidates: &mut dyn Iterator<Item = Candidate<'_>>,
+        candidates: &mut dyn Iterator<Item = Candidate<'c>>,
         req: &LeaseRequest,
     ) -> Result<Grant, NoMatch>;
 
@@ -206,16 +206,18 @@ impl MemoryStore {
 }
 
 impl LeaseStore for MemoryStore {
-    fn acquire(
+    fn acquire<'c>(
         &self,
-        candidates: &mut dyn Iterator<Item = Candidate<'_>>,
+        candidates: &mut dyn Iterator<Item = Candidate<'c>>,
         req: &LeaseRequest,
     ) -> Result<Grant, NoMatch> {
         let now = self.clock.now();
         let target = non_empty(req.target.as_deref());
+        // Made before the lock is taken: the critical section stays short under many clients.
+        let mut lease_id = lease_id();
         let mut state = self.lock();
         let mut refused = NoMatch::default();
-        let mut best: Option<(usize, i64, String)> = None;
+        let mut best: Option<(usize, i64, &'c str)> = None;
         for c in candidates {
             refused.considered += 1;
             if !c.healthy {
@@ -231,11 +233,8 @@ impl LeaseStore for MemoryStore {
                 refused.in_cooldown += 1;
                 continue;
             }
-            if best
-                .as_ref()
-                .is_none_or(|(a, l, id)| (active, c.latency_millis, c.id) < (*a, *l, id.as_str()))
-            {
-                best = Some((active, c.latency_millis, c.id.to_string()));
+            if best.is_none_or(|b| (active, c.latency_millis, c.id) < b) {
+                best = Some((active, c.latency_millis, c.id));
             }
             if active == 0 {
                 // In (latency, id) order, the first idle eligible proxy cannot be beaten.
@@ -245,12 +244,11 @@ impl LeaseStore for MemoryStore {
         let Some((active, _, proxy)) = best else {
             return Err(refused);
         };
-        let lease_id = loop {
-            let id = lease_id();
-            if !state.leases.contains_key(&id) {
-                break id;
-            }
-        };
+        let proxy = proxy.to_string();
+        // 128 random bits do not collide in practice; checked all the same.
+        while state.leases.contains_key(&lease_id) {
+            lease_id = self::lease_id();
+        }
         let expires_at = now + req.ttl;
         state.leases.insert(
             lease_id.clone(),
