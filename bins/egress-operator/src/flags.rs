@@ -6,7 +6,6 @@
 //! rest, so `--leader-elect false` silently leaves leader election on and drops every later flag.
 //! Here a stray argument is an error.
 
-use std::fmt;
 use std::time::Duration;
 
 use crate::logging::{Encoder, LogLevel, LogOptions, StacktraceLevel, TimeEncoding};
@@ -472,51 +471,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_nanos(u64::try_from(total).map_err(|_| invalid())?))
 }
 
-/// A duration the way Go prints one (`1m0s`, `1h30m0s`, `500ms`), for log lines and messages.
-pub fn go_duration(d: Duration) -> String {
-    GoDuration(d).to_string()
-}
-
-struct GoDuration(Duration);
-
-impl fmt::Display for GoDuration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nanos = self.0.as_nanos();
-        if nanos == 0 {
-            return f.write_str("0s");
-        }
-        if nanos < 1_000_000_000 {
-            let (unit, per) = match nanos {
-                n if n < 1_000 => return write!(f, "{n}ns"),
-                n if n < 1_000_000 => ("µs", 1_000u128),
-                _ => ("ms", 1_000_000u128),
-            };
-            return write!(f, "{}{unit}", trim_fraction(nanos, per));
-        }
-        let secs = nanos / 1_000_000_000;
-        let (h, m) = (secs / 3600, (secs / 60) % 60);
-        let seconds = trim_fraction(nanos % 60_000_000_000, 1_000_000_000);
-        if h > 0 {
-            write!(f, "{h}h{m}m{seconds}s")
-        } else if m > 0 {
-            write!(f, "{m}m{seconds}s")
-        } else {
-            write!(f, "{seconds}s")
-        }
-    }
-}
-
-fn trim_fraction(value: u128, per: u128) -> String {
-    let whole = value / per;
-    let rest = value % per;
-    if rest == 0 {
-        return whole.to_string();
-    }
-    let width = per.to_string().len() - 1;
-    let digits = format!("{rest:0width$}");
-    format!("{whole}.{}", digits.trim_end_matches('0'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,21 +513,6 @@ mod tests {
         ];
         for (text, message) in bad {
             assert_eq!(parse_duration(text), Err(message.to_string()), "{text}");
-        }
-    }
-
-    #[test]
-    fn durations_print_as_go_prints_them() {
-        for (nanos, text) in [
-            (0, "0s"),
-            (60_000_000_000, "1m0s"),
-            (5_400_000_000_000, "1h30m0s"),
-            (500_000_000, "500ms"),
-            (1_500_000_000, "1.5s"),
-            (15_000_000_000, "15s"),
-            (1_000, "1µs"),
-        ] {
-            assert_eq!(go_duration(Duration::from_nanos(nanos)), text);
         }
     }
 

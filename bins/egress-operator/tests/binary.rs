@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Operator, PATIENCE, operator_binary, scratch, test_server};
+use common::{Cluster, Operator, PATIENCE, cluster, operator_binary, scratch};
 use egress_api::{Proxy, ProxySpec};
 use egress_kube_testserver::Verb;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -28,13 +28,12 @@ async fn get(url: &str) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_starts_serves_and_stops_on_sigterm() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let server = test_server().await;
-    let dir = scratch("binary");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let providers = dir.join("providers.yaml");
-    std::fs::write(&providers, "providers: []\n").unwrap();
-    let providers_flag = format!("--providers-config={}", providers.display());
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster("binary", "providers: []\n").await;
 
     let mut op = Operator::start(
         &operator_binary(),
@@ -49,7 +48,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
             "--zap-time-encoding=rfc3339",
         ],
         &[
-            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("KUBECONFIG", kubeconfig.as_str()),
             ("POD_NAMESPACE", "egress-proxies-operator-system"),
             ("POD_NAME", "manager-0"),
         ],
@@ -264,13 +263,12 @@ async fn secure_metrics_serve_only_authorised_callers_over_https() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
-    let server = test_server().await;
-    let dir = scratch("lease-loss");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let providers = dir.join("providers.yaml");
-    std::fs::write(&providers, "providers: []\n").unwrap();
-    let providers_flag = format!("--providers-config={}", providers.display());
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster("lease-loss", "providers: []\n").await;
     let mut op = Operator::start(
         &operator_binary(),
         &[
@@ -281,7 +279,7 @@ async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
             "--discovery-addr=127.0.0.1:0",
         ],
         &[
-            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("KUBECONFIG", kubeconfig.as_str()),
             ("POD_NAMESPACE", "egress-proxies-operator-system"),
         ],
     );

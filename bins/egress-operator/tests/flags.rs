@@ -38,6 +38,10 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
     let config = |p: &std::path::Path| format!("--providers-config={}", p.display());
     let (empty, malformed, not_yaml) = (config(&empty), config(&malformed), config(&not_yaml));
     let missing = format!("--providers-config={}", dir.join("absent.yaml").display());
+    let missing_ca = format!("--health-check-ca-file={}", dir.join("absent-ca.pem").display());
+    let garbage = dir.join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let not_a_ca = format!("--health-check-ca-file={}", garbage.display());
 
     let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
         (
@@ -91,6 +95,32 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
             vec!["--zap-time-encoding=sundial"],
             2,
             vec![r#"invalid time encoding \"sundial\""#],
+        ),
+        (
+            vec!["--health-workers=0"],
+            2,
+            vec!["must be a whole number from 1 to 10000"],
+        ),
+        (
+            vec!["--health-check-url=ftp://x/"],
+            2,
+            vec!["the target URL is not usable: the scheme must be http or https"],
+        ),
+        (
+            vec!["--max-lease-ttl=0"],
+            2,
+            vec!["for flag -max-lease-ttl: must be more than 0"],
+        ),
+        (vec!["--lease-cooldown=soon"], 2, vec!["time: invalid duration"]),
+        (
+            vec![&empty, &missing_ca],
+            1,
+            vec!["Failed to load the health probes' CA roots", "absent-ca.pem"],
+        ),
+        (
+            vec![&empty, &not_a_ca],
+            1,
+            vec!["Failed to load the health probes' CA roots", "no certificate"],
         ),
     ];
     for (mut args, want_code, wants) in cases {

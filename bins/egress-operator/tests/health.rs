@@ -8,7 +8,7 @@ mod common;
 #[path = "../../../crates/health/tests/support/mod.rs"]
 mod support;
 
-use common::{Operator, PATIENCE, operator_binary, scratch, test_server};
+use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
 use egress_api::{Endpoint, HealthCheckSpec, Mode, Phase, Proxy, ProxySpec};
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
@@ -42,16 +42,16 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
     let (target, _) = support::tls_target(&pki).await;
     let mut tinyproxy = support::Tinyproxy::start(&[]);
 
-    let server = test_server().await;
-    let dir = scratch("health-e2e");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let providers = dir.join("providers.yaml");
-    std::fs::write(&providers, "providers: []\n").unwrap();
+    let Cluster {
+        server,
+        dir,
+        kubeconfig,
+        providers_flag,
+    } = cluster("health-e2e", "providers: []\n").await;
     let ca = dir.join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
     let flags = [
-        format!("--providers-config={}", providers.display()),
+        providers_flag,
         format!("--health-check-ca-file={}", ca.display()),
         format!("--health-check-url=https://localhost:{}/204", target.port()),
         "--health-probe-bind-address=0".into(),
@@ -63,7 +63,7 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
         &operator_binary(),
         &args,
         &[
-            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+            ("KUBECONFIG", kubeconfig.as_str()),
             ("DISCOVERY_TOKEN", "crawler-token"),
         ],
     );

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{Operator, PATIENCE, reference_binary, scratch, test_server};
+use common::{Cluster, Operator, PATIENCE, cluster, reference_binary};
 use egress_api::{Phase, Proxy, ProxySpec};
 use egress_kube_testserver::TestServer;
 use http_body_util::{BodyExt as _, Full};
@@ -105,17 +105,13 @@ struct Run {
 }
 
 async fn start(env: &[(&str, &str)], name: &str) -> Run {
-    let server = test_server().await;
-    let dir = scratch(name);
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let providers = dir.join("providers.yaml");
-    std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n").unwrap();
-    let providers_flag = format!("--providers-config={}", providers.display());
-    let mut all_env = vec![
-        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
-        ("POD_NAMESPACE", "default"),
-    ];
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster(name, "providers:\n  - name: mem\n    type: reference\n").await;
+    let mut all_env = vec![("KUBECONFIG", kubeconfig.as_str()), ("POD_NAMESPACE", "default")];
     all_env.extend_from_slice(env);
     let op = Operator::start(
         &reference_binary(),

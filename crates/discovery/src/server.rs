@@ -1,6 +1,7 @@
 //! The HTTP side: listening, the middleware chain and routing.
 
 use std::convert::Infallible;
+use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,17 +41,50 @@ fn respond((status, body): Answer) -> Response<Body> {
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
-/// A Go duration string (`1.5ms`, `250µs`, `2s`) for the request log.
+/// A duration the way Go prints one (`1m0s`, `1.5ms`, `250µs`): the request log writes it as
+/// a string, as the Go operator did.
 fn go_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    let (value, unit) = match nanos {
-        n if n < 1_000 => return format!("{n}ns"),
-        n if n < 1_000_000 => (n as f64 / 1e3, "µs"),
-        n if n < 1_000_000_000 => (n as f64 / 1e6, "ms"),
-        n => (n as f64 / 1e9, "s"),
-    };
-    let text = format!("{value:.3}");
-    format!("{}{unit}", text.trim_end_matches('0').trim_end_matches('.'))
+    GoDuration(d).to_string()
+}
+
+struct GoDuration(Duration);
+
+impl fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nanos = self.0.as_nanos();
+        if nanos == 0 {
+            return f.write_str("0s");
+        }
+        if nanos < 1_000_000_000 {
+            let (unit, per) = match nanos {
+                n if n < 1_000 => return write!(f, "{n}ns"),
+                n if n < 1_000_000 => ("µs", 1_000u128),
+                _ => ("ms", 1_000_000u128),
+            };
+            return write!(f, "{}{unit}", trim_fraction(nanos, per));
+        }
+        let secs = nanos / 1_000_000_000;
+        let (h, m) = (secs / 3600, (secs / 60) % 60);
+        let seconds = trim_fraction(nanos % 60_000_000_000, 1_000_000_000);
+        if h > 0 {
+            write!(f, "{h}h{m}m{seconds}s")
+        } else if m > 0 {
+            write!(f, "{m}m{seconds}s")
+        } else {
+            write!(f, "{seconds}s")
+        }
+    }
+}
+
+fn trim_fraction(value: u128, per: u128) -> String {
+    let whole = value / per;
+    let rest = value % per;
+    if rest == 0 {
+        return whole.to_string();
+    }
+    let width = per.to_string().len() - 1;
+    let digits = format!("{rest:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
 /// Constant-time comparison of two tokens (the length is not secret).
@@ -275,6 +309,16 @@ mod tests {
         assert_eq!(go_duration(Duration::from_micros(250)), "250µs");
         assert_eq!(go_duration(Duration::from_micros(1500)), "1.5ms");
         assert_eq!(go_duration(Duration::from_secs(2)), "2s");
+        for (nanos, text) in [
+            (0, "0s"),
+            (60_000_000_000, "1m0s"),
+            (5_400_000_000_000, "1h30m0s"),
+            (500_000_000, "500ms"),
+            (1_500_000_000, "1.5s"),
+            (1_234_567, "1.234567ms"),
+        ] {
+            assert_eq!(go_duration(Duration::from_nanos(nanos)), text);
+        }
     }
 
     #[test]

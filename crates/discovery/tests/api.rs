@@ -1,14 +1,16 @@
 //! The API over real HTTP: auth, listing, leases, reports, and what every client mistake gets.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use egress_discovery::{Api, MAX_BODY, ProxyDirectory, ProxyInfo, serve};
+use common::{info, serve_on_loopback, snapshot};
+use egress_discovery::{Api, MAX_BODY, ProxyDirectory, ProxyInfo};
 use egress_lease::{ManualClock, MemoryStore};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
+/// A directory the test changes, or breaks.
 #[derive(Default)]
 struct Directory {
     proxies: Mutex<Vec<ProxyInfo>>,
@@ -20,25 +22,7 @@ impl ProxyDirectory for Directory {
         if *self.broken.lock().unwrap() {
             return Err("the cache is gone".into());
         }
-        let mut all = self.proxies.lock().unwrap().clone();
-        all.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
-        Ok(Arc::new(all))
-    }
-}
-
-fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &str)]) -> ProxyInfo {
-    ProxyInfo {
-        id: id.into(),
-        ip: "10.0.0.1".into(),
-        port: 3128,
-        attributes: attrs
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect::<BTreeMap<_, _>>(),
-        phase: if healthy { "Ready" } else { "Unhealthy" }.into(),
-        healthy,
-        latency_millis: latency,
-        max_leases: max,
+        Ok(snapshot(self.proxies.lock().unwrap().clone()))
     }
 }
 
@@ -51,19 +35,15 @@ struct Server {
 }
 
 async fn start(token: Option<&str>) -> Server {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let directory = Arc::new(Directory::default());
     let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
-    let api = Api {
+    let (url, stop) = serve_on_loopback(Api {
         directory: directory.clone(),
         store: Arc::new(MemoryStore::new(Arc::new(clock.clone()), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         token: token.map(str::to_string),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    })
+    .await;
     Server {
         url,
         directory,
@@ -72,7 +52,7 @@ async fn start(token: Option<&str>) -> Server {
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap(),
-        _stop: stop.drop_guard(),
+        _stop: stop,
     }
 }
 

@@ -1,49 +1,28 @@
 //! The typed client against the real server.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{Fixed, info, serve_on_loopback};
+use egress_discovery::Api;
 use egress_discovery::client::{AcquireRequest, Client, ClientError, ListFilter, ReportResult};
-use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
 use egress_lease::{MemoryStore, SystemClock};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::DropGuard;
 
-struct Fixed(Vec<ProxyInfo>);
-
-impl ProxyDirectory for Fixed {
-    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
-        let mut all = self.0.clone();
-        all.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
-        Ok(Arc::new(all))
-    }
-}
-
-fn proxy(id: &str, healthy: bool, geo: &str) -> ProxyInfo {
-    ProxyInfo {
-        id: id.into(),
-        ip: "10.0.0.9".into(),
-        port: 3128,
-        attributes: [("geo".to_string(), geo.to_string())].into(),
-        phase: "Ready".into(),
-        healthy,
-        latency_millis: 5,
-        max_leases: 1,
-    }
-}
-
-async fn start() -> (String, tokio_util::sync::DropGuard) {
-    let api = Api {
-        directory: Arc::new(Fixed(vec![proxy("ns/eu", true, "eu"), proxy("ns/us", false, "us")])),
+async fn start() -> (String, DropGuard) {
+    serve_on_loopback(Api {
+        directory: Arc::new(Fixed::new(vec![
+            info("ns/eu", true, 5, 1, &[("geo", "eu")]),
+            info("ns/us", false, 5, 1, &[("geo", "us")]),
+        ])),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         token: Some("tok".into()),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
-    (url, stop.drop_guard())
+    })
+    .await
 }
 
 #[tokio::test]

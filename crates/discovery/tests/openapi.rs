@@ -2,54 +2,28 @@
 //! every documented operation is routed and every route is documented, and real answers
 //! validate against the documented schemas.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
+use common::{Fixed, info, serve_on_loopback};
+use egress_discovery::Api;
 use egress_lease::{MemoryStore, SystemClock};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::DropGuard;
 
-struct Fixed(Vec<ProxyInfo>);
-
-impl ProxyDirectory for Fixed {
-    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
-        let mut all = self.0.clone();
-        all.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
-        Ok(Arc::new(all))
-    }
-}
-
-async fn start() -> (String, CancellationToken) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let proxy = |id: &str, healthy: bool, attrs: &[(&str, &str)]| ProxyInfo {
-        id: id.into(),
-        ip: "10.0.0.1".into(),
-        port: 3128,
-        attributes: attrs
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect::<BTreeMap<_, _>>(),
-        phase: "Ready".into(),
-        healthy,
-        latency_millis: 12,
-        max_leases: 1,
-    };
-    let api = Api {
-        directory: Arc::new(Fixed(vec![
-            proxy("ns/a", true, &[("geo", "eu")]),
-            proxy("ns/b", false, &[]),
+async fn start() -> (String, DropGuard) {
+    serve_on_loopback(Api {
+        directory: Arc::new(Fixed::new(vec![
+            info("ns/a", true, 12, 1, &[("geo", "eu")]),
+            info("ns/b", false, 12, 1, &[]),
         ])),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         token: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
-    (url, stop)
+    })
+    .await
 }
 
 fn validator(doc: &Value, schema: &str) -> jsonschema::Validator {

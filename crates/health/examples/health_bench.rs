@@ -8,12 +8,16 @@
 //!
 //! Prints one Markdown table. Not a test: it asserts nothing.
 
+// The probe tests' TLS target (a test CA, answering the status its path ends with).
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_health::{
-    ConnectProber, Engine, EngineConfig, HealthMetrics, ProbeOutcome, ProbeRequest, ProbeSettings, ProbeTls, Prober,
-    ProxyKey, ProxySource, ProxyView, Snapshot,
+    ConnectProber, Engine, EngineConfig, HealthMetrics, ProbeOutcome, ProbeRequest, ProbeSettings, Prober, ProxyKey,
+    ProxySource, ProxyView, Snapshot,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -174,55 +178,6 @@ async fn connect_proxy() -> String {
     addr
 }
 
-/// A TLS target answering 204, with its CA.
-async fn tls_target() -> (u16, rustls::RootCertStore) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else { return };
-                let mut tls = BufReader::new(tls);
-                loop {
-                    let mut h = String::new();
-                    if tls.read_line(&mut h).await.unwrap_or(0) == 0 || h == "\r\n" {
-                        break;
-                    }
-                }
-                let _ = tls
-                    .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
-                    .await;
-                let _ = tls.shutdown().await;
-            });
-        }
-    });
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.der().clone()).unwrap();
-    (port, roots)
-}
-
 /// One row for `--proxies N` (default 1000), as `|`-separated cells. One process per size, so
 /// the memory figure of one size is not hidden in memory freed by another.
 #[tokio::main]
@@ -233,9 +188,10 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
     let proxy = connect_proxy().await;
-    let (port, roots) = tls_target().await;
-    let url = format!("https://localhost:{port}/generate_204");
-    let tls = ProbeTls::with_roots(roots);
+    let pki = support::pki();
+    let (target, _) = support::tls_target(&pki).await;
+    let url = format!("https://localhost:{}/generate_204", target.port());
+    let tls = pki.trust();
 
     // Scheduling alone: a probe that does nothing. Memory: resident memory before and after the
     // engine holds the records (their thresholds, verdicts, queue entries and metric series).

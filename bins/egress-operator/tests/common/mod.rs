@@ -40,6 +40,32 @@ pub async fn test_server() -> TestServer {
         .expect("test server")
 }
 
+/// What a run of the operator needs: a test server, a scratch directory with a kubeconfig for
+/// it, and a providers file.
+pub struct Cluster {
+    pub server: TestServer,
+    pub dir: PathBuf,
+    pub kubeconfig: String,
+    /// `--providers-config=<file>`.
+    pub providers_flag: String,
+}
+
+/// A cluster for the test `name`, whose providers file holds `providers`.
+pub async fn cluster(name: &str, providers: &str) -> Cluster {
+    let server = test_server().await;
+    let dir = scratch(name);
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let file = dir.join("providers.yaml");
+    std::fs::write(&file, providers).unwrap();
+    Cluster {
+        server,
+        kubeconfig: kubeconfig.to_str().unwrap().to_string(),
+        providers_flag: format!("--providers-config={}", file.display()),
+        dir,
+    }
+}
+
 /// A scratch directory for one test.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("egress-operator-{name}-{}", std::process::id()));

@@ -1,0 +1,56 @@
+//! Shared by the discovery API's tests: proxies, a fixed directory, and the server on loopback.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// A proxy of the fleet (Ready when healthy, at 10.0.0.1:3128).
+pub fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &str)]) -> ProxyInfo {
+    ProxyInfo {
+        id: id.into(),
+        ip: "10.0.0.1".into(),
+        port: 3128,
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect::<BTreeMap<_, _>>(),
+        phase: if healthy { "Ready" } else { "Unhealthy" }.into(),
+        healthy,
+        latency_millis: latency,
+        max_leases: max,
+    }
+}
+
+/// A snapshot in the order the API requires of a directory: (latency, id).
+pub fn snapshot(mut proxies: Vec<ProxyInfo>) -> Arc<Vec<ProxyInfo>> {
+    proxies.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
+    Arc::new(proxies)
+}
+
+/// A directory that never changes.
+pub struct Fixed(pub Arc<Vec<ProxyInfo>>);
+
+impl Fixed {
+    pub fn new(proxies: Vec<ProxyInfo>) -> Self {
+        Self(snapshot(proxies))
+    }
+}
+
+impl ProxyDirectory for Fixed {
+    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+/// Serves `api` on a free loopback port until the guard is dropped; returns its base URL.
+pub async fn serve_on_loopback(api: Api) -> (String, DropGuard) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    (url, stop.drop_guard())
+}
