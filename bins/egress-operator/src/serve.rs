@@ -171,6 +171,26 @@ impl Guard {
         answer
     }
 
+    /// Creates a review (cluster-scoped, never stored) within the budget; any failure is a 500.
+    async fn create<K>(&self, review: &K, what: &str) -> Result<K, Denied>
+    where
+        K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: kube::Api<K> = kube::Api::all(self.client.clone());
+        tokio::time::timeout(BUDGET, api.create(&PostParams::default(), review))
+            .await
+            .map_err(|_| INTERNAL)?
+            .map_err(|e| {
+                // The token is in the request, never in the error.
+                tracing::info!(error = %e, "metrics {what} review failed");
+                INTERNAL
+            })
+    }
+
     async fn review(&self, token: &str, path: &str) -> Result<(), Denied> {
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -179,15 +199,7 @@ impl Guard {
             },
             ..Default::default()
         };
-        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
-        let answer = tokio::time::timeout(BUDGET, api.create(&PostParams::default(), &review))
-            .await
-            .map_err(|_| INTERNAL)?
-            .map_err(|e| {
-                // The token is in the request, never in the error.
-                tracing::info!(error = %e, "metrics authentication review failed");
-                INTERNAL
-            })?;
+        let answer = self.create(&review, "authentication").await?;
         let status = answer.status.unwrap_or_default();
         if status.authenticated != Some(true) {
             return Err((StatusCode::UNAUTHORIZED, "Unauthorized"));
@@ -207,14 +219,7 @@ impl Guard {
             },
             ..Default::default()
         };
-        let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
-        let answer = tokio::time::timeout(BUDGET, api.create(&PostParams::default(), &sar))
-            .await
-            .map_err(|_| INTERNAL)?
-            .map_err(|e| {
-                tracing::info!(error = %e, "metrics authorization review failed");
-                INTERNAL
-            })?;
+        let answer = self.create(&sar, "authorization").await?;
         if answer.status.is_some_and(|s| s.allowed) {
             Ok(())
         } else {
