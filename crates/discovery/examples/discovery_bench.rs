@@ -1,7 +1,8 @@
 //! The discovery API's figures, for `cargo xtask bench`: on loopback, with 10 000 proxies and 64
-//! concurrent clients each acquiring and releasing leases in a loop, the pairs per second and
-//! the p50/p99 latency of a pair; next to the same clients against a trivial hyper handler
-//! measured in the same run (this machine's ceiling). Prints one `|`-separated row.
+//! concurrent clients each acquiring and releasing leases in a loop, the pairs per second, the
+//! p50/p99 latency of each request (acquire, release) and of a whole pair; next to the same
+//! clients against a trivial hyper handler measured in the same run (this machine's ceiling).
+//! Prints one `|`-separated row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,8 +52,22 @@ async fn trivial_server() -> String {
     addr
 }
 
-/// 64 clients doing acquire+release pairs for MEASURE; returns (pairs per second, p50, p99).
-async fn load(base: String, lease_paths: bool) -> (f64, Duration, Duration) {
+/// Latencies of one run, sorted.
+struct Figures {
+    pairs_per_second: f64,
+    acquire: Vec<Duration>,
+    release: Vec<Duration>,
+    pair: Vec<Duration>,
+}
+
+/// The q-quantile of sorted latencies, in milliseconds.
+fn quantile(sorted: &[Duration], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1));
+    sorted.get(i).copied().unwrap_or_default().as_secs_f64() * 1e3
+}
+
+/// 64 clients doing acquire+release pairs for MEASURE.
+async fn load(base: String, lease_paths: bool) -> Figures {
     let started = Instant::now();
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
@@ -73,6 +88,7 @@ async fn load(base: String, lease_paths: bool) -> (f64, Duration, Duration) {
                     let _ = grant.bytes().await;
                     "none".to_string()
                 };
+                let acquired = t.elapsed();
                 let _ = http
                     .delete(format!("{base}/v1/leases/{id}"))
                     .send()
@@ -80,23 +96,30 @@ async fn load(base: String, lease_paths: bool) -> (f64, Duration, Duration) {
                     .unwrap()
                     .bytes()
                     .await;
-                latencies.push(t.elapsed());
+                let pair = t.elapsed();
+                latencies.push((acquired, pair - acquired, pair));
             }
             latencies
         }));
     }
-    let mut all = Vec::new();
+    let (mut acquire, mut release, mut pair) = (Vec::new(), Vec::new(), Vec::new());
     for c in clients {
-        all.extend(c.await.unwrap());
+        for (a, r, p) in c.await.unwrap() {
+            acquire.push(a);
+            release.push(r);
+            pair.push(p);
+        }
     }
     let secs = started.elapsed().as_secs_f64();
-    all.sort();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    (all.len() as f64 / secs, at(0.5), at(0.99))
+    acquire.sort();
+    release.sort();
+    pair.sort();
+    Figures {
+        pairs_per_second: pair.len() as f64 / secs,
+        acquire,
+        release,
+        pair,
+    }
 }
 
 #[tokio::main]
@@ -128,15 +151,24 @@ async fn main() {
     tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
     let ceiling_base = format!("http://{}", trivial_server().await);
 
-    let (ceiling, c50, c99) = load(ceiling_base, false).await;
-    let (rate, p50, p99) = load(base, true).await;
+    let ceiling = load(ceiling_base, false).await;
+    let api = load(base, true).await;
     stop.cancel();
-    println!(
-        "{PROXIES}|{CLIENTS}|{rate:.0}|{:.2}|{:.2}|{ceiling:.0}|{:.2}|{:.2}|{:.0} %",
-        p50.as_secs_f64() * 1e3,
-        p99.as_secs_f64() * 1e3,
-        c50.as_secs_f64() * 1e3,
-        c99.as_secs_f64() * 1e3,
-        rate / ceiling * 100.0
-    );
+    let cells = [
+        PROXIES.to_string(),
+        CLIENTS.to_string(),
+        format!("{:.0}", api.pairs_per_second),
+        format!("{:.2}", quantile(&api.acquire, 0.5)),
+        format!("{:.2}", quantile(&api.acquire, 0.99)),
+        format!("{:.2}", quantile(&api.release, 0.5)),
+        format!("{:.2}", quantile(&api.release, 0.99)),
+        format!("{:.2}", quantile(&api.pair, 0.5)),
+        format!("{:.2}", quantile(&api.pair, 0.99)),
+        format!("{:.0}", ceiling.pairs_per_second),
+        format!("{:.2}", quantile(&ceiling.acquire, 0.5)),
+        format!("{:.2}", quantile(&ceiling.acquire, 0.99)),
+        format!("{:.2}", quantile(&ceiling.pair, 0.99)),
+        format!("{:.0} %", api.pairs_per_second / ceiling.pairs_per_second * 100.0),
+    ];
+    println!("{}", cells.join("|"));
 }
