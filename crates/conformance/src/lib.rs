@@ -36,6 +36,7 @@ pub mod capture;
 pub mod cases;
 pub mod harness;
 pub mod hooks;
+pub mod intercept;
 pub mod memory;
 pub mod target;
 
@@ -43,6 +44,7 @@ use std::time::Duration;
 
 pub use harness::{CaseResult, Scenario, Skip, outcome, run_case};
 pub use hooks::{BackendHooks, CallKind, Fault, Gate, NativeState, SeedSpec, SeedTime, Times, Unsupported};
+pub use intercept::Interceptor;
 pub use target::{BuildOptions, ConformanceTarget, Fixtures, NotConfigured, Profile};
 
 /// The bound on "returns promptly".

@@ -58,6 +58,9 @@ pub struct ProviderConfig {
     /// Settings of the `kvm2` type (same shape as `kvm`).
     #[serde(default)]
     pub kvm2: Option<KvmConfig>,
+    /// Settings of the `local` type (tinyproxy processes on this machine).
+    #[serde(default)]
+    pub local: Option<LocalConfig>,
 }
 
 impl ProviderConfig {
@@ -75,6 +78,9 @@ impl ProviderConfig {
         }
         if self.kvm2.is_some() {
             out.push("kvm2");
+        }
+        if self.local.is_some() {
+            out.push("local");
         }
         out
     }
@@ -101,6 +107,32 @@ pub struct KubernetesConfig {
 impl KubernetesConfig {
     /// The Squid image used when none is configured.
     pub const DEFAULT_IMAGE: &'static str = "ubuntu/squid:6.6-24.04_edge";
+}
+
+/// The `local:` block: proxies as tinyproxy processes on the operator's own machine, for
+/// development and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LocalConfig {
+    /// Where each instance's record, tinyproxy config, pid and log live (required, absolute).
+    #[serde(default)]
+    pub state_dir: String,
+    /// The tinyproxy binary; default [`LocalConfig::DEFAULT_TINYPROXY`].
+    #[serde(default)]
+    pub tinyproxy_path: Option<String>,
+}
+
+impl LocalConfig {
+    /// The tinyproxy binary used when none is configured (Debian's package).
+    pub const DEFAULT_TINYPROXY: &'static str = "/usr/bin/tinyproxy";
+
+    /// The tinyproxy binary after defaults.
+    pub fn effective_tinyproxy_path(&self) -> &str {
+        match self.tinyproxy_path.as_deref() {
+            None | Some("") => Self::DEFAULT_TINYPROXY,
+            Some(p) => p,
+        }
+    }
 }
 
 /// The `gcp:` block.

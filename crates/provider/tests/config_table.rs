@@ -21,6 +21,7 @@ fn registry() -> Registry {
         .with(ProviderType::new("gcp", validators::gcp, unused))
         .with(ProviderType::new("kvm", validators::kvm, unused))
         .with(ProviderType::new("kvm2", validators::kvm, unused))
+        .with(ProviderType::new("local", validators::local, unused))
 }
 
 /// Strips the indentation shared by every non-blank line (and a leading
@@ -165,9 +166,15 @@ fn entry_rows() -> Vec<Bad> {
         bad("gcp without a project", "providers:\n  - {name: g, type: gcp, gcp: {network: default}}\n", r#"providers[0] "g": gcp.project is required"#),
         bad("gcp with an empty project", "providers:\n  - {name: g, type: gcp, gcp: {project: \"\"}}\n", r#"providers[0] "g": gcp.project is required"#),
         bad("gcp with a negative disk", "providers:\n  - {name: g, type: gcp, gcp: {project: p, diskSizeGb: -5}}\n", r#"providers[0] "g": gcp.diskSizeGb must not be negative"#),
+        bad("local without a block", "providers:\n  - {name: l, type: local}\n", r#"providers[0] "l": local block is required"#),
+        bad("local without a state directory", "providers:\n  - {name: l, type: local, local: {}}\n", r#"providers[0] "l": local.stateDir is required"#),
+        bad("local with a relative state directory", "providers:\n  - {name: l, type: local, local: {stateDir: state}}\n", r#"providers[0] "l": local.stateDir must be an absolute path (got "state")"#),
+        bad("local with a quote in the state directory", "providers:\n  - {name: l, type: local, local: {stateDir: '/s\"x'}}\n", r#"providers[0] "l": local.stateDir must not contain a double quote or a line break (got "/s\"x")"#),
+        bad("local with a relative tinyproxy", "providers:\n  - {name: l, type: local, local: {stateDir: /s, tinyproxyPath: tinyproxy}}\n", r#"providers[0] "l": local.tinyproxyPath must be an absolute path (got "tinyproxy")"#),
+        bad("local with an unknown key", "providers:\n  - {name: l, type: local, local: {stateDir: /s, port: 1}}\n", r#"providers[0] "l": local.port: unknown field `port`, expected `stateDir` or `tinyproxyPath`"#),
     ];
     // Every wrong-block pair, including kvm<->kvm2 and gcp<->kubernetes.
-    let types = ["kubernetes", "gcp", "kvm", "kvm2"];
+    let types = ["kubernetes", "gcp", "kvm", "kvm2", "local"];
     for t in types {
         for b in types.into_iter().filter(|b| *b != t) {
             let yaml = format!("providers:\n  - name: p1\n    type: {t}\n    {b}: {{}}\n");
@@ -272,6 +279,21 @@ fn only(config: &ProvidersConfig) -> &ProviderConfig {
 
 fn valid_rows() -> Vec<Good> {
     vec![
+        good(
+            "local with defaults",
+            "providers:\n  - {name: dev, type: local, local: {stateDir: /var/lib/egress-local}}\n",
+            |c, w| {
+                assert!(w.is_empty());
+                let local = only(c).local.as_ref().expect("a local block");
+                assert_eq!(local.state_dir, "/var/lib/egress-local");
+                assert_eq!(local.effective_tinyproxy_path(), "/usr/bin/tinyproxy");
+            },
+        ),
+        good(
+            "local with its own tinyproxy",
+            "providers:\n  - {name: dev, type: local, local: {stateDir: /s, tinyproxyPath: /opt/tp/bin/tinyproxy}}\n",
+            |_, _| {},
+        ),
         good(
             "kubernetes minimal",
             "providers:\n  - {name: kubernetes, type: kubernetes}\n",

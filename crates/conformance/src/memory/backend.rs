@@ -18,6 +18,7 @@ use crate::hooks::{
     BackendCall, BackendHooks, BackendObject, CallKind, Fault, Gate, HookResult, NativeState, SeedManaged, SeedSpec,
     SeedTime, Times,
 };
+use crate::intercept::Interceptor;
 
 /// Call kinds of the simulated API.
 pub const INSERT: CallKind = CallKind("insert");
@@ -122,11 +123,6 @@ struct Obj {
 #[derive(Default, Debug)]
 struct State {
     objects: BTreeMap<(String, String), Obj>,
-    calls: Vec<BackendCall>,
-    faults: Vec<(CallKind, Fault, Option<u32>)>,
-    gates: Vec<(CallKind, Gate)>,
-    delays: Vec<(CallKind, Duration)>,
-    unreachable: bool,
     unreachable_zones: BTreeSet<String>,
     hold_pending: bool,
     tokens: BTreeSet<String>,
@@ -136,6 +132,7 @@ struct State {
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
+    interceptor: Interceptor,
     dir: PathBuf,
 }
 
@@ -173,6 +170,7 @@ impl MemoryBackend {
         Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(state),
+                interceptor: Interceptor::new(),
                 dir,
             }),
         }
@@ -187,48 +185,21 @@ impl MemoryBackend {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every call passes here first: record it, then apply outages, gates,
-    /// delays, injected faults and authentication, in that order.
+    /// Every call passes here first: the interceptor records it and applies
+    /// the outage switch, gates, delays and injected faults; then a zone
+    /// outage and authentication apply, in that order.
     async fn enter(&self, kind: CallKind, zone: &str, target: &str, token: &str) -> Result<(), BackendError> {
-        let (gate, delay) = {
-            let mut st = self.lock();
-            st.calls.push(BackendCall {
-                kind,
-                target: target.to_owned(),
-            });
-            if st.unreachable || st.unreachable_zones.contains(zone) {
+        match self.inner.interceptor.enter(kind, target).await {
+            Err(Fault::ConnectionReset) | Ok(()) if self.lock().unreachable_zones.contains(zone) => {
                 return Err(BackendError::new(
                     Fault::ConnectionReset,
                     format!("dial {zone}.compute.invalid:443: connection refused"),
                 ));
             }
-            let gate = st
-                .gates
-                .iter()
-                .position(|(k, _)| *k == kind)
-                .map(|i| st.gates.remove(i).1);
-            let delay = st.delays.iter().find(|(k, _)| *k == kind).map(|(_, d)| *d);
-            (gate, delay)
-        };
-        if let Some(gate) = gate {
-            gate.pass().await;
+            Ok(()) => {}
+            Err(fault) => return Err(fault_error(fault, kind, target, token)),
         }
-        if let Some(d) = delay {
-            tokio::time::sleep(d).await;
-        }
-        let mut st = self.lock();
-        if let Some(i) = st.faults.iter().position(|(k, _, _)| *k == kind) {
-            let fault = st.faults[i].1.clone();
-            match &mut st.faults[i].2 {
-                Some(n) if *n <= 1 => {
-                    st.faults.remove(i);
-                }
-                Some(n) => *n -= 1,
-                None => {}
-            }
-            return Err(fault_error(fault, kind, target, token));
-        }
-        if !st.tokens.contains(token) {
+        if !self.lock().tokens.contains(token) {
             return Err(BackendError::new(
                 Fault::Unauthenticated,
                 format!(
@@ -517,34 +488,25 @@ impl BackendHooks for MemoryBackend {
     }
 
     async fn call_log(&self) -> HookResult<Vec<BackendCall>> {
-        Ok(self.lock().calls.clone())
+        Ok(self.inner.interceptor.call_log())
     }
 
     async fn fail(&self, kind: CallKind, fault: Fault, times: Times) -> HookResult {
-        let n = match times {
-            Times::Once => Some(1),
-            Times::N(n) => Some(n),
-            Times::Always => None,
-        };
-        self.lock().faults.push((kind, fault, n));
+        self.inner.interceptor.fail(kind, fault, times);
         Ok(())
     }
 
     async fn clear_faults(&self) -> HookResult {
-        self.lock().faults.clear();
+        self.inner.interceptor.clear_faults();
         Ok(())
     }
 
     async fn freeze(&self, kind: CallKind) -> HookResult<Gate> {
-        let gate = Gate::new();
-        self.lock().gates.push((kind, gate.clone()));
-        Ok(gate)
+        Ok(self.inner.interceptor.freeze(kind))
     }
 
     async fn delay(&self, kind: CallKind, by: Duration) -> HookResult {
-        let mut st = self.lock();
-        st.delays.retain(|(k, _)| *k != kind);
-        st.delays.push((kind, by));
+        self.inner.interceptor.delay(kind, by);
         Ok(())
     }
 
@@ -592,7 +554,7 @@ impl BackendHooks for MemoryBackend {
     }
 
     async fn set_unreachable(&self, unreachable: bool) -> HookResult {
-        self.lock().unreachable = unreachable;
+        self.inner.interceptor.set_unreachable(unreachable);
         Ok(())
     }
 }

@@ -214,6 +214,42 @@ pub mod validators {
         Ok(())
     }
 
+    /// The `local` block: an absolute state directory, and an absolute tinyproxy path when
+    /// one is given. Both end up quoted in a tinyproxy config file, so neither may hold a
+    /// double quote or a line break.
+    ///
+    /// # Errors
+    /// `local block is required`, `local.stateDir is required`, `local.stateDir must be an
+    /// absolute path`, and the same for `local.tinyproxyPath`.
+    pub fn local(entry: &ProviderConfig) -> Result<(), String> {
+        let Some(local) = entry.local.as_ref() else {
+            return Err("local block is required".to_owned());
+        };
+        if local.state_dir.is_empty() {
+            return Err("local.stateDir is required".to_owned());
+        }
+        let usable = |field: &str, path: &str| {
+            if !path.starts_with('/') {
+                Err(format!(
+                    "local.{field} must be an absolute path (got {})",
+                    go_quote(path)
+                ))
+            } else if path.contains(['"', '\n', '\r']) {
+                Err(format!(
+                    "local.{field} must not contain a double quote or a line break (got {})",
+                    go_quote(path)
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        usable("stateDir", &local.state_dir)?;
+        match local.tinyproxy_path.as_deref() {
+            None | Some("") => Ok(()),
+            Some(path) => usable("tinyproxyPath", path),
+        }
+    }
+
     /// The `gcp` block: a project is mandatory.
     ///
     /// # Errors

@@ -1,0 +1,327 @@
+//! The local provider with real tinyproxy processes, beyond the contract suite: traffic through a
+//! created proxy, a process that outlives its provider, a process that dies, a create that
+//! resumes, the checker's verdicts, and cloud-init kept off the disk.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_provider::config::{LocalConfig, ProviderConfig};
+use egress_provider::{CreateRequest, ErrorClass, InstanceState, OpCtx, Placement, Provider, name_from_uid};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Whether tinyproxy is installed; without it these tests skip, and under `cargo xtask test`
+/// (which installs it) they fail.
+fn tinyproxy_available() -> bool {
+    let found = Path::new(support::TINYPROXY).exists();
+    if !found {
+        assert!(
+            std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_err(),
+            "tinyproxy is required (cargo xtask test installs it)"
+        );
+        eprintln!("SKIP: {} is not installed", support::TINYPROXY);
+    }
+    found
+}
+
+/// A state directory removed (with any process left in it) at the end of a test.
+struct StateDir(PathBuf);
+
+impl StateDir {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("egress-local-test-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+
+    fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        for (pid, _) in support::processes_under(&self.0) {
+            if let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A provider built the way the operator builds it, from a config entry.
+fn provider(state: &StateDir, tinyproxy: Option<&str>) -> Arc<dyn Provider> {
+    let entry = ProviderConfig {
+        name: "dev".to_owned(),
+        type_name: "local".to_owned(),
+        local: Some(LocalConfig {
+            state_dir: state.path(),
+            tinyproxy_path: tinyproxy.map(str::to_owned),
+        }),
+        ..ProviderConfig::default()
+    };
+    egress_provider_local::construct(&entry).expect("a valid entry")
+}
+
+fn request(uid: &str) -> CreateRequest {
+    CreateRequest {
+        name: name_from_uid(uid),
+        uid: uid.to_owned(),
+        namespace: "crawl".to_owned(),
+        proxy_name: "p".to_owned(),
+        placement: Placement::default(),
+        cloud_init: String::new(),
+        port: 3128,
+        installation: Some("dev-install".to_owned()),
+    }
+}
+
+/// Polls `get` until the instance is in `want` (a real process needs a moment to listen).
+async fn wait_for(
+    p: &dyn Provider,
+    id: &egress_provider::ProviderId,
+    want: InstanceState,
+) -> egress_provider::Instance {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let i = p.get(&OpCtx::background(), id).await.expect("get");
+        if i.state == want {
+            return i;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{id} still {:?} after 20 s, want {want:?}",
+            i.state
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A target that answers one line of text on every connection.
+async fn hello_target() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = s.write_all(b"hello from the target\n").await;
+            });
+        }
+    });
+    addr
+}
+
+/// Opens a CONNECT tunnel through `proxy` to `target` and returns what the target sent.
+async fn through(proxy: std::net::SocketAddr, target: std::net::SocketAddr) -> String {
+    let mut s = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(proxy))
+        .await
+        .expect("connect in time")
+        .expect("connect to the proxy");
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !String::from_utf8_lossy(&got).contains("from the target") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("an answer in time")
+            .unwrap();
+        assert!(n > 0, "the proxy closed the tunnel: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn a_created_proxy_carries_a_connect_and_delete_leaves_nothing() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let state = StateDir::new("connect");
+    let p = provider(&state, None);
+    let cx = OpCtx::background();
+    let id = p.create(&cx, &request("u-connect")).await.expect("create");
+    assert_eq!(id.as_str(), format!("local/{}", name_from_uid("u-connect")));
+    let i = wait_for(p.as_ref(), &id, InstanceState::Running).await;
+    let ip = i.ip.expect("a Running instance has an address");
+    assert!(ip.is_loopback() && ip != std::net::IpAddr::from([127, 0, 0, 1]), "{ip}");
+    assert_eq!(
+        (i.uid.as_str(), i.installation.as_deref()),
+        ("u-connect", Some("dev-install"))
+    );
+
+    let target = hello_target().await;
+    let answer = through((ip, 3128).into(), target).await;
+    assert!(answer.starts_with("HTTP/1.") && answer.contains(" 200 "), "{answer}");
+
+    p.delete(&cx, &id).await.expect("delete");
+    let gone = p.get(&cx, &id).await.expect_err("gone after delete");
+    assert_eq!(gone.class(), ErrorClass::NotFound);
+    assert!(
+        support::processes_under(&state.0).is_empty(),
+        "a tinyproxy outlived its delete"
+    );
+    let left: Vec<_> = std::fs::read_dir(&state.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[tokio::test]
+async fn the_process_outlives_its_provider_and_the_next_one_takes_it_over() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let state = StateDir::new("restart");
+    let cx = OpCtx::background();
+    let first = provider(&state, None);
+    let id = first.create(&cx, &request("u-restart")).await.expect("create");
+    wait_for(first.as_ref(), &id, InstanceState::Running).await;
+    let (pid, _) = support::processes_under(&state.0)[0].clone();
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    // Its own process group: a signal to the operator's group does not reach it.
+    assert_ne!(
+        rustix::process::getpgid(Some(pid)).unwrap(),
+        rustix::process::getpgrp(),
+        "tinyproxy shares the operator's process group"
+    );
+    drop(first);
+
+    let second = provider(&state, None);
+    let listed = second.list_by_tag(&cx).await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].id.clone(), listed[0].uid.as_str()),
+        (id.clone(), "u-restart")
+    );
+    assert_eq!(listed[0].state, InstanceState::Running);
+    // A repeated create adopts it instead of starting another process.
+    assert_eq!(
+        second.create(&cx, &request("u-restart")).await.expect("create again"),
+        id
+    );
+    assert_eq!(support::processes_under(&state.0).len(), 1);
+    second.delete(&cx, &id).await.expect("delete");
+    assert!(support::processes_under(&state.0).is_empty());
+}
+
+#[tokio::test]
+async fn a_killed_process_is_stopped() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let state = StateDir::new("killed");
+    let p = provider(&state, None);
+    let id = p
+        .create(&OpCtx::background(), &request("u-killed"))
+        .await
+        .expect("create");
+    wait_for(p.as_ref(), &id, InstanceState::Running).await;
+    for (pid, _) in support::processes_under(&state.0) {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    }
+    let i = wait_for(p.as_ref(), &id, InstanceState::Stopped).await;
+    assert_eq!(i.ip, None);
+    p.delete(&OpCtx::background(), &id)
+        .await
+        .expect("delete a dead instance");
+}
+
+#[tokio::test]
+async fn a_create_without_a_binary_fails_clearly_and_the_next_create_resumes() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let state = StateDir::new("resume");
+    let cx = OpCtx::background();
+    let broken = provider(&state, Some("/nonexistent/bin/tinyproxy"));
+    let err = broken.create(&cx, &request("u-resume")).await.expect_err("no binary");
+    assert_eq!(err.class(), ErrorClass::Transient, "{err}");
+    assert!(err.to_string().contains("/nonexistent/bin/tinyproxy"), "{err}");
+    // The record was written in the creating call: the instance exists, not yet started.
+    let id = egress_provider::ProviderId::new(format!("local/{}", name_from_uid("u-resume")));
+    assert_eq!(
+        broken.get(&cx, &id).await.expect("get").state,
+        InstanceState::Provisioning
+    );
+
+    let fixed = provider(&state, None);
+    assert_eq!(fixed.create(&cx, &request("u-resume")).await.expect("resumed"), id);
+    wait_for(fixed.as_ref(), &id, InstanceState::Running).await;
+    fixed.delete(&cx, &id).await.expect("delete");
+}
+
+#[tokio::test]
+async fn cloud_init_is_written_nowhere() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let state = StateDir::new("cloudinit");
+    let p = provider(&state, None);
+    let mut req = request("u-cloudinit");
+    req.cloud_init = format!("#cloud-config\npassword: {}\n", egress_conformance::SENTINEL_CI);
+    let id = p.create(&OpCtx::background(), &req).await.expect("create");
+    wait_for(p.as_ref(), &id, InstanceState::Running).await;
+    let mut files = vec![state.0.clone()];
+    let mut read = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().flatten().map(|e| e.path()));
+        } else {
+            read += 1;
+            let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+            assert!(
+                !text.contains(egress_conformance::SENTINEL_CI),
+                "{} holds cloud-init",
+                path.display()
+            );
+        }
+    }
+    assert!(
+        read >= 3,
+        "expected the record, the config, the pid and the log; read {read}"
+    );
+    p.delete(&OpCtx::background(), &id).await.expect("delete");
+}
+
+#[tokio::test]
+async fn the_checker_verifies_the_binary_and_the_directory() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let state = StateDir::new("checker");
+    let check = |p: Arc<dyn Provider>| async move { p.checker().expect("a checker").check(&OpCtx::background()).await };
+
+    let ok = check(provider(&state, None)).await;
+    assert_eq!(ok.len(), 1);
+    assert!(ok[0].ready, "{ok:?}");
+    assert_eq!(ok[0].name, "local");
+    assert_eq!(ok[0].address, state.path());
+    assert!(ok[0].details["tinyproxy"].starts_with("tinyproxy 1."), "{ok:?}");
+
+    let no_binary = check(provider(&state, Some("/nonexistent/bin/tinyproxy"))).await;
+    assert!(!no_binary[0].ready);
+    assert_eq!(no_binary[0].reason, egress_provider::REASON_UNREACHABLE);
+    assert!(
+        no_binary[0].message.contains("/nonexistent/bin/tinyproxy"),
+        "{no_binary:?}"
+    );
+
+    // A state directory below a regular file can never be created.
+    let file = StateDir::new("checker-file");
+    std::fs::write(&file.0, b"").unwrap();
+    let below = StateDir(file.0.join("state"));
+    let no_dir = check(provider(&below, None)).await;
+    assert!(!no_dir[0].ready);
+    assert!(no_dir[0].message.contains(&below.path()), "{no_dir:?}");
+    std::mem::forget(below);
+    let _ = std::fs::remove_file(&file.0);
+}
