@@ -8,7 +8,7 @@
 //! the 128 MiB limit the manager Deployment ships with.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,17 +16,10 @@ use egress_api::{Placement, Proxy, ProxySpec};
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
 
+use crate::procs::{Killed, free_port, wait_for_file};
+
 /// The manager Deployment's memory limit.
 const LIMIT_MIB: f64 = 128.0;
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn rss_kib(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -39,11 +32,6 @@ fn rss_kib(pid: u32, key: &str) -> Option<u64> {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
-}
-
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
 }
 
 async fn ready_count(metrics: &str) -> Option<u64> {
@@ -66,20 +54,6 @@ async fn ready_count(metrics: &str) -> Option<u64> {
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0),
     )
-}
-
-fn wait_for_file(path: &Path, server: &mut Child) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !path.exists() {
-        if let Some(status) = server.try_wait()? {
-            bail!("egress-kube-testserver exited: {status}");
-        }
-        if Instant::now() > deadline {
-            bail!("egress-kube-testserver wrote no kubeconfig within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
 }
 
 /// The health engine's figures: one process per fleet size (examples/health_bench.rs).

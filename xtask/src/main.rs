@@ -2,7 +2,16 @@
 //!
 //! - `test`: the README's test command. As root, installs the system
 //!   packages the workspace needs (apt); then runs every test of the
-//!   workspace, streaming cargo's own output, and exits with its status.
+//!   workspace, streaming cargo's own output, and `dev --smoke`; exits with
+//!   the status of the first that fails.
+//! - `dev [--smoke] [--release] [--discovery-port N]`: the README's run
+//!   command: the operator against a local Kubernetes test server, with three
+//!   sample Proxies as tinyproxy processes, and a guide to try it; Ctrl-C
+//!   tears everything down. `--smoke` leases a proxy, sends a request through
+//!   it and tears down, without waiting for a person.
+//! - `conformance --provider P [--real]`: one provider's conformance suite,
+//!   against its fake backend or (`--real`) the real one, which must then be
+//!   there.
 //! - `ci`: what CI checks: `cargo fmt --check`, clippy with warnings denied,
 //!   then `test`.
 //! - `deny`: `cargo deny check licenses bans sources` (advisories need the
@@ -14,7 +23,7 @@
 //!   10 000 proxies, the discovery API under 64 clients, and the operator's resident memory and
 //!   time to Ready with N Proxies (default 10 000).
 //!
-//! Later issues add `dev`, `conformance` and `hypervisor`.
+//! Later issues add `hypervisor`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -24,6 +33,8 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod crds;
+mod dev;
+mod procs;
 mod system;
 
 #[derive(Parser)]
@@ -40,6 +51,27 @@ enum Cmd {
         /// Extra arguments passed to `cargo test` after `--` (e.g. a test name filter).
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// The operator on this machine, with three sample proxies as tinyproxy processes.
+    Dev {
+        /// Lease a proxy, send a request through it, tear down and exit (0 when all of it worked).
+        #[arg(long)]
+        smoke: bool,
+        /// Run release builds.
+        #[arg(long)]
+        release: bool,
+        /// The discovery API's port on 127.0.0.1 (0: any free one; the default with --smoke).
+        #[arg(long)]
+        discovery_port: Option<u16>,
+    },
+    /// One provider's conformance suite (providers: reference, local).
+    Conformance {
+        /// The provider type.
+        #[arg(long)]
+        provider: String,
+        /// Against the real backend, which must be configured (a skip becomes a failure).
+        #[arg(long)]
+        real: bool,
     },
     /// Formatting check, clippy with warnings denied, then `test`.
     Ci,
@@ -74,6 +106,19 @@ fn run(cli: Cli) -> Result<()> {
     let root = workspace_root();
     match cli.command {
         Cmd::Test { args } => test(&root, &args),
+        Cmd::Dev {
+            smoke,
+            release,
+            discovery_port,
+        } => dev::run(
+            &root,
+            &dev::Options {
+                smoke,
+                release,
+                discovery_port: discovery_port.unwrap_or(if smoke { 0 } else { 8090 }),
+            },
+        ),
+        Cmd::Conformance { provider, real } => conformance(&root, &provider, real),
         Cmd::Crds { check } => crds::run(&root, check),
         Cmd::Bench { proxies, debug } => bench::run(&root, proxies, !debug),
         Cmd::Ci => {
@@ -111,6 +156,47 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
         eprintln!("xtask: cargo test failed ({status})");
         std::process::exit(status.code().unwrap_or(1));
     }
+    if extra.is_empty() {
+        println!("xtask: cargo xtask dev --smoke");
+        dev::run(
+            root,
+            &dev::Options {
+                smoke: true,
+                release: false,
+                discovery_port: 0,
+            },
+        )
+        .context("the dev smoke run failed")?;
+    }
+    Ok(())
+}
+
+/// Runs one provider's conformance suite; with `real`, against the real backend, where a
+/// missing backend fails instead of skipping.
+fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
+    let (package, fake, real_test) = match provider {
+        "reference" => ("egress-conformance", "reference", None),
+        "local" => ("egress-provider-local", "conformance", Some("conformance_real")),
+        other => bail!("no conformance suite for provider {other:?} (known: reference, local)"),
+    };
+    let test = if real {
+        real_test.with_context(|| format!("provider {provider} has no real backend"))?
+    } else {
+        fake
+    };
+    if real && provider == "local" {
+        system::ensure_packages(&["tinyproxy"])?;
+    }
+    let mut cmd = Command::new(cargo_bin());
+    cmd.current_dir(root)
+        .args(["test", "-p", package, "--test", test, "--", "--nocapture"]);
+    if real {
+        cmd.env("EGRESS_CONFORMANCE_REQUIRED", "1");
+    }
+    let status = cmd.status().context("running cargo test")?;
+    if !status.success() {
+        bail!("the {provider} conformance suite failed ({status})");
+    }
     Ok(())
 }
 
@@ -127,7 +213,7 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn cargo_bin() -> String {
+pub(crate) fn cargo_bin() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 

@@ -1,0 +1,550 @@
+//! `cargo xtask dev`: the whole system on one machine, with real proxies.
+//!
+//! ```text
+//!  egress-kube-testserver (CRDs) ◄── egress-operator ──► local provider ──► tinyproxy × 3
+//!          ▲                              │  └─ health probes ──► TLS target (this process)
+//!     samples applied                     └─ discovery API 127.0.0.1:<port>
+//! ```
+//!
+//! Everything lives under `<target>/egress-dev/`: the kubeconfig, the providers config, the
+//! target's CA, the proxies' state directory and the logs. The children run in their own process
+//! groups, so a Ctrl-C reaches this process only and the teardown runs in order: the Proxies are
+//! deleted (the operator stops their tinyproxies), then the operator and the test server stop,
+//! then anything a crash left in the state directory is removed through the local provider. A run
+//! killed outright is cleaned up by the next one.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use egress_api::Proxy;
+use egress_discovery::client::{AcquireRequest, Client};
+use egress_provider::OpCtx;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::procs::{Killed, free_port, wait_for_file};
+use crate::system;
+
+/// The namespace the samples go to.
+const NAMESPACE: &str = "default";
+/// The local entry's name (the samples' `spec.provider`).
+const ENTRY: &str = "local";
+/// How long the samples get to become Ready.
+const READY_BUDGET: Duration = Duration::from_secs(120);
+/// How long the operator gets to delete the Proxies' instances at teardown.
+const DELETE_BUDGET: Duration = Duration::from_secs(60);
+/// Where the operator's tinyproxy comes from.
+const TINYPROXY: &str = "/usr/bin/tinyproxy";
+
+/// What `cargo xtask dev` was asked for.
+pub(crate) struct Options {
+    /// Run through once without a person: lease, send a request, tear down.
+    pub(crate) smoke: bool,
+    /// Use a release build.
+    pub(crate) release: bool,
+    /// The discovery API's port (0: any free one).
+    pub(crate) discovery_port: u16,
+}
+
+/// Files of one run.
+struct Layout {
+    dir: PathBuf,
+}
+
+impl Layout {
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+}
+
+pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
+    system::ensure_packages(&["tinyproxy"])?;
+    if !Path::new(TINYPROXY).exists() {
+        bail!("{TINYPROXY} is needed: apt-get install tinyproxy (as root, cargo xtask dev installs it)");
+    }
+    let profile = if options.release { "release" } else { "debug" };
+    let mut build = Command::new(crate::cargo_bin());
+    build.current_dir(root).args(["build", "--workspace", "--bins"]);
+    if options.release {
+        build.arg("--release");
+    }
+    if !build.status().context("running cargo build")?.success() {
+        bail!("building the operator and the test server failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let bin = target.join(profile);
+    let layout = Layout {
+        dir: target.join("egress-dev"),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(clean_leftovers(&layout))?;
+    std::fs::create_dir_all(&layout.dir)?;
+    runtime.block_on(session(root, &bin, &layout, options))
+}
+
+/// Stops what an earlier run left: its recorded child processes and its tinyproxies.
+async fn clean_leftovers(layout: &Layout) -> Result<()> {
+    if let Ok(pids) = std::fs::read_to_string(layout.file("pids")) {
+        for pid in pids.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+            let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("egress-"));
+            if ours && let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+                println!("dev: stopping process {pid} left by an earlier run");
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+        }
+    }
+    if layout.state().exists() {
+        let left = remove_instances(&layout.state()).await?;
+        if left > 0 {
+            println!("dev: removed {left} proxies left by an earlier run");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&layout.dir);
+    Ok(())
+}
+
+/// Deletes every instance in `state` through the local provider; returns how many there were.
+async fn remove_instances(state: &Path) -> Result<usize> {
+    let entry = egress_provider::config::ProviderConfig {
+        name: ENTRY.to_owned(),
+        type_name: ENTRY.to_owned(),
+        local: Some(egress_provider::config::LocalConfig {
+            state_dir: state.display().to_string(),
+            tinyproxy_path: None,
+        }),
+        ..Default::default()
+    };
+    let provider = egress_provider_local::construct(&entry).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cx = OpCtx::background().with_timeout(Duration::from_secs(60));
+    let instances = provider.list_by_tag(&cx).await?;
+    for i in &instances {
+        provider.delete(&cx, &i.id).await?;
+    }
+    Ok(instances.len())
+}
+
+/// The running system: started, used, and always torn down.
+async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) -> Result<()> {
+    let pki = Pki::new()?;
+    std::fs::write(layout.file("ca.pem"), &pki.ca_pem)?;
+    let target = tls_target(pki.server.clone()).await?;
+    let discovery_port = if options.discovery_port == 0 {
+        free_port()?
+    } else {
+        options.discovery_port
+    };
+    let discovery = format!("http://127.0.0.1:{discovery_port}");
+
+    let kubeconfig = layout.file("kubeconfig");
+    let mut server = Killed(
+        Command::new(bin.join("egress-kube-testserver"))
+            .args(["--namespace", NAMESPACE, "--crds"])
+            .arg(root.join("deploy/crds"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(layout.file("testserver.log"))?)
+            .process_group(0)
+            .spawn()
+            .context("starting egress-kube-testserver")?,
+    );
+    wait_for_file(&kubeconfig, &mut server.0)?;
+
+    let providers = layout.file("providers.yaml");
+    std::fs::write(
+        &providers,
+        format!(
+            "providers:\n  - name: {ENTRY}\n    type: local\n    local:\n      stateDir: {}\n",
+            layout.state().display()
+        ),
+    )?;
+    let operator = Killed(
+        Command::new(bin.join("egress-operator"))
+            .arg(format!("--providers-config={}", providers.display()))
+            .arg(format!("--discovery-addr=127.0.0.1:{discovery_port}"))
+            .arg(format!(
+                "--health-check-url=https://127.0.0.1:{}/generate_204",
+                target.port()
+            ))
+            .arg(format!("--health-check-ca-file={}", layout.file("ca.pem").display()))
+            .args([
+                "--leader-elect=false",
+                "--metrics-bind-address=0",
+                "--health-probe-bind-address=0",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(layout.file("operator.log"))?)
+            .process_group(0)
+            .spawn()
+            .context("starting egress-operator")?,
+    );
+    std::fs::write(layout.file("pids"), format!("{}\n{}\n", server.0.id(), operator.0.id()))?;
+    let mut running = Running {
+        layout,
+        server: Some(server),
+        operator: Some(operator),
+        api: None,
+    };
+
+    let used = tokio::select! {
+        used = use_it(&mut running, root, &kubeconfig, &discovery, target, options) => used,
+        _ = tokio::signal::ctrl_c() => {
+            println!("\ndev: interrupted");
+            Ok(())
+        }
+    };
+    let torn_down = running.tear_down().await;
+    match (used, torn_down) {
+        (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
+    }
+}
+
+/// The children and what was created in the cluster.
+struct Running<'a> {
+    layout: &'a Layout,
+    server: Option<Killed>,
+    operator: Option<Killed>,
+    api: Option<Api<Proxy>>,
+}
+
+impl Running<'_> {
+    /// Deletes the Proxies (so the operator removes their instances), stops the operator and the
+    /// test server, removes whatever instance is left, and checks that no tinyproxy survived.
+    async fn tear_down(&mut self) -> Result<()> {
+        println!("dev: tearing down");
+        if let Some(api) = self.api.take() {
+            let deleted = delete_proxies(&api).await;
+            if let Err(e) = &deleted {
+                println!("dev: {e:#} (removing the proxies directly)");
+            }
+        }
+        if let Some(operator) = self.operator.take() {
+            operator.stop(Duration::from_secs(15));
+        }
+        if let Some(server) = self.server.take() {
+            server.stop(Duration::from_secs(5));
+        }
+        let left = remove_instances(&self.layout.state()).await?;
+        if left > 0 {
+            println!("dev: removed {left} proxies the operator had not deleted");
+        }
+        let _ = std::fs::remove_file(self.layout.file("pids"));
+        let survivors = tinyproxies_under(&self.layout.state());
+        if !survivors.is_empty() {
+            bail!("tinyproxy processes survived the teardown: {survivors:?}");
+        }
+        println!("dev: stopped everything; logs are in {}", self.layout.dir.display());
+        Ok(())
+    }
+}
+
+/// Deletes every Proxy of the namespace and waits until the operator has let them go.
+async fn delete_proxies(api: &Api<Proxy>) -> Result<()> {
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("deleting the Proxies")?;
+    let started = Instant::now();
+    loop {
+        let left = api.list(&ListParams::default()).await?.items.len();
+        if left == 0 {
+            return Ok(());
+        }
+        if started.elapsed() > DELETE_BUDGET {
+            bail!("{left} Proxies still there {DELETE_BUDGET:?} after their deletion");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Applies the samples, waits for Ready, then prints the guide and waits for Ctrl-C, or (smoke)
+/// leases a proxy and sends a request through it.
+async fn use_it(
+    running: &mut Running<'_>,
+    root: &Path,
+    kubeconfig: &Path,
+    discovery: &str,
+    target: std::net::SocketAddr,
+    options: &Options,
+) -> Result<()> {
+    let config =
+        kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(kubeconfig)?, &Default::default())
+            .await?;
+    let api: Api<Proxy> = Api::namespaced(kube::Client::try_from(config)?, NAMESPACE);
+    running.api = Some(api.clone());
+    let samples = root.join("deploy/samples/local");
+    let mut names = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&samples)
+        .with_context(|| format!("reading {}", samples.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        let proxy: Proxy = serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+        let created = api
+            .create(&PostParams::default(), &proxy)
+            .await
+            .with_context(|| format!("creating {}", file.display()))?;
+        names.push(created.metadata.name.unwrap_or_default());
+    }
+    println!(
+        "dev: applied {} sample Proxies ({}); waiting until they are Ready",
+        names.len(),
+        names.join(", ")
+    );
+    wait_ready(&api, &names, running).await?;
+
+    let kubeconfig = kubeconfig.display();
+    let ca = running.layout.file("ca.pem");
+    let ca = ca.display();
+    let log = running.layout.file("operator.log");
+    let log = log.display();
+    let target_url = format!("https://127.0.0.1:{}/", target.port());
+    println!(
+        "
+The egress-proxy operator runs against a local Kubernetes test server, with {n} tinyproxy
+proxies of the local provider. Try, in another terminal:
+
+  # the Proxies, as kubectl sees them
+  kubectl --kubeconfig {kubeconfig} get proxies
+
+  # the discovery API: list, then lease a proxy in the EU for 60 s
+  curl -s {discovery}/v1/proxies
+  curl -s -X POST -H 'Content-Type: application/json' \\
+       -d '{{\"selector\": {{\"geo\": \"eu\"}}, \"ttlSeconds\": 60}}' {discovery}/v1/leases
+
+  # traffic through the leased proxy (put its ip and port from the lease in place of IP:PORT):
+  # to the local target,
+  curl --cacert {ca} -x http://IP:PORT {target_url}
+  # and to the internet, where this machine can reach it
+  curl -x http://IP:PORT https://www.gstatic.com/generate_204 -w '%{{http_code}}\\n'
+
+  # give the lease back (its leaseID from the answer above)
+  curl -s -X DELETE {discovery}/v1/leases/LEASE_ID
+
+The operator's log: {log}
+",
+        n = names.len()
+    );
+
+    if !options.smoke {
+        println!("Press Ctrl-C to stop everything.");
+        std::future::pending::<()>().await;
+    }
+    smoke(discovery, target, &pki_ca(&running.layout.file("ca.pem"))?).await
+}
+
+/// Waits until every named Proxy is Ready, printing phase changes.
+async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_>) -> Result<()> {
+    let started = Instant::now();
+    let mut last = BTreeMap::new();
+    loop {
+        if let Some(operator) = running.operator.as_mut()
+            && let Some(status) = operator.0.try_wait()?
+        {
+            bail!(
+                "the operator exited: {status}; its log: {}",
+                running.layout.file("operator.log").display()
+            );
+        }
+        let mut ready = 0;
+        for p in api.list(&ListParams::default()).await?.items {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_ref())
+                .map_or_else(|| "-".to_owned(), |ph| format!("{ph:?}"));
+            if phase == "Ready" {
+                ready += 1;
+            }
+            if last.get(&name) != Some(&phase) {
+                println!("dev:   {name}: {phase}");
+                last.insert(name, phase);
+            }
+        }
+        if ready == names.len() {
+            println!("dev: all {ready} Proxies are Ready after {:.1?}", started.elapsed());
+            return Ok(());
+        }
+        if started.elapsed() > READY_BUDGET {
+            bail!(
+                "only {ready} of {} Proxies Ready after {READY_BUDGET:?}; see {}",
+                names.len(),
+                running.layout.file("operator.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The smoke check: a lease is granted, and a request through the leased proxy reaches the
+/// local target.
+async fn smoke(discovery: &str, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<()> {
+    let client = Client::new(discovery, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let lease = client
+        .acquire(&AcquireRequest {
+            selector: BTreeMap::from([("geo".to_owned(), "eu".to_owned())]),
+            ttl_seconds: Some(60),
+            target: None,
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("acquiring a lease: {e}"))?;
+    println!(
+        "dev: smoke: lease {} granted on {} ({}:{})",
+        lease.lease_id, lease.proxy.id, lease.proxy.ip, lease.proxy.port
+    );
+    let proxy = reqwest::Proxy::all(format!("http://{}:{}", lease.proxy.ip, lease.proxy.port))?;
+    let http = reqwest::Client::builder()
+        .proxy(proxy)
+        .tls_certs_only([ca.clone()])
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let url = format!("https://127.0.0.1:{}/", target.port());
+    let answer = http
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url} through the lease"))?;
+    let status = answer.status();
+    let body = answer.text().await?;
+    if !status.is_success() || !body.contains(TARGET_GREETING) {
+        bail!("GET {url} through the lease answered {status}: {body:?}");
+    }
+    println!(
+        "dev: smoke: GET {url} through {}:{} answered {status}",
+        lease.proxy.ip, lease.proxy.port
+    );
+    client
+        .release(&lease.lease_id)
+        .await
+        .map_err(|e| anyhow::anyhow!("releasing the lease: {e}"))?;
+    println!("dev: smoke: passed");
+    Ok(())
+}
+
+fn pki_ca(path: &Path) -> Result<reqwest::Certificate> {
+    Ok(reqwest::Certificate::from_pem(&std::fs::read(path)?)?)
+}
+
+/// What the target answers on every path but the probe's.
+const TARGET_GREETING: &str = "hello from the egress dev target";
+
+/// A CA and a certificate for 127.0.0.1 and localhost signed by it, made at start.
+struct Pki {
+    ca_pem: String,
+    server: Arc<rustls::ServerConfig>,
+}
+
+impl Pki {
+    fn new() -> Result<Self> {
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "egress dev CA");
+        let ca = ca_params.self_signed(&ca_key)?;
+        let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+        let leaf_key = rcgen::KeyPair::generate()?;
+        let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?
+            .signed_by(&leaf_key, &issuer)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+            )?;
+        let b64 = data_encoding::BASE64.encode(ca.der());
+        let lines: Vec<&str> = b64
+            .as_bytes()
+            .chunks(64)
+            .filter_map(|c| std::str::from_utf8(c).ok())
+            .collect();
+        Ok(Self {
+            ca_pem: format!(
+                "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+                lines.join("\n")
+            ),
+            server: Arc::new(server),
+        })
+    }
+}
+
+/// An HTTPS target on 127.0.0.1: `204` on `/generate_204` (the health probe), a greeting
+/// elsewhere. Minimal HTTP/1.1: one request per connection.
+async fn tls_target(config: Arc<rustls::ServerConfig>) -> Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let answer = async {
+                    let mut tls = acceptor.accept(tcp).await.ok()?;
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                        let n = tls.read(&mut buf).await.ok()?;
+                        if n == 0 {
+                            return None;
+                        }
+                        head.extend_from_slice(&buf[..n]);
+                    }
+                    let probe = head.starts_with(b"GET /generate_204 ");
+                    let response = if probe {
+                        "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n".to_owned()
+                    } else {
+                        let body = format!("{TARGET_GREETING}\n");
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                    };
+                    tls.write_all(response.as_bytes()).await.ok()?;
+                    tls.shutdown().await.ok()
+                };
+                // NB: bounded, so a client that never finishes its request does not hold a task.
+                let _ = tokio::time::timeout(Duration::from_secs(30), answer).await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// tinyproxy processes started with a config under `state`.
+fn tinyproxies_under(state: &Path) -> Vec<u32> {
+    let needle = format!("{}/", state.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0)
+                    .any(|a| String::from_utf8_lossy(a).starts_with(&needle))
+            })
+        })
+        .collect()
+}
