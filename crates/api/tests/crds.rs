@@ -102,11 +102,20 @@ async fn every_sample_is_accepted() {
     let proxies = dynamic(&s, "Proxy", "proxies");
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(s.client().unwrap(), "default");
     let mut count = 0;
-    for entry in std::fs::read_dir(deploy().join("samples")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.file_name().is_some_and(|n| n == "kustomization.yaml") {
-            continue;
+    // The cluster samples, and below them the ones `cargo xtask dev` applies (samples/local).
+    let mut dirs = vec![deploy().join("samples")];
+    let mut files = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.file_name().is_some_and(|n| n != "kustomization.yaml") {
+                files.push(path);
+            }
         }
+    }
+    for path in files {
         for doc in documents(&path) {
             match doc["kind"].as_str() {
                 Some("Proxy") => {
@@ -127,7 +136,7 @@ async fn every_sample_is_accepted() {
             }
         }
     }
-    assert!(count >= 5, "{count} samples");
+    assert!(count >= 8, "{count} samples");
     // They read back as the typed Proxy.
     let typed: Api<Proxy> = Api::namespaced(s.client().unwrap(), "default");
     let external = typed.get("office").await.unwrap();

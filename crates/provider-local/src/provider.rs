@@ -141,18 +141,22 @@ impl LocalProvider {
         .await
     }
 
+    /// What the process of `record` is doing now.
+    async fn liveness(&self, cx: &OpCtx, scope: &ErrorScope, record: &Record) -> Result<Liveness, ProviderError> {
+        self.call(
+            cx,
+            scope,
+            machine::INSPECT,
+            &record.name,
+            CALL_BUDGET,
+            self.machine.inspect(&record.name, record.listen_addr()),
+        )
+        .await
+    }
+
     /// The instance a record describes, with the process state read now.
     async fn instance(&self, cx: &OpCtx, scope: &ErrorScope, record: &Record) -> Result<Instance, ProviderError> {
-        let liveness = self
-            .call(
-                cx,
-                scope,
-                machine::INSPECT,
-                &record.name,
-                CALL_BUDGET,
-                self.machine.inspect(&record.name, record.listen_addr()),
-            )
-            .await?;
+        let liveness = self.liveness(cx, scope, record).await?;
         let state = match liveness {
             // Recorded but never started: still being created.
             Liveness::NotStarted | Liveness::Starting => InstanceState::Provisioning,
@@ -267,16 +271,7 @@ impl LocalProvider {
         record: &Record,
     ) -> Result<(), ProviderError> {
         self.adopt(scope, req, record)?;
-        let liveness = self
-            .call(
-                cx,
-                scope,
-                machine::INSPECT,
-                &record.name,
-                CALL_BUDGET,
-                self.machine.inspect(&record.name, record.listen_addr()),
-            )
-            .await?;
+        let liveness = self.liveness(cx, scope, record).await?;
         if liveness == Liveness::NotStarted {
             let config = self.config_of(record);
             self.call(
