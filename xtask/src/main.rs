@@ -23,7 +23,9 @@
 //!   10 000 proxies, the discovery API under 64 clients, and the operator's resident memory and
 //!   time to Ready with N Proxies (default 10 000).
 //!
-//! Later issues add `hypervisor`.
+//! - `hypervisor up|down|status`: a real libvirtd with QEMU, reached over a
+//!   real sshd on 127.0.0.1, a storage pool, a NAT network and the test
+//!   guest image; `up` writes the env file the libvirt tests read.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -34,6 +36,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod crds;
 mod dev;
+mod hypervisor;
 mod procs;
 mod system;
 
@@ -73,6 +76,11 @@ enum Cmd {
         #[arg(long)]
         real: bool,
     },
+    /// A real libvirt hypervisor on this machine, reached over SSH (up and down need root).
+    Hypervisor {
+        #[command(subcommand)]
+        action: HypervisorAction,
+    },
     /// Formatting check, clippy with warnings denied, then `test`.
     Ci,
     /// License, ban and source checks with cargo-deny.
@@ -92,9 +100,24 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum HypervisorAction {
+    /// Install, start and check everything (idempotent); writes /tmp/egress-hv/env.
+    Up,
+    /// Stop and remove what `up` started or created (packages and caches stay).
+    Down,
+    /// Show what is running.
+    Status,
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<TestsFailed>().is_some() => {
+            let code = e.downcast_ref::<TestsFailed>().map_or(1, |t| t.0);
+            eprintln!("xtask: {e}");
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
         Err(e) => {
             eprintln!("xtask: {e:#}");
             ExitCode::FAILURE
@@ -119,6 +142,11 @@ fn run(cli: Cli) -> Result<()> {
             },
         ),
         Cmd::Conformance { provider, real } => conformance(&root, &provider, real),
+        Cmd::Hypervisor { action } => match action {
+            HypervisorAction::Up => hypervisor::up(&root),
+            HypervisorAction::Down => hypervisor::down(),
+            HypervisorAction::Status => hypervisor::status(),
+        },
         Cmd::Crds { check } => crds::run(&root, check),
         Cmd::Bench { proxies, debug } => bench::run(&root, proxies, !debug),
         Cmd::Ci => {
@@ -136,6 +164,20 @@ fn run(cli: Cli) -> Result<()> {
 /// The README's test command.
 fn test(root: &Path, extra: &[String]) -> Result<()> {
     system::ensure_packages(system::APT_PACKAGES)?;
+    // As root, the real hypervisor the libvirt tests use comes up for this run and goes down
+    // after it; one that was already up is left as it was.
+    let bring_up = system::is_root() && !Path::new(hypervisor::ENV_FILE).exists();
+    if bring_up {
+        hypervisor::up(root)?;
+    }
+    let outcome = test_with_services(root, extra);
+    if bring_up {
+        hypervisor::down()?;
+    }
+    outcome
+}
+
+fn test_with_services(root: &Path, extra: &[String]) -> Result<()> {
     let mut args = vec!["test".to_owned(), "--workspace".to_owned()];
     if !extra.is_empty() {
         args.push("--".to_owned());
@@ -152,9 +194,8 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
         .status()
         .context("running cargo test")?;
     if !status.success() {
-        // Exit with cargo's own status, as the README promises.
-        eprintln!("xtask: cargo test failed ({status})");
-        std::process::exit(status.code().unwrap_or(1));
+        // Exit with cargo's own status, as the README promises (after the services stop).
+        return Err(TestsFailed(status.code().unwrap_or(1)).into());
     }
     if extra.is_empty() {
         println!("xtask: cargo xtask dev --smoke");
@@ -170,6 +211,18 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
     }
     Ok(())
 }
+
+/// `cargo test` failed with this exit code.
+#[derive(Debug)]
+struct TestsFailed(i32);
+
+impl std::fmt::Display for TestsFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cargo test failed (exit status {})", self.0)
+    }
+}
+
+impl std::error::Error for TestsFailed {}
 
 /// Runs one provider's conformance suite; with `real`, against the real backend, where a
 /// missing backend fails instead of skipping.

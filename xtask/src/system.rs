@@ -31,14 +31,14 @@ pub(crate) fn ensure_packages(wanted: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
-fn installed(package: &str) -> bool {
+pub(crate) fn installed(package: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", package])
         .output()
         .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
