@@ -1,0 +1,239 @@
+//! The NoCloud seed: an ISO 9660 image labelled `cidata` with exactly three files at its root.
+//!
+//! - `user-data`: the Proxy's cloud-init, byte for byte (never parsed, never logged);
+//! - `meta-data`: `instance-id: <name>\nlocal-hostname: <name>\n`;
+//! - `vendor-data`: the provider's extra document and/or the guest-agent script (see
+//!   [`vendor_data`]); always present, possibly empty.
+//!
+//! The image is built in memory (tens of KiB), so cloud-init never touches the node's disk.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use hadris_iso::read::PathSeparator;
+use hadris_iso::write::options::{CreationFeatures, IsoFormatOptions};
+use hadris_iso::write::{File, InputFiles, IsoImageWriter};
+use rand::RngExt;
+
+/// The volume label cloud-init's NoCloud datasource looks for.
+pub const LABEL: &str = "cidata";
+
+/// The script vendor-data carries so the guest runs the QEMU guest agent (the providers read
+/// the VM's address through it). A script, not a cloud-config: cloud-init would fold a
+/// cloud-config vendor-data under the user's own, and a Proxy with its own `packages:` would
+/// silently lose the agent.
+pub const GUEST_AGENT_SCRIPT: &str = r#"#!/bin/sh
+# Added by egress-proxies-operator: installs and starts the QEMU guest agent, through which the
+# operator learns this VM's address. Set `installGuestAgent: false` in the provider's config to
+# leave this script out.
+set -e
+if command -v qemu-ga >/dev/null 2>&1 || [ -x /usr/sbin/qemu-ga ]; then
+    echo "qemu-guest-agent is already installed"
+elif command -v apt-get >/dev/null 2>&1; then
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y qemu-guest-agent
+elif command -v dnf >/dev/null 2>&1; then
+    dnf install -y qemu-guest-agent
+elif command -v yum >/dev/null 2>&1; then
+    yum install -y qemu-guest-agent
+elif command -v zypper >/dev/null 2>&1; then
+    zypper --non-interactive install qemu-guest-agent
+elif command -v apk >/dev/null 2>&1; then
+    apk add qemu-guest-agent
+else
+    echo "no known package manager: cannot install qemu-guest-agent" >&2
+    exit 1
+fi
+if command -v systemctl >/dev/null 2>&1; then
+    systemctl enable --now qemu-guest-agent
+elif command -v rc-update >/dev/null 2>&1; then
+    rc-update add qemu-guest-agent default
+    rc-service qemu-guest-agent start
+fi
+"#;
+
+/// What vendor-data holds:
+///
+/// | `install_guest_agent` | `extra` (trimmed) | vendor-data |
+/// |---|---|---|
+/// | false | any | `extra` verbatim (possibly empty) |
+/// | true | empty | the guest-agent script |
+/// | true | not empty | MIME multipart: `extra` as `text/plain`, then the script as `text/x-shellscript` |
+///
+/// `MIME-Version` comes first (cloud-init only treats a payload as multipart when it sees that
+/// header early). The boundary is random per call. `extra` is declared `text/plain` so that
+/// cloud-init, not the operator, recognises what it is from its first line.
+pub fn vendor_data(extra: &[u8], install_guest_agent: bool) -> Vec<u8> {
+    if !install_guest_agent {
+        return extra.to_vec();
+    }
+    if extra.trim_ascii().is_empty() {
+        return GUEST_AGENT_SCRIPT.as_bytes().to_vec();
+    }
+    let boundary: String = (0..30).map(|_| format!("{:02x}", rand::rng().random::<u8>())).collect();
+    let mut out = Vec::with_capacity(extra.len() + GUEST_AGENT_SCRIPT.len() + 512);
+    out.extend_from_slice(
+        format!(
+            "MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=\"{boundary}\"\r\n\r\n\
+             --{boundary}\r\nContent-Type: text/plain\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    out.extend_from_slice(extra);
+    out.extend_from_slice(format!("\r\n--{boundary}\r\nContent-Type: text/x-shellscript\r\n\r\n").as_bytes());
+    out.extend_from_slice(GUEST_AGENT_SCRIPT.as_bytes());
+    out.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    out
+}
+
+/// The seed could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SeedError {
+    /// No instance name (Permanent for the provider).
+    #[error("building the seed ISO: the instance name is empty")]
+    EmptyName,
+    /// The ISO writer failed.
+    #[error("building the seed ISO for {name}: {reason}")]
+    Write {
+        /// The instance.
+        name: String,
+        /// The writer's error (it never quotes file contents).
+        reason: String,
+    },
+}
+
+/// The seed ISO of instance `name`.
+///
+/// # Errors
+/// An empty name, or the writer failing.
+pub fn seed_iso(name: &str, user_data: &[u8], vendor_data: &[u8]) -> Result<Vec<u8>, SeedError> {
+    if name.is_empty() {
+        return Err(SeedError::EmptyName);
+    }
+    let file = |file_name: &str, contents: Vec<u8>| File::File {
+        name: Arc::new(file_name.to_owned()),
+        contents,
+    };
+    let files = InputFiles {
+        path_separator: PathSeparator::ForwardSlash,
+        files: vec![
+            file("meta-data", meta_data(name).into_bytes()),
+            file("user-data", user_data.to_vec()),
+            file("vendor-data", vendor_data.to_vec()),
+        ],
+    };
+    let options = IsoFormatOptions {
+        volume_name: LABEL.to_owned(),
+        system_id: None,
+        volume_set_id: None,
+        publisher_id: None,
+        preparer_id: None,
+        application_id: None,
+        sector_size: 2048,
+        path_separator: PathSeparator::ForwardSlash,
+        // Joliet and Rock Ridge, so Linux shows the names as written (lowercase, with dashes).
+        features: CreationFeatures::extensions(),
+        strict_charset: false,
+    };
+    IsoImageWriter::create(Cursor::new(Vec::new()), files, options)
+        .map(Cursor::into_inner)
+        .map_err(|e| SeedError::Write {
+            name: name.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// The meta-data file of instance `name`: the name is the instance-id too, so a reboot is not
+/// taken for a first boot.
+pub fn meta_data(name: &str) -> String {
+    format!("instance-id: {name}\nlocal-hostname: {name}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find(haystack: &[u8], needle: &[u8]) -> bool {
+        needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    #[test]
+    fn the_image_is_labelled_cidata_and_holds_each_file_verbatim() {
+        // Bytes a text round trip would damage: CRLF, no final newline, invalid UTF-8.
+        let user_data =
+            b"Content-Type: multipart/mixed\r\n\r\n## template: jinja\r\n\xff\xfe\x80 tail  \n\n\nend".to_vec();
+        let vendor = vendor_data(b"#cloud-config\n", true);
+        let iso = seed_iso("proxy-abc", &user_data, &vendor).unwrap();
+        assert_eq!(iso.len() % 2048, 0);
+        // The primary volume descriptor (sector 16) carries the label at byte 40.
+        let pvd = &iso[16 * 2048..17 * 2048];
+        assert_eq!(&pvd[1..6], b"CD001");
+        assert_eq!(std::str::from_utf8(&pvd[40..72]).unwrap().trim_end(), LABEL);
+        for contents in [&user_data[..], &vendor[..], meta_data("proxy-abc").as_bytes()] {
+            assert!(find(&iso, contents), "a file's bytes are not in the image verbatim");
+        }
+        // Rock Ridge names, as Linux will show them.
+        for name in ["user-data", "meta-data", "vendor-data"] {
+            assert!(find(&iso, name.as_bytes()), "{name} is not named in the image");
+        }
+    }
+
+    #[test]
+    fn an_empty_user_data_and_vendor_data_still_make_files() {
+        let iso = seed_iso("proxy-abc", b"", b"").unwrap();
+        assert!(find(&iso, b"vendor-data") && find(&iso, b"user-data"));
+        assert_eq!(seed_iso("", b"x", b""), Err(SeedError::EmptyName));
+    }
+
+    #[test]
+    fn vendor_data_follows_the_table() {
+        assert_eq!(vendor_data(b"  #cloud-config\n", false), b"  #cloud-config\n");
+        assert_eq!(vendor_data(b"", false), b"");
+        assert_eq!(vendor_data(b" \n\t", true), GUEST_AGENT_SCRIPT.as_bytes());
+        let both = String::from_utf8(vendor_data(b"#cloud-config\nruncmd: [x]", true)).unwrap();
+        assert!(
+            both.starts_with("MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=\""),
+            "{both}"
+        );
+        let boundary = both.split('"').nth(1).unwrap().to_owned();
+        assert_eq!(boundary.len(), 60);
+        assert!(boundary.chars().all(|c| c.is_ascii_hexdigit()));
+        let parts: Vec<&str> = both.split(&format!("--{boundary}")).collect();
+        assert_eq!(parts.len(), 4, "{both}");
+        assert_eq!(
+            parts[1],
+            "\r\nContent-Type: text/plain\r\n\r\n#cloud-config\nruncmd: [x]\r\n"
+        );
+        assert_eq!(
+            parts[2],
+            format!("\r\nContent-Type: text/x-shellscript\r\n\r\n{GUEST_AGENT_SCRIPT}\r\n")
+        );
+        assert_eq!(parts[3], "--\r\n");
+        // A new boundary each time.
+        assert_ne!(vendor_data(b"x", true), vendor_data(b"x", true));
+    }
+
+    #[test]
+    fn the_guest_agent_script_covers_every_package_manager_and_init() {
+        let s = GUEST_AGENT_SCRIPT;
+        assert!(s.starts_with("#!/bin/sh\n") && !s.starts_with("#cloud-config"));
+        for part in [
+            "qemu-guest-agent",
+            "set -e",
+            "apt-get",
+            "DEBIAN_FRONTEND=noninteractive",
+            "dnf",
+            "yum",
+            "zypper",
+            "apk",
+            "systemctl enable --now qemu-guest-agent",
+            "rc-update",
+            "installGuestAgent: false",
+        ] {
+            assert!(s.contains(part), "{part}");
+        }
+        assert!(!s.contains("MIME-Version"));
+        // Neither init system: the script must not fail after installing (guarded OpenRC branch).
+        assert!(s.contains("elif command -v rc-update"));
+    }
+}
