@@ -16,6 +16,8 @@
 //!   then `test`.
 //! - `deny`: `cargo deny check licenses bans sources` (advisories need the
 //!   network, which these machines do not have).
+//! - `packages`: installs the Debian packages the build and the tests need
+//!   (the libvirt C bindings need libvirt-dev before anything compiles).
 //! - `crds [--check]`: writes `deploy/crds/*.yaml` from the `egress-api` types;
 //!   `--check` fails when the files are stale (CI runs it).
 //!
@@ -81,6 +83,8 @@ enum Cmd {
         #[command(subcommand)]
         action: HypervisorAction,
     },
+    /// Install the Debian packages the build and the tests need (as root; otherwise list them).
+    Packages,
     /// Formatting check, clippy with warnings denied, then `test`.
     Ci,
     /// License, ban and source checks with cargo-deny.
@@ -149,7 +153,9 @@ fn run(cli: Cli) -> Result<()> {
         },
         Cmd::Crds { check } => crds::run(&root, check),
         Cmd::Bench { proxies, debug } => bench::run(&root, proxies, !debug),
+        Cmd::Packages => system::ensure_packages(system::APT_PACKAGES),
         Cmd::Ci => {
+            system::ensure_packages(system::APT_PACKAGES)?;
             cargo(&root, &["fmt", "--all", "--check"])?;
             crds::run(&root, true)?;
             cargo(&root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;

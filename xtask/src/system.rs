@@ -5,9 +5,11 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// Debian packages the workspace's build and tests need: CA roots, and tinyproxy (the real
-/// forward proxy the health probes go through). Later issues add the hypervisor stack, redis, ...
-pub(crate) const APT_PACKAGES: &[&str] = &["ca-certificates", "tinyproxy"];
+/// Debian packages the workspace's build and tests need: CA roots; libvirt-dev and pkg-config
+/// (the libvirt C bindings build against them); tinyproxy (the real forward proxy of the health
+/// probes and the local provider); the OpenSSH client (test keys). The hypervisor's own packages
+/// are `cargo xtask hypervisor up`'s.
+pub(crate) const APT_PACKAGES: &[&str] = &["ca-certificates", "libvirt-dev", "pkg-config", "tinyproxy", "openssh-client"];
 
 /// Installs the packages of `wanted` that are missing. Without root it only
 /// reports what is missing, so a developer's run never needs sudo.

@@ -1,0 +1,407 @@
+//! Dialing a host: credentials, TCP, SSH (host key, public key), a direct-streamlocal channel to
+//! the host's libvirt socket bridged to a private local unix socket, and libvirt's handshake over
+//! it. The whole dial has one budget; a step that outlives it (or the caller) is unblocked by
+//! closing the TCP connection under it.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use egress_provider::OpCtx;
+use russh::client;
+use russh::keys::{PrivateKey, PrivateKeyWithHashAlg};
+use tokio::net::{TcpStream, UnixListener};
+
+use crate::connection::Connection;
+use crate::error::{DialCause, DialError, Stage};
+use crate::link::Link;
+
+/// One hypervisor, as a provider's config names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostTarget {
+    /// The host's configured name (in errors and logs).
+    pub name: String,
+    /// `host:port` to dial; also the name looked up in known_hosts.
+    pub address: String,
+    /// The SSH user (a member of the host's `libvirt` group).
+    pub user: String,
+    /// libvirt's socket on the host.
+    pub socket: String,
+}
+
+/// How the host key is checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostKeys {
+    /// Against an OpenSSH known_hosts file (hashed entries and `[host]:port` included).
+    KnownHosts(PathBuf),
+    /// Any key is accepted (`insecureIgnoreHostKey`).
+    AcceptAny,
+}
+
+/// The SSH material and how long things may take.
+#[derive(Clone, Debug)]
+pub struct DialOptions {
+    /// The private key file (OpenSSH or PEM, no passphrase).
+    pub key_file: PathBuf,
+    /// How host keys are checked.
+    pub host_keys: HostKeys,
+    /// Read the key file on every dial (a rotated Secret takes effect on the next connection);
+    /// otherwise it is read until one read succeeds, then kept.
+    pub reread_material: bool,
+    /// The whole dial's budget (credentials to libvirt handshake).
+    pub budget: Duration,
+    /// How often an idle connection is probed; it is dead after one unanswered probe period.
+    pub keepalive: Duration,
+}
+
+impl DialOptions {
+    /// The budget of a whole dial.
+    pub const DIAL_BUDGET: Duration = Duration::from_secs(10);
+    /// The keepalive period.
+    pub const KEEPALIVE: Duration = Duration::from_secs(15);
+
+    /// Options with the standard budgets.
+    pub fn new(key_file: impl Into<PathBuf>, host_keys: HostKeys) -> Self {
+        Self {
+            key_file: key_file.into(),
+            host_keys,
+            reread_material: true,
+            budget: Self::DIAL_BUDGET,
+            keepalive: Self::KEEPALIVE,
+        }
+    }
+}
+
+/// Dials hosts with one set of options.
+#[derive(Debug)]
+pub struct Dialer {
+    options: DialOptions,
+    cached_key: Mutex<Option<Arc<PrivateKey>>>,
+}
+
+impl Dialer {
+    /// A dialer; it reads nothing until the first dial.
+    pub fn new(options: DialOptions) -> Self {
+        Self {
+            options,
+            cached_key: Mutex::new(None),
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &DialOptions {
+        &self.options
+    }
+
+    /// A new connection to `host`.
+    ///
+    /// # Errors
+    /// The stage that failed and why; a dial that outlives its budget or `cx` is
+    /// [`DialCause::Budget`] or [`DialCause::Cancelled`] at the stage it was in.
+    pub async fn dial(&self, cx: &OpCtx, host: &HostTarget) -> Result<Connection, DialError> {
+        let started = Instant::now();
+        let link = Link::new();
+        let mut stage = Stage::Credentials;
+        let steps = self.steps(host, &link, &mut stage);
+        let result = tokio::select! {
+            r = steps => r,
+            why = cx.done() => Err(DialCause::Cancelled(why.to_string())),
+            () = tokio::time::sleep(self.options.budget) => Err(DialCause::Budget(self.options.budget)),
+        };
+        match result {
+            Ok(connection) => {
+                tracing::debug!(host = %host.name, address = %host.address, user = %host.user, duration = ?started.elapsed(), "libvirt host connected");
+                Ok(connection)
+            }
+            Err(cause) => {
+                // A half-open link must not linger: close what was opened.
+                link.mark_dead(format!("dial failed: {cause}"));
+                let err = DialError {
+                    host: host.name.clone(),
+                    stage,
+                    cause,
+                };
+                tracing::debug!(host = %host.name, address = %host.address, user = %host.user, duration = ?started.elapsed(), stage = %stage, error = %err, "libvirt host connect failed");
+                Err(err)
+            }
+        }
+    }
+
+    async fn steps(&self, host: &HostTarget, link: &Link, stage: &mut Stage) -> Result<Connection, DialCause> {
+        let key = self.key().await?;
+        let (host_name, port) = split_address(&host.address);
+        if let HostKeys::KnownHosts(path) = &self.options.host_keys {
+            read_known_hosts(path).await?;
+        }
+
+        *stage = Stage::Tcp;
+        let tcp = TcpStream::connect(&host.address).await.map_err(DialCause::Io)?;
+        let _ = tcp.set_nodelay(true);
+        // A second handle on the socket: shutting it down wakes every reader and writer of the
+        // SSH session without taking any of its locks (spec H1).
+        let std = tcp.into_std().map_err(DialCause::Io)?;
+        let killer = std.try_clone().map_err(DialCause::Io)?;
+        let tcp = TcpStream::from_std(std).map_err(DialCause::Io)?;
+        link.on_kill(move || {
+            let _ = killer.shutdown(std::net::Shutdown::Both);
+        });
+
+        *stage = Stage::Ssh;
+        let verdict = Arc::new(Mutex::new(None));
+        let handler = ClientHandler {
+            host_keys: self.options.host_keys.clone(),
+            host: host_name.clone(),
+            port,
+            verdict: verdict.clone(),
+            link: link.clone(),
+        };
+        let config = Arc::new(client::Config {
+            keepalive_interval: Some(self.options.keepalive),
+            keepalive_max: 1,
+            nodelay: true,
+            ..client::Config::default()
+        });
+        let mut handle = match client::connect_stream(config, tcp, handler).await {
+            Ok(h) => h,
+            Err(e) => {
+                let recorded = verdict.lock().unwrap_or_else(|p| p.into_inner()).take();
+                return Err(recorded.unwrap_or_else(|| DialCause::Ssh(e.to_string())));
+            }
+        };
+        let hash = handle
+            .best_supported_rsa_hash()
+            .await
+            .map_err(|e| DialCause::Ssh(e.to_string()))?
+            .flatten();
+        let auth = handle
+            .authenticate_publickey(&host.user, PrivateKeyWithHashAlg::new(key, hash))
+            .await
+            .map_err(|e| DialCause::Ssh(e.to_string()))?;
+        if !auth.success() {
+            return Err(DialCause::AuthRefused {
+                user: host.user.clone(),
+            });
+        }
+
+        *stage = Stage::Socket;
+        let first = handle
+            .channel_open_direct_streamlocal(host.socket.clone())
+            .await
+            .map_err(|e| DialCause::ChannelRejected {
+                socket: host.socket.clone(),
+                reason: e.to_string(),
+            })?;
+        let bridge = Bridge::start(handle, first, host.socket.clone(), link.clone()).map_err(DialCause::Io)?;
+
+        *stage = Stage::Libvirt;
+        let uri = format!("qemu+unix:///system?socket={}", bridge.path.display());
+        let open = tokio::task::spawn_blocking(move || virt::connect::Connect::open(Some(&uri)));
+        // NB: if this dial is abandoned while the handshake runs, the link's kill closes the
+        // TCP connection, the bridge ends, and the C call returns; its result is then dropped
+        // on the blocking thread (see Connection's drop).
+        let opened = open.await.map_err(|e| DialCause::Libvirt(e.to_string()))?;
+        let conn = opened.map_err(|e| DialCause::Libvirt(e.message().to_owned()))?;
+        Ok(Connection::new(host.name.clone(), conn, link.clone(), bridge))
+    }
+
+    /// The private key: read (and parsed) on every dial, or once and kept.
+    async fn key(&self) -> Result<Arc<PrivateKey>, DialCause> {
+        if !self.options.reread_material
+            && let Some(key) = self.cached_key.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        {
+            return Ok(key);
+        }
+        let path = self.options.key_file.display().to_string();
+        let text = tokio::fs::read_to_string(&self.options.key_file)
+            .await
+            .map_err(|source| DialCause::KeyRead {
+                path: path.clone(),
+                source,
+            })?;
+        let key = russh::keys::decode_secret_key(&text, None).map_err(|e| DialCause::KeyParse {
+            path,
+            reason: key_error_text(&e),
+        })?;
+        let key = Arc::new(key);
+        if !self.options.reread_material {
+            *self.cached_key.lock().unwrap_or_else(|p| p.into_inner()) = Some(key.clone());
+        }
+        Ok(key)
+    }
+}
+
+/// What a key parse error says, without any of the file's content.
+fn key_error_text(e: &russh::keys::Error) -> String {
+    match e {
+        russh::keys::Error::CouldNotReadKey => "not a private key (a public key, or not a key at all?)".to_owned(),
+        russh::keys::Error::KeyIsEncrypted => "the key is encrypted (passphrases are not supported)".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Checks the known_hosts file is readable, so its absence is reported as itself (russh's own
+/// lookup treats an unreadable file as "no entries").
+async fn read_known_hosts(path: &Path) -> Result<(), DialCause> {
+    tokio::fs::read(path)
+        .await
+        .map(drop)
+        .map_err(|source| DialCause::KnownHostsRead {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// `host:port` split for the known_hosts lookup (port 22 when none is given).
+fn split_address(address: &str) -> (String, u16) {
+    if let Some(rest) = address.strip_prefix('[')
+        && let Some((host, port)) = rest.split_once("]:")
+    {
+        return (host.to_owned(), port.parse().unwrap_or(22));
+    }
+    match address.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => (host.to_owned(), port.parse().unwrap_or(22)),
+        _ => (address.to_owned(), 22),
+    }
+}
+
+struct ClientHandler {
+    host_keys: HostKeys,
+    host: String,
+    port: u16,
+    verdict: Arc<Mutex<Option<DialCause>>>,
+    link: Link,
+}
+
+impl client::Handler for ClientHandler {
+    type Error = russh::Error;
+
+    async fn check_server_key(&mut self, key: &russh::keys::PublicKeyOrCertificate) -> Result<bool, Self::Error> {
+        let HostKeys::KnownHosts(path) = &self.host_keys else {
+            return Ok(true);
+        };
+        let russh::keys::PublicKeyOrCertificate::PublicKey { key, .. } = key else {
+            *self.verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(DialCause::Ssh(
+                "the server offered a certificate; only plain host keys are checked".to_owned(),
+            ));
+            return Ok(false);
+        };
+        let shown = if self.port == 22 {
+            self.host.clone()
+        } else {
+            format!("[{}]:{}", self.host, self.port)
+        };
+        let verdict = match russh::keys::check_known_hosts_path(&self.host, self.port, key, path) {
+            Ok(true) => return Ok(true),
+            Ok(false) => DialCause::HostKeyUnknown { host: shown },
+            Err(russh::keys::Error::KeyChanged { line }) => DialCause::HostKeyChanged { host: shown, line },
+            Err(e) => DialCause::KnownHostsParse {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            },
+        };
+        *self.verdict.lock().unwrap_or_else(|p| p.into_inner()) = Some(verdict);
+        Ok(false)
+    }
+
+    async fn disconnected(&mut self, reason: client::DisconnectReason<Self::Error>) -> Result<(), Self::Error> {
+        let why = match &reason {
+            client::DisconnectReason::ReceivedDisconnect(d) => {
+                format!("ssh: the server disconnected: {:?}", d.reason_code)
+            }
+            client::DisconnectReason::Error(e) => format!("ssh: {e}"),
+        };
+        self.link.mark_dead(why);
+        match reason {
+            client::DisconnectReason::ReceivedDisconnect(_) => Ok(()),
+            client::DisconnectReason::Error(e) => Err(e),
+        }
+    }
+}
+
+/// A private unix socket whose every connection is carried to the host's libvirt socket over
+/// its own streamlocal channel.
+pub(crate) struct Bridge {
+    pub(crate) path: PathBuf,
+    dir: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Bridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bridge").field("path", &self.path).finish()
+    }
+}
+
+static BRIDGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Bridge {
+    fn start(
+        handle: client::Handle<ClientHandler>,
+        first: russh::Channel<client::Msg>,
+        socket: String,
+        link: Link,
+    ) -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "egress-libvirt-{}-{}",
+            std::process::id(),
+            BRIDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let path = dir.join("libvirt.sock");
+        let listener = UnixListener::bind(&path)?;
+        let task = tokio::spawn(async move {
+            let mut first = Some(first);
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    () = link.dead() => return,
+                };
+                let Ok((mut local, _)) = accepted else { return };
+                let channel = match first.take() {
+                    Some(c) => c,
+                    None => match handle.channel_open_direct_streamlocal(socket.clone()).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::debug!(socket = %socket, error = %e, "opening another libvirt channel failed");
+                            continue;
+                        }
+                    },
+                };
+                let link = link.clone();
+                tokio::spawn(async move {
+                    let mut remote = channel.into_stream();
+                    tokio::select! {
+                        r = tokio::io::copy_bidirectional(&mut local, &mut remote) => {
+                            if let Err(e) = r {
+                                link.mark_dead(format!("libvirt socket: {e}"));
+                            }
+                        }
+                        () = link.dead() => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { path, dir, task })
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_split_for_the_known_hosts_lookup() {
+        assert_eq!(split_address("127.0.0.1:2222"), ("127.0.0.1".to_owned(), 2222));
+        assert_eq!(split_address("hv1:22"), ("hv1".to_owned(), 22));
+        assert_eq!(split_address("[::1]:2222"), ("::1".to_owned(), 2222));
+        assert_eq!(split_address("hv1"), ("hv1".to_owned(), 22));
+    }
+}

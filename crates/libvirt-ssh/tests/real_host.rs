@@ -1,0 +1,449 @@
+//! The transport against the real sshd and libvirtd of `cargo xtask hypervisor up`, every byte
+//! through our SSH session and bridge: libvirt answers (version, hostname, pool info); a 64 MiB
+//! upload keeps resident memory flat; host key and credential failures come back as their own
+//! causes; and, through a TCP relay in front of sshd that can be frozen (a host that vanishes
+//! without a reset), a hung call returns at its budget and the next one redials, and keepalive
+//! notices the silent peer with no call in flight.
+//!
+//! Without the hypervisor every test skips, and under `cargo xtask test` (which brings it up)
+//! they fail. They run one at a time.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use egress_libvirt_ssh::{CallError, DialCause, DialOptions, Dialer, HostKeys, HostTarget, Pool, RPC_BUDGET, Stage};
+use egress_provider::OpCtx;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const ENV_FILE: &str = "/tmp/egress-hv/env";
+
+/// One test at a time: the memory figure of the upload is the process's, and every test shares
+/// the one sshd.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The hypervisor's settings, or `None` (skip) when it is not up.
+fn hypervisor() -> Option<BTreeMap<String, String>> {
+    let Ok(text) = std::fs::read_to_string(ENV_FILE) else {
+        assert!(
+            std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_err(),
+            "the hypervisor is required: {ENV_FILE} is missing (cargo xtask test brings it up as root)"
+        );
+        eprintln!("SKIP: no hypervisor ({ENV_FILE} is missing; run cargo xtask hypervisor up as root)");
+        return None;
+    };
+    egress_libvirt_ssh::quiet_libvirt();
+    Some(
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+fn target(env: &BTreeMap<String, String>) -> HostTarget {
+    HostTarget {
+        name: "local-hv".to_owned(),
+        address: env["EGRESS_HV_SSH_ADDRESS"].clone(),
+        user: env["EGRESS_HV_SSH_USER"].clone(),
+        socket: env["EGRESS_HV_LIBVIRT_SOCKET"].clone(),
+    }
+}
+
+fn options(env: &BTreeMap<String, String>) -> DialOptions {
+    DialOptions::new(
+        &env["EGRESS_HV_SSH_KEY"],
+        HostKeys::KnownHosts(PathBuf::from(&env["EGRESS_HV_KNOWN_HOSTS"])),
+    )
+}
+
+/// A scratch directory for generated keys and files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("egress-ssh-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A fresh ed25519 key pair (private key path; the public key is `<path>.pub`).
+fn new_key(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let ok = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "ssh-keygen failed");
+    path
+}
+
+async fn dial_err(options: DialOptions, host: &HostTarget) -> egress_libvirt_ssh::DialError {
+    match Dialer::new(options).dial(&OpCtx::background(), host).await {
+        Ok(_) => panic!("the dial should have failed"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libvirt_answers_through_our_bridge() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let pool = Pool::new(Arc::new(Dialer::new(options(&env))));
+    let cx = OpCtx::background();
+    let host = target(&env);
+    let conn = pool.get(&cx, &host).await.expect("a connection");
+    let version = conn
+        .call(&cx, "ConnectGetLibVersion", RPC_BUDGET, |c| c.lib_version())
+        .await
+        .unwrap();
+    assert!(version >= 9_000_000, "libvirt {version}");
+    let hostname = conn
+        .call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname())
+        .await
+        .unwrap();
+    assert!(!hostname.is_empty());
+    let pool_name = env["EGRESS_HV_POOL"].clone();
+    let info = conn
+        .call(&cx, "StoragePoolGetInfo", RPC_BUDGET, move |c| {
+            c.lookup_storage_pool_by_name(&pool_name)?.info()
+        })
+        .await
+        .unwrap();
+    assert!(info.capacity > 0 && info.available <= info.capacity, "{info:?}");
+    // The pool hands the same live connection to the next caller.
+    let again = pool.get(&cx, &host).await.unwrap();
+    assert!(Arc::ptr_eq(&conn, &again));
+    // A daemon error is the daemon's: the connection stays.
+    let missing = conn
+        .call(&cx, "StoragePoolLookupByName", RPC_BUDGET, |c| {
+            c.lookup_storage_pool_by_name("no-such-pool").map(drop)
+        })
+        .await
+        .unwrap_err();
+    assert!(!missing.is_transport(), "{missing}");
+    assert!(
+        missing
+            .libvirt()
+            .unwrap()
+            .code()
+            .is(virt::error::ErrorNumber::NoStoragePool)
+    );
+    assert!(!conn.is_dead());
+}
+
+fn rss_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_64_mib_upload_streams_with_flat_memory() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    const LEN: u64 = 64 << 20;
+    const CHUNK: usize = 256 << 10;
+    let dialer = Dialer::new(options(&env));
+    let cx = OpCtx::background();
+    let conn = dialer.dial(&cx, &target(&env)).await.expect("a connection");
+    let pool_name = env["EGRESS_HV_POOL"].clone();
+    let volume = format!("egress-test-{}-upload.raw", std::process::id());
+    let before = rss_kib("VmRSS:");
+    let (p, v) = (pool_name.clone(), volume.clone());
+    let uploaded = conn
+        .call(&cx, "StorageVolUpload", egress_libvirt_ssh::TRANSFER_BUDGET, move |c| {
+            let pool = c.lookup_storage_pool_by_name(&p)?;
+            let xml = format!(
+                "<volume type='file'><name>{v}</name><capacity unit='bytes'>{LEN}</capacity><target><format type='raw'/></target></volume>"
+            );
+            let vol = virt::storage_vol::StorageVol::create_xml(&pool, &xml, 0)?;
+            let stream = virt::stream::Stream::new(c, 0)?;
+            vol.upload(&stream, 0, LEN, 0)?;
+            // Generated chunk by chunk: the only buffer is one chunk.
+            let mut chunk = vec![0u8; CHUNK];
+            let mut sent = 0u64;
+            while sent < LEN {
+                chunk.fill((sent / CHUNK as u64) as u8);
+                let mut at = 0;
+                while at < CHUNK {
+                    let n = stream.send(&chunk[at..])?;
+                    at += usize::try_from(n).unwrap_or(0);
+                }
+                sent += CHUNK as u64;
+            }
+            stream.finish()?;
+            Ok(vol.info()?.capacity)
+        })
+        .await;
+    let peak_growth = rss_kib("VmHWM:").saturating_sub(before);
+    let (p, v) = (pool_name, volume);
+    let _ = conn
+        .call(&cx, "StorageVolDelete", RPC_BUDGET, move |c| {
+            c.lookup_storage_pool_by_name(&p)?
+                .lookup_storage_vol_by_name(&v)?
+                .delete(0)
+        })
+        .await;
+    assert_eq!(uploaded.expect("the upload"), LEN);
+    // Flat: far less than the upload's size (the bridge and the SSH window hold a few MiB).
+    assert!(
+        peak_growth < 24 * 1024,
+        "resident memory grew by {peak_growth} KiB during a 64 MiB upload"
+    );
+    conn.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_and_host_key_failures_keep_their_cause() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let host = target(&env);
+    let dir = scratch("credentials");
+    let known = PathBuf::from(&env["EGRESS_HV_KNOWN_HOSTS"]);
+
+    // The host is not in known_hosts.
+    let empty = dir.join("empty_known_hosts");
+    std::fs::write(&empty, "").unwrap();
+    let e = dial_err(
+        DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::KnownHosts(empty)),
+        &host,
+    )
+    .await;
+    assert!(
+        matches!(e.cause, DialCause::HostKeyUnknown { .. }) && e.stage == Stage::Ssh,
+        "{e}"
+    );
+    assert!(e.is_host_key_error());
+
+    // known_hosts holds another key of the same type for the host.
+    let other = new_key(&dir, "other_host_key");
+    let other_pub = std::fs::read_to_string(other.with_extension("pub")).unwrap();
+    let changed = dir.join("changed_known_hosts");
+    let (host_part, port) = host.address.rsplit_once(':').unwrap();
+    std::fs::write(&changed, format!("[{host_part}]:{port} {other_pub}")).unwrap();
+    let e = dial_err(
+        DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::KnownHosts(changed)),
+        &host,
+    )
+    .await;
+    assert!(matches!(e.cause, DialCause::HostKeyChanged { line: 1, .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("dialing host local-hv (ssh): knownhosts: key mismatch"),
+        "{e}"
+    );
+
+    // A known_hosts file that is not there.
+    let e = dial_err(
+        DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::KnownHosts(dir.join("nope"))),
+        &host,
+    )
+    .await;
+    assert!(
+        matches!(e.cause, DialCause::KnownHostsRead { .. }) && e.stage == Stage::Credentials,
+        "{e}"
+    );
+
+    // A key the server does not know.
+    let stranger = new_key(&dir, "stranger");
+    let e = dial_err(DialOptions::new(&stranger, HostKeys::KnownHosts(known.clone())), &host).await;
+    assert!(e.is_auth_error(), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "dialing host local-hv (ssh): ssh: unable to authenticate as {}: the server refused the key",
+            host.user
+        )
+    );
+
+    // No key file, and a public key where the private one should be (the classic mistake).
+    let e = dial_err(
+        DialOptions::new(dir.join("missing"), HostKeys::KnownHosts(known.clone())),
+        &host,
+    )
+    .await;
+    assert!(matches!(e.cause, DialCause::KeyRead { .. }) && e.is_key_error(), "{e}");
+    let e = dial_err(
+        DialOptions::new(stranger.with_extension("pub"), HostKeys::KnownHosts(known.clone())),
+        &host,
+    )
+    .await;
+    assert!(matches!(e.cause, DialCause::KeyParse { .. }) && e.is_key_error(), "{e}");
+    assert!(
+        !e.to_string().contains("ssh-ed25519 AAAA"),
+        "the key's content leaked: {e}"
+    );
+
+    // Accepting any host key skips the check (and nothing else).
+    let any = Dialer::new(DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::AcceptAny));
+    let conn = any
+        .dial(&OpCtx::background(), &host)
+        .await
+        .expect("accepting any host key");
+    conn.close().await;
+
+    // A socket path that does not exist on the host.
+    let mut wrong = host.clone();
+    wrong.socket = "/run/libvirt/no-such-sock".to_owned();
+    let e = dial_err(options(&env), &wrong).await;
+    assert!(
+        matches!(e.stage, Stage::Socket | Stage::Libvirt),
+        "a missing socket stops at the channel or the libvirt handshake: {e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A TCP relay in front of sshd that can be frozen: while frozen it forwards nothing and
+/// closes nothing, as a host that vanished without a reset.
+struct Relay {
+    address: String,
+    frozen: Arc<AtomicBool>,
+}
+
+async fn relay(upstream: String) -> Relay {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let flag = frozen.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(pump(cr, sw, flag.clone()));
+            tokio::spawn(pump(sr, cw, flag.clone()));
+        }
+    });
+    Relay { address, frozen }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let Ok(n) = from.read(&mut buf).await else { return };
+        if n == 0 {
+            return;
+        }
+        // Frozen: hold the bytes forever (the connection stays open, silent).
+        while frozen.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_host_ends_the_call_at_its_budget_and_the_next_call_redials() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let relay = relay(env["EGRESS_HV_SSH_ADDRESS"].clone()).await;
+    let mut host = target(&env);
+    host.address = relay.address.clone();
+    // known_hosts names the real address; through the relay the host is 127.0.0.1 on another port.
+    let mut opts = options(&env);
+    opts.host_keys = HostKeys::AcceptAny;
+    let pool = Pool::new(Arc::new(Dialer::new(opts)));
+    let cx = OpCtx::background();
+    let conn = pool.get(&cx, &host).await.expect("a connection through the relay");
+    conn.call(&cx, "ConnectGetLibVersion", RPC_BUDGET, |c| c.lib_version())
+        .await
+        .unwrap();
+
+    relay.frozen.store(true, Ordering::SeqCst);
+    let budget = Duration::from_millis(500);
+    let stalled = conn
+        .call(&cx, "ConnectGetHostname", budget, |c| c.hostname())
+        .await
+        .unwrap_err();
+    assert!(matches!(stalled, CallError::OverBudget { .. }), "{stalled}");
+    assert!(stalled.is_transport());
+    assert!(conn.is_dead(), "an overlong call kills the connection");
+    let refused = conn
+        .call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname())
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, CallError::Closed { .. }), "{refused}");
+
+    relay.frozen.store(false, Ordering::SeqCst);
+    let fresh = pool.get(&cx, &host).await.expect("a redial");
+    assert!(!Arc::ptr_eq(&conn, &fresh), "the dead connection was replaced");
+    let name = fresh
+        .call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname())
+        .await
+        .unwrap();
+    assert!(!name.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_notices_a_silent_peer_without_any_call() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let relay = relay(env["EGRESS_HV_SSH_ADDRESS"].clone()).await;
+    let mut host = target(&env);
+    host.address = relay.address.clone();
+    let mut opts = options(&env);
+    opts.host_keys = HostKeys::AcceptAny;
+    opts.keepalive = Duration::from_millis(300);
+    let conn = Dialer::new(opts)
+        .dial(&OpCtx::background(), &host)
+        .await
+        .expect("a connection");
+    assert!(!conn.is_dead());
+    relay.frozen.store(true, Ordering::SeqCst);
+    // Bounded wait for the signal; no sleep decides the outcome.
+    tokio::time::timeout(Duration::from_secs(30), conn.link().dead())
+        .await
+        .expect("keepalive marked the silent connection dead");
+    let reason = conn.link().reason().unwrap();
+    assert!(reason.contains("ssh"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_caller_abandons_the_call_and_the_dial() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let relay = relay(env["EGRESS_HV_SSH_ADDRESS"].clone()).await;
+    let mut host = target(&env);
+    host.address = relay.address.clone();
+    let mut opts = options(&env);
+    opts.host_keys = HostKeys::AcceptAny;
+    let dialer = Dialer::new(opts);
+    let conn = dialer.dial(&OpCtx::background(), &host).await.unwrap();
+    relay.frozen.store(true, Ordering::SeqCst);
+    let token = egress_provider::CancellationToken::new();
+    let cx = OpCtx::with_cancel(token.clone());
+    let call = conn.call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname());
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        token.cancel();
+    };
+    let (result, ()) = tokio::join!(call, cancel);
+    assert!(matches!(result, Err(CallError::Abandoned { .. })), "{result:?}");
+    assert!(conn.is_dead());
+
+    // A dial through a frozen relay ends with the caller too.
+    let token = egress_provider::CancellationToken::new();
+    token.cancel();
+    let e = match dialer.dial(&OpCtx::with_cancel(token), &host).await {
+        Ok(_) => panic!("a cancelled dial succeeded"),
+        Err(e) => e,
+    };
+    assert!(e.is_timeout(), "{e}");
+}
