@@ -9,7 +9,13 @@ use anyhow::{Context, Result, bail};
 /// (the libvirt C bindings build against them); tinyproxy (the real forward proxy of the health
 /// probes and the local provider); the OpenSSH client (test keys). The hypervisor's own packages
 /// are `cargo xtask hypervisor up`'s.
-pub(crate) const APT_PACKAGES: &[&str] = &["ca-certificates", "libvirt-dev", "pkg-config", "tinyproxy", "openssh-client"];
+pub(crate) const APT_PACKAGES: &[&str] = &[
+    "ca-certificates",
+    "libvirt-dev",
+    "pkg-config",
+    "tinyproxy",
+    "openssh-client",
+];
 
 /// Installs the packages of `wanted` that are missing. Without root it only
 /// reports what is missing, so a developer's run never needs sudo.

@@ -21,6 +21,7 @@ mod dial;
 mod error;
 mod link;
 mod pool;
+mod remote;
 
 pub use connection::{
     CLOSE_BUDGET, Connection, DOMAIN_CREATE_BUDGET, RPC_BUDGET, SMALL_UPLOAD_BUDGET, SMALL_UPLOAD_BYTES,
@@ -30,6 +31,7 @@ pub use dial::{DialOptions, Dialer, HostKeys, HostTarget};
 pub use error::{CallError, DialCause, DialError, Stage};
 pub use link::Link;
 pub use pool::Pool;
+pub use remote::RemoteHost;
 
 /// Stops libvirt's C library from printing every error to stderr; errors are returned instead.
 /// Call once at start (idempotent).
