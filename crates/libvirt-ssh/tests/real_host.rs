@@ -8,57 +8,51 @@
 //! Without the hypervisor every test skips, and under `cargo xtask test` (which brings it up)
 //! they fail. They run one at a time.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use egress_libvirt::HypervisorEnv;
 use egress_libvirt_ssh::{CallError, DialCause, DialOptions, Dialer, HostKeys, HostTarget, Pool, RPC_BUDGET, Stage};
 use egress_provider::OpCtx;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const ENV_FILE: &str = "/tmp/egress-hv/env";
-
 /// One test at a time: the memory figure of the upload is the process's, and every test shares
 /// the one sshd.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The hypervisor's settings, or `None` (skip) when it is not up.
-fn hypervisor() -> Option<BTreeMap<String, String>> {
-    let Ok(text) = std::fs::read_to_string(ENV_FILE) else {
-        assert!(
-            std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_err(),
-            "the hypervisor is required: {ENV_FILE} is missing (cargo xtask test brings it up as root)"
-        );
-        eprintln!("SKIP: no hypervisor ({ENV_FILE} is missing; run cargo xtask hypervisor up as root)");
-        return None;
-    };
+/// The hypervisor's settings, or `None` (the test skips) when it is not up.
+fn hypervisor() -> Option<HypervisorEnv> {
+    let env = HypervisorEnv::for_test()?;
     egress_libvirt_ssh::quiet_libvirt();
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
+    Some(env)
 }
 
-fn target(env: &BTreeMap<String, String>) -> HostTarget {
+fn target(env: &HypervisorEnv) -> HostTarget {
     HostTarget {
         name: "local-hv".to_owned(),
-        address: env["EGRESS_HV_SSH_ADDRESS"].clone(),
-        user: env["EGRESS_HV_SSH_USER"].clone(),
-        socket: env["EGRESS_HV_LIBVIRT_SOCKET"].clone(),
+        address: env.ssh_address.clone(),
+        user: env.ssh_user.clone(),
+        socket: env.libvirt_socket.clone(),
     }
 }
 
-fn options(env: &BTreeMap<String, String>) -> DialOptions {
-    DialOptions::new(
-        &env["EGRESS_HV_SSH_KEY"],
-        HostKeys::KnownHosts(PathBuf::from(&env["EGRESS_HV_KNOWN_HOSTS"])),
-    )
+fn options(env: &HypervisorEnv) -> DialOptions {
+    DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()))
+}
+
+/// A relay in front of sshd, the host as seen through it, and options that accept its host key
+/// (known_hosts names sshd's own address, not the relay's).
+async fn through_relay(env: &HypervisorEnv) -> (Relay, HostTarget, DialOptions) {
+    let relay = relay(env.ssh_address.clone()).await;
+    let mut host = target(env);
+    host.address = relay.address.clone();
+    let mut opts = options(env);
+    opts.host_keys = HostKeys::AcceptAny;
+    (relay, host, opts)
 }
 
 /// A scratch directory for generated keys and files.
@@ -107,7 +101,7 @@ async fn libvirt_answers_through_our_bridge() {
         .await
         .unwrap();
     assert!(!hostname.is_empty());
-    let pool_name = env["EGRESS_HV_POOL"].clone();
+    let pool_name = env.pool.clone();
     let info = conn
         .call(&cx, "StoragePoolGetInfo", RPC_BUDGET, move |c| {
             c.lookup_storage_pool_by_name(&pool_name)?.info()
@@ -155,7 +149,7 @@ async fn a_64_mib_upload_streams_with_flat_memory() {
     let dialer = Dialer::new(options(&env));
     let cx = OpCtx::background();
     let conn = dialer.dial(&cx, &target(&env)).await.expect("a connection");
-    let pool_name = env["EGRESS_HV_POOL"].clone();
+    let pool_name = env.pool.clone();
     let volume = format!("egress-test-{}-upload.raw", std::process::id());
     let before = rss_kib("VmRSS:");
     let (p, v) = (pool_name.clone(), volume.clone());
@@ -208,16 +202,12 @@ async fn credential_and_host_key_failures_keep_their_cause() {
     let Some(env) = hypervisor() else { return };
     let host = target(&env);
     let dir = scratch("credentials");
-    let known = PathBuf::from(&env["EGRESS_HV_KNOWN_HOSTS"]);
+    let known = env.known_hosts.clone();
 
     // The host is not in known_hosts.
     let empty = dir.join("empty_known_hosts");
     std::fs::write(&empty, "").unwrap();
-    let e = dial_err(
-        DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::KnownHosts(empty)),
-        &host,
-    )
-    .await;
+    let e = dial_err(DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(empty)), &host).await;
     assert!(
         matches!(e.cause, DialCause::HostKeyUnknown { .. }) && e.stage == Stage::Ssh,
         "{e}"
@@ -230,11 +220,7 @@ async fn credential_and_host_key_failures_keep_their_cause() {
     let changed = dir.join("changed_known_hosts");
     let (host_part, port) = host.address.rsplit_once(':').unwrap();
     std::fs::write(&changed, format!("[{host_part}]:{port} {other_pub}")).unwrap();
-    let e = dial_err(
-        DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::KnownHosts(changed)),
-        &host,
-    )
-    .await;
+    let e = dial_err(DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(changed)), &host).await;
     assert!(matches!(e.cause, DialCause::HostKeyChanged { line: 1, .. }), "{e}");
     assert!(
         e.to_string()
@@ -244,7 +230,7 @@ async fn credential_and_host_key_failures_keep_their_cause() {
 
     // A known_hosts file that is not there.
     let e = dial_err(
-        DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::KnownHosts(dir.join("nope"))),
+        DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(dir.join("nope"))),
         &host,
     )
     .await;
@@ -284,7 +270,7 @@ async fn credential_and_host_key_failures_keep_their_cause() {
     );
 
     // Accepting any host key skips the check (and nothing else).
-    let any = Dialer::new(DialOptions::new(&env["EGRESS_HV_SSH_KEY"], HostKeys::AcceptAny));
+    let any = Dialer::new(DialOptions::new(&env.ssh_key, HostKeys::AcceptAny));
     let conn = any
         .dial(&OpCtx::background(), &host)
         .await
@@ -307,13 +293,16 @@ async fn credential_and_host_key_failures_keep_their_cause() {
 struct Relay {
     address: String,
     frozen: Arc<AtomicBool>,
+    /// Bytes carried from the client to sshd so far.
+    forwarded: Arc<AtomicU64>,
 }
 
 async fn relay(upstream: String) -> Relay {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let frozen = Arc::new(AtomicBool::new(false));
-    let flag = frozen.clone();
+    let forwarded = Arc::new(AtomicU64::new(0));
+    let (flag, count) = (frozen.clone(), forwarded.clone());
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -321,17 +310,22 @@ async fn relay(upstream: String) -> Relay {
             };
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            tokio::spawn(pump(cr, sw, flag.clone()));
-            tokio::spawn(pump(sr, cw, flag.clone()));
+            tokio::spawn(pump(cr, sw, flag.clone(), Some(count.clone())));
+            tokio::spawn(pump(sr, cw, flag.clone(), None));
         }
     });
-    Relay { address, frozen }
+    Relay {
+        address,
+        frozen,
+        forwarded,
+    }
 }
 
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     frozen: Arc<AtomicBool>,
+    count: Option<Arc<AtomicU64>>,
 ) {
     let mut buf = vec![0u8; 16 << 10];
     loop {
@@ -346,6 +340,9 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
+        if let Some(count) = &count {
+            count.fetch_add(n as u64, Ordering::SeqCst);
+        }
     }
 }
 
@@ -353,12 +350,7 @@ async fn pump(
 async fn a_stalled_host_ends_the_call_at_its_budget_and_the_next_call_redials() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = hypervisor() else { return };
-    let relay = relay(env["EGRESS_HV_SSH_ADDRESS"].clone()).await;
-    let mut host = target(&env);
-    host.address = relay.address.clone();
-    // known_hosts names the real address; through the relay the host is 127.0.0.1 on another port.
-    let mut opts = options(&env);
-    opts.host_keys = HostKeys::AcceptAny;
+    let (relay, host, opts) = through_relay(&env).await;
     let pool = Pool::new(Arc::new(Dialer::new(opts)));
     let cx = OpCtx::background();
     let conn = pool.get(&cx, &host).await.expect("a connection through the relay");
@@ -392,14 +384,81 @@ async fn a_stalled_host_ends_the_call_at_its_budget_and_the_next_call_redials() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_libvirt() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let (relay, host, opts) = through_relay(&env).await;
+    let pool = Pool::new(Arc::new(Dialer::new(opts)));
+    let cx = OpCtx::background();
+    let conn = pool.get(&cx, &host).await.expect("a connection through the relay");
+    const LEN: u64 = 64 << 20;
+    let pool_name = env.pool.clone();
+    let volume = format!("egress-test-{}-stall.raw", std::process::id());
+    let (p, v) = (pool_name.clone(), volume.clone());
+    conn.call(&cx, "StorageVolCreateXML", RPC_BUDGET, move |c| {
+        let pool = c.lookup_storage_pool_by_name(&p)?;
+        let xml = format!(
+            "<volume type='file'><name>{v}</name><capacity unit='bytes'>{LEN}</capacity><target><format type='raw'/></target></volume>"
+        );
+        virt::storage_vol::StorageVol::create_xml(&pool, &xml, 0).map(drop)
+    })
+    .await
+    .unwrap();
+
+    // The C call reports here when it has returned, whatever it returned.
+    let (returned_tx, returned_rx) = tokio::sync::oneshot::channel::<()>();
+    let (p, v) = (pool_name.clone(), volume.clone());
+    let upload = conn.call(&cx, "StorageVolUpload", Duration::from_secs(5), move |c| {
+        let result = (|| {
+            let vol = c.lookup_storage_pool_by_name(&p)?.lookup_storage_vol_by_name(&v)?;
+            let stream = virt::stream::Stream::new(c, 0)?;
+            vol.upload(&stream, 0, LEN, 0)?;
+            let chunk = vec![1u8; 256 << 10];
+            for _ in 0..(LEN / chunk.len() as u64) {
+                stream.send(&chunk)?;
+            }
+            stream.finish()
+        })();
+        let _ = returned_tx.send(());
+        result
+    });
+    let freeze = async {
+        // Freeze once the transfer is well under way.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while relay.forwarded.load(Ordering::SeqCst) < 8 << 20 {
+            assert!(tokio::time::Instant::now() < deadline, "the upload never got going");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        relay.frozen.store(true, Ordering::SeqCst);
+    };
+    let (result, ()) = tokio::join!(upload, freeze);
+    let err = result.expect_err("the stalled upload must fail");
+    assert!(matches!(err, CallError::OverBudget { .. }), "{err}");
+    assert!(conn.is_dead());
+    // Tearing the transport down unblocked libvirt's C call.
+    tokio::time::timeout(Duration::from_secs(30), returned_rx)
+        .await
+        .expect("the blocked C call returned after the teardown")
+        .unwrap();
+
+    relay.frozen.store(false, Ordering::SeqCst);
+    let fresh = pool.get(&cx, &host).await.expect("a redial");
+    let v = volume.clone();
+    fresh
+        .call(&cx, "StorageVolDelete", RPC_BUDGET, move |c| {
+            c.lookup_storage_pool_by_name(&pool_name)?
+                .lookup_storage_vol_by_name(&v)?
+                .delete(0)
+        })
+        .await
+        .expect("the next call, over a new connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_notices_a_silent_peer_without_any_call() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = hypervisor() else { return };
-    let relay = relay(env["EGRESS_HV_SSH_ADDRESS"].clone()).await;
-    let mut host = target(&env);
-    host.address = relay.address.clone();
-    let mut opts = options(&env);
-    opts.host_keys = HostKeys::AcceptAny;
+    let (relay, host, mut opts) = through_relay(&env).await;
     opts.keepalive = Duration::from_millis(300);
     let conn = Dialer::new(opts)
         .dial(&OpCtx::background(), &host)
@@ -419,11 +478,7 @@ async fn keepalive_notices_a_silent_peer_without_any_call() {
 async fn a_cancelled_caller_abandons_the_call_and_the_dial() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = hypervisor() else { return };
-    let relay = relay(env["EGRESS_HV_SSH_ADDRESS"].clone()).await;
-    let mut host = target(&env);
-    host.address = relay.address.clone();
-    let mut opts = options(&env);
-    opts.host_keys = HostKeys::AcceptAny;
+    let (relay, host, opts) = through_relay(&env).await;
     let dialer = Dialer::new(opts);
     let conn = dialer.dial(&OpCtx::background(), &host).await.unwrap();
     relay.frozen.store(true, Ordering::SeqCst);

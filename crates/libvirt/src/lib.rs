@@ -15,6 +15,7 @@ pub mod domain;
 #[cfg(feature = "fake")]
 pub mod fake;
 pub mod host;
+pub mod hypervisor_env;
 pub mod mark;
 pub mod seed;
 pub mod volume;
@@ -22,6 +23,7 @@ mod xml;
 
 pub use domain::{DomainError, DomainSpec, Flavour};
 pub use host::{DialFailure, Host, LibvirtError, LvResult};
+pub use hypervisor_env::HypervisorEnv;
 pub use mark::{KVM_NAMESPACE, KVM2_NAMESPACE, Mark, MarkError, rfc3339};
 pub use volume::{VolumeError, VolumeSpec};
 pub use xml::XmlError;

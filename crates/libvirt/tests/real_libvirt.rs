@@ -1,40 +1,17 @@
 //! The builders against the real libvirtd of `cargo xtask hypervisor up`, driven with `virsh` as
-//! the local administrator (the providers' own path, over SSH, is the transport's tests): our
-//! volume documents create the base, overlay and seed volumes; our domain documents (both
-//! flavours) define and undefine; the mark round-trips through libvirt's metadata; and the test
-//! guest, booted from our overlay and our seed ISO, reports the instance-id we wrote.
+//! the local administrator, an independent client (the providers' own path, over SSH, is
+//! egress-libvirt-ssh's tests, which also boot the test guest from our documents): our volume
+//! documents create the base, overlay and seed volumes; our domain documents (both flavours)
+//! define and undefine; the mark round-trips through libvirt's metadata, scoped by namespace.
 //!
 //! Without the hypervisor the test skips, and under `cargo xtask test` (which brings it up) it
 //! fails.
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use egress_libvirt::seed::{seed_iso, vendor_data};
-use egress_libvirt::{DomainSpec, Flavour, Mark, VolumeSpec};
-
-const ENV_FILE: &str = "/tmp/egress-hv/env";
-
-/// The hypervisor's settings, or `None` (skip) when it is not up.
-fn hypervisor() -> Option<BTreeMap<String, String>> {
-    let Ok(text) = std::fs::read_to_string(ENV_FILE) else {
-        assert!(
-            std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_err(),
-            "the hypervisor is required: {ENV_FILE} is missing (cargo xtask test brings it up as root)"
-        );
-        eprintln!("SKIP: no hypervisor ({ENV_FILE} is missing; run cargo xtask hypervisor up as root)");
-        return None;
-    };
-    Some(
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
-}
+use egress_libvirt::{DomainSpec, Flavour, HypervisorEnv, Mark, VolumeSpec};
 
 fn virsh(args: &[&str]) -> Result<String, String> {
     let out = Command::new("virsh")
@@ -98,20 +75,10 @@ impl Made {
     }
 }
 
-/// `GET /` on the guest's proxy port: the guest answers with the seed it read.
-fn identity(ip: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&format!("{ip}:3128").parse().ok()?, Duration::from_secs(3)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
-    Some(answer)
-}
-
 #[test]
-fn our_volumes_domain_mark_and_seed_work_on_the_real_libvirtd() {
-    let Some(env) = hypervisor() else { return };
-    let pool = env["EGRESS_HV_POOL"].clone();
+fn our_volumes_domains_and_mark_work_on_the_real_libvirtd() {
+    let Some(env) = HypervisorEnv::for_test() else { return };
+    let pool = env.pool.clone();
     let tag = format!("egress-test-{}", std::process::id());
     let mut made = Made {
         pool: pool.clone(),
@@ -123,7 +90,7 @@ fn our_volumes_domain_mark_and_seed_work_on_the_real_libvirtd() {
 
     // The base image, uploaded as the providers upload a download: created with the image's
     // format and its byte length, then filled verbatim.
-    let image = std::path::PathBuf::from(&env["EGRESS_HV_GUEST_IMAGE"]);
+    let image = env.guest_image.clone();
     let image_len = i64::try_from(std::fs::metadata(&image).unwrap().len()).unwrap();
     let base = made.volume(
         &VolumeSpec {
@@ -171,12 +138,12 @@ fn our_volumes_domain_mark_and_seed_work_on_the_real_libvirtd() {
         vcpus: 1,
         mark: mark.clone(),
         firmware: "uefi".into(),
-        domain_type: env["EGRESS_HV_DOMAIN_TYPE"].clone(),
+        domain_type: env.domain_type.clone(),
         cpu_mode: None,
         disk_path: overlay,
         disk_format: "qcow2".into(),
         seed_path: seed,
-        bridge: env["EGRESS_HV_BRIDGE"].clone(),
+        bridge: env.bridge.clone(),
     };
 
     // The first-generation document defines and undefines too.
@@ -205,27 +172,4 @@ fn our_volumes_domain_mark_and_seed_work_on_the_real_libvirtd() {
     assert_eq!(read.as_second(), written, "createdAt keeps whole seconds");
     let live = must(&["dumpxml", &name]);
     assert!(!live.contains("type='volume'") && !live.contains("type=\"volume\""));
-
-    // Boot: the guest reads our seed and says so on its proxy port.
-    must(&["start", &name]);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let answer = loop {
-        let addresses = virsh(&["domifaddr", &name, "--source", "agent"]).unwrap_or_default();
-        let ip = addresses
-            .lines()
-            .filter(|l| l.contains("ipv4") && !l.contains("127.0.0.1"))
-            .find_map(|l| l.split_whitespace().last()?.split('/').next().map(str::to_owned));
-        if let Some(answer) = ip.as_deref().and_then(identity) {
-            break answer;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the guest reported no address and identity within 180 s: {addresses}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    assert!(
-        answer.contains(&format!("instance-id={name}")),
-        "the guest did not read our seed: {answer}"
-    );
 }

@@ -198,13 +198,13 @@ impl SystemMachine {
     async fn liveness(&self, name: &str, pid: u32) -> io::Result<Liveness> {
         let stat = match tokio::fs::read(format!("/proc/{pid}/stat")).await {
             Ok(s) => s,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Liveness::Gone),
+            Err(e) if vanished(&e) => return Ok(Liveness::Gone),
             Err(e) => return Err(e),
         };
         let state = process_state(&stat);
         let cmdline = match tokio::fs::read(format!("/proc/{pid}/cmdline")).await {
             Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Liveness::Gone),
+            Err(e) if vanished(&e) => return Ok(Liveness::Gone),
             Err(e) => return Err(e),
         };
         let config = self.config_path(name);
@@ -221,6 +221,32 @@ impl SystemMachine {
             Some('T' | 't') => Liveness::Suspended,
             Some(_) => Liveness::Starting,
         })
+    }
+
+    /// Terminates process `pid` of `name`, then kills it; gone or not ours is success.
+    async fn stop_one(&self, name: &str, pid: u32) -> io::Result<()> {
+        if self.liveness(name, pid).await? == Liveness::Gone {
+            return Ok(());
+        }
+        let Some(target) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
+            return Ok(());
+        };
+        let signal = |s| match rustix::process::kill_process(target, s) {
+            Err(e) if e == rustix::io::Errno::SRCH => Ok(()),
+            other => other.map_err(io::Error::from),
+        };
+        signal(rustix::process::Signal::TERM)?;
+        if self.wait_gone(name, pid, TERM_GRACE).await? {
+            return Ok(());
+        }
+        signal(rustix::process::Signal::KILL)?;
+        if self.wait_gone(name, pid, KILL_GRACE).await? {
+            return Ok(());
+        }
+        Err(own_error(
+            io::ErrorKind::TimedOut,
+            format!("process {pid} did not exit after SIGKILL"),
+        ))
     }
 
     async fn wait_gone(&self, name: &str, pid: u32, within: Duration) -> io::Result<bool> {
@@ -317,7 +343,9 @@ impl Machine for SystemMachine {
         // NB: dropping the handle neither waits nor kills; tokio reaps the
         // process in the background if it exits while this process lives.
         drop(child);
-        tokio::fs::write(self.pid_path(name), format!("{pid}\n")).await
+        // Written without an await since the spawn: a caller that gives up now cannot leave
+        // a process behind that no pid file names.
+        std::fs::write(self.pid_path(name), format!("{pid}\n"))
     }
 
     async fn inspect(&self, name: &str, at: SocketAddr) -> io::Result<Liveness> {
@@ -337,31 +365,18 @@ impl Machine for SystemMachine {
     }
 
     async fn stop(&self, name: &str) -> io::Result<()> {
-        let Some(pid) = self.pid(name).await? else {
-            return Ok(());
-        };
-        if self.liveness(name, pid).await? == Liveness::Gone {
-            return Ok(());
+        // The recorded process, and any other started with this instance's config (one whose
+        // pid was never recorded because the operator died right after starting it).
+        let mut pids = started_with(&self.config_path(name));
+        if let Some(pid) = self.pid(name).await?
+            && !pids.contains(&pid)
+        {
+            pids.push(pid);
         }
-        let Some(target) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
-            return Ok(());
-        };
-        let signal = |s| match rustix::process::kill_process(target, s) {
-            Err(e) if e == rustix::io::Errno::SRCH => Ok(()),
-            other => other.map_err(io::Error::from),
-        };
-        signal(rustix::process::Signal::TERM)?;
-        if self.wait_gone(name, pid, TERM_GRACE).await? {
-            return Ok(());
+        for pid in pids {
+            self.stop_one(name, pid).await?;
         }
-        signal(rustix::process::Signal::KILL)?;
-        if self.wait_gone(name, pid, KILL_GRACE).await? {
-            return Ok(());
-        }
-        Err(own_error(
-            io::ErrorKind::TimedOut,
-            format!("process {pid} did not exit after SIGKILL"),
-        ))
+        Ok(())
     }
 
     async fn in_use(&self, at: SocketAddr) -> io::Result<bool> {
@@ -413,6 +428,27 @@ impl Machine for SystemMachine {
     fn describe(&self) -> String {
         self.state_dir.display().to_string()
     }
+}
+
+/// The live processes whose command line names `config` (tinyproxy started for one instance).
+fn started_with(config: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let wanted = config.as_os_str().as_encoded_bytes();
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == wanted))
+        })
+        .collect()
+}
+
+/// Whether reading a `/proc/<pid>` file failed because the process is gone: the file is missing,
+/// or the process is being torn down as it is read (ESRCH).
+fn vanished(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(3)
 }
 
 /// The state letter of a `/proc/<pid>/stat` line (after the command name,

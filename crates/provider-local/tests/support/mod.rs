@@ -363,6 +363,29 @@ pub fn processes_under(dir: &Path) -> Vec<(u32, String)> {
     out
 }
 
+/// The state letter of process `pid` (`None` once it is gone).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    stat[close + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .map(|b| char::from(*b))
+}
+
+/// Waits, up to 10 s, until process `pid` is in a state `done` accepts.
+async fn wait_for_state(pid: Option<u32>, done: impl Fn(Option<char>) -> bool) {
+    let Some(pid) = pid else { return };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done(process_state(pid)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "process {pid} did not change state within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 fn signal(pid: Option<u32>, signal: rustix::process::Signal) {
     if let Some(p) = pid
         .and_then(|pid| i32::try_from(pid).ok())
@@ -421,7 +444,9 @@ impl BackendHooks for TestBackend {
                 }
                 NativeState::Unknown(_) => {
                     self.launch_real(m, &record).await;
-                    signal(self.real_pid(&record.name), rustix::process::Signal::STOP);
+                    let pid = self.real_pid(&record.name);
+                    signal(pid, rustix::process::Signal::STOP);
+                    wait_for_state(pid, |s| matches!(s, Some('T' | 't'))).await;
                 }
             },
             None => {
@@ -444,10 +469,20 @@ impl BackendHooks for TestBackend {
     async fn set_native_state(&self, name: &str, state: NativeState) -> HookResult {
         if self.real().is_some() {
             let pid = self.real_pid(name);
+            // Signals land asynchronously: wait (bounded) until the process shows the new state.
             match state {
-                NativeState::Stopped | NativeState::Terminated => signal(pid, rustix::process::Signal::KILL),
-                NativeState::Unknown(_) => signal(pid, rustix::process::Signal::STOP),
-                NativeState::Running => signal(pid, rustix::process::Signal::CONT),
+                NativeState::Stopped | NativeState::Terminated => {
+                    signal(pid, rustix::process::Signal::KILL);
+                    wait_for_state(pid, |s| matches!(s, None | Some('Z' | 'X'))).await;
+                }
+                NativeState::Unknown(_) => {
+                    signal(pid, rustix::process::Signal::STOP);
+                    wait_for_state(pid, |s| matches!(s, Some('T' | 't'))).await;
+                }
+                NativeState::Running => {
+                    signal(pid, rustix::process::Signal::CONT);
+                    wait_for_state(pid, |s| !matches!(s, Some('T' | 't'))).await;
+                }
                 NativeState::Pending => return Err(Unsupported("H02 set_native_state(Pending) on a real process")),
             }
             return Ok(());

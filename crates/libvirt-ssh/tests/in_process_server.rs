@@ -1,0 +1,223 @@
+//! The dial against an in-process russh server whose host key and authorized key the test
+//! chooses: an unknown and a changed host key, a refused key, a missing and an unparsable key
+//! file, and a host that refuses the libvirt channel. No hypervisor is needed: these run
+//! everywhere. (The same failures against the real OpenSSH sshd, and the faults that need
+//! libvirt behind the channel, are in real_host.rs.)
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_libvirt_ssh::{DialCause, DialError, DialOptions, Dialer, HostKeys, HostTarget, Stage};
+use egress_provider::OpCtx;
+use russh::keys::PublicKey;
+use russh::server::{Auth, VerifiedPublicKey};
+
+/// A scratch directory for this test's keys.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("egress-russh-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A fresh ed25519 key pair made by ssh-keygen (`<path>` and `<path>.pub`).
+fn new_key(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let status = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&path)
+        .status()
+        .expect("ssh-keygen (package openssh-client, which cargo xtask test installs)");
+    assert!(status.success());
+    path
+}
+
+fn public(path: &Path) -> String {
+    std::fs::read_to_string(path.with_extension("pub"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// Accepts exactly one client key; refuses every channel.
+#[derive(Clone)]
+struct Server {
+    authorized: PublicKey,
+}
+
+impl russh::server::Handler for Server {
+    type Error = russh::Error;
+
+    async fn auth_publickey(&mut self, _user: &str, key: VerifiedPublicKey<'_>) -> Result<Auth, Self::Error> {
+        Ok(if key.public_key.key_data() == self.authorized.key_data() {
+            Auth::Accept
+        } else {
+            Auth::reject()
+        })
+    }
+}
+
+/// Starts the server with `host_key`, accepting `client_key`; returns its `127.0.0.1:port`.
+async fn serve(host_key: &Path, client_key: &Path) -> String {
+    let key = russh::keys::load_secret_key(host_key, None).unwrap();
+    let authorized = russh::keys::load_secret_key(client_key, None)
+        .unwrap()
+        .public_key()
+        .clone();
+    let config = Arc::new(russh::server::Config {
+        keys: vec![key],
+        auth_rejection_time: Duration::from_millis(10),
+        auth_rejection_time_initial: Some(Duration::ZERO),
+        ..russh::server::Config::default()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let server = Server { authorized };
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (config, handler) = (config.clone(), server.clone());
+            tokio::spawn(async move {
+                if let Ok(session) = russh::server::run_stream(config, stream, handler).await {
+                    let _ = session.await;
+                }
+            });
+        }
+    });
+    address
+}
+
+fn host(address: &str) -> HostTarget {
+    HostTarget {
+        name: "russh".to_owned(),
+        address: address.to_owned(),
+        user: "tester".to_owned(),
+        socket: "/run/libvirt/libvirt-sock".to_owned(),
+    }
+}
+
+async fn dial(key: &Path, host_keys: HostKeys, address: &str) -> DialError {
+    match Dialer::new(DialOptions::new(key, host_keys))
+        .dial(&OpCtx::background(), &host(address))
+        .await
+    {
+        Ok(_) => panic!("the dial should have failed"),
+        Err(e) => e,
+    }
+}
+
+/// A known_hosts file naming `address` with the public key of `key`.
+fn known_hosts(dir: &Path, file: &str, address: &str, key: &Path) -> PathBuf {
+    let (h, port) = address.rsplit_once(':').unwrap();
+    let path = dir.join(file);
+    std::fs::write(&path, format!("[{h}]:{port} {}\n", public(key))).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn host_keys_are_checked_against_known_hosts() {
+    let dir = scratch("hostkeys");
+    let (host_key, other, client) = (new_key(&dir, "host"), new_key(&dir, "other"), new_key(&dir, "client"));
+    let address = serve(&host_key, &client).await;
+
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let e = dial(&client, HostKeys::KnownHosts(empty), &address).await;
+    assert!(
+        matches!(&e.cause, DialCause::HostKeyUnknown { host } if host.starts_with("[127.0.0.1]:")),
+        "{e}"
+    );
+    assert_eq!(e.stage, Stage::Ssh);
+    assert!(e.is_host_key_error());
+
+    let changed = known_hosts(&dir, "changed", &address, &other);
+    let e = dial(&client, HostKeys::KnownHosts(changed), &address).await;
+    assert!(matches!(e.cause, DialCause::HostKeyChanged { line: 1, .. }), "{e}");
+
+    // The right key: the dial gets past SSH and stops at the channel, which this server refuses.
+    let right = known_hosts(&dir, "right", &address, &host_key);
+    let e = dial(&client, HostKeys::KnownHosts(right), &address).await;
+    assert_eq!(e.stage, Stage::Socket, "{e}");
+    assert!(matches!(e.cause, DialCause::ChannelRejected { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("dialing host russh (socket): opening /run/libvirt/libvirt-sock: "),
+        "{e}"
+    );
+
+    // Accepting any key skips the check only.
+    let e = dial(&client, HostKeys::AcceptAny, &address).await;
+    assert_eq!(e.stage, Stage::Socket, "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_refused_missing_or_unparsable_key_says_so() {
+    let dir = scratch("keys");
+    let (host_key, client, stranger) = (
+        new_key(&dir, "host"),
+        new_key(&dir, "client"),
+        new_key(&dir, "stranger"),
+    );
+    let address = serve(&host_key, &client).await;
+    let known = known_hosts(&dir, "known", &address, &host_key);
+
+    let e = dial(&stranger, HostKeys::KnownHosts(known.clone()), &address).await;
+    assert!(e.is_auth_error() && e.stage == Stage::Ssh, "{e}");
+    assert_eq!(
+        e.to_string(),
+        "dialing host russh (ssh): ssh: unable to authenticate as tester: the server refused the key"
+    );
+
+    let missing = dir.join("missing");
+    let e = dial(&missing, HostKeys::KnownHosts(known.clone()), &address).await;
+    assert!(
+        matches!(e.cause, DialCause::KeyRead { .. }) && e.stage == Stage::Credentials,
+        "{e}"
+    );
+    assert!(e.to_string().contains(&missing.display().to_string()), "{e}");
+
+    // The classic mistake: the public key where the private one belongs.
+    let e = dial(
+        &client.with_extension("pub"),
+        HostKeys::KnownHosts(known.clone()),
+        &address,
+    )
+    .await;
+    assert!(matches!(e.cause, DialCause::KeyParse { .. }) && e.is_key_error(), "{e}");
+    assert!(
+        !e.to_string().contains(&public(&client)[12..40]),
+        "the key's content leaked: {e}"
+    );
+
+    let garbage = dir.join("garbage");
+    std::fs::write(&garbage, "not a key at all\n").unwrap();
+    let e = dial(&garbage, HostKeys::KnownHosts(known), &address).await;
+    assert!(matches!(e.cause, DialCause::KeyParse { .. }), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_silent_port_ends_the_dial_at_its_budget() {
+    // A listener that accepts and never says a word: the SSH banner never comes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            kept.push(s);
+        }
+    });
+    let dir = scratch("silent");
+    let client = new_key(&dir, "client");
+    let mut options = DialOptions::new(&client, HostKeys::AcceptAny);
+    options.budget = Duration::from_millis(300);
+    let e = match Dialer::new(options).dial(&OpCtx::background(), &host(&address)).await {
+        Ok(_) => panic!("a silent server cannot be dialled"),
+        Err(e) => e,
+    };
+    assert!(e.is_timeout() && e.stage == Stage::Ssh, "{e}");
+    held.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,103 @@
+//! The settings of a test hypervisor, as `cargo xtask hypervisor up` writes them (`KEY=value`
+//! lines in `/tmp/egress-hv/env`, or the file `EGRESS_HV_ENV` names), for the tests and the
+//! real-mode conformance runs of the libvirt crates.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Where `cargo xtask hypervisor up` writes the settings.
+pub const DEFAULT_ENV_FILE: &str = "/tmp/egress-hv/env";
+
+/// One test hypervisor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HypervisorEnv {
+    /// sshd's `host:port`.
+    pub ssh_address: String,
+    /// The unprivileged user in the `libvirt` group.
+    pub ssh_user: String,
+    /// The user's private key.
+    pub ssh_key: PathBuf,
+    /// known_hosts naming sshd's address.
+    pub known_hosts: PathBuf,
+    /// libvirt's socket on the host.
+    pub libvirt_socket: String,
+    /// The storage pool.
+    pub pool: String,
+    /// The libvirt network.
+    pub network: String,
+    /// The bridge guests attach to.
+    pub bridge: String,
+    /// The bridge's own address (guests reach the host there).
+    pub gateway: String,
+    /// `qemu` where KVM cannot run guests.
+    pub domain_type: String,
+    /// The test guest's disk image.
+    pub guest_image: PathBuf,
+}
+
+impl HypervisorEnv {
+    /// The file the settings are read from.
+    pub fn file() -> PathBuf {
+        std::env::var_os("EGRESS_HV_ENV").map_or_else(|| PathBuf::from(DEFAULT_ENV_FILE), PathBuf::from)
+    }
+
+    /// The settings, or `None` when the file is missing.
+    ///
+    /// # Errors
+    /// A file that lacks a setting.
+    pub fn load() -> Result<Option<Self>, String> {
+        let path = Self::file();
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let map: BTreeMap<&str, &str> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .collect();
+        let get = |key: &str| {
+            map.get(key)
+                .map(|v| (*v).to_owned())
+                .ok_or_else(|| format!("{}: {key} is missing", path.display()))
+        };
+        Ok(Some(Self {
+            ssh_address: get("EGRESS_HV_SSH_ADDRESS")?,
+            ssh_user: get("EGRESS_HV_SSH_USER")?,
+            ssh_key: get("EGRESS_HV_SSH_KEY")?.into(),
+            known_hosts: get("EGRESS_HV_KNOWN_HOSTS")?.into(),
+            libvirt_socket: get("EGRESS_HV_LIBVIRT_SOCKET")?,
+            pool: get("EGRESS_HV_POOL")?,
+            network: get("EGRESS_HV_NETWORK")?,
+            bridge: get("EGRESS_HV_BRIDGE")?,
+            gateway: get("EGRESS_HV_GATEWAY")?,
+            domain_type: get("EGRESS_HV_DOMAIN_TYPE")?,
+            guest_image: get("EGRESS_HV_GUEST_IMAGE")?.into(),
+        }))
+    }
+
+    /// The settings for a test that needs the hypervisor: `None` (the test skips, saying so)
+    /// when it is not up.
+    ///
+    /// # Panics
+    /// When it is not up under `EGRESS_REAL_BACKENDS_REQUIRED` (as `cargo xtask test` runs,
+    /// having brought it up), or when the file is incomplete.
+    pub fn for_test() -> Option<Self> {
+        match Self::load() {
+            Ok(Some(env)) => Some(env),
+            Ok(None) => {
+                let file = Self::file();
+                assert!(
+                    std::env::var_os("EGRESS_REAL_BACKENDS_REQUIRED").is_none(),
+                    "the hypervisor is required: {} is missing (cargo xtask test brings it up as root)",
+                    file.display()
+                );
+                eprintln!(
+                    "SKIP: no hypervisor ({} is missing; run cargo xtask hypervisor up as root)",
+                    file.display()
+                );
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
