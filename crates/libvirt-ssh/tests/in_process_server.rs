@@ -221,3 +221,108 @@ async fn a_silent_port_ends_the_dial_at_its_budget() {
     held.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn the_key_file_is_read_again_on_every_dial_unless_kept() {
+    let dir = scratch("reread");
+    let (host_key, client, stranger) = (
+        new_key(&dir, "host"),
+        new_key(&dir, "client"),
+        new_key(&dir, "stranger"),
+    );
+    let address = serve(&host_key, &client).await;
+    let known = known_hosts(&dir, "known", &address, &host_key);
+    let key = dir.join("id");
+    std::fs::copy(&client, &key).unwrap();
+    for reread in [true, false] {
+        std::fs::copy(&client, &key).unwrap();
+        let mut options = DialOptions::new(&key, HostKeys::KnownHosts(known.clone()));
+        options.reread_material = reread;
+        let dialer = Dialer::new(options);
+        let stage = |r: Result<_, DialError>| match r {
+            Ok(_) => panic!("this server refuses every channel"),
+            Err(e) => e.stage,
+        };
+        // Authenticated: the dial stops at the channel.
+        assert_eq!(
+            stage(dialer.dial(&OpCtx::background(), &host(&address)).await),
+            Stage::Socket
+        );
+        // The Secret is rotated to a key the server does not accept.
+        std::fs::copy(&stranger, &key).unwrap();
+        let after = stage(dialer.dial(&OpCtx::background(), &host(&address)).await);
+        if reread {
+            assert_eq!(after, Stage::Ssh, "a re-read key must be the new one");
+        } else {
+            assert_eq!(after, Stage::Socket, "a kept key must still be the first one");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_refused_port_is_a_network_error_at_the_tcp_stage() {
+    // A port nobody listens on.
+    let address = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let dir = scratch("refused");
+    let client = new_key(&dir, "client");
+    let e = dial(&client, HostKeys::AcceptAny, &address).await;
+    assert_eq!(e.stage, Stage::Tcp, "{e}");
+    assert!(
+        matches!(&e.cause, DialCause::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn waiting_for_a_host_slot_ends_with_the_caller() {
+    // A host whose dial hangs (silent port) holds its slot; a second caller gives up when its
+    // context ends, without dialling.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            kept.push(s);
+        }
+    });
+    let dir = scratch("slot");
+    let client = new_key(&dir, "client");
+    let mut options = DialOptions::new(&client, HostKeys::AcceptAny);
+    options.budget = Duration::from_secs(20);
+    let pool = egress_libvirt_ssh::Pool::new(Arc::new(Dialer::new(options)));
+    let target = host(&address);
+    let first_cancel = egress_provider::CancellationToken::new();
+    let first_cx = OpCtx::with_cancel(first_cancel.clone());
+    let first = pool.get(&first_cx, &target);
+    let second = async {
+        // Once the first holds the slot (its dial is under way), the second waits and gives up.
+        tokio::task::yield_now().await;
+        let token = egress_provider::CancellationToken::new();
+        let cx = OpCtx::with_cancel(token.clone());
+        let waiting = pool.get(&cx, &target);
+        tokio::pin!(waiting);
+        // Not done while the slot is held...
+        assert!(futures::poll!(&mut waiting).is_pending());
+        token.cancel();
+        let e = match waiting.await {
+            Ok(_) => panic!("a cancelled wait returned a connection"),
+            Err(e) => e,
+        };
+        first_cancel.cancel();
+        e
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert!(second.is_timeout(), "{second}");
+    assert!(
+        second.to_string().contains("waiting for the connection to host russh"),
+        "{second}"
+    );
+    assert!(first.is_err_and(|e| e.is_timeout()));
+    held.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
