@@ -117,7 +117,7 @@ impl ConformanceTarget for MemoryTarget {
                 machine_type: "small".to_owned(),
                 image: "debian-13".to_owned(),
             },
-            cloud_init: "#cloud-config\npackages: [squid]\n".to_owned(),
+            cloud_init: b"#cloud-config\npackages: [squid]\n".to_vec(),
             port: 3128,
             installation: None,
         }

@@ -82,7 +82,7 @@ pub struct Facts {
     /// The spec hash written into the annotation in this pass.
     pub spec_hash_written: Option<String>,
     /// The cloud-init text from the Secret, or why it could not be read.
-    pub secret: Option<Result<String, SecretProblem>>,
+    pub secret: Option<Result<Vec<u8>, SecretProblem>>,
     pub get: Option<Result<Instance, Failure>>,
     pub create: Option<Result<ProviderId, Failure>>,
     pub delete: Option<Result<(), Failure>>,
@@ -100,7 +100,7 @@ pub enum Action {
     Get(ProviderId),
     /// Create the instance from the spec with this cloud-init.
     Create {
-        cloud_init: String,
+        cloud_init: Vec<u8>,
     },
     Delete(ProviderId),
 }
@@ -184,7 +184,7 @@ pub fn replacing(input: &Input<'_>, facts: &Facts) -> bool {
     let Ok(Ok(text)) = cloud_init(input, facts) else {
         return false;
     };
-    let hash = spec_hash(&proxy.spec, text.as_bytes());
+    let hash = spec_hash(&proxy.spec, &text);
     let recorded = facts.spec_hash_written.clone().or_else(|| {
         proxy
             .metadata
@@ -301,19 +301,19 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
 }
 
 /// The cloud-init text, once known: inline text is at hand, a Secret needs a read.
-fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<String, SecretProblem>, Action> {
+fn cloud_init(input: &Input<'_>, facts: &Facts) -> Result<Result<Vec<u8>, SecretProblem>, Action> {
     let both = || {
         SecretProblem::Unusable("exactly one of spec.cloudInit.inline and spec.cloudInit.secretRef must be set".into())
     };
     match &input.proxy.spec.cloud_init {
-        None => Ok(Ok(String::new())),
+        None => Ok(Ok(Vec::new())),
         Some(ci) => match (&ci.inline, &ci.secret_ref) {
-            (Some(text), None) => Ok(Ok(text.clone())),
+            (Some(text), None) => Ok(Ok(text.clone().into_bytes())),
             (None, Some(secret)) => match &facts.secret {
                 None => Err(Action::ReadSecret(secret.clone())),
                 Some(result) => Ok(result.clone()),
             },
-            (None, None) => Ok(Ok(String::new())),
+            (None, None) => Ok(Ok(Vec::new())),
             (Some(_), Some(_)) => Ok(Err(both())),
         },
     }
@@ -427,7 +427,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
         Ok(Ok(text)) => text,
     };
     // 5. What the instance should be built from.
-    let hash = spec_hash(&proxy.spec, text.as_bytes());
+    let hash = spec_hash(&proxy.spec, &text);
     let annotation = facts.spec_hash_written.clone().or_else(|| {
         proxy
             .metadata

@@ -126,7 +126,7 @@ fn failure(e: &ProviderError) -> Failure {
     }
 }
 
-fn create_request(proxy: &Proxy, cloud_init: String, installation: Option<String>) -> CreateRequest {
+fn create_request(proxy: &Proxy, cloud_init: Vec<u8>, installation: Option<String>) -> CreateRequest {
     let uid = proxy.uid().unwrap_or_default();
     let placement = proxy.spec.placement.clone().unwrap_or_default();
     CreateRequest {
@@ -147,8 +147,9 @@ fn create_request(proxy: &Proxy, cloud_init: String, installation: Option<String
 }
 
 /// Reads a cloud-init Secret as the labelled-Secret cache would: an unlabelled Secret is
-/// invisible. The error names the Secret and key, never the content.
-async fn read_secret(client: &Client, namespace: &str, r: &SecretRef) -> Result<String, SecretProblem> {
+/// invisible. The value is taken as bytes (gzip user-data is not text). The error names the
+/// Secret and key, never the content.
+async fn read_secret(client: &Client, namespace: &str, r: &SecretRef) -> Result<Vec<u8>, SecretProblem> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let missing = || {
         SecretProblem::Unusable(format!(
@@ -170,14 +171,12 @@ async fn read_secret(client: &Client, namespace: &str, r: &SecretRef) -> Result<
     if !labelled {
         return Err(missing());
     }
-    let bytes = secret
+    secret
         .data
         .as_ref()
         .and_then(|d| d.get(&r.key))
         .map(|b| b.0.clone())
-        .ok_or_else(missing)?;
-    String::from_utf8(bytes)
-        .map_err(|_| SecretProblem::Unusable(format!("Secret \"{}\" key \"{}\" is not UTF-8 text", r.name, r.key)))
+        .ok_or_else(missing)
 }
 
 /// Writes metadata with a merge patch conditioned on the resourceVersion the pass started from

@@ -74,7 +74,7 @@ fn fail(class: ErrorClass, message: &str) -> Failure {
 struct World {
     configured: bool,
     verdict: Option<Verdict>,
-    secret: Option<Result<String, SecretProblem>>,
+    secret: Option<Result<Vec<u8>, SecretProblem>>,
     get: Option<Result<Instance, Failure>>,
     create: Option<Result<ProviderId, Failure>>,
     delete: Option<Result<(), Failure>>,

@@ -193,7 +193,7 @@ async fn another_installations_instances_are_never_collected() {
                 image: "debian-13".into(),
                 ..Default::default()
             },
-            cloud_init: String::new(),
+            cloud_init: Vec::new(),
             port: 3128,
             installation: installation.map(str::to_string),
         };

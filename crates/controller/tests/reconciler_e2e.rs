@@ -434,8 +434,14 @@ async fn a_changed_cloud_init_secret_replaces_the_instance() {
     // Only the Secret watch can notice this: the drift poll is an hour away.
     let change = Patch::Merge(json!({"stringData": {"userdata": "#cloud-config\n# v2\n"}}));
     secrets.patch("ud", &PatchParams::default(), &change).await.unwrap();
-    wait_replaced(&h, "p7", &old_hash).await;
+    let replaced = wait_replaced(&h, "p7", &old_hash).await;
     assert_eq!(delivered().await.as_deref(), Some(b"#cloud-config\n# v2\n".as_slice()));
+    // Bytes that are not text (gzip user-data): delivered unchanged.
+    let gzip: &[u8] = &[0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe, 0x80, 0x00, 0x0d, 0x0a];
+    let binary = Patch::Merge(json!({"data": {"userdata": data_encoding::BASE64.encode(gzip)}}));
+    secrets.patch("ud", &PatchParams::default(), &binary).await.unwrap();
+    wait_replaced(&h, "p7", &replaced.annotations()[ANNOTATION_SPEC_HASH]).await;
+    assert_eq!(delivered().await.as_deref(), Some(gzip));
 }
 
 #[tokio::test]
@@ -494,7 +500,7 @@ async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
             image: "debian-13".into(),
             ..Default::default()
         },
-        cloud_init: String::new(),
+        cloud_init: Vec::new(),
         port: 3128,
         installation: None,
     };

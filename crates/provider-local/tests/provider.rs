@@ -74,7 +74,7 @@ fn request(uid: &str) -> CreateRequest {
         namespace: "crawl".to_owned(),
         proxy_name: "p".to_owned(),
         placement: Placement::default(),
-        cloud_init: String::new(),
+        cloud_init: Vec::new(),
         port: 3128,
         installation: Some("dev-install".to_owned()),
     }
@@ -267,7 +267,7 @@ async fn cloud_init_is_written_nowhere() {
     let state = StateDir::new("cloudinit");
     let p = provider(&state, None);
     let mut req = request("u-cloudinit");
-    req.cloud_init = format!("#cloud-config\npassword: {}\n", egress_conformance::SENTINEL_CI);
+    req.cloud_init = format!("#cloud-config\npassword: {}\n", egress_conformance::SENTINEL_CI).into_bytes();
     let id = p.create(&OpCtx::background(), &req).await.expect("create");
     wait_for(p.as_ref(), &id, InstanceState::Running).await;
     let mut files = vec![state.0.clone()];

@@ -81,9 +81,10 @@ pub struct CreateRequest {
     pub proxy_name: String,
     /// A copy of `spec.placement`.
     pub placement: Placement,
-    /// The resolved cloud-init document (inline text or the Secret's bytes).
+    /// The resolved cloud-init document (inline text or the Secret's bytes), as bytes: it may
+    /// be gzip or anything else that is not UTF-8, and providers deliver it byte for byte.
     /// May hold secrets: never log it, never put it in a span or an error.
-    pub cloud_init: String,
+    pub cloud_init: Vec<u8>,
     /// The port the proxy listens on (`spec.port`, default 3128).
     pub port: u16,
     /// The installation mark to write, when the operator runs with one

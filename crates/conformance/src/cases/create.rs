@@ -225,9 +225,14 @@ pub async fn ct_b10_cloud_init_delivered_byte_for_byte<T: ConformanceTarget>(s: 
         "the provider does not deliver cloud-init",
     )?;
     let mut req = s.request(&uid("b10"));
-    req.cloud_init =
-        "\r\n#cloud-config\r\n# a comment  \r\nwrite_files:   \r\n  - content: \"naïve ☃ 東京\"\r\n    path: /x"
-            .to_owned();
+    // CRLF, trailing blanks, non-ASCII text, bytes that are not UTF-8 at all (as in gzip
+    // user-data), and no final newline.
+    let mut bytes =
+        "\r\n#cloud-config\r\n# a comment  \r\nwrite_files:   \r\n  - content: \"naïve ☃ 東京\"\r\n    path: /x\r\n#"
+            .as_bytes()
+            .to_vec();
+    bytes.extend_from_slice(&[0x1f, 0x8b, 0xff, 0xfe, 0x80, 0x00, 0x7f]);
+    req.cloud_init = bytes;
     expect_ok("create", s.provider().create(&s.cx(), &req).await);
     let inv = s.hooks().inventory().await?;
     let delivered: Vec<_> = inv
@@ -236,7 +241,7 @@ pub async fn ct_b10_cloud_init_delivered_byte_for_byte<T: ConformanceTarget>(s: 
         .filter_map(|o| o.user_data.as_ref())
         .collect();
     assert!(
-        delivered.iter().any(|d| d.as_slice() == req.cloud_init.as_bytes()),
+        delivered.iter().any(|d| d.as_slice() == req.cloud_init.as_slice()),
         "no object carries the cloud-init bytes unchanged: {delivered:?}"
     );
     Ok(())

@@ -28,7 +28,8 @@ fn assert_error_clean(e: &ProviderError, sentinel: &str) {
 /// CT-H01 (CR11, OB4): cloud-init never appears in logs, spans or errors, on success or failure.
 pub async fn ct_h01_cloud_init_sentinel_never_leaks<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let mut req = s.request(&uid("h01"));
-    req.cloud_init = format!("#cloud-config\nwrite_files:\n  - content: {SENTINEL_CI}\n    path: /etc/secret\n");
+    req.cloud_init =
+        format!("#cloud-config\nwrite_files:\n  - content: {SENTINEL_CI}\n    path: /etc/secret\n").into_bytes();
     let p = s.provider();
     expect_ok("create", p.create(&s.cx(), &req).await);
     // A fresh backend, so a lookup-first provider cannot just adopt.
@@ -49,7 +50,10 @@ pub async fn ct_h01_cloud_init_sentinel_never_leaks<T: ConformanceTarget>(s: Sce
         .expect("build");
     for fault in [
         Fault::Server5xx,
-        Fault::Raw(format!("400 Bad Request: invalid user-data {:?}", req.cloud_init)),
+        Fault::Raw(format!(
+            "400 Bad Request: invalid user-data {:?}",
+            String::from_utf8_lossy(&req.cloud_init)
+        )),
     ] {
         fresh
             .fail(s.fixtures.calls.create_instance, fault.clone(), Times::Once)

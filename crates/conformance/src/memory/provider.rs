@@ -262,7 +262,7 @@ impl Provider for MemoryProvider {
                 &scope,
                 span,
                 self.backend
-                    .insert(&token, zone, &req.name, labels.clone(), req.cloud_init.as_bytes()),
+                    .insert(&token, zone, &req.name, labels.clone(), &req.cloud_init),
             )
             .await?;
         let name = match inserted {
@@ -274,8 +274,7 @@ impl Provider for MemoryProvider {
                     cx,
                     &scope,
                     span,
-                    self.backend
-                        .insert(&token, zone, &other, labels, req.cloud_init.as_bytes()),
+                    self.backend.insert(&token, zone, &other, labels, &req.cloud_init),
                 )
                 .await?
                 .map_err(|e| self.wrap(&scope, &e))?;
@@ -301,7 +300,10 @@ impl Provider for MemoryProvider {
                 );
                 let err = not_not_found(err, &scope);
                 if self.has(Defect::CloudInitInErrors) {
-                    return Err(scope.message(err.class(), format!("{err} (user-data was {:?})", req.cloud_init)));
+                    return Err(scope.message(
+                        err.class(),
+                        format!("{err} (user-data was {:?})", String::from_utf8_lossy(&req.cloud_init)),
+                    ));
                 }
                 return Err(err);
             }

@@ -740,7 +740,7 @@ impl ConformanceTarget for LocalTarget {
                 zone: location.to_owned(),
                 ..Placement::default()
             },
-            cloud_init: "#cloud-config\n".to_owned(),
+            cloud_init: b"#cloud-config\n".to_vec(),
             port: 3128,
             installation: None,
         }
