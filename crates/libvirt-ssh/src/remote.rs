@@ -15,7 +15,7 @@ use crate::connection::{
     Connection, DOMAIN_CREATE_BUDGET, RPC_BUDGET, SMALL_UPLOAD_BUDGET, SMALL_UPLOAD_BYTES, TRANSFER_BUDGET,
 };
 use crate::dial::HostTarget;
-use crate::error::{CallError, DialError, Stage};
+use crate::error::{CallError, DialCause, DialError, Stage};
 use crate::pool::Pool;
 
 /// One upload or download chunk.
@@ -57,22 +57,21 @@ impl RemoteHost {
     }
 }
 
-/// A dial failure as the seam reports it: a connection failure that says where it stopped.
+/// A dial failure as the seam reports it: a connection failure that says what stopped it.
 fn dial_error(e: &DialError) -> LibvirtError {
-    let failure = if e.is_key_error() {
-        DialFailure::KeyMaterial
-    } else if e.is_host_key_error() {
-        DialFailure::HostKey
-    } else if e.is_auth_error() {
-        DialFailure::Auth
-    } else if e.is_timeout() {
-        DialFailure::Timeout
-    } else {
-        match e.stage {
+    let failure = match &e.cause {
+        DialCause::KeyRead { .. } => DialFailure::KeyUnreadable,
+        DialCause::KeyParse { .. } => DialFailure::KeyInvalid,
+        DialCause::KnownHostsRead { .. } => DialFailure::KnownHostsUnreadable,
+        DialCause::KnownHostsParse { .. } => DialFailure::KnownHostsInvalid,
+        DialCause::HostKeyUnknown { .. } | DialCause::HostKeyChanged { .. } => DialFailure::HostKey,
+        DialCause::AuthRefused { .. } => DialFailure::Auth,
+        _ if e.is_timeout() => DialFailure::Timeout,
+        _ => match e.stage {
             Stage::Socket => DialFailure::Socket,
             Stage::Libvirt => DialFailure::Libvirt,
             _ => DialFailure::Network,
-        }
+        },
     };
     LibvirtError::dial(failure, e.to_string())
 }

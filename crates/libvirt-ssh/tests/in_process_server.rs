@@ -326,3 +326,80 @@ async fn waiting_for_a_host_slot_ends_with_the_caller() {
     held.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn the_seam_says_what_stopped_a_connection() {
+    use egress_libvirt::host::{DialFailure, Host};
+    let dir = scratch("seam-dial");
+    let (host_key, client, stranger) = (
+        new_key(&dir, "host"),
+        new_key(&dir, "client"),
+        new_key(&dir, "stranger"),
+    );
+    let address = serve(&host_key, &client).await;
+    let known = known_hosts(&dir, "known", &address, &host_key);
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let bad_known = dir.join("bad_known");
+    let (h, port) = address.rsplit_once(':').unwrap();
+    std::fs::write(&bad_known, format!("[{h}]:{port} ssh-ed25519 !!!not-base64!!!\n")).unwrap();
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let cases = [
+        (
+            dir.join("missing"),
+            HostKeys::KnownHosts(known.clone()),
+            address.clone(),
+            DialFailure::KeyUnreadable,
+        ),
+        (
+            client.with_extension("pub"),
+            HostKeys::KnownHosts(known.clone()),
+            address.clone(),
+            DialFailure::KeyInvalid,
+        ),
+        (
+            client.clone(),
+            HostKeys::KnownHosts(dir.join("nope")),
+            address.clone(),
+            DialFailure::KnownHostsUnreadable,
+        ),
+        (
+            client.clone(),
+            HostKeys::KnownHosts(empty),
+            address.clone(),
+            DialFailure::HostKey,
+        ),
+        (
+            client.clone(),
+            HostKeys::KnownHosts(bad_known),
+            address.clone(),
+            DialFailure::KnownHostsInvalid,
+        ),
+        (
+            stranger,
+            HostKeys::KnownHosts(known.clone()),
+            address.clone(),
+            DialFailure::Auth,
+        ),
+        (
+            client.clone(),
+            HostKeys::KnownHosts(known.clone()),
+            address.clone(),
+            DialFailure::Socket,
+        ),
+        (client.clone(), HostKeys::AcceptAny, refused, DialFailure::Network),
+    ];
+    for (key, host_keys, addr, want) in cases {
+        let pool = Arc::new(egress_libvirt_ssh::Pool::new(Arc::new(Dialer::new(DialOptions::new(
+            &key, host_keys,
+        )))));
+        let remote = egress_libvirt_ssh::RemoteHost::new(host(&addr), pool);
+        let e = remote.version(&OpCtx::background()).await.expect_err("no connection");
+        assert_eq!(e.dial, Some(want), "{e}");
+        assert!(e.transport, "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

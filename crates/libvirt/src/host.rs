@@ -45,9 +45,15 @@ pub mod code {
 /// checkers' reasons.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DialFailure {
-    /// The key file is missing, unreadable, or holds no usable private key.
-    KeyMaterial,
-    /// The host key is unknown or changed, or known_hosts is unusable.
+    /// The key file cannot be read (missing, say, until its Secret is mounted).
+    KeyUnreadable,
+    /// The key file holds no usable private key (a public key, a passphrase, garbage).
+    KeyInvalid,
+    /// The known_hosts file cannot be read.
+    KnownHostsUnreadable,
+    /// The known_hosts file does not parse.
+    KnownHostsInvalid,
+    /// The host's key is not in known_hosts, or another key is.
     HostKey,
     /// The server refused the key.
     Auth,
