@@ -1,0 +1,59 @@
+//! Volume names in a host's pool.
+//!
+//! The base image carries the provider entry's name (`base-<entry>-<key>.<format>`): two entries
+//! that map one key to two different URLs must never share, and so never delete, one file (H4).
+
+use sha2::{Digest, Sha256};
+
+/// The overlay of domain `name`.
+pub fn overlay(name: &str) -> String {
+    format!("{name}.qcow2")
+}
+
+/// The seed ISO of domain `name`.
+pub fn seed(name: &str) -> String {
+    format!("{name}-seed.iso")
+}
+
+/// The cached base image of catalogue key `key` (or [`url_key`]) for entry `entry`.
+pub fn base(entry: &str, key: &str, format: &str) -> String {
+    format!("base-{entry}-{key}.{format}")
+}
+
+/// The marker that completes base volume `base` (its digest, 64 hex characters).
+pub fn marker(base: &str) -> String {
+    format!("{base}.sha256")
+}
+
+/// The key of an image given by URL: the first 16 hex characters of the URL's SHA-256.
+pub fn url_key(url: &str) -> String {
+    Sha256::digest(url.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_spec() {
+        assert_eq!(overlay("proxy-a"), "proxy-a.qcow2");
+        assert_eq!(seed("proxy-a"), "proxy-a-seed.iso");
+        let b = base("kvm2-home", "debian-13", "qcow2");
+        assert_eq!(b, "base-kvm2-home-debian-13.qcow2");
+        assert_eq!(marker(&b), "base-kvm2-home-debian-13.qcow2.sha256");
+        assert_eq!(
+            base("kvm2-integration", "test-image", "qcow2"),
+            "base-kvm2-integration-test-image.qcow2"
+        );
+        // Pinned with Python's hashlib: sha256(url).hexdigest()[:16].
+        assert_eq!(url_key("https://example.com/a.qcow2"), "4124fe5315443ffa");
+        assert_ne!(
+            url_key("https://example.com/a.qcow2"),
+            url_key("https://example.com/b.qcow2")
+        );
+    }
+}
