@@ -2,11 +2,12 @@
 //! hypervisors, reached over SSH, booted from a cached base image through a per-VM overlay and a
 //! NoCloud seed.
 //!
-//! Work in progress: this crate holds the provider's pure rules so far (providerIDs, placement
-//! resolution, volume names, the classify table). The provider itself, its checker and its
+//! Work in progress: this crate holds the provider's rules so far (providerIDs, placement
+//! resolution, volume names, the classify table, state mapping and address discovery). The provider itself, its checker and its
 //! registration follow; until then the operator does not accept `type: kvm2`.
 
 pub mod classify;
 pub mod id;
 pub mod names;
+pub mod observe;
 pub mod placement;

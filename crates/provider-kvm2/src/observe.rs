@@ -1,0 +1,197 @@
+//! Reading a domain back: its state, mapped for the reconciler, and its address by the H3 rule
+//! (spec/kvm.md §7.5, §7.6).
+
+use std::net::IpAddr;
+
+use egress_libvirt::host::{AddressSource, DomainState, Host, first_ipv4};
+use egress_provider::{InstanceState, OpCtx};
+
+/// The reconciler's state for a libvirt state and whether an address was found.
+///
+/// No state (libvirt could not tell) is Provisioning, not Stopped: Stopped would make the
+/// reconciler delete and recreate a VM the next poll may find running.
+pub fn map_state(state: DomainState, has_ip: bool) -> InstanceState {
+    match state {
+        DomainState::NoState => InstanceState::Provisioning,
+        DomainState::Running | DomainState::Blocked if has_ip => InstanceState::Running,
+        DomainState::Running | DomainState::Blocked => InstanceState::Provisioning,
+        _ => InstanceState::Stopped,
+    }
+}
+
+/// The address sources, in the order kvm2 asks them: the guest agent knows its address about
+/// 20 s after start; the host's ARP table often never learns a guest on a plain bridge.
+pub const SOURCES: [AddressSource; 2] = [AddressSource::Agent, AddressSource::Arp];
+
+/// Why no address could be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddressError(pub String);
+
+/// The address of running domain `name` (H3):
+///
+/// 1. each source in order; the first usable IPv4 wins;
+/// 2. a source that fails because the connection failed, or the caller gave up, fails the read
+///    at once (a running proxy must not read as "no address" because a link died);
+/// 3. another failure (the agent not up yet, ARP unsupported) is remembered and the next source
+///    asked;
+/// 4. every source failed: an error (Transient); at least one answered: `None` (Provisioning).
+///
+/// # Errors
+/// [`AddressError`], Transient for the provider.
+pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<IpAddr>, AddressError> {
+    let mut answered = false;
+    let mut failures = Vec::new();
+    for source in SOURCES {
+        match host.interface_addresses(cx, name, source).await {
+            Ok(interfaces) => match first_ipv4(&interfaces) {
+                Some(ip) => return Ok(Some(ip)),
+                // Answered, with nothing usable yet: not a failure.
+                None => answered = true,
+            },
+            Err(e) if e.transport || cx.interrupted().is_some() => {
+                return Err(AddressError(format!(
+                    "reading addresses of domain {name} from the {} source: {e}",
+                    source.name()
+                )));
+            }
+            Err(e) => {
+                tracing::debug!(source = source.name(), error = %e, "no addresses from source");
+                failures.push(format!("{}: {e}", source.name()));
+            }
+        }
+    }
+    if answered || failures.is_empty() {
+        return Ok(None);
+    }
+    Err(AddressError(format!(
+        "reading addresses of domain {name}: every source failed: {}",
+        failures.join("; ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_libvirt::fake::FakeHost;
+    use egress_libvirt::host::{Address, Interface, LibvirtError, code};
+    use egress_libvirt::{DomainSpec, Flavour, Mark};
+
+    use super::*;
+
+    #[test]
+    fn states_map_as_the_table_says() {
+        use DomainState as S;
+        use InstanceState as I;
+        for (state, ip, want) in [
+            (S::NoState, true, I::Provisioning),
+            (S::Running, false, I::Provisioning),
+            (S::Running, true, I::Running),
+            (S::Blocked, true, I::Running),
+            (S::Blocked, false, I::Provisioning),
+            (S::Paused, true, I::Stopped),
+            (S::Shutdown, false, I::Stopped),
+            (S::Shutoff, false, I::Stopped),
+            (S::Crashed, false, I::Stopped),
+            (S::PmSuspended, false, I::Stopped),
+            (S::Other(99), true, I::Stopped),
+        ] {
+            assert_eq!(map_state(state, ip), want, "{state:?} ip={ip}");
+        }
+    }
+
+    fn eth0(ip: &str) -> Vec<Interface> {
+        vec![Interface {
+            name: "eth0".into(),
+            hwaddr: "52:54:00:00:00:01".into(),
+            addresses: vec![Address {
+                kind: 0,
+                text: ip.into(),
+            }],
+        }]
+    }
+
+    async fn running(fake: &FakeHost, name: &str) {
+        let xml = DomainSpec {
+            name: name.into(),
+            memory_mib: 128,
+            vcpus: 1,
+            mark: Mark::new("u", std::time::SystemTime::now()),
+            firmware: "uefi".into(),
+            domain_type: "qemu".into(),
+            cpu_mode: None,
+            disk_path: "/d".into(),
+            disk_format: "qcow2".into(),
+            seed_path: "/s".into(),
+            bridge: "br0".into(),
+        }
+        .to_xml(Flavour::Kvm2)
+        .unwrap();
+        fake.define_domain(&OpCtx::background(), &xml).await.unwrap();
+        fake.start_domain(&OpCtx::background(), name).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_agent_first_then_arp() {
+        let fake = FakeHost::new("hv", "default", 1 << 30);
+        running(&fake, "vm").await;
+        let cx = OpCtx::background();
+        fake.set_addresses("vm", AddressSource::Agent, Ok(eth0("192.168.1.10")));
+        fake.set_addresses("vm", AddressSource::Arp, Ok(eth0("192.168.1.99")));
+        assert_eq!(
+            discover(&cx, &fake, "vm").await,
+            Ok(Some("192.168.1.10".parse().unwrap()))
+        );
+        // The agent not up yet (86): ARP answers.
+        fake.set_addresses(
+            "vm",
+            AddressSource::Agent,
+            Err(LibvirtError::daemon(
+                code::AGENT_UNRESPONSIVE,
+                "Guest agent is not responding",
+            )),
+        );
+        assert_eq!(
+            discover(&cx, &fake, "vm").await,
+            Ok(Some("192.168.1.99".parse().unwrap()))
+        );
+    }
+
+    #[tokio::test]
+    async fn booting_reads_as_no_address_and_only_total_failure_is_an_error() {
+        let fake = FakeHost::new("hv", "default", 1 << 30);
+        running(&fake, "vm").await;
+        let cx = OpCtx::background();
+        let agent_down = || {
+            Err(LibvirtError::daemon(
+                code::AGENT_UNRESPONSIVE,
+                "Guest agent is not responding",
+            ))
+        };
+        // The boot case: the agent errors, ARP answers nothing: Provisioning, not an error.
+        fake.set_addresses("vm", AddressSource::Agent, agent_down());
+        fake.set_addresses("vm", AddressSource::Arp, Ok(Vec::new()));
+        assert_eq!(discover(&cx, &fake, "vm").await, Ok(None));
+        // Every source failed: an error, naming both.
+        fake.set_addresses(
+            "vm",
+            AddressSource::Arp,
+            Err(LibvirtError::daemon(1, "internal error: wrong nlmsg len")),
+        );
+        let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        assert!(
+            e.0.starts_with("reading addresses of domain vm: every source failed: agent: "),
+            "{e:?}"
+        );
+        assert!(e.0.contains("arp: internal error: wrong nlmsg len"), "{e:?}");
+        // A dead connection is not "no address": the read fails at once.
+        fake.set_addresses(
+            "vm",
+            AddressSource::Agent,
+            Err(LibvirtError::transport("connection is closed: keepalive: no reply")),
+        );
+        let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        assert!(
+            e.0.starts_with("reading addresses of domain vm from the agent source: "),
+            "{e:?}"
+        );
+    }
+}
