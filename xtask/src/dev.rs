@@ -135,6 +135,9 @@ async fn remove_instances(state: &Path) -> Result<usize> {
 
 /// The running system: started, used, and always torn down.
 async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) -> Result<()> {
+    // From here on Ctrl-C no longer kills this process: it starts the teardown (and a second
+    // one hurries it), so nothing started below is left behind.
+    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let pki = Pki::new()?;
     std::fs::write(layout.file("ca.pem"), &pki.ca_pem)?;
     let target = tls_target(pki.server.clone()).await?;
@@ -158,6 +161,7 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
             .spawn()
             .context("starting egress-kube-testserver")?,
     );
+    remember_pid(layout, server.0.id())?;
     wait_for_file(&kubeconfig, &mut server.0)?;
 
     let providers = layout.file("providers.yaml");
@@ -190,7 +194,7 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
             .spawn()
             .context("starting egress-operator")?,
     );
-    std::fs::write(layout.file("pids"), format!("{}\n{}\n", server.0.id(), operator.0.id()))?;
+    remember_pid(layout, operator.0.id())?;
     let mut running = Running {
         layout,
         server: Some(server),
@@ -200,16 +204,33 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
 
     let used = tokio::select! {
         used = use_it(&mut running, root, &kubeconfig, &discovery, target, options) => used,
-        _ = tokio::signal::ctrl_c() => {
-            println!("\ndev: interrupted");
+        _ = interrupts.recv() => {
+            println!("\ndev: interrupted (Ctrl-C again to stop at once)");
             Ok(())
         }
     };
-    let torn_down = running.tear_down().await;
+    let torn_down = tokio::select! {
+        t = running.tear_down() => t,
+        _ = interrupts.recv() => {
+            println!("\ndev: stopping at once");
+            running.kill_now().await
+        }
+    };
     match (used, torn_down) {
         (Err(e), _) | (Ok(()), Err(e)) => Err(e),
         (Ok(()), Ok(())) => Ok(()),
     }
+}
+
+/// Adds a child's pid to the file the next run reads to stop what this one left.
+fn remember_pid(layout: &Layout, pid: u32) -> Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(layout.file("pids"))?;
+    writeln!(file, "{pid}")?;
+    Ok(())
 }
 
 /// The children and what was created in the cluster.
@@ -221,6 +242,16 @@ struct Running<'a> {
 }
 
 impl Running<'_> {
+    /// The hurried teardown: the operator and the test server are killed, the proxies removed
+    /// directly.
+    async fn kill_now(&mut self) -> Result<()> {
+        drop(self.operator.take());
+        drop(self.server.take());
+        remove_instances(&self.layout.state()).await?;
+        let _ = std::fs::remove_file(self.layout.file("pids"));
+        Ok(())
+    }
+
     /// Deletes the Proxies (so the operator removes their instances), stops the operator and the
     /// test server, removes whatever instance is left, and checks that no tinyproxy survived.
     async fn tear_down(&mut self) -> Result<()> {

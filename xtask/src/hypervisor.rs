@@ -111,18 +111,22 @@ fn succeeds(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Whether the pid in `pid_file` is a live process.
-fn alive(pid_file: &Path) -> bool {
-    std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|p| p.trim().parse::<u32>().ok())
-        .is_some_and(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                s.rsplit(')')
-                    .next()
-                    .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
-            })
-        })
+/// The pid in `pid_file`, when it is a live process running `program` (a pid file can outlive
+/// its daemon, and the pid be reused by anything).
+fn running_pid(pid_file: &Path, program: &str) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let zombie = stat
+        .rsplit(')')
+        .next()
+        .is_some_and(|rest| rest.trim_start().starts_with('Z'));
+    (exe.file_name().is_some_and(|n| n == program) && !zombie).then_some(pid)
+}
+
+/// Whether the pid in `pid_file` is a live `program`.
+fn alive(pid_file: &Path, program: &str) -> bool {
+    running_pid(pid_file, program).is_some()
 }
 
 /// What `up` created, so `down` undoes exactly that.
@@ -291,11 +295,11 @@ fn daemons(created: &mut Created) -> Result<()> {
          auth_unix_ro = \"none\"\nauth_unix_rw = \"none\"\n",
     )?;
     std::fs::create_dir_all("/run/libvirt")?;
-    if !alive(Path::new("/run/virtlogd.pid")) {
+    if !alive(Path::new("/run/virtlogd.pid"), "virtlogd") {
         run(Command::new("virtlogd").arg("-d"))?;
         created.add("virtlogd")?;
     }
-    if !alive(Path::new("/run/libvirtd.pid")) {
+    if !alive(Path::new("/run/libvirtd.pid"), "libvirtd") {
         run(Command::new("libvirtd").arg("-d").arg("-f").arg(&conf))?;
         created.add("libvirtd")?;
     }
@@ -410,7 +414,7 @@ fn ssh(created: &mut Created) -> Result<()> {
     std::fs::create_dir_all("/run/sshd")?;
     set_mode(Path::new("/run/sshd"), 0o755)?;
     run(Command::new("/usr/sbin/sshd").arg("-t").arg("-f").arg(&config))?;
-    if !alive(&ssh.join("sshd.pid")) {
+    if !alive(&ssh.join("sshd.pid"), "sshd") {
         run(Command::new("/usr/sbin/sshd")
             .arg("-f")
             .arg(&config)
@@ -469,14 +473,14 @@ fn self_check() -> Result<()> {
 pub(crate) fn status() -> Result<()> {
     let ssh = dir().join("ssh");
     let rows = [
-        ("virtlogd", alive(Path::new("/run/virtlogd.pid"))),
+        ("virtlogd", alive(Path::new("/run/virtlogd.pid"), "virtlogd")),
         (
             "libvirtd",
-            alive(Path::new("/run/libvirtd.pid")) && succeeds(&mut virsh(&["version"])),
+            alive(Path::new("/run/libvirtd.pid"), "libvirtd") && succeeds(&mut virsh(&["version"])),
         ),
         ("pool default", succeeds(&mut virsh(&["pool-info", POOL]))),
         ("network default", succeeds(&mut virsh(&["net-info", NETWORK]))),
-        ("sshd", alive(&ssh.join("sshd.pid"))),
+        ("sshd", alive(&ssh.join("sshd.pid"), "sshd")),
         ("test guest image", dir().join("guest/guest.qcow2").exists()),
         ("env file", Path::new(ENV_FILE).exists()),
     ];
@@ -497,7 +501,7 @@ pub(crate) fn down() -> Result<()> {
     let ssh = dir().join("ssh");
     let _ = std::fs::remove_file(ENV_FILE);
     if created.has("sshd") {
-        stop(&ssh.join("sshd.pid"));
+        stop(&ssh.join("sshd.pid"), "sshd");
     }
     if succeeds(&mut virsh(&["version"])) {
         // Test domains left behind (a crashed test): ours carry the test prefix.
@@ -517,10 +521,10 @@ pub(crate) fn down() -> Result<()> {
         }
     }
     if created.has("libvirtd") {
-        stop(Path::new("/run/libvirtd.pid"));
+        stop(Path::new("/run/libvirtd.pid"), "libvirtd");
     }
     if created.has("virtlogd") {
-        stop(Path::new("/run/virtlogd.pid"));
+        stop(Path::new("/run/virtlogd.pid"), "virtlogd");
     }
     if let Ok(value) = std::fs::read_to_string(dir().join("ip_forward.orig")) {
         let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", value);
@@ -544,21 +548,18 @@ pub(crate) fn down() -> Result<()> {
     Ok(())
 }
 
-/// SIGTERM to the pid in `pid_file`, then waits up to 10 s for it to go.
-fn stop(pid_file: &Path) {
-    let Some(pid) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-        .and_then(rustix::process::Pid::from_raw)
-    else {
+/// SIGTERM to the `program` whose pid is in `pid_file`, then waits up to 10 s for it to go,
+/// then SIGKILL. A pid that is not (or no longer) that program is left alone.
+fn stop(pid_file: &Path, program: &str) {
+    let Some(pid) = running_pid(pid_file, program).and_then(rustix::process::Pid::from_raw) else {
         return;
     };
     let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid_file) && Instant::now() < deadline {
+    while alive(pid_file, program) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    if alive(pid_file) {
+    if alive(pid_file, program) {
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
     }
 }

@@ -290,10 +290,17 @@ impl client::Handler for ClientHandler {
         } else {
             format!("[{}]:{}", self.host, self.port)
         };
-        let verdict = match russh::keys::check_known_hosts_path(&self.host, self.port, key, path) {
-            Ok(true) => return Ok(true),
-            Ok(false) => DialCause::HostKeyUnknown { host: shown },
-            Err(russh::keys::Error::KeyChanged { line }) => DialCause::HostKeyChanged { host: shown, line },
+        // Accepted when any entry for the host holds this key (two keys of one type are normal
+        // during a rotation); "changed" only when entries of this type exist and none matches.
+        let verdict = match russh::keys::known_hosts::known_host_keys_path(&self.host, self.port, path) {
+            Ok(entries) if entries.iter().any(|(_, k)| k == key) => return Ok(true),
+            Ok(entries) => match entries.iter().find(|(_, k)| k.algorithm() == key.algorithm()) {
+                Some((line, _)) => DialCause::HostKeyChanged {
+                    host: shown,
+                    line: *line,
+                },
+                None => DialCause::HostKeyUnknown { host: shown },
+            },
             Err(e) => DialCause::KnownHostsParse {
                 path: path.display().to_string(),
                 reason: e.to_string(),
@@ -341,15 +348,15 @@ impl Bridge {
         socket: String,
         link: Link,
     ) -> std::io::Result<Self> {
-        let dir = std::env::temp_dir().join(format!(
-            "egress-libvirt-{}-{}",
-            std::process::id(),
-            BRIDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir)?;
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let dir = private_dir()?;
         let path = dir.join("libvirt.sock");
-        let listener = UnixListener::bind(&path)?;
+        let listener = match UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
         let task = tokio::spawn(async move {
             let mut first = Some(first);
             loop {
@@ -384,6 +391,29 @@ impl Bridge {
         });
         Ok(Self { path, dir, task })
     }
+}
+
+/// A new directory under the temp dir that only this user can enter: created with mode 0700
+/// in one step, and never one that already exists (someone else's could hold a socket of
+/// theirs). Anyone who can connect to the bridge's socket has libvirt on the host.
+fn private_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..64 {
+        let n = BRIDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("egress-libvirt-{}-{seed:08x}-{n}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no fresh directory for the libvirt bridge socket",
+    ))
 }
 
 impl Drop for Bridge {

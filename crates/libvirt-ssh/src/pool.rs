@@ -73,14 +73,4 @@ impl Pool {
         *held = Some(conn.clone());
         Ok(conn)
     }
-
-    /// Forgets `conn` if it is still the pooled one for its host (a replaced one is left alone).
-    pub fn forget(&self, conn: &Arc<Connection>) {
-        let slot = self.slot(conn.host());
-        if let Ok(mut held) = slot.try_lock()
-            && held.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn))
-        {
-            *held = None;
-        }
-    }
 }

@@ -18,6 +18,16 @@ use crate::dial::HostTarget;
 use crate::error::{CallError, DialCause, DialError, Stage};
 use crate::pool::Pool;
 
+/// How an upload ended.
+enum Upload {
+    /// Every byte of the source went out; how many.
+    Done(u64),
+    /// The source failed (the stream was finished cleanly); its error.
+    SourceFailed(String),
+    /// libvirt kept taking nothing; bytes read until then.
+    Stalled(u64),
+}
+
 /// One upload or download chunk.
 const CHUNK: usize = 256 << 10;
 
@@ -143,15 +153,13 @@ impl Host for RemoteHost {
 
     async fn domain_state(&self, cx: &OpCtx, domain: &str) -> LvResult<DomainState> {
         let domain = domain.to_owned();
+        // NB: virt 0.5's `state()` drops virDomainGetState's error (and reports -1);
+        // virDomainGetInfo's is returned, so the cause (a domain gone meanwhile) survives.
         let raw = self
-            .run(cx, "DomainGetState", RPC_BUDGET, move |c| {
-                Ok(c.lookup_domain_by_name(&domain)?.state()?.0.to_raw())
+            .run(cx, "DomainGetInfo", RPC_BUDGET, move |c| {
+                Ok(c.lookup_domain_by_name(&domain)?.info()?.state.to_raw())
             })
             .await?;
-        // NB: virt 0.5 ignores virDomainGetState's failure and reports state -1.
-        if raw == u32::MAX {
-            return Err(LibvirtError::transport("reading the domain state failed"));
-        }
         Ok(DomainState::from_raw(raw))
     }
 
@@ -277,7 +285,7 @@ impl Host for RemoteHost {
         } else {
             TRANSFER_BUDGET
         };
-        let (read, source_error) = self
+        let outcome = self
             .run(cx, "StorageVolUpload", budget, move |c| {
                 let vol = c
                     .lookup_storage_pool_by_name(&pool)?
@@ -301,9 +309,20 @@ impl Host for RemoteHost {
                     };
                     read += n as u64;
                     let mut at = 0;
+                    let mut stalled = 0;
                     while at < n {
                         match stream.send(&buf[at..n]) {
-                            Ok(sent) => at += usize::try_from(sent).unwrap_or(0).max(1),
+                            Ok(sent) if sent > 0 => {
+                                at += usize::try_from(sent).unwrap_or(0);
+                                stalled = 0;
+                            }
+                            // A blocking stream should never take nothing; if it keeps doing
+                            // so, give up rather than spin (the budget bounds this too).
+                            Ok(_) if stalled < 1000 => stalled += 1,
+                            Ok(_) => {
+                                let _ = stream.abort();
+                                return Ok(Upload::Stalled(read));
+                            }
                             Err(e) => {
                                 let _ = stream.abort();
                                 return Err(e);
@@ -312,14 +331,20 @@ impl Host for RemoteHost {
                     }
                 }
                 stream.finish()?;
-                Ok((read, source_error))
+                Ok(match source_error {
+                    Some(e) => Upload::SourceFailed(e),
+                    None => Upload::Done(read),
+                })
             })
             .await?;
-        match source_error {
-            Some(e) => Err(LibvirtError::transport(format!(
+        match outcome {
+            Upload::Done(read) => Ok(read),
+            Upload::SourceFailed(e) => Err(LibvirtError::transport(format!(
                 "reading the upload source for {volume}: {e}"
             ))),
-            None => Ok(read),
+            Upload::Stalled(read) => Err(LibvirtError::transport(format!(
+                "uploading {volume}: libvirt stopped accepting data after {read} bytes"
+            ))),
         }
     }
 
@@ -359,5 +384,31 @@ impl Host for RemoteHost {
             pool: self.pool.clone(),
             own: Some(Arc::new(conn)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_libvirt::host::code;
+    use virt::sys;
+
+    #[test]
+    fn the_seams_error_numbers_are_libvirts() {
+        for (ours, libvirt) in [
+            (code::INTERNAL_ERROR, sys::VIR_ERR_INTERNAL_ERROR),
+            (code::INVALID_ARG, sys::VIR_ERR_INVALID_ARG),
+            (code::SYSTEM_ERROR, sys::VIR_ERR_SYSTEM_ERROR),
+            (code::RPC, sys::VIR_ERR_RPC),
+            (code::NO_DOMAIN, sys::VIR_ERR_NO_DOMAIN),
+            (code::NO_STORAGE_POOL, sys::VIR_ERR_NO_STORAGE_POOL),
+            (code::NO_STORAGE_VOL, sys::VIR_ERR_NO_STORAGE_VOL),
+            (code::OPERATION_INVALID, sys::VIR_ERR_OPERATION_INVALID),
+            (code::ACCESS_DENIED, sys::VIR_ERR_ACCESS_DENIED),
+            (code::NO_DOMAIN_METADATA, sys::VIR_ERR_NO_DOMAIN_METADATA),
+            (code::AGENT_UNRESPONSIVE, sys::VIR_ERR_AGENT_UNRESPONSIVE),
+            (code::STORAGE_VOL_EXIST, sys::VIR_ERR_STORAGE_VOL_EXIST),
+        ] {
+            assert_eq!(i64::from(ours), i64::from(libvirt), "code {ours}");
+        }
     }
 }

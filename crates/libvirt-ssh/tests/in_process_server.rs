@@ -146,6 +146,17 @@ async fn host_keys_are_checked_against_known_hosts() {
         "{e}"
     );
 
+    // Two keys of one type for the host (a rotation): the matching one is accepted, wherever it is.
+    let rotation = dir.join("rotation");
+    let (h, port) = address.rsplit_once(':').unwrap();
+    std::fs::write(
+        &rotation,
+        format!("[{h}]:{port} {}\n[{h}]:{port} {}\n", public(&other), public(&host_key)),
+    )
+    .unwrap();
+    let e = dial(&client, HostKeys::KnownHosts(rotation), &address).await;
+    assert_eq!(e.stage, Stage::Socket, "{e}");
+
     // Accepting any key skips the check only.
     let e = dial(&client, HostKeys::AcceptAny, &address).await;
     assert_eq!(e.stage, Stage::Socket, "{e}");

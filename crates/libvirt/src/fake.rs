@@ -142,11 +142,17 @@ impl FakeHost {
         self.lock().domains.remove(domain).is_some()
     }
 
-    async fn enter(&self, rpc: &'static str, target: &str, not_found: i32) -> LvResult<()> {
-        self.interceptor
-            .enter(egress_conformance::CallKind(rpc), target)
-            .await
-            .map_err(|fault| fault_error(&fault, not_found))
+    /// Every call passes here: the caller's context first (as the real host, a call of a
+    /// caller that gave up fails without reaching the daemon), then the interceptor.
+    async fn enter(&self, cx: &OpCtx, rpc: &'static str, target: &str, not_found: i32) -> LvResult<()> {
+        let interceptor = self.interceptor.enter(egress_conformance::CallKind(rpc), target);
+        match cx.run(interceptor).await {
+            Ok(result) => result.map_err(|fault| fault_error(&fault, not_found)),
+            Err(why) => Err(LibvirtError::transport(format!(
+                "libvirt call {rpc} on {} abandoned: {why}",
+                self.name
+            ))),
+        }
     }
 }
 
@@ -288,25 +294,25 @@ impl Host for FakeHost {
         &self.name
     }
 
-    async fn version(&self, _cx: &OpCtx) -> LvResult<(u32, String)> {
-        self.enter("ConnectGetLibVersion", "", 0).await?;
+    async fn version(&self, cx: &OpCtx) -> LvResult<(u32, String)> {
+        self.enter(cx, "ConnectGetLibVersion", "", 0).await?;
         Ok((9_000_000, self.name.clone()))
     }
 
-    async fn domain_names(&self, _cx: &OpCtx) -> LvResult<Vec<String>> {
-        self.enter("ConnectListAllDomains", "", 0).await?;
+    async fn domain_names(&self, cx: &OpCtx) -> LvResult<Vec<String>> {
+        self.enter(cx, "ConnectListAllDomains", "", 0).await?;
         Ok(self.lock().domains.keys().cloned().collect())
     }
 
-    async fn domain_metadata(&self, _cx: &OpCtx, domain: &str, namespace: &str) -> LvResult<Option<String>> {
-        self.enter("DomainGetMetadata", domain, code::NO_DOMAIN).await?;
+    async fn domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str) -> LvResult<Option<String>> {
+        self.enter(cx, "DomainGetMetadata", domain, code::NO_DOMAIN).await?;
         let st = self.lock();
         let d = st.domains.get(domain).ok_or_else(|| no_domain(domain))?;
         Ok(d.metadata.get(namespace).cloned())
     }
 
-    async fn domain_state(&self, _cx: &OpCtx, domain: &str) -> LvResult<DomainState> {
-        self.enter("DomainGetState", domain, code::NO_DOMAIN).await?;
+    async fn domain_state(&self, cx: &OpCtx, domain: &str) -> LvResult<DomainState> {
+        self.enter(cx, "DomainGetState", domain, code::NO_DOMAIN).await?;
         self.lock()
             .domains
             .get(domain)
@@ -314,9 +320,9 @@ impl Host for FakeHost {
             .ok_or_else(|| no_domain(domain))
     }
 
-    async fn define_domain(&self, _cx: &OpCtx, xml: &str) -> LvResult<()> {
+    async fn define_domain(&self, cx: &OpCtx, xml: &str) -> LvResult<()> {
         let (name, metadata) = read_domain(xml)?;
-        self.enter("DomainDefineXML", &name, 0).await?;
+        self.enter(cx, "DomainDefineXML", &name, 0).await?;
         let mut st = self.lock();
         let entry = st.domains.entry(name).or_insert_with(|| FakeDomain {
             xml: String::new(),
@@ -329,8 +335,8 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    async fn start_domain(&self, _cx: &OpCtx, domain: &str) -> LvResult<()> {
-        self.enter("DomainCreate", domain, code::NO_DOMAIN).await?;
+    async fn start_domain(&self, cx: &OpCtx, domain: &str) -> LvResult<()> {
+        self.enter(cx, "DomainCreate", domain, code::NO_DOMAIN).await?;
         let mut st = self.lock();
         let d = st.domains.get_mut(domain).ok_or_else(|| no_domain(domain))?;
         if d.state.is_active() {
@@ -343,8 +349,8 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    async fn destroy_domain(&self, _cx: &OpCtx, domain: &str) -> LvResult<()> {
-        self.enter("DomainDestroy", domain, code::NO_DOMAIN).await?;
+    async fn destroy_domain(&self, cx: &OpCtx, domain: &str) -> LvResult<()> {
+        self.enter(cx, "DomainDestroy", domain, code::NO_DOMAIN).await?;
         let mut st = self.lock();
         let d = st.domains.get_mut(domain).ok_or_else(|| no_domain(domain))?;
         if !d.state.is_active() && d.state != DomainState::Paused {
@@ -357,8 +363,8 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    async fn undefine_domain(&self, _cx: &OpCtx, domain: &str, _flags: u32) -> LvResult<()> {
-        self.enter("DomainUndefineFlags", domain, code::NO_DOMAIN).await?;
+    async fn undefine_domain(&self, cx: &OpCtx, domain: &str, _flags: u32) -> LvResult<()> {
+        self.enter(cx, "DomainUndefineFlags", domain, code::NO_DOMAIN).await?;
         self.lock()
             .domains
             .remove(domain)
@@ -366,8 +372,9 @@ impl Host for FakeHost {
             .ok_or_else(|| no_domain(domain))
     }
 
-    async fn interface_addresses(&self, _cx: &OpCtx, domain: &str, source: AddressSource) -> LvResult<Vec<Interface>> {
-        self.enter("DomainInterfaceAddresses", domain, code::NO_DOMAIN).await?;
+    async fn interface_addresses(&self, cx: &OpCtx, domain: &str, source: AddressSource) -> LvResult<Vec<Interface>> {
+        self.enter(cx, "DomainInterfaceAddresses", domain, code::NO_DOMAIN)
+            .await?;
         let st = self.lock();
         let d = st.domains.get(domain).ok_or_else(|| no_domain(domain))?;
         if !d.state.is_active() {
@@ -379,8 +386,9 @@ impl Host for FakeHost {
         d.addresses.get(source.name()).cloned().unwrap_or(Ok(Vec::new()))
     }
 
-    async fn pool_info(&self, _cx: &OpCtx, pool: &str) -> LvResult<PoolInfo> {
-        self.enter("StoragePoolGetInfo", pool, code::NO_STORAGE_POOL).await?;
+    async fn pool_info(&self, cx: &OpCtx, pool: &str) -> LvResult<PoolInfo> {
+        self.enter(cx, "StoragePoolGetInfo", pool, code::NO_STORAGE_POOL)
+            .await?;
         let st = self.lock();
         let (capacity, volumes) = st.pools.get(pool).ok_or_else(|| no_pool(pool))?;
         let allocation: u64 = volumes.values().map(|v| v.bytes.len() as u64).sum();
@@ -392,13 +400,15 @@ impl Host for FakeHost {
         })
     }
 
-    async fn refresh_pool(&self, _cx: &OpCtx, pool: &str) -> LvResult<()> {
-        self.enter("StoragePoolRefresh", pool, code::NO_STORAGE_POOL).await?;
+    async fn refresh_pool(&self, cx: &OpCtx, pool: &str) -> LvResult<()> {
+        self.enter(cx, "StoragePoolRefresh", pool, code::NO_STORAGE_POOL)
+            .await?;
         self.lock().pools.get(pool).map(drop).ok_or_else(|| no_pool(pool))
     }
 
-    async fn volume_path(&self, _cx: &OpCtx, pool: &str, volume: &str) -> LvResult<String> {
-        self.enter("StorageVolGetPath", volume, code::NO_STORAGE_VOL).await?;
+    async fn volume_path(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<String> {
+        self.enter(cx, "StorageVolGetPath", volume, code::NO_STORAGE_VOL)
+            .await?;
         let st = self.lock();
         let (_, volumes) = st.pools.get(pool).ok_or_else(|| no_pool(pool))?;
         volumes
@@ -407,9 +417,10 @@ impl Host for FakeHost {
             .ok_or_else(|| no_volume(volume))
     }
 
-    async fn create_volume(&self, _cx: &OpCtx, pool: &str, xml: &str) -> LvResult<()> {
+    async fn create_volume(&self, cx: &OpCtx, pool: &str, xml: &str) -> LvResult<()> {
         let (name, capacity, format, backing) = read_volume(xml)?;
-        self.enter("StorageVolCreateXML", &name, code::NO_STORAGE_POOL).await?;
+        self.enter(cx, "StorageVolCreateXML", &name, code::NO_STORAGE_POOL)
+            .await?;
         let mut st = self.lock();
         let (_, volumes) = st.pools.get_mut(pool).ok_or_else(|| no_pool(pool))?;
         if volumes.contains_key(&name) {
@@ -432,8 +443,8 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    async fn delete_volume(&self, _cx: &OpCtx, pool: &str, volume: &str) -> LvResult<()> {
-        self.enter("StorageVolDelete", volume, code::NO_STORAGE_VOL).await?;
+    async fn delete_volume(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<()> {
+        self.enter(cx, "StorageVolDelete", volume, code::NO_STORAGE_VOL).await?;
         let mut st = self.lock();
         let (_, volumes) = st.pools.get_mut(pool).ok_or_else(|| no_pool(pool))?;
         volumes.remove(volume).map(drop).ok_or_else(|| no_volume(volume))
@@ -441,13 +452,13 @@ impl Host for FakeHost {
 
     async fn upload(
         &self,
-        _cx: &OpCtx,
+        cx: &OpCtx,
         pool: &str,
         volume: &str,
         length: u64,
         mut source: UploadSource,
     ) -> LvResult<u64> {
-        self.enter("StorageVolUpload", volume, code::NO_STORAGE_VOL).await?;
+        self.enter(cx, "StorageVolUpload", volume, code::NO_STORAGE_VOL).await?;
         {
             let st = self.lock();
             let (_, volumes) = st.pools.get(pool).ok_or_else(|| no_pool(pool))?;
@@ -481,16 +492,17 @@ impl Host for FakeHost {
         }
     }
 
-    async fn download(&self, _cx: &OpCtx, pool: &str, volume: &str, max: usize) -> LvResult<Vec<u8>> {
-        self.enter("StorageVolDownload", volume, code::NO_STORAGE_VOL).await?;
+    async fn download(&self, cx: &OpCtx, pool: &str, volume: &str, max: usize) -> LvResult<Vec<u8>> {
+        self.enter(cx, "StorageVolDownload", volume, code::NO_STORAGE_VOL)
+            .await?;
         let st = self.lock();
         let (_, volumes) = st.pools.get(pool).ok_or_else(|| no_pool(pool))?;
         let v = volumes.get(volume).ok_or_else(|| no_volume(volume))?;
         Ok(v.bytes[..v.bytes.len().min(max)].to_vec())
     }
 
-    async fn dedicated(&self, _cx: &OpCtx) -> LvResult<Box<dyn Host>> {
-        self.enter("Dial", "", 0).await?;
+    async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>> {
+        self.enter(cx, "Dial", "", 0).await?;
         Ok(Box::new(self.clone()))
     }
 }

@@ -32,7 +32,7 @@ pub mod code {
     /// The operation is not valid in the object's state (already running, not running...).
     pub const OPERATION_INVALID: i32 = 55;
     /// Access denied.
-    pub const ACCESS_DENIED: i32 = 60;
+    pub const ACCESS_DENIED: i32 = 88;
     /// The domain has no metadata in that namespace.
     pub const NO_DOMAIN_METADATA: i32 = 80;
     /// The guest agent does not answer.

@@ -44,11 +44,13 @@ impl HypervisorEnv {
     /// The settings, or `None` when the file is missing.
     ///
     /// # Errors
-    /// A file that lacks a setting.
+    /// A file that cannot be read (other than missing), or that lacks a setting.
     pub fn load() -> Result<Option<Self>, String> {
         let path = Self::file();
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            return Ok(None);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
         };
         let map: BTreeMap<&str, &str> = text
             .lines()

@@ -15,6 +15,7 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,13 +161,11 @@ impl SystemMachine {
     }
 
     /// The pid `launch` recorded, if it got that far.
+    /// A file that does not hold a pid (cut short by a crash) counts as none: the
+    /// process, if any, is then found by its command line.
     async fn pid(&self, name: &str) -> io::Result<Option<u32>> {
         match tokio::fs::read_to_string(self.pid_path(name)).await {
-            Ok(text) => text
-                .trim()
-                .parse()
-                .map(Some)
-                .map_err(|_| own_error(io::ErrorKind::InvalidData, "launched.pid does not hold a pid")),
+            Ok(text) => Ok(text.trim().parse().ok()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
@@ -207,13 +206,9 @@ impl SystemMachine {
             Err(e) if vanished(&e) => return Ok(Liveness::Gone),
             Err(e) => return Err(e),
         };
-        let config = self.config_path(name);
-        // NB: pids are reused; only a process started with this instance's
-        // config file is this instance.
-        if !cmdline
-            .split(|b| *b == 0)
-            .any(|arg| arg == config.as_os_str().as_encoded_bytes())
-        {
+        // NB: pids are reused; only tinyproxy started with this instance's config file is this
+        // instance.
+        if !is_instance_cmdline(&cmdline, &self.config_path(name)) {
             return Ok(Liveness::Gone);
         }
         Ok(match state {
@@ -343,9 +338,12 @@ impl Machine for SystemMachine {
         // NB: dropping the handle neither waits nor kills; tokio reaps the
         // process in the background if it exits while this process lives.
         drop(child);
-        // Written without an await since the spawn: a caller that gives up now cannot leave
-        // a process behind that no pid file names.
-        std::fs::write(self.pid_path(name), format!("{pid}\n"))
+        // Written without an await since the spawn (a caller that gives up now cannot leave a
+        // process behind that no pid file names), through a rename (a crash cannot leave half
+        // a pid).
+        let temp = dir.join(".launched.pid.tmp");
+        std::fs::write(&temp, format!("{pid}\n"))?;
+        std::fs::rename(&temp, self.pid_path(name))
     }
 
     async fn inspect(&self, name: &str, at: SocketAddr) -> io::Result<Liveness> {
@@ -367,7 +365,10 @@ impl Machine for SystemMachine {
     async fn stop(&self, name: &str) -> io::Result<()> {
         // The recorded process, and any other started with this instance's config (one whose
         // pid was never recorded because the operator died right after starting it).
-        let mut pids = started_with(&self.config_path(name));
+        let config = self.config_path(name);
+        let mut pids = tokio::task::spawn_blocking(move || started_with(&config))
+            .await
+            .map_err(io::Error::other)?;
         if let Some(pid) = self.pid(name).await?
             && !pids.contains(&pid)
         {
@@ -382,7 +383,21 @@ impl Machine for SystemMachine {
     async fn in_use(&self, at: SocketAddr) -> io::Result<bool> {
         match std::net::TcpListener::bind(at) {
             Ok(_) => Ok(false),
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                let table = tokio::fs::read_to_string("/proc/net/tcp").await.unwrap_or_default();
+                if wildcard_listener(&table, at.port()) {
+                    // No loopback address can help: say what is in the way.
+                    return Err(own_error(
+                        io::ErrorKind::AddrInUse,
+                        format!(
+                            "port {port} is taken on every address (something listens on 0.0.0.0:{port}, \
+                             Debian's own tinyproxy service perhaps); give the Proxy another port",
+                            port = at.port()
+                        ),
+                    ));
+                }
+                Ok(true)
+            }
             Err(e) => Err(e),
         }
     }
@@ -430,18 +445,27 @@ impl Machine for SystemMachine {
     }
 }
 
-/// The live processes whose command line names `config` (tinyproxy started for one instance).
+/// Whether a `/proc/<pid>/cmdline` is tinyproxy's, started with `-c <config>`.
+fn is_instance_cmdline(cmdline: &[u8], config: &Path) -> bool {
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let is_tinyproxy = args
+        .first()
+        .is_some_and(|argv0| Path::new(std::ffi::OsStr::from_bytes(argv0)).file_name() == Some("tinyproxy".as_ref()));
+    is_tinyproxy
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"-c" && w[1] == config.as_os_str().as_encoded_bytes())
+}
+
+/// The live tinyproxy processes started with `config` (one instance's).
 fn started_with(config: &Path) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let wanted = config.as_os_str().as_encoded_bytes();
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == wanted))
-        })
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| is_instance_cmdline(&c, config)))
         .collect()
 }
 
@@ -465,15 +489,26 @@ fn process_state(stat: &[u8]) -> Option<char> {
 /// address at its port).
 fn listening_in(table: &str, at: SocketAddr) -> bool {
     let SocketAddr::V4(at) = at else { return false };
-    // The kernel prints the address as a host-order u32 in hex.
-    let exact = format!("{:08X}:{:04X}", u32::from(*at.ip()).swap_bytes(), at.port());
-    let any = format!("00000000:{:04X}", at.port());
-    table.lines().skip(1).any(|line| {
+    // The kernel prints the address's four bytes as one u32 in this machine's byte order.
+    // tinyproxy binds its exact `Listen` address: a wildcard listener on the port is not it.
+    let exact = format!("{:08X}:{:04X}", u32::from_ne_bytes(at.ip().octets()), at.port());
+    listeners(table).any(|local| local == exact)
+}
+
+/// The local addresses (`ADDR:PORT`, hex) of the listening sockets in `/proc/net/tcp`.
+fn listeners(table: &str) -> impl Iterator<Item = &str> {
+    table.lines().skip(1).filter_map(|line| {
         let mut fields = line.split_whitespace();
-        let local = fields.nth(1);
-        let state = fields.nth(1);
-        state == Some("0A") && (local == Some(exact.as_str()) || local == Some(any.as_str()))
+        let local = fields.nth(1)?;
+        (fields.nth(1)? == "0A").then_some(local)
     })
+}
+
+/// Whether something listens on every address at `port` (which takes the port from every
+/// loopback address too).
+fn wildcard_listener(table: &str, port: u16) -> bool {
+    let any = format!("00000000:{port:04X}");
+    listeners(table).any(|local| local == any)
 }
 
 /// The user and group tinyproxy switches to when started as root:
@@ -519,9 +554,39 @@ mod tests {
         assert!(listening_in(table, "127.1.0.5:3128".parse().unwrap()));
         // Only an established connection there, not a listener.
         assert!(!listening_in(table, "127.1.0.6:3128".parse().unwrap()));
-        // A wildcard listener covers every address.
-        assert!(listening_in(table, "127.3.3.3:8080".parse().unwrap()));
+        // A wildcard listener is not an instance's (tinyproxy binds its exact address), but it
+        // takes the port from every address.
+        assert!(!listening_in(table, "127.3.3.3:8080".parse().unwrap()));
+        assert!(wildcard_listener(table, 8080) && !wildcard_listener(table, 3128));
         assert!(!listening_in(table, "127.1.0.5:3129".parse().unwrap()));
+    }
+
+    #[test]
+    fn only_tinyproxy_with_this_config_is_the_instance() {
+        let config = Path::new("/state/proxy-a/tinyproxy.conf");
+        let line = |args: &[&str]| args.join("\0").into_bytes();
+        assert!(is_instance_cmdline(
+            &line(&["/usr/bin/tinyproxy", "-d", "-c", "/state/proxy-a/tinyproxy.conf"]),
+            config
+        ));
+        assert!(is_instance_cmdline(
+            &line(&["tinyproxy", "-c", "/state/proxy-a/tinyproxy.conf", "-d"]),
+            config
+        ));
+        // Someone reading the file, another instance, a config not given with -c.
+        assert!(!is_instance_cmdline(
+            &line(&["less", "/state/proxy-a/tinyproxy.conf"]),
+            config
+        ));
+        assert!(!is_instance_cmdline(
+            &line(&["/usr/bin/tinyproxy", "-c", "/state/proxy-b/tinyproxy.conf"]),
+            config
+        ));
+        assert!(!is_instance_cmdline(
+            &line(&["/usr/bin/tinyproxy", "/state/proxy-a/tinyproxy.conf"]),
+            config
+        ));
+        assert!(!is_instance_cmdline(b"", config));
     }
 
     #[test]

@@ -158,9 +158,10 @@ impl LocalProvider {
     async fn instance(&self, cx: &OpCtx, scope: &ErrorScope, record: &Record) -> Result<Instance, ProviderError> {
         let liveness = self.liveness(cx, scope, record).await?;
         let state = match liveness {
+            // A delete stopped part way (its process, or its files, already gone).
+            Liveness::NotStarted | Liveness::Gone if record.deleting => InstanceState::Terminated,
             // Recorded but never started: still being created.
             Liveness::NotStarted | Liveness::Starting => InstanceState::Provisioning,
-            Liveness::Gone if record.deleting => InstanceState::Terminated,
             Liveness::Gone | Liveness::Suspended => InstanceState::Stopped,
             Liveness::Listening => InstanceState::Running,
         };
