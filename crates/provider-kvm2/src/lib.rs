@@ -3,11 +3,13 @@
 //! NoCloud seed.
 //!
 //! Work in progress: this crate holds the provider's rules so far (providerIDs, placement
-//! resolution, volume names, the classify table, state mapping and address discovery). The provider itself, its checker and its
+//! resolution, volume names, the classify table, state mapping, address discovery, removing a
+//! domain with its volumes, listing the marked domains). The provider itself, its checker and its
 //! registration follow; until then the operator does not accept `type: kvm2`.
 
 pub mod classify;
 pub mod id;
 pub mod names;
 pub mod observe;
+pub mod ops;
 pub mod placement;
