@@ -93,7 +93,11 @@ fn call_error(e: &CallError) -> LibvirtError {
             message: error.message().to_owned(),
             transport: *transport,
             dial: None,
+            timed_out: false,
         },
+        CallError::OverBudget { .. } | CallError::Abandoned { .. } | CallError::NotStarted { .. } => {
+            LibvirtError::timeout(e.to_string())
+        }
         other => LibvirtError::transport(other.to_string()),
     }
 }

@@ -148,7 +148,7 @@ impl FakeHost {
         let interceptor = self.interceptor.enter(egress_conformance::CallKind(rpc), target);
         match cx.run(interceptor).await {
             Ok(result) => result.map_err(|fault| fault_error(&fault, not_found)),
-            Err(why) => Err(LibvirtError::transport(format!(
+            Err(why) => Err(LibvirtError::timeout(format!(
                 "libvirt call {rpc} on {} abandoned: {why}",
                 self.name
             ))),
@@ -169,7 +169,7 @@ fn fault_error(fault: &Fault, not_found: i32) -> LibvirtError {
         Fault::Unauthenticated | Fault::PermissionDenied => LibvirtError::daemon(code::ACCESS_DENIED, "access denied"),
         Fault::BadRequest => LibvirtError::daemon(code::INVALID_ARG, "invalid argument"),
         Fault::Server5xx => LibvirtError::daemon(code::INTERNAL_ERROR, "internal error"),
-        Fault::Timeout => LibvirtError::transport("libvirt call exceeded its budget"),
+        Fault::Timeout => LibvirtError::timeout("libvirt call exceeded its budget"),
         Fault::ConnectionReset => LibvirtError::transport("connection is closed: ssh: connection reset"),
         Fault::Raw(text) => LibvirtError::daemon(code::INTERNAL_ERROR, text.clone()),
     }

@@ -79,6 +79,8 @@ pub struct LibvirtError {
     pub transport: bool,
     /// When no connection could be made: where that failed.
     pub dial: Option<DialFailure>,
+    /// Whether the call ran out of time or its caller gave up (a transport failure too).
+    pub timed_out: bool,
 }
 
 impl LibvirtError {
@@ -89,6 +91,7 @@ impl LibvirtError {
             message: message.into(),
             transport: false,
             dial: None,
+            timed_out: false,
         }
     }
 
@@ -99,6 +102,15 @@ impl LibvirtError {
             message: message.into(),
             transport: true,
             dial: None,
+            timed_out: false,
+        }
+    }
+
+    /// A call that ran out of time, or whose caller gave up.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self {
+            timed_out: true,
+            ..Self::transport(message)
         }
     }
 

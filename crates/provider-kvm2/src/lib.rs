@@ -4,9 +4,10 @@
 //!
 //! Work in progress: this crate holds the provider's rules so far (providerIDs, placement
 //! resolution, volume names, the classify table, state mapping, address discovery, removing a
-//! domain with its volumes, listing the marked domains). The provider itself, its checker and its
+//! domain with its volumes, listing the marked domains, checking a host). The provider itself, its checker and its
 //! registration follow; until then the operator does not accept `type: kvm2`.
 
+pub mod check;
 pub mod classify;
 pub mod id;
 pub mod names;

@@ -1,0 +1,191 @@
+//! The health check of one host (spec/kvm.md §10): on a connection of its own, libvirt's version
+//! and hostname, then the pool's state and space; one verdict with the reasons of §10.4.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use egress_libvirt::host::{DialFailure, Host, LibvirtError, POOL_RUNNING};
+use egress_provider::{
+    OpCtx, REASON_API_ERROR, REASON_FORBIDDEN, REASON_TIMEOUT, REASON_UNAUTHORIZED, REASON_UNREACHABLE, TargetStatus,
+};
+
+/// The SSH material (key or known_hosts) is missing or unusable: fix the Secret, not the host.
+pub const REASON_CREDENTIALS_UNAVAILABLE: &str = "CredentialsUnavailable";
+/// libvirt has no pool by the configured name.
+pub const REASON_POOL_NOT_FOUND: &str = "PoolNotFound";
+/// The pool exists but is not running.
+pub const REASON_POOL_NOT_ACTIVE: &str = "PoolNotActive";
+
+/// libvirt's version number as `major.minor.micro` (11006000 is 11.6.0).
+pub fn version_text(v: u32) -> String {
+    format!("{}.{}.{}", v / 1_000_000, (v / 1000) % 1000, v % 1000)
+}
+
+/// A pool state as virsh words it.
+pub fn pool_state_word(state: u32) -> String {
+    match state {
+        0 => "inactive".to_owned(),
+        1 => "building".to_owned(),
+        2 => "running".to_owned(),
+        3 => "degraded".to_owned(),
+        4 => "inaccessible".to_owned(),
+        n => format!("state {n}"),
+    }
+}
+
+/// Bytes as GiB with one decimal.
+pub fn gib(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)] // one decimal of a pool's size
+    let g = bytes as f64 / f64::from(1u32 << 30);
+    format!("{g:.1}")
+}
+
+/// The reason for a failed check (§10.4): a round that has ended is a timeout whatever failed;
+/// then by what stopped the connection, or by libvirt's answer.
+pub fn reason(e: &LibvirtError, round_over: bool) -> &'static str {
+    if round_over {
+        return REASON_TIMEOUT;
+    }
+    if let Some(failure) = e.dial {
+        return match failure {
+            DialFailure::KeyUnreadable
+            | DialFailure::KeyInvalid
+            | DialFailure::KnownHostsUnreadable
+            | DialFailure::KnownHostsInvalid => REASON_CREDENTIALS_UNAVAILABLE,
+            DialFailure::HostKey | DialFailure::Auth => REASON_UNAUTHORIZED,
+            DialFailure::Timeout | DialFailure::Network | DialFailure::Socket | DialFailure::Libvirt => {
+                REASON_UNREACHABLE
+            }
+        };
+    }
+    if e.timed_out {
+        return REASON_TIMEOUT;
+    }
+    if e.transport {
+        return REASON_UNREACHABLE;
+    }
+    match e.code {
+        45 | 88 => REASON_FORBIDDEN,
+        49 => REASON_POOL_NOT_FOUND,
+        _ => REASON_API_ERROR,
+    }
+}
+
+/// Checks `host` (its pool `pool`, logged in as `user`, dialled at `address`) on a connection of
+/// its own, closed when the check ends. Never fails: every failure is a not-ready verdict.
+pub async fn check_host(cx: &OpCtx, host: &dyn Host, address: &str, user: &str, pool: &str) -> TargetStatus {
+    let start = Instant::now();
+    let mut details = BTreeMap::from([
+        ("user".to_owned(), user.to_owned()),
+        ("pool".to_owned(), pool.to_owned()),
+    ]);
+    let outcome = async {
+        let own = host.dedicated(cx).await?;
+        let (version, hostname) = own.version(cx).await?;
+        details.insert("libvirtVersion".to_owned(), version_text(version));
+        details.insert("hostname".to_owned(), hostname);
+        let info = own.pool_info(cx, pool).await?;
+        details.insert("poolState".to_owned(), pool_state_word(info.state));
+        details.insert("poolCapacityGiB".to_owned(), gib(info.capacity));
+        details.insert("poolAvailableGiB".to_owned(), gib(info.available));
+        Ok::<_, LibvirtError>(info.state)
+    }
+    .await;
+    let latency = start.elapsed().max(std::time::Duration::from_nanos(1));
+    let mut status = match outcome {
+        Ok(state) if state == POOL_RUNNING => TargetStatus::reachable(host.name(), address, latency),
+        Ok(state) => TargetStatus::failed(
+            host.name(),
+            address,
+            REASON_POOL_NOT_ACTIVE,
+            format!("storage pool {pool:?} is {}", pool_state_word(state)),
+            latency,
+        ),
+        Err(e) => TargetStatus::failed(
+            host.name(),
+            address,
+            reason(&e, cx.interrupted().is_some()),
+            e.to_string(),
+            latency,
+        ),
+    };
+    status.details = details;
+    tracing::debug!(host = host.name(), ready = status.ready, reason = %status.reason, latency = ?status.latency, "kvm2 host checked");
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_conformance::{CallKind, Fault, Times};
+    use egress_libvirt::fake::FakeHost;
+
+    use super::*;
+
+    #[test]
+    fn details_read_as_virsh_would() {
+        assert_eq!(version_text(11_006_000), "11.6.0");
+        assert_eq!(version_text(9_010_012), "9.10.12");
+        assert_eq!(version_text(0), "0.0.0");
+        assert_eq!(pool_state_word(2), "running");
+        assert_eq!(pool_state_word(4), "inaccessible");
+        assert_eq!(pool_state_word(9), "state 9");
+        assert_eq!(gib(266_073_671_680), "247.8");
+        assert_eq!(gib(0), "0.0");
+    }
+
+    #[test]
+    fn reasons_follow_the_decision_order() {
+        let daemon = |n| LibvirtError::daemon(n, "x");
+        assert_eq!(reason(&daemon(88), true), REASON_TIMEOUT);
+        assert_eq!(reason(&daemon(88), false), REASON_FORBIDDEN);
+        assert_eq!(reason(&daemon(45), false), REASON_FORBIDDEN);
+        assert_eq!(reason(&daemon(49), false), REASON_POOL_NOT_FOUND);
+        assert_eq!(reason(&daemon(1), false), REASON_API_ERROR);
+        assert_eq!(reason(&LibvirtError::transport("link died"), false), REASON_UNREACHABLE);
+        assert_eq!(reason(&LibvirtError::timeout("30s budget"), false), REASON_TIMEOUT);
+        for (failure, want) in [
+            (DialFailure::KeyUnreadable, REASON_CREDENTIALS_UNAVAILABLE),
+            (DialFailure::KeyInvalid, REASON_CREDENTIALS_UNAVAILABLE),
+            (DialFailure::KnownHostsUnreadable, REASON_CREDENTIALS_UNAVAILABLE),
+            (DialFailure::KnownHostsInvalid, REASON_CREDENTIALS_UNAVAILABLE),
+            (DialFailure::HostKey, REASON_UNAUTHORIZED),
+            (DialFailure::Auth, REASON_UNAUTHORIZED),
+            (DialFailure::Timeout, REASON_UNREACHABLE),
+            (DialFailure::Network, REASON_UNREACHABLE),
+            (DialFailure::Socket, REASON_UNREACHABLE),
+        ] {
+            assert_eq!(reason(&LibvirtError::dial(failure, "d"), false), want, "{failure:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_reports_the_host_and_its_pool() {
+        let fake = FakeHost::new("hv", "default", 10 << 30);
+        let cx = OpCtx::background();
+        let ok = check_host(&cx, &fake, "hv:22", "virt", "default").await;
+        assert!(ok.ready, "{ok:?}");
+        assert_eq!(ok.name, "hv");
+        assert_eq!(ok.details["libvirtVersion"], "9.0.0");
+        assert_eq!(ok.details["poolState"], "running");
+        assert_eq!(ok.details["poolCapacityGiB"], "10.0");
+        let missing = check_host(&cx, &fake, "hv:22", "virt", "elsewhere").await;
+        assert_eq!((missing.ready, missing.reason.as_str()), (false, REASON_POOL_NOT_FOUND));
+        assert_eq!(missing.details["libvirtVersion"], "9.0.0");
+        fake.interceptor()
+            .fail(CallKind("ConnectGetLibVersion"), Fault::PermissionDenied, Times::Once);
+        let denied = check_host(&cx, &fake, "hv:22", "virt", "default").await;
+        assert_eq!(denied.reason, REASON_FORBIDDEN);
+        assert!(!denied.details.contains_key("libvirtVersion"));
+        fake.interceptor()
+            .fail(CallKind("Dial"), Fault::ConnectionReset, Times::Once);
+        assert_eq!(
+            check_host(&cx, &fake, "hv:22", "virt", "default").await.reason,
+            REASON_UNREACHABLE
+        );
+        // A round that has ended is a timeout, whatever failed.
+        let token = egress_provider::CancellationToken::new();
+        token.cancel();
+        let late = check_host(&OpCtx::with_cancel(token), &fake, "hv:22", "virt", "default").await;
+        assert_eq!(late.reason, REASON_TIMEOUT);
+    }
+}
