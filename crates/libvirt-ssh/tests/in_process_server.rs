@@ -88,6 +88,20 @@ async fn serve(host_key: &Path, client_key: &Path) -> String {
     address
 }
 
+/// A port that accepts connections and never says a word (the SSH banner never comes); abort
+/// the task to close it.
+async fn silent_port() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            kept.push(s);
+        }
+    });
+    (address, held)
+}
+
 fn host(address: &str) -> HostTarget {
     HostTarget {
         name: "russh".to_owned(),
@@ -211,15 +225,7 @@ async fn a_refused_missing_or_unparsable_key_says_so() {
 
 #[tokio::test]
 async fn a_silent_port_ends_the_dial_at_its_budget() {
-    // A listener that accepts and never says a word: the SSH banner never comes.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let held = tokio::spawn(async move {
-        let mut kept = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            kept.push(s);
-        }
-    });
+    let (address, held) = silent_port().await;
     let dir = scratch("silent");
     let client = new_key(&dir, "client");
     let mut options = DialOptions::new(&client, HostKeys::AcceptAny);
@@ -293,14 +299,7 @@ async fn a_refused_port_is_a_network_error_at_the_tcp_stage() {
 async fn waiting_for_a_host_slot_ends_with_the_caller() {
     // A host whose dial hangs (silent port) holds its slot; a second caller gives up when its
     // context ends, without dialling.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap().to_string();
-    let held = tokio::spawn(async move {
-        let mut kept = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            kept.push(s);
-        }
-    });
+    let (address, held) = silent_port().await;
     let dir = scratch("slot");
     let client = new_key(&dir, "client");
     let mut options = DialOptions::new(&client, HostKeys::AcceptAny);

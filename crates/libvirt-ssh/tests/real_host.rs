@@ -11,7 +11,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use egress_libvirt::HypervisorEnv;
@@ -19,6 +18,7 @@ use egress_libvirt_ssh::{CallError, DialCause, DialOptions, Dialer, HostKeys, Ho
 use egress_provider::OpCtx;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 /// One test at a time: the memory figure of the upload is the process's, and every test shares
 /// the one sshd.
@@ -292,17 +292,38 @@ async fn credential_and_host_key_failures_keep_their_cause() {
 /// closes nothing, as a host that vanished without a reset.
 struct Relay {
     address: String,
-    frozen: Arc<AtomicBool>,
+    frozen: watch::Sender<bool>,
     /// Bytes carried from the client to sshd so far.
-    forwarded: Arc<AtomicU64>,
+    forwarded: watch::Sender<u64>,
+    /// Bytes that arrived, from either side, while frozen.
+    held: watch::Sender<u64>,
+}
+
+impl Relay {
+    fn freeze(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+
+    /// Waits (bounded) until `counter` reaches `at_least`.
+    async fn reached(counter: &watch::Sender<u64>, at_least: u64) {
+        let mut rx = counter.subscribe();
+        tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|n| *n >= at_least))
+            .await
+            .expect("the relay carried the bytes within 60 s")
+            .expect("the relay is alive");
+    }
 }
 
 async fn relay(upstream: String) -> Relay {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
-    let frozen = Arc::new(AtomicBool::new(false));
-    let forwarded = Arc::new(AtomicU64::new(0));
-    let (flag, count) = (frozen.clone(), forwarded.clone());
+    let relay = Relay {
+        address,
+        frozen: watch::channel(false).0,
+        forwarded: watch::channel(0).0,
+        held: watch::channel(0).0,
+    };
+    let (frozen, forwarded, held) = (relay.frozen.clone(), relay.forwarded.clone(), relay.held.clone());
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -310,38 +331,39 @@ async fn relay(upstream: String) -> Relay {
             };
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            tokio::spawn(pump(cr, sw, flag.clone(), Some(count.clone())));
-            tokio::spawn(pump(sr, cw, flag.clone(), None));
+            tokio::spawn(pump(cr, sw, frozen.clone(), Some(forwarded.clone()), held.clone()));
+            tokio::spawn(pump(sr, cw, frozen.clone(), None, held.clone()));
         }
     });
-    Relay {
-        address,
-        frozen,
-        forwarded,
-    }
+    relay
 }
 
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    frozen: Arc<AtomicBool>,
-    count: Option<Arc<AtomicU64>>,
+    frozen: watch::Sender<bool>,
+    count: Option<watch::Sender<u64>>,
+    held: watch::Sender<u64>,
 ) {
     let mut buf = vec![0u8; 16 << 10];
+    let mut is_frozen = frozen.subscribe();
     loop {
         let Ok(n) = from.read(&mut buf).await else { return };
         if n == 0 {
             return;
         }
-        // Frozen: hold the bytes forever (the connection stays open, silent).
-        while frozen.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        // Frozen: hold the bytes until thawed (the connection stays open, silent).
+        if *is_frozen.borrow() {
+            held.send_modify(|h| *h += n as u64);
+        }
+        if is_frozen.wait_for(|f| !*f).await.is_err() {
+            return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
         if let Some(count) = &count {
-            count.fetch_add(n as u64, Ordering::SeqCst);
+            count.send_modify(|c| *c += n as u64);
         }
     }
 }
@@ -358,7 +380,7 @@ async fn a_stalled_host_ends_the_call_at_its_budget_and_the_next_call_redials() 
         .await
         .unwrap();
 
-    relay.frozen.store(true, Ordering::SeqCst);
+    relay.freeze(true);
     let budget = Duration::from_millis(500);
     let stalled = conn
         .call(&cx, "ConnectGetHostname", budget, |c| c.hostname())
@@ -373,7 +395,7 @@ async fn a_stalled_host_ends_the_call_at_its_budget_and_the_next_call_redials() 
         .unwrap_err();
     assert!(matches!(refused, CallError::Closed { .. }), "{refused}");
 
-    relay.frozen.store(false, Ordering::SeqCst);
+    relay.freeze(false);
     let fresh = pool.get(&cx, &host).await.expect("a redial");
     assert!(!Arc::ptr_eq(&conn, &fresh), "the dead connection was replaced");
     let name = fresh
@@ -424,12 +446,8 @@ async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_
     });
     let freeze = async {
         // Freeze once the transfer is well under way.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while relay.forwarded.load(Ordering::SeqCst) < 8 << 20 {
-            assert!(tokio::time::Instant::now() < deadline, "the upload never got going");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        relay.frozen.store(true, Ordering::SeqCst);
+        Relay::reached(&relay.forwarded, 8 << 20).await;
+        relay.freeze(true);
     };
     let (result, ()) = tokio::join!(upload, freeze);
     let err = result.expect_err("the stalled upload must fail");
@@ -441,7 +459,7 @@ async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_
         .expect("the blocked C call returned after the teardown")
         .unwrap();
 
-    relay.frozen.store(false, Ordering::SeqCst);
+    relay.freeze(false);
     let fresh = pool.get(&cx, &host).await.expect("a redial");
     let v = volume.clone();
     fresh
@@ -465,7 +483,7 @@ async fn keepalive_notices_a_silent_peer_without_any_call() {
         .await
         .expect("a connection");
     assert!(!conn.is_dead());
-    relay.frozen.store(true, Ordering::SeqCst);
+    relay.freeze(true);
     // Bounded wait for the signal; no sleep decides the outcome.
     tokio::time::timeout(Duration::from_secs(30), conn.link().dead())
         .await
@@ -481,12 +499,13 @@ async fn a_cancelled_caller_abandons_the_call_and_the_dial() {
     let (relay, host, opts) = through_relay(&env).await;
     let dialer = Dialer::new(opts);
     let conn = dialer.dial(&OpCtx::background(), &host).await.unwrap();
-    relay.frozen.store(true, Ordering::SeqCst);
+    relay.freeze(true);
     let token = egress_provider::CancellationToken::new();
     let cx = OpCtx::with_cancel(token.clone());
     let call = conn.call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname());
     let cancel = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Once the call's request is stuck in the frozen relay, the caller gives up.
+        Relay::reached(&relay.held, 1).await;
         token.cancel();
     };
     let (result, ()) = tokio::join!(call, cancel);

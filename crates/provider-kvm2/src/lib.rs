@@ -14,3 +14,23 @@ pub mod names;
 pub mod observe;
 pub mod ops;
 pub mod placement;
+
+/// Shared by the unit tests: a small valid kvm2 domain document.
+#[cfg(test)]
+pub(crate) fn test_domain_xml(name: &str, mark: egress_libvirt::Mark) -> String {
+    egress_libvirt::DomainSpec {
+        name: name.into(),
+        memory_mib: 128,
+        vcpus: 1,
+        mark,
+        firmware: "uefi".into(),
+        domain_type: "qemu".into(),
+        cpu_mode: None,
+        disk_path: "/d".into(),
+        disk_format: "qcow2".into(),
+        seed_path: "/s".into(),
+        bridge: "br0".into(),
+    }
+    .to_xml(egress_libvirt::Flavour::Kvm2)
+    .unwrap()
+}

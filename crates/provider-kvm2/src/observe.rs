@@ -71,9 +71,9 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
 
 #[cfg(test)]
 mod tests {
+    use egress_libvirt::Mark;
     use egress_libvirt::fake::FakeHost;
     use egress_libvirt::host::{Address, Interface, LibvirtError, code};
-    use egress_libvirt::{DomainSpec, Flavour, Mark};
 
     use super::*;
 
@@ -110,21 +110,7 @@ mod tests {
     }
 
     async fn running(fake: &FakeHost, name: &str) {
-        let xml = DomainSpec {
-            name: name.into(),
-            memory_mib: 128,
-            vcpus: 1,
-            mark: Mark::new("u", std::time::SystemTime::now()),
-            firmware: "uefi".into(),
-            domain_type: "qemu".into(),
-            cpu_mode: None,
-            disk_path: "/d".into(),
-            disk_format: "qcow2".into(),
-            seed_path: "/s".into(),
-            bridge: "br0".into(),
-        }
-        .to_xml(Flavour::Kvm2)
-        .unwrap();
+        let xml = crate::test_domain_xml(name, Mark::new("u", std::time::SystemTime::now()));
         fake.define_domain(&OpCtx::background(), &xml).await.unwrap();
         fake.start_domain(&OpCtx::background(), name).await.unwrap();
     }

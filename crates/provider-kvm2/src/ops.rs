@@ -89,27 +89,13 @@ mod tests {
     use std::time::SystemTime;
 
     use egress_conformance::{CallKind, Fault, Times};
+    use egress_libvirt::KVM_NAMESPACE;
     use egress_libvirt::fake::{FakeHost, FakeVolume};
-    use egress_libvirt::{DomainSpec, Flavour, KVM_NAMESPACE};
 
     use super::*;
 
     async fn define(fake: &FakeHost, name: &str, mark: Option<Mark>, namespace: &str) {
-        let xml = DomainSpec {
-            name: name.into(),
-            memory_mib: 128,
-            vcpus: 1,
-            mark: mark.clone().unwrap_or_default(),
-            firmware: "uefi".into(),
-            domain_type: "qemu".into(),
-            cpu_mode: None,
-            disk_path: "/d".into(),
-            disk_format: "qcow2".into(),
-            seed_path: "/s".into(),
-            bridge: "br0".into(),
-        }
-        .to_xml(Flavour::Kvm2)
-        .unwrap();
+        let xml = crate::test_domain_xml(name, mark.clone().unwrap_or_default());
         fake.define_domain(&OpCtx::background(), &xml).await.unwrap();
         let element = mark.map(|m| m.to_xml(namespace).unwrap());
         fake.set_metadata(name, KVM2_NAMESPACE, None);
