@@ -102,6 +102,27 @@ async fn silent_port() -> (String, tokio::task::JoinHandle<()>) {
     (address, held)
 }
 
+/// A server with fresh keys in `dir`: the client key it accepts, a key it does not,
+/// its address, and a known_hosts naming it.
+struct Served {
+    client: PathBuf,
+    stranger: PathBuf,
+    address: String,
+    known: PathBuf,
+}
+
+async fn served(dir: &Path) -> Served {
+    let (host_key, client, stranger) = (new_key(dir, "host"), new_key(dir, "client"), new_key(dir, "stranger"));
+    let address = serve(&host_key, &client).await;
+    let known = known_hosts(dir, "known", &address, &host_key);
+    Served {
+        client,
+        stranger,
+        address,
+        known,
+    }
+}
+
 fn host(address: &str) -> HostTarget {
     HostTarget {
         name: "russh".to_owned(),
@@ -180,13 +201,12 @@ async fn host_keys_are_checked_against_known_hosts() {
 #[tokio::test]
 async fn a_refused_missing_or_unparsable_key_says_so() {
     let dir = scratch("keys");
-    let (host_key, client, stranger) = (
-        new_key(&dir, "host"),
-        new_key(&dir, "client"),
-        new_key(&dir, "stranger"),
-    );
-    let address = serve(&host_key, &client).await;
-    let known = known_hosts(&dir, "known", &address, &host_key);
+    let Served {
+        client,
+        stranger,
+        address,
+        known,
+    } = served(&dir).await;
 
     let e = dial(&stranger, HostKeys::KnownHosts(known.clone()), &address).await;
     assert!(e.is_auth_error() && e.stage == Stage::Ssh, "{e}");
@@ -242,13 +262,12 @@ async fn a_silent_port_ends_the_dial_at_its_budget() {
 #[tokio::test]
 async fn the_key_file_is_read_again_on_every_dial_unless_kept() {
     let dir = scratch("reread");
-    let (host_key, client, stranger) = (
-        new_key(&dir, "host"),
-        new_key(&dir, "client"),
-        new_key(&dir, "stranger"),
-    );
-    let address = serve(&host_key, &client).await;
-    let known = known_hosts(&dir, "known", &address, &host_key);
+    let Served {
+        client,
+        stranger,
+        address,
+        known,
+    } = served(&dir).await;
     let key = dir.join("id");
     std::fs::copy(&client, &key).unwrap();
     for reread in [true, false] {
@@ -341,13 +360,12 @@ async fn waiting_for_a_host_slot_ends_with_the_caller() {
 async fn the_seam_says_what_stopped_a_connection() {
     use egress_libvirt::host::{DialFailure, Host};
     let dir = scratch("seam-dial");
-    let (host_key, client, stranger) = (
-        new_key(&dir, "host"),
-        new_key(&dir, "client"),
-        new_key(&dir, "stranger"),
-    );
-    let address = serve(&host_key, &client).await;
-    let known = known_hosts(&dir, "known", &address, &host_key);
+    let Served {
+        client,
+        stranger,
+        address,
+        known,
+    } = served(&dir).await;
     let empty = dir.join("empty");
     std::fs::write(&empty, "").unwrap();
     let bad_known = dir.join("bad_known");

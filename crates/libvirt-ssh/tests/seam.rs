@@ -205,6 +205,19 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
     assert_eq!(own.version(&cx).await.unwrap().0, lib);
 }
 
+/// The test hypervisor as the providers reach it: over SSH, through the pool.
+fn remote_host(env: &HypervisorEnv) -> RemoteHost {
+    egress_libvirt_ssh::quiet_libvirt();
+    let target = HostTarget {
+        name: "local-hv".to_owned(),
+        address: env.ssh_address.clone(),
+        user: env.ssh_user.clone(),
+        socket: env.libvirt_socket.clone(),
+    };
+    let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
+    RemoteHost::new(target, Arc::new(Pool::new(Arc::new(Dialer::new(options)))))
+}
+
 #[tokio::test]
 async fn the_fake_answers_the_table() {
     let fake = egress_libvirt::fake::FakeHost::new("fake-hv", "default", 10 << 30);
@@ -216,15 +229,7 @@ async fn the_fake_answers_the_table() {
 async fn the_real_daemon_answers_the_table() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = HypervisorEnv::for_test() else { return };
-    egress_libvirt_ssh::quiet_libvirt();
-    let target = HostTarget {
-        name: "local-hv".to_owned(),
-        address: env.ssh_address.clone(),
-        user: env.ssh_user.clone(),
-        socket: env.libvirt_socket.clone(),
-    };
-    let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
-    let host = RemoteHost::new(target, Arc::new(Pool::new(Arc::new(Dialer::new(options)))));
+    let host = remote_host(&env);
     let tag = format!("egress-test-{}-seam", std::process::id());
     behaviours(&host, &env.pool, &env.bridge, &env.domain_type, &tag).await;
 }
@@ -254,15 +259,7 @@ async fn identity(ip: std::net::IpAddr) -> Option<String> {
 async fn a_guest_booted_through_the_seam_reports_its_address_and_our_seed() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = HypervisorEnv::for_test() else { return };
-    egress_libvirt_ssh::quiet_libvirt();
-    let target = HostTarget {
-        name: "local-hv".to_owned(),
-        address: env.ssh_address.clone(),
-        user: env.ssh_user.clone(),
-        socket: env.libvirt_socket.clone(),
-    };
-    let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
-    let host = RemoteHost::new(target, Arc::new(Pool::new(Arc::new(Dialer::new(options)))));
+    let host = remote_host(&env);
     let cx = OpCtx::background();
     let pool = env.pool.as_str();
     let tag = format!("egress-test-{}-boot", std::process::id());
