@@ -506,3 +506,32 @@ impl Host for FakeHost {
         Ok(Box::new(self.clone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn documents_it_cannot_read_are_refused_as_libvirt_would() {
+        let fake = FakeHost::new("hv", "default", 1 << 30);
+        let cx = OpCtx::background();
+        for xml in [
+            "",
+            "not xml <",
+            "<domain type='qemu'><memory>1</memory></domain>",
+            "<domain><name>x</domain>",
+        ] {
+            let e = fake.define_domain(&cx, xml).await.unwrap_err();
+            assert!(e.is(code::INVALID_ARG), "{xml:?}: {e}");
+        }
+        for xml in [
+            "",
+            "<volume><capacity unit='bytes'>1</capacity></volume>",
+            "<volume><name>v</name><capacity unit='bytes'>lots</capacity></volume>",
+        ] {
+            let e = fake.create_volume(&cx, "default", xml).await.unwrap_err();
+            assert!(e.is(code::INVALID_ARG), "{xml:?}: {e}");
+        }
+        assert!(fake.domains().is_empty() && fake.volumes("default").is_empty());
+    }
+}

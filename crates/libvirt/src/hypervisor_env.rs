@@ -52,6 +52,14 @@ impl HypervisorEnv {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
+        Self::parse(&text, &path.display().to_string()).map(Some)
+    }
+
+    /// The settings in `text` (`KEY=value` lines, `#` comments), read from `file`.
+    ///
+    /// # Errors
+    /// `<file>: <KEY> is missing`.
+    pub fn parse(text: &str, file: &str) -> Result<Self, String> {
         let map: BTreeMap<&str, &str> = text
             .lines()
             .filter(|l| !l.trim_start().starts_with('#'))
@@ -60,9 +68,9 @@ impl HypervisorEnv {
         let get = |key: &str| {
             map.get(key)
                 .map(|v| (*v).to_owned())
-                .ok_or_else(|| format!("{}: {key} is missing", path.display()))
+                .ok_or_else(|| format!("{file}: {key} is missing"))
         };
-        Ok(Some(Self {
+        Ok(Self {
             ssh_address: get("EGRESS_HV_SSH_ADDRESS")?,
             ssh_user: get("EGRESS_HV_SSH_USER")?,
             ssh_key: get("EGRESS_HV_SSH_KEY")?.into(),
@@ -74,7 +82,7 @@ impl HypervisorEnv {
             gateway: get("EGRESS_HV_GATEWAY")?,
             domain_type: get("EGRESS_HV_DOMAIN_TYPE")?,
             guest_image: get("EGRESS_HV_GUEST_IMAGE")?.into(),
-        }))
+        })
     }
 
     /// The settings for a test that needs the hypervisor: `None` (the test skips, saying so)
@@ -101,5 +109,42 @@ impl HypervisorEnv {
             }
             Err(e) => panic!("{e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEYS: [&str; 11] = [
+        "EGRESS_HV_SSH_ADDRESS",
+        "EGRESS_HV_SSH_USER",
+        "EGRESS_HV_SSH_KEY",
+        "EGRESS_HV_KNOWN_HOSTS",
+        "EGRESS_HV_LIBVIRT_SOCKET",
+        "EGRESS_HV_POOL",
+        "EGRESS_HV_NETWORK",
+        "EGRESS_HV_BRIDGE",
+        "EGRESS_HV_GATEWAY",
+        "EGRESS_HV_DOMAIN_TYPE",
+        "EGRESS_HV_GUEST_IMAGE",
+    ];
+
+    #[test]
+    fn a_complete_file_parses_and_a_missing_setting_is_named() {
+        let full: String = KEYS.iter().map(|k| format!("{k}=v-{k}\n")).collect();
+        let env = HypervisorEnv::parse(&format!("# comment\n{full}"), "env").unwrap();
+        assert_eq!(env.ssh_address, "v-EGRESS_HV_SSH_ADDRESS");
+        assert_eq!(env.guest_image, PathBuf::from("v-EGRESS_HV_GUEST_IMAGE"));
+        let without_pool: String = full
+            .lines()
+            .filter(|l| !l.starts_with("EGRESS_HV_POOL="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            HypervisorEnv::parse(&without_pool, "/tmp/env"),
+            Err("/tmp/env: EGRESS_HV_POOL is missing".to_owned())
+        );
+        assert!(HypervisorEnv::parse("garbage without equals", "f").is_err());
     }
 }
