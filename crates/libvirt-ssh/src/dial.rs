@@ -11,6 +11,7 @@ use egress_provider::OpCtx;
 use russh::client;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg};
 use tokio::net::{TcpStream, UnixListener};
+use tracing::Instrument;
 
 use crate::connection::Connection;
 use crate::error::{DialCause, DialError, Stage};
@@ -52,6 +53,9 @@ pub struct DialOptions {
     pub budget: Duration,
     /// How often an idle connection is probed; it is dead after one unanswered probe period.
     pub keepalive: Duration,
+    /// The span each dial runs in (a provider's `kvm2.dial`), given the host; none by default.
+    /// Its `otel.status_code` field, when it has one, is set to `ok` or `error`.
+    pub span: Option<fn(&HostTarget) -> tracing::Span>,
 }
 
 impl DialOptions {
@@ -68,6 +72,7 @@ impl DialOptions {
             reread_material: true,
             budget: Self::DIAL_BUDGET,
             keepalive: Self::KEEPALIVE,
+            span: None,
         }
     }
 }
@@ -99,6 +104,18 @@ impl Dialer {
     /// The stage that failed and why; a dial that outlives its budget or `cx` is
     /// [`DialCause::Budget`] or [`DialCause::Cancelled`] at the stage it was in.
     pub async fn dial(&self, cx: &OpCtx, host: &HostTarget) -> Result<Connection, DialError> {
+        let span = self.options.span.map_or_else(tracing::Span::none, |make| make(host));
+        let result = self.dial_unobserved(cx, host).instrument(span.clone()).await;
+        match &result {
+            Ok(_) => span.record("otel.status_code", "ok"),
+            Err(e) => span
+                .record("otel.status_code", "error")
+                .record("otel.status_description", e.to_string()),
+        };
+        result
+    }
+
+    async fn dial_unobserved(&self, cx: &OpCtx, host: &HostTarget) -> Result<Connection, DialError> {
         let started = Instant::now();
         let link = Link::new();
         let mut stage = Stage::Credentials;

@@ -450,34 +450,35 @@ impl Host for FakeHost {
         volumes.remove(volume).map(drop).ok_or_else(|| no_volume(volume))
     }
 
-    async fn upload(
-        &self,
-        cx: &OpCtx,
-        pool: &str,
-        volume: &str,
-        length: u64,
-        mut source: UploadSource,
-    ) -> LvResult<u64> {
+    async fn upload(&self, cx: &OpCtx, pool: &str, volume: &str, length: u64, source: UploadSource) -> LvResult<u64> {
         self.enter(cx, "StorageVolUpload", volume, code::NO_STORAGE_VOL).await?;
         {
             let st = self.lock();
             let (_, volumes) = st.pools.get(pool).ok_or_else(|| no_pool(pool))?;
             volumes.get(volume).ok_or_else(|| no_volume(volume))?;
         }
-        let mut bytes = Vec::new();
-        let mut chunk = [0u8; 64 << 10];
-        let mut source_error = None;
-        while (bytes.len() as u64) < length {
-            match source.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => bytes.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    source_error = Some(e.to_string());
-                    break;
+        // On a blocking thread, as the real host reads it: a source may block (an HTTP body
+        // arriving over a channel).
+        let (bytes, source_error) = tokio::task::spawn_blocking(move || {
+            let mut source = source;
+            let mut bytes = Vec::new();
+            let mut chunk = [0u8; 64 << 10];
+            let mut source_error = None;
+            while (bytes.len() as u64) < length {
+                match source.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        source_error = Some(e.to_string());
+                        break;
+                    }
                 }
             }
-        }
+            (bytes, source_error)
+        })
+        .await
+        .map_err(|e| LibvirtError::transport(format!("uploading {volume}: {e}")))?;
         let read = bytes.len() as u64;
         if let Some((_, volumes)) = self.lock().pools.get_mut(pool)
             && let Some(v) = volumes.get_mut(volume)

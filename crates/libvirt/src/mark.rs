@@ -22,6 +22,9 @@ pub struct Mark {
     pub uid: String,
     /// When the domain was defined; `None` when missing or unparsable ("very old" for GC).
     pub created_at: Option<SystemTime>,
+    /// The operator installation that made the domain, when it runs with one: an optional
+    /// `<installation>` child after the three the Go operator wrote (which ignores it).
+    pub installation: Option<String>,
 }
 
 impl Mark {
@@ -31,16 +34,21 @@ impl Mark {
             managed: true,
             uid: uid.into(),
             created_at: Some(at),
+            installation: None,
         }
     }
 
     /// The `<instance xmlns="namespace">` element as it goes inside `<metadata>`.
     pub(crate) fn element(&self, namespace: &str) -> Element {
-        Element::new("instance")
+        let element = Element::new("instance")
             .attr("xmlns", namespace)
             .child(Element::new("managed").text(if self.managed { "true" } else { "false" }))
             .child(Element::new("uid").text(&self.uid))
-            .child(Element::new("createdAt").text(self.created_at.map(rfc3339).unwrap_or_default()))
+            .child(Element::new("createdAt").text(self.created_at.map(rfc3339).unwrap_or_default()));
+        match &self.installation {
+            Some(installation) => element.child(Element::new("installation").text(installation)),
+            None => element,
+        }
     }
 
     /// The element alone, as `virDomainSetMetadata` takes it.
@@ -66,7 +74,7 @@ impl Mark {
         // Depth 1 is inside <instance>; the child being read is `current` at depth 2.
         let mut depth = 0usize;
         let mut current: Option<String> = None;
-        let (mut managed, mut uid, mut created) = (String::new(), String::new(), String::new());
+        let mut children = Children::default();
         let local = |name: quick_xml::name::LocalName<'_>| name.into_inner().to_owned();
         let root_is_instance = |name: String| {
             if name == "instance" {
@@ -99,7 +107,7 @@ impl Mark {
                 Event::Text(t) if depth == 2 => {
                     let raw = t.into_inner();
                     let text = quick_xml::escape::unescape(&raw).map_err(|e| MarkError(format!("not XML: {e}")))?;
-                    if let Some(f) = field(current.as_deref(), &mut managed, &mut uid, &mut created) {
+                    if let Some(f) = children.field(current.as_deref()) {
                         f.push_str(&text);
                     }
                 }
@@ -112,7 +120,7 @@ impl Mark {
                             .ok_or_else(|| MarkError("not XML: unknown entity".to_owned()))?,
                         Err(e) => return Err(MarkError(format!("not XML: {e}"))),
                     };
-                    if let Some(f) = field(current.as_deref(), &mut managed, &mut uid, &mut created) {
+                    if let Some(f) = children.field(current.as_deref()) {
                         f.push_str(&resolved);
                     }
                 }
@@ -121,26 +129,40 @@ impl Mark {
                 _ => {}
             }
         }
+        let installation = children.installation.trim();
         Ok(Self {
-            managed: managed.trim() == "true",
-            uid: uid.trim().to_lowercase(),
-            created_at: created.trim().parse::<jiff::Timestamp>().ok().map(SystemTime::from),
+            managed: children.managed.trim() == "true",
+            uid: children.uid.trim().to_lowercase(),
+            created_at: children
+                .created
+                .trim()
+                .parse::<jiff::Timestamp>()
+                .ok()
+                .map(SystemTime::from),
+            installation: (!installation.is_empty()).then(|| installation.to_owned()),
         })
     }
 }
 
-/// The string a child's text goes to; `None` for a child the mark does not have.
-fn field<'a>(
-    child: Option<&str>,
-    managed: &'a mut String,
-    uid: &'a mut String,
-    created: &'a mut String,
-) -> Option<&'a mut String> {
-    match child {
-        Some("managed") => Some(managed),
-        Some("uid") => Some(uid),
-        Some("createdAt") => Some(created),
-        _ => None,
+/// The text of the children a mark has.
+#[derive(Default)]
+struct Children {
+    managed: String,
+    uid: String,
+    created: String,
+    installation: String,
+}
+
+impl Children {
+    /// The string a child's text goes to; `None` for a child the mark does not have.
+    fn field(&mut self, child: Option<&str>) -> Option<&mut String> {
+        match child {
+            Some("managed") => Some(&mut self.managed),
+            Some("uid") => Some(&mut self.uid),
+            Some("createdAt") => Some(&mut self.created),
+            Some("installation") => Some(&mut self.installation),
+            _ => None,
+        }
     }
 }
 
@@ -204,6 +226,19 @@ mod tests {
         // Entities are text like any other.
         let m = Mark::parse("<instance><uid>a&amp;b&#x41;</uid><extra>x</extra></instance>").unwrap();
         assert_eq!(m.uid, "a&ba");
+    }
+
+    #[test]
+    fn the_installation_is_an_optional_fourth_child() {
+        let mut mark = Mark::new("u-1", at("2026-09-16T12:00:00Z"));
+        assert!(!mark.to_xml(KVM2_NAMESPACE).unwrap().contains("installation"));
+        mark.installation = Some("prod-eu".into());
+        let xml = mark.to_xml(KVM2_NAMESPACE).unwrap();
+        assert!(
+            xml.ends_with("<installation>prod-eu</installation></instance>"),
+            "{xml}"
+        );
+        assert_eq!(Mark::parse(&xml).unwrap(), mark);
     }
 
     #[test]

@@ -40,12 +40,11 @@ pub fn gib(bytes: u64) -> String {
     format!("{g:.1}")
 }
 
-/// The reason for a failed check (§10.4): a round that has ended is a timeout whatever failed;
-/// then by what stopped the connection, or by libvirt's answer.
-pub fn reason(e: &LibvirtError, round_over: bool) -> &'static str {
-    if round_over {
-        return REASON_TIMEOUT;
-    }
+/// The reason for a failed check (§10.4), decided by the error itself (review L16: a host
+/// that failed for its own reason as the round ended keeps that reason): what stopped the
+/// connection; a call that ran out of time or was given up; a connection lost; libvirt's
+/// answer.
+pub fn reason(e: &LibvirtError) -> &'static str {
     if let Some(failure) = e.dial {
         return match failure {
             DialFailure::KeyUnreadable
@@ -101,13 +100,7 @@ pub async fn check_host(cx: &OpCtx, host: &dyn Host, address: &str, user: &str, 
             format!("storage pool {pool:?} is {}", pool_state_word(state)),
             latency,
         ),
-        Err(e) => TargetStatus::failed(
-            host.name(),
-            address,
-            reason(&e, cx.interrupted().is_some()),
-            e.to_string(),
-            latency,
-        ),
+        Err(e) => TargetStatus::failed(host.name(), address, reason(&e), e.to_string(), latency),
     };
     status.details = details;
     tracing::debug!(host = host.name(), ready = status.ready, reason = %status.reason, latency = ?status.latency, "kvm2 host checked");
@@ -136,13 +129,12 @@ mod tests {
     #[test]
     fn reasons_follow_the_decision_order() {
         let daemon = |n| LibvirtError::daemon(n, "x");
-        assert_eq!(reason(&daemon(88), true), REASON_TIMEOUT);
-        assert_eq!(reason(&daemon(88), false), REASON_FORBIDDEN);
-        assert_eq!(reason(&daemon(45), false), REASON_FORBIDDEN);
-        assert_eq!(reason(&daemon(49), false), REASON_POOL_NOT_FOUND);
-        assert_eq!(reason(&daemon(1), false), REASON_API_ERROR);
-        assert_eq!(reason(&LibvirtError::transport("link died"), false), REASON_UNREACHABLE);
-        assert_eq!(reason(&LibvirtError::timeout("30s budget"), false), REASON_TIMEOUT);
+        assert_eq!(reason(&daemon(88)), REASON_FORBIDDEN);
+        assert_eq!(reason(&daemon(45)), REASON_FORBIDDEN);
+        assert_eq!(reason(&daemon(49)), REASON_POOL_NOT_FOUND);
+        assert_eq!(reason(&daemon(1)), REASON_API_ERROR);
+        assert_eq!(reason(&LibvirtError::transport("link died")), REASON_UNREACHABLE);
+        assert_eq!(reason(&LibvirtError::timeout("30s budget")), REASON_TIMEOUT);
         for (failure, want) in [
             (DialFailure::KeyUnreadable, REASON_CREDENTIALS_UNAVAILABLE),
             (DialFailure::KeyInvalid, REASON_CREDENTIALS_UNAVAILABLE),
@@ -150,11 +142,12 @@ mod tests {
             (DialFailure::KnownHostsInvalid, REASON_CREDENTIALS_UNAVAILABLE),
             (DialFailure::HostKey, REASON_UNAUTHORIZED),
             (DialFailure::Auth, REASON_UNAUTHORIZED),
+            // Review L17: a blackholed host is unreachable, even when its dial ran out of time.
             (DialFailure::Timeout, REASON_UNREACHABLE),
             (DialFailure::Network, REASON_UNREACHABLE),
             (DialFailure::Socket, REASON_UNREACHABLE),
         ] {
-            assert_eq!(reason(&LibvirtError::dial(failure, "d"), false), want, "{failure:?}");
+            assert_eq!(reason(&LibvirtError::dial(failure, "d")), want, "{failure:?}");
         }
     }
 

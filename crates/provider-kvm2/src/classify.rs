@@ -14,6 +14,7 @@ mod number {
     pub(super) const AUTH_FAILED: i32 = 45;
     pub(super) const NO_STORAGE_POOL: i32 = 49;
     pub(super) const NO_STORAGE_VOL: i32 = 50;
+    pub(super) const CONFIG_UNSUPPORTED: i32 = 67;
     pub(super) const ACCESS_DENIED: i32 = 88;
 }
 
@@ -42,6 +43,9 @@ pub fn classify(e: &LibvirtError, op: Op) -> ErrorClass {
         // Gone; but inside create, a domain or volume vanishing between steps is a race.
         number::NO_DOMAIN | number::NO_STORAGE_VOL if op == Op::Create => ErrorClass::Transient,
         number::NO_DOMAIN | number::NO_STORAGE_VOL => ErrorClass::NotFound,
+        // Review M7: the host cannot run the domain as configured (no usable KVM, an unknown
+        // machine type); retrying never helps.
+        number::CONFIG_UNSUPPORTED if op == Op::Create => ErrorClass::Permanent,
         number::NO_STORAGE_POOL
         | number::XML_ERROR
         | number::NO_SUPPORT
@@ -73,7 +77,8 @@ mod tests {
             // Unmapped in kvm2: Transient.
             (35, ErrorClass::Transient, ErrorClass::Transient),
             (92, ErrorClass::Transient, ErrorClass::Transient),
-            (67, ErrorClass::Transient, ErrorClass::Transient),
+            // Review M7: Permanent in create.
+            (67, ErrorClass::Transient, ErrorClass::Permanent),
             (84, ErrorClass::Transient, ErrorClass::Transient),
             (74, ErrorClass::Transient, ErrorClass::Transient),
             (29, ErrorClass::Transient, ErrorClass::Transient),

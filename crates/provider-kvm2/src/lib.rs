@@ -1,19 +1,121 @@
 //! The kvm2 provider (spec/kvm.md): each proxy is a libvirt domain on one of the configured
 //! hypervisors, reached over SSH, booted from a cached base image through a per-VM overlay and a
-//! NoCloud seed.
+//! NoCloud seed carrying the Proxy's cloud-init.
 //!
-//! Work in progress: this crate holds the provider's rules so far (providerIDs, placement
-//! resolution, volume names, the classify table, state mapping, address discovery, removing a
-//! domain with its volumes, listing the marked domains, checking a host). The provider itself, its checker and its
-//! registration follow; until then the operator does not accept `type: kvm2`.
+//! The crate is usable on its own: [`Kvm2Provider::new`] takes the config block and one
+//! [`egress_libvirt::Host`] per configured host (the SSH one of `egress-libvirt-ssh`, or the
+//! in-memory fake), and [`construct`] builds it from a config entry as the operator does.
+//!
+//! - [`placement`], [`id`], [`names`]: what a request and an id resolve to;
+//! - [`image`]: the base-image cache and its HTTP download;
+//! - [`provider`]: create, get, delete, list and the health check;
+//! - [`observe`], [`ops`], [`check`]: reading a domain back, removing and listing, checking a host;
+//! - [`classify`], [`failure`]: what an error means for the reconciler;
+//! - [`traced`]: spans and log lines around every libvirt call;
+//! - [`locks`]: per-name and per-image locks whose waits end with the caller.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use egress_libvirt::Host;
+use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
+use egress_provider::config::{ProviderConfig, validators};
+use egress_provider::{BoxError, Provider, ProviderType};
+use tracing::field::Empty;
 
 pub mod check;
 pub mod classify;
+pub mod failure;
 pub mod id;
+pub mod image;
+pub mod locks;
 pub mod names;
 pub mod observe;
 pub mod ops;
 pub mod placement;
+pub mod provider;
+pub mod traced;
+
+pub use provider::Kvm2Provider;
+
+/// The `type:` value.
+pub const TYPE_NAME: &str = "kvm2";
+
+/// The `kvm2` provider type for the operator's registry.
+pub fn provider_type() -> ProviderType {
+    ProviderType::new(TYPE_NAME, validators::kvm, construct)
+}
+
+/// The span of every dial to a host, pooled or dedicated.
+fn dial_span(host: &HostTarget) -> tracing::Span {
+    tracing::info_span!(
+        "kvm2.dial",
+        otel.kind = "client",
+        kvm2.host = %host.name,
+        kvm2.address = %host.address,
+        kvm2.user = %host.user,
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+    )
+}
+
+/// Builds a provider from a validated `kvm2` entry: one SSH connection pool for its hosts, the
+/// key (and known_hosts) read on every dial, so a rotated Secret applies to the next
+/// connection. Dials nothing; SSH files that are missing now are only warned about (the Secret
+/// may be mounted later, and the other providers must start regardless).
+///
+/// # Errors
+/// No `kvm2` block (the validator refuses that first); an entry name that cannot be part of a
+/// volume name.
+pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
+    let cfg = entry.kvm2.clone().ok_or("kvm2 block is required")?;
+    warn_about_files(&cfg);
+    let host_keys = if cfg.insecure_ignore_host_key {
+        HostKeys::AcceptAny
+    } else {
+        HostKeys::KnownHosts(cfg.known_hosts_file.clone().into())
+    };
+    let options = DialOptions {
+        span: Some(dial_span),
+        ..DialOptions::new(&cfg.ssh_key_file, host_keys)
+    };
+    let pool = Arc::new(Pool::new(Arc::new(Dialer::new(options))));
+    let hosts = cfg
+        .hosts
+        .iter()
+        .map(|h| {
+            Box::new(RemoteHost::new(
+                HostTarget {
+                    name: h.name.clone(),
+                    address: h.address.clone(),
+                    user: h.user.clone(),
+                    socket: h.effective_socket().to_owned(),
+                },
+                pool.clone(),
+            )) as Box<dyn Host>
+        })
+        .collect();
+    Ok(Arc::new(Kvm2Provider::new(&entry.name, cfg, hosts)?))
+}
+
+/// The startup warnings: SSH files not readable yet, host keys not checked, images fetched
+/// without integrity (review M17: warned, not refused, so existing configs keep loading).
+fn warn_about_files(cfg: &egress_provider::config::KvmConfig) {
+    let unreadable = |path: &str| std::fs::metadata(Path::new(path)).err().map(|e| e.to_string());
+    if let Some(reason) = unreadable(&cfg.ssh_key_file) {
+        tracing::warn!(path = %cfg.ssh_key_file, reason, "WARNING: ssh key file is not readable; every call fails until it is");
+    }
+    if cfg.insecure_ignore_host_key {
+        tracing::warn!("WARNING: insecureIgnoreHostKey is set; host keys are not verified");
+    } else if let Some(reason) = unreadable(&cfg.known_hosts_file) {
+        tracing::warn!(path = %cfg.known_hosts_file, reason, "WARNING: known_hosts file is not readable; every call fails until it is");
+    }
+    for (key, image) in &cfg.images {
+        if image.sha256.is_empty() && image.url.to_ascii_lowercase().starts_with("http://") {
+            tracing::warn!(image = %key, "WARNING: image is fetched over plain http without a sha256; its content is not verified");
+        }
+    }
+}
 
 /// Shared by the unit tests: a small valid kvm2 domain document.
 #[cfg(test)]

@@ -3,16 +3,21 @@
 
 use std::net::IpAddr;
 
-use egress_libvirt::host::{AddressSource, DomainState, Host, first_ipv4};
+use egress_libvirt::host::{AddressSource, DomainState, Host, code, first_ipv4};
 use egress_provider::{InstanceState, OpCtx};
+
+use crate::failure::Failure;
 
 /// The reconciler's state for a libvirt state and whether an address was found.
 ///
 /// No state (libvirt could not tell) is Provisioning, not Stopped: Stopped would make the
-/// reconciler delete and recreate a VM the next poll may find running.
+/// reconciler delete and recreate a VM the next poll may find running. Paused and suspended
+/// are Provisioning too (review M1): a guest QEMU paused on a full disk, or one an
+/// administrator suspended, is kept, not destroyed and rebuilt; it reads Running again once
+/// resumed.
 pub fn map_state(state: DomainState, has_ip: bool) -> InstanceState {
     match state {
-        DomainState::NoState => InstanceState::Provisioning,
+        DomainState::NoState | DomainState::Paused | DomainState::PmSuspended => InstanceState::Provisioning,
         DomainState::Running | DomainState::Blocked if has_ip => InstanceState::Running,
         DomainState::Running | DomainState::Blocked => InstanceState::Provisioning,
         _ => InstanceState::Stopped,
@@ -23,10 +28,6 @@ pub fn map_state(state: DomainState, has_ip: bool) -> InstanceState {
 /// 20 s after start; the host's ARP table often never learns a guest on a plain bridge.
 pub const SOURCES: [AddressSource; 2] = [AddressSource::Agent, AddressSource::Arp];
 
-/// Why no address could be read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AddressError(pub String);
-
 /// The address of running domain `name` (H3):
 ///
 /// 1. each source in order; the first usable IPv4 wins;
@@ -36,9 +37,13 @@ pub struct AddressError(pub String);
 ///    asked;
 /// 4. every source failed: an error (Transient); at least one answered: `None` (Provisioning).
 ///
+/// A domain gone meanwhile (libvirt's "no domain") is reported as such, so get says NotFound
+/// (review L6).
+///
 /// # Errors
-/// [`AddressError`], Transient for the provider.
-pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<IpAddr>, AddressError> {
+/// Transient, explicitly (the joined errors could hold a code the table calls Permanent); or
+/// the domain vanished.
+pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<IpAddr>, Failure> {
     let mut answered = false;
     let mut failures = Vec::new();
     for source in SOURCES {
@@ -48,8 +53,11 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
                 // Answered, with nothing usable yet: not a failure.
                 None => answered = true,
             },
+            Err(e) if e.is(code::NO_DOMAIN) => {
+                return Err(Failure::call(format!("reading addresses of domain {name}"), e));
+            }
             Err(e) if e.transport || cx.interrupted().is_some() => {
-                return Err(AddressError(format!(
+                return Err(Failure::transient(format!(
                     "reading addresses of domain {name} from the {} source: {e}",
                     source.name()
                 )));
@@ -63,7 +71,7 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
     if answered || failures.is_empty() {
         return Ok(None);
     }
-    Err(AddressError(format!(
+    Err(Failure::transient(format!(
         "reading addresses of domain {name}: every source failed: {}",
         failures.join("; ")
     )))
@@ -73,7 +81,8 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
 mod tests {
     use egress_libvirt::Mark;
     use egress_libvirt::fake::FakeHost;
-    use egress_libvirt::host::{Address, Interface, LibvirtError, code};
+    use egress_libvirt::host::{Address, Interface, LibvirtError};
+    use egress_provider::{ErrorClass, Op};
 
     use super::*;
 
@@ -87,11 +96,11 @@ mod tests {
             (S::Running, true, I::Running),
             (S::Blocked, true, I::Running),
             (S::Blocked, false, I::Provisioning),
-            (S::Paused, true, I::Stopped),
+            (S::Paused, true, I::Provisioning),
+            (S::PmSuspended, true, I::Provisioning),
             (S::Shutdown, false, I::Stopped),
             (S::Shutoff, false, I::Stopped),
             (S::Crashed, false, I::Stopped),
-            (S::PmSuspended, false, I::Stopped),
             (S::Other(99), true, I::Stopped),
         ] {
             assert_eq!(map_state(state, ip), want, "{state:?} ip={ip}");
@@ -123,8 +132,8 @@ mod tests {
         fake.set_addresses("vm", AddressSource::Agent, Ok(eth0("192.168.1.10")));
         fake.set_addresses("vm", AddressSource::Arp, Ok(eth0("192.168.1.99")));
         assert_eq!(
-            discover(&cx, &fake, "vm").await,
-            Ok(Some("192.168.1.10".parse().unwrap()))
+            discover(&cx, &fake, "vm").await.unwrap(),
+            Some("192.168.1.10".parse().unwrap())
         );
         // The agent not up yet (86): ARP answers.
         fake.set_addresses(
@@ -136,8 +145,8 @@ mod tests {
             )),
         );
         assert_eq!(
-            discover(&cx, &fake, "vm").await,
-            Ok(Some("192.168.1.99".parse().unwrap()))
+            discover(&cx, &fake, "vm").await.unwrap(),
+            Some("192.168.1.99".parse().unwrap())
         );
     }
 
@@ -155,7 +164,7 @@ mod tests {
         // The boot case: the agent errors, ARP answers nothing: Provisioning, not an error.
         fake.set_addresses("vm", AddressSource::Agent, agent_down());
         fake.set_addresses("vm", AddressSource::Arp, Ok(Vec::new()));
-        assert_eq!(discover(&cx, &fake, "vm").await, Ok(None));
+        assert_eq!(discover(&cx, &fake, "vm").await.unwrap(), None);
         // Every source failed: an error, naming both.
         fake.set_addresses(
             "vm",
@@ -163,11 +172,21 @@ mod tests {
             Err(LibvirtError::daemon(1, "internal error: wrong nlmsg len")),
         );
         let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        assert_eq!(e.class(Op::Get), ErrorClass::Transient);
+        let text = e.to_string();
         assert!(
-            e.0.starts_with("reading addresses of domain vm: every source failed: agent: "),
-            "{e:?}"
+            text.starts_with("reading addresses of domain vm: every source failed: agent: "),
+            "{text}"
         );
-        assert!(e.0.contains("arp: internal error: wrong nlmsg len"), "{e:?}");
+        assert!(text.contains("arp: internal error: wrong nlmsg len"), "{text}");
+        // Even when a source's code is one the table calls Permanent (H3).
+        fake.set_addresses(
+            "vm",
+            AddressSource::Arp,
+            Err(LibvirtError::daemon(8, "invalid argument")),
+        );
+        let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        assert_eq!(e.class(Op::Get), ErrorClass::Transient);
         // A dead connection is not "no address": the read fails at once.
         fake.set_addresses(
             "vm",
@@ -175,9 +194,21 @@ mod tests {
             Err(LibvirtError::transport("connection is closed: keepalive: no reply")),
         );
         let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        assert_eq!(e.class(Op::Get), ErrorClass::Transient);
         assert!(
-            e.0.starts_with("reading addresses of domain vm from the agent source: "),
-            "{e:?}"
+            e.to_string()
+                .starts_with("reading addresses of domain vm from the agent source: "),
+            "{e}"
+        );
+        // The domain vanished before its addresses were read: NotFound (review L6).
+        fake.set_addresses(
+            "vm",
+            AddressSource::Agent,
+            Err(LibvirtError::daemon(code::NO_DOMAIN, "Domain not found")),
+        );
+        assert_eq!(
+            discover(&cx, &fake, "vm").await.unwrap_err().class(Op::Get),
+            ErrorClass::NotFound
         );
     }
 }

@@ -46,7 +46,8 @@ pub async fn remove(cx: &OpCtx, host: &dyn Host, pool: &str, name: &str) -> Resu
 
 /// The domains on `host` that carry the kvm2 mark, with their UID and creation time (no state,
 /// no address: GC reads nothing else). A domain whose mark cannot be read is skipped with a log
-/// line; a caller that gives up fails the whole list (a partial list must not look complete).
+/// line; a failed connection, or a caller that gives up, fails the whole list (a partial list
+/// must not look complete).
 ///
 /// # Errors
 /// The listing's error, or the caller's interruption.
@@ -66,6 +67,9 @@ pub async fn list_marked(cx: &OpCtx, host: &dyn Host) -> Result<Vec<Instance>, L
             Ok(None) => continue,
             // Gone since the listing.
             Err(e) if e.is(code::NO_DOMAIN) => continue,
+            // Review M15: a connection that failed would make every later domain "unreadable";
+            // a list that quietly lost them must not look complete.
+            Err(e) if e.transport => return Err(e),
             Err(e) => {
                 tracing::debug!(domain = %name, error = %e, "skipping domain with unreadable metadata");
                 continue;

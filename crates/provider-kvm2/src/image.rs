@@ -1,0 +1,637 @@
+//! The base-image cache (spec/kvm.md §6.1, §6.3-6.6): each image is downloaded once per host and
+//! entry, streamed from HTTP through a SHA-256 into a libvirt upload on a connection of its own,
+//! and completed by a marker volume holding its digest, written last. A base without its marker
+//! is incomplete and is fetched again; a marker whose digest differs from the configured one is
+//! refused, never replaced under the overlays that use the base (H4).
+
+use std::io::Read;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use egress_libvirt::host::{Host, LibvirtError, code};
+use egress_libvirt::{Flavour, VolumeSpec};
+use egress_provider::{OpCtx, redact};
+use futures::StreamExt as _;
+use reqwest::StatusCode;
+use sha2::{Digest, Sha256};
+use tracing::Instrument as _;
+use tracing::field::Empty;
+
+use crate::failure::{Context as _, Failure};
+use crate::locks::KeyedLocks;
+use crate::names;
+use crate::placement::Image;
+
+/// The precheck's HEAD (or GET) budget.
+pub const PROBE_BUDGET: Duration = Duration::from_secs(30);
+/// The whole fetch, from the request to the marker.
+pub const TRANSFER_BUDGET: Duration = Duration::from_secs(20 * 60);
+/// The HTTP body's own deadline: a minute inside the transfer budget, so a mirror that stops
+/// sending fails the body read first and the upload ends as a clean, short stream.
+pub const BODY_BUDGET: Duration = Duration::from_secs(19 * 60);
+/// Cleaning up a failed base: bounded, and not cut short by the caller.
+pub const DISCARD_BUDGET: Duration = Duration::from_secs(30);
+/// The largest image the operator accepts (review M11): far above any cloud image, far below
+/// what a lying `Content-Length` could claim.
+pub const MAX_IMAGE_BYTES: u64 = 64 << 30;
+/// How much of a marker is read (a digest is 64 bytes).
+const MARKER_READ_MAX: usize = 1024;
+/// Chunks in flight between the HTTP body and the upload.
+const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// One image on one host's pool.
+#[derive(Clone, Debug)]
+pub struct Cached<'a> {
+    /// The host's configured name.
+    pub host: &'a str,
+    /// The pool.
+    pub pool: &'a str,
+    /// The image.
+    pub image: &'a Image,
+    /// The base volume's name.
+    pub base: String,
+    /// The marker volume's name.
+    pub marker: String,
+}
+
+impl<'a> Cached<'a> {
+    /// `image` of entry `entry` in `pool` on `host`.
+    pub fn new(entry: &str, host: &'a str, pool: &'a str, image: &'a Image) -> Self {
+        let base = names::base(entry, &image.key, &image.format);
+        let marker = names::marker(&base);
+        Self {
+            host,
+            pool,
+            image,
+            base,
+            marker,
+        }
+    }
+
+    /// The URL as messages and logs show it (credentials removed).
+    fn url(&self) -> String {
+        redact(&self.image.url)
+    }
+}
+
+/// The HTTP client of the image downloads: no overall timeout (each request carries its own),
+/// identity encoding (a decompressed body would hide `Content-Length`), and redirects that stay
+/// on http(s), never downgrade from https and never lead to a link-local address (a cloud
+/// metadata service).
+///
+/// # Errors
+/// The client cannot be built (no TLS roots, say).
+pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+    // reqwest is built without a default crypto provider; ring is the workspace's.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::custom(|attempt| {
+            let refused = redirect_refusal(attempt.previous().last(), attempt.url());
+            match refused {
+                Some(why) => attempt.error(why),
+                None if attempt.previous().len() >= 10 => attempt.error("more than 10 redirects"),
+                None => attempt.follow(),
+            }
+        }))
+        .build()
+}
+
+/// Why a redirect from `from` to `to` is refused, if it is.
+fn redirect_refusal(from: Option<&reqwest::Url>, to: &reqwest::Url) -> Option<String> {
+    if !matches!(to.scheme(), "http" | "https") {
+        return Some(format!("redirect to a {} URL refused", to.scheme()));
+    }
+    if from.is_some_and(|f| f.scheme() == "https") && to.scheme() == "http" {
+        return Some("redirect from https to http refused".to_owned());
+    }
+    if to.host_str().is_some_and(is_link_local_host) {
+        return Some("redirect to a link-local address refused".to_owned());
+    }
+    None
+}
+
+/// Whether `host` (a URL's host part) is a link-local address literal (169.254.0.0/16,
+/// fe80::/10): where cloud metadata services answer.
+pub fn is_link_local_host(host: &str) -> bool {
+    match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        Ok(IpAddr::V4(v4)) => v4.is_link_local(),
+        Ok(IpAddr::V6(v6)) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+        Err(_) => false,
+    }
+}
+
+/// The verdict on an image response (§6.4): its length, or why it cannot be used.
+///
+/// # Errors
+/// 429 and 5xx Transient; other 4xx Permanent; anything else that is not 2xx Transient; a 2xx
+/// without a usable `Content-Length` Permanent.
+pub fn check_response(url: &str, status: StatusCode, length: Option<u64>) -> Result<u64, Failure> {
+    let shown = status_text(status);
+    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        return Err(Failure::transient(format!("image {url}: HTTP {shown}")));
+    }
+    if status.is_client_error() {
+        return Err(Failure::permanent(format!("image {url}: HTTP {shown}")));
+    }
+    if !status.is_success() {
+        return Err(Failure::transient(format!("image {url}: unexpected HTTP {shown}")));
+    }
+    match length {
+        None => Err(Failure::permanent(format!(
+            "image {url}: response has no Content-Length; the volume capacity must be known before upload"
+        ))),
+        Some(0) => Err(Failure::permanent(format!(
+            "image {url}: response is empty (Content-Length 0)"
+        ))),
+        Some(n) => Ok(n),
+    }
+}
+
+/// `404 Not Found`: the code and its reason phrase.
+fn status_text(status: StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("{} {reason}", status.as_u16()),
+        None => status.as_u16().to_string(),
+    }
+}
+
+/// A transport failure of an image request.
+fn fetch_error(url: &str, e: &reqwest::Error) -> Failure {
+    Failure::transient(format!("fetching image {url}: {}", http_error_text(e)))
+}
+
+/// reqwest's error with its causes (connection refused, a certificate...), the URL left out:
+/// messages show it once, without credentials.
+fn http_error_text(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    if let Some(u) = e.url() {
+        text = text.replace(u.as_str(), "<url>");
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    redact(&text)
+}
+
+/// How many bytes the image still needs on the pool: 0 when its marker is there (taken at face
+/// value here), else the size the server announces. HEAD first; when HEAD gives no usable
+/// length (mirrors refuse HEAD, or answer it without a length), a GET whose body is dropped
+/// unread decides (review M9).
+///
+/// # Errors
+/// The marker lookup's error; the response's verdict; a request that took over 30 s.
+pub async fn size_if_uncached(
+    cx: &OpCtx,
+    host: &dyn Host,
+    http: &reqwest::Client,
+    img: &Cached<'_>,
+) -> Result<u64, Failure> {
+    match host.volume_path(cx, img.pool, &img.marker).await {
+        Ok(_) => return Ok(0),
+        Err(e) if e.is(code::NO_STORAGE_VOL) => {}
+        Err(e) => return Err(Failure::call(format!("looking up marker {}", img.marker), e)),
+    }
+    let url = img.url();
+    let ask = |method: reqwest::Method| async {
+        let response = http
+            .request(method, &img.image.url)
+            .header(reqwest::header::ACCEPT_ENCODING, "identity")
+            .timeout(PROBE_BUDGET)
+            .send()
+            .await
+            .map_err(|e| fetch_error(&url, &e))?;
+        // Dropped unread: only the headers count.
+        Ok::<_, Failure>((response.status(), response.content_length()))
+    };
+    let within = |fut| async {
+        cx.run_within(PROBE_BUDGET, fut)
+            .await
+            .map_err(|why| Failure::transient(format!("asking {url} for the image size: {why}")))?
+    };
+    let (status, length) = within(ask(reqwest::Method::HEAD)).await?;
+    if status.is_success() && length.is_some_and(|n| n > 0) {
+        return Ok(length.unwrap_or_default());
+    }
+    let (status, length) = within(ask(reqwest::Method::GET)).await?;
+    check_response(&url, status, length)
+}
+
+/// The path of the image's base volume on the host, downloading it first when it is not
+/// cached. Callers for one image on one host take turns: the first downloads, the others find
+/// the marker.
+///
+/// # Errors
+/// Waiting for the image past the caller; the cache's refusals; the download's failures.
+pub async fn ensure(
+    cx: &OpCtx,
+    host: &dyn Host,
+    http: &reqwest::Client,
+    locks: &KeyedLocks,
+    img: &Cached<'_>,
+) -> Result<String, Failure> {
+    let key = format!("{}/{}", img.host, img.base);
+    let _held = locks
+        .acquire(cx, &key)
+        .await
+        .map_err(|why| Failure::transient(format!("waiting for image {} on host {}: {why}", img.base, img.host)))?;
+    if let Some(path) = cached(cx, host, img).await? {
+        return Ok(path);
+    }
+    let span = tracing::info_span!(
+        "kvm2.download",
+        otel.kind = "client",
+        kvm2.host = %img.host,
+        kvm2.volume = %img.base,
+        kvm2.url_host = %url_host(&img.image.url),
+        kvm2.sha256_configured = img.image.sha256.is_some(),
+        kvm2.bytes = Empty,
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+    );
+    let fetched = cx
+        .run_within(TRANSFER_BUDGET, fetch(cx, host, http, img).instrument(span.clone()))
+        .await
+        .unwrap_or_else(|why| {
+            Err(Failure::transient(format!(
+                "fetching image {} into {}: {why}",
+                img.url(),
+                img.base
+            )))
+        });
+    match &fetched {
+        Ok(()) => span.record("otel.status_code", "ok"),
+        Err(e) => span
+            .record("otel.status_code", "error")
+            .record("otel.status_description", e.to_string()),
+    };
+    fetched?;
+    host.volume_path(cx, img.pool, &img.base)
+        .await
+        .doing(|| format!("reading the path of base volume {}", img.base))
+}
+
+/// The URL's host part only (span attributes carry nothing more).
+fn url_host(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The base's path when the cache holds it complete; `None` (after clearing what is left) when
+/// it must be fetched.
+async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, Failure> {
+    match host.volume_path(cx, img.pool, &img.marker).await {
+        Ok(_) => {}
+        Err(e) if e.is(code::NO_STORAGE_VOL) => {
+            // A base without its marker is incomplete (a download that died).
+            discard(cx, host, img.pool, &img.base)
+                .await
+                .doing(|| format!("removing incomplete base volume {}", img.base))?;
+            return Ok(None);
+        }
+        Err(e) => return Err(Failure::call(format!("looking up marker {}", img.marker), e)),
+    }
+    let raw = host
+        .download(cx, img.pool, &img.marker, MARKER_READ_MAX)
+        .await
+        .doing(|| format!("reading marker {}", img.marker))?;
+    let digest = marker_digest(&raw);
+    let Some(digest) = digest else {
+        tracing::debug!(volume = %img.marker, "base image marker holds no digest; refetching");
+        let marker = discard(cx, host, img.pool, &img.marker).await;
+        let base = discard(cx, host, img.pool, &img.base).await;
+        marker
+            .and(base)
+            .doing(|| format!("removing base volume {} and its unreadable marker", img.base))?;
+        return Ok(None);
+    };
+    if let Some(want) = &img.image.sha256
+        && *want != digest
+    {
+        let message = format!(
+            "base image {} is cached with sha256 {digest} but {want} is configured; add the image under a new \
+             key and move Proxies to it, or delete the Proxies using it and evict the base by hand",
+            img.base
+        );
+        // Normal-level: an operator must act, and nothing will change by itself.
+        tracing::info!(volume = %img.base, "{message}");
+        return Err(Failure::permanent(message));
+    }
+    match host.volume_path(cx, img.pool, &img.base).await {
+        Ok(path) => Ok(Some(path)),
+        Err(e) if e.is(code::NO_STORAGE_VOL) => {
+            discard(cx, host, img.pool, &img.marker)
+                .await
+                .doing(|| format!("removing marker {} of a missing base", img.marker))?;
+            Ok(None)
+        }
+        Err(e) => Err(Failure::call(format!("looking up base volume {}", img.base), e)),
+    }
+}
+
+/// The digest a marker holds: trailing NUL, space, CR, LF and TAB stripped, lowercased, and
+/// exactly 64 hex digits; `None` otherwise.
+pub fn marker_digest(raw: &[u8]) -> Option<String> {
+    let end = raw
+        .iter()
+        .rposition(|b| !matches!(b, 0 | b' ' | b'\r' | b'\n' | b'\t'))
+        .map_or(0, |i| i + 1);
+    let text = std::str::from_utf8(&raw[..end]).ok()?.to_ascii_lowercase();
+    (text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())).then_some(text)
+}
+
+/// Deletes `volume`; one already gone is fine.
+async fn discard(cx: &OpCtx, host: &dyn Host, pool: &str, volume: &str) -> Result<(), LibvirtError> {
+    match host.delete_volume(cx, pool, volume).await {
+        Err(e) if !e.is(code::NO_STORAGE_VOL) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// What the upload's source saw: bytes handed out, their digest, and the body's first error.
+#[derive(Default)]
+struct Tally {
+    read: u64,
+    hasher: Sha256,
+    error: Option<String>,
+}
+
+/// The HTTP body as the upload reads it (on a blocking thread): chunks arrive over a bounded
+/// channel, so at most a few chunks are ever held. Counting and hashing happen here, on what
+/// was actually handed to libvirt.
+struct BodyReader {
+    chunks: tokio::sync::mpsc::Receiver<Result<Bytes, String>>,
+    current: Bytes,
+    tally: Arc<Mutex<Tally>>,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if !self.current.is_empty() {
+                let n = buf.len().min(self.current.len());
+                let chunk = self.current.split_to(n);
+                buf[..n].copy_from_slice(&chunk);
+                let mut tally = self.tally.lock().unwrap_or_else(|p| p.into_inner());
+                tally.read += n as u64;
+                tally.hasher.update(&chunk);
+                return Ok(n);
+            }
+            match self.chunks.blocking_recv() {
+                None => return Ok(0),
+                Some(Ok(chunk)) => self.current = chunk,
+                Some(Err(e)) => {
+                    let mut tally = self.tally.lock().unwrap_or_else(|p| p.into_inner());
+                    tally.error.get_or_insert_with(|| e.clone());
+                    return Err(std::io::Error::other(e));
+                }
+            }
+        }
+    }
+}
+
+/// Downloads the image into a new base volume, then refreshes the pool and writes the marker,
+/// all on a connection of its own (a cancelled call on the shared connection cannot cut the
+/// transfer off, nor lose a verified download: review M10). A failed base is removed after
+/// that connection is closed (so libvirt has let go of the upload's file), on the shared one.
+async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached<'_>) -> Result<(), Failure> {
+    let started = Instant::now();
+    let url = img.url();
+    let response = http
+        .get(&img.image.url)
+        .header(reqwest::header::ACCEPT_ENCODING, "identity")
+        .timeout(BODY_BUDGET)
+        .send()
+        .await
+        .map_err(|e| fetch_error(&url, &e))?;
+    let size = check_response(&url, response.status(), response.content_length())?;
+    tracing::Span::current().record("kvm2.bytes", size);
+    tracing::debug!(url = %url, bytes = size, "fetching base image into host pool");
+    // The GET's length is what gets written: check it against the pool now (review M11).
+    if size > MAX_IMAGE_BYTES {
+        return Err(Failure::permanent(format!(
+            "image {url} is {size} bytes, over the {MAX_IMAGE_BYTES}-byte limit"
+        )));
+    }
+    let info = host
+        .pool_info(cx, img.pool)
+        .await
+        .doing(|| format!("reading storage pool {}", img.pool))?;
+    if info.available < size {
+        return Err(Failure::quota(format!(
+            "storage pool {} has {} bytes available, {size} needed for image {}",
+            img.pool, info.available, img.base
+        )));
+    }
+    let own = host
+        .dedicated(cx)
+        .await
+        .doing(|| format!("dialling host {} for the image upload", img.host))?;
+    let outcome = upload(cx, own.as_ref(), response, img, size).await;
+    let outcome = match outcome {
+        Ok(digest) => write_marker(cx, own.as_ref(), img, &digest).await.map(|()| digest),
+        Err(e) => Err(e),
+    };
+    drop(own);
+    match outcome {
+        Ok(digest) => {
+            tracing::debug!(volume = %img.base, bytes = size, duration = ?started.elapsed(), sha256 = %digest, "base image cached");
+            Ok(())
+        }
+        Err(e) => {
+            // Not cut short by the caller: a half-written base must not be left when it can be
+            // removed; bounded all the same.
+            let cleanup = OpCtx::background().with_timeout(DISCARD_BUDGET);
+            if let Err(d) = discard(&cleanup, host, img.pool, &img.base).await {
+                tracing::debug!(volume = %img.base, error = %d, "incomplete base volume left behind; the next attempt removes it");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Creates the base volume and streams the body into it; the digest of what was uploaded.
+async fn upload(
+    cx: &OpCtx,
+    own: &dyn Host,
+    response: reqwest::Response,
+    img: &Cached<'_>,
+    size: u64,
+) -> Result<String, Failure> {
+    let url = img.url();
+    let xml = VolumeSpec {
+        name: img.base.clone(),
+        capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+        format: img.image.format.clone(),
+        backing: None,
+    }
+    .to_xml(Flavour::Kvm2)
+    .map_err(|e| Failure::permanent(e.to_string()))?;
+    own.create_volume(cx, img.pool, &xml)
+        .await
+        .doing(|| format!("creating base volume {}", img.base))?;
+    let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
+    let pump = tokio::spawn(async move {
+        let mut body = response.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let failed = chunk.is_err();
+            let chunk = chunk.map_err(|e| http_error_text(&e));
+            if tx.send(chunk).await.is_err() || failed {
+                break;
+            }
+        }
+    });
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let reader = BodyReader {
+        chunks: rx,
+        current: Bytes::new(),
+        tally: tally.clone(),
+    };
+    let uploaded = own.upload(cx, img.pool, &img.base, size, Box::new(reader)).await;
+    // The body is not needed any more, whatever happened.
+    pump.abort();
+    let tally = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
+    if let Some(e) = tally.error {
+        return Err(Failure::transient(format!(
+            "image {url}: the response ended after {} of {size} bytes: {}",
+            tally.read,
+            redact(&e)
+        )));
+    }
+    uploaded.doing(|| format!("uploading base volume {}", img.base))?;
+    if tally.read != size {
+        return Err(Failure::transient(format!(
+            "image {url}: short read, {} of {size} bytes",
+            tally.read
+        )));
+    }
+    let digest: String = tally.hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    if let Some(want) = &img.image.sha256
+        && *want != digest
+    {
+        return Err(Failure::permanent(format!(
+            "image {url}: sha256 {digest} does not match the configured {want}"
+        )));
+    }
+    Ok(digest)
+}
+
+/// Refreshes the pool (libvirt re-reads the uploaded image's real format and size), then
+/// writes the marker that completes the base.
+async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str) -> Result<(), Failure> {
+    own.refresh_pool(cx, img.pool)
+        .await
+        .doing(|| format!("refreshing storage pool {} after the upload", img.pool))?;
+    let xml = VolumeSpec {
+        name: img.marker.clone(),
+        capacity_bytes: 64,
+        format: "raw".to_owned(),
+        backing: None,
+    }
+    .to_xml(Flavour::Kvm2)
+    .map_err(|e| Failure::permanent(e.to_string()))?;
+    own.create_volume(cx, img.pool, &xml)
+        .await
+        .doing(|| format!("creating marker {}", img.marker))?;
+    let bytes = digest.as_bytes().to_vec();
+    if let Err(e) = own
+        .upload(cx, img.pool, &img.marker, 64, Box::new(std::io::Cursor::new(bytes)))
+        .await
+    {
+        let _ = discard(cx, own, img.pool, &img.marker).await;
+        return Err(Failure::call(format!("writing marker {}", img.marker), e));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_judged_as_the_table_says() {
+        use egress_provider::ErrorClass as C;
+        use egress_provider::Op;
+        let u = "https://mirror/x.qcow2";
+        assert_eq!(check_response(u, StatusCode::OK, Some(10)).unwrap(), 10);
+        for (status, length, class, text) in [
+            (
+                404,
+                Some(1),
+                C::Permanent,
+                "image https://mirror/x.qcow2: HTTP 404 Not Found",
+            ),
+            (
+                403,
+                Some(1),
+                C::Permanent,
+                "image https://mirror/x.qcow2: HTTP 403 Forbidden",
+            ),
+            (410, None, C::Permanent, "image https://mirror/x.qcow2: HTTP 410 Gone"),
+            (
+                429,
+                None,
+                C::Transient,
+                "image https://mirror/x.qcow2: HTTP 429 Too Many Requests",
+            ),
+            (
+                503,
+                None,
+                C::Transient,
+                "image https://mirror/x.qcow2: HTTP 503 Service Unavailable",
+            ),
+            (
+                302,
+                None,
+                C::Transient,
+                "image https://mirror/x.qcow2: unexpected HTTP 302 Found",
+            ),
+            (
+                200,
+                None,
+                C::Permanent,
+                "image https://mirror/x.qcow2: response has no Content-Length; the volume capacity must be known before upload",
+            ),
+            (
+                200,
+                Some(0),
+                C::Permanent,
+                "image https://mirror/x.qcow2: response is empty (Content-Length 0)",
+            ),
+        ] {
+            let e = check_response(u, StatusCode::from_u16(status).unwrap(), length).unwrap_err();
+            assert_eq!((e.class(Op::Create), e.to_string().as_str()), (class, text), "{status}");
+        }
+    }
+
+    #[test]
+    fn a_marker_holds_a_digest_or_nothing() {
+        let d = "AB".repeat(32);
+        assert_eq!(marker_digest(d.as_bytes()), Some("ab".repeat(32)));
+        assert_eq!(
+            marker_digest(format!("{d}\n\0\0 \t\r").as_bytes()),
+            Some("ab".repeat(32))
+        );
+        for bad in ["", "ab", &"zz".repeat(32), &format!(" {d}"), &format!("{d}00")] {
+            assert_eq!(marker_digest(bad.as_bytes()), None, "{bad:?}");
+        }
+        assert_eq!(marker_digest(&[0xff; 64]), None);
+    }
+
+    #[test]
+    fn redirects_stay_safe() {
+        let u = |s: &str| reqwest::Url::parse(s).unwrap();
+        assert_eq!(redirect_refusal(Some(&u("http://a/x")), &u("https://b/y")), None);
+        assert!(redirect_refusal(Some(&u("https://a/x")), &u("http://b/y")).is_some());
+        assert!(redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data")).is_some());
+        assert!(redirect_refusal(None, &u("http://[fe80::1]/x")).is_some());
+        assert!(redirect_refusal(None, &u("ftp://a/x")).is_some());
+        assert!(!is_link_local_host("192.168.1.10") && !is_link_local_host("mirror.example"));
+    }
+}

@@ -1,0 +1,345 @@
+//! The seam, observed (spec/kvm.md §11): every libvirt call of the provider runs inside a
+//! `kvm2.<Method>` client span carrying the host and the objects it names, and logs one
+//! `libvirt call` line at debug (with the call's duration, and libvirt's error number and name
+//! when it failed) while that span is current. Per-call detail (documents, states, addresses)
+//! is logged at trace level only. No span or line carries an upload's bytes: the seed holds the
+//! Proxy's cloud-init.
+//!
+//! A dedicated connection is observed too. Dials (pooled or dedicated) run inside a `kvm2.dial`
+//! span that the dialer opens.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use egress_libvirt::host::{AddressSource, DomainState, Host, Interface, LvResult, PoolInfo, UploadSource};
+use egress_provider::OpCtx;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+/// A [`Host`] whose calls are observed.
+#[derive(Debug)]
+pub struct Traced<H: ?Sized> {
+    inner: Box<H>,
+}
+
+impl Traced<dyn Host> {
+    /// Observes `inner`'s calls.
+    pub fn new(inner: Box<dyn Host>) -> Self {
+        Self { inner }
+    }
+}
+
+/// libvirt's name for an error number, as the `libvirtError` field shows it.
+pub fn error_name(code: i32) -> String {
+    match code {
+        1 => "ErrInternalError".to_owned(),
+        3 => "ErrNoSupport".to_owned(),
+        8 => "ErrInvalidArg".to_owned(),
+        9 => "ErrOperationFailed".to_owned(),
+        27 => "ErrXMLError".to_owned(),
+        38 => "ErrSystemError".to_owned(),
+        39 => "ErrRPC".to_owned(),
+        42 => "ErrNoDomain".to_owned(),
+        45 => "ErrAuthFailed".to_owned(),
+        49 => "ErrNoStoragePool".to_owned(),
+        50 => "ErrNoStorageVol".to_owned(),
+        55 => "ErrOperationInvalid".to_owned(),
+        67 => "ErrConfigUnsupported".to_owned(),
+        80 => "ErrNoDomainMetadata".to_owned(),
+        86 => "ErrAgentUnresponsive".to_owned(),
+        88 => "ErrAccessDenied".to_owned(),
+        90 => "ErrStorageVolExist".to_owned(),
+        n => format!("ErrorNumber({n})"),
+    }
+}
+
+/// Opens the span of one call. Span names must be constants, hence a macro.
+macro_rules! call_span {
+    ($name:literal, $host:expr) => {
+        tracing::info_span!(
+            $name,
+            otel.kind = "client",
+            kvm2.host = %$host,
+            kvm2.domain = Empty,
+            kvm2.pool = Empty,
+            kvm2.volume = Empty,
+            kvm2.libvirt_code = Empty,
+            otel.status_code = Empty,
+            otel.status_description = Empty,
+        )
+    };
+}
+
+/// The objects a call names.
+#[derive(Default)]
+struct Names<'a> {
+    domain: Option<&'a str>,
+    pool: Option<&'a str>,
+    volume: Option<&'a str>,
+}
+
+/// Runs one call inside `span`, recording what it names and how it ended, and logs its line.
+async fn observe<T, F>(span: tracing::Span, rpc: &'static str, names: Names<'_>, call: F) -> LvResult<T>
+where
+    F: Future<Output = LvResult<T>>,
+    T: Debug,
+{
+    if let Some(d) = names.domain {
+        span.record("kvm2.domain", d);
+    }
+    if let Some(p) = names.pool {
+        span.record("kvm2.pool", p);
+    }
+    if let Some(v) = names.volume {
+        span.record("kvm2.volume", v);
+    }
+    let started = Instant::now();
+    let result = call.instrument(span.clone()).await;
+    let _entered = span.enter();
+    let duration = started.elapsed();
+    let (domain, pool, volume) = (
+        names.domain.unwrap_or_default(),
+        names.pool.unwrap_or_default(),
+        names.volume.unwrap_or_default(),
+    );
+    match &result {
+        Ok(out) => {
+            span.record("otel.status_code", "ok");
+            tracing::debug!(rpc, domain, pool, volume, ?duration, "libvirt call");
+            tracing::trace!(rpc, result = ?out, "libvirt call detail");
+        }
+        Err(e) => {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", e.to_string());
+            if e.transport {
+                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %e, "libvirt call");
+            } else {
+                span.record("kvm2.libvirt_code", i64::from(e.code));
+                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %e, libvirtCode = e.code, libvirtError = %error_name(e.code), "libvirt call");
+            }
+        }
+    }
+    result
+}
+
+#[async_trait]
+impl Host for Traced<dyn Host> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn version(&self, cx: &OpCtx) -> LvResult<(u32, String)> {
+        // The seam reads libvirt's version and the host's name in one call.
+        let span = call_span!("kvm2.ConnectGetLibVersion", self.name());
+        observe(span, "ConnectGetLibVersion", Names::default(), self.inner.version(cx)).await
+    }
+
+    async fn domain_names(&self, cx: &OpCtx) -> LvResult<Vec<String>> {
+        let span = call_span!("kvm2.ConnectListAllDomains", self.name());
+        observe(
+            span,
+            "ConnectListAllDomains",
+            Names::default(),
+            self.inner.domain_names(cx),
+        )
+        .await
+    }
+
+    async fn domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str) -> LvResult<Option<String>> {
+        let span = call_span!("kvm2.DomainGetMetadata", self.name());
+        let names = Names {
+            domain: Some(domain),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "DomainGetMetadata",
+            names,
+            self.inner.domain_metadata(cx, domain, namespace),
+        )
+        .await
+    }
+
+    async fn domain_state(&self, cx: &OpCtx, domain: &str) -> LvResult<DomainState> {
+        let span = call_span!("kvm2.DomainGetState", self.name());
+        let names = Names {
+            domain: Some(domain),
+            ..Names::default()
+        };
+        observe(span, "DomainGetState", names, self.inner.domain_state(cx, domain)).await
+    }
+
+    async fn define_domain(&self, cx: &OpCtx, xml: &str) -> LvResult<()> {
+        let span = call_span!("kvm2.DomainDefineXML", self.name());
+        tracing::trace!(parent: &span, xml, "defining domain");
+        observe(
+            span,
+            "DomainDefineXML",
+            Names::default(),
+            self.inner.define_domain(cx, xml),
+        )
+        .await
+    }
+
+    async fn start_domain(&self, cx: &OpCtx, domain: &str) -> LvResult<()> {
+        let span = call_span!("kvm2.DomainCreate", self.name());
+        let names = Names {
+            domain: Some(domain),
+            ..Names::default()
+        };
+        observe(span, "DomainCreate", names, self.inner.start_domain(cx, domain)).await
+    }
+
+    async fn destroy_domain(&self, cx: &OpCtx, domain: &str) -> LvResult<()> {
+        let span = call_span!("kvm2.DomainDestroy", self.name());
+        let names = Names {
+            domain: Some(domain),
+            ..Names::default()
+        };
+        observe(span, "DomainDestroy", names, self.inner.destroy_domain(cx, domain)).await
+    }
+
+    async fn undefine_domain(&self, cx: &OpCtx, domain: &str, flags: u32) -> LvResult<()> {
+        let span = call_span!("kvm2.DomainUndefineFlags", self.name());
+        let names = Names {
+            domain: Some(domain),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "DomainUndefineFlags",
+            names,
+            self.inner.undefine_domain(cx, domain, flags),
+        )
+        .await
+    }
+
+    async fn interface_addresses(&self, cx: &OpCtx, domain: &str, source: AddressSource) -> LvResult<Vec<Interface>> {
+        let span = call_span!("kvm2.DomainInterfaceAddresses", self.name());
+        let names = Names {
+            domain: Some(domain),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "DomainInterfaceAddresses",
+            names,
+            self.inner.interface_addresses(cx, domain, source),
+        )
+        .await
+    }
+
+    async fn pool_info(&self, cx: &OpCtx, pool: &str) -> LvResult<PoolInfo> {
+        let span = call_span!("kvm2.StoragePoolGetInfo", self.name());
+        let names = Names {
+            pool: Some(pool),
+            ..Names::default()
+        };
+        observe(span, "StoragePoolGetInfo", names, self.inner.pool_info(cx, pool)).await
+    }
+
+    async fn refresh_pool(&self, cx: &OpCtx, pool: &str) -> LvResult<()> {
+        let span = call_span!("kvm2.StoragePoolRefresh", self.name());
+        let names = Names {
+            pool: Some(pool),
+            ..Names::default()
+        };
+        observe(span, "StoragePoolRefresh", names, self.inner.refresh_pool(cx, pool)).await
+    }
+
+    async fn volume_path(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<String> {
+        let span = call_span!("kvm2.StorageVolGetPath", self.name());
+        let names = Names {
+            pool: Some(pool),
+            volume: Some(volume),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "StorageVolGetPath",
+            names,
+            self.inner.volume_path(cx, pool, volume),
+        )
+        .await
+    }
+
+    async fn create_volume(&self, cx: &OpCtx, pool: &str, xml: &str) -> LvResult<()> {
+        let span = call_span!("kvm2.StorageVolCreateXML", self.name());
+        tracing::trace!(parent: &span, xml, "creating volume");
+        let names = Names {
+            pool: Some(pool),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "StorageVolCreateXML",
+            names,
+            self.inner.create_volume(cx, pool, xml),
+        )
+        .await
+    }
+
+    async fn delete_volume(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<()> {
+        let span = call_span!("kvm2.StorageVolDelete", self.name());
+        let names = Names {
+            pool: Some(pool),
+            volume: Some(volume),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "StorageVolDelete",
+            names,
+            self.inner.delete_volume(cx, pool, volume),
+        )
+        .await
+    }
+
+    async fn upload(&self, cx: &OpCtx, pool: &str, volume: &str, length: u64, source: UploadSource) -> LvResult<u64> {
+        let span = call_span!("kvm2.StorageVolUpload", self.name());
+        tracing::trace!(parent: &span, offset = 0, length, "uploading");
+        let names = Names {
+            pool: Some(pool),
+            volume: Some(volume),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "StorageVolUpload",
+            names,
+            self.inner.upload(cx, pool, volume, length, source),
+        )
+        .await
+    }
+
+    async fn download(&self, cx: &OpCtx, pool: &str, volume: &str, max: usize) -> LvResult<Vec<u8>> {
+        let span = call_span!("kvm2.StorageVolDownload", self.name());
+        let names = Names {
+            pool: Some(pool),
+            volume: Some(volume),
+            ..Names::default()
+        };
+        // The bytes are not logged: only their count.
+        let out = observe(span, "StorageVolDownload", names, async {
+            self.inner.download(cx, pool, volume, max).await.map(Len)
+        })
+        .await?;
+        Ok(out.0)
+    }
+
+    async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>> {
+        // The dial's own span (`kvm2.dial`) is opened by the dialer (see `crate::connect`).
+        Ok(Box::new(Traced::new(self.inner.dedicated(cx).await?)))
+    }
+}
+
+/// Downloaded bytes, shown by their count only.
+struct Len(Vec<u8>);
+
+impl Debug for Len {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes", self.0.len())
+    }
+}
