@@ -52,6 +52,10 @@ pub struct FakeVolume {
 struct State {
     domains: BTreeMap<String, FakeDomain>,
     pools: BTreeMap<String, (u64, BTreeMap<String, FakeVolume>)>,
+    /// When set, a domain started without addresses gets one from the guest agent in this
+    /// /24 (as a guest booting on a DHCP network would).
+    dhcp: Option<[u8; 3]>,
+    leased: u8,
 }
 
 /// The fake hypervisor. Clones share it.
@@ -60,18 +64,77 @@ pub struct FakeHost {
     name: String,
     state: Arc<Mutex<State>>,
     interceptor: Interceptor,
+    /// This host alone is cut off (the others sharing the interceptor are not).
+    down: Arc<std::sync::atomic::AtomicBool>,
+    /// The private key file every call needs, as the SSH transport reads it on a dial.
+    key_file: Arc<Mutex<Option<std::path::PathBuf>>>,
 }
 
 impl FakeHost {
     /// A host named `name` with one running pool `pool` of `capacity` bytes.
     pub fn new(name: &str, pool: &str, capacity: u64) -> Self {
+        Self::sharing(name, pool, capacity, Interceptor::new())
+    }
+
+    /// Like [`FakeHost::new`], recording into and faulted by `interceptor` (shared by several
+    /// hosts, so one call log and one set of faults covers a provider's every host).
+    pub fn sharing(name: &str, pool: &str, capacity: u64, interceptor: Interceptor) -> Self {
         let mut state = State::default();
         state.pools.insert(pool.to_owned(), (capacity, BTreeMap::new()));
         Self {
             name: name.to_owned(),
             state: Arc::new(Mutex::new(state)),
-            interceptor: Interceptor::new(),
+            interceptor,
+            down: Arc::default(),
+            key_file: Arc::default(),
         }
+    }
+
+    /// Gives each domain started from now on an address from `prefix`.0/24 through the guest
+    /// agent, unless its addresses were set already (`None`: started domains have none).
+    pub fn set_dhcp(&self, prefix: Option<[u8; 3]>) {
+        self.lock().dhcp = prefix;
+    }
+
+    /// Makes every call read `path` first, as a dial does over SSH: a missing or unreadable
+    /// file fails the call as [`DialFailure::KeyUnreadable`](crate::host::DialFailure), one
+    /// that holds no private key as `KeyInvalid` (its content never in the message).
+    pub fn require_key_file(&self, path: Option<std::path::PathBuf>) {
+        *self.key_file.lock().unwrap_or_else(|p| p.into_inner()) = path;
+    }
+
+    fn check_key_file(&self) -> LvResult<()> {
+        use crate::host::DialFailure;
+        let Some(path) = self.key_file.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return Ok(());
+        };
+        let shown = path.display();
+        let text = std::fs::read(&path).map_err(|e| {
+            LibvirtError::dial(
+                DialFailure::KeyUnreadable,
+                format!(
+                    "dialing host {} (credentials): reading ssh key file {shown}: {e}",
+                    self.name
+                ),
+            )
+        })?;
+        let text = String::from_utf8_lossy(&text);
+        if text.trim_start().starts_with("-----BEGIN") && text.contains("PRIVATE KEY-----") {
+            Ok(())
+        } else {
+            Err(LibvirtError::dial(
+                DialFailure::KeyInvalid,
+                format!(
+                    "dialing host {} (credentials): parsing ssh key file {shown}: no private key in it",
+                    self.name
+                ),
+            ))
+        }
+    }
+
+    /// Cuts this host off (every call fails as a dropped connection), or brings it back.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The call log, faults, gates, delays and outage of this host.
@@ -137,6 +200,23 @@ impl FakeHost {
         }
     }
 
+    /// Defines a domain out of band (no call recorded, no fault applied), shut off.
+    ///
+    /// # Panics
+    /// When `xml` is not a domain document the fake can read.
+    pub fn define_directly(&self, xml: &str) {
+        let (name, metadata) = read_domain(xml).expect("a domain document");
+        self.lock().domains.insert(
+            name,
+            FakeDomain {
+                xml: xml.to_owned(),
+                state: DomainState::Shutoff,
+                metadata,
+                addresses: BTreeMap::new(),
+            },
+        );
+    }
+
     /// Removes a domain out of band.
     pub fn remove_domain(&self, domain: &str) -> bool {
         self.lock().domains.remove(domain).is_some()
@@ -146,7 +226,15 @@ impl FakeHost {
     /// caller that gave up fails without reaching the daemon), then the interceptor.
     async fn enter(&self, cx: &OpCtx, rpc: &'static str, target: &str, not_found: i32) -> LvResult<()> {
         let interceptor = self.interceptor.enter(egress_conformance::CallKind(rpc), target);
-        match cx.run(interceptor).await {
+        let outcome = cx.run(interceptor).await;
+        self.check_key_file()?;
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(LibvirtError::transport(format!(
+                "connection to {} is closed: ssh: connection reset",
+                self.name
+            )));
+        }
+        match outcome {
             Ok(result) => result.map_err(|fault| fault_error(&fault, not_found)),
             Err(why) => Err(LibvirtError::timeout(format!(
                 "libvirt call {rpc} on {} abandoned: {why}",
@@ -346,6 +434,19 @@ impl Host for FakeHost {
             ));
         }
         d.state = DomainState::Running;
+        if let Some([a, b, c]) = st.dhcp {
+            st.leased = st.leased.wrapping_add(1).max(2);
+            let ip = format!("{a}.{b}.{c}.{}", st.leased);
+            if let Some(d) = st.domains.get_mut(domain) {
+                d.addresses.entry(AddressSource::Agent.name()).or_insert_with(|| {
+                    Ok(vec![Interface {
+                        name: "eth0".to_owned(),
+                        hwaddr: "52:54:00:00:00:01".to_owned(),
+                        addresses: vec![crate::host::Address { kind: 0, text: ip }],
+                    }])
+                });
+            }
+        }
         Ok(())
     }
 

@@ -149,6 +149,65 @@ pub fn meta_data(name: &str) -> String {
     format!("instance-id: {name}\nlocal-hostname: {name}\n")
 }
 
+/// The contents of file `name` in the root directory of an ISO 9660 image, as Linux would show
+/// it: by its Rock Ridge name when it has one, else by its ISO name without the `;1` version.
+/// `None` when the image has no such file or cannot be read (every offset is bounds-checked).
+/// For reading a seed back: tests, and the in-memory fake's inventory.
+pub fn read_seed_file(iso: &[u8], name: &str) -> Option<Vec<u8>> {
+    const SECTOR: usize = 2048;
+    let le32 = |b: &[u8], at: usize| -> Option<usize> {
+        let bytes: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(bytes)).ok()
+    };
+    let pvd = iso.get(16 * SECTOR..17 * SECTOR)?;
+    if pvd.get(1..6)? != b"CD001" {
+        return None;
+    }
+    let root = pvd.get(156..190)?;
+    let (dir_at, dir_len) = (le32(root, 2)?.checked_mul(SECTOR)?, le32(root, 10)?);
+    let dir = iso.get(dir_at..dir_at.checked_add(dir_len)?)?;
+    let mut at = 0;
+    while at < dir.len() {
+        let len = usize::from(dir[at]);
+        if len == 0 {
+            // Records do not cross sectors: skip to the next one.
+            at = (at / SECTOR + 1) * SECTOR;
+            continue;
+        }
+        let record = dir.get(at..at + len)?;
+        at += len;
+        let name_len = usize::from(*record.get(32)?);
+        let iso_name = record.get(33..33 + name_len)?;
+        let system_use = record.get((33 + name_len + (1 - name_len % 2))..).unwrap_or_default();
+        let shown = rock_ridge_name(system_use).unwrap_or_else(|| {
+            let plain = iso_name.split(|b| *b == b';').next().unwrap_or_default();
+            String::from_utf8_lossy(plain)
+                .trim_end_matches('.')
+                .to_ascii_lowercase()
+        });
+        if shown == name && record.get(25).is_some_and(|flags| flags & 2 == 0) {
+            let (extent, size) = (le32(record, 2)?.checked_mul(SECTOR)?, le32(record, 10)?);
+            return iso.get(extent..extent.checked_add(size)?).map(<[u8]>::to_vec);
+        }
+    }
+    None
+}
+
+/// The name in a Rock Ridge `NM` entry of a record's system-use area.
+fn rock_ridge_name(mut area: &[u8]) -> Option<String> {
+    while area.len() >= 4 {
+        let len = usize::from(area[2]);
+        if len < 4 || len > area.len() {
+            return None;
+        }
+        if &area[..2] == b"NM" && len >= 5 {
+            return Some(String::from_utf8_lossy(&area[5..len]).into_owned());
+        }
+        area = &area[len..];
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,10 +231,19 @@ mod tests {
         for contents in [&user_data[..], &vendor[..], meta_data("proxy-abc").as_bytes()] {
             assert!(find(&iso, contents), "a file's bytes are not in the image verbatim");
         }
-        // Rock Ridge names, as Linux will show them.
+        // Rock Ridge names, as Linux will show them, each holding its file byte for byte.
         for name in ["user-data", "meta-data", "vendor-data"] {
             assert!(find(&iso, name.as_bytes()), "{name} is not named in the image");
         }
+        assert_eq!(read_seed_file(&iso, "user-data").as_deref(), Some(&user_data[..]));
+        assert_eq!(read_seed_file(&iso, "vendor-data").as_deref(), Some(&vendor[..]));
+        assert_eq!(
+            read_seed_file(&iso, "meta-data").as_deref(),
+            Some(meta_data("proxy-abc").as_bytes())
+        );
+        assert_eq!(read_seed_file(&iso, "network-config"), None);
+        assert_eq!(read_seed_file(&iso[..20_000], "user-data"), None);
+        assert_eq!(read_seed_file(b"not an image", "user-data"), None);
     }
 
     #[test]

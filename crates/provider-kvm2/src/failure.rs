@@ -5,7 +5,7 @@
 use std::fmt;
 
 use egress_libvirt::host::LibvirtError;
-use egress_provider::{ErrorClass, Op, ProviderError};
+use egress_provider::{ErrorClass, Op, ProviderError, redact};
 
 use crate::classify::classify;
 
@@ -77,9 +77,16 @@ impl Failure {
         }
     }
 
-    /// The error the provider returns: classified for `op`, naming entry `entry` and `id`.
-    pub fn into_provider_error(self, op: Op, entry: &str, id: &str) -> ProviderError {
-        ProviderError::new(self.class(op), op, entry, id).with_message(self.to_string())
+    /// The error the provider returns: classified for `op`, naming entry `entry` and `id`,
+    /// its text scrubbed (see [`Failure::shown`]).
+    pub fn into_provider_error(self, op: Op, entry: &str, id: &str, cloud_init: &[u8]) -> ProviderError {
+        ProviderError::new(self.class(op), op, entry, id).with_message(self.shown(cloud_init))
+    }
+
+    /// The text as it may be shown (errors, logs): credentials a backend echoed are redacted,
+    /// and so is any line of the request's cloud-init a backend quoted back.
+    pub fn shown(&self, cloud_init: &[u8]) -> String {
+        scrub(&redact(&self.to_string()), cloud_init)
     }
 }
 
@@ -90,6 +97,46 @@ impl fmt::Display for Failure {
             Self::Verdict { message, .. } => f.write_str(message),
         }
     }
+}
+
+/// `text` with every line of `cloud_init` (and the whole of it, raw or escaped as a quoted
+/// string would show it) replaced by `[cloud-init]`. Lines under 6 bytes are left: they carry
+/// nothing worth hiding and would match ordinary words.
+pub fn scrub(text: &str, cloud_init: &[u8]) -> String {
+    if cloud_init.is_empty() {
+        return text.to_owned();
+    }
+    let whole = String::from_utf8_lossy(cloud_init);
+    let mut out = text.replace(whole.as_ref(), "[cloud-init]");
+    let escaped = format!("{whole:?}");
+    out = out.replace(escaped.trim_matches('"'), "[cloud-init]");
+    let mut lines: Vec<&str> = whole.lines().map(str::trim).filter(|l| l.len() >= 6).collect();
+    // Longest first, so a line is not half-replaced through a shorter one inside it.
+    lines.sort_by_key(|l| std::cmp::Reverse(l.len()));
+    for line in lines {
+        out = out.replace(line, "[cloud-init]");
+        let escaped = format!("{line:?}");
+        out = out.replace(escaped.trim_matches('"'), "[cloud-init]");
+    }
+    out
+}
+
+tokio::task_local! {
+    /// The cloud-init of the create running in this task, so that every text shown on its way
+    /// (call spans, log lines) can be scrubbed of it.
+    static CLOUD_INIT: std::sync::Arc<Vec<u8>>;
+}
+
+/// Runs `work` with `cloud_init` as the text [`shown_here`] scrubs.
+pub async fn guarding<F: std::future::Future>(cloud_init: &[u8], work: F) -> F::Output {
+    CLOUD_INIT.scope(std::sync::Arc::new(cloud_init.to_vec()), work).await
+}
+
+/// `text` as it may be shown from inside [`guarding`]: credentials redacted, the guarded
+/// cloud-init scrubbed (outside it, credentials only).
+pub fn shown_here(text: &str) -> String {
+    let redacted = redact(text);
+    CLOUD_INIT.try_with(|ci| scrub(&redacted, ci)).unwrap_or(redacted)
 }
 
 /// Names what a libvirt call was doing when it failed.
@@ -114,6 +161,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn echoed_cloud_init_and_credentials_are_scrubbed() {
+        let ci = b"#cloud-config\nwrite_files:\n  - content: TOP-SECRET-1\n    path: /etc/x\n";
+        let f = Failure::call(
+            "defining domain vm",
+            LibvirtError::daemon(
+                1,
+                format!(
+                    "bad user-data {:?} (token=abc123) at content: TOP-SECRET-1",
+                    String::from_utf8_lossy(ci)
+                ),
+            ),
+        );
+        let shown = f.shown(ci);
+        assert!(!shown.contains("TOP-SECRET-1") && !shown.contains("abc123"), "{shown}");
+        assert!(shown.starts_with("defining domain vm: bad user-data "), "{shown}");
+        assert_eq!(scrub("no echo here", ci), "no echo here");
+        assert_eq!(scrub("anything", b""), "anything");
+    }
+
+    #[test]
     fn calls_are_classified_for_their_operation_and_verdicts_keep_theirs() {
         let gone = Failure::call(
             "looking up domain vm",
@@ -129,6 +196,7 @@ mod tests {
             Op::Create,
             "kvm2-home",
             "",
+            b"",
         );
         assert_eq!(e.class(), ErrorClass::QuotaExceeded);
         assert_eq!(

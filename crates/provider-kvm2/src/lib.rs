@@ -14,7 +14,6 @@
 //! - [`traced`]: spans and log lines around every libvirt call;
 //! - [`locks`]: per-name and per-image locks whose waits end with the caller.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use egress_libvirt::Host;
@@ -69,7 +68,6 @@ fn dial_span(host: &HostTarget) -> tracing::Span {
 /// volume name.
 pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
     let cfg = entry.kvm2.clone().ok_or("kvm2 block is required")?;
-    warn_about_files(&cfg);
     let host_keys = if cfg.insecure_ignore_host_key {
         HostKeys::AcceptAny
     } else {
@@ -96,25 +94,6 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
         })
         .collect();
     Ok(Arc::new(Kvm2Provider::new(&entry.name, cfg, hosts)?))
-}
-
-/// The startup warnings: SSH files not readable yet, host keys not checked, images fetched
-/// without integrity (review M17: warned, not refused, so existing configs keep loading).
-fn warn_about_files(cfg: &egress_provider::config::KvmConfig) {
-    let unreadable = |path: &str| std::fs::metadata(Path::new(path)).err().map(|e| e.to_string());
-    if let Some(reason) = unreadable(&cfg.ssh_key_file) {
-        tracing::warn!(path = %cfg.ssh_key_file, reason, "WARNING: ssh key file is not readable; every call fails until it is");
-    }
-    if cfg.insecure_ignore_host_key {
-        tracing::warn!("WARNING: insecureIgnoreHostKey is set; host keys are not verified");
-    } else if let Some(reason) = unreadable(&cfg.known_hosts_file) {
-        tracing::warn!(path = %cfg.known_hosts_file, reason, "WARNING: known_hosts file is not readable; every call fails until it is");
-    }
-    for (key, image) in &cfg.images {
-        if image.sha256.is_empty() && image.url.to_ascii_lowercase().starts_with("http://") {
-            tracing::warn!(image = %key, "WARNING: image is fetched over plain http without a sha256; its content is not verified");
-        }
-    }
 }
 
 /// Shared by the unit tests: a small valid kvm2 domain document.

@@ -15,7 +15,7 @@ use egress_provider::{
 };
 use futures::StreamExt as _;
 
-use crate::failure::{Context as _, Failure};
+use crate::failure::{self, Context as _, Failure};
 use crate::image::{self, Cached};
 use crate::locks::KeyedLocks;
 use crate::placement::{self, Resolved};
@@ -79,6 +79,7 @@ impl Kvm2Provider {
             )
             .into());
         }
+        warn_about_files(&cfg);
         let mut by_name: BTreeMap<String, Arc<dyn Host>> = BTreeMap::new();
         for host in hosts {
             by_name.insert(host.name().to_owned(), Arc::new(Traced::new(host)));
@@ -103,13 +104,39 @@ impl Kvm2Provider {
     }
 
     fn fail(&self, op: egress_provider::Op, id: &str, failure: Failure) -> ProviderError {
+        self.fail_scrubbed(op, id, failure, b"")
+    }
+
+    /// As `fail`, with any echo of `cloud_init` taken out of the log line and the error.
+    fn fail_scrubbed(&self, op: egress_provider::Op, id: &str, failure: Failure, cloud_init: &[u8]) -> ProviderError {
+        let shown = failure.shown(cloud_init);
         match failure.libvirt() {
             Some(e) if !e.transport => {
-                tracing::debug!(op = op.as_str(), error = %failure, libvirtCode = e.code, libvirtError = %error_name(e.code), "kvm2 backend call failed");
+                tracing::debug!(op = op.as_str(), error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "kvm2 backend call failed");
             }
-            _ => tracing::debug!(op = op.as_str(), error = %failure, "kvm2 backend call failed"),
+            _ => tracing::debug!(op = op.as_str(), error = %shown, "kvm2 backend call failed"),
         }
-        failure.into_provider_error(op, &self.shared.entry, id)
+        failure.into_provider_error(op, &self.shared.entry, id, cloud_init)
+    }
+}
+
+/// The startup warnings: SSH files not readable yet (the Secret may be mounted later; calls
+/// fail until it is), host keys not checked, images fetched without integrity (review M17:
+/// warned, not refused, so existing configs keep loading).
+fn warn_about_files(cfg: &KvmConfig) {
+    let unreadable = |path: &str| std::fs::metadata(path).err().map(|e| e.to_string());
+    if let Some(reason) = unreadable(&cfg.ssh_key_file) {
+        tracing::warn!(path = %cfg.ssh_key_file, reason, "WARNING: ssh key file is not readable; every call fails until it is");
+    }
+    if cfg.insecure_ignore_host_key {
+        tracing::warn!("WARNING: insecureIgnoreHostKey is set; host keys are not verified");
+    } else if let Some(reason) = unreadable(&cfg.known_hosts_file) {
+        tracing::warn!(path = %cfg.known_hosts_file, reason, "WARNING: known_hosts file is not readable; every call fails until it is");
+    }
+    for (key, image) in &cfg.images {
+        if image.sha256.is_empty() && image.url.to_ascii_lowercase().starts_with("http://") {
+            tracing::warn!(image = %key, "WARNING: image is fetched over plain http without a sha256; its content is not verified");
+        }
     }
 }
 
@@ -164,11 +191,35 @@ impl Kvm2Provider {
         }
 
         let img = Cached::new(&self.shared.entry, &r.host.name, pool, &r.image);
-        self.check_pool_space(cx, host, &img).await?;
-        let base_path = image::ensure(cx, host, &self.shared.http, &self.shared.images, &img).await?;
+        // The first look at the pool (the marker lookup) is where a missing pool is a config
+        // error; once seen, a pool missing is one that vanished during the create: a race.
+        let image_bytes = image::size_if_uncached(cx, host, &self.shared.http, &img).await?;
+        let rest = async {
+            self.check_pool_space(cx, host, &img, image_bytes).await?;
+            let base_path = image::ensure(cx, host, &self.shared.http, &self.shared.images, &img).await?;
+            self.define_or_clean(cx, host, r, req, &base_path).await?;
+            ensure_running(cx, host, name).await
+        };
+        rest.await.map_err(|f| match f.libvirt() {
+            Some(e) if e.is(code::NO_STORAGE_POOL) => {
+                Failure::transient(format!("{f} (the pool vanished during the create)"))
+            }
+            _ => f,
+        })
+    }
 
-        // Review M3: volumes made for a domain that was never defined are removed again.
-        let defined = self.define(cx, host, r, req, &base_path).await;
+    /// Overlay, seed and domain; the volumes made are removed again when the domain could not
+    /// be defined (review M3).
+    async fn define_or_clean(
+        &self,
+        cx: &OpCtx,
+        host: &dyn Host,
+        r: &Resolved<'_>,
+        req: &CreateRequest,
+        base_path: &str,
+    ) -> Result<(), Failure> {
+        let (name, pool) = (req.name.as_str(), r.host.effective_pool());
+        let defined = self.define(cx, host, r, req, base_path).await;
         if let Err(e) = defined {
             let cleanup = cleanup_cx();
             for volume in [names::overlay(name), names::seed(name)] {
@@ -180,13 +231,18 @@ impl Kvm2Provider {
             }
             return Err(e);
         }
-        ensure_running(cx, host, name).await
+        Ok(())
     }
 
-    /// The pool-space precheck: the image (unless cached), the overlay and the seed must fit
-    /// in what the pool has free, read after a refresh (review M4).
-    async fn check_pool_space(&self, cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<(), Failure> {
-        let image_bytes = image::size_if_uncached(cx, host, &self.shared.http, img).await?;
+    /// The pool-space precheck: the image (`image_bytes`, 0 when cached), the overlay and the
+    /// seed must fit in what the pool has free, read after a refresh (review M4).
+    async fn check_pool_space(
+        &self,
+        cx: &OpCtx,
+        host: &dyn Host,
+        img: &Cached<'_>,
+        image_bytes: u64,
+    ) -> Result<(), Failure> {
         let disk = disk_bytes(&self.shared.cfg)?;
         let needed = image_bytes
             .checked_add(disk)
@@ -409,9 +465,9 @@ impl Provider for Kvm2Provider {
                 Failure::transient(format!("waiting for the lock on {}: {why}", req.name)),
             )
         })?;
-        self.create_on(cx, host.as_ref(), &resolved, req)
+        failure::guarding(&req.cloud_init, self.create_on(cx, host.as_ref(), &resolved, req))
             .await
-            .map_err(|f| self.fail(op, &id, f))?;
+            .map_err(|f| self.fail_scrubbed(op, &id, f, &req.cloud_init))?;
         tracing::debug!(id = %id, "kvm2 domain ensured running");
         Ok(ProviderId::new(id))
     }

@@ -16,6 +16,8 @@ use async_trait::async_trait;
 use egress_libvirt::host::{AddressSource, DomainState, Host, Interface, LvResult, PoolInfo, UploadSource};
 use egress_provider::OpCtx;
 use tracing::Instrument;
+
+use crate::failure::shown_here;
 use tracing::field::Empty;
 
 /// A [`Host`] whose calls are observed.
@@ -111,13 +113,15 @@ where
             tracing::trace!(rpc, result = ?out, "libvirt call detail");
         }
         Err(e) => {
+            // A backend may echo what it was given: shown scrubbed.
+            let shown = shown_here(&e.to_string());
             span.record("otel.status_code", "error");
-            span.record("otel.status_description", e.to_string());
+            span.record("otel.status_description", shown.as_str());
             if e.transport {
-                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %e, "libvirt call");
+                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %shown, "libvirt call");
             } else {
                 span.record("kvm2.libvirt_code", i64::from(e.code));
-                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %e, libvirtCode = e.code, libvirtError = %error_name(e.code), "libvirt call");
+                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "libvirt call");
             }
         }
     }

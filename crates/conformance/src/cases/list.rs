@@ -16,6 +16,7 @@ fn seeded_name(tag: &str) -> String {
 }
 
 /// CT-E01 (LS1): only instances with the managed mark are listed (read from the backend, not remembered), with their UIDs.
+/// Seeded UIDs are lowercase, as Kubernetes writes them (a provider may normalise case).
 pub async fn ct_e01_lists_marked_only<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let p = s.provider();
     let u1 = uid("e01");
@@ -23,19 +24,19 @@ pub async fn ct_e01_lists_marked_only<T: ConformanceTarget>(s: Scenario<T>) -> C
     let stripped = s.request(&uid("e01s"));
     expect_ok("create", p.create(&s.cx(), &stripped).await);
     s.hooks().strip_marks(&stripped.name).await?;
-    s.hooks().seed(SeedSpec::marked(seeded_name("e01b"), "U2")).await?;
+    s.hooks().seed(SeedSpec::marked(seeded_name("e01b"), "u2")).await?;
     s.hooks()
-        .seed(SeedSpec::marked(seeded_name("e01c"), "U3").managed(SeedManaged::No))
+        .seed(SeedSpec::marked(seeded_name("e01c"), "u3").managed(SeedManaged::No))
         .await?;
     if s.profile.key_value_marks {
         s.hooks()
-            .seed(SeedSpec::marked(seeded_name("e01d"), "U4").managed(SeedManaged::Other("yes".to_owned())))
+            .seed(SeedSpec::marked(seeded_name("e01d"), "u4").managed(SeedManaged::Other("yes".to_owned())))
             .await?;
     }
     let listed = expect_ok("list", p.list_by_tag(&s.cx()).await);
     let mut uids: Vec<_> = listed.iter().map(|i| i.uid.clone()).collect();
     uids.sort();
-    let mut want = vec![u1, "U2".to_owned()];
+    let mut want = vec![u1, "u2".to_owned()];
     want.sort();
     assert_eq!(uids, want, "list_by_tag must return exactly the marked instances");
     Ok(())
@@ -56,7 +57,7 @@ pub async fn ct_e02_empty_uid_still_listed<T: ConformanceTarget>(s: Scenario<T>)
 pub async fn ct_e03_listed_ids_work_for_get_and_delete<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let p = s.provider();
     expect_ok("create", p.create(&s.cx(), &s.request(&uid("e03"))).await);
-    s.hooks().seed(SeedSpec::marked(seeded_name("e03b"), "U2")).await?;
+    s.hooks().seed(SeedSpec::marked(seeded_name("e03b"), "u2")).await?;
     let listed = expect_ok("list", p.list_by_tag(&s.cx()).await);
     assert_eq!(listed.len(), 2);
     for i in listed {
@@ -171,7 +172,7 @@ pub async fn ct_e07_unreadable_instance_is_skipped_or_fails<T: ConformanceTarget
 
 /// CT-E08 (LS2): a failing list call is an error, never an empty list.
 pub async fn ct_e08_list_failure_is_an_error<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    s.hooks().seed(SeedSpec::marked(seeded_name("e08"), "U")).await?;
+    s.hooks().seed(SeedSpec::marked(seeded_name("e08"), "u")).await?;
     s.hooks()
         .fail(s.fixtures.calls.list, Fault::Server5xx, Times::Always)
         .await?;
@@ -184,7 +185,7 @@ pub async fn ct_e08_list_failure_is_an_error<T: ConformanceTarget>(s: Scenario<T
 
 /// CT-E09 (LS2, GN2): a list cancelled mid-way is a prompt Transient error, never a partial list.
 pub async fn ct_e09_cancelled_list_is_an_error<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
-    s.hooks().seed(SeedSpec::marked(seeded_name("e09"), "U")).await?;
+    s.hooks().seed(SeedSpec::marked(seeded_name("e09"), "u")).await?;
     let gate = s.hooks().freeze(s.fixtures.calls.list).await?;
     let p = s.provider();
     let cx = s.cx();

@@ -1,0 +1,135 @@
+//! A small HTTP/1.1 server for image downloads, written on raw TCP so it can also misbehave
+//! the ways mirrors do: refuse HEAD, answer without a length, end a body early, fail.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+
+/// How the server answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Serve {
+    /// The image, with its length, for HEAD and GET.
+    Image,
+    /// This status with an empty body, for HEAD and GET.
+    Status(u16),
+    /// GET: the image without a `Content-Length` (the connection's end ends it).
+    NoLength,
+    /// GET: the full `Content-Length`, then only this many bytes and the connection closed.
+    Truncate(usize),
+    /// HEAD is refused with 405; GET serves the image.
+    HeadRefused,
+    /// HEAD answers 200 with `Content-Length: 0`; GET serves the image.
+    HeadZero,
+}
+
+#[derive(Debug)]
+struct State {
+    serve: Serve,
+    image: Arc<Vec<u8>>,
+    gets: usize,
+    heads: usize,
+}
+
+/// The running server; it stops when dropped.
+#[derive(Debug)]
+pub struct ImageServer {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ImageServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ImageServer {
+    /// Serves `image` on `bind` (port 0 for any).
+    pub async fn start(image: Vec<u8>, bind: &str) -> Self {
+        let listener = TcpListener::bind(bind).await.expect("bind the image server");
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            serve: Serve::Image,
+            image: Arc::new(image),
+            gets: 0,
+            heads: 0,
+        }));
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(answer(conn, shared.clone()));
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    /// The image's URL.
+    pub fn url(&self) -> String {
+        format!("http://{}/image.qcow2", self.addr)
+    }
+
+    /// Changes how the server answers.
+    pub fn serve(&self, serve: Serve) {
+        self.state.lock().unwrap().serve = serve;
+    }
+
+    /// GET requests so far.
+    pub fn gets(&self) -> usize {
+        self.state.lock().unwrap().gets
+    }
+
+    /// HEAD and GET requests so far.
+    pub fn requests(&self) -> usize {
+        let st = self.state.lock().unwrap();
+        st.gets + st.heads
+    }
+}
+
+async fn answer(mut conn: tokio::net::TcpStream, state: Arc<Mutex<State>>) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > 16 << 10 {
+            return;
+        }
+    }
+    let is_head = head.starts_with(b"HEAD ");
+    let (serve, image) = {
+        let mut st = state.lock().unwrap();
+        if is_head {
+            st.heads += 1;
+        } else {
+            st.gets += 1;
+        }
+        (st.serve.clone(), st.image.clone())
+    };
+    let ok = |length: Option<usize>| match length {
+        Some(n) => format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"),
+        None => "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_owned(),
+    };
+    let (header, body): (String, &[u8]) = match (serve, is_head) {
+        (Serve::Status(code), _) => (
+            format!("HTTP/1.1 {code} Status\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+            &[],
+        ),
+        (Serve::HeadRefused, true) => (
+            "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned(),
+            &[],
+        ),
+        (Serve::HeadZero, true) => (ok(Some(0)), &[]),
+        (Serve::NoLength, false) => (ok(None), &image[..]),
+        (Serve::Truncate(n), false) => (ok(Some(image.len())), &image[..n.min(image.len())]),
+        (_, true) => (ok(Some(image.len())), &[]),
+        (_, false) => (ok(Some(image.len())), &image[..]),
+    };
+    let _ = conn.write_all(header.as_bytes()).await;
+    let _ = conn.write_all(body).await;
+    let _ = conn.shutdown().await;
+}
