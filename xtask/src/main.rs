@@ -69,7 +69,7 @@ enum Cmd {
         #[arg(long)]
         discovery_port: Option<u16>,
     },
-    /// One provider's conformance suite (providers: reference, local).
+    /// One provider's conformance suite (providers: reference, local, kvm2).
     Conformance {
         /// The provider type.
         #[arg(long)]
@@ -236,7 +236,8 @@ fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
     let (package, fake, real_test) = match provider {
         "reference" => ("egress-conformance", "reference", None),
         "local" => ("egress-provider-local", "conformance", Some("conformance_real")),
-        other => bail!("no conformance suite for provider {other:?} (known: reference, local)"),
+        "kvm2" => ("egress-provider-kvm2", "conformance", Some("conformance_real")),
+        other => bail!("no conformance suite for provider {other:?} (known: reference, local, kvm2)"),
     };
     let test = if real {
         real_test.with_context(|| format!("provider {provider} has no real backend"))?
@@ -245,6 +246,17 @@ fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
     };
     if real && provider == "local" {
         system::ensure_packages(&["tinyproxy"])?;
+    }
+    if real && provider == "kvm2" {
+        // The same rule as egress_libvirt::HypervisorEnv::file.
+        let env = std::env::var_os("EGRESS_HV_ENV").map_or_else(|| PathBuf::from(hypervisor::ENV_FILE), PathBuf::from);
+        if !env.exists() {
+            bail!(
+                "no hypervisor settings at {}: run `cargo xtask hypervisor up` for the local one, or point \
+                 EGRESS_HV_ENV at a file describing your own (see docs/providers/kvm2.md)",
+                env.display()
+            );
+        }
     }
     let mut cmd = Command::new(cargo_bin());
     cmd.current_dir(root)

@@ -85,8 +85,10 @@ pub struct Dialer {
 }
 
 impl Dialer {
-    /// A dialer; it reads nothing until the first dial.
+    /// A dialer; it reads nothing until the first dial. libvirt's C library stops printing
+    /// errors to stderr from here on: they are returned, and the providers log them.
     pub fn new(options: DialOptions) -> Self {
+        crate::quiet_libvirt();
         Self {
             options,
             cached_key: Mutex::new(None),

@@ -83,7 +83,11 @@ fn dial_error(e: &DialError) -> LibvirtError {
             _ => DialFailure::Network,
         },
     };
-    LibvirtError::dial(failure, e.to_string())
+    LibvirtError {
+        // The caller gave up while the dial ran (not the dial's own budget running out).
+        timed_out: matches!(e.cause, DialCause::Cancelled(_)),
+        ..LibvirtError::dial(failure, e.to_string())
+    }
 }
 
 fn call_error(e: &CallError) -> LibvirtError {
@@ -137,6 +141,18 @@ impl Host for RemoteHost {
             c.list_all_domains(LIST_ALL)?
                 .iter()
                 .map(virt::domain::Domain::name)
+                .collect()
+        })
+        .await
+    }
+
+    async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>> {
+        let pool = pool.to_owned();
+        self.run(cx, "StoragePoolListAllVolumes", RPC_BUDGET, move |c| {
+            c.lookup_storage_pool_by_name(&pool)?
+                .list_all_volumes(0)?
+                .iter()
+                .map(virt::storage_vol::StorageVol::name)
                 .collect()
         })
         .await

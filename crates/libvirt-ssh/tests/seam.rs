@@ -130,8 +130,17 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
         format!("reading the upload source for {failing}: the mirror went away")
     );
     assert!(err.transport);
+    let listed = host.volume_names(&cx, pool).await.unwrap();
+    assert!(listed.contains(&failing) && listed.contains(&marker), "{listed:?}");
+    assert!(
+        host.volume_names(&cx, &missing)
+            .await
+            .unwrap_err()
+            .is(code::NO_STORAGE_POOL)
+    );
     host.delete_volume(&cx, pool, &failing).await.unwrap();
     host.delete_volume(&cx, pool, &marker).await.unwrap();
+    assert!(!host.volume_names(&cx, pool).await.unwrap().contains(&marker));
     assert!(
         host.volume_path(&cx, pool, &marker)
             .await

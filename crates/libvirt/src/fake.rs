@@ -544,6 +544,14 @@ impl Host for FakeHost {
         Ok(())
     }
 
+    async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>> {
+        self.enter(cx, "StoragePoolListAllVolumes", pool, code::NO_STORAGE_POOL)
+            .await?;
+        let st = self.lock();
+        let (_, volumes) = st.pools.get(pool).ok_or_else(|| no_pool(pool))?;
+        Ok(volumes.keys().cloned().collect())
+    }
+
     async fn delete_volume(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<()> {
         self.enter(cx, "StorageVolDelete", volume, code::NO_STORAGE_VOL).await?;
         let mut st = self.lock();

@@ -79,7 +79,9 @@ pub struct LibvirtError {
     pub transport: bool,
     /// When no connection could be made: where that failed.
     pub dial: Option<DialFailure>,
-    /// Whether the call ran out of time or its caller gave up (a transport failure too).
+    /// Whether the call ran out of time or its caller gave up (a transport failure too). For a
+    /// dial: whether its caller gave up (a dial's own budget running out is
+    /// [`DialFailure::Timeout`] alone: a host that does not answer).
     pub timed_out: bool,
 }
 
@@ -327,6 +329,9 @@ pub trait Host: Send + Sync + fmt::Debug {
 
     /// Creates a volume in `pool` from `xml` ([`code::STORAGE_VOL_EXIST`] when the name is taken).
     async fn create_volume(&self, cx: &OpCtx, pool: &str, xml: &str) -> LvResult<()>;
+
+    /// The names of every volume in `pool`.
+    async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>>;
 
     /// Deletes `volume` from `pool`.
     async fn delete_volume(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<()>;

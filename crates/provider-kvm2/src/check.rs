@@ -47,6 +47,8 @@ pub fn gib(bytes: u64) -> String {
 pub fn reason(e: &LibvirtError) -> &'static str {
     if let Some(failure) = e.dial {
         return match failure {
+            // The round ended while the dial ran.
+            DialFailure::Timeout if e.timed_out => REASON_TIMEOUT,
             DialFailure::KeyUnreadable
             | DialFailure::KeyInvalid
             | DialFailure::KnownHostsUnreadable
@@ -149,6 +151,12 @@ mod tests {
         ] {
             assert_eq!(reason(&LibvirtError::dial(failure, "d")), want, "{failure:?}");
         }
+        // ... but a dial its caller gave up on is the round's timeout.
+        let abandoned = LibvirtError {
+            timed_out: true,
+            ..LibvirtError::dial(DialFailure::Timeout, "dial abandoned: caller's deadline exceeded")
+        };
+        assert_eq!(reason(&abandoned), REASON_TIMEOUT);
     }
 
     #[tokio::test]

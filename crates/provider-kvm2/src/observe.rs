@@ -33,8 +33,8 @@ pub const SOURCES: [AddressSource; 2] = [AddressSource::Agent, AddressSource::Ar
 /// 1. each source in order; the first usable IPv4 wins;
 /// 2. a source that fails because the connection failed, or the caller gave up, fails the read
 ///    at once (a running proxy must not read as "no address" because a link died);
-/// 3. another failure (the agent not up yet, ARP unsupported) is remembered and the next source
-///    asked;
+/// 3. "the agent is not connected" counts as an answer with no address (a booting guest);
+///    another failure (ARP unsupported) is remembered and the next source asked;
 /// 4. every source failed: an error (Transient); at least one answered: `None` (Provisioning).
 ///
 /// A domain gone meanwhile (libvirt's "no domain") is reported as such, so get says NotFound
@@ -53,6 +53,14 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
                 // Answered, with nothing usable yet: not a failure.
                 None => answered = true,
             },
+            // "The agent is not connected" is an answer, not a failed read: a booting guest
+            // has no agent yet. Counted as one, a host whose ARP source always errors (some
+            // kernels) still lets a booting VM rest in Provisioning instead of failing every
+            // poll until its agent starts.
+            Err(e) if e.is(code::AGENT_UNRESPONSIVE) => {
+                tracing::debug!(source = source.name(), error = %e, "no addresses from source");
+                answered = true;
+            }
             Err(e) if e.is(code::NO_DOMAIN) => {
                 return Err(Failure::call(format!("reading addresses of domain {name}"), e));
             }
@@ -165,11 +173,19 @@ mod tests {
         fake.set_addresses("vm", AddressSource::Agent, agent_down());
         fake.set_addresses("vm", AddressSource::Arp, Ok(Vec::new()));
         assert_eq!(discover(&cx, &fake, "vm").await.unwrap(), None);
-        // Every source failed: an error, naming both.
+        // The agent not up and ARP failing (as on kernels where it always does): still "no
+        // address yet".
         fake.set_addresses(
             "vm",
             AddressSource::Arp,
             Err(LibvirtError::daemon(1, "internal error: wrong nlmsg len")),
+        );
+        assert_eq!(discover(&cx, &fake, "vm").await.unwrap(), None);
+        // Every source failed: an error, naming both.
+        fake.set_addresses(
+            "vm",
+            AddressSource::Agent,
+            Err(LibvirtError::daemon(code::OPERATION_INVALID, "domain is not running")),
         );
         let e = discover(&cx, &fake, "vm").await.unwrap_err();
         assert_eq!(e.class(Op::Get), ErrorClass::Transient);

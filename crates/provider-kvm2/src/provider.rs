@@ -248,9 +248,15 @@ impl Kvm2Provider {
             .checked_add(disk)
             .and_then(|n| n.checked_add(SEED_RESERVE))
             .ok_or_else(|| Failure::permanent("the pool space needed overflows".to_owned()))?;
-        host.refresh_pool(cx, img.pool)
-            .await
-            .doing(|| format!("refreshing storage pool {}", img.pool))?;
+        match host.refresh_pool(cx, img.pool).await {
+            Ok(()) => {}
+            // libvirt refuses a refresh while an upload into the pool runs ("pool has
+            // asynchronous jobs running"): its last numbers are the best there are then.
+            Err(e) if !e.transport && !e.is(code::NO_STORAGE_POOL) => {
+                tracing::debug!(pool = img.pool, error = %e, "pool refresh refused; using libvirt's last numbers");
+            }
+            Err(e) => return Err(Failure::call(format!("refreshing storage pool {}", img.pool), e)),
+        }
         let info = host
             .pool_info(cx, img.pool)
             .await

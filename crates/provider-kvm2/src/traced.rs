@@ -285,6 +285,21 @@ impl Host for Traced<dyn Host> {
         .await
     }
 
+    async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>> {
+        let span = call_span!("kvm2.StoragePoolListAllVolumes", self.name());
+        let names = Names {
+            pool: Some(pool),
+            ..Names::default()
+        };
+        observe(
+            span,
+            "StoragePoolListAllVolumes",
+            names,
+            self.inner.volume_names(cx, pool),
+        )
+        .await
+    }
+
     async fn delete_volume(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<()> {
         let span = call_span!("kvm2.StorageVolDelete", self.name());
         let names = Names {

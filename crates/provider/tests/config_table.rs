@@ -184,6 +184,8 @@ fn entry_rows() -> Vec<Bad> {
     rows
 }
 
+const VENDOR_DATA_TAIL: &str = ".vendorData must start with a line cloud-init recognises (#cloud-config, #!, #include, ## template: jinja...) and must not be MIME multipart while installGuestAgent is on: cloud-init would drop it";
+
 /// Every kvm.md §1.2 message for block `b` (`kvm` or `kvm2`), in the
 /// validator's order. The dash in two messages is U+2014.
 #[rustfmt::skip]
@@ -221,6 +223,16 @@ fn kvm_rows(b: &str) -> Vec<Bad> {
         row("host without an address", kvm_edit(b, "address: beelink:22, ", ""), r#".hosts[0] "beelink": address is required"#.into()),
         row("host without a user", kvm_edit(b, "user: novakj, ", ""), r#".hosts[0] "beelink": user is required"#.into()),
         row("host without a bridge", kvm_edit(b, ", bridge: br0", ""), r#".hosts[0] "beelink": bridge is required"#.into()),
+        // The review's fixes (spec/kvm.md §13: M16, L12, L13, L20, L24).
+        row("address without a port", kvm_edit(b, "address: beelink:22", "address: beelink"), r#".hosts[0] "beelink": address must be host:port (got "beelink")"#.into()),
+        row("address with port 0", kvm_edit(b, "address: beelink:22", "address: beelink:0"), r#".hosts[0] "beelink": address must be host:port (got "beelink:0")"#.into()),
+        row("bridge with a space", kvm_edit(b, "bridge: br0", "bridge: 'br 0'"), r#".hosts[0] "beelink": bridge "br 0" must be letters, digits, dots, dashes or underscores"#.into()),
+        row("pool with a slash", kvm_edit(b, "bridge: br0", "bridge: br0, pool: ../images"), r#".hosts[0] "beelink": pool "../images" must be letters, digits, dots, dashes or underscores"#.into()),
+        row("diskSizeGb that would overflow", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      diskSizeGb: 17179869184\n")), ".diskSizeGb must be at most 65536".into()),
+        row("memory beyond any host", kvm_edit(b, "memoryMiB: 1024}", "memoryMiB: 99999999}"), r#".machineTypes["small"] needs vcpus <= 1024 and memoryMiB <= 4194304"#.into()),
+        row("url with credentials", kvm_edit(b, URL_LINE, "          url: https://u:secret@mirror/x.qcow2\n"), format!("{img}.url must not carry credentials (user:password@): they would show in logs and errors")),
+        row("multipart vendorData", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      vendorData: \"Content-Type: multipart/mixed; boundary=x\\n\\n--x\\n\"\n")), VENDOR_DATA_TAIL.into()),
+        row("vendorData cloud-init cannot classify", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      vendorData: \"packages: [htop]\\n\"\n")), VENDOR_DATA_TAIL.into()),
     ]
 }
 

@@ -9,6 +9,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod image_server;
+pub mod real;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -240,7 +241,7 @@ fn seeded_mark(spec: &SeedSpec) -> String {
 }
 
 /// The marks of a domain as the inventory shows them.
-fn marks_of(metadata: Option<&String>) -> BTreeMap<String, String> {
+pub fn marks_of(metadata: Option<&String>) -> BTreeMap<String, String> {
     let mut marks = BTreeMap::new();
     if let Some(mark) = metadata.and_then(|m| Mark::parse(m).ok()) {
         if mark.managed {
@@ -257,6 +258,26 @@ fn marks_of(metadata: Option<&String>) -> BTreeMap<String, String> {
         }
     }
     marks
+}
+
+/// A volume as the inventory shows it: an overlay or seed belongs to its domain; base images
+/// and their markers are shared.
+pub fn volume_object(name: &str) -> BackendObject {
+    let (kind, owner) = if let Some(owner) = name.strip_suffix("-seed.iso") {
+        ("seed", owner.to_owned())
+    } else if name.starts_with("base-") {
+        ("image", String::new())
+    } else if let Some(owner) = name.strip_suffix(".qcow2") {
+        ("overlay", owner.to_owned())
+    } else {
+        ("volume", String::new())
+    };
+    BackendObject {
+        kind: kind.to_owned(),
+        owner,
+        marks: BTreeMap::new(),
+        user_data: None,
+    }
 }
 
 #[async_trait]
@@ -331,23 +352,7 @@ impl BackendHooks for FakeBackend {
                     user_data,
                 });
             }
-            for name in volumes.keys() {
-                let (kind, owner) = if let Some(owner) = name.strip_suffix("-seed.iso") {
-                    ("seed", owner.to_owned())
-                } else if name.starts_with("base-") {
-                    ("image", String::new())
-                } else if let Some(owner) = name.strip_suffix(".qcow2") {
-                    ("overlay", owner.to_owned())
-                } else {
-                    ("volume", String::new())
-                };
-                out.push(BackendObject {
-                    kind: kind.to_owned(),
-                    owner,
-                    marks: BTreeMap::new(),
-                    user_data: None,
-                });
-            }
+            out.extend(volumes.keys().map(|v| volume_object(v)));
         }
         Ok(out)
     }

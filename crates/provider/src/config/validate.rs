@@ -285,6 +285,19 @@ pub mod validators {
         if cfg.disk_size_gb < 0 {
             return Err(format!("{b}.diskSizeGb must not be negative"));
         }
+        // Review L20: bounds that keep the pool-space arithmetic far from overflow.
+        if cfg.disk_size_gb > MAX_DISK_SIZE_GB {
+            return Err(format!("{b}.diskSizeGb must be at most {MAX_DISK_SIZE_GB}"));
+        }
+        // Review L13: cloud-init silently drops a vendor-data part it cannot classify, and a
+        // nested multipart; with the guest agent on, ours is put beside it in a multipart.
+        if cfg.effective_install_guest_agent() && !vendor_data_recognised(&cfg.vendor_data) {
+            return Err(format!(
+                "{b}.vendorData must start with a line cloud-init recognises (#cloud-config, #!, #include, \
+                 ## template: jinja...) and must not be MIME multipart while installGuestAgent is on: \
+                 cloud-init would drop it"
+            ));
+        }
         if let Some(domain_type) = cfg.domain_type.as_deref()
             && !matches!(domain_type, "" | "kvm" | "qemu")
         {
@@ -307,6 +320,13 @@ pub mod validators {
                 return Err(format!(
                     "{at}.url must be an http(s) URL (got {})",
                     go_quote(&image.url)
+                ));
+            }
+            // Review L24: credentials in a URL end up in log lines and errors. (The URL is not
+            // quoted here for the same reason.)
+            if url_has_userinfo(&image.url) {
+                return Err(format!(
+                    "{at}.url must not carry credentials (user:password@): they would show in logs and errors"
                 ));
             }
             if !image.sha256.is_empty() && !is_sha256_hex(&image.sha256) {
@@ -333,6 +353,12 @@ pub mod validators {
             if machine.vcpus <= 0 || machine.memory_mib <= 0 {
                 return Err(format!(
                     "{b}.machineTypes[{}] needs vcpus > 0 and memoryMiB > 0",
+                    go_quote(key)
+                ));
+            }
+            if machine.vcpus > MAX_VCPUS || machine.memory_mib > MAX_MEMORY_MIB {
+                return Err(format!(
+                    "{b}.machineTypes[{}] needs vcpus <= {MAX_VCPUS} and memoryMiB <= {MAX_MEMORY_MIB}",
                     go_quote(key)
                 ));
             }
@@ -366,8 +392,75 @@ pub mod validators {
                     return Err(format!("{at} {name}: {field} is required"));
                 }
             }
+            // Review M16: the address is dialled as it is; there is no default port.
+            if !is_host_port(&host.address) {
+                return Err(format!(
+                    "{at} {name}: address must be host:port (got {})",
+                    go_quote(&host.address)
+                ));
+            }
+            // Review L12: the bridge and pool go into libvirt documents and calls as they are.
+            for (field, value) in [("bridge", &host.bridge), ("pool", &host.pool)] {
+                if !value.is_empty() && !is_identifier(value) {
+                    return Err(format!(
+                        "{at} {name}: {field} {} must be letters, digits, dots, dashes or underscores",
+                        go_quote(value)
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The largest overlay, in GiB (64 TiB).
+    pub const MAX_DISK_SIZE_GB: i64 = 65_536;
+    /// The most virtual CPUs a machine type may ask for.
+    pub const MAX_VCPUS: i32 = 1024;
+    /// The most memory a machine type may ask for, in MiB (4 TiB).
+    pub const MAX_MEMORY_MIB: i64 = 4 << 20;
+
+    /// Whether `url` (an http(s) URL) carries `userinfo@` before its host.
+    fn url_has_userinfo(url: &str) -> bool {
+        let rest = url.split_once("//").map_or("", |(_, r)| r);
+        rest.split(['/', '?', '#']).next().unwrap_or_default().contains('@')
+    }
+
+    /// `host:port` with a non-empty host and a numeric port (`[v6]:port` too).
+    fn is_host_port(address: &str) -> bool {
+        match address.rsplit_once(':') {
+            Some((host, port)) => {
+                let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+                !host.is_empty()
+                    && !host.contains(['/', ' ', '@'])
+                    && !port.is_empty()
+                    && port.bytes().all(|b| b.is_ascii_digit())
+                    && port.parse::<u16>().is_ok_and(|p| p > 0)
+            }
+            None => false,
+        }
+    }
+
+    /// Whether cloud-init would use `vendor_data` as one part of a multipart: empty, or a first
+    /// line it recognises, and not itself MIME multipart.
+    fn vendor_data_recognised(vendor_data: &str) -> bool {
+        let text = vendor_data.trim_start();
+        if text.is_empty() {
+            return true;
+        }
+        let first = text.lines().next().unwrap_or_default().trim_end();
+        let known = [
+            "#cloud-config",
+            "#!",
+            "#include",
+            "#cloud-boothook",
+            "#part-handler",
+            "#upstart-job",
+            "## template: jinja",
+        ];
+        let lower = text.to_ascii_lowercase();
+        known.iter().any(|k| first.starts_with(k))
+            && !lower.contains("content-type: multipart/")
+            && !lower.starts_with("mime-version:")
     }
 
     /// `^[0-9a-fA-F]{64}$`.

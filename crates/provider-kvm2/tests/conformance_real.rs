@@ -1,0 +1,7 @@
+//! The conformance suite against the local hypervisor (`cargo xtask conformance --provider kvm2
+//! --real`): real domains booting the test guest over SSH to a real libvirtd. Without
+//! `cargo xtask hypervisor up` every case skips, and under `cargo xtask test` fails.
+
+mod support;
+
+egress_conformance::conformance_suite!(support::real::RealTarget);

@@ -1,0 +1,340 @@
+//! The kvm2 provider against the local hypervisor (`cargo xtask hypervisor up`): built by the
+//! production constructor from a config entry, over SSH to a real libvirtd with QEMU, booting
+//! the test guest from an image this process serves over HTTP.
+//!
+//! Cases run one at a time here (a real pool refuses a refresh while an upload runs, and every
+//! guest costs CPU on a small machine), and each case's domains and volumes are removed when
+//! its backend goes away. The hooks libvirt cannot honour from outside (seeding marks, faults,
+//! gates) answer Unsupported, and their cases skip.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use egress_conformance::hooks::{BackendObject, HookResult};
+use egress_conformance::{
+    BackendHooks, BuildOptions, ConformanceTarget, Fixtures, NativeState, NotConfigured, Profile, Unsupported,
+};
+use egress_libvirt::host::Host;
+use egress_libvirt::seed::read_seed_file;
+use egress_libvirt::{HypervisorEnv, KVM2_NAMESPACE, Mark};
+use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
+use egress_provider::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType, ProviderConfig};
+use egress_provider::{BoxError, CreateRequest, OpCtx, Provider, ProviderId};
+
+use super::image_server::ImageServer;
+use super::{IMAGE_KEY, Scratch, sha256_hex};
+
+/// The one host of the real entry.
+pub const HOST: &str = "hv";
+
+/// The guest image, served for the whole test process (each case has its own runtime, so the
+/// server runs on a thread of its own).
+fn served_image(env: &HypervisorEnv) -> &'static (String, String) {
+    static SERVED: OnceLock<(String, String)> = OnceLock::new();
+    SERVED.get_or_init(|| {
+        let image = std::fs::read(&env.guest_image).expect("the test guest image");
+        let digest = sha256_hex(&image);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let server = ImageServer::start(image, "127.0.0.1:0").await;
+                tx.send(server.url()).unwrap();
+                std::future::pending::<()>().await;
+            });
+        });
+        (rx.recv().unwrap(), digest)
+    })
+}
+
+/// One case at a time on the real host; re-entrant for the thread holding it (a case may ask
+/// for a second backend).
+struct Turn {
+    holder: Mutex<(Option<ThreadId>, usize)>,
+    free: Condvar,
+}
+
+static TURN: Turn = Turn {
+    holder: Mutex::new((None, 0)),
+    free: Condvar::new(),
+};
+
+impl Turn {
+    fn take(&'static self) -> TurnGuard {
+        let me = std::thread::current().id();
+        let mut h = self.holder.lock().unwrap_or_else(|p| p.into_inner());
+        while h.0.is_some_and(|t| t != me) {
+            h = self.free.wait(h).unwrap_or_else(|p| p.into_inner());
+        }
+        h.0 = Some(me);
+        h.1 += 1;
+        TurnGuard
+    }
+}
+
+struct TurnGuard;
+
+impl Drop for TurnGuard {
+    fn drop(&mut self) {
+        let mut h = TURN.holder.lock().unwrap_or_else(|p| p.into_inner());
+        h.1 -= 1;
+        if h.1 == 0 {
+            h.0 = None;
+            TURN.free.notify_all();
+        }
+    }
+}
+
+/// The marker in every UID the suite makes in this process (`<tag>-<pid:08x>-<n>`).
+fn this_process() -> String {
+    format!("-{:08x}-", std::process::id())
+}
+
+/// The real hypervisor, for one case.
+pub struct RealBackend {
+    env: HypervisorEnv,
+    files: Arc<Scratch>,
+    url: String,
+    sha256: String,
+    /// Released after the sweep (fields drop after `Drop::drop`).
+    _turn: TurnGuard,
+}
+
+impl std::fmt::Debug for RealBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealBackend")
+            .field("env", &self.env)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RealBackend {
+    fn key_file(&self) -> PathBuf {
+        self.files.0.join("id_ed25519")
+    }
+
+    /// The entry's block.
+    pub fn config(&self, insecure: bool) -> KvmConfig {
+        KvmConfig {
+            ssh_key_file: self.key_file().display().to_string(),
+            known_hosts_file: self.env.known_hosts.display().to_string(),
+            insecure_ignore_host_key: insecure,
+            disk_size_gb: 1,
+            domain_type: Some(self.env.domain_type.clone()),
+            images: [(
+                IMAGE_KEY.to_owned(),
+                KvmImage {
+                    url: self.url.clone(),
+                    sha256: self.sha256.clone(),
+                    ..KvmImage::default()
+                },
+            )]
+            .into(),
+            machine_types: [(
+                "small".to_owned(),
+                KvmMachineType {
+                    vcpus: 1,
+                    memory_mib: 256,
+                },
+            )]
+            .into(),
+            hosts: vec![KvmHost {
+                name: HOST.to_owned(),
+                address: self.env.ssh_address.clone(),
+                user: self.env.ssh_user.clone(),
+                socket: self.env.libvirt_socket.clone(),
+                pool: self.env.pool.clone(),
+                bridge: self.env.bridge.clone(),
+            }],
+            ..KvmConfig::default()
+        }
+    }
+
+    fn host(&self) -> RemoteHost {
+        host_of(&self.env)
+    }
+}
+
+/// A seam host of its own over SSH, with the environment's own key (for hooks and sweeps).
+fn host_of(env: &HypervisorEnv) -> RemoteHost {
+    let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
+    RemoteHost::new(
+        HostTarget {
+            name: HOST.to_owned(),
+            address: env.ssh_address.clone(),
+            user: env.ssh_user.clone(),
+            socket: env.libvirt_socket.clone(),
+        },
+        Arc::new(Pool::new(Arc::new(Dialer::new(options)))),
+    )
+}
+
+/// Removes every domain (with its overlay and seed) whose kvm2 mark names a UID this test
+/// process made: what the finished case left. The shared base image stays.
+async fn sweep(env: &HypervisorEnv) {
+    let host = host_of(env);
+    let cx = OpCtx::background().with_timeout(Duration::from_secs(120));
+    let Ok(names) = host.domain_names(&cx).await else {
+        return;
+    };
+    let ours = this_process();
+    for name in names {
+        let Ok(Some(element)) = host.domain_metadata(&cx, &name, KVM2_NAMESPACE).await else {
+            continue;
+        };
+        if Mark::parse(&element).is_ok_and(|m| m.uid.contains(&ours)) {
+            let _ = egress_provider_kvm2::ops::remove(&cx, &host, &env.pool, &name).await;
+        }
+    }
+}
+
+impl Drop for RealBackend {
+    fn drop(&mut self) {
+        // Only the case's last backend sweeps: another one may still be in use.
+        if TURN.holder.lock().unwrap_or_else(|p| p.into_inner()).1 > 1 {
+            return;
+        }
+        // Async work from a destructor: on a thread of its own, with a runtime of its own,
+        // before the turn passes to the next case.
+        let env = self.env.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(sweep(&env));
+        })
+        .join();
+    }
+}
+
+#[async_trait]
+impl BackendHooks for RealBackend {
+    async fn set_native_state(&self, name: &str, state: NativeState) -> HookResult {
+        let cx = OpCtx::background();
+        let host = self.host();
+        let done = match state {
+            NativeState::Stopped => host.destroy_domain(&cx, name).await,
+            NativeState::Running => host.start_domain(&cx, name).await,
+            _ => return Err(Unsupported("H02 set_native_state (a state libvirt cannot be put in)")),
+        };
+        done.map_err(|_| Unsupported("H02 set_native_state (libvirt refused)"))
+    }
+
+    async fn inventory(&self) -> HookResult<Vec<BackendObject>> {
+        let cx = OpCtx::background();
+        let host = self.host();
+        let pool = &self.env.pool;
+        let mut out = Vec::new();
+        let names = host
+            .domain_names(&cx)
+            .await
+            .map_err(|_| Unsupported("H05 inventory (listing failed)"))?;
+        for name in names {
+            let mark = match host.domain_metadata(&cx, &name, KVM2_NAMESPACE).await {
+                Ok(Some(element)) => Mark::parse(&element).ok(),
+                _ => None,
+            };
+            let seed = egress_provider_kvm2::names::seed(&name);
+            let user_data = match host.download(&cx, pool, &seed, 4 << 20).await {
+                Ok(iso) => read_seed_file(&iso, "user-data"),
+                Err(_) => None,
+            };
+            out.push(BackendObject {
+                kind: "instance".to_owned(),
+                owner: name.clone(),
+                marks: super::marks_of(mark.and_then(|m| m.to_xml(KVM2_NAMESPACE).ok()).as_ref()),
+                user_data,
+            });
+        }
+        let volumes = host
+            .volume_names(&cx, pool)
+            .await
+            .map_err(|_| Unsupported("H05 inventory (listing volumes failed)"))?;
+        out.extend(volumes.into_iter().map(|v| super::volume_object(&v)));
+        Ok(out)
+    }
+
+    async fn credential_path(&self) -> HookResult<PathBuf> {
+        Ok(self.key_file())
+    }
+}
+
+/// The kvm2 provider against the local hypervisor.
+#[derive(Clone, Copy, Debug)]
+pub struct RealTarget;
+
+#[async_trait]
+impl ConformanceTarget for RealTarget {
+    type Backend = RealBackend;
+
+    async fn backend(&self) -> Result<RealBackend, NotConfigured> {
+        let env = match HypervisorEnv::load() {
+            Ok(Some(env)) => env,
+            Ok(None) => {
+                return Err(NotConfigured(format!(
+                    "no test hypervisor ({} is missing; run cargo xtask hypervisor up)",
+                    HypervisorEnv::file().display()
+                )));
+            }
+            Err(e) => return Err(NotConfigured(e)),
+        };
+        let turn = TURN.take();
+        let (url, sha256) = served_image(&env).clone();
+        let files = Arc::new(Scratch::new("real"));
+        let key = std::fs::read(&env.ssh_key).map_err(|e| NotConfigured(format!("{}: {e}", env.ssh_key.display())))?;
+        std::fs::write(files.0.join("id_ed25519"), key).unwrap();
+        Ok(RealBackend {
+            env,
+            files,
+            url,
+            sha256,
+            _turn: turn,
+        })
+    }
+
+    fn build(&self, backend: &RealBackend, options: &BuildOptions) -> Result<Arc<dyn Provider>, BoxError> {
+        let entry = ProviderConfig {
+            name: options.entry_name.clone(),
+            type_name: "kvm2".to_owned(),
+            kvm2: Some(backend.config(options.insecure)),
+            ..ProviderConfig::default()
+        };
+        egress_provider_kvm2::construct(&entry)
+    }
+
+    fn profile(&self) -> Profile {
+        Profile {
+            // A software-emulated guest boots in about half a minute.
+            readiness_budget: Duration::from_secs(150),
+            delete_budget: Duration::from_secs(60),
+            ..super::profile()
+        }
+    }
+
+    fn valid_request(&self, uid: &str) -> CreateRequest {
+        super::request_in(uid, HOST)
+    }
+
+    fn request_in(&self, uid: &str, location: &str) -> CreateRequest {
+        super::request_in(uid, location)
+    }
+
+    fn id_for(&self, name: &str) -> ProviderId {
+        ProviderId::new(egress_provider_kvm2::id::format(HOST, name))
+    }
+
+    fn fixtures(&self) -> Fixtures {
+        super::fixtures(&[HOST])
+    }
+
+    fn is_real(&self) -> bool {
+        true
+    }
+}
