@@ -54,6 +54,9 @@ pub struct Cached<'a> {
     pub base: String,
     /// The marker volume's name.
     pub marker: String,
+    /// What the create still needs on the pool beside the image (overlay and seed), so the
+    /// download's own length is checked against the whole (review M11).
+    pub room_after: u64,
 }
 
 impl<'a> Cached<'a> {
@@ -67,6 +70,7 @@ impl<'a> Cached<'a> {
             image,
             base,
             marker,
+            room_after: 0,
         }
     }
 
@@ -149,6 +153,19 @@ pub fn check_response(url: &str, status: StatusCode, length: Option<u64>) -> Res
     }
 }
 
+/// The `Content-Length` a response declares. Read from the header: for a HEAD response the
+/// body's own length is 0 whatever the header says.
+fn declared_length(response: &reqwest::Response) -> Option<u64> {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// `404 Not Found`: the code and its reason phrase.
 fn status_text(status: StatusCode) -> String {
     match status.canonical_reason() {
@@ -206,7 +223,7 @@ pub async fn size_if_uncached(
             .await
             .map_err(|e| fetch_error(&url, &e))?;
         // Dropped unread: only the headers count.
-        Ok::<_, Failure>((response.status(), response.content_length()))
+        Ok::<_, Failure>((response.status(), declared_length(&response)))
     };
     let within = |fut| async {
         cx.run_within(PROBE_BUDGET, fut)
@@ -410,7 +427,7 @@ async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached
         .send()
         .await
         .map_err(|e| fetch_error(&url, &e))?;
-    let size = check_response(&url, response.status(), response.content_length())?;
+    let size = check_response(&url, response.status(), declared_length(&response))?;
     tracing::Span::current().record("kvm2.bytes", size);
     tracing::debug!(url = %url, bytes = size, "fetching base image into host pool");
     // The GET's length is what gets written: check it against the pool now (review M11).
@@ -423,9 +440,11 @@ async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached
         .pool_info(cx, img.pool)
         .await
         .doing(|| format!("reading storage pool {}", img.pool))?;
-    if info.available < size {
+    let needed = size.saturating_add(img.room_after);
+    if info.available < needed {
         return Err(Failure::quota(format!(
-            "storage pool {} has {} bytes available, {size} needed for image {}",
+            "storage pool {} has {} bytes available, {needed} needed for image {} ({size} bytes) and the volumes \
+             made from it",
             img.pool, info.available, img.base
         )));
     }

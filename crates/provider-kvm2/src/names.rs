@@ -25,13 +25,15 @@ pub fn marker(base: &str) -> String {
     format!("{base}.sha256")
 }
 
-/// The key of an image given by URL: the first 16 hex characters of the URL's SHA-256.
+/// The key of an image given by URL: `url-` and the first 32 hex characters of the URL's
+/// SHA-256 (review L8: 128 bits, and a prefix that sets URL images apart from catalogue keys).
 pub fn url_key(url: &str) -> String {
-    Sha256::digest(url.as_bytes())
+    let hex: String = Sha256::digest(url.as_bytes())
         .iter()
-        .take(8)
+        .take(16)
         .map(|b| format!("{b:02x}"))
-        .collect()
+        .collect();
+    format!("url-{hex}")
 }
 
 #[cfg(test)]
@@ -49,8 +51,11 @@ mod tests {
             base("kvm2-integration", "test-image", "qcow2"),
             "base-kvm2-integration-test-image.qcow2"
         );
-        // Pinned with Python's hashlib: sha256(url).hexdigest()[:16].
-        assert_eq!(url_key("https://example.com/a.qcow2"), "4124fe5315443ffa");
+        // Pinned with Python's hashlib: "url-" + sha256(url).hexdigest()[:32].
+        assert_eq!(
+            url_key("https://example.com/a.qcow2"),
+            "url-4124fe5315443ffac292e1429535a406"
+        );
         assert_ne!(
             url_key("https://example.com/a.qcow2"),
             url_key("https://example.com/b.qcow2")

@@ -79,7 +79,8 @@ pub async fn list_marked(cx: &OpCtx, host: &dyn Host) -> Result<Vec<Instance>, L
             Ok(mark) if mark.managed => out.push(
                 Instance::new(id::format(host.name(), &name), InstanceState::Provisioning)
                     .with_uid(mark.uid)
-                    .with_created_at(mark.created_at),
+                    .with_created_at(mark.created_at)
+                    .with_installation(mark.installation),
             ),
             Ok(_) => {}
             Err(e) => tracing::debug!(domain = %name, error = %e, "skipping domain with unreadable metadata"),

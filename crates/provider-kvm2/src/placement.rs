@@ -47,6 +47,19 @@ fn is_http_url(raw: &str) -> bool {
     })
 }
 
+/// Whether the host of http(s) URL `raw` is a link-local address literal.
+fn url_host_is_link_local(raw: &str) -> bool {
+    let rest = raw.split_once("//").map_or("", |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let host = if host_port.starts_with('[') {
+        host_port.split(']').next().map(|h| format!("{h}]")).unwrap_or_default()
+    } else {
+        host_port.split(':').next().unwrap_or_default().to_owned()
+    };
+    crate::image::is_link_local_host(&host)
+}
+
 /// Resolves `placement` for block `block` (`kvm2`) of a validated config.
 ///
 /// # Errors
@@ -81,6 +94,14 @@ pub fn resolve<'a>(block: &str, cfg: &'a KvmConfig, placement: &Placement) -> Re
             format: image.effective_format().to_owned(),
             firmware: image.effective_firmware().to_owned(),
         },
+        // Review M12: an image URL comes from the Proxy, not the operator's config; it may not
+        // send the operator to a link-local address (a cloud metadata service).
+        None if is_http_url(&placement.image) && url_host_is_link_local(&placement.image) => {
+            return Err(format!(
+                "placement.image {:?} points at a link-local address; the operator does not fetch from there",
+                placement.image
+            ));
+        }
         None if is_http_url(&placement.image) => Image {
             key: names::url_key(&placement.image),
             url: placement.image.clone(),
@@ -198,6 +219,14 @@ mod tests {
             (
                 placement("nuc", "small", "ftp://example.com/x.qcow2"),
                 "placement.image \"ftp://example.com/x.qcow2\" is neither a key in kvm2.images nor an http(s) URL",
+            ),
+            (
+                placement("nuc", "small", "http://169.254.169.254/latest/meta-data/x.qcow2"),
+                "placement.image \"http://169.254.169.254/latest/meta-data/x.qcow2\" points at a link-local address; the operator does not fetch from there",
+            ),
+            (
+                placement("nuc", "small", "http://[fe80::1]:80/x.qcow2"),
+                "placement.image \"http://[fe80::1]:80/x.qcow2\" points at a link-local address; the operator does not fetch from there",
             ),
             (
                 placement("nuc", "small", "https:///x.qcow2"),

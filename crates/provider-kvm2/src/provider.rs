@@ -190,7 +190,8 @@ impl Kvm2Provider {
             Err(e) => return Err(Failure::call(format!("looking up domain {name}"), e)),
         }
 
-        let img = Cached::new(&self.shared.entry, &r.host.name, pool, &r.image);
+        let mut img = Cached::new(&self.shared.entry, &r.host.name, pool, &r.image);
+        img.room_after = disk_bytes(&self.shared.cfg)?.saturating_add(SEED_RESERVE);
         // The first look at the pool (the marker lookup) is where a missing pool is a config
         // error; once seen, a pool missing is one that vanished during the create: a race.
         let image_bytes = image::size_if_uncached(cx, host, &self.shared.http, &img).await?;

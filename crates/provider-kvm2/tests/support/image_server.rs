@@ -22,6 +22,8 @@ pub enum Serve {
     HeadRefused,
     /// HEAD answers 200 with `Content-Length: 0`; GET serves the image.
     HeadZero,
+    /// HEAD announces this length; GET serves the image (a mirror that changed in between).
+    HeadLength(u64),
 }
 
 #[derive(Debug)]
@@ -124,6 +126,10 @@ async fn answer(mut conn: tokio::net::TcpStream, state: Arc<Mutex<State>>) {
             &[],
         ),
         (Serve::HeadZero, true) => (ok(Some(0)), &[]),
+        (Serve::HeadLength(n), true) => (
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"),
+            &[],
+        ),
         (Serve::NoLength, false) => (ok(None), &image[..]),
         (Serve::Truncate(n), false) => (ok(Some(image.len())), &image[..n.min(image.len())]),
         (_, true) => (ok(Some(image.len())), &[]),

@@ -1,0 +1,399 @@
+//! The kvm2 provider's own rules over the libvirt fake and a local image mirror: the image
+//! cache (spec/kvm.md §6), the pool-space precheck, the adoption guard, and the review's
+//! findings (§13) that concern kvm2, each named where it is tested.
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use egress_conformance::{CallKind, Fault, Times};
+use egress_libvirt::fake::{FakeHost, FakeVolume};
+use egress_libvirt::host::DomainState;
+use egress_libvirt::{DomainSpec, Flavour, KVM_NAMESPACE, KVM2_NAMESPACE, Mark};
+use egress_provider::{ErrorClass, InstanceState, OpCtx, Provider, ProviderError, ProviderId};
+use egress_provider_kvm2::Kvm2Provider;
+use support::image_server::Serve;
+use support::{FakeBackend, HOSTS, IMAGE_KEY, POOL, image_bytes, request_in, sha256_hex};
+
+const ENTRY: &str = "kvm2-home";
+
+fn base() -> String {
+    egress_provider_kvm2::names::base(ENTRY, IMAGE_KEY, "qcow2")
+}
+
+fn marker() -> String {
+    egress_provider_kvm2::names::marker(&base())
+}
+
+async fn backend() -> (FakeBackend, Kvm2Provider) {
+    let b = FakeBackend::new().await;
+    let p = b.provider(ENTRY, b.config(false)).unwrap();
+    (b, p)
+}
+
+fn class(r: Result<impl std::fmt::Debug, ProviderError>) -> (ErrorClass, String) {
+    let e = r.expect_err("an error");
+    (e.class(), e.to_string())
+}
+
+fn host(b: &FakeBackend) -> &FakeHost {
+    &b.hosts[0]
+}
+
+fn volume_names(b: &FakeBackend) -> Vec<String> {
+    host(b).volumes(POOL).into_keys().collect()
+}
+
+fn calls(b: &FakeBackend, kind: &str) -> usize {
+    b.interceptor.call_log().iter().filter(|c| c.kind.0 == kind).count()
+}
+
+#[tokio::test]
+async fn a_cold_cache_downloads_once_and_a_warm_one_not_at_all() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    // Two proxies on one host at once: the image lock lets one download.
+    let (q1, q2) = (request_in("cold-1", HOSTS[0]), request_in("cold-2", HOSTS[0]));
+    let (r1, r2) = tokio::join!(p.create(&cx, &q1), p.create(&cx, &q2));
+    let id = r1.unwrap();
+    r2.unwrap();
+    assert_eq!(b.server.gets(), 1, "one download for two creates");
+    let vols = host(&b).volumes(POOL);
+    assert_eq!(vols[&base()].bytes, image_bytes());
+    assert_eq!(vols[&marker()].bytes, sha256_hex(&image_bytes()).into_bytes());
+    // The overlay is backed by the base and sized by diskSizeGb.
+    let overlay = &vols[&egress_provider_kvm2::names::overlay(&request_in("cold-1", HOSTS[0]).name)];
+    assert_eq!(overlay.backing.as_deref(), Some(vols[&base()].path.as_str()));
+    assert_eq!(overlay.capacity, 10 << 30);
+    // Warm: no request at all, not even the precheck's HEAD.
+    let before = b.server.requests();
+    p.create(&cx, &request_in("warm", HOSTS[0])).await.unwrap();
+    assert_eq!(b.server.requests(), before);
+    // Delete leaves the shared cache.
+    p.delete(&cx, &id).await.unwrap();
+    assert!(volume_names(&b).contains(&base()) && volume_names(&b).contains(&marker()));
+}
+
+#[tokio::test]
+async fn h4_a_cached_digest_that_differs_from_the_config_is_refused_untouched() {
+    let (b, _) = backend().await;
+    let cx = OpCtx::background();
+    // Another digest on the host than the config names.
+    let other = "d1".repeat(32);
+    for (name, bytes) in [(base(), b"old image".to_vec()), (marker(), other.clone().into_bytes())] {
+        host(&b).put_volume(
+            POOL,
+            &name,
+            FakeVolume {
+                path: format!("/fake/{POOL}/{name}"),
+                capacity: bytes.len() as u64,
+                format: "qcow2".into(),
+                backing: None,
+                bytes,
+            },
+        );
+    }
+    let p = b.provider(ENTRY, b.config(false)).unwrap();
+    let (c, text) = class(p.create(&cx, &request_in("h4", HOSTS[0])).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(
+        text.contains(&other) && text.contains(&sha256_hex(&image_bytes())),
+        "{text}"
+    );
+    assert_eq!(b.server.requests(), 0, "no HTTP request");
+    assert_eq!(calls(&b, "StorageVolDelete"), 0, "nothing deleted");
+    assert_eq!(host(&b).volumes(POOL)[&base()].bytes, b"old image");
+    // Another entry has a base of its own: no clash at all.
+    assert_ne!(
+        egress_provider_kvm2::names::base("kvm2-lab", IMAGE_KEY, "qcow2"),
+        base()
+    );
+}
+
+#[tokio::test]
+async fn h4_an_entry_name_that_cannot_name_a_volume_is_refused() {
+    let b = FakeBackend::new().await;
+    let e = b.provider("kvm2/home", b.config(false)).unwrap_err().to_string();
+    assert!(e.contains("\"kvm2/home\"") && e.contains("letters, digits"), "{e}");
+}
+
+#[tokio::test]
+async fn an_incomplete_or_unreadable_cache_is_fetched_again() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    // A base without its marker: a download that died.
+    host(&b).put_volume(
+        POOL,
+        &base(),
+        FakeVolume {
+            path: "/fake/half".into(),
+            capacity: 1,
+            format: "qcow2".into(),
+            backing: None,
+            bytes: b"half".to_vec(),
+        },
+    );
+    p.create(&cx, &request_in("half", HOSTS[0])).await.unwrap();
+    assert_eq!(b.server.gets(), 1);
+    assert_eq!(host(&b).volumes(POOL)[&base()].bytes, image_bytes());
+    // A marker that holds no digest: both go, and the image comes again.
+    host(&b).put_volume(
+        POOL,
+        &marker(),
+        FakeVolume {
+            path: "/fake/m".into(),
+            capacity: 64,
+            format: "raw".into(),
+            backing: None,
+            bytes: b"not a digest".to_vec(),
+        },
+    );
+    p.create(&cx, &request_in("garbled", HOSTS[0])).await.unwrap();
+    assert_eq!(b.server.gets(), 2);
+    assert_eq!(
+        host(&b).volumes(POOL)[&marker()].bytes,
+        sha256_hex(&image_bytes()).into_bytes()
+    );
+}
+
+#[tokio::test]
+async fn failed_downloads_are_classified_and_leave_no_base() {
+    for (serve, want, words) in [
+        (Serve::Status(404), ErrorClass::Permanent, "HTTP 404"),
+        (Serve::Status(503), ErrorClass::Transient, "HTTP 503"),
+        (Serve::Status(429), ErrorClass::Transient, "HTTP 429"),
+        (Serve::NoLength, ErrorClass::Permanent, "no Content-Length"),
+        // H2: the body ends early; the upload ends cleanly and the short read is reported.
+        (
+            Serve::Truncate(100_000),
+            ErrorClass::Transient,
+            "the response ended after",
+        ),
+    ] {
+        let (b, p) = backend().await;
+        // The precheck must pass for the download to be reached.
+        if matches!(serve, Serve::NoLength | Serve::Truncate(_)) {
+            b.server.serve(Serve::HeadLength(image_bytes().len() as u64));
+            b.server.serve(serve.clone());
+        } else {
+            b.server.serve(serve.clone());
+        }
+        let (c, text) = class(p.create(&OpCtx::background(), &request_in("dl", HOSTS[0])).await);
+        assert_eq!(c, want, "{serve:?}: {text}");
+        assert!(text.contains(words), "{serve:?}: {text}");
+        assert!(
+            !volume_names(&b).iter().any(|v| v.starts_with("base-")),
+            "{serve:?} left {:?}",
+            volume_names(&b)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_digest_mismatch_is_permanent_and_discards_the_download() {
+    let b = FakeBackend::new().await;
+    let mut cfg = b.config(false);
+    cfg.images.get_mut(IMAGE_KEY).unwrap().sha256 = "ab".repeat(32);
+    let p = b.provider(ENTRY, cfg).unwrap();
+    let (c, text) = class(p.create(&OpCtx::background(), &request_in("sha", HOSTS[0])).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(text.contains("does not match the configured"), "{text}");
+    assert!(volume_names(&b).is_empty(), "{:?}", volume_names(&b));
+}
+
+#[tokio::test]
+async fn m9_a_head_without_a_usable_length_falls_back_to_get() {
+    for serve in [Serve::HeadZero, Serve::HeadRefused] {
+        let (b, p) = backend().await;
+        b.server.serve(serve.clone());
+        p.create(&OpCtx::background(), &request_in("m9", HOSTS[0]))
+            .await
+            .unwrap_or_else(|e| panic!("{serve:?}: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn the_pool_space_precheck_is_a_quota_and_creates_nothing() {
+    let b = FakeBackend::new().await;
+    // Room for the image and the seed, not for a 10 GiB overlay.
+    let small = FakeHost::sharing(HOSTS[0], POOL, 1 << 30, b.interceptor.clone());
+    let p = Kvm2Provider::new(
+        ENTRY,
+        b.config(false),
+        vec![Box::new(small.clone()), Box::new(b.hosts[1].clone())],
+    )
+    .unwrap();
+    let (c, text) = class(p.create(&OpCtx::background(), &request_in("q", HOSTS[0])).await);
+    assert_eq!(c, ErrorClass::QuotaExceeded, "{text}");
+    assert!(text.contains("bytes available"), "{text}");
+    assert!(small.volumes(POOL).is_empty() && small.domains().is_empty());
+    // M4: the pool is refreshed before its free space is read.
+    let log: Vec<_> = b.interceptor.call_log().into_iter().map(|c| c.kind.0).collect();
+    let refresh = log.iter().position(|k| *k == "StoragePoolRefresh").unwrap();
+    let info = log.iter().position(|k| *k == "StoragePoolGetInfo").unwrap();
+    assert!(refresh < info, "{log:?}");
+}
+
+#[tokio::test]
+async fn m11_the_downloads_own_length_is_checked_against_the_pool() {
+    let b = FakeBackend::new().await;
+    let mut cfg = b.config(false);
+    cfg.disk_size_gb = 1;
+    // HEAD says small (the precheck passes); GET's real length does not fit.
+    let tight = FakeHost::sharing(HOSTS[0], POOL, (1 << 30) + (16 << 20) + 200_000, b.interceptor.clone());
+    let p = Kvm2Provider::new(ENTRY, cfg, vec![Box::new(tight.clone()), Box::new(b.hosts[1].clone())]).unwrap();
+    b.server.serve(Serve::HeadLength(1000));
+    let (c, text) = class(p.create(&OpCtx::background(), &request_in("m11", HOSTS[0])).await);
+    // The GET's length is over what is left once nothing else is on the pool? Then quota.
+    assert_eq!(c, ErrorClass::QuotaExceeded, "{text}");
+    assert!(text.contains("needed for image"), "{text}");
+    assert!(tight.volumes(POOL).is_empty(), "{:?}", tight.volumes(POOL));
+}
+
+#[tokio::test]
+async fn m3_a_failed_define_removes_the_volumes_it_made() {
+    let (b, p) = backend().await;
+    b.interceptor
+        .fail(CallKind("DomainDefineXML"), Fault::BadRequest, Times::Once);
+    let req = request_in("m3", HOSTS[0]);
+    let (c, _) = class(p.create(&OpCtx::background(), &req).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    let left = volume_names(&b);
+    assert!(
+        !left.iter().any(|v| v.starts_with(&req.name)),
+        "the overlay or seed was left: {left:?}"
+    );
+    // The cache stays.
+    assert!(left.contains(&base()));
+}
+
+fn domain_xml(name: &str) -> String {
+    DomainSpec {
+        name: name.into(),
+        memory_mib: 128,
+        vcpus: 1,
+        mark: Mark::default(),
+        firmware: "uefi".into(),
+        domain_type: "qemu".into(),
+        cpu_mode: None,
+        disk_path: "/d".into(),
+        disk_format: "qcow2".into(),
+        seed_path: "/s".into(),
+        bridge: "br0".into(),
+    }
+    .to_xml(Flavour::Kvm2)
+    .unwrap()
+}
+
+#[tokio::test]
+async fn m2_a_domain_of_another_provider_is_neither_read_nor_deleted() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let name = "docker-29";
+    host(&b).define_directly(&domain_xml(name));
+    // Marked by the first-generation provider only.
+    host(&b).set_metadata(name, KVM2_NAMESPACE, None);
+    host(&b).set_metadata(
+        name,
+        KVM_NAMESPACE,
+        Some(Mark::new("u-1", SystemTime::now()).to_xml(KVM_NAMESPACE).unwrap()),
+    );
+    for v in [format!("{name}.qcow2"), format!("{name}-seed.iso")] {
+        host(&b).put_volume(
+            POOL,
+            &v,
+            FakeVolume {
+                path: format!("/fake/{v}"),
+                capacity: 1,
+                format: "raw".into(),
+                backing: None,
+                bytes: Vec::new(),
+            },
+        );
+    }
+    let id = ProviderId::new(format!("hosts/{}/domains/{name}", HOSTS[0]));
+    let (c, text) = class(p.get(&cx, &id).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(text.contains("not managed by this provider"), "{text}");
+    p.delete(&cx, &id).await.unwrap();
+    assert!(host(&b).domains().contains_key(name), "the domain was deleted");
+    assert_eq!(volume_names(&b).len(), 2, "its volumes were deleted");
+}
+
+#[tokio::test]
+async fn a_paused_domain_is_not_started_and_m1_not_stopped() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let req = request_in("paused", HOSTS[0]);
+    let id = p.create(&cx, &req).await.unwrap();
+    host(&b).set_state(&req.name, DomainState::Paused);
+    // M1: get does not report Stopped (which would make the reconciler destroy it).
+    assert_eq!(p.get(&cx, &id).await.unwrap().state, InstanceState::Provisioning);
+    // A repeated create does not start it: an administrator's doing.
+    let starts = calls(&b, "DomainCreate");
+    let (c, text) = class(p.create(&cx, &req).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(text.contains("DomainPaused"), "{text}");
+    assert_eq!(calls(&b, "DomainCreate"), starts);
+}
+
+#[tokio::test]
+async fn l9_a_creation_time_in_the_future_reads_as_now() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let req = request_in("l9", HOSTS[0]);
+    let id = p.create(&cx, &req).await.unwrap();
+    let tomorrow = SystemTime::now() + Duration::from_secs(86_400);
+    host(&b).set_metadata(
+        &req.name,
+        KVM2_NAMESPACE,
+        Some(Mark::new(req.uid.clone(), tomorrow).to_xml(KVM2_NAMESPACE).unwrap()),
+    );
+    let got = p.get(&cx, &id).await.unwrap().created_at.unwrap();
+    assert!(got <= SystemTime::now(), "{got:?}");
+    let listed = p.list_by_tag(&cx).await.unwrap();
+    assert!(listed.iter().all(|i| i.created_at.unwrap() <= SystemTime::now()));
+}
+
+#[tokio::test]
+async fn the_installation_mark_is_written_and_read_back() {
+    let (_b, p) = backend().await;
+    let cx = OpCtx::background();
+    let mut req = request_in("inst", HOSTS[0]);
+    req.installation = Some("prod-eu".into());
+    let id = p.create(&cx, &req).await.unwrap();
+    assert_eq!(p.get(&cx, &id).await.unwrap().installation.as_deref(), Some("prod-eu"));
+    let listed = p.list_by_tag(&cx).await.unwrap();
+    assert_eq!(listed[0].installation.as_deref(), Some("prod-eu"));
+}
+
+#[tokio::test]
+async fn m12_a_link_local_image_url_is_refused_before_any_request() {
+    let (b, p) = backend().await;
+    let mut req = request_in("m12", HOSTS[0]);
+    req.placement.image = "http://169.254.169.254/latest/x.qcow2".into();
+    let (c, _) = class(p.create(&OpCtx::background(), &req).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(b.interceptor.call_log().is_empty());
+}
+
+#[tokio::test]
+async fn m15_a_connection_lost_while_listing_fails_the_list() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    p.create(&cx, &request_in("m15", HOSTS[0])).await.unwrap();
+    b.interceptor
+        .fail(CallKind("DomainGetMetadata"), Fault::ConnectionReset, Times::Once);
+    let (c, _) = class(p.list_by_tag(&cx).await);
+    assert_eq!(c, ErrorClass::Transient);
+}
+
+#[tokio::test]
+async fn l18_l19_the_check_covers_every_host_and_bounds_what_it_reports() {
+    let (_b, p) = backend().await;
+    let checker = p.clone();
+    let statuses = egress_provider::Checker::check(&checker, &OpCtx::background()).await;
+    let names: Vec<_> = statuses.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, HOSTS);
+    assert!(statuses.iter().all(|s| s.ready && s.details["hostname"].len() <= 253));
+}
