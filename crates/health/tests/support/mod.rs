@@ -25,6 +25,11 @@ pub struct Pki {
 }
 
 pub fn pki() -> Pki {
+    pki_for(&["localhost", "127.0.0.1"])
+}
+
+/// A test CA and a target certificate for `names` (DNS names or IP addresses).
+pub fn pki_for(names: &[&str]) -> Pki {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -34,7 +39,8 @@ pub fn pki() -> Pki {
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf_params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    let leaf_params =
+        rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_string()).collect::<Vec<_>>()).unwrap();
     let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let server = rustls::ServerConfig::builder_with_provider(provider)
@@ -111,7 +117,12 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, seen: Seen) {
 
 /// A TLS target on 127.0.0.1; returns its address and what it saw.
 pub async fn tls_target(pki: &Pki) -> (SocketAddr, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    tls_target_at(pki, "127.0.0.1").await
+}
+
+/// A TLS target on address `ip` (any port); returns its address and what it saw.
+pub async fn tls_target_at(pki: &Pki, ip: &str) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Seen = Arc::default();
     let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
@@ -132,7 +143,12 @@ pub async fn tls_target(pki: &Pki) -> (SocketAddr, Seen) {
 
 /// A plain HTTP target on 127.0.0.1.
 pub async fn http_target() -> (SocketAddr, Seen) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    http_target_at("127.0.0.1").await
+}
+
+/// A plain HTTP target on address `ip` (any port).
+pub async fn http_target_at(ip: &str) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Seen = Arc::default();
     let kept = seen.clone();

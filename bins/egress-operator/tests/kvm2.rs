@@ -1,0 +1,262 @@
+//! The shipped binary with a kvm2 entry on the local hypervisor (`cargo xtask hypervisor up`),
+//! end to end: a Managed Proxy gets a real domain booting the test guest (the image downloaded
+//! by the operator from a server in this test and uploaded over SSH), the health engine proves
+//! it with a CONNECT through the guest to a TLS target on the host, the discovery API leases it,
+//! a request through the lease's ip:port reaches a target through the guest, and deleting the
+//! Proxy removes the domain and its volumes (the cached base stays).
+//!
+//! Skips without a hypervisor; fails under `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1).
+
+mod common;
+
+#[path = "../../../crates/health/tests/support/mod.rs"]
+mod support;
+
+#[path = "../../../crates/provider-kvm2/tests/support/image_server.rs"]
+mod image_server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Cluster, Operator, cluster, operator_binary};
+use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec};
+use egress_libvirt::HypervisorEnv;
+use egress_libvirt::host::Host;
+use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
+use egress_provider::OpCtx;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::wait::await_condition;
+use sha2::{Digest as _, Sha256};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
+/// A software-emulated guest boots in about half a minute; the first create also downloads and
+/// uploads the image.
+const BOOT_PATIENCE: Duration = Duration::from_secs(240);
+
+fn env_or_skip() -> Option<HypervisorEnv> {
+    match HypervisorEnv::load() {
+        Ok(Some(env)) => Some(env),
+        Ok(None) if std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1") => {
+            panic!(
+                "the test hypervisor is required but {} is missing",
+                HypervisorEnv::file().display()
+            )
+        }
+        Ok(None) => {
+            println!("SKIPPED: no test hypervisor (cargo xtask hypervisor up)");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn wait_for(api: &Api<Proxy>, name: &str, what: &str, cond: impl Fn(&Proxy) -> bool + Send + 'static) -> Proxy {
+    let wait = await_condition(api.clone(), name, move |p: Option<&Proxy>| p.is_some_and(&cond));
+    tokio::time::timeout(BOOT_PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: not {what} within {BOOT_PATIENCE:?}"))
+        .unwrap()
+        .unwrap()
+}
+
+fn seam(env: &HypervisorEnv) -> RemoteHost {
+    let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
+    RemoteHost::new(
+        HostTarget {
+            name: "hv".into(),
+            address: env.ssh_address.clone(),
+            user: env.ssh_user.clone(),
+            socket: env.libvirt_socket.clone(),
+        },
+        Arc::new(Pool::new(Arc::new(Dialer::new(options)))),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
+    let Some(env) = env_or_skip() else { return };
+    let image = std::fs::read(&env.guest_image).unwrap();
+    let digest: String = Sha256::digest(&image).iter().map(|b| format!("{b:02x}")).collect();
+    let mirror = image_server::ImageServer::start(image, "127.0.0.1:0").await;
+    // Targets the guest reaches on its bridge's host address.
+    let pki = support::pki_for(&[&env.gateway]);
+    let (probe_target, probe_seen) = support::tls_target_at(&pki, &env.gateway).await;
+    let (target, target_seen) = support::http_target_at(&env.gateway).await;
+
+    let entry = "kvm2-e2e";
+    let providers = format!(
+        "providers:
+  - name: {entry}
+    type: kvm2
+    kvm2:
+      sshKeyFile: {key}
+      knownHostsFile: {known}
+      domainType: {domain_type}
+      diskSizeGb: 1
+      images:
+        test-image:
+          url: {url}
+          sha256: {digest}
+      machineTypes:
+        small: {{vcpus: 1, memoryMiB: 256}}
+      hosts:
+        - name: hv
+          address: {address}
+          user: {user}
+          socket: {socket}
+          pool: {pool}
+          bridge: {bridge}
+",
+        key = env.ssh_key.display(),
+        known = env.known_hosts.display(),
+        domain_type = env.domain_type,
+        url = mirror.url(),
+        address = env.ssh_address,
+        user = env.ssh_user,
+        socket = env.libvirt_socket,
+        pool = env.pool,
+        bridge = env.bridge,
+    );
+    let Cluster {
+        server,
+        dir,
+        kubeconfig,
+        providers_flag,
+    } = cluster("kvm2-e2e", &providers).await;
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    let flags = [
+        providers_flag,
+        format!("--health-check-ca-file={}", ca.display()),
+        format!("--health-check-url=https://{}:{}/204", env.gateway, probe_target.port()),
+        "--health-probe-bind-address=0".into(),
+        "--zap-encoder=json".into(),
+        "--discovery-addr=127.0.0.1:0".into(),
+    ];
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut op = Operator::start(
+        &operator_binary(),
+        &args,
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("DISCOVERY_TOKEN", "crawler-token"),
+        ],
+    );
+    let discovery = op.wait_msg("Serving the discovery API")["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    op.wait_msg("Starting manager");
+
+    let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
+    let proxy = Proxy::new(
+        "vm-1",
+        ProxySpec {
+            mode: Mode::Managed,
+            provider: entry.into(),
+            placement: Some(Placement {
+                zone: "hv".into(),
+                machine_type: "small".into(),
+                image: "test-image".into(),
+                ..Placement::default()
+            }),
+            cloud_init: Some(CloudInit {
+                inline: Some("#cloud-config\n".into()),
+                ..CloudInit::default()
+            }),
+            port: 3128,
+            health_check: Some(HealthCheckSpec::default()),
+            ..ProxySpec::default()
+        },
+    );
+    api.create(&PostParams::default(), &proxy).await.unwrap();
+    let ready = wait_for(&api, "vm-1", "Ready", |p| {
+        p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
+    })
+    .await;
+    let status = ready.status.clone().unwrap();
+    let ip = status.ip.clone();
+    assert!(!ip.is_empty(), "a Ready proxy has an address");
+    let provider_id = status.provider_id.clone();
+    assert!(provider_id.starts_with("hosts/hv/domains/proxy-"), "{provider_id}");
+    assert!(
+        !probe_seen.lock().unwrap().is_empty(),
+        "the health probe never reached its target"
+    );
+
+    // Leased through the discovery API.
+    let grant: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://{discovery}/v1/leases"))
+        .bearer_auth("crawler-token")
+        .body(r#"{"target": "example.com"}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(grant["proxy"]["id"], "default/vm-1", "{grant}");
+    assert_eq!(grant["proxy"]["ip"], ip.as_str(), "{grant}");
+    let port = grant["proxy"]["port"].as_u64().unwrap();
+
+    // A request through the lease's ip:port reaches the target through the guest.
+    let tcp = tokio::net::TcpStream::connect((ip.as_str(), u16::try_from(port).unwrap()))
+        .await
+        .unwrap();
+    let mut tunnel = BufReader::new(tcp);
+    tunnel
+        .get_mut()
+        .write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut line = String::new();
+    tunnel.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("HTTP/1.1 200"), "CONNECT answered {line:?}");
+    line.clear();
+    tunnel.read_line(&mut line).await.unwrap();
+    tunnel
+        .get_mut()
+        .write_all(format!("GET /via-lease/204 HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tunnel.read_line(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 204"), "the target answered {answer:?}");
+    assert!(
+        target_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(l, _)| l.starts_with("GET /via-lease/204")),
+        "the target never saw the request"
+    );
+
+    // Deleting the Proxy removes the domain and its volumes; the cached base stays.
+    api.delete("vm-1", &DeleteParams::default()).await.unwrap();
+    let gone = await_condition(api.clone(), "vm-1", |p: Option<&Proxy>| p.is_none());
+    tokio::time::timeout(BOOT_PATIENCE, gone)
+        .await
+        .expect("the Proxy is not gone")
+        .unwrap();
+    let host = seam(&env);
+    let cx = OpCtx::background().with_timeout(Duration::from_secs(60));
+    let name = provider_id.rsplit('/').next().unwrap();
+    let domains = host.domain_names(&cx).await.unwrap();
+    assert!(!domains.iter().any(|d| d == name), "the domain is still defined");
+    let volumes = host.volume_names(&cx, &env.pool).await.unwrap();
+    assert!(
+        !volumes.iter().any(|v| v.starts_with(name)),
+        "volumes left: {volumes:?}"
+    );
+    assert!(
+        volumes.contains(&format!("base-{entry}-test-image.qcow2")),
+        "{volumes:?}"
+    );
+    assert!(
+        volumes.contains(&format!("base-{entry}-test-image.qcow2.sha256")),
+        "{volumes:?}"
+    );
+
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+}
