@@ -167,9 +167,21 @@ fn discovery(root: &Path, release: bool) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
-    health(root, release)?;
-    discovery(root, release)?;
+pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> Result<()> {
+    let known = ["health", "discovery", "operator", "kvm2"];
+    if let Some(unknown) = only.iter().find(|o| !known.contains(&o.as_str())) {
+        bail!("no bench named {unknown:?} (known: {})", known.join(", "));
+    }
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    if wanted("health") {
+        health(root, release)?;
+    }
+    if wanted("discovery") {
+        discovery(root, release)?;
+    }
+    if !wanted("operator") && !wanted("kvm2") {
+        return Ok(());
+    }
     let profile = if release { "release" } else { "debug" };
     let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     build.current_dir(root).args([
@@ -180,6 +192,8 @@ pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
         "egress-operator",
         "--bin",
         "egress-kube-testserver",
+        "--bin",
+        "egress-operator",
         "--example",
         "reference_operator",
     ]);
@@ -196,6 +210,12 @@ pub(crate) fn run(root: &Path, count: usize, release: bool) -> Result<()> {
     let dir = target.join("bench");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
+    if wanted("kvm2") {
+        crate::bench_kvm2::run(root, &bin, &dir)?;
+    }
+    if !wanted("operator") {
+        return Ok(());
+    }
     let kubeconfig = dir.join("kubeconfig");
     let providers = dir.join("providers.yaml");
     std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n")?;

@@ -478,13 +478,18 @@ fn pki_ca(path: &Path) -> Result<reqwest::Certificate> {
 const TARGET_GREETING: &str = "hello from the egress dev target";
 
 /// A CA and a certificate for 127.0.0.1 and localhost signed by it, made at start.
-struct Pki {
-    ca_pem: String,
-    server: Arc<rustls::ServerConfig>,
+pub(crate) struct Pki {
+    pub(crate) ca_pem: String,
+    pub(crate) server: Arc<rustls::ServerConfig>,
 }
 
 impl Pki {
     fn new() -> Result<Self> {
+        Self::for_names(&["localhost", "127.0.0.1"])
+    }
+
+    /// A CA and a certificate for `names` (DNS names or addresses).
+    pub(crate) fn for_names(names: &[&str]) -> Result<Self> {
         let ca_key = rcgen::KeyPair::generate()?;
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -494,7 +499,7 @@ impl Pki {
         let ca = ca_params.self_signed(&ca_key)?;
         let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
         let leaf_key = rcgen::KeyPair::generate()?;
-        let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?
+        let leaf = rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())?
             .signed_by(&leaf_key, &issuer)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server = rustls::ServerConfig::builder_with_provider(provider)
@@ -523,7 +528,12 @@ impl Pki {
 /// An HTTPS target on 127.0.0.1: `204` on `/generate_204` (the health probe), a greeting
 /// elsewhere. Minimal HTTP/1.1: one request per connection.
 async fn tls_target(config: Arc<rustls::ServerConfig>) -> Result<std::net::SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    tls_target_at(config, "127.0.0.1").await
+}
+
+/// As [`tls_target`], listening on address `ip`.
+pub(crate) async fn tls_target_at(config: Arc<rustls::ServerConfig>, ip: &str) -> Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
     let addr = listener.local_addr()?;
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {

@@ -36,6 +36,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_kvm2;
 mod crds;
 mod dev;
 mod hypervisor;
@@ -94,13 +95,17 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Memory and time to Ready of the operator with many Proxies (a release build by default).
+    /// The benchmarks (a release build by default): the health engine, the discovery API, the
+    /// operator's memory and time to Ready with many Proxies, and kvm2 on the local hypervisor.
     Bench {
         #[arg(long, default_value_t = 10_000)]
         proxies: usize,
         /// Measure a debug build (faster to build, not representative of the image).
         #[arg(long)]
         debug: bool,
+        /// Run only these benches (health, discovery, operator, kvm2); all by default.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
 }
 
@@ -152,7 +157,7 @@ fn run(cli: Cli) -> Result<()> {
             HypervisorAction::Status => hypervisor::status(),
         },
         Cmd::Crds { check } => crds::run(&root, check),
-        Cmd::Bench { proxies, debug } => bench::run(&root, proxies, !debug),
+        Cmd::Bench { proxies, debug, only } => bench::run(&root, proxies, !debug, &only),
         Cmd::Packages => system::ensure_packages(system::APT_PACKAGES),
         Cmd::Ci => {
             system::ensure_packages(system::APT_PACKAGES)?;

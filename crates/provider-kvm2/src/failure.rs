@@ -168,7 +168,7 @@ mod tests {
             LibvirtError::daemon(
                 1,
                 format!(
-                    "bad user-data {:?} (token=abc123) at content: TOP-SECRET-1",
+                    "bad user-data {:?} from https://x/?access_token=abc123 at line '  - content: TOP-SECRET-1'",
                     String::from_utf8_lossy(ci)
                 ),
             ),

@@ -541,12 +541,39 @@ async fn upload(
     Ok(digest)
 }
 
+/// How often, and how far apart, a refresh refused because of another upload is tried again.
+const REFRESH_TRIES: u32 = 10;
+const REFRESH_PAUSE: Duration = Duration::from_secs(1);
+
+/// Refreshes the pool after an upload. libvirt refuses a refresh while any upload into the pool
+/// runs (error 1, "pool has asynchronous jobs running"), such as another create's seed: that is
+/// tried again for a few seconds rather than throwing away a verified download.
+async fn refresh_after_upload(cx: &OpCtx, own: &dyn Host, pool: &str) -> Result<(), Failure> {
+    let mut tries = 0;
+    loop {
+        match own.refresh_pool(cx, pool).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is(code::INTERNAL_ERROR) && tries + 1 < REFRESH_TRIES => {
+                tries += 1;
+                tracing::debug!(pool, error = %e, "pool refresh refused; trying again");
+                cx.run(tokio::time::sleep(REFRESH_PAUSE)).await.map_err(|why| {
+                    Failure::transient(format!("refreshing storage pool {pool} after the upload: {why}"))
+                })?;
+            }
+            Err(e) => {
+                return Err(Failure::call(
+                    format!("refreshing storage pool {pool} after the upload"),
+                    e,
+                ));
+            }
+        }
+    }
+}
+
 /// Refreshes the pool (libvirt re-reads the uploaded image's real format and size), then
 /// writes the marker that completes the base.
 async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str) -> Result<(), Failure> {
-    own.refresh_pool(cx, img.pool)
-        .await
-        .doing(|| format!("refreshing storage pool {} after the upload", img.pool))?;
+    refresh_after_upload(cx, own, img.pool).await?;
     let xml = VolumeSpec {
         name: img.marker.clone(),
         capacity_bytes: 64,

@@ -397,3 +397,20 @@ async fn l18_l19_the_check_covers_every_host_and_bounds_what_it_reports() {
     assert_eq!(names, HOSTS);
     assert!(statuses.iter().all(|s| s.ready && s.details["hostname"].len() <= 253));
 }
+
+#[tokio::test]
+async fn m10_a_refresh_refused_by_another_upload_does_not_lose_the_download() {
+    let (b, p) = backend().await;
+    // The precheck's refresh (tolerated) and the first refresh after the upload are refused,
+    // as libvirt does while another upload into the pool runs.
+    b.interceptor.fail(
+        CallKind("StoragePoolRefresh"),
+        Fault::Raw("internal error: pool 'default' has asynchronous jobs running.".into()),
+        Times::N(2),
+    );
+    p.create(&OpCtx::background(), &request_in("m10", HOSTS[0]))
+        .await
+        .unwrap();
+    assert_eq!(b.server.gets(), 1);
+    assert!(volume_names(&b).contains(&marker()));
+}

@@ -1,0 +1,342 @@
+//! The kvm2 figures of `cargo xtask bench`, on the local hypervisor (`cargo xtask hypervisor
+//! up`; skipped without it): the time from creating a Proxy to Ready with a cold and with a
+//! warm image cache, and the operator's peak memory while it streams a 512 MiB image into the
+//! host's pool.
+//!
+//! The shipped operator runs against `egress-kube-testserver` with one kvm2 entry whose name is
+//! new each run (so its cache starts cold); the images are served from this process; the health
+//! probe's target listens on the bridge's host address. Everything made is removed at the end,
+//! the cached base images included.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec};
+use kube::api::{Api, DeleteParams, PostParams};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::dev::{Pki, tls_target_at};
+use crate::procs::{Killed, free_port, wait_for_file};
+
+/// The size of the image whose upload is measured.
+const BIG_IMAGE: u64 = 512 << 20;
+/// How long one Proxy may take to become Ready.
+const READY_BUDGET: Duration = Duration::from_secs(600);
+
+/// The settings `cargo xtask hypervisor up` wrote, or `None` when it has not run.
+fn hypervisor_settings() -> Result<Option<BTreeMap<String, String>>> {
+    let file =
+        std::env::var_os("EGRESS_HV_ENV").map_or_else(|| PathBuf::from(crate::hypervisor::ENV_FILE), PathBuf::from);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+    };
+    Ok(Some(
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+            .collect(),
+    ))
+}
+
+/// A file of `size` pseudo-random bytes (incompressible, like an image).
+fn write_big_image(path: &Path, size: u64) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut chunk = vec![0u8; 1 << 20];
+    for _ in 0..size / chunk.len() as u64 {
+        for word in chunk.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            word.copy_from_slice(&x.to_le_bytes());
+        }
+        out.write_all(&chunk)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Serves `files` (URL path to file) over plain HTTP/1.1, streamed from disk, with their length.
+async fn serve_files(files: BTreeMap<String, PathBuf>) -> Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let files = Arc::new(files);
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let files = files.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let mut parts = line.split(' ');
+                let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+                let Some(file) = files.get(path) else {
+                    let _ = conn
+                        .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                        .await;
+                    return;
+                };
+                let Ok(mut f) = tokio::fs::File::open(file).await else {
+                    return;
+                };
+                let Ok(meta) = f.metadata().await else { return };
+                let header = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    meta.len()
+                );
+                if conn.write_all(header.as_bytes()).await.is_err() || method == "HEAD" {
+                    return;
+                }
+                let _ = tokio::io::copy(&mut f, &mut conn).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+fn rss_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn virsh(args: &[&str]) -> bool {
+    Command::new("virsh")
+        .args(["-c", "qemu:///system"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn proxy(entry: &str, image: &str) -> ProxySpec {
+    ProxySpec {
+        mode: Mode::Managed,
+        provider: entry.to_owned(),
+        placement: Some(Placement {
+            zone: "hv".into(),
+            machine_type: "small".into(),
+            image: image.into(),
+            ..Placement::default()
+        }),
+        cloud_init: Some(CloudInit {
+            inline: Some("#cloud-config\n".into()),
+            ..CloudInit::default()
+        }),
+        port: 3128,
+        health_check: Some(HealthCheckSpec::default()),
+        ..ProxySpec::default()
+    }
+}
+
+async fn time_to_ready(api: &Api<Proxy>, name: &str, spec: ProxySpec) -> Result<Duration> {
+    let started = Instant::now();
+    api.create(&PostParams::default(), &Proxy::new(name, spec)).await?;
+    loop {
+        let p = api.get(name).await?;
+        if p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > READY_BUDGET {
+            bail!("{name} not Ready after {READY_BUDGET:?}: {:?}", p.status);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn delete_all(api: &Api<Proxy>, names: &[&str]) -> Result<()> {
+    for name in names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+    let started = Instant::now();
+    for name in names {
+        while api.get_opt(name).await?.is_some() {
+            if started.elapsed() > READY_BUDGET {
+                bail!("{name} was not deleted");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the kvm2 bench with the binaries in `bin` and scratch space `dir`; prints its table.
+pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
+    let Some(hv) = hypervisor_settings()? else {
+        println!("\nkvm2 bench skipped: no test hypervisor (run `cargo xtask hypervisor up` first)");
+        return Ok(());
+    };
+    let get = |k: &str| {
+        hv.get(&format!("EGRESS_HV_{k}"))
+            .cloned()
+            .with_context(|| format!("EGRESS_HV_{k} missing from the hypervisor settings"))
+    };
+    let (gateway, pool) = (get("GATEWAY")?, get("POOL")?);
+    let dir = dir.join("kvm2");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let big = dir.join("big.raw");
+    write_big_image(&big, BIG_IMAGE)?;
+    let entry = format!(
+        "kvm2-bench-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    let _guard = runtime.enter();
+    let pki = Pki::for_names(&[gateway.as_str()])?;
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem)?;
+    let probe_target = runtime.block_on(tls_target_at(pki.server.clone(), &gateway))?;
+    let mirror = runtime.block_on(serve_files(BTreeMap::from([
+        ("/guest.qcow2".to_owned(), PathBuf::from(get("GUEST_IMAGE")?)),
+        ("/big.raw".to_owned(), big.clone()),
+    ])))?;
+    let providers = dir.join("providers.yaml");
+    std::fs::write(
+        &providers,
+        format!(
+            "providers:
+  - name: {entry}
+    type: kvm2
+    kvm2:
+      sshKeyFile: {key}
+      knownHostsFile: {known}
+      domainType: {domain_type}
+      diskSizeGb: 1
+      images:
+        guest: {{url: 'http://{mirror}/guest.qcow2'}}
+        big: {{url: 'http://{mirror}/big.raw', format: raw}}
+      machineTypes:
+        small: {{vcpus: 1, memoryMiB: 256}}
+      hosts:
+        - {{name: hv, address: '{address}', user: {user}, socket: {socket}, pool: {pool}, bridge: {bridge}}}
+",
+            key = get("SSH_KEY")?,
+            known = get("KNOWN_HOSTS")?,
+            domain_type = get("DOMAIN_TYPE")?,
+            address = get("SSH_ADDRESS")?,
+            user = get("SSH_USER")?,
+            socket = get("LIBVIRT_SOCKET")?,
+            bridge = get("BRIDGE")?,
+        ),
+    )?;
+
+    let kubeconfig = dir.join("kubeconfig");
+    let mut server = Killed(
+        Command::new(bin.join("egress-kube-testserver"))
+            .args(["--namespace", "bench", "--crds"])
+            .arg(root.join("deploy/crds"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("testserver.log"))?)
+            .spawn()
+            .context("starting egress-kube-testserver")?,
+    );
+    wait_for_file(&kubeconfig, &mut server.0)?;
+    let operator = Killed(
+        Command::new(bin.join("egress-operator"))
+            .arg(format!("--providers-config={}", providers.display()))
+            .arg(format!("--health-check-ca-file={}", ca.display()))
+            .arg(format!(
+                "--health-check-url=https://{gateway}:{}/generate_204",
+                probe_target.port()
+            ))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()?))
+            .args([
+                "--metrics-secure=false",
+                "--health-probe-bind-address=0",
+                "--discovery-addr=127.0.0.1:0",
+                "--zap-encoder=json",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("operator.log"))?)
+            .spawn()
+            .context("starting the operator")?,
+    );
+    let pid = operator.0.id();
+
+    let figures = runtime.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig)?,
+            &Default::default(),
+        )
+        .await?;
+        let api: Api<Proxy> = Api::namespaced(kube::Client::try_from(config)?, "bench");
+        let measured = async {
+            let cold = time_to_ready(&api, "cold", proxy(&entry, "guest")).await?;
+            let warm = time_to_ready(&api, "warm", proxy(&entry, "guest")).await?;
+            let before = rss_kib(pid, "VmHWM:");
+            let marker = format!("base-{entry}-big.raw.sha256");
+            let started = Instant::now();
+            api.create(&PostParams::default(), &Proxy::new("big", proxy(&entry, "big")))
+                .await?;
+            while !virsh(&["vol-info", "--pool", &pool, &marker]) {
+                if started.elapsed() > READY_BUDGET {
+                    bail!("the 512 MiB image was not cached within {READY_BUDGET:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let upload = started.elapsed();
+            let after = rss_kib(pid, "VmHWM:");
+            anyhow::Ok((cold, warm, upload, before, after))
+        }
+        .await;
+        let cleaned = delete_all(&api, &["cold", "warm", "big"]).await;
+        let figures = measured?;
+        cleaned?;
+        anyhow::Ok(figures)
+    });
+    drop(operator);
+    drop(server);
+    for volume in ["guest.qcow2", "big.raw"] {
+        let base = format!("base-{entry}-{volume}");
+        virsh(&["vol-delete", "--pool", &pool, &format!("{base}.sha256")]);
+        virsh(&["vol-delete", "--pool", &pool, &base]);
+    }
+    let _ = std::fs::remove_file(&big);
+    let (cold, warm, upload, before, after) = figures?;
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!();
+    println!("| kvm2 on the local hypervisor (software-emulated guests) | figure |");
+    println!("|---|---|");
+    println!("| Proxy created to Ready, cold image cache (13 MB qcow2 downloaded and uploaded first) | {cold:.1?} |");
+    println!("| Proxy created to Ready, warm image cache | {warm:.1?} |");
+    println!("| 512 MiB image: Proxy created to base cached (download, SHA-256, upload over SSH) | {upload:.1?} |");
+    println!(
+        "| operator peak RSS before / after that upload (limit 128 MiB) | {:.1} MiB / {:.1} MiB |",
+        mib(before),
+        mib(after)
+    );
+    Ok(())
+}
