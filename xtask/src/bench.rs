@@ -21,7 +21,7 @@ use crate::procs::{Killed, free_port, wait_for_file};
 /// The manager Deployment's memory limit.
 const LIMIT_MIB: f64 = 128.0;
 
-fn rss_kib(pid: u32, key: &str) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -167,6 +167,25 @@ fn discovery(root: &Path, release: bool) -> Result<()> {
     Ok(())
 }
 
+/// Starts `egress-kube-testserver` from `bin` with the CRDs and namespace `bench`; returns it
+/// and the kubeconfig it wrote into `dir`.
+pub(crate) fn start_test_server(root: &Path, bin: &Path, dir: &Path) -> Result<(Killed, PathBuf)> {
+    let kubeconfig = dir.join("kubeconfig");
+    let mut server = Killed(
+        Command::new(bin.join("egress-kube-testserver"))
+            .args(["--namespace", "bench", "--crds"])
+            .arg(root.join("deploy/crds"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("testserver.log"))?)
+            .spawn()
+            .context("starting egress-kube-testserver")?,
+    );
+    wait_for_file(&kubeconfig, &mut server.0)?;
+    Ok((server, kubeconfig))
+}
+
 pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> Result<()> {
     let known = ["health", "discovery", "operator", "kvm2"];
     if let Some(unknown) = only.iter().find(|o| !known.contains(&o.as_str())) {
@@ -216,22 +235,9 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     if !wanted("operator") {
         return Ok(());
     }
-    let kubeconfig = dir.join("kubeconfig");
     let providers = dir.join("providers.yaml");
     std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n")?;
-
-    let mut server = Killed(
-        Command::new(bin.join("egress-kube-testserver"))
-            .args(["--namespace", "bench", "--crds"])
-            .arg(root.join("deploy/crds"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("testserver.log"))?)
-            .spawn()
-            .context("starting egress-kube-testserver")?,
-    );
-    wait_for_file(&kubeconfig, &mut server.0)?;
+    let (server, kubeconfig) = start_test_server(root, &bin, &dir)?;
 
     let runtime = tokio::runtime::Runtime::new()?;
     let created = runtime.block_on(async {

@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::dev::{Pki, tls_target_at};
-use crate::procs::{Killed, free_port, wait_for_file};
+use crate::procs::{Killed, free_port};
 
 /// The size of the image whose upload is measured.
 const BIG_IMAGE: u64 = 512 << 20;
@@ -114,15 +114,7 @@ async fn serve_files(files: BTreeMap<String, PathBuf>) -> Result<std::net::Socke
 }
 
 fn rss_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::bench::rss_kib(pid, key).unwrap_or(0)
 }
 
 fn virsh(args: &[&str]) -> bool {
@@ -250,19 +242,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
         ),
     )?;
 
-    let kubeconfig = dir.join("kubeconfig");
-    let mut server = Killed(
-        Command::new(bin.join("egress-kube-testserver"))
-            .args(["--namespace", "bench", "--crds"])
-            .arg(root.join("deploy/crds"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("testserver.log"))?)
-            .spawn()
-            .context("starting egress-kube-testserver")?,
-    );
-    wait_for_file(&kubeconfig, &mut server.0)?;
+    let (server, kubeconfig) = crate::bench::start_test_server(root, bin, &dir)?;
     let operator = Killed(
         Command::new(bin.join("egress-operator"))
             .arg(format!("--providers-config={}", providers.display()))

@@ -77,6 +77,9 @@ impl DialOptions {
     }
 }
 
+/// How far inside a caller's deadline a dial gives up by itself.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
+
 /// Dials hosts with one set of options.
 #[derive(Debug)]
 pub struct Dialer {
@@ -122,10 +125,21 @@ impl Dialer {
         let link = Link::new();
         let mut stage = Stage::Credentials;
         let steps = self.steps(host, &link, &mut stage);
+        // Review L17: the dial's own budget ends just inside the caller's deadline, so a host
+        // that does not answer reads as unreachable rather than as the caller's timeout.
+        let budget = match cx.deadline() {
+            Some(deadline) => self.options.budget.min(
+                deadline
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .saturating_sub(DEADLINE_MARGIN),
+            ),
+            None => self.options.budget,
+        };
         let result = tokio::select! {
-            r = steps => r,
+            biased;
             why = cx.done() => Err(DialCause::Cancelled(why.to_string())),
-            () = tokio::time::sleep(self.options.budget) => Err(DialCause::Budget(self.options.budget)),
+            r = steps => r,
+            () = tokio::time::sleep(budget) => Err(DialCause::Budget(budget)),
         };
         match result {
             Ok(connection) => {
@@ -175,7 +189,12 @@ impl Dialer {
             link: link.clone(),
         };
         let config = Arc::new(client::Config {
-            keepalive_interval: Some(self.options.keepalive),
+            // Review L1: a zero interval would probe without pause; the default instead.
+            keepalive_interval: Some(if self.options.keepalive.is_zero() {
+                DialOptions::KEEPALIVE
+            } else {
+                self.options.keepalive
+            }),
             keepalive_max: 1,
             nodelay: true,
             ..client::Config::default()

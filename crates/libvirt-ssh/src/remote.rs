@@ -146,6 +146,17 @@ impl Host for RemoteHost {
         .await
     }
 
+    async fn volume_capacity(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<u64> {
+        let (pool, name) = (pool.to_owned(), volume.to_owned());
+        self.run(cx, "StorageVolGetInfo", RPC_BUDGET, move |c| {
+            Ok(c.lookup_storage_pool_by_name(&pool)?
+                .lookup_storage_vol_by_name(&name)?
+                .info()?
+                .capacity)
+        })
+        .await
+    }
+
     async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>> {
         let pool = pool.to_owned();
         self.run(cx, "StoragePoolListAllVolumes", RPC_BUDGET, move |c| {
@@ -390,6 +401,14 @@ impl Host for RemoteHost {
             Ok(kept)
         })
         .await
+    }
+
+    async fn close(self: Box<Self>) {
+        if let Some(conn) = self.own
+            && let Ok(conn) = Arc::try_unwrap(conn)
+        {
+            conn.close().await;
+        }
     }
 
     async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>> {

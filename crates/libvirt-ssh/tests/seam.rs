@@ -130,6 +130,13 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
         format!("reading the upload source for {failing}: the mirror went away")
     );
     assert!(err.transport);
+    assert_eq!(host.volume_capacity(&cx, pool, &marker).await.unwrap(), 64);
+    assert!(
+        host.volume_capacity(&cx, pool, &missing)
+            .await
+            .unwrap_err()
+            .is(code::NO_STORAGE_VOL)
+    );
     let listed = host.volume_names(&cx, pool).await.unwrap();
     assert!(listed.contains(&failing) && listed.contains(&marker), "{listed:?}");
     assert!(
@@ -167,6 +174,7 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
         disk_format: "raw".into(),
         seed_path: host.volume_path(&cx, pool, &seed).await.unwrap(),
         bridge: bridge.to_owned(),
+        mac: None,
     }
     .to_xml(Flavour::Kvm2)
     .unwrap();
@@ -334,6 +342,7 @@ async fn a_guest_booted_through_the_seam_reports_its_address_and_our_seed() {
             disk_format: "qcow2".into(),
             seed_path: host.volume_path(&cx, pool, &seed).await.unwrap(),
             bridge: env.bridge.clone(),
+            mac: None,
         }
         .to_xml(Flavour::Kvm2)
         .unwrap();

@@ -54,6 +54,8 @@ pub struct DomainSpec {
     pub seed_path: String,
     /// The bridge the NIC attaches to.
     pub bridge: String,
+    /// The NIC's MAC address; `None` lets libvirt choose one.
+    pub mac: Option<String>,
 }
 
 /// An input kvm2 refuses (Permanent for the provider).
@@ -89,6 +91,13 @@ impl DomainSpec {
             }
             if self.seed_path.is_empty() {
                 return invalid("seed path is empty".to_owned());
+            }
+            // Review L11.
+            if self.vcpus <= 0 {
+                return invalid(format!("vcpus must be positive, got {}", self.vcpus));
+            }
+            if self.memory_mib <= 0 {
+                return invalid(format!("memory must be positive, got {} MiB", self.memory_mib));
             }
             if !matches!(disk_format, "qcow2" | "raw") {
                 return invalid(format!("disk format must be qcow2 or raw, got {disk_format:?}"));
@@ -171,6 +180,7 @@ impl DomainSpec {
             .child(Element::new("readonly"));
         let nic = Element::new("interface")
             .attr("type", "bridge")
+            .child_if(self.mac.as_ref().map(|m| Element::new("mac").attr("address", m)))
             .child(Element::new("source").attr("bridge", &self.bridge))
             .child(Element::new("model").attr("type", "virtio"));
         Element::new("devices")
@@ -224,6 +234,7 @@ mod tests {
             disk_format: "qcow2".into(),
             seed_path: "/var/lib/libvirt/images/proxy-abc-seed.iso".into(),
             bridge: "br0".into(),
+            mac: None,
         }
     }
 
@@ -325,7 +336,7 @@ mod tests {
     #[test]
     fn kvm2_refuses_what_cannot_work() {
         type Edit = dyn Fn(&mut DomainSpec);
-        let cases: [(&Edit, &str); 6] = [
+        let cases: [(&Edit, &str); 8] = [
             (&|s| s.name.clear(), "domain XML: name is empty"),
             (&|s| s.disk_path.clear(), "domain XML: disk path is empty"),
             (&|s| s.seed_path.clear(), "domain XML: seed path is empty"),
@@ -341,12 +352,29 @@ mod tests {
                 &|s| s.firmware = "UEFI".into(),
                 "domain XML: firmware must be uefi or bios, got \"UEFI\"",
             ),
+            (&|s| s.vcpus = 0, "domain XML: vcpus must be positive, got 0"),
+            (
+                &|s| s.memory_mib = -1,
+                "domain XML: memory must be positive, got -1 MiB",
+            ),
         ];
         for (edit, want) in cases {
             let mut s = spec();
             edit(&mut s);
             assert_eq!(s.to_xml(Flavour::Kvm2).unwrap_err().to_string(), want);
         }
+    }
+
+    #[test]
+    fn a_mac_address_goes_on_the_nic_when_given() {
+        let mut s = spec();
+        assert!(!s.to_xml(Flavour::Kvm2).unwrap().contains("<mac"));
+        s.mac = Some("52:54:00:ab:cd:ef".into());
+        let xml = s.to_xml(Flavour::Kvm2).unwrap();
+        assert!(
+            xml.contains("<interface type=\"bridge\">\n      <mac address=\"52:54:00:ab:cd:ef\"/>\n      <source bridge=\"br0\"/>"),
+            "{xml}"
+        );
     }
 
     #[test]

@@ -438,10 +438,18 @@ impl Host for FakeHost {
             st.leased = st.leased.wrapping_add(1).max(2);
             let ip = format!("{a}.{b}.{c}.{}", st.leased);
             if let Some(d) = st.domains.get_mut(domain) {
+                // The NIC's MAC as the document sets it (libvirt makes one up otherwise).
+                let hwaddr = d
+                    .xml
+                    .split("<mac address=\"")
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or("52:54:00:00:00:01")
+                    .to_owned();
                 d.addresses.entry(AddressSource::Agent.name()).or_insert_with(|| {
                     Ok(vec![Interface {
                         name: "eth0".to_owned(),
-                        hwaddr: "52:54:00:00:00:01".to_owned(),
+                        hwaddr,
                         addresses: vec![crate::host::Address { kind: 0, text: ip }],
                     }])
                 });
@@ -542,6 +550,14 @@ impl Host for FakeHost {
             },
         );
         Ok(())
+    }
+
+    async fn volume_capacity(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<u64> {
+        self.enter(cx, "StorageVolGetInfo", volume, code::NO_STORAGE_VOL)
+            .await?;
+        let st = self.lock();
+        let (_, volumes) = st.pools.get(pool).ok_or_else(|| no_pool(pool))?;
+        volumes.get(volume).map(|v| v.capacity).ok_or_else(|| no_volume(volume))
     }
 
     async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>> {

@@ -330,6 +330,10 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// Creates a volume in `pool` from `xml` ([`code::STORAGE_VOL_EXIST`] when the name is taken).
     async fn create_volume(&self, cx: &OpCtx, pool: &str, xml: &str) -> LvResult<()>;
 
+    /// The capacity of `volume` in `pool`: for an image, its virtual size once the pool was
+    /// refreshed after its upload.
+    async fn volume_capacity(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<u64>;
+
     /// The names of every volume in `pool`.
     async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>>;
 
@@ -348,6 +352,10 @@ pub trait Host: Send + Sync + fmt::Debug {
 
     /// The same host over a connection of its own, closed when dropped (long uploads, checks).
     async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>>;
+
+    /// Closes a connection of its own (from [`Host::dedicated`]) and returns once libvirt let
+    /// go of it (bounded); dropping only starts that. Nothing for the shared connection.
+    async fn close(self: Box<Self>) {}
 }
 
 #[cfg(test)]

@@ -90,10 +90,10 @@ pub fn vendor_data(extra: &[u8], install_guest_agent: bool) -> Vec<u8> {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SeedError {
     /// No instance name (Permanent for the provider).
-    #[error("building the seed ISO: the instance name is empty")]
+    #[error("building seed ISO: the instance name is empty")]
     EmptyName,
     /// The ISO writer failed.
-    #[error("building the seed ISO for {name}: {reason}")]
+    #[error("building seed ISO for {name}: {reason}")]
     Write {
         /// The instance.
         name: String,

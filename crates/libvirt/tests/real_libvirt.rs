@@ -144,6 +144,7 @@ fn our_volumes_domains_and_mark_work_on_the_real_libvirtd() {
         disk_format: "qcow2".into(),
         seed_path: seed,
         bridge: env.bridge.clone(),
+        mac: None,
     };
 
     // The first-generation document defines and undefines too.

@@ -33,6 +33,18 @@ pub fn pool_state_word(state: u32) -> String {
     }
 }
 
+/// A pool state as libvirt's constant names it (`StoragePoolInactive`), for messages.
+pub fn pool_state_name(state: u32) -> String {
+    match state {
+        0 => "StoragePoolInactive".to_owned(),
+        1 => "StoragePoolBuilding".to_owned(),
+        2 => "StoragePoolRunning".to_owned(),
+        3 => "StoragePoolDegraded".to_owned(),
+        4 => "StoragePoolInaccessible".to_owned(),
+        n => format!("StoragePoolState({n})"),
+    }
+}
+
 /// Bytes as GiB with one decimal.
 pub fn gib(bytes: u64) -> String {
     #[allow(clippy::cast_precision_loss)] // one decimal of a pool's size
@@ -124,6 +136,8 @@ mod tests {
         assert_eq!(pool_state_word(2), "running");
         assert_eq!(pool_state_word(4), "inaccessible");
         assert_eq!(pool_state_word(9), "state 9");
+        assert_eq!(pool_state_name(0), "StoragePoolInactive");
+        assert_eq!(pool_state_name(9), "StoragePoolState(9)");
         assert_eq!(gib(266_073_671_680), "247.8");
         assert_eq!(gib(0), "0.0");
     }

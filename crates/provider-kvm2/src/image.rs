@@ -211,6 +211,9 @@ pub async fn size_if_uncached(
     match host.volume_path(cx, img.pool, &img.marker).await {
         Ok(_) => return Ok(0),
         Err(e) if e.is(code::NO_STORAGE_VOL) => {}
+        Err(e) if e.is(code::NO_STORAGE_POOL) => {
+            return Err(Failure::call(format!("looking up storage pool {}", img.pool), e));
+        }
         Err(e) => return Err(Failure::call(format!("looking up marker {}", img.marker), e)),
     }
     let url = img.url();
@@ -286,6 +289,9 @@ pub async fn ensure(
             .record("otel.status_code", "error")
             .record("otel.status_description", e.to_string()),
     };
+    if fetched.is_err() {
+        discard_failed(host, img).await;
+    }
     fetched?;
     host.volume_path(cx, img.pool, &img.base)
         .await
@@ -323,9 +329,18 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
         tracing::debug!(volume = %img.marker, "base image marker holds no digest; refetching");
         let marker = discard(cx, host, img.pool, &img.marker).await;
         let base = discard(cx, host, img.pool, &img.base).await;
-        marker
-            .and(base)
-            .doing(|| format!("removing base volume {} and its unreadable marker", img.base))?;
+        if marker.is_err() || base.is_err() {
+            let errors: Vec<String> = [marker, base]
+                .into_iter()
+                .filter_map(Result::err)
+                .map(|e| e.to_string())
+                .collect();
+            return Err(Failure::transient(format!(
+                "removing base volume {} and its unreadable marker: {}",
+                img.base,
+                errors.join("; ")
+            )));
+        }
         return Ok(None);
     };
     if let Some(want) = &img.image.sha256
@@ -368,6 +383,16 @@ async fn discard(cx: &OpCtx, host: &dyn Host, pool: &str, volume: &str) -> Resul
     match host.delete_volume(cx, pool, volume).await {
         Err(e) if !e.is(code::NO_STORAGE_VOL) => Err(e),
         _ => Ok(()),
+    }
+}
+
+/// A task aborted when its handle goes, also when the future holding it is dropped (a transfer
+/// that ran out of its budget).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -441,10 +466,13 @@ async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached
         .await
         .doing(|| format!("reading storage pool {}", img.pool))?;
     let needed = size.saturating_add(img.room_after);
-    if info.available < needed {
+    let usable = info
+        .available
+        .saturating_sub(crate::provider::pool_headroom(info.capacity));
+    if usable < needed {
         return Err(Failure::quota(format!(
-            "storage pool {} has {} bytes available, {needed} needed for image {} ({size} bytes) and the volumes \
-             made from it",
+            "storage pool {} has {} bytes available ({usable} once 5% of the pool is kept free), {needed} needed \
+             for image {} ({size} bytes) and the volumes made from it",
             img.pool, info.available, img.base
         )));
     }
@@ -457,21 +485,20 @@ async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached
         Ok(digest) => write_marker(cx, own.as_ref(), img, &digest).await.map(|()| digest),
         Err(e) => Err(e),
     };
-    drop(own);
-    match outcome {
-        Ok(digest) => {
-            tracing::debug!(volume = %img.base, bytes = size, duration = ?started.elapsed(), sha256 = %digest, "base image cached");
-            Ok(())
-        }
-        Err(e) => {
-            // Not cut short by the caller: a half-written base must not be left when it can be
-            // removed; bounded all the same.
-            let cleanup = OpCtx::background().with_timeout(DISCARD_BUDGET);
-            if let Err(d) = discard(&cleanup, host, img.pool, &img.base).await {
-                tracing::debug!(volume = %img.base, error = %d, "incomplete base volume left behind; the next attempt removes it");
-            }
-            Err(e)
-        }
+    // Closed before anything else, so libvirt has let go of the upload's file when a failed
+    // base is removed (by the caller).
+    own.close().await;
+    let digest = outcome?;
+    tracing::debug!(volume = %img.base, bytes = size, duration = ?started.elapsed(), sha256 = %digest, "base image cached");
+    Ok(())
+}
+
+/// Removes a base whose download failed (or ran out of time): not cut short by the caller, as a
+/// half-written base must not be left when it can be removed; bounded all the same.
+async fn discard_failed(host: &dyn Host, img: &Cached<'_>) {
+    let cleanup = OpCtx::background().with_timeout(DISCARD_BUDGET);
+    if let Err(d) = discard(&cleanup, host, img.pool, &img.base).await {
+        tracing::debug!(volume = %img.base, error = %d, "incomplete base volume left behind; the next attempt removes it");
     }
 }
 
@@ -496,7 +523,7 @@ async fn upload(
         .await
         .doing(|| format!("creating base volume {}", img.base))?;
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
-    let pump = tokio::spawn(async move {
+    let pump = AbortOnDrop(tokio::spawn(async move {
         let mut body = response.bytes_stream();
         while let Some(chunk) = body.next().await {
             let failed = chunk.is_err();
@@ -505,7 +532,7 @@ async fn upload(
                 break;
             }
         }
-    });
+    }));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let reader = BodyReader {
         chunks: rx,
@@ -514,7 +541,7 @@ async fn upload(
     };
     let uploaded = own.upload(cx, img.pool, &img.base, size, Box::new(reader)).await;
     // The body is not needed any more, whatever happened.
-    pump.abort();
+    drop(pump);
     let tally = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
     if let Some(e) = tally.error {
         return Err(Failure::transient(format!(

@@ -111,6 +111,7 @@ pub(crate) fn test_domain_xml(name: &str, mark: egress_libvirt::Mark) -> String 
         disk_format: "qcow2".into(),
         seed_path: "/s".into(),
         bridge: "br0".into(),
+        mac: None,
     }
     .to_xml(egress_libvirt::Flavour::Kvm2)
     .unwrap()

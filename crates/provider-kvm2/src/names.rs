@@ -25,6 +25,14 @@ pub fn marker(base: &str) -> String {
     format!("{base}.sha256")
 }
 
+/// The MAC address of domain `name`'s NIC: QEMU's locally administered prefix `52:54:00` and
+/// three bytes of the name's SHA-256, so the provider knows which interface is the VM's own
+/// when the guest agent reports several (review M14).
+pub fn mac(name: &str) -> String {
+    let d = Sha256::digest(name.as_bytes());
+    format!("52:54:00:{:02x}:{:02x}:{:02x}", d[0], d[1], d[2])
+}
+
 /// The key of an image given by URL: `url-` and the first 32 hex characters of the URL's
 /// SHA-256 (review L8: 128 bits, and a prefix that sets URL images apart from catalogue keys).
 pub fn url_key(url: &str) -> String {
@@ -51,6 +59,10 @@ mod tests {
             base("kvm2-integration", "test-image", "qcow2"),
             "base-kvm2-integration-test-image.qcow2"
         );
+        let m = mac("proxy-a");
+        assert!(m.starts_with("52:54:00:") && m.len() == 17, "{m}");
+        assert_eq!(m, mac("proxy-a"));
+        assert_ne!(m, mac("proxy-b"));
         // Pinned with Python's hashlib: "url-" + sha256(url).hexdigest()[:32].
         assert_eq!(
             url_key("https://example.com/a.qcow2"),

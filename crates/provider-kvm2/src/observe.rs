@@ -3,10 +3,11 @@
 
 use std::net::IpAddr;
 
-use egress_libvirt::host::{AddressSource, DomainState, Host, code, first_ipv4};
+use egress_libvirt::host::{AddressSource, DomainState, Host, Interface, code, first_ipv4};
 use egress_provider::{InstanceState, OpCtx};
 
 use crate::failure::Failure;
+use crate::names;
 
 /// The reconciler's state for a libvirt state and whether an address was found.
 ///
@@ -28,6 +29,16 @@ pub fn map_state(state: DomainState, has_ip: bool) -> InstanceState {
 /// 20 s after start; the host's ARP table often never learns a guest on a plain bridge.
 pub const SOURCES: [AddressSource; 2] = [AddressSource::Agent, AddressSource::Arp];
 
+/// The interfaces of the VM's own NIC (by its MAC, review M14), so a guest running Docker, say,
+/// is not reached at `docker0`'s address; all of them when none carries that MAC (a domain
+/// defined before the provider set one).
+fn own_interfaces<'a>(interfaces: &'a [Interface], mac: &str) -> &'a [Interface] {
+    match interfaces.iter().position(|i| i.hwaddr.eq_ignore_ascii_case(mac)) {
+        Some(at) => &interfaces[at..=at],
+        None => interfaces,
+    }
+}
+
 /// The address of running domain `name` (H3):
 ///
 /// 1. each source in order; the first usable IPv4 wins;
@@ -46,9 +57,10 @@ pub const SOURCES: [AddressSource; 2] = [AddressSource::Agent, AddressSource::Ar
 pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<IpAddr>, Failure> {
     let mut answered = false;
     let mut failures = Vec::new();
+    let mac = names::mac(name);
     for source in SOURCES {
         match host.interface_addresses(cx, name, source).await {
-            Ok(interfaces) => match first_ipv4(&interfaces) {
+            Ok(interfaces) => match first_ipv4(own_interfaces(&interfaces, &mac)) {
                 Some(ip) => return Ok(Some(ip)),
                 // Answered, with nothing usable yet: not a failure.
                 None => answered = true,
@@ -58,7 +70,7 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
             // kernels) still lets a booting VM rest in Provisioning instead of failing every
             // poll until its agent starts.
             Err(e) if e.is(code::AGENT_UNRESPONSIVE) => {
-                tracing::debug!(source = source.name(), error = %e, "no addresses from source");
+                tracing::trace!(source = source.name(), error = %e, "no addresses from source");
                 answered = true;
             }
             Err(e) if e.is(code::NO_DOMAIN) => {
@@ -71,7 +83,7 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
                 )));
             }
             Err(e) => {
-                tracing::debug!(source = source.name(), error = %e, "no addresses from source");
+                tracing::trace!(source = source.name(), error = %e, "no addresses from source");
                 failures.push(format!("{}: {e}", source.name()));
             }
         }
@@ -155,6 +167,43 @@ mod tests {
         assert_eq!(
             discover(&cx, &fake, "vm").await.unwrap(),
             Some("192.168.1.99".parse().unwrap())
+        );
+    }
+
+    #[tokio::test]
+    async fn m14_the_address_is_the_vms_own_nics() {
+        let fake = FakeHost::new("hv", "default", 1 << 30);
+        running(&fake, "vm").await;
+        let cx = OpCtx::background();
+        let nic = |name: &str, hwaddr: &str, ip: &str| Interface {
+            name: name.into(),
+            hwaddr: hwaddr.into(),
+            addresses: vec![Address {
+                kind: 0,
+                text: ip.into(),
+            }],
+        };
+        fake.set_addresses(
+            "vm",
+            AddressSource::Agent,
+            Ok(vec![
+                nic("docker0", "02:42:ac:11:00:01", "172.17.0.1"),
+                nic("eth0", &names::mac("vm").to_uppercase(), "192.168.1.42"),
+            ]),
+        );
+        assert_eq!(
+            discover(&cx, &fake, "vm").await.unwrap(),
+            Some("192.168.1.42".parse().unwrap())
+        );
+        // Without an interface of that MAC, the first usable address of any.
+        fake.set_addresses(
+            "vm",
+            AddressSource::Agent,
+            Ok(vec![nic("docker0", "02:42:ac:11:00:01", "172.17.0.1")]),
+        );
+        assert_eq!(
+            discover(&cx, &fake, "vm").await.unwrap(),
+            Some("172.17.0.1".parse().unwrap())
         );
     }
 

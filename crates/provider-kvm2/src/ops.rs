@@ -15,15 +15,15 @@ use crate::{id, names};
 /// The first call that failed otherwise.
 pub async fn remove(cx: &OpCtx, host: &dyn Host, pool: &str, name: &str) -> Result<(), LibvirtError> {
     match host.destroy_domain(cx, name).await {
-        Ok(()) => tracing::debug!(domain = name, "domain destroyed"),
+        Ok(()) => tracing::debug!(host = host.name(), name, "domain destroyed"),
         Err(e) if e.is(code::OPERATION_INVALID) => {
-            tracing::debug!(domain = name, "domain not running, destroy skipped")
+            tracing::debug!(host = host.name(), name, "domain not running, destroy skipped")
         }
-        Err(e) if e.is(code::NO_DOMAIN) => tracing::debug!(domain = name, "domain already gone"),
+        Err(e) if e.is(code::NO_DOMAIN) => tracing::debug!(host = host.name(), name, "domain already gone"),
         Err(e) => return Err(e),
     }
     match host.undefine_domain(cx, name, UNDEFINE_FLAGS).await {
-        Ok(()) => tracing::debug!(domain = name, "domain undefined"),
+        Ok(()) => tracing::debug!(host = host.name(), name, "domain undefined"),
         Err(e) if e.is(code::NO_DOMAIN) => {}
         Err(e) => return Err(e),
     }
@@ -34,13 +34,13 @@ pub async fn remove(cx: &OpCtx, host: &dyn Host, pool: &str, name: &str) -> Resu
             Ok(()) => {}
             Err(e) if e.is(code::NO_STORAGE_VOL) => {}
             Err(e) if e.is(code::NO_STORAGE_POOL) => {
-                tracing::debug!(pool, "pool not found, no volumes to delete");
+                tracing::debug!(host = host.name(), name, pool, "pool not found, no volumes to delete");
                 return Ok(());
             }
             Err(e) => return Err(e),
         }
     }
-    tracing::debug!(domain = name, "per-VM volumes deleted");
+    tracing::debug!(host = host.name(), name, "per-VM volumes deleted");
     Ok(())
 }
 
@@ -56,9 +56,8 @@ pub async fn list_marked(cx: &OpCtx, host: &dyn Host) -> Result<Vec<Instance>, L
     for name in host.domain_names(cx).await? {
         let read = host.domain_metadata(cx, &name, KVM2_NAMESPACE).await;
         if let Some(why) = cx.interrupted() {
-            return Err(LibvirtError::transport(format!(
-                "listing domains on host {}: {why}",
-                host.name()
+            return Err(LibvirtError::timeout(format!(
+                "reading the mark of domain {name}: {why}"
             )));
         }
         let element = match read {
@@ -71,7 +70,7 @@ pub async fn list_marked(cx: &OpCtx, host: &dyn Host) -> Result<Vec<Instance>, L
             // a list that quietly lost them must not look complete.
             Err(e) if e.transport => return Err(e),
             Err(e) => {
-                tracing::debug!(domain = %name, error = %e, "skipping domain with unreadable metadata");
+                tracing::debug!(host = host.name(), name = %name, error = %e, "skipping domain with unreadable metadata");
                 continue;
             }
         };
@@ -83,7 +82,9 @@ pub async fn list_marked(cx: &OpCtx, host: &dyn Host) -> Result<Vec<Instance>, L
                     .with_installation(mark.installation),
             ),
             Ok(_) => {}
-            Err(e) => tracing::debug!(domain = %name, error = %e, "skipping domain with unreadable metadata"),
+            Err(e) => {
+                tracing::debug!(host = host.name(), name = %name, error = %e, "skipping domain with unreadable metadata")
+            }
         }
     }
     Ok(out)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use egress_libvirt::host::{DomainState, Host, POOL_RUNNING, code};
+use egress_libvirt::host::{DomainState, Host, POOL_RUNNING, UNDEFINE_FLAGS, code};
 use egress_libvirt::seed::{SeedError, seed_iso, vendor_data};
 use egress_libvirt::{DomainSpec, Flavour, KVM2_NAMESPACE, Mark, VolumeSpec};
 use egress_provider::config::KvmConfig;
@@ -112,9 +112,9 @@ impl Kvm2Provider {
         let shown = failure.shown(cloud_init);
         match failure.libvirt() {
             Some(e) if !e.transport => {
-                tracing::debug!(op = op.as_str(), error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "kvm2 backend call failed");
+                tracing::debug!(op = op.as_str(), id, error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "kvm2 backend call failed");
             }
-            _ => tracing::debug!(op = op.as_str(), error = %shown, "kvm2 backend call failed"),
+            _ => tracing::debug!(op = op.as_str(), id, error = %shown, "kvm2 backend call failed"),
         }
         failure.into_provider_error(op, &self.shared.entry, id, cloud_init)
     }
@@ -183,8 +183,26 @@ impl Kvm2Provider {
         match host.domain_metadata(cx, name, KVM2_NAMESPACE).await {
             Ok(element) => {
                 let mark = adoption(name, element, &req.uid)?;
-                tracing::debug!(uid = %mark.uid, "kvm2 domain already defined");
-                return ensure_running(cx, host, name).await;
+                tracing::debug!(host = host.name(), name, uid = %mark.uid, "kvm2 domain already defined");
+                if !self.volumes_gone(cx, host, pool, name).await? {
+                    return ensure_running(cx, host, name).await;
+                }
+                // Review L4: a stopped domain of ours whose overlay or seed is gone can never
+                // start; it is defined again, from the volumes up.
+                tracing::debug!(
+                    host = host.name(),
+                    name,
+                    "the domain's volumes are gone; defining it again"
+                );
+                match host.undefine_domain(cx, name, UNDEFINE_FLAGS).await {
+                    Err(e) if !e.is(code::NO_DOMAIN) => {
+                        return Err(Failure::call(
+                            format!("undefining domain {name} without its volumes"),
+                            e,
+                        ));
+                    }
+                    _ => {}
+                }
             }
             Err(e) if e.is(code::NO_DOMAIN) => {}
             Err(e) => return Err(Failure::call(format!("looking up domain {name}"), e)),
@@ -197,8 +215,22 @@ impl Kvm2Provider {
         let image_bytes = image::size_if_uncached(cx, host, &self.shared.http, &img).await?;
         let rest = async {
             self.check_pool_space(cx, host, &img, image_bytes).await?;
-            let base_path = image::ensure(cx, host, &self.shared.http, &self.shared.images, &img).await?;
-            self.define_or_clean(cx, host, r, req, &base_path).await?;
+            let path = image::ensure(cx, host, &self.shared.http, &self.shared.images, &img).await?;
+            let size = host
+                .volume_capacity(cx, pool, &img.base)
+                .await
+                .doing(|| format!("reading the size of base volume {}", img.base))?;
+            // Review M5: an overlay smaller than its image would cut the guest's disk short.
+            let disk = disk_bytes(&self.shared.cfg)?;
+            if size > disk {
+                return Err(Failure::permanent(format!(
+                    "image {} has a virtual size of {size} bytes, more than the {disk} bytes of {BLOCK}.diskSizeGb \
+                     ({} GiB): raise diskSizeGb",
+                    img.base,
+                    self.shared.cfg.effective_disk_size_gb()
+                )));
+            }
+            self.define_or_clean(cx, host, r, req, &Base { path, size }).await?;
             ensure_running(cx, host, name).await
         };
         rest.await.map_err(|f| match f.libvirt() {
@@ -217,22 +249,46 @@ impl Kvm2Provider {
         host: &dyn Host,
         r: &Resolved<'_>,
         req: &CreateRequest,
-        base_path: &str,
+        base: &Base,
     ) -> Result<(), Failure> {
         let (name, pool) = (req.name.as_str(), r.host.effective_pool());
-        let defined = self.define(cx, host, r, req, base_path).await;
-        if let Err(e) = defined {
+        let defined = self.define(cx, host, r, req, base).await;
+        // A call whose connection failed may have been carried out all the same: the domain
+        // may exist, using these volumes. Only a definite failure cleans up.
+        if let Err(e) = defined
+            && !e.libvirt().is_some_and(|l| l.transport)
+        {
             let cleanup = cleanup_cx();
             for volume in [names::overlay(name), names::seed(name)] {
                 if let Err(d) = host.delete_volume(&cleanup, pool, &volume).await
                     && !d.is(code::NO_STORAGE_VOL)
                 {
-                    tracing::debug!(volume, error = %d, "volume of an undefined domain left behind; the next delete removes it");
+                    tracing::debug!(host = host.name(), name, volume, error = %d, "volume of an undefined domain left behind; the next delete removes it");
                 }
             }
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Whether stopped domain `name` lost its overlay or seed (a running one has them open and
+    /// is left alone).
+    async fn volumes_gone(&self, cx: &OpCtx, host: &dyn Host, pool: &str, name: &str) -> Result<bool, Failure> {
+        let state = host
+            .domain_state(cx, name)
+            .await
+            .doing(|| format!("reading the state of domain {name}"))?;
+        if state.is_active() || matches!(state, DomainState::Paused | DomainState::PmSuspended) {
+            return Ok(false);
+        }
+        for volume in [names::overlay(name), names::seed(name)] {
+            match host.volume_path(cx, pool, &volume).await {
+                Ok(_) => {}
+                Err(e) if e.is(code::NO_STORAGE_VOL) => return Ok(true),
+                Err(e) => return Err(Failure::call(format!("looking up volume {volume}"), e)),
+            }
+        }
+        Ok(false)
     }
 
     /// The pool-space precheck: the image (`image_bytes`, 0 when cached), the overlay and the
@@ -254,7 +310,7 @@ impl Kvm2Provider {
             // libvirt refuses a refresh while an upload into the pool runs ("pool has
             // asynchronous jobs running"): its last numbers are the best there are then.
             Err(e) if !e.transport && !e.is(code::NO_STORAGE_POOL) => {
-                tracing::debug!(pool = img.pool, error = %e, "pool refresh refused; using libvirt's last numbers");
+                tracing::debug!(host = host.name(), pool = img.pool, error = %e, "pool refresh refused; using libvirt's last numbers");
             }
             Err(e) => return Err(Failure::call(format!("refreshing storage pool {}", img.pool), e)),
         }
@@ -266,16 +322,68 @@ impl Kvm2Provider {
             return Err(Failure::permanent(format!(
                 "storage pool {} is not running (state {})",
                 img.pool,
-                check::pool_state_word(info.state)
+                check::pool_state_name(info.state)
             )));
         }
-        if info.available < needed {
+        // Review M4: libvirt's free space includes the filesystem's root reserve, which QEMU
+        // cannot write to; a twentieth of the pool is kept free on top.
+        let usable = info.available.saturating_sub(pool_headroom(info.capacity));
+        if usable < needed {
             return Err(Failure::quota(format!(
-                "storage pool {} has {} bytes available, {needed} needed",
+                "storage pool {} has {} bytes available ({usable} once 5% of the pool is kept free), {needed} needed",
                 img.pool, info.available
             )));
         }
         Ok(())
+    }
+
+    /// The overlay of the domain: made, or an existing one reused (creation is atomic in
+    /// libvirt, so one that exists is complete), unless it is smaller than the image (a
+    /// leftover of another size, review M5): then it is made again.
+    async fn ensure_overlay(
+        &self,
+        cx: &OpCtx,
+        host: &dyn Host,
+        pool: &str,
+        overlay: &str,
+        r: &Resolved<'_>,
+        base: &Base,
+    ) -> Result<(), Failure> {
+        let xml = VolumeSpec {
+            name: overlay.to_owned(),
+            capacity_bytes: i64::try_from(disk_bytes(&self.shared.cfg)?).unwrap_or(i64::MAX),
+            format: "qcow2".to_owned(),
+            backing: Some((base.path.clone(), r.image.format.clone())),
+        }
+        .to_xml(Flavour::Kvm2)
+        .map_err(|e| Failure::permanent(e.to_string()))?;
+        let creating = || format!("creating overlay volume {overlay}");
+        match host.create_volume(cx, pool, &xml).await {
+            Ok(()) => {
+                tracing::debug!(host = host.name(), volume = overlay, base = %base.path, "overlay volume created");
+                return Ok(());
+            }
+            Err(e) if e.is(code::STORAGE_VOL_EXIST) => {}
+            Err(e) => return Err(Failure::call(creating(), e)),
+        }
+        let size = host
+            .volume_capacity(cx, pool, overlay)
+            .await
+            .doing(|| format!("reading the size of overlay volume {overlay}"))?;
+        if size >= base.size {
+            tracing::debug!(host = host.name(), volume = overlay, "overlay volume already exists");
+            return Ok(());
+        }
+        tracing::debug!(
+            host = host.name(),
+            volume = overlay,
+            bytes = size,
+            "overlay volume smaller than its image; making it again"
+        );
+        host.delete_volume(cx, pool, overlay)
+            .await
+            .doing(|| format!("removing short overlay volume {overlay}"))?;
+        host.create_volume(cx, pool, &xml).await.doing(creating)
     }
 
     /// Overlay, seed and domain definition.
@@ -285,29 +393,14 @@ impl Kvm2Provider {
         host: &dyn Host,
         r: &Resolved<'_>,
         req: &CreateRequest,
-        base_path: &str,
+        base: &Base,
     ) -> Result<(), Failure> {
         let cfg = &self.shared.cfg;
         let name = req.name.as_str();
         let pool = r.host.effective_pool();
 
         let overlay = names::overlay(name);
-        let xml = VolumeSpec {
-            name: overlay.clone(),
-            capacity_bytes: i64::try_from(disk_bytes(cfg)?).unwrap_or(i64::MAX),
-            format: "qcow2".to_owned(),
-            backing: Some((base_path.to_owned(), r.image.format.clone())),
-        }
-        .to_xml(Flavour::Kvm2)
-        .map_err(|e| Failure::permanent(e.to_string()))?;
-        match host.create_volume(cx, pool, &xml).await {
-            Ok(()) => tracing::debug!(volume = %overlay, base = %base_path, "overlay volume created"),
-            // Creation is atomic in libvirt: an overlay that exists is complete.
-            Err(e) if e.is(code::STORAGE_VOL_EXIST) => {
-                tracing::debug!(volume = %overlay, "overlay volume already exists")
-            }
-            Err(e) => return Err(Failure::call(format!("creating overlay volume {overlay}"), e)),
-        }
+        self.ensure_overlay(cx, host, pool, &overlay, r, base).await?;
 
         // The seed is always rebuilt: an earlier attempt may have died half way through it.
         let seed = names::seed(name);
@@ -318,11 +411,7 @@ impl Kvm2Provider {
             _ => {}
         }
         let vendor = vendor_data(cfg.vendor_data.as_bytes(), cfg.effective_install_guest_agent());
-        let iso = seed_iso(name, &req.cloud_init, &vendor).map_err(|e| match e {
-            SeedError::EmptyName => Failure::permanent(e.to_string()),
-            // Review M8: a writer failure is not the Proxy's fault; retry.
-            SeedError::Write { .. } => Failure::transient(e.to_string()),
-        })?;
+        let iso = seed_iso(name, &req.cloud_init, &vendor).map_err(seed_failure)?;
         let xml = VolumeSpec {
             name: seed.clone(),
             capacity_bytes: i64::try_from(iso.len()).unwrap_or(i64::MAX),
@@ -338,7 +427,7 @@ impl Kvm2Provider {
         host.upload(cx, pool, &seed, bytes as u64, Box::new(std::io::Cursor::new(iso)))
             .await
             .doing(|| format!("uploading seed volume {seed}"))?;
-        tracing::debug!(volume = %seed, bytes, "seed volume uploaded");
+        tracing::debug!(host = host.name(), name, volume = %seed, bytes, "seed volume uploaded");
 
         let disk_path = host
             .volume_path(cx, pool, &overlay)
@@ -362,16 +451,40 @@ impl Kvm2Provider {
             disk_format: "qcow2".to_owned(),
             seed_path,
             bridge: r.host.bridge.clone(),
+            mac: Some(names::mac(name)),
         }
         .to_xml(Flavour::Kvm2)
         .map_err(|e| Failure::permanent(e.to_string()))?;
         host.define_domain(cx, &xml)
             .await
             .doing(|| format!("defining domain {name}"))?;
-        tracing::debug!(uid = %req.uid, firmware = %r.image.firmware, "domain defined");
-        tracing::trace!(xml = %xml, "domain document");
+        tracing::debug!(host = host.name(), name, uid = %req.uid, firmware = %r.image.firmware, "domain defined");
+        tracing::trace!(host = host.name(), name, xml = %xml, "domain document");
         Ok(())
     }
+}
+
+/// What the pool-space checks keep free: a twentieth of the pool (a filesystem's usual root
+/// reserve, which libvirt counts as available but QEMU cannot write to).
+pub fn pool_headroom(capacity: u64) -> u64 {
+    capacity / 20
+}
+
+/// What a seed that could not be built means: only a missing name is the request's fault
+/// (review M8: a writer failure is retried).
+fn seed_failure(e: SeedError) -> Failure {
+    match e {
+        SeedError::EmptyName => Failure::permanent(e.to_string()),
+        SeedError::Write { .. } => Failure::transient(e.to_string()),
+    }
+}
+
+/// The cached base image of a create.
+struct Base {
+    /// Its path on the host.
+    path: String,
+    /// Its virtual size.
+    size: u64,
 }
 
 /// The overlay's size in bytes.
@@ -399,8 +512,10 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), F
         )));
     }
     match host.start_domain(cx, name).await {
-        Ok(()) => tracing::debug!("domain started"),
-        Err(e) if e.is(code::OPERATION_INVALID) => tracing::debug!("domain start reported it already running"),
+        Ok(()) => tracing::debug!(host = host.name(), name, "domain started"),
+        Err(e) if e.is(code::OPERATION_INVALID) => {
+            tracing::debug!(host = host.name(), name, "domain start reported it already running");
+        }
         Err(e) => return Err(Failure::call(format!("starting domain {name}"), e)),
     }
     let started = Instant::now();
@@ -444,7 +559,7 @@ impl Provider for Kvm2Provider {
             resolved.host.effective_pool(),
             &resolved.image,
         );
-        tracing::debug!(
+        tracing::trace!(
             host = %resolved.host.name,
             name = %req.name,
             pool = %img.pool,
@@ -475,7 +590,7 @@ impl Provider for Kvm2Provider {
         failure::guarding(&req.cloud_init, self.create_on(cx, host.as_ref(), &resolved, req))
             .await
             .map_err(|f| self.fail_scrubbed(op, &id, f, &req.cloud_init))?;
-        tracing::debug!(id = %id, "kvm2 domain ensured running");
+        tracing::debug!(host = %resolved.host.name, name = %req.name, id = %id, "kvm2 domain ensured running");
         Ok(ProviderId::new(id))
     }
 
@@ -646,5 +761,45 @@ fn truncate(s: &mut String, max: usize) {
             end -= 1;
         }
         s.truncate(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_provider::{ErrorClass, Op};
+
+    use super::*;
+
+    #[test]
+    fn m8_only_a_missing_name_makes_a_seed_failure_permanent() {
+        assert_eq!(
+            seed_failure(SeedError::EmptyName).class(Op::Create),
+            ErrorClass::Permanent
+        );
+        let write = SeedError::Write {
+            name: "vm".into(),
+            reason: "out of memory".into(),
+        };
+        assert_eq!(seed_failure(write).class(Op::Create), ErrorClass::Transient);
+    }
+
+    #[test]
+    fn l18_a_hostname_is_cut_on_a_character_boundary() {
+        let mut long = "é".repeat(200);
+        truncate(&mut long, HOSTNAME_MAX);
+        assert!(long.len() <= HOSTNAME_MAX && long.chars().all(|c| c == 'é'));
+        let mut short = "beelink".to_owned();
+        truncate(&mut short, HOSTNAME_MAX);
+        assert_eq!(short, "beelink");
+    }
+
+    #[test]
+    fn identifiers_are_what_volume_names_can_carry() {
+        for ok in ["kvm2-home", "a", "rack1.node_2", "9lives"] {
+            assert!(is_identifier(ok), "{ok}");
+        }
+        for bad in ["", "kvm2/home", "-x", ".hidden", "a b", "ü"] {
+            assert!(!is_identifier(bad), "{bad}");
+        }
     }
 }

@@ -59,7 +59,7 @@ pub fn error_name(code: i32) -> String {
 
 /// Opens the span of one call. Span names must be constants, hence a macro.
 macro_rules! call_span {
-    ($name:literal, $host:expr) => {
+    ($name:expr, $host:expr) => {
         tracing::info_span!(
             $name,
             otel.kind = "client",
@@ -83,7 +83,7 @@ struct Names<'a> {
 }
 
 /// Runs one call inside `span`, recording what it names and how it ended, and logs its line.
-async fn observe<T, F>(span: tracing::Span, rpc: &'static str, names: Names<'_>, call: F) -> LvResult<T>
+async fn observe<T, F>(span: tracing::Span, rpc: &'static str, host: &str, names: Names<'_>, call: F) -> LvResult<T>
 where
     F: Future<Output = LvResult<T>>,
     T: Debug,
@@ -109,7 +109,7 @@ where
     match &result {
         Ok(out) => {
             span.record("otel.status_code", "ok");
-            tracing::debug!(rpc, domain, pool, volume, ?duration, "libvirt call");
+            tracing::debug!(rpc, host, domain, pool, volume, ?duration, "libvirt call");
             tracing::trace!(rpc, result = ?out, "libvirt call detail");
         }
         Err(e) => {
@@ -118,14 +118,23 @@ where
             span.record("otel.status_code", "error");
             span.record("otel.status_description", shown.as_str());
             if e.transport {
-                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %shown, "libvirt call");
+                tracing::debug!(rpc, host, domain, pool, volume, ?duration, error = %shown, "libvirt call");
             } else {
                 span.record("kvm2.libvirt_code", i64::from(e.code));
-                tracing::debug!(rpc, domain, pool, volume, ?duration, error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "libvirt call");
+                tracing::debug!(rpc, host, domain, pool, volume, ?duration, error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "libvirt call");
             }
         }
     }
     result
+}
+
+/// One observed call: its span (`kvm2.<rpc>`), the objects it names, the call itself.
+macro_rules! observed {
+    ($self:ident, $rpc:literal, {$($field:ident: $value:expr),*}, $call:expr) => {{
+        let span = call_span!(concat!("kvm2.", $rpc), $self.name());
+        let names = Names { $($field: Some($value),)* ..Names::default() };
+        observe(span, $rpc, $self.name(), names, $call).await
+    }};
 }
 
 #[async_trait]
@@ -136,220 +145,104 @@ impl Host for Traced<dyn Host> {
 
     async fn version(&self, cx: &OpCtx) -> LvResult<(u32, String)> {
         // The seam reads libvirt's version and the host's name in one call.
-        let span = call_span!("kvm2.ConnectGetLibVersion", self.name());
-        observe(span, "ConnectGetLibVersion", Names::default(), self.inner.version(cx)).await
+        observed!(self, "ConnectGetLibVersion", {}, self.inner.version(cx))
     }
 
     async fn domain_names(&self, cx: &OpCtx) -> LvResult<Vec<String>> {
-        let span = call_span!("kvm2.ConnectListAllDomains", self.name());
-        observe(
-            span,
-            "ConnectListAllDomains",
-            Names::default(),
-            self.inner.domain_names(cx),
-        )
-        .await
+        observed!(self, "ConnectListAllDomains", {}, self.inner.domain_names(cx))
     }
 
     async fn domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str) -> LvResult<Option<String>> {
-        let span = call_span!("kvm2.DomainGetMetadata", self.name());
-        let names = Names {
-            domain: Some(domain),
-            ..Names::default()
-        };
-        observe(
-            span,
-            "DomainGetMetadata",
-            names,
-            self.inner.domain_metadata(cx, domain, namespace),
-        )
-        .await
+        observed!(self, "DomainGetMetadata", {domain: domain}, self.inner.domain_metadata(cx, domain, namespace))
     }
 
     async fn domain_state(&self, cx: &OpCtx, domain: &str) -> LvResult<DomainState> {
-        let span = call_span!("kvm2.DomainGetState", self.name());
-        let names = Names {
-            domain: Some(domain),
-            ..Names::default()
-        };
-        observe(span, "DomainGetState", names, self.inner.domain_state(cx, domain)).await
+        observed!(self, "DomainGetState", {domain: domain}, self.inner.domain_state(cx, domain))
     }
 
     async fn define_domain(&self, cx: &OpCtx, xml: &str) -> LvResult<()> {
-        let span = call_span!("kvm2.DomainDefineXML", self.name());
-        tracing::trace!(parent: &span, xml, "defining domain");
-        observe(
-            span,
-            "DomainDefineXML",
-            Names::default(),
-            self.inner.define_domain(cx, xml),
-        )
-        .await
+        tracing::trace!(xml, "defining domain");
+        observed!(self, "DomainDefineXML", {}, self.inner.define_domain(cx, xml))
     }
 
     async fn start_domain(&self, cx: &OpCtx, domain: &str) -> LvResult<()> {
-        let span = call_span!("kvm2.DomainCreate", self.name());
-        let names = Names {
-            domain: Some(domain),
-            ..Names::default()
-        };
-        observe(span, "DomainCreate", names, self.inner.start_domain(cx, domain)).await
+        observed!(self, "DomainCreate", {domain: domain}, self.inner.start_domain(cx, domain))
     }
 
     async fn destroy_domain(&self, cx: &OpCtx, domain: &str) -> LvResult<()> {
-        let span = call_span!("kvm2.DomainDestroy", self.name());
-        let names = Names {
-            domain: Some(domain),
-            ..Names::default()
-        };
-        observe(span, "DomainDestroy", names, self.inner.destroy_domain(cx, domain)).await
+        observed!(self, "DomainDestroy", {domain: domain}, self.inner.destroy_domain(cx, domain))
     }
 
     async fn undefine_domain(&self, cx: &OpCtx, domain: &str, flags: u32) -> LvResult<()> {
-        let span = call_span!("kvm2.DomainUndefineFlags", self.name());
-        let names = Names {
-            domain: Some(domain),
-            ..Names::default()
-        };
-        observe(
-            span,
-            "DomainUndefineFlags",
-            names,
-            self.inner.undefine_domain(cx, domain, flags),
-        )
-        .await
+        observed!(self, "DomainUndefineFlags", {domain: domain}, self.inner.undefine_domain(cx, domain, flags))
     }
 
     async fn interface_addresses(&self, cx: &OpCtx, domain: &str, source: AddressSource) -> LvResult<Vec<Interface>> {
-        let span = call_span!("kvm2.DomainInterfaceAddresses", self.name());
-        let names = Names {
-            domain: Some(domain),
-            ..Names::default()
-        };
-        observe(
-            span,
+        observed!(
+            self,
             "DomainInterfaceAddresses",
-            names,
-            self.inner.interface_addresses(cx, domain, source),
+            {domain: domain},
+            self.inner.interface_addresses(cx, domain, source)
         )
-        .await
     }
 
     async fn pool_info(&self, cx: &OpCtx, pool: &str) -> LvResult<PoolInfo> {
-        let span = call_span!("kvm2.StoragePoolGetInfo", self.name());
-        let names = Names {
-            pool: Some(pool),
-            ..Names::default()
-        };
-        observe(span, "StoragePoolGetInfo", names, self.inner.pool_info(cx, pool)).await
+        observed!(self, "StoragePoolGetInfo", {pool: pool}, self.inner.pool_info(cx, pool))
     }
 
     async fn refresh_pool(&self, cx: &OpCtx, pool: &str) -> LvResult<()> {
-        let span = call_span!("kvm2.StoragePoolRefresh", self.name());
-        let names = Names {
-            pool: Some(pool),
-            ..Names::default()
-        };
-        observe(span, "StoragePoolRefresh", names, self.inner.refresh_pool(cx, pool)).await
+        observed!(self, "StoragePoolRefresh", {pool: pool}, self.inner.refresh_pool(cx, pool))
     }
 
     async fn volume_path(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<String> {
-        let span = call_span!("kvm2.StorageVolGetPath", self.name());
-        let names = Names {
-            pool: Some(pool),
-            volume: Some(volume),
-            ..Names::default()
-        };
-        observe(
-            span,
-            "StorageVolGetPath",
-            names,
-            self.inner.volume_path(cx, pool, volume),
-        )
-        .await
+        observed!(self, "StorageVolGetPath", {pool: pool, volume: volume}, self.inner.volume_path(cx, pool, volume))
     }
 
     async fn create_volume(&self, cx: &OpCtx, pool: &str, xml: &str) -> LvResult<()> {
-        let span = call_span!("kvm2.StorageVolCreateXML", self.name());
-        tracing::trace!(parent: &span, xml, "creating volume");
-        let names = Names {
-            pool: Some(pool),
-            ..Names::default()
-        };
-        observe(
-            span,
-            "StorageVolCreateXML",
-            names,
-            self.inner.create_volume(cx, pool, xml),
-        )
-        .await
+        tracing::trace!(xml, "creating volume");
+        observed!(self, "StorageVolCreateXML", {pool: pool}, self.inner.create_volume(cx, pool, xml))
+    }
+
+    async fn volume_capacity(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<u64> {
+        observed!(self, "StorageVolGetInfo", {pool: pool, volume: volume}, self.inner.volume_capacity(cx, pool, volume))
     }
 
     async fn volume_names(&self, cx: &OpCtx, pool: &str) -> LvResult<Vec<String>> {
-        let span = call_span!("kvm2.StoragePoolListAllVolumes", self.name());
-        let names = Names {
-            pool: Some(pool),
-            ..Names::default()
-        };
-        observe(
-            span,
-            "StoragePoolListAllVolumes",
-            names,
-            self.inner.volume_names(cx, pool),
-        )
-        .await
+        observed!(self, "StoragePoolListAllVolumes", {pool: pool}, self.inner.volume_names(cx, pool))
     }
 
     async fn delete_volume(&self, cx: &OpCtx, pool: &str, volume: &str) -> LvResult<()> {
-        let span = call_span!("kvm2.StorageVolDelete", self.name());
-        let names = Names {
-            pool: Some(pool),
-            volume: Some(volume),
-            ..Names::default()
-        };
-        observe(
-            span,
-            "StorageVolDelete",
-            names,
-            self.inner.delete_volume(cx, pool, volume),
-        )
-        .await
+        observed!(self, "StorageVolDelete", {pool: pool, volume: volume}, self.inner.delete_volume(cx, pool, volume))
     }
 
     async fn upload(&self, cx: &OpCtx, pool: &str, volume: &str, length: u64, source: UploadSource) -> LvResult<u64> {
-        let span = call_span!("kvm2.StorageVolUpload", self.name());
-        tracing::trace!(parent: &span, offset = 0, length, "uploading");
-        let names = Names {
-            pool: Some(pool),
-            volume: Some(volume),
-            ..Names::default()
-        };
-        observe(
-            span,
+        tracing::trace!(volume, offset = 0, length, "uploading");
+        observed!(
+            self,
             "StorageVolUpload",
-            names,
-            self.inner.upload(cx, pool, volume, length, source),
+            {pool: pool, volume: volume},
+            self.inner.upload(cx, pool, volume, length, source)
         )
-        .await
     }
 
     async fn download(&self, cx: &OpCtx, pool: &str, volume: &str, max: usize) -> LvResult<Vec<u8>> {
-        let span = call_span!("kvm2.StorageVolDownload", self.name());
-        let names = Names {
-            pool: Some(pool),
-            volume: Some(volume),
-            ..Names::default()
-        };
         // The bytes are not logged: only their count.
-        let out = observe(span, "StorageVolDownload", names, async {
-            self.inner.download(cx, pool, volume, max).await.map(Len)
-        })
-        .await?;
-        Ok(out.0)
+        let read = observed!(
+            self,
+            "StorageVolDownload",
+            {pool: pool, volume: volume},
+            async { self.inner.download(cx, pool, volume, max).await.map(Len) }
+        )?;
+        Ok(read.0)
+    }
+
+    async fn close(self: Box<Self>) {
+        // No span: not a call of the provider's.
+        self.inner.close().await;
     }
 
     async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>> {
-        // The dial's own span (`kvm2.dial`) is opened by the dialer (see `crate::connect`).
+        // The dial's own span (`kvm2.dial`) is opened by the dialer (see `crate::construct`).
         Ok(Box::new(Traced::new(self.inner.dedicated(cx).await?)))
     }
 }

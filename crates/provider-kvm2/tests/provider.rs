@@ -240,11 +240,12 @@ async fn m11_the_downloads_own_length_is_checked_against_the_pool() {
     let mut cfg = b.config(false);
     cfg.disk_size_gb = 1;
     // HEAD says small (the precheck passes); GET's real length does not fit.
-    let tight = FakeHost::sharing(HOSTS[0], POOL, (1 << 30) + (16 << 20) + 200_000, b.interceptor.clone());
+    // What the overlay, the seed and 100 kB need, once a twentieth of the pool is kept free.
+    let room = (1u64 << 30) + (16 << 20) + 100_000;
+    let tight = FakeHost::sharing(HOSTS[0], POOL, room * 20 / 19 + 1, b.interceptor.clone());
     let p = Kvm2Provider::new(ENTRY, cfg, vec![Box::new(tight.clone()), Box::new(b.hosts[1].clone())]).unwrap();
     b.server.serve(Serve::HeadLength(1000));
     let (c, text) = class(p.create(&OpCtx::background(), &request_in("m11", HOSTS[0])).await);
-    // The GET's length is over what is left once nothing else is on the pool? Then quota.
     assert_eq!(c, ErrorClass::QuotaExceeded, "{text}");
     assert!(text.contains("needed for image"), "{text}");
     assert!(tight.volumes(POOL).is_empty(), "{:?}", tight.volumes(POOL));
@@ -280,6 +281,7 @@ fn domain_xml(name: &str) -> String {
         disk_format: "qcow2".into(),
         seed_path: "/s".into(),
         bridge: "br0".into(),
+        mac: None,
     }
     .to_xml(Flavour::Kvm2)
     .unwrap()
@@ -413,4 +415,86 @@ async fn m10_a_refresh_refused_by_another_upload_does_not_lose_the_download() {
         .unwrap();
     assert_eq!(b.server.gets(), 1);
     assert!(volume_names(&b).contains(&marker()));
+}
+
+fn put(b: &FakeBackend, name: &str, capacity: u64, bytes: Vec<u8>) {
+    host(b).put_volume(
+        POOL,
+        name,
+        FakeVolume {
+            path: format!("/fake/{POOL}/{name}"),
+            capacity,
+            format: "qcow2".into(),
+            backing: None,
+            bytes,
+        },
+    );
+}
+
+#[tokio::test]
+async fn m5_an_image_larger_than_the_overlay_is_refused_and_a_short_overlay_made_again() {
+    let b = FakeBackend::new().await;
+    // A cached base whose virtual size is 3 GiB.
+    put(&b, &base(), 3 << 30, image_bytes());
+    put(&b, &marker(), 64, sha256_hex(&image_bytes()).into_bytes());
+    let mut cfg = b.config(false);
+    cfg.disk_size_gb = 2;
+    let p = b.provider(ENTRY, cfg).unwrap();
+    let req = request_in("m5", HOSTS[0]);
+    let (c, text) = class(p.create(&OpCtx::background(), &req).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(text.contains("diskSizeGb"), "{text}");
+    assert!(host(&b).domains().is_empty());
+    // With room, a leftover overlay smaller than the image is made again at the configured size.
+    let p = b.provider(ENTRY, b.config(false)).unwrap();
+    put(
+        &b,
+        &egress_provider_kvm2::names::overlay(&req.name),
+        1 << 20,
+        Vec::new(),
+    );
+    p.create(&OpCtx::background(), &req).await.unwrap();
+    let overlay = &host(&b).volumes(POOL)[&egress_provider_kvm2::names::overlay(&req.name)];
+    assert_eq!(overlay.capacity, 10 << 30);
+}
+
+#[tokio::test]
+async fn l4_a_stopped_domain_whose_volumes_are_gone_is_defined_again() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let req = request_in("l4", HOSTS[0]);
+    p.create(&cx, &req).await.unwrap();
+    host(&b).set_state(&req.name, DomainState::Shutoff);
+    let overlay = egress_provider_kvm2::names::overlay(&req.name);
+    egress_libvirt::host::Host::delete_volume(host(&b), &cx, POOL, &overlay)
+        .await
+        .unwrap();
+    p.create(&cx, &req).await.unwrap();
+    assert!(volume_names(&b).contains(&overlay), "the overlay was not made again");
+    assert_eq!(host(&b).domains()[&req.name].state, DomainState::Running);
+}
+
+#[tokio::test]
+async fn m11_an_image_over_the_size_limit_is_refused_before_any_volume() {
+    let (b, p) = backend().await;
+    b.server.serve(Serve::Claim(100 << 30));
+    let (c, text) = class(p.create(&OpCtx::background(), &request_in("cap", HOSTS[0])).await);
+    assert_eq!(c, ErrorClass::Permanent, "{text}");
+    assert!(text.contains("limit"), "{text}");
+    assert!(volume_names(&b).is_empty());
+}
+
+#[tokio::test]
+async fn m17_a_plain_http_image_without_a_digest_is_warned_about_at_construction() {
+    let (capture, _guard) = egress_conformance::capture::Capture::start();
+    let b = FakeBackend::new().await;
+    let mut cfg = b.config(false);
+    cfg.images.get_mut(IMAGE_KEY).unwrap().sha256.clear();
+    let _p = b.provider(ENTRY, cfg).unwrap();
+    let warned: Vec<_> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN && e.text().contains("plain http without a sha256"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
 }

@@ -26,6 +26,8 @@ pub enum Serve {
     HeadZero,
     /// HEAD announces this length; GET serves the image (a mirror that changed in between).
     HeadLength(u64),
+    /// HEAD and GET announce this length, and GET sends the image (a lying mirror).
+    Claim(u64),
 }
 
 #[derive(Debug)]
@@ -128,6 +130,10 @@ async fn answer(mut conn: tokio::net::TcpStream, state: Arc<Mutex<State>>) {
             &[],
         ),
         (Serve::HeadZero, true) => (ok(Some(0)), &[]),
+        (Serve::Claim(n), _) => (
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"),
+            if is_head { &[] } else { &image[..] },
+        ),
         (Serve::HeadLength(n), true) => (
             format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"),
             &[],

@@ -296,6 +296,7 @@ impl BackendHooks for FakeBackend {
             disk_format: "qcow2".to_owned(),
             seed_path: format!("/fake/{POOL}/{}-seed.iso", spec.name),
             bridge: "br0".to_owned(),
+            mac: None,
         }
         .to_xml(Flavour::Kvm2)
         .expect("a seeded domain document");
