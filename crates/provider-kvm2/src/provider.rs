@@ -11,7 +11,7 @@ use egress_libvirt::seed::{SeedError, seed_iso, vendor_data};
 use egress_libvirt::{DomainSpec, Flavour, KVM2_NAMESPACE, Mark, VolumeSpec};
 use egress_provider::config::KvmConfig;
 use egress_provider::{
-    BoxError, Checker, CreateRequest, Instance, OpCtx, Provider, ProviderError, ProviderId, TargetStatus,
+    BoxError, Checker, CreateRequest, Instance, OpCtx, Provider, ProviderError, ProviderId, TargetStatus, is_identifier,
 };
 use futures::StreamExt as _;
 
@@ -36,14 +36,6 @@ const CHECK_CONCURRENCY: usize = 8;
 const HOSTNAME_MAX: usize = 253;
 /// Cleaning up after a failed create: bounded, and not cut short by the caller.
 const CLEANUP_BUDGET: Duration = Duration::from_secs(30);
-
-/// Whether `name` may name an entry, a host or an image: it becomes part of volume names and
-/// providerIDs.
-pub fn is_identifier(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-}
 
 /// The kvm2 provider of one config entry.
 #[derive(Clone, Debug)]
@@ -165,7 +157,7 @@ fn owned_mark(name: &str, element: Option<String>) -> Result<Mark, Failure> {
     if mark.managed { Ok(mark) } else { Err(not_ours()) }
 }
 
-/// Runs `f` with a context the caller cannot cut short, bounded by `budget` (cleanups).
+/// A context for cleanups: the caller cannot cut it short; bounded by [`CLEANUP_BUDGET`].
 fn cleanup_cx() -> OpCtx {
     OpCtx::background().with_timeout(CLEANUP_BUDGET)
 }
@@ -791,15 +783,5 @@ mod tests {
         let mut short = "beelink".to_owned();
         truncate(&mut short, HOSTNAME_MAX);
         assert_eq!(short, "beelink");
-    }
-
-    #[test]
-    fn identifiers_are_what_volume_names_can_carry() {
-        for ok in ["kvm2-home", "a", "rack1.node_2", "9lives"] {
-            assert!(is_identifier(ok), "{ok}");
-        }
-        for bad in ["", "kvm2/home", "-x", ".hidden", "a b", "ü"] {
-            assert!(!is_identifier(bad), "{bad}");
-        }
     }
 }
