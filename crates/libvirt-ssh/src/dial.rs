@@ -163,8 +163,10 @@ impl Dialer {
     async fn steps(&self, host: &HostTarget, link: &Link, stage: &mut Stage) -> Result<Connection, DialCause> {
         let key = self.key().await?;
         let (host_name, port) = split_address(&host.address);
+        let mut preferred = russh::Preferred::DEFAULT;
         if let HostKeys::KnownHosts(path) = &self.options.host_keys {
             read_known_hosts(path).await?;
+            preferred.key = host_key_preference(&host_name, port, path);
         }
 
         *stage = Stage::Tcp;
@@ -189,6 +191,7 @@ impl Dialer {
             link: link.clone(),
         };
         let config = Arc::new(client::Config {
+            preferred,
             // Review L1: a zero interval would probe without pause; the default instead.
             keepalive_interval: Some(if self.options.keepalive.is_zero() {
                 DialOptions::KEEPALIVE
@@ -287,6 +290,30 @@ async fn read_known_hosts(path: &Path) -> Result<(), DialCause> {
             path: path.display().to_string(),
             source,
         })
+}
+
+/// The host-key algorithms to offer, those known_hosts pins for the host first (review L3): a
+/// server that prefers another type then presents the pinned one, so an RSA-only pin works
+/// against a server that would show its ed25519 key. Without pins, russh's order.
+fn host_key_preference(host: &str, port: u16, path: &Path) -> std::borrow::Cow<'static, [russh::keys::Algorithm]> {
+    let default = russh::Preferred::DEFAULT.key;
+    let pinned: Vec<String> = match russh::keys::known_hosts::known_host_keys_path(host, port, path) {
+        Ok(entries) if !entries.is_empty() => entries.iter().map(|(_, k)| key_family(&k.algorithm())).collect(),
+        // An unparsable file is reported by the host-key check itself.
+        _ => return default,
+    };
+    let is_pinned = |a: &russh::keys::Algorithm| pinned.contains(&key_family(a));
+    let mut ordered: Vec<_> = default.iter().filter(|a| is_pinned(a)).cloned().collect();
+    ordered.extend(default.iter().filter(|a| !is_pinned(a)).cloned());
+    std::borrow::Cow::Owned(ordered)
+}
+
+/// An algorithm's key type: RSA keys sign with several hashes, one key.
+fn key_family(a: &russh::keys::Algorithm) -> String {
+    match a {
+        russh::keys::Algorithm::Rsa { .. } => "rsa".to_owned(),
+        other => other.to_string(),
+    }
 }
 
 /// `host:port` split for the known_hosts lookup (port 22 when none is given).

@@ -24,9 +24,14 @@ fn scratch(test: &str) -> PathBuf {
 
 /// A fresh ed25519 key pair made by ssh-keygen (`<path>` and `<path>.pub`).
 fn new_key(dir: &Path, name: &str) -> PathBuf {
+    new_key_of(dir, name, "ed25519")
+}
+
+/// A fresh key pair of type `kind` (`ed25519`, `ecdsa`...) made by ssh-keygen.
+fn new_key_of(dir: &Path, name: &str, kind: &str) -> PathBuf {
     let path = dir.join(name);
     let status = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .args(["-q", "-t", kind, "-N", "", "-f"])
         .arg(&path)
         .status()
         .expect("ssh-keygen (package openssh-client, which cargo xtask test installs)");
@@ -61,13 +66,21 @@ impl russh::server::Handler for Server {
 
 /// Starts the server with `host_key`, accepting `client_key`; returns its `127.0.0.1:port`.
 async fn serve(host_key: &Path, client_key: &Path) -> String {
-    let key = russh::keys::load_secret_key(host_key, None).unwrap();
+    serve_keys(&[host_key], client_key).await
+}
+
+/// Starts the server with every key of `host_keys` (in its order of preference).
+async fn serve_keys(host_keys: &[&Path], client_key: &Path) -> String {
+    let keys = host_keys
+        .iter()
+        .map(|k| russh::keys::load_secret_key(k, None).unwrap())
+        .collect();
     let authorized = russh::keys::load_secret_key(client_key, None)
         .unwrap()
         .public_key()
         .clone();
     let config = Arc::new(russh::server::Config {
-        keys: vec![key],
+        keys,
         auth_rejection_time: Duration::from_millis(10),
         auth_rejection_time_initial: Some(Duration::ZERO),
         ..russh::server::Config::default()
@@ -148,6 +161,22 @@ fn known_hosts(dir: &Path, file: &str, address: &str, key: &Path) -> PathBuf {
     let path = dir.join(file);
     std::fs::write(&path, format!("[{h}]:{port} {}\n", public(key))).unwrap();
     path
+}
+
+#[tokio::test]
+async fn l3_a_pin_of_another_key_type_than_the_servers_first_still_works() {
+    let dir = scratch("pin-type");
+    let (ed25519, ecdsa, client) = (
+        new_key(&dir, "host-ed25519"),
+        new_key_of(&dir, "host-ecdsa", "ecdsa"),
+        new_key(&dir, "client"),
+    );
+    // The server holds both; known_hosts pins only its ECDSA key.
+    let address = serve_keys(&[&ed25519, &ecdsa], &client).await;
+    let pinned = known_hosts(&dir, "pinned", &address, &ecdsa);
+    let e = dial(&client, HostKeys::KnownHosts(pinned), &address).await;
+    // Past SSH: the channel is where this server says no.
+    assert_eq!(e.stage, Stage::Socket, "{e}");
 }
 
 #[tokio::test]

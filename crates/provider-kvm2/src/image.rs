@@ -195,6 +195,61 @@ fn http_error_text(e: &reqwest::Error) -> String {
     redact(&text)
 }
 
+/// The format of an image given by URL (review L7): the one its cached base has on the host,
+/// else what its first bytes say (qcow2's magic `QFI\xfb`, anything else raw), read with a
+/// ranged GET whose body is dropped after four bytes.
+///
+/// # Errors
+/// A base lookup's error; the response's verdict; a request that took over 30 s.
+pub async fn url_format(
+    cx: &OpCtx,
+    host: &dyn Host,
+    http: &reqwest::Client,
+    entry: &str,
+    pool: &str,
+    image: &Image,
+) -> Result<String, Failure> {
+    for format in ["qcow2", "raw"] {
+        let marker = names::marker(&names::base(entry, &image.key, format));
+        match host.volume_path(cx, pool, &marker).await {
+            Ok(_) => return Ok(format.to_owned()),
+            Err(e) if e.is(code::NO_STORAGE_VOL) => {}
+            Err(e) if e.is(code::NO_STORAGE_POOL) => {
+                return Err(Failure::call(format!("looking up storage pool {pool}"), e));
+            }
+            Err(e) => return Err(Failure::call(format!("looking up marker {marker}"), e)),
+        }
+    }
+    let url = redact(&image.url);
+    let first_bytes = async {
+        let response = http
+            .get(&image.url)
+            .header(reqwest::header::ACCEPT_ENCODING, "identity")
+            .header(reqwest::header::RANGE, "bytes=0-3")
+            .timeout(PROBE_BUDGET)
+            .send()
+            .await
+            .map_err(|e| fetch_error(&url, &e))?;
+        // A server that ignores the range answers 200 with the whole image: only its start is read.
+        check_response(&url, response.status(), Some(1))?;
+        let mut body = response.bytes_stream();
+        let mut head = Vec::new();
+        while head.len() < 4 {
+            match body.next().await {
+                Some(Ok(chunk)) => head.extend_from_slice(&chunk),
+                Some(Err(e)) => return Err(fetch_error(&url, &e)),
+                None => break,
+            }
+        }
+        Ok(head)
+    };
+    let head = cx
+        .run_within(PROBE_BUDGET, first_bytes)
+        .await
+        .map_err(|why| Failure::transient(format!("reading the first bytes of {url}: {why}")))??;
+    Ok(if head.starts_with(b"QFI\xfb") { "qcow2" } else { "raw" }.to_owned())
+}
+
 /// How many bytes the image still needs on the pool: 0 when its marker is there (taken at face
 /// value here), else the size the server announces. HEAD first; when HEAD gives no usable
 /// length (mirrors refuse HEAD, or answer it without a length), a GET whose body is dropped

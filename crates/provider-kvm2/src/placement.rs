@@ -21,6 +21,8 @@ pub struct Image {
     pub format: String,
     /// `uefi` or `bios`.
     pub firmware: String,
+    /// Given by URL in the placement (its format is read from its first bytes at create).
+    pub from_url: bool,
 }
 
 /// A placement, resolved against the entry's config.
@@ -93,6 +95,7 @@ pub fn resolve<'a>(block: &str, cfg: &'a KvmConfig, placement: &Placement) -> Re
             sha256: (!image.sha256.is_empty()).then(|| image.sha256.to_ascii_lowercase()),
             format: image.effective_format().to_owned(),
             firmware: image.effective_firmware().to_owned(),
+            from_url: false,
         },
         // Review M12: an image URL comes from the Proxy, not the operator's config; it may not
         // send the operator to a link-local address (a cloud metadata service).
@@ -108,6 +111,7 @@ pub fn resolve<'a>(block: &str, cfg: &'a KvmConfig, placement: &Placement) -> Re
             sha256: None,
             format: "qcow2".to_owned(),
             firmware: "uefi".to_owned(),
+            from_url: true,
         },
         None => {
             return Err(format!(

@@ -542,7 +542,7 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), F
 impl Provider for Kvm2Provider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let op = egress_provider::Op::Create;
-        let resolved = placement::resolve(BLOCK, &self.shared.cfg, &req.placement)
+        let mut resolved = placement::resolve(BLOCK, &self.shared.cfg, &req.placement)
             .map_err(|m| self.fail(op, "", Failure::permanent(m)))?;
         let id = id::format(&resolved.host.name, &req.name);
         let img = Cached::new(
@@ -579,6 +579,14 @@ impl Provider for Kvm2Provider {
                 Failure::transient(format!("waiting for the lock on {}: {why}", req.name)),
             )
         })?;
+        if resolved.image.from_url {
+            let pool = resolved.host.effective_pool();
+            let http = &self.shared.http;
+            resolved.image.format =
+                image::url_format(cx, host.as_ref(), http, &self.shared.entry, pool, &resolved.image)
+                    .await
+                    .map_err(|f| self.fail(op, &id, f))?;
+        }
         failure::guarding(&req.cloud_init, self.create_on(cx, host.as_ref(), &resolved, req))
             .await
             .map_err(|f| self.fail_scrubbed(op, &id, f, &req.cloud_init))?;

@@ -498,3 +498,34 @@ async fn m17_a_plain_http_image_without_a_digest_is_warned_about_at_construction
         .collect();
     assert_eq!(warned.len(), 1, "{warned:?}");
 }
+
+#[tokio::test]
+async fn l7_a_url_images_format_is_read_from_its_first_bytes() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let mut qcow2 = b"QFI\xfb".to_vec();
+    qcow2.extend_from_slice(&image_bytes());
+    let qcow2_mirror = support::image_server::ImageServer::start(qcow2, "127.0.0.1:0").await;
+    for (url, want) in [(b.server.url(), "raw"), (qcow2_mirror.url(), "qcow2")] {
+        let mut req = request_in(&format!("l7-{want}"), HOSTS[0]);
+        req.placement.image = url.clone();
+        p.create(&cx, &req).await.unwrap();
+        let base = egress_provider_kvm2::names::base(ENTRY, &egress_provider_kvm2::names::url_key(&url), want);
+        let vols = host(&b).volumes(POOL);
+        assert!(vols.contains_key(&base), "{want}: {:?}", vols.keys());
+        assert_eq!(vols[&base].format, want);
+        // The cache answers the next time: no request for the format.
+        let before = match want {
+            "raw" => b.server.requests(),
+            _ => qcow2_mirror.requests(),
+        };
+        let mut again = request_in(&format!("l7-{want}-again"), HOSTS[0]);
+        again.placement.image = url;
+        p.create(&cx, &again).await.unwrap();
+        let after = match want {
+            "raw" => b.server.requests(),
+            _ => qcow2_mirror.requests(),
+        };
+        assert_eq!(before, after, "{want}");
+    }
+}
