@@ -627,6 +627,11 @@ impl Host for FakeHost {
         Ok(v.bytes[..v.bytes.len().min(max)].to_vec())
     }
 
+    async fn close(self: Box<Self>) {
+        // Recorded, so a test can see when a dedicated connection was let go of.
+        let _ = self.interceptor.enter(egress_conformance::CallKind("Close"), "").await;
+    }
+
     async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>> {
         self.enter(cx, "Dial", "", 0).await?;
         Ok(Box::new(self.clone()))

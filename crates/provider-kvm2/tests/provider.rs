@@ -529,3 +529,30 @@ async fn l7_a_url_images_format_is_read_from_its_first_bytes() {
         assert_eq!(before, after, "{want}");
     }
 }
+
+#[tokio::test]
+async fn h2_a_failed_base_is_removed_after_its_upload_connection_is_closed() {
+    let (b, p) = backend().await;
+    b.server.serve(Serve::Truncate(100_000));
+    let (c, _) = class(p.create(&OpCtx::background(), &request_in("h2", HOSTS[0])).await);
+    assert_eq!(c, ErrorClass::Transient);
+    let log: Vec<(String, String)> = b
+        .interceptor
+        .call_log()
+        .into_iter()
+        .map(|c| (c.kind.0.to_owned(), c.target))
+        .collect();
+    let closed: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.0 == "Close")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(closed.len(), 1, "the upload connection is closed exactly once: {log:?}");
+    // The last removal of the base (the first is the cache clearing a base without a marker).
+    let removed = log
+        .iter()
+        .rposition(|c| c.0 == "StorageVolDelete" && c.1 == base())
+        .expect("the failed base is removed");
+    assert!(closed[0] < removed, "removed before its connection was closed: {log:?}");
+}
