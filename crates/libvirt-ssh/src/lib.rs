@@ -31,7 +31,7 @@ pub use dial::{DialOptions, Dialer, HostKeys, HostTarget};
 pub use error::{CallError, DialCause, DialError, Stage};
 pub use link::Link;
 pub use pool::Pool;
-pub use remote::RemoteHost;
+pub use remote::{RemoteHost, hosts_of};
 
 /// Stops libvirt's C library from printing every error to stderr; errors are returned instead.
 /// Call once at start (idempotent).

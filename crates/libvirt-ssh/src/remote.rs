@@ -18,6 +18,26 @@ use crate::dial::HostTarget;
 use crate::error::{CallError, DialCause, DialError, Stage};
 use crate::pool::Pool;
 
+/// One [`RemoteHost`] per host of a libvirt provider's config block, sharing one connection
+/// pool dialled with `options`.
+pub fn hosts_of(cfg: &egress_provider::config::KvmConfig, options: crate::DialOptions) -> Vec<Box<dyn Host>> {
+    let pool = Arc::new(Pool::new(Arc::new(crate::Dialer::new(options))));
+    cfg.hosts
+        .iter()
+        .map(|h| {
+            Box::new(RemoteHost::new(
+                HostTarget {
+                    name: h.name.clone(),
+                    address: h.address.clone(),
+                    user: h.user.clone(),
+                    socket: h.effective_socket().to_owned(),
+                },
+                pool.clone(),
+            )) as Box<dyn Host>
+        })
+        .collect()
+}
+
 /// How an upload ended.
 enum Upload {
     /// Every byte of the source went out; how many.

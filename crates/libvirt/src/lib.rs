@@ -12,6 +12,7 @@
 //! Apart from the fake, all of it is pure: no libvirt call, no I/O.
 
 pub mod domain;
+pub mod engine;
 #[cfg(feature = "fake")]
 pub mod fake;
 pub mod host;

@@ -2,9 +2,11 @@
 //! hypervisors, reached over SSH, booted from a cached base image through a per-VM overlay and a
 //! NoCloud seed carrying the Proxy's cloud-init.
 //!
-//! The crate is usable on its own: [`Kvm2Provider::new`] takes the config block and one
+//! The crate is usable on its own: [`new`] takes the config block and one
 //! [`egress_libvirt::Host`] per configured host (the SSH one of `egress-libvirt-ssh`, or the
-//! in-memory fake), and [`construct`] builds it from a config entry as the operator does.
+//! in-memory fake), and [`construct`] builds it from a config entry as the operator does. The
+//! engine is `egress_libvirt::engine`, shared with the first-generation `kvm` provider; its
+//! modules are re-exported here:
 //!
 //! - [`placement`], [`id`], [`names`]: what a request and an id resolve to;
 //! - [`image`]: the base-image cache and its HTTP download;
@@ -17,25 +19,25 @@
 use std::sync::Arc;
 
 use egress_libvirt::Host;
-use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
-use egress_provider::config::{ProviderConfig, validators};
+pub use egress_libvirt::engine::{
+    Generation, LibvirtProvider, check, classify, failure, id, image, locks, names, observe, ops, placement, provider,
+    traced,
+};
+use egress_libvirt_ssh::{DialOptions, HostKeys, HostTarget};
+use egress_provider::config::{KvmConfig, ProviderConfig, validators};
 use egress_provider::{BoxError, Provider, ProviderType};
 use tracing::field::Empty;
 
-pub mod check;
-pub mod classify;
-pub mod failure;
-pub mod id;
-pub mod image;
-pub mod locks;
-pub mod names;
-pub mod observe;
-pub mod ops;
-pub mod placement;
-pub mod provider;
-pub mod traced;
+/// The kvm2 provider: the shared engine as its second generation.
+pub type Kvm2Provider = LibvirtProvider;
 
-pub use provider::Kvm2Provider;
+/// The provider of entry `entry` with block `cfg`, over `hosts` (one per configured host).
+///
+/// # Errors
+/// An entry name that cannot be part of a volume name; a configured host without a [`Host`].
+pub fn new(entry: &str, cfg: KvmConfig, hosts: Vec<Box<dyn Host>>) -> Result<Kvm2Provider, BoxError> {
+    LibvirtProvider::new(Generation::Kvm2, entry, cfg, hosts)
+}
 
 /// The `type:` value.
 pub const TYPE_NAME: &str = "kvm2";
@@ -77,42 +79,6 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
         span: Some(dial_span),
         ..DialOptions::new(&cfg.ssh_key_file, host_keys)
     };
-    let pool = Arc::new(Pool::new(Arc::new(Dialer::new(options))));
-    let hosts = cfg
-        .hosts
-        .iter()
-        .map(|h| {
-            Box::new(RemoteHost::new(
-                HostTarget {
-                    name: h.name.clone(),
-                    address: h.address.clone(),
-                    user: h.user.clone(),
-                    socket: h.effective_socket().to_owned(),
-                },
-                pool.clone(),
-            )) as Box<dyn Host>
-        })
-        .collect();
-    Ok(Arc::new(Kvm2Provider::new(&entry.name, cfg, hosts)?))
-}
-
-/// Shared by the unit tests: a small valid kvm2 domain document.
-#[cfg(test)]
-pub(crate) fn test_domain_xml(name: &str, mark: egress_libvirt::Mark) -> String {
-    egress_libvirt::DomainSpec {
-        name: name.into(),
-        memory_mib: 128,
-        vcpus: 1,
-        mark,
-        firmware: "uefi".into(),
-        domain_type: "qemu".into(),
-        cpu_mode: None,
-        disk_path: "/d".into(),
-        disk_format: "qcow2".into(),
-        seed_path: "/s".into(),
-        bridge: "br0".into(),
-        mac: None,
-    }
-    .to_xml(egress_libvirt::Flavour::Kvm2)
-    .unwrap()
+    let hosts = egress_libvirt_ssh::hosts_of(&cfg, options);
+    Ok(Arc::new(new(&entry.name, cfg, hosts)?))
 }

@@ -217,7 +217,7 @@ async fn the_pool_space_precheck_is_a_quota_and_creates_nothing() {
     let b = FakeBackend::new().await;
     // Room for the image and the seed, not for a 10 GiB overlay.
     let small = FakeHost::sharing(HOSTS[0], POOL, 1 << 30, b.interceptor.clone());
-    let p = Kvm2Provider::new(
+    let p = egress_provider_kvm2::new(
         ENTRY,
         b.config(false),
         vec![Box::new(small.clone()), Box::new(b.hosts[1].clone())],
@@ -243,7 +243,7 @@ async fn m11_the_downloads_own_length_is_checked_against_the_pool() {
     // What the overlay, the seed and 100 kB need, once a twentieth of the pool is kept free.
     let room = (1u64 << 30) + (16 << 20) + 100_000;
     let tight = FakeHost::sharing(HOSTS[0], POOL, room * 20 / 19 + 1, b.interceptor.clone());
-    let p = Kvm2Provider::new(ENTRY, cfg, vec![Box::new(tight.clone()), Box::new(b.hosts[1].clone())]).unwrap();
+    let p = egress_provider_kvm2::new(ENTRY, cfg, vec![Box::new(tight.clone()), Box::new(b.hosts[1].clone())]).unwrap();
     b.server.serve(Serve::HeadLength(1000));
     let (c, text) = class(p.create(&OpCtx::background(), &request_in("m11", HOSTS[0])).await);
     assert_eq!(c, ErrorClass::QuotaExceeded, "{text}");

@@ -178,7 +178,7 @@ impl FakeBackend {
             .iter()
             .map(|h| Box::new(h.clone()) as Box<dyn Host>)
             .collect();
-        Kvm2Provider::new(entry, cfg, hosts)
+        egress_provider_kvm2::new(entry, cfg, hosts)
     }
 
     /// The host named `location` (the first when `None`).

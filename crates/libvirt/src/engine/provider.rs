@@ -1,29 +1,29 @@
-//! The kvm2 provider over the [`Host`] seam: create, get, delete, list and the health check of
+//! A libvirt provider (kvm or kvm2) over the [`Host`] seam: create, get, delete, list and the health check of
 //! spec/kvm.md §7 and §10, with the review's fixes (each named where it lands).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::host::{DomainState, Host, POOL_RUNNING, UNDEFINE_FLAGS, code};
+use crate::seed::{SeedError, seed_iso, vendor_data};
+use crate::{DomainSpec, Mark, VolumeSpec};
 use async_trait::async_trait;
-use egress_libvirt::host::{DomainState, Host, POOL_RUNNING, UNDEFINE_FLAGS, code};
-use egress_libvirt::seed::{SeedError, seed_iso, vendor_data};
-use egress_libvirt::{DomainSpec, Flavour, KVM2_NAMESPACE, Mark, VolumeSpec};
 use egress_provider::config::KvmConfig;
 use egress_provider::{
     BoxError, Checker, CreateRequest, Instance, OpCtx, Provider, ProviderError, ProviderId, TargetStatus, is_identifier,
 };
 use futures::StreamExt as _;
 
-use crate::failure::{self, Context as _, Failure};
-use crate::image::{self, Cached};
-use crate::locks::KeyedLocks;
-use crate::placement::{self, Resolved};
-use crate::traced::{Traced, error_name};
-use crate::{check, id, names, observe, ops};
+use super::Generation;
+use super::failure::{self, Context as _, Failure};
+use super::image::{self, Cached};
+use super::locks::KeyedLocks;
+use super::placement::{self, Resolved};
+use super::traced::{Traced, error_name};
+use super::{check, id, names, observe, ops};
 
-/// The config block's name, in messages.
-const BLOCK: &str = "kvm2";
 /// Bytes kept free for the seed in the pool-space check.
 const SEED_RESERVE: u64 = 16 << 20;
 /// How long a started domain may take to report running.
@@ -37,14 +37,15 @@ const HOSTNAME_MAX: usize = 253;
 /// Cleaning up after a failed create: bounded, and not cut short by the caller.
 const CLEANUP_BUDGET: Duration = Duration::from_secs(30);
 
-/// The kvm2 provider of one config entry.
+/// A libvirt provider (kvm or kvm2) of one config entry.
 #[derive(Clone, Debug)]
-pub struct Kvm2Provider {
+pub struct LibvirtProvider {
     shared: Arc<Shared>,
 }
 
 #[derive(Debug)]
 struct Shared {
+    generation: Generation,
     entry: String,
     cfg: KvmConfig,
     /// Every configured host, by name, its calls observed.
@@ -54,17 +55,24 @@ struct Shared {
     names: KeyedLocks,
     /// One download per image and host at a time.
     images: KeyedLocks,
+    /// kvm: per host, whether a health probe is still out.
+    probing: BTreeMap<String, Arc<AtomicBool>>,
 }
 
-impl Kvm2Provider {
-    /// The provider of entry `entry` with the validated block `cfg`, reaching each configured
-    /// host through the [`Host`] of the same name in `hosts`. Dials nothing.
+impl LibvirtProvider {
+    /// The `generation` provider of entry `entry` with the validated block `cfg`, reaching each
+    /// configured host through the [`Host`] of the same name in `hosts`. Dials nothing.
     ///
     /// # Errors
-    /// An entry name that cannot be part of a volume name; a configured host without a
+    /// kvm2: an entry name that cannot be part of a volume name. A configured host without a
     /// [`Host`]; the HTTP client failing to build.
-    pub fn new(entry: &str, cfg: KvmConfig, hosts: Vec<Box<dyn Host>>) -> Result<Self, BoxError> {
-        if !is_identifier(entry) {
+    pub fn new(
+        generation: Generation,
+        entry: &str,
+        cfg: KvmConfig,
+        hosts: Vec<Box<dyn Host>>,
+    ) -> Result<Self, BoxError> {
+        if generation == Generation::Kvm2 && !is_identifier(entry) {
             return Err(format!(
                 "provider name {entry:?}: kvm2 names its cached base images after the entry, so the name must be \
                  letters, digits, dots, dashes or underscores"
@@ -74,13 +82,16 @@ impl Kvm2Provider {
         warn_about_files(&cfg);
         let mut by_name: BTreeMap<String, Arc<dyn Host>> = BTreeMap::new();
         for host in hosts {
-            by_name.insert(host.name().to_owned(), Arc::new(Traced::new(host)));
+            by_name.insert(host.name().to_owned(), Arc::new(Traced::new(host, generation)));
         }
         if let Some(missing) = cfg.hosts.iter().find(|h| !by_name.contains_key(&h.name)) {
             return Err(format!("host {:?} has no connection", missing.name).into());
         }
+        let probing = cfg.hosts.iter().map(|h| (h.name.clone(), Arc::default())).collect();
         Ok(Self {
             shared: Arc::new(Shared {
+                generation,
+                probing,
                 entry: entry.to_owned(),
                 cfg,
                 hosts: by_name,
@@ -89,6 +100,14 @@ impl Kvm2Provider {
                 images: KeyedLocks::new(),
             }),
         })
+    }
+
+    fn generation(&self) -> Generation {
+        self.shared.generation
+    }
+
+    fn block(&self) -> &'static str {
+        self.shared.generation.block()
     }
 
     fn host(&self, name: &str) -> Option<&Arc<dyn Host>> {
@@ -104,11 +123,13 @@ impl Kvm2Provider {
         let shown = failure.shown(cloud_init);
         match failure.libvirt() {
             Some(e) if !e.transport => {
-                tracing::debug!(op = op.as_str(), id, error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "kvm2 backend call failed");
+                tracing::debug!(op = op.as_str(), id, error = %shown, libvirtCode = e.code, libvirtError = %error_name(e.code), "{} backend call failed", self.generation().label());
             }
-            _ => tracing::debug!(op = op.as_str(), id, error = %shown, "kvm2 backend call failed"),
+            _ => {
+                tracing::debug!(op = op.as_str(), id, error = %shown, "{} backend call failed", self.generation().label())
+            }
         }
-        failure.into_provider_error(op, &self.shared.entry, id, cloud_init)
+        failure.into_provider_error(self.generation(), op, &self.shared.entry, id, cloud_init)
     }
 }
 
@@ -133,8 +154,8 @@ fn warn_about_files(cfg: &KvmConfig) {
 }
 
 /// The mark of an existing domain, checked for adoption by Proxy `uid`.
-fn adoption(name: &str, element: Option<String>, uid: &str) -> Result<Mark, Failure> {
-    let mark = owned_mark(name, element)?;
+fn adoption(generation: Generation, name: &str, element: Option<String>, uid: &str) -> Result<Mark, Failure> {
+    let mark = owned_mark(generation, name, element)?;
     if !mark.uid.is_empty() && !mark.uid.eq_ignore_ascii_case(uid) {
         return Err(Failure::permanent(format!(
             "domain {name} belongs to proxy uid {}, not {uid}",
@@ -144,12 +165,13 @@ fn adoption(name: &str, element: Option<String>, uid: &str) -> Result<Mark, Fail
     Ok(mark)
 }
 
-/// The kvm2 mark of domain `name`, which must carry one (review M2: a domain this provider did
-/// not make is neither adopted, nor reported, nor deleted).
-fn owned_mark(name: &str, element: Option<String>) -> Result<Mark, Failure> {
+/// The provider's mark on domain `name`, which must carry one (review M2: a domain this
+/// provider did not make is neither adopted, nor reported, nor deleted).
+fn owned_mark(generation: Generation, name: &str, element: Option<String>) -> Result<Mark, Failure> {
     let not_ours = || {
         Failure::permanent(format!(
-            "domain {name} exists but is not managed by this provider: it carries no kvm2 mark"
+            "domain {name} exists but is not managed by this provider: it carries no {} mark",
+            generation.block()
         ))
     };
     let element = element.ok_or_else(not_ours)?;
@@ -162,7 +184,7 @@ fn cleanup_cx() -> OpCtx {
     OpCtx::background().with_timeout(CLEANUP_BUDGET)
 }
 
-impl Kvm2Provider {
+impl LibvirtProvider {
     async fn create_on(
         &self,
         cx: &OpCtx,
@@ -172,10 +194,11 @@ impl Kvm2Provider {
     ) -> Result<(), Failure> {
         let name = req.name.as_str();
         let pool = r.host.effective_pool();
-        match host.domain_metadata(cx, name, KVM2_NAMESPACE).await {
+        let generation = self.generation();
+        match host.domain_metadata(cx, name, generation.namespace()).await {
             Ok(element) => {
-                let mark = adoption(name, element, &req.uid)?;
-                tracing::debug!(host = host.name(), name, uid = %mark.uid, "kvm2 domain already defined");
+                let mark = adoption(generation, name, element, &req.uid)?;
+                tracing::debug!(host = host.name(), name, uid = %mark.uid, "{} domain already defined", generation.label());
                 if !self.volumes_gone(cx, host, pool, name).await? {
                     return ensure_running(cx, host, name).await;
                 }
@@ -200,8 +223,8 @@ impl Kvm2Provider {
             Err(e) => return Err(Failure::call(format!("looking up domain {name}"), e)),
         }
 
-        let mut img = Cached::new(&self.shared.entry, &r.host.name, pool, &r.image);
-        img.room_after = disk_bytes(&self.shared.cfg)?.saturating_add(SEED_RESERVE);
+        let mut img = Cached::new(generation, &self.shared.entry, &r.host.name, pool, &r.image);
+        img.room_after = disk_bytes(&self.shared.cfg, self.generation())?.saturating_add(SEED_RESERVE);
         // The first look at the pool (the marker lookup) is where a missing pool is a config
         // error; once seen, a pool missing is one that vanished during the create: a race.
         let image_bytes = image::size_if_uncached(cx, host, &self.shared.http, &img).await?;
@@ -213,12 +236,13 @@ impl Kvm2Provider {
                 .await
                 .doing(|| format!("reading the size of base volume {}", img.base))?;
             // Review M5: an overlay smaller than its image would cut the guest's disk short.
-            let disk = disk_bytes(&self.shared.cfg)?;
+            let disk = disk_bytes(&self.shared.cfg, self.generation())?;
             if size > disk {
                 return Err(Failure::permanent(format!(
-                    "image {} has a virtual size of {size} bytes, more than the {disk} bytes of {BLOCK}.diskSizeGb \
+                    "image {} has a virtual size of {size} bytes, more than the {disk} bytes of {}.diskSizeGb \
                      ({} GiB): raise diskSizeGb",
                     img.base,
+                    generation.block(),
                     self.shared.cfg.effective_disk_size_gb()
                 )));
             }
@@ -292,7 +316,7 @@ impl Kvm2Provider {
         img: &Cached<'_>,
         image_bytes: u64,
     ) -> Result<(), Failure> {
-        let disk = disk_bytes(&self.shared.cfg)?;
+        let disk = disk_bytes(&self.shared.cfg, self.generation())?;
         let needed = image_bytes
             .checked_add(disk)
             .and_then(|n| n.checked_add(SEED_RESERVE))
@@ -343,11 +367,11 @@ impl Kvm2Provider {
     ) -> Result<(), Failure> {
         let xml = VolumeSpec {
             name: overlay.to_owned(),
-            capacity_bytes: i64::try_from(disk_bytes(&self.shared.cfg)?).unwrap_or(i64::MAX),
+            capacity_bytes: i64::try_from(disk_bytes(&self.shared.cfg, self.generation())?).unwrap_or(i64::MAX),
             format: "qcow2".to_owned(),
             backing: Some((base.path.clone(), r.image.format.clone())),
         }
-        .to_xml(Flavour::Kvm2)
+        .to_xml(self.generation().flavour())
         .map_err(|e| Failure::permanent(e.to_string()))?;
         let creating = || format!("creating overlay volume {overlay}");
         match host.create_volume(cx, pool, &xml).await {
@@ -410,7 +434,7 @@ impl Kvm2Provider {
             format: "raw".to_owned(),
             backing: None,
         }
-        .to_xml(Flavour::Kvm2)
+        .to_xml(self.generation().flavour())
         .map_err(|e| Failure::permanent(e.to_string()))?;
         host.create_volume(cx, pool, &xml)
             .await
@@ -445,7 +469,7 @@ impl Kvm2Provider {
             bridge: r.host.bridge.clone(),
             mac: Some(names::mac(name)),
         }
-        .to_xml(Flavour::Kvm2)
+        .to_xml(self.generation().flavour())
         .map_err(|e| Failure::permanent(e.to_string()))?;
         host.define_domain(cx, &xml)
             .await
@@ -480,11 +504,11 @@ struct Base {
 }
 
 /// The overlay's size in bytes.
-fn disk_bytes(cfg: &KvmConfig) -> Result<u64, Failure> {
+fn disk_bytes(cfg: &KvmConfig, generation: Generation) -> Result<u64, Failure> {
     u64::try_from(cfg.effective_disk_size_gb())
         .ok()
         .and_then(|gib| gib.checked_mul(1 << 30))
-        .ok_or_else(|| Failure::permanent(format!("{BLOCK}.diskSizeGb is out of range")))
+        .ok_or_else(|| Failure::permanent(format!("{}.diskSizeGb is out of range", generation.block())))
 }
 
 /// Starts domain `name` unless it runs, and waits (15 s at most) until libvirt reports it
@@ -539,13 +563,14 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), F
 }
 
 #[async_trait]
-impl Provider for Kvm2Provider {
+impl Provider for LibvirtProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let op = egress_provider::Op::Create;
-        let mut resolved = placement::resolve(BLOCK, &self.shared.cfg, &req.placement)
+        let mut resolved = placement::resolve(self.generation(), &self.shared.cfg, &req.placement)
             .map_err(|m| self.fail(op, "", Failure::permanent(m)))?;
         let id = id::format(&resolved.host.name, &req.name);
         let img = Cached::new(
+            self.generation(),
             &self.shared.entry,
             &resolved.host.name,
             resolved.host.effective_pool(),
@@ -563,7 +588,8 @@ impl Provider for Kvm2Provider {
             image = %img.base,
             firmware = %resolved.image.firmware,
             cloudInitBytes = req.cloud_init.len(),
-            "kvm2 create resolved"
+            "{} create resolved",
+            self.generation().label()
         );
         let Some(host) = self.host(&resolved.host.name).cloned() else {
             return Err(self.fail(
@@ -582,15 +608,22 @@ impl Provider for Kvm2Provider {
         if resolved.image.from_url {
             let pool = resolved.host.effective_pool();
             let http = &self.shared.http;
-            resolved.image.format =
-                image::url_format(cx, host.as_ref(), http, &self.shared.entry, pool, &resolved.image)
-                    .await
-                    .map_err(|f| self.fail(op, &id, f))?;
+            resolved.image.format = image::url_format(
+                cx,
+                host.as_ref(),
+                http,
+                self.generation(),
+                &self.shared.entry,
+                pool,
+                &resolved.image,
+            )
+            .await
+            .map_err(|f| self.fail(op, &id, f))?;
         }
         failure::guarding(&req.cloud_init, self.create_on(cx, host.as_ref(), &resolved, req))
             .await
             .map_err(|f| self.fail_scrubbed(op, &id, f, &req.cloud_init))?;
-        tracing::debug!(host = %resolved.host.name, name = %req.name, id = %id, "kvm2 domain ensured running");
+        tracing::debug!(host = %resolved.host.name, name = %req.name, id = %id, "{} domain ensured running", self.generation().label());
         Ok(ProviderId::new(id))
     }
 
@@ -602,24 +635,25 @@ impl Provider for Kvm2Provider {
             self.fail(
                 op,
                 id,
-                Failure::permanent(format!("host {host_name:?} is not in {BLOCK}.hosts")),
+                Failure::permanent(format!("host {host_name:?} is not in {}.hosts", self.block())),
             )
         })?;
         let read = async {
-            let element = match host.domain_metadata(cx, name, KVM2_NAMESPACE).await {
+            let generation = self.generation();
+            let element = match host.domain_metadata(cx, name, generation.namespace()).await {
                 Err(e) if e.is(code::NO_DOMAIN) => {
-                    tracing::debug!(host = host_name, name, "kvm2 domain not found");
+                    tracing::debug!(host = host_name, name, "{} domain not found", generation.label());
                     return Err(Failure::call(format!("looking up domain {name}"), e));
                 }
                 other => other.doing(|| format!("reading the mark of domain {name}"))?,
             };
-            let mark = owned_mark(name, element)?;
+            let mark = owned_mark(generation, name, element)?;
             let state = host
                 .domain_state(cx, name)
                 .await
                 .doing(|| format!("reading the state of domain {name}"))?;
             let ip = if state.is_active() {
-                observe::discover(cx, host.as_ref(), name).await?
+                observe::discover(cx, host.as_ref(), generation, name).await?
             } else {
                 None
             };
@@ -631,7 +665,7 @@ impl Provider for Kvm2Provider {
             .with_uid(mark.uid.clone())
             .with_created_at(mark.created_at.map(not_in_future))
             .with_installation(mark.installation);
-        tracing::debug!(host = host_name, name, state = ?instance.state, ip = ?instance.ip, uid = %instance.uid, "kvm2 domain fetched");
+        tracing::debug!(host = host_name, name, state = ?instance.state, ip = ?instance.ip, uid = %instance.uid, "{} domain fetched", self.generation().label());
         Ok(instance)
     }
 
@@ -658,14 +692,14 @@ impl Provider for Kvm2Provider {
             )
         })?;
         let work = async {
-            match host.domain_metadata(cx, name, KVM2_NAMESPACE).await {
+            match host.domain_metadata(cx, name, self.generation().namespace()).await {
                 // Gone: its volumes may still be there (a create that died before its define).
                 Err(e) if e.is(code::NO_DOMAIN) => tracing::debug!(host = host_name, name, "domain already gone"),
                 Err(e) => return Err(Failure::call(format!("reading the mark of domain {name}"), e)),
                 Ok(element) => {
                     // Review M2: a domain this provider did not make is left as it is, and so
                     // are the volumes of its name.
-                    if let Err(why) = owned_mark(name, element) {
+                    if let Err(why) = owned_mark(self.generation(), name, element) {
                         tracing::info!(host = host_name, name, reason = %why, "delete leaves a domain it does not manage");
                         return Ok(());
                     }
@@ -676,7 +710,7 @@ impl Provider for Kvm2Provider {
                 .doing(|| format!("removing domain {name}"))
         };
         work.await.map_err(|f| self.fail(op, id, f))?;
-        tracing::debug!(host = host_name, name, "kvm2 domain deleted");
+        tracing::debug!(host = host_name, name, "{} domain deleted", self.generation().label());
         Ok(())
     }
 
@@ -685,12 +719,21 @@ impl Provider for Kvm2Provider {
         let mut all = Vec::new();
         for h in &self.shared.cfg.hosts {
             let Some(host) = self.host(&h.name) else { continue };
-            let found = ops::list_marked(cx, host.as_ref())
+            let found = ops::list_marked(cx, host.as_ref(), self.generation().namespace())
                 .await
                 .doing(|| format!("listing domains on host {}", h.name))
                 .map_err(|f| self.fail(op, "", f))?;
             for instance in found {
-                tracing::trace!(id = %instance.id.as_str(), uid = %instance.uid, createdAt = ?instance.created_at, "kvm2 listed instance");
+                let instance = match self.generation() {
+                    // The first generation lists whole instances (state and address too).
+                    Generation::Kvm => match self.inspect(cx, host.as_ref(), instance).await {
+                        Ok(Some(whole)) => whole,
+                        Ok(None) => continue,
+                        Err(f) => return Err(self.fail(op, "", f)),
+                    },
+                    Generation::Kvm2 => instance,
+                };
+                tracing::trace!(id = %instance.id.as_str(), uid = %instance.uid, createdAt = ?instance.created_at, "{} listed instance", self.generation().label());
                 all.push(Instance {
                     created_at: instance.created_at.map(not_in_future),
                     ..instance
@@ -700,13 +743,54 @@ impl Provider for Kvm2Provider {
         tracing::debug!(
             hosts = self.shared.cfg.hosts.len(),
             managed = all.len(),
-            "kvm2 domains listed"
+            "{} domains listed",
+            self.generation().label()
         );
         Ok(all)
     }
 
     fn checker(&self) -> Option<Arc<dyn Checker>> {
         Some(Arc::new(self.clone()))
+    }
+}
+
+impl LibvirtProvider {
+    /// A listed instance with its state and address (kvm); `None`, with a log line, when the
+    /// domain cannot be inspected (gone meanwhile, say).
+    ///
+    /// # Errors
+    /// A failed connection or a caller that gave up: the whole list fails (review M15).
+    async fn inspect(&self, cx: &OpCtx, host: &dyn Host, instance: Instance) -> Result<Option<Instance>, Failure> {
+        let Ok((_, name)) = id::parse(instance.id.as_str()) else {
+            return Ok(None);
+        };
+        let name = name.to_owned();
+        let read = async {
+            let state = host
+                .domain_state(cx, &name)
+                .await
+                .doing(|| format!("reading the state of domain {name}"))?;
+            let ip = if state.is_active() {
+                observe::discover(cx, host, self.generation(), &name).await?
+            } else {
+                None
+            };
+            Ok::<_, Failure>((state, ip))
+        };
+        match read.await {
+            Ok((state, ip)) => Ok(Some(
+                Instance {
+                    state: observe::map_state(state, ip.is_some()),
+                    ..instance
+                }
+                .with_ip(ip),
+            )),
+            Err(f) if f.libvirt().is_some_and(|e| e.transport) || cx.interrupted().is_some() => Err(f),
+            Err(f) => {
+                tracing::debug!(host = host.name(), name = %name, error = %f, "skipping domain that could not be inspected");
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -717,7 +801,7 @@ fn not_in_future(at: SystemTime) -> SystemTime {
 }
 
 #[async_trait]
-impl Checker for Kvm2Provider {
+impl Checker for LibvirtProvider {
     async fn check(&self, cx: &OpCtx) -> Vec<TargetStatus> {
         let checks: Vec<futures::future::BoxFuture<'_, TargetStatus>> = self
             .shared
@@ -728,8 +812,16 @@ impl Checker for Kvm2Provider {
                 Box::pin(async move {
                     match self.host(&h.name) {
                         Some(host) => {
-                            let mut status =
-                                check::check_host(cx, host.as_ref(), &h.address, &h.user, h.effective_pool()).await;
+                            let pool = h.effective_pool();
+                            let mut status = match self.generation() {
+                                Generation::Kvm2 => {
+                                    check::check_host(cx, host.as_ref(), &h.address, &h.user, pool).await
+                                }
+                                Generation::Kvm => {
+                                    let probing = self.shared.probing.get(&h.name).cloned().unwrap_or_default();
+                                    check::check_host_kvm(cx, host.clone(), &h.address, &h.user, pool, probing).await
+                                }
+                            };
                             if let Some(hostname) = status.details.get_mut("hostname") {
                                 truncate(hostname, HOSTNAME_MAX);
                             }

@@ -20,6 +20,22 @@ pub fn base(entry: &str, key: &str, format: &str) -> String {
     format!("base-{entry}-{key}.{format}")
 }
 
+/// The cached base image of catalogue key `key` (or [`url_key_kvm`]) as the first-generation
+/// provider names it (`base-<key>.<format>`; kept so its caches go on being used).
+pub fn base_kvm(key: &str, format: &str) -> String {
+    format!("base-{key}.{format}")
+}
+
+/// The key of an image given by URL as the first-generation provider makes it: the first 16 hex
+/// characters of the URL's SHA-256.
+pub fn url_key_kvm(url: &str) -> String {
+    Sha256::digest(url.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The marker that completes base volume `base` (its digest, 64 hex characters).
 pub fn marker(base: &str) -> String {
     format!("{base}.sha256")
@@ -63,6 +79,9 @@ mod tests {
         assert!(m.starts_with("52:54:00:") && m.len() == 17, "{m}");
         assert_eq!(m, mac("proxy-a"));
         assert_ne!(m, mac("proxy-b"));
+        assert_eq!(base_kvm("debian-13", "qcow2"), "base-debian-13.qcow2");
+        // Pinned with Python's hashlib: sha256(url).hexdigest()[:16] for kvm.
+        assert_eq!(url_key_kvm("https://example.com/a.qcow2"), "4124fe5315443ffa");
         // Pinned with Python's hashlib: "url-" + sha256(url).hexdigest()[:32].
         assert_eq!(
             url_key("https://example.com/a.qcow2"),

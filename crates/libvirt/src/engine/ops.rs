@@ -1,11 +1,11 @@
 //! The provider's steps on one host, over the [`Host`] seam: removing a domain with everything
 //! made for it, and listing the marked domains (spec/kvm.md §7.7, §7.8).
 
-use egress_libvirt::host::{Host, LibvirtError, UNDEFINE_FLAGS, code};
-use egress_libvirt::{KVM2_NAMESPACE, Mark};
+use crate::Mark;
+use crate::host::{Host, LibvirtError, UNDEFINE_FLAGS, code};
 use egress_provider::{Instance, InstanceState, OpCtx};
 
-use crate::{id, names};
+use super::{id, names};
 
 /// Removes domain `name` and its overlay and seed from `pool`. Everything already gone is
 /// success (a domain not running, undefined, a pool or volume missing); the shared base image
@@ -44,17 +44,17 @@ pub async fn remove(cx: &OpCtx, host: &dyn Host, pool: &str, name: &str) -> Resu
     Ok(())
 }
 
-/// The domains on `host` that carry the kvm2 mark, with their UID and creation time (no state,
+/// The domains on `host` that carry a mark in `namespace` (the provider's), with their UID and creation time (no state,
 /// no address: GC reads nothing else). A domain whose mark cannot be read is skipped with a log
 /// line; a failed connection, or a caller that gives up, fails the whole list (a partial list
 /// must not look complete).
 ///
 /// # Errors
 /// The listing's error, or the caller's interruption.
-pub async fn list_marked(cx: &OpCtx, host: &dyn Host) -> Result<Vec<Instance>, LibvirtError> {
+pub async fn list_marked(cx: &OpCtx, host: &dyn Host, namespace: &str) -> Result<Vec<Instance>, LibvirtError> {
     let mut out = Vec::new();
     for name in host.domain_names(cx).await? {
-        let read = host.domain_metadata(cx, &name, KVM2_NAMESPACE).await;
+        let read = host.domain_metadata(cx, &name, namespace).await;
         if let Some(why) = cx.interrupted() {
             return Err(LibvirtError::timeout(format!(
                 "reading the mark of domain {name}: {why}"
@@ -90,18 +90,18 @@ pub async fn list_marked(cx: &OpCtx, host: &dyn Host) -> Result<Vec<Instance>, L
     Ok(out)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "fake"))]
 mod tests {
     use std::time::SystemTime;
 
+    use crate::fake::{FakeHost, FakeVolume};
+    use crate::{KVM_NAMESPACE, KVM2_NAMESPACE};
     use egress_conformance::{CallKind, Fault, Times};
-    use egress_libvirt::KVM_NAMESPACE;
-    use egress_libvirt::fake::{FakeHost, FakeVolume};
 
     use super::*;
 
     async fn define(fake: &FakeHost, name: &str, mark: Option<Mark>, namespace: &str) {
-        let xml = crate::test_domain_xml(name, mark.clone().unwrap_or_default());
+        let xml = crate::engine::test_domain_xml(name, mark.clone().unwrap_or_default());
         fake.define_domain(&OpCtx::background(), &xml).await.unwrap();
         let element = mark.map(|m| m.to_xml(namespace).unwrap());
         fake.set_metadata(name, KVM2_NAMESPACE, None);
@@ -162,7 +162,7 @@ mod tests {
         define(&fake, "not-managed", Some(unmanaged), KVM2_NAMESPACE).await;
         define(&fake, "garbled", None, KVM2_NAMESPACE).await;
         fake.set_metadata("garbled", KVM2_NAMESPACE, Some("<vm/>".into()));
-        let listed = list_marked(&cx, &fake).await.unwrap();
+        let listed = list_marked(&cx, &fake, KVM2_NAMESPACE).await.unwrap();
         assert_eq!(listed.len(), 1, "{listed:?}");
         assert_eq!(listed[0].id.as_str(), "hosts/hv/domains/ours");
         assert_eq!(listed[0].uid, "u-1");
@@ -170,6 +170,6 @@ mod tests {
         // A listing that fails fails whole.
         fake.interceptor()
             .fail(CallKind("ConnectListAllDomains"), Fault::ConnectionReset, Times::Once);
-        assert!(list_marked(&cx, &fake).await.unwrap_err().transport);
+        assert!(list_marked(&cx, &fake, KVM2_NAMESPACE).await.unwrap_err().transport);
     }
 }

@@ -6,12 +6,12 @@
 use egress_provider::Placement;
 use egress_provider::config::{KvmConfig, KvmHost};
 
-use crate::names;
+use super::Generation;
 
 /// The image a placement asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Image {
-    /// The catalogue key, or [`names::url_key`] of the URL.
+    /// The catalogue key, or the URL's key ([`Generation::url_key`]).
     pub key: String,
     /// Where to download it.
     pub url: String,
@@ -59,14 +59,15 @@ fn url_host_is_link_local(raw: &str) -> bool {
     } else {
         host_port.split(':').next().unwrap_or_default().to_owned()
     };
-    crate::image::is_link_local_host(&host)
+    super::image::is_link_local_host(&host)
 }
 
-/// Resolves `placement` for block `block` (`kvm2`) of a validated config.
+/// Resolves `placement` for `generation`'s block of a validated config.
 ///
 /// # Errors
 /// The message of the first field that cannot work (Permanent for the provider).
-pub fn resolve<'a>(block: &str, cfg: &'a KvmConfig, placement: &Placement) -> Result<Resolved<'a>, String> {
+pub fn resolve<'a>(generation: Generation, cfg: &'a KvmConfig, placement: &Placement) -> Result<Resolved<'a>, String> {
+    let block = generation.block();
     let host = if placement.zone.is_empty() {
         match cfg.hosts.as_slice() {
             [only] => only,
@@ -106,7 +107,7 @@ pub fn resolve<'a>(block: &str, cfg: &'a KvmConfig, placement: &Placement) -> Re
             ));
         }
         None if is_http_url(&placement.image) => Image {
-            key: names::url_key(&placement.image),
+            key: generation.url_key(&placement.image),
             url: placement.image.clone(),
             sha256: None,
             format: "qcow2".to_owned(),
@@ -180,7 +181,7 @@ mod tests {
     #[test]
     fn a_catalogue_placement_resolves_with_defaults() {
         let cfg = config(&["beelink", "nuc"]);
-        let r = resolve("kvm2", &cfg, &placement("nuc", "small", "debian-13")).unwrap();
+        let r = resolve(Generation::Kvm2, &cfg, &placement("nuc", "small", "debian-13")).unwrap();
         assert_eq!(r.host.name, "nuc");
         assert_eq!((r.vcpus, r.memory_mib), (1, 1024));
         assert_eq!(r.image.key, "debian-13");
@@ -192,9 +193,9 @@ mod tests {
     fn an_empty_zone_means_the_only_host_and_a_url_image_is_qcow2_uefi() {
         let cfg = config(&["beelink"]);
         let url = "https://mirror.example.org/img/x.qcow2";
-        let r = resolve("kvm2", &cfg, &placement("", "small", url)).unwrap();
+        let r = resolve(Generation::Kvm2, &cfg, &placement("", "small", url)).unwrap();
         assert_eq!(r.host.name, "beelink");
-        assert_eq!(r.image.key, names::url_key(url));
+        assert_eq!(r.image.key, crate::engine::names::url_key(url));
         assert_eq!(r.image.url, url);
         assert_eq!(r.image.sha256, None);
         assert_eq!((r.image.format.as_str(), r.image.firmware.as_str()), ("qcow2", "uefi"));
@@ -237,7 +238,7 @@ mod tests {
                 "placement.image \"https:///x.qcow2\" is neither a key in kvm2.images nor an http(s) URL",
             ),
         ] {
-            assert_eq!(resolve("kvm2", &two, &p).unwrap_err(), want);
+            assert_eq!(resolve(Generation::Kvm2, &two, &p).unwrap_err(), want);
         }
     }
 }

@@ -12,24 +12,30 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::Instant;
 
+use crate::host::{AddressSource, DomainState, Host, Interface, LvResult, PoolInfo, UploadSource};
 use async_trait::async_trait;
-use egress_libvirt::host::{AddressSource, DomainState, Host, Interface, LvResult, PoolInfo, UploadSource};
 use egress_provider::OpCtx;
 use tracing::Instrument;
 
-use crate::failure::shown_here;
+use super::Generation;
+use super::failure::shown_here;
 use tracing::field::Empty;
 
 /// A [`Host`] whose calls are observed.
 #[derive(Debug)]
 pub struct Traced<H: ?Sized> {
+    /// Whether calls get spans (kvm2) or log lines only (kvm).
+    spans: bool,
     inner: Box<H>,
 }
 
 impl Traced<dyn Host> {
-    /// Observes `inner`'s calls.
-    pub fn new(inner: Box<dyn Host>) -> Self {
-        Self { inner }
+    /// Observes `inner`'s calls as `generation` does.
+    pub fn new(inner: Box<dyn Host>, generation: Generation) -> Self {
+        Self {
+            spans: generation.spans(),
+            inner,
+        }
     }
 }
 
@@ -131,7 +137,11 @@ where
 /// One observed call: its span (`kvm2.<rpc>`), the objects it names, the call itself.
 macro_rules! observed {
     ($self:ident, $rpc:literal, {$($field:ident: $value:expr),*}, $call:expr) => {{
-        let span = call_span!(concat!("kvm2.", $rpc), $self.name());
+        let span = if $self.spans {
+            call_span!(concat!("kvm2.", $rpc), $self.name())
+        } else {
+            tracing::Span::none()
+        };
         let names = Names { $($field: Some($value),)* ..Names::default() };
         observe(span, $rpc, $self.name(), names, $call).await
     }};
@@ -243,7 +253,10 @@ impl Host for Traced<dyn Host> {
 
     async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>> {
         // The dial's own span (`kvm2.dial`) is opened by the dialer (see `crate::construct`).
-        Ok(Box::new(Traced::new(self.inner.dedicated(cx).await?)))
+        Ok(Box::new(Traced {
+            spans: self.spans,
+            inner: self.inner.dedicated(cx).await?,
+        }))
     }
 }
 

@@ -3,11 +3,11 @@
 
 use std::net::IpAddr;
 
-use egress_libvirt::host::{AddressSource, DomainState, Host, Interface, code, first_ipv4};
+use crate::host::{DomainState, Host, Interface, code, first_ipv4};
 use egress_provider::{InstanceState, OpCtx};
 
-use crate::failure::Failure;
-use crate::names;
+use super::failure::Failure;
+use super::{Generation, names};
 
 /// The reconciler's state for a libvirt state and whether an address was found.
 ///
@@ -24,10 +24,6 @@ pub fn map_state(state: DomainState, has_ip: bool) -> InstanceState {
         _ => InstanceState::Stopped,
     }
 }
-
-/// The address sources, in the order kvm2 asks them: the guest agent knows its address about
-/// 20 s after start; the host's ARP table often never learns a guest on a plain bridge.
-pub const SOURCES: [AddressSource; 2] = [AddressSource::Agent, AddressSource::Arp];
 
 /// The interfaces of the VM's own NIC (by its MAC, review M14), so a guest running Docker, say,
 /// is not reached at `docker0`'s address; all of them when none carries that MAC (a domain
@@ -54,11 +50,16 @@ fn own_interfaces<'a>(interfaces: &'a [Interface], mac: &str) -> &'a [Interface]
 /// # Errors
 /// Transient, explicitly (the joined errors could hold a code the table calls Permanent); or
 /// the domain vanished.
-pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<IpAddr>, Failure> {
+pub async fn discover(
+    cx: &OpCtx,
+    host: &dyn Host,
+    generation: Generation,
+    name: &str,
+) -> Result<Option<IpAddr>, Failure> {
     let mut answered = false;
     let mut failures = Vec::new();
     let mac = names::mac(name);
-    for source in SOURCES {
+    for source in generation.sources() {
         match host.interface_addresses(cx, name, source).await {
             Ok(interfaces) => match first_ipv4(own_interfaces(&interfaces, &mac)) {
                 Some(ip) => return Ok(Some(ip)),
@@ -97,11 +98,11 @@ pub async fn discover(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<Option<
     )))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "fake"))]
 mod tests {
-    use egress_libvirt::Mark;
-    use egress_libvirt::fake::FakeHost;
-    use egress_libvirt::host::{Address, Interface, LibvirtError};
+    use crate::Mark;
+    use crate::fake::FakeHost;
+    use crate::host::{Address, AddressSource, Interface, LibvirtError};
     use egress_provider::{ErrorClass, Op};
 
     use super::*;
@@ -139,7 +140,7 @@ mod tests {
     }
 
     async fn running(fake: &FakeHost, name: &str) {
-        let xml = crate::test_domain_xml(name, Mark::new("u", std::time::SystemTime::now()));
+        let xml = crate::engine::test_domain_xml(name, Mark::new("u", std::time::SystemTime::now()));
         fake.define_domain(&OpCtx::background(), &xml).await.unwrap();
         fake.start_domain(&OpCtx::background(), name).await.unwrap();
     }
@@ -152,7 +153,7 @@ mod tests {
         fake.set_addresses("vm", AddressSource::Agent, Ok(eth0("192.168.1.10")));
         fake.set_addresses("vm", AddressSource::Arp, Ok(eth0("192.168.1.99")));
         assert_eq!(
-            discover(&cx, &fake, "vm").await.unwrap(),
+            discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap(),
             Some("192.168.1.10".parse().unwrap())
         );
         // The agent not up yet (86): ARP answers.
@@ -165,7 +166,7 @@ mod tests {
             )),
         );
         assert_eq!(
-            discover(&cx, &fake, "vm").await.unwrap(),
+            discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap(),
             Some("192.168.1.99".parse().unwrap())
         );
     }
@@ -192,7 +193,7 @@ mod tests {
             ]),
         );
         assert_eq!(
-            discover(&cx, &fake, "vm").await.unwrap(),
+            discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap(),
             Some("192.168.1.42".parse().unwrap())
         );
         // Without an interface of that MAC, the first usable address of any.
@@ -202,7 +203,7 @@ mod tests {
             Ok(vec![nic("docker0", "02:42:ac:11:00:01", "172.17.0.1")]),
         );
         assert_eq!(
-            discover(&cx, &fake, "vm").await.unwrap(),
+            discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap(),
             Some("172.17.0.1".parse().unwrap())
         );
     }
@@ -221,7 +222,7 @@ mod tests {
         // The boot case: the agent errors, ARP answers nothing: Provisioning, not an error.
         fake.set_addresses("vm", AddressSource::Agent, agent_down());
         fake.set_addresses("vm", AddressSource::Arp, Ok(Vec::new()));
-        assert_eq!(discover(&cx, &fake, "vm").await.unwrap(), None);
+        assert_eq!(discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap(), None);
         // The agent not up and ARP failing (as on kernels where it always does): still "no
         // address yet".
         fake.set_addresses(
@@ -229,14 +230,14 @@ mod tests {
             AddressSource::Arp,
             Err(LibvirtError::daemon(1, "internal error: wrong nlmsg len")),
         );
-        assert_eq!(discover(&cx, &fake, "vm").await.unwrap(), None);
+        assert_eq!(discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap(), None);
         // Every source failed: an error, naming both.
         fake.set_addresses(
             "vm",
             AddressSource::Agent,
             Err(LibvirtError::daemon(code::OPERATION_INVALID, "domain is not running")),
         );
-        let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        let e = discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap_err();
         assert_eq!(e.class(Op::Get), ErrorClass::Transient);
         let text = e.to_string();
         assert!(
@@ -250,7 +251,7 @@ mod tests {
             AddressSource::Arp,
             Err(LibvirtError::daemon(8, "invalid argument")),
         );
-        let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        let e = discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap_err();
         assert_eq!(e.class(Op::Get), ErrorClass::Transient);
         // A dead connection is not "no address": the read fails at once.
         fake.set_addresses(
@@ -258,7 +259,7 @@ mod tests {
             AddressSource::Agent,
             Err(LibvirtError::transport("connection is closed: keepalive: no reply")),
         );
-        let e = discover(&cx, &fake, "vm").await.unwrap_err();
+        let e = discover(&cx, &fake, Generation::Kvm2, "vm").await.unwrap_err();
         assert_eq!(e.class(Op::Get), ErrorClass::Transient);
         assert!(
             e.to_string()
@@ -272,7 +273,10 @@ mod tests {
             Err(LibvirtError::daemon(code::NO_DOMAIN, "Domain not found")),
         );
         assert_eq!(
-            discover(&cx, &fake, "vm").await.unwrap_err().class(Op::Get),
+            discover(&cx, &fake, Generation::Kvm2, "vm")
+                .await
+                .unwrap_err()
+                .class(Op::Get),
             ErrorClass::NotFound
         );
     }

@@ -1,13 +1,13 @@
 //! A failure inside one operation, before it is wrapped for the reconciler: either a libvirt
-//! call that failed (classified by the table of [`crate::classify`] for the operation), or a
+//! call that failed (classified by the table of [`super::classify`] for the operation), or a
 //! verdict of the provider itself that carries its class from where it was decided.
 
 use std::fmt;
 
-use egress_libvirt::host::LibvirtError;
+use crate::host::LibvirtError;
 use egress_provider::{ErrorClass, Op, ProviderError, redact};
 
-use crate::classify::classify;
+use super::Generation;
 
 /// Why an operation failed.
 #[derive(Clone, Debug)]
@@ -61,10 +61,15 @@ impl Failure {
         }
     }
 
-    /// The class for the reconciler, the failure met during `op`.
+    /// The class for the reconciler, the failure met during `op`, by the kvm2 table.
     pub fn class(&self, op: Op) -> ErrorClass {
+        self.class_in(Generation::Kvm2, op)
+    }
+
+    /// The class for the reconciler, the failure met during `op`, by `generation`'s table.
+    pub fn class_in(&self, generation: Generation, op: Op) -> ErrorClass {
         match self {
-            Self::Call { error, .. } => classify(error, op),
+            Self::Call { error, .. } => generation.classify(error, op),
             Self::Verdict { class, .. } => *class,
         }
     }
@@ -79,8 +84,15 @@ impl Failure {
 
     /// The error the provider returns: classified for `op`, naming entry `entry` and `id`,
     /// its text scrubbed (see [`Failure::shown`]).
-    pub fn into_provider_error(self, op: Op, entry: &str, id: &str, cloud_init: &[u8]) -> ProviderError {
-        ProviderError::new(self.class(op), op, entry, id).with_message(self.shown(cloud_init))
+    pub fn into_provider_error(
+        self,
+        generation: Generation,
+        op: Op,
+        entry: &str,
+        id: &str,
+        cloud_init: &[u8],
+    ) -> ProviderError {
+        ProviderError::new(self.class_in(generation, op), op, entry, id).with_message(self.shown(cloud_init))
     }
 
     /// The text as it may be shown (errors, logs): credentials a backend echoed are redacted,
@@ -156,7 +168,7 @@ impl<T> Context<T> for Result<T, LibvirtError> {
 
 #[cfg(test)]
 mod tests {
-    use egress_libvirt::host::code;
+    use crate::host::code;
 
     use super::*;
 
@@ -193,6 +205,7 @@ mod tests {
             "looking up domain vm: Domain not found (libvirt error 42)"
         );
         let e = Failure::quota("storage pool default has 1 bytes available, 2 needed").into_provider_error(
+            Generation::Kvm2,
             Op::Create,
             "kvm2-home",
             "",

@@ -9,9 +9,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::VolumeSpec;
+use crate::host::{Host, LibvirtError, code};
 use bytes::Bytes;
-use egress_libvirt::host::{Host, LibvirtError, code};
-use egress_libvirt::{Flavour, VolumeSpec};
 use egress_provider::{OpCtx, redact};
 use futures::StreamExt as _;
 use reqwest::StatusCode;
@@ -19,10 +19,10 @@ use sha2::{Digest, Sha256};
 use tracing::Instrument as _;
 use tracing::field::Empty;
 
-use crate::failure::{Context as _, Failure};
-use crate::locks::KeyedLocks;
-use crate::names;
-use crate::placement::Image;
+use super::failure::{Context as _, Failure};
+use super::locks::KeyedLocks;
+use super::placement::Image;
+use super::{Generation, names};
 
 /// The precheck's HEAD (or GET) budget.
 pub const PROBE_BUDGET: Duration = Duration::from_secs(30);
@@ -44,6 +44,8 @@ const CHUNKS_IN_FLIGHT: usize = 4;
 /// One image on one host's pool.
 #[derive(Clone, Debug)]
 pub struct Cached<'a> {
+    /// Whose cache (names, spans).
+    pub generation: Generation,
     /// The host's configured name.
     pub host: &'a str,
     /// The pool.
@@ -61,10 +63,11 @@ pub struct Cached<'a> {
 
 impl<'a> Cached<'a> {
     /// `image` of entry `entry` in `pool` on `host`.
-    pub fn new(entry: &str, host: &'a str, pool: &'a str, image: &'a Image) -> Self {
-        let base = names::base(entry, &image.key, &image.format);
+    pub fn new(generation: Generation, entry: &str, host: &'a str, pool: &'a str, image: &'a Image) -> Self {
+        let base = generation.base_name(entry, &image.key, &image.format);
         let marker = names::marker(&base);
         Self {
+            generation,
             host,
             pool,
             image,
@@ -205,12 +208,13 @@ pub async fn url_format(
     cx: &OpCtx,
     host: &dyn Host,
     http: &reqwest::Client,
+    generation: Generation,
     entry: &str,
     pool: &str,
     image: &Image,
 ) -> Result<String, Failure> {
     for format in ["qcow2", "raw"] {
-        let marker = names::marker(&names::base(entry, &image.key, format));
+        let marker = names::marker(&generation.base_name(entry, &image.key, format));
         match host.volume_path(cx, pool, &marker).await {
             Ok(_) => return Ok(format.to_owned()),
             Err(e) if e.is(code::NO_STORAGE_VOL) => {}
@@ -317,17 +321,21 @@ pub async fn ensure(
     if let Some(path) = cached(cx, host, img).await? {
         return Ok(path);
     }
-    let span = tracing::info_span!(
-        "kvm2.download",
-        otel.kind = "client",
-        kvm2.host = %img.host,
-        kvm2.volume = %img.base,
-        kvm2.url_host = %url_host(&img.image.url),
-        kvm2.sha256_configured = img.image.sha256.is_some(),
-        kvm2.bytes = Empty,
-        otel.status_code = Empty,
-        otel.status_description = Empty,
-    );
+    let span = if !img.generation.spans() {
+        tracing::Span::none()
+    } else {
+        tracing::info_span!(
+            "kvm2.download",
+            otel.kind = "client",
+            kvm2.host = %img.host,
+            kvm2.volume = %img.base,
+            kvm2.url_host = %url_host(&img.image.url),
+            kvm2.sha256_configured = img.image.sha256.is_some(),
+            kvm2.bytes = Empty,
+            otel.status_code = Empty,
+            otel.status_description = Empty,
+        )
+    };
     let fetched = cx
         .run_within(TRANSFER_BUDGET, fetch(cx, host, http, img).instrument(span.clone()))
         .await
@@ -523,7 +531,7 @@ async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached
     let needed = size.saturating_add(img.room_after);
     let usable = info
         .available
-        .saturating_sub(crate::provider::pool_headroom(info.capacity));
+        .saturating_sub(super::provider::pool_headroom(info.capacity));
     if usable < needed {
         return Err(Failure::quota(format!(
             "storage pool {} has {} bytes available ({usable} once 5% of the pool is kept free), {needed} needed \
@@ -572,7 +580,7 @@ async fn upload(
         format: img.image.format.clone(),
         backing: None,
     }
-    .to_xml(Flavour::Kvm2)
+    .to_xml(img.generation.flavour())
     .map_err(|e| Failure::permanent(e.to_string()))?;
     own.create_volume(cx, img.pool, &xml)
         .await
@@ -662,7 +670,7 @@ async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str
         format: "raw".to_owned(),
         backing: None,
     }
-    .to_xml(Flavour::Kvm2)
+    .to_xml(img.generation.flavour())
     .map_err(|e| Failure::permanent(e.to_string()))?;
     own.create_volume(cx, img.pool, &xml)
         .await
