@@ -589,7 +589,8 @@ impl Host for FakeHost {
             let mut bytes = Vec::new();
             let mut chunk = [0u8; 64 << 10];
             let mut source_error = None;
-            while (bytes.len() as u64) < length {
+            // As libvirt: a length of 0 takes the stream to its end.
+            while length == 0 || (bytes.len() as u64) < length {
                 match source.read(&mut chunk) {
                     Ok(0) => break,
                     Ok(n) => bytes.extend_from_slice(&chunk[..n]),

@@ -2,4 +2,4 @@
 
 mod support;
 
-egress_conformance::conformance_suite!(support::FakeTarget);
+egress_conformance::conformance_suite!(support::FakeTarget(egress_libvirt::engine::Generation::Kvm2));

@@ -4,4 +4,7 @@
 
 mod support;
 
-egress_conformance::conformance_suite!(support::real::RealTarget);
+egress_conformance::conformance_suite!(support::real::RealTarget {
+    generation: egress_libvirt::engine::Generation::Kvm2,
+    construct: egress_provider_kvm2::construct,
+});

@@ -26,7 +26,7 @@ fn marker() -> String {
 }
 
 async fn backend() -> (FakeBackend, Kvm2Provider) {
-    let b = FakeBackend::new().await;
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
     let p = b.provider(ENTRY, b.config(false)).unwrap();
     (b, p)
 }
@@ -112,7 +112,7 @@ async fn h4_a_cached_digest_that_differs_from_the_config_is_refused_untouched() 
 
 #[tokio::test]
 async fn h4_an_entry_name_that_cannot_name_a_volume_is_refused() {
-    let b = FakeBackend::new().await;
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
     let e = b.provider("kvm2/home", b.config(false)).unwrap_err().to_string();
     assert!(e.contains("\"kvm2/home\"") && e.contains("letters, digits"), "{e}");
 }
@@ -191,7 +191,7 @@ async fn failed_downloads_are_classified_and_leave_no_base() {
 
 #[tokio::test]
 async fn a_digest_mismatch_is_permanent_and_discards_the_download() {
-    let b = FakeBackend::new().await;
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
     let mut cfg = b.config(false);
     cfg.images.get_mut(IMAGE_KEY).unwrap().sha256 = "ab".repeat(32);
     let p = b.provider(ENTRY, cfg).unwrap();
@@ -214,7 +214,7 @@ async fn m9_a_head_without_a_usable_length_falls_back_to_get() {
 
 #[tokio::test]
 async fn the_pool_space_precheck_is_a_quota_and_creates_nothing() {
-    let b = FakeBackend::new().await;
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
     // Room for the image and the seed, not for a 10 GiB overlay.
     let small = FakeHost::sharing(HOSTS[0], POOL, 1 << 30, b.interceptor.clone());
     let p = egress_provider_kvm2::new(
@@ -236,7 +236,7 @@ async fn the_pool_space_precheck_is_a_quota_and_creates_nothing() {
 
 #[tokio::test]
 async fn m11_the_downloads_own_length_is_checked_against_the_pool() {
-    let b = FakeBackend::new().await;
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
     let mut cfg = b.config(false);
     cfg.disk_size_gb = 1;
     // HEAD says small (the precheck passes); GET's real length does not fit.
@@ -433,7 +433,7 @@ fn put(b: &FakeBackend, name: &str, capacity: u64, bytes: Vec<u8>) {
 
 #[tokio::test]
 async fn m5_an_image_larger_than_the_overlay_is_refused_and_a_short_overlay_made_again() {
-    let b = FakeBackend::new().await;
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
     // A cached base whose virtual size is 3 GiB.
     put(&b, &base(), 3 << 30, image_bytes());
     put(&b, &marker(), 64, sha256_hex(&image_bytes()).into_bytes());
@@ -487,7 +487,7 @@ async fn m11_an_image_over_the_size_limit_is_refused_before_any_volume() {
 #[tokio::test]
 async fn m17_a_plain_http_image_without_a_digest_is_warned_about_at_construction() {
     let (capture, _guard) = egress_conformance::capture::Capture::start();
-    let b = FakeBackend::new().await;
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
     let mut cfg = b.config(false);
     cfg.images.get_mut(IMAGE_KEY).unwrap().sha256.clear();
     let _p = b.provider(ENTRY, cfg).unwrap();

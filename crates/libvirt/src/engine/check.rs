@@ -156,6 +156,11 @@ pub async fn check_host_kvm(
             start.elapsed().max(std::time::Duration::from_nanos(1)),
         )
     };
+    if let Some(why) = cx.interrupted() {
+        let mut status = at_once(REASON_TIMEOUT, format!("checking host {name}: {why}"));
+        status.details = details;
+        return status;
+    }
     if probing.swap(true, Ordering::SeqCst) {
         let mut status = at_once(
             REASON_TIMEOUT,
@@ -180,13 +185,14 @@ pub async fn check_host_kvm(
         })
     };
     let probed = tokio::select! {
-        joined = probe => joined.unwrap_or_else(|e| Err(LibvirtError::transport(format!("the probe failed: {e}")))),
+        biased;
         why = cx.done() => {
             tracing::debug!(host = %name, "libvirt probe abandoned, connection kept");
             let mut status = at_once(REASON_TIMEOUT, format!("checking host {name}: {why}"));
             status.details = details;
             return status;
         }
+        joined = probe => joined.unwrap_or_else(|e| Err(LibvirtError::transport(format!("the probe failed: {e}")))),
     };
     let latency = start.elapsed().max(std::time::Duration::from_nanos(1));
     let mut status = match probed {

@@ -1,4 +1,5 @@
-//! The kvm2 provider as a conformance target: over the in-memory libvirt fake (two hosts sharing
+//! A libvirt provider (kvm2, or kvm: the test files choose the generation) as a conformance
+//! target: over the in-memory libvirt fake (two hosts sharing
 //! one call log and fault table, a DHCP that gives started guests an address, the SSH key file
 //! read on every call as a dial would), with the base image served by a local HTTP server.
 //!
@@ -28,18 +29,17 @@ use egress_conformance::{
     BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Gate, Interceptor, NativeState,
     NotConfigured, Profile, SeedSpec, Times, Unsupported,
 };
+use egress_libvirt::engine::failure::Failure;
+use egress_libvirt::engine::{Generation, LibvirtProvider};
 use egress_libvirt::fake::FakeHost;
 use egress_libvirt::host::{Address, AddressSource, DomainState, Host, Interface, LibvirtError};
 use egress_libvirt::seed::read_seed_file;
-use egress_libvirt::{DomainSpec, Flavour, KVM2_NAMESPACE, Mark, rfc3339};
+use egress_libvirt::{DomainSpec, Mark, rfc3339};
 use egress_provider::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 use egress_provider::{
     BoxError, CreateRequest, ErrorClass, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Op, Placement, Provider,
     ProviderId, name_from_uid,
 };
-use egress_provider_kvm2::Kvm2Provider;
-use egress_provider_kvm2::classify::classify;
-use egress_provider_kvm2::failure::Failure;
 use image_server::ImageServer;
 use sha2::{Digest as _, Sha256};
 
@@ -127,6 +127,7 @@ pub fn config(hosts: &[&str], url: &str, sha256: Option<String>, files: &Scratch
 /// The fake hypervisors and the image mirror.
 #[derive(Clone, Debug)]
 pub struct FakeBackend {
+    pub generation: Generation,
     pub hosts: Vec<FakeHost>,
     pub interceptor: Interceptor,
     pub server: Arc<ImageServer>,
@@ -134,8 +135,8 @@ pub struct FakeBackend {
 }
 
 impl FakeBackend {
-    /// Two empty hosts, a key file, and the image served.
-    pub async fn new() -> Self {
+    /// Two empty hosts, a key file, and the image served, for a `generation` provider.
+    pub async fn new(generation: Generation) -> Self {
         let interceptor = Interceptor::new();
         let files = Arc::new(Scratch::new("fake"));
         std::fs::write(files.0.join("id_ed25519"), FAKE_KEY).unwrap();
@@ -152,6 +153,7 @@ impl FakeBackend {
             .collect();
         let server = Arc::new(ImageServer::start(image_bytes(), "127.0.0.1:0").await);
         Self {
+            generation,
             hosts,
             interceptor,
             server,
@@ -172,13 +174,18 @@ impl FakeBackend {
     }
 
     /// A provider of entry `entry` over this backend.
-    pub fn provider(&self, entry: &str, cfg: KvmConfig) -> Result<Kvm2Provider, BoxError> {
+    pub fn provider(&self, entry: &str, cfg: KvmConfig) -> Result<LibvirtProvider, BoxError> {
         let hosts = self
             .hosts
             .iter()
             .map(|h| Box::new(h.clone()) as Box<dyn Host>)
             .collect();
-        egress_provider_kvm2::new(entry, cfg, hosts)
+        LibvirtProvider::new(self.generation, entry, cfg, hosts)
+    }
+
+    /// The provider's metadata namespace.
+    fn namespace(&self) -> &'static str {
+        self.generation.namespace()
     }
 
     /// The host named `location` (the first when `None`).
@@ -221,8 +228,8 @@ fn native(state: &NativeState) -> DomainState {
 }
 
 /// The metadata element a seed asks for, written by hand so any part can be missing or odd.
-fn seeded_mark(spec: &SeedSpec) -> String {
-    let mut out = format!("<instance xmlns=\"{KVM2_NAMESPACE}\">");
+fn seeded_mark(spec: &SeedSpec, namespace: &str) -> String {
+    let mut out = format!("<instance xmlns=\"{namespace}\">");
     match &spec.managed {
         SeedManaged::Yes => out.push_str("<managed>true</managed>"),
         SeedManaged::No => {}
@@ -298,11 +305,11 @@ impl BackendHooks for FakeBackend {
             bridge: "br0".to_owned(),
             mac: None,
         }
-        .to_xml(Flavour::Kvm2)
+        .to_xml(self.generation.flavour())
         .expect("a seeded domain document");
         // Straight into the fake, past its call log and faults.
         host.define_directly(&xml);
-        host.set_metadata(&spec.name, KVM2_NAMESPACE, Some(seeded_mark(&spec)));
+        host.set_metadata(&spec.name, self.namespace(), Some(seeded_mark(&spec, self.namespace())));
         host.set_state(&spec.name, native(&spec.state));
         if let Some(ip) = spec.ip {
             host.set_addresses(&spec.name, AddressSource::Agent, Ok(eth0(ip)));
@@ -324,17 +331,17 @@ impl BackendHooks for FakeBackend {
 
     async fn rewrite_marks(&self, name: &str, uid: &str, created_at: SystemTime) -> HookResult {
         let host = self.holder(name)?;
-        let old = host.domains()[name].metadata.get(KVM2_NAMESPACE).cloned();
+        let old = host.domains()[name].metadata.get(self.namespace()).cloned();
         let mut mark = old.and_then(|m| Mark::parse(&m).ok()).unwrap_or_default();
         mark.managed = true;
         mark.uid = uid.to_owned();
         mark.created_at = Some(created_at);
-        host.set_metadata(name, KVM2_NAMESPACE, Some(mark.to_xml(KVM2_NAMESPACE).unwrap()));
+        host.set_metadata(name, self.namespace(), Some(mark.to_xml(self.namespace()).unwrap()));
         Ok(())
     }
 
     async fn strip_marks(&self, name: &str) -> HookResult {
-        self.holder(name)?.set_metadata(name, KVM2_NAMESPACE, None);
+        self.holder(name)?.set_metadata(name, self.namespace(), None);
         Ok(())
     }
 
@@ -349,7 +356,7 @@ impl BackendHooks for FakeBackend {
                 out.push(BackendObject {
                     kind: "instance".to_owned(),
                     owner: name.clone(),
-                    marks: marks_of(domain.metadata.get(KVM2_NAMESPACE)),
+                    marks: marks_of(domain.metadata.get(self.namespace())),
                     user_data,
                 });
             }
@@ -383,7 +390,7 @@ impl BackendHooks for FakeBackend {
 
     async fn make_unreadable(&self, name: &str) -> HookResult {
         self.holder(name)?
-            .set_metadata(name, KVM2_NAMESPACE, Some("<instance><uid>".to_owned()));
+            .set_metadata(name, self.namespace(), Some("<instance><uid>".to_owned()));
         Ok(())
     }
 
@@ -417,12 +424,12 @@ impl BackendHooks for FakeBackend {
     }
 }
 
-/// The kvm2 provider over the fake.
+/// A libvirt provider over the fake.
 #[derive(Clone, Copy, Debug)]
-pub struct FakeTarget;
+pub struct FakeTarget(pub Generation);
 
-/// The profile of kvm2, whatever the backend.
-pub fn profile() -> Profile {
+/// The profile of a libvirt provider, whatever the backend.
+pub fn profile(generation: Generation) -> Profile {
     Profile {
         create_return: CreateReturn::Blocking,
         delete_return: DeleteReturn::Waits,
@@ -436,7 +443,11 @@ pub fn profile() -> Profile {
         provisioning_state: ProvisioningState::CreateBlocks,
         timeouts: Timeouts::PerCall,
         logging: Logging::Tiered,
-        child_spans: ChildSpans::SpanDecorator,
+        // kvm has no child spans (as the Go provider had none).
+        child_spans: match generation {
+            Generation::Kvm => ChildSpans::None,
+            Generation::Kvm2 => ChildSpans::SpanDecorator,
+        },
         credentials: Credentials::MountedFiles { rereads: true },
         ip_discovered: true,
         delivers_cloud_init: true,
@@ -467,14 +478,20 @@ pub fn request_in(uid: &str, location: &str) -> CreateRequest {
     }
 }
 
-/// The fixtures for hosts `hosts` (the first is the default location).
-pub fn fixtures(hosts: &[&str]) -> Fixtures {
+/// The fixtures of `generation` for hosts `hosts` (the first is the default location).
+pub fn fixtures(generation: Generation, hosts: &[&str]) -> Fixtures {
     let with = |f: &dyn Fn(&mut Placement)| {
         let mut p = request_in("fixture", hosts[0]).placement;
         f(&mut p);
         p
     };
     let daemon = |n: i32| LibvirtError::daemon(n, "x");
+    let classify = |e: &LibvirtError, op: Op| generation.classify(e, op);
+    // Where the two tables part: 84 (operation unsupported) is Permanent for kvm only.
+    let unsupported = match generation {
+        Generation::Kvm => ErrorClass::Permanent,
+        Generation::Kvm2 => ErrorClass::Transient,
+    };
     let mut classify_cases: Vec<ClassifyCase> = [
         ("42 in get", classify(&daemon(42), Op::Get), ErrorClass::NotFound),
         ("42 in create", classify(&daemon(42), Op::Create), ErrorClass::Transient),
@@ -483,6 +500,7 @@ pub fn fixtures(hosts: &[&str]) -> Fixtures {
         ("27", classify(&daemon(27), Op::Create), ErrorClass::Permanent),
         ("88", classify(&daemon(88), Op::Get), ErrorClass::Permanent),
         ("67 in create", classify(&daemon(67), Op::Create), ErrorClass::Permanent),
+        ("84", classify(&daemon(84), Op::Get), unsupported),
         ("55", classify(&daemon(55), Op::Get), ErrorClass::Transient),
         ("1", classify(&daemon(1), Op::Get), ErrorClass::Transient),
         (
@@ -537,16 +555,23 @@ pub fn fixtures(hosts: &[&str]) -> Fixtures {
         ],
         classify_cases,
         check_targets: hosts.iter().map(|h| (*h).to_owned()).collect(),
-        check_faults: vec![
-            (Fault::PermissionDenied, first.into(), egress_provider::REASON_FORBIDDEN),
-            (Fault::Timeout, first.into(), egress_provider::REASON_TIMEOUT),
-            (Fault::Server5xx, first.into(), egress_provider::REASON_API_ERROR),
-            (
-                Fault::ConnectionReset,
-                first.into(),
-                egress_provider::REASON_UNREACHABLE,
-            ),
-        ],
+        check_faults: {
+            use egress_libvirt::engine::check::REASON_LIBVIRT_ERROR;
+            let (denied, failed) = match generation {
+                Generation::Kvm => (REASON_LIBVIRT_ERROR, REASON_LIBVIRT_ERROR),
+                Generation::Kvm2 => (egress_provider::REASON_FORBIDDEN, egress_provider::REASON_API_ERROR),
+            };
+            vec![
+                (Fault::PermissionDenied, first.into(), denied),
+                (Fault::Timeout, first.into(), egress_provider::REASON_TIMEOUT),
+                (Fault::Server5xx, first.into(), failed),
+                (
+                    Fault::ConnectionReset,
+                    first.into(),
+                    egress_provider::REASON_UNREACHABLE,
+                ),
+            ]
+        },
         locations: hosts.iter().map(|h| (*h).to_owned()).collect(),
         secondary_kinds: vec!["overlay".to_owned(), "seed".to_owned()],
         shared_kinds: vec!["image".to_owned()],
@@ -597,7 +622,7 @@ impl ConformanceTarget for FakeTarget {
     type Backend = FakeBackend;
 
     async fn backend(&self) -> Result<FakeBackend, NotConfigured> {
-        Ok(FakeBackend::new().await)
+        Ok(FakeBackend::new(self.0).await)
     }
 
     fn build(&self, backend: &FakeBackend, options: &BuildOptions) -> Result<Arc<dyn Provider>, BoxError> {
@@ -607,7 +632,7 @@ impl ConformanceTarget for FakeTarget {
     }
 
     fn profile(&self) -> Profile {
-        profile()
+        profile(self.0)
     }
 
     fn valid_request(&self, uid: &str) -> CreateRequest {
@@ -619,10 +644,10 @@ impl ConformanceTarget for FakeTarget {
     }
 
     fn id_for(&self, name: &str) -> ProviderId {
-        ProviderId::new(egress_provider_kvm2::id::format(HOSTS[0], name))
+        ProviderId::new(egress_libvirt::engine::id::format(HOSTS[0], name))
     }
 
     fn fixtures(&self) -> Fixtures {
-        fixtures(&HOSTS)
+        fixtures(self.0, &HOSTS)
     }
 }

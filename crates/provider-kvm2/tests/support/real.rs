@@ -1,5 +1,5 @@
-//! The kvm2 provider against the local hypervisor (`cargo xtask hypervisor up`): built by the
-//! production constructor from a config entry, over SSH to a real libvirtd with QEMU, booting
+//! A libvirt provider (kvm2 or kvm) against the local hypervisor (`cargo xtask hypervisor up`):
+//! built by the production constructor from a config entry, over SSH to a real libvirtd with QEMU, booting
 //! the test guest from an image this process serves over HTTP.
 //!
 //! Cases run one at a time here (a real pool refuses a refresh while an upload runs, and every
@@ -17,9 +17,10 @@ use egress_conformance::hooks::{BackendObject, HookResult};
 use egress_conformance::{
     BackendHooks, BuildOptions, ConformanceTarget, Fixtures, NativeState, NotConfigured, Profile, Unsupported,
 };
+use egress_libvirt::engine::Generation;
 use egress_libvirt::host::Host;
 use egress_libvirt::seed::read_seed_file;
-use egress_libvirt::{HypervisorEnv, KVM2_NAMESPACE, Mark};
+use egress_libvirt::{HypervisorEnv, Mark};
 use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use egress_provider::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType, ProviderConfig};
 use egress_provider::{BoxError, CreateRequest, OpCtx, Provider, ProviderId};
@@ -98,6 +99,7 @@ fn this_process() -> String {
 
 /// The real hypervisor, for one case.
 pub struct RealBackend {
+    generation: Generation,
     env: HypervisorEnv,
     files: Arc<Scratch>,
     url: String,
@@ -177,7 +179,7 @@ fn host_of(env: &HypervisorEnv) -> RemoteHost {
 
 /// Removes every domain (with its overlay and seed) whose kvm2 mark names a UID this test
 /// process made: what the finished case left. The shared base image stays.
-async fn sweep(env: &HypervisorEnv) {
+async fn sweep(env: &HypervisorEnv, generation: Generation) {
     let host = host_of(env);
     let cx = OpCtx::background().with_timeout(Duration::from_secs(120));
     let Ok(names) = host.domain_names(&cx).await else {
@@ -185,11 +187,11 @@ async fn sweep(env: &HypervisorEnv) {
     };
     let ours = this_process();
     for name in names {
-        let Ok(Some(element)) = host.domain_metadata(&cx, &name, KVM2_NAMESPACE).await else {
+        let Ok(Some(element)) = host.domain_metadata(&cx, &name, generation.namespace()).await else {
             continue;
         };
         if Mark::parse(&element).is_ok_and(|m| m.uid.contains(&ours)) {
-            let _ = egress_provider_kvm2::ops::remove(&cx, &host, &env.pool, &name).await;
+            let _ = egress_libvirt::engine::ops::remove(&cx, &host, &env.pool, &name).await;
         }
     }
 }
@@ -202,13 +204,13 @@ impl Drop for RealBackend {
         }
         // Async work from a destructor: on a thread of its own, with a runtime of its own,
         // before the turn passes to the next case.
-        let env = self.env.clone();
+        let (env, generation) = (self.env.clone(), self.generation);
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(sweep(&env));
+            rt.block_on(sweep(&env, generation));
         })
         .join();
     }
@@ -237,11 +239,12 @@ impl BackendHooks for RealBackend {
             .await
             .map_err(|_| Unsupported("H05 inventory (listing failed)"))?;
         for name in names {
-            let mark = match host.domain_metadata(&cx, &name, KVM2_NAMESPACE).await {
+            let namespace = self.generation.namespace();
+            let mark = match host.domain_metadata(&cx, &name, namespace).await {
                 Ok(Some(element)) => Mark::parse(&element).ok(),
                 _ => None,
             };
-            let seed = egress_provider_kvm2::names::seed(&name);
+            let seed = egress_libvirt::engine::names::seed(&name);
             let user_data = match host.download(&cx, pool, &seed, 4 << 20).await {
                 Ok(iso) => read_seed_file(&iso, "user-data"),
                 Err(_) => None,
@@ -249,7 +252,7 @@ impl BackendHooks for RealBackend {
             out.push(BackendObject {
                 kind: "instance".to_owned(),
                 owner: name.clone(),
-                marks: super::marks_of(mark.and_then(|m| m.to_xml(KVM2_NAMESPACE).ok()).as_ref()),
+                marks: super::marks_of(mark.and_then(|m| m.to_xml(namespace).ok()).as_ref()),
                 user_data,
             });
         }
@@ -266,9 +269,15 @@ impl BackendHooks for RealBackend {
     }
 }
 
-/// The kvm2 provider against the local hypervisor.
+/// A libvirt provider against the local hypervisor, built by `construct` (the provider crate's
+/// own) as the operator builds it.
 #[derive(Clone, Copy, Debug)]
-pub struct RealTarget;
+pub struct RealTarget {
+    /// Which provider.
+    pub generation: Generation,
+    /// Its crate's constructor.
+    pub construct: fn(&ProviderConfig) -> Result<Arc<dyn Provider>, BoxError>,
+}
 
 #[async_trait]
 impl ConformanceTarget for RealTarget {
@@ -291,6 +300,7 @@ impl ConformanceTarget for RealTarget {
         let key = std::fs::read(&env.ssh_key).map_err(|e| NotConfigured(format!("{}: {e}", env.ssh_key.display())))?;
         std::fs::write(files.0.join("id_ed25519"), key).unwrap();
         Ok(RealBackend {
+            generation: self.generation,
             env,
             files,
             url,
@@ -300,13 +310,22 @@ impl ConformanceTarget for RealTarget {
     }
 
     fn build(&self, backend: &RealBackend, options: &BuildOptions) -> Result<Arc<dyn Provider>, BoxError> {
-        let entry = ProviderConfig {
-            name: options.entry_name.clone(),
-            type_name: "kvm2".to_owned(),
-            kvm2: Some(backend.config(options.insecure)),
-            ..ProviderConfig::default()
+        let block = Some(backend.config(options.insecure));
+        let entry = match self.generation {
+            Generation::Kvm => ProviderConfig {
+                name: options.entry_name.clone(),
+                type_name: "kvm".to_owned(),
+                kvm: block,
+                ..ProviderConfig::default()
+            },
+            Generation::Kvm2 => ProviderConfig {
+                name: options.entry_name.clone(),
+                type_name: "kvm2".to_owned(),
+                kvm2: block,
+                ..ProviderConfig::default()
+            },
         };
-        egress_provider_kvm2::construct(&entry)
+        (self.construct)(&entry)
     }
 
     fn profile(&self) -> Profile {
@@ -314,7 +333,7 @@ impl ConformanceTarget for RealTarget {
             // A software-emulated guest boots in about half a minute.
             readiness_budget: Duration::from_secs(150),
             delete_budget: Duration::from_secs(60),
-            ..super::profile()
+            ..super::profile(self.generation)
         }
     }
 
@@ -327,11 +346,11 @@ impl ConformanceTarget for RealTarget {
     }
 
     fn id_for(&self, name: &str) -> ProviderId {
-        ProviderId::new(egress_provider_kvm2::id::format(HOST, name))
+        ProviderId::new(egress_libvirt::engine::id::format(HOST, name))
     }
 
     fn fixtures(&self) -> Fixtures {
-        super::fixtures(&[HOST])
+        super::fixtures(self.generation, &[HOST])
     }
 
     fn is_real(&self) -> bool {

@@ -1,0 +1,11 @@
+//! The conformance suite against the local hypervisor (`cargo xtask conformance --provider kvm
+//! --real`): real domains booting the test guest over SSH to a real libvirtd. Without
+//! `cargo xtask hypervisor up` every case skips, and under `cargo xtask test` fails.
+
+#[path = "../../provider-kvm2/tests/support/mod.rs"]
+mod support;
+
+egress_conformance::conformance_suite!(support::real::RealTarget {
+    generation: egress_libvirt::engine::Generation::Kvm,
+    construct: egress_provider_kvm::construct,
+});
