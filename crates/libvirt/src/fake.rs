@@ -328,6 +328,15 @@ fn read_domain(xml: &str) -> LvResult<(String, BTreeMap<String, String>)> {
     Ok((name.trim().to_owned(), metadata))
 }
 
+/// The `type` attribute of an element.
+fn type_of(e: &quick_xml::events::BytesStart<'_>) -> String {
+    e.attributes()
+        .flatten()
+        .find(|a| a.key.as_ref() == "type")
+        .map(|a| a.value.to_string())
+        .unwrap_or_default()
+}
+
 /// Name, capacity, format and backing path of a volume document.
 fn read_volume(xml: &str) -> LvResult<(String, u64, String, Option<String>)> {
     let invalid = |why: String| LibvirtError::daemon(code::INVALID_ARG, format!("XML error: {why}"));
@@ -336,15 +345,15 @@ fn read_volume(xml: &str) -> LvResult<(String, u64, String, Option<String>)> {
     let (mut name, mut capacity, mut format, mut backing) = (String::new(), String::new(), String::new(), None);
     loop {
         match reader.read_event().map_err(|e| invalid(e.to_string()))? {
-            Event::Start(e) => path.push(e.local_name().into_inner().to_owned()),
+            // `<format type="qcow2"/>`, or `<format type="qcow2"></format>` as Go's encoder wrote it.
             Event::Empty(e) if e.local_name().into_inner() == "format" && path == ["volume", "target"] => {
-                format = e
-                    .attributes()
-                    .flatten()
-                    .find(|a| a.key.as_ref() == "type")
-                    .map(|a| a.value.to_string())
-                    .unwrap_or_default();
+                format = type_of(&e);
             }
+            Event::Start(e) if e.local_name().into_inner() == "format" && path == ["volume", "target"] => {
+                format = type_of(&e);
+                path.push("format".to_owned());
+            }
+            Event::Start(e) => path.push(e.local_name().into_inner().to_owned()),
             Event::End(_) => {
                 path.pop();
             }

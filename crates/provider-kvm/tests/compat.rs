@@ -1,122 +1,145 @@
-//! Compatibility with the Go operator's `kvm` provider: a domain and its volumes laid down
-//! exactly as it named and marked them (the `.../kvm` metadata namespace, its compact domain
-//! document with `<clock>` and `<boot>`, `<name>.qcow2` backed by `base-<key>.qcow2` with its
-//! `.sha256` marker, `<name>-seed.iso`) are listed, read, adopted and deleted by this provider,
-//! and the shared base stays. Over the libvirt fake, and against the local hypervisor with a
-//! guest that really boots from them.
+//! Compatibility with the Go operator's `kvm` provider: a domain and its volumes laid down the
+//! way it wrote them (documents written out literally here, as Go's encoder produced them, not
+//! by this workspace's builders: the `.../kvm` metadata namespace, the compact domain document
+//! with `<clock>` and `<boot>`, `<name>.qcow2` backed by `base-<key>.qcow2` with its `.sha256`
+//! marker uploaded to the stream's end, `<name>-seed.iso`) are read, listed, adopted without a
+//! change, and deleted by this provider; a new Proxy reuses the cached base without a download;
+//! the base stays. Over the libvirt fake, and against the local hypervisor with a guest that
+//! really boots from them.
 
 #[path = "../../provider-kvm2/tests/support/mod.rs"]
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use egress_libvirt::engine::{Generation, names};
+use egress_libvirt::HypervisorEnv;
+use egress_libvirt::engine::Generation;
 use egress_libvirt::host::Host;
 use egress_libvirt::seed::{seed_iso, vendor_data};
-use egress_libvirt::{DomainSpec, Flavour, HypervisorEnv, KVM_NAMESPACE, Mark, VolumeSpec};
-use egress_provider::config::ProviderConfig;
+use egress_provider::config::{KvmConfig, KvmImage, ProviderConfig};
 use egress_provider::{InstanceState, OpCtx, Provider, ProviderId, name_from_uid};
-use support::{FakeBackend, IMAGE_KEY, POOL, request_in};
+use support::{FakeBackend, POOL, request_in};
 
-/// What the Go kvm provider left on `host`: a running domain of Proxy `uid` on `image` bytes.
+/// The image key the Go operator cached under (`base-go-image.qcow2`).
+const GO_KEY: &str = "go-image";
+/// The creation time the Go operator wrote.
+const GO_CREATED: &str = "2026-09-16T12:00:00Z";
+
+/// A volume document as Go's encoder wrote it (compact, empty elements as start/end pairs).
+fn go_volume(name: &str, capacity: usize, format: &str, backing: Option<&str>) -> String {
+    let backing = backing.map_or_else(String::new, |path| {
+        format!("<backingStore><path>{path}</path><format type=\"qcow2\"></format></backingStore>")
+    });
+    format!(
+        "<volume type=\"file\"><name>{name}</name><capacity unit=\"bytes\">{capacity}</capacity><target><format type=\"{format}\"></format></target>{backing}</volume>"
+    )
+}
+
+/// The domain document as the Go kvm provider wrote it (`cpu` is empty on a host without KVM,
+/// where the test hypervisor emulates).
+fn go_domain(name: &str, uid: &str, disk: &str, seed: &str, bridge: &str, domain_type: &str, cpu: &str) -> String {
+    format!(
+        "<domain type=\"{domain_type}\"><name>{name}</name><metadata><instance xmlns=\"https://gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/kvm\"><managed>true</managed><uid>{uid}</uid><createdAt>{GO_CREATED}</createdAt></instance></metadata><memory unit=\"MiB\">256</memory><vcpu>1</vcpu><os firmware=\"efi\"><type arch=\"x86_64\" machine=\"q35\">hvm</type><firmware><feature enabled=\"no\" name=\"secure-boot\"></feature></firmware><boot dev=\"hd\"></boot></os><features><acpi></acpi><apic></apic></features>{cpu}<clock offset=\"utc\"></clock><on_poweroff>destroy</on_poweroff><on_reboot>restart</on_reboot><on_crash>destroy</on_crash><devices><disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"qcow2\"></driver><source file=\"{disk}\"></source><target dev=\"vda\" bus=\"virtio\"></target></disk><disk type=\"file\" device=\"cdrom\"><driver name=\"qemu\" type=\"raw\"></driver><source file=\"{seed}\"></source><target dev=\"sda\" bus=\"sata\"></target><readonly></readonly></disk><interface type=\"bridge\"><source bridge=\"{bridge}\"></source><model type=\"virtio\"></model></interface><serial type=\"pty\"><target port=\"0\"></target></serial><console type=\"pty\"><target type=\"serial\" port=\"0\"></target></console><channel type=\"unix\"><target type=\"virtio\" name=\"org.qemu.guest_agent.0\"></target></channel><rng model=\"virtio\"><backend model=\"random\">/dev/urandom</backend></rng></devices></domain>"
+    )
+}
+
+/// What the Go kvm provider left on `host`: the cached base of [`GO_KEY`] (replaced, so this
+/// run's is the one used) and a running domain of Proxy `uid` on it. Returns the domain's name.
 async fn lay_down(host: &dyn Host, pool: &str, uid: &str, image: &[u8], bridge: &str, domain_type: &str) -> String {
     let cx = OpCtx::background();
     let name = name_from_uid(uid);
-    let base = format!("base-{IMAGE_KEY}.qcow2");
-    if host.volume_path(&cx, pool, &format!("{base}.sha256")).await.is_err() {
-        let _ = host.delete_volume(&cx, pool, &base).await;
-        let xml = |name: &str, bytes: usize, backing: Option<(String, String)>, format: &str| {
-            VolumeSpec {
-                name: name.to_owned(),
-                capacity_bytes: i64::try_from(bytes).unwrap(),
-                format: format.to_owned(),
-                backing,
-            }
-            .to_xml(Flavour::Kvm)
-            .unwrap()
-        };
-        host.create_volume(&cx, pool, &xml(&base, image.len(), None, "qcow2"))
-            .await
-            .unwrap();
-        host.upload(
-            &cx,
-            pool,
-            &base,
-            image.len() as u64,
-            Box::new(std::io::Cursor::new(image.to_vec())),
-        )
+    let (base, marker) = (
+        "base-go-image.qcow2".to_owned(),
+        "base-go-image.qcow2.sha256".to_owned(),
+    );
+    for v in [&marker, &base] {
+        let _ = host.delete_volume(&cx, pool, v).await;
+    }
+    host.create_volume(&cx, pool, &go_volume(&base, image.len(), "qcow2", None))
         .await
         .unwrap();
-        host.refresh_pool(&cx, pool).await.unwrap();
-        let digest = support::sha256_hex(image);
-        host.create_volume(&cx, pool, &xml(&format!("{base}.sha256"), 64, None, "raw"))
-            .await
-            .unwrap();
-        host.upload(
-            &cx,
-            pool,
-            &format!("{base}.sha256"),
-            0,
-            Box::new(std::io::Cursor::new(digest.into_bytes())),
-        )
-        .await
-        .unwrap();
-    }
-    let base_path = host.volume_path(&cx, pool, &base).await.unwrap();
-    let overlay = VolumeSpec {
-        name: format!("{name}.qcow2"),
-        capacity_bytes: 1 << 30,
-        format: "qcow2".into(),
-        backing: Some((base_path, "qcow2".into())),
-    }
-    .to_xml(Flavour::Kvm)
-    .unwrap();
-    host.create_volume(&cx, pool, &overlay).await.unwrap();
-    let iso = seed_iso(&name, b"#cloud-config\n", &vendor_data(b"", false)).unwrap();
-    let seed = VolumeSpec {
-        name: format!("{name}-seed.iso"),
-        capacity_bytes: i64::try_from(iso.len()).unwrap(),
-        format: "raw".into(),
-        backing: None,
-    }
-    .to_xml(Flavour::Kvm)
-    .unwrap();
-    host.create_volume(&cx, pool, &seed).await.unwrap();
     host.upload(
         &cx,
         pool,
-        &format!("{name}-seed.iso"),
-        0,
-        Box::new(std::io::Cursor::new(iso)),
+        &base,
+        image.len() as u64,
+        Box::new(std::io::Cursor::new(image.to_vec())),
     )
     .await
     .unwrap();
-    let domain = DomainSpec {
-        name: name.clone(),
-        memory_mib: 256,
-        vcpus: 1,
-        mark: Mark::new(uid, SystemTime::now()),
-        firmware: "uefi".into(),
-        domain_type: domain_type.into(),
-        cpu_mode: None,
-        disk_path: host.volume_path(&cx, pool, &format!("{name}.qcow2")).await.unwrap(),
-        disk_format: "qcow2".into(),
-        seed_path: host.volume_path(&cx, pool, &format!("{name}-seed.iso")).await.unwrap(),
-        bridge: bridge.into(),
-        mac: None,
-    }
-    .to_xml(Flavour::Kvm)
+    host.refresh_pool(&cx, pool).await.unwrap();
+    host.create_volume(&cx, pool, &go_volume(&marker, 64, "raw", None))
+        .await
+        .unwrap();
+    // Go uploaded the marker with length 0: to the stream's end.
+    let digest = support::sha256_hex(image);
+    host.upload(
+        &cx,
+        pool,
+        &marker,
+        0,
+        Box::new(std::io::Cursor::new(digest.into_bytes())),
+    )
+    .await
     .unwrap();
-    assert!(domain.contains(KVM_NAMESPACE) && domain.contains("<clock offset=\"utc\"/>"));
-    host.define_domain(&cx, &domain).await.unwrap();
+    let base_path = host.volume_path(&cx, pool, &base).await.unwrap();
+    let overlay = format!("{name}.qcow2");
+    host.create_volume(&cx, pool, &go_volume(&overlay, 1 << 30, "qcow2", Some(&base_path)))
+        .await
+        .unwrap();
+    let iso = seed_iso(&name, b"#cloud-config\n", &vendor_data(b"", true)).unwrap();
+    let seed = format!("{name}-seed.iso");
+    host.create_volume(&cx, pool, &go_volume(&seed, iso.len(), "raw", None))
+        .await
+        .unwrap();
+    host.upload(&cx, pool, &seed, 0, Box::new(std::io::Cursor::new(iso)))
+        .await
+        .unwrap();
+    let disk = host.volume_path(&cx, pool, &overlay).await.unwrap();
+    let seed = host.volume_path(&cx, pool, &seed).await.unwrap();
+    let cpu = if domain_type == "kvm" {
+        "<cpu mode=\"host-passthrough\"></cpu>"
+    } else {
+        ""
+    };
+    host.define_domain(&cx, &go_domain(&name, uid, &disk, &seed, bridge, domain_type, cpu))
+        .await
+        .unwrap();
     host.start_domain(&cx, &name).await.unwrap();
     name
 }
 
-/// What this provider does with it: lists it (with state and address, as the first generation
-/// lists), reads it, adopts it on a create for its Proxy, and deletes it with its volumes while
-/// the base and marker stay; a kvm2 provider on the same host does not see it.
+/// The provider's block: the Go image under its key, at `url`.
+fn block(hosts: Vec<egress_provider::config::KvmHost>, url: &str, digest: &str, keys: (&str, &str)) -> KvmConfig {
+    KvmConfig {
+        ssh_key_file: keys.0.to_owned(),
+        known_hosts_file: keys.1.to_owned(),
+        disk_size_gb: 1,
+        domain_type: Some("qemu".into()),
+        images: [(
+            GO_KEY.to_owned(),
+            KvmImage {
+                url: url.to_owned(),
+                sha256: digest.to_owned(),
+                ..KvmImage::default()
+            },
+        )]
+        .into(),
+        machine_types: [(
+            "small".to_owned(),
+            egress_provider::config::KvmMachineType {
+                vcpus: 1,
+                memory_mib: 256,
+            },
+        )]
+        .into(),
+        hosts,
+        ..KvmConfig::default()
+    }
+}
+
+/// What this provider does with it.
 async fn exercise(
     p: &dyn Provider,
     kvm2: &dyn Provider,
@@ -128,7 +151,8 @@ async fn exercise(
 ) {
     let cx = OpCtx::background();
     let id = ProviderId::new(format!("hosts/{}/domains/{name}", host.name()));
-    // Running with an address, once the guest has one.
+    // Read back: Running with an address once the guest has one; the UID and creation time
+    // from Go's mark.
     let started = Instant::now();
     let running = loop {
         let got = p.get(&cx, &id).await.unwrap();
@@ -139,48 +163,94 @@ async fn exercise(
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
     assert_eq!(running.uid, uid);
-    assert!(running.ip.is_some() && running.created_at.is_some());
+    assert!(running.ip.is_some());
+    let go_created = std::time::SystemTime::from(GO_CREATED.parse::<jiff::Timestamp>().unwrap());
+    assert_eq!(running.created_at, Some(go_created));
+    // Listed whole, as the first generation lists; not by a kvm2 provider.
     let listed = p.list_by_tag(&cx).await.unwrap();
     let mine: Vec<_> = listed.iter().filter(|i| i.id == id).collect();
     assert_eq!(mine.len(), 1, "{listed:?}");
-    assert_eq!((mine[0].uid.as_str(), mine[0].state), (uid, InstanceState::Running));
+    assert_eq!(
+        (mine[0].uid.as_str(), mine[0].state, mine[0].created_at),
+        (uid, InstanceState::Running, Some(go_created))
+    );
     assert!(
         !kvm2.list_by_tag(&cx).await.unwrap().iter().any(|i| i.id == id),
         "a kvm2 provider listed a kvm domain"
     );
-    // A create for its Proxy adopts it: the same id, nothing made.
-    let volumes_before = host.volume_names(&cx, pool).await.unwrap().len();
+    // A create for its Proxy adopts it as it is: the same id, the same mark, nothing made.
+    let volumes = host.volume_names(&cx, pool).await.unwrap();
     let mut req = request_in(uid, host.name());
-    req.name = name.to_owned();
+    req.placement.image = GO_KEY.into();
     assert_eq!(p.create(&cx, &req).await.unwrap(), id);
-    assert_eq!(host.volume_names(&cx, pool).await.unwrap().len(), volumes_before);
-    // Delete: the domain and its volumes go, the shared base stays.
+    assert_eq!(host.volume_names(&cx, pool).await.unwrap(), volumes);
+    assert_eq!(p.get(&cx, &id).await.unwrap().created_at, Some(go_created));
+    // A new Proxy on the same image uses Go's cached base (the image URL is never asked).
+    let other = request_in(&format!("{uid}-new"), host.name());
+    let other = egress_provider::CreateRequest {
+        placement: egress_provider::Placement {
+            image: GO_KEY.into(),
+            ..other.placement
+        },
+        ..other
+    };
+    let other_id = p.create(&cx, &other).await.unwrap();
+    p.delete(&cx, &other_id).await.unwrap();
+    // Delete: the domain and its volumes go; the shared base and marker stay.
     p.delete(&cx, &id).await.unwrap();
     assert!(p.get(&cx, &id).await.unwrap_err().is_not_found());
     let left = host.volume_names(&cx, pool).await.unwrap();
     assert!(!left.iter().any(|v| v.starts_with(name)), "{left:?}");
-    let base = names::base_kvm(IMAGE_KEY, "qcow2");
-    assert!(left.contains(&base) && left.contains(&names::marker(&base)), "{left:?}");
+    assert!(
+        left.iter().any(|v| v == "base-go-image.qcow2") && left.iter().any(|v| v == "base-go-image.qcow2.sha256"),
+        "{left:?}"
+    );
 }
 
 #[tokio::test]
-async fn a_go_kvm_domain_on_the_fake_is_listed_read_adopted_and_deleted() {
+async fn a_go_kvm_domain_on_the_fake_is_read_listed_adopted_and_deleted() {
     let b = FakeBackend::new(Generation::Kvm).await;
     let host = &b.hosts[0];
     let uid = "4f9a6c1e-0b7d-4d2a-9e55-1c2b3d4e5f60";
-    let name = lay_down(host, POOL, uid, &support::image_bytes(), "br0", "qemu").await;
-    let p = b.provider("kvm-home", b.config(false)).unwrap();
+    let image = support::image_bytes();
+    let name = lay_down(host, POOL, uid, &image, "br0", "qemu").await;
+    let keys = (
+        b.files.0.join("id_ed25519").display().to_string(),
+        b.files.0.join("known_hosts").display().to_string(),
+    );
+    let cfg = block(
+        b.config(false).hosts,
+        &b.server.url(),
+        &support::sha256_hex(&image),
+        (&keys.0, &keys.1),
+    );
+    let p = b.provider("kvm-home", cfg.clone()).unwrap();
     let kvm2 = FakeBackend {
         generation: Generation::Kvm2,
         ..b.clone()
     }
-    .provider("kvm2-home", b.config(false))
+    .provider("kvm2-home", cfg)
     .unwrap();
+    let calls_before = b.interceptor.call_log().len();
     exercise(&p, &kvm2, host, POOL, uid, &name, Duration::from_secs(10)).await;
+    // Adoption made nothing: no definition, start or volume call other than the new Proxy's.
+    assert_eq!(b.server.requests(), 0, "the Go image was fetched again");
+    let adopted: Vec<_> = b.interceptor.call_log()[calls_before..]
+        .iter()
+        .filter(|c| {
+            c.target == name
+                && matches!(
+                    c.kind.0,
+                    "DomainDefineXML" | "DomainCreate" | "StorageVolCreateXML" | "StorageVolUpload"
+                )
+        })
+        .map(|c| c.kind.0)
+        .collect();
+    assert!(adopted.is_empty(), "adopting the Go domain changed it: {adopted:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_go_kvm_domain_on_the_local_hypervisor_is_listed_read_adopted_and_deleted() {
+async fn a_go_kvm_domain_on_the_local_hypervisor_is_read_listed_adopted_and_deleted() {
     let env = match HypervisorEnv::load() {
         Ok(Some(env)) => env,
         Ok(None) if std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1") => {
@@ -193,57 +263,41 @@ async fn a_go_kvm_domain_on_the_local_hypervisor_is_listed_read_adopted_and_dele
         Err(e) => panic!("{e}"),
     };
     let image = std::fs::read(&env.guest_image).unwrap();
-    let (url, digest) = (
-        "http://127.0.0.1:9/never-fetched.qcow2".to_owned(),
-        support::sha256_hex(&image),
-    );
-    let block = egress_provider::config::KvmConfig {
-        ssh_key_file: env.ssh_key.display().to_string(),
-        known_hosts_file: env.known_hosts.display().to_string(),
-        disk_size_gb: 1,
-        domain_type: Some(env.domain_type.clone()),
-        images: [(
-            IMAGE_KEY.to_owned(),
-            egress_provider::config::KvmImage {
-                url,
-                sha256: digest,
-                ..Default::default()
-            },
-        )]
-        .into(),
-        machine_types: [(
-            "small".to_owned(),
-            egress_provider::config::KvmMachineType {
-                vcpus: 1,
-                memory_mib: 256,
-            },
-        )]
-        .into(),
-        hosts: vec![egress_provider::config::KvmHost {
-            name: "hv".into(),
-            address: env.ssh_address.clone(),
-            user: env.ssh_user.clone(),
-            socket: env.libvirt_socket.clone(),
-            pool: env.pool.clone(),
-            bridge: env.bridge.clone(),
-        }],
-        ..Default::default()
-    };
+    // Nothing listens there: a download attempt would fail the create.
+    let url = "http://127.0.0.1:9/never-fetched.qcow2";
+    let hosts = vec![egress_provider::config::KvmHost {
+        name: "hv".into(),
+        address: env.ssh_address.clone(),
+        user: env.ssh_user.clone(),
+        socket: env.libvirt_socket.clone(),
+        pool: env.pool.clone(),
+        bridge: env.bridge.clone(),
+    }];
+    let key = env.ssh_key.display().to_string();
+    let known = env.known_hosts.display().to_string();
+    let mut cfg = block(hosts, url, &support::sha256_hex(&image), (&key, &known));
+    cfg.domain_type = Some(env.domain_type.clone());
     let p = egress_provider_kvm::construct(&ProviderConfig {
         name: "kvm-compat".into(),
         type_name: "kvm".into(),
-        kvm: Some(block.clone()),
-        ..Default::default()
+        kvm: Some(cfg.clone()),
+        ..ProviderConfig::default()
     })
     .unwrap();
+    let options = || {
+        egress_libvirt_ssh::DialOptions::new(
+            &env.ssh_key,
+            egress_libvirt_ssh::HostKeys::KnownHosts(env.known_hosts.clone()),
+        )
+    };
     let kvm2 = egress_libvirt::engine::LibvirtProvider::new(
         Generation::Kvm2,
         "kvm2-compat",
-        block.clone(),
-        egress_libvirt_ssh::hosts_of(&block, options(&env)),
+        cfg.clone(),
+        egress_libvirt_ssh::hosts_of(&cfg, options()),
     )
     .unwrap();
-    let host: Arc<dyn Host> = Arc::from(egress_libvirt_ssh::hosts_of(&block, options(&env)).remove(0));
+    let host: Arc<dyn Host> = Arc::from(egress_libvirt_ssh::hosts_of(&cfg, options()).remove(0));
     let uid = format!("compat-{:08x}", std::process::id());
     let name = lay_down(host.as_ref(), &env.pool, &uid, &image, &env.bridge, &env.domain_type).await;
     exercise(
@@ -256,11 +310,9 @@ async fn a_go_kvm_domain_on_the_local_hypervisor_is_listed_read_adopted_and_dele
         Duration::from_secs(150),
     )
     .await;
-}
-
-fn options(env: &HypervisorEnv) -> egress_libvirt_ssh::DialOptions {
-    egress_libvirt_ssh::DialOptions::new(
-        &env.ssh_key,
-        egress_libvirt_ssh::HostKeys::KnownHosts(env.known_hosts.clone()),
-    )
+    // This run's copy of the Go cache goes too.
+    let cx = OpCtx::background();
+    for v in ["base-go-image.qcow2.sha256", "base-go-image.qcow2"] {
+        let _ = host.delete_volume(&cx, &env.pool, v).await;
+    }
 }

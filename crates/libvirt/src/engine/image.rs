@@ -336,8 +336,14 @@ pub async fn ensure(
             otel.status_description = Empty,
         )
     };
+    // Whether this fetch made the base volume: only then may a failure remove it (another
+    // process may have completed the same name meanwhile).
+    let made = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let fetched = cx
-        .run_within(TRANSFER_BUDGET, fetch(cx, host, http, img).instrument(span.clone()))
+        .run_within(
+            TRANSFER_BUDGET,
+            fetch(cx, host, http, img, made.clone()).instrument(span.clone()),
+        )
         .await
         .unwrap_or_else(|why| {
             Err(Failure::transient(format!(
@@ -352,7 +358,7 @@ pub async fn ensure(
             .record("otel.status_code", "error")
             .record("otel.status_description", e.to_string()),
     };
-    if fetched.is_err() {
+    if fetched.is_err() && made.load(std::sync::atomic::Ordering::SeqCst) {
         discard_failed(host, img).await;
     }
     fetched?;
@@ -382,6 +388,9 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
             return Ok(None);
         }
         Err(e) => return Err(Failure::call(format!("looking up marker {}", img.marker), e)),
+    }
+    if img.generation == Generation::Kvm {
+        return cached_kvm(cx, host, img).await;
     }
     let raw = host
         .download(cx, img.pool, &img.marker, MARKER_READ_MAX)
@@ -417,6 +426,40 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
         // Normal-level: an operator must act, and nothing will change by itself.
         tracing::info!(volume = %img.base, "{message}");
         return Err(Failure::permanent(message));
+    }
+    match host.volume_path(cx, img.pool, &img.base).await {
+        Ok(path) => Ok(Some(path)),
+        Err(e) if e.is(code::NO_STORAGE_VOL) => {
+            discard(cx, host, img.pool, &img.marker)
+                .await
+                .doing(|| format!("removing marker {} of a missing base", img.marker))?;
+            Ok(None)
+        }
+        Err(e) => Err(Failure::call(format!("looking up base volume {}", img.base), e)),
+    }
+}
+
+/// The first generation's trust in a marker (spec/kvm.md §6.2): its presence completes the base;
+/// its content is read only against a configured `sha256` (its first word, trimmed, any case:
+/// `sha256sum` output is accepted), and a mismatch is refused, never fetched over the base that
+/// the Go operator's overlays may use. A base under a marker is never deleted here.
+async fn cached_kvm(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, Failure> {
+    if let Some(want) = &img.image.sha256 {
+        let raw = host
+            .download(cx, img.pool, &img.marker, MARKER_READ_MAX)
+            .await
+            .doing(|| format!("reading marker {}", img.marker))?;
+        let text = String::from_utf8_lossy(&raw);
+        let held = text.split_whitespace().next().unwrap_or_default().to_ascii_lowercase();
+        if held != *want {
+            let message = format!(
+                "base image {} is cached with sha256 {held:?} but {want} is configured; add the image under a new \
+                 key and move Proxies to it, or delete the Proxies using it and evict the base by hand",
+                img.base
+            );
+            tracing::info!(volume = %img.base, "{message}");
+            return Err(Failure::permanent(message));
+        }
     }
     match host.volume_path(cx, img.pool, &img.base).await {
         Ok(path) => Ok(Some(path)),
@@ -505,7 +548,13 @@ impl Read for BodyReader {
 /// all on a connection of its own (a cancelled call on the shared connection cannot cut the
 /// transfer off, nor lose a verified download: review M10). A failed base is removed after
 /// that connection is closed (so libvirt has let go of the upload's file), on the shared one.
-async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached<'_>) -> Result<(), Failure> {
+async fn fetch(
+    cx: &OpCtx,
+    host: &dyn Host,
+    http: &reqwest::Client,
+    img: &Cached<'_>,
+    made: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(), Failure> {
     let started = Instant::now();
     let url = img.url();
     let response = http
@@ -543,7 +592,7 @@ async fn fetch(cx: &OpCtx, host: &dyn Host, http: &reqwest::Client, img: &Cached
         .dedicated(cx)
         .await
         .doing(|| format!("dialling host {} for the image upload", img.host))?;
-    let outcome = upload(cx, own.as_ref(), response, img, size).await;
+    let outcome = upload(cx, own.as_ref(), response, img, size, &made).await;
     let outcome = match outcome {
         Ok(digest) => write_marker(cx, own.as_ref(), img, &digest).await.map(|()| digest),
         Err(e) => Err(e),
@@ -572,6 +621,7 @@ async fn upload(
     response: reqwest::Response,
     img: &Cached<'_>,
     size: u64,
+    made: &std::sync::atomic::AtomicBool,
 ) -> Result<String, Failure> {
     let url = img.url();
     let xml = VolumeSpec {
@@ -585,6 +635,7 @@ async fn upload(
     own.create_volume(cx, img.pool, &xml)
         .await
         .doing(|| format!("creating base volume {}", img.base))?;
+    made.store(true, std::sync::atomic::Ordering::SeqCst);
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
     let pump = AbortOnDrop(tokio::spawn(async move {
         let mut body = response.bytes_stream();

@@ -223,6 +223,14 @@ impl LibvirtProvider {
             Err(e) => return Err(Failure::call(format!("looking up domain {name}"), e)),
         }
 
+        // A URL image's format, read only now: adopting a domain needs no image.
+        let mut resolved = r.clone();
+        if resolved.image.from_url {
+            let http = &self.shared.http;
+            resolved.image.format =
+                image::url_format(cx, host, http, generation, &self.shared.entry, pool, &resolved.image).await?;
+        }
+        let r = &resolved;
         let mut img = Cached::new(generation, &self.shared.entry, &r.host.name, pool, &r.image);
         img.room_after = disk_bytes(&self.shared.cfg, self.generation())?.saturating_add(SEED_RESERVE);
         // The first look at the pool (the marker lookup) is where a missing pool is a config
@@ -566,7 +574,7 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), F
 impl Provider for LibvirtProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let op = egress_provider::Op::Create;
-        let mut resolved = placement::resolve(self.generation(), &self.shared.cfg, &req.placement)
+        let resolved = placement::resolve(self.generation(), &self.shared.cfg, &req.placement)
             .map_err(|m| self.fail(op, "", Failure::permanent(m)))?;
         let id = id::format(&resolved.host.name, &req.name);
         let img = Cached::new(
@@ -605,21 +613,6 @@ impl Provider for LibvirtProvider {
                 Failure::transient(format!("waiting for the lock on {}: {why}", req.name)),
             )
         })?;
-        if resolved.image.from_url {
-            let pool = resolved.host.effective_pool();
-            let http = &self.shared.http;
-            resolved.image.format = image::url_format(
-                cx,
-                host.as_ref(),
-                http,
-                self.generation(),
-                &self.shared.entry,
-                pool,
-                &resolved.image,
-            )
-            .await
-            .map_err(|f| self.fail(op, &id, f))?;
-        }
         failure::guarding(&req.cloud_init, self.create_on(cx, host.as_ref(), &resolved, req))
             .await
             .map_err(|f| self.fail_scrubbed(op, &id, f, &req.cloud_init))?;

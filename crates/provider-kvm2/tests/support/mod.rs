@@ -448,7 +448,11 @@ pub fn profile(generation: Generation) -> Profile {
             Generation::Kvm => ChildSpans::None,
             Generation::Kvm2 => ChildSpans::SpanDecorator,
         },
-        credentials: Credentials::MountedFiles { rereads: true },
+        // kvm keeps the key once it loaded (a rotated Secret needs a restart); kvm2 reads it
+        // on every connection.
+        credentials: Credentials::MountedFiles {
+            rereads: generation == Generation::Kvm2,
+        },
         ip_discovered: true,
         delivers_cloud_init: true,
         adoption_guard: true,
