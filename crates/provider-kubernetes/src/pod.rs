@@ -1,0 +1,233 @@
+//! The Pod of one proxy (spec/providers.md §4.5), built by a pure function: Squid with the
+//! generated config passed in `SQUID_CONF`, the GC marks as labels, owned by its Proxy, and able
+//! to run under the `restricted` Pod Security Standard.
+
+use std::collections::BTreeMap;
+
+use egress_provider::{CreateRequest, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::squid::squid_conf;
+
+/// The Squid image when none is configured.
+pub const DEFAULT_IMAGE: &str = "ubuntu/squid:6.6-24.04_edge";
+/// The container's name.
+pub const CONTAINER: &str = "squid";
+/// The user Squid runs as: `proxy` in Debian and Ubuntu images (not root).
+pub const SQUID_UID: i64 = 13;
+/// Where the config is written; the root filesystem is read-only.
+pub const CONFIG_PATH: &str = "/tmp/squid.conf";
+/// The writable places Squid needs, each an `emptyDir`.
+pub const SCRATCH: [(&str, &str); 3] = [("tmp", "/tmp"), ("spool", "/var/spool/squid"), ("run", "/run/squid")];
+/// The Proxy custom resource, for the owner reference.
+pub const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
+/// The Proxy kind.
+pub const PROXY_KIND: &str = "Proxy";
+
+/// What the Pod is made of beside the request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodSettings {
+    /// The Squid image ([`DEFAULT_IMAGE`] when `None`).
+    pub image: Option<String>,
+    /// Requests and limits for the container.
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// The Pod of `req`. Labels carry the managed mark, the UID and (when set) the installation;
+/// the Proxy owns the Pod (not blocking its deletion), so a Pod whose Proxy is gone without its
+/// finalizer is still collected.
+pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
+    let mut labels = BTreeMap::from([
+        (LABEL_MANAGED.to_owned(), LABEL_MANAGED_YES.to_owned()),
+        (LABEL_UID.to_owned(), req.uid.clone()),
+    ]);
+    if let Some(installation) = &req.installation {
+        labels.insert(LABEL_INSTALLATION.to_owned(), installation.clone());
+    }
+    let owner = (!req.proxy_name.is_empty() && !req.uid.is_empty()).then(|| {
+        vec![OwnerReference {
+            api_version: PROXY_API_VERSION.to_owned(),
+            kind: PROXY_KIND.to_owned(),
+            name: req.proxy_name.clone(),
+            uid: req.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(false),
+        }]
+    });
+    let container = Container {
+        name: CONTAINER.to_owned(),
+        image: Some(settings.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.to_owned())),
+        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
+        args: Some(vec![format!(
+            "printf '%s\\n' \"$SQUID_CONF\" > {CONFIG_PATH} && exec squid -N -f {CONFIG_PATH}"
+        )]),
+        env: Some(vec![EnvVar {
+            name: "SQUID_CONF".to_owned(),
+            value: Some(squid_conf(req.port)),
+            ..EnvVar::default()
+        }]),
+        ports: Some(vec![ContainerPort {
+            container_port: i32::from(req.port),
+            name: Some("proxy".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        resources: settings.resources.clone(),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(SQUID_UID),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(
+            SCRATCH
+                .iter()
+                .map(|(name, path)| VolumeMount {
+                    name: (*name).to_owned(),
+                    mount_path: (*path).to_owned(),
+                    ..VolumeMount::default()
+                })
+                .collect(),
+        ),
+        ..Container::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(req.name.clone()),
+            namespace: Some(req.namespace.clone()),
+            labels: Some(labels),
+            owner_references: owner,
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            volumes: Some(
+                SCRATCH
+                    .iter()
+                    .map(|(name, _)| Volume {
+                        name: (*name).to_owned(),
+                        empty_dir: Some(EmptyDirVolumeSource::default()),
+                        ..Volume::default()
+                    })
+                    .collect(),
+            ),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egress_provider::Placement;
+
+    use super::*;
+
+    fn req() -> CreateRequest {
+        CreateRequest {
+            name: "proxy-abcdefghijklmnop".into(),
+            uid: "4f9a6c1e-0b7d-4d2a-9e55-1c2b3d4e5f60".into(),
+            namespace: "crawl".into(),
+            proxy_name: "eu-1".into(),
+            placement: Placement::default(),
+            cloud_init: b"#cloud-config SECRET".to_vec(),
+            port: 3130,
+            installation: Some("prod".into()),
+        }
+    }
+
+    #[test]
+    fn the_pod_carries_the_marks_the_config_and_its_owner() {
+        let pod = build_pod(&req(), &PodSettings::default());
+        let meta = &pod.metadata;
+        assert_eq!(meta.name.as_deref(), Some("proxy-abcdefghijklmnop"));
+        assert_eq!(meta.namespace.as_deref(), Some("crawl"));
+        let labels = meta.labels.as_ref().unwrap();
+        assert_eq!(labels[LABEL_MANAGED], "true");
+        assert_eq!(labels[LABEL_UID], "4f9a6c1e-0b7d-4d2a-9e55-1c2b3d4e5f60");
+        assert_eq!(labels[LABEL_INSTALLATION], "prod");
+        let owner = &meta.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Proxy", "eu-1", "4f9a6c1e-0b7d-4d2a-9e55-1c2b3d4e5f60")
+        );
+        assert_eq!(owner.block_owner_deletion, Some(false));
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.containers.len(), 1);
+        let c = &spec.containers[0];
+        assert_eq!(c.image.as_deref(), Some(DEFAULT_IMAGE));
+        assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 3130);
+        let env = &c.env.as_ref().unwrap()[0];
+        assert_eq!(env.name, "SQUID_CONF");
+        assert_eq!(env.value.as_deref(), Some(squid_conf(3130).as_str()));
+        // Cloud-init has no meaning for a Pod and goes nowhere in it.
+        assert!(!format!("{pod:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn the_pod_runs_under_the_restricted_standard() {
+        let pod = build_pod(&req(), &PodSettings::default());
+        let spec = pod.spec.as_ref().unwrap();
+        let c = &spec.containers[0];
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_owned()][..])
+        );
+        let psc = spec.security_context.as_ref().unwrap();
+        assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        // The config goes where a read-only root still lets it.
+        let mounts: Vec<&str> = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert!(mounts.contains(&"/tmp") && CONFIG_PATH.starts_with("/tmp/"));
+        assert!(c.args.as_ref().unwrap()[0].contains("exec squid -N -f /tmp/squid.conf"));
+    }
+
+    #[test]
+    fn settings_choose_the_image_and_resources_and_no_owner_without_a_proxy() {
+        let resources = ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "memory".to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("64Mi".into()),
+            )])),
+            ..ResourceRequirements::default()
+        };
+        let settings = PodSettings {
+            image: Some("registry.local/squid:6".into()),
+            resources: Some(resources.clone()),
+        };
+        let mut r = req();
+        r.proxy_name.clear();
+        r.installation = None;
+        let pod = build_pod(&r, &settings);
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        assert_eq!(c.image.as_deref(), Some("registry.local/squid:6"));
+        assert_eq!(c.resources.as_ref(), Some(&resources));
+        assert!(pod.metadata.owner_references.is_none());
+        assert!(!pod.metadata.labels.as_ref().unwrap().contains_key(LABEL_INSTALLATION));
+    }
+}
