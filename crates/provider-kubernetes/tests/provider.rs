@@ -1,0 +1,153 @@
+//! The kubernetes provider against `egress-kube-testserver`, which speaks the real API with its
+//! semantics (object names, label selectors, the status subresource, delete answering with the
+//! object, Status bodies with reasons) and injects faults by verb and resource. What it does not
+//! cover: a kubelet (Pods never run by themselves; the tests set their status) and admission
+//! (Pod Security is not enforced).
+
+use egress_kube_testserver::{Fault, TestServer, Verb};
+use egress_provider::{CreateRequest, ErrorClass, InstanceState, OpCtx, Placement, Provider, ProviderId};
+use egress_provider_kubernetes::pod::PodSettings;
+use egress_provider_kubernetes::provider::KubernetesProvider;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+
+async fn server() -> TestServer {
+    TestServer::builder()
+        .namespace("crawl")
+        .start()
+        .await
+        .expect("test server")
+}
+
+fn provider(s: &TestServer) -> KubernetesProvider {
+    KubernetesProvider::new("k8s-home", s.client().unwrap(), s.url(), PodSettings::default())
+}
+
+fn request(uid: &str) -> CreateRequest {
+    CreateRequest {
+        name: egress_provider::name_from_uid(uid),
+        uid: uid.to_owned(),
+        namespace: "crawl".into(),
+        proxy_name: format!("proxy-{uid}"),
+        placement: Placement::default(),
+        cloud_init: Vec::new(),
+        port: 3128,
+        installation: None,
+    }
+}
+
+/// What a kubelet would report.
+async fn run(s: &TestServer, name: &str, ip: &str) {
+    let pods: Api<Pod> = Api::namespaced(s.client().unwrap(), "crawl");
+    let status = serde_json::json!({"status": {"phase": "Running", "podIP": ip}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_pod_is_created_read_listed_and_deleted() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    let req = request("u-1");
+    let id = p.create(&cx, &req).await.unwrap();
+    assert_eq!(id.as_str(), format!("crawl/{}", req.name));
+    // Idempotent by name.
+    assert_eq!(p.create(&cx, &req).await.unwrap(), id);
+    let got = p.get(&cx, &id).await.unwrap();
+    assert_eq!(
+        (got.state, got.ip, got.uid.as_str()),
+        (InstanceState::Provisioning, None, "u-1")
+    );
+    assert!(got.created_at.is_some());
+    run(&s, &req.name, "10.1.2.3").await;
+    let got = p.get(&cx, &id).await.unwrap();
+    assert_eq!(
+        (got.state, got.ip),
+        (InstanceState::Running, Some("10.1.2.3".parse().unwrap()))
+    );
+    let listed = p.list_by_tag(&cx).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].id.clone(), listed[0].uid.as_str()), (id.clone(), "u-1"));
+    p.delete(&cx, &id).await.unwrap();
+    let e = p.get(&cx, &id).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::NotFound, "{e}");
+    p.delete(&cx, &id).await.unwrap();
+    assert!(p.list_by_tag(&cx).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn another_proxys_pod_of_the_name_is_not_adopted() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    let mut req = request("u-2");
+    p.create(&cx, &req).await.unwrap();
+    req.uid = "someone-else".into();
+    let e = p.create(&cx, &req).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Permanent);
+    assert!(
+        e.to_string().contains("u-2") && e.to_string().contains("someone-else"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn api_answers_are_classified() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    for (verb, status, op_create, want) in [
+        (Verb::Create, 403, true, ErrorClass::Permanent),
+        (Verb::Create, 422, true, ErrorClass::Permanent),
+        (Verb::Create, 404, true, ErrorClass::Transient),
+        (Verb::Create, 500, true, ErrorClass::Transient),
+        (Verb::Create, 429, true, ErrorClass::Transient),
+        (Verb::Get, 500, false, ErrorClass::Transient),
+        (Verb::Get, 401, false, ErrorClass::Permanent),
+    ] {
+        // Several: kube's client itself retries 429, 503 and 504 a few times.
+        s.faults().inject(Fault::fail(verb, "pods", status).times(20));
+        let e = if op_create {
+            p.create(&cx, &request("u-3")).await.unwrap_err()
+        } else {
+            p.get(&cx, &ProviderId::new("crawl/proxy-x")).await.unwrap_err()
+        };
+        assert_eq!(e.class(), want, "{verb:?} {status}: {e}");
+        assert!(e.to_string().starts_with("k8s-home "), "the configured name: {e}");
+        s.faults().clear();
+    }
+    let e = p.get(&cx, &ProviderId::new("crawl/")).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Permanent);
+}
+
+#[tokio::test]
+async fn the_check_lists_once_and_names_the_reason() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    let checker = p.checker().unwrap();
+    let ok = checker.check(&cx).await;
+    assert_eq!(ok.len(), 1);
+    assert!(ok[0].ready, "{ok:?}");
+    assert_eq!(
+        (ok[0].name.as_str(), ok[0].address.as_str()),
+        ("apiserver", s.url().as_str())
+    );
+    assert!(ok[0].details.contains_key("version"), "{ok:?}");
+    let lists = s.requests().count(Verb::List, "pods");
+    for (status, reason) in [(403, "Forbidden"), (401, "Unauthorized"), (500, "APIError")] {
+        s.faults().inject(Fault::fail(Verb::List, "pods", status));
+        let failed = checker.check(&cx).await;
+        assert_eq!(failed[0].reason, reason, "{status}: {failed:?}");
+        assert!(!failed[0].ready);
+        s.faults().clear();
+    }
+    // One list per check.
+    assert_eq!(s.requests().count(Verb::List, "pods"), lists + 3);
+    // A gateway timeout, past kube's own retries.
+    s.faults().inject(Fault::fail(Verb::List, "pods", 504).times(20));
+    assert_eq!(checker.check(&cx).await[0].reason, "Timeout");
+}
