@@ -197,8 +197,15 @@ impl Capture {
 
     /// Where `needle` appears in any event or span (name, field), if anywhere.
     pub fn find_text(&self, needle: &str) -> Option<String> {
+        self.find_text_from(needle, "")
+    }
+
+    /// Like [`find_text`](Self::find_text), over the events of targets starting with
+    /// `target_prefix` only (this workspace's code, not a client library that logs raw backend
+    /// answers from tasks of its own) and every span.
+    pub fn find_text_from(&self, needle: &str, target_prefix: &str) -> Option<String> {
         let store = self.lock();
-        for e in &store.events {
+        for e in store.events.iter().filter(|e| e.target.starts_with(target_prefix)) {
             let t = e.text();
             if t.contains(needle) {
                 return Some(format!("event: {t}"));

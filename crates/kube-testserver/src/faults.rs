@@ -108,28 +108,79 @@ impl Fault {
     }
 }
 
+/// A resource request as a [`RequestHook`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookedRequest {
+    pub verb: Verb,
+    /// `pods`, `pods/status`...
+    pub resource: String,
+    pub namespace: Option<String>,
+    /// The object's name, for requests on one object.
+    pub name: Option<String>,
+    /// The client's name, for clients made with [`crate::TestServer::client_named`].
+    pub client: Option<String>,
+}
+
+/// What a hook makes of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookVerdict {
+    /// Serve it (after whatever the hook awaited: a delay, a gate).
+    Serve,
+    /// Answer with this status code and a `Status` body (the code's usual reason, or `reason`).
+    Fail {
+        code: u16,
+        reason: Option<&'static str>,
+        message: String,
+    },
+    /// Close the connection without an answer (a connection reset, for the client).
+    Reset,
+}
+
+/// Decides about each resource request before it is served: for test backends that log calls,
+/// hold them, slow them or fail them by rules of their own (a provider's conformance hooks).
+pub type RequestHook =
+    Arc<dyn Fn(HookedRequest) -> std::pin::Pin<Box<dyn std::future::Future<Output = HookVerdict> + Send>> + Send + Sync>;
+
 /// The injected faults of one server. Cloning shares them.
-#[derive(Debug, Clone, Default)]
-pub struct Faults(Arc<Mutex<Vec<Fault>>>);
+#[derive(Clone, Default)]
+pub struct Faults {
+    rules: Arc<Mutex<Vec<Fault>>>,
+    hook: Arc<Mutex<Option<RequestHook>>>,
+}
+
+impl fmt::Debug for Faults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Faults").field("rules", &self.rules).finish_non_exhaustive()
+    }
+}
 
 impl Faults {
     pub fn inject(&self, fault: Fault) {
-        self.0.lock().expect("fault list lock").push(fault);
+        self.rules.lock().expect("fault list lock").push(fault);
     }
 
     /// Removes every rule not yet used up.
     pub fn clear(&self) {
-        self.0.lock().expect("fault list lock").clear();
+        self.rules.lock().expect("fault list lock").clear();
     }
 
     /// Rules not yet used up.
     pub fn pending(&self) -> usize {
-        self.0.lock().expect("fault list lock").iter().map(|f| f.times).sum()
+        self.rules.lock().expect("fault list lock").iter().map(|f| f.times).sum()
+    }
+
+    /// Sets (or, with `None`, removes) the hook every resource request passes first.
+    pub fn set_hook(&self, hook: Option<RequestHook>) {
+        *self.hook.lock().expect("hook lock") = hook;
+    }
+
+    pub(crate) fn hook(&self) -> Option<RequestHook> {
+        self.hook.lock().expect("hook lock").clone()
     }
 
     /// The action for this request, using up one count of the first matching rule.
     pub(crate) fn take(&self, verb: Verb, resource: &str) -> Option<FaultAction> {
-        let mut rules = self.0.lock().expect("fault list lock");
+        let mut rules = self.rules.lock().expect("fault list lock");
         let rule = rules.iter_mut().find(|f| f.matches(verb, resource))?;
         rule.times -= 1;
         let action = rule.action.clone();

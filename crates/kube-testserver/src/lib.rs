@@ -38,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use faults::{Fault, FaultAction, Faults, Requests, Verb};
+pub use faults::{Fault, FaultAction, Faults, HookVerdict, HookedRequest, RequestHook, Requests, Verb};
 pub use status::ApiError;
 
 use crate::server::Shared;
@@ -312,6 +312,18 @@ impl TestServer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .resource_version()
+    }
+
+    /// Sets the `creationTimestamp` (RFC 3339) of object `name` in `namespace` (`""` for a
+    /// cluster-scoped one) of resource `plural` in API group `group` (`""` for the core group):
+    /// a test control for objects "made earlier", which no client can write. False when there is
+    /// no such object.
+    pub fn backdate(&self, group: &str, plural: &str, namespace: &str, name: &str, at: &str) -> bool {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .backdate(group, plural, namespace, name, at)
     }
 
     /// Forgets the change history, as an etcd compaction does: a watch that resumes from any

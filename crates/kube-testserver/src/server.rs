@@ -58,6 +58,9 @@ impl Shared {
     }
 }
 
+/// Marks a response that must not be sent: its connection is closed instead.
+const RESET_HEADER: &str = "x-kube-testserver-reset";
+
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         let accepted = tokio::select! {
@@ -74,7 +77,14 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             let token = shared.shutdown.clone();
             let service = service_fn(move |req| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(handle(shared, req).await) }
+                async move {
+                    let response = handle(shared, req).await;
+                    // A hook asked for the connection to be dropped: an error closes it.
+                    if response.headers().contains_key(RESET_HEADER) {
+                        return Err(std::io::Error::other("reset by a request hook"));
+                    }
+                    Ok(response)
+                }
             });
             let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
             tokio::select! {
@@ -533,6 +543,30 @@ async fn object_request(
     };
     let client = headers.get(crate::faults::CLIENT_HEADER).and_then(|v| v.to_str().ok());
     shared.requests.record(verb, &resource, client);
+    if let Some(hook) = shared.faults.hook() {
+        let request = crate::faults::HookedRequest {
+            verb,
+            resource: resource.clone(),
+            namespace: t.namespace.clone(),
+            name: t.name.clone(),
+            client: client.map(str::to_owned),
+        };
+        let verdict = tokio::select! {
+            v = hook(request) => v,
+            _ = shared.shutdown.cancelled() => return Err(ApiError::new(503, "ServiceUnavailable", "shutting down")),
+        };
+        match verdict {
+            crate::faults::HookVerdict::Serve => {}
+            crate::faults::HookVerdict::Fail { code, reason, message } => {
+                return Err(ApiError::new(code, reason.unwrap_or(reason_for(code)), message));
+            }
+            crate::faults::HookVerdict::Reset => {
+                let mut r = full(StatusCode::SERVICE_UNAVAILABLE, "text/plain", Vec::new());
+                r.headers_mut().insert(RESET_HEADER, "1".parse().expect("a valid header"));
+                return Ok(r);
+            }
+        }
+    }
     match shared.faults.take(verb, &resource) {
         Some(FaultAction::Fail(code)) => {
             let e = ApiError::new(

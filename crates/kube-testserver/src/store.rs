@@ -254,6 +254,24 @@ impl State {
         self.rv
     }
 
+    /// Sets an object's `creationTimestamp` (a test control: the API never lets a client write
+    /// it). False when there is no such object.
+    pub(crate) fn backdate(&mut self, group: &str, plural: &str, namespace: &str, name: &str, at: &str) -> bool {
+        let key = StoreKey {
+            group: group.to_owned(),
+            plural: plural.to_owned(),
+        };
+        let Some(object) = self
+            .objects
+            .get_mut(&key)
+            .and_then(|bucket| bucket.get_mut(&(namespace.to_owned(), name.to_owned())))
+        else {
+            return false;
+        };
+        meta_mut(object).insert("creationTimestamp".into(), json!(at));
+        true
+    }
+
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
         self.changes.subscribe()
     }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use egress_provider::{
     Checker, CreateRequest, ErrorClass, Instance, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Op, OpCtx, Provider,
     ProviderError, ProviderId, REASON_API_ERROR, REASON_FORBIDDEN, REASON_TIMEOUT, REASON_UNAUTHORIZED,
-    REASON_UNREACHABLE, TargetStatus, redact,
+    REASON_UNREACHABLE, TargetStatus, redact, scrub,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -191,7 +191,12 @@ impl Provider for KubernetesProvider {
                     ));
                 }
             }
-            Err(f) => return Err(self.error(op, &id, &f)),
+            Err(mut f) => {
+                // The Pod carries no cloud-init, but an API answer may quote a request: never
+                // let it through.
+                f.message = scrub(&f.message, &req.cloud_init);
+                return Err(self.error(op, &id, &f));
+            }
         }
         tracing::debug!(provider = %self.entry, namespace = %req.namespace, name = %req.name, "kubernetes pod created");
         Ok(ProviderId::new(id))

@@ -46,7 +46,7 @@ pub use provider::{
     Checker, Provider, REASON_API_ERROR, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT, REASON_UNAUTHORIZED,
     REASON_UNREACHABLE, TargetStatus,
 };
-pub use redact::redact;
+pub use redact::{redact, scrub};
 pub use registry::{BuildError, BuiltProvider, Constructor, ProviderType, Providers, Registry, Validator};
 pub use types::{CreateRequest, Instance, InstanceState, Placement, ProviderId};
 

@@ -83,7 +83,9 @@ pub async fn ct_i03_events_inside_caller_span<T: ConformanceTarget>(s: Scenario<
     let mark = s.capture.event_mark();
     run_all_four(&s).await;
     let parent = s.parent_span();
-    for e in s.capture.events_since(mark) {
+    // The provider's own events (this workspace's crates); a client library's background
+    // workers (a connection pool, a request buffer) log from tasks of their own.
+    for e in s.capture.events_since(mark).into_iter().filter(|e| e.target.starts_with("egress")) {
         assert!(
             e.scope_ids.contains(&parent),
             "event outside the caller's span: {}",

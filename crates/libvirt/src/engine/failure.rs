@@ -111,27 +111,7 @@ impl fmt::Display for Failure {
     }
 }
 
-/// `text` with every line of `cloud_init` (and the whole of it, raw or escaped as a quoted
-/// string would show it) replaced by `[cloud-init]`. Lines under 6 bytes are left: they carry
-/// nothing worth hiding and would match ordinary words.
-pub fn scrub(text: &str, cloud_init: &[u8]) -> String {
-    if cloud_init.is_empty() {
-        return text.to_owned();
-    }
-    let whole = String::from_utf8_lossy(cloud_init);
-    let mut out = text.replace(whole.as_ref(), "[cloud-init]");
-    let escaped = format!("{whole:?}");
-    out = out.replace(escaped.trim_matches('"'), "[cloud-init]");
-    let mut lines: Vec<&str> = whole.lines().map(str::trim).filter(|l| l.len() >= 6).collect();
-    // Longest first, so a line is not half-replaced through a shorter one inside it.
-    lines.sort_by_key(|l| std::cmp::Reverse(l.len()));
-    for line in lines {
-        out = out.replace(line, "[cloud-init]");
-        let escaped = format!("{line:?}");
-        out = out.replace(escaped.trim_matches('"'), "[cloud-init]");
-    }
-    out
-}
+pub use egress_provider::scrub;
 
 tokio::task_local! {
     /// The cloud-init of the create running in this task, so that every text shown on its way
