@@ -5,9 +5,10 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     egress_operator::main_with(egress_operator::Extensions {
-        // Provider types are registered here as their crates land (kubernetes, gcp next).
+        // Provider types are registered here as their crates land (gcp next).
         registry: egress_provider::Registry::new()
             .with(egress_provider_local::provider_type())
+            .with(egress_provider_kubernetes::provider_type())
             .with(egress_provider_kvm::provider_type())
             .with(egress_provider_kvm2::provider_type()),
         health: egress_operator::Health::Engine,

@@ -138,8 +138,9 @@ pub enum HookVerdict {
 
 /// Decides about each resource request before it is served: for test backends that log calls,
 /// hold them, slow them or fail them by rules of their own (a provider's conformance hooks).
-pub type RequestHook =
-    Arc<dyn Fn(HookedRequest) -> std::pin::Pin<Box<dyn std::future::Future<Output = HookVerdict> + Send>> + Send + Sync>;
+pub type RequestHook = Arc<
+    dyn Fn(HookedRequest) -> std::pin::Pin<Box<dyn std::future::Future<Output = HookVerdict> + Send>> + Send + Sync,
+>;
 
 /// The injected faults of one server. Cloning shares them.
 #[derive(Clone, Default)]
@@ -150,7 +151,9 @@ pub struct Faults {
 
 impl fmt::Debug for Faults {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Faults").field("rules", &self.rules).finish_non_exhaustive()
+        f.debug_struct("Faults")
+            .field("rules", &self.rules)
+            .finish_non_exhaustive()
     }
 }
 
@@ -166,7 +169,12 @@ impl Faults {
 
     /// Rules not yet used up.
     pub fn pending(&self) -> usize {
-        self.rules.lock().expect("fault list lock").iter().map(|f| f.times).sum()
+        self.rules
+            .lock()
+            .expect("fault list lock")
+            .iter()
+            .map(|f| f.times)
+            .sum()
     }
 
     /// Sets (or, with `None`, removes) the hook every resource request passes first.

@@ -562,7 +562,8 @@ async fn object_request(
             }
             crate::faults::HookVerdict::Reset => {
                 let mut r = full(StatusCode::SERVICE_UNAVAILABLE, "text/plain", Vec::new());
-                r.headers_mut().insert(RESET_HEADER, "1".parse().expect("a valid header"));
+                r.headers_mut()
+                    .insert(RESET_HEADER, "1".parse().expect("a valid header"));
                 return Ok(r);
             }
         }

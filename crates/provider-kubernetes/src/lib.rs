@@ -1,10 +1,12 @@
 //! The kubernetes provider (spec/providers.md §4): one Squid Pod per Proxy, in the Proxy's
 //! namespace of the operator's own cluster.
 //!
-//! Work in progress: the pure rules (the Squid config, the Pod, providerIDs, the state mapping,
-//! the classify table) and the provider over a `kube::Client` with its checker. Its conformance
-//! run against `egress-kube-testserver`, its constructor from a config entry and its
-//! registration follow; until then the operator does not accept `type: kubernetes`.
+//! - [`squid`], [`pod`]: the Squid config and the Pod, pure functions of the request;
+//! - [`id`], [`state`], [`classify`]: providerIDs, what a Pod's phase means, what an API answer
+//!   means;
+//! - [`provider`]: create, get, delete, list and the health check over a `kube::Client`.
+//!
+//! [`construct`] builds it from a config entry as the operator does, with a client of its own.
 
 pub mod classify;
 pub mod id;
@@ -12,3 +14,41 @@ pub mod pod;
 pub mod provider;
 pub mod squid;
 pub mod state;
+
+use std::sync::Arc;
+
+use egress_provider::config::{ProviderConfig, validators};
+use egress_provider::{BoxError, Provider, ProviderType};
+
+pub use provider::KubernetesProvider;
+
+/// The `type:` value.
+pub const TYPE_NAME: &str = "kubernetes";
+
+/// The `kubernetes` provider type for the operator's registry.
+pub fn provider_type() -> ProviderType {
+    ProviderType::new(TYPE_NAME, validators::none, construct)
+}
+
+/// Builds a provider from a `kubernetes` entry with a client of its own (uncached, independent
+/// of the manager's), from `KUBECONFIG`, `~/.kube/config` or the in-cluster service account, in
+/// kube's order. Contacts nothing. Must run inside the operator's (multi-threaded) runtime.
+///
+/// # Errors
+/// No config can be found, or the client cannot be built.
+pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
+    let block = entry.kubernetes.clone().unwrap_or_default();
+    let name = &entry.name;
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| format!("kubernetes provider {name:?}: loading kubeconfig: no async runtime: {e}"))?;
+    let config = tokio::task::block_in_place(|| runtime.block_on(kube::Config::infer()))
+        .map_err(|e| format!("kubernetes provider {name:?}: loading kubeconfig: {e}"))?;
+    let api_host = config.cluster_url.to_string();
+    let client =
+        kube::Client::try_from(config).map_err(|e| format!("kubernetes provider {name:?}: building client: {e}"))?;
+    let settings = pod::PodSettings {
+        image: block.image,
+        resources: None,
+    };
+    Ok(Arc::new(KubernetesProvider::new(name, client, api_host, settings)))
+}

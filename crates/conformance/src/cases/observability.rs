@@ -85,7 +85,12 @@ pub async fn ct_i03_events_inside_caller_span<T: ConformanceTarget>(s: Scenario<
     let parent = s.parent_span();
     // The provider's own events (this workspace's crates); a client library's background
     // workers (a connection pool, a request buffer) log from tasks of their own.
-    for e in s.capture.events_since(mark).into_iter().filter(|e| e.target.starts_with("egress")) {
+    for e in s
+        .capture
+        .events_since(mark)
+        .into_iter()
+        .filter(|e| e.target.starts_with("egress"))
+    {
         assert!(
             e.scope_ids.contains(&parent),
             "event outside the caller's span: {}",

@@ -161,7 +161,11 @@ impl KubeBackend {
 
     async fn patch_status(&self, name: &str, status: serde_json::Value) -> HookResult {
         self.plain()
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&serde_json::json!({ "status": status })))
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({ "status": status })),
+            )
             .await
             .map(drop)
             .map_err(|_| Unsupported("a pod the server does not hold"))
@@ -231,7 +235,9 @@ impl BackendHooks for KubeBackend {
     async fn seed(&self, spec: SeedSpec) -> HookResult {
         // An API object always has a valid creationTimestamp: none and garbage cannot be seeded.
         let SeedTime::Valid(created) = spec.created_at else {
-            return Err(Unsupported("H01 seed without a valid creation time (the API always has one)"));
+            return Err(Unsupported(
+                "H01 seed without a valid creation time (the API always has one)",
+            ));
         };
         let mut labels = BTreeMap::new();
         match &spec.managed {
@@ -260,9 +266,13 @@ impl BackendHooks for KubeBackend {
         if let Some(ip) = spec.ip {
             status["podIP"] = serde_json::json!(ip.to_string());
         }
-        api.patch_status(&spec.name, &PatchParams::default(), &Patch::Merge(&serde_json::json!({ "status": status })))
-            .await
-            .map_err(|_| Unsupported("H01 seed"))?;
+        api.patch_status(
+            &spec.name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({ "status": status })),
+        )
+        .await
+        .map_err(|_| Unsupported("H01 seed"))?;
         self.backdate(&namespace, &spec.name, created)
     }
 
@@ -273,7 +283,8 @@ impl BackendHooks for KubeBackend {
     }
 
     async fn set_native_state(&self, name: &str, state: NativeState) -> HookResult {
-        self.patch_status(name, serde_json::json!({"phase": phase_of(&state)})).await
+        self.patch_status(name, serde_json::json!({"phase": phase_of(&state)}))
+            .await
     }
 
     async fn hold_new_instances_pending(&self, hold: bool) -> HookResult {
@@ -344,7 +355,8 @@ impl BackendHooks for KubeBackend {
 
     async fn begin_backend_delete(&self, name: &str) -> HookResult {
         // A finalizer holds the Pod in its deleting state (a deletionTimestamp) until released.
-        self.patch(name, serde_json::json!({"metadata": {"finalizers": [HOLD]}})).await?;
+        self.patch(name, serde_json::json!({"metadata": {"finalizers": [HOLD]}}))
+            .await?;
         self.plain()
             .delete(name, &kube::api::DeleteParams::default())
             .await
@@ -354,7 +366,10 @@ impl BackendHooks for KubeBackend {
 
     async fn finish_delete(&self, name: &str) -> HookResult {
         match self.plain().get_opt(name).await {
-            Ok(Some(_)) => self.patch(name, serde_json::json!({"metadata": {"finalizers": []}})).await,
+            Ok(Some(_)) => {
+                self.patch(name, serde_json::json!({"metadata": {"finalizers": []}}))
+                    .await
+            }
             Ok(None) => Ok(()),
             Err(_) => Err(Unsupported("H12 finish_delete")),
         }
@@ -444,13 +459,21 @@ impl ConformanceTarget for KubeTarget {
         let mut classify_cases: Vec<ClassifyCase> = [
             ("404 in get", api("NotFound", 404, Op::Get), ErrorClass::NotFound),
             ("404 in create", api("NotFound", 404, Op::Create), ErrorClass::Transient),
-            ("403 (RBAC or quota)", api("Forbidden", 403, Op::Create), ErrorClass::Permanent),
+            (
+                "403 (RBAC or quota)",
+                api("Forbidden", 403, Op::Create),
+                ErrorClass::Permanent,
+            ),
             ("422", api("Invalid", 422, Op::Create), ErrorClass::Permanent),
             ("401", api("Unauthorized", 401, Op::Get), ErrorClass::Permanent),
             ("429", api("TooManyRequests", 429, Op::Create), ErrorClass::Transient),
             ("500", api("InternalError", 500, Op::Get), ErrorClass::Transient),
             ("504", api("Timeout", 504, Op::Get), ErrorClass::Transient),
-            ("no answer", classify(CallFailure::Transport, Op::Get), ErrorClass::Transient),
+            (
+                "no answer",
+                classify(CallFailure::Transport, Op::Get),
+                ErrorClass::Transient,
+            ),
         ]
         .into_iter()
         .map(|(what, actual, expected)| ClassifyCase {
@@ -477,10 +500,22 @@ impl ConformanceTarget for KubeTarget {
             classify_cases,
             check_targets: vec!["apiserver".to_owned()],
             check_faults: vec![
-                (Fault::PermissionDenied, "apiserver".into(), egress_provider::REASON_FORBIDDEN),
-                (Fault::Unauthenticated, "apiserver".into(), egress_provider::REASON_UNAUTHORIZED),
+                (
+                    Fault::PermissionDenied,
+                    "apiserver".into(),
+                    egress_provider::REASON_FORBIDDEN,
+                ),
+                (
+                    Fault::Unauthenticated,
+                    "apiserver".into(),
+                    egress_provider::REASON_UNAUTHORIZED,
+                ),
                 (Fault::Server5xx, "apiserver".into(), egress_provider::REASON_API_ERROR),
-                (Fault::ConnectionReset, "apiserver".into(), egress_provider::REASON_UNREACHABLE),
+                (
+                    Fault::ConnectionReset,
+                    "apiserver".into(),
+                    egress_provider::REASON_UNREACHABLE,
+                ),
             ],
             locations: vec![NAMESPACE.to_owned()],
             secondary_kinds: Vec::new(),
