@@ -119,6 +119,8 @@ pub struct HookedRequest {
     pub name: Option<String>,
     /// The client's name, for clients made with [`crate::TestServer::client_named`].
     pub client: Option<String>,
+    /// The query string as sent (`labelSelector=...&limit=1`).
+    pub query: Option<String>,
 }
 
 /// What a hook makes of a request.

@@ -550,6 +550,7 @@ async fn object_request(
             namespace: t.namespace.clone(),
             name: t.name.clone(),
             client: client.map(str::to_owned),
+            query: req.uri().query().map(str::to_owned),
         };
         let verdict = tokio::select! {
             v = hook(request) => v,

@@ -27,7 +27,7 @@ pub const TYPE_NAME: &str = "kubernetes";
 
 /// The `kubernetes` provider type for the operator's registry.
 pub fn provider_type() -> ProviderType {
-    ProviderType::new(TYPE_NAME, validators::none, construct)
+    ProviderType::new(TYPE_NAME, validators::kubernetes, construct)
 }
 
 /// Builds a provider from a `kubernetes` entry with a client of its own (uncached, independent
@@ -48,7 +48,7 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
         kube::Client::try_from(config).map_err(|e| format!("kubernetes provider {name:?}: building client: {e}"))?;
     let settings = pod::PodSettings {
         image: block.image,
-        resources: None,
+        resources: block.resources.map(|r| pod::requirements(&r.requests, &r.limits)),
     };
     Ok(Arc::new(KubernetesProvider::new(name, client, api_host, settings)))
 }

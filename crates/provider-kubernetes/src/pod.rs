@@ -37,6 +37,27 @@ pub struct PodSettings {
     pub resources: Option<ResourceRequirements>,
 }
 
+/// Requests and limits from the config's quantities (validated at load).
+pub fn requirements(requests: &BTreeMap<String, String>, limits: &BTreeMap<String, String>) -> ResourceRequirements {
+    let quantities = |m: &BTreeMap<String, String>| {
+        (!m.is_empty()).then(|| {
+            m.iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
+                    )
+                })
+                .collect()
+        })
+    };
+    ResourceRequirements {
+        requests: quantities(requests),
+        limits: quantities(limits),
+        ..ResourceRequirements::default()
+    }
+}
+
 /// The Pod of `req`. Labels carry the managed mark, the UID and (when set) the installation;
 /// the Proxy owns the Pod (not blocking its deletion), so a Pod whose Proxy is gone without its
 /// finalizer is still collected.
@@ -168,6 +189,10 @@ mod tests {
             ("Proxy", "eu-1", "4f9a6c1e-0b7d-4d2a-9e55-1c2b3d4e5f60")
         );
         assert_eq!(owner.block_owner_deletion, Some(false));
+        assert_eq!(
+            (owner.api_version.as_str(), owner.controller),
+            ("crawl.example.com/v1alpha1", Some(true))
+        );
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.containers.len(), 1);
         let c = &spec.containers[0];
@@ -189,12 +214,14 @@ mod tests {
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.run_as_user, Some(SQUID_UID));
         assert_eq!(
             sc.capabilities.as_ref().unwrap().drop.as_deref(),
             Some(&["ALL".to_owned()][..])
         );
         let psc = spec.security_context.as_ref().unwrap();
         assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        assert_eq!(psc.run_as_non_root, Some(true));
         // The config goes where a read-only root still lets it.
         let mounts: Vec<&str> = c
             .volume_mounts
@@ -203,8 +230,27 @@ mod tests {
             .iter()
             .map(|m| m.mount_path.as_str())
             .collect();
-        assert!(mounts.contains(&"/tmp") && CONFIG_PATH.starts_with("/tmp/"));
-        assert!(c.args.as_ref().unwrap()[0].contains("exec squid -N -f /tmp/squid.conf"));
+        assert_eq!(mounts, ["/tmp", "/var/spool/squid", "/run/squid"]);
+        let volumes: Vec<_> = spec.volumes.as_ref().unwrap().iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(volumes, ["tmp", "spool", "run"]);
+        assert!(spec.volumes.as_ref().unwrap().iter().all(|v| v.empty_dir.is_some()));
+        // The script writes the config where a read-only root still lets it, then runs Squid on it.
+        let script = &c.args.as_ref().unwrap()[0];
+        assert!(CONFIG_PATH.starts_with("/tmp/"));
+        assert!(script.contains("\"$SQUID_CONF\" > /tmp/squid.conf"), "{script}");
+        assert!(script.contains("exec squid -N -f /tmp/squid.conf"), "{script}");
+    }
+
+    #[test]
+    fn configured_quantities_become_requests_and_limits() {
+        let r = requirements(
+            &BTreeMap::from([("cpu".to_owned(), "100m".to_owned())]),
+            &BTreeMap::from([("memory".to_owned(), "64Mi".to_owned())]),
+        );
+        assert_eq!(r.requests.as_ref().unwrap()["cpu"].0, "100m");
+        assert_eq!(r.limits.as_ref().unwrap()["memory"].0, "64Mi");
+        let none = requirements(&BTreeMap::new(), &BTreeMap::new());
+        assert!(none.requests.is_none() && none.limits.is_none());
     }
 
     #[test]

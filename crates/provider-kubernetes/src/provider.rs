@@ -253,7 +253,9 @@ fn check_reason(f: &Failed, round_over: bool) -> &'static str {
     match &f.class_source {
         _ if round_over => REASON_TIMEOUT,
         Source::Interrupted => REASON_TIMEOUT,
-        Source::Api { reason, .. } if reason == "Timeout" || reason == "ServerTimeout" => REASON_TIMEOUT,
+        Source::Api { reason, code } if reason == "Timeout" || reason == "ServerTimeout" || *code == 504 => {
+            REASON_TIMEOUT
+        }
         Source::Api { code: 401, .. } => REASON_UNAUTHORIZED,
         Source::Api { code: 403, .. } => REASON_FORBIDDEN,
         Source::Api { .. } => REASON_API_ERROR,

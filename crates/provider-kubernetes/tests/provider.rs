@@ -151,3 +151,46 @@ async fn the_check_lists_once_and_names_the_reason() {
     s.faults().inject(Fault::fail(Verb::List, "pods", 504).times(20));
     assert_eq!(checker.check(&cx).await[0].reason, "Timeout");
 }
+
+#[tokio::test]
+async fn a_pod_being_deleted_is_stopped_not_running() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    let req = request("u-4");
+    let id = p.create(&cx, &req).await.unwrap();
+    run(&s, &req.name, "10.1.2.4").await;
+    assert_eq!(p.get(&cx, &id).await.unwrap().state, InstanceState::Running);
+    // A finalizer keeps it in its grace period, as a kubelet stopping it would.
+    let pods: Api<Pod> = Api::namespaced(s.client().unwrap(), "crawl");
+    let hold = serde_json::json!({"metadata": {"finalizers": ["test.egress/hold"]}});
+    pods.patch(&req.name, &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .unwrap();
+    p.delete(&cx, &id).await.unwrap();
+    let got = p.get(&cx, &id).await.unwrap();
+    assert_eq!((got.state, got.ip), (InstanceState::Stopped, None));
+}
+
+#[tokio::test]
+async fn the_check_lists_at_most_one_managed_pod_cluster_wide() {
+    let s = server().await;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    s.faults().set_hook(Some(std::sync::Arc::new(
+        move |r: egress_kube_testserver::HookedRequest| {
+            kept.lock().unwrap().push(r);
+            Box::pin(async { egress_kube_testserver::HookVerdict::Serve })
+        },
+    )));
+    let p = provider(&s);
+    let status = p.checker().unwrap().check(&OpCtx::background()).await;
+    assert!(status[0].ready, "{status:?}");
+    let seen = seen.lock().unwrap();
+    let lists: Vec<_> = seen.iter().filter(|r| r.verb == Verb::List).collect();
+    assert_eq!(lists.len(), 1, "{seen:?}");
+    assert_eq!(lists[0].namespace, None, "cluster-wide");
+    let query = lists[0].query.as_deref().unwrap_or_default();
+    assert!(query.contains("limit=1"), "{query}");
+    assert!(query.contains("labelSelector=proxy-operator-managed%3Dtrue"), "{query}");
+}

@@ -102,6 +102,22 @@ pub struct KubernetesConfig {
     /// The Squid image; default [`KubernetesConfig::DEFAULT_IMAGE`].
     #[serde(default)]
     pub image: Option<String>,
+    /// Requests and limits of the Squid container.
+    #[serde(default)]
+    pub resources: Option<KubernetesResources>,
+}
+
+/// `kubernetes.resources`: Kubernetes quantities (`100m`, `64Mi`) by resource name (`cpu`,
+/// `memory`, `ephemeral-storage`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesResources {
+    /// What the scheduler reserves.
+    #[serde(default)]
+    pub requests: BTreeMap<String, String>,
+    /// What the container may use at most.
+    #[serde(default)]
+    pub limits: BTreeMap<String, String>,
 }
 
 impl KubernetesConfig {

@@ -17,7 +17,7 @@ fn registry() -> Registry {
         Err("unused".into())
     }
     Registry::new()
-        .with(ProviderType::new("kubernetes", validators::none, unused))
+        .with(ProviderType::new("kubernetes", validators::kubernetes, unused))
         .with(ProviderType::new("gcp", validators::gcp, unused))
         .with(ProviderType::new("kvm", validators::kvm, unused))
         .with(ProviderType::new("kvm2", validators::kvm, unused))
@@ -127,7 +127,9 @@ fn structural_rows() -> Vec<Bad> {
         bad("entry is null", "providers:\n  -\n", "providers[0]: an entry must be a mapping with `name` and `type` (got null)"),
         bad("unknown key in an entry", "providers:\n  - {name: a, type: kubernetes, region: eu}\n", r#"providers[0] "a": region: unknown field `region`, expected one of `name`, `type`, `kubernetes`, `gcp`, `kvm`, `kvm2`"#),
         bad("unknown key in an unnamed entry", "providers:\n  - {type: kubernetes, nmae: a}\n", "providers[0]: nmae: unknown field `nmae`, expected one of `name`"),
-        bad("unknown key in a kubernetes block", "providers:\n  - {name: k, type: kubernetes, kubernetes: {img: squid}}\n", r#"providers[0] "k": kubernetes.img: unknown field `img`, expected `image`"#),
+        bad("unknown key in a kubernetes block", "providers:\n  - {name: k, type: kubernetes, kubernetes: {img: squid}}\n", r#"providers[0] "k": kubernetes.img: unknown field `img`, expected `image` or `resources`"#),
+        bad("a resource Kubernetes has no quantity for", "providers:\n  - {name: k, type: kubernetes, kubernetes: {resources: {limits: {gpu: '1'}}}}\n", r#"providers[0] "k": kubernetes.resources.limits["gpu"]: the resource must be cpu, memory or ephemeral-storage"#),
+        bad("a quantity that is not one", "providers:\n  - {name: k, type: kubernetes, kubernetes: {resources: {requests: {memory: lots}}}}\n", r#"providers[0] "k": kubernetes.resources.requests["memory"] must be a quantity such as 100m or 64Mi (got "lots")"#),
         bad("unknown key in a gcp block", "providers:\n  - {name: g, type: gcp, gcp: {project: p, zone: z}}\n", r#"providers[0] "g": gcp.zone: unknown field `zone`, expected one of `project`, `network`, `networkTag`, `diskSizeGb`"#),
         // Go matched field names case-insensitively; serde does not.
         bad("keys are case-sensitive", "providers:\n  - {name: g, type: gcp, gcp: {Project: p}}\n", r#"providers[0] "g": gcp.Project: unknown field `Project`, expected one of `project`"#),

@@ -264,6 +264,44 @@ pub mod validators {
         Ok(())
     }
 
+    /// The `kubernetes` block: resource names and quantities of `resources`, in sorted order.
+    ///
+    /// # Errors
+    /// The first bad entry, e.g. `kubernetes.resources.limits["memory"] must be a quantity such as 100m or 64Mi (got "lots")`.
+    pub fn kubernetes(entry: &ProviderConfig) -> Result<(), String> {
+        let Some(resources) = entry.kubernetes.as_ref().and_then(|k| k.resources.as_ref()) else {
+            return Ok(());
+        };
+        for (kind, map) in [("requests", &resources.requests), ("limits", &resources.limits)] {
+            for (name, value) in map {
+                let at = format!("kubernetes.resources.{kind}[{}]", go_quote(name));
+                if !matches!(name.as_str(), "cpu" | "memory" | "ephemeral-storage") {
+                    return Err(format!("{at}: the resource must be cpu, memory or ephemeral-storage"));
+                }
+                if !is_quantity(value) {
+                    return Err(format!(
+                        "{at} must be a quantity such as 100m or 64Mi (got {})",
+                        go_quote(value)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A Kubernetes quantity: digits (a decimal point allowed) and an optional suffix.
+    fn is_quantity(s: &str) -> bool {
+        let digits_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+        let (number, suffix) = s.split_at(digits_end);
+        !number.is_empty()
+            && number.bytes().filter(|b| *b == b'.').count() <= 1
+            && number.bytes().any(|b| b.is_ascii_digit())
+            && matches!(
+                suffix,
+                "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
+            )
+    }
+
     /// The `kvm` and `kvm2` blocks (one shape; the block name is the type),
     /// checked in the order of kvm.md §1.2, stopping at the first problem.
     ///
