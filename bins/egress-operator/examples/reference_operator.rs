@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         },
     ));
     egress_operator::main_with(egress_operator::Extensions {
-        registry,
+        registry: Box::new(move |_| registry),
         health: egress_operator::Health::Scripted {
             verdicts: Arc::new(AllHealthy),
             events: Box::pin(futures::stream::pending()),

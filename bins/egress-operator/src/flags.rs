@@ -33,6 +33,7 @@ pub struct Options {
     pub lease_cooldown: Duration,
     pub health_workers: usize,
     pub trace_health_probes: bool,
+    pub gcp_wire_log_full_payloads: bool,
     pub health_check_url: String,
     pub health_check_ca_file: String,
     pub version: bool,
@@ -59,6 +60,7 @@ impl Default for Options {
             lease_cooldown: Duration::from_secs(900),
             health_workers: 10,
             trace_health_probes: false,
+            gcp_wire_log_full_payloads: false,
             health_check_url: DEFAULT_HEALTH_CHECK_URL.into(),
             health_check_ca_file: String::new(),
             version: false,
@@ -208,6 +210,12 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Bool,
         default: "false",
         usage: "One health.probe span per probe (with tracing on; about one per proxy per second).",
+    },
+    Flag {
+        name: "gcp-wire-log-full-payloads",
+        kind: Kind::Bool,
+        default: "false",
+        usage: "In the gcp wire log (--zap-log-level=5 and up), show JSON strings over 1 KiB whole instead of eliding them. User-data and tokens are never shown.",
     },
     Flag {
         name: "health-check-url",
@@ -365,6 +373,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
                 .ok_or_else(|| "must be a whole number from 1 to 10000".to_string())?;
         }
         "trace-health-probes" => o.trace_health_probes = parse_bool(value)?,
+        "gcp-wire-log-full-payloads" => o.gcp_wire_log_full_payloads = parse_bool(value)?,
         "health-check-url" => {
             egress_health::check_url(value).map_err(|e| e.to_string())?;
             o.health_check_url = value.into();

@@ -47,9 +47,19 @@ const STOP_BUDGET: Duration = Duration::from_secs(5);
 /// The budget of the final trace flush.
 const FLUSH_BUDGET: Duration = Duration::from_secs(10);
 
+/// Flags the composition root defines for provider types, handed to the registry builder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProviderFlags {
+    /// `--gcp-wire-log-full-payloads`.
+    pub gcp_wire_log_full_payloads: bool,
+}
+
+/// Builds the registry of provider types once the command line is parsed.
+pub type RegistryBuilder = Box<dyn FnOnce(&ProviderFlags) -> Registry + Send>;
+
 /// What the caller plugs in: the provider types it ships, and where health verdicts come from.
 pub struct Extensions {
-    pub registry: Registry,
+    pub registry: RegistryBuilder,
     pub health: Health,
     /// Said once at start when set: what this build lacks.
     pub notice: Option<&'static str>,
@@ -80,9 +90,7 @@ impl std::fmt::Debug for Health {
 
 impl std::fmt::Debug for Extensions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Extensions")
-            .field("registry", &self.registry)
-            .finish_non_exhaustive()
+        f.debug_struct("Extensions").finish_non_exhaustive()
     }
 }
 
@@ -285,6 +293,9 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         health,
         notice,
     } = extensions;
+    let registry = registry(&ProviderFlags {
+        gcp_wire_log_full_payloads: options.gcp_wire_log_full_payloads,
+    });
     if options.providers_config.is_empty() {
         return Err(fatal_plain("--providers-config is required"));
     }

@@ -204,6 +204,11 @@ impl LogConfig {
     /// not an operator error).
     pub fn enabled(&self, target: &str, level: Level) -> bool {
         let most_verbose = self.level.most_verbose();
+        if target.starts_with("egress") && target.ends_with("::wire") {
+            // Raw wire logs (gcp's) are V(5): only `--zap-log-level=5` or more shows them.
+            return (level == Level::TRACE && matches!(self.level, LogLevel::Verbosity(n) if n >= 5))
+                || level <= Level::INFO;
+        }
         if is_otel(target) {
             return Level::DEBUG <= most_verbose;
         }
@@ -508,6 +513,16 @@ mod tests {
         }
         .resolve();
         assert!(v3.enabled("egress_provider", Level::TRACE));
+        assert!(
+            !v3.enabled("egress_provider_gcp::wire", Level::TRACE),
+            "the wire log is V(5)"
+        );
+        let v5 = LogOptions {
+            level: Some(LogLevel::Verbosity(5)),
+            ..Default::default()
+        }
+        .resolve();
+        assert!(v5.enabled("egress_provider_gcp::wire", Level::TRACE));
         let error = LogOptions {
             level: Some(LogLevel::Error),
             ..Default::default()

@@ -5,12 +5,16 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     egress_operator::main_with(egress_operator::Extensions {
-        // Provider types are registered here as their crates land (gcp next).
-        registry: egress_provider::Registry::new()
-            .with(egress_provider_local::provider_type())
-            .with(egress_provider_kubernetes::provider_type())
-            .with(egress_provider_kvm::provider_type())
-            .with(egress_provider_kvm2::provider_type()),
+        registry: Box::new(|flags| {
+            egress_provider::Registry::new()
+                .with(egress_provider_local::provider_type())
+                .with(egress_provider_kubernetes::provider_type())
+                .with(egress_provider_kvm::provider_type())
+                .with(egress_provider_kvm2::provider_type())
+                .with(egress_provider_gcp::provider_type(egress_provider_gcp::WireOptions {
+                    full_payloads: flags.gcp_wire_log_full_payloads,
+                }))
+        }),
         health: egress_operator::Health::Engine,
         notice: None,
     })

@@ -21,6 +21,7 @@ fn help_lists_the_flags_and_exits_zero() {
         "-provider-check-interval",
         "-gc-min-age",
         "-zap-encoder",
+        "-gcp-wire-log-full-payloads",
     ] {
         assert!(out.contains(flag), "{flag} missing from\n{out}");
     }
@@ -33,10 +34,18 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
     std::fs::write(&empty, "providers: []\n").unwrap();
     let malformed = dir.join("malformed.yaml");
     std::fs::write(&malformed, "providers:\n  - name: a\n    type: kvm9\n").unwrap();
+    // The gcp type is registered: its block is validated, not refused as unknown.
+    let gcp = dir.join("gcp.yaml");
+    std::fs::write(
+        &gcp,
+        "providers:\n  - name: gcp-eu\n    type: gcp\n    gcp: {network: default}\n",
+    )
+    .unwrap();
     let not_yaml = dir.join("not-yaml.yaml");
     std::fs::write(&not_yaml, "providers: [\n").unwrap();
     let config = |p: &std::path::Path| format!("--providers-config={}", p.display());
     let (empty, malformed, not_yaml) = (config(&empty), config(&malformed), config(&not_yaml));
+    let gcp = config(&gcp);
     let missing = format!("--providers-config={}", dir.join("absent.yaml").display());
     let missing_ca = format!("--health-check-ca-file={}", dir.join("absent-ca.pem").display());
     let garbage = dir.join("garbage.pem");
@@ -80,6 +89,19 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
                 "Failed to load providers config",
                 r#"providers[0] \"a\": unknown provider type \"kvm9\""#,
             ],
+        ),
+        (
+            vec![&gcp],
+            1,
+            vec![
+                "Failed to load providers config",
+                r#"providers[0] \"gcp-eu\": gcp.project is required"#,
+            ],
+        ),
+        (
+            vec!["--gcp-wire-log-full-payloads=maybe", &empty],
+            2,
+            vec!["for flag -gcp-wire-log-full-payloads"],
         ),
         (
             vec![&not_yaml],

@@ -20,6 +20,17 @@ pub fn scrub(text: &str, cloud_init: &[u8]) -> String {
         let escaped = format!("{line:?}");
         out = out.replace(escaped.trim_matches('"'), "[cloud-init]");
     }
+    // A backend may quote part of a line (a value after its key): every word of 10 bytes or
+    // more goes too. Shorter ones are ordinary words too often to be worth hiding.
+    let mut words: Vec<&str> = whole
+        .split(|c: char| c.is_whitespace() || "\"'`,:=;()[]{}<>".contains(c))
+        .filter(|w| w.len() >= 10)
+        .collect();
+    words.sort_by_key(|w| std::cmp::Reverse(w.len()));
+    words.dedup();
+    for word in words {
+        out = out.replace(word, "[cloud-init]");
+    }
     out
 }
 
@@ -113,6 +124,15 @@ fn next_secret(s: &str) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::redact;
+
+    #[test]
+    fn a_backend_quoting_part_of_a_cloud_init_line_is_scrubbed() {
+        let ci = b"#cloud-config\nchpasswd: {list: 'root:Hunter2-secret-pw'}\n";
+        let echoed = "invalid metadata near Hunter2-secret-pw in line 2";
+        let out = super::scrub(echoed, ci);
+        assert!(!out.contains("Hunter2"), "{out}");
+        assert!(out.starts_with("invalid metadata near"), "{out}");
+    }
 
     #[test]
     fn tokens_in_headers_and_urls_are_removed() {

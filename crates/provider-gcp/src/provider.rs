@@ -1,0 +1,450 @@
+//! The gcp provider (spec/providers.md §5, §6.2): create submits an insert and returns, get
+//! reads the instance (and the insert's operation while the instance is not there yet),
+//! delete submits a delete, list reads every zone at once, the check lists at most one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use egress_provider::{
+    Checker, CreateRequest, ErrorClass, Instance, InstanceState, LABEL_MANAGED, LABEL_MANAGED_YES, Op, OpCtx, Provider,
+    ProviderError, ProviderId, TargetStatus, scrub,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::body::{insert_body, request_id};
+use crate::classify::{Call, Failure, check_reason, classify, classify_operation_error};
+use crate::client::Client;
+use crate::id;
+use crate::settings::{Settings, placement};
+use crate::state::ApiInstance;
+
+/// The budget of one provider call's API traffic (a token refresh and a read's retries
+/// included).
+pub const CALL_BUDGET: Duration = Duration::from_secs(60);
+/// The list filter on the managed mark.
+pub const MANAGED_FILTER: &str = "labels.proxy-operator-managed = true";
+/// The most pages one listing reads (500 instances each).
+pub const MAX_LIST_PAGES: usize = 1000;
+/// The most insert operations remembered at once (one per Proxy being created).
+pub const MAX_REMEMBERED_INSERTS: usize = 10_000;
+
+/// An insert the API accepted, kept until get sees its instance, its failure is reported, or
+/// the instance is deleted.
+#[derive(Clone, Debug)]
+struct Submitted {
+    operation: String,
+    uid: String,
+    at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Memory {
+    /// By providerID.
+    inserts: HashMap<String, Submitted>,
+    /// How many times each providerID's insert was superseded (deleted, or failed): part of the
+    /// requestId, so a new insert after a delete is not answered with the old operation.
+    generations: HashMap<String, u64>,
+}
+
+struct Inner {
+    entry: String,
+    settings: Settings,
+    client: Client,
+    memory: Mutex<Memory>,
+}
+
+/// The gcp provider of one config entry.
+#[derive(Clone)]
+pub struct GcpProvider {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for GcpProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcpProvider")
+            .field("entry", &self.inner.entry)
+            .field("project", &self.inner.settings.project)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Operation {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    error: Option<OperationErrors>,
+    #[serde(default)]
+    http_error_status_code: Option<u16>,
+}
+
+#[derive(Deserialize)]
+struct OperationErrors {
+    #[serde(default)]
+    errors: Vec<OperationError>,
+}
+
+#[derive(Deserialize)]
+struct OperationError {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AggregatedList {
+    #[serde(default)]
+    items: HashMap<String, Scope>,
+    #[serde(default)]
+    next_page_token: Option<String>,
+    #[serde(default)]
+    unreachables: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Scope {
+    #[serde(default)]
+    instances: Vec<ApiInstance>,
+}
+
+impl GcpProvider {
+    /// The provider of entry `entry` over `client`. Contacts nothing.
+    pub fn new(entry: &str, settings: Settings, client: Client) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                entry: entry.to_owned(),
+                settings,
+                client,
+                memory: Mutex::new(Memory::default()),
+            }),
+        }
+    }
+
+    fn memory(&self) -> MutexGuard<'_, Memory> {
+        self.inner.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs one call within [`CALL_BUDGET`] and the caller's context.
+    async fn call(
+        &self,
+        cx: &OpCtx,
+        call: Call,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<&Value>,
+        sent_secret: &[u8],
+    ) -> Result<Value, Failure> {
+        let client = &self.inner.client;
+        match cx
+            .run_within(CALL_BUDGET, client.call(call, path, query, body, sent_secret))
+            .await
+        {
+            Ok(result) => result,
+            Err(why) => Err(Failure::Interrupted(why.to_string())),
+        }
+    }
+
+    /// The error for a failed call, logged (status and reasons) as the API answered it.
+    fn error(&self, op: Op, id: &str, call: Call, f: &Failure) -> ProviderError {
+        let class = classify(f, call);
+        let (status, reasons) = f.api().map(|e| (e.status, e.reasons.join(","))).unwrap_or_default();
+        tracing::debug!(
+            provider = %self.inner.entry, call = call.as_str(), id, status, reasons, class = class.label(),
+            error = %f, "gcp api call failed"
+        );
+        ProviderError::new(class, op, &self.inner.entry, id).with_message(format!("{}: {f}", call.as_str()))
+    }
+
+    fn permanent(&self, op: Op, id: &str, message: impl Into<String>) -> ProviderError {
+        ProviderError::new(ErrorClass::Permanent, op, &self.inner.entry, id).with_message(message)
+    }
+
+    fn generation(&self, id: &str) -> u64 {
+        self.memory().generations.get(id).copied().unwrap_or(0)
+    }
+
+    /// Forgets `id`'s insert and moves its requestId on.
+    fn supersede(&self, id: &str) {
+        let mut m = self.memory();
+        m.inserts.remove(id);
+        *m.generations.entry(id.to_owned()).or_default() += 1;
+    }
+
+    fn remember(&self, id: &str, operation: String, uid: &str) {
+        let mut m = self.memory();
+        if m.inserts.len() >= MAX_REMEMBERED_INSERTS
+            && let Some(oldest) = m.inserts.iter().min_by_key(|(_, s)| s.at).map(|(k, _)| k.clone())
+        {
+            m.inserts.remove(&oldest);
+        }
+        m.inserts.insert(
+            id.to_owned(),
+            Submitted {
+                operation,
+                uid: uid.to_owned(),
+                at: Instant::now(),
+            },
+        );
+    }
+
+    /// After a 409: the instance of this name is this Proxy's (managed, and of its UID or of
+    /// none), or create fails Permanent.
+    async fn adopt(&self, cx: &OpCtx, pid: &str, zone: &str, name: &str, uid: &str) -> Result<(), ProviderError> {
+        let found = self
+            .call(cx, Call::Get, &format!("zones/{zone}/instances/{name}"), &[], None, &[])
+            .await
+            .map_err(|f| self.error(Op::Create, pid, Call::Get, &f))?;
+        let api: ApiInstance = serde_json::from_value(found).unwrap_or_default();
+        if api.labels.get(LABEL_MANAGED).map(String::as_str) != Some(LABEL_MANAGED_YES) {
+            return Err(self.permanent(
+                Op::Create,
+                pid,
+                format!("instance {pid} exists but is not managed by this operator"),
+            ));
+        }
+        let owner = api.labels.get(egress_provider::LABEL_UID).cloned().unwrap_or_default();
+        if !owner.is_empty() && owner != uid {
+            return Err(self.permanent(
+                Op::Create,
+                pid,
+                format!("instance {pid} belongs to proxy uid {owner}, not {uid}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// get found no instance: what the remembered insert says, if there is one.
+    async fn after_not_found(&self, cx: &OpCtx, pid: &str, zone: &str, f: &Failure) -> Result<Instance, ProviderError> {
+        let submitted = self.memory().inserts.get(pid).cloned();
+        let Some(submitted) = submitted else {
+            return Err(self.error(Op::Get, pid, Call::Get, f));
+        };
+        let path = format!("zones/{zone}/operations/{}", submitted.operation);
+        let op = match self.call(cx, Call::Operation, &path, &[], None, &[]).await {
+            Ok(v) => serde_json::from_value::<Operation>(v).ok(),
+            // The operation is gone (operations expire): nothing more to learn.
+            Err(f2) if classify(&f2, Call::Operation) == ErrorClass::NotFound => None,
+            Err(f2) => {
+                let e = self.error(Op::Get, pid, Call::Operation, &f2);
+                return Err(
+                    ProviderError::new(ErrorClass::Transient, Op::Get, &self.inner.entry, pid)
+                        .with_message(format!("instance not found and its insert operation unreadable: {}", e)),
+                );
+            }
+        };
+        match op {
+            Some(op) if op.status != "DONE" => {
+                tracing::debug!(provider = %self.inner.entry, id = pid, operation = %op.name, status = %op.status, "gcp insert still in progress");
+                Ok(Instance::new(pid.to_owned(), InstanceState::Provisioning).with_uid(submitted.uid))
+            }
+            Some(Operation {
+                error: Some(errors),
+                http_error_status_code,
+                name,
+                ..
+            }) if !errors.errors.is_empty() => {
+                self.supersede(pid);
+                let codes: Vec<String> = errors.errors.iter().map(|e| e.code.clone()).collect();
+                let class = classify_operation_error(&codes, http_error_status_code);
+                let detail = errors
+                    .errors
+                    .iter()
+                    .map(|e| format!("{}: {}", e.code, egress_provider::redact(&e.message)))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                tracing::debug!(provider = %self.inner.entry, id = pid, operation = %name, class = class.label(), error = %detail, "gcp insert failed after it was accepted");
+                Err(ProviderError::new(class, Op::Get, &self.inner.entry, pid)
+                    .with_message(format!("the insert failed after it was accepted: {detail}")))
+            }
+            _ => {
+                // Done without error, or forgotten by the API: the instance was made and is gone.
+                self.memory().inserts.remove(pid);
+                Err(self.error(Op::Get, pid, Call::Get, f))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for GcpProvider {
+    async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
+        let op = Op::Create;
+        let at = placement(&req.placement).map_err(|m| self.permanent(op, "", m))?;
+        let pid = id::format(at.zone, &req.name);
+        let settings = &self.inner.settings;
+        let body = insert_body(req, &at, settings).map_err(|m| self.permanent(op, &pid, m))?;
+        tracing::trace!(
+            provider = %self.inner.entry, name = %req.name, zone = at.zone, machine_type = at.machine_type,
+            image = at.image, disk_size_gb = settings.disk_size_gb, network = %settings.network,
+            tag = %settings.network_tag, labels = %body["labels"], cloudInitBytes = req.cloud_init.len(),
+            "gcp insert request"
+        );
+        let rid = request_id(&req.uid, at.zone, &req.name, self.generation(&pid));
+        let path = format!("zones/{}/instances", at.zone);
+        match self
+            .call(
+                cx,
+                Call::Insert,
+                &path,
+                &[("requestId", &rid)],
+                Some(&body),
+                &req.cloud_init,
+            )
+            .await
+        {
+            Ok(answer) => {
+                let operation = answer
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                tracing::debug!(provider = %self.inner.entry, id = %pid, operation = %operation, "gcp insert accepted");
+                if !operation.is_empty() {
+                    self.remember(&pid, operation, &req.uid);
+                }
+            }
+            Err(f) if f.is_already_exists() => {
+                self.adopt(cx, &pid, at.zone, &req.name, &req.uid).await?;
+                tracing::debug!(provider = %self.inner.entry, id = %pid, "gcp instance already exists; adopted");
+            }
+            Err(mut f) => {
+                // An API message may quote what it was sent.
+                if let Failure::Api(e) = &mut f {
+                    e.message = scrub(&e.message, &req.cloud_init);
+                }
+                return Err(self.error(op, &pid, Call::Insert, &f));
+            }
+        }
+        Ok(ProviderId::new(pid))
+    }
+
+    async fn get(&self, cx: &OpCtx, pid: &ProviderId) -> Result<Instance, ProviderError> {
+        let op = Op::Get;
+        let (zone, name) = id::parse(pid.as_str()).map_err(|m| self.permanent(op, pid.as_str(), m))?;
+        let path = format!("zones/{zone}/instances/{name}");
+        match self.call(cx, Call::Get, &path, &[], None, &[]).await {
+            Ok(v) => {
+                let api: ApiInstance = serde_json::from_value(v).map_err(|e| {
+                    ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, pid.as_str())
+                        .with_message(format!("get: undecodable instance: {e}"))
+                })?;
+                self.memory().inserts.remove(pid.as_str());
+                let instance = api.to_instance(pid.as_str().to_owned());
+                tracing::debug!(provider = %self.inner.entry, id = %pid, status = %api.status, state = ?instance.state, "gcp instance fetched");
+                Ok(instance)
+            }
+            Err(f) if classify(&f, Call::Get) == ErrorClass::NotFound => {
+                self.after_not_found(cx, pid.as_str(), zone, &f).await
+            }
+            Err(f) => Err(self.error(op, pid.as_str(), Call::Get, &f)),
+        }
+    }
+
+    async fn delete(&self, cx: &OpCtx, pid: &ProviderId) -> Result<(), ProviderError> {
+        let op = Op::Delete;
+        let (zone, name) = id::parse(pid.as_str()).map_err(|m| self.permanent(op, pid.as_str(), m))?;
+        let path = format!("zones/{zone}/instances/{name}");
+        let result = self.call(cx, Call::Delete, &path, &[], None, &[]).await;
+        match result {
+            Ok(answer) => {
+                self.supersede(pid.as_str());
+                let operation = answer.get("name").and_then(Value::as_str).unwrap_or_default();
+                tracing::debug!(provider = %self.inner.entry, id = %pid, operation, "gcp delete accepted");
+                Ok(())
+            }
+            Err(f) if classify(&f, Call::Delete) == ErrorClass::NotFound => {
+                self.supersede(pid.as_str());
+                tracing::debug!(provider = %self.inner.entry, id = %pid, "gcp instance already gone");
+                Ok(())
+            }
+            Err(f) => Err(self.error(op, pid.as_str(), Call::Delete, &f)),
+        }
+    }
+
+    async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
+        let op = Op::List;
+        let mut found = Vec::new();
+        let mut unreachable = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let mut query = vec![("filter", MANAGED_FILTER), ("returnPartialSuccess", "true")];
+            if let Some(t) = &token {
+                query.push(("pageToken", t));
+            }
+            let page = self
+                .call(cx, Call::List, "aggregated/instances", &query, None, &[])
+                .await
+                .map_err(|f| self.error(op, "", Call::List, &f))?;
+            let page: AggregatedList = serde_json::from_value(page).map_err(|e| {
+                ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, "")
+                    .with_message(format!("aggregatedList: undecodable page: {e}"))
+            })?;
+            for instance in page.items.values().flat_map(|s| s.instances.iter()) {
+                let i = instance.to_listed_instance();
+                tracing::trace!(provider = %self.inner.entry, id = %i.id, status = %instance.status, "gcp instance listed");
+                found.push(i);
+            }
+            unreachable.extend(page.unreachables);
+            token = page.next_page_token.filter(|t| !t.is_empty());
+            if token.is_none() {
+                if !unreachable.is_empty() {
+                    // GC cannot collect there during this sweep: say so once.
+                    tracing::warn!(provider = %self.inner.entry, scopes = ?unreachable, "gcp list omitted unreachable scopes");
+                }
+                tracing::debug!(provider = %self.inner.entry, filter = MANAGED_FILTER, count = found.len(), "gcp instances listed");
+                return Ok(found);
+            }
+        }
+        Err(ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, "")
+            .with_message(format!("aggregatedList: more than {MAX_LIST_PAGES} pages")))
+    }
+
+    fn checker(&self) -> Option<Arc<dyn Checker>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
+#[async_trait]
+impl Checker for GcpProvider {
+    async fn check(&self, cx: &OpCtx) -> Vec<TargetStatus> {
+        let (project, address) = (&self.inner.settings.project, self.inner.client.host());
+        let started = Instant::now();
+        // Exactly one request: one page of at most one instance, whatever nextPageToken says.
+        let query = [
+            ("filter", MANAGED_FILTER),
+            ("maxResults", "1"),
+            ("returnPartialSuccess", "true"),
+        ];
+        let listed = match cx
+            .run_within(
+                CALL_BUDGET,
+                self.inner.client.call_once(Call::List, "aggregated/instances", &query),
+            )
+            .await
+        {
+            Ok(r) => r,
+            Err(why) => Err(Failure::Interrupted(why.to_string())),
+        };
+        let latency = started.elapsed().max(Duration::from_nanos(1));
+        let status = match listed {
+            Ok(_) => TargetStatus::reachable(project, &address, latency),
+            Err(f) => {
+                let reason = check_reason(&f, cx.interrupted().is_some());
+                if let Some(e) = f.api() {
+                    tracing::debug!(provider = %self.inner.entry, status = e.status, reasons = %e.reasons.join(","), error = %f, "gcp api call failed");
+                }
+                TargetStatus::failed(project, &address, reason, f.to_string(), latency)
+            }
+        };
+        tracing::debug!(provider = %self.inner.entry, ready = status.ready, reason = %status.reason, "gcp project checked");
+        vec![status]
+    }
+}

@@ -1,0 +1,476 @@
+//! The gcp provider against the fake Compute server: what the suite cannot see (the exact
+//! requests, the requestId, a failed insert reported through its operation, pagination, the
+//! credential flows, the wire log).
+
+mod support;
+
+use std::time::Duration;
+
+use egress_conformance::capture::Capture;
+use egress_provider::{CreateRequest, ErrorClass, Instance, InstanceState, OpCtx, Provider, ProviderId};
+use egress_provider_gcp::auth::Tokens;
+use egress_provider_gcp::provider::MANAGED_FILTER;
+use egress_provider_gcp::{CredentialSource, GcpProvider, Settings, WireOptions};
+use serde_json::json;
+use support::fake::{Seen, error_fixture};
+use support::{GcpBackend, PROJECT, SERVICE_ACCOUNT, ZONE, ZONES, request_in};
+
+fn cx() -> OpCtx {
+    OpCtx::background().with_timeout(Duration::from_secs(30))
+}
+
+fn seen(b: &GcpBackend, method: &str, path_ends: &str) -> Vec<Seen> {
+    b.fake
+        .with(|w| w.seen())
+        .into_iter()
+        .filter(|s| s.method == method && s.path.ends_with(path_ends))
+        .collect()
+}
+
+/// Polls get until `done` holds (the fake's clock moves every 10 ms), at most 10 s.
+async fn get_until(
+    p: &GcpProvider,
+    id: &ProviderId,
+    done: impl Fn(&Result<Instance, egress_provider::ProviderError>) -> bool,
+) -> Result<Instance, egress_provider::ProviderError> {
+    for _ in 0..1000 {
+        let r = p.get(&cx(), id).await;
+        if done(&r) {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{id} never reached the wanted state");
+}
+
+async fn running(p: &GcpProvider, id: &ProviderId) -> Instance {
+    get_until(p, id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running))
+        .await
+        .expect("running")
+}
+
+fn managed_vm(b: &GcpBackend, name: &str, zone: &str, managed: bool) {
+    b.fake.with(|w| {
+        let mut vm = w.new_vm(name, zone);
+        vm.status = "RUNNING".into();
+        if managed {
+            vm.labels.insert("proxy-operator-managed".into(), "true".into());
+        }
+        w.seed(vm);
+    });
+}
+
+#[tokio::test]
+async fn the_check_sends_exactly_one_request_even_when_more_pages_exist() {
+    let b = GcpBackend::new().await;
+    for i in 0..3 {
+        managed_vm(&b, &format!("proxy-{i}"), ZONE, true);
+    }
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let statuses = p.checker().expect("a checker").check(&cx()).await;
+    assert_eq!(statuses.len(), 1);
+    let s = &statuses[0];
+    assert!(s.ready, "{s:?}");
+    assert_eq!(
+        (s.name.as_str(), s.reason.as_str(), s.message.as_str()),
+        (PROJECT, "Reachable", "")
+    );
+    assert_eq!(s.address, "127.0.0.1");
+    let calls = b.fake.with(|w| w.seen());
+    assert_eq!(calls.len(), 1, "one request: {calls:?}");
+    let call = &calls[0];
+    assert_eq!(
+        call.path,
+        format!("/compute/v1/projects/{PROJECT}/aggregated/instances")
+    );
+    let q = &call.query;
+    assert_eq!(q.get("maxResults").map(String::as_str), Some("1"));
+    assert_eq!(q.get("returnPartialSuccess").map(String::as_str), Some("true"));
+    assert_eq!(q.get("filter").map(String::as_str), Some(MANAGED_FILTER));
+    assert!(!q.contains_key("pageToken"));
+}
+
+#[tokio::test]
+async fn the_check_of_an_empty_project_is_reachable_and_a_disabled_api_is_forbidden() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let checker = p.checker().expect("a checker");
+    assert!(checker.check(&cx()).await[0].ready);
+    let (status, body) = error_fixture("403-accessNotConfigured", "");
+    b.fake.with(|w| w.script("aggregatedList", status, body));
+    let s = checker.check(&cx()).await.remove(0);
+    assert_eq!((s.ready, s.reason.as_str()), (false, "Forbidden"));
+    assert!(
+        s.message.contains("HTTP 403") && s.message.contains("accessNotConfigured"),
+        "{}",
+        s.message
+    );
+    assert!(
+        s.message.contains("Compute Engine API has not been used"),
+        "{}",
+        s.message
+    );
+}
+
+#[tokio::test]
+async fn the_insert_request_field_by_field() {
+    let b = GcpBackend::new().await;
+    let settings = Settings::from_config(&egress_provider::config::GcpConfig {
+        project: PROJECT.into(),
+        network: Some("vpc-a".into()),
+        network_tag: Some("squid-proxies".into()),
+        disk_size_gb: Some(20),
+    });
+    let p = egress_provider_gcp::build(
+        "gcp-eu",
+        settings,
+        CredentialSource::KeyFile(b.key_path()),
+        &b.fake.base_url(),
+        WireOptions::default(),
+    )
+    .expect("a provider");
+    let mut req = request_in("7d4c1f7e-0000-4000-8000-000000000001", ZONE);
+    req.installation = Some("blue".into());
+    let id = p.create(&cx(), &req).await.expect("create");
+    assert_eq!(id.as_str(), format!("zones/{ZONE}/instances/{}", req.name));
+    let inserts = seen(&b, "POST", &format!("zones/{ZONE}/instances"));
+    assert_eq!(inserts.len(), 1);
+    let insert = &inserts[0];
+    assert_eq!(
+        insert.body.as_ref().expect("a body"),
+        &json!({
+            "name": req.name,
+            "machineType": format!("zones/{ZONE}/machineTypes/e2-micro"),
+            "disks": [{"boot": true, "autoDelete": true, "initializeParams": {
+                "sourceImage": support::IMAGE, "diskSizeGb": "20"}}],
+            "networkInterfaces": [{"network": "global/networks/vpc-a",
+                "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}],
+            "labels": {"proxy-operator-managed": "true",
+                "proxy-operator-uid": "7d4c1f7e-0000-4000-8000-000000000001",
+                "proxy-operator-installation": "blue"},
+            "metadata": {"items": [{"key": "user-data", "value": "#cloud-config\npackages: [squid]\n"}]},
+            "tags": {"items": ["squid-proxies"]},
+        })
+    );
+    let rid = insert.query.get("requestId").expect("a requestId");
+    assert_eq!(
+        rid,
+        &egress_provider_gcp::body::request_id(&req.uid, ZONE, &req.name, 0),
+        "derived from the UID"
+    );
+    assert!(
+        insert
+            .authorization
+            .as_deref()
+            .is_some_and(|a| a.starts_with("Bearer ya29.fake"))
+    );
+    // The instance runs with the external address the API gave it, and its disk goes with it.
+    let i = running(&p, &id).await;
+    assert!(i.ip.is_some_and(|ip| ip.to_string().starts_with("34.76.")), "{i:?}");
+    p.delete(&cx(), &id).await.expect("delete");
+    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+        .await
+        .ok();
+    assert!(
+        b.fake.with(|w| w.disks()).is_empty(),
+        "the boot disk is deleted with the instance"
+    );
+}
+
+#[tokio::test]
+async fn a_retried_insert_whose_answer_was_lost_creates_one_instance() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let req = request_in("retried-1", ZONE);
+    b.fake.with(|w| w.lose_next_answer());
+    let e = p.create(&cx(), &req).await.expect_err("the answer was lost");
+    assert_eq!(e.class(), ErrorClass::Transient, "{e}");
+    let id = p.create(&cx(), &req).await.expect("the retry");
+    let inserts = seen(&b, "POST", "/instances");
+    assert_eq!(inserts.len(), 2);
+    assert_eq!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
+    assert_eq!(b.fake.with(|w| w.vms()).len(), 1, "one instance");
+    running(&p, &id).await;
+    // Another provider (a restarted operator) retrying derives the same requestId.
+    let again = b.provider("gcp-eu", WireOptions::default());
+    again
+        .create(&cx(), &req)
+        .await
+        .expect("the same create after a restart");
+    assert_eq!(b.fake.with(|w| w.vms()).len(), 1, "still one instance");
+}
+
+#[tokio::test]
+async fn an_insert_after_a_delete_is_not_answered_with_the_old_operation() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let req = request_in("recreated-1", ZONE);
+    let id = p.create(&cx(), &req).await.expect("create");
+    running(&p, &id).await;
+    p.delete(&cx(), &id).await.expect("delete");
+    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+        .await
+        .ok();
+    p.create(&cx(), &req).await.expect("create again");
+    running(&p, &id).await;
+    let inserts = seen(&b, "POST", "/instances");
+    assert_ne!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
+}
+
+#[tokio::test]
+async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let req = request_in("async-fail-1", ZONE);
+    b.fake.with(|w| {
+        w.stall_inserts(true);
+        w.fail_next_insert(
+            "QUOTA_EXCEEDED",
+            "Quota 'CPUS' exceeded.  Limit: 24.0 in region europe-west1.",
+            403,
+        );
+    });
+    let id = p.create(&cx(), &req).await.expect("accepted");
+    // The operation runs: the instance is not there yet, and that is Provisioning, not NotFound.
+    let i = p.get(&cx(), &id).await.expect("pending");
+    assert_eq!((i.state, i.uid.as_str()), (InstanceState::Provisioning, "async-fail-1"));
+    b.fake.with(|w| w.stall_inserts(false));
+    let e = get_until(&p, &id, Result::is_err).await.expect_err("the failure");
+    assert_eq!(e.class(), ErrorClass::QuotaExceeded, "{e}");
+    assert!(
+        e.to_string().contains("QUOTA_EXCEEDED") && e.to_string().contains("Quota 'CPUS' exceeded"),
+        "{e}"
+    );
+    // Reported once; then the name is free, and a new create is a new request.
+    let e = p.get(&cx(), &id).await.expect_err("gone");
+    assert_eq!(e.class(), ErrorClass::NotFound);
+    p.create(&cx(), &req).await.expect("create again");
+    running(&p, &id).await;
+    let inserts = seen(&b, "POST", "/instances");
+    assert_ne!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
+    // A provider without the memory (a restart) sees what the Go one saw: NotFound.
+    let b2 = GcpBackend::new().await;
+    let p2 = b2.provider("gcp-eu", WireOptions::default());
+    b2.fake
+        .with(|w| w.fail_next_insert("RESOURCE_NOT_FOUND", "image not found", 404));
+    let id2 = p2.create(&cx(), &req).await.expect("accepted");
+    let fresh = b2.provider("gcp-eu", WireOptions::default());
+    let e = fresh.get(&cx(), &id2).await.expect_err("not found");
+    assert_eq!(e.class(), ErrorClass::NotFound);
+    let e = get_until(&p2, &id2, Result::is_err).await.expect_err("the failure");
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+}
+
+#[tokio::test]
+async fn list_reads_every_page_and_warns_of_unreachable_zones() {
+    let (capture, _guard) = Capture::start();
+    let b = GcpBackend::new().await;
+    for i in 0..1100 {
+        managed_vm(&b, &format!("proxy-a{i:04}"), ZONES[0], true);
+    }
+    for i in 0..5 {
+        managed_vm(&b, &format!("other-{i}"), ZONES[0], false);
+    }
+    for i in 0..3 {
+        managed_vm(&b, &format!("proxy-b{i}"), ZONES[1], true);
+    }
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let all = p.list_by_tag(&cx()).await.expect("list");
+    assert_eq!(all.len(), 1103);
+    let pages = seen(&b, "GET", "aggregated/instances");
+    assert_eq!(pages.len(), 3, "500 per page");
+    assert!(!pages[0].query.contains_key("pageToken") && pages[2].query.contains_key("pageToken"));
+    assert!(pages.iter().all(|q| !q.query.contains_key("maxResults")));
+    b.fake.with(|w| w.set_zone_unreachable(ZONES[1]));
+    let mark = capture.event_mark();
+    let reachable = p.list_by_tag(&cx()).await.expect("partial list");
+    assert_eq!(reachable.len(), 1100);
+    let warned: Vec<_> = capture
+        .events_since(mark)
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].text().contains("zones/us-central1-a"), "{warned:?}");
+}
+
+#[tokio::test]
+async fn one_token_serves_concurrent_calls() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let gets = (0..10).map(|i| {
+        let p = p.clone();
+        async move {
+            p.get(&cx(), &ProviderId::new(format!("zones/{ZONE}/instances/proxy-{i}")))
+                .await
+        }
+    });
+    for r in futures_join(gets).await {
+        assert_eq!(r.expect_err("none exist").class(), ErrorClass::NotFound);
+    }
+    assert_eq!(b.fake.with(|w| w.token_requests()), 1);
+}
+
+async fn futures_join<F>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = fs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("a task"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_refused_token_is_replaced_from_the_rotated_key_file() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    p.list_by_tag(&cx()).await.expect("list with the first key");
+    // The key is rotated: the old account's tokens stop working, a new key file is mounted.
+    let rotated = "rotated@egress-test.iam.gserviceaccount.com";
+    b.fake.with(|w| {
+        w.revoke_tokens();
+        w.disable_account(SERVICE_ACCOUNT);
+        w.enable_account(rotated);
+    });
+    std::fs::write(b.key_path(), b.fake.service_account_json("test-key-2", rotated)).expect("rotate");
+    p.list_by_tag(&cx())
+        .await
+        .expect("list after the rotation, without a restart");
+    assert_eq!(b.fake.with(|w| w.token_owners()), vec![rotated.to_owned()]);
+}
+
+#[tokio::test]
+async fn authorized_user_and_metadata_server_credentials() {
+    let b = GcpBackend::new().await;
+    std::fs::write(
+        b.key_path(),
+        b.fake.authorized_user_json("client-1", "s3cret", "1//refresh"),
+    )
+    .expect("write");
+    let http = egress_provider_gcp::client::http_client().expect("a client");
+    let tokens = Tokens::new(CredentialSource::KeyFile(b.key_path()), http.clone()).with_oauth_url(b.fake.token_url());
+    let p = egress_provider_gcp::build_with(
+        "gcp-eu",
+        Settings::for_project(PROJECT),
+        tokens,
+        http,
+        &b.fake.base_url(),
+        WireOptions::default(),
+    )
+    .expect("a provider");
+    p.list_by_tag(&cx()).await.expect("list as an authorized user");
+    let p = egress_provider_gcp::build(
+        "gcp-eu",
+        Settings::for_project(PROJECT),
+        CredentialSource::Metadata {
+            host: b.fake.metadata_host(),
+        },
+        &b.fake.base_url(),
+        WireOptions::default(),
+    )
+    .expect("a provider");
+    p.list_by_tag(&cx())
+        .await
+        .expect("list with the metadata server's token");
+    assert_eq!(b.fake.with(|w| w.metadata_requests()), 1);
+    // A wrong refresh token never reaches the Compute API: Transient, and the check says
+    // Unreachable.
+    std::fs::write(
+        b.key_path(),
+        json!({"type": "authorized_user", "client_id": "client-1",
+        "client_secret": "wrong", "refresh_token": "1//refresh"})
+        .to_string(),
+    )
+    .expect("write");
+    let http = egress_provider_gcp::client::http_client().expect("a client");
+    let tokens = Tokens::new(CredentialSource::KeyFile(b.key_path()), http.clone()).with_oauth_url(b.fake.token_url());
+    let p = egress_provider_gcp::build_with(
+        "gcp-eu",
+        Settings::for_project(PROJECT),
+        tokens,
+        http,
+        &b.fake.base_url(),
+        WireOptions::default(),
+    )
+    .expect("a provider");
+    let e = p.list_by_tag(&cx()).await.expect_err("no token");
+    assert_eq!(e.class(), ErrorClass::Transient);
+    assert!(
+        !e.to_string().contains("wrong") && !e.to_string().contains("1//refresh"),
+        "{e}"
+    );
+    let s = p.checker().expect("a checker").check(&cx()).await.remove(0);
+    assert_eq!(s.reason, "Unreachable");
+}
+
+#[tokio::test]
+async fn a_bad_placement_fetches_no_token() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let mut req: CreateRequest = request_in("placement-1", ZONE);
+    req.placement.machine_type.clear();
+    let e = p.create(&cx(), &req).await.expect_err("refused");
+    assert_eq!(e.class(), ErrorClass::Permanent);
+    assert!(e.to_string().contains("placement.machineType is required"), "{e}");
+    assert_eq!(b.fake.with(|w| w.token_requests()), 0);
+}
+
+#[tokio::test]
+async fn the_wire_log_never_shows_user_data_or_tokens_even_with_full_payloads() {
+    const SENTINEL: &str = "SENTINEL-gcp-user-data-5d1e";
+    let (capture, _guard) = Capture::start();
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions { full_payloads: true });
+    let mut req = request_in("wire-1", ZONE);
+    req.cloud_init = format!("#cloud-config\n# {SENTINEL}\n").into_bytes();
+    let id = p.create(&cx(), &req).await.expect("create");
+    p.get(&cx(), &id).await.expect("get");
+    p.list_by_tag(&cx()).await.expect("list");
+    p.checker().expect("a checker").check(&cx()).await;
+    p.delete(&cx(), &id).await.expect("delete");
+    b.fake.with(|w| {
+        w.script(
+            "insert",
+            400,
+            json!({"error": {"code": 400, "message": format!("bad metadata: {SENTINEL}")}}),
+        )
+    });
+    let e = p
+        .create(
+            &cx(),
+            &request_in("wire-2", ZONE).clone_with_cloud_init(&req.cloud_init),
+        )
+        .await
+        .expect_err("refused");
+    assert!(!e.to_string().contains(SENTINEL), "{e}");
+    let wire: Vec<_> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.target == egress_provider_gcp::wire::TARGET)
+        .collect();
+    assert!(
+        wire.iter()
+            .any(|e| e.message() == "api request" && e.text().contains("<user-data: ")),
+        "{wire:?}"
+    );
+    assert!(wire.iter().any(|e| e.message() == "api response"));
+    assert_eq!(capture.find_text(SENTINEL), None);
+    assert_eq!(capture.find_text("ya29.fake"), None, "a token was logged");
+    assert_eq!(capture.find_text("BEGIN PRIVATE KEY"), None, "the key was logged");
+}
+
+trait WithCloudInit {
+    fn clone_with_cloud_init(&self, cloud_init: &[u8]) -> CreateRequest;
+}
+
+impl WithCloudInit for CreateRequest {
+    fn clone_with_cloud_init(&self, cloud_init: &[u8]) -> CreateRequest {
+        let mut r = self.clone();
+        r.cloud_init = cloud_init.to_vec();
+        r
+    }
+}
