@@ -70,7 +70,7 @@ enum Cmd {
         #[arg(long)]
         discovery_port: Option<u16>,
     },
-    /// One provider's conformance suite (providers: reference, local, kubernetes, kvm, kvm2).
+    /// One provider's conformance suite (providers: reference, local, kubernetes, gcp, kvm, kvm2).
     Conformance {
         /// The provider type.
         #[arg(long)]
@@ -242,9 +242,12 @@ fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
         "reference" => ("egress-conformance", "reference", None),
         "local" => ("egress-provider-local", "conformance", Some("conformance_real")),
         "kubernetes" => ("egress-provider-kubernetes", "conformance", None),
+        "gcp" => ("egress-provider-gcp", "conformance", None),
         "kvm" => ("egress-provider-kvm", "conformance", Some("conformance_real")),
         "kvm2" => ("egress-provider-kvm2", "conformance", Some("conformance_real")),
-        other => bail!("no conformance suite for provider {other:?} (known: reference, local, kubernetes, kvm, kvm2)"),
+        other => {
+            bail!("no conformance suite for provider {other:?} (known: reference, local, kubernetes, gcp, kvm, kvm2)")
+        }
     };
     let test = if real {
         real_test.with_context(|| format!("provider {provider} has no real backend"))?
