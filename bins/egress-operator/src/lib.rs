@@ -538,7 +538,11 @@ async fn sweep(store: Arc<dyn egress_lease::LeaseStore>, shutdown: CancellationT
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(30)) => store.sweep(),
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {
+                if let Err(e) = store.sweep().await {
+                    tracing::info!(error = %e, "Lease sweep skipped");
+                }
+            }
         }
     }
 }

@@ -129,7 +129,7 @@ impl std::fmt::Debug for LeasesActive {
 
 impl Collector for LeasesActive {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let n = i64::try_from(self.0.active_total()).unwrap_or(i64::MAX);
+        let n = i64::try_from(self.0.active_total_now()).unwrap_or(i64::MAX);
         let gauge = encoder.encode_descriptor(
             "proxy_operator_leases_active",
             "Number of active proxy leases.",

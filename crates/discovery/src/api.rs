@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, effective_ttl};
+use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, StoreError, effective_ttl};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -103,6 +103,16 @@ fn matches(p: &ProxyInfo, selector: &BTreeMap<String, Vec<String>>) -> bool {
         .all(|(k, values)| values.iter().all(|v| p.attributes.get(k) == Some(v)))
 }
 
+/// The store is unreachable: `503 store_unavailable`, nothing done.
+fn store_failed(e: &StoreError, what: &str) -> Answer {
+    tracing::error!(error = %e, "{what}");
+    error(
+        503,
+        "store_unavailable",
+        "the lease store is unreachable; nothing was changed, try again shortly",
+    )
+}
+
 fn list_failed(e: &str, what: &str) -> Answer {
     tracing::error!(error = %e, "{what}");
     error(500, "internal", "listing proxies failed")
@@ -110,7 +120,7 @@ fn list_failed(e: &str, what: &str) -> Answer {
 
 impl Api {
     /// `GET /v1/proxies?healthy=&attr.<k>=`.
-    pub(crate) fn list(&self, query: Option<&str>) -> Answer {
+    pub(crate) async fn list(&self, query: Option<&str>) -> Answer {
         let mut healthy = None;
         let mut selector: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (k, v) in form_pairs(query.unwrap_or_default()) {
@@ -135,7 +145,10 @@ impl Api {
             .collect();
         proxies.sort_by(|a, b| a.id.cmp(&b.id));
         let ids: Vec<&str> = proxies.iter().map(|p| p.id.as_str()).collect();
-        let active = self.store.active_leases(&ids);
+        let active = match self.store.active_leases(&ids).await {
+            Ok(a) => a,
+            Err(e) => return store_failed(&e, "reading active leases"),
+        };
         let views: Vec<View<'_>> = proxies.iter().zip(active).map(|(p, n)| view(p, n)).collect();
         #[derive(serde::Serialize)]
         struct List<'a> {
@@ -152,7 +165,7 @@ impl Api {
     }
 
     /// `POST /v1/leases`.
-    pub(crate) fn acquire(&self, body: &[u8]) -> Answer {
+    pub(crate) async fn acquire(&self, body: &[u8]) -> Answer {
         #[derive(Deserialize, Default)]
         #[serde(rename_all = "camelCase")]
         struct Body {
@@ -192,7 +205,11 @@ impl Api {
             ttl,
             target: body.target.filter(|t| !t.is_empty()),
         };
-        match self.store.acquire(&mut candidates, &req) {
+        let acquired = match self.store.acquire(&mut candidates, &req).await {
+            Ok(a) => a,
+            Err(e) => return store_failed(&e, "acquiring a lease"),
+        };
+        match acquired {
             Ok(grant) => {
                 #[derive(serde::Serialize)]
                 #[serde(rename_all = "camelCase")]
@@ -235,13 +252,15 @@ impl Api {
     }
 
     /// `DELETE /v1/leases/{id}`.
-    pub(crate) fn release(&self, id: &str) -> Answer {
-        self.store.release(id);
-        (204, None)
+    pub(crate) async fn release(&self, id: &str) -> Answer {
+        match self.store.release(id).await {
+            Ok(()) => (204, None),
+            Err(e) => store_failed(&e, "releasing a lease"),
+        }
     }
 
     /// `POST /v1/leases/{id}/report`.
-    pub(crate) fn report(&self, id: &str, body: &[u8]) -> Answer {
+    pub(crate) async fn report(&self, id: &str, body: &[u8]) -> Answer {
         #[derive(Deserialize, Default)]
         struct Body {
             #[serde(default)]
@@ -256,9 +275,10 @@ impl Api {
         let Some(result) = body.result.as_deref().and_then(|r| r.parse::<ReportResult>().ok()) else {
             return error(400, "invalid_result", "result must be ok, rate_limited or banned");
         };
-        match self.store.report(id, result, body.target.as_deref()) {
-            Ok(()) => (204, None),
-            Err(_) => error(404, "unknown_lease", "no such lease"),
+        match self.store.report(id, result, body.target.as_deref()).await {
+            Ok(Ok(())) => (204, None),
+            Ok(Err(_)) => error(404, "unknown_lease", "no such lease"),
+            Err(e) => store_failed(&e, "recording a report"),
         }
     }
 }

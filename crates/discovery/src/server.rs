@@ -93,7 +93,7 @@ fn same_token(given: &[u8], expected: &[u8]) -> bool {
 }
 
 /// Routes a request whose body is already read.
-fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Answer {
+async fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Answer {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match segments.as_slice() {
         ["healthz"] => match *method {
@@ -105,19 +105,19 @@ fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8
             _ => error(405, "method_not_allowed", "GET only"),
         },
         ["v1", "proxies"] => match *method {
-            Method::GET => api.list(query),
+            Method::GET => api.list(query).await,
             _ => error(405, "method_not_allowed", "GET only"),
         },
         ["v1", "leases"] => match *method {
-            Method::POST => api.acquire(body),
+            Method::POST => api.acquire(body).await,
             _ => error(405, "method_not_allowed", "POST only"),
         },
         ["v1", "leases", id] if !id.is_empty() => match *method {
-            Method::DELETE => api.release(id),
+            Method::DELETE => api.release(id).await,
             _ => error(405, "method_not_allowed", "DELETE only"),
         },
         ["v1", "leases", id, "report"] if !id.is_empty() => match *method {
-            Method::POST => api.report(id, body),
+            Method::POST => api.report(id, body).await,
             _ => error(405, "method_not_allowed", "POST only"),
         },
         _ => error(404, "not_found", "no such endpoint"),
@@ -245,7 +245,7 @@ async fn handle_inner(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
             .body(Full::new(Bytes::from_static(b"ok")))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
     }
-    respond(route(&api, &parts.method, parts.uri.path(), parts.uri.query(), &body))
+    respond(route(&api, &parts.method, parts.uri.path(), parts.uri.query(), &body).await)
 }
 
 /// Serves the API on `listener` until `shutdown`, then gives open connections a few seconds.

@@ -20,6 +20,7 @@ pub mod ttl;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use store::{
-    Candidate, Grant, LeaseRequest, LeaseStore, MemoryStore, NoMatch, ReportResult, UnknownLease, lease_id,
+    Candidate, Grant, LeaseRequest, LeaseStore, MemoryStore, NoMatch, ReportResult, StoreError, UnknownLease,
+    ViewEntry, lease_id,
 };
 pub use ttl::{DEFAULT_TTL, TtlError, effective_ttl};

@@ -92,7 +92,26 @@ impl std::str::FromStr for ReportResult {
 #[error("no such lease")]
 pub struct UnknownLease;
 
-/// A lease store. Implementations keep selection and insertion atomic.
+/// The store could not be reached or answered nonsense: nothing was granted, released or
+/// recorded. The discovery API answers 503.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("lease store unavailable: {0}")]
+pub struct StoreError(pub String);
+
+/// One proxy as the replica serving the discovery API sees it: what a shared store publishes so
+/// that every replica decides with the same capacity, health and latency.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewEntry {
+    /// `<namespace>/<name>`.
+    pub id: String,
+    pub healthy: bool,
+    pub latency_millis: i64,
+    pub max_leases: i32,
+}
+
+/// A lease store. Implementations keep selection and insertion atomic. Every call may fail with
+/// [`StoreError`] when the store lives elsewhere (Redis); the in-memory store never fails.
+#[async_trait::async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
     /// Grants a lease on the best eligible candidate. The candidates must come in ascending
     /// (latency, id) order ([`Candidate::order`]): the first idle eligible one is then the best,
@@ -100,31 +119,71 @@ pub trait LeaseStore: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`NoMatch`] with the counts when no candidate is eligible.
-    fn acquire<'c>(
+    /// [`StoreError`] when the store is unavailable; inside, [`NoMatch`] with the counts when no
+    /// candidate is eligible.
+    async fn acquire<'c>(
         &self,
-        candidates: &mut dyn Iterator<Item = Candidate<'c>>,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
-    ) -> Result<Grant, NoMatch>;
+    ) -> Result<Result<Grant, NoMatch>, StoreError>;
 
     /// Ends a lease now. Unknown, expired or already released ids are fine.
-    fn release(&self, lease_id: &str);
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable.
+    async fn release(&self, lease_id: &str) -> Result<(), StoreError>;
 
     /// Records a report.
     ///
     /// # Errors
     ///
-    /// [`UnknownLease`] for a lease never issued or already forgotten.
-    fn report(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), UnknownLease>;
+    /// [`StoreError`] when the store is unavailable; inside, [`UnknownLease`] for a lease never
+    /// issued or already forgotten.
+    async fn report(
+        &self,
+        lease_id: &str,
+        result: ReportResult,
+        target: Option<&str>,
+    ) -> Result<Result<(), UnknownLease>, StoreError>;
 
     /// The active leases of each of `proxies`, in their order.
-    fn active_leases(&self, proxies: &[&str]) -> Vec<usize>;
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable.
+    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError>;
 
-    /// All active leases (`proxy_operator_leases_active`).
-    fn active_total(&self) -> usize;
+    /// All active leases.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable.
+    async fn active_total(&self) -> Result<usize, StoreError>;
+
+    /// All active leases as last known, without waiting (`proxy_operator_leases_active` is read
+    /// at scrape time, which cannot wait): exact for the in-memory store, as of this replica's
+    /// last call or sweep for a shared one.
+    fn active_total_now(&self) -> usize;
 
     /// Forgets leases past their retention and cooldowns that have ended.
-    fn sweep(&self);
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable.
+    async fn sweep(&self) -> Result<(), StoreError>;
+
+    /// Publishes the proxies this replica serves, replacing the previous view as one step, so
+    /// that every replica decides on the same capacity, health and latency. The in-memory store
+    /// serves one replica and needs none.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable.
+    async fn publish_view(&self, view: &[ViewEntry]) -> Result<(), StoreError> {
+        let _ = view;
+        Ok(())
+    }
 }
 
 /// A new lease id: 128 random bits from the OS-seeded CSPRNG, as 26 unpadded base32 characters.
@@ -205,8 +264,8 @@ impl MemoryStore {
     }
 }
 
-impl LeaseStore for MemoryStore {
-    fn acquire<'c>(
+impl MemoryStore {
+    fn acquire_now<'c>(
         &self,
         candidates: &mut dyn Iterator<Item = Candidate<'c>>,
         req: &LeaseRequest,
@@ -272,7 +331,7 @@ impl LeaseStore for MemoryStore {
         })
     }
 
-    fn release(&self, lease_id: &str) {
+    fn release_now(&self, lease_id: &str) {
         let mut state = self.lock();
         let Some(proxy) = state.leases.get(lease_id).map(|l| l.proxy.clone()) else {
             return;
@@ -285,7 +344,7 @@ impl LeaseStore for MemoryStore {
         }
     }
 
-    fn report(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), UnknownLease> {
+    fn report_now(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), UnknownLease> {
         let now = self.clock.now();
         let mut state = self.lock();
         let lease = state.leases.get(lease_id).ok_or(UnknownLease)?;
@@ -309,13 +368,13 @@ impl LeaseStore for MemoryStore {
         Ok(())
     }
 
-    fn active_leases(&self, proxies: &[&str]) -> Vec<usize> {
+    fn active_leases_now(&self, proxies: &[&str]) -> Vec<usize> {
         let now = self.clock.now();
         let state = self.lock();
         proxies.iter().map(|p| state.active(p, now)).collect()
     }
 
-    fn active_total(&self) -> usize {
+    fn total_now(&self) -> usize {
         let now = self.clock.now();
         self.lock()
             .active
@@ -324,7 +383,7 @@ impl LeaseStore for MemoryStore {
             .sum()
     }
 
-    fn sweep(&self) {
+    fn sweep_now(&self) {
         let now = self.clock.now();
         let cooldown = self.cooldown;
         let mut state = self.lock();
@@ -342,6 +401,48 @@ impl LeaseStore for MemoryStore {
             list.retain(|(_, end)| *end > now);
             !list.is_empty()
         });
+    }
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for MemoryStore {
+    async fn acquire<'c>(
+        &self,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
+        req: &LeaseRequest,
+    ) -> Result<Result<Grant, NoMatch>, StoreError> {
+        Ok(self.acquire_now(candidates, req))
+    }
+
+    async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
+        self.release_now(lease_id);
+        Ok(())
+    }
+
+    async fn report(
+        &self,
+        lease_id: &str,
+        result: ReportResult,
+        target: Option<&str>,
+    ) -> Result<Result<(), UnknownLease>, StoreError> {
+        Ok(self.report_now(lease_id, result, target))
+    }
+
+    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
+        Ok(self.active_leases_now(proxies))
+    }
+
+    async fn active_total(&self) -> Result<usize, StoreError> {
+        Ok(self.total_now())
+    }
+
+    fn active_total_now(&self) -> usize {
+        self.total_now()
+    }
+
+    async fn sweep(&self) -> Result<(), StoreError> {
+        self.sweep_now();
+        Ok(())
     }
 }
 

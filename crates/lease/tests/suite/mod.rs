@@ -1,0 +1,451 @@
+//! The lease store's behaviour, written once and run against every backend (the in-memory
+//! store here, Redis in `egress-lease-redis`): selection, capacity, release, expiry, cooldowns,
+//! retention, the sweep, 64 concurrent clients, and invariants under random operation
+//! sequences.
+//!
+//! A backend supplies [`Backend::store`]: a fresh, empty store over the given clock. Use
+//! [`lease_store_suite!`] to instantiate every case.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use egress_lease::{Candidate, Grant, LeaseRequest, LeaseStore, ManualClock, NoMatch, ReportResult, UnknownLease};
+use proptest::prelude::*;
+
+pub const COOLDOWN: Duration = Duration::from_secs(900);
+
+/// Makes fresh stores.
+pub trait Backend: Send + Sync + 'static {
+    /// A fresh, empty store on `clock` with the cooldown window [`COOLDOWN`]; `None` skips the
+    /// case (the backend is not configured here).
+    fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>>;
+}
+
+pub fn start() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+/// A proxy the test owns; candidates borrow from it.
+#[derive(Debug, Clone)]
+pub struct P {
+    pub id: String,
+    pub healthy: bool,
+    pub latency_millis: i64,
+    pub max_leases: i32,
+}
+
+pub fn proxy(id: &str, latency_millis: i64, max_leases: i32) -> P {
+    P {
+        id: id.into(),
+        healthy: true,
+        latency_millis,
+        max_leases,
+    }
+}
+
+/// Acquires over `fleet`, handing the store its candidates in the order it wants.
+pub async fn acquire(s: &dyn LeaseStore, fleet: &[P], r: &LeaseRequest) -> Result<Grant, NoMatch> {
+    let mut candidates: Vec<Candidate<'_>> = fleet
+        .iter()
+        .map(|p| Candidate {
+            id: &p.id,
+            healthy: p.healthy,
+            latency_millis: p.latency_millis,
+            max_leases: p.max_leases,
+        })
+        .collect();
+    candidates.sort_by(|a, b| a.order(b));
+    s.acquire(&mut candidates.into_iter(), r)
+        .await
+        .expect("the store answers")
+}
+
+pub fn req(target: Option<&str>) -> LeaseRequest {
+    LeaseRequest {
+        ttl: Duration::from_secs(300),
+        target: target.map(str::to_string),
+    }
+}
+
+async fn release(s: &dyn LeaseStore, id: &str) {
+    s.release(id).await.expect("the store answers");
+}
+
+async fn report(s: &dyn LeaseStore, id: &str, r: ReportResult, target: Option<&str>) -> Result<(), UnknownLease> {
+    s.report(id, r, target).await.expect("the store answers")
+}
+
+async fn total(s: &dyn LeaseStore) -> usize {
+    s.active_total().await.expect("the store answers")
+}
+
+async fn sweep(s: &dyn LeaseStore) {
+    s.sweep().await.expect("the store answers");
+}
+
+/// Whether a request for `target` is refused on the one-proxy `fleet` because of a cooldown.
+async fn cooling(s: &dyn LeaseStore, fleet: &[P], target: Option<&str>) -> bool {
+    match acquire(s, fleet, &req(target)).await {
+        Ok(g) => {
+            release(s, &g.lease_id).await;
+            false
+        }
+        Err(n) => n.in_cooldown == 1,
+    }
+}
+
+pub async fn selection_prefers_fewest_leases_then_latency_then_id(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/c", 10, 5), proxy("ns/b", 10, 5), proxy("ns/a", 50, 5)];
+    // All idle: the lowest latency wins, and between equal latencies the smaller id.
+    assert_eq!(acquire(s, &fleet, &req(None)).await.unwrap().proxy_id, "ns/b");
+    assert_eq!(acquire(s, &fleet, &req(None)).await.unwrap().proxy_id, "ns/c");
+    // b and c have one lease each: a (idle) wins despite its latency.
+    let g = acquire(s, &fleet, &req(None)).await.unwrap();
+    assert_eq!((g.proxy_id.as_str(), g.active_leases), ("ns/a", 1));
+    assert_eq!(
+        s.active_leases(&["ns/a", "ns/b", "ns/c", "ns/none"]).await.unwrap(),
+        [1, 1, 1, 0]
+    );
+    assert_eq!(total(s).await, 3);
+    assert_eq!(s.active_total_now(), 3);
+}
+
+pub async fn capacity_zero_and_unhealthy_proxies_are_never_leased_and_counted_once(
+    s: Arc<dyn LeaseStore>,
+    _c: ManualClock,
+) {
+    let s = s.as_ref();
+    let mut sick = proxy("ns/sick", 1, 5);
+    sick.healthy = false;
+    let mut sick_and_full = proxy("ns/sick-full", 1, 0);
+    sick_and_full.healthy = false;
+    let fleet = [sick, sick_and_full, proxy("ns/zero", 1, 0), proxy("ns/one", 1, 1)];
+    assert_eq!(acquire(s, &fleet, &req(None)).await.unwrap().proxy_id, "ns/one");
+    assert_eq!(
+        acquire(s, &fleet, &req(None)).await,
+        Err(NoMatch {
+            considered: 4,
+            at_capacity: 2,
+            in_cooldown: 0,
+            unhealthy: 2
+        })
+    );
+    assert_eq!(
+        acquire(s, &[], &req(None)).await,
+        Err(NoMatch::default()),
+        "nothing matched the selector"
+    );
+}
+
+pub async fn release_frees_capacity_at_once_and_is_idempotent(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 1)];
+    let g = acquire(s, &fleet, &req(None)).await.unwrap();
+    assert!(acquire(s, &fleet, &req(None)).await.is_err());
+    release(s, &g.lease_id).await;
+    release(s, &g.lease_id).await;
+    release(s, "NEVERISSUED").await;
+    assert_eq!(total(s).await, 0);
+    assert!(acquire(s, &fleet, &req(None)).await.is_ok());
+    assert_eq!(total(s).await, 1, "a double release freed nothing extra");
+}
+
+pub async fn expiry_frees_capacity_whenever_the_sweep_runs(s: Arc<dyn LeaseStore>, clock: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 1)];
+    let g = acquire(s, &fleet, &req(None)).await.unwrap();
+    assert_eq!(g.expires_at, start() + Duration::from_secs(300));
+    clock.advance(Duration::from_secs(299));
+    assert!(acquire(s, &fleet, &req(None)).await.is_err());
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(total(s).await, 0, "expired at expiresAt, no sweep needed");
+    assert!(acquire(s, &fleet, &req(None)).await.is_ok());
+}
+
+pub async fn a_targeted_cooldown_blocks_only_that_target(s: Arc<dyn LeaseStore>, clock: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(Some("example.com"))).await.unwrap();
+    report(s, &g.lease_id, ReportResult::RateLimited, None).await.unwrap();
+    let refused = acquire(s, &fleet, &req(Some("example.com"))).await.unwrap_err();
+    assert_eq!((refused.considered, refused.in_cooldown), (1, 1));
+    assert!(
+        acquire(s, &fleet, &req(Some("other.org"))).await.is_ok(),
+        "another target"
+    );
+    assert!(acquire(s, &fleet, &req(None)).await.is_ok(), "no target");
+    clock.advance(COOLDOWN);
+    assert!(
+        acquire(s, &fleet, &req(Some("example.com"))).await.is_ok(),
+        "the window is over"
+    );
+}
+
+pub async fn the_reports_target_wins_over_the_leases(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(Some("example.com"))).await.unwrap();
+    report(s, &g.lease_id, ReportResult::Banned, Some("shop.example"))
+        .await
+        .unwrap();
+    assert!(cooling(s, &fleet, Some("shop.example")).await);
+    assert!(!cooling(s, &fleet, Some("example.com")).await);
+}
+
+pub async fn a_global_cooldown_blocks_every_request(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5), proxy("ns/b", 9, 5)];
+    let g = acquire(s, &fleet, &req(None)).await.unwrap();
+    assert_eq!(g.proxy_id, "ns/a");
+    report(s, &g.lease_id, ReportResult::Banned, Some("")).await.unwrap();
+    for target in [None, Some("example.com"), Some("")] {
+        assert_eq!(
+            acquire(s, &fleet, &req(target)).await.unwrap().proxy_id,
+            "ns/b",
+            "{target:?}"
+        );
+    }
+}
+
+pub async fn an_ok_report_records_nothing(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(Some("example.com"))).await.unwrap();
+    report(s, &g.lease_id, ReportResult::Ok, None).await.unwrap();
+    assert!(!cooling(s, &fleet, Some("example.com")).await);
+}
+
+pub async fn overlapping_cooldowns_keep_the_later_end(s: Arc<dyn LeaseStore>, clock: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(Some("t"))).await.unwrap();
+    report(s, &g.lease_id, ReportResult::RateLimited, None).await.unwrap();
+    clock.advance(Duration::from_secs(600));
+    report(s, &g.lease_id, ReportResult::RateLimited, None).await.unwrap();
+    clock.advance(Duration::from_secs(600));
+    assert!(
+        cooling(s, &fleet, Some("t")).await,
+        "the second report's window runs to 1500 s"
+    );
+    clock.advance(Duration::from_secs(300));
+    assert!(!cooling(s, &fleet, Some("t")).await);
+}
+
+pub async fn an_expired_or_released_lease_stays_reportable_for_one_window(s: Arc<dyn LeaseStore>, clock: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(Some("t"))).await.unwrap();
+    release(s, &g.lease_id).await;
+    clock.advance(Duration::from_secs(300) + COOLDOWN - Duration::from_secs(1));
+    sweep(s).await;
+    assert_eq!(
+        report(s, &g.lease_id, ReportResult::RateLimited, None).await,
+        Ok(()),
+        "a late report lands"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        report(s, &g.lease_id, ReportResult::Ok, None).await,
+        Err(UnknownLease),
+        "aged out, even unswept"
+    );
+    sweep(s).await;
+    assert_eq!(report(s, &g.lease_id, ReportResult::Ok, None).await, Err(UnknownLease));
+    assert_eq!(
+        report(s, "NEVERISSUED", ReportResult::Ok, None).await,
+        Err(UnknownLease)
+    );
+}
+
+pub async fn the_sweep_forgets_ended_cooldowns_and_old_leases_only(s: Arc<dyn LeaseStore>, clock: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let old = acquire(s, &fleet, &req(Some("t"))).await.unwrap();
+    report(s, &old.lease_id, ReportResult::RateLimited, None).await.unwrap();
+    clock.advance(COOLDOWN);
+    let young = acquire(s, &fleet, &req(Some("t"))).await.unwrap();
+    sweep(s).await;
+    assert!(
+        report(s, &old.lease_id, ReportResult::Ok, None).await.is_ok(),
+        "within its retention"
+    );
+    assert!(report(s, &young.lease_id, ReportResult::Ok, None).await.is_ok());
+    clock.advance(Duration::from_secs(300));
+    sweep(s).await;
+    assert_eq!(
+        report(s, &old.lease_id, ReportResult::Ok, None).await,
+        Err(UnknownLease)
+    );
+    assert!(report(s, &young.lease_id, ReportResult::Ok, None).await.is_ok());
+}
+
+pub async fn sixty_four_clients_never_exceed_any_capacity(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let fleet: Arc<Vec<P>> = Arc::new((0..8).map(|i| proxy(&format!("ns/p{i}"), i, 3)).collect());
+    let mut tasks = Vec::new();
+    for t in 0..64 {
+        let (s, fleet) = (s.clone(), fleet.clone());
+        tasks.push(tokio::spawn(async move {
+            let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
+            for round in 0..50 {
+                let target = (round % 3 == 0).then(|| format!("site{}", t % 4));
+                if let Ok(g) = acquire(s.as_ref(), &fleet, &req(target.as_deref())).await {
+                    assert!(g.active_leases <= 3, "{g:?}");
+                    for n in s.active_leases(&ids).await.unwrap() {
+                        assert!(n <= 3, "a proxy over capacity: {n}");
+                    }
+                    release(s.as_ref(), &g.lease_id).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a client");
+    }
+    assert_eq!(total(s.as_ref()).await, 0);
+}
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Acquire(Option<u8>),
+    Release(usize),
+    Report(usize, bool, Option<u8>),
+    Advance(u16),
+    Sweep,
+}
+
+pub fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => proptest::option::of(0u8..3).prop_map(Op::Acquire),
+        2 => any::<usize>().prop_map(Op::Release),
+        2 => (any::<usize>(), any::<bool>(), proptest::option::of(0u8..3)).prop_map(|(i, b, t)| Op::Report(i, b, t)),
+        1 => (0u16..1200).prop_map(Op::Advance),
+        1 => Just(Op::Sweep),
+    ]
+}
+
+/// A lease as the test remembers it, to know what the store must refuse.
+struct Known {
+    id: String,
+    proxy: usize,
+    target: Option<String>,
+    expires: SystemTime,
+}
+
+/// Runs `ops` on a fresh store: a granted proxy is never full nor cooling for the request (by
+/// a model of the rules kept here), and no proxy is ever over capacity.
+pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let s = s.as_ref();
+    let fleet: Vec<P> = (0..4)
+        .map(|i| proxy(&format!("ns/p{i}"), i64::from(i), i % 3))
+        .collect();
+    let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
+    let mut granted: Vec<Known> = Vec::new();
+    // (proxy, target or None for global, end).
+    let mut cooldowns: Vec<(usize, Option<String>, SystemTime)> = Vec::new();
+    let target = |t: Option<u8>| t.map(|t| format!("site{t}"));
+    for op in ops {
+        let now = egress_lease::Clock::now(&clock);
+        match op {
+            Op::Acquire(t) => {
+                let t = target(t);
+                let before = s.active_leases(&ids).await.unwrap();
+                if let Ok(g) = acquire(s, &fleet, &req(t.as_deref())).await {
+                    let i = ids.iter().position(|p| *p == g.proxy_id).unwrap();
+                    prop_assert!(before[i] < fleet[i].max_leases as usize, "granted a full proxy");
+                    let cooling = cooldowns
+                        .iter()
+                        .any(|(p, ct, end)| *p == i && *end > now && (ct.is_none() || *ct == t));
+                    prop_assert!(!cooling, "granted a proxy cooling for {t:?}");
+                    granted.push(Known {
+                        id: g.lease_id,
+                        proxy: i,
+                        target: t,
+                        expires: g.expires_at,
+                    });
+                }
+            }
+            Op::Release(i) if !granted.is_empty() => {
+                let id = granted[i % granted.len()].id.clone();
+                release(s, &id).await;
+                let after = total(s).await;
+                release(s, &id).await;
+                prop_assert_eq!(total(s).await, after, "a second release changed something");
+            }
+            Op::Report(i, banned, t) if !granted.is_empty() => {
+                let lease = &granted[i % granted.len()];
+                let result = if banned {
+                    ReportResult::Banned
+                } else {
+                    ReportResult::RateLimited
+                };
+                let reported = report(s, &lease.id, result, target(t).as_deref()).await;
+                let retained = lease.expires + COOLDOWN > now;
+                prop_assert_eq!(reported.is_ok(), retained, "reportable exactly within the retention");
+                if retained {
+                    let resolved = target(t).or_else(|| lease.target.clone());
+                    cooldowns.push((lease.proxy, resolved, now + COOLDOWN));
+                }
+            }
+            Op::Advance(secs) => clock.advance(Duration::from_secs(secs.into())),
+            Op::Sweep => sweep(s).await,
+            _ => {}
+        }
+        for (n, c) in s.active_leases(&ids).await.unwrap().into_iter().zip(&fleet) {
+            prop_assert!(n <= c.max_leases.max(0) as usize, "{} over capacity", c.id);
+        }
+    }
+    Ok(())
+}
+
+/// One `#[tokio::test]` per case over `$backend` (an expression implementing [`Backend`]).
+#[macro_export]
+macro_rules! lease_store_suite {
+    ($backend:expr) => {
+        $crate::lease_store_suite!(@cases $backend;
+            selection_prefers_fewest_leases_then_latency_then_id,
+            capacity_zero_and_unhealthy_proxies_are_never_leased_and_counted_once,
+            release_frees_capacity_at_once_and_is_idempotent,
+            expiry_frees_capacity_whenever_the_sweep_runs,
+            a_targeted_cooldown_blocks_only_that_target,
+            the_reports_target_wins_over_the_leases,
+            a_global_cooldown_blocks_every_request,
+            an_ok_report_records_nothing,
+            overlapping_cooldowns_keep_the_later_end,
+            an_expired_or_released_lease_stays_reportable_for_one_window,
+            the_sweep_forgets_ended_cooldowns_and_old_leases_only,
+        );
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn sixty_four_clients_never_exceed_any_capacity() {
+            let clock = egress_lease::ManualClock::new(suite::start());
+            let Some(store) = suite::Backend::store(&$backend, clock.clone()) else { return };
+            suite::sixty_four_clients_never_exceed_any_capacity(store, clock).await;
+        }
+
+        proptest::proptest! {
+            #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+            #[test]
+            fn invariants_hold_for_any_sequence(ops in proptest::collection::vec(suite::op(), 1..80)) {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+                let clock = egress_lease::ManualClock::new(suite::start());
+                if let Some(store) = suite::Backend::store(&$backend, clock.clone()) {
+                    runtime.block_on(suite::invariants_hold(store, clock, ops))?;
+                }
+            }
+        }
+    };
+    (@cases $backend:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let clock = egress_lease::ManualClock::new(suite::start());
+                let Some(store) = suite::Backend::store(&$backend, clock.clone()) else { return };
+                suite::$case(store, clock).await;
+            }
+        )*
+    };
+}
