@@ -431,6 +431,8 @@ macro_rules! lease_store_suite {
             #[test]
             fn invariants_hold_for_any_sequence(ops in proptest::collection::vec(suite::op(), 1..80)) {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+                // A store may need the runtime from its first moment (a lazy connection).
+                let _inside = runtime.enter();
                 let clock = egress_lease::ManualClock::new(suite::start());
                 if let Some(store) = suite::Backend::store(&$backend, clock.clone()) {
                     runtime.block_on(suite::invariants_hold(store, clock, ops))?;

@@ -1,0 +1,64 @@
+-- Grants a lease on the best eligible candidate, as one atomic step.
+-- ARGV: prefix, now (ms), ttl (ms), target ('' for none), lease id, retention (ms), n,
+--       then n times: id, healthy ('1'/'0'), latency (ms), max leases.
+-- The published view (HASH <prefix>view: id -> "healthy,latency,max") wins over the caller's
+-- values. Candidates come in the caller's (latency, id) order; the first idle eligible one
+-- ends the search.
+-- Returns {0, considered, at capacity, in cooldown, unhealthy} when nothing is eligible,
+-- {2} when the lease id is taken, {1, proxy, its active leases, expires (ms), all active}.
+local p, now, ttl, target, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local retention, n = tonumber(ARGV[6]), tonumber(ARGV[7])
+
+local function extend(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+
+local considered, at_capacity, cooling, unhealthy = 0, 0, 0, 0
+local best, best_active, best_latency
+for i = 0, n - 1 do
+  local b = 8 + i * 4
+  local id, healthy, latency, max = ARGV[b], ARGV[b + 1] == '1', tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local published = redis.call('HGET', p .. 'view', id)
+  if published then
+    local h, l, m = string.match(published, '^([01]),(%-?%d+),(%-?%d+)$')
+    if h then healthy, latency, max = h == '1', tonumber(l), tonumber(m) end
+  end
+  considered = considered + 1
+  if not healthy then
+    unhealthy = unhealthy + 1
+  else
+    local active_key = p .. 'active:' .. id
+    redis.call('ZREMRANGEBYSCORE', active_key, '-inf', now)
+    local active = redis.call('ZCARD', active_key)
+    if active >= max then
+      at_capacity = at_capacity + 1
+    else
+      local cool_key = p .. 'cool:' .. id
+      local global_end = tonumber(redis.call('HGET', cool_key, '') or '0')
+      local target_end = 0
+      if target ~= '' then target_end = tonumber(redis.call('HGET', cool_key, target) or '0') end
+      if global_end > now or target_end > now then
+        cooling = cooling + 1
+      else
+        if best == nil or active < best_active
+          or (active == best_active and (latency < best_latency or (latency == best_latency and id < best))) then
+          best, best_active, best_latency = id, active, latency
+        end
+        if active == 0 then break end
+      end
+    end
+  end
+end
+if best == nil then return {0, considered, at_capacity, cooling, unhealthy} end
+
+local lease_key = p .. 'lease:' .. lease
+if redis.call('EXISTS', lease_key) == 1 then return {2} end
+local expires = now + ttl
+redis.call('HSET', lease_key, 'proxy', best, 'target', target, 'expires', expires)
+redis.call('PEXPIRE', lease_key, ttl + retention)
+local active_key = p .. 'active:' .. best
+redis.call('ZADD', active_key, expires, lease)
+extend(active_key, ttl)
+redis.call('ZADD', p .. 'all', expires, lease)
+extend(p .. 'all', ttl)
+return {1, best, best_active + 1, expires, redis.call('ZCOUNT', p .. 'all', '(' .. now, '+inf')}

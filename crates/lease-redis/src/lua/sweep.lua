@@ -1,0 +1,5 @@
+-- Forgets ended leases from the index of all leases (everything else ends by its key's TTL).
+-- ARGV: prefix, now (ms). Returns all active leases.
+local p, now = ARGV[1], tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', p .. 'all', '-inf', now)
+return redis.call('ZCARD', p .. 'all')
