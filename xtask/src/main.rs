@@ -189,6 +189,8 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
 }
 
 fn test_with_services(root: &Path, extra: &[String]) -> Result<()> {
+    // The shared lease store's tests run against a real redis-server of this run's own.
+    let redis = procs::start_redis()?;
     let mut args = vec!["test".to_owned(), "--workspace".to_owned()];
     if !extra.is_empty() {
         args.push("--".to_owned());
@@ -202,8 +204,10 @@ fn test_with_services(root: &Path, extra: &[String]) -> Result<()> {
         .env("EGRESS_CONFORMANCE_REQUIRED", "1")
         // Tests that need a real component (tinyproxy, ...) fail instead of skipping.
         .env("EGRESS_REAL_BACKENDS_REQUIRED", "1")
+        .env("EGRESS_TEST_REDIS_URL", redis.url())
         .status()
         .context("running cargo test")?;
+    drop(redis);
     if !status.success() {
         // Exit with cargo's own status, as the README promises (after the services stop).
         return Err(TestsFailed(status.code().unwrap_or(1)).into());

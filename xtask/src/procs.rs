@@ -55,3 +55,81 @@ pub(crate) fn wait_for_file(path: &Path, server: &mut Child) -> Result<()> {
     }
     Ok(())
 }
+
+/// A redis-server of this run's own: on a free loopback port, without persistence, its files
+/// in a scratch directory removed at stop.
+pub(crate) struct TestRedis {
+    server: Killed,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl TestRedis {
+    /// `redis://127.0.0.1:<port>`.
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for TestRedis {
+    /// The server is killed with `server`; its directory goes here.
+    fn drop(&mut self) {
+        let _ = self.server.0.kill();
+        let _ = self.server.0.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Starts a [`TestRedis`] and waits until it answers PING (at most 10 s).
+pub(crate) fn start_redis() -> Result<TestRedis> {
+    let binary = Path::new("/usr/bin/redis-server");
+    if !binary.exists() {
+        bail!(
+            "redis-server is needed for the lease store tests: apt-get install redis-server (as root, cargo xtask test installs it)"
+        );
+    }
+    let port = free_port()?;
+    let dir = std::env::temp_dir().join(format!("egress-test-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let child = std::process::Command::new(binary)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let mut server = Killed(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if redis_answers(port) {
+            println!("xtask: redis-server on 127.0.0.1:{port}");
+            return Ok(TestRedis { server, port, dir });
+        }
+        if let Some(status) = server.0.try_wait()? {
+            bail!("redis-server exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("redis-server did not answer within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether a Redis on `port` answers PING.
+fn redis_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}

@@ -7,14 +7,15 @@ use anyhow::{Context, Result, bail};
 
 /// Debian packages the workspace's build and tests need: CA roots; libvirt-dev and pkg-config
 /// (the libvirt C bindings build against them); tinyproxy (the real forward proxy of the health
-/// probes and the local provider); the OpenSSH client (test keys). The hypervisor's own packages
-/// are `cargo xtask hypervisor up`'s.
+/// probes and the local provider); the OpenSSH client (test keys); redis-server (the shared lease
+/// store's tests). The hypervisor's own packages are `cargo xtask hypervisor up`'s.
 pub(crate) const APT_PACKAGES: &[&str] = &[
     "ca-certificates",
     "libvirt-dev",
     "pkg-config",
     "tinyproxy",
     "openssh-client",
+    "redis-server",
 ];
 
 /// Installs the packages of `wanted` that are missing. Without root it only

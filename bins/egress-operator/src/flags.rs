@@ -30,6 +30,8 @@ pub struct Options {
     pub installation_id: String,
     pub discovery_addr: String,
     pub max_lease_ttl: Duration,
+    /// `memory`, or a `redis://` URL.
+    pub lease_store: String,
     pub lease_cooldown: Duration,
     pub health_workers: usize,
     pub trace_health_probes: bool,
@@ -57,6 +59,7 @@ impl Default for Options {
             installation_id: String::new(),
             discovery_addr: ":8090".into(),
             max_lease_ttl: Duration::from_secs(3600),
+            lease_store: "memory".into(),
             lease_cooldown: Duration::from_secs(900),
             health_workers: 10,
             trace_health_probes: false,
@@ -186,6 +189,12 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: ":8090",
         usage: "Address of the discovery and lease API (served by every replica).",
+    },
+    Flag {
+        name: "lease-store",
+        kind: Kind::Text,
+        default: "memory",
+        usage: "Where leases and cooldowns live: memory (this process; run one replica), or redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts.",
     },
     Flag {
         name: "max-lease-ttl",
@@ -364,6 +373,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         "installation-id" => o.installation_id = value.into(),
         "discovery-addr" => o.discovery_addr = value.into(),
         "max-lease-ttl" => o.max_lease_ttl = positive(parse_duration(value)?)?,
+        "lease-store" => o.lease_store = lease_store(value)?,
         "lease-cooldown" => o.lease_cooldown = positive(parse_duration(value)?)?,
         "health-workers" => {
             o.health_workers = value
@@ -388,6 +398,14 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         other => unreachable!("flag {other} is in FLAGS but has no setter"),
     }
     Ok(())
+}
+
+fn lease_store(value: &str) -> Result<String, String> {
+    if value == "memory" || value.starts_with("redis://") && value.len() > "redis://".len() {
+        Ok(value.to_owned())
+    } else {
+        Err("must be memory or a redis:// URL".to_owned())
+    }
 }
 
 fn positive(d: Duration) -> Result<Duration, String> {

@@ -344,11 +344,9 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let health_metrics = egress_health::HealthMetrics::new();
     health_metrics.register(&mut registry);
     egress_controller::metrics::register(&mut registry, snapshot.clone(), cache.store());
-    // Leases live in this process (one replica); the store and its sweep run on every replica.
-    let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
-        Arc::new(egress_lease::SystemClock),
-        options.lease_cooldown,
-    ));
+    // Leases live in this process (one replica) or in Redis (shared by every replica); the
+    // store and its sweep run on every replica.
+    let store = lease_store(&options)?;
     registry.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
     let registry = Arc::new(Mutex::new(registry));
     let mut always = vec![cache_task, tasks.spawn(sweep(store.clone(), shutdown.clone())).id()];
@@ -416,6 +414,13 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     }
 
     tracing::info!("Starting manager");
+    // The leader publishes the proxies it serves to a shared store, so every replica leases
+    // with the same capacity, health and latency.
+    tasks.spawn(egress_discovery::publish_view(
+        Arc::new(egress_controller::discovery::CachedDirectory::new(cache.clone())),
+        store.clone(),
+        shutdown.clone(),
+    ));
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
     let work = shutdown.child_token();
     let mut essential: std::collections::HashSet<tokio::task::Id> = always.into_iter().collect();
@@ -531,6 +536,24 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             }
         }
     }
+}
+
+/// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
+/// calls answer 503 until it is up.
+fn lease_store(options: &Options) -> Result<Arc<dyn egress_lease::LeaseStore>, Fatal> {
+    let clock = Arc::new(egress_lease::SystemClock);
+    if options.lease_store == "memory" {
+        return Ok(Arc::new(egress_lease::MemoryStore::new(clock, options.lease_cooldown)));
+    }
+    // Two installations sharing one Redis keep apart by their installation id.
+    let prefix = match options.installation_id.as_str() {
+        "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
+        id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
+    };
+    let store = egress_lease_redis::RedisStore::new(&options.lease_store, &prefix, clock, options.lease_cooldown)
+        .map_err(|e| fatal("Failed to set up the lease store", e))?;
+    tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
+    Ok(Arc::new(store))
 }
 
 /// Forgets ended leases and cooldowns every 30 s, until `shutdown`.

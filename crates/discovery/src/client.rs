@@ -101,6 +101,9 @@ pub enum ClientError {
     MethodNotAllowed(String),
     #[error("the operator failed: {0}")]
     Internal(String),
+    /// The shared lease store cannot be reached; nothing was changed. Worth retrying.
+    #[error("lease store unavailable: {0}")]
+    StoreUnavailable(String),
     /// An answer outside the API's contract (a proxy in between, a wrong URL).
     #[error("unexpected answer {status}: {body}")]
     Unexpected { status: u16, body: String },
@@ -151,6 +154,7 @@ fn from_answer(status: u16, body: &str) -> ClientError {
         "not_found" => ClientError::NotFound(e.message),
         "method_not_allowed" => ClientError::MethodNotAllowed(e.message),
         "internal" => ClientError::Internal(e.message),
+        "store_unavailable" => ClientError::StoreUnavailable(e.message),
         _ => ClientError::Unexpected {
             status,
             body: body.chars().take(MAX_UNEXPECTED).collect(),

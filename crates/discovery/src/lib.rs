@@ -4,7 +4,7 @@
 //! ```text
 //! GET    /healthz                  200 ok (never authenticated)
 //! GET    /v1/proxies               {"proxies": [view...], "count": n}
-//! POST   /v1/leases                201 grant | 409 no_match
+//! POST   /v1/leases                201 grant | 409 no_match | 503 store_unavailable
 //! DELETE /v1/leases/{id}           204, always
 //! POST   /v1/leases/{id}/report    204 | 404 unknown_lease
 //! ```
@@ -15,12 +15,16 @@
 //! `{"error": "<code>", "message": "<text>"}`; no client mistake is a 500.
 //!
 //! The API knows no Kubernetes: it reads proxies through [`ProxyDirectory`] and leases through
-//! [`egress_lease::LeaseStore`].
+//! [`egress_lease::LeaseStore`]. A store that lives elsewhere (Redis) and cannot be reached
+//! makes the lease routes and the list answer `503 store_unavailable`, having changed nothing;
+//! [`publish_view`] shares this replica's proxies with the other replicas through such a store.
 
 mod api;
 pub mod client;
 pub mod openapi;
 mod server;
+pub mod view;
 
 pub use api::{Api, ProxyDirectory, ProxyInfo};
 pub use server::{MAX_BODY, serve};
+pub use view::publish_view;

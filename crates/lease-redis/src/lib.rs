@@ -21,6 +21,8 @@
 //! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again
 //! by itself at the next call once Redis is back.
 
+pub mod local;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

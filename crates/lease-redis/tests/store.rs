@@ -52,3 +52,67 @@ impl suite::Backend for Redis {
 }
 
 lease_store_suite!(Redis);
+
+fn one(id: &str, max: i32) -> Vec<suite::P> {
+    vec![suite::proxy(id, 1, max)]
+}
+
+#[tokio::test]
+async fn the_published_view_decides_capacity_and_health_for_every_replica() {
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let clock = ManualClock::new(suite::start());
+    let store =
+        |c: &ManualClock| RedisStore::new(&url, &prefix, Arc::new(c.clone()), suite::COOLDOWN).expect("a store");
+    let (a, b) = (store(&clock), store(&clock));
+    // The leader published capacity 1; a replica with a stale view of 5 still grants only 1.
+    a.publish_view(&[egress_lease::ViewEntry {
+        id: "ns/p".into(),
+        healthy: true,
+        latency_millis: 7,
+        max_leases: 1,
+    }])
+    .await
+    .expect("publish");
+    suite::acquire(&b, &one("ns/p", 5), &suite::req(None))
+        .await
+        .expect("the one slot");
+    let refused = suite::acquire(&b, &one("ns/p", 5), &suite::req(None))
+        .await
+        .expect_err("full");
+    assert_eq!(refused.at_capacity, 1);
+    // Published unhealthy: nobody leases it, whatever a replica believes.
+    a.publish_view(&[egress_lease::ViewEntry {
+        id: "ns/p".into(),
+        healthy: false,
+        latency_millis: 7,
+        max_leases: 5,
+    }])
+    .await
+    .expect("publish");
+    let refused = suite::acquire(&b, &one("ns/p", 5), &suite::req(None))
+        .await
+        .expect_err("unhealthy");
+    assert_eq!(refused.unhealthy, 1);
+    // An empty view: the replicas' own values again.
+    a.publish_view(&[]).await.expect("publish");
+    suite::acquire(&b, &one("ns/p", 5), &suite::req(None))
+        .await
+        .expect("capacity 5 again");
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_is_a_store_error_without_the_password() {
+    // Nothing listens on port 1.
+    let s = RedisStore::new(
+        "redis://:s3cret-pw@127.0.0.1:1/0",
+        "x:",
+        Arc::new(egress_lease::SystemClock),
+        suite::COOLDOWN,
+    )
+    .expect("a store: it connects lazily");
+    let e = s.release("L").await.expect_err("no Redis");
+    assert!(!e.to_string().contains("s3cret-pw"), "{e}");
+    assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+    assert!(!format!("{s:?}").contains("s3cret-pw"));
+}

@@ -1,0 +1,113 @@
+//! A redis-server of a test's or bench's own, on a free loopback port, with its files in a
+//! scratch directory: started, killed (as a crash would) and started again on the same port
+//! and files. Persistence is what docs/operations.md recommends: an append-only file written
+//! before each answer (`appendfsync always`), so a crash loses no acknowledged lease.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A local redis-server. Killed, and its files removed, when dropped.
+#[derive(Debug)]
+pub struct LocalRedis {
+    child: Option<Child>,
+    binary: PathBuf,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// Where Debian puts redis-server, if it is there.
+pub fn binary() -> Option<PathBuf> {
+    ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+fn answers(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+impl LocalRedis {
+    /// Starts one with the append-only file on, and waits until it answers (at most 10 s).
+    ///
+    /// # Errors
+    /// No redis-server binary, or it did not start.
+    pub fn start() -> Result<Self, String> {
+        let binary = binary().ok_or("redis-server is not installed (apt-get install redis-server)")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port: {e}"))?
+            .port();
+        let dir = std::env::temp_dir().join(format!("egress-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut redis = Self {
+            child: None,
+            binary,
+            port,
+            dir,
+        };
+        redis.start_again()?;
+        Ok(redis)
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Its directory (the append-only file is there).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Kills it with SIGKILL, as a crash would, and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it (again) on the same port and files, and waits until it answers (at most 10 s).
+    ///
+    /// # Errors
+    /// It did not start.
+    pub fn start_again(&mut self) -> Result<(), String> {
+        self.kill();
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", self.binary.display()))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !answers(self.port) {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                return Err(format!("redis-server exited: {status}"));
+            }
+            if Instant::now() > deadline {
+                return Err("redis-server did not answer within 10 s".to_owned());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
