@@ -164,6 +164,17 @@ fn discovery(root: &Path, release: bool) -> Result<()> {
         cell(12)
     );
     println!("| API rate / ceiling (target at least 50 %) | {} |", cell(13));
+    println!(
+        "| on the Redis lease store (local redis-server, appendfsync always): pairs per second | {} |",
+        cell(14)
+    );
+    println!(
+        "| on Redis: acquire p50 / p99, release p50 / p99 | {} ms / {} ms, {} ms / {} ms |",
+        cell(15),
+        cell(16),
+        cell(17),
+        cell(18)
+    );
     Ok(())
 }
 

@@ -134,7 +134,11 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
             vec!["for flag -max-lease-ttl: must be more than 0"],
         ),
         (vec!["--lease-cooldown=soon"], 2, vec!["time: invalid duration"]),
-        (vec!["--lease-store=etcd://x"], 2, vec!["must be memory or a redis:// URL"]),
+        (
+            vec!["--lease-store=etcd://x"],
+            2,
+            vec!["must be memory or a redis:// URL"],
+        ),
         (
             vec![&empty, &missing_ca],
             1,

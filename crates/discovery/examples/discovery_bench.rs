@@ -1,8 +1,9 @@
 //! The discovery API's figures, for `cargo xtask bench`: on loopback, with 10 000 proxies and 64
 //! concurrent clients each acquiring and releasing leases in a loop, the pairs per second, the
 //! p50/p99 latency of each request (acquire, release) and of a whole pair; next to the same
-//! clients against a trivial hyper handler measured in the same run (this machine's ceiling).
-//! Prints one `|`-separated row.
+//! clients against a trivial hyper handler measured in the same run (this machine's ceiling),
+//! and the same API on the Redis lease store (a local redis-server with the recommended
+//! append-only file, `appendfsync always`). Prints one `|`-separated row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -139,8 +140,9 @@ async fn main() {
         .collect();
     let mut fleet = fleet;
     fleet.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
+    let fleet = Arc::new(fleet);
     let api = Api {
-        directory: Arc::new(Fleet(Arc::new(fleet))),
+        directory: Arc::new(Fleet(fleet.clone())),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         token: None,
@@ -153,6 +155,26 @@ async fn main() {
 
     let ceiling = load(ceiling_base, false).await;
     let api = load(base, true).await;
+    stop.cancel();
+    let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
+    let store = egress_lease_redis::RedisStore::new(
+        &redis.url(),
+        egress_lease_redis::DEFAULT_PREFIX,
+        Arc::new(SystemClock),
+        Duration::from_secs(900),
+    )
+    .expect("a Redis store");
+    let redis_api = Api {
+        directory: Arc::new(Fleet(fleet)),
+        store: Arc::new(store),
+        max_ttl: Duration::from_secs(3600),
+        token: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redis_base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, Arc::new(redis_api), stop.clone()));
+    let on_redis = load(redis_base, true).await;
     stop.cancel();
     let cells = [
         PROXIES.to_string(),
@@ -169,6 +191,11 @@ async fn main() {
         format!("{:.2}", quantile(&ceiling.acquire, 0.99)),
         format!("{:.2}", quantile(&ceiling.pair, 0.99)),
         format!("{:.0} %", api.pairs_per_second / ceiling.pairs_per_second * 100.0),
+        format!("{:.0}", on_redis.pairs_per_second),
+        format!("{:.2}", quantile(&on_redis.acquire, 0.5)),
+        format!("{:.2}", quantile(&on_redis.acquire, 0.99)),
+        format!("{:.2}", quantile(&on_redis.release, 0.5)),
+        format!("{:.2}", quantile(&on_redis.release, 0.99)),
     ];
     println!("{}", cells.join("|"));
 }

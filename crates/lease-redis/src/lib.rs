@@ -38,6 +38,9 @@ use redis::{Script, Value};
 pub const DEFAULT_PREFIX: &str = "egress-proxy:";
 /// The most one store call may take, connecting included.
 pub const CALL_BUDGET: Duration = Duration::from_secs(3);
+/// Candidates sent to Redis per acquire script run. The first idle eligible candidate ends the
+/// search, so on a fleet with free proxies one batch is all it takes.
+pub const BATCH: usize = 256;
 /// How long a published view stays without being published again.
 pub const VIEW_LIFETIME: Duration = Duration::from_secs(300);
 
@@ -158,6 +161,20 @@ impl RedisStore {
         }
     }
 
+    /// Runs the acquire script on one batch with a fresh lease id in `args[3]`, again with
+    /// another id in the (theoretical) case the first is taken. Answers codes 0, 1 or 3.
+    async fn acquire_batch(&self, args: &mut [String]) -> Result<Vec<Value>, StoreError> {
+        // 128 random bits do not collide in practice; the script checks all the same.
+        for _ in 0..3 {
+            args[3] = lease_id();
+            let answer: Vec<Value> = self.run(&self.scripts.acquire, args).await?;
+            if int(answer.first())? != 2 {
+                return Ok(answer);
+            }
+        }
+        Err(StoreError("three lease ids in a row were taken".to_owned()))
+    }
+
     fn remember_total(&self, total: i64) {
         self.last_total
             .store(usize::try_from(total).unwrap_or(0), Ordering::Relaxed);
@@ -167,6 +184,15 @@ impl RedisStore {
 fn int(v: Option<&Value>) -> Result<i64, StoreError> {
     match v {
         Some(Value::Int(n)) => Ok(*n),
+        other => Err(StoreError(format!(
+            "unexpected answer from the acquire script: {other:?}"
+        ))),
+    }
+}
+
+fn text(v: Option<&Value>) -> Result<String, StoreError> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
         other => Err(StoreError(format!(
             "unexpected answer from the acquire script: {other:?}"
         ))),
@@ -184,42 +210,66 @@ impl LeaseStore for RedisStore {
         candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        let now = self.now();
-        let mut args = vec![
-            now.to_string(),
-            duration_millis(req.ttl).to_string(),
-            req.target.clone().filter(|t| !t.is_empty()).unwrap_or_default(),
-            String::new(),
-            duration_millis(self.cooldown).to_string(),
-            String::new(),
-        ];
-        let mut n = 0usize;
-        for c in candidates {
-            n += 1;
-            args.push(c.id.to_owned());
-            args.push(if c.healthy { "1" } else { "0" }.to_owned());
-            args.push(c.latency_millis.to_string());
-            args.push(c.max_leases.to_string());
-        }
-        args[5] = n.to_string();
-        // 128 random bits do not collide in practice; the script checks all the same.
-        for _ in 0..3 {
-            args[3] = lease_id();
-            let answer: Vec<Value> = self.run(&self.scripts.acquire, &args).await?;
+        let now = self.now().to_string();
+        let ttl = duration_millis(req.ttl).to_string();
+        let target = req.target.clone().filter(|t| !t.is_empty()).unwrap_or_default();
+        let retention = duration_millis(self.cooldown).to_string();
+        let mut refused = NoMatch::default();
+        // The best candidate of the batches so far when none was idle: checked again, atomically,
+        // with the next batch.
+        let mut carried: Option<Candidate<'c>> = None;
+        let mut candidates = candidates.peekable();
+        loop {
+            let mut batch: Vec<(Candidate<'c>, bool)> = carried.take().map(|c| (c, false)).into_iter().collect();
+            batch.extend(candidates.by_ref().take(BATCH).map(|c| (c, true)));
+            let last = candidates.peek().is_none();
+            let mut args = vec![
+                now.clone(),
+                ttl.clone(),
+                target.clone(),
+                String::new(),
+                retention.clone(),
+                batch.len().to_string(),
+                if last { "1" } else { "0" }.to_owned(),
+            ];
+            for (c, counted) in &batch {
+                args.push(c.id.to_owned());
+                args.push(if c.healthy { "1" } else { "0" }.to_owned());
+                args.push(c.latency_millis.to_string());
+                args.push(c.max_leases.to_string());
+                args.push(if *counted { "1" } else { "0" }.to_owned());
+            }
+            let answer = self.acquire_batch(&mut args).await?;
+            let counts = |a: &[Value]| -> Result<NoMatch, StoreError> {
+                Ok(NoMatch {
+                    considered: count(a.get(1))?,
+                    at_capacity: count(a.get(2))?,
+                    in_cooldown: count(a.get(3))?,
+                    unhealthy: count(a.get(4))?,
+                })
+            };
             match int(answer.first())? {
                 0 => {
-                    return Ok(Err(NoMatch {
-                        considered: count(answer.get(1))?,
-                        at_capacity: count(answer.get(2))?,
-                        in_cooldown: count(answer.get(3))?,
-                        unhealthy: count(answer.get(4))?,
-                    }));
+                    let n = counts(&answer)?;
+                    refused.considered += n.considered;
+                    refused.at_capacity += n.at_capacity;
+                    refused.in_cooldown += n.in_cooldown;
+                    refused.unhealthy += n.unhealthy;
+                    return Ok(Err(refused));
                 }
-                1 => {
-                    let proxy_id = match answer.get(1) {
-                        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                        other => return Err(StoreError(format!("unexpected proxy id from Redis: {other:?}"))),
-                    };
+                3 => {
+                    let n = counts(&answer)?;
+                    refused.considered += n.considered;
+                    refused.at_capacity += n.at_capacity;
+                    refused.in_cooldown += n.in_cooldown;
+                    refused.unhealthy += n.unhealthy;
+                    let best = text(answer.get(5))?;
+                    // Counted as considered here; the next batch only sorts it into a bucket if
+                    // it is refused there.
+                    carried = batch.into_iter().map(|(c, _)| c).find(|c| c.id == best);
+                }
+                _ => {
+                    let proxy_id = text(answer.get(1))?;
                     let expires = u64::try_from(int(answer.get(3))?).unwrap_or(0);
                     self.remember_total(int(answer.get(4))?);
                     return Ok(Ok(Grant {
@@ -230,10 +280,8 @@ impl LeaseStore for RedisStore {
                         active_leases: count(answer.get(2))?,
                     }));
                 }
-                _ => continue,
             }
         }
-        Err(StoreError("three lease ids in a row were taken".to_owned()))
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {

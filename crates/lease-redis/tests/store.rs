@@ -116,3 +116,38 @@ async fn an_unreachable_redis_is_a_store_error_without_the_password() {
     assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
     assert!(!format!("{s:?}").contains("s3cret-pw"));
 }
+
+#[tokio::test]
+async fn a_fleet_larger_than_a_batch_is_searched_whole() {
+    let Some(url) = redis_url() else { return };
+    let clock = ManualClock::new(suite::start());
+    let s = RedisStore::new(&url, &fresh_prefix(), Arc::new(clock), suite::COOLDOWN).expect("a store");
+    let n = egress_lease_redis::BATCH * 2 + 10;
+    // Every proxy holds one lease but the last, which is idle: it must be found.
+    let fleet: Vec<suite::P> = (0..n)
+        .map(|i| suite::proxy(&format!("ns/p{i:04}"), i as i64, 2))
+        .collect();
+    let mut granted = std::collections::HashSet::new();
+    for _ in 0..n {
+        let g = suite::acquire(&s, &fleet, &suite::req(None)).await.expect("a lease");
+        assert!(
+            granted.insert(g.proxy_id.clone()),
+            "{} twice before every proxy had one",
+            g.proxy_id
+        );
+    }
+    // All hold one: the fewest leases, then the lowest latency.
+    let g = suite::acquire(&s, &fleet, &suite::req(None))
+        .await
+        .expect("a second lease");
+    assert_eq!((g.proxy_id.as_str(), g.active_leases), ("ns/p0000", 2));
+    for _ in 1..n {
+        suite::acquire(&s, &fleet, &suite::req(None))
+            .await
+            .expect("a second lease");
+    }
+    let refused = suite::acquire(&s, &fleet, &suite::req(None))
+        .await
+        .expect_err("all full");
+    assert_eq!((refused.considered, refused.at_capacity), (n, n));
+}

@@ -1,13 +1,17 @@
--- Grants a lease on the best eligible candidate, as one atomic step.
+-- Grants a lease on the best eligible candidate of a batch, as one atomic step.
 -- ARGV: prefix, now (ms), ttl (ms), target ('' for none), lease id, retention (ms), n,
---       then n times: id, healthy ('1'/'0'), latency (ms), max leases.
+--       final ('1': the last batch), then n times: id, healthy ('1'/'0'), latency (ms),
+--       max leases, counted ('0' for a candidate carried over from an earlier batch, already
+--       counted as considered there).
 -- The published view (HASH <prefix>view: id -> "healthy,latency,max") wins over the caller's
--- values. Candidates come in the caller's (latency, id) order; the first idle eligible one
--- ends the search.
+-- values. Candidates come in the caller's (latency, id) order; the first idle eligible one is
+-- the best there is and ends the search. Without one, a batch that is not the last returns
+-- its best candidate for the caller to carry into the next batch.
 -- Returns {0, considered, at capacity, in cooldown, unhealthy} when nothing is eligible,
--- {2} when the lease id is taken, {1, proxy, its active leases, expires (ms), all active}.
+-- {2} when the lease id is taken, {3, considered, at capacity, in cooldown, unhealthy, best or
+-- ''} to go on with the next batch, {1, proxy, its active leases, expires (ms), all active}.
 local p, now, ttl, target, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local retention, n = tonumber(ARGV[6]), tonumber(ARGV[7])
+local retention, n, final = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
 
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
@@ -15,15 +19,17 @@ end
 
 local considered, at_capacity, cooling, unhealthy = 0, 0, 0, 0
 local best, best_active, best_latency
+local idle = false
 for i = 0, n - 1 do
-  local b = 8 + i * 4
+  local b = 9 + i * 5
   local id, healthy, latency, max = ARGV[b], ARGV[b + 1] == '1', tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local counted = ARGV[b + 4] == '1'
   local published = redis.call('HGET', p .. 'view', id)
   if published then
     local h, l, m = string.match(published, '^([01]),(%-?%d+),(%-?%d+)$')
     if h then healthy, latency, max = h == '1', tonumber(l), tonumber(m) end
   end
-  considered = considered + 1
+  if counted then considered = considered + 1 end
   if not healthy then
     unhealthy = unhealthy + 1
   else
@@ -44,11 +50,12 @@ for i = 0, n - 1 do
           or (active == best_active and (latency < best_latency or (latency == best_latency and id < best))) then
           best, best_active, best_latency = id, active, latency
         end
-        if active == 0 then break end
+        if active == 0 then idle = true; break end
       end
     end
   end
 end
+if not idle and not final then return {3, considered, at_capacity, cooling, unhealthy, best or ''} end
 if best == nil then return {0, considered, at_capacity, cooling, unhealthy} end
 
 local lease_key = p .. 'lease:' .. lease
