@@ -126,3 +126,37 @@ async fn real_answers_validate_against_the_documented_schemas() {
         check("Error", &error);
     }
 }
+
+#[tokio::test]
+async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
+    // A Redis store on a port where nothing listens.
+    let store = egress_lease_redis::RedisStore::new(
+        "redis://127.0.0.1:1",
+        "x:",
+        Arc::new(SystemClock),
+        Duration::from_secs(900),
+    )
+    .expect("a store: it connects lazily");
+    let (url, _stop) = serve_on_loopback(Api {
+        directory: Arc::new(Fixed::new(vec![info("ns/a", true, 12, 1, &[])])),
+        store: Arc::new(store),
+        max_ttl: Duration::from_secs(3600),
+        token: None,
+    })
+    .await;
+    let doc = egress_discovery::openapi::document();
+    let error = validator(doc, "Error");
+    for (method, path, body) in [
+        ("GET", "/v1/proxies", None),
+        ("POST", "/v1/leases", Some("{}")),
+        ("DELETE", "/v1/leases/L", None),
+        ("POST", "/v1/leases/L/report", Some(r#"{"result": "banned"}"#)),
+    ] {
+        let (status, answer) = call(&url, method, path, body).await;
+        assert_eq!(status, 503, "{method} {path}: {answer}");
+        assert_eq!(answer["error"], "store_unavailable");
+        assert!(error.is_valid(&answer), "{answer}");
+        let documented = doc["paths"][path.replace("/L", "/{id}")][method.to_lowercase()]["responses"]["503"].clone();
+        assert!(!documented.is_null(), "{method} {path} does not document its 503");
+    }
+}
