@@ -304,3 +304,95 @@ async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
         op.output()
     );
 }
+
+/// With `--lease-store=redis://…`: the leader publishes its proxies to Redis, leases are
+/// decided there, and a Redis that goes away makes the lease API answer 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_keeps_leases_in_redis() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if egress_lease_redis::local::binary().is_none() {
+        assert!(
+            !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
+            "redis-server is required here (cargo xtask test installs it)"
+        );
+        eprintln!("SKIPPED: no redis-server");
+        return;
+    }
+    let mut redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server");
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster("redis", "providers: []\n").await;
+    let store_flag = format!("--lease-store={}", redis.url());
+    let mut op = Operator::start(
+        &operator_binary(),
+        &[
+            &providers_flag,
+            &store_flag,
+            "--installation-id=blue",
+            "--health-probe-bind-address=0",
+            "--metrics-bind-address=0",
+            "--zap-encoder=json",
+            "--discovery-addr=127.0.0.1:0",
+        ],
+        &[("KUBECONFIG", kubeconfig.as_str())],
+    );
+    let kept = op.wait_msg("Leases are kept in Redis");
+    assert_eq!(kept["prefix"], "egress-proxy:blue:");
+    let discovery = served(&op.wait_msg("Serving the discovery API"));
+    op.wait_msg("Starting manager");
+    let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
+    let proxy = Proxy::new(
+        "outside",
+        ProxySpec {
+            mode: egress_api::Mode::External,
+            endpoint: Some(egress_api::Endpoint {
+                host: "127.0.0.1".into(),
+                port: Some(1),
+            }),
+            ..Default::default()
+        },
+    );
+    proxies.create(&PostParams::default(), &proxy).await.unwrap();
+    // The leader's view reaches Redis.
+    let mut redis_conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let view: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg("egress-proxy:blue:view")
+            .query_async(&mut redis_conn)
+            .await
+            .unwrap();
+        if view.contains_key("default/outside") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no published view: {view:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lease = |body: &'static str| {
+        let url = format!("http://{discovery}/v1/leases");
+        async move {
+            let r = reqwest::Client::new().post(url).body(body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, answer) = lease("{}").await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(answer["considered"], 1, "{answer}");
+    redis.kill();
+    let (status, answer) = lease("{}").await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (503, Some("store_unavailable")),
+        "{answer}"
+    );
+    op.terminate();
+    let status = op.wait_exit();
+    assert_eq!(status.code(), Some(0), "{}", op.output());
+}
