@@ -40,7 +40,7 @@ pub const DEFAULT_PREFIX: &str = "egress-proxy:";
 pub const CALL_BUDGET: Duration = Duration::from_secs(3);
 /// Candidates sent to Redis per acquire script run. The first idle eligible candidate ends the
 /// search, so on a fleet with free proxies one batch is all it takes.
-pub const BATCH: usize = 256;
+pub const BATCH: usize = 64;
 /// How long a published view stays without being published again.
 pub const VIEW_LIFETIME: Duration = Duration::from_secs(300);
 

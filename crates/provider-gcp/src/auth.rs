@@ -254,11 +254,19 @@ impl Tokens {
             }
             Err(e) => return Err(transient(format!("reading credential file {shown}: {}", e.kind()))),
         };
-        // serde's message could quote the content: say only what kind of file it is not.
+        // serde's message could quote the content: say only what kind of file it is, by its
+        // `type` (not a secret) when it has one.
         let key: KeyFile = serde_json::from_slice(&text).map_err(|_| {
-            permanent(format!(
-                "credential file {shown} is not a service_account or authorized_user JSON key (external_account and impersonation are not supported)"
-            ))
+            let kind = serde_json::from_slice::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_owned));
+            permanent(match kind {
+                Some(kind) if kind != "service_account" && kind != "authorized_user" => format!(
+                    "credential file {shown} is of type {:?}: only service_account and authorized_user are supported",
+                    kind.chars().take(40).collect::<String>()
+                ),
+                _ => format!("credential file {shown} is not a usable service_account or authorized_user JSON key"),
+            })
         })?;
         match key {
             KeyFile::ServiceAccount {

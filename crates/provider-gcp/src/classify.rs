@@ -141,6 +141,9 @@ pub enum Failure {
         /// The transport timeout fired.
         timed_out: bool,
     },
+    /// An answer that is not the API's: a body that does not decode, or is too large. Not
+    /// retried.
+    Undecodable(String),
     /// No access token could be had, so no request was sent.
     Token {
         /// What happened (never the key or a token).
@@ -157,6 +160,7 @@ impl fmt::Display for Failure {
         match self {
             Self::Api(e) => e.fmt(f),
             Self::Transport { message, .. } => write!(f, "no answer: {message}"),
+            Self::Undecodable(message) => write!(f, "unusable answer: {message}"),
             Self::Token { message, .. } => write!(f, "no access token: {message}"),
             Self::Interrupted(why) => f.write_str(why),
         }
@@ -206,7 +210,7 @@ pub fn check_reason(f: &Failure, round_over: bool) -> &'static str {
     match f {
         _ if round_over => REASON_TIMEOUT,
         Failure::Interrupted(_) | Failure::Transport { timed_out: true, .. } => REASON_TIMEOUT,
-        Failure::Transport { .. } | Failure::Token { .. } => REASON_UNREACHABLE,
+        Failure::Transport { .. } | Failure::Token { .. } | Failure::Undecodable(_) => REASON_UNREACHABLE,
         Failure::Api(e) if e.status == 401 => REASON_UNAUTHORIZED,
         Failure::Api(e) if e.status == 403 => REASON_FORBIDDEN,
         Failure::Api(_) => REASON_API_ERROR,

@@ -51,7 +51,8 @@ pub fn transport_text(e: &reqwest::Error) -> String {
     egress_provider::redact(&text)
 }
 
-fn transport(e: &reqwest::Error) -> Failure {
+/// A transport error as a [`Failure`], telling a timeout apart.
+pub fn transport(e: &reqwest::Error) -> Failure {
     Failure::Transport {
         message: transport_text(e),
         timed_out: e.is_timeout(),
@@ -61,12 +62,13 @@ fn transport(e: &reqwest::Error) -> Failure {
 /// The body of `response`, refusing more than `limit` bytes.
 ///
 /// # Errors
-/// The body broke off, or is too large.
-pub async fn read_capped(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
+/// The body broke off or timed out ([`Failure::Transport`]), or is too large
+/// ([`Failure::Undecodable`]).
+pub async fn read_capped(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, Failure> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| transport_text(&e))? {
+    while let Some(chunk) = response.chunk().await.map_err(|e| transport(&e))? {
         if body.len() + chunk.len() > limit {
-            return Err(format!("answer over {limit} bytes"));
+            return Err(Failure::Undecodable(format!("answer over {limit} bytes")));
         }
         body.extend_from_slice(&chunk);
     }
@@ -219,12 +221,7 @@ impl Client {
             let response = request.send().await.map_err(|e| transport(&e))?;
             let status = response.status().as_u16();
             tracing::Span::current().record("http.response.status_code", status);
-            let bytes = read_capped(response, MAX_ANSWER)
-                .await
-                .map_err(|message| Failure::Transport {
-                    message,
-                    timed_out: false,
-                })?;
+            let bytes = read_capped(response, MAX_ANSWER).await?;
             wire::response(method.as_str(), url.as_str(), status, &bytes, self.wire, sent_secret);
             if !(200..300).contains(&status) {
                 return Err(Failure::Api(ApiError::from_body(status, &bytes)));
@@ -232,10 +229,7 @@ impl Client {
             if bytes.is_empty() {
                 return Ok(Value::Null);
             }
-            serde_json::from_slice(&bytes).map_err(|e| Failure::Transport {
-                message: format!("undecodable answer: {e}"),
-                timed_out: false,
-            })
+            serde_json::from_slice(&bytes).map_err(|e| Failure::Undecodable(format!("undecodable answer: {e}")))
         }
         .instrument(span)
         .await;

@@ -21,22 +21,24 @@ use crate::id;
 use crate::settings::{Settings, placement};
 use crate::state::ApiInstance;
 
-/// The budget of one provider call's API traffic (a token refresh and a read's retries
-/// included).
+/// The budget of one create, get or delete, all its requests together (a token refresh and a
+/// read's retries included), and of each page of a list.
 pub const CALL_BUDGET: Duration = Duration::from_secs(60);
 /// The list filter on the managed mark.
 pub const MANAGED_FILTER: &str = "labels.proxy-operator-managed = true";
 /// The most pages one listing reads (500 instances each).
 pub const MAX_LIST_PAGES: usize = 1000;
-/// The most insert operations remembered at once (one per Proxy being created).
+/// The most insert operations remembered at once (one per Proxy being created); past it, the
+/// requestId generations older than [`REQUEST_ID_MEMORY`] are dropped too.
 pub const MAX_REMEMBERED_INSERTS: usize = 10_000;
+/// How long the API remembers a requestId (about an hour), with a margin.
+pub const REQUEST_ID_MEMORY: Duration = Duration::from_secs(2 * 3600);
 
 /// An insert the API accepted, kept until get sees its instance, its failure is reported, or
 /// the instance is deleted.
 #[derive(Clone, Debug)]
 struct Submitted {
     operation: String,
-    uid: String,
     at: Instant,
 }
 
@@ -44,9 +46,10 @@ struct Submitted {
 struct Memory {
     /// By providerID.
     inserts: HashMap<String, Submitted>,
-    /// How many times each providerID's insert was superseded (deleted, or failed): part of the
-    /// requestId, so a new insert after a delete is not answered with the old operation.
-    generations: HashMap<String, u64>,
+    /// How many times each providerID's insert was superseded (deleted, failed or finished and
+    /// gone), and when last: part of the requestId, so a new insert after a delete is not
+    /// answered with the old operation. Forgotten once the API has forgotten the requestId.
+    generations: HashMap<String, (u64, Instant)>,
 }
 
 struct Inner {
@@ -168,17 +171,21 @@ impl GcpProvider {
     }
 
     fn generation(&self, id: &str) -> u64 {
-        self.memory().generations.get(id).copied().unwrap_or(0)
+        self.memory().generations.get(id).map_or(0, |(g, _)| *g)
     }
 
     /// Forgets `id`'s insert and moves its requestId on.
     fn supersede(&self, id: &str) {
         let mut m = self.memory();
         m.inserts.remove(id);
-        *m.generations.entry(id.to_owned()).or_default() += 1;
+        if m.generations.len() >= MAX_REMEMBERED_INSERTS {
+            m.generations.retain(|_, (_, at)| at.elapsed() < REQUEST_ID_MEMORY);
+        }
+        let entry = m.generations.entry(id.to_owned()).or_insert((0, Instant::now()));
+        *entry = (entry.0 + 1, Instant::now());
     }
 
-    fn remember(&self, id: &str, operation: String, uid: &str) {
+    fn remember(&self, id: &str, operation: String) {
         let mut m = self.memory();
         if m.inserts.len() >= MAX_REMEMBERED_INSERTS
             && let Some(oldest) = m.inserts.iter().min_by_key(|(_, s)| s.at).map(|(k, _)| k.clone())
@@ -189,7 +196,6 @@ impl GcpProvider {
             id.to_owned(),
             Submitted {
                 operation,
-                uid: uid.to_owned(),
                 at: Instant::now(),
             },
         );
@@ -201,7 +207,16 @@ impl GcpProvider {
         let found = self
             .call(cx, Call::Get, &format!("zones/{zone}/instances/{name}"), &[], None, &[])
             .await
-            .map_err(|f| self.error(Op::Create, pid, Call::Get, &f))?;
+            .map_err(|f| {
+                let e = self.error(Op::Create, pid, Call::Get, &f);
+                if e.class() == ErrorClass::NotFound {
+                    // Gone between the 409 and this read: create never answers NotFound.
+                    ProviderError::new(ErrorClass::Transient, Op::Create, &self.inner.entry, pid)
+                        .with_message(format!("the instance vanished while being adopted: {f}"))
+                } else {
+                    e
+                }
+            })?;
         let api: ApiInstance = serde_json::from_value(found).unwrap_or_default();
         if api.labels.get(LABEL_MANAGED).map(String::as_str) != Some(LABEL_MANAGED_YES) {
             return Err(self.permanent(
@@ -221,29 +236,31 @@ impl GcpProvider {
         Ok(())
     }
 
-    /// get found no instance: what the remembered insert says, if there is one.
-    async fn after_not_found(&self, cx: &OpCtx, pid: &str, zone: &str, f: &Failure) -> Result<Instance, ProviderError> {
+    /// What the remembered insert of `pid` says now that its instance is not found, if this
+    /// provider submitted one. A failed or finished insert is forgotten and its requestId moved
+    /// on (the API would answer a new insert with the old operation for about an hour).
+    async fn remembered_insert(&self, cx: &OpCtx, pid: &str, zone: &str) -> Result<Submission, ProviderError> {
         let submitted = self.memory().inserts.get(pid).cloned();
         let Some(submitted) = submitted else {
-            return Err(self.error(Op::Get, pid, Call::Get, f));
+            return Ok(Submission::Unknown);
         };
         let path = format!("zones/{zone}/operations/{}", submitted.operation);
         let op = match self.call(cx, Call::Operation, &path, &[], None, &[]).await {
             Ok(v) => serde_json::from_value::<Operation>(v).ok(),
             // The operation is gone (operations expire): nothing more to learn.
-            Err(f2) if classify(&f2, Call::Operation) == ErrorClass::NotFound => None,
-            Err(f2) => {
-                let e = self.error(Op::Get, pid, Call::Operation, &f2);
+            Err(f) if classify(&f, Call::Operation) == ErrorClass::NotFound => None,
+            Err(f) => {
+                let e = self.error(Op::Get, pid, Call::Operation, &f);
                 return Err(
                     ProviderError::new(ErrorClass::Transient, Op::Get, &self.inner.entry, pid)
-                        .with_message(format!("instance not found and its insert operation unreadable: {}", e)),
+                        .with_message(format!("instance not found and its insert operation unreadable: {e}")),
                 );
             }
         };
         match op {
             Some(op) if op.status != "DONE" => {
                 tracing::debug!(provider = %self.inner.entry, id = pid, operation = %op.name, status = %op.status, "gcp insert still in progress");
-                Ok(Instance::new(pid.to_owned(), InstanceState::Provisioning).with_uid(submitted.uid))
+                Ok(Submission::Pending)
             }
             Some(Operation {
                 error: Some(errors),
@@ -261,22 +278,35 @@ impl GcpProvider {
                     .collect::<Vec<_>>()
                     .join("; ");
                 tracing::debug!(provider = %self.inner.entry, id = pid, operation = %name, class = class.label(), error = %detail, "gcp insert failed after it was accepted");
-                Err(ProviderError::new(class, Op::Get, &self.inner.entry, pid)
-                    .with_message(format!("the insert failed after it was accepted: {detail}")))
+                Ok(Submission::Failed(class, detail))
             }
             _ => {
                 // Done without error, or forgotten by the API: the instance was made and is gone.
-                self.memory().inserts.remove(pid);
-                Err(self.error(Op::Get, pid, Call::Get, f))
+                self.supersede(pid);
+                Ok(Submission::Gone)
             }
         }
     }
+}
+
+/// What a remembered insert says about an instance that is not found.
+enum Submission {
+    /// This provider submitted no insert for it (or has forgotten it).
+    Unknown,
+    /// The insert is still running: the instance is on its way.
+    Pending,
+    /// The insert failed after it was accepted: its class and the operation's errors.
+    Failed(ErrorClass, String),
+    /// The insert finished: the instance was made and is gone again.
+    Gone,
 }
 
 #[async_trait]
 impl Provider for GcpProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let op = Op::Create;
+        let budgeted = cx.clone().with_timeout(CALL_BUDGET);
+        let cx = &budgeted;
         let at = placement(&req.placement).map_err(|m| self.permanent(op, "", m))?;
         let pid = id::format(at.zone, &req.name);
         let settings = &self.inner.settings;
@@ -308,7 +338,7 @@ impl Provider for GcpProvider {
                     .to_owned();
                 tracing::debug!(provider = %self.inner.entry, id = %pid, operation = %operation, "gcp insert accepted");
                 if !operation.is_empty() {
-                    self.remember(&pid, operation, &req.uid);
+                    self.remember(&pid, operation);
                 }
             }
             Err(f) if f.is_already_exists() => {
@@ -328,6 +358,8 @@ impl Provider for GcpProvider {
 
     async fn get(&self, cx: &OpCtx, pid: &ProviderId) -> Result<Instance, ProviderError> {
         let op = Op::Get;
+        let budgeted = cx.clone().with_timeout(CALL_BUDGET);
+        let cx = &budgeted;
         let (zone, name) = id::parse(pid.as_str()).map_err(|m| self.permanent(op, pid.as_str(), m))?;
         let path = format!("zones/{zone}/instances/{name}");
         match self.call(cx, Call::Get, &path, &[], None, &[]).await {
@@ -342,7 +374,17 @@ impl Provider for GcpProvider {
                 Ok(instance)
             }
             Err(f) if classify(&f, Call::Get) == ErrorClass::NotFound => {
-                self.after_not_found(cx, pid.as_str(), zone, &f).await
+                match self.remembered_insert(cx, pid.as_str(), zone).await? {
+                    // Not NotFound while the insert runs, or the reconciler would create again.
+                    Submission::Pending => Ok(Instance::new(pid.clone(), InstanceState::Provisioning)),
+                    Submission::Failed(class, detail) => Err(ProviderError::new(class, op, &self.inner.entry, pid.as_str())
+                        .with_message(format!("the insert failed after it was accepted: {detail}"))),
+                    Submission::Unknown | Submission::Gone => {
+                        // Gone: a create from now on is a new request, not a retry.
+                        self.supersede(pid.as_str());
+                        Err(self.error(op, pid.as_str(), Call::Get, &f))
+                    }
+                }
             }
             Err(f) => Err(self.error(op, pid.as_str(), Call::Get, &f)),
         }
@@ -350,6 +392,8 @@ impl Provider for GcpProvider {
 
     async fn delete(&self, cx: &OpCtx, pid: &ProviderId) -> Result<(), ProviderError> {
         let op = Op::Delete;
+        let budgeted = cx.clone().with_timeout(CALL_BUDGET);
+        let cx = &budgeted;
         let (zone, name) = id::parse(pid.as_str()).map_err(|m| self.permanent(op, pid.as_str(), m))?;
         let path = format!("zones/{zone}/instances/{name}");
         let result = self.call(cx, Call::Delete, &path, &[], None, &[]).await;
@@ -361,6 +405,11 @@ impl Provider for GcpProvider {
                 Ok(())
             }
             Err(f) if classify(&f, Call::Delete) == ErrorClass::NotFound => {
+                // An insert still running would make the instance after this "success".
+                if let Submission::Pending = self.remembered_insert(cx, pid.as_str(), zone).await? {
+                    return Err(ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, pid.as_str())
+                        .with_message("the instance's insert is still running; delete again once it has made the instance"));
+                }
                 self.supersede(pid.as_str());
                 tracing::debug!(provider = %self.inner.entry, id = %pid, "gcp instance already gone");
                 Ok(())

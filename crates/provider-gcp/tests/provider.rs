@@ -233,7 +233,10 @@ async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
     let id = p.create(&cx(), &req).await.expect("accepted");
     // The operation runs: the instance is not there yet, and that is Provisioning, not NotFound.
     let i = p.get(&cx(), &id).await.expect("pending");
-    assert_eq!((i.state, i.uid.as_str()), (InstanceState::Provisioning, "async-fail-1"));
+    assert_eq!((i.state, i.uid.as_str()), (InstanceState::Provisioning, ""), "nothing from memory but the state");
+    // A delete now would "succeed" on a name the insert is about to take: it is refused.
+    let e = p.delete(&cx(), &id).await.expect_err("the insert still runs");
+    assert_eq!(e.class(), ErrorClass::Transient, "{e}");
     b.fake.with(|w| w.stall_inserts(false));
     let e = get_until(&p, &id, Result::is_err).await.expect_err("the failure");
     assert_eq!(e.class(), ErrorClass::QuotaExceeded, "{e}");
@@ -423,6 +426,9 @@ async fn a_bad_placement_fetches_no_token() {
 async fn the_wire_log_never_shows_user_data_or_tokens_even_with_full_payloads() {
     const SENTINEL: &str = "SENTINEL-gcp-user-data-5d1e";
     let (capture, _guard) = Capture::start();
+    // Under a caller's span, so the client spans are there to be checked too.
+    let parent = tracing::info_span!("test.parent");
+    let _inside = parent.enter();
     let b = GcpBackend::new().await;
     let p = b.provider("gcp-eu", WireOptions { full_payloads: true });
     let mut req = request_in("wire-1", ZONE);
@@ -446,7 +452,12 @@ async fn the_wire_log_never_shows_user_data_or_tokens_even_with_full_payloads() 
         )
         .await
         .expect_err("refused");
-    assert!(!e.to_string().contains(SENTINEL), "{e}");
+    assert!(!format!("{e} {e:?}").contains(SENTINEL), "{e}");
+    assert!(!format!("{e} {e:?}").contains("ya29.fake"), "{e}");
+    assert!(
+        capture.spans().iter().any(|s| s.name == "gcp.http"),
+        "no client span to check"
+    );
     let wire: Vec<_> = capture
         .events()
         .into_iter()
@@ -473,4 +484,25 @@ impl WithCloudInit for CreateRequest {
         r.cloud_init = cloud_init.to_vec();
         r
     }
+}
+
+#[tokio::test]
+async fn a_finished_insert_whose_instance_is_gone_moves_the_request_id_on() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let req = request_in("vanished-1", ZONE);
+    let id = p.create(&cx(), &req).await.expect("create");
+    // Deleted behind the provider's back once its insert has finished.
+    get_until(&p, &id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running)).await.expect("running");
+    b.fake.with(|w| {
+        let vm = w.vm(&req.name).expect("the instance");
+        vm.status = "RUNNING".into();
+    });
+    let other = b.provider("gcp-eu", WireOptions::default());
+    other.delete(&cx(), &id).await.expect("deleted by another replica");
+    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound)).await.ok();
+    p.create(&cx(), &req).await.expect("create again");
+    running(&p, &id).await;
+    let inserts = seen(&b, "POST", "/instances");
+    assert_ne!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
 }

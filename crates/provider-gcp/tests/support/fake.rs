@@ -851,7 +851,12 @@ fn insert(w: &mut World, zone: &str, query: &BTreeMap<String, String>, body: Opt
             ));
         }
     }
-    if w.instances.contains_key(&(zone.to_owned(), name.clone())) {
+    // A name is taken from the insert on, not only once the instance shows.
+    let pending = w
+        .operations
+        .values()
+        .any(|op| op.vm.as_ref().is_some_and(|vm| vm.name == name && vm.zone == zone) && op.body["status"] != "DONE");
+    if pending || w.instances.contains_key(&(zone.to_owned(), name.clone())) {
         return error_fixture(
             "409-alreadyExists",
             &format!("projects/{PROJECT}/zones/{zone}/instances/{name}"),
