@@ -344,7 +344,13 @@ where
         };
         set(&mut options, flag, &value).map_err(|reason| FlagError::Invalid {
             flag: name.into(),
-            value: value.clone(),
+            // A password never reaches the error line: a lease store URL is not shown at all
+            // (a malformed one may hide its password from any pattern), others are redacted.
+            value: if flag.name == "lease-store" {
+                "<not shown>".to_owned()
+            } else {
+                egress_provider::redact(&value)
+            },
             reason,
         })?;
     }
@@ -401,6 +407,9 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
 }
 
 fn lease_store(value: &str) -> Result<String, String> {
+    if value.starts_with("rediss://") {
+        return Err("TLS to Redis (rediss://) is not supported in this build; use redis://".to_owned());
+    }
     if value == "memory" || value.starts_with("redis://") && value.len() > "redis://".len() {
         Ok(value.to_owned())
     } else {

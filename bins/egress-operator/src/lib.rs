@@ -541,16 +541,18 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
 /// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
 /// calls answer 503 until it is up.
 fn lease_store(options: &Options) -> Result<Arc<dyn egress_lease::LeaseStore>, Fatal> {
-    let clock = Arc::new(egress_lease::SystemClock);
     if options.lease_store == "memory" {
-        return Ok(Arc::new(egress_lease::MemoryStore::new(clock, options.lease_cooldown)));
+        return Ok(Arc::new(egress_lease::MemoryStore::new(
+            Arc::new(egress_lease::SystemClock),
+            options.lease_cooldown,
+        )));
     }
     // Two installations sharing one Redis keep apart by their installation id.
     let prefix = match options.installation_id.as_str() {
         "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
         id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
     };
-    let store = egress_lease_redis::RedisStore::new(&options.lease_store, &prefix, clock, options.lease_cooldown)
+    let store = egress_lease_redis::RedisStore::new(&options.lease_store, &prefix, options.lease_cooldown)
         .map_err(|e| fatal("Failed to set up the lease store", e))?;
     tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
     Ok(Arc::new(store))

@@ -160,3 +160,12 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
         }
     }
 }
+
+#[test]
+fn a_lease_store_password_never_reaches_the_error_line() {
+    for url in ["rediss://:hunter2-pw@cache:6380", "redis:/user:hunter2-pw@cache"] {
+        let (code, out) = run_to_exit(&operator_binary(), &[&format!("--lease-store={url}")]);
+        assert_eq!(code, Some(2), "{out}");
+        assert!(!out.contains("hunter2-pw"), "{out}");
+    }
+}

@@ -160,7 +160,6 @@ async fn main() {
     let store = egress_lease_redis::RedisStore::new(
         &redis.url(),
         egress_lease_redis::DEFAULT_PREFIX,
-        Arc::new(SystemClock),
         Duration::from_secs(900),
     )
     .expect("a Redis store");

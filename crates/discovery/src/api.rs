@@ -109,7 +109,7 @@ fn store_failed(e: &StoreError, what: &str) -> Answer {
     error(
         503,
         "store_unavailable",
-        "the lease store is unreachable; nothing was changed, try again shortly",
+        "the lease store is unreachable; try again shortly",
     )
 }
 

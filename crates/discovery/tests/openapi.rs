@@ -130,13 +130,8 @@ async fn real_answers_validate_against_the_documented_schemas() {
 #[tokio::test]
 async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
     // A Redis store on a port where nothing listens.
-    let store = egress_lease_redis::RedisStore::new(
-        "redis://127.0.0.1:1",
-        "x:",
-        Arc::new(SystemClock),
-        Duration::from_secs(900),
-    )
-    .expect("a store: it connects lazily");
+    let store = egress_lease_redis::RedisStore::new("redis://127.0.0.1:1", "x:", Duration::from_secs(900))
+        .expect("a store: it connects lazily");
     let (url, _stop) = serve_on_loopback(Api {
         directory: Arc::new(Fixed::new(vec![info("ns/a", true, 12, 1, &[])])),
         store: Arc::new(store),

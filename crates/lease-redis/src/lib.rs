@@ -3,8 +3,8 @@
 //!
 //! Each operation is one Lua script, so Redis runs it atomically: acquire decides capacity,
 //! cooldowns and the selection order inside Redis, and two replicas can never both take a
-//! proxy's last slot. The scripts use the caller's clock (the same injectable clock as the
-//! in-memory store), so replicas should keep their clocks in sync (NTP).
+//! proxy's last slot. The scripts read Redis's own clock, so replicas agree on the time
+//! whatever theirs say (tests inject a clock with [`RedisStore::with_clock`]).
 //!
 //! Keys, under a prefix (default [`DEFAULT_PREFIX`]), each with a TTL so nothing outlives its
 //! use:
@@ -38,8 +38,9 @@ use redis::{Script, Value};
 pub const DEFAULT_PREFIX: &str = "egress-proxy:";
 /// The most one store call may take, connecting included.
 pub const CALL_BUDGET: Duration = Duration::from_secs(3);
-/// Candidates sent to Redis per acquire script run. The first idle eligible candidate ends the
-/// search, so on a fleet with free proxies one batch is all it takes.
+/// Candidates in an acquire's first script run. The first idle eligible candidate ends the
+/// search, so on a fleet with free proxies that run is all it takes; otherwise a second run
+/// gets every candidate.
 pub const BATCH: usize = 64;
 /// How long a published view stays without being published again.
 pub const VIEW_LIFETIME: Duration = Duration::from_secs(300);
@@ -81,7 +82,9 @@ pub struct RedisStore {
     connection: ConnectionManager,
     scripts: Scripts,
     prefix: String,
-    clock: Arc<dyn Clock>,
+    /// The tests' clock; `None` in production: the scripts read Redis's own clock, so every
+    /// replica agrees on the time whatever its own says.
+    clock: Option<Arc<dyn Clock>>,
     cooldown: Duration,
     /// All active leases as of this replica's last call (the scrape-time gauge).
     last_total: AtomicUsize,
@@ -112,12 +115,13 @@ pub fn shown_url(url: &str) -> String {
 
 impl RedisStore {
     /// A store on the Redis at `url` (`redis://[user:password@]host:port[/db]`), keys under
-    /// `prefix`, with the cooldown window (and lease retention after expiry) `cooldown`.
-    /// Connects lazily: a Redis that is down at start only makes calls fail until it is up.
+    /// `prefix`, with the cooldown window (and lease retention after expiry) `cooldown`, on
+    /// Redis's clock. Connects lazily: a Redis that is down at start only makes calls fail
+    /// until it is up. Must be called inside a tokio runtime.
     ///
     /// # Errors
     /// The URL is not a Redis URL.
-    pub fn new(url: &str, prefix: &str, clock: Arc<dyn Clock>, cooldown: Duration) -> Result<Self, String> {
+    pub fn new(url: &str, prefix: &str, cooldown: Duration) -> Result<Self, String> {
         let shown = shown_url(url);
         let client = redis::Client::open(url).map_err(|e| format!("lease store {shown}: {e}"))?;
         let config = ConnectionManagerConfig::new()
@@ -131,15 +135,25 @@ impl RedisStore {
             connection,
             scripts: Scripts::new(),
             prefix: prefix.to_owned(),
-            clock,
+            clock: None,
             cooldown,
             last_total: AtomicUsize::new(0),
             shown,
         })
     }
 
-    fn now(&self) -> u64 {
-        millis(self.clock.now())
+    /// The same store on `clock` instead of Redis's (tests that move time by hand).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The time the scripts get: the clock's in ms, or "" for Redis's own.
+    fn now(&self) -> String {
+        self.clock
+            .as_ref()
+            .map(|c| millis(c.now()).to_string())
+            .unwrap_or_default()
     }
 
     /// Runs `script` with `args` (after the prefix) within [`CALL_BUDGET`].
@@ -161,18 +175,90 @@ impl RedisStore {
         }
     }
 
-    /// Runs the acquire script on one batch with a fresh lease id in `args[3]`, again with
-    /// another id in the (theoretical) case the first is taken. Answers codes 0, 1 or 3.
-    async fn acquire_batch(&self, args: &mut [String]) -> Result<Vec<Value>, StoreError> {
+    /// One run of the acquire script over `batch`; `None` when the batch had no idle eligible
+    /// proxy and was not `last` (the caller then sends every candidate).
+    async fn acquire_run(
+        &self,
+        batch: &[Candidate<'_>],
+        last: bool,
+        req: &LeaseRequest,
+    ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
+        let mut args = vec![
+            self.now(),
+            duration_millis(req.ttl).to_string(),
+            req.target.clone().filter(|t| !t.is_empty()).unwrap_or_default(),
+            String::new(),
+            duration_millis(self.cooldown).to_string(),
+            batch.len().to_string(),
+            if last { "1" } else { "0" }.to_owned(),
+        ];
+        for c in batch {
+            args.push(c.id.to_owned());
+            args.push(if c.healthy { "1" } else { "0" }.to_owned());
+            args.push(c.latency_millis.to_string());
+            args.push(c.max_leases.to_string());
+        }
         // 128 random bits do not collide in practice; the script checks all the same.
         for _ in 0..3 {
             args[3] = lease_id();
-            let answer: Vec<Value> = self.run(&self.scripts.acquire, args).await?;
-            if int(answer.first())? != 2 {
-                return Ok(answer);
+            let answer: Vec<Value> = match self.run(&self.scripts.acquire, &args).await {
+                Ok(a) => a,
+                Err(e) => {
+                    // The script may have run and granted with its answer lost: that lease is
+                    // given back, so a retried request does not find the slot taken.
+                    self.release_later(args[3].clone());
+                    return Err(e);
+                }
+            };
+            match int(answer.first())? {
+                0 => {
+                    return Ok(Some(Err(NoMatch {
+                        considered: count(answer.get(1))?,
+                        at_capacity: count(answer.get(2))?,
+                        in_cooldown: count(answer.get(3))?,
+                        unhealthy: count(answer.get(4))?,
+                    })));
+                }
+                1 => {
+                    let expires = u64::try_from(int(answer.get(3))?).unwrap_or(0);
+                    self.remember_total(int(answer.get(4))?);
+                    return Ok(Some(Ok(Grant {
+                        lease_id: args[3].clone(),
+                        proxy_id: text(answer.get(1))?,
+                        expires_at: UNIX_EPOCH + Duration::from_millis(expires),
+                        ttl: req.ttl,
+                        active_leases: count(answer.get(2))?,
+                    })));
+                }
+                3 => return Ok(None),
+                _ => continue,
             }
         }
         Err(StoreError("three lease ids in a row were taken".to_owned()))
+    }
+
+    /// Releases `lease_id` in the background, trying for about a minute: the lease an acquire
+    /// may have granted without its answer arriving.
+    fn release_later(&self, lease_id: String) {
+        let (mut connection, script, prefix) = (
+            self.connection.clone(),
+            self.scripts.release.clone(),
+            self.prefix.clone(),
+        );
+        let now = self.now();
+        let shown = self.shown.clone();
+        tokio::spawn(async move {
+            for attempt in 0..8u32 {
+                let mut invocation = script.prepare_invoke();
+                invocation.arg(&prefix).arg(&now).arg(&lease_id);
+                let done = tokio::time::timeout(CALL_BUDGET, invocation.invoke_async::<i64>(&mut connection)).await;
+                if matches!(done, Ok(Ok(_))) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500) * 2u32.pow(attempt.min(4))).await;
+            }
+            tracing::info!(redis = %shown, "a lease whose grant was not answered could not be given back; it ends at its expiry");
+        });
     }
 
     fn remember_total(&self, total: i64) {
@@ -210,83 +296,23 @@ impl LeaseStore for RedisStore {
         candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        let now = self.now().to_string();
-        let ttl = duration_millis(req.ttl).to_string();
-        let target = req.target.clone().filter(|t| !t.is_empty()).unwrap_or_default();
-        let retention = duration_millis(self.cooldown).to_string();
-        let mut refused = NoMatch::default();
-        // The best candidate of the batches so far when none was idle: checked again, atomically,
-        // with the next batch.
-        let mut carried: Option<Candidate<'c>> = None;
-        let mut candidates = candidates.peekable();
-        loop {
-            let mut batch: Vec<(Candidate<'c>, bool)> = carried.take().map(|c| (c, false)).into_iter().collect();
-            batch.extend(candidates.by_ref().take(BATCH).map(|c| (c, true)));
-            let last = candidates.peek().is_none();
-            let mut args = vec![
-                now.clone(),
-                ttl.clone(),
-                target.clone(),
-                String::new(),
-                retention.clone(),
-                batch.len().to_string(),
-                if last { "1" } else { "0" }.to_owned(),
-            ];
-            for (c, counted) in &batch {
-                args.push(c.id.to_owned());
-                args.push(if c.healthy { "1" } else { "0" }.to_owned());
-                args.push(c.latency_millis.to_string());
-                args.push(c.max_leases.to_string());
-                args.push(if *counted { "1" } else { "0" }.to_owned());
-            }
-            let answer = self.acquire_batch(&mut args).await?;
-            let counts = |a: &[Value]| -> Result<NoMatch, StoreError> {
-                Ok(NoMatch {
-                    considered: count(a.get(1))?,
-                    at_capacity: count(a.get(2))?,
-                    in_cooldown: count(a.get(3))?,
-                    unhealthy: count(a.get(4))?,
-                })
-            };
-            match int(answer.first())? {
-                0 => {
-                    let n = counts(&answer)?;
-                    refused.considered += n.considered;
-                    refused.at_capacity += n.at_capacity;
-                    refused.in_cooldown += n.in_cooldown;
-                    refused.unhealthy += n.unhealthy;
-                    return Ok(Err(refused));
-                }
-                3 => {
-                    let n = counts(&answer)?;
-                    refused.considered += n.considered;
-                    refused.at_capacity += n.at_capacity;
-                    refused.in_cooldown += n.in_cooldown;
-                    refused.unhealthy += n.unhealthy;
-                    let best = text(answer.get(5))?;
-                    // Counted as considered here; the next batch only sorts it into a bucket if
-                    // it is refused there.
-                    carried = batch.into_iter().map(|(c, _)| c).find(|c| c.id == best);
-                }
-                _ => {
-                    let proxy_id = text(answer.get(1))?;
-                    let expires = u64::try_from(int(answer.get(3))?).unwrap_or(0);
-                    self.remember_total(int(answer.get(4))?);
-                    return Ok(Ok(Grant {
-                        lease_id: args[3].clone(),
-                        proxy_id,
-                        expires_at: UNIX_EPOCH + Duration::from_millis(expires),
-                        ttl: req.ttl,
-                        active_leases: count(answer.get(2))?,
-                    }));
-                }
-            }
-        }
+        let all: Vec<Candidate<'c>> = candidates.collect();
+        // The first batch holds the best idle proxy on any fleet with free ones; only without
+        // one does Redis get every candidate, in one run, so the choice stays atomic.
+        let first = all.len().min(BATCH);
+        let answer = match self.acquire_run(&all[..first], first == all.len(), req).await? {
+            Some(answer) => answer,
+            None => self
+                .acquire_run(&all, true, req)
+                .await?
+                .ok_or_else(|| StoreError("the final acquire run asked for more".to_owned()))?,
+        };
+        Ok(answer)
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
         let total: i64 = self
-            .run(&self.scripts.release, &[self.now().to_string(), lease_id.to_owned()])
+            .run(&self.scripts.release, &[self.now(), lease_id.to_owned()])
             .await?;
         self.remember_total(total);
         Ok(())
@@ -303,7 +329,7 @@ impl LeaseStore for RedisStore {
             .run(
                 &self.scripts.report,
                 &[
-                    self.now().to_string(),
+                    self.now(),
                     lease_id.to_owned(),
                     kind.to_owned(),
                     target.unwrap_or_default().to_owned(),
@@ -315,7 +341,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
-        let mut args = vec![self.now().to_string()];
+        let mut args = vec![self.now()];
         args.extend(proxies.iter().map(|p| (*p).to_owned()));
         let mut counts: Vec<i64> = self.run(&self.scripts.active, &args).await?;
         if let Some(total) = counts.pop() {
@@ -325,7 +351,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn active_total(&self) -> Result<usize, StoreError> {
-        let counts: Vec<i64> = self.run(&self.scripts.active, &[self.now().to_string()]).await?;
+        let counts: Vec<i64> = self.run(&self.scripts.active, &[self.now()]).await?;
         let total = counts.last().copied().unwrap_or(0);
         self.remember_total(total);
         Ok(usize::try_from(total).unwrap_or(0))
@@ -336,7 +362,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn sweep(&self) -> Result<(), StoreError> {
-        let total: i64 = self.run(&self.scripts.sweep, &[self.now().to_string()]).await?;
+        let total: i64 = self.run(&self.scripts.sweep, &[self.now()]).await?;
         self.remember_total(total);
         Ok(())
     }
@@ -367,13 +393,7 @@ mod tests {
 
     #[test]
     fn a_url_that_is_not_redis_is_refused_at_once() {
-        let e = RedisStore::new(
-            "http://x",
-            DEFAULT_PREFIX,
-            Arc::new(egress_lease::SystemClock),
-            Duration::from_secs(1),
-        )
-        .expect_err("not redis");
+        let e = RedisStore::new("http://x", DEFAULT_PREFIX, Duration::from_secs(1)).expect_err("not redis");
         assert!(e.contains("http://x"), "{e}");
     }
 }

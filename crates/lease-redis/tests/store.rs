@@ -46,7 +46,9 @@ impl suite::Backend for Redis {
     fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>> {
         let url = redis_url()?;
         Some(Arc::new(
-            RedisStore::new(&url, &fresh_prefix(), Arc::new(clock), suite::COOLDOWN).expect("a store"),
+            RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
+                .expect("a store")
+                .with_clock(Arc::new(clock)),
         ))
     }
 }
@@ -62,8 +64,11 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
     let Some(url) = redis_url() else { return };
     let prefix = fresh_prefix();
     let clock = ManualClock::new(suite::start());
-    let store =
-        |c: &ManualClock| RedisStore::new(&url, &prefix, Arc::new(c.clone()), suite::COOLDOWN).expect("a store");
+    let store = |c: &ManualClock| {
+        RedisStore::new(&url, &prefix, suite::COOLDOWN)
+            .expect("a store")
+            .with_clock(Arc::new(c.clone()))
+    };
     let (a, b) = (store(&clock), store(&clock));
     // The leader published capacity 1; a replica with a stale view of 5 still grants only 1.
     a.publish_view(&[egress_lease::ViewEntry {
@@ -104,13 +109,8 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
 #[tokio::test]
 async fn an_unreachable_redis_is_a_store_error_without_the_password() {
     // Nothing listens on port 1.
-    let s = RedisStore::new(
-        "redis://:s3cret-pw@127.0.0.1:1/0",
-        "x:",
-        Arc::new(egress_lease::SystemClock),
-        suite::COOLDOWN,
-    )
-    .expect("a store: it connects lazily");
+    let s = RedisStore::new("redis://:s3cret-pw@127.0.0.1:1/0", "x:", suite::COOLDOWN)
+        .expect("a store: it connects lazily");
     let e = s.release("L").await.expect_err("no Redis");
     assert!(!e.to_string().contains("s3cret-pw"), "{e}");
     assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
@@ -121,9 +121,12 @@ async fn an_unreachable_redis_is_a_store_error_without_the_password() {
 async fn a_fleet_larger_than_a_batch_is_searched_whole() {
     let Some(url) = redis_url() else { return };
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &fresh_prefix(), Arc::new(clock), suite::COOLDOWN).expect("a store");
+    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
+        .expect("a store")
+        .with_clock(Arc::new(clock));
     let n = egress_lease_redis::BATCH * 2 + 10;
-    // Every proxy holds one lease but the last, which is idle: it must be found.
+    // One lease each, in order: past the first batch the idle proxies are found by the second
+    // run, which gets every candidate.
     let fleet: Vec<suite::P> = (0..n)
         .map(|i| suite::proxy(&format!("ns/p{i:04}"), i as i64, 2))
         .collect();
@@ -150,4 +153,56 @@ async fn a_fleet_larger_than_a_batch_is_searched_whole() {
         .await
         .expect_err("all full");
     assert_eq!((refused.considered, refused.at_capacity), (n, n));
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_of_its_kind() {
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let s = RedisStore::new(&url, &prefix, suite::COOLDOWN).expect("a store");
+    let fleet = one("ns/p", 5);
+    let g = suite::acquire(&s, &fleet, &suite::req(Some("t")))
+        .await
+        .expect("a lease");
+    s.report(&g.lease_id, egress_lease::ReportResult::Banned, None)
+        .await
+        .expect("answers")
+        .expect("known");
+    s.publish_view(&[egress_lease::ViewEntry {
+        id: "ns/p".into(),
+        healthy: true,
+        latency_millis: 1,
+        max_leases: 5,
+    }])
+    .await
+    .expect("publish");
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let ttl = suite::req(None).ttl.as_millis() as i64;
+    let window = suite::COOLDOWN.as_millis() as i64;
+    let view = egress_lease_redis::VIEW_LIFETIME.as_millis() as i64;
+    let mut kinds = Vec::new();
+    for key in keys {
+        let left: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut c).await.unwrap();
+        let kind = key[prefix.len()..].split(':').next().unwrap().to_owned();
+        let most = match kind.as_str() {
+            "lease" => ttl + window,
+            "active" | "all" => ttl,
+            "cool" => window,
+            "view" => view,
+            other => panic!("a key of unknown kind: {key} ({other})"),
+        };
+        assert!(left > 0 && left <= most, "{key}: {left} ms left, at most {most}");
+        kinds.push(kind);
+    }
+    kinds.sort();
+    assert_eq!(kinds, ["active", "all", "cool", "lease", "view"]);
 }

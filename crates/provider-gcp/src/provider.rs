@@ -377,8 +377,10 @@ impl Provider for GcpProvider {
                 match self.remembered_insert(cx, pid.as_str(), zone).await? {
                     // Not NotFound while the insert runs, or the reconciler would create again.
                     Submission::Pending => Ok(Instance::new(pid.clone(), InstanceState::Provisioning)),
-                    Submission::Failed(class, detail) => Err(ProviderError::new(class, op, &self.inner.entry, pid.as_str())
-                        .with_message(format!("the insert failed after it was accepted: {detail}"))),
+                    Submission::Failed(class, detail) => {
+                        Err(ProviderError::new(class, op, &self.inner.entry, pid.as_str())
+                            .with_message(format!("the insert failed after it was accepted: {detail}")))
+                    }
                     Submission::Unknown | Submission::Gone => {
                         // Gone: a create from now on is a new request, not a retry.
                         self.supersede(pid.as_str());
@@ -407,8 +409,11 @@ impl Provider for GcpProvider {
             Err(f) if classify(&f, Call::Delete) == ErrorClass::NotFound => {
                 // An insert still running would make the instance after this "success".
                 if let Submission::Pending = self.remembered_insert(cx, pid.as_str(), zone).await? {
-                    return Err(ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, pid.as_str())
-                        .with_message("the instance's insert is still running; delete again once it has made the instance"));
+                    return Err(
+                        ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, pid.as_str()).with_message(
+                            "the instance's insert is still running; delete again once it has made the instance",
+                        ),
+                    );
                 }
                 self.supersede(pid.as_str());
                 tracing::debug!(provider = %self.inner.entry, id = %pid, "gcp instance already gone");

@@ -233,7 +233,11 @@ async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
     let id = p.create(&cx(), &req).await.expect("accepted");
     // The operation runs: the instance is not there yet, and that is Provisioning, not NotFound.
     let i = p.get(&cx(), &id).await.expect("pending");
-    assert_eq!((i.state, i.uid.as_str()), (InstanceState::Provisioning, ""), "nothing from memory but the state");
+    assert_eq!(
+        (i.state, i.uid.as_str()),
+        (InstanceState::Provisioning, ""),
+        "nothing from memory but the state"
+    );
     // A delete now would "succeed" on a name the insert is about to take: it is refused.
     let e = p.delete(&cx(), &id).await.expect_err("the insert still runs");
     assert_eq!(e.class(), ErrorClass::Transient, "{e}");
@@ -493,14 +497,18 @@ async fn a_finished_insert_whose_instance_is_gone_moves_the_request_id_on() {
     let req = request_in("vanished-1", ZONE);
     let id = p.create(&cx(), &req).await.expect("create");
     // Deleted behind the provider's back once its insert has finished.
-    get_until(&p, &id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running)).await.expect("running");
+    get_until(&p, &id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running))
+        .await
+        .expect("running");
     b.fake.with(|w| {
         let vm = w.vm(&req.name).expect("the instance");
         vm.status = "RUNNING".into();
     });
     let other = b.provider("gcp-eu", WireOptions::default());
     other.delete(&cx(), &id).await.expect("deleted by another replica");
-    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound)).await.ok();
+    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+        .await
+        .ok();
     p.create(&cx(), &req).await.expect("create again");
     running(&p, &id).await;
     let inserts = seen(&b, "POST", "/instances");

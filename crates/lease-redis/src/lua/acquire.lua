@@ -1,17 +1,32 @@
 -- Grants a lease on the best eligible candidate of a batch, as one atomic step.
--- ARGV: prefix, now (ms), ttl (ms), target ('' for none), lease id, retention (ms), n,
---       final ('1': the last batch), then n times: id, healthy ('1'/'0'), latency (ms),
---       max leases, counted ('0' for a candidate carried over from an earlier batch, already
---       counted as considered there).
+-- ARGV: prefix, now (ms, or '' for Redis's clock), ttl (ms), target ('' for none), lease id,
+--       retention (ms), n, final ('1': the last batch), then n times: id, healthy ('1'/'0'), latency (ms),
+--       max leases.
 -- The published view (HASH <prefix>view: id -> "healthy,latency,max") wins over the caller's
 -- values. Candidates come in the caller's (latency, id) order; the first idle eligible one is
--- the best there is and ends the search. Without one, a batch that is not the last returns
--- its best candidate for the caller to carry into the next batch.
+-- the best there is and ends the search. Without one, a batch that is not the last answers 3,
+-- and the caller sends every candidate in one final run.
 -- Returns {0, considered, at capacity, in cooldown, unhealthy} when nothing is eligible,
--- {2} when the lease id is taken, {3, considered, at capacity, in cooldown, unhealthy, best or
--- ''} to go on with the next batch, {1, proxy, its active leases, expires (ms), all active}.
-local p, now, ttl, target, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+-- {2} when the lease id is taken, {3} to send every candidate, {1, proxy, its active leases,
+-- expires (ms), all active}.
+
+-- The caller's time in ms, or Redis's own when the caller sends ''.
+local function clock(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local p, now, ttl, target, lease = ARGV[1], clock(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local retention, n, final = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
+
+-- Byte order, as the in-memory store compares ids (Lua's < follows the server's locale).
+local function before(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
 
 local function extend(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
@@ -21,15 +36,14 @@ local considered, at_capacity, cooling, unhealthy = 0, 0, 0, 0
 local best, best_active, best_latency
 local idle = false
 for i = 0, n - 1 do
-  local b = 9 + i * 5
+  local b = 9 + i * 4
   local id, healthy, latency, max = ARGV[b], ARGV[b + 1] == '1', tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local counted = ARGV[b + 4] == '1'
   local published = redis.call('HGET', p .. 'view', id)
   if published then
     local h, l, m = string.match(published, '^([01]),(%-?%d+),(%-?%d+)$')
     if h then healthy, latency, max = h == '1', tonumber(l), tonumber(m) end
   end
-  if counted then considered = considered + 1 end
+  considered = considered + 1
   if not healthy then
     unhealthy = unhealthy + 1
   else
@@ -47,7 +61,7 @@ for i = 0, n - 1 do
         cooling = cooling + 1
       else
         if best == nil or active < best_active
-          or (active == best_active and (latency < best_latency or (latency == best_latency and id < best))) then
+          or (active == best_active and (latency < best_latency or (latency == best_latency and before(id, best)))) then
           best, best_active, best_latency = id, active, latency
         end
         if active == 0 then idle = true; break end
@@ -55,7 +69,7 @@ for i = 0, n - 1 do
     end
   end
 end
-if not idle and not final then return {3, considered, at_capacity, cooling, unhealthy, best or ''} end
+if not idle and not final then return {3} end
 if best == nil then return {0, considered, at_capacity, cooling, unhealthy} end
 
 local lease_key = p .. 'lease:' .. lease
