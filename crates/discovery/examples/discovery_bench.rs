@@ -123,6 +123,32 @@ async fn load(base: String, lease_paths: bool) -> Figures {
     }
 }
 
+/// The same load on the Redis lease store: a local redis-server with the append-only file and
+/// `appendfsync` as given.
+async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str) -> Figures {
+    let redis = egress_lease_redis::local::LocalRedis::start_with_appendfsync(appendfsync)
+        .expect("redis-server (apt-get install redis-server)");
+    let store = egress_lease_redis::RedisStore::new(
+        &redis.url(),
+        egress_lease_redis::DEFAULT_PREFIX,
+        Duration::from_secs(900),
+    )
+    .expect("a Redis store");
+    let api = Api {
+        directory: Arc::new(Fleet(fleet)),
+        store: Arc::new(store),
+        max_ttl: Duration::from_secs(3600),
+        token: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    let figures = load(base, true).await;
+    stop.cancel();
+    figures
+}
+
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -156,25 +182,8 @@ async fn main() {
     let ceiling = load(ceiling_base, false).await;
     let api = load(base, true).await;
     stop.cancel();
-    let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
-    let store = egress_lease_redis::RedisStore::new(
-        &redis.url(),
-        egress_lease_redis::DEFAULT_PREFIX,
-        Duration::from_secs(900),
-    )
-    .expect("a Redis store");
-    let redis_api = Api {
-        directory: Arc::new(Fleet(fleet)),
-        store: Arc::new(store),
-        max_ttl: Duration::from_secs(3600),
-        token: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let redis_base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(redis_api), stop.clone()));
-    let on_redis = load(redis_base, true).await;
-    stop.cancel();
+    let on_redis = redis_run(fleet.clone(), "always").await;
+    let on_redis_everysec = redis_run(fleet, "everysec").await;
     let cells = [
         PROXIES.to_string(),
         CLIENTS.to_string(),
@@ -195,6 +204,9 @@ async fn main() {
         format!("{:.2}", quantile(&on_redis.acquire, 0.99)),
         format!("{:.2}", quantile(&on_redis.release, 0.5)),
         format!("{:.2}", quantile(&on_redis.release, 0.99)),
+        format!("{:.0}", on_redis_everysec.pairs_per_second),
+        format!("{:.2}", quantile(&on_redis_everysec.acquire, 0.5)),
+        format!("{:.2}", quantile(&on_redis_everysec.acquire, 0.99)),
     ];
     println!("{}", cells.join("|"));
 }

@@ -16,6 +16,7 @@ pub struct LocalRedis {
     binary: PathBuf,
     port: u16,
     dir: PathBuf,
+    appendfsync: &'static str,
 }
 
 /// Where Debian puts redis-server, if it is there.
@@ -36,11 +37,21 @@ fn answers(port: u16) -> bool {
 }
 
 impl LocalRedis {
-    /// Starts one with the append-only file on, and waits until it answers (at most 10 s).
+    /// Starts one with the append-only file on and `appendfsync always`, and waits until it
+    /// answers (at most 10 s).
     ///
     /// # Errors
     /// No redis-server binary, or it did not start.
     pub fn start() -> Result<Self, String> {
+        Self::start_with_appendfsync("always")
+    }
+
+    /// [`start`](Self::start) with another `appendfsync` (`everysec`, `no`): for measuring
+    /// what the durable setting costs.
+    ///
+    /// # Errors
+    /// No redis-server binary, or it did not start.
+    pub fn start_with_appendfsync(appendfsync: &'static str) -> Result<Self, String> {
         let binary = binary().ok_or("redis-server is not installed (apt-get install redis-server)")?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -53,6 +64,7 @@ impl LocalRedis {
             binary,
             port,
             dir,
+            appendfsync,
         };
         redis.start_again()?;
         Ok(redis)
@@ -84,7 +96,7 @@ impl LocalRedis {
         self.kill();
         let child = Command::new(&self.binary)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(["--appendonly", "yes", "--appendfsync", self.appendfsync])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
