@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
-use egress_lease::{MemoryStore, SystemClock};
+use egress_lease::{LeaseStore, MemoryStore, SystemClock};
 use http_body_util::Full;
 use tokio_util::sync::CancellationToken;
 
@@ -123,6 +123,23 @@ async fn load(base: String, lease_paths: bool) -> Figures {
     }
 }
 
+/// The load on the API over `store`, served on loopback for the run.
+async fn api_run(fleet: Arc<Vec<ProxyInfo>>, store: Arc<dyn LeaseStore>) -> Figures {
+    let api = Api {
+        directory: Arc::new(Fleet(fleet)),
+        store,
+        max_ttl: Duration::from_secs(3600),
+        token: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    let figures = load(base, true).await;
+    stop.cancel();
+    figures
+}
+
 /// The same load on the Redis lease store: a local redis-server with the append-only file and
 /// `appendfsync` as given.
 async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str) -> Figures {
@@ -134,19 +151,7 @@ async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str) -> Fig
         Duration::from_secs(900),
     )
     .expect("a Redis store");
-    let api = Api {
-        directory: Arc::new(Fleet(fleet)),
-        store: Arc::new(store),
-        max_ttl: Duration::from_secs(3600),
-        token: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
-    let figures = load(base, true).await;
-    stop.cancel();
-    figures
+    api_run(fleet, Arc::new(store)).await
 }
 
 #[tokio::main]
@@ -167,21 +172,9 @@ async fn main() {
     let mut fleet = fleet;
     fleet.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
     let fleet = Arc::new(fleet);
-    let api = Api {
-        directory: Arc::new(Fleet(fleet.clone())),
-        store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
-        max_ttl: Duration::from_secs(3600),
-        token: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
-    let ceiling_base = format!("http://{}", trivial_server().await);
-
-    let ceiling = load(ceiling_base, false).await;
-    let api = load(base, true).await;
-    stop.cancel();
+    let ceiling = load(format!("http://{}", trivial_server().await), false).await;
+    let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
+    let api = api_run(fleet.clone(), memory).await;
     let on_redis = redis_run(fleet.clone(), "always").await;
     let on_redis_everysec = redis_run(fleet, "everysec").await;
     let cells = [

@@ -55,6 +55,11 @@ fn duration_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A script that takes a time, with the shared `clock` function before it.
+fn timed(body: &str) -> Script {
+    Script::new(&[include_str!("lua/clock.lua"), body].concat())
+}
+
 struct Scripts {
     acquire: Script,
     release: Script,
@@ -67,11 +72,11 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Self {
-            acquire: Script::new(include_str!("lua/acquire.lua")),
-            release: Script::new(include_str!("lua/release.lua")),
-            report: Script::new(include_str!("lua/report.lua")),
-            active: Script::new(include_str!("lua/active.lua")),
-            sweep: Script::new(include_str!("lua/sweep.lua")),
+            acquire: timed(include_str!("lua/acquire.lua")),
+            release: timed(include_str!("lua/release.lua")),
+            report: timed(include_str!("lua/report.lua")),
+            active: timed(include_str!("lua/active.lua")),
+            sweep: timed(include_str!("lua/sweep.lua")),
             publish: Script::new(include_str!("lua/publish.lua")),
         }
     }

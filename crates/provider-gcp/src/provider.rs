@@ -239,27 +239,25 @@ impl GcpProvider {
     /// What the remembered insert of `pid` says now that its instance is not found, if this
     /// provider submitted one. A failed or finished insert is forgotten and its requestId moved
     /// on (the API would answer a new insert with the old operation for about an hour).
-    async fn remembered_insert(&self, cx: &OpCtx, pid: &str, zone: &str) -> Result<Submission, ProviderError> {
+    async fn remembered_insert(&self, cx: &OpCtx, op: Op, pid: &str, zone: &str) -> Result<Submission, ProviderError> {
         let submitted = self.memory().inserts.get(pid).cloned();
         let Some(submitted) = submitted else {
             return Ok(Submission::Unknown);
         };
         let path = format!("zones/{zone}/operations/{}", submitted.operation);
-        let op = match self.call(cx, Call::Operation, &path, &[], None, &[]).await {
+        let operation = match self.call(cx, Call::Operation, &path, &[], None, &[]).await {
             Ok(v) => serde_json::from_value::<Operation>(v).ok(),
             // The operation is gone (operations expire): nothing more to learn.
             Err(f) if classify(&f, Call::Operation) == ErrorClass::NotFound => None,
             Err(f) => {
-                let e = self.error(Op::Get, pid, Call::Operation, &f);
-                return Err(
-                    ProviderError::new(ErrorClass::Transient, Op::Get, &self.inner.entry, pid)
-                        .with_message(format!("instance not found and its insert operation unreadable: {e}")),
-                );
+                let e = self.error(op, pid, Call::Operation, &f);
+                return Err(ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, pid)
+                    .with_message(format!("instance not found and its insert operation unreadable: {e}")));
             }
         };
-        match op {
-            Some(op) if op.status != "DONE" => {
-                tracing::debug!(provider = %self.inner.entry, id = pid, operation = %op.name, status = %op.status, "gcp insert still in progress");
+        match operation {
+            Some(o) if o.status != "DONE" => {
+                tracing::debug!(provider = %self.inner.entry, id = pid, operation = %o.name, status = %o.status, "gcp insert still in progress");
                 Ok(Submission::Pending)
             }
             Some(Operation {
@@ -374,7 +372,7 @@ impl Provider for GcpProvider {
                 Ok(instance)
             }
             Err(f) if classify(&f, Call::Get) == ErrorClass::NotFound => {
-                match self.remembered_insert(cx, pid.as_str(), zone).await? {
+                match self.remembered_insert(cx, op, pid.as_str(), zone).await? {
                     // Not NotFound while the insert runs, or the reconciler would create again.
                     Submission::Pending => Ok(Instance::new(pid.clone(), InstanceState::Provisioning)),
                     Submission::Failed(class, detail) => {
@@ -408,7 +406,7 @@ impl Provider for GcpProvider {
             }
             Err(f) if classify(&f, Call::Delete) == ErrorClass::NotFound => {
                 // An insert still running would make the instance after this "success".
-                if let Submission::Pending = self.remembered_insert(cx, pid.as_str(), zone).await? {
+                if let Submission::Pending = self.remembered_insert(cx, op, pid.as_str(), zone).await? {
                     return Err(
                         ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, pid.as_str()).with_message(
                             "the instance's insert is still running; delete again once it has made the instance",

@@ -350,6 +350,21 @@ async fn a_refused_token_is_replaced_from_the_rotated_key_file() {
     assert_eq!(b.fake.with(|w| w.token_owners()), vec![rotated.to_owned()]);
 }
 
+/// A provider whose key file is an authorized user's, refreshed at the fake's token endpoint.
+fn authorized_user_provider(b: &GcpBackend) -> GcpProvider {
+    let http = egress_provider_gcp::client::http_client().expect("a client");
+    let tokens = Tokens::new(CredentialSource::KeyFile(b.key_path()), http.clone()).with_oauth_url(b.fake.token_url());
+    egress_provider_gcp::build_with(
+        "gcp-eu",
+        Settings::for_project(PROJECT),
+        tokens,
+        http,
+        &b.fake.base_url(),
+        WireOptions::default(),
+    )
+    .expect("a provider")
+}
+
 #[tokio::test]
 async fn authorized_user_and_metadata_server_credentials() {
     let b = GcpBackend::new().await;
@@ -358,17 +373,7 @@ async fn authorized_user_and_metadata_server_credentials() {
         b.fake.authorized_user_json("client-1", "s3cret", "1//refresh"),
     )
     .expect("write");
-    let http = egress_provider_gcp::client::http_client().expect("a client");
-    let tokens = Tokens::new(CredentialSource::KeyFile(b.key_path()), http.clone()).with_oauth_url(b.fake.token_url());
-    let p = egress_provider_gcp::build_with(
-        "gcp-eu",
-        Settings::for_project(PROJECT),
-        tokens,
-        http,
-        &b.fake.base_url(),
-        WireOptions::default(),
-    )
-    .expect("a provider");
+    let p = authorized_user_provider(&b);
     p.list_by_tag(&cx()).await.expect("list as an authorized user");
     let p = egress_provider_gcp::build(
         "gcp-eu",
@@ -393,17 +398,7 @@ async fn authorized_user_and_metadata_server_credentials() {
         .to_string(),
     )
     .expect("write");
-    let http = egress_provider_gcp::client::http_client().expect("a client");
-    let tokens = Tokens::new(CredentialSource::KeyFile(b.key_path()), http.clone()).with_oauth_url(b.fake.token_url());
-    let p = egress_provider_gcp::build_with(
-        "gcp-eu",
-        Settings::for_project(PROJECT),
-        tokens,
-        http,
-        &b.fake.base_url(),
-        WireOptions::default(),
-    )
-    .expect("a provider");
+    let p = authorized_user_provider(&b);
     let e = p.list_by_tag(&cx()).await.expect_err("no token");
     assert_eq!(e.class(), ErrorClass::Transient);
     assert!(

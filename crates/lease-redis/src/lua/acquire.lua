@@ -10,12 +10,6 @@
 -- {2} when the lease id is taken, {3} to send every candidate, {1, proxy, its active leases,
 -- expires (ms), all active}.
 
--- The caller's time in ms, or Redis's own when the caller sends ''.
-local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local p, now, ttl, target, lease = ARGV[1], clock(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local retention, n, final = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
 

@@ -3,12 +3,6 @@
 -- ARGV: prefix, now (ms, or '' for Redis's clock), lease id, 'ok' or 'cool', target ('' for none), cooldown (ms).
 -- Returns 0 for an unknown or forgotten lease, 1 otherwise.
 
--- The caller's time in ms, or Redis's own when the caller sends ''.
-local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local p, now, lease, result, target, cooldown = ARGV[1], clock(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local l = redis.call('HMGET', p .. 'lease:' .. lease, 'proxy', 'target', 'expires')
 if not l[1] then return 0 end
