@@ -329,10 +329,7 @@ fn storage_and_network(created: &mut Created) -> Result<()> {
         run(&mut virsh(&["pool-build", POOL]))?;
         created.add("pool")?;
     }
-    if !run(&mut virsh(&["pool-info", POOL]))?
-        .lines()
-        .any(|l| l.starts_with("State:") && l.contains("running"))
-    {
+    if !reports(&["pool-info", POOL], "State:", "running") {
         run(&mut virsh(&["pool-start", POOL]))?;
     }
     run(&mut virsh(&["pool-refresh", POOL]))?;
@@ -354,10 +351,7 @@ fn storage_and_network(created: &mut Created) -> Result<()> {
         run(&mut virsh(&["net-define", &xml.display().to_string()]))?;
         created.add("network")?;
     }
-    if !run(&mut virsh(&["net-info", NETWORK]))?
-        .lines()
-        .any(|l| l.starts_with("Active:") && l.contains("yes"))
-    {
+    if !reports(&["net-info", NETWORK], "Active:", "yes") {
         run(&mut virsh(&["net-start", NETWORK]))?;
     }
     Ok(())
@@ -470,20 +464,37 @@ fn self_check() -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn status() -> Result<()> {
+/// Whether `virsh <args>` answers with a `<field> ... <value>` line (a pool running, a network
+/// active).
+fn reports(args: &[&str], field: &str, value: &str) -> bool {
+    run(&mut virsh(args)).is_ok_and(|out| out.lines().any(|l| l.starts_with(field) && l.contains(value)))
+}
+
+/// What `up` provides, each with whether it is running now.
+fn checks() -> [(&'static str, bool); 7] {
     let ssh = dir().join("ssh");
-    let rows = [
+    [
         ("virtlogd", alive(Path::new("/run/virtlogd.pid"), "virtlogd")),
         (
             "libvirtd",
             alive(Path::new("/run/libvirtd.pid"), "libvirtd") && succeeds(&mut virsh(&["version"])),
         ),
-        ("pool default", succeeds(&mut virsh(&["pool-info", POOL]))),
-        ("network default", succeeds(&mut virsh(&["net-info", NETWORK]))),
+        ("pool default", reports(&["pool-info", POOL], "State:", "running")),
+        ("network default", reports(&["net-info", NETWORK], "Active:", "yes")),
         ("sshd", alive(&ssh.join("sshd.pid"), "sshd")),
         ("test guest image", dir().join("guest/guest.qcow2").exists()),
         ("env file", Path::new(ENV_FILE).exists()),
-    ];
+    ]
+}
+
+/// Whether the hypervisor is up now. The env file alone does not say so: a run that was killed
+/// (or a machine that restarted) leaves it behind with the daemons gone.
+pub(crate) fn is_up() -> bool {
+    checks().iter().all(|(_, ok)| *ok)
+}
+
+pub(crate) fn status() -> Result<()> {
+    let rows = checks();
     for (what, ok) in rows {
         println!("{what:<18} {}", if ok { "up" } else { "down" });
     }

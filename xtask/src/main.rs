@@ -176,8 +176,9 @@ fn run(cli: Cli) -> Result<()> {
 fn test(root: &Path, extra: &[String]) -> Result<()> {
     system::ensure_packages(system::APT_PACKAGES)?;
     // As root, the real hypervisor the libvirt tests use comes up for this run and goes down
-    // after it; one that was already up is left as it was.
-    let bring_up = system::is_root() && !Path::new(hypervisor::ENV_FILE).exists();
+    // after it; one that is up and running is left as it was. One left half-up by a killed run
+    // (its env file still there, its daemons gone) is brought up again: `up` is idempotent.
+    let bring_up = system::is_root() && !hypervisor::is_up();
     if bring_up {
         hypervisor::up(root)?;
     }
