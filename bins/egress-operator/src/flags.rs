@@ -634,6 +634,7 @@ mod tests {
                 Kind::Text if f.name == "health-workers" => "4",
                 Kind::Text if f.name == "discovery-addr" => ":0",
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",
+                Kind::Text if f.name == "lease-store" => "redis://127.0.0.1:6379",
                 Kind::Text => "x",
             };
             set(&mut Options::default(), f, value).unwrap_or_else(|e| panic!("{}: {e}", f.name));
