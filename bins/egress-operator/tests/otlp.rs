@@ -1,7 +1,8 @@
 //! Tracing export end to end: the operator (with the reference provider) sends its spans to an
 //! OTLP/HTTP receiver inside the test, only because `OTEL_EXPORTER_OTLP_ENDPOINT` says so. One
 //! Proxy's lifecycle gives the documented span tree, and log lines inside those spans carry their
-//! trace ID. With the SDK disabled, nothing reaches the receiver and no line has a trace ID.
+//! trace ID. With the SDK disabled, nothing reaches the receiver and no line has a trace ID. A
+//! kubernetes entry's API calls (kube's client spans) arrive under the health check's span.
 
 mod common;
 
@@ -11,8 +12,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{Cluster, Operator, PATIENCE, cluster, reference_binary};
-use egress_api::{Phase, Proxy, ProxySpec};
+use common::{Cluster, Operator, PATIENCE, cluster, operator_binary, reference_binary};
+use egress_api::{Phase, ProviderHealth, Proxy, ProxySpec};
 use egress_kube_testserver::TestServer;
 use http_body_util::{BodyExt as _, Full};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -347,4 +348,71 @@ async fn with_the_sdk_disabled_nothing_is_exported() {
         "{}",
         run.op.output()
     );
+}
+
+/// The kubernetes provider's API calls are kube's own client spans: exported under the caller's
+/// span (here the health check's list of managed Pods), never as roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_entrys_api_calls_are_spans_under_the_check() {
+    let (addr, spans) = receiver().await;
+    let endpoint = format!("http://{addr}");
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster("otlp-kubernetes", "providers:\n  - name: pods\n    type: kubernetes\n").await;
+    let mut op = Operator::start(
+        &operator_binary(),
+        &[
+            &providers_flag,
+            "--health-probe-bind-address=0",
+            "--zap-encoder=json",
+            "--discovery-addr=127.0.0.1:0",
+            "--provider-check-interval=10s",
+        ],
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    op.wait_msg("tracing enabled");
+    let api: Api<ProviderHealth> = Api::all(server.client().unwrap());
+    let healthy = await_condition(api, "pods", |h: Option<&ProviderHealth>| {
+        h.and_then(|h| h.status.as_ref())
+            .is_some_and(|s| s.targets.iter().any(|t| t.name == "apiserver" && t.ready))
+    });
+    tokio::time::timeout(PATIENCE, healthy)
+        .await
+        .expect("the kubernetes entry's check never turned ready")
+        .unwrap();
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    // The flush on shutdown has delivered every span by now.
+    let spans = spans.lock().unwrap().clone();
+    let pod_lists: Vec<&Span> = spans
+        .iter()
+        .filter(|s| {
+            s.attributes
+                .get("http.url")
+                .is_some_and(|u| u.contains("/api/v1/pods") && u.contains("labelSelector"))
+        })
+        .collect();
+    assert!(!pod_lists.is_empty(), "no span for the check's list: {spans:#?}");
+    for list in pod_lists {
+        assert_eq!(list.kind, 3, "an API call is a client span: {list:?}");
+        assert_eq!(
+            chain(&spans, list).last().map(String::as_str),
+            Some("providerhealth.check"),
+            "{:?}",
+            chain(&spans, list)
+        );
+    }
+    for s in spans.iter().filter(|s| s.parent.is_empty()) {
+        assert!(
+            ["Reconcile Proxy", "gc.sweep", "providerhealth.check"].contains(&s.name.as_str()),
+            "unexpected root span {s:?}"
+        );
+    }
 }

@@ -260,20 +260,24 @@ impl TestServer {
         format!("http://{}", self.addr)
     }
 
-    /// A `kube::Client` for this server, with `default` as its namespace.
-    pub fn client(&self) -> Result<kube::Client, kube::Error> {
+    /// A `kube::Config` for this server, with `default` as its namespace: for a client built
+    /// elsewhere (inside another runtime, or with layers of its own).
+    pub fn config(&self) -> kube::Config {
         let uri: http::Uri = self.url().parse().expect("a valid URL");
         let mut config = kube::Config::new(uri);
         config.default_namespace = "default".into();
-        kube::Client::try_from(config)
+        config
+    }
+
+    /// A `kube::Client` for this server, with `default` as its namespace.
+    pub fn client(&self) -> Result<kube::Client, kube::Error> {
+        kube::Client::try_from(self.config())
     }
 
     /// A client whose requests are also counted under `name` ([`Requests::by_client`]), to tell
     /// the code under test from the test's own calls.
     pub fn client_named(&self, name: &str) -> Result<kube::Client, kube::Error> {
-        let uri: http::Uri = self.url().parse().expect("a valid URL");
-        let mut config = kube::Config::new(uri);
-        config.default_namespace = "default".into();
+        let mut config = self.config();
         let value = http::HeaderValue::from_str(name).map_err(|e| kube::Error::Service(Box::new(e)))?;
         config
             .headers

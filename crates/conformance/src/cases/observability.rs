@@ -48,8 +48,9 @@ pub async fn ct_i02_child_spans_under_caller<T: ConformanceTarget>(s: Scenario<T
     for sp in &spans {
         assert!(
             s.capture.descends_from(sp.id, parent),
-            "span {} is not under the caller's span",
-            sp.name
+            "span {} {:?} is not under the caller's span",
+            sp.name,
+            sp.fields
         );
     }
     if s.profile.child_spans == ChildSpans::TransportWrapper {

@@ -44,12 +44,36 @@ const PROVIDER_CLIENT: &str = "provider";
 /// A finalizer that keeps a deleted Pod in its deleting state (H12).
 const HOLD: &str = "test.egress/hold";
 
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// The simulated kubelet's thread: told to stop when dropped.
+struct KubeletThread {
+    stop: Arc<AtomicBool>,
+}
 
-impl Drop for AbortOnDrop {
+impl KubeletThread {
+    /// Starts the kubelet on a thread of its own with its own runtime. The suite's capture is
+    /// per thread, so the kubelet's requests (and kube's HTTP spans for them) stay out of what
+    /// the cases look at: they are not the provider's.
+    fn start(server: &TestServer, held: Arc<AtomicBool>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let config = server.config();
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(client) = kube::Client::try_from(config) {
+                    kubelet(client, held, stopped).await;
+                }
+            });
+        });
+        Self { stop }
+    }
+}
+
+impl Drop for KubeletThread {
     fn drop(&mut self) {
-        self.0.abort();
+        self.stop.store(true, Ordering::SeqCst);
     }
 }
 
@@ -59,7 +83,7 @@ pub struct KubeBackend {
     pub server: Arc<TestServer>,
     pub interceptor: Interceptor,
     held: Arc<AtomicBool>,
-    _kubelet: Arc<AbortOnDrop>,
+    _kubelet: Arc<KubeletThread>,
 }
 
 impl std::fmt::Debug for KubeBackend {
@@ -142,10 +166,7 @@ impl KubeBackend {
             })
         })));
         let held = Arc::new(AtomicBool::new(false));
-        let kubelet = {
-            let (client, held) = (server.client().expect("a client"), held.clone());
-            AbortOnDrop(tokio::spawn(kubelet(client, held)))
-        };
+        let kubelet = KubeletThread::start(&server, held.clone());
         Self {
             server,
             interceptor,
@@ -195,10 +216,10 @@ impl KubeBackend {
 
 /// Runs every Pod that has no phase yet (unless new Pods are held pending), as a kubelet would:
 /// phase Running and an address from 10.42.0.0/16.
-async fn kubelet(client: kube::Client, held: Arc<AtomicBool>) {
+async fn kubelet(client: kube::Client, held: Arc<AtomicBool>, stop: Arc<AtomicBool>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let next = AtomicU32::new(2);
-    loop {
+    while !stop.load(Ordering::SeqCst) {
         if !held.load(Ordering::SeqCst)
             && let Ok(list) = pods.list(&ListParams::default()).await
         {
@@ -429,8 +450,10 @@ impl ConformanceTarget for KubeTarget {
             provisioning_state: ProvisioningState::Native,
             timeouts: Timeouts::PerCall,
             logging: Logging::OutcomeOnly,
-            // The parent-gated transport spans of §4.2 are not built yet.
-            child_spans: ChildSpans::None,
+            // kube's own HTTP client spans (target kube_client), under the caller's span. They
+            // are not gated by the client itself: the operator exports kube_client spans only
+            // inside a span of its own (tests/otlp.rs).
+            child_spans: ChildSpans::SdkInstrumentation,
             credentials: Credentials::WorkloadIdentity,
             ip_discovered: false,
             delivers_cloud_init: false,
