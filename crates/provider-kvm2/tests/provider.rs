@@ -380,6 +380,67 @@ async fn m12_a_link_local_image_url_is_refused_before_any_request() {
 }
 
 #[tokio::test]
+async fn m12_with_url_images_off_a_url_placement_fails_before_any_request() {
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let mut cfg = b.config(false);
+    cfg.image_url_hosts = Some(Vec::new());
+    let p = b.provider(ENTRY, cfg).unwrap();
+    let mut req = request_in("m12-off", HOSTS[0]);
+    req.placement.image = b.server.url();
+    let (c, message) = class(p.create(&OpCtx::background(), &req).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(message.contains("URL images are off for this entry"), "{message}");
+    assert_eq!(b.server.requests(), 0, "no HTTP request");
+    assert!(b.interceptor.call_log().is_empty(), "no libvirt call");
+    // Catalogue images are the operator's own: still served.
+    p.create(&OpCtx::background(), &request_in("m12-catalogue", HOSTS[0]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn m12_url_images_come_only_from_listed_hosts_and_redirects_stay_on_them() {
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let cx = OpCtx::background();
+    // The same mirror under two names: 127.0.0.1 is listed, localhost is not.
+    let elsewhere = b.server.url().replace("127.0.0.1", "localhost");
+    let mut cfg = b.config(false);
+    cfg.image_url_hosts = Some(vec!["127.0.0.1".into()]);
+    let p = b.provider(ENTRY, cfg.clone()).unwrap();
+
+    let mut unlisted = request_in("m12-unlisted", HOSTS[0]);
+    unlisted.placement.image = elsewhere.clone();
+    let (c, message) = class(p.create(&cx, &unlisted).await);
+    assert_eq!(c, ErrorClass::Permanent);
+    assert!(
+        message.contains("host localhost is not in kvm2.imageUrlHosts"),
+        "{message}"
+    );
+    assert_eq!(b.server.requests(), 0, "no HTTP request");
+
+    // A listed mirror that redirects to an unlisted host: refused, nothing fetched or made.
+    let redirector = support::image_server::ImageServer::start(image_bytes(), "127.0.0.1:0").await;
+    redirector.serve(Serve::Redirect(elsewhere));
+    let mut redirected = request_in("m12-redirect", HOSTS[0]);
+    redirected.placement.image = redirector.url();
+    let (c, message) = class(p.create(&cx, &redirected).await);
+    assert_eq!(c, ErrorClass::Permanent, "{message}");
+    assert!(
+        message.contains("redirect to localhost, a host not in imageUrlHosts, refused"),
+        "{message}"
+    );
+    assert_eq!(b.server.requests(), 0, "the redirect was not followed");
+    assert!(redirector.requests() > 0);
+    assert!(!host(&b).domains().contains_key(&redirected.name));
+
+    // Listing the redirect's target too lets it through.
+    cfg.image_url_hosts = Some(vec!["127.0.0.1".into(), "LOCALHOST".into()]);
+    let p = b.provider(ENTRY, cfg).unwrap();
+    p.create(&cx, &redirected).await.unwrap();
+    assert!(b.server.gets() > 0);
+}
+
+#[tokio::test]
 async fn m15_a_connection_lost_while_listing_fails_the_list() {
     let (b, p) = backend().await;
     let cx = OpCtx::background();

@@ -200,6 +200,11 @@ pub struct KvmConfig {
     /// Image catalogue for `placement.image`.
     #[serde(default)]
     pub images: BTreeMap<String, KvmImage>,
+    /// The hosts a Proxy's `placement.image` URL may name (review M12). Absent: any host but a
+    /// link-local address (as Go). Empty: URL images are off for this entry. Catalogue URLs
+    /// (`images`) are the operator's own and are not restricted.
+    #[serde(default)]
+    pub image_url_hosts: Option<Vec<String>>,
     /// Machine catalogue for `placement.machineType`.
     #[serde(default)]
     pub machine_types: BTreeMap<String, KvmMachineType>,

@@ -234,6 +234,8 @@ fn kvm_rows(b: &str) -> Vec<Bad> {
         row("memory beyond any host", kvm_edit(b, "memoryMiB: 1024}", "memoryMiB: 99999999}"), r#".machineTypes["small"] needs vcpus <= 1024 and memoryMiB <= 4194304"#.into()),
         row("url with credentials", kvm_edit(b, URL_LINE, "          url: https://u:secret@mirror/x.qcow2\n"), format!("{img}.url must not carry credentials (user:password@): they would show in logs and errors")),
         row("multipart vendorData", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      vendorData: \"Content-Type: multipart/mixed; boundary=x\\n\\n--x\\n\"\n")), VENDOR_DATA_TAIL.into()),
+        row("imageUrlHosts entry with a scheme", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      imageUrlHosts: [mirror.example, 'https://mirror.example']\n")), r#".imageUrlHosts[1] must be a host name or an IP address, without scheme, port or path (got "https://mirror.example")"#.into()),
+        row("imageUrlHosts entry with a port", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      imageUrlHosts: ['10.0.0.5:8080']\n")), r#".imageUrlHosts[0] must be a host name or an IP address, without scheme, port or path (got "10.0.0.5:8080")"#.into()),
         row("vendorData cloud-init cannot classify", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      vendorData: \"packages: [htop]\\n\"\n")), VENDOR_DATA_TAIL.into()),
     ]
 }

@@ -86,16 +86,17 @@ impl<'a> Cached<'a> {
 /// The HTTP client of the image downloads: no overall timeout (each request carries its own),
 /// identity encoding (a decompressed body would hide `Content-Length`), and redirects that stay
 /// on http(s), never downgrade from https and never lead to a link-local address (a cloud
-/// metadata service).
+/// metadata service). With `allowed` (an entry's `imageUrlHosts`, for the URLs Proxies give),
+/// a redirect must also stay on a listed host.
 ///
 /// # Errors
 /// The client cannot be built (no TLS roots, say).
-pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
+pub fn http_client(allowed: Option<Vec<String>>) -> Result<reqwest::Client, reqwest::Error> {
     // reqwest is built without a default crypto provider; ring is the workspace's.
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::custom(|attempt| {
-            let refused = redirect_refusal(attempt.previous().last(), attempt.url());
+        .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+            let refused = redirect_refusal(attempt.previous().last(), attempt.url(), allowed.as_deref());
             match refused {
                 Some(why) => attempt.error(why),
                 None if attempt.previous().len() >= 10 => attempt.error("more than 10 redirects"),
@@ -105,18 +106,30 @@ pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
         .build()
 }
 
-/// Why a redirect from `from` to `to` is refused, if it is.
-fn redirect_refusal(from: Option<&reqwest::Url>, to: &reqwest::Url) -> Option<String> {
+/// Why a redirect from `from` to `to` is refused, if it is (`allowed`: the hosts it may lead to).
+fn redirect_refusal(from: Option<&reqwest::Url>, to: &reqwest::Url, allowed: Option<&[String]>) -> Option<String> {
     if !matches!(to.scheme(), "http" | "https") {
         return Some(format!("redirect to a {} URL refused", to.scheme()));
     }
     if from.is_some_and(|f| f.scheme() == "https") && to.scheme() == "http" {
         return Some("redirect from https to http refused".to_owned());
     }
-    if to.host_str().is_some_and(is_link_local_host) {
-        return Some("redirect to a link-local address refused".to_owned());
+    let host = to.host_str().unwrap_or_default();
+    match allowed {
+        Some(list) if !host_listed(list, host) => {
+            Some(format!("redirect to {host}, a host not in imageUrlHosts, refused"))
+        }
+        Some(_) => None,
+        None if is_link_local_host(host) => Some("redirect to a link-local address refused".to_owned()),
+        None => None,
     }
-    None
+}
+
+/// Whether URL host `host` is one of `list` (case-insensitive; IPv6 with or without brackets).
+pub fn host_listed(list: &[String], host: &str) -> bool {
+    let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+    let host = bare(host);
+    list.iter().any(|l| bare(l) == host)
 }
 
 /// Whether `host` (a URL's host part) is a link-local address literal (169.254.0.0/16,
@@ -177,9 +190,15 @@ fn status_text(status: StatusCode) -> String {
     }
 }
 
-/// A transport failure of an image request.
+/// A transport failure of an image request. A redirect the policy refused is Permanent: the
+/// mirror sends the operator where it will not go, and asking again changes nothing.
 fn fetch_error(url: &str, e: &reqwest::Error) -> Failure {
-    Failure::transient(format!("fetching image {url}: {}", http_error_text(e)))
+    let message = format!("fetching image {url}: {}", http_error_text(e));
+    if e.is_redirect() {
+        Failure::permanent(message)
+    } else {
+        Failure::transient(message)
+    }
 }
 
 /// reqwest's error with its causes (connection refused, a certificate...), the URL left out:
@@ -814,11 +833,27 @@ mod tests {
     #[test]
     fn redirects_stay_safe() {
         let u = |s: &str| reqwest::Url::parse(s).unwrap();
-        assert_eq!(redirect_refusal(Some(&u("http://a/x")), &u("https://b/y")), None);
-        assert!(redirect_refusal(Some(&u("https://a/x")), &u("http://b/y")).is_some());
-        assert!(redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data")).is_some());
-        assert!(redirect_refusal(None, &u("http://[fe80::1]/x")).is_some());
-        assert!(redirect_refusal(None, &u("ftp://a/x")).is_some());
+        assert_eq!(redirect_refusal(Some(&u("http://a/x")), &u("https://b/y"), None), None);
+        assert!(redirect_refusal(Some(&u("https://a/x")), &u("http://b/y"), None).is_some());
+        assert!(redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data"), None).is_some());
+        assert!(redirect_refusal(None, &u("http://[fe80::1]/x"), None).is_some());
+        assert!(redirect_refusal(None, &u("ftp://a/x"), None).is_some());
+        // With imageUrlHosts, a redirect stays on a listed host (review M12).
+        let listed = ["Mirror.Example".to_owned(), "[fd00::5]".to_owned()];
+        assert_eq!(
+            redirect_refusal(None, &u("https://mirror.example/y"), Some(&listed)),
+            None
+        );
+        assert_eq!(
+            redirect_refusal(None, &u("http://[fd00::5]:8080/y"), Some(&listed)),
+            None
+        );
+        assert_eq!(
+            redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data"), Some(&listed)).as_deref(),
+            Some("redirect to 169.254.169.254, a host not in imageUrlHosts, refused")
+        );
+        assert!(redirect_refusal(None, &u("https://elsewhere.example/y"), Some(&listed)).is_some());
+        assert!(redirect_refusal(None, &u("https://mirror.example/y"), Some(&[])).is_some());
         assert!(!is_link_local_host("192.168.1.10") && !is_link_local_host("mirror.example"));
     }
 }

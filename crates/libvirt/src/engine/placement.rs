@@ -49,17 +49,37 @@ fn is_http_url(raw: &str) -> bool {
     })
 }
 
-/// Whether the host of http(s) URL `raw` is a link-local address literal.
-fn url_host_is_link_local(raw: &str) -> bool {
+/// The host of http(s) URL `raw` (an IPv6 address keeps its brackets).
+fn url_host(raw: &str) -> String {
     let rest = raw.split_once("//").map_or("", |(_, r)| r);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     let host_port = authority.rsplit('@').next().unwrap_or_default();
-    let host = if host_port.starts_with('[') {
+    if host_port.starts_with('[') {
         host_port.split(']').next().map(|h| format!("{h}]")).unwrap_or_default()
     } else {
         host_port.split(':').next().unwrap_or_default().to_owned()
-    };
-    super::image::is_link_local_host(&host)
+    }
+}
+
+/// Why the operator will not fetch the placement's image URL `raw`, if it will not.
+fn url_refusal(block: &str, allowed: Option<&[String]>, raw: &str) -> Option<String> {
+    let host = url_host(raw);
+    // Review L24: credentials in the URL stay out of the message.
+    let raw = egress_provider::redact(raw);
+    match allowed {
+        Some([]) => Some(format!(
+            "placement.image {raw:?} is a URL, and URL images are off for this entry ({block}.imageUrlHosts is empty)"
+        )),
+        Some(list) if !super::image::host_listed(list, &host) => Some(format!(
+            "placement.image {raw:?}: host {host} is not in {block}.imageUrlHosts"
+        )),
+        // Listed hosts are the operator's word, link-local ones included.
+        Some(_) => None,
+        None if super::image::is_link_local_host(&host) => Some(format!(
+            "placement.image {raw:?} points at a link-local address; the operator does not fetch from there"
+        )),
+        None => None,
+    }
 }
 
 /// Resolves `placement` for `generation`'s block of a validated config.
@@ -98,26 +118,26 @@ pub fn resolve<'a>(generation: Generation, cfg: &'a KvmConfig, placement: &Place
             firmware: image.effective_firmware().to_owned(),
             from_url: false,
         },
-        // Review M12: an image URL comes from the Proxy, not the operator's config; it may not
-        // send the operator to a link-local address (a cloud metadata service).
-        None if is_http_url(&placement.image) && url_host_is_link_local(&placement.image) => {
-            return Err(format!(
-                "placement.image {:?} points at a link-local address; the operator does not fetch from there",
-                placement.image
-            ));
+        // Review M12: an image URL comes from the Proxy, not the operator's config. It may not
+        // send the operator to a link-local address (a cloud metadata service), nor, where the
+        // entry lists the hosts URL images may come from, anywhere else.
+        None if is_http_url(&placement.image) => {
+            if let Some(refusal) = url_refusal(block, cfg.image_url_hosts.as_deref(), &placement.image) {
+                return Err(refusal);
+            }
+            Image {
+                key: generation.url_key(&placement.image),
+                url: placement.image.clone(),
+                sha256: None,
+                format: "qcow2".to_owned(),
+                firmware: "uefi".to_owned(),
+                from_url: true,
+            }
         }
-        None if is_http_url(&placement.image) => Image {
-            key: generation.url_key(&placement.image),
-            url: placement.image.clone(),
-            sha256: None,
-            format: "qcow2".to_owned(),
-            firmware: "uefi".to_owned(),
-            from_url: true,
-        },
         None => {
             return Err(format!(
                 "placement.image {:?} is neither a key in {block}.images nor an http(s) URL",
-                placement.image
+                egress_provider::redact(&placement.image)
             ));
         }
     };
@@ -199,6 +219,47 @@ mod tests {
         assert_eq!(r.image.url, url);
         assert_eq!(r.image.sha256, None);
         assert_eq!((r.image.format.as_str(), r.image.firmware.as_str()), ("qcow2", "uefi"));
+    }
+
+    #[test]
+    fn image_url_hosts_turn_url_images_off_or_limit_them() {
+        let mut cfg = config(&["nuc"]);
+        let url = "https://Mirror.Example/x.qcow2";
+        cfg.image_url_hosts = Some(Vec::new());
+        assert_eq!(
+            resolve(Generation::Kvm, &cfg, &placement("", "small", url)).unwrap_err(),
+            "placement.image \"https://Mirror.Example/x.qcow2\" is a URL, and URL images are off for this entry (kvm.imageUrlHosts is empty)"
+        );
+        // The catalogue is the operator's own: not restricted.
+        assert!(resolve(Generation::Kvm, &cfg, &placement("", "small", "debian-13")).is_ok());
+
+        cfg.image_url_hosts = Some(vec!["mirror.example".into(), "10.0.0.5".into(), "fd00::5".into()]);
+        for listed in [url, "http://10.0.0.5:8080/x.qcow2", "http://[fd00::5]/x.qcow2"] {
+            let r = resolve(Generation::Kvm2, &cfg, &placement("", "small", listed)).unwrap();
+            assert_eq!(r.image.url, listed);
+        }
+        for (unlisted, shown, host) in [
+            (
+                "https://mirror.example.org/x.qcow2",
+                "https://mirror.example.org/x.qcow2",
+                "mirror.example.org",
+            ),
+            (
+                "http://user:pw@10.0.0.6/x.qcow2",
+                "http://user:[REDACTED]@10.0.0.6/x.qcow2",
+                "10.0.0.6",
+            ),
+            (
+                "http://169.254.169.254/x.qcow2",
+                "http://169.254.169.254/x.qcow2",
+                "169.254.169.254",
+            ),
+        ] {
+            assert_eq!(
+                resolve(Generation::Kvm2, &cfg, &placement("", "small", unlisted)).unwrap_err(),
+                format!("placement.image {shown:?}: host {host} is not in kvm2.imageUrlHosts")
+            );
+        }
     }
 
     #[test]

@@ -50,7 +50,10 @@ struct Shared {
     cfg: KvmConfig,
     /// Every configured host, by name, its calls observed.
     hosts: BTreeMap<String, Arc<dyn Host>>,
+    /// Downloads of catalogue images (the operator's own URLs).
     http: reqwest::Client,
+    /// Downloads of the URLs Proxies give: redirects stay on `imageUrlHosts` when it is set.
+    url_http: reqwest::Client,
     /// Create and delete of one name take turns.
     names: KeyedLocks,
     /// One download per image and host at a time.
@@ -88,6 +91,7 @@ impl LibvirtProvider {
             return Err(format!("host {:?} has no connection", missing.name).into());
         }
         let probing = cfg.hosts.iter().map(|h| (h.name.clone(), Arc::default())).collect();
+        let url_http = image::http_client(cfg.image_url_hosts.clone())?;
         Ok(Self {
             shared: Arc::new(Shared {
                 generation,
@@ -95,7 +99,8 @@ impl LibvirtProvider {
                 entry: entry.to_owned(),
                 cfg,
                 hosts: by_name,
-                http: image::http_client()?,
+                http: image::http_client(None)?,
+                url_http,
                 names: KeyedLocks::new(),
                 images: KeyedLocks::new(),
             }),
@@ -225,8 +230,12 @@ impl LibvirtProvider {
 
         // A URL image's format, read only now: adopting a domain needs no image.
         let mut resolved = r.clone();
+        let http = if resolved.image.from_url {
+            &self.shared.url_http
+        } else {
+            &self.shared.http
+        };
         if resolved.image.from_url {
-            let http = &self.shared.http;
             resolved.image.format =
                 image::url_format(cx, host, http, generation, &self.shared.entry, pool, &resolved.image).await?;
         }
@@ -235,10 +244,10 @@ impl LibvirtProvider {
         img.room_after = disk_bytes(&self.shared.cfg, self.generation())?.saturating_add(SEED_RESERVE);
         // The first look at the pool (the marker lookup) is where a missing pool is a config
         // error; once seen, a pool missing is one that vanished during the create: a race.
-        let image_bytes = image::size_if_uncached(cx, host, &self.shared.http, &img).await?;
+        let image_bytes = image::size_if_uncached(cx, host, http, &img).await?;
         let rest = async {
             self.check_pool_space(cx, host, &img, image_bytes).await?;
-            let path = image::ensure(cx, host, &self.shared.http, &self.shared.images, &img).await?;
+            let path = image::ensure(cx, host, http, &self.shared.images, &img).await?;
             let size = host
                 .volume_capacity(cx, pool, &img.base)
                 .await

@@ -28,6 +28,8 @@ pub enum Serve {
     HeadLength(u64),
     /// HEAD and GET announce this length, and GET sends the image (a lying mirror).
     Claim(u64),
+    /// HEAD and GET are redirected (302) to this URL.
+    Redirect(String),
 }
 
 #[derive(Debug)]
@@ -123,6 +125,10 @@ async fn answer(mut conn: tokio::net::TcpStream, state: Arc<Mutex<State>>) {
     let (header, body): (String, &[u8]) = match (serve, is_head) {
         (Serve::Status(code), _) => (
             format!("HTTP/1.1 {code} Status\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+            &[],
+        ),
+        (Serve::Redirect(to), _) => (
+            format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
             &[],
         ),
         (Serve::HeadRefused, true) => (

@@ -384,6 +384,15 @@ pub mod validators {
             }
         }
 
+        for (j, host) in cfg.image_url_hosts.iter().flatten().enumerate() {
+            if !is_url_host(host) {
+                return Err(format!(
+                    "{b}.imageUrlHosts[{j}] must be a host name or an IP address, without scheme, port or path (got {})",
+                    go_quote(host)
+                ));
+            }
+        }
+
         if cfg.machine_types.is_empty() {
             return Err(format!("{b}.machineTypes must define at least one profile"));
         }
@@ -456,6 +465,20 @@ pub mod validators {
     pub const MAX_VCPUS: i32 = 1024;
     /// The most memory a machine type may ask for, in MiB (4 TiB).
     pub const MAX_MEMORY_MIB: i64 = 4 << 20;
+
+    /// Whether `host` is a bare host name or IP address (IPv6 with or without brackets), as a
+    /// URL's host part would be compared against it.
+    pub(super) fn is_url_host(host: &str) -> bool {
+        let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        if bare.parse::<std::net::IpAddr>().is_ok() {
+            return true;
+        }
+        !host.is_empty()
+            && host.len() <= 253
+            && host
+                .split('.')
+                .all(|label| !label.is_empty() && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+    }
 
     /// Whether `url` (an http(s) URL) carries `userinfo@` before its host.
     fn url_has_userinfo(url: &str) -> bool {
@@ -530,6 +553,17 @@ mod tests {
         ];
         for (input, want) in cases {
             assert_eq!(go_quote(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn url_hosts() {
+        use super::validators::is_url_host;
+        for good in ["mirror.example", "MIRROR", "10.0.0.5", "fd00::5", "[fd00::5]", "a-b.c"] {
+            assert!(is_url_host(good), "{good}");
+        }
+        for bad in ["", "https://m", "m:80", "m/x", "m .x", "a..b", "[m]", "user@m"] {
+            assert!(!is_url_host(bad), "{bad}");
         }
     }
 
