@@ -76,18 +76,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
     // An External Proxy whose proxy is not there: the health engine probes it, fails, and the
     // reconciler marks it Unhealthy; the metrics count it by phase and count its failed probes.
     let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
-    let proxy = Proxy::new(
-        "outside",
-        ProxySpec {
-            mode: egress_api::Mode::External,
-            endpoint: Some(egress_api::Endpoint {
-                host: "127.0.0.1".into(),
-                port: Some(1),
-            }),
-            ..Default::default()
-        },
-    );
-    proxies.create(&PostParams::default(), &proxy).await.unwrap();
+    create_unreachable_external(&proxies).await;
     let unhealthy = kube::runtime::wait::await_condition(proxies.clone(), "outside", |p: Option<&Proxy>| {
         p.and_then(|p| p.status.as_ref()).and_then(|s| s.phase) == Some(egress_api::Phase::Unhealthy)
     });
@@ -344,18 +333,7 @@ async fn the_binary_keeps_leases_in_redis() {
     let discovery = served(&op.wait_msg("Serving the discovery API"));
     op.wait_msg("Starting manager");
     let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
-    let proxy = Proxy::new(
-        "outside",
-        ProxySpec {
-            mode: egress_api::Mode::External,
-            endpoint: Some(egress_api::Endpoint {
-                host: "127.0.0.1".into(),
-                port: Some(1),
-            }),
-            ..Default::default()
-        },
-    );
-    proxies.create(&PostParams::default(), &proxy).await.unwrap();
+    create_unreachable_external(&proxies).await;
     // The leader's view reaches Redis.
     let mut redis_conn = redis::Client::open(redis.url())
         .unwrap()
@@ -395,4 +373,20 @@ async fn the_binary_keeps_leases_in_redis() {
     op.terminate();
     let status = op.wait_exit();
     assert_eq!(status.code(), Some(0), "{}", op.output());
+}
+
+/// Creates External Proxy `outside` at 127.0.0.1:1, where nothing listens: its probes fail.
+async fn create_unreachable_external(proxies: &Api<Proxy>) {
+    let proxy = Proxy::new(
+        "outside",
+        ProxySpec {
+            mode: egress_api::Mode::External,
+            endpoint: Some(egress_api::Endpoint {
+                host: "127.0.0.1".into(),
+                port: Some(1),
+            }),
+            ..Default::default()
+        },
+    );
+    proxies.create(&PostParams::default(), &proxy).await.unwrap();
 }

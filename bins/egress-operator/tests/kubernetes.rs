@@ -4,10 +4,7 @@
 
 mod common;
 
-use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
-use egress_api::ProviderHealth;
-use kube::Api;
-use kube::runtime::wait::await_condition;
+use common::{Cluster, Operator, cluster, operator_binary, wait_target_ready};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kubernetes_entry_is_built_and_checked() {
@@ -28,15 +25,7 @@ async fn a_kubernetes_entry_is_built_and_checked() {
     let mut op = Operator::start(&operator_binary(), &args, &[("KUBECONFIG", kubeconfig.as_str())]);
     let ready = op.wait_msg("Providers ready");
     assert_eq!(ready["providers"], "[\"pods\"]", "{ready}");
-    let api: Api<ProviderHealth> = Api::all(server.client().unwrap());
-    let healthy = await_condition(api, "pods", |h: Option<&ProviderHealth>| {
-        h.and_then(|h| h.status.as_ref())
-            .is_some_and(|s| s.targets.iter().any(|t| t.name == "apiserver" && t.ready))
-    });
-    tokio::time::timeout(PATIENCE, healthy)
-        .await
-        .expect("the kubernetes entry's check never turned ready")
-        .unwrap();
+    wait_target_ready(&server, "pods", "apiserver").await;
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
 }

@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{Cluster, Operator, PATIENCE, cluster, operator_binary, reference_binary};
-use egress_api::{Phase, ProviderHealth, Proxy, ProxySpec};
+use common::{Cluster, Operator, PATIENCE, cluster, operator_binary, reference_binary, wait_target_ready};
+use egress_api::{Phase, Proxy, ProxySpec};
 use egress_kube_testserver::TestServer;
 use http_body_util::{BodyExt as _, Full};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -378,15 +378,7 @@ async fn the_kubernetes_entrys_api_calls_are_spans_under_the_check() {
         ],
     );
     op.wait_msg("tracing enabled");
-    let api: Api<ProviderHealth> = Api::all(server.client().unwrap());
-    let healthy = await_condition(api, "pods", |h: Option<&ProviderHealth>| {
-        h.and_then(|h| h.status.as_ref())
-            .is_some_and(|s| s.targets.iter().any(|t| t.name == "apiserver" && t.ready))
-    });
-    tokio::time::timeout(PATIENCE, healthy)
-        .await
-        .expect("the kubernetes entry's check never turned ready")
-        .unwrap();
+    wait_target_ready(&server, "pods", "apiserver").await;
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
     // The flush on shutdown has delivered every span by now.

@@ -210,3 +210,17 @@ pub fn run_to_exit(binary: &Path, args: &[&str]) -> (Option<i32>, String) {
     );
     (out.status.code(), text)
 }
+
+/// Waits (at most [`PATIENCE`]) until entry `entry`'s ProviderHealth reports target `target`
+/// ready.
+pub async fn wait_target_ready(server: &TestServer, entry: &str, target: &str) {
+    let api: kube::Api<ProviderHealth> = kube::Api::all(server.client().unwrap());
+    let ready = kube::runtime::wait::await_condition(api, entry, |h: Option<&ProviderHealth>| {
+        h.and_then(|h| h.status.as_ref())
+            .is_some_and(|s| s.targets.iter().any(|t| t.name == target && t.ready))
+    });
+    tokio::time::timeout(PATIENCE, ready)
+        .await
+        .unwrap_or_else(|_| panic!("{entry}'s target {target} never turned ready"))
+        .unwrap();
+}

@@ -437,15 +437,27 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
     if let Some(want) = &img.image.sha256
         && *want != digest
     {
-        let message = format!(
-            "base image {} is cached with sha256 {digest} but {want} is configured; add the image under a new \
-             key and move Proxies to it, or delete the Proxies using it and evict the base by hand",
-            img.base
-        );
-        // Normal-level: an operator must act, and nothing will change by itself.
-        tracing::info!(volume = %img.base, "{message}");
-        return Err(Failure::permanent(message));
+        return Err(digest_refused(img, &digest, want));
     }
+    base_path_under_marker(cx, host, img).await
+}
+
+/// A cached base whose marker holds `held` (as the message shows it) where `want` is configured:
+/// refused, never fetched over (overlays may use the base).
+fn digest_refused(img: &Cached<'_>, held: &str, want: &str) -> Failure {
+    let message = format!(
+        "base image {} is cached with sha256 {held} but {want} is configured; add the image under a new \
+         key and move Proxies to it, or delete the Proxies using it and evict the base by hand",
+        img.base
+    );
+    // Normal-level: an operator must act, and nothing will change by itself.
+    tracing::info!(volume = %img.base, "{message}");
+    Failure::permanent(message)
+}
+
+/// The path of a base whose marker is trusted; `None` (and the marker removed) when the base
+/// itself is gone, so it is fetched again.
+async fn base_path_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, Failure> {
     match host.volume_path(cx, img.pool, &img.base).await {
         Ok(path) => Ok(Some(path)),
         Err(e) if e.is(code::NO_STORAGE_VOL) => {
@@ -471,25 +483,10 @@ async fn cached_kvm(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Opt
         let text = String::from_utf8_lossy(&raw);
         let held = text.split_whitespace().next().unwrap_or_default().to_ascii_lowercase();
         if held != *want {
-            let message = format!(
-                "base image {} is cached with sha256 {held:?} but {want} is configured; add the image under a new \
-                 key and move Proxies to it, or delete the Proxies using it and evict the base by hand",
-                img.base
-            );
-            tracing::info!(volume = %img.base, "{message}");
-            return Err(Failure::permanent(message));
+            return Err(digest_refused(img, &format!("{held:?}"), want));
         }
     }
-    match host.volume_path(cx, img.pool, &img.base).await {
-        Ok(path) => Ok(Some(path)),
-        Err(e) if e.is(code::NO_STORAGE_VOL) => {
-            discard(cx, host, img.pool, &img.marker)
-                .await
-                .doing(|| format!("removing marker {} of a missing base", img.marker))?;
-            Ok(None)
-        }
-        Err(e) => Err(Failure::call(format!("looking up base volume {}", img.base), e)),
-    }
+    base_path_under_marker(cx, host, img).await
 }
 
 /// The digest a marker holds: trailing NUL, space, CR, LF and TAB stripped, lowercased, and
