@@ -17,6 +17,7 @@ use futures::StreamExt;
 use kube::api::{Api, PostParams};
 
 use crate::procs::{Killed, free_port, wait_for_file};
+use crate::system;
 
 /// The manager Deployment's memory limit.
 const LIMIT_MIB: f64 = 128.0;
@@ -209,6 +210,8 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         bail!("no bench named {unknown:?} (known: {})", known.join(", "));
     }
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    // Before anything compiles; the discovery bench runs a local redis-server.
+    system::require_packages(&[system::BUILD_PACKAGES, &["redis-server"]].concat())?;
     if wanted("health") {
         health(root, release)?;
     }

@@ -67,7 +67,8 @@ impl Layout {
 }
 
 pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
-    system::ensure_packages(&["tinyproxy"])?;
+    // Before anything compiles: the build needs libvirt-dev, the run needs tinyproxy.
+    system::require_packages(&[system::BUILD_PACKAGES, &["tinyproxy"]].concat())?;
     if !Path::new(TINYPROXY).exists() {
         bail!("{TINYPROXY} is needed: apt-get install tinyproxy (as root, cargo xtask dev installs it)");
     }

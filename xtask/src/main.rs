@@ -1,9 +1,13 @@
 //! Project automation. `cargo xtask <command>`:
 //!
-//! - `test`: the README's test command. As root, installs the system
-//!   packages the workspace needs (apt); then runs every test of the
-//!   workspace, streaming cargo's own output, and `dev --smoke`; exits with
-//!   the status of the first that fails.
+//! - `test [--repeat N] [-p PKG]... [--test NAME]... [-- FILTER...]`: the README's test
+//!   command. As root, installs the system packages the workspace needs (apt) and starts the
+//!   services the tests use; then runs `cargo test --workspace --no-fail-fast` (so one failure
+//!   shows all the others), streaming cargo's own output, and `dev --smoke`; closes with one
+//!   line `N passed, M failed` summed over every test binary (the smoke run counts as one
+//!   test) and exits with cargo's status, else the smoke run's. `--repeat N` runs the chosen
+//!   tests N times in a row, to hunt flakes; `-p`, `--test` and a filter choose them (and leave
+//!   the smoke run out).
 //! - `dev [--smoke] [--release] [--discovery-port N]`: the README's run
 //!   command: the operator against a local Kubernetes test server, with three
 //!   sample Proxies as tinyproxy processes, and a guide to try it; Ctrl-C
@@ -42,6 +46,7 @@ mod dev;
 mod hypervisor;
 mod procs;
 mod system;
+mod tally;
 
 #[derive(Parser)]
 #[command(about = "Automation for the egress-proxy operator workspace")]
@@ -54,7 +59,16 @@ struct Cli {
 enum Cmd {
     /// Install what the tests need (as root), then run every test of the workspace.
     Test {
-        /// Extra arguments passed to `cargo test` after `--` (e.g. a test name filter).
+        /// Run the chosen tests this many times in a row (a flake hunt); every run is reported.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        repeat: u32,
+        /// Only this package's tests (repeatable); the dev smoke run is then left out.
+        #[arg(long = "package", short = 'p')]
+        packages: Vec<String>,
+        /// Only this integration test binary (repeatable); the dev smoke run is then left out.
+        #[arg(long = "test")]
+        tests: Vec<String>,
+        /// Extra arguments passed to the test binaries after `--` (e.g. a test name filter).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -137,7 +151,20 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let root = workspace_root();
     match cli.command {
-        Cmd::Test { args } => test(&root, &args),
+        Cmd::Test {
+            repeat,
+            packages,
+            tests,
+            args,
+        } => test(
+            &root,
+            &TestSelection {
+                repeat,
+                packages,
+                tests,
+                filter: args,
+            },
+        ),
         Cmd::Dev {
             smoke,
             release,
@@ -164,7 +191,7 @@ fn run(cli: Cli) -> Result<()> {
             cargo(&root, &["fmt", "--all", "--check"])?;
             crds::run(&root, true)?;
             cargo(&root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-            test(&root, &[])
+            test(&root, &TestSelection::everything())
         }
         Cmd::Deny => cargo(&root, &["deny", "check", "licenses", "bans", "sources"]).context(
             "cargo-deny is needed: cargo install cargo-deny --locked (advisories are not checked: they need the network)",
@@ -172,8 +199,51 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// What `cargo xtask test` runs.
+struct TestSelection {
+    repeat: u32,
+    packages: Vec<String>,
+    tests: Vec<String>,
+    filter: Vec<String>,
+}
+
+impl TestSelection {
+    fn everything() -> Self {
+        Self {
+            repeat: 1,
+            packages: Vec::new(),
+            tests: Vec::new(),
+            filter: Vec::new(),
+        }
+    }
+
+    /// The whole suite: every test binary of the workspace and no filter, so the dev smoke run
+    /// belongs to it.
+    fn is_whole_suite(&self) -> bool {
+        self.packages.is_empty() && self.tests.is_empty() && self.filter.is_empty()
+    }
+
+    fn cargo_args(&self) -> Vec<String> {
+        let mut args = vec!["test".to_owned(), "--no-fail-fast".to_owned()];
+        if self.packages.is_empty() {
+            args.push("--workspace".to_owned());
+        }
+        for p in &self.packages {
+            args.extend(["-p".to_owned(), p.clone()]);
+        }
+        for t in &self.tests {
+            args.extend(["--test".to_owned(), t.clone()]);
+        }
+        if !self.filter.is_empty() {
+            args.push("--".to_owned());
+            args.extend(self.filter.iter().cloned());
+        }
+        args
+    }
+}
+
 /// The README's test command.
-fn test(root: &Path, extra: &[String]) -> Result<()> {
+fn test(root: &Path, selection: &TestSelection) -> Result<()> {
     system::ensure_packages(system::APT_PACKAGES)?;
     // As root, the real hypervisor the libvirt tests use comes up for this run and goes down
     // after it; one that is up and running is left as it was. One left half-up by a killed run
@@ -182,48 +252,70 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
     if bring_up {
         hypervisor::up(root)?;
     }
-    let outcome = test_with_services(root, extra);
+    let outcome = test_with_services(root, selection);
     if bring_up {
         hypervisor::down()?;
     }
     outcome
 }
 
-fn test_with_services(root: &Path, extra: &[String]) -> Result<()> {
+fn test_with_services(root: &Path, selection: &TestSelection) -> Result<()> {
     // The shared lease store's tests run against a real redis-server of this run's own.
     let redis = procs::start_redis()?;
-    let mut args = vec!["test".to_owned(), "--workspace".to_owned()];
-    if !extra.is_empty() {
-        args.push("--".to_owned());
-        args.extend(extra.iter().cloned());
+    let mut total = tally::Counts::default();
+    let mut first_failure: Option<i32> = None;
+    for run in 1..=selection.repeat {
+        if selection.repeat > 1 {
+            println!("xtask: run {run} of {}", selection.repeat);
+        }
+        let mut cmd = Command::new(cargo_bin());
+        cmd.args(selection.cargo_args())
+            .current_dir(root)
+            // Under this command a real backend that is not configured is a
+            // failure, not a skip: CI must run the real-backend cases.
+            .env("EGRESS_CONFORMANCE_REQUIRED", "1")
+            // Tests that need a real component (tinyproxy, ...) fail instead of skipping.
+            .env("EGRESS_REAL_BACKENDS_REQUIRED", "1")
+            .env("EGRESS_TEST_REDIS_URL", redis.url());
+        let (status, counts) = tally::run_counting(&mut cmd).context("running cargo test")?;
+        if selection.repeat > 1 {
+            println!("xtask: run {run} of {}: {}", selection.repeat, counts.line());
+        }
+        total.add(&counts);
+        if !status.success() && first_failure.is_none() {
+            first_failure = Some(status.code().unwrap_or(1));
+        }
     }
-    let status = Command::new(cargo_bin())
-        .args(&args)
-        .current_dir(root)
-        // Under this command a real backend that is not configured is a
-        // failure, not a skip: CI must run the real-backend cases.
-        .env("EGRESS_CONFORMANCE_REQUIRED", "1")
-        // Tests that need a real component (tinyproxy, ...) fail instead of skipping.
-        .env("EGRESS_REAL_BACKENDS_REQUIRED", "1")
-        .env("EGRESS_TEST_REDIS_URL", redis.url())
-        .status()
-        .context("running cargo test")?;
     drop(redis);
-    if !status.success() {
-        // Exit with cargo's own status, as the README promises (after the services stop).
-        return Err(TestsFailed(status.code().unwrap_or(1)).into());
-    }
-    if extra.is_empty() {
+    let mut smoke_failure = None;
+    if selection.is_whole_suite() {
         println!("xtask: cargo xtask dev --smoke");
-        dev::run(
+        let smoke = dev::run(
             root,
             &dev::Options {
                 smoke: true,
                 release: false,
                 discovery_port: 0,
             },
-        )
-        .context("the dev smoke run failed")?;
+        );
+        // The smoke run counts as one test of the suite.
+        match smoke {
+            Ok(()) => total.passed += 1,
+            Err(e) => {
+                total.failed += 1;
+                eprintln!("xtask: the dev smoke run failed: {e:#}");
+                smoke_failure = Some(e);
+            }
+        }
+    }
+    // The closing line, summed over every test binary (and every run): last, after the smoke.
+    println!("{}", total.line());
+    if let Some(code) = first_failure {
+        // Exit with cargo's own status, as the README promises (after the services stop).
+        return Err(TestsFailed(code).into());
+    }
+    if let Some(e) = smoke_failure {
+        return Err(e.context("the dev smoke run failed"));
     }
     Ok(())
 }
@@ -259,9 +351,11 @@ fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
     } else {
         fake
     };
-    if real && provider == "local" {
-        system::ensure_packages(&["tinyproxy"])?;
+    let mut packages = system::BUILD_PACKAGES.to_vec();
+    if provider == "local" {
+        packages.push("tinyproxy");
     }
+    system::require_packages(&packages)?;
     if real && matches!(provider, "kvm" | "kvm2") {
         // The same rule as egress_libvirt::HypervisorEnv::file.
         let env = std::env::var_os("EGRESS_HV_ENV").map_or_else(|| PathBuf::from(hypervisor::ENV_FILE), PathBuf::from);

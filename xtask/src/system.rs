@@ -5,6 +5,10 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+/// Debian packages without which the workspace does not compile: libvirt-dev and pkg-config
+/// (virt-sys finds libvirt through `libvirt.pc`), and CA roots.
+pub(crate) const BUILD_PACKAGES: &[&str] = &["ca-certificates", "libvirt-dev", "pkg-config"];
+
 /// Debian packages the workspace's build and tests need: CA roots; libvirt-dev and pkg-config
 /// (the libvirt C bindings build against them); tinyproxy (the real forward proxy of the health
 /// probes and the local provider); the OpenSSH client (test keys); redis-server (the shared lease
@@ -21,7 +25,7 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
 /// Installs the packages of `wanted` that are missing. Without root it only
 /// reports what is missing, so a developer's run never needs sudo.
 pub(crate) fn ensure_packages(wanted: &[&str]) -> Result<()> {
-    let missing: Vec<&str> = wanted.iter().copied().filter(|p| !installed(p)).collect();
+    let missing = missing(wanted);
     if missing.is_empty() {
         return Ok(());
     }
@@ -32,11 +36,39 @@ pub(crate) fn ensure_packages(wanted: &[&str]) -> Result<()> {
         );
         return Ok(());
     }
+    install(&missing)
+}
+
+/// The package step of every command that compiles the workspace (`dev`, `bench`,
+/// `conformance`): as root, installs what `wanted` lacks; otherwise, when anything is missing,
+/// fails before cargo starts with the exact line that installs it, rather than letting a build
+/// script fail later with a message about `libvirt.pc`.
+pub(crate) fn require_packages(wanted: &[&str]) -> Result<()> {
+    let missing = missing(wanted);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "these Debian packages are missing and this command needs them before it can build: \
+             {list}\n  install them with: sudo apt-get install -y --no-install-recommends {list}\n  \
+             (run as root, cargo xtask installs them itself)",
+            list = missing.join(" ")
+        );
+    }
+    install(&missing)
+}
+
+fn missing<'a>(wanted: &[&'a str]) -> Vec<&'a str> {
+    wanted.iter().copied().filter(|p| !installed(p)).collect()
+}
+
+fn install(missing: &[&str]) -> Result<()> {
     println!("xtask: installing {}", missing.join(" "));
     run(Command::new("apt-get").arg("update").arg("-q"))?;
     run(Command::new("apt-get")
         .args(["install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
+        .args(missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 

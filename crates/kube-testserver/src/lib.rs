@@ -27,6 +27,7 @@ mod selectors;
 mod server;
 mod status;
 mod store;
+mod views;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::schema::Schema;
+use crate::views::{View, selectable_fields};
 
 /// Where objects of one resource live, whatever version they are read in.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,6 +48,13 @@ pub(crate) struct ResourceType {
     pub(crate) label_names: bool,
     pub(crate) schema: Option<Arc<Schema>>,
     pub(crate) printer_columns: Vec<PrinterColumn>,
+    /// How this version shows the stored objects.
+    pub(crate) view: View,
+    /// The store of another resource this one serves (events.k8s.io Events are core Events).
+    pub(crate) shares_store_of: Option<StoreKey>,
+    /// Field selector labels beyond `metadata.name` and `metadata.namespace`, each with the
+    /// stored field it reads.
+    pub(crate) selectable_fields: &'static [(&'static str, &'static str)],
 }
 
 impl ResourceType {
@@ -58,11 +66,20 @@ impl ResourceType {
         }
     }
 
+    /// Where its objects are kept.
     pub(crate) fn key(&self) -> StoreKey {
-        StoreKey {
+        self.shares_store_of.clone().unwrap_or_else(|| StoreKey {
             group: self.group.clone(),
             plural: self.plural.clone(),
-        }
+        })
+    }
+
+    /// A stored object as this version shows it, with its apiVersion and kind.
+    pub(crate) fn show(&self, stored: &Value) -> Value {
+        let mut o = self.view.show(stored);
+        o["apiVersion"] = Value::String(self.api_version());
+        o["kind"] = Value::String(self.kind.clone());
+        o
     }
     /// A PUT without a resourceVersion is allowed for built-in kinds; custom resources and CRDs
     /// require one (their strategies refuse unconditional updates).
@@ -92,6 +109,9 @@ impl ResourceType {
             label_names: false,
             schema: None,
             printer_columns: Vec::new(),
+            view: View::Stored,
+            shares_store_of: None,
+            selectable_fields: selectable_fields(group, plural),
         }
     }
 }
@@ -104,14 +124,19 @@ pub(crate) fn builtins() -> Vec<ResourceType> {
     pods.short_names = vec!["po".into()];
     pods.categories = vec!["all".into()];
     let secrets = ResourceType::builtin("", "v1", "Secret", "secrets", true);
+    let mut config_maps = ResourceType::builtin("", "v1", "ConfigMap", "configmaps", true);
+    config_maps.short_names = vec!["cm".into()];
     let mut namespaces = ResourceType::builtin("", "v1", "Namespace", "namespaces", false);
     namespaces.status_subresource = true;
     namespaces.short_names = vec!["ns".into()];
     namespaces.label_names = true;
     let mut core_events = ResourceType::builtin("", "v1", "Event", "events", true);
     core_events.short_names = vec!["ev".into()];
+    // One set of Events, served through both APIs as a real server serves them.
     let mut events = ResourceType::builtin("events.k8s.io", "v1", "Event", "events", true);
     events.short_names = vec!["ev".into()];
+    events.view = View::EventsV1;
+    events.shares_store_of = Some(core_events.key());
     let leases = ResourceType::builtin("coordination.k8s.io", "v1", "Lease", "leases", true);
     let crds = ResourceType::builtin(
         "apiextensions.k8s.io",
@@ -123,7 +148,16 @@ pub(crate) fn builtins() -> Vec<ResourceType> {
     let mut crds = crds;
     crds.status_subresource = true;
     crds.short_names = vec!["crd".into(), "crds".into()];
-    vec![pods, secrets, namespaces, core_events, events, leases, crds]
+    vec![
+        pods,
+        secrets,
+        config_maps,
+        namespaces,
+        core_events,
+        events,
+        leases,
+        crds,
+    ]
 }
 
 /// How Kubernetes ranks versions: GA above beta above alpha, then higher numbers first;
@@ -241,6 +275,9 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, CrdError> {
             label_names: false,
             schema,
             printer_columns,
+            view: View::Stored,
+            shares_store_of: None,
+            selectable_fields: &[],
         });
     }
     if out.is_empty() {

@@ -142,12 +142,23 @@ pub(crate) fn labels_of(object: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// A field selector over `metadata.name` and `metadata.namespace` (the fields every resource supports).
+/// A field selector: `metadata.name` and `metadata.namespace` (which every resource supports)
+/// and the labels a resource adds, each term read from the stored object.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct FieldSelector(Vec<(String, bool, String)>);
+pub(crate) struct FieldSelector(Vec<FieldTerm>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FieldTerm {
+    /// The JSON pointer of the stored field.
+    pointer: String,
+    equal: bool,
+    value: String,
+}
 
 impl FieldSelector {
-    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+    /// Parses `text`; `supported` lists the resource's own labels with the stored field each
+    /// reads. Any other label is refused, as the API server refuses it.
+    pub(crate) fn parse(text: &str, supported: &[(&str, &str)]) -> Result<Self, String> {
         let mut terms = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -160,23 +171,34 @@ impl FieldSelector {
                 return Err(format!("invalid selector: '{text}'; can't understand '{part}'"));
             };
             let field = field.trim();
-            if !matches!(field, "metadata.name" | "metadata.namespace") {
-                return Err(format!("field label not supported: {field}"));
-            }
-            terms.push((field.to_string(), equal, value.trim().to_string()));
+            let pointer = match field {
+                "metadata.name" => "/metadata/name",
+                "metadata.namespace" => "/metadata/namespace",
+                other => supported
+                    .iter()
+                    .find(|(label, _)| *label == other)
+                    .map(|(_, pointer)| *pointer)
+                    .ok_or_else(|| format!("field label not supported: {field}"))?,
+            };
+            terms.push(FieldTerm {
+                pointer: pointer.to_owned(),
+                equal,
+                value: value.trim().to_string(),
+            });
         }
         Ok(Self(terms))
     }
 
+    /// Whether the stored object is selected. A field the object lacks reads as empty, and
+    /// numbers and booleans as their text, as the API server's field sets hold them.
     pub(crate) fn matches(&self, object: &Value) -> bool {
-        self.0.iter().all(|(field, equal, value)| {
-            let pointer = if field == "metadata.name" {
-                "/metadata/name"
-            } else {
-                "/metadata/namespace"
+        self.0.iter().all(|term| {
+            let actual = match object.pointer(&term.pointer) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Null) | None => String::new(),
+                Some(other) => other.to_string(),
             };
-            let actual = object.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
-            (actual == value) == *equal
+            (actual == term.value) == term.equal
         })
     }
 }
@@ -228,20 +250,47 @@ mod tests {
             assert!(LabelSelector::parse(s).is_err(), "{s} should be refused");
         }
         assert_eq!(
-            FieldSelector::parse("spec.x=1").unwrap_err(),
+            FieldSelector::parse("spec.x=1", &[]).unwrap_err(),
             "field label not supported: spec.x"
         );
-        assert!(FieldSelector::parse("metadata.name").is_err());
+        assert!(FieldSelector::parse("metadata.name", &[]).is_err());
     }
 
     #[test]
     fn field_selectors() {
         let o = serde_json::json!({"metadata": {"name": "a", "namespace": "n"}});
         assert!(
-            FieldSelector::parse("metadata.name=a,metadata.namespace==n")
+            FieldSelector::parse("metadata.name=a,metadata.namespace==n", &[])
                 .unwrap()
                 .matches(&o)
         );
-        assert!(!FieldSelector::parse("metadata.name!=a").unwrap().matches(&o));
+        assert!(!FieldSelector::parse("metadata.name!=a", &[]).unwrap().matches(&o));
+    }
+
+    #[test]
+    fn a_resource_s_own_labels_read_their_stored_fields() {
+        let fields = crate::views::selectable_fields("", "events");
+        let e = serde_json::json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "Proxy", "name": "p", "uid": "u1"}, "count": 3});
+        let s = FieldSelector::parse(
+            "involvedObject.kind=Proxy,involvedObject.name=p,involvedObject.uid=u1",
+            fields,
+        )
+        .unwrap();
+        assert!(s.matches(&e));
+        let s = FieldSelector::parse("involvedObject.name=q", fields).unwrap();
+        assert!(!s.matches(&e));
+        // A label of the other Events API is not this one's.
+        assert_eq!(
+            FieldSelector::parse("regarding.name=p", fields).unwrap_err(),
+            "field label not supported: regarding.name"
+        );
+        let v1 = crate::views::selectable_fields("events.k8s.io", "events");
+        assert!(FieldSelector::parse("regarding.name=p", v1).unwrap().matches(&e));
+        // A field the object lacks reads as empty.
+        assert!(
+            FieldSelector::parse("involvedObject.namespace=", fields)
+                .unwrap()
+                .matches(&e)
+        );
     }
 }

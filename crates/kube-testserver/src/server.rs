@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::discovery;
 use crate::faults::{FaultAction, Faults, Requests, Verb};
+use crate::resources::ResourceType;
 use crate::selectors::{FieldSelector, LabelSelector, labels_of};
 use crate::status::ApiError;
 use crate::store::{Change, ChangeKind, DeleteOptions, ListOptions, PatchKind, State, Target, WriteOptions, watches};
@@ -425,9 +426,10 @@ fn manager(query: &Query, headers: &HeaderMap, apply: bool) -> String {
     }
 }
 
-fn list_options(query: &Query) -> Result<ListOptions, ApiError> {
+fn list_options(query: &Query, rt: &ResourceType) -> Result<ListOptions, ApiError> {
     let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or_default()).map_err(ApiError::bad_request)?;
-    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or_default()).map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or_default(), rt.selectable_fields)
+        .map_err(ApiError::bad_request)?;
     let limit = match query.get("limit") {
         None | Some("") => None,
         Some(l) => Some(
@@ -617,7 +619,7 @@ async fn object_request(
             }
         }
         Verb::List => {
-            let opts = list_options(query)?;
+            let opts = list_options(query, &t.rt)?;
             let list = shared.state().list(&t, &opts)?;
             if form == Form::Metadata {
                 let items: Vec<Value> = list["items"]
@@ -717,7 +719,7 @@ async fn object_request(
             if verb == Verb::Delete {
                 (200, state.delete(&t, &opts)?)
             } else {
-                (200, state.delete_collection(&t, &list_options(query)?, &opts)?)
+                (200, state.delete_collection(&t, &list_options(query, &t.rt)?, &opts)?)
             }
         }
     };
@@ -815,7 +817,7 @@ fn check_watch_params(query: &Query) -> Result<(), ApiError> {
 }
 
 fn watch(shared: &Arc<Shared>, t: Target, query: &Query, metadata: bool) -> Result<Response<Body>, ApiError> {
-    let mut opts = list_options(query)?;
+    let mut opts = list_options(query, &t.rt)?;
     opts.limit = None;
     opts.continue_token = None;
     check_watch_params(query)?;
@@ -946,10 +948,7 @@ fn watch(shared: &Arc<Shared>, t: Target, query: &Query, metadata: bool) -> Resu
 }
 
 fn with_type(t: &Target, object: &Value) -> Value {
-    let mut o = object.clone();
-    o["apiVersion"] = json!(t.rt.api_version());
-    o["kind"] = json!(t.rt.kind);
-    o
+    t.rt.show(object)
 }
 
 #[cfg(test)]

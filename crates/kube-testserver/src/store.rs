@@ -324,9 +324,14 @@ impl State {
 
     /// The object as it is shown for the requested version.
     fn shown(rt: &ResourceType, object: &Value) -> Value {
-        let mut o = object.clone();
-        o["apiVersion"] = json!(rt.api_version());
-        o["kind"] = json!(rt.kind);
+        rt.show(object)
+    }
+
+    /// What is stored for an object written through `rt` (its apiVersion and kind checked).
+    fn stored(rt: &ResourceType, written: Value) -> Value {
+        let mut o = rt.view.store(&written);
+        o["apiVersion"] = written["apiVersion"].clone();
+        o["kind"] = written["kind"].clone();
         o
     }
 
@@ -556,6 +561,7 @@ impl State {
     pub(crate) fn create(&mut self, t: &Target, mut body: Value, opts: &WriteOptions) -> Result<Value, ApiError> {
         Self::check_type(t, &mut body)?;
         Self::check_namespace_in_body(t, &mut body)?;
+        let mut body = Self::stored(&t.rt, body);
         let now = now();
         {
             let m = meta_mut(&mut body);
@@ -626,10 +632,11 @@ impl State {
         let who = writer(&t, opts, &now, &lists);
         fields::record_update(None, &mut body, &who);
         if opts.dry_run {
-            return Ok(body);
+            return Ok(Self::shown(&t.rt, &body));
         }
         self.after_create(&t, &body)?;
-        Ok(self.commit(&t.rt, ChangeKind::Added, body))
+        let created = self.commit(&t.rt, ChangeKind::Added, body);
+        Ok(Self::shown(&t.rt, &created))
     }
 
     /// A created CRD starts serving its kind.
@@ -664,6 +671,7 @@ impl State {
                 t.name()
             )));
         }
+        let body = Self::stored(&t.rt, body);
         self.write(t, &old, body, opts, None)
     }
 
@@ -880,6 +888,7 @@ impl State {
         }
         Self::check_type(t, &mut patched)?;
         Self::check_namespace_in_body(t, &mut patched)?;
+        let patched = Self::stored(&t.rt, patched);
         self.write(t, &current, patched, opts, None)
     }
 
@@ -930,7 +939,9 @@ impl State {
         let who = writer(t, opts, &now, &lists);
         let shell = json!({"apiVersion": t.rt.api_version(), "kind": t.rt.kind,
             "metadata": {"name": t.name(), "namespace": t.namespace}});
-        let base = current.clone().unwrap_or(shell);
+        // Applied in the requested version's terms (as its managedFields name them), stored in
+        // the store's.
+        let base = current.as_ref().map_or(shell, |c| Self::shown(&t.rt, c));
         let merged = fields::apply(&base, &body, opts.force, &who).map_err(|conflicts| {
             let mut e = ApiError::conflict(&t.rt.group, &t.rt.plural, t.name(), "");
             e.message = fields::conflict_message(&conflicts);
@@ -945,7 +956,7 @@ impl State {
         match current {
             Some(old) => {
                 // Apply is not an optimistic write unless the configuration names a resourceVersion.
-                let mut merged = merged;
+                let mut merged = Self::stored(&t.rt, merged);
                 let wanted_rv = meta_str(&body, "resourceVersion").unwrap_or_default().to_string();
                 meta_mut(&mut merged).insert("resourceVersion".into(), json!(wanted_rv));
                 self.write(t, &old, merged, opts, Some(&body))
@@ -962,19 +973,20 @@ impl State {
                         ..opts.clone()
                     },
                 )?;
-                let mut created = created;
+                let mut created = Self::stored(&t.rt, created);
                 if let Some(f) = fields {
                     meta_mut(&mut created).insert("managedFields".into(), f);
                 }
                 if opts.dry_run {
-                    return Ok(created);
+                    return Ok(Self::shown(&t.rt, &created));
                 }
                 let t = Target {
                     name: Some(t.name().to_string()),
                     ..t.clone()
                 };
                 self.after_create(&t, &created)?;
-                Ok(self.commit(&t.rt, ChangeKind::Added, created))
+                let created = self.commit(&t.rt, ChangeKind::Added, created);
+                Ok(Self::shown(&t.rt, &created))
             }
         }
     }

@@ -478,21 +478,78 @@ async fn leases_round_trip_for_leader_election() {
 }
 
 #[tokio::test]
-async fn events_in_both_groups_can_be_written() {
+async fn events_are_one_set_served_through_both_apis() {
     let s = server().await;
     let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client(&s), NS);
     let e: k8s_openapi::api::core::v1::Event = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "e1"}, "involvedObject": {"kind": "Toy", "name": "a"}, "reason": "Created", "type": "Normal"}))
+        "metadata": {"name": "e1"}, "involvedObject": {"kind": "Toy", "name": "a", "uid": "u-a"},
+        "reason": "Created", "message": "made", "type": "Normal", "count": 1,
+        "firstTimestamp": "2026-01-01T00:00:00Z", "source": {"component": "old-style"}}))
     .unwrap();
     core.create(&PostParams::default(), &e).await.unwrap();
     let new: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client(&s), NS);
     let e2: k8s_openapi::api::events::v1::Event = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "e2"}, "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "x",
-        "reportingInstance": "y", "action": "Reconcile", "reason": "Ok", "type": "Normal"}))
+        "reportingInstance": "y", "action": "Reconcile", "reason": "Ok", "type": "Normal", "note": "fine",
+        "regarding": {"kind": "Toy", "name": "b", "uid": "u-b"}}))
     .unwrap();
     new.create(&PostParams::default(), &e2).await.unwrap();
-    assert_eq!(new.list(&ListParams::default()).await.unwrap().items.len(), 1);
-    assert_eq!(core.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(new.list(&ListParams::default()).await.unwrap().items.len(), 2);
+    assert_eq!(core.list(&ListParams::default()).await.unwrap().items.len(), 2);
+
+    // Each API shows the other's Event in its own field names.
+    let seen_as_core = core.get("e2").await.unwrap();
+    assert_eq!(seen_as_core.message.as_deref(), Some("fine"));
+    assert_eq!(seen_as_core.involved_object.name.as_deref(), Some("b"));
+    assert_eq!(seen_as_core.reporting_component.as_deref(), Some("x"));
+    let seen_as_new = new.get("e1").await.unwrap();
+    assert_eq!(seen_as_new.note.as_deref(), Some("made"));
+    assert_eq!(
+        seen_as_new.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("a")
+    );
+    assert_eq!(seen_as_new.deprecated_count, Some(1));
+    assert_eq!(
+        seen_as_new
+            .deprecated_source
+            .as_ref()
+            .and_then(|s| s.component.as_deref()),
+        Some("old-style")
+    );
+    assert!(seen_as_new.deprecated_first_timestamp.is_some());
+
+    // A write through one API is a write of the same object for the other.
+    let patch = serde_json::json!({"note": "changed"});
+    new.patch(
+        "e1",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    assert_eq!(core.get("e1").await.unwrap().message.as_deref(), Some("changed"));
+
+    // The field selectors kubectl describe sends, and their events.k8s.io names.
+    let by_object =
+        ListParams::default().fields("involvedObject.kind=Toy,involvedObject.name=b,involvedObject.uid=u-b");
+    let names: Vec<String> = core
+        .list(&by_object)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.metadata.name)
+        .collect();
+    assert_eq!(names, vec!["e2".to_owned()]);
+    let by_regarding = ListParams::default().fields("regarding.name=a");
+    assert_eq!(new.list(&by_regarding).await.unwrap().items.len(), 1);
+    let (code, _, message) = api_error(core.list(&ListParams::default().fields("regarding.name=a")).await);
+    assert_eq!(code, 400);
+    assert_eq!(message, "field label not supported: regarding.name");
+
+    // Deleting through one API removes it from both.
+    new.delete("e2", &Default::default()).await.unwrap();
+    assert!(core.get_opt("e2").await.unwrap().is_none());
 }
 
 #[tokio::test]

@@ -215,7 +215,8 @@ impl KubeBackend {
 }
 
 /// Runs every Pod that has no phase yet (unless new Pods are held pending), as a kubelet would:
-/// phase Running and an address from 10.42.0.0/16.
+/// phase Running and an address from 10.42.0.0/16. Each write is conditional on the Pod being as
+/// listed, so the kubelet never overwrites what a case wrote in between.
 async fn kubelet(client: kube::Client, held: Arc<AtomicBool>, stop: Arc<AtomicBool>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let next = AtomicU32::new(2);
@@ -231,7 +232,13 @@ async fn kubelet(client: kube::Client, held: Arc<AtomicBool>, stop: Arc<AtomicBo
                 if unset && pod.metadata.deletion_timestamp.is_none() {
                     let n = next.fetch_add(1, Ordering::SeqCst);
                     let ip = format!("10.42.{}.{}", n / 250, n % 250 + 2);
-                    let status = serde_json::json!({"status": {"phase": "Running", "podIP": ip}});
+                    // The resourceVersion read by the list makes the patch conditional: a case
+                    // that set the phase since then (CT-C05 seeds an unknown one) gets a 409 for
+                    // the kubelet, never its own write undone.
+                    let status = serde_json::json!({
+                        "metadata": {"resourceVersion": pod.metadata.resource_version},
+                        "status": {"phase": "Running", "podIP": ip},
+                    });
                     let _ = Api::<Pod>::namespaced(client.clone(), &ns)
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                         .await;
