@@ -353,8 +353,9 @@ async fn use_it(
 The egress-proxy operator runs against a local Kubernetes test server, with {n} tinyproxy
 proxies of the local provider. Try, in another terminal:
 
-  # the Proxies, as kubectl sees them
+  # the Proxies, as kubectl sees them, and one with its events
   kubectl --kubeconfig {kubeconfig} get proxies
+  kubectl --kubeconfig {kubeconfig} describe px {first}
 
   # the discovery API: list, then lease a proxy in the EU for 60 s
   curl -s {discovery}/v1/proxies
@@ -372,14 +373,108 @@ proxies of the local provider. Try, in another terminal:
 
 The operator's log: {log}
 ",
-        n = names.len()
+        n = names.len(),
+        first = names.first().map_or("NAME", String::as_str),
     );
 
     if !options.smoke {
         println!("Press Ctrl-C to stop everything.");
         std::future::pending::<()>().await;
     }
+    if let Some(first) = names.first() {
+        describe_shows_events(api.clone(), &running.layout.file("kubeconfig"), first).await?;
+    }
     smoke(discovery, target, &pki_ca(&running.layout.file("ca.pem"))?).await
+}
+
+/// The reasons `kubectl describe px` must show for a Proxy that became Ready.
+const EXPECTED_EVENTS: [&str; 2] = ["Created", "Ready"];
+
+/// Smoke: the operator's Events on `name` reach `kubectl describe px` (real kubectl, which reads
+/// core v1 Events by `involvedObject` field selectors while the operator writes
+/// events.k8s.io/v1). Waits (bounded) until the Events exist, then runs kubectl once.
+async fn describe_shows_events(api: Api<Proxy>, kubeconfig: &Path, name: &str) -> Result<()> {
+    use futures::TryStreamExt as _;
+    use k8s_openapi::api::core::v1::Event;
+    use kube::runtime::WatchStreamExt as _;
+    let Some(kubectl) = kubectl() else {
+        if std::env::var_os("EGRESS_REAL_BACKENDS_REQUIRED").is_some() {
+            bail!("kubectl is needed on PATH for the describe check (EGRESS_REAL_BACKENDS_REQUIRED is set)");
+        }
+        println!("dev: smoke: SKIPPED the kubectl describe check: no kubectl on PATH");
+        return Ok(());
+    };
+    let events: Api<Event> = Api::namespaced(api.into_client(), NAMESPACE);
+    let selector = format!("involvedObject.kind=Proxy,involvedObject.name={name}");
+    let config = kube::runtime::watcher::Config::default().fields(&selector);
+    let mut seen = std::collections::BTreeSet::new();
+    let stream = kube::runtime::watcher(events, config).applied_objects();
+    futures::pin_mut!(stream);
+    let waited = tokio::time::timeout(EVENTS_BUDGET, async {
+        while !EXPECTED_EVENTS.iter().all(|r| seen.contains(*r)) {
+            match stream.try_next().await? {
+                Some(e) => {
+                    seen.insert(e.reason.unwrap_or_default());
+                }
+                None => bail!("the event watch ended"),
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    match waited {
+        Ok(r) => r?,
+        Err(_) => bail!("{name} has Events {seen:?} after {EVENTS_BUDGET:?}, not all of {EXPECTED_EVENTS:?}"),
+    }
+    let out = tokio::time::timeout(
+        EVENTS_BUDGET,
+        tokio::process::Command::new(&kubectl)
+            .args(["describe", "px", name, "--request-timeout=20s"])
+            .env("KUBECONFIG", kubeconfig)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("kubectl describe did not finish")??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "kubectl describe px {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let shown = events_section(&text);
+    for reason in EXPECTED_EVENTS {
+        if !shown.iter().any(|row| row.split_whitespace().nth(1) == Some(reason)) {
+            bail!("kubectl describe px {name} shows no {reason} event:\n{text}");
+        }
+    }
+    println!("dev: smoke: kubectl describe px {name} shows its events:");
+    for row in &shown {
+        println!("dev:   {row}");
+    }
+    Ok(())
+}
+
+/// How long the operator's Events and kubectl get.
+const EVENTS_BUDGET: Duration = Duration::from_secs(30);
+
+/// The rows of the `Events:` table of a `kubectl describe` (type, reason, age, from, message).
+fn events_section(text: &str) -> Vec<String> {
+    text.lines()
+        .skip_while(|l| !l.starts_with("Events:"))
+        .skip(3) // "Events:", the column names, the dashes
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// kubectl on PATH.
+fn kubectl() -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join("kubectl"))
+        .find(|p| p.is_file())
 }
 
 /// Waits until every named Proxy is Ready, printing phase changes.
@@ -589,4 +684,19 @@ fn tinyproxies_under(state: &Path) -> Vec<u32> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_events_table_of_a_describe_is_read_row_by_row() {
+        let text = "Name:  local-eu-1\nStatus:\n  Phase:  Ready\nEvents:\n  Type    Reason   Age   From             Message\n  ----    ------   ----  ----             -------\n  Normal  Created  10s   egress-operator  created instance local:abc\n  Normal  Ready    8s    egress-operator  the proxy at 127.0.0.2 carries traffic\n";
+        let rows = events_section(text);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].split_whitespace().nth(1), Some("Created"));
+        assert_eq!(rows[1].split_whitespace().nth(1), Some("Ready"));
+        assert!(events_section("Name: x\nEvents:  <none>\n").is_empty());
+    }
 }

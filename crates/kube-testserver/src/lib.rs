@@ -3,7 +3,8 @@
 //! **Not a cluster, and never a production component.** It speaks the Kubernetes REST API over
 //! plain HTTP on 127.0.0.1 so that the real `kube` client, `kube::runtime::watcher`,
 //! `Controller` and `kubectl` run against it unmodified. What it covers and what it does not
-//! (authentication, RBAC, admission webhooks, protobuf, conversion) is in docs/testing.md.
+//! (authentication, RBAC, admission webhooks, protobuf beyond five kinds, conversion) is in
+//! docs/testing.md.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -20,6 +21,7 @@ mod discovery;
 mod faults;
 mod fields;
 mod patch;
+mod protobuf;
 mod resources;
 mod reviews;
 mod schema;

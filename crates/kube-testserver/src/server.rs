@@ -360,8 +360,10 @@ fn parse_yaml_or_json(bytes: &[u8]) -> Result<Value, String> {
     }
 }
 
-/// The object in a create or update body.
-fn decode_object(bytes: &[u8], media: &str, kind: &str) -> Result<Value, ApiError> {
+/// The object in a create or update body: JSON, YAML, or (for the built-in kinds kubectl sends
+/// that way) the Kubernetes protobuf encoding.
+fn decode_object(bytes: &[u8], media: &str, rt: &ResourceType) -> Result<Value, ApiError> {
+    let kind = rt.kind.as_str();
     let unrecognized = |e: String| {
         ApiError::bad_request(format!(
             "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"
@@ -370,6 +372,12 @@ fn decode_object(bytes: &[u8], media: &str, kind: &str) -> Result<Value, ApiErro
     match media {
         "" | "application/json" => serde_json::from_slice(bytes).map_err(|e| unrecognized(e.to_string())),
         "application/yaml" => parse_yaml_or_json(bytes).map_err(unrecognized),
+        crate::protobuf::MEDIA_TYPE => crate::protobuf::decode(bytes, rt),
+        _ if crate::protobuf::supports(rt) => Err(ApiError::unsupported_media_type(&[
+            "application/json",
+            "application/yaml",
+            crate::protobuf::MEDIA_TYPE,
+        ])),
         _ => Err(ApiError::unsupported_media_type(&[
             "application/json",
             "application/yaml",
@@ -651,13 +659,13 @@ async fn object_request(
         }
         Verb::Watch => return watch(shared, t, query, form == Form::Metadata),
         Verb::Create => {
-            let body = decode_object(&bytes, &media, &t.rt.kind)?;
+            let body = decode_object(&bytes, &media, &t.rt)?;
             let opts = writer(false, None)?;
             strict_fields(query, &t, &body)?;
             (201, shared.state().create(&t, body, &opts)?)
         }
         Verb::Update => {
-            let body = decode_object(&bytes, &media, &t.rt.kind)?;
+            let body = decode_object(&bytes, &media, &t.rt)?;
             let opts = writer(false, None)?;
             strict_fields(query, &t, &body)?;
             (200, shared.state().update(&t, body, &opts)?)

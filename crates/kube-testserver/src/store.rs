@@ -541,6 +541,10 @@ impl State {
             fold_string_data(object).map_err(|why| {
                 ApiError::bad_request(format!("Secret in version \"v1\" cannot be handled as a Secret: {why}"))
             })?;
+            // The API server's default for a Secret without a type.
+            if object.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+                object["type"] = json!("Opaque");
+            }
         }
         if let Some(schema) = &t.rt.schema {
             schema.normalise(object);
