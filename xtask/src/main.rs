@@ -137,8 +137,8 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<TestsFailed>().is_some() => {
+            // Already reported before the closing count line, which stays the last line.
             let code = e.downcast_ref::<TestsFailed>().map_or(1, |t| t.0);
-            eprintln!("xtask: {e}");
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Err(e) => {
@@ -175,6 +175,7 @@ fn run(cli: Cli) -> Result<()> {
                 smoke,
                 release,
                 discovery_port: discovery_port.unwrap_or(if smoke { 0 } else { 8090 }),
+                require_kubectl: false,
             },
         ),
         Cmd::Conformance { provider, real } => conformance(&root, &provider, real),
@@ -253,17 +254,54 @@ fn test(root: &Path, selection: &TestSelection) -> Result<()> {
         hypervisor::up(root)?;
     }
     let outcome = test_with_services(root, selection);
-    if bring_up {
-        hypervisor::down()?;
+    let down = if bring_up { hypervisor::down() } else { Ok(()) };
+    let (total, failure) = outcome?;
+    if let Err(e) = &down {
+        eprintln!("xtask: stopping the hypervisor failed: {e:#}");
     }
-    outcome
+    if let Some(failure) = &failure {
+        eprintln!("xtask: {failure}");
+    }
+    // The closing line, summed over every test binary (and every run): the last thing printed.
+    println!("{}", total.line());
+    match failure {
+        Some(f) => Err(TestsFailed(f.exit_code()).into()),
+        None => down,
+    }
 }
 
-fn test_with_services(root: &Path, selection: &TestSelection) -> Result<()> {
+/// Why a test run failed, reported just before the closing line.
+enum Failure {
+    /// `cargo test` exited with this status.
+    Cargo(i32),
+    /// The dev smoke run failed.
+    Smoke(anyhow::Error),
+}
+
+impl Failure {
+    fn exit_code(&self) -> i32 {
+        match self {
+            Self::Cargo(code) => *code,
+            Self::Smoke(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cargo(code) => write!(f, "cargo test failed (exit status {code})"),
+            Self::Smoke(e) => write!(f, "the dev smoke run failed: {e:#}"),
+        }
+    }
+}
+
+/// Runs the selection with the services it needs; returns the counts and the first failure.
+fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::Counts, Option<Failure>)> {
     // The shared lease store's tests run against a real redis-server of this run's own.
     let redis = procs::start_redis()?;
     let mut total = tally::Counts::default();
-    let mut first_failure: Option<i32> = None;
+    let mut failure = None;
     for run in 1..=selection.repeat {
         if selection.repeat > 1 {
             println!("xtask: run {run} of {}", selection.repeat);
@@ -282,12 +320,11 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<()> {
             println!("xtask: run {run} of {}: {}", selection.repeat, counts.line());
         }
         total.add(&counts);
-        if !status.success() && first_failure.is_none() {
-            first_failure = Some(status.code().unwrap_or(1));
+        if !status.success() && failure.is_none() {
+            failure = Some(Failure::Cargo(status.code().unwrap_or(1)));
         }
     }
     drop(redis);
-    let mut smoke_failure = None;
     if selection.is_whole_suite() {
         println!("xtask: cargo xtask dev --smoke");
         let smoke = dev::run(
@@ -296,6 +333,8 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<()> {
                 smoke: true,
                 release: false,
                 discovery_port: 0,
+                // As for the tests: a missing kubectl fails the describe check.
+                require_kubectl: true,
             },
         );
         // The smoke run counts as one test of the suite.
@@ -303,30 +342,24 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<()> {
             Ok(()) => total.passed += 1,
             Err(e) => {
                 total.failed += 1;
-                eprintln!("xtask: the dev smoke run failed: {e:#}");
-                smoke_failure = Some(e);
+                if failure.is_none() {
+                    failure = Some(Failure::Smoke(e));
+                } else {
+                    eprintln!("xtask: the dev smoke run failed too: {e:#}");
+                }
             }
         }
     }
-    // The closing line, summed over every test binary (and every run): last, after the smoke.
-    println!("{}", total.line());
-    if let Some(code) = first_failure {
-        // Exit with cargo's own status, as the README promises (after the services stop).
-        return Err(TestsFailed(code).into());
-    }
-    if let Some(e) = smoke_failure {
-        return Err(e.context("the dev smoke run failed"));
-    }
-    Ok(())
+    Ok((total, failure))
 }
 
-/// `cargo test` failed with this exit code.
+/// The test command failed with this exit code, and has said why.
 #[derive(Debug)]
 struct TestsFailed(i32);
 
 impl std::fmt::Display for TestsFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "cargo test failed (exit status {})", self.0)
+        write!(f, "the tests failed (exit status {})", self.0)
     }
 }
 
@@ -351,8 +384,12 @@ fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
     } else {
         fake
     };
-    let mut packages = system::BUILD_PACKAGES.to_vec();
-    if provider == "local" {
+    // Only the kvm crates build the libvirt C bindings; only the real local suite runs tinyproxy.
+    let mut packages = Vec::new();
+    if matches!(provider, "kvm" | "kvm2") {
+        packages.extend_from_slice(system::BUILD_PACKAGES);
+    }
+    if real && provider == "local" {
         packages.push("tinyproxy");
     }
     system::require_packages(&packages)?;

@@ -44,6 +44,17 @@ pub(crate) fn ensure_packages(wanted: &[&str]) -> Result<()> {
 /// fails before cargo starts with the exact line that installs it, rather than letting a build
 /// script fail later with a message about `libvirt.pc`.
 pub(crate) fn require_packages(wanted: &[&str]) -> Result<()> {
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    if !has_dpkg() {
+        // Not Debian: the packages have other names here, and cargo names what it misses.
+        println!(
+            "xtask: no dpkg-query, so not checking for the Debian packages {} (install their equivalents)",
+            wanted.join(" ")
+        );
+        return Ok(());
+    }
     let missing = missing(wanted);
     if missing.is_empty() {
         return Ok(());
@@ -57,6 +68,13 @@ pub(crate) fn require_packages(wanted: &[&str]) -> Result<()> {
         );
     }
     install(&missing)
+}
+
+fn has_dpkg() -> bool {
+    Command::new("dpkg-query")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn missing<'a>(wanted: &[&'a str]) -> Vec<&'a str> {

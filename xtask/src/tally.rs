@@ -65,14 +65,38 @@ struct Reading {
     binaries_reported_failed: u64,
 }
 
+/// `line` without ANSI colour sequences (`CARGO_TERM_COLOR=always` colours cargo's own lines).
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, then one final byte in @..~.
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl Reading {
     fn take(&mut self, line: &str) {
-        if let Some(c) = parse_result(line) {
+        let line = plain(line);
+        if let Some(c) = parse_result(&line) {
             if c.failed > 0 || line.contains("test result: FAILED") {
                 self.binaries_failed += 1;
             }
             self.counts.add(&c);
-        } else if line.trim_start().starts_with("error: test failed, to rerun pass") {
+        } else if line.trim_start().starts_with("error: ") && line.contains(" failed, to rerun pass") {
+            // `error: test failed, ...` for a test binary, `error: doctest failed, ...` for a
+            // crate's doc tests.
             self.binaries_reported_failed += 1;
         }
     }
@@ -176,6 +200,18 @@ mod tests {
         r.take("error: test failed, to rerun pass `-p a --test crashed`");
         let counts = r.finish(ExitStatus::from_raw(101 << 8));
         assert_eq!((counts.passed, counts.failed), (6, 2));
+    }
+
+    #[test]
+    fn coloured_lines_and_failed_doctests_are_read() {
+        let mut r = Reading::default();
+        r.take("\u{1b}[0m\u{1b}[1mtest result: \u{1b}[31mFAILED\u{1b}[0m. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out");
+        r.take("\u{1b}[1m\u{1b}[91merror\u{1b}[0m\u{1b}[1m: doctest failed, to rerun pass `-p a --doc`\u{1b}[0m");
+        r.take("\u{1b}[1m\u{1b}[91merror\u{1b}[0m\u{1b}[1m: test failed, to rerun pass `-p a --test died`\u{1b}[0m");
+        let counts = r.finish(ExitStatus::from_raw(101 << 8));
+        // The doctest binary's own FAILED line accounts for its report; the binary that died
+        // without one counts once.
+        assert_eq!((counts.passed, counts.failed), (2, 2));
     }
 
     #[test]

@@ -366,6 +366,29 @@ struct Owner {
     manager: String,
     operation: String,
     subresource: String,
+    /// Part of an Update owner's identity (a manager writing through two API versions owns
+    /// through two entries), as in the API server's manager identifiers; empty for appliers,
+    /// whose one entry follows the version they last applied.
+    update_api_version: String,
+}
+
+impl Owner {
+    /// The owner an entry of `managedFields` names.
+    fn of_entry(e: &Value) -> Self {
+        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+        let operation = s("operation");
+        let update_api_version = if operation == "Update" {
+            s("apiVersion")
+        } else {
+            String::new()
+        };
+        Self {
+            manager: s("manager"),
+            operation,
+            subresource: s("subresource"),
+            update_api_version,
+        }
+    }
 }
 
 type Table = BTreeMap<Owner, (String, BTreeSet<FieldPath>)>;
@@ -379,11 +402,7 @@ fn owners(object: &Value) -> Table {
         .flatten()
     {
         let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-        let owner = Owner {
-            manager: s("manager"),
-            operation: s("operation"),
-            subresource: s("subresource"),
-        };
+        let owner = Owner::of_entry(e);
         let fields = e.get("fieldsV1").map(from_fields_v1).unwrap_or_default();
         out.insert(owner, (s("apiVersion"), fields));
     }
@@ -399,12 +418,7 @@ fn owner_times(object: Option<&Value>) -> BTreeMap<Owner, (BTreeSet<FieldPath>, 
         .into_iter()
         .flatten()
     {
-        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-        let owner = Owner {
-            manager: s("manager"),
-            operation: s("operation"),
-            subresource: s("subresource"),
-        };
+        let owner = Owner::of_entry(e);
         let fields = e.get("fieldsV1").map(from_fields_v1).unwrap_or_default();
         out.insert(owner, (fields, e.get("time").cloned().unwrap_or(Value::Null)));
     }
@@ -461,6 +475,7 @@ pub(crate) fn record_update(old: Option<&Value>, new: &mut Value, who: &Writer<'
         manager: who.manager.into(),
         operation: "Update".into(),
         subresource: who.subresource.into(),
+        update_api_version: who.api_version.clone(),
     };
     let entry = table
         .entry(me.clone())
@@ -524,6 +539,7 @@ pub(crate) fn apply(
         manager: who.manager.into(),
         operation: "Apply".into(),
         subresource: who.subresource.into(),
+        update_api_version: String::new(),
     };
     let mut conflicts = Vec::new();
     for (owner, (api_version, set)) in table.iter_mut() {

@@ -9,7 +9,8 @@
 //! Pod that sets one of the others (volumes, probes, security contexts, affinity, ...) is
 //! refused with 415 naming the field, so nothing is ever dropped without a word: send it as
 //! JSON. The destructuring below is exhaustive, so a field that a newer `k8s-pb` adds does not
-//! compile until it is mapped or refused.
+//! compile until it is mapped or refused. Fields `k8s-pb` itself does not know (a client newer
+//! than its Kubernetes version) are skipped by prost, the one gap.
 
 use std::collections::BTreeMap;
 
@@ -75,13 +76,11 @@ pub(crate) fn decode(bytes: &[u8], rt: &ResourceType) -> Result<Value, ApiError>
     let sent_kind = type_meta.kind.unwrap_or_default();
     let raw = envelope.raw.unwrap_or_default();
     let decoded = match (rt.group.as_str(), rt.version.as_str(), rt.plural.as_str()) {
-        ("", "v1", "secrets") => secret(core::Secret::decode(raw.as_slice()).map_err(|e| malformed(kind, e))?),
-        ("", "v1", "configmaps") => {
-            config_map(core::ConfigMap::decode(raw.as_slice()).map_err(|e| malformed(kind, e))?)
-        }
-        ("", "v1", "namespaces") => namespace(core::Namespace::decode(raw.as_slice()).map_err(|e| malformed(kind, e))?),
-        ("", "v1", "events") => event(core::Event::decode(raw.as_slice()).map_err(|e| malformed(kind, e))?),
-        ("", "v1", "pods") => pod(core::Pod::decode(raw.as_slice()).map_err(|e| malformed(kind, e))?)?,
+        ("", "v1", "secrets") => secret(decode_message(&raw, kind)?),
+        ("", "v1", "configmaps") => config_map(decode_message(&raw, kind)?),
+        ("", "v1", "namespaces") => namespace(decode_message(&raw, kind)?),
+        ("", "v1", "events") => event(decode_message(&raw, kind)?),
+        ("", "v1", "pods") => pod(decode_message(&raw, kind)?)?,
         _ => unreachable!("supports() lists exactly these"),
     };
     // The envelope names the type as JSON's apiVersion and kind do; the store checks them.
@@ -93,6 +92,13 @@ pub(crate) fn decode(bytes: &[u8], rt: &ResourceType) -> Result<Value, ApiError>
         object["kind"] = json!(sent_kind);
     }
     Ok(object)
+}
+
+/// The message in `raw`. NB: prost skips fields its type does not know (from a client newer
+/// than `k8s-pb`'s Kubernetes version); they cannot be told from a re-encoding, which also drops
+/// the empty map values client-go writes out, so they are not refused.
+fn decode_message<M: Message + Default>(raw: &[u8], kind: &str) -> Result<M, ApiError> {
+    M::decode(raw).map_err(|e| malformed(kind, e))
 }
 
 /// A JSON object built field by field, leaving out what the Go types' `omitempty` leaves out.

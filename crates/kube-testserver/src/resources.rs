@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::schema::Schema;
-use crate::views::{View, selectable_fields};
+use crate::views::{SelectableField, View, selectable_fields};
 
 /// Where objects of one resource live, whatever version they are read in.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,9 +52,8 @@ pub(crate) struct ResourceType {
     pub(crate) view: View,
     /// The store of another resource this one serves (events.k8s.io Events are core Events).
     pub(crate) shares_store_of: Option<StoreKey>,
-    /// Field selector labels beyond `metadata.name` and `metadata.namespace`, each with the
-    /// stored field it reads.
-    pub(crate) selectable_fields: &'static [(&'static str, &'static str)],
+    /// Field selector labels beyond `metadata.name` and `metadata.namespace`.
+    pub(crate) selectable_fields: &'static [SelectableField],
 }
 
 impl ResourceType {

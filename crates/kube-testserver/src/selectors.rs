@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::views::SelectableField;
+
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Requirement {
@@ -149,16 +151,19 @@ pub(crate) struct FieldSelector(Vec<FieldTerm>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FieldTerm {
-    /// The JSON pointer of the stored field.
-    pointer: String,
+    /// The stored fields the label reads, the first set one winning.
+    pointers: &'static [&'static str],
+    unset: &'static str,
     equal: bool,
     value: String,
 }
 
 impl FieldSelector {
-    /// Parses `text`; `supported` lists the resource's own labels with the stored field each
-    /// reads. Any other label is refused, as the API server refuses it.
-    pub(crate) fn parse(text: &str, supported: &[(&str, &str)]) -> Result<Self, String> {
+    /// Parses `text`; `supported` lists the resource's own labels. Any other label is refused,
+    /// as the API server refuses it.
+    pub(crate) fn parse(text: &str, supported: &[SelectableField]) -> Result<Self, String> {
+        const NAME: &[&str] = &["/metadata/name"];
+        const NAMESPACE: &[&str] = &["/metadata/namespace"];
         let mut terms = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -171,17 +176,18 @@ impl FieldSelector {
                 return Err(format!("invalid selector: '{text}'; can't understand '{part}'"));
             };
             let field = field.trim();
-            let pointer = match field {
-                "metadata.name" => "/metadata/name",
-                "metadata.namespace" => "/metadata/namespace",
+            let (pointers, unset) = match field {
+                "metadata.name" => (NAME, ""),
+                "metadata.namespace" => (NAMESPACE, ""),
                 other => supported
                     .iter()
-                    .find(|(label, _)| *label == other)
-                    .map(|(_, pointer)| *pointer)
+                    .find(|f| f.label == other)
+                    .map(|f| (f.pointers, f.unset))
                     .ok_or_else(|| format!("field label not supported: {field}"))?,
             };
             terms.push(FieldTerm {
-                pointer: pointer.to_owned(),
+                pointers,
+                unset,
                 equal,
                 value: value.trim().to_string(),
             });
@@ -189,15 +195,20 @@ impl FieldSelector {
         Ok(Self(terms))
     }
 
-    /// Whether the stored object is selected. A field the object lacks reads as empty, and
-    /// numbers and booleans as their text, as the API server's field sets hold them.
+    /// Whether the stored object is selected. A term's value is its first stored field that is
+    /// set (numbers and booleans as their text, as the API server's field sets hold them), else
+    /// the label's unset value.
     pub(crate) fn matches(&self, object: &Value) -> bool {
         self.0.iter().all(|term| {
-            let actual = match object.pointer(&term.pointer) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Null) | None => String::new(),
-                Some(other) => other.to_string(),
-            };
+            let actual = term
+                .pointers
+                .iter()
+                .find_map(|p| match object.pointer(p) {
+                    Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+                    Some(Value::Null | Value::String(_)) | None => None,
+                    Some(other) => Some(other.to_string()),
+                })
+                .unwrap_or_else(|| term.unset.to_owned());
             (actual == term.value) == term.equal
         })
     }

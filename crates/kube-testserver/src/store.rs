@@ -257,9 +257,14 @@ impl State {
     /// Sets an object's `creationTimestamp` (a test control: the API never lets a client write
     /// it). False when there is no such object.
     pub(crate) fn backdate(&mut self, group: &str, plural: &str, namespace: &str, name: &str, at: &str) -> bool {
-        let key = StoreKey {
-            group: group.to_owned(),
-            plural: plural.to_owned(),
+        // Through the served type, whose store may be another's (events.k8s.io Events).
+        let Some(key) = self
+            .types
+            .all()
+            .find(|t| t.group == group && t.plural == plural)
+            .map(ResourceType::key)
+        else {
+            return false;
         };
         let Some(object) = self
             .objects
@@ -330,7 +335,10 @@ impl State {
     /// What is stored for an object written through `rt` (its apiVersion and kind checked).
     fn stored(rt: &ResourceType, written: Value) -> Value {
         let mut o = rt.view.store(&written);
-        o["apiVersion"] = written["apiVersion"].clone();
+        o["apiVersion"] = rt
+            .view
+            .stored_api_version()
+            .map_or_else(|| written["apiVersion"].clone(), |v| json!(v));
         o["kind"] = written["kind"].clone();
         o
     }
@@ -436,9 +444,10 @@ impl State {
             .collect())
     }
 
-    /// The current objects in scope, as the synthetic ADDED events a watch from "now" starts with.
+    /// The current objects in scope (as stored: the watch shows them), for the synthetic ADDED
+    /// events a watch from "now" starts with.
     pub(crate) fn snapshot(&self, t: &Target, opts: &ListOptions) -> Vec<Value> {
-        self.matching(t, opts).map(|o| Self::shown(&t.rt, o)).collect()
+        self.matching(t, opts).cloned().collect()
     }
 
     // ---- writes ----------------------------------------------------------------------------
@@ -943,9 +952,10 @@ impl State {
         let who = writer(t, opts, &now, &lists);
         let shell = json!({"apiVersion": t.rt.api_version(), "kind": t.rt.kind,
             "metadata": {"name": t.name(), "namespace": t.namespace}});
-        // Applied in the requested version's terms (as its managedFields name them), stored in
-        // the store's.
-        let base = current.as_ref().map_or(shell, |c| Self::shown(&t.rt, c));
+        // Applied in the store's terms, as every other write records ownership: one set of
+        // field names in managedFields, whichever API a manager writes through.
+        let body = Self::stored(&t.rt, body);
+        let base = current.clone().unwrap_or(shell);
         let merged = fields::apply(&base, &body, opts.force, &who).map_err(|conflicts| {
             let mut e = ApiError::conflict(&t.rt.group, &t.rt.plural, t.name(), "");
             e.message = fields::conflict_message(&conflicts);
@@ -960,7 +970,7 @@ impl State {
         match current {
             Some(old) => {
                 // Apply is not an optimistic write unless the configuration names a resourceVersion.
-                let mut merged = Self::stored(&t.rt, merged);
+                let mut merged = merged;
                 let wanted_rv = meta_str(&body, "resourceVersion").unwrap_or_default().to_string();
                 meta_mut(&mut merged).insert("resourceVersion".into(), json!(wanted_rv));
                 self.write(t, &old, merged, opts, Some(&body))
@@ -969,9 +979,10 @@ impl State {
                 let mut merged = merged;
                 meta_mut(&mut merged).remove("resourceVersion");
                 let fields = meta(&merged).get("managedFields").cloned();
+                // create takes the object as the requested version shows it.
                 let created = self.create(
                     t,
-                    merged,
+                    Self::shown(&t.rt, &merged),
                     &WriteOptions {
                         dry_run: true,
                         ..opts.clone()

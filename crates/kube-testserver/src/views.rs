@@ -29,54 +29,78 @@ const EVENT_RENAMES: &[(&str, &str)] = &[
     ("count", "deprecatedCount"),
 ];
 
+/// A field selector label of a built-in kind: the stored fields it reads (the first that is set
+/// gives its value, as the API server's field sets fall back), and its value when none is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SelectableField {
+    pub(crate) label: &'static str,
+    pub(crate) pointers: &'static [&'static str],
+    pub(crate) unset: &'static str,
+}
+
+const fn field(label: &'static str, pointers: &'static [&'static str]) -> SelectableField {
+    SelectableField {
+        label,
+        pointers,
+        unset: "",
+    }
+}
+
 /// The field selectors of core `v1` Events (the labels the API server supports) and the stored
-/// field each one reads.
-const CORE_EVENT_FIELDS: &[(&str, &str)] = &[
-    ("involvedObject.kind", "/involvedObject/kind"),
-    ("involvedObject.namespace", "/involvedObject/namespace"),
-    ("involvedObject.name", "/involvedObject/name"),
-    ("involvedObject.uid", "/involvedObject/uid"),
-    ("involvedObject.apiVersion", "/involvedObject/apiVersion"),
-    ("involvedObject.resourceVersion", "/involvedObject/resourceVersion"),
-    ("involvedObject.fieldPath", "/involvedObject/fieldPath"),
-    ("reason", "/reason"),
-    ("reportingComponent", "/reportingComponent"),
-    ("source", "/source/component"),
-    ("type", "/type"),
+/// fields each one reads. `source` falls back to the reporting controller, as the server's does,
+/// so Events written through events.k8s.io/v1 are found by it too.
+const CORE_EVENT_FIELDS: &[SelectableField] = &[
+    field("involvedObject.kind", &["/involvedObject/kind"]),
+    field("involvedObject.namespace", &["/involvedObject/namespace"]),
+    field("involvedObject.name", &["/involvedObject/name"]),
+    field("involvedObject.uid", &["/involvedObject/uid"]),
+    field("involvedObject.apiVersion", &["/involvedObject/apiVersion"]),
+    field("involvedObject.resourceVersion", &["/involvedObject/resourceVersion"]),
+    field("involvedObject.fieldPath", &["/involvedObject/fieldPath"]),
+    field("reason", &["/reason"]),
+    field("reportingComponent", &["/reportingComponent"]),
+    field("source", &["/source/component", "/reportingComponent"]),
+    field("type", &["/type"]),
 ];
 
 /// The same for `events.k8s.io/v1`, in its own names (the API server converts these labels to
 /// the core ones).
-const EVENTS_V1_FIELDS: &[(&str, &str)] = &[
-    ("regarding.kind", "/involvedObject/kind"),
-    ("regarding.namespace", "/involvedObject/namespace"),
-    ("regarding.name", "/involvedObject/name"),
-    ("regarding.uid", "/involvedObject/uid"),
-    ("regarding.apiVersion", "/involvedObject/apiVersion"),
-    ("regarding.resourceVersion", "/involvedObject/resourceVersion"),
-    ("regarding.fieldPath", "/involvedObject/fieldPath"),
-    ("reason", "/reason"),
-    ("reportingController", "/reportingComponent"),
-    ("type", "/type"),
+const EVENTS_V1_FIELDS: &[SelectableField] = &[
+    field("regarding.kind", &["/involvedObject/kind"]),
+    field("regarding.namespace", &["/involvedObject/namespace"]),
+    field("regarding.name", &["/involvedObject/name"]),
+    field("regarding.uid", &["/involvedObject/uid"]),
+    field("regarding.apiVersion", &["/involvedObject/apiVersion"]),
+    field("regarding.resourceVersion", &["/involvedObject/resourceVersion"]),
+    field("regarding.fieldPath", &["/involvedObject/fieldPath"]),
+    field("reason", &["/reason"]),
+    field("reportingController", &["/reportingComponent"]),
+    field("type", &["/type"]),
 ];
 
-const POD_FIELDS: &[(&str, &str)] = &[
-    ("spec.nodeName", "/spec/nodeName"),
-    ("spec.restartPolicy", "/spec/restartPolicy"),
-    ("spec.schedulerName", "/spec/schedulerName"),
-    ("spec.serviceAccountName", "/spec/serviceAccountName"),
-    ("status.phase", "/status/phase"),
-    ("status.podIP", "/status/podIP"),
-    ("status.nominatedNodeName", "/status/nominatedNodeName"),
+/// A Pod's labels; `status.podIP` reads the first of `podIPs`, as the server's does.
+const POD_FIELDS: &[SelectableField] = &[
+    field("spec.nodeName", &["/spec/nodeName"]),
+    field("spec.restartPolicy", &["/spec/restartPolicy"]),
+    field("spec.schedulerName", &["/spec/schedulerName"]),
+    field("spec.serviceAccountName", &["/spec/serviceAccountName"]),
+    SelectableField {
+        label: "spec.hostNetwork",
+        pointers: &["/spec/hostNetwork"],
+        unset: "false",
+    },
+    field("status.phase", &["/status/phase"]),
+    field("status.podIP", &["/status/podIPs/0/ip", "/status/podIP"]),
+    field("status.nominatedNodeName", &["/status/nominatedNodeName"]),
 ];
 
-const SECRET_FIELDS: &[(&str, &str)] = &[("type", "/type")];
+const SECRET_FIELDS: &[SelectableField] = &[field("type", &["/type"])];
 
-const NAMESPACE_FIELDS: &[(&str, &str)] = &[("status.phase", "/status/phase")];
+const NAMESPACE_FIELDS: &[SelectableField] = &[field("status.phase", &["/status/phase"])];
 
 /// The field selector labels a built-in resource supports beyond `metadata.name` and
-/// `metadata.namespace`, each with the stored field it reads.
-pub(crate) fn selectable_fields(group: &str, plural: &str) -> &'static [(&'static str, &'static str)] {
+/// `metadata.namespace`.
+pub(crate) fn selectable_fields(group: &str, plural: &str) -> &'static [SelectableField] {
     match (group, plural) {
         ("", "events") => CORE_EVENT_FIELDS,
         ("events.k8s.io", "events") => EVENTS_V1_FIELDS,
@@ -87,6 +111,9 @@ pub(crate) fn selectable_fields(group: &str, plural: &str) -> &'static [(&'stati
     }
 }
 
+/// `object` with its top-level fields renamed. A field that already carries a target name is
+/// not of the source version (an events.k8s.io body with a core `message`, say): dropped, as the
+/// real decoder drops fields its type does not have.
 fn renamed(object: &Value, renames: impl Iterator<Item = (&'static str, &'static str)>) -> Value {
     let Value::Object(fields) = object else {
         return object.clone();
@@ -94,11 +121,15 @@ fn renamed(object: &Value, renames: impl Iterator<Item = (&'static str, &'static
     let renames: Vec<(&str, &str)> = renames.collect();
     let mut out = Map::new();
     for (name, value) in fields {
-        let to = renames
-            .iter()
-            .find(|(from, _)| from == name)
-            .map_or(name.as_str(), |(_, to)| to);
-        out.insert(to.to_owned(), value.clone());
+        match renames.iter().find(|(from, _)| from == name) {
+            Some((_, to)) => {
+                out.insert((*to).to_owned(), value.clone());
+            }
+            None if renames.iter().any(|(_, to)| to == name) => {}
+            None => {
+                out.insert(name.clone(), value.clone());
+            }
+        }
     }
     Value::Object(out)
 }
@@ -109,6 +140,16 @@ impl View {
         match self {
             Self::Stored => stored.clone(),
             Self::EventsV1 => renamed(stored, EVENT_RENAMES.iter().copied()),
+        }
+    }
+
+    /// The apiVersion stored objects carry, when it is not the written one: a stored Event is a
+    /// core one whichever API wrote it, so a write through the other API that changes nothing
+    /// is still no change.
+    pub(crate) fn stored_api_version(self) -> Option<&'static str> {
+        match self {
+            Self::Stored => None,
+            Self::EventsV1 => Some("v1"),
         }
     }
 
@@ -163,17 +204,25 @@ mod tests {
         }
         assert_eq!(View::EventsV1.store(&v1), core);
         assert_eq!(View::Stored.show(&core), core);
+        // A field of the other version is not carried over.
+        let mixed = json!({"note": "new", "message": "stale", "regarding": {"name": "p"}});
+        assert_eq!(
+            View::EventsV1.store(&mixed),
+            json!({"message": "new", "involvedObject": {"name": "p"}})
+        );
     }
 
     #[test]
     fn both_versions_select_the_same_stored_fields() {
         let core = selectable_fields("", "events");
         let v1 = selectable_fields("events.k8s.io", "events");
-        for (label, pointer) in v1 {
-            let core_label = label
+        for f in v1 {
+            let core_label = f
+                .label
                 .replace("regarding.", "involvedObject.")
                 .replace("reportingController", "reportingComponent");
-            assert!(core.contains(&(core_label.as_str(), *pointer)), "{label}");
+            let twin = core.iter().find(|c| c.label == core_label).expect("a core label");
+            assert_eq!(twin.pointers, f.pointers, "{}", f.label);
         }
     }
 }

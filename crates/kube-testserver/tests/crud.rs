@@ -528,6 +528,36 @@ async fn events_are_one_set_served_through_both_apis() {
     .await
     .unwrap();
     assert_eq!(core.get("e1").await.unwrap().message.as_deref(), Some("changed"));
+    // A write through the other API that changes nothing is no change: same resourceVersion.
+    let rv = core.get("e1").await.unwrap().metadata.resource_version;
+    let same = serde_json::json!({"message": "changed"});
+    let after = core
+        .patch(
+            "e1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&same),
+        )
+        .await
+        .unwrap();
+    assert_eq!(after.metadata.resource_version, rv);
+
+    // Server-side apply through events.k8s.io/v1 creates, then changes, the one object.
+    let mut applied = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "e3"}, "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "x",
+        "reportingInstance": "y", "action": "Apply", "reason": "Ok", "note": "applied",
+        "regarding": {"kind": "Toy", "name": "c"}});
+    let apply = kube::api::PatchParams::apply("applier");
+    new.patch("e3", &apply, &kube::api::Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(core.get("e3").await.unwrap().message.as_deref(), Some("applied"));
+    applied["note"] = "applied again".into();
+    let shown = new
+        .patch("e3", &apply, &kube::api::Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(shown.note.as_deref(), Some("applied again"));
+    assert_eq!(core.get("e3").await.unwrap().message.as_deref(), Some("applied again"));
 
     // The field selectors kubectl describe sends, and their events.k8s.io names.
     let by_object =
@@ -543,6 +573,15 @@ async fn events_are_one_set_served_through_both_apis() {
     assert_eq!(names, vec!["e2".to_owned()]);
     let by_regarding = ListParams::default().fields("regarding.name=a");
     assert_eq!(new.list(&by_regarding).await.unwrap().items.len(), 1);
+    // `source` finds an events.k8s.io Event by its reporting controller, as on a real server.
+    assert_eq!(
+        core.list(&ListParams::default().fields("source=x"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
     let (code, _, message) = api_error(core.list(&ListParams::default().fields("regarding.name=a")).await);
     assert_eq!(code, 400);
     assert_eq!(message, "field label not supported: regarding.name");

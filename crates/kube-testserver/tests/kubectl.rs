@@ -235,10 +235,17 @@ async fn kubectl_writes_built_in_kinds_as_it_does_against_a_cluster() {
     assert_eq!(data["pass"].0, b"s3cret");
     assert_eq!(secret.type_.as_deref(), Some("Opaque"));
     let out = k
-        .ok(&["create", "configmap", "settings", "--from-literal=mode=strict"])
+        .ok(&[
+            "create",
+            "configmap",
+            "settings",
+            "--from-literal=mode=strict",
+            "--from-literal=empty=",
+        ])
         .await;
     assert!(out.contains("configmap/settings created"), "{out}");
-    assert_eq!(maps.get("settings").await.unwrap().data.unwrap()["mode"], "strict");
+    let data = maps.get("settings").await.unwrap().data.unwrap();
+    assert_eq!((data["mode"].as_str(), data["empty"].as_str()), ("strict", ""));
     let out = k.ok(&["create", "namespace", "crawlers"]).await;
     assert!(out.contains("namespace/crawlers created"), "{out}");
     assert!(namespaces.get_opt("crawlers").await.unwrap().is_some());
