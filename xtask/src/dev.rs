@@ -176,10 +176,16 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
             layout.state().display()
         ),
     )?;
+    // The discovery API asks for a token, as installed: one made for this run, in a file the
+    // operator follows (as it follows the Secret volume in a cluster).
+    let token = discovery_token();
+    let token_file = layout.file("discovery-token");
+    std::fs::write(&token_file, format!("{token}\n"))?;
     let operator = Killed(
         Command::new(bin.join("egress-operator"))
             .arg(format!("--providers-config={}", providers.display()))
             .arg(format!("--discovery-addr=127.0.0.1:{discovery_port}"))
+            .arg(format!("--discovery-token-file={}", token_file.display()))
             .arg(format!(
                 "--health-check-url=https://127.0.0.1:{}/generate_204",
                 target.port()
@@ -206,8 +212,12 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
         api: None,
     };
 
+    let api = Discovery {
+        url: &discovery,
+        token: &token,
+    };
     let used = tokio::select! {
-        used = use_it(&mut running, root, &kubeconfig, &discovery, target, options) => used,
+        used = use_it(&mut running, root, &kubeconfig, &api, target, options) => used,
         _ = interrupts.recv() => {
             println!("\ndev: interrupted (Ctrl-C again to stop at once)");
             Ok(())
@@ -305,13 +315,25 @@ async fn delete_proxies(api: &Api<Proxy>) -> Result<()> {
     }
 }
 
+/// A new random discovery token for one run (hex of 24 random bytes).
+fn discovery_token() -> String {
+    let bytes: [u8; 24] = rand::random();
+    data_encoding::HEXLOWER.encode(&bytes)
+}
+
+/// Where the run's discovery API is, and its token.
+struct Discovery<'a> {
+    url: &'a str,
+    token: &'a str,
+}
+
 /// Applies the samples, waits for Ready, then prints the guide and waits for Ctrl-C, or (smoke)
 /// leases a proxy and sends a request through it.
 async fn use_it(
     running: &mut Running<'_>,
     root: &Path,
     kubeconfig: &Path,
-    discovery: &str,
+    discovery: &Discovery<'_>,
     target: std::net::SocketAddr,
     options: &Options,
 ) -> Result<()> {
@@ -360,9 +382,9 @@ proxies of the local provider. Try, in another terminal:
   kubectl --kubeconfig {kubeconfig} get proxies
   kubectl --kubeconfig {kubeconfig} describe px {first}
 
-  # the discovery API: list, then lease a proxy in the EU for 60 s
-  curl -s {discovery}/v1/proxies
-  curl -s -X POST -H 'Content-Type: application/json' \\
+  # the discovery API (its token: {token_file}): list, then lease a proxy in the EU for 60 s
+  curl -s -H 'Authorization: Bearer {token}' {discovery}/v1/proxies
+  curl -s -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
        -d '{{\"selector\": {{\"geo\": \"eu\"}}, \"ttlSeconds\": 60}}' {discovery}/v1/leases
 
   # traffic through the leased proxy (put its ip and port from the lease in place of IP:PORT):
@@ -372,12 +394,15 @@ proxies of the local provider. Try, in another terminal:
   curl -x http://IP:PORT https://www.gstatic.com/generate_204 -w '%{{http_code}}\\n'
 
   # give the lease back (its leaseID from the answer above)
-  curl -s -X DELETE {discovery}/v1/leases/LEASE_ID
+  curl -s -X DELETE -H 'Authorization: Bearer {token}' {discovery}/v1/leases/LEASE_ID
 
 The operator's log: {log}
 ",
         n = names.len(),
         first = names.first().map_or("NAME", String::as_str),
+        discovery = discovery.url,
+        token = discovery.token,
+        token_file = running.layout.file("discovery-token").display(),
     );
 
     if !options.smoke {
@@ -532,8 +557,16 @@ async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_
 
 /// The smoke check: a lease is granted, and a request through the leased proxy reaches the
 /// local target.
-async fn smoke(discovery: &str, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<()> {
-    let client = Client::new(discovery, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<()> {
+    // Without the token the API answers 401 and nothing else.
+    let anonymous = Client::new(discovery.url, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match anonymous.list(&Default::default()).await {
+        Err(egress_discovery::client::ClientError::Unauthorized(_)) => {
+            println!("dev: smoke: without the token the discovery API answers 401");
+        }
+        other => bail!("the discovery API served a request without the token: {other:?}"),
+    }
+    let client = Client::new(discovery.url, Some(discovery.token.to_owned())).map_err(|e| anyhow::anyhow!("{e}"))?;
     let lease = client
         .acquire(&AcquireRequest {
             selector: BTreeMap::from([("geo".to_owned(), "eu".to_owned())]),

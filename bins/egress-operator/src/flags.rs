@@ -13,6 +13,18 @@ use crate::logging::{Encoder, LogLevel, LogOptions, StacktraceLevel, TimeEncodin
 /// The probe target when a Proxy names none (the Go operator's manual check).
 pub const DEFAULT_HEALTH_CHECK_URL: &str = "https://www.gstatic.com/generate_204";
 
+/// Where the Deployment mounts the `discovery-token` Secret's key `token`.
+pub const DEFAULT_DISCOVERY_TOKEN_FILE: &str = "/etc/proxy-operator/discovery/token";
+
+/// How the discovery API authenticates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscoveryAuth {
+    /// Bearer tokens from the token file (and `DISCOVERY_TOKEN`), or one the operator makes.
+    Token,
+    /// Nobody is asked for anything: only for a network nobody else reaches (logged at start).
+    None,
+}
+
 /// Every flag's value after parsing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -29,6 +41,10 @@ pub struct Options {
     pub gc_min_age: Duration,
     pub installation_id: String,
     pub discovery_addr: String,
+    /// `--discovery-auth`: bearer tokens (the default) or none.
+    pub discovery_auth: DiscoveryAuth,
+    /// Where the discovery tokens are read from, one per line (the Secret volume's file).
+    pub discovery_token_file: String,
     pub max_lease_ttl: Duration,
     /// `memory`, or a `redis://` URL.
     pub lease_store: String,
@@ -58,6 +74,8 @@ impl Default for Options {
             gc_min_age: Duration::from_secs(600),
             installation_id: String::new(),
             discovery_addr: ":8090".into(),
+            discovery_auth: DiscoveryAuth::Token,
+            discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
             max_lease_ttl: Duration::from_secs(3600),
             lease_store: "memory".into(),
             lease_cooldown: Duration::from_secs(900),
@@ -195,6 +213,18 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "memory",
         usage: "Where leases and cooldowns live: memory (this process; run one replica), or redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts.",
+    },
+    Flag {
+        name: "discovery-auth",
+        kind: Kind::Text,
+        default: "token",
+        usage: "How the discovery API authenticates: token (bearer tokens from --discovery-token-file and DISCOVERY_TOKEN; without any, the manager makes one and stores it in the Secret discovery-token of its namespace) or none (serves anyone who can reach it).",
+    },
+    Flag {
+        name: "discovery-token-file",
+        kind: Kind::Text,
+        default: DEFAULT_DISCOVERY_TOKEN_FILE,
+        usage: "The discovery API's bearer tokens, one per line, re-read every 10s (a Secret volume's file rotates without a restart).",
     },
     Flag {
         name: "max-lease-ttl",
@@ -378,6 +408,14 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         "gc-min-age" => o.gc_min_age = parse_duration(value)?,
         "installation-id" => o.installation_id = value.into(),
         "discovery-addr" => o.discovery_addr = value.into(),
+        "discovery-auth" => {
+            o.discovery_auth = match value {
+                "token" => DiscoveryAuth::Token,
+                "none" => DiscoveryAuth::None,
+                _ => return Err("must be token or none".into()),
+            }
+        }
+        "discovery-token-file" => o.discovery_token_file = value.into(),
         "max-lease-ttl" => o.max_lease_ttl = positive(parse_duration(value)?)?,
         "lease-store" => o.lease_store = lease_store(value)?,
         "lease-cooldown" => o.lease_cooldown = positive(parse_duration(value)?)?,
@@ -633,6 +671,7 @@ mod tests {
                 Kind::Text if f.default.ends_with('s') => "1m",
                 Kind::Text if f.name == "health-workers" => "4",
                 Kind::Text if f.name == "discovery-addr" => ":0",
+                Kind::Text if f.name == "discovery-auth" => "none",
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",
                 Kind::Text if f.name == "lease-store" => "redis://127.0.0.1:6379",
                 Kind::Text => "x",

@@ -11,6 +11,7 @@
 //! the health engine's seam. Tests and the bench call it with the conformance crate's reference
 //! provider and a scripted health verdict.
 
+mod discovery_auth;
 pub mod flags;
 pub mod logging;
 pub mod serve;
@@ -377,11 +378,12 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         let bound = listener
             .local_addr()
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
+        let auth = discovery_auth::start(&options, &client, &own_namespace(&client), &mut tasks, &shutdown).await;
         let api = egress_discovery::Api {
             directory: Arc::new(egress_controller::discovery::CachedDirectory::new(cache.clone())),
             store: store.clone(),
             max_ttl: options.max_lease_ttl,
-            token: std::env::var("DISCOVERY_TOKEN").ok().filter(|t| !t.is_empty()),
+            auth,
         };
         always.push(
             tasks

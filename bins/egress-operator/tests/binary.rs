@@ -109,10 +109,29 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
     );
     // The discovery API lists it and will not lease it.
     let discovery = served(&op.wait_msg("Serving the discovery API"));
-    op.wait_line("the unauthenticated warning", |l| {
-        l.contains("WARNING: DISCOVERY_TOKEN is empty")
-    });
-    let listed: serde_json::Value = reqwest::get(format!("http://{discovery}/v1/proxies"))
+    // No token was given: the manager made one, kept it in the Secret of its namespace, and
+    // said how to read it (never the token itself).
+    let made = op.wait_msg(
+        "WARNING: No discovery token was configured: made one and stored it in a Secret; clients send it as a bearer token",
+    );
+    assert_eq!(
+        made["secret"], "egress-proxies-operator-system/discovery-token",
+        "{made}"
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(server.client().unwrap(), "egress-proxies-operator-system");
+    let secret = secrets.get("discovery-token").await.unwrap();
+    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    assert_eq!(token.len(), 52);
+    let http = reqwest::Client::new();
+    let anonymous = http.get(format!("http://{discovery}/v1/proxies")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let envelope: serde_json::Value = anonymous.json().await.unwrap();
+    assert_eq!(envelope["error"], "unauthorized");
+    let listed: serde_json::Value = http
+        .get(format!("http://{discovery}/v1/proxies"))
+        .bearer_auth(&token)
+        .send()
         .await
         .unwrap()
         .json()
@@ -121,8 +140,9 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
     assert_eq!(listed["count"], 1, "{listed}");
     assert_eq!(listed["proxies"][0]["id"], "default/outside");
     assert_eq!(listed["proxies"][0]["healthy"], false);
-    let refused = reqwest::Client::new()
+    let refused = http
         .post(format!("http://{discovery}/v1/leases"))
+        .bearer_auth(&token)
         .body("{}")
         .send()
         .await
@@ -143,6 +163,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
     let status = op.wait_exit();
     assert_eq!(status.code(), Some(0), "{}", op.output());
     assert!(op.output().contains("\"msg\":\"Stopped\""), "{}", op.output());
+    assert!(!op.output().contains(&token), "the discovery token reached the log");
     for line in op.seen.iter().filter(|l| l.starts_with('{')) {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(v.get("traceID").is_none(), "tracing is off, yet {line}");
@@ -326,7 +347,10 @@ async fn the_binary_keeps_leases_in_redis() {
             "--zap-encoder=json",
             "--discovery-addr=127.0.0.1:0",
         ],
-        &[("KUBECONFIG", kubeconfig.as_str())],
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("DISCOVERY_TOKEN", "crawler-token"),
+        ],
     );
     let kept = op.wait_msg("Leases are kept in Redis");
     assert_eq!(kept["prefix"], "egress-proxy:blue:");
@@ -356,7 +380,13 @@ async fn the_binary_keeps_leases_in_redis() {
     let lease = |body: &'static str| {
         let url = format!("http://{discovery}/v1/leases");
         async move {
-            let r = reqwest::Client::new().post(url).body(body).send().await.unwrap();
+            let r = reqwest::Client::new()
+                .post(url)
+                .bearer_auth("crawler-token")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
             (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
         }
     };

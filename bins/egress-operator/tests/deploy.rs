@@ -51,9 +51,9 @@ fn the_manager_deployment_keeps_the_runtime_envelope() {
         env.iter().all(|e| e != "OTEL_EXPORTER_OTLP_ENDPOINT"),
         "tracing is off by default"
     );
-    assert_eq!(
-        c["env"][at("DISCOVERY_TOKEN")]["valueFrom"]["secretKeyRef"]["optional"],
-        true
+    assert!(
+        env.iter().all(|e| e != "DISCOVERY_TOKEN"),
+        "the token comes from the volume, which rotates; an environment variable cannot"
     );
 
     let mounts: Vec<(String, String)> = c["volumeMounts"]
@@ -70,6 +70,7 @@ fn the_manager_deployment_keeps_the_runtime_envelope() {
     for (name, path) in [
         ("providers-config", "/etc/proxy-operator"),
         ("kvm-ssh", "/etc/proxy-operator/kvm"),
+        ("discovery-token", "/etc/proxy-operator/discovery"),
         ("tmp", "/tmp"),
     ] {
         assert!(mounts.contains(&(name.into(), path.into())), "{name} at {path}");
@@ -77,6 +78,9 @@ fn the_manager_deployment_keeps_the_runtime_envelope() {
     let volumes = pod["volumes"].as_array().unwrap();
     let volume = |n: &str| volumes.iter().find(|v| v["name"] == n).unwrap();
     assert_eq!(volume("kvm-ssh")["secret"]["optional"], true);
+    // The Secret the manager makes when it is missing: the pod starts without it.
+    assert_eq!(volume("discovery-token")["secret"]["secretName"], "discovery-token");
+    assert_eq!(volume("discovery-token")["secret"]["optional"], true);
     assert_eq!(volume("tmp")["emptyDir"]["sizeLimit"], "64Mi");
     assert!(
         volume("tmp")["emptyDir"].get("medium").is_none(),
@@ -104,19 +108,177 @@ fn every_argument_the_manifests_pass_is_a_flag_the_binary_takes() {
     assert_eq!(o.providers_config, "/etc/proxy-operator/providers.yaml");
 }
 
-#[test]
-fn the_shipped_providers_config_loads() {
+/// The binary's provider types, as `src/main.rs` registers them.
+fn registry() -> egress_provider::Registry {
+    egress_provider::Registry::new()
+        .with(egress_provider_local::provider_type())
+        .with(egress_provider_kubernetes::provider_type())
+        .with(egress_provider_kvm::provider_type())
+        .with(egress_provider_kvm2::provider_type())
+        .with(egress_provider_gcp::provider_type(
+            egress_provider_gcp::WireOptions::default(),
+        ))
+}
+
+fn load(text: &str) -> egress_provider::config::ProvidersConfig {
+    egress_provider::config::ProvidersConfig::parse(text, "providers.yaml", &registry())
+        .map(|loaded| loaded.config)
+        .unwrap_or_else(|e| panic!("the config stops the manager: {e}\n{text}"))
+}
+
+fn shipped_providers_text() -> String {
     let cm = yaml("manager/providers_config.yaml");
-    let text = cm["data"]["providers.yaml"].as_str().unwrap();
-    // The binary's registry today: no backend types (they arrive with their crates).
-    let registry = egress_provider::Registry::new();
-    egress_provider::config::ProvidersConfig::parse(text, "providers.yaml", &registry)
-        .unwrap_or_else(|e| panic!("the shipped config stops the manager: {e}"));
+    cm["data"]["providers.yaml"].as_str().unwrap().to_owned()
+}
+
+/// The commented example entries of the shipped config, each uncommented.
+fn example_entries(text: &str) -> Vec<String> {
+    let mut entries: Vec<Vec<String>> = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in text.lines() {
+        let body = line.trim_start();
+        let indent = &line[..line.len() - body.len()];
+        match body.strip_prefix("# ") {
+            Some(rest) if rest.starts_with("- name:") => {
+                entries.extend(current.take());
+                current = Some(vec![format!("{indent}{rest}")]);
+            }
+            Some(rest) if current.is_some() && !rest.starts_with("---") => {
+                current.as_mut().unwrap().push(format!("{indent}{rest}"));
+            }
+            _ => entries.extend(current.take()),
+        }
+    }
+    entries.extend(current);
+    entries.into_iter().map(|lines| lines.join("\n")).collect()
+}
+
+#[test]
+fn the_shipped_providers_config_loads_with_a_kubernetes_entry() {
+    let config = load(&shipped_providers_text());
+    let entries: Vec<(&str, &str)> = config
+        .providers
+        .iter()
+        .map(|p| (p.name.as_str(), p.type_name.as_str()))
+        .collect();
+    assert_eq!(entries, vec![("kubernetes", "kubernetes")]);
+}
+
+#[test]
+fn every_commented_example_entry_validates_once_uncommented() {
+    let text = shipped_providers_text();
+    let examples = example_entries(&text);
+    let names: Vec<String> = examples
+        .iter()
+        .map(|e| {
+            let config = load(&format!("providers:\n{e}\n"));
+            assert_eq!(config.providers.len(), 1, "{e}");
+            config.providers[0].type_name.clone()
+        })
+        .collect();
+    assert_eq!(names, vec!["kvm2", "kvm", "gcp"]);
+    // And all of them beside the shipped entry.
+    let all = load(&format!("{text}\n{}\n", examples.join("\n")));
+    assert_eq!(all.providers.len(), 4);
+}
+
+/// The `spec.provider` of every Managed Proxy in the files a kustomization lists.
+fn sample_providers(dir: &str) -> Vec<String> {
+    let k = yaml(&format!("{dir}/kustomization.yaml"));
+    let mut names = Vec::new();
+    for file in strings(&k["resources"]) {
+        let text = std::fs::read_to_string(deploy(dir).join(&file)).unwrap();
+        for doc in text.split("\n---") {
+            let v: Value = serde_saphyr::from_str(doc).unwrap();
+            if v["kind"] == "Proxy" && v["spec"]["mode"] == "Managed" {
+                names.push(v["spec"]["provider"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_samples_name_entries_that_exist() {
+    let text = shipped_providers_text();
+    let shipped: Vec<String> = load(&text).providers.into_iter().map(|p| p.name).collect();
+    let samples = sample_providers("samples");
+    assert!(!samples.is_empty());
+    for p in &samples {
+        assert!(
+            shipped.contains(p),
+            "deploy/samples names {p:?}, not in the shipped config {shipped:?}"
+        );
+    }
+    // The other providers' samples name the commented examples.
+    let examples: Vec<String> = example_entries(&text)
+        .iter()
+        .flat_map(|e| load(&format!("providers:\n{e}\n")).providers)
+        .map(|p| p.name)
+        .collect();
+    for p in sample_providers("samples/other-providers") {
+        assert!(
+            examples.contains(&p),
+            "samples/other-providers names {p:?}, not an example entry {examples:?}"
+        );
+    }
+}
+
+/// kubectl on PATH; None (the test skips) only when real components are not required.
+fn kubectl(test: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("kubectl"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var_os("EGRESS_REAL_BACKENDS_REQUIRED").is_none(),
+            "kubectl is needed on PATH for {test}"
+        );
+        println!("SKIPPED: no kubectl on PATH; {test} did not run");
+    }
+    found
+}
+
+#[test]
+fn the_rendered_default_install_carries_a_config_that_loads() {
+    let Some(kubectl) = kubectl("the_rendered_default_install_carries_a_config_that_loads") else {
+        return;
+    };
+    let out = std::process::Command::new(kubectl)
+        .arg("kustomize")
+        .arg(deploy("default"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let config_map = rendered
+        .split("\n---\n")
+        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+        .find(|v| v["kind"] == "ConfigMap" && v["metadata"]["name"] == "egress-proxies-operator-providers-config")
+        .expect("the providers ConfigMap is rendered");
+    assert_eq!(config_map["metadata"]["namespace"], "egress-proxies-operator-system");
+    let config = load(config_map["data"]["providers.yaml"].as_str().unwrap());
+    assert!(
+        config
+            .providers
+            .iter()
+            .any(|p| p.name == "kubernetes" && p.type_name == "kubernetes"),
+        "{config:?}"
+    );
 }
 
 #[test]
 fn the_kustomizations_name_files_that_exist() {
-    for dir in ["crds", "rbac", "manager", "samples", "default"] {
+    for dir in [
+        "crds",
+        "rbac",
+        "manager",
+        "samples",
+        "samples/other-providers",
+        "default",
+    ] {
         let k = yaml(&format!("{dir}/kustomization.yaml"));
         for r in strings(&k["resources"]) {
             assert!(

@@ -112,7 +112,11 @@ async fn start(env: &[(&str, &str)], name: &str) -> Run {
         providers_flag,
         ..
     } = cluster(name, "providers:\n  - name: mem\n    type: reference\n").await;
-    let mut all_env = vec![("KUBECONFIG", kubeconfig.as_str()), ("POD_NAMESPACE", "default")];
+    let mut all_env = vec![
+        ("KUBECONFIG", kubeconfig.as_str()),
+        ("POD_NAMESPACE", "default"),
+        ("DISCOVERY_TOKEN", "crawler-token"),
+    ];
     all_env.extend_from_slice(env);
     let op = Operator::start(
         &reference_binary(),
@@ -205,6 +209,7 @@ async fn a_proxy_lifecycle_exports_the_documented_span_tree() {
     let client_span = "00f067aa0ba902b7";
     let listed = reqwest::Client::new()
         .get(format!("http://{discovery}/v1/proxies"))
+        .bearer_auth("crawler-token")
         .header("traceparent", format!("00-{client_trace}-{client_span}-01"))
         .send()
         .await
@@ -262,7 +267,8 @@ async fn a_proxy_lifecycle_exports_the_documented_span_tree() {
     // Watches, lease renewals and other background calls start no trace.
     for s in spans.iter().filter(|s| s.parent.is_empty()) {
         assert!(
-            ["Reconcile Proxy", "gc.sweep", "providerhealth.check"].contains(&s.name.as_str()),
+            // discovery.token: the manager making its discovery token's Secret at start.
+            ["Reconcile Proxy", "gc.sweep", "providerhealth.check", "discovery.token"].contains(&s.name.as_str()),
             "unexpected root span {s:?}"
         );
     }
@@ -403,7 +409,8 @@ async fn the_kubernetes_entrys_api_calls_are_spans_under_the_check() {
     }
     for s in spans.iter().filter(|s| s.parent.is_empty()) {
         assert!(
-            ["Reconcile Proxy", "gc.sweep", "providerhealth.check"].contains(&s.name.as_str()),
+            // discovery.token: the manager making its discovery token's Secret at start.
+            ["Reconcile Proxy", "gc.sweep", "providerhealth.check", "discovery.token"].contains(&s.name.as_str()),
             "unexpected root span {s:?}"
         );
     }

@@ -49,6 +49,9 @@ pub mod reasons {
     pub const PERMANENT_ERROR: &str = "PermanentError";
     pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
     pub const CLOUD_INIT_ERROR: &str = "CloudInitError";
+    /// `spec.provider` names no entry of the providers config. Not latched: after a restart
+    /// with the entry added, the Proxy is provisioned.
+    pub const PROVIDER_NOT_CONFIGURED: &str = "ProviderNotConfigured";
     pub const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
     pub const PROBE_FAILED: &str = "ProbeFailed";
     pub const ALL_TARGETS_READY: &str = "AllTargetsReady";

@@ -17,7 +17,7 @@ use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::spec_hash::spec_hash;
-use crate::status::{InstanceView, Verdict, apply_verdict, latched, phase, set_condition};
+use crate::status::{InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, set_condition};
 
 /// The reconciler's waits (spec/core.md §3.2). Tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +60,8 @@ pub struct Input<'a> {
     pub proxy: &'a Proxy,
     /// Whether `spec.provider` names a configured provider.
     pub provider_configured: bool,
+    /// The configured providers' names, for the message when `spec.provider` is not one.
+    pub configured_providers: &'a [String],
     /// The health engine's verdict for this Proxy, if it has one.
     pub verdict: Option<Verdict>,
     pub now: Time,
@@ -260,8 +262,9 @@ fn outcome(input: &Input<'_>, mut status: ProxyStatus, instance: InstanceView, r
     if !deleting && (mode == Mode::External || instance != InstanceView::Unobserved) {
         apply_verdict(&mut status, verdict, generation(proxy), &input.now);
     }
-    let is_latched = latched(&status, generation(proxy));
-    status.phase = Some(phase(deleting, is_latched, mode, instance, verdict));
+    // A latched error, or a provider the config lacks: nothing can be provisioned.
+    let blocked = latched(&status, generation(proxy)) || provider_missing(&status);
+    status.phase = Some(phase(deleting, blocked, mode, instance, verdict));
     Outcome {
         status,
         requeue,
@@ -385,14 +388,23 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
     if latched(&status, generation(proxy)) {
         return finish(input, status, InstanceView::Unobserved, Requeue::Never);
     }
-    // 3. The provider must be configured.
+    // 3. The provider must be configured. Not a latch: the providers config is read at start,
+    // and every Proxy is reconciled again after a restart that adds the entry.
     if !input.provider_configured {
-        let message = format!("provider \"{}\" is not configured", proxy.spec.provider);
+        let configured = if input.configured_providers.is_empty() {
+            "none is configured".to_owned()
+        } else {
+            format!("configured: {}", input.configured_providers.join(", "))
+        };
+        let message = format!(
+            "provider \"{}\" is not configured ({configured}); add the entry to the providers config and restart the manager",
+            proxy.spec.provider
+        );
         set_provisioned(
             input,
             &mut status,
             ConditionStatus::False,
-            reasons::PERMANENT_ERROR,
+            reasons::PROVIDER_NOT_CONFIGURED,
             &message,
         );
         return finish(input, status, InstanceView::Unobserved, Requeue::Never);

@@ -53,6 +53,9 @@ pub fn derive(
             }
             r if r == reasons::PERMANENT_ERROR => events.push(warning("Failed", message.to_string())),
             r if r == reasons::CLOUD_INIT_ERROR => events.push(warning("CloudInitError", message.to_string())),
+            r if r == reasons::PROVIDER_NOT_CONFIGURED => {
+                events.push(warning("ProviderNotConfigured", message.to_string()));
+            }
             r if r == reasons::PROVISIONING && message != crate::decide::WAITING_TO_RUN => {
                 events.push(normal("Replacing", message.to_string()));
             }
@@ -169,6 +172,15 @@ mod tests {
         assert_eq!(
             reasons_of(&derive(&empty, &cloud, None, &Requeue::Never, false)),
             ["CloudInitError"]
+        );
+        let missing = with(
+            reasons::PROVIDER_NOT_CONFIGURED,
+            "provider \"x\" is not configured",
+            Some(Phase::Failed),
+        );
+        assert_eq!(
+            reasons_of(&derive(&empty, &missing, None, &Requeue::Never, false)),
+            ["ProviderNotConfigured"]
         );
     }
 

@@ -18,3 +18,4 @@ pub mod proxy_cache;
 pub mod reconciler;
 pub mod spec_hash;
 pub mod status;
+pub mod token_secret;

@@ -67,6 +67,8 @@ pub struct Context {
     pub shutdown: CancellationToken,
     /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
     instance: String,
+    /// The configured entries' names, in config order.
+    provider_names: Vec<String>,
     failures: Mutex<HashMap<(String, String), u32>>,
 }
 
@@ -88,8 +90,10 @@ impl Context {
         shutdown: CancellationToken,
     ) -> Self {
         let instance = std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.into());
+        let provider_names = providers.entries().iter().map(|e| e.name.clone()).collect();
         Self {
             client,
+            provider_names,
             providers,
             health,
             timings,
@@ -295,6 +299,7 @@ async fn run_pass(
     let input = Input {
         proxy,
         provider_configured: provider.is_some(),
+        configured_providers: &ctx.provider_names,
         verdict: ctx.health.verdict_for(proxy),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };

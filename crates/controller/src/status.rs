@@ -59,6 +59,15 @@ pub fn latched(status: &ProxyStatus, generation: Option<i64>) -> bool {
     })
 }
 
+/// Whether the Proxy waits for its provider to be configured (a restart with the entry).
+pub fn provider_missing(status: &ProxyStatus) -> bool {
+    status.conditions.iter().any(|c| {
+        c.type_ == conditions::PROVISIONED
+            && c.status == ConditionStatus::False
+            && c.reason == reasons::PROVIDER_NOT_CONFIGURED
+    })
+}
+
 /// What this pass learned about the instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstanceView {

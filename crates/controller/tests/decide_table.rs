@@ -73,6 +73,7 @@ fn fail(class: ErrorClass, message: &str) -> Failure {
 #[derive(Clone, Default)]
 struct World {
     configured: bool,
+    names: Vec<String>,
     verdict: Option<Verdict>,
     secret: Option<Result<Vec<u8>, SecretProblem>>,
     get: Option<Result<Instance, Failure>>,
@@ -104,6 +105,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
     let input = Input {
         proxy,
         provider_configured: w.configured,
+        configured_providers: &w.names,
         verdict: w.verdict,
         now: at(1000),
     };
@@ -189,23 +191,37 @@ fn a_latched_permanent_error_waits_for_a_spec_change() {
 }
 
 #[test]
-fn an_unconfigured_provider_latches() {
+fn an_unconfigured_provider_fails_without_a_latch_and_names_what_exists() {
     let w = World {
         configured: false,
+        names: vec!["kubernetes".into(), "kvm2-home".into()],
         ..world()
     };
     let (actions, _, o) = run(&proxy(), &w);
     assert!(actions.is_empty());
     assert_eq!(
         provisioned(&o),
-        Some((ConditionStatus::False, reasons::PERMANENT_ERROR.into()))
+        Some((ConditionStatus::False, reasons::PROVIDER_NOT_CONFIGURED.into()))
     );
+    let message = &o.status.conditions[0].message;
     assert!(
-        o.status.conditions[0]
-            .message
-            .contains("provider \"kvm-home\" is not configured")
+        message.contains("provider \"kvm-home\" is not configured (configured: kubernetes, kvm2-home)"),
+        "{message}"
     );
     assert_eq!((o.requeue, o.status.phase), (Requeue::Never, Some(Phase::Failed)));
+
+    // After a restart whose config has the entry, the same generation goes on: its instance is
+    // observed, and the condition and the phase follow it.
+    let mut p = proxy();
+    p.status = Some(o.status);
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["Get"]);
+    assert_eq!(o.status.phase, Some(Phase::Running));
+    assert_eq!(provisioned(&o), Some((ConditionStatus::True, reasons::RUNNING.into())));
 }
 
 fn with_secret(mut p: Proxy) -> Proxy {
@@ -900,7 +916,7 @@ fn the_provider_lookup_comes_before_the_secret_and_the_latch_before_both() {
         actions.is_empty(),
         "no secret read for an unconfigured provider: {actions:?}"
     );
-    assert_eq!(provisioned(&o).unwrap().1, reasons::PERMANENT_ERROR);
+    assert_eq!(provisioned(&o).unwrap().1, reasons::PROVIDER_NOT_CONFIGURED);
     let mut latched = proxy();
     let status = latched.status.as_mut().unwrap();
     set_condition(

@@ -43,7 +43,7 @@ impl HealthVerdicts for Verdicts {
 fn granted() -> BTreeSet<(String, String, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/rbac");
     let mut out = BTreeSet::new();
-    for file in ["role.yaml", "leader_election_role.yaml"] {
+    for file in ["role.yaml", "leader_election_role.yaml", "discovery_token_role.yaml"] {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let role: Value = serde_saphyr::from_str(&text).unwrap();
         for rule in role["rules"].as_array().unwrap() {
@@ -239,6 +239,17 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     assert_eq!(monitor.cleanup().await.unwrap(), 1);
     monitor.round(&schedule, &shutdown).await;
     monitor.round(&schedule, &shutdown).await;
+
+    // The discovery token's Secret in the manager's namespace: made once, then read.
+    let own: Api<Secret> = Api::namespaced(operator.clone(), "system");
+    let made = egress_controller::token_secret::ensure(&own, "first-token".into())
+        .await
+        .unwrap();
+    assert!(matches!(made, egress_controller::token_secret::TokenOrigin::Created(_)));
+    let again = egress_controller::token_secret::ensure(&own, "second-token".into())
+        .await
+        .unwrap();
+    assert_eq!(again.token(), "first-token");
 
     // Wait for a lease renewal (an update, which moves the resourceVersion) to have happened.
     let my_leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(me.clone(), "system");

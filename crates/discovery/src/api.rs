@@ -43,15 +43,15 @@ pub struct Api {
     pub store: Arc<dyn LeaseStore>,
     /// `--max-lease-ttl`.
     pub max_ttl: Duration,
-    /// `DISCOVERY_TOKEN`; `None` serves unauthenticated.
-    pub token: Option<String>,
+    /// Who may call it.
+    pub auth: crate::Auth,
 }
 
 impl std::fmt::Debug for Api {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Api")
             .field("max_ttl", &self.max_ttl)
-            .field("authenticated", &self.token.is_some())
+            .field("auth", &self.auth)
             .finish_non_exhaustive()
     }
 }

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Every request passes, outermost first: recover (a panic is a 500, never a dead server) →
-//! request log → body cap (64 KiB) → bearer auth → the route. Bodies are JSON whatever their
+//! request log → bearer auth (before any byte of the body is read; on by default, see
+//! [`Auth`]) → body cap (64 KiB) → the route. Bodies are JSON whatever their
 //! `Content-Type` says (the documented `curl -d` examples send form encoding). Every error is
 //! `{"error": "<code>", "message": "<text>"}`; no client mistake is a 500.
 //!
@@ -20,11 +21,16 @@
 //! [`publish_view`] shares this replica's proxies with the other replicas through such a store.
 
 mod api;
+mod auth;
 pub mod client;
 pub mod openapi;
 mod server;
 pub mod view;
 
 pub use api::{Api, ProxyDirectory, ProxyInfo};
+pub use auth::{
+    Auth, FileTokens, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet, follow_token_file, parse_tokens,
+    read_token_file, tokens_in_force,
+};
 pub use server::{MAX_BODY, serve};
 pub use view::publish_view;

@@ -87,11 +87,6 @@ fn trim_fraction(value: u128, per: u128) -> String {
     format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
-/// Constant-time comparison of two tokens (the length is not secret).
-fn same_token(given: &[u8], expected: &[u8]) -> bool {
-    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-}
-
 /// Routes a request whose body is already read.
 async fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Answer {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -209,7 +204,16 @@ async fn handle(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
 
 async fn handle_inner(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    // The cap first: a body over it is never read whole.
+    // Auth first: a stranger's body is never read.
+    let public = parts.method == Method::GET && parts.uri.path() == "/healthz";
+    let authorization = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .map(http::HeaderValue::as_bytes);
+    if !public && !api.auth.allows(authorization) {
+        return respond(error(401, "unauthorized", "missing or invalid bearer token"));
+    }
+    // Then the cap: a body over it is never read whole.
     let body = match tokio::time::timeout(READ_BUDGET, Limited::new(body, MAX_BODY).collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(_)) => Err(error(
@@ -219,20 +223,6 @@ async fn handle_inner(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
         )),
         Err(_) => Err(error(400, "invalid_body", "the body did not arrive in time")),
     };
-    let public = parts.method == Method::GET && parts.uri.path() == "/healthz";
-    if let Some(token) = api.token.as_deref()
-        && !public
-    {
-        let given = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        if !same_token(given.as_bytes(), token.as_bytes()) {
-            return respond(error(401, "unauthorized", "missing or invalid bearer token"));
-        }
-    }
     let body = match body {
         Ok(b) => b,
         // Only routes that read a body care; the others answer as usual.
@@ -250,8 +240,11 @@ async fn handle_inner(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
 
 /// Serves the API on `listener` until `shutdown`, then gives open connections a few seconds.
 pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken) {
-    if api.token.is_none() {
-        tracing::warn!(target: "discovery", "DISCOVERY_TOKEN is empty: the discovery API serves anyone who can reach it");
+    if matches!(api.auth, crate::Auth::None) {
+        tracing::warn!(
+            target: "discovery",
+            "--discovery-auth=none: the discovery API serves anyone who can reach it"
+        );
     }
     let connections = tokio_util::task::TaskTracker::new();
     let mut pause = Duration::ZERO;
@@ -330,13 +323,5 @@ mod tests {
         assert_eq!(pattern(&Method::DELETE, "/v1/leases/ABC"), "DELETE /v1/leases/{id}");
         assert_eq!(pattern(&Method::GET, "/v1/proxies"), "GET /v1/proxies");
         assert_eq!(pattern(&Method::GET, "/nope"), "GET unmatched");
-    }
-
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(same_token(b"secret", b"secret"));
-        assert!(!same_token(b"secreT", b"secret"));
-        assert!(!same_token(b"secret2", b"secret"));
-        assert!(!same_token(b"", b"secret"));
     }
 }

@@ -41,7 +41,9 @@ async fn start(token: Option<&str>) -> Server {
         directory: directory.clone(),
         store: Arc::new(MemoryStore::new(Arc::new(clock.clone()), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
-        token: token.map(str::to_string),
+        auth: token.map_or(egress_discovery::Auth::None, |t| {
+            egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec![t.to_owned()])))
+        }),
     })
     .await;
     Server {
@@ -118,6 +120,46 @@ async fn the_bearer_token_guards_everything_but_healthz() {
     assert_eq!(r.status(), 409, "authenticated; no proxy to lease");
     // Unknown paths are answered only after auth, so they reveal nothing.
     assert_error(&s.get("/v2/anything").await, 401, "unauthorized");
+    // Every route of the API, with the JSON envelope.
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/proxies"),
+        (reqwest::Method::POST, "/v1/leases"),
+        (reqwest::Method::DELETE, "/v1/leases/L1"),
+        (reqwest::Method::POST, "/v1/leases/L1/report"),
+        (reqwest::Method::GET, "/openapi.json"),
+    ] {
+        let r = s
+            .http
+            .request(method.clone(), format!("{}{path}", s.url))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{method} {path}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "unauthorized", "{method} {path}");
+    }
+}
+
+#[tokio::test]
+async fn a_stranger_s_body_is_never_read() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let s = start(Some("s3cret")).await;
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    // A body announced and never sent: read first, it would end in 400 invalid_body once the
+    // read budget ran out; refused first, the answer is 401 at once.
+    let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    tcp.write_all(b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = vec![0u8; 64];
+    // A liveness guard, not a speed check: far beyond the server's 10 s read budget.
+    let n = tokio::time::timeout(Duration::from_secs(60), tcp.read(&mut head))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let head = String::from_utf8_lossy(&head[..n]);
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ async fn start() -> (String, DropGuard) {
         ])),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
-        token: Some("tok".into()),
+        auth: egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec!["tok".into()]))),
     })
     .await
 }

@@ -21,7 +21,7 @@ async fn start() -> (String, DropGuard) {
         ])),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
-        token: None,
+        auth: egress_discovery::Auth::None,
     })
     .await
 }
@@ -136,7 +136,7 @@ async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
         directory: Arc::new(Fixed::new(vec![info("ns/a", true, 12, 1, &[])])),
         store: Arc::new(store),
         max_ttl: Duration::from_secs(3600),
-        token: None,
+        auth: egress_discovery::Auth::None,
     })
     .await;
     let doc = egress_discovery::openapi::document();

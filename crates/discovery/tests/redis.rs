@@ -58,7 +58,7 @@ async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
         directory: Arc::new(Fixed::new(fleet())),
         store: store(url, prefix),
         max_ttl: Duration::from_secs(3600),
-        token: None,
+        auth: egress_discovery::Auth::None,
     };
     let (base, guard) = serve_on_loopback(api).await;
     (Client::new(&base, None).expect("a client"), guard)

@@ -1,0 +1,150 @@
+//! Token rotation through a Secret volume laid out as the kubelet lays it out: the key's file is
+//! a symlink through `..data`, itself a symlink to a timestamped directory that the kubelet
+//! swaps in whole (a rename over `..data`) when the Secret changes. The API follows it without a
+//! restart, through the same file-following task the operator runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{info, serve_on_loopback};
+use egress_discovery::{Api, Auth, FileTokens, TokenSet, follow_token_file, read_token_file};
+use egress_lease::{MemoryStore, SystemClock};
+use tokio_util::sync::CancellationToken;
+
+/// A bound on waiting for the follower to see a change; a liveness bound, not a speed check.
+const LIVENESS: Duration = Duration::from_secs(20);
+
+/// A Secret volume directory with key `token`.
+struct Volume {
+    dir: PathBuf,
+    generation: u32,
+}
+
+impl Volume {
+    fn new(name: &str, first: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("egress-auth-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut v = Self { dir, generation: 0 };
+        let first_dir = v.write_generation(first);
+        std::os::unix::fs::symlink(&first_dir, v.dir.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/token", v.dir.join("token")).unwrap();
+        v
+    }
+
+    fn write_generation(&mut self, text: &str) -> String {
+        self.generation += 1;
+        let name = format!("..2026_12_01_00_00_0{}.{}", self.generation, 1000 + self.generation);
+        std::fs::create_dir_all(self.dir.join(&name)).unwrap();
+        std::fs::write(self.dir.join(&name).join("token"), text).unwrap();
+        name
+    }
+
+    /// What the kubelet does on an update: a new directory, a new `..data` link made beside
+    /// the old one and renamed over it (atomic), the old directory removed.
+    fn update(&mut self, text: &str) {
+        let old = std::fs::read_link(self.dir.join("..data")).unwrap();
+        let new = self.write_generation(text);
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&new, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
+        std::fs::remove_dir_all(self.dir.join(old)).unwrap();
+    }
+
+    fn token_file(&self) -> PathBuf {
+        self.dir.join("token")
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn status(url: &str, token: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{url}/v1/proxies"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Waits (bounded) until `token` gets `want` from the API.
+async fn until_status(url: &str, token: &str, want: u16) {
+    let waited = tokio::time::timeout(LIVENESS, async {
+        while status(url, token).await != want {
+            // NB: the follower reads the file on its own schedule; poll its effect.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{token} never got {want}");
+}
+
+async fn serve(set: Arc<TokenSet>) -> (String, tokio_util::sync::DropGuard) {
+    serve_on_loopback(Api {
+        directory: Arc::new(common::Fixed::new(vec![info("ns/a", true, 1, 1, &[])])),
+        store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
+        max_ttl: Duration::from_secs(3600),
+        auth: Auth::Tokens(set),
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_rotated_secret_volume_reaches_the_api_without_a_restart() {
+    let mut volume = Volume::new("rotate", "old-token\n");
+    let path = volume.token_file();
+    let FileTokens::Tokens(first) = read_token_file(&path).await else {
+        panic!("the token file reads");
+    };
+    let set = Arc::new(TokenSet::new(first));
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    tokio::spawn(follow_token_file(
+        path.clone(),
+        Vec::new(),
+        set.clone(),
+        Duration::from_millis(20),
+        shutdown.clone(),
+    ));
+    let (url, _server) = serve(set.clone()).await;
+    assert_eq!(status(&url, "old-token").await, 200);
+    assert_eq!(status(&url, "new-token").await, 401);
+
+    // The overlap: both tokens for a while.
+    volume.update("new-token\nold-token\n");
+    until_status(&url, "new-token", 200).await;
+    assert_eq!(status(&url, "old-token").await, 200);
+    // The old token goes.
+    volume.update("new-token\n");
+    until_status(&url, "old-token", 401).await;
+    assert_eq!(status(&url, "new-token").await, 200);
+
+    // The follower goes on past an empty and an unusable file (that they leave the tokens in
+    // force is tokens_in_force's unit test: a pass that changes nothing cannot be waited for).
+    volume.update("\n");
+    volume.update("two tokens on one line\n");
+    volume.update("newest-token\n");
+    until_status(&url, "newest-token", 200).await;
+    assert_eq!(status(&url, "new-token").await, 401);
+}
+
+#[tokio::test]
+async fn an_empty_set_refuses_everything_and_a_missing_file_reads_as_missing() {
+    let set = Arc::new(TokenSet::default());
+    let (url, _server) = serve(set.clone()).await;
+    assert_eq!(status(&url, "").await, 401);
+    assert_eq!(status(&url, "anything").await, 401);
+    assert_eq!(
+        read_token_file(Path::new("/nonexistent/egress/token")).await,
+        FileTokens::Missing
+    );
+}
