@@ -4,66 +4,21 @@
 //! restart, through the same file-following task the operator runs.
 
 mod common;
+#[path = "common/secret_volume.rs"]
+mod secret_volume;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{info, serve_on_loopback};
 use egress_discovery::{Api, Auth, FileTokens, TokenSet, follow_token_file, read_token_file};
 use egress_lease::{MemoryStore, SystemClock};
+use secret_volume::Volume;
 use tokio_util::sync::CancellationToken;
 
 /// A bound on waiting for the follower to see a change; a liveness bound, not a speed check.
 const LIVENESS: Duration = Duration::from_secs(20);
-
-/// A Secret volume directory with key `token`.
-struct Volume {
-    dir: PathBuf,
-    generation: u32,
-}
-
-impl Volume {
-    fn new(name: &str, first: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("egress-auth-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut v = Self { dir, generation: 0 };
-        let first_dir = v.write_generation(first);
-        std::os::unix::fs::symlink(&first_dir, v.dir.join("..data")).unwrap();
-        std::os::unix::fs::symlink("..data/token", v.dir.join("token")).unwrap();
-        v
-    }
-
-    fn write_generation(&mut self, text: &str) -> String {
-        self.generation += 1;
-        let name = format!("..2026_12_01_00_00_0{}.{}", self.generation, 1000 + self.generation);
-        std::fs::create_dir_all(self.dir.join(&name)).unwrap();
-        std::fs::write(self.dir.join(&name).join("token"), text).unwrap();
-        name
-    }
-
-    /// What the kubelet does on an update: a new directory, a new `..data` link made beside
-    /// the old one and renamed over it (atomic), the old directory removed.
-    fn update(&mut self, text: &str) {
-        let old = std::fs::read_link(self.dir.join("..data")).unwrap();
-        let new = self.write_generation(text);
-        let tmp = self.dir.join("..data_tmp");
-        std::os::unix::fs::symlink(&new, &tmp).unwrap();
-        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
-        std::fs::remove_dir_all(self.dir.join(old)).unwrap();
-    }
-
-    fn token_file(&self) -> PathBuf {
-        self.dir.join("token")
-    }
-}
-
-impl Drop for Volume {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 async fn status(url: &str, token: &str) -> u16 {
     reqwest::Client::new()
