@@ -397,6 +397,15 @@ async fn perform(
         }
         Action::Get(id) => facts.get = Some(p()?.get(cx, &id).await.map_err(|e| failure(&e))),
         Action::Create { cloud_init } => {
+            // A pass can start from a cached copy older than this reconciler's own last write
+            // (one queued by an earlier event runs before the write's watch event arrives), and
+            // a create decided on it would create again what a pass just made. Unless this pass
+            // wrote the object itself, a write that changes nothing but names the copy's
+            // resourceVersion proves it current first: a stale one gets 409, and the retry
+            // reads a newer copy.
+            if proxy.resource_version().as_deref() == Some(rv.as_str()) {
+                *rv = write_metadata(api, &name, rv, json!({}), "freshness check before a create").await?;
+            }
             let request = create_request(proxy, cloud_init, ctx.installation.clone());
             facts.create = Some(p()?.create(cx, &request).await.map_err(|e| failure(&e)));
         }

@@ -1,0 +1,97 @@
+//! A pass that starts from a cached copy older than the reconciler's own last write (the cache
+//! had not yet seen the status that recorded the instance) must not create the instance again:
+//! the pass proves its copy current before a create, and a stale copy ends in the routine 409.
+//! Found by the flake hunt: the operator's OTLP test saw two `provider.create` spans, one an
+//! adoption, under load.
+
+mod common;
+
+use std::sync::Arc;
+
+use egress_api::{Placement, Proxy, ProxySpec};
+use egress_conformance::BackendHooks as _;
+use egress_conformance::memory::MemoryBackend;
+use egress_controller::decide::Timings;
+use egress_controller::reconciler::{Context, HealthVerdicts, ReconcileError, reconcile};
+use egress_controller::status::Verdict;
+use egress_kube_testserver::TestServer;
+use kube::api::{Api, PostParams};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "crawl";
+
+struct NoVerdicts;
+impl HealthVerdicts for NoVerdicts {
+    fn verdict(&self, _: &str, _: &str) -> Option<Verdict> {
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_pass_on_a_stale_copy_does_not_create_again() {
+    let server = TestServer::builder()
+        .custom_resource::<Proxy>()
+        .namespace(NS)
+        .start()
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    let backend = MemoryBackend::new();
+    let providers = common::memory_providers(&[("mem", &backend)]);
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        providers,
+        Arc::new(NoVerdicts),
+        Timings::default(),
+        None,
+        CancellationToken::new(),
+    ));
+    let api: Api<Proxy> = Api::namespaced(client, NS);
+    let proxy = Proxy::new(
+        "p",
+        ProxySpec {
+            provider: "mem".into(),
+            placement: Some(Placement {
+                zone: "zone-a".into(),
+                machine_type: "small".into(),
+                image: "debian-13".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    api.create(&PostParams::default(), &proxy).await.unwrap();
+
+    // Pass 1 adds the finalizer; pass 2 writes the spec hash, creates, records the instance.
+    reconcile(Arc::new(api.get("p").await.unwrap()), ctx.clone())
+        .await
+        .unwrap();
+    let before_create = api.get("p").await.unwrap();
+    reconcile(Arc::new(before_create.clone()), ctx.clone()).await.unwrap();
+    let recorded = api.get("p").await.unwrap();
+    assert!(
+        recorded.status.as_ref().is_some_and(|s| !s.provider_id.is_empty()),
+        "{recorded:?}"
+    );
+    // The copy a stale cache holds: the annotation written, the instance not yet recorded (an
+    // older resourceVersion than the object's now).
+    let mut stale = recorded.clone();
+    stale.status = None;
+    stale.metadata.resource_version = before_create.metadata.resource_version.clone();
+
+    let calls_before = backend.call_log().await.unwrap().len();
+    let outcome = reconcile(Arc::new(stale), ctx.clone()).await;
+    assert!(
+        matches!(&outcome, Err(ReconcileError::Kube { source: kube::Error::Api(s), .. }) if s.code == 409),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        backend.call_log().await.unwrap().len(),
+        calls_before,
+        "the stale pass reached the backend"
+    );
+    // A pass on the current copy goes on from the recorded instance.
+    reconcile(Arc::new(api.get("p").await.unwrap()), ctx).await.unwrap();
+    let after = api.get("p").await.unwrap();
+    assert_eq!(after.status.unwrap().provider_id, recorded.status.unwrap().provider_id);
+}
