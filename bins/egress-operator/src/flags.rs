@@ -46,6 +46,8 @@ pub struct Options {
     /// Where the discovery tokens are read from, one per line (the Secret volume's file).
     pub discovery_token_file: String,
     pub max_lease_ttl: Duration,
+    /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
+    pub max_connections: usize,
     /// `memory`, or a `redis://` URL.
     pub lease_store: String,
     pub lease_cooldown: Duration,
@@ -77,6 +79,7 @@ impl Default for Options {
             discovery_auth: DiscoveryAuth::Token,
             discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
             max_lease_ttl: Duration::from_secs(3600),
+            max_connections: 1024,
             lease_store: "memory".into(),
             lease_cooldown: Duration::from_secs(900),
             health_workers: 10,
@@ -231,6 +234,12 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "1h0m0s",
         usage: "The longest lease a client may ask for (ttlSeconds).",
+    },
+    Flag {
+        name: "max-connections",
+        kind: Kind::Text,
+        default: "1024",
+        usage: "Connections each HTTP server (discovery, metrics, health probes) serves at once; one more is answered 503 and closed.",
     },
     Flag {
         name: "lease-cooldown",
@@ -417,6 +426,13 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         }
         "discovery-token-file" => o.discovery_token_file = value.into(),
         "max-lease-ttl" => o.max_lease_ttl = positive(parse_duration(value)?)?,
+        "max-connections" => {
+            o.max_connections = value
+                .parse()
+                .ok()
+                .filter(|n| (1..=65_536).contains(n))
+                .ok_or_else(|| "must be a whole number from 1 to 65536".to_string())?;
+        }
         "lease-store" => o.lease_store = lease_store(value)?,
         "lease-cooldown" => o.lease_cooldown = positive(parse_duration(value)?)?,
         "health-workers" => {
@@ -669,7 +685,7 @@ mod tests {
                     _ => "rfc3339",
                 },
                 Kind::Text if f.default.ends_with('s') => "1m",
-                Kind::Text if f.name == "health-workers" => "4",
+                Kind::Text if f.name == "health-workers" || f.name == "max-connections" => "4",
                 Kind::Text if f.name == "discovery-addr" => ":0",
                 Kind::Text if f.name == "discovery-auth" => "none",
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",

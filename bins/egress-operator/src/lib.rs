@@ -352,10 +352,14 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let registry = Arc::new(Mutex::new(registry));
     let mut always = vec![cache_task, tasks.spawn(sweep(store.clone(), shutdown.clone())).id()];
 
+    let limits = egress_http::Limits {
+        max_connections: options.max_connections,
+        ..egress_http::Limits::DEFAULT
+    };
     if options.health_probe_bind_address != "0" {
         let addr = serve::bind_address("health-probe-bind-address", &options.health_probe_bind_address)
             .map_err(|e| fatal("Failed to start the health probe server", e))?;
-        let bound = serve::probes(addr, shutdown.clone())
+        let bound = serve::probes(addr, limits, shutdown.clone())
             .await
             .map_err(|e| fatal("Failed to start the health probe server", e))?;
         tracing::info!(address = %bound, "Serving health probes");
@@ -364,9 +368,16 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         let addr = serve::bind_address("metrics-bind-address", &options.metrics_bind_address)
             .map_err(|e| fatal("Failed to start the metrics server", e))?;
         let guard = options.metrics_secure.then(|| serve::Guard::new(client.clone()));
-        let bound = serve::metrics(addr, registry.clone(), guard, options.enable_http2, shutdown.clone())
-            .await
-            .map_err(|e| fatal("Failed to start the metrics server", e))?;
+        let bound = serve::metrics(
+            addr,
+            registry.clone(),
+            guard,
+            options.enable_http2,
+            limits,
+            shutdown.clone(),
+        )
+        .await
+        .map_err(|e| fatal("Failed to start the metrics server", e))?;
         tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
     }
     if options.discovery_addr != "0" {
@@ -387,7 +398,12 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         };
         always.push(
             tasks
-                .spawn(egress_discovery::serve(listener, Arc::new(api), shutdown.clone()))
+                .spawn(egress_discovery::serve(
+                    listener,
+                    Arc::new(api),
+                    limits,
+                    shutdown.clone(),
+                ))
                 .id(),
         );
         tracing::info!(address = %bound, "Serving the discovery API");

@@ -4,18 +4,20 @@
 //! Metrics are served as controller-runtime serves them: plain HTTP with `--metrics-secure=false`;
 //! otherwise HTTPS with a self-signed certificate made at start, and only for callers whose bearer
 //! token the API server accepts (TokenReview) and who may `get` the `/metrics` path
-//! (SubjectAccessReview). HTTP/2 is off unless `--enable-http2`.
+//! (SubjectAccessReview). HTTP/2 is off unless `--enable-http2`, and then offered over HTTPS by
+//! ALPN (plain HTTP is always HTTP/1.1, as Go's server speaks it without h2c).
+//!
+//! Both run on the shared stack of `egress-http` (connection cap `--max-connections`, header,
+//! write and idle budgets, drain at shutdown) and answer in plain text, as controller-runtime's do.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode, header};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use axum::extract::State;
+use axum::routing::get;
+use egress_http::{Body, Limits, Router};
+use http::{HeaderMap, Request, Response, StatusCode, header};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use kube::api::PostParams;
@@ -56,14 +58,16 @@ pub async fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     }
 }
 
-type Body = Full<Bytes>;
-
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+fn text(status: StatusCode, body: impl Into<Body>) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(body.into()))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+        .body(body.into())
+        .unwrap_or_default()
+}
+
+async fn page_not_found() -> Response<Body> {
+    text(StatusCode::NOT_FOUND, "404 page not found\n")
 }
 
 /// Serves `/healthz` and `/readyz` (plain pings: a replica that answers is alive and ready; no
@@ -72,23 +76,18 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 /// # Errors
 ///
 /// The address cannot be bound.
-pub async fn probes(addr: SocketAddr, shutdown: CancellationToken) -> Result<SocketAddr, String> {
+pub async fn probes(addr: SocketAddr, limits: Limits, shutdown: CancellationToken) -> Result<SocketAddr, String> {
     let listener = listen(addr)
         .await
         .map_err(|e| format!("binding the health probe address {addr}: {e}"))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(accept_loop(
-        listener,
-        None,
-        false,
-        shutdown,
-        |req: Request<Incoming>| async move {
-            Ok(match req.uri().path() {
-                "/healthz" | "/readyz" => text(StatusCode::OK, "ok"),
-                _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
-            })
-        },
-    ));
+    let ok = || async { text(StatusCode::OK, "ok") };
+    let router = Router::new()
+        .route("/healthz", get(ok))
+        .route("/readyz", get(ok))
+        .fallback(page_not_found);
+    let server = egress_http::Server::new("health probes").limits(limits);
+    tokio::spawn(server.serve(listener, router, shutdown));
     Ok(bound)
 }
 
@@ -132,9 +131,8 @@ impl Guard {
 
     /// `Ok` when the bearer token belongs to someone allowed to `get` the request's path;
     /// otherwise the status to answer (401 unauthenticated, 403 forbidden, 500 the review failed).
-    async fn check(&self, req: &Request<Incoming>) -> Result<(), Denied> {
-        let token = req
-            .headers()
+    async fn check(&self, headers: &HeaderMap, path: &str) -> Result<(), Denied> {
+        let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
@@ -142,7 +140,6 @@ impl Guard {
             .map(|(_, t)| t.trim())
             .filter(|t| !t.is_empty())
             .ok_or((StatusCode::UNAUTHORIZED, "Unauthorized"))?;
-        let path = req.uri().path();
         let key: [u8; 32] = {
             use sha2::Digest as _;
             let mut h = sha2::Sha256::new();
@@ -228,6 +225,36 @@ impl Guard {
     }
 }
 
+/// What the metrics route reads.
+#[derive(Clone)]
+struct Metrics {
+    registry: Arc<Mutex<Registry>>,
+    guard: Option<Guard>,
+}
+
+async fn scrape(State(metrics): State<Metrics>, req: Request<Body>) -> Response<Body> {
+    if let Some(guard) = &metrics.guard
+        && let Err((status, message)) = guard.check(req.headers(), req.uri().path()).await
+    {
+        return text(status, message);
+    }
+    let mut body = String::new();
+    let encoded = {
+        let registry = metrics.registry.lock().unwrap_or_else(|p| p.into_inner());
+        prometheus_client::encoding::text::encode(&mut body, &registry)
+    };
+    match encoded {
+        Ok(()) => Response::builder()
+            .header(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+            .body(Body::from(body))
+            .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed")),
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed"),
+    }
+}
+
 /// Serves `/metrics` from `registry` until `shutdown`. With a guard, over HTTPS and only for
 /// authorised callers.
 ///
@@ -239,51 +266,22 @@ pub async fn metrics(
     registry: Arc<Mutex<Registry>>,
     guard: Option<Guard>,
     http2: bool,
+    limits: Limits,
     shutdown: CancellationToken,
 ) -> Result<SocketAddr, String> {
-    let tls = match guard {
-        Some(_) => Some(self_signed(http2)?),
-        None => None,
-    };
+    let mut server = egress_http::Server::new("metrics").limits(limits);
+    if guard.is_some() {
+        server = server.tls(self_signed(http2)?);
+    }
     let listener = listen(addr)
         .await
         .map_err(|e| format!("binding the metrics address {addr}: {e}"))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(accept_loop(
-        listener,
-        tls,
-        http2,
-        shutdown,
-        move |req: Request<Incoming>| {
-            let registry = registry.clone();
-            let guard = guard.clone();
-            async move {
-                if req.uri().path() != "/metrics" {
-                    return Ok(text(StatusCode::NOT_FOUND, "404 page not found\n"));
-                }
-                if let Some(guard) = &guard
-                    && let Err((status, message)) = guard.check(&req).await
-                {
-                    return Ok(text(status, message));
-                }
-                let mut body = String::new();
-                let encoded = {
-                    let registry = registry.lock().unwrap_or_else(|p| p.into_inner());
-                    prometheus_client::encoding::text::encode(&mut body, &registry)
-                };
-                Ok(match encoded {
-                    Ok(()) => Response::builder()
-                        .header(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )
-                        .body(Full::new(Bytes::from(body)))
-                        .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed")),
-                    Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed"),
-                })
-            }
-        },
-    ));
+    let router = Router::new()
+        .route("/metrics", get(scrape))
+        .fallback(page_not_found)
+        .with_state(Metrics { registry, guard });
+    tokio::spawn(server.serve(listener, router, shutdown));
     Ok(bound)
 }
 
@@ -309,70 +307,6 @@ fn self_signed(http2: bool) -> Result<tokio_rustls::TlsAcceptor, String> {
         vec![b"http/1.1".to_vec()]
     };
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
-}
-
-async fn accept_loop<F, Fut>(
-    listener: TcpListener,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    http2: bool,
-    shutdown: CancellationToken,
-    handler: F,
-) where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
-{
-    // After a failed accept (out of file descriptors, say), wait before the next, doubling
-    // from 5 ms to 1 s as Go's net/http does, instead of spinning.
-    let mut pause = Duration::ZERO;
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => {
-                    pause = Duration::ZERO;
-                    a
-                }
-                Err(e) => {
-                    pause = (pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                    tracing::info!(error = %e, retry_in = ?pause, "accepting a connection failed");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(pause) => continue,
-                    }
-                }
-            },
-        };
-        let handler = handler.clone();
-        let tls = tls.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(handler);
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .header_read_timeout(BUDGET)
-                .timer(hyper_util::rt::TokioTimer::new());
-            if !http2 {
-                builder = builder.http1_only();
-            }
-            let served = match tls {
-                Some(acceptor) => match tokio::time::timeout(BUDGET, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        let conn = builder.serve_connection(TokioIo::new(stream), service);
-                        tokio::select! { r = conn => r, _ = shutdown.cancelled() => Ok(()) }
-                    }
-                    _ => return,
-                },
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    tokio::select! { r = conn => r, _ = shutdown.cancelled() => Ok(()) }
-                }
-            };
-            if let Err(e) = served {
-                tracing::debug!(error = %e, "serving a connection ended with an error");
-            }
-        });
-    }
 }
 
 #[cfg(test)]

@@ -135,6 +135,22 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
         ),
         (vec!["--lease-cooldown=soon"], 2, vec!["time: invalid duration"]),
         (
+            // An unknown auth mode must never fall back to serving without auth.
+            vec!["--discovery-auth=off"],
+            2,
+            vec![r#"invalid value \"off\" for flag -discovery-auth: must be token or none"#],
+        ),
+        (
+            vec!["--discovery-auth="],
+            2,
+            vec!["for flag -discovery-auth: must be token or none"],
+        ),
+        (
+            vec!["--max-connections=0"],
+            2,
+            vec!["for flag -max-connections: must be a whole number from 1 to 65536"],
+        ),
+        (
             vec!["--lease-store=etcd://x"],
             2,
             vec!["must be memory or a redis:// URL"],

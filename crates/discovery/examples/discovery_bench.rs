@@ -134,7 +134,12 @@ async fn api_run(fleet: Arc<Vec<ProxyInfo>>, store: Arc<dyn LeaseStore>) -> Figu
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    tokio::spawn(serve(
+        listener,
+        Arc::new(api),
+        egress_http::Limits::DEFAULT,
+        stop.clone(),
+    ));
     let figures = load(base, true).await;
     stop.cancel();
     figures

@@ -297,38 +297,10 @@ fn decode<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, An
     })
 }
 
-/// `application/x-www-form-urlencoded` pairs of a query string, percent-decoded.
-fn form_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (unescape(k), unescape(v))
-        })
-        .collect()
-}
-
-fn unescape(s: &str) -> String {
-    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// `application/x-www-form-urlencoded` pairs of a query string, percent-decoded (`+` is a
+/// space; bytes that are not UTF-8 become U+FFFD).
+fn form_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned()))
 }
 
 #[cfg(test)]
@@ -337,8 +309,9 @@ mod tests {
 
     #[test]
     fn queries_decode_as_forms() {
+        let pairs = |q| form_pairs(q).collect::<Vec<_>>();
         assert_eq!(
-            form_pairs("healthy=true&attr.geo=eu%2Dwest&attr.x=a+b&flag"),
+            pairs("healthy=true&attr.geo=eu%2Dwest&attr.x=a+b&flag"),
             [
                 ("healthy".into(), "true".into()),
                 ("attr.geo".into(), "eu-west".into()),
@@ -346,8 +319,8 @@ mod tests {
                 ("flag".into(), String::new())
             ]
         );
-        assert_eq!(unescape("100%"), "100%");
-        assert_eq!(unescape("%zz"), "%zz");
-        assert_eq!(unescape("%4"), "%4");
+        assert_eq!(pairs("a=100%"), [("a".into(), "100%".into())]);
+        assert_eq!(pairs("a=%zz"), [("a".into(), "%zz".into())]);
+        assert_eq!(pairs("a=%4"), [("a".into(), "%4".into())]);
     }
 }

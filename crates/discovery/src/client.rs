@@ -99,6 +99,12 @@ pub enum ClientError {
     NotFound(String),
     #[error("method not allowed: {0}")]
     MethodNotAllowed(String),
+    /// The server is at its connection limit; worth retrying shortly.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
+    /// The request line and headers are over 16 KiB.
+    #[error("headers too large: {0}")]
+    HeadersTooLarge(String),
     #[error("the operator failed: {0}")]
     Internal(String),
     /// The shared lease store cannot be reached; nothing was changed. Worth retrying.
@@ -153,6 +159,8 @@ fn from_answer(status: u16, body: &str) -> ClientError {
         "unknown_lease" => ClientError::UnknownLease(e.message),
         "not_found" => ClientError::NotFound(e.message),
         "method_not_allowed" => ClientError::MethodNotAllowed(e.message),
+        "overloaded" => ClientError::Overloaded(e.message),
+        "headers_too_large" => ClientError::HeadersTooLarge(e.message),
         "internal" => ClientError::Internal(e.message),
         "store_unavailable" => ClientError::StoreUnavailable(e.message),
         _ => ClientError::Unexpected {
@@ -180,13 +188,20 @@ impl std::fmt::Debug for Client {
     }
 }
 
-fn percent(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// Everything but RFC 3986's unreserved characters is escaped in a path segment.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+fn segment(s: &str) -> percent_encoding::PercentEncode<'_> {
+    percent_encoding::utf8_percent_encode(s, SEGMENT)
+}
+
+/// One form-encoded query key or value.
+fn form(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 impl Client {
@@ -253,7 +268,7 @@ impl Client {
         let mut query: Vec<String> = filter
             .attributes
             .iter()
-            .map(|(k, v)| format!("attr.{}={}", percent(k), percent(v)))
+            .map(|(k, v)| format!("attr.{}={}", form(k), form(v)))
             .collect();
         if let Some(h) = filter.healthy {
             query.push(format!("healthy={h}"));
@@ -285,7 +300,7 @@ impl Client {
     ///
     /// The API's error, or a transport failure.
     pub async fn release(&self, lease_id: &str) -> Result<(), ClientError> {
-        let url = format!("{}/v1/leases/{}", self.base, percent(lease_id));
+        let url = format!("{}/v1/leases/{}", self.base, segment(lease_id));
         match self.send(self.http.delete(url)).await? {
             (204, _) => Ok(()),
             (status, body) => Err(from_answer(status, &body)),
@@ -309,7 +324,7 @@ impl Client {
         }
         let request = self
             .http
-            .post(format!("{}/v1/leases/{}/report", self.base, percent(lease_id)))
+            .post(format!("{}/v1/leases/{}/report", self.base, segment(lease_id)))
             .header("content-type", "application/json")
             .body(body.to_string());
         match self.send(request).await? {

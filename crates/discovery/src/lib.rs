@@ -9,9 +9,10 @@
 //! POST   /v1/leases/{id}/report    204 | 404 unknown_lease
 //! ```
 //!
-//! Every request passes, outermost first: recover (a panic is a 500, never a dead server) →
-//! request log → bearer auth (before any byte of the body is read; on by default, see
-//! [`Auth`]) → body cap (64 KiB) → the route. Bodies are JSON whatever their
+//! It is served by the shared stack of `egress-http` (connection cap, header, body, write and
+//! idle budgets, drain at shutdown). Every request passes, outermost first: recover (a panic is
+//! a 500, never a dead server) → request log → bearer auth (before any byte of the body is
+//! read; on by default, see [`Auth`]) → body cap (64 KiB) → the route. Bodies are JSON whatever their
 //! `Content-Type` says (the documented `curl -d` examples send form encoding). Every error is
 //! `{"error": "<code>", "message": "<text>"}`; no client mistake is a 500.
 //!
@@ -32,5 +33,5 @@ pub use auth::{
     Auth, FileTokens, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet, follow_token_file, parse_tokens,
     read_token_file, tokens_in_force,
 };
-pub use server::{MAX_BODY, serve};
+pub use server::{MAX_BODY, router, serve};
 pub use view::publish_view;

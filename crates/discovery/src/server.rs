@@ -1,16 +1,16 @@
 //! The HTTP side: listening, the middleware chain and routing.
 
-use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::extract::State;
+use axum::middleware::Next;
+use axum::routing::{delete, get, post};
 use bytes::Bytes;
+use egress_http::{Body, Limits, Router};
 use futures::FutureExt as _;
 use http::{Method, Request, Response, header};
-use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -19,13 +19,8 @@ use crate::api::{Answer, Api, error};
 /// The largest request body (64 KiB); a larger one is `400 invalid_body`.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// A request's head must arrive within this, and its body within the read budget.
-const HEADER_BUDGET: Duration = Duration::from_secs(5);
+/// A request's body must arrive within this.
 const READ_BUDGET: Duration = Duration::from_secs(10);
-/// How long open connections get to finish at shutdown.
-const DRAIN_BUDGET: Duration = Duration::from_secs(5);
-
-type Body = Full<Bytes>;
 
 fn respond((status, body): Answer) -> Response<Body> {
     let mut builder = Response::builder().status(status);
@@ -36,9 +31,7 @@ fn respond((status, body): Answer) -> Response<Body> {
         }
         None => Bytes::new(),
     };
-    builder
-        .body(Full::new(bytes))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+    builder.body(Body::from(bytes)).unwrap_or_default()
 }
 
 /// A duration the way Go prints one (`1m0s`, `1.5ms`, `250µs`): the request log writes it as
@@ -87,38 +80,6 @@ fn trim_fraction(value: u128, per: u128) -> String {
     format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
-/// Routes a request whose body is already read.
-async fn route(api: &Api, method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> Answer {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match segments.as_slice() {
-        ["healthz"] => match *method {
-            Method::GET => (200, None),
-            _ => error(405, "method_not_allowed", "GET only"),
-        },
-        ["openapi.json"] => match *method {
-            Method::GET => (200, Some(crate::openapi::TEXT.as_bytes().to_vec())),
-            _ => error(405, "method_not_allowed", "GET only"),
-        },
-        ["v1", "proxies"] => match *method {
-            Method::GET => api.list(query).await,
-            _ => error(405, "method_not_allowed", "GET only"),
-        },
-        ["v1", "leases"] => match *method {
-            Method::POST => api.acquire(body).await,
-            _ => error(405, "method_not_allowed", "POST only"),
-        },
-        ["v1", "leases", id] if !id.is_empty() => match *method {
-            Method::DELETE => api.release(id).await,
-            _ => error(405, "method_not_allowed", "DELETE only"),
-        },
-        ["v1", "leases", id, "report"] if !id.is_empty() => match *method {
-            Method::POST => api.report(id, body).await,
-            _ => error(405, "method_not_allowed", "POST only"),
-        },
-        _ => error(404, "not_found", "no such endpoint"),
-    }
-}
-
 /// The route pattern a path matches, which names the request's span (`POST /v1/leases/{id}/report`).
 fn pattern(method: &Method, path: &str) -> String {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -146,9 +107,150 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     }
 }
 
-/// One request through the chain: recover → tracing (a server span, continuing the client's
-/// trace from `traceparent`; `/healthz` is not traced) → request log → body cap → auth → route.
-async fn handle(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
+/// The routes and the chain every request passes, outermost first: observe (a server span
+/// continuing the client's trace from `traceparent`, the request log, and recovery: a panic is
+/// a 500, never a dead connection; `/healthz` is neither traced nor logged) → auth (before any
+/// byte of the body is read) → the route; around it all, the JSON envelope for the answers the
+/// router makes itself (405 with `Allow`). `GET` routes answer `HEAD` too.
+pub fn router(api: Arc<Api>) -> Router {
+    use tower::Layer as _;
+    let routes = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .route("/v1/proxies", get(list))
+        .route("/v1/leases", post(acquire))
+        .route("/v1/leases/{id}", delete(release))
+        .route("/v1/leases/{id}/report", post(report))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
+        .layer(axum::middleware::from_fn(observe))
+        .with_state(api);
+    // Around the whole router: the method router adds `Allow` outside any route layer.
+    Router::new().fallback_service(axum::middleware::map_response(envelope).layer(routes))
+}
+
+type Shared = State<Arc<Api>>;
+
+async fn healthz() -> Response<Body> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Body::from("ok"))
+        .unwrap_or_default()
+}
+
+async fn openapi() -> Response<Body> {
+    respond((200, Some(crate::openapi::TEXT.as_bytes().to_vec())))
+}
+
+async fn list(State(api): Shared, req: Request<Body>) -> Response<Body> {
+    respond(api.list(req.uri().query()).await)
+}
+
+async fn acquire(State(api): Shared, req: Request<Body>) -> Response<Body> {
+    match body(req).await {
+        Ok(body) => respond(api.acquire(&body).await),
+        Err(answer) => respond(answer),
+    }
+}
+
+async fn release(State(api): Shared, req: Request<Body>) -> Response<Body> {
+    respond(api.release(lease_id(&req)).await)
+}
+
+async fn report(State(api): Shared, req: Request<Body>) -> Response<Body> {
+    let id = lease_id(&req).to_owned();
+    match body(req).await {
+        Ok(body) => respond(api.report(&id, &body).await),
+        Err(answer) => respond(answer),
+    }
+}
+
+async fn not_found() -> Response<Body> {
+    respond(error(404, "not_found", "no such endpoint"))
+}
+
+/// The `{id}` of `/v1/leases/{id}[/report]`, as sent (lease ids need no escaping; one that
+/// does names no lease).
+fn lease_id<B>(req: &Request<B>) -> &str {
+    req.uri().path().split('/').nth(3).unwrap_or_default()
+}
+
+/// The body, within the 64 KiB cap and the read budget.
+async fn body(req: Request<Body>) -> Result<Bytes, Answer> {
+    egress_http::read_body(req.into_body(), MAX_BODY, READ_BUDGET)
+        .await
+        .map_err(|e| match e {
+            egress_http::BodyError::TooLarge(_) | egress_http::BodyError::Broken => {
+                error(400, "invalid_body", "the body is over 64 KiB or could not be read")
+            }
+            egress_http::BodyError::TooSlow => error(400, "invalid_body", "the body did not arrive in time"),
+        })
+}
+
+/// Every request but `GET /healthz` carries a configured bearer token, or is answered 401
+/// before its body is read.
+async fn authenticate(State(api): Shared, req: Request<Body>, next: Next) -> Response<Body> {
+    let public = matches!(*req.method(), Method::GET | Method::HEAD) && req.uri().path() == "/healthz";
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(http::HeaderValue::as_bytes);
+    if !public && !api.auth.allows(authorization) {
+        return respond(error(401, "unauthorized", "missing or invalid bearer token"));
+    }
+    next.run(req).await
+}
+
+/// Wraps the router's own bodiless error answers (405 with `Allow`) in the JSON envelope.
+async fn envelope(response: Response<Body>) -> Response<Body> {
+    let ours = matches!(response.status().as_u16(), 404 | 405);
+    if !ours || response.headers().contains_key(header::CONTENT_TYPE) {
+        return response;
+    }
+    let (mut parts, _) = response.into_parts();
+    let (code, message) = match parts.status.as_u16() {
+        405 => {
+            let allowed = parts
+                .headers
+                .get(header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            ("method_not_allowed", format!("{allowed} only"))
+        }
+        _ => ("not_found", "no such endpoint".to_owned()),
+    };
+    let (status, body) = error(parts.status.as_u16(), code, &message);
+    parts.status = http::StatusCode::from_u16(status).unwrap_or(parts.status);
+    parts
+        .headers
+        .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body.unwrap_or_default()))
+}
+
+/// The serving stack's own answers, in the envelope.
+fn rejection(rejection: egress_http::Rejection) -> Response<Body> {
+    let mut response = match rejection {
+        egress_http::Rejection::Overloaded => respond(error(
+            503,
+            "overloaded",
+            "the server is at its connection limit; try again shortly",
+        )),
+        egress_http::Rejection::HeadersTooLarge => respond(error(
+            431,
+            "headers_too_large",
+            "the request line and headers are over 16 KiB",
+        )),
+    };
+    if rejection == egress_http::Rejection::Overloaded {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    }
+    response
+}
+
+async fn observe(req: Request<Body>, next: Next) -> Response<Body> {
     use opentelemetry::propagation::TextMapPropagator as _;
     use tracing::Instrument as _;
     use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -178,7 +280,7 @@ async fn handle(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
     } else {
         tracing::Span::none()
     };
-    let inner = std::panic::AssertUnwindSafe(handle_inner(api, req).instrument(span.clone())).catch_unwind();
+    let inner = std::panic::AssertUnwindSafe(next.run(req).instrument(span.clone())).catch_unwind();
     let response = match inner.await {
         Ok(r) => r,
         Err(_) => {
@@ -202,94 +304,19 @@ async fn handle(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
     response
 }
 
-async fn handle_inner(api: Arc<Api>, req: Request<Incoming>) -> Response<Body> {
-    let (parts, body) = req.into_parts();
-    // Auth first: a stranger's body is never read.
-    let public = parts.method == Method::GET && parts.uri.path() == "/healthz";
-    let authorization = parts
-        .headers
-        .get(header::AUTHORIZATION)
-        .map(http::HeaderValue::as_bytes);
-    if !public && !api.auth.allows(authorization) {
-        return respond(error(401, "unauthorized", "missing or invalid bearer token"));
-    }
-    // Then the cap: a body over it is never read whole.
-    let body = match tokio::time::timeout(READ_BUDGET, Limited::new(body, MAX_BODY).collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(_)) => Err(error(
-            400,
-            "invalid_body",
-            "the body is over 64 KiB or could not be read",
-        )),
-        Err(_) => Err(error(400, "invalid_body", "the body did not arrive in time")),
-    };
-    let body = match body {
-        Ok(b) => b,
-        // Only routes that read a body care; the others answer as usual.
-        Err(answer) if matches!(parts.method, Method::POST) => return respond(answer),
-        Err(_) => Bytes::new(),
-    };
-    if parts.uri.path() == "/healthz" && parts.method == Method::GET {
-        return Response::builder()
-            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-            .body(Full::new(Bytes::from_static(b"ok")))
-            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
-    }
-    respond(route(&api, &parts.method, parts.uri.path(), parts.uri.query(), &body).await)
-}
-
-/// Serves the API on `listener` until `shutdown`, then gives open connections a few seconds.
-pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: CancellationToken) {
+/// Serves the API on `listener` within `limits` until `shutdown`, then drains.
+pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: Limits, shutdown: CancellationToken) {
     if matches!(api.auth, crate::Auth::None) {
         tracing::warn!(
             target: "discovery",
             "--discovery-auth=none: the discovery API serves anyone who can reach it"
         );
     }
-    let connections = tokio_util::task::TaskTracker::new();
-    let mut pause = Duration::ZERO;
-    loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    pause = Duration::ZERO;
-                    stream
-                }
-                Err(e) => {
-                    pause = (pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                    tracing::error!(target: "discovery", error = %e, "accepting a connection failed");
-                    tokio::time::sleep(pause).await;
-                    continue;
-                }
-            },
-        };
-        let api = api.clone();
-        let shutdown = shutdown.clone();
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let api = api.clone();
-                async move { Ok::<_, Infallible>(handle(api, req).await) }
-            });
-            // HTTP/1.1 only: crawlers speak HTTP/1, and detecting HTTP/2 costs every connection.
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.timer(TokioTimer::new()).header_read_timeout(HEADER_BUDGET);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    tokio::time::timeout(DRAIN_BUDGET, conn).await.unwrap_or(Ok(()))
-                }
-            };
-            if let Err(e) = result {
-                tracing::error!(target: "discovery", error = %e, "serving a connection failed");
-            }
-        });
-    }
-    connections.close();
-    let _ = tokio::time::timeout(DRAIN_BUDGET, connections.wait()).await;
+    egress_http::Server::new("discovery")
+        .limits(limits)
+        .rejecter(rejection)
+        .serve(listener, router(api), shutdown)
+        .await;
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use common::{info, serve_on_loopback, snapshot};
+use common::{info, serve_on_loopback_within, snapshot};
 use egress_discovery::{Api, MAX_BODY, ProxyDirectory, ProxyInfo};
 use egress_lease::{ManualClock, MemoryStore};
 use serde_json::{Value, json};
@@ -35,16 +35,23 @@ struct Server {
 }
 
 async fn start(token: Option<&str>) -> Server {
+    start_within(token, egress_http::Limits::DEFAULT).await
+}
+
+async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Server {
     let directory = Arc::new(Directory::default());
     let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
-    let (url, stop) = serve_on_loopback(Api {
-        directory: directory.clone(),
-        store: Arc::new(MemoryStore::new(Arc::new(clock.clone()), Duration::from_secs(900))),
-        max_ttl: Duration::from_secs(3600),
-        auth: token.map_or(egress_discovery::Auth::None, |t| {
-            egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec![t.to_owned()])))
-        }),
-    })
+    let (url, stop) = serve_on_loopback_within(
+        Api {
+            directory: directory.clone(),
+            store: Arc::new(MemoryStore::new(Arc::new(clock.clone()), Duration::from_secs(900))),
+            max_ttl: Duration::from_secs(3600),
+            auth: token.map_or(egress_discovery::Auth::None, |t| {
+                egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec![t.to_owned()])))
+            }),
+        },
+        limits,
+    )
     .await;
     Server {
         url,
@@ -420,4 +427,108 @@ async fn no_client_mistake_is_a_500() {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn wrong_methods_name_the_allowed_ones_and_get_routes_answer_head() {
+    let s = start(Some("t")).await;
+    s.set(vec![info("ns/a", true, 1, 1, &[])]);
+    let r = s
+        .http
+        .get(format!("{}/v1/leases", s.url))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "POST");
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body, json!({"error": "method_not_allowed", "message": "POST only"}));
+    let r = s
+        .http
+        .put(format!("{}/v1/proxies", s.url))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET,HEAD");
+    // HEAD: the GET answer's status and headers, no body; /healthz stays open.
+    let r = s
+        .http
+        .head(format!("{}/v1/proxies", s.url))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert!(r.bytes().await.unwrap().is_empty());
+    let r = s.http.head(format!("{}/healthz", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = s.http.head(format!("{}/v1/proxies", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 401, "HEAD needs the token as GET does");
+}
+
+#[tokio::test]
+async fn a_bloated_head_gets_431_in_the_envelope() {
+    let s = start(Some("t")).await;
+    let r = s
+        .http
+        .get(format!("{}/v1/proxies", s.url))
+        .bearer_auth("t")
+        .header("x-bloat", "a".repeat(20 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 431);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "headers_too_large", "{body}");
+}
+
+#[tokio::test]
+async fn at_the_connection_cap_a_client_gets_503_overloaded() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const GUARD: Duration = Duration::from_secs(30);
+    let limits = egress_http::Limits {
+        max_connections: 1,
+        // The first client's kept-alive connection must outlive the test's steps.
+        header_read: GUARD * 2,
+        ..egress_http::Limits::DEFAULT
+    };
+    let s = start_within(None, limits).await;
+    let addr = s.url.trim_start_matches("http://").to_string();
+    // The first client is served and keeps its connection, so it holds the one slot.
+    let mut first = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    first
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    tokio::time::timeout(GUARD, async {
+        let mut buf = [0u8; 1024];
+        while !seen.ends_with(b"ok") {
+            let n = first.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the first client was closed");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the first client was never answered");
+    let mut second = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    second
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(GUARD, second.read_to_end(&mut answer))
+        .await
+        .expect("the second client was left hanging")
+        .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{answer}");
+    assert!(answer.contains("\r\nretry-after: 1\r\n"), "{answer}");
+    let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"], "overloaded", "{body}");
 }

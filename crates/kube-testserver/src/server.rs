@@ -146,27 +146,9 @@ fn reason_for(code: u16) -> &'static str {
     }
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// A path segment, percent-decoded (`+` stays `+`: only query strings are form-encoded).
+fn segment(s: &str) -> String {
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
 }
 
 /// The decoded query parameters.
@@ -176,13 +158,8 @@ struct Query(Vec<(String, String)>);
 impl Query {
     fn parse(q: Option<&str>) -> Self {
         Self(
-            q.unwrap_or_default()
-                .split('&')
-                .filter(|p| !p.is_empty())
-                .map(|p| match p.split_once('=') {
-                    Some((k, v)) => (percent_decode(k), percent_decode(v)),
-                    None => (percent_decode(p), String::new()),
-                })
+            form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect(),
         )
     }
@@ -215,7 +192,7 @@ enum Route {
 }
 
 fn route(path: &str) -> Route {
-    let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
+    let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(segment).collect();
     let s: Vec<&str> = segs.iter().map(String::as_str).collect();
     match s.as_slice() {
         ["version"] => Route::Version,
@@ -972,8 +949,11 @@ mod tests {
 
     #[test]
     fn percent_decoding() {
-        assert_eq!(percent_decode("a%3Db%2Cc+d"), "a=b,c d");
-        assert_eq!(percent_decode("100%"), "100%");
-        assert_eq!(percent_decode("%zz"), "%zz");
+        let query = Query::parse(Some("labelSelector=a%3Db%2Cc+d&watch&x=100%"));
+        assert_eq!(query.get("labelSelector"), Some("a=b,c d"));
+        assert!(query.flag("watch"));
+        assert_eq!(query.get("x"), Some("100%"));
+        assert_eq!(segment("a+b%3Ac"), "a+b:c", "a path's + is a plus");
+        assert_eq!(segment("%zz"), "%zz");
     }
 }

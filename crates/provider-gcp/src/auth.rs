@@ -166,20 +166,11 @@ fn permanent(message: impl Into<String>) -> Failure {
 }
 
 /// `application/x-www-form-urlencoded` of `pairs`.
+/// An `application/x-www-form-urlencoded` body.
 fn form(pairs: &[(&str, &str)]) -> String {
-    let enc = |s: &str| {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
-        .collect::<Vec<_>>()
-        .join("&")
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -405,7 +396,7 @@ mod tests {
                 ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
                 ("a b", "x/y+z")
             ]),
-            "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&a%20b=x%2Fy%2Bz"
+            "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&a+b=x%2Fy%2Bz"
         );
     }
 

@@ -47,10 +47,15 @@ impl ProxyDirectory for Fixed {
 
 /// Serves `api` on a free loopback port until the guard is dropped; returns its base URL.
 pub async fn serve_on_loopback(api: Api) -> (String, DropGuard) {
+    serve_on_loopback_within(api, egress_http::Limits::DEFAULT).await
+}
+
+/// [`serve_on_loopback`] with the server's budgets given.
+pub async fn serve_on_loopback_within(api: Api, limits: egress_http::Limits) -> (String, DropGuard) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
-    tokio::spawn(serve(listener, Arc::new(api), stop.clone()));
+    tokio::spawn(serve(listener, Arc::new(api), limits, stop.clone()));
     (url, stop.drop_guard())
 }
