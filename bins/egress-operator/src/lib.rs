@@ -349,6 +349,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     // store and its sweep run on every replica.
     let store = lease_store(&options)?;
     registry.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
+    registry.register_collector(Box::new(egress_controller::metrics::CooldownsDropped(store.clone())));
     let registry = Arc::new(Mutex::new(registry));
     let mut always = vec![cache_task, tasks.spawn(sweep(store.clone(), shutdown.clone())).id()];
 

@@ -141,6 +141,29 @@ impl Collector for LeasesActive {
     }
 }
 
+/// `proxy_operator_lease_cooldowns_dropped_total`: cooldowns the lease store dropped to keep a
+/// proxy within its cap of targets (by this replica, for a shared store).
+pub struct CooldownsDropped(pub std::sync::Arc<dyn egress_lease::LeaseStore>);
+
+impl std::fmt::Debug for CooldownsDropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CooldownsDropped").finish_non_exhaustive()
+    }
+}
+
+impl Collector for CooldownsDropped {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let counter = encoder.encode_descriptor(
+            "proxy_operator_lease_cooldowns_dropped",
+            "Cooldowns dropped because a proxy already cooled down for the most targets it may hold at once.",
+            None,
+            MetricType::Counter,
+        )?;
+        prometheus_client::metrics::counter::ConstCounter::new(self.0.cooldowns_dropped()).encode(counter)?;
+        Ok(())
+    }
+}
+
 /// Registers the controller's scrape-time metrics.
 pub fn register(registry: &mut Registry, snapshot: Snapshot, proxies: Store<Proxy>) {
     registry.register_collector(Box::new(ProviderTargetGauges(snapshot)));

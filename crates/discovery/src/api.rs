@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, StoreError, effective_ttl};
+use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, StoreError, Target, effective_ttl};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -184,6 +184,10 @@ impl Api {
             Ok(t) => t,
             Err(e) => return error(400, "invalid_ttl", &e.to_string()),
         };
+        let target = match target(body.target.as_deref()) {
+            Ok(t) => t,
+            Err(answer) => return answer,
+        };
         let proxies = match self.directory.proxies() {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies for lease"),
@@ -201,10 +205,7 @@ impl Api {
             latency_millis: p.latency_millis,
             max_leases: p.max_leases,
         });
-        let req = LeaseRequest {
-            ttl,
-            target: body.target.filter(|t| !t.is_empty()),
-        };
+        let req = LeaseRequest { ttl, target };
         let acquired = match self.store.acquire(&mut candidates, &req).await {
             Ok(a) => a,
             Err(e) => return store_failed(&e, "acquiring a lease"),
@@ -275,11 +276,24 @@ impl Api {
         let Some(result) = body.result.as_deref().and_then(|r| r.parse::<ReportResult>().ok()) else {
             return error(400, "invalid_result", "result must be ok, rate_limited or banned");
         };
-        match self.store.report(id, result, body.target.as_deref()).await {
+        let target = match target(body.target.as_deref()) {
+            Ok(t) => t,
+            Err(answer) => return answer,
+        };
+        match self.store.report(id, result, target).await {
             Ok(Ok(())) => (204, None),
             Ok(Err(_)) => error(404, "unknown_lease", "no such lease"),
             Err(e) => store_failed(&e, "recording a report"),
         }
+    }
+}
+
+/// A request's `target`, reduced to `host[:port]`; over 2 KiB is `400 invalid_target`.
+fn target(raw: Option<&str>) -> Result<Option<Target>, Answer> {
+    match raw.map(Target::parse) {
+        None => Ok(None),
+        Some(Ok(t)) => Ok(t),
+        Some(Err(e)) => Err(error(400, "invalid_target", &e.to_string())),
     }
 }
 

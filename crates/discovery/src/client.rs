@@ -83,6 +83,9 @@ pub enum ClientError {
     InvalidTtl(String),
     #[error("invalid result: {0}")]
     InvalidResult(String),
+    /// A target over 2 KiB.
+    #[error("invalid target: {0}")]
+    InvalidTarget(String),
     #[error(
         "no match: {message} ({considered} considered: {unhealthy} unhealthy, {at_capacity} at capacity, {in_cooldown} in cooldown)"
     )]
@@ -149,6 +152,7 @@ fn from_answer(status: u16, body: &str) -> ClientError {
         "invalid_body" => ClientError::InvalidBody(e.message),
         "invalid_ttl" => ClientError::InvalidTtl(e.message),
         "invalid_result" => ClientError::InvalidResult(e.message),
+        "invalid_target" => ClientError::InvalidTarget(e.message),
         "no_match" => ClientError::NoMatch {
             message: e.message,
             considered: e.considered,

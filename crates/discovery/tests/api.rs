@@ -532,3 +532,36 @@ async fn at_the_connection_cap_a_client_gets_503_overloaded() {
     let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     assert_eq!(body["error"], "overloaded", "{body}");
 }
+
+#[tokio::test]
+async fn targets_are_sites_and_only_one_over_2_kib_is_refused() {
+    let s = start(None).await;
+    s.set(vec![info("ns/a", true, 1, 5, &[])]);
+    let at_limit = format!("https://{}/", "a".repeat(egress_lease::MAX_TARGET_BYTES - 9));
+    assert_eq!(at_limit.len(), egress_lease::MAX_TARGET_BYTES);
+    let body = json!({"target": at_limit}).to_string();
+    assert_eq!(s.post("/v1/leases", &body).await.0, 201, "2 KiB is accepted");
+    let over = json!({"target": format!("{at_limit}x")}).to_string();
+    let answer = s.post("/v1/leases", &over).await;
+    assert_error(&answer, 400, "invalid_target");
+    // A lease for a URL, banned: the site itself cools down, however it is spelled.
+    let (_, g) = s
+        .post("/v1/leases", r#"{"target": "https://Shop.Example/cart?x=1"}"#)
+        .await;
+    let lease = g["leaseID"].as_str().unwrap().to_string();
+    let report = format!("/v1/leases/{lease}/report");
+    assert_error(
+        &s.post(
+            &report,
+            &json!({"result": "banned", "target": format!("{at_limit}x")}).to_string(),
+        )
+        .await,
+        400,
+        "invalid_target",
+    );
+    assert_eq!(s.post(&report, r#"{"result": "banned"}"#).await.0, 204);
+    let refused = s.post("/v1/leases", r#"{"target": "shop.example"}"#).await;
+    assert_eq!(refused.0, 409, "{refused:?}");
+    assert_eq!(refused.1["inCooldown"], 1);
+    assert_eq!(s.post("/v1/leases", r#"{"target": "shop.example:8443"}"#).await.0, 201);
+}

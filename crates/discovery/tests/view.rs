@@ -38,9 +38,12 @@ impl LeaseStore for Recording {
         &self,
         lease_id: &str,
         result: ReportResult,
-        target: Option<&str>,
+        target: Option<egress_lease::Target>,
     ) -> Result<Result<(), UnknownLease>, StoreError> {
         self.inner.report(lease_id, result, target).await
+    }
+    fn cooldowns_dropped(&self) -> u64 {
+        self.inner.cooldowns_dropped()
     }
     async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
         self.inner.active_leases(proxies).await

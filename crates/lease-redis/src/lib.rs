@@ -11,10 +11,11 @@
 //!
 //! | Key | Type | Holds | Lives |
 //! |---|---|---|---|
-//! | `lease:<id>` | hash | proxy, target, expires (ms) | until one cooldown window after its expiry |
+//! | `lease:<id>` | hash | proxy, target digest, expires (ms) | until one cooldown window after its expiry, or until it is among the oldest beyond the newest [`MAX_ENDED`] ended leases |
 //! | `active:<proxy>` | sorted set | the proxy's unreleased leases by expiry | until its last lease expires |
 //! | `all` | sorted set | every unreleased lease by expiry | until the last lease expires |
-//! | `cool:<proxy>` | hash | cooldown end (ms) by target (`""`: global) | one cooldown window after the last report |
+//! | `ended` | list | leases released or found expired, oldest first | one cooldown window after the last end; at most [`MAX_ENDED`] entries |
+//! | `cool:<proxy>` | hash | cooldown end (ms) by target digest (`""`: global); at most [`MAX_COOLDOWN_TARGETS`] targets | one cooldown window after the last report |
 //! | `view` | hash | `healthy,latency,max` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
 //!
 //! When Redis cannot be reached every call fails with [`StoreError`] within
@@ -24,12 +25,12 @@
 pub mod local;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use egress_lease::{
-    Candidate, Clock, Grant, LeaseRequest, LeaseStore, NoMatch, ReportResult, StoreError, UnknownLease, ViewEntry,
-    lease_id,
+    Candidate, Clock, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, NoMatch, ReportResult,
+    StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
@@ -55,9 +56,9 @@ fn duration_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A script that takes a time, with the shared `clock` function before it.
+/// A script that takes a time, with the shared `clock` and `ended` functions before it.
 fn timed(body: &str) -> Script {
-    Script::new(&[include_str!("lua/clock.lua"), body].concat())
+    Script::new(&[include_str!("lua/clock.lua"), include_str!("lua/ended.lua"), body].concat())
 }
 
 struct Scripts {
@@ -93,6 +94,10 @@ pub struct RedisStore {
     cooldown: Duration,
     /// All active leases as of this replica's last call (the scrape-time gauge).
     last_total: AtomicUsize,
+    /// Ended leases kept reportable, at most.
+    max_ended: usize,
+    /// Cooldowns this replica's reports dropped for [`MAX_COOLDOWN_TARGETS`].
+    dropped: AtomicU64,
     /// Where Redis is, without credentials (for messages).
     shown: String,
 }
@@ -143,8 +148,22 @@ impl RedisStore {
             clock: None,
             cooldown,
             last_total: AtomicUsize::new(0),
+            max_ended: MAX_ENDED,
+            dropped: AtomicU64::new(0),
             shown,
         })
+    }
+
+    /// The same store keeping at most `max_ended` ended leases reportable (tests of the bound).
+    #[must_use]
+    pub fn with_max_ended(mut self, max_ended: usize) -> Self {
+        self.max_ended = max_ended;
+        self
+    }
+
+    /// The arguments every script that ends leases takes: the cap and the retention.
+    fn ended_args(&self) -> [String; 2] {
+        [self.max_ended.to_string(), duration_millis(self.cooldown).to_string()]
     }
 
     /// The same store on `clock` instead of Redis's (tests that move time by hand).
@@ -191,11 +210,12 @@ impl RedisStore {
         let mut args = vec![
             self.now(),
             duration_millis(req.ttl).to_string(),
-            req.target.clone().filter(|t| !t.is_empty()).unwrap_or_default(),
+            req.target.as_ref().map(Target::hex).unwrap_or_default(),
             String::new(),
             duration_millis(self.cooldown).to_string(),
             batch.len().to_string(),
             if last { "1" } else { "0" }.to_owned(),
+            self.max_ended.to_string(),
         ];
         for c in batch {
             args.push(c.id.to_owned());
@@ -252,10 +272,16 @@ impl RedisStore {
         );
         let now = self.now();
         let shown = self.shown.clone();
+        let [max_ended, retention] = self.ended_args();
         tokio::spawn(async move {
             for attempt in 0..8u32 {
                 let mut invocation = script.prepare_invoke();
-                invocation.arg(&prefix).arg(&now).arg(&lease_id);
+                invocation
+                    .arg(&prefix)
+                    .arg(&now)
+                    .arg(&lease_id)
+                    .arg(&max_ended)
+                    .arg(&retention);
                 let done = tokio::time::timeout(CALL_BUDGET, invocation.invoke_async::<i64>(&mut connection)).await;
                 if matches!(done, Ok(Ok(_))) {
                     return;
@@ -316,8 +342,12 @@ impl LeaseStore for RedisStore {
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
+        let [max_ended, retention] = self.ended_args();
         let total: i64 = self
-            .run(&self.scripts.release, &[self.now(), lease_id.to_owned()])
+            .run(
+                &self.scripts.release,
+                &[self.now(), lease_id.to_owned(), max_ended, retention],
+            )
             .await?;
         self.remember_total(total);
         Ok(())
@@ -327,7 +357,7 @@ impl LeaseStore for RedisStore {
         &self,
         lease_id: &str,
         result: ReportResult,
-        target: Option<&str>,
+        target: Option<Target>,
     ) -> Result<Result<(), UnknownLease>, StoreError> {
         let kind = if result == ReportResult::Ok { "ok" } else { "cool" };
         let known: i64 = self
@@ -337,12 +367,20 @@ impl LeaseStore for RedisStore {
                     self.now(),
                     lease_id.to_owned(),
                     kind.to_owned(),
-                    target.unwrap_or_default().to_owned(),
+                    target.as_ref().map(Target::hex).unwrap_or_default(),
                     duration_millis(self.cooldown).to_string(),
+                    MAX_COOLDOWN_TARGETS.to_string(),
                 ],
             )
             .await?;
-        Ok(if known == 1 { Ok(()) } else { Err(UnknownLease) })
+        if known == 2 {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(if known == 0 { Err(UnknownLease) } else { Ok(()) })
+    }
+
+    fn cooldowns_dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
@@ -367,7 +405,10 @@ impl LeaseStore for RedisStore {
     }
 
     async fn sweep(&self) -> Result<(), StoreError> {
-        let total: i64 = self.run(&self.scripts.sweep, &[self.now()]).await?;
+        let [max_ended, retention] = self.ended_args();
+        let total: i64 = self
+            .run(&self.scripts.sweep, &[self.now(), max_ended, retention])
+            .await?;
         self.remember_total(total);
         Ok(())
     }

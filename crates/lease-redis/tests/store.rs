@@ -48,7 +48,8 @@ impl suite::Backend for Redis {
         Some(Arc::new(
             RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
                 .expect("a store")
-                .with_clock(Arc::new(clock)),
+                .with_clock(Arc::new(clock))
+                .with_max_ended(suite::MAX_ENDED),
         ))
     }
 }
@@ -168,6 +169,8 @@ async fn every_key_has_a_ttl_of_its_kind() {
         .await
         .expect("answers")
         .expect("known");
+    let ended = suite::acquire(&s, &fleet, &suite::req(None)).await.expect("a lease");
+    s.release(&ended.lease_id).await.expect("answers");
     s.publish_view(&[egress_lease::ViewEntry {
         id: "ns/p".into(),
         healthy: true,
@@ -196,7 +199,7 @@ async fn every_key_has_a_ttl_of_its_kind() {
         let most = match kind.as_str() {
             "lease" => ttl + window,
             "active" | "all" => ttl,
-            "cool" => window,
+            "cool" | "ended" => window,
             "view" => view,
             other => panic!("a key of unknown kind: {key} ({other})"),
         };
@@ -204,5 +207,79 @@ async fn every_key_has_a_ttl_of_its_kind() {
         kinds.push(kind);
     }
     kinds.sort();
-    assert_eq!(kinds, ["active", "all", "cool", "lease", "view"]);
+    kinds.dedup();
+    assert_eq!(kinds, ["active", "all", "cool", "ended", "lease", "view"]);
+}
+
+/// Abuse: acquire/release pairs with distinct maximal targets, some leases never released,
+/// report spam. Redis holds at most the active leases plus the ended ones kept, 64 targets per
+/// proxy, and every key has a TTL.
+#[tokio::test]
+async fn what_abuse_leaves_in_redis_is_bounded() {
+    use egress_lease::{MAX_COOLDOWN_TARGETS, MAX_TARGET_BYTES, ReportResult};
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let clock = ManualClock::new(suite::start());
+    let s = RedisStore::new(&url, &prefix, suite::COOLDOWN)
+        .expect("a store")
+        .with_clock(Arc::new(clock.clone()))
+        .with_max_ended(100);
+    let fleet: Vec<suite::P> = (0..4).map(|i| suite::proxy(&format!("ns/p{i}"), i, 5)).collect();
+    let long = "x".repeat(MAX_TARGET_BYTES - 8);
+    for round in 0..1_000u32 {
+        let target = format!("{round:08}{long}");
+        let g = suite::acquire(&s, &fleet, &suite::req(Some(&target)))
+            .await
+            .unwrap_or_else(|n| panic!("a lease at round {round}: {n:?}"));
+        s.report(&g.lease_id, ReportResult::Banned, None)
+            .await
+            .unwrap()
+            .unwrap();
+        if round % 10 != 0 {
+            s.release(&g.lease_id).await.unwrap();
+        }
+        // Unreleased leases (one in ten) expire as the clock moves: at most 10 live at once.
+        if round % 20 == 0 {
+            clock.advance(std::time::Duration::from_secs(60));
+            s.sweep().await.unwrap();
+        }
+    }
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let active = s.active_total().await.unwrap();
+    let leases = keys
+        .iter()
+        .filter(|k| k.starts_with(&format!("{prefix}lease:")))
+        .count();
+    assert!(leases <= active + 100, "{leases} lease records, {active} active");
+    let ended: usize = redis::cmd("LLEN")
+        .arg(format!("{prefix}ended"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(ended <= 100, "{ended} ended");
+    for key in keys.iter().filter(|k| k.starts_with(&format!("{prefix}cool:"))) {
+        let fields: usize = redis::cmd("HLEN").arg(key).query_async(&mut c).await.unwrap();
+        assert!(fields <= MAX_COOLDOWN_TARGETS + 1, "{key}: {fields} cooldowns");
+    }
+    for key in &keys {
+        let left: i64 = redis::cmd("PTTL").arg(key).query_async(&mut c).await.unwrap();
+        assert!(left > 0, "{key} has no TTL");
+        let size: usize = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(size < 64 * 1024, "{key} holds {size} bytes");
+    }
+    assert!(s.cooldowns_dropped() > 0, "the cap was never reached");
 }

@@ -8,6 +8,7 @@
 //!
 //! - [`store`]: the [`LeaseStore`] trait and the in-memory store (one mutex; selection and the
 //!   new lease are one atomic step, so concurrent acquisitions never exceed a capacity).
+//! - [`target`]: a target reduced to `host[:port]` and kept as a digest.
 //! - [`clock`]: the injectable clock.
 //! - [`ttl`]: the TTL rule of lease requests.
 //!
@@ -16,11 +17,13 @@
 
 pub mod clock;
 pub mod store;
+pub mod target;
 pub mod ttl;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use store::{
-    Candidate, Grant, LeaseRequest, LeaseStore, MemoryStore, NoMatch, ReportResult, StoreError, UnknownLease,
-    ViewEntry, lease_id,
+    Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, MemoryStore, NoMatch, ReportResult,
+    StoreError, UnknownLease, ViewEntry, lease_id,
 };
+pub use target::{MAX_TARGET_BYTES, Target, TargetTooLong, host_port};
 pub use ttl::{DEFAULT_TTL, TtlError, effective_ttl};

@@ -14,12 +14,28 @@
 //!   Overlapping cooldowns keep the later end.
 //! - A lease stays reportable (released or not) until one cooldown window after its expiry; the
 //!   sweep then forgets it.
+//!
+//! Bounds, whatever clients send (the state is at most the fleet's capacity in active leases,
+//! plus these):
+//!
+//! - A target is kept as a 16-byte digest ([`Target`]), so its length costs nothing.
+//! - Of the leases that have ended (released, or found expired), the newest [`MAX_ENDED`] stay
+//!   reportable; older ones are forgotten early (a report on one is `unknown_lease`).
+//! - A proxy cools down for at most [`MAX_COOLDOWN_TARGETS`] targets at once, beside its global
+//!   cooldown; a report for one more drops the cooldown that ends soonest, counted by
+//!   [`LeaseStore::cooldowns_dropped`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::clock::Clock;
+use crate::target::Target;
+
+/// Ended leases kept reportable, at most (newest first).
+pub const MAX_ENDED: usize = 131_072;
+/// Targets one proxy cools down for at once, at most, beside its global cooldown.
+pub const MAX_COOLDOWN_TARGETS: usize = 64;
 
 /// A proxy that matches a request's selector, as the caller knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +59,8 @@ impl Candidate<'_> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRequest {
     pub ttl: Duration,
-    /// The site to be crawled; empty is none.
-    pub target: Option<String>,
+    /// The site to be crawled.
+    pub target: Option<Target>,
 }
 
 /// A lease granted.
@@ -144,8 +160,12 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         lease_id: &str,
         result: ReportResult,
-        target: Option<&str>,
+        target: Option<Target>,
     ) -> Result<Result<(), UnknownLease>, StoreError>;
+
+    /// Cooldowns dropped to keep a proxy within [`MAX_COOLDOWN_TARGETS`], since start (by this
+    /// replica, for a shared store).
+    fn cooldowns_dropped(&self) -> u64;
 
     /// The active leases of each of `proxies`, in their order.
     ///
@@ -195,8 +215,52 @@ pub fn lease_id() -> String {
 #[derive(Debug, Clone)]
 struct Lease {
     proxy: String,
-    target: Option<String>,
+    target: Option<Target>,
     expires_at: SystemTime,
+}
+
+/// One proxy's cooldowns: their ends, global and by target.
+#[derive(Debug, Default)]
+struct Cooldowns {
+    global: Option<SystemTime>,
+    targets: HashMap<Target, SystemTime>,
+}
+
+impl Cooldowns {
+    fn blocks(&self, target: Option<Target>, now: SystemTime) -> bool {
+        self.global.is_some_and(|end| end > now)
+            || target.is_some_and(|t| self.targets.get(&t).is_some_and(|end| *end > now))
+    }
+
+    /// Starts or extends a cooldown until `end`; `true` when another had to be dropped for it.
+    fn start(&mut self, target: Option<Target>, end: SystemTime, now: SystemTime) -> bool {
+        let Some(target) = target else {
+            self.global = Some(self.global.map_or(end, |e| e.max(end)));
+            return false;
+        };
+        if let Some(slot) = self.targets.get_mut(&target) {
+            *slot = (*slot).max(end);
+            return false;
+        }
+        let mut dropped = false;
+        if self.targets.len() >= MAX_COOLDOWN_TARGETS {
+            self.targets.retain(|_, e| *e > now);
+        }
+        if self.targets.len() >= MAX_COOLDOWN_TARGETS
+            && let Some(soonest) = self.targets.iter().min_by_key(|(_, e)| **e).map(|(t, _)| *t)
+        {
+            self.targets.remove(&soonest);
+            dropped = true;
+        }
+        self.targets.insert(target, end);
+        dropped
+    }
+
+    fn forget_ended(&mut self, now: SystemTime) -> bool {
+        self.global = self.global.filter(|e| *e > now);
+        self.targets.retain(|_, e| *e > now);
+        self.global.is_some() || !self.targets.is_empty()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -204,29 +268,51 @@ struct State {
     /// Every lease not yet forgotten (reports need them after their end).
     leases: HashMap<String, Lease>,
     /// The unreleased leases of each proxy, with their expiry. Released ones leave at once and
-    /// expired ones at the sweep, so these lists stay as short as the capacities.
+    /// expired ones whenever the proxy is next considered (or at the sweep), so these lists
+    /// stay as short as the capacities.
     active: HashMap<String, Vec<(SystemTime, String)>>,
-    /// By proxy: (target, end) of each cooldown; a `None` target is a global cooldown.
-    cooldowns: HashMap<String, Vec<(Option<String>, SystemTime)>>,
+    /// Ended leases, oldest first; beyond `max_ended` the oldest are forgotten.
+    ended: VecDeque<String>,
+    cooldowns: HashMap<String, Cooldowns>,
+    dropped: u64,
+    /// [`MemoryStore::with_max_ended`], or [`MAX_ENDED`].
+    max_ended: usize,
 }
 
 impl State {
-    fn active(&self, proxy: &str, now: SystemTime) -> usize {
-        self.active
-            .get(proxy)
-            .map_or(0, |leases| leases.iter().filter(|(expires, _)| *expires > now).count())
+    /// The proxy's active leases, having moved its expired ones to the ended.
+    fn active(&mut self, proxy: &str, now: SystemTime) -> usize {
+        let Some(list) = self.active.get_mut(proxy) else {
+            return 0;
+        };
+        if list.iter().any(|(expires, _)| *expires <= now) {
+            let (live, expired): (Vec<_>, Vec<_>) = list.drain(..).partition(|(expires, _)| *expires > now);
+            *list = live;
+            let n = list.len();
+            if n == 0 {
+                self.active.remove(proxy);
+            }
+            for (_, id) in expired {
+                self.ended(id);
+            }
+            return n;
+        }
+        list.len()
     }
 
-    fn cooling(&self, proxy: &str, target: Option<&str>, now: SystemTime) -> bool {
-        self.cooldowns.get(proxy).is_some_and(|list| {
-            list.iter()
-                .any(|(t, end)| *end > now && (t.is_none() || t.as_deref() == target))
-        })
+    fn cooling(&self, proxy: &str, target: Option<Target>, now: SystemTime) -> bool {
+        self.cooldowns.get(proxy).is_some_and(|c| c.blocks(target, now))
     }
-}
 
-fn non_empty(s: Option<&str>) -> Option<&str> {
-    s.filter(|t| !t.is_empty())
+    /// Records that a lease ended; forgets the oldest ended ones beyond [`MAX_ENDED`].
+    fn ended(&mut self, lease_id: String) {
+        self.ended.push_back(lease_id);
+        while self.ended.len() > self.max_ended {
+            if let Some(oldest) = self.ended.pop_front() {
+                self.leases.remove(&oldest);
+            }
+        }
+    }
 }
 
 /// The in-memory store: all state behind one mutex.
@@ -234,6 +320,7 @@ pub struct MemoryStore {
     state: Mutex<State>,
     clock: Arc<dyn Clock>,
     cooldown: Duration,
+    max_ended: usize,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -251,16 +338,37 @@ impl MemoryStore {
             state: Mutex::default(),
             clock,
             cooldown,
+            max_ended: MAX_ENDED,
         }
     }
 
+    /// The same store keeping at most `max_ended` ended leases reportable (tests of the bound).
+    #[must_use]
+    pub fn with_max_ended(mut self, max_ended: usize) -> Self {
+        self.max_ended = max_ended;
+        self
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.max_ended = self.max_ended;
+        state
     }
 
     /// Whether `proxy` is cooling down for a request naming `target` (tests and the API's views).
-    pub fn cooling(&self, proxy: &str, target: Option<&str>) -> bool {
-        self.lock().cooling(proxy, non_empty(target), self.clock.now())
+    pub fn cooling(&self, proxy: &str, target: Option<Target>) -> bool {
+        self.lock().cooling(proxy, target, self.clock.now())
+    }
+
+    /// Leases remembered, active or ended, and cooldowns held (tests of the bounds).
+    pub fn held(&self) -> (usize, usize) {
+        let state = self.lock();
+        let cooldowns = state
+            .cooldowns
+            .values()
+            .map(|c| c.targets.len() + usize::from(c.global.is_some()))
+            .sum();
+        (state.leases.len(), cooldowns)
     }
 }
 
@@ -271,7 +379,7 @@ impl MemoryStore {
         req: &LeaseRequest,
     ) -> Result<Grant, NoMatch> {
         let now = self.clock.now();
-        let target = non_empty(req.target.as_deref());
+        let target = req.target;
         // Made before the lock is taken: the critical section stays short under many clients.
         let mut lease_id = lease_id();
         let mut state = self.lock();
@@ -313,7 +421,7 @@ impl MemoryStore {
             lease_id.clone(),
             Lease {
                 proxy: proxy.clone(),
-                target: target.map(str::to_string),
+                target,
                 expires_at,
             },
         );
@@ -336,15 +444,21 @@ impl MemoryStore {
         let Some(proxy) = state.leases.get(lease_id).map(|l| l.proxy.clone()) else {
             return;
         };
-        if let Some(leases) = state.active.get_mut(&proxy) {
-            leases.retain(|(_, id)| id != lease_id);
-            if leases.is_empty() {
-                state.active.remove(&proxy);
-            }
+        let Some(leases) = state.active.get_mut(&proxy) else {
+            return;
+        };
+        let before = leases.len();
+        leases.retain(|(_, id)| id != lease_id);
+        let released = leases.len() < before;
+        if leases.is_empty() {
+            state.active.remove(&proxy);
+        }
+        if released {
+            state.ended(lease_id.to_owned());
         }
     }
 
-    fn report_now(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), UnknownLease> {
+    fn report_now(&self, lease_id: &str, result: ReportResult, target: Option<Target>) -> Result<(), UnknownLease> {
         let now = self.clock.now();
         let mut state = self.lock();
         let lease = state.leases.get(lease_id).ok_or(UnknownLease)?;
@@ -355,22 +469,18 @@ impl MemoryStore {
         if result == ReportResult::Ok {
             return Ok(());
         }
-        let resolved = non_empty(target)
-            .map(str::to_string)
-            .or_else(|| lease.target.clone().filter(|t| !t.is_empty()));
+        let resolved = target.or(lease.target);
         let proxy = lease.proxy.clone();
         let end = now + self.cooldown;
-        let list = state.cooldowns.entry(proxy).or_default();
-        match list.iter_mut().find(|(t, _)| *t == resolved) {
-            Some((_, slot)) => *slot = (*slot).max(end),
-            None => list.push((resolved, end)),
+        if state.cooldowns.entry(proxy).or_default().start(resolved, end, now) {
+            state.dropped += 1;
         }
         Ok(())
     }
 
     fn active_leases_now(&self, proxies: &[&str]) -> Vec<usize> {
         let now = self.clock.now();
-        let state = self.lock();
+        let mut state = self.lock();
         proxies.iter().map(|p| state.active(p, now)).collect()
     }
 
@@ -387,20 +497,29 @@ impl MemoryStore {
         let now = self.clock.now();
         let cooldown = self.cooldown;
         let mut state = self.lock();
+        let mut expired = Vec::new();
+        state.active.retain(|_, list| {
+            list.retain(|(expires, id)| {
+                let live = *expires > now;
+                if !live {
+                    expired.push(id.clone());
+                }
+                live
+            });
+            !list.is_empty()
+        });
+        for id in expired {
+            state.ended(id);
+        }
         let State {
             leases,
-            active,
+            ended,
             cooldowns,
+            ..
         } = &mut *state;
         leases.retain(|_, l| l.expires_at + cooldown > now);
-        active.retain(|_, list| {
-            list.retain(|(expires, _)| *expires > now);
-            !list.is_empty()
-        });
-        cooldowns.retain(|_, list| {
-            list.retain(|(_, end)| *end > now);
-            !list.is_empty()
-        });
+        ended.retain(|id| leases.contains_key(id));
+        cooldowns.retain(|_, c| c.forget_ended(now));
     }
 }
 
@@ -423,9 +542,13 @@ impl LeaseStore for MemoryStore {
         &self,
         lease_id: &str,
         result: ReportResult,
-        target: Option<&str>,
+        target: Option<Target>,
     ) -> Result<Result<(), UnknownLease>, StoreError> {
         Ok(self.report_now(lease_id, result, target))
+    }
+
+    fn cooldowns_dropped(&self) -> u64 {
+        self.lock().dropped
     }
 
     async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {

@@ -10,8 +10,58 @@ struct Memory;
 
 impl suite::Backend for Memory {
     fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>> {
-        Some(Arc::new(MemoryStore::new(Arc::new(clock), suite::COOLDOWN)))
+        Some(Arc::new(
+            MemoryStore::new(Arc::new(clock), suite::COOLDOWN).with_max_ended(suite::MAX_ENDED),
+        ))
     }
 }
 
 lease_store_suite!(Memory);
+
+/// Abuse: many distinct, maximal targets, acquire/release pairs and report spam. What the store
+/// holds stays within its bounds: the ended leases kept, and 64 targets per proxy.
+#[tokio::test]
+async fn what_abuse_leaves_behind_is_bounded() {
+    use egress_lease::{Candidate, LeaseRequest, MAX_COOLDOWN_TARGETS, MAX_TARGET_BYTES, ReportResult, Target};
+    let clock = ManualClock::new(suite::start());
+    let store = MemoryStore::new(Arc::new(clock.clone()), suite::COOLDOWN).with_max_ended(500);
+    let fleet: Vec<String> = (0..10).map(|i| format!("ns/p{i}")).collect();
+    let long = "x".repeat(MAX_TARGET_BYTES - 8);
+    for round in 0..5_000u32 {
+        let target = Target::parse(&format!("{round:08}{long}")).unwrap();
+        let mut candidates = fleet.iter().map(|id| Candidate {
+            id,
+            healthy: true,
+            latency_millis: 1,
+            max_leases: 5,
+        });
+        let request = LeaseRequest {
+            ttl: std::time::Duration::from_secs(300),
+            target,
+        };
+        let Ok(Ok(grant)) = store.acquire(&mut candidates, &request).await else {
+            panic!("a lease at round {round}");
+        };
+        store
+            .report(&grant.lease_id, ReportResult::Banned, None)
+            .await
+            .unwrap()
+            .unwrap();
+        if round % 10 != 0 {
+            store.release(&grant.lease_id).await.unwrap();
+        }
+        // Unreleased leases (one in ten) expire as the clock moves: at most 25 live at once.
+        if round % 50 == 0 {
+            clock.advance(std::time::Duration::from_secs(60));
+        }
+    }
+    let (leases, cooldowns) = store.held();
+    let active = store.active_total().await.unwrap();
+    assert!(active <= 50, "{active} active on a fleet of capacity 50");
+    assert!(leases <= active + 500, "{leases} leases held");
+    assert!(
+        cooldowns <= fleet.len() * MAX_COOLDOWN_TARGETS,
+        "{cooldowns} cooldowns held"
+    );
+    assert!(store.cooldowns_dropped() > 0, "the cap was never reached");
+}

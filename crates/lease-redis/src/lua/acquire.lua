@@ -1,7 +1,9 @@
 -- Grants a lease on the best eligible candidate of a batch, as one atomic step.
--- ARGV: prefix, now (ms, or '' for Redis's clock), ttl (ms), target ('' for none), lease id,
---       retention (ms), n, final ('1': the last batch), then n times: id, healthy ('1'/'0'), latency (ms),
---       max leases.
+-- ARGV: prefix, now (ms, or '' for Redis's clock), ttl (ms), target (its digest, '' for none),
+--       lease id, retention (ms), n, final ('1': the last batch), ended leases kept, then n times:
+--       id, healthy ('1'/'0'), latency (ms), max leases.
+-- A candidate's expired leases leave its active set and the index of all leases as it is
+-- considered, and count as ended.
 -- The published view (HASH <prefix>view: id -> "healthy,latency,max") wins over the caller's
 -- values. Candidates come in the caller's (latency, id) order; the first idle eligible one is
 -- the best there is and ends the search. Without one, a batch that is not the last answers 3,
@@ -12,6 +14,7 @@
 
 local p, now, ttl, target, lease = ARGV[1], clock(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local retention, n, final = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8] == '1'
+local max_ended = tonumber(ARGV[9])
 
 -- Byte order, as the in-memory store compares ids (Lua's < follows the server's locale).
 local function before(a, b)
@@ -30,7 +33,7 @@ local considered, at_capacity, cooling, unhealthy = 0, 0, 0, 0
 local best, best_active, best_latency
 local idle = false
 for i = 0, n - 1 do
-  local b = 9 + i * 4
+  local b = 10 + i * 4
   local id, healthy, latency, max = ARGV[b], ARGV[b + 1] == '1', tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   local published = redis.call('HGET', p .. 'view', id)
   if published then
@@ -42,7 +45,12 @@ for i = 0, n - 1 do
     unhealthy = unhealthy + 1
   else
     local active_key = p .. 'active:' .. id
-    redis.call('ZREMRANGEBYSCORE', active_key, '-inf', now)
+    local expired = redis.call('ZRANGEBYSCORE', active_key, '-inf', now)
+    if #expired > 0 then
+      redis.call('ZREMRANGEBYSCORE', active_key, '-inf', now)
+      for _, gone in ipairs(expired) do redis.call('ZREM', p .. 'all', gone) end
+      ended(p, expired, max_ended, retention)
+    end
     local active = redis.call('ZCARD', active_key)
     if active >= max then
       at_capacity = at_capacity + 1

@@ -3,18 +3,28 @@
 //! retention, the sweep, 64 concurrent clients, and invariants under random operation
 //! sequences.
 //!
-//! A backend supplies [`Backend::store`]: a fresh, empty store over the given clock. Use
-//! [`lease_store_suite!`] to instantiate every case.
+//! A backend supplies [`Backend::store`]: a fresh, empty store over the given clock, keeping at
+//! most [`MAX_ENDED`] ended leases reportable. Use [`lease_store_suite!`] to instantiate every
+//! case.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use egress_lease::{Candidate, Grant, LeaseRequest, LeaseStore, ManualClock, NoMatch, ReportResult, UnknownLease};
+use egress_lease::{
+    Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, ManualClock, NoMatch, ReportResult, Target,
+    UnknownLease,
+};
 use proptest::prelude::*;
 
 pub const COOLDOWN: Duration = Duration::from_secs(900);
+/// The ended leases a suite store keeps reportable (small, so the bound is reached quickly).
+pub const MAX_ENDED: usize = 256;
+
+fn target(t: Option<&str>) -> Option<Target> {
+    t.and_then(|t| Target::parse(t).expect("a target within the limit"))
+}
 
 /// Makes fresh stores.
 pub trait Backend: Send + Sync + 'static {
@@ -65,7 +75,7 @@ pub async fn acquire(s: &dyn LeaseStore, fleet: &[P], r: &LeaseRequest) -> Resul
 pub fn req(target: Option<&str>) -> LeaseRequest {
     LeaseRequest {
         ttl: Duration::from_secs(300),
-        target: target.map(str::to_string),
+        target: self::target(target),
     }
 }
 
@@ -74,7 +84,7 @@ async fn release(s: &dyn LeaseStore, id: &str) {
 }
 
 async fn report(s: &dyn LeaseStore, id: &str, r: ReportResult, target: Option<&str>) -> Result<(), UnknownLease> {
-    s.report(id, r, target).await.expect("the store answers")
+    s.report(id, r, self::target(target)).await.expect("the store answers")
 }
 
 async fn total(s: &dyn LeaseStore) -> usize {
@@ -307,6 +317,88 @@ pub async fn sixty_four_clients_never_exceed_any_capacity(s: Arc<dyn LeaseStore>
     assert_eq!(total(s.as_ref()).await, 0);
 }
 
+pub async fn a_target_names_a_site_whatever_its_spelling(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(Some("https://Shop.Example/cart?id=1")))
+        .await
+        .unwrap();
+    report(s, &g.lease_id, ReportResult::Banned, None).await.unwrap();
+    assert!(cooling(s, &fleet, Some("shop.example")).await);
+    assert!(cooling(s, &fleet, Some("http://user@SHOP.example/")).await);
+    assert!(!cooling(s, &fleet, Some("shop.example:8443")).await);
+    assert!(!cooling(s, &fleet, Some("other.example")).await);
+}
+
+pub async fn a_proxy_cools_down_for_at_most_64_targets(s: Arc<dyn LeaseStore>, c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(None)).await.unwrap();
+    let before = s.cooldowns_dropped();
+    for i in 0..=MAX_COOLDOWN_TARGETS {
+        report(
+            s,
+            &g.lease_id,
+            ReportResult::RateLimited,
+            Some(&format!("site{i}.example")),
+        )
+        .await
+        .unwrap();
+        // Each cooldown ends a second after the one before: site0 ends soonest.
+        c.advance(Duration::from_secs(1));
+    }
+    assert_eq!(
+        s.cooldowns_dropped() - before,
+        1,
+        "one cooldown dropped for the 65th target"
+    );
+    assert!(
+        !cooling(s, &fleet, Some("site0.example")).await,
+        "the soonest-ending one went"
+    );
+    for i in 1..=MAX_COOLDOWN_TARGETS {
+        assert!(cooling(s, &fleet, Some(&format!("site{i}.example"))).await, "site{i}");
+    }
+    // Extending a cooldown already held drops nothing; a global one is never dropped.
+    report(s, &g.lease_id, ReportResult::RateLimited, Some("site1.example"))
+        .await
+        .unwrap();
+    release(s, &g.lease_id).await;
+    let other = acquire(s, &fleet, &req(None)).await.unwrap();
+    report(s, &other.lease_id, ReportResult::Banned, Some(""))
+        .await
+        .unwrap();
+    assert_eq!(s.cooldowns_dropped() - before, 1);
+    assert!(cooling(s, &fleet, None).await, "the global cooldown is in force");
+}
+
+pub async fn only_the_newest_ended_leases_stay_reportable(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let mut ended = Vec::new();
+    for _ in 0..MAX_ENDED + 10 {
+        let g = acquire(s, &fleet, &req(None)).await.unwrap();
+        release(s, &g.lease_id).await;
+        ended.push(g.lease_id);
+    }
+    let active = acquire(s, &fleet, &req(None)).await.unwrap();
+    for old in &ended[..10] {
+        assert_eq!(
+            report(s, old, ReportResult::Ok, None).await,
+            Err(UnknownLease),
+            "an ended lease beyond the newest {MAX_ENDED} is forgotten"
+        );
+    }
+    for kept in &ended[10..] {
+        assert_eq!(report(s, kept, ReportResult::Ok, None).await, Ok(()));
+    }
+    assert_eq!(
+        report(s, &active.lease_id, ReportResult::Ok, None).await,
+        Ok(()),
+        "an active lease is kept"
+    );
+}
+
 #[derive(Debug, Clone)]
 pub enum Op {
     Acquire(Option<u8>),
@@ -345,12 +437,12 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
     let mut granted: Vec<Known> = Vec::new();
     // (proxy, target or None for global, end).
     let mut cooldowns: Vec<(usize, Option<String>, SystemTime)> = Vec::new();
-    let target = |t: Option<u8>| t.map(|t| format!("site{t}"));
+    let site = |t: Option<u8>| t.map(|t| format!("site{t}"));
     for op in ops {
         let now = egress_lease::Clock::now(&clock);
         match op {
             Op::Acquire(t) => {
-                let t = target(t);
+                let t = site(t);
                 let before = s.active_leases(&ids).await.unwrap();
                 if let Ok(g) = acquire(s, &fleet, &req(t.as_deref())).await {
                     let i = ids.iter().position(|p| *p == g.proxy_id).unwrap();
@@ -381,11 +473,11 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
                 } else {
                     ReportResult::RateLimited
                 };
-                let reported = report(s, &lease.id, result, target(t).as_deref()).await;
+                let reported = report(s, &lease.id, result, site(t).as_deref()).await;
                 let retained = lease.expires + COOLDOWN > now;
                 prop_assert_eq!(reported.is_ok(), retained, "reportable exactly within the retention");
                 if retained {
-                    let resolved = target(t).or_else(|| lease.target.clone());
+                    let resolved = site(t).or_else(|| lease.target.clone());
                     cooldowns.push((lease.proxy, resolved, now + COOLDOWN));
                 }
             }
@@ -416,6 +508,9 @@ macro_rules! lease_store_suite {
             overlapping_cooldowns_keep_the_later_end,
             an_expired_or_released_lease_stays_reportable_for_one_window,
             the_sweep_forgets_ended_cooldowns_and_old_leases_only,
+            a_target_names_a_site_whatever_its_spelling,
+            a_proxy_cools_down_for_at_most_64_targets,
+            only_the_newest_ended_leases_stay_reportable,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
