@@ -5,7 +5,8 @@
 //! (`examples/reference_operator.rs`, the same program as the shipped binary otherwise) and
 //! follows `proxy_operator_proxies{phase="Ready"}` on its metrics until every Proxy is Ready.
 //! Reports the time to Ready and the operator's resident memory (peak and after settling) next to
-//! the 128 MiB limit the manager Deployment ships with.
+//! the 128 MiB limit the manager Deployment ships with; then the abuse case against its discovery
+//! API (`bench_abuse.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -300,15 +301,16 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
 
     let port = free_port()?;
     let metrics = format!("127.0.0.1:{port}");
+    let discovery = format!("127.0.0.1:{}", free_port()?);
     let started = Instant::now();
     let operator = Command::new(bin.join("examples/reference_operator"))
         .arg(format!("--providers-config={}", providers.display()))
         .arg(format!("--metrics-bind-address={metrics}"))
+        .arg(format!("--discovery-addr={discovery}"))
         .args([
             "--metrics-secure=false",
             "--health-probe-bind-address=0",
-            "--discovery-addr=127.0.0.1:0",
-            // Nothing calls the API here: no token, no Secret calls in the measured run.
+            // Only the abuse case calls the API: no token, no Secret calls in the measured run.
             "--discovery-auth=none",
             "--provider-check-interval=0",
             "--zap-log-level=info",
@@ -351,6 +353,7 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     let peak = rss_kib(pid, "VmHWM:").unwrap_or(0);
     let settled = rss_kib(pid, "VmRSS:").unwrap_or(0);
     let server_rss = rss_kib(server.0.id(), "VmRSS:").unwrap_or(0);
+    let abuse = runtime.block_on(crate::bench_abuse::run(&format!("http://{discovery}"), pid))?;
     drop(operator);
     drop(server);
 
@@ -384,5 +387,6 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         "| test server RSS (separate process, for reference) | {:.1} MiB |",
         mib(server_rss)
     );
+    crate::bench_abuse::print(&abuse, LIMIT_MIB);
     Ok(())
 }

@@ -40,6 +40,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_abuse;
 mod bench_kvm2;
 mod crds;
 mod dev;

@@ -154,7 +154,10 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
         (Some(1), Some(1))
     );
     assert!(scrape.contains("proxy_operator_leases_active 0"), "{scrape}");
-    assert!(scrape.contains("proxy_operator_lease_cooldowns_dropped_total 0"), "{scrape}");
+    assert!(
+        scrape.contains("proxy_operator_lease_cooldowns_dropped_total 0"),
+        "{scrape}"
+    );
     assert!(
         !scrape.contains("proxy_operator_provider_target_up"),
         "no providers, no targets:\n{scrape}"
