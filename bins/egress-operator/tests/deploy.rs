@@ -241,21 +241,31 @@ fn kubectl(test: &str) -> Option<PathBuf> {
     found
 }
 
-#[test]
-fn the_rendered_default_install_carries_a_config_that_loads() {
-    let Some(kubectl) = kubectl("the_rendered_default_install_carries_a_config_that_loads") else {
-        return;
-    };
+/// `kubectl kustomize deploy/<dir>`, one value per document; None when kubectl is missing.
+fn render(dir: &str, test: &str) -> Option<Vec<Value>> {
+    let kubectl = kubectl(test)?;
     let out = std::process::Command::new(kubectl)
         .arg("kustomize")
-        .arg(deploy("default"))
+        .arg(deploy(dir))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rendered = String::from_utf8(out.stdout).unwrap();
+    Some(
+        rendered
+            .split("\n---\n")
+            .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+            .collect(),
+    )
+}
+
+#[test]
+fn the_rendered_default_install_carries_a_config_that_loads() {
+    let Some(rendered) = render("default", "the_rendered_default_install_carries_a_config_that_loads") else {
+        return;
+    };
     let config_map = rendered
-        .split("\n---\n")
-        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+        .into_iter()
         .find(|v| v["kind"] == "ConfigMap" && v["metadata"]["name"] == "egress-proxies-operator-providers-config")
         .expect("the providers ConfigMap is rendered");
     assert_eq!(config_map["metadata"]["namespace"], "egress-proxies-operator-system");
@@ -269,11 +279,188 @@ fn the_rendered_default_install_carries_a_config_that_loads() {
     );
 }
 
+/// The shipped policies, as rendered: they select the manager's Pods, and admit the discovery
+/// port only from namespaces labelled for crawlers and the metrics port only from `monitoring`.
+/// (No test server enforces NetworkPolicies; this checks what they say.)
+#[test]
+fn the_network_policies_admit_crawlers_to_discovery_and_monitoring_to_metrics() {
+    let Some(rendered) = render(
+        "default",
+        "the_network_policies_admit_crawlers_to_discovery_and_monitoring_to_metrics",
+    ) else {
+        return;
+    };
+    let deployment = rendered
+        .iter()
+        .find(|v| v["kind"] == "Deployment")
+        .expect("the manager Deployment");
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let port = |name: &str| {
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} port"))["containerPort"]
+            .as_u64()
+            .unwrap()
+    };
+    let policies: Vec<&Value> = rendered.iter().filter(|v| v["kind"] == "NetworkPolicy").collect();
+    assert_eq!(policies.len(), 2, "{policies:?}");
+    let mut admitted = Vec::new();
+    for policy in policies {
+        assert_eq!(policy["metadata"]["namespace"], "egress-proxies-operator-system");
+        let spec = &policy["spec"];
+        assert_eq!(strings(&spec["policyTypes"]), ["Ingress"]);
+        // The selector picks the manager's Pods: each of its labels is on the pod template.
+        let selector = spec["podSelector"]["matchLabels"].as_object().expect("matchLabels");
+        assert!(!selector.is_empty());
+        for (k, v) in selector {
+            assert_eq!(&pod_labels[k.as_str()], v, "{k} is not on the manager's Pods");
+        }
+        for rule in spec["ingress"].as_array().unwrap() {
+            let from = rule["from"].as_array().expect("a source: never every namespace");
+            let ports: Vec<u64> = rule["ports"]
+                .as_array()
+                .expect("named ports: never every port")
+                .iter()
+                .map(|p| p["port"].as_u64().unwrap())
+                .collect();
+            for source in from {
+                let labels = source["namespaceSelector"]["matchLabels"]
+                    .as_object()
+                    .expect("a namespace selector with labels");
+                assert!(source.get("ipBlock").is_none() && !labels.is_empty(), "{source:?}");
+                for p in &ports {
+                    let (k, v) = labels.iter().next().unwrap();
+                    admitted.push((*p, format!("{k}={}", v.as_str().unwrap())));
+                }
+            }
+        }
+    }
+    admitted.sort();
+    assert_eq!(
+        admitted,
+        [
+            (port("discovery"), "crawl.example.com/discovery-client=true".to_owned()),
+            (port("metrics"), "kubernetes.io/metadata.name=monitoring".to_owned()),
+        ]
+    );
+    assert_eq!((port("discovery"), port("metrics")), (8090, 8443));
+}
+
+/// Each `(apiGroup, resource, verb)` a rendered Role or ClusterRole grants, with the namespace
+/// it holds in (`None`: cluster-wide).
+fn grants(rendered: &[Value]) -> Vec<(Option<String>, String, String)> {
+    let mut out = Vec::new();
+    for role in rendered
+        .iter()
+        .filter(|v| v["kind"] == "Role" || v["kind"] == "ClusterRole")
+    {
+        let namespace = (role["kind"] == "Role").then(|| role["metadata"]["namespace"].as_str().unwrap().to_owned());
+        // Rules of non-resource URLs (metrics-reader) have no resources.
+        for rule in role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["resources"].is_array())
+        {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    out.push((namespace.clone(), resource.clone(), verb));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The default install serves every namespace, so its Secret and Pod rules are cluster-wide
+/// (documented in their files); the namespace-scoped install has them only in its namespace.
+#[test]
+fn the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace() {
+    let test = "the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace";
+    let (Some(default), Some(namespaced)) = (render("default", test), render("namespaced", test)) else {
+        return;
+    };
+    let sensitive = |grants: Vec<(Option<String>, String, String)>| {
+        let mut v: Vec<_> = grants
+            .into_iter()
+            .filter(|(_, resource, _)| resource == "secrets" || resource == "pods")
+            .collect();
+        v.sort();
+        v
+    };
+    let cluster = |r: &str, v: &str| (None, r.to_owned(), v.to_owned());
+    let in_crawlers = |r: &str, v: &str| (Some("crawlers".to_owned()), r.to_owned(), v.to_owned());
+    // Default: cluster-wide Secret reads and Pods, plus the one token Secret in its own namespace.
+    let own = |v: &str| {
+        (
+            Some("egress-proxies-operator-system".to_owned()),
+            "secrets".to_owned(),
+            v.to_owned(),
+        )
+    };
+    let mut want = vec![
+        cluster("pods", "create"),
+        cluster("pods", "delete"),
+        cluster("pods", "get"),
+        cluster("pods", "list"),
+        cluster("secrets", "get"),
+        cluster("secrets", "list"),
+        cluster("secrets", "watch"),
+        own("create"),
+        own("get"),
+    ];
+    want.sort();
+    assert_eq!(sensitive(grants(&default)), want);
+    let mut want = vec![
+        in_crawlers("pods", "create"),
+        in_crawlers("pods", "delete"),
+        in_crawlers("pods", "get"),
+        in_crawlers("pods", "list"),
+        in_crawlers("secrets", "get"),
+        in_crawlers("secrets", "list"),
+        in_crawlers("secrets", "watch"),
+        own("create"),
+        own("get"),
+    ];
+    want.sort();
+    assert_eq!(sensitive(grants(&namespaced)), want, "nothing cluster-wide");
+    // The Role is bound to the manager's ServiceAccount.
+    let binding = namespaced
+        .iter()
+        .find(|v| v["kind"] == "RoleBinding" && v["metadata"]["namespace"] == "crawlers")
+        .expect("a RoleBinding in crawlers");
+    let role = namespaced
+        .iter()
+        .find(|v| v["kind"] == "Role" && v["metadata"]["namespace"] == "crawlers")
+        .unwrap();
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let account = namespaced.iter().find(|v| v["kind"] == "ServiceAccount").unwrap();
+    assert_eq!(binding["subjects"][0]["name"], account["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["namespace"], account["metadata"]["namespace"]);
+    // The manager serves that namespace, and its kubernetes entry places Pods there.
+    let deployment = namespaced.iter().find(|v| v["kind"] == "Deployment").unwrap();
+    let args = strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(args.contains(&"--proxy-namespace=crawlers".to_owned()), "{args:?}");
+    let config_map = namespaced.iter().find(|v| v["kind"] == "ConfigMap").unwrap();
+    let config = load(config_map["data"]["providers.yaml"].as_str().unwrap());
+    let kubernetes = config.providers.iter().find(|p| p.type_name == "kubernetes").unwrap();
+    assert_eq!(
+        kubernetes.kubernetes.as_ref().and_then(|k| k.namespace.as_deref()),
+        Some("crawlers")
+    );
+}
+
 #[test]
 fn the_kustomizations_name_files_that_exist() {
     for dir in [
         "crds",
         "rbac",
+        "network-policy",
+        "namespaced",
         "manager",
         "samples",
         "samples/other-providers",

@@ -43,7 +43,12 @@ impl HealthVerdicts for Verdicts {
 fn granted() -> BTreeSet<(String, String, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/rbac");
     let mut out = BTreeSet::new();
-    for file in ["role.yaml", "leader_election_role.yaml", "discovery_token_role.yaml"] {
+    for file in [
+        "role.yaml",
+        "cloud_init_secrets_role.yaml",
+        "leader_election_role.yaml",
+        "discovery_token_role.yaml",
+    ] {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let role: Value = serde_saphyr::from_str(&text).unwrap();
         for rule in role["rules"].as_array().unwrap() {

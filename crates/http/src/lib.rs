@@ -25,7 +25,6 @@ mod io;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -185,7 +184,8 @@ impl Server {
         // Over-cap clients get their answer from a few short tasks of their own; beyond those
         // they are closed at once, so a flood costs a bounded amount of work.
         let rejecting = Arc::new(Semaphore::new(REJECTERS));
-        let warned = AtomicBool::new(false);
+        // At the cap: a warning at most once a minute, however many clients are turned away.
+        let mut warned: Option<std::time::Instant> = None;
         let connections = TaskTracker::new();
         // After a failed accept (out of file descriptors, say), wait before the next, doubling
         // from 5 ms to 1 s as Go's net/http does, instead of spinning.
@@ -209,7 +209,8 @@ impl Server {
                 },
             };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
-                if !warned.swap(true, Ordering::Relaxed) {
+                if warned.is_none_or(|at| at.elapsed() >= CAP_WARNING_EVERY) {
+                    warned = Some(std::time::Instant::now());
                     tracing::warn!(
                         server = self.name,
                         max_connections = self.limits.max_connections,
@@ -227,7 +228,6 @@ impl Server {
                 }
                 continue;
             };
-            warned.store(false, Ordering::Relaxed);
             let shared = shared.clone();
             let tls = self.tls.clone();
             let shutdown = shutdown.clone();
@@ -244,6 +244,8 @@ impl Server {
     }
 }
 
+/// How often reaching the connection cap is logged, at most.
+const CAP_WARNING_EVERY: Duration = Duration::from_secs(60);
 /// Over-cap answers being written at once, at most.
 const REJECTERS: usize = 64;
 /// How long an over-cap client gets to take its answer.

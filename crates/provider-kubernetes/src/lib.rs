@@ -1,5 +1,6 @@
 //! The kubernetes provider (spec/providers.md §4): one Squid Pod per Proxy, in the Proxy's
-//! namespace of the operator's own cluster.
+//! namespace of the operator's own cluster (or only in `kubernetes.namespace`, when the entry
+//! names one: Proxies elsewhere are refused and Pods are listed there alone).
 //!
 //! - [`squid`], [`pod`]: the Squid config and the Pod, pure functions of the request;
 //! - [`id`], [`state`], [`classify`]: providerIDs, what a Pod's phase means, what an API answer
@@ -47,6 +48,7 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
     let client =
         kube::Client::try_from(config).map_err(|e| format!("kubernetes provider {name:?}: building client: {e}"))?;
     let settings = pod::PodSettings {
+        namespace: block.namespace,
         image: block.image,
         resources: block.resources.map(|r| pod::requirements(&r.requests, &r.limits)),
     };

@@ -31,6 +31,8 @@ pub const PROXY_KIND: &str = "Proxy";
 /// What the Pod is made of beside the request.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodSettings {
+    /// The one namespace Pods may be placed in (`kubernetes.namespace`); `None`: any.
+    pub namespace: Option<String>,
     /// The Squid image ([`DEFAULT_IMAGE`] when `None`).
     pub image: Option<String>,
     /// Requests and limits for the container.
@@ -263,6 +265,7 @@ mod tests {
             ..ResourceRequirements::default()
         };
         let settings = PodSettings {
+            namespace: None,
             image: Some("registry.local/squid:6".into()),
             resources: Some(resources.clone()),
         };

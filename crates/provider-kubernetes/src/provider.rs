@@ -128,6 +128,26 @@ impl KubernetesProvider {
     fn permanent(&self, op: Op, id: &str, message: String) -> ProviderError {
         ProviderError::new(ErrorClass::Permanent, op, &self.entry, id).with_message(message)
     }
+
+    /// Refuses a Pod outside `kubernetes.namespace`, when the entry names one.
+    fn in_scope(&self, op: Op, id: &str, namespace: &str) -> Result<(), ProviderError> {
+        match &self.settings.namespace {
+            Some(only) if only != namespace => Err(self.permanent(
+                op,
+                id,
+                format!("this kubernetes entry places Pods only in namespace {only}, not {namespace}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The Pods this entry may see: those of `kubernetes.namespace`, or of every namespace.
+    fn scoped_pods(&self) -> Api<Pod> {
+        match &self.settings.namespace {
+            Some(only) => Api::namespaced(self.client.clone(), only),
+            None => Api::all(self.client.clone()),
+        }
+    }
 }
 
 /// The instance a Pod stands for.
@@ -156,6 +176,7 @@ impl Provider for KubernetesProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let op = Op::Create;
         let id = id::format(&req.namespace, &req.name);
+        self.in_scope(op, &id, &req.namespace)?;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &req.namespace);
         let pod = build_pod(req, &self.settings);
         match self
@@ -205,6 +226,7 @@ impl Provider for KubernetesProvider {
     async fn get(&self, cx: &OpCtx, pid: &ProviderId) -> Result<Instance, ProviderError> {
         let op = Op::Get;
         let (namespace, name) = id::parse(pid.as_str()).map_err(|m| self.permanent(op, pid.as_str(), m))?;
+        self.in_scope(op, pid.as_str(), namespace)?;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let pod = self
             .call(cx, "reading the pod", pods.get(name))
@@ -218,6 +240,7 @@ impl Provider for KubernetesProvider {
     async fn delete(&self, cx: &OpCtx, pid: &ProviderId) -> Result<(), ProviderError> {
         let op = Op::Delete;
         let (namespace, name) = id::parse(pid.as_str()).map_err(|m| self.permanent(op, pid.as_str(), m))?;
+        self.in_scope(op, pid.as_str(), namespace)?;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         match self
             .call(cx, "deleting the pod", pods.delete(name, &DeleteParams::default()))
@@ -232,7 +255,7 @@ impl Provider for KubernetesProvider {
     }
 
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
-        let pods: Api<Pod> = Api::all(self.client.clone());
+        let pods = self.scoped_pods();
         let params = ListParams::default().labels(&format!("{LABEL_MANAGED}=true"));
         let list = self
             .call(cx, "listing managed pods", pods.list(&params))
@@ -267,7 +290,7 @@ fn check_reason(f: &Failed, round_over: bool) -> &'static str {
 impl Checker for KubernetesProvider {
     async fn check(&self, cx: &OpCtx) -> Vec<TargetStatus> {
         let started = Instant::now();
-        let pods: Api<Pod> = Api::all(self.client.clone());
+        let pods = self.scoped_pods();
         let params = ListParams::default().labels(&format!("{LABEL_MANAGED}=true")).limit(1);
         let listed = self.call(cx, "listing managed pods", pods.list(&params)).await;
         let latency = started.elapsed().max(Duration::from_nanos(1));

@@ -194,3 +194,49 @@ async fn the_check_lists_at_most_one_managed_pod_cluster_wide() {
     assert!(query.contains("limit=1"), "{query}");
     assert!(query.contains("labelSelector=proxy-operator-managed%3Dtrue"), "{query}");
 }
+
+/// `kubernetes.namespace`: Pods only there. A Proxy elsewhere is refused for good, and Pods of
+/// other namespaces are neither listed, read nor deleted (the entry's RBAC is a Role there).
+#[tokio::test]
+async fn an_entry_with_a_namespace_stays_in_it() {
+    let s = TestServer::builder()
+        .namespace("crawl")
+        .namespace("other")
+        .start()
+        .await
+        .expect("test server");
+    let cx = OpCtx::background();
+    // A managed Pod in another namespace, made by an entry without a namespace.
+    let mut elsewhere = request("u-elsewhere");
+    elsewhere.namespace = "other".into();
+    let foreign = provider(&s).create(&cx, &elsewhere).await.unwrap();
+    let scoped = KubernetesProvider::new(
+        "k8s-crawl",
+        s.client().unwrap(),
+        s.url(),
+        PodSettings {
+            namespace: Some("crawl".into()),
+            ..PodSettings::default()
+        },
+    );
+    let e = scoped.create(&cx, &elsewhere).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("only in namespace crawl, not other"), "{e}");
+    for e in [
+        scoped.get(&cx, &foreign).await.unwrap_err(),
+        scoped.delete(&cx, &foreign).await.unwrap_err(),
+    ] {
+        assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    }
+    let own = scoped.create(&cx, &request("u-own")).await.unwrap();
+    let listed: Vec<ProviderId> = scoped
+        .list_by_tag(&cx)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(listed, [own], "only the entry's namespace is listed");
+    // The foreign Pod is still there.
+    assert!(provider(&s).get(&cx, &foreign).await.is_ok());
+}

@@ -99,6 +99,11 @@ impl ProviderConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesConfig {
+    /// The one namespace this entry places Pods in (a DNS-1123 label); Proxies elsewhere are
+    /// refused, and Pods are listed only there, so the entry's RBAC can be a Role in it.
+    /// `None`: each Proxy's own namespace, listed cluster-wide.
+    #[serde(default)]
+    pub namespace: Option<String>,
     /// The Squid image; default [`KubernetesConfig::DEFAULT_IMAGE`].
     #[serde(default)]
     pub image: Option<String>,

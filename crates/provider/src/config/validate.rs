@@ -264,11 +264,20 @@ pub mod validators {
         Ok(())
     }
 
-    /// The `kubernetes` block: resource names and quantities of `resources`, in sorted order.
+    /// The `kubernetes` block: `namespace` a DNS-1123 label; resource names and quantities of
+    /// `resources`, in sorted order.
     ///
     /// # Errors
     /// The first bad entry, e.g. `kubernetes.resources.limits["memory"] must be a quantity such as 100m or 64Mi (got "lots")`.
     pub fn kubernetes(entry: &ProviderConfig) -> Result<(), String> {
+        if let Some(namespace) = entry.kubernetes.as_ref().and_then(|k| k.namespace.as_deref())
+            && !crate::naming::is_dns1123_label(namespace)
+        {
+            return Err(format!(
+                "kubernetes.namespace must be a namespace name (a DNS-1123 label), got {}",
+                go_quote(namespace)
+            ));
+        }
         let Some(resources) = entry.kubernetes.as_ref().and_then(|k| k.resources.as_ref()) else {
             return Ok(());
         };
