@@ -239,7 +239,7 @@ fn rejection(rejection: egress_http::Rejection) -> Response<Body> {
         egress_http::Rejection::HeadersTooLarge => respond(error(
             431,
             "headers_too_large",
-            "the request line and headers are over 16 KiB",
+            "the request line and headers are over the server's limit (16 KiB unless configured otherwise)",
         )),
     };
     if rejection == egress_http::Rejection::Overloaded {

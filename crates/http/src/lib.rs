@@ -8,17 +8,18 @@
 //! | client                                   | outcome                                             |
 //! |------------------------------------------|-----------------------------------------------------|
 //! | connects beyond [`Limits::max_connections`] | the server's [`Rejection::Overloaded`] answer (plain HTTP), then close; over TLS, closed |
-//! | sends its head slower than [`Limits::header_read`] | closed (hyper's header timer)                |
-//! | stays idle between requests for [`Limits::header_read`] | closed: hyper starts the header timer the moment a connection waits for its next request, so this is also the keep-alive idle timeout |
-//! | headers over [`Limits::max_header_bytes`]   | [`Rejection::HeadersTooLarge`] (the server's own body) |
-//! | headers over [`HYPER_BUFFER`] (64 KiB)      | hyper's bare `431` with no body, then close         |
+//! | sends its head (or its TLS handshake) slower than [`Limits::header_read`] | closed (hyper's header timer) |
+//! | stays idle between requests for [`Limits::header_read`] | closed: hyper starts the header timer the moment an HTTP/1 connection waits for its next request, so this is also the keep-alive idle timeout; an HTTP/2 connection closes once no request has been in flight that long, whatever frames (PINGs, window updates) it sends |
+//! | HTTP/1 headers over [`Limits::max_header_bytes`] | [`Rejection::HeadersTooLarge`] (the server's own body) |
+//! | HTTP/1 headers over [`HYPER_BUFFER`] (64 KiB), or more than 100 header fields | hyper's bare `431` with no body, then close |
+//! | HTTP/2 headers over [`Limits::max_header_bytes`] (as HTTP/2 counts them: 32 bytes more a field) | hyper's bare `431` |
 //! | a malformed request line or header       | hyper's bare `400` with no body, then close         |
 //! | reads a response slower than [`Limits::write`] | closed once a response has waited that long to be written |
 //! | sends a body slower than the route allows | the route's answer: see [`read_body`]              |
 //!
-//! At shutdown the listener closes at once, every connection is asked to finish its request in
-//! flight (HTTP/1 stops keep-alive; HTTP/2 sends GOAWAY), and whatever is still open after
-//! [`Limits::drain`] is dropped.
+//! At shutdown the listener closes at once, handshakes in progress end, every connection is asked
+//! to finish its request in flight (HTTP/1 stops keep-alive; HTTP/2 sends GOAWAY), and whatever is
+//! still open after [`Limits::drain`] is aborted.
 
 mod body;
 mod io;
@@ -33,8 +34,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 pub use axum::Router;
 pub use axum::body::Body;
@@ -93,7 +94,8 @@ pub enum Rejection {
 /// the metrics and probe servers in plain text, as controller-runtime does).
 pub type Rejecter = fn(Rejection) -> Response<Body>;
 
-/// Plain-text answers: `503 overloaded` and `431 request header fields too large`.
+/// Plain-text answers: `503 overloaded` (with `Retry-After: 1`) and `431 request header fields
+/// too large`.
 #[must_use]
 pub fn plain_rejection(rejection: Rejection) -> Response<Body> {
     let (status, text) = match rejection {
@@ -109,6 +111,11 @@ pub fn plain_rejection(rejection: Rejection) -> Response<Body> {
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    if rejection == Rejection::Overloaded {
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    }
     response
 }
 
@@ -186,7 +193,9 @@ impl Server {
         let rejecting = Arc::new(Semaphore::new(REJECTERS));
         // At the cap: a warning at most once a minute, however many clients are turned away.
         let mut warned: Option<std::time::Instant> = None;
-        let connections = TaskTracker::new();
+        // Connection tasks; finished ones are reaped as the loop goes, and whatever outlives
+        // the drain at shutdown is aborted.
+        let mut connections = JoinSet::new();
         // After a failed accept (out of file descriptors, say), wait before the next, doubling
         // from 5 ms to 1 s as Go's net/http does, instead of spinning.
         let mut pause = Duration::ZERO;
@@ -208,6 +217,7 @@ impl Server {
                     }
                 },
             };
+            while connections.try_join_next().is_some() {}
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 if warned.is_none_or(|at| at.elapsed() >= CAP_WARNING_EVERY) {
                     warned = Some(std::time::Instant::now());
@@ -232,15 +242,27 @@ impl Server {
             let tls = self.tls.clone();
             let shutdown = shutdown.clone();
             connections.spawn(async move {
+                // Dropped in reverse: the count falls before the slot is given back, so it
+                // never reads more than the cap.
+                let _slot = slot;
                 let open = shared.clone();
                 let _open = Open::count(&open.open);
                 shared.connection(stream, tls, shutdown).await;
-                drop(slot);
             });
         }
         drop(listener);
-        connections.close();
-        let _ = tokio::time::timeout(self.limits.drain, connections.wait()).await;
+        let drained = tokio::time::timeout(self.limits.drain, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::debug!(
+                server = self.name,
+                left = connections.len(),
+                "connections outlived the drain; dropped"
+            );
+        }
+        connections.shutdown().await;
     }
 }
 
@@ -286,8 +308,13 @@ impl Shared {
         let result = match tls {
             None => self.http1(stream, &shutdown).await,
             Some(acceptor) => {
-                // The handshake is part of the head: it gets the header budget.
-                let stream = match tokio::time::timeout(self.limits.header_read, acceptor.accept(stream)).await {
+                // The handshake is part of the head: it gets the header budget, and a shutdown
+                // ends it.
+                let handshake = tokio::select! {
+                    r = tokio::time::timeout(self.limits.header_read, acceptor.accept(stream)) => r,
+                    () = shutdown.cancelled() => return,
+                };
+                let stream = match handshake {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
                         tracing::debug!(server = self.name, error = %e, "TLS handshake failed");
@@ -311,21 +338,25 @@ impl Shared {
         }
     }
 
-    fn service(self: &Arc<Self>) -> Handler {
-        Handler(self.clone())
+    fn service(self: &Arc<Self>, activity: Arc<io::Activity>) -> Handler {
+        Handler {
+            shared: self.clone(),
+            activity,
+        }
     }
 
     async fn http1<S>(self: &Arc<Self>, stream: S, shutdown: &CancellationToken) -> hyper::Result<()>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let activity = Arc::new(io::Activity::default());
         let io = TokioIo::new(io::Guarded::new(stream, self.limits.write, None));
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_read)
             .max_buf_size(HYPER_BUFFER);
-        let conn = builder.serve_connection(io, self.service());
+        let conn = builder.serve_connection(io, self.service(activity));
         tokio::pin!(conn);
         tokio::select! {
             r = conn.as_mut() => r,
@@ -340,19 +371,20 @@ impl Shared {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        // HTTP/2 has no header timer in hyper: the connection closes when nothing at all
-        // arrives or leaves for the header budget.
-        let io = TokioIo::new(io::Guarded::new(
-            stream,
-            self.limits.write,
-            Some(self.limits.header_read),
-        ));
+        // HTTP/2 has no header timer in hyper: the connection closes once no request has been
+        // in flight for the header budget (frames such as PINGs do not count).
+        let activity = Arc::new(io::Activity::default());
+        let idle = io::Idle {
+            budget: self.limits.header_read,
+            activity: activity.clone(),
+        };
+        let io = TokioIo::new(io::Guarded::new(stream, self.limits.write, Some(idle)));
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(self.limits.max_header_bytes).unwrap_or(u32::MAX))
             .max_concurrent_streams(MAX_STREAMS);
-        let conn = builder.serve_connection(io, self.service());
+        let conn = builder.serve_connection(io, self.service(activity));
         tokio::pin!(conn);
         tokio::select! {
             r = conn.as_mut() => r,
@@ -364,9 +396,13 @@ impl Shared {
     }
 }
 
-/// The hyper service of one connection: the header cap, then the router.
+/// The hyper service of one connection: the header cap, then the router; each request counts
+/// as in flight until its response is made.
 #[derive(Clone)]
-struct Handler(Arc<Shared>);
+struct Handler {
+    shared: Arc<Shared>,
+    activity: Arc<io::Activity>,
+}
 
 impl hyper::service::Service<Request<Incoming>> for Handler {
     type Response = Response<Body>;
@@ -374,8 +410,10 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let shared = self.0.clone();
+        let shared = self.shared.clone();
+        let in_flight = io::Activity::begin(&self.activity);
         Box::pin(async move {
+            let _in_flight = in_flight;
             if head_bytes(&req) > shared.limits.max_header_bytes {
                 return Ok((shared.reject)(Rejection::HeadersTooLarge));
             }

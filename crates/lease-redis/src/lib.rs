@@ -14,9 +14,11 @@
 //! | `lease:<id>` | hash | proxy, target digest, expires (ms) | until one cooldown window after its expiry, or until it is among the oldest beyond the newest [`MAX_ENDED`] ended leases |
 //! | `active:<proxy>` | sorted set | the proxy's unreleased leases by expiry | until its last lease expires |
 //! | `all` | sorted set | every unreleased lease by expiry | until the last lease expires |
-//! | `ended` | list | leases released or found expired, oldest first | one cooldown window after the last end; at most [`MAX_ENDED`] entries |
+//! | `ended` | list | leases released or found expired, oldest first | as long as the longest-lived record it names; at most [`MAX_ENDED`] entries |
 //! | `cool:<proxy>` | hash | cooldown end (ms) by target digest (`""`: global); at most [`MAX_COOLDOWN_TARGETS`] targets | one cooldown window after the last report |
 //! | `view` | hash | `healthy,latency,max` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
+//!
+//! The scripts need Redis 6.2 or later (`LPOP` with a count).
 //!
 //! When Redis cannot be reached every call fails with [`StoreError`] within
 //! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again

@@ -32,8 +32,11 @@ use std::time::{Duration, SystemTime};
 use crate::clock::Clock;
 use crate::target::Target;
 
-/// Ended leases kept reportable, at most (newest first).
-pub const MAX_ENDED: usize = 131_072;
+/// Ended leases kept reportable, at most (the newest). About 5 MiB in memory: small enough that
+/// a flood of leases reaches it within a minute and memory stays flat from there, large enough
+/// that at a few hundred leases a second a released lease stays reportable for about a minute
+/// (reports usually come while the lease is held, which this does not limit).
+pub const MAX_ENDED: usize = 16_384;
 /// Targets one proxy cools down for at once, at most, beside its global cooldown.
 pub const MAX_COOLDOWN_TARGETS: usize = 64;
 

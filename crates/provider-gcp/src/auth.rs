@@ -165,7 +165,6 @@ fn permanent(message: impl Into<String>) -> Failure {
     }
 }
 
-/// `application/x-www-form-urlencoded` of `pairs`.
 /// An `application/x-www-form-urlencoded` body.
 fn form(pairs: &[(&str, &str)]) -> String {
     form_urlencoded::Serializer::new(String::new())

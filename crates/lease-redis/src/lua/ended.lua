@@ -1,14 +1,21 @@
 -- Records that the leases `ids` ended, keeping the newest `max` ended leases reportable: the
--- oldest beyond them lose their record at once (at most 1000 per call). A list, so the order
--- is the order they ended in, whatever the clock says.
+-- oldest beyond them lose their record at once. A list, so the order is the order they ended
+-- in, whatever the clock says. Callers add at most 10 000 ids at once, so the excess removed
+-- here is bounded too. The list lives as long as the longest-lived record it names (or
+-- `retention`, when none is left).
 local function ended(p, ids, max, retention)
   if #ids == 0 then return end
   local key = p .. 'ended'
-  for _, id in ipairs(ids) do redis.call('RPUSH', key, id) end
+  local lives = redis.call('PTTL', key)
+  for _, id in ipairs(ids) do
+    redis.call('RPUSH', key, id)
+    local left = redis.call('PTTL', p .. 'lease:' .. id)
+    if left > lives then lives = left end
+  end
   local excess = redis.call('LLEN', key) - max
   if excess > 0 then
-    local old = redis.call('LPOP', key, math.min(excess, 1000))
-    for _, id in ipairs(old) do redis.call('DEL', p .. 'lease:' .. id) end
+    for _, id in ipairs(redis.call('LPOP', key, excess)) do redis.call('DEL', p .. 'lease:' .. id) end
   end
-  if redis.call('PTTL', key) < retention then redis.call('PEXPIRE', key, retention) end
+  if lives <= 0 then lives = retention end
+  redis.call('PEXPIRE', key, lives)
 end
