@@ -350,6 +350,87 @@ fn the_network_policies_admit_crawlers_to_discovery_and_monitoring_to_metrics() 
     assert_eq!((port("discovery"), port("metrics")), (8090, 8443));
 }
 
+/// The template for the Squid Pods' namespaces: it selects exactly the operator's Pods, admits
+/// clients on the default proxy port from crawler namespaces and the operator's own, and lets
+/// the Pods reach only port 443 of public addresses (never link-local, metadata or private
+/// ranges) and the cluster DNS. (No test server enforces it; this checks what it says.)
+#[test]
+fn the_proxy_pod_policy_keeps_squid_off_internal_addresses() {
+    let Some(rendered) = render(
+        "proxy-network-policy",
+        "the_proxy_pod_policy_keeps_squid_off_internal_addresses",
+    ) else {
+        return;
+    };
+    let [policy] = rendered.as_slice() else {
+        panic!("one policy: {rendered:?}")
+    };
+    let spec = &policy["spec"];
+    assert_eq!(
+        spec["podSelector"]["matchLabels"][egress_provider::LABEL_MANAGED],
+        egress_provider::LABEL_MANAGED_YES
+    );
+    assert_eq!(strings(&spec["policyTypes"]), ["Ingress", "Egress"]);
+    let ingress = spec["ingress"].as_array().unwrap();
+    assert_eq!(ingress.len(), 1);
+    assert_eq!(
+        ingress[0]["ports"][0]["port"].as_i64(),
+        Some(i64::from(egress_api::DEFAULT_PORT))
+    );
+    let sources: Vec<String> = ingress[0]["from"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let labels = f["namespaceSelector"]["matchLabels"]
+                .as_object()
+                .expect("namespaces only");
+            labels
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            "crawl.example.com/discovery-client=true",
+            "kubernetes.io/metadata.name=egress-proxies-operator-system"
+        ]
+    );
+    let egress = spec["egress"].as_array().unwrap();
+    let (public, dns) = (&egress[0], &egress[1]);
+    let ports = |rule: &Value| -> Vec<(String, u64)> {
+        rule["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["protocol"].as_str().unwrap().to_owned(), p["port"].as_u64().unwrap()))
+            .collect()
+    };
+    assert_eq!(ports(public), [("TCP".to_owned(), 443)]);
+    assert_eq!(ports(dns), [("UDP".to_owned(), 53), ("TCP".to_owned(), 53)]);
+    let mut excepted = Vec::new();
+    for to in public["to"].as_array().unwrap() {
+        let block = &to["ipBlock"];
+        assert!(["0.0.0.0/0", "::/0"].contains(&block["cidr"].as_str().unwrap()));
+        excepted.extend(strings(&block["except"]));
+    }
+    for internal in [
+        "169.254.0.0/16",
+        "fe80::/10",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "fc00::/7",
+        "127.0.0.0/8",
+        "::1/128",
+    ] {
+        assert!(excepted.iter().any(|e| e == internal), "{internal} is reachable");
+    }
+    assert!(dns["to"][0]["podSelector"]["matchLabels"]["k8s-app"] == "kube-dns");
+}
+
 /// Each `(apiGroup, resource, verb)` a rendered Role or ClusterRole grants, with the namespace
 /// it holds in (`None`: cluster-wide).
 fn grants(rendered: &[Value]) -> Vec<(Option<String>, String, String)> {
@@ -460,6 +541,7 @@ fn the_kustomizations_name_files_that_exist() {
         "crds",
         "rbac",
         "network-policy",
+        "proxy-network-policy",
         "namespaced",
         "manager",
         "samples",

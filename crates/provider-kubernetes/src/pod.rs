@@ -132,6 +132,9 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
         },
         spec: Some(PodSpec {
             containers: vec![container],
+            // Squid never calls the API: a token in the Pod would only be there to be stolen
+            // through it.
+            automount_service_account_token: Some(false),
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
                 seccomp_profile: Some(SeccompProfile {
@@ -220,6 +223,11 @@ mod tests {
         assert_eq!(
             sc.capabilities.as_ref().unwrap().drop.as_deref(),
             Some(&["ALL".to_owned()][..])
+        );
+        assert_eq!(
+            spec.automount_service_account_token,
+            Some(false),
+            "no API token in the Pod"
         );
         let psc = spec.security_context.as_ref().unwrap();
         assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
