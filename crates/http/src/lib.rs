@@ -358,13 +358,7 @@ impl Shared {
             .max_buf_size(HYPER_BUFFER);
         let conn = builder.serve_connection(io, self.service(activity));
         tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            () = shutdown.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(self.limits.drain, conn).await.unwrap_or(Ok(()))
-            }
-        }
+        until_drained(conn, shutdown, self.limits.drain, |c| c.graceful_shutdown()).await
     }
 
     async fn http2<S>(self: &Arc<Self>, stream: S, shutdown: &CancellationToken) -> hyper::Result<()>
@@ -386,12 +380,26 @@ impl Shared {
             .max_concurrent_streams(MAX_STREAMS);
         let conn = builder.serve_connection(io, self.service(activity));
         tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            () = shutdown.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(self.limits.drain, conn).await.unwrap_or(Ok(()))
-            }
+        until_drained(conn, shutdown, self.limits.drain, |c| c.graceful_shutdown()).await
+    }
+}
+
+/// Serves `conn` until it ends, or until `shutdown`: then asks it to finish (`graceful`) and
+/// gives it `drain` to do so.
+async fn until_drained<C>(
+    mut conn: std::pin::Pin<&mut C>,
+    shutdown: &CancellationToken,
+    drain: Duration,
+    graceful: impl FnOnce(std::pin::Pin<&mut C>),
+) -> hyper::Result<()>
+where
+    C: Future<Output = hyper::Result<()>>,
+{
+    tokio::select! {
+        r = conn.as_mut() => r,
+        () = shutdown.cancelled() => {
+            graceful(conn.as_mut());
+            tokio::time::timeout(drain, conn).await.unwrap_or(Ok(()))
         }
     }
 }

@@ -56,6 +56,21 @@ impl suite::Backend for Redis {
 
 lease_store_suite!(Redis);
 
+/// A connection of the test's own, and every key under `prefix`.
+async fn keys_under(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
+    let mut c = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    (c, keys)
+}
+
 fn one(id: &str, max: i32) -> Vec<suite::P> {
     vec![suite::proxy(id, 1, max)]
 }
@@ -179,16 +194,7 @@ async fn every_key_has_a_ttl_of_its_kind() {
     }])
     .await
     .expect("publish");
-    let mut c = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let (mut c, keys) = keys_under(&url, &prefix).await;
     let ttl = suite::req(None).ttl.as_millis() as i64;
     let window = suite::COOLDOWN.as_millis() as i64;
     let view = egress_lease_redis::VIEW_LIFETIME.as_millis() as i64;
@@ -246,16 +252,7 @@ async fn what_abuse_leaves_in_redis_is_bounded() {
             s.sweep().await.unwrap();
         }
     }
-    let mut c = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let (mut c, keys) = keys_under(&url, &prefix).await;
     let active = s.active_total().await.unwrap();
     let leases = keys
         .iter()
