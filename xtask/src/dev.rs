@@ -125,6 +125,7 @@ async fn remove_instances(state: &Path) -> Result<usize> {
         local: Some(egress_provider::config::LocalConfig {
             state_dir: state.display().to_string(),
             tinyproxy_path: None,
+            connect_ports: None,
         }),
         ..Default::default()
     };
@@ -172,8 +173,11 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
     std::fs::write(
         &providers,
         format!(
-            "providers:\n  - name: {ENTRY}\n    type: local\n    local:\n      stateDir: {}\n",
-            layout.state().display()
+            "providers:\n  - name: {ENTRY}\n    type: local\n    local:\n      stateDir: {}\n      \
+             # the local target, and the public one the guide's curl line names\n      \
+             connectPorts: [{}, 443]\n",
+            layout.state().display(),
+            target.port()
         ),
     )?;
     // The discovery API asks for a token, as installed: one made for this run, in a file the

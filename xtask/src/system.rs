@@ -12,7 +12,9 @@ pub(crate) const BUILD_PACKAGES: &[&str] = &["ca-certificates", "libvirt-dev", "
 /// Debian packages the workspace's build and tests need: CA roots; libvirt-dev and pkg-config
 /// (the libvirt C bindings build against them); tinyproxy (the real forward proxy of the health
 /// probes and the local provider); the OpenSSH client (test keys); redis-server (the shared lease
-/// store's tests). The hypervisor's own packages are `cargo xtask hypervisor up`'s.
+/// store's tests); Squid (the kubernetes provider's generated config, run for real) with
+/// iproute2 and util-linux's `unshare` (the Squid test's own network namespace). The
+/// hypervisor's own packages are `cargo xtask hypervisor up`'s.
 pub(crate) const APT_PACKAGES: &[&str] = &[
     "ca-certificates",
     "libvirt-dev",
@@ -20,7 +22,14 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     "tinyproxy",
     "openssh-client",
     "redis-server",
+    "squid",
+    "iproute2",
+    "util-linux",
 ];
+
+/// Packages whose install starts a system service the tests do not want: Debian's squid
+/// listens on 3128 at once, where it would answer in place of a test's own proxy.
+const STARTED_BY_INSTALL: &[&str] = &["squid"];
 
 /// Installs the packages of `wanted` that are missing. Without root it only
 /// reports what is missing, so a developer's run never needs sudo.
@@ -87,7 +96,12 @@ fn install(missing: &[&str]) -> Result<()> {
     run(Command::new("apt-get")
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    for service in missing.iter().filter(|p| STARTED_BY_INSTALL.contains(p)) {
+        // Not there, or already stopped (a container's policy-rc.d forbids starts): fine.
+        let _ = Command::new("service").args([*service, "stop"]).status();
+    }
+    Ok(())
 }
 
 pub(crate) fn installed(package: &str) -> bool {

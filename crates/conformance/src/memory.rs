@@ -120,6 +120,7 @@ impl ConformanceTarget for MemoryTarget {
             cloud_init: b"#cloud-config\npackages: [squid]\n".to_vec(),
             port: 3128,
             installation: None,
+            credentials: None,
         }
     }
 

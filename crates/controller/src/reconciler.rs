@@ -147,6 +147,7 @@ fn create_request(proxy: &Proxy, cloud_init: Vec<u8>, installation: Option<Strin
         cloud_init,
         port: u16::try_from(proxy.spec.port).unwrap_or(egress_api::DEFAULT_PORT as u16),
         installation,
+        credentials: None,
     }
 }
 

@@ -196,6 +196,7 @@ async fn another_installations_instances_are_never_collected() {
             cloud_init: Vec::new(),
             port: 3128,
             installation: installation.map(str::to_string),
+            credentials: None,
         };
         provider.create(&cx, &req).await.unwrap();
     }

@@ -503,6 +503,7 @@ async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
         cloud_init: Vec::new(),
         port: 3128,
         installation: None,
+        credentials: None,
     };
     previous.create(&OpCtx::background(), &request).await.unwrap();
     let inserts = || async {

@@ -119,6 +119,7 @@ mod tests {
             cloud_init: cloud_init.to_vec(),
             port: 3128,
             installation: None,
+            credentials: None,
         }
     }
 

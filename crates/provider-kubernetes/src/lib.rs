@@ -51,6 +51,7 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
         namespace: block.namespace,
         image: block.image,
         resources: block.resources.map(|r| pod::requirements(&r.requests, &r.limits)),
+        access: squid::AccessRules::from_config(block.access.as_ref()),
     };
     Ok(Arc::new(KubernetesProvider::new(name, client, api_host, settings)))
 }

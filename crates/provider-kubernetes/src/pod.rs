@@ -1,17 +1,18 @@
 //! The Pod of one proxy (spec/providers.md §4.5), built by a pure function: Squid with the
 //! generated config passed in `SQUID_CONF`, the GC marks as labels, owned by its Proxy, and able
-//! to run under the `restricted` Pod Security Standard.
+//! to run under the `restricted` Pod Security Standard. A Proxy with credentials gets the
+//! htpasswd key of its credentials Secret mounted read-only (the password never enters the Pod).
 
 use std::collections::BTreeMap;
 
 use egress_provider::{CreateRequest, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, KeyToPath, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::squid::squid_conf;
+use crate::squid::{AccessRules, SquidFiles, squid_conf};
 
 /// The Squid image when none is configured.
 pub const DEFAULT_IMAGE: &str = "ubuntu/squid:6.6-24.04_edge";
@@ -27,6 +28,10 @@ pub const SCRATCH: [(&str, &str); 3] = [("tmp", "/tmp"), ("spool", "/var/spool/s
 pub const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
 /// The Proxy kind.
 pub const PROXY_KIND: &str = "Proxy";
+/// Where the credentials Secret's htpasswd key is mounted (read-only).
+pub const CREDENTIALS_DIR: &str = "/etc/squid/egress-auth";
+/// The name of that volume.
+pub const CREDENTIALS_VOLUME: &str = "credentials";
 
 /// What the Pod is made of beside the request.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -37,6 +42,8 @@ pub struct PodSettings {
     pub image: Option<String>,
     /// Requests and limits for the container.
     pub resources: Option<ResourceRequirements>,
+    /// What Squid lets through (`kubernetes.access` with defaults).
+    pub access: AccessRules,
 }
 
 /// Requests and limits from the config's quantities (validated at load).
@@ -90,7 +97,12 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
         )]),
         env: Some(vec![EnvVar {
             name: "SQUID_CONF".to_owned(),
-            value: Some(squid_conf(req.port)),
+            value: Some(squid_conf(
+                req.port,
+                &settings.access,
+                req.credentials.is_some(),
+                &SquidFiles::pod(),
+            )),
             ..EnvVar::default()
         }]),
         ports: Some(vec![ContainerPort {
@@ -118,6 +130,12 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
                     mount_path: (*path).to_owned(),
                     ..VolumeMount::default()
                 })
+                .chain(req.credentials.as_ref().map(|_| VolumeMount {
+                    name: CREDENTIALS_VOLUME.to_owned(),
+                    mount_path: CREDENTIALS_DIR.to_owned(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                }))
                 .collect(),
         ),
         ..Container::default()
@@ -151,6 +169,21 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
                         empty_dir: Some(EmptyDirVolumeSource::default()),
                         ..Volume::default()
                     })
+                    .chain(req.credentials.as_ref().map(|c| Volume {
+                        name: CREDENTIALS_VOLUME.to_owned(),
+                        // Only the salted hash: the password stays in the Secret.
+                        secret: Some(SecretVolumeSource {
+                            secret_name: Some(c.secret_name.clone()),
+                            items: Some(vec![KeyToPath {
+                                key: egress_credentials::HTPASSWD_KEY.to_owned(),
+                                path: egress_credentials::HTPASSWD_KEY.to_owned(),
+                                mode: None,
+                            }]),
+                            default_mode: Some(0o444),
+                            optional: Some(false),
+                        }),
+                        ..Volume::default()
+                    }))
                     .collect(),
             ),
             ..PodSpec::default()
@@ -175,6 +208,7 @@ mod tests {
             cloud_init: b"#cloud-config SECRET".to_vec(),
             port: 3130,
             installation: Some("prod".into()),
+            credentials: None,
         }
     }
 
@@ -205,7 +239,12 @@ mod tests {
         assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 3130);
         let env = &c.env.as_ref().unwrap()[0];
         assert_eq!(env.name, "SQUID_CONF");
-        assert_eq!(env.value.as_deref(), Some(squid_conf(3130).as_str()));
+        assert_eq!(
+            env.value.as_deref(),
+            Some(squid_conf(3130, &AccessRules::default(), false, &SquidFiles::pod()).as_str())
+        );
+        // No credentials: no Secret mounted.
+        assert!(!format!("{:?}", spec.volumes).contains("credentials"));
         // Cloud-init has no meaning for a Pod and goes nowhere in it.
         assert!(!format!("{pod:?}").contains("SECRET"));
     }
@@ -276,6 +315,7 @@ mod tests {
             namespace: None,
             image: Some("registry.local/squid:6".into()),
             resources: Some(resources.clone()),
+            access: AccessRules::default(),
         };
         let mut r = req();
         r.proxy_name.clear();
@@ -286,5 +326,52 @@ mod tests {
         assert_eq!(c.resources.as_ref(), Some(&resources));
         assert!(pod.metadata.owner_references.is_none());
         assert!(!pod.metadata.labels.as_ref().unwrap().contains_key(LABEL_INSTALLATION));
+    }
+
+    #[test]
+    fn credentials_mount_only_the_htpasswd_key_read_only() {
+        let mut r = req();
+        r.credentials = Some(egress_provider::ProxyCredentials::new(
+            egress_provider::Credentials::new("u1", "SENTINEL-password").unwrap(),
+            "proxy-abcdefghijklmnop-credentials",
+        ));
+        let pod = build_pod(&r, &PodSettings::default());
+        let spec = pod.spec.as_ref().unwrap();
+        let volume = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == CREDENTIALS_VOLUME)
+            .unwrap();
+        let secret = volume.secret.as_ref().unwrap();
+        assert_eq!(
+            secret.secret_name.as_deref(),
+            Some("proxy-abcdefghijklmnop-credentials")
+        );
+        let items = secret.items.as_ref().unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("htpasswd", "htpasswd")
+        );
+        let c = &spec.containers[0];
+        let mount = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == CREDENTIALS_VOLUME)
+            .unwrap();
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (CREDENTIALS_DIR, Some(true))
+        );
+        let conf = c.env.as_ref().unwrap()[0].value.as_deref().unwrap();
+        assert!(conf.contains("http_access deny !egress_user"), "{conf}");
+        // Neither the password nor its hash is anywhere in the Pod.
+        let shown = serde_json::to_string(&pod).unwrap();
+        assert!(!shown.contains("SENTINEL"));
+        assert!(!shown.contains("$6$"));
     }
 }

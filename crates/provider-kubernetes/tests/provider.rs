@@ -34,6 +34,7 @@ fn request(uid: &str) -> CreateRequest {
         cloud_init: Vec::new(),
         port: 3128,
         installation: None,
+        credentials: None,
     }
 }
 

@@ -43,7 +43,7 @@ pub use machine::{
     VERSION, WRITE, drop_names, own_error,
 };
 pub use provider::{CALL_BUDGET, LAUNCH_BUDGET, LocalProvider, LocalSettings, STOP_BUDGET, classify};
-pub use record::{LOCATION, ParsedId, Record, address_candidate, id_of, parse_id, timestamp, tinyproxy_config};
+pub use record::{LOCATION, ParsedId, Record, Rules, address_candidate, id_of, parse_id, timestamp, tinyproxy_config};
 
 /// The `type:` value.
 pub const TYPE_NAME: &str = "local";
@@ -65,6 +65,7 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
         entry: entry.name.clone(),
         salt: local.state_dir.clone(),
         drop_to: drop_names().map(|(u, g)| (u.to_owned(), g.to_owned())),
+        connect_ports: local.effective_connect_ports(),
     };
     Ok(Arc::new(LocalProvider::new(settings, Arc::new(machine))))
 }

@@ -260,6 +260,22 @@ impl SystemMachine {
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Writes `text` to `path` readable by its owner only: a config may hold a password. tinyproxy
+/// reads its config before it drops root, so the owner is enough.
+fn write_private(path: &Path, text: &str) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // A file from before keeps its old mode through `open`.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(text.as_bytes())
+}
+
 #[async_trait]
 impl Machine for SystemMachine {
     async fn create(&self, name: &str, record: &[u8], config: &str) -> io::Result<()> {
@@ -311,7 +327,7 @@ impl Machine for SystemMachine {
         let dir = self.instance_dir(name);
         tokio::fs::create_dir_all(&dir).await?;
         let config_path = self.config_path(name);
-        tokio::fs::write(&config_path, config).await?;
+        write_private(&config_path, config)?;
         let log_path = dir.join("tinyproxy.log");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
         if let Some((uid, gid)) = drop_ids() {

@@ -36,6 +36,8 @@ pub struct LocalSettings {
     pub salt: String,
     /// The user and group tinyproxy drops to when started as root.
     pub drop_to: Option<(String, String)>,
+    /// The ports a `CONNECT` may reach (`local.connectPorts`, default 443).
+    pub connect_ports: Vec<u16>,
 }
 
 /// Proxies as tinyproxy processes on this machine.
@@ -172,11 +174,25 @@ impl LocalProvider {
             .with_installation(record.marks.get(LABEL_INSTALLATION).cloned()))
     }
 
-    /// The tinyproxy config of `record`.
-    fn config_of(&self, record: &Record) -> String {
+    /// The tinyproxy config of `record`, taking the credentials of `req`.
+    fn config_of(&self, record: &Record, req: &CreateRequest) -> String {
         let dir = self.machine.instance_dir(&record.name);
         let drop_to = self.settings.drop_to.as_ref().map(|(u, g)| (u.as_str(), g.as_str()));
-        record::tinyproxy_config(record, &dir, drop_to)
+        let rules = record::Rules {
+            connect_ports: &self.settings.connect_ports,
+            credentials: req.credentials.as_ref().map(|c| &c.credentials),
+        };
+        record::tinyproxy_config(record, &dir, drop_to, &rules)
+    }
+
+    /// tinyproxy's `BasicAuth` line has no quoting: only plain credentials fit it.
+    fn credentials_ok(&self, scope: &ErrorScope, req: &CreateRequest) -> Result<(), ProviderError> {
+        match &req.credentials {
+            Some(c) if !c.credentials.is_plain() => Err(scope.permanent(
+                "tinyproxy takes only letters and digits in a user name and password (generated credentials are)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn placement_ok(&self, scope: &ErrorScope, req: &CreateRequest) -> Result<(), ProviderError> {
@@ -274,7 +290,7 @@ impl LocalProvider {
         self.adopt(scope, req, record)?;
         let liveness = self.liveness(cx, scope, record).await?;
         if liveness == Liveness::NotStarted {
-            let config = self.config_of(record);
+            let config = self.config_of(record, req);
             self.call(
                 cx,
                 scope,
@@ -328,6 +344,7 @@ impl Provider for LocalProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let scope = self.scope(Op::Create, "");
         self.placement_ok(&scope, req)?;
+        self.credentials_ok(&scope, req)?;
         let lock = self.name_lock(&req.name);
         let _held = cx.run(lock.lock()).await.map_err(|why| scope.interrupted(why))?;
         let id = ProviderId::new(record::id_of(&req.name));
@@ -336,7 +353,7 @@ impl Provider for LocalProvider {
                 return self.resume(cx, &scope, req, &existing).await;
             }
             let fresh = self.new_record(cx, &scope, req).await?;
-            let (bytes, config) = (fresh.to_bytes(), self.config_of(&fresh));
+            let (bytes, config) = (fresh.to_bytes(), self.config_of(&fresh, req));
             let created = self
                 .call_raw(
                     cx,

@@ -132,12 +132,22 @@ pub fn address_candidate(salt: &str, name: &str, attempt: u32) -> Ipv4Addr {
     Ipv4Addr::new(127, 1 + d[0] % 254, d[1], 1 + d[2] % 254)
 }
 
-/// The tinyproxy config of one instance: listen on its own loopback address
-/// and port, no `Allow` or `ConnectPort` lines (CONNECT to any port, from
-/// anyone who can reach a loopback address), long tunnels, its log in the
-/// instance directory. `drop_to` names the user and group tinyproxy
-/// switches to when started as root.
-pub fn tinyproxy_config(record: &Record, dir: &Path, drop_to: Option<(&str, &str)>) -> String {
+/// What one instance's tinyproxy enforces beyond its address.
+#[derive(Clone, Copy, Debug)]
+pub struct Rules<'a> {
+    /// The ports a `CONNECT` may reach (one `ConnectPort` line each).
+    pub connect_ports: &'a [u16],
+    /// The one user and password it takes (`BasicAuth`), when the Proxy has credentials. Both
+    /// must be [plain](egress_provider::Credentials::is_plain): the config line has no quoting.
+    pub credentials: Option<&'a egress_provider::Credentials>,
+}
+
+/// The tinyproxy config of one instance: listen on its own loopback address and port, CONNECT
+/// only to `rules.connect_ports`, the credentials when given, long tunnels, its log in the
+/// instance directory. `drop_to` names the user and group tinyproxy switches to when started as
+/// root. The text holds the password when there are credentials: it is written readable by its
+/// owner only.
+pub fn tinyproxy_config(record: &Record, dir: &Path, drop_to: Option<(&str, &str)>, rules: &Rules<'_>) -> String {
     let mut text = format!(
         "# Written by egress-provider-local for {name}; rewritten at every start.\n\
          Listen {address}\n\
@@ -152,6 +162,12 @@ pub fn tinyproxy_config(record: &Record, dir: &Path, drop_to: Option<(&str, &str
         port = record.port,
         dir = dir.display(),
     );
+    for port in rules.connect_ports {
+        text.push_str(&format!("ConnectPort {port}\n"));
+    }
+    if let Some(c) = rules.credentials {
+        text.push_str(&format!("BasicAuth {} {}\n", c.username(), c.password()));
+    }
     if let Some((user, group)) = drop_to {
         text.push_str(&format!("User {user}\nGroup {group}\n"));
     }
@@ -232,7 +248,16 @@ mod tests {
 
     #[test]
     fn tinyproxy_config_listens_on_the_record_address_and_drops_root() {
-        let text = tinyproxy_config(&record(), Path::new("/state/proxy-abc"), Some(("nobody", "nogroup")));
+        let open = Rules {
+            connect_ports: &[443],
+            credentials: None,
+        };
+        let text = tinyproxy_config(
+            &record(),
+            Path::new("/state/proxy-abc"),
+            Some(("nobody", "nogroup")),
+            &open,
+        );
         for line in [
             "Listen 127.9.8.7",
             "Port 3128",
@@ -242,7 +267,21 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
-        assert!(!text.contains("Allow") && !text.contains("ConnectPort"));
-        assert!(!tinyproxy_config(&record(), Path::new("/s"), None).contains("User"));
+        assert!(text.lines().any(|l| l == "ConnectPort 443"), "{text}");
+        assert!(!text.contains("Allow") && !text.contains("BasicAuth"));
+        assert!(!tinyproxy_config(&record(), Path::new("/s"), None, &open).contains("User"));
+    }
+
+    #[test]
+    fn tinyproxy_config_takes_the_credentials_and_each_port() {
+        let c = egress_provider::Credentials::new("u1", "pw2").unwrap();
+        let rules = Rules {
+            connect_ports: &[443, 8443],
+            credentials: Some(&c),
+        };
+        let text = tinyproxy_config(&record(), Path::new("/s"), None, &rules);
+        for line in ["ConnectPort 443", "ConnectPort 8443", "BasicAuth u1 pw2"] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
     }
 }

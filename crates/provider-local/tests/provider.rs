@@ -55,12 +55,18 @@ impl Drop for StateDir {
 
 /// A provider built the way the operator builds it, from a config entry.
 fn provider(state: &StateDir, tinyproxy: Option<&str>) -> Arc<dyn Provider> {
+    provider_allowing(state, tinyproxy, None)
+}
+
+/// The same, with `local.connectPorts` set.
+fn provider_allowing(state: &StateDir, tinyproxy: Option<&str>, connect_ports: Option<Vec<u16>>) -> Arc<dyn Provider> {
     let entry = ProviderConfig {
         name: "dev".to_owned(),
         type_name: "local".to_owned(),
         local: Some(LocalConfig {
             state_dir: state.path(),
             tinyproxy_path: tinyproxy.map(str::to_owned),
+            connect_ports,
         }),
         ..ProviderConfig::default()
     };
@@ -77,6 +83,7 @@ fn request(uid: &str) -> CreateRequest {
         cloud_init: Vec::new(),
         port: 3128,
         installation: Some("dev-install".to_owned()),
+        credentials: None,
     }
 }
 
@@ -117,11 +124,25 @@ async fn hello_target() -> std::net::SocketAddr {
 
 /// Opens a CONNECT tunnel through `proxy` to `target` and returns what the target sent.
 async fn through(proxy: std::net::SocketAddr, target: std::net::SocketAddr) -> String {
+    tunnel(proxy, target, None).await
+}
+
+/// Sends a CONNECT through `proxy` to `target` (with a `Proxy-Authorization` header when
+/// `credentials` are given) and returns what came back: the proxy's refusal, or its 200 and what
+/// the target sent.
+async fn tunnel(
+    proxy: std::net::SocketAddr,
+    target: std::net::SocketAddr,
+    credentials: Option<&egress_provider::Credentials>,
+) -> String {
     let mut s = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(proxy))
         .await
         .expect("connect in time")
         .expect("connect to the proxy");
-    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+    let auth = credentials.map_or_else(String::new, |c| {
+        format!("Proxy-Authorization: {}\r\n", c.basic_authorization())
+    });
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n").as_bytes())
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -131,7 +152,10 @@ async fn through(proxy: std::net::SocketAddr, target: std::net::SocketAddr) -> S
             .await
             .expect("an answer in time")
             .unwrap();
-        assert!(n > 0, "the proxy closed the tunnel: {}", String::from_utf8_lossy(&got));
+        if n == 0 {
+            // A refusal: the proxy answered and closed.
+            break;
+        }
         got.extend_from_slice(&buf[..n]);
     }
     String::from_utf8_lossy(&got).into_owned()
@@ -143,7 +167,8 @@ async fn a_created_proxy_carries_a_connect_and_delete_leaves_nothing() {
         return;
     }
     let state = StateDir::new("connect");
-    let p = provider(&state, None);
+    let target = hello_target().await;
+    let p = provider_allowing(&state, None, Some(vec![target.port()]));
     let cx = OpCtx::background();
     let id = p.create(&cx, &request("u-connect")).await.expect("create");
     assert_eq!(id.as_str(), format!("local/{}", name_from_uid("u-connect")));
@@ -155,9 +180,9 @@ async fn a_created_proxy_carries_a_connect_and_delete_leaves_nothing() {
         ("u-connect", Some("dev-install"))
     );
 
-    let target = hello_target().await;
     let answer = through((ip, 3128).into(), target).await;
     assert!(answer.starts_with("HTTP/1.") && answer.contains(" 200 "), "{answer}");
+    assert!(answer.contains("from the target"), "{answer}");
 
     p.delete(&cx, &id).await.expect("delete");
     let gone = p.get(&cx, &id).await.expect_err("gone after delete");
@@ -324,4 +349,61 @@ async fn the_checker_verifies_the_binary_and_the_directory() {
     assert!(no_dir[0].message.contains(&below.path()), "{no_dir:?}");
     std::mem::forget(below);
     let _ = std::fs::remove_file(&file.0);
+}
+
+/// The status code of a proxy's answer (`HTTP/1.0 407 Proxy Authentication Required` → 407).
+fn status(answer: &str) -> u16 {
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"))
+}
+
+#[tokio::test]
+async fn credentials_are_demanded_and_only_the_connect_ports_are_reached() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let state = StateDir::new("credentials");
+    let (target, other) = (hello_target().await, hello_target().await);
+    let p = provider_allowing(&state, None, Some(vec![target.port()]));
+    let cx = OpCtx::background();
+    let good = egress_provider::Credentials::generate();
+    let mut req = request("u-credentials");
+    req.credentials = Some(egress_provider::ProxyCredentials::new(good.clone(), "unused-here"));
+    let id = p.create(&cx, &req).await.expect("create");
+    let ip = wait_for(p.as_ref(), &id, InstanceState::Running).await.ip.unwrap();
+    let proxy = (ip, 3128).into();
+
+    let wrong = egress_provider::Credentials::new(good.username(), "not-the-password").unwrap();
+    assert_eq!(status(&tunnel(proxy, target, None).await), 407);
+    // tinyproxy 1.11 answers wrong credentials `401 Unauthorized` (with `WWW-Authenticate`), not
+    // 407; the probe reads either as the proxy refusing its credentials.
+    assert_eq!(status(&tunnel(proxy, target, Some(&wrong)).await), 401);
+    let answer = tunnel(proxy, target, Some(&good)).await;
+    assert_eq!(status(&answer), 200, "{answer}");
+    assert!(answer.contains("hello from the target"), "{answer}");
+    // The right credentials, a port outside `connectPorts`: refused, nothing reaches it.
+    let refused = tunnel(proxy, other, Some(&good)).await;
+    assert_eq!(status(&refused), 403, "{refused}");
+    assert!(!refused.contains("from the target"));
+
+    // The config holds the password, so only its owner reads it.
+    use std::os::unix::fs::PermissionsExt as _;
+    let name = name_from_uid("u-credentials");
+    let config = state.0.join(&name).join("tinyproxy.conf");
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", config.display());
+    p.delete(&cx, &id).await.expect("delete");
+
+    // A user's own credentials that a tinyproxy line cannot carry are refused, not mangled.
+    let mut spaced = request("u-spaced");
+    spaced.credentials = Some(egress_provider::ProxyCredentials::new(
+        egress_provider::Credentials::new("u", "two words").unwrap(),
+        "unused-here",
+    ));
+    let err = p.create(&cx, &spaced).await.expect_err("refused");
+    assert_eq!(err.class(), ErrorClass::Permanent);
+    assert!(!err.to_string().contains("two words"), "{err}");
 }

@@ -110,6 +110,105 @@ pub struct KubernetesConfig {
     /// Requests and limits of the Squid container.
     #[serde(default)]
     pub resources: Option<KubernetesResources>,
+    /// Where the proxies may connect and who may use them; every field has a safe default.
+    #[serde(default)]
+    pub access: Option<ProxyAccess>,
+}
+
+/// `kubernetes.access`: the rules each generated Squid config enforces, credentials or not.
+///
+/// Always refused, whatever these say: loopback and unspecified addresses (`127.0.0.0/8`,
+/// `0.0.0.0/8`, `::1`, `::`), link-local ones (`169.254.0.0/16`, `fe80::/10`) and the cloud
+/// metadata services by name and address.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ProxyAccess {
+    /// The ports a `CONNECT` may reach; default [`ProxyAccess::DEFAULT_CONNECT_PORTS`] (443).
+    #[serde(default)]
+    pub connect_ports: Option<Vec<u16>>,
+    /// The ports a plain-HTTP request may reach; default [`ProxyAccess::DEFAULT_HTTP_PORTS`] (80).
+    #[serde(default)]
+    pub http_ports: Option<Vec<u16>>,
+    /// Further destination ranges refused (`10.0.0.0/8`, `fd00::/8`, or one address); default
+    /// [`ProxyAccess::DEFAULT_DENIED_DESTINATIONS`]: the RFC 1918 and unique-local ranges. An
+    /// empty list refuses none beyond the ones always refused.
+    #[serde(default)]
+    pub denied_destinations: Option<Vec<String>>,
+    /// The client ranges the proxies accept; absent: any client (which still needs the Proxy's
+    /// credentials when it has them).
+    #[serde(default)]
+    pub allowed_sources: Option<Vec<String>>,
+}
+
+impl ProxyAccess {
+    pub const DEFAULT_CONNECT_PORTS: &'static [u16] = &[443];
+    pub const DEFAULT_HTTP_PORTS: &'static [u16] = &[80];
+    pub const DEFAULT_DENIED_DESTINATIONS: &'static [&'static str] =
+        &["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"];
+
+    /// The `CONNECT` ports after defaults.
+    pub fn effective_connect_ports(&self) -> Vec<u16> {
+        self.connect_ports
+            .clone()
+            .unwrap_or_else(|| Self::DEFAULT_CONNECT_PORTS.to_vec())
+    }
+
+    /// The plain-HTTP ports after defaults.
+    pub fn effective_http_ports(&self) -> Vec<u16> {
+        self.http_ports
+            .clone()
+            .unwrap_or_else(|| Self::DEFAULT_HTTP_PORTS.to_vec())
+    }
+
+    /// The refused ranges after defaults.
+    pub fn effective_denied_destinations(&self) -> Vec<String> {
+        self.denied_destinations.clone().unwrap_or_else(|| {
+            Self::DEFAULT_DENIED_DESTINATIONS
+                .iter()
+                .map(|r| (*r).to_owned())
+                .collect()
+        })
+    }
+}
+
+/// Parses an address range as `address/prefix` or a lone address (a whole-length prefix), and
+/// writes it back in the canonical form Squid and people read: `10.0.0.0/8`, `fd00::/8`.
+///
+/// # Errors
+/// Not an address, a prefix longer than the address, or host bits set below the prefix (a
+/// typo that would otherwise mean another range than the one meant).
+pub fn canonical_range(text: &str) -> Result<String, String> {
+    use std::net::IpAddr;
+    let (address, prefix) = match text.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (text, None),
+    };
+    let address: IpAddr = address
+        .parse()
+        .map_err(|_| format!("{text:?} is not an address or address/prefix range"))?;
+    let bits: u8 = if address.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => bits,
+        Some(p) => p
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= bits)
+            .ok_or_else(|| format!("{text:?}: the prefix must be a number from 0 to {bits}"))?,
+    };
+    let value = match address {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    };
+    let host_bits = u32::from(bits - prefix);
+    let host_mask = if host_bits == 128 {
+        u128::MAX
+    } else {
+        (1u128 << host_bits) - 1
+    };
+    if value & host_mask != 0 {
+        return Err(format!("{text:?} has bits set below its /{prefix} prefix"));
+    }
+    Ok(format!("{address}/{prefix}"))
 }
 
 /// `kubernetes.resources`: Kubernetes quantities (`100m`, `64Mi`) by resource name (`cpu`,
@@ -141,11 +240,23 @@ pub struct LocalConfig {
     /// The tinyproxy binary; default [`LocalConfig::DEFAULT_TINYPROXY`].
     #[serde(default)]
     pub tinyproxy_path: Option<String>,
+    /// The ports a `CONNECT` may reach; default [`ProxyAccess::DEFAULT_CONNECT_PORTS`] (443).
+    /// tinyproxy has no rules on destination addresses: a local proxy reaches whatever the
+    /// machine does, which is one reason it is for development only.
+    #[serde(default)]
+    pub connect_ports: Option<Vec<u16>>,
 }
 
 impl LocalConfig {
     /// The tinyproxy binary used when none is configured (Debian's package).
     pub const DEFAULT_TINYPROXY: &'static str = "/usr/bin/tinyproxy";
+
+    /// The `CONNECT` ports after defaults.
+    pub fn effective_connect_ports(&self) -> Vec<u16> {
+        self.connect_ports
+            .clone()
+            .unwrap_or_else(|| ProxyAccess::DEFAULT_CONNECT_PORTS.to_vec())
+    }
 
     /// The tinyproxy binary after defaults.
     pub fn effective_tinyproxy_path(&self) -> &str {

@@ -37,6 +37,7 @@ pub mod config;
 pub mod decorate;
 
 pub use ctx::{Interrupted, OpCtx};
+pub use egress_credentials::Credentials;
 pub use error::{BoxError, ErrorClass, ErrorScope, Message, Op, ProviderError, class_of, result_label};
 pub use naming::{
     LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, NAME_PREFIX, is_dns1123_label, is_identifier,
@@ -48,7 +49,7 @@ pub use provider::{
 };
 pub use redact::{redact, scrub};
 pub use registry::{BuildError, BuiltProvider, Constructor, ProviderType, Providers, Registry, Validator};
-pub use types::{CreateRequest, Instance, InstanceState, Placement, ProviderId};
+pub use types::{CreateRequest, Instance, InstanceState, Placement, ProviderId, ProxyCredentials};
 
 /// Re-exported so providers and tests name one version of it.
 pub use async_trait::async_trait;

@@ -90,6 +90,47 @@ pub struct CreateRequest {
     /// The installation mark to write, when the operator runs with one
     /// (see [`LABEL_INSTALLATION`](crate::LABEL_INSTALLATION)).
     pub installation: Option<String>,
+    /// The credentials the proxy must demand of every client (`spec.credentials: Generated`);
+    /// `None`: the proxy takes clients without them (its other rules still apply).
+    pub credentials: Option<ProxyCredentials>,
+}
+
+/// The credentials one instance demands, in each form a backend may need. Minted by the
+/// operator before the create, and new for each instance it replaces.
+///
+/// `Debug` shows the user name and the Secret's name only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProxyCredentials {
+    /// The user name and password clients show. Only a backend whose proxy config takes the
+    /// password in clear (the local provider's tinyproxy) reads the password.
+    pub credentials: egress_credentials::Credentials,
+    /// The same as an htpasswd line (the user name and a salted hash): what goes to a VM.
+    pub htpasswd: String,
+    /// The Secret in the request's namespace that holds them, under the keys
+    /// [`egress_credentials::USERNAME_KEY`], [`PASSWORD_KEY`](egress_credentials::PASSWORD_KEY)
+    /// and [`HTPASSWD_KEY`](egress_credentials::HTPASSWD_KEY). A backend whose instances run in
+    /// that cluster (kubernetes) mounts it rather than copying it anywhere.
+    pub secret_name: String,
+}
+
+impl fmt::Debug for ProxyCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProxyCredentials")
+            .field("username", &self.credentials.username())
+            .field("secret_name", &self.secret_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProxyCredentials {
+    /// Credentials with a fresh htpasswd line, kept in the Secret `secret_name`.
+    pub fn new(credentials: egress_credentials::Credentials, secret_name: impl Into<String>) -> Self {
+        Self {
+            htpasswd: credentials.htpasswd_line(),
+            credentials,
+            secret_name: secret_name.into(),
+        }
+    }
 }
 
 impl fmt::Debug for CreateRequest {
@@ -103,6 +144,7 @@ impl fmt::Debug for CreateRequest {
             .field("cloud_init_bytes", &self.cloud_init.len())
             .field("port", &self.port)
             .field("installation", &self.installation)
+            .field("credentials", &self.credentials)
             .finish()
     }
 }

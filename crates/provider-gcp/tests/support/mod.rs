@@ -313,6 +313,7 @@ pub fn request_in(uid: &str, zone: &str) -> CreateRequest {
         cloud_init: b"#cloud-config\npackages: [squid]\n".to_vec(),
         port: 3128,
         installation: None,
+        credentials: None,
     }
 }
 

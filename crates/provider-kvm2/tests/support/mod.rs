@@ -479,6 +479,7 @@ pub fn request_in(uid: &str, location: &str) -> CreateRequest {
         cloud_init: b"#cloud-config\nruncmd: [echo kvm2]\n".to_vec(),
         port: 3128,
         installation: None,
+        credentials: None,
     }
 }
 

@@ -194,7 +194,11 @@ impl TestBackend {
 
     /// Starts a real tinyproxy for `record` (real mode), past the interceptor.
     async fn launch_real(&self, m: &SystemMachine, record: &Record) {
-        let config = tinyproxy_config(record, &m.instance_dir(&record.name), drop_names());
+        let rules = egress_provider_local::Rules {
+            connect_ports: &[443],
+            credentials: None,
+        };
+        let config = tinyproxy_config(record, &m.instance_dir(&record.name), drop_names(), &rules);
         m.launch(&record.name, &config).await.expect("hook: starting tinyproxy");
     }
 
@@ -699,6 +703,7 @@ impl ConformanceTarget for LocalTarget {
             entry: options.entry_name.clone(),
             salt: backend.dir().display().to_string(),
             drop_to: drop_names().map(|(u, g)| (u.to_owned(), g.to_owned())),
+            connect_ports: vec![443],
         };
         Ok(Arc::new(LocalProvider::new(settings, Arc::new(backend.clone()))))
     }
@@ -743,6 +748,7 @@ impl ConformanceTarget for LocalTarget {
             cloud_init: b"#cloud-config\n".to_vec(),
             port: 3128,
             installation: None,
+            credentials: None,
         }
     }
 

@@ -244,6 +244,14 @@ pub mod validators {
             }
         };
         usable("stateDir", &local.state_dir)?;
+        if let Some(ports) = &local.connect_ports {
+            if ports.is_empty() {
+                return Err("local.connectPorts must list at least one port".to_owned());
+            }
+            if ports.contains(&0) {
+                return Err("local.connectPorts: 0 is not a port".to_owned());
+            }
+        }
         match local.tinyproxy_path.as_deref() {
             None | Some("") => Ok(()),
             Some(path) => usable("tinyproxyPath", path),
@@ -277,6 +285,9 @@ pub mod validators {
                 "kubernetes.namespace must be a namespace name (a DNS-1123 label), got {}",
                 go_quote(namespace)
             ));
+        }
+        if let Some(access) = entry.kubernetes.as_ref().and_then(|k| k.access.as_ref()) {
+            super::access_rules(access)?;
         }
         let Some(resources) = entry.kubernetes.as_ref().and_then(|k| k.resources.as_ref()) else {
             return Ok(());
@@ -539,6 +550,45 @@ pub mod validators {
     }
 }
 
+/// `kubernetes.access`: port lists not empty and without 0; every range an address or
+/// `address/prefix` without host bits; `allowedSources` neither empty nor a whole address family
+/// (leave it out for any client).
+fn access_rules(access: &crate::config::ProxyAccess) -> Result<(), String> {
+    for (field, ports) in [
+        ("connectPorts", &access.connect_ports),
+        ("httpPorts", &access.http_ports),
+    ] {
+        let Some(ports) = ports else { continue };
+        if ports.is_empty() {
+            return Err(format!("kubernetes.access.{field} must list at least one port"));
+        }
+        if ports.contains(&0) {
+            return Err(format!("kubernetes.access.{field}: 0 is not a port"));
+        }
+    }
+    for (field, ranges) in [
+        ("deniedDestinations", &access.denied_destinations),
+        ("allowedSources", &access.allowed_sources),
+    ] {
+        for range in ranges.iter().flatten() {
+            let canonical =
+                crate::config::canonical_range(range).map_err(|why| format!("kubernetes.access.{field}: {why}"))?;
+            if field == "allowedSources" && canonical.ends_with("/0") {
+                return Err(format!(
+                    "kubernetes.access.allowedSources: {range:?} is every address; leave allowedSources out to accept any client"
+                ));
+            }
+        }
+    }
+    if access.allowed_sources.as_ref().is_some_and(Vec::is_empty) {
+        return Err(
+            "kubernetes.access.allowedSources is empty, which would refuse every client; leave it out to accept any"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,5 +665,87 @@ mod tests {
         ] {
             assert!(!is_http_url(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn ranges_are_canonical_and_typos_are_refused() {
+        use crate::config::canonical_range;
+        for (input, want) in [
+            ("10.0.0.0/8", "10.0.0.0/8"),
+            ("10.1.2.3", "10.1.2.3/32"),
+            ("fd00::/8", "fd00::/8"),
+            ("FD00:0::1", "fd00::1/128"),
+            ("0.0.0.0/0", "0.0.0.0/0"),
+        ] {
+            assert_eq!(canonical_range(input).as_deref(), Ok(want), "{input}");
+        }
+        for bad in [
+            "",
+            "10.0.0.0/33",
+            "10.0.0.1/8",
+            "fd00::/129",
+            "host/8",
+            "10.0.0.0/x",
+            "10.0.0.0/8/1",
+        ] {
+            assert!(canonical_range(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn access_rules_refuse_what_would_lock_out_or_open_up() {
+        use crate::config::ProxyAccess;
+        let ok = ProxyAccess {
+            connect_ports: Some(vec![443, 8443]),
+            http_ports: Some(vec![80]),
+            denied_destinations: Some(vec![]),
+            allowed_sources: Some(vec!["10.8.0.0/16".into()]),
+        };
+        assert_eq!(super::access_rules(&ok), Ok(()));
+        let cases = [
+            (
+                ProxyAccess {
+                    connect_ports: Some(vec![]),
+                    ..ProxyAccess::default()
+                },
+                "connectPorts must list at least one port",
+            ),
+            (
+                ProxyAccess {
+                    http_ports: Some(vec![0]),
+                    ..ProxyAccess::default()
+                },
+                "httpPorts: 0 is not a port",
+            ),
+            (
+                ProxyAccess {
+                    denied_destinations: Some(vec!["10.0.0.1/8".into()]),
+                    ..ProxyAccess::default()
+                },
+                "deniedDestinations: \"10.0.0.1/8\" has bits set",
+            ),
+            (
+                ProxyAccess {
+                    allowed_sources: Some(vec![]),
+                    ..ProxyAccess::default()
+                },
+                "allowedSources is empty",
+            ),
+            (
+                ProxyAccess {
+                    allowed_sources: Some(vec!["::/0".into()]),
+                    ..ProxyAccess::default()
+                },
+                "is every address",
+            ),
+        ];
+        for (access, want) in cases {
+            let err = super::access_rules(&access).unwrap_err();
+            assert!(err.contains(want), "{err}");
+        }
+        let defaults = ProxyAccess::default();
+        assert_eq!(defaults.effective_connect_ports(), [443]);
+        assert_eq!(defaults.effective_http_ports(), [80]);
+        assert_eq!(defaults.effective_denied_destinations().len(), 4);
     }
 }

@@ -1,0 +1,426 @@
+//! Real Squid (Debian's `squid` package) running the config this crate generates for its Pods.
+//!
+//! The test re-runs itself inside a network namespace of its own (`unshare --net`) that has only
+//! a loopback device carrying two test addresses (192.0.2.10 and 192.0.2.20, TEST-NET-1): no
+//! request can leave the machine, even through a broken rule, and the denied addresses the
+//! cases name (169.254.169.254, 10.1.2.3) have no route at all. Squid's `dst` rules would need
+//! DNS for names, which is offline here, so every case names a literal address except the
+//! metadata one, which its `dstdomain` rule refuses by name before any lookup.
+//!
+//! Which rule refused a request is read from the access log's `egress-deny` note.
+//!
+//! Needs root (for the namespace) and Squid; skips with a reason without them, and fails under
+//! `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1), which runs as root and installs Squid.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egress_credentials::Credentials;
+use egress_provider_kubernetes::squid::{AccessRules, SquidFiles, squid_conf};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// Set in the re-run inside the namespace.
+const IN_NAMESPACE: &str = "EGRESS_SQUID_TEST_NETNS";
+const SQUID: &str = "/usr/sbin/squid";
+/// The proxy's and the allowed client's address.
+const PROXY_IP: &str = "192.0.2.10";
+/// A client outside the allowed sources.
+const STRANGER_IP: &str = "192.0.2.20";
+/// Squid with credentials, and one without.
+const AUTH_PORT: u16 = 3128;
+const OPEN_PORT: u16 = 3129;
+/// The TLS target, the one port CONNECT may reach.
+const TARGET_PORT: u16 = 8443;
+/// Bounds every wait of this test.
+const BUDGET: Duration = Duration::from_secs(30);
+
+fn required() -> bool {
+    std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1")
+}
+
+fn skip(why: &str) {
+    assert!(!required(), "{why} (EGRESS_REAL_BACKENDS_REQUIRED is set)");
+    eprintln!("SKIP: {why}");
+}
+
+#[test]
+fn generated_squid_config_enforces_credentials_and_every_access_rule() {
+    if std::env::var_os(IN_NAMESPACE).is_some() {
+        return in_namespace();
+    }
+    if !Path::new(SQUID).exists() {
+        return skip("Squid is not installed (apt-get install squid; cargo xtask test installs it)");
+    }
+    // The same test binary, this test only, inside a new network namespace.
+    let exe = std::env::current_exe().unwrap();
+    let output = Command::new("unshare")
+        .arg("--net")
+        .arg("--")
+        .arg(exe)
+        .args([
+            "--exact",
+            "generated_squid_config_enforces_credentials_and_every_access_rule",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(IN_NAMESPACE, "1")
+        .output()
+        .expect("running unshare");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() && stderr.contains("unshare failed") {
+        return skip(&format!(
+            "cannot make a network namespace (root is needed): {}",
+            stderr.trim()
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the run inside the namespace failed:\n{stdout}\n{stderr}"
+    );
+    // The re-run must have run the test, not filtered it away.
+    assert!(stdout.contains("1 passed"), "{stdout}");
+}
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?}: {status}");
+}
+
+/// The uid Squid drops to (`cache_effective_user proxy` in Debian's build).
+fn proxy_uid() -> u32 {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    passwd
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&"proxy")).then(|| f[2].parse().unwrap())
+        })
+        .expect("a proxy user (Debian's squid package makes it)")
+}
+
+struct Squid {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Squid {
+    /// Starts Squid on `port` with the generated config and waits until it accepts connections.
+    fn start(name: &str, port: u16, rules: &AccessRules, htpasswd: Option<&str>) -> Self {
+        let dir = std::env::temp_dir().join(format!("egress-squid-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Squid writes its logs as the proxy user.
+        std::os::unix::fs::chown(&dir, Some(proxy_uid()), None).unwrap();
+        let files = SquidFiles {
+            htpasswd: dir.join("htpasswd").display().to_string(),
+            access_log: format!("stdio:{}", dir.join("access.log").display()),
+            cache_log: dir.join("cache.log").display().to_string(),
+            pid: "none".into(),
+            coredump_dir: dir.display().to_string(),
+        };
+        if let Some(line) = htpasswd {
+            std::fs::write(&files.htpasswd, format!("{line}\n")).unwrap();
+        }
+        let conf = squid_conf(port, rules, htpasswd.is_some(), &files);
+        let conf_path = dir.join("squid.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let child = Command::new(SQUID)
+            .arg("-N")
+            .arg("-f")
+            .arg(&conf_path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+            .spawn()
+            .expect("starting squid");
+        let mut squid = Self { child, dir };
+        let deadline = Instant::now() + BUDGET;
+        while std::net::TcpStream::connect((PROXY_IP, port)).is_err() {
+            if let Some(status) = squid.child.try_wait().unwrap() {
+                panic!("squid exited at start ({status}): {}", squid.logs());
+            }
+            assert!(Instant::now() < deadline, "squid did not listen: {}", squid.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        squid
+    }
+
+    fn logs(&self) -> String {
+        let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+        format!("{}\n{}", read("stderr"), read("cache.log"))
+    }
+
+    /// The access log's lines, once it has at least `count` of them.
+    async fn access_log(&self, count: usize) -> Vec<String> {
+        let deadline = Instant::now() + BUDGET;
+        loop {
+            let text = std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            if lines.len() >= count {
+                return lines;
+            }
+            assert!(Instant::now() < deadline, "the access log has {lines:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Squid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A TLS target on `PROXY_IP:TARGET_PORT` that answers every request 204, and a client config
+/// that trusts only it.
+async fn tls_target() -> Arc<rustls::ClientConfig> {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![PROXY_IP.to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = TcpListener::bind((PROXY_IP, TARGET_PORT)).await.unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 4096];
+                let _ = tls.read(&mut buf).await;
+                let _ = tls
+                    .write_all(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// What one CONNECT got: the proxy's status and, when the tunnel opened, the target's.
+#[derive(Debug, PartialEq, Eq)]
+struct Answer {
+    proxy: u16,
+    target: Option<u16>,
+}
+
+async fn status_of<R: tokio::io::AsyncRead + Unpin>(reader: &mut BufReader<R>) -> u16 {
+    let mut line = String::new();
+    reader.read_line(&mut line).await.unwrap();
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not a status line: {line:?}"));
+    // The rest of the head.
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).await.unwrap();
+        if header == "\r\n" || header.is_empty() {
+            return status;
+        }
+    }
+}
+
+/// Sends `CONNECT authority` from `from` to the proxy on `port`, with `credentials` when given;
+/// through an opened tunnel, a TLS `GET /` when `tls` is given.
+async fn connect(
+    from: &str,
+    port: u16,
+    authority: &str,
+    credentials: Option<&Credentials>,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Answer {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let tcp: TcpStream = socket
+        .connect(format!("{PROXY_IP}:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let mut conn = BufReader::new(tcp);
+    let mut head = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some(c) = credentials {
+        head.push_str(&format!("Proxy-Authorization: {}\r\n", c.basic_authorization()));
+    }
+    head.push_str("\r\n");
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let proxy = status_of(&mut conn).await;
+    if proxy != 200 {
+        return Answer { proxy, target: None };
+    }
+    let Some(tls) = tls else {
+        return Answer { proxy, target: None };
+    };
+    let name = rustls::pki_types::ServerName::try_from(authority.rsplit_once(':').unwrap().0.to_owned()).unwrap();
+    let mut tunnel = BufReader::new(
+        tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name, conn)
+            .await
+            .expect("TLS with the target through the tunnel"),
+    );
+    tunnel
+        .write_all(format!("GET / HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    Answer {
+        proxy,
+        target: Some(status_of(&mut tunnel).await),
+    }
+}
+
+/// The `egress-deny` note of the log line about `authority` (the last field; `-` when none).
+fn note_for(log: &[String], authority: &str) -> String {
+    let line = log
+        .iter()
+        .rev()
+        .find(|l| l.contains(&format!(" CONNECT {authority} ")))
+        .unwrap_or_else(|| panic!("no log line for {authority}: {log:#?}"));
+    line.rsplit(' ').next().unwrap().to_owned()
+}
+
+fn in_namespace() {
+    run(Command::new("ip").args(["link", "set", "lo", "up"]));
+    for ip in [PROXY_IP, STRANGER_IP] {
+        run(Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(cases());
+}
+
+async fn cases() {
+    let tls = tls_target().await;
+    let good = Credentials::generate();
+    let wrong = Credentials::new(good.username(), "not-the-password").unwrap();
+    // The test's own target is allowed: its port, and a range outside the refused ones.
+    let rules = AccessRules {
+        connect_ports: vec![TARGET_PORT],
+        allowed_sources: Some(vec![format!("{PROXY_IP}/32")]),
+        ..AccessRules::default()
+    };
+    let squid = Squid::start("auth", AUTH_PORT, &rules, Some(&good.htpasswd_line()));
+    let target = format!("{PROXY_IP}:{TARGET_PORT}");
+    let ask = |authority: &str, credentials: Option<&Credentials>| {
+        let (authority, credentials) = (authority.to_owned(), credentials.cloned());
+        let tls = tls.clone();
+        async move { connect(PROXY_IP, AUTH_PORT, &authority, credentials.as_ref(), Some(&tls)).await }
+    };
+
+    // Credentials: none and wrong ones are challenged; the right ones reach the target.
+    assert_eq!(
+        ask(&target, None).await,
+        Answer {
+            proxy: 407,
+            target: None
+        }
+    );
+    assert_eq!(
+        ask(&target, Some(&wrong)).await,
+        Answer {
+            proxy: 407,
+            target: None
+        }
+    );
+    assert_eq!(
+        ask(&target, Some(&good)).await,
+        Answer {
+            proxy: 200,
+            target: Some(204)
+        }
+    );
+
+    // With the right credentials, each refused destination is refused by its own rule.
+    let refused = [
+        (format!("{PROXY_IP}:9443"), "port"),
+        (format!("169.254.169.254:{TARGET_PORT}"), "link-local"),
+        (format!("metadata.google.internal:{TARGET_PORT}"), "metadata"),
+        (format!("10.1.2.3:{TARGET_PORT}"), "denied-range"),
+        (format!("[fd00::1]:{TARGET_PORT}"), "denied-range"),
+        (format!("127.0.0.1:{TARGET_PORT}"), "localhost"),
+        (format!("100.100.100.200:{TARGET_PORT}"), "metadata"),
+    ];
+    for (authority, _) in &refused {
+        assert_eq!(
+            ask(authority, Some(&good)).await,
+            Answer {
+                proxy: 403,
+                target: None
+            },
+            "{authority}"
+        );
+    }
+    // A client outside the allowed sources is refused before credentials are asked for.
+    let stranger = connect(STRANGER_IP, AUTH_PORT, &target, Some(&good), None).await;
+    assert_eq!(
+        stranger,
+        Answer {
+            proxy: 403,
+            target: None
+        }
+    );
+
+    // 3 credential cases, the refusals, the stranger.
+    let log = squid.access_log(3 + refused.len() + 1).await;
+    for (authority, rule) in &refused {
+        assert_eq!(note_for(&log, authority), *rule, "{authority}: {log:#?}");
+    }
+    let stranger_line = log.iter().find(|l| l.contains(&format!(" {STRANGER_IP} "))).unwrap();
+    assert!(stranger_line.ends_with(" source"), "{stranger_line}");
+    // The log never carries the user name or the password.
+    let text = log.join("\n");
+    assert!(
+        !text.contains(good.username()) && !text.contains(good.password()),
+        "{text}"
+    );
+
+    // Without credentials nothing is asked for, and the same rules hold.
+    let open = Squid::start("open", OPEN_PORT, &rules, None);
+    let answer = connect(PROXY_IP, OPEN_PORT, &target, None, Some(&tls)).await;
+    assert_eq!(
+        answer,
+        Answer {
+            proxy: 200,
+            target: Some(204)
+        }
+    );
+    let refused_port = format!("{PROXY_IP}:9443");
+    let answer = connect(PROXY_IP, OPEN_PORT, &refused_port, None, None).await;
+    assert_eq!(
+        answer,
+        Answer {
+            proxy: 403,
+            target: None
+        }
+    );
+    let log = open.access_log(2).await;
+    assert_eq!(note_for(&log, &refused_port), "port");
+}
