@@ -391,11 +391,12 @@ proxies of the local provider. Try, in another terminal:
   curl -s -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
        -d '{{\"selector\": {{\"geo\": \"eu\"}}, \"ttlSeconds\": 60}}' {discovery}/v1/leases
 
-  # traffic through the leased proxy (put its ip and port from the lease in place of IP:PORT):
+  # traffic through the leased proxy: put the lease's proxy.url (http://user:password@ip:port;
+  # the proxies demand the credentials the lease hands out) in place of PROXY_URL:
   # to the local target,
-  curl --cacert {ca} -x http://IP:PORT {target_url}
+  curl --cacert {ca} -x PROXY_URL {target_url}
   # and to the internet, where this machine can reach it
-  curl -x http://IP:PORT https://www.gstatic.com/generate_204 -w '%{{http_code}}\\n'
+  curl -x PROXY_URL https://www.gstatic.com/generate_204 -w '%{{http_code}}\\n'
 
   # give the lease back (its leaseID from the answer above)
   curl -s -X DELETE -H 'Authorization: Bearer {token}' {discovery}/v1/leases/LEASE_ID
@@ -422,7 +423,15 @@ The operator's log: {log}
         )
         .await?;
     }
-    smoke(discovery, target, &pki_ca(&running.layout.file("ca.pem"))?).await
+    let password = smoke(discovery, target, &pki_ca(&running.layout.file("ca.pem"))?).await?;
+    // The operator minted, probed with and handed out that password: none of it may be logged.
+    let log = std::fs::read_to_string(running.layout.file("operator.log"))?;
+    if log.contains(&password) {
+        bail!("the operator's log holds a proxy password");
+    }
+    println!("dev: smoke: the operator's log holds no proxy password");
+    println!("dev: smoke: passed");
+    Ok(())
 }
 
 /// The reasons `kubectl describe px` must show for a Proxy that became Ready.
@@ -559,9 +568,9 @@ async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_
     }
 }
 
-/// The smoke check: a lease is granted, and a request through the leased proxy reaches the
-/// local target.
-async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<()> {
+/// The smoke check: a lease is granted with credentials, the leased proxy refuses a request
+/// without them, and one with them reaches the local target. Returns the lease's password.
+async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<String> {
     // Without the token the API answers 401 and nothing else.
     let anonymous = Client::new(discovery.url, None).map_err(|e| anyhow::anyhow!("{e}"))?;
     match anonymous.list(&Default::default()).await {
@@ -583,13 +592,31 @@ async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &req
         "dev: smoke: lease {} granted on {} ({}:{})",
         lease.lease_id, lease.proxy.id, lease.proxy.ip, lease.proxy.port
     );
-    let proxy = reqwest::Proxy::all(format!("http://{}:{}", lease.proxy.ip, lease.proxy.port))?;
-    let http = reqwest::Client::builder()
-        .proxy(proxy)
+    // The samples' proxies demand credentials: the lease must carry them, and the proxy must
+    // refuse a client without them.
+    let Some(proxy_url) = lease.proxy.url.clone() else {
+        bail!("the lease on {} carries no credentials (proxy.url)", lease.proxy.id);
+    };
+    let url = format!("https://127.0.0.1:{}/", target.port());
+    let bare = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(format!(
+            "http://{}:{}",
+            lease.proxy.ip, lease.proxy.port
+        ))?)
         .tls_certs_only([ca.clone()])
         .timeout(Duration::from_secs(10))
         .build()?;
-    let url = format!("https://127.0.0.1:{}/", target.port());
+    match bare.get(&url).send().await {
+        Ok(answer) if answer.status().is_success() => {
+            bail!("the proxy {} carried a request without credentials", lease.proxy.id)
+        }
+        _ => println!("dev: smoke: without the lease's credentials the proxy refuses the request"),
+    }
+    let http = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(&proxy_url)?)
+        .tls_certs_only([ca.clone()])
+        .timeout(Duration::from_secs(10))
+        .build()?;
     let answer = http
         .get(&url)
         .send()
@@ -601,15 +628,18 @@ async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &req
         bail!("GET {url} through the lease answered {status}: {body:?}");
     }
     println!(
-        "dev: smoke: GET {url} through {}:{} answered {status}",
+        "dev: smoke: GET {url} through {}:{} with the lease's credentials answered {status}",
         lease.proxy.ip, lease.proxy.port
     );
     client
         .release(&lease.lease_id)
         .await
         .map_err(|e| anyhow::anyhow!("releasing the lease: {e}"))?;
-    println!("dev: smoke: passed");
-    Ok(())
+    lease
+        .proxy
+        .password
+        .clone()
+        .context("the lease carries a URL with credentials but no password")
 }
 
 fn pki_ca(path: &Path) -> Result<reqwest::Certificate> {

@@ -21,6 +21,7 @@ impl HealthVerdicts for AllHealthy {
         Some(Verdict {
             healthy: true,
             latency_millis: 7,
+            auth_refused: false,
         })
     }
 }

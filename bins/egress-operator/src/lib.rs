@@ -338,8 +338,11 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let namespace = Some(options.proxy_namespace.clone()).filter(|n| !n.is_empty());
     let (cache, keep_cache) =
         egress_controller::proxy_cache::proxy_cache(client.clone(), namespace.as_deref(), shutdown.clone());
+    let (credentials, keep_credentials) =
+        egress_controller::credentials::credential_cache(client.clone(), namespace.as_deref(), shutdown.clone());
     let mut tasks = tokio::task::JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
+    tasks.spawn(keep_credentials);
     let mut registry = prometheus_client::registry::Registry::default();
     provider_metrics.register(&mut registry);
     let health_metrics = egress_health::HealthMetrics::new();
@@ -392,7 +395,10 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
         let auth = discovery_auth::start(&options, &client, &own_namespace(&client), &mut tasks, &shutdown).await;
         let api = egress_discovery::Api {
-            directory: Arc::new(egress_controller::discovery::CachedDirectory::new(cache.clone())),
+            directory: Arc::new(egress_controller::discovery::CachedDirectory::new(
+                cache.clone(),
+                credentials.clone(),
+            )),
             store: store.clone(),
             max_ttl: options.max_lease_ttl,
             auth,
@@ -436,7 +442,10 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     // The leader publishes the proxies it serves to a shared store, so every replica leases
     // with the same capacity, health and latency.
     tasks.spawn(egress_discovery::publish_view(
-        Arc::new(egress_controller::discovery::CachedDirectory::new(cache.clone())),
+        Arc::new(egress_controller::discovery::CachedDirectory::new(
+            cache.clone(),
+            credentials.clone(),
+        )),
         store.clone(),
         shutdown.clone(),
     ));
@@ -452,6 +461,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
                 Arc::new(egress_controller::health::CachedProxies {
                     cache: cache.clone(),
                     default_url: options.health_check_url.clone(),
+                    credentials: credentials.clone(),
                 }),
                 egress_health::ConnectProber {
                     tls: tls.ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?,

@@ -12,7 +12,8 @@ mod proxy;
 pub use condition::{Condition, ConditionStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthFields, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
-    CloudInit, Endpoint, HealthCheck, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec, ProxyStatus, SecretRef,
+    CloudInit, Credentials, CredentialsSecretRef, CredentialsType, Endpoint, HealthCheck, HealthCheckSpec, Mode, Phase,
+    Placement, Proxy, ProxySpec, ProxyStatus, SecretRef,
 };
 
 /// The API group.
@@ -28,6 +29,14 @@ pub const ANNOTATION_SPEC_HASH: &str = "crawl.example.com/spec-hash";
 pub const ANNOTATION_SKIP_CLEANUP: &str = "crawl.example.com/skip-cleanup";
 /// Must be `"true"` on every Secret a Proxy's `cloudInit.secretRef` names.
 pub const LABEL_CLOUD_INIT: &str = "crawl.example.com/cloud-init";
+/// The label of Secrets that hold proxy credentials: `generated` on the ones the operator makes
+/// and owns, `"true"` on a user's for an External proxy. Only labelled Secrets are read.
+pub const LABEL_PROXY_CREDENTIALS: &str = "crawl.example.com/proxy-credentials";
+/// The value of that label on the operator's own credential Secrets.
+pub const PROXY_CREDENTIALS_GENERATED: &str = "generated";
+/// On a generated credentials Secret: the provider ID of the instance that was created with
+/// them. Credentials that served an instance are never given to the next one.
+pub const ANNOTATION_CREDENTIALS_INSTANCE: &str = "crawl.example.com/credentials-instance";
 /// The label on objects the operator creates (ProviderHealth), and its value.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "egress-proxies-operator";
@@ -54,6 +63,10 @@ pub mod reasons {
     pub const PROVIDER_NOT_CONFIGURED: &str = "ProviderNotConfigured";
     pub const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
     pub const PROBE_FAILED: &str = "ProbeFailed";
+    /// The proxy refused the probe's credentials (or asked for some): a 407, or 401 from tinyproxy.
+    pub const PROXY_AUTH_REQUIRED: &str = "ProxyAuthRequired";
+    /// The credentials Secret of a Generated Proxy cannot be made or used.
+    pub const CREDENTIALS_ERROR: &str = "CredentialsError";
     pub const ALL_TARGETS_READY: &str = "AllTargetsReady";
     pub const TARGETS_NOT_READY: &str = "TargetsNotReady";
     pub const CHECKS_NOT_IMPLEMENTED: &str = "ChecksNotImplemented";

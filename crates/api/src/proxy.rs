@@ -45,7 +45,9 @@ pub enum Mode {
     validation = Rule::new("self.mode != 'External' || has(self.endpoint)").message("an External proxy needs spec.endpoint"),
     validation = Rule::new("self.mode != 'Managed' || (has(self.provider) && size(self.provider) > 0)").message("a Managed proxy needs spec.provider"),
     validation = Rule::new("self.mode != 'Managed' || !has(self.endpoint)").message("spec.endpoint is for External proxies only"),
-    validation = Rule::new("!has(oldSelf.provider) || (has(self.provider) && self.provider == oldSelf.provider)").message("spec.provider is immutable")
+    validation = Rule::new("!has(oldSelf.provider) || (has(self.provider) && self.provider == oldSelf.provider)").message("spec.provider is immutable"),
+    validation = Rule::new("!has(self.credentials) || self.credentials.type != 'Generated' || self.mode != 'External'").message("Generated credentials are for Managed proxies (an External proxy names its Secret: type Secret)"),
+    validation = Rule::new("!has(self.credentials) || self.credentials.type != 'Secret' || self.mode == 'External'").message("credentials of type Secret are for External proxies (a Managed proxy uses Generated)")
 )]
 pub struct ProxySpec {
     /// `Managed` (default) or `External`.
@@ -78,6 +80,46 @@ pub struct ProxySpec {
     /// Probe settings for this proxy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheckSpec>,
+    /// What the proxy demands of its clients. Absent: nothing (type `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<Credentials>,
+}
+
+/// How a Proxy's clients authenticate to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CredentialsType {
+    /// No credentials: anyone who reaches the proxy may use it (its access rules still apply).
+    #[default]
+    None,
+    /// Managed only: the operator mints a user and password for each instance, keeps them in a
+    /// Secret the Proxy owns, and hands them out with each lease.
+    Generated,
+    /// External only: the user and password are in a Secret the user keeps (`secretRef`).
+    Secret,
+}
+
+/// `spec.credentials`.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.type != 'Secret' || has(self.secretRef)").message("credentials of type Secret need secretRef"),
+    validation = Rule::new("self.type == 'Secret' || !has(self.secretRef)").message("credentials.secretRef is for type Secret only")
+)]
+pub struct Credentials {
+    /// `None` (default), `Generated` or `Secret`.
+    #[serde(rename = "type", default)]
+    pub type_: CredentialsType,
+    /// For `Secret`: a Secret in the Proxy's namespace with the keys `username` and `password`,
+    /// labelled `crawl.example.com/proxy-credentials: "true"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<CredentialsSecretRef>,
+}
+
+/// The Secret of an External proxy's credentials.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CredentialsSecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 fn default_port() -> i32 {
@@ -97,6 +139,7 @@ impl Default for ProxySpec {
             attributes: BTreeMap::new(),
             max_leases: None,
             health_check: None,
+            credentials: None,
         }
     }
 }
@@ -110,6 +153,11 @@ impl ProxySpec {
     /// The probe settings with every default filled in.
     pub fn effective_health_check(&self) -> HealthCheck {
         self.health_check.clone().unwrap_or_default().effective()
+    }
+
+    /// The credentials type, `None` when `spec.credentials` is absent.
+    pub fn credentials_type(&self) -> CredentialsType {
+        self.credentials.as_ref().map(|c| c.type_).unwrap_or_default()
     }
 
     /// Where an `External` proxy listens: `endpoint.port` when set, else `spec.port`.

@@ -12,8 +12,10 @@
 
 use std::time::Duration;
 
-use egress_api::{ConditionStatus, FINALIZER, Mode, Proxy, ProxyStatus, SecretRef, conditions, reasons};
-use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId};
+use egress_api::{
+    ConditionStatus, CredentialsType, FINALIZER, Mode, Proxy, ProxyStatus, SecretRef, conditions, reasons,
+};
+use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId, ProxyCredentials};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::spec_hash::spec_hash;
@@ -88,6 +90,10 @@ pub struct Facts {
     pub get: Option<Result<Instance, Failure>>,
     pub create: Option<Result<ProviderId, Failure>>,
     pub delete: Option<Result<(), Failure>>,
+    /// The credentials for the create (Generated), or why there are none.
+    pub credentials: Option<Result<ProxyCredentials, SecretProblem>>,
+    /// Whether the created instance was recorded on the credentials Secret.
+    pub credentials_bound: Option<Result<(), SecretProblem>>,
 }
 
 /// The next thing to do. Its `Debug` shows the cloud-init size only: it may hold secrets.
@@ -100,9 +106,14 @@ pub enum Action {
     /// Read the cloud-init Secret (labelled Secrets only).
     ReadSecret(SecretRef),
     Get(ProviderId),
-    /// Create the instance from the spec with this cloud-init.
+    /// Read or write the credentials Secret of a Generated Proxy for the next create.
+    PrepareCredentials,
+    /// Record on the credentials Secret the instance made with them.
+    BindCredentials(ProviderId),
+    /// Create the instance from the spec with this cloud-init and these credentials.
     Create {
         cloud_init: Vec<u8>,
+        credentials: Option<ProxyCredentials>,
     },
     Delete(ProviderId),
 }
@@ -115,7 +126,16 @@ impl std::fmt::Debug for Action {
             Self::WriteSpecHash(h) => f.debug_tuple("WriteSpecHash").field(h).finish(),
             Self::ReadSecret(r) => f.debug_tuple("ReadSecret").field(r).finish(),
             Self::Get(id) => f.debug_tuple("Get").field(id).finish(),
-            Self::Create { cloud_init } => write!(f, "Create {{ cloud_init: <{} bytes> }}", cloud_init.len()),
+            Self::PrepareCredentials => f.write_str("PrepareCredentials"),
+            Self::BindCredentials(id) => f.debug_tuple("BindCredentials").field(id).finish(),
+            Self::Create {
+                cloud_init,
+                credentials,
+            } => write!(
+                f,
+                "Create {{ cloud_init: <{} bytes>, credentials: {credentials:?} }}",
+                cloud_init.len()
+            ),
             Self::Delete(id) => f.debug_tuple("Delete").field(id).finish(),
         }
     }
@@ -135,6 +155,8 @@ impl std::fmt::Debug for Facts {
             .field("get", &self.get)
             .field("create", &self.create)
             .field("delete", &self.delete)
+            .field("credentials", &self.credentials)
+            .field("credentials_bound", &self.credentials_bound)
             .finish()
     }
 }
@@ -228,8 +250,8 @@ fn generation(proxy: &Proxy) -> Option<i64> {
 
 /// The verdict the status records (its `Healthy` condition and latency), if any.
 pub fn last_verdict(status: &ProxyStatus) -> Option<Verdict> {
-    let healthy = status.conditions.iter().find(|c| c.type_ == conditions::HEALTHY)?;
-    let healthy = match healthy.status {
+    let healthy_condition = status.conditions.iter().find(|c| c.type_ == conditions::HEALTHY)?;
+    let healthy = match healthy_condition.status {
         ConditionStatus::True => true,
         ConditionStatus::False => false,
         ConditionStatus::Unknown => return None,
@@ -237,6 +259,7 @@ pub fn last_verdict(status: &ProxyStatus) -> Option<Verdict> {
     Some(Verdict {
         healthy,
         latency_millis: status.latency_millis.unwrap_or(0),
+        auth_refused: !healthy && healthy_condition.reason == reasons::PROXY_AUTH_REQUIRED,
     })
 }
 
@@ -499,14 +522,63 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
     if annotation.as_deref() != Some(hash.as_str()) {
         return Next::Do(Action::WriteSpecHash(hash));
     }
+    // Generated credentials: new ones for a new instance, written before it is made.
+    let generated = proxy.spec.credentials_type() == CredentialsType::Generated;
+    let credentials = if generated {
+        match &facts.credentials {
+            None => return Next::Do(Action::PrepareCredentials),
+            Some(Err(SecretProblem::Unusable(why))) => {
+                set_provisioned(
+                    input,
+                    &mut status,
+                    ConditionStatus::False,
+                    reasons::CREDENTIALS_ERROR,
+                    why,
+                );
+                return finish(
+                    input,
+                    status,
+                    InstanceView::Unobserved,
+                    Requeue::After(timings.drift_poll),
+                );
+            }
+            Some(Err(SecretProblem::Unavailable(why))) => return unavailable(input, why),
+            Some(Ok(c)) => Some(c.clone()),
+        }
+    } else {
+        None
+    };
     match &facts.create {
-        None => Next::Do(Action::Create { cloud_init: text }),
+        None => Next::Do(Action::Create {
+            cloud_init: text,
+            credentials,
+        }),
         Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Unobserved, f),
         Some(Ok(id)) => {
+            if generated {
+                match &facts.credentials_bound {
+                    None => return Next::Do(Action::BindCredentials(id.clone())),
+                    // Not recorded: the next pass creates again (the provider answers with this
+                    // instance) and reuses the same credentials, then records them.
+                    Some(Err(SecretProblem::Unavailable(why) | SecretProblem::Unusable(why))) => {
+                        return unavailable(input, why);
+                    }
+                    Some(Ok(())) => {}
+                }
+            }
             status.provider_id = id.as_str().to_string();
             booting(input, timings, status)
         }
     }
+}
+
+/// The API server could not answer: retry with backoff, the status left exactly as fetched.
+fn unavailable(input: &Input<'_>, why: &str) -> Next {
+    Next::Done(Outcome {
+        status: input.proxy.status.clone().unwrap_or_default(),
+        requeue: Requeue::Error(why.to_owned()),
+        note: None,
+    })
 }
 
 /// The instance exists but is not running yet: no address, `Provisioned=False`, poll again soon.
@@ -662,6 +734,10 @@ mod tests {
         let secret = "#cloud-config\npassword: SENTINEL-7f3a";
         let action = Action::Create {
             cloud_init: secret.into(),
+            credentials: Some(ProxyCredentials::new(
+                egress_provider::Credentials::new("u", "SENTINEL-pw").unwrap(),
+                "s",
+            )),
         };
         let facts = Facts {
             secret: Some(Ok(secret.into())),

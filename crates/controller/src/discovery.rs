@@ -7,10 +7,12 @@ use egress_api::{Mode, Proxy};
 use egress_discovery::{ProxyDirectory, ProxyInfo};
 use kube::ResourceExt;
 
+use crate::credentials::CredentialCache;
 use crate::proxy_cache::ProxyCache;
 
-/// A Proxy as the discovery API shows it; `None` while it is being deleted.
-pub fn info(proxy: &Proxy) -> Option<ProxyInfo> {
+/// A Proxy as the discovery API shows it, with the credentials it demands; `None` while it is
+/// being deleted.
+pub fn info(proxy: &Proxy, credentials: Option<egress_credentials::Credentials>) -> Option<ProxyInfo> {
     if proxy.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -29,6 +31,7 @@ pub fn info(proxy: &Proxy) -> Option<ProxyInfo> {
         healthy: verdict.is_some_and(|v| v.healthy),
         latency_millis: status.latency_millis.unwrap_or(0),
         max_leases: proxy.spec.effective_max_leases(),
+        credentials,
     })
 }
 
@@ -37,13 +40,15 @@ pub fn info(proxy: &Proxy) -> Option<ProxyInfo> {
 #[derive(Debug)]
 pub struct CachedDirectory {
     cache: ProxyCache,
+    credentials: CredentialCache,
     snapshot: Mutex<Option<(u64, Arc<Vec<ProxyInfo>>)>>,
 }
 
 impl CachedDirectory {
-    pub fn new(cache: ProxyCache) -> Self {
+    pub fn new(cache: ProxyCache, credentials: CredentialCache) -> Self {
         Self {
             cache,
+            credentials,
             snapshot: Mutex::default(),
         }
     }
@@ -51,14 +56,21 @@ impl CachedDirectory {
 
 impl ProxyDirectory for CachedDirectory {
     fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
-        let generation = self.cache.generation();
+        // Either cache changing changes the sum: a rotated password reaches the next lease.
+        let generation = self.cache.generation().wrapping_add(self.credentials.generation());
         let mut snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((seen, views)) = snapshot.as_ref()
             && *seen == generation
         {
             return Ok(views.clone());
         }
-        let mut views: Vec<ProxyInfo> = self.cache.store().state().iter().filter_map(|p| info(p)).collect();
+        let mut views: Vec<ProxyInfo> = self
+            .cache
+            .store()
+            .state()
+            .iter()
+            .filter_map(|p| info(p, self.credentials.for_proxy(p)))
+            .collect();
         views.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
         let views = Arc::new(views);
         *snapshot = Some((generation, views.clone()));
@@ -102,7 +114,7 @@ mod tests {
             }],
             ..Default::default()
         });
-        let v = info(&p).unwrap();
+        let v = info(&p, None).unwrap();
         assert_eq!(
             (
                 v.id.as_str(),
@@ -119,6 +131,6 @@ mod tests {
         p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
-        assert_eq!(info(&p), None);
+        assert_eq!(info(&p, None), None);
     }
 }

@@ -15,6 +15,7 @@ fn to_status(v: egress_health::Verdict) -> Verdict {
     Verdict {
         healthy: v.healthy,
         latency_millis: i64::try_from(v.latency.as_millis()).unwrap_or(i64::MAX),
+        auth_refused: v.auth_refused,
     }
 }
 
@@ -25,7 +26,7 @@ impl HealthVerdicts for Snapshot {
 
     /// Only a verdict about this very Proxy (UID) at its current address.
     fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
-        let view = view(proxy, "")?;
+        let view = view(proxy, "", None)?;
         self.get_for(&view).map(to_status)
     }
 }
@@ -36,6 +37,8 @@ pub struct CachedProxies {
     pub cache: crate::proxy_cache::ProxyCache,
     /// The target when a Proxy's `spec.healthCheck.url` is unset (`--health-check-url`).
     pub default_url: String,
+    /// Where the credentials of Proxies that have them are read.
+    pub credentials: crate::credentials::CredentialCache,
 }
 
 impl std::fmt::Debug for CachedProxies {
@@ -46,9 +49,13 @@ impl std::fmt::Debug for CachedProxies {
     }
 }
 
-/// What to probe for one Proxy: `None` while it is being deleted. An empty host (a Managed Proxy
-/// without an IP yet) tells the engine to prune.
-pub fn view(proxy: &Proxy, default_url: &str) -> Option<ProxyView> {
+/// What to probe for one Proxy, with `credentials` when it has them: `None` while it is being
+/// deleted. An empty host (a Managed Proxy without an IP yet) tells the engine to prune.
+pub fn view(
+    proxy: &Proxy,
+    default_url: &str,
+    credentials: Option<egress_credentials::Credentials>,
+) -> Option<ProxyView> {
     if proxy.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -75,6 +82,7 @@ pub fn view(proxy: &Proxy, default_url: &str) -> Option<ProxyView> {
         host,
         port: port.unwrap_or(0),
         settings: ProbeSettings {
+            credentials,
             url,
             expected_status: check.expected_status,
             interval: check.interval.max(Duration::from_secs(1)),
@@ -89,6 +97,7 @@ pub fn view(proxy: &Proxy, default_url: &str) -> Option<ProxyView> {
             .map(|v| egress_health::Verdict {
                 healthy: v.healthy,
                 latency: Duration::from_millis(u64::try_from(v.latency_millis).unwrap_or(0)),
+                auth_refused: v.auth_refused,
             }),
     })
 }
@@ -99,12 +108,13 @@ impl ProxySource for CachedProxies {
             .store()
             .state()
             .iter()
-            .filter_map(|p| view(p, &self.default_url))
+            .filter_map(|p| view(p, &self.default_url, self.credentials.for_proxy(p)))
             .collect()
     }
 
+    /// Changes with either cache: a rotated password reaches the probe.
     fn generation(&self) -> Option<u64> {
-        Some(self.cache.generation())
+        Some(self.cache.generation().wrapping_add(self.credentials.generation()))
     }
 }
 
@@ -136,7 +146,7 @@ mod tests {
     #[test]
     fn what_each_proxy_is_probed_at() {
         let mut managed = proxy(Mode::Managed);
-        let v = view(&managed, "https://default.test/204").unwrap();
+        let v = view(&managed, "https://default.test/204", None).unwrap();
         assert_eq!((v.host.as_str(), v.port), ("", 3128), "no IP yet: the engine prunes");
         assert_eq!(v.settings.url, "https://default.test/204");
         managed.status = Some(ProxyStatus {
@@ -148,7 +158,7 @@ mod tests {
             success_threshold: Some(4),
             ..Default::default()
         });
-        let v = view(&managed, "https://default.test/204").unwrap();
+        let v = view(&managed, "https://default.test/204", None).unwrap();
         assert_eq!(
             (v.host.as_str(), v.settings.url.as_str(), v.settings.success_threshold),
             ("10.0.0.5", "https://own.test/", 4)
@@ -160,12 +170,12 @@ mod tests {
             host: "proxy.example".into(),
             port: Some(8080),
         });
-        let v = view(&external, "u").unwrap();
+        let v = view(&external, "u", None).unwrap();
         assert_eq!((v.host.as_str(), v.port), ("proxy.example", 8080));
 
         external.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
-        assert_eq!(view(&external, "u"), None, "a Proxy being deleted is not probed");
+        assert_eq!(view(&external, "u", None), None, "a Proxy being deleted is not probed");
     }
 }

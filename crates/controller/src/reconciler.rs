@@ -130,7 +130,12 @@ fn failure(e: &ProviderError) -> Failure {
     }
 }
 
-fn create_request(proxy: &Proxy, cloud_init: Vec<u8>, installation: Option<String>) -> CreateRequest {
+fn create_request(
+    proxy: &Proxy,
+    cloud_init: Vec<u8>,
+    installation: Option<String>,
+    credentials: Option<egress_provider::ProxyCredentials>,
+) -> CreateRequest {
     let uid = proxy.uid().unwrap_or_default();
     let placement = proxy.spec.placement.clone().unwrap_or_default();
     CreateRequest {
@@ -147,7 +152,7 @@ fn create_request(proxy: &Proxy, cloud_init: Vec<u8>, installation: Option<Strin
         cloud_init,
         port: u16::try_from(proxy.spec.port).unwrap_or(egress_api::DEFAULT_PORT as u16),
         installation,
-        credentials: None,
+        credentials,
     }
 }
 
@@ -397,20 +402,36 @@ async fn perform(
             facts.secret = Some(read_secret(&ctx.client, &namespace, &r).await);
         }
         Action::Get(id) => facts.get = Some(p()?.get(cx, &id).await.map_err(|e| failure(&e))),
-        Action::Create { cloud_init } => {
-            // A pass can start from a cached copy older than this reconciler's own last write
-            // (one queued by an earlier event runs before the write's watch event arrives), and
-            // a create decided on it would create again what a pass just made. Unless this pass
-            // wrote the object itself, a write that changes nothing but names the copy's
-            // resourceVersion proves it current first: a stale one gets 409, and the retry
-            // reads a newer copy.
-            if proxy.resource_version().as_deref() == Some(rv.as_str()) {
-                *rv = write_metadata(api, &name, rv, json!({}), "freshness check before a create").await?;
-            }
-            let request = create_request(proxy, cloud_init, ctx.installation.clone());
+        Action::PrepareCredentials => {
+            // Before a create, and like it on a proven-current copy: a pass on a stale copy
+            // would rotate the credentials of the instance a previous pass just made.
+            ensure_current(api, proxy, &name, rv).await?;
+            facts.credentials = Some(crate::credentials::prepare(&ctx.client, proxy).await);
+        }
+        Action::BindCredentials(id) => {
+            facts.credentials_bound = Some(crate::credentials::bind(&ctx.client, proxy, &id).await);
+        }
+        Action::Create {
+            cloud_init,
+            credentials,
+        } => {
+            ensure_current(api, proxy, &name, rv).await?;
+            let request = create_request(proxy, cloud_init, ctx.installation.clone(), credentials);
             facts.create = Some(p()?.create(cx, &request).await.map_err(|e| failure(&e)));
         }
         Action::Delete(id) => facts.delete = Some(p()?.delete(cx, &id).await.map_err(|e| failure(&e))),
+    }
+    Ok(())
+}
+
+/// A pass can start from a cached copy older than this reconciler's own last write (one queued
+/// by an earlier event runs before the write's watch event arrives), and a create decided on it
+/// would create again what a pass just made. Unless this pass wrote the object itself, a write
+/// that changes nothing but names the copy's resourceVersion proves it current first: a stale
+/// one gets 409, and the retry reads a newer copy.
+async fn ensure_current(api: &Api<Proxy>, proxy: &Proxy, name: &str, rv: &mut String) -> Result<(), ReconcileError> {
+    if proxy.resource_version().as_deref() == Some(rv.as_str()) {
+        *rv = write_metadata(api, name, rv, json!({}), "freshness check before a create").await?;
     }
     Ok(())
 }

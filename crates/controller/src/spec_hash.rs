@@ -2,9 +2,12 @@
 //!
 //! Lowercase hex SHA-256 of the canonical JSON `{"placement":{"region","zone","machineType",
 //! "image"},"cloudInit":"<base64 of the resolved bytes>","port":N}` (keys in that order, no
-//! spaces). It covers exactly the placement, the resolved cloud-init and the port; nothing else
-//! in the spec (mode, provider, attributes, maxLeases, healthCheck, endpoint) replaces an
-//! instance.
+//! spaces), with `,"credentials":"Generated"` after the port when the Proxy's credentials are
+//! generated. It covers exactly the placement, the resolved cloud-init, the port and whether the
+//! proxy demands credentials (a proxy is built with or without them); nothing else in the spec
+//! (mode, provider, attributes, maxLeases, healthCheck, endpoint) replaces an instance, and the
+//! credentials themselves never enter it: a rotation replaces nothing. A Proxy without
+//! credentials hashes as it always did.
 
 use egress_api::ProxySpec;
 use serde::Serialize;
@@ -25,6 +28,8 @@ struct HashInput<'a> {
     placement: PlacementInput<'a>,
     cloud_init: String,
     port: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    credentials: Option<&'static str>,
 }
 
 /// The hash of a spec with its cloud-init resolved to `cloud_init`.
@@ -39,6 +44,7 @@ pub fn spec_hash(spec: &ProxySpec, cloud_init: &[u8]) -> String {
         },
         cloud_init: data_encoding::BASE64.encode(cloud_init),
         port: spec.port,
+        credentials: (spec.credentials_type() == egress_api::CredentialsType::Generated).then_some("Generated"),
     };
     let canonical = serde_json::to_vec(&input).expect("the hash input serialises");
     data_encoding::HEXLOWER.encode(&Sha256::digest(&canonical))
@@ -68,6 +74,28 @@ mod tests {
         let expected_input = r#"{"placement":{"region":"","zone":"hv1","machineType":"small","image":""},"cloudInit":"I2Nsb3VkLWNvbmZpZwo=","port":3128}"#;
         let expected = data_encoding::HEXLOWER.encode(&Sha256::digest(expected_input.as_bytes()));
         assert_eq!(spec_hash(&spec(), b"#cloud-config\n"), expected);
+    }
+
+    #[test]
+    fn generated_credentials_change_the_hash_and_nothing_else_about_them_does() {
+        use egress_api::{Credentials, CredentialsType};
+        let base = spec_hash(&spec(), b"a");
+        let with = |type_| ProxySpec {
+            credentials: Some(Credentials {
+                type_,
+                secret_ref: None,
+            }),
+            ..spec()
+        };
+        // An explicit None hashes as an absent field, as every Proxy from before did.
+        assert_eq!(spec_hash(&with(CredentialsType::None), b"a"), base);
+        let generated = spec_hash(&with(CredentialsType::Generated), b"a");
+        assert_ne!(generated, base);
+        let input = r#"{"placement":{"region":"","zone":"hv1","machineType":"small","image":""},"cloudInit":"YQ==","port":3128,"credentials":"Generated"}"#;
+        assert_eq!(
+            generated,
+            data_encoding::HEXLOWER.encode(&Sha256::digest(input.as_bytes()))
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@ pub struct Verdict {
     pub healthy: bool,
     /// Duration of the probe that produced the verdict.
     pub latency_millis: i64,
+    /// Unhealthy because the proxy refused the probe's credentials: reason `ProxyAuthRequired`.
+    pub auth_refused: bool,
 }
 
 /// Sets a condition as `meta.SetStatusCondition` does: `lastTransitionTime` moves only when the
@@ -111,6 +113,12 @@ pub fn apply_verdict(status: &mut ProxyStatus, verdict: Option<Verdict>, generat
                     reasons::PROBE_SUCCEEDED,
                     "the proxy carried the probe",
                 )
+            } else if v.auth_refused {
+                (
+                    ConditionStatus::False,
+                    reasons::PROXY_AUTH_REQUIRED,
+                    "the proxy refused the probe's credentials (407)",
+                )
             } else {
                 (
                     ConditionStatus::False,
@@ -190,10 +198,12 @@ mod tests {
         let ok = Some(Verdict {
             healthy: true,
             latency_millis: 1,
+            auth_refused: false,
         });
         let bad = Some(Verdict {
             healthy: false,
             latency_millis: 1,
+            auth_refused: false,
         });
         let rows = [
             (true, true, Mode::Managed, Running, ok, Phase::Deleting),

@@ -13,7 +13,7 @@ use egress_controller::decide::{
 };
 use egress_controller::spec_hash::spec_hash;
 use egress_controller::status::{Verdict, set_condition};
-use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId};
+use egress_provider::{Credentials, ErrorClass, Instance, InstanceState, ProviderId, ProxyCredentials};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 fn at(s: i64) -> Time {
@@ -79,6 +79,8 @@ struct World {
     get: Option<Result<Instance, Failure>>,
     create: Option<Result<ProviderId, Failure>>,
     delete: Option<Result<(), Failure>>,
+    credentials: Option<Result<ProxyCredentials, SecretProblem>>,
+    bind: Option<Result<(), SecretProblem>>,
 }
 
 fn world() -> World {
@@ -97,6 +99,8 @@ fn short(a: &Action) -> &'static str {
         Action::Get(_) => "Get",
         Action::Create { .. } => "Create",
         Action::Delete(_) => "Delete",
+        Action::PrepareCredentials => "PrepareCredentials",
+        Action::BindCredentials(_) => "BindCredentials",
     }
 }
 
@@ -123,6 +127,12 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
                     Action::Get(_) => facts.get = Some(w.get.clone().expect("unexpected Get")),
                     Action::Create { .. } => facts.create = Some(w.create.clone().expect("unexpected Create")),
                     Action::Delete(_) => facts.delete = Some(w.delete.clone().expect("unexpected Delete")),
+                    Action::PrepareCredentials => {
+                        facts.credentials = Some(w.credentials.clone().expect("unexpected PrepareCredentials"));
+                    }
+                    Action::BindCredentials(_) => {
+                        facts.credentials_bound = Some(w.bind.clone().expect("unexpected BindCredentials"));
+                    }
                 }
                 actions.push(a);
             }
@@ -268,7 +278,8 @@ fn a_new_proxy_writes_its_hash_then_creates() {
     assert_eq!(
         all[2],
         Action::Create {
-            cloud_init: "from-secret".into()
+            cloud_init: "from-secret".into(),
+            credentials: None,
         }
     );
     assert_eq!(o.status.provider_id, "id-9");
@@ -383,6 +394,7 @@ fn health_verdicts_set_ready_or_unhealthy() {
             verdict: Some(Verdict {
                 healthy: healthy_now,
                 latency_millis: 37,
+                auth_refused: false,
             }),
             get: Some(Ok(instance(InstanceState::Running))),
             ..world()
@@ -414,6 +426,7 @@ fn a_transient_get_error_leaves_a_ready_proxy_ready() {
         verdict: Some(Verdict {
             healthy: true,
             latency_millis: 5,
+            auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
         ..world()
@@ -436,6 +449,7 @@ fn steady_state_changes_nothing() {
         verdict: Some(Verdict {
             healthy: true,
             latency_millis: 5,
+            auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
         ..world()
@@ -458,6 +472,7 @@ fn without_a_verdict_yet_the_recorded_one_stands() {
         verdict: Some(Verdict {
             healthy: true,
             latency_millis: 5,
+            auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
         ..world()
@@ -565,6 +580,7 @@ fn an_external_proxy_reflects_its_verdict_without_provider_calls() {
         verdict: Some(Verdict {
             healthy: true,
             latency_millis: 3,
+            auth_refused: false,
         }),
         ..world()
     };
@@ -738,6 +754,7 @@ fn ready_proxy() -> Proxy {
         verdict: Some(Verdict {
             healthy: true,
             latency_millis: 5,
+            auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
         ..world()
@@ -984,6 +1001,7 @@ fn a_verdict_while_booting_is_ignored() {
         verdict: Some(Verdict {
             healthy: true,
             latency_millis: 5,
+            auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Provisioning))),
         ..world()
@@ -992,4 +1010,143 @@ fn a_verdict_while_booting_is_ignored() {
     assert_eq!(o.status.phase, Some(Phase::Provisioning));
     assert_eq!(healthy(&o), None);
     assert_eq!(o.status.latency_millis, None);
+}
+
+/// A Generated Proxy with no instance yet, its hash current.
+fn generated() -> Proxy {
+    let mut p = proxy();
+    p.spec.credentials = Some(egress_api::Credentials {
+        type_: egress_api::CredentialsType::Generated,
+        secret_ref: None,
+    });
+    let hash = spec_hash(&p.spec, CLOUD_INIT.as_bytes());
+    p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), hash)].into());
+    p.status = Some(ProxyStatus::default());
+    p
+}
+
+fn minted() -> ProxyCredentials {
+    ProxyCredentials::new(Credentials::generate(), "proxy-x-credentials")
+}
+
+#[test]
+fn generated_credentials_are_prepared_before_the_create_and_bound_after_it() {
+    let c = minted();
+    let w = World {
+        credentials: Some(Ok(c.clone())),
+        create: Some(Ok(ProviderId::new("id-9"))),
+        bind: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&generated(), &w);
+    assert_eq!(actions, ["PrepareCredentials", "Create", "BindCredentials"]);
+    assert_eq!(
+        all[1],
+        Action::Create {
+            cloud_init: CLOUD_INIT.into(),
+            credentials: Some(c),
+        }
+    );
+    assert_eq!(all[2], Action::BindCredentials(ProviderId::new("id-9")));
+    assert_eq!(o.status.provider_id, "id-9");
+    assert_eq!((o.requeue, o.status.phase), (SECS(10), Some(Phase::Provisioning)));
+    // The status holds no credentials of any kind.
+    let shown = serde_json::to_string(&o.status).unwrap();
+    assert!(!shown.contains(all_password(&all)), "{shown}");
+}
+
+fn all_password(actions: &[Action]) -> &str {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Create {
+                credentials: Some(c), ..
+            } => Some(c.credentials.password()),
+            _ => None,
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_proxy_without_generated_credentials_prepares_none() {
+    let mut p = generated();
+    p.spec.credentials = None;
+    let hash = spec_hash(&p.spec, CLOUD_INIT.as_bytes());
+    p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), hash)].into());
+    let w = World {
+        create: Some(Ok(ProviderId::new("id-9"))),
+        ..world()
+    };
+    let (actions, all, _) = run(&p, &w);
+    assert_eq!(actions, ["Create"]);
+    assert!(matches!(&all[0], Action::Create { credentials: None, .. }));
+}
+
+#[test]
+fn a_credentials_secret_that_cannot_be_used_blocks_the_create_with_its_reason() {
+    let w = World {
+        credentials: Some(Err(SecretProblem::Unusable(
+            "Secret \"s\" exists and is not owned by this Proxy".into(),
+        ))),
+        ..world()
+    };
+    let (actions, _, o) = run(&generated(), &w);
+    assert_eq!(actions, ["PrepareCredentials"]);
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::CREDENTIALS_ERROR.into()))
+    );
+    assert_eq!(o.requeue, SECS(120));
+}
+
+#[test]
+fn an_unanswered_credentials_read_or_bind_retries_and_changes_nothing() {
+    let fetched = generated();
+    let w = World {
+        credentials: Some(Err(SecretProblem::Unavailable("reading Secret: timeout".into()))),
+        ..world()
+    };
+    let (actions, _, o) = run(&fetched, &w);
+    assert_eq!(actions, ["PrepareCredentials"]);
+    assert!(matches!(o.requeue, Requeue::Error(_)));
+    assert_eq!(Some(&o.status), fetched.status.as_ref());
+    // The create succeeded but its credentials were not recorded: nothing is recorded either,
+    // so the next pass creates again (the provider answers with this instance) and binds.
+    let w = World {
+        credentials: Some(Ok(minted())),
+        create: Some(Ok(ProviderId::new("id-9"))),
+        bind: Some(Err(SecretProblem::Unavailable("annotating Secret: timeout".into()))),
+        ..world()
+    };
+    let (actions, _, o) = run(&fetched, &w);
+    assert_eq!(actions, ["PrepareCredentials", "Create", "BindCredentials"]);
+    assert!(matches!(o.requeue, Requeue::Error(_)));
+    assert_eq!(o.status.provider_id, "");
+}
+
+#[test]
+fn a_refusal_of_the_probes_credentials_is_its_own_healthy_reason() {
+    let w = World {
+        verdict: Some(Verdict {
+            healthy: false,
+            latency_millis: 3,
+            auth_refused: true,
+        }),
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    let (_, _, o) = run(&proxy(), &w);
+    let healthy = o
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::HEALTHY)
+        .unwrap();
+    assert_eq!(
+        (healthy.status, healthy.reason.as_str()),
+        (ConditionStatus::False, reasons::PROXY_AUTH_REQUIRED)
+    );
+    // Read back from the status (a new leader), it is the same verdict.
+    let back = egress_controller::decide::last_verdict(&o.status).unwrap();
+    assert!(back.auth_refused && !back.healthy);
 }

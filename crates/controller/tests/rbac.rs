@@ -45,7 +45,7 @@ fn granted() -> BTreeSet<(String, String, String)> {
     let mut out = BTreeSet::new();
     for file in [
         "role.yaml",
-        "cloud_init_secrets_role.yaml",
+        "proxy_secrets_role.yaml",
         "leader_election_role.yaml",
         "discovery_token_role.yaml",
     ] {
@@ -137,6 +137,9 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     let (events, health_events) = futures::channel::mpsc::unbounded();
     let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(operator.clone(), None, shutdown.clone());
     tokio::spawn(keep_cache);
+    let (credentials, keep_credentials) =
+        egress_controller::credentials::credential_cache(operator.clone(), None, shutdown.clone());
+    tokio::spawn(keep_credentials);
     let run = controller(ctx, ControllerConfig::default(), cache, health_events, shutdown.clone());
     tokio::spawn(run);
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
@@ -160,6 +163,11 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
                 key: "userdata".into(),
             }),
         }),
+        // Generated credentials: their Secret is created, bound, and rotated by the replacement below.
+        credentials: Some(egress_api::Credentials {
+            type_: egress_api::CredentialsType::Generated,
+            secret_ref: None,
+        }),
         ..Default::default()
     };
     proxies
@@ -167,12 +175,25 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         .await
         .unwrap();
     wait_phase(&proxies, "p", Phase::Running).await;
+    let first = proxies.get("p").await.unwrap();
+    let credentials_secret = egress_controller::credentials::secret_name(&first.uid().unwrap());
+    let cached = |p: &Proxy| credentials.for_proxy(p);
+    let deadline = tokio::time::Instant::now() + LIVENESS;
+    while cached(&first).is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the credentials never reached the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = cached(&first).unwrap();
     let say = |healthy: bool| {
         verdicts.0.lock().unwrap().insert(
             "p".into(),
             Verdict {
                 healthy,
                 latency_millis: 1,
+                auth_refused: false,
             },
         );
         events.unbounded_send(ObjectRef::new("p").within(NS)).unwrap();
@@ -192,6 +213,30 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         )
         .await
         .unwrap();
+    // The replacement rotates the credentials (a patch of their Secret).
+    let deadline = tokio::time::Instant::now() + LIVENESS;
+    loop {
+        let secret = secrets.get(&credentials_secret).await.unwrap();
+        let rotated = cached(&first).is_some_and(|c| c != before);
+        let bound = secret
+            .annotations()
+            .contains_key(egress_api::ANNOTATION_CREDENTIALS_INSTANCE);
+        let replaced = proxies
+            .get("p")
+            .await
+            .unwrap()
+            .status
+            .is_some_and(|s| !s.provider_id.is_empty())
+            && proxies.get("p").await.unwrap().spec.port == 8080;
+        if rotated && bound && replaced {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the credentials were not rotated"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let uid = proxies.get("p").await.unwrap().uid().unwrap();
     proxies.delete("p", &DeleteParams::default()).await.unwrap();
     tokio::time::timeout(

@@ -86,6 +86,7 @@ impl Harness {
             Verdict {
                 healthy,
                 latency_millis,
+                auth_refused: false,
             },
         );
         self.events.unbounded_send(ObjectRef::new(name).within(NS)).unwrap();

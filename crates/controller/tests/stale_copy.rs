@@ -2,7 +2,9 @@
 //! had not yet seen the status that recorded the instance) must not create the instance again:
 //! the pass proves its copy current before a create, and a stale copy ends in the routine 409.
 //! Found by the flake hunt: the operator's OTLP test saw two `provider.create` spans, one an
-//! adoption, under load.
+//! adoption, under load. With Generated credentials the proof comes before the credentials are
+//! prepared: a stale pass once rotated the credentials of the instance just made (found by
+//! `cargo xtask dev --smoke`: a proxy that stayed Unhealthy on 407s).
 
 mod common;
 
@@ -29,6 +31,15 @@ impl HealthVerdicts for NoVerdicts {
 
 #[tokio::test]
 async fn a_pass_on_a_stale_copy_does_not_create_again() {
+    stale_pass(false).await;
+}
+
+#[tokio::test]
+async fn a_pass_on_a_stale_copy_does_not_rotate_the_new_instances_credentials() {
+    stale_pass(true).await;
+}
+
+async fn stale_pass(generated: bool) {
     let server = TestServer::builder()
         .custom_resource::<Proxy>()
         .namespace(NS)
@@ -46,7 +57,8 @@ async fn a_pass_on_a_stale_copy_does_not_create_again() {
         None,
         CancellationToken::new(),
     ));
-    let api: Api<Proxy> = Api::namespaced(client, NS);
+    let api: Api<Proxy> = Api::namespaced(client.clone(), NS);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, NS);
     let proxy = Proxy::new(
         "p",
         ProxySpec {
@@ -56,6 +68,10 @@ async fn a_pass_on_a_stale_copy_does_not_create_again() {
                 machine_type: "small".into(),
                 image: "debian-13".into(),
                 ..Default::default()
+            }),
+            credentials: generated.then_some(egress_api::Credentials {
+                type_: egress_api::CredentialsType::Generated,
+                secret_ref: None,
             }),
             ..Default::default()
         },
@@ -79,6 +95,9 @@ async fn a_pass_on_a_stale_copy_does_not_create_again() {
     stale.status = None;
     stale.metadata.resource_version = before_create.metadata.resource_version.clone();
 
+    let secret_name = egress_controller::credentials::secret_name(&recorded.metadata.uid.clone().unwrap());
+    let credentials_before = secrets.get_opt(&secret_name).await.unwrap().map(|s| s.data);
+    assert_eq!(credentials_before.is_some(), generated);
     let calls_before = backend.call_log().await.unwrap().len();
     let outcome = reconcile(Arc::new(stale), ctx.clone()).await;
     assert!(
@@ -89,6 +108,11 @@ async fn a_pass_on_a_stale_copy_does_not_create_again() {
         backend.call_log().await.unwrap().len(),
         calls_before,
         "the stale pass reached the backend"
+    );
+    assert_eq!(
+        secrets.get_opt(&secret_name).await.unwrap().map(|s| s.data),
+        credentials_before,
+        "the stale pass rewrote the credentials"
     );
     // A pass on the current copy goes on from the recorded instance.
     reconcile(Arc::new(api.get("p").await.unwrap()), ctx).await.unwrap();

@@ -172,6 +172,7 @@ async fn main() {
             healthy: true,
             latency_millis: (i % 97) as i64,
             max_leases: 5,
+            credentials: None,
         })
         .collect();
     let mut fleet = fleet;

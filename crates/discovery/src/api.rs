@@ -23,6 +23,8 @@ pub struct ProxyInfo {
     pub latency_millis: i64,
     /// Effective capacity (0 = never leased).
     pub max_leases: i32,
+    /// What the proxy demands of its clients; only lease answers show them.
+    pub credentials: Option<egress_credentials::Credentials>,
 }
 
 /// Where the API reads proxies from.
@@ -94,6 +96,29 @@ fn view(p: &ProxyInfo, active: usize) -> View<'_> {
         latency_millis: p.latency_millis,
         active_leases: active,
         max_leases: p.max_leases,
+    }
+}
+
+/// The view of a leased proxy: the list's, and its credentials when it has them.
+#[derive(serde::Serialize)]
+struct Leased<'a> {
+    #[serde(flatten)]
+    view: View<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    username: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+}
+
+fn leased(p: &ProxyInfo, active: usize) -> Leased<'_> {
+    let c = p.credentials.as_ref();
+    Leased {
+        view: view(p, active),
+        username: c.map(egress_credentials::Credentials::username),
+        password: c.map(egress_credentials::Credentials::password),
+        url: c.map(|c| c.proxy_url(&p.ip, p.port)),
     }
 }
 
@@ -217,14 +242,14 @@ impl Api {
                 struct Granted<'a> {
                     #[serde(rename = "leaseID")]
                     lease_id: &'a str,
-                    proxy: Option<View<'a>>,
+                    proxy: Option<Leased<'a>>,
                     expires_at: String,
                     ttl_seconds: u64,
                 }
                 let proxy = proxies
                     .iter()
                     .find(|p| p.id == grant.proxy_id)
-                    .map(|p| view(p, grant.active_leases));
+                    .map(|p| leased(p, grant.active_leases));
                 let expires_at = jiff::Timestamp::try_from(grant.expires_at)
                     .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
                     .unwrap_or_default();

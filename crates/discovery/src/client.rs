@@ -8,7 +8,8 @@
 //! let lease = api
 //!     .acquire(&AcquireRequest { target: Some("example.com".into()), ..Default::default() })
 //!     .await?;
-//! // ... crawl through http://{lease.proxy.ip}:{lease.proxy.port} ...
+//! // ... crawl through lease.proxy.proxy_url(): http://ip:port, with the credentials when the
+//! // proxy demands them ...
 //! api.report(&lease.lease_id, ReportResult::RateLimited, None).await?;
 //! api.release(&lease.lease_id).await?;
 //! # Ok(()) }
@@ -37,13 +38,62 @@ pub struct ProxyView {
     pub max_leases: i64,
 }
 
+/// A leased proxy: the list's view and, when the proxy demands them, its credentials. `Debug`
+/// never shows the password or the URL that holds it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeasedProxy {
+    #[serde(flatten)]
+    pub view: ProxyView,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    /// `http://user:password@ip:port`.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+impl std::fmt::Debug for LeasedProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedProxy")
+            .field("view", &self.view)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("url", &self.url.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl std::ops::Deref for LeasedProxy {
+    type Target = ProxyView;
+
+    fn deref(&self) -> &ProxyView {
+        &self.view
+    }
+}
+
+impl LeasedProxy {
+    /// What an HTTP client takes as its proxy: the answer's `url` (with the credentials), or
+    /// `http://ip:port` for a proxy that demands none.
+    pub fn proxy_url(&self) -> String {
+        self.url.clone().unwrap_or_else(|| {
+            if self.view.ip.contains(':') {
+                format!("http://[{}]:{}", self.view.ip, self.view.port)
+            } else {
+                format!("http://{}:{}", self.view.ip, self.view.port)
+            }
+        })
+    }
+}
+
 /// A lease granted.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Lease {
     #[serde(rename = "leaseID")]
     pub lease_id: String,
-    pub proxy: ProxyView,
+    pub proxy: LeasedProxy,
     /// RFC 3339, UTC.
     pub expires_at: String,
     pub ttl_seconds: u64,

@@ -565,3 +565,42 @@ async fn targets_are_sites_and_only_one_over_2_kib_is_refused() {
     assert_eq!(refused.1["inCooldown"], 1);
     assert_eq!(s.post("/v1/leases", r#"{"target": "shop.example:8443"}"#).await.0, 201);
 }
+
+#[tokio::test]
+async fn a_lease_carries_the_proxys_credentials_and_the_list_never_does() {
+    let s = start(None).await;
+    let c = egress_credentials::Credentials::generate();
+    let mut open = info("ns/open", true, 5, 2, &[("geo", "us")]);
+    open.ip = "fd00::9".into();
+    s.set(vec![
+        ProxyInfo {
+            credentials: Some(c.clone()),
+            ..info("ns/a", true, 10, 2, &[("geo", "eu")])
+        },
+        open,
+    ]);
+    let (status, g) = s.post("/v1/leases", r#"{"selector": {"geo": "eu"}}"#).await;
+    assert_eq!(status, 201, "{g}");
+    assert_eq!(g["proxy"]["username"], c.username());
+    assert_eq!(g["proxy"]["password"], c.password());
+    assert_eq!(
+        g["proxy"]["url"],
+        format!("http://{}:{}@10.0.0.1:3128", c.username(), c.password())
+    );
+    // The Go client's fields are all still there, unchanged.
+    assert_eq!(
+        (g["proxy"]["ip"].as_str(), g["proxy"]["port"].as_u64()),
+        (Some("10.0.0.1"), Some(3128))
+    );
+    // A proxy without credentials: none of the fields.
+    let (_, open) = s.post("/v1/leases", r#"{"selector": {"geo": "us"}}"#).await;
+    for field in ["username", "password", "url"] {
+        assert!(open["proxy"].get(field).is_none(), "{open}");
+    }
+    let (_, listed) = s.get("/v1/proxies").await;
+    let text = listed.to_string();
+    assert!(
+        !text.contains(c.password()) && !text.contains("password") && !text.contains("username"),
+        "{text}"
+    );
+}

@@ -108,3 +108,36 @@ async fn errors_come_back_typed() {
         Err(ClientError::Transport(_))
     ));
 }
+
+#[tokio::test]
+async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
+    let c = egress_credentials::Credentials::generate();
+    let (url, _stop) = serve_on_loopback(Api {
+        directory: Arc::new(Fixed::new(vec![
+            egress_discovery::ProxyInfo {
+                credentials: Some(c.clone()),
+                ..info("ns/locked", true, 5, 1, &[("geo", "eu")])
+            },
+            info("ns/open", true, 6, 1, &[("geo", "us")]),
+        ])),
+        store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
+        max_ttl: Duration::from_secs(3600),
+        auth: egress_discovery::Auth::None,
+    })
+    .await;
+    let api = Client::new(&url, None).unwrap();
+    let eu = |geo: &str| AcquireRequest {
+        selector: BTreeMap::from([("geo".to_string(), geo.to_string())]),
+        ..Default::default()
+    };
+    let locked = api.acquire(&eu("eu")).await.unwrap();
+    assert_eq!(locked.proxy.username.as_deref(), Some(c.username()));
+    assert_eq!(locked.proxy.password.as_deref(), Some(c.password()));
+    assert_eq!(locked.proxy.proxy_url(), c.proxy_url("10.0.0.1", 3128));
+    let shown = format!("{locked:?}");
+    assert!(!shown.contains(c.password()), "{shown}");
+    assert!(shown.contains(c.username()));
+    let open = api.acquire(&eu("us")).await.unwrap();
+    assert_eq!((open.proxy.username.as_ref(), open.proxy.url.as_ref()), (None, None));
+    assert_eq!(open.proxy.proxy_url(), "http://10.0.0.1:3128");
+}

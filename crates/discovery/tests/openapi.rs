@@ -16,7 +16,11 @@ use tokio_util::sync::DropGuard;
 async fn start() -> (String, DropGuard) {
     serve_on_loopback(Api {
         directory: Arc::new(Fixed::new(vec![
-            info("ns/a", true, 12, 1, &[("geo", "eu")]),
+            // The leased one demands credentials, so the lease answer carries them.
+            egress_discovery::ProxyInfo {
+                credentials: Some(egress_credentials::Credentials::generate()),
+                ..info("ns/a", true, 12, 1, &[("geo", "eu")])
+            },
             info("ns/b", false, 12, 1, &[]),
         ])),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
@@ -108,7 +112,10 @@ async fn real_answers_validate_against_the_documented_schemas() {
     )
     .await;
     assert_eq!(status, 201);
+    assert!(lease["proxy"]["password"].is_string(), "{lease}");
     check("Lease", &lease);
+    // The list shows no credentials, and its schema has no place for them.
+    assert!(!validator(doc, "Proxy").is_valid(&lease["proxy"]));
     let (status, refused) = call(&url, "POST", "/v1/leases", Some("{}")).await;
     assert_eq!(status, 409);
     check("NoMatch", &refused);

@@ -44,6 +44,7 @@ fn fleet(n: usize, proxy: &str, url: &str) -> Arc<Fleet> {
                 host: host.into(),
                 port: port.parse().unwrap(),
                 settings: ProbeSettings {
+                    credentials: None,
                     url: url.into(),
                     expected_status: 204,
                     interval: Duration::from_secs(1),

@@ -58,6 +58,8 @@ impl fmt::Display for ProxyKey {
 /// How one proxy is probed (a Proxy's `spec.healthCheck` with defaults applied).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSettings {
+    /// What the proxy demands of its clients (`Proxy-Authorization: Basic`), when anything.
+    pub credentials: Option<egress_credentials::Credentials>,
     pub url: String,
     pub expected_status: u16,
     pub interval: Duration,
@@ -477,6 +479,7 @@ impl<P: Prober> Engine<P> {
         record.in_flight = false;
         s.due.push(Reverse((record.next_due, record.id)));
         let ok = done.outcome.ok();
+        let auth_refused = matches!(done.outcome.result, Err(crate::probe::ProbeError::ProxyAuthRequired));
         record.series.observe(done.outcome.latency, ok);
         if let Err(e) = &done.outcome.result {
             tracing::debug!(proxy = %record.key, reason = %e, "health probe failed");
@@ -484,6 +487,7 @@ impl<P: Prober> Engine<P> {
         let settings = &record.settings;
         if let Some(verdict) = record.thresholds.fold(
             ok,
+            auth_refused,
             done.outcome.latency,
             settings.success_threshold,
             settings.failure_threshold,
@@ -568,6 +572,7 @@ fn request(host: &str, port: u16, settings: &ProbeSettings) -> ProbeRequest {
         url: settings.url.clone(),
         expected_status: settings.expected_status,
         timeout: settings.timeout,
+        credentials: settings.credentials.clone(),
     }
 }
 

@@ -6,8 +6,10 @@
 //! ```
 //!
 //! The whole probe runs under one deadline. Nothing but the request line, `Host`, a fixed
-//! `User-Agent`, `Accept` and `Connection: close` is sent: in particular no tracing header ever
-//! travels through a proxy to an external site. Only the response head is read.
+//! `User-Agent`, `Accept`, `Connection: close` and, to a proxy that demands them, its
+//! credentials (`Proxy-Authorization`, on the CONNECT or the absolute-form GET only, never inside
+//! a tunnel) is sent: in particular no tracing header ever travels through a proxy to an
+//! external site. Only the response head is read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +31,8 @@ pub enum ProbeError {
     BadUrl(String),
     #[error("the proxy is unreachable: {0}")]
     Unreachable(String),
-    #[error("the proxy requires authentication (407)")]
+    /// A 407, or a 401 to a CONNECT (what tinyproxy answers wrong credentials).
+    #[error("the proxy refused the probe's credentials or asked for some (407)")]
     ProxyAuthRequired,
     #[error("the proxy refused the tunnel with {0}")]
     TunnelRefused(u16),
@@ -137,6 +140,8 @@ pub struct ProbeRequest {
     pub expected_status: u16,
     /// The budget of the whole probe.
     pub timeout: Duration,
+    /// Sent to the proxy as `Proxy-Authorization: Basic ...` when given.
+    pub credentials: Option<egress_credentials::Credentials>,
 }
 
 /// Whether a probe can use `url` as its target (for flags and validation at start).
@@ -244,14 +249,22 @@ fn clip(text: &str) -> String {
     text.chars().take(64).collect()
 }
 
+/// `Proxy-Authorization: ...\r\n`, or nothing.
+fn proxy_authorization(credentials: Option<&egress_credentials::Credentials>) -> String {
+    credentials.map_or_else(String::new, |c| {
+        format!("Proxy-Authorization: {}\r\n", c.basic_authorization())
+    })
+}
+
 async fn get<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     request_target: &str,
     host: &str,
+    proxy_auth: &str,
 ) -> Result<u16, ProbeError> {
     let mut stream = BufReader::new(stream);
     let request = format!(
-        "GET {request_target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        "GET {request_target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nAccept: */*\r\n{proxy_auth}Connection: close\r\n\r\n"
     );
     stream
         .write_all(request.as_bytes())
@@ -274,14 +287,16 @@ async fn probe_inner(req: &ProbeRequest, tls: &ProbeTls) -> Result<(), ProbeErro
         } else {
             format!("{}:{}", target.host, target.port)
         };
-        let connect = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n\r\n");
+        let auth = proxy_authorization(req.credentials.as_ref());
+        let connect =
+            format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n{auth}\r\n");
         conn.write_all(connect.as_bytes())
             .await
             .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
         conn.flush().await.map_err(|e| ProbeError::Unreachable(e.to_string()))?;
         match read_status(&mut conn).await? {
             200..=299 => {}
-            407 => return Err(ProbeError::ProxyAuthRequired),
+            401 | 407 => return Err(ProbeError::ProxyAuthRequired),
             code => return Err(ProbeError::TunnelRefused(code)),
         }
         let name = rustls::pki_types::ServerName::try_from(target.host.clone())
@@ -290,10 +305,11 @@ async fn probe_inner(req: &ProbeRequest, tls: &ProbeTls) -> Result<(), ProbeErro
             .connect(name, conn)
             .await
             .map_err(|e| ProbeError::Tls(e.to_string()))?;
-        get(tunnel, &target.path, &target.host_header).await?
+        get(tunnel, &target.path, &target.host_header, "").await?
     } else {
         let absolute = format!("http://{}{}", target.host_header, target.path);
-        match get(tcp, &absolute, &target.host_header).await? {
+        let auth = proxy_authorization(req.credentials.as_ref());
+        match get(tcp, &absolute, &target.host_header, &auth).await? {
             407 => return Err(ProbeError::ProxyAuthRequired),
             code => code,
         }

@@ -15,6 +15,8 @@ pub struct Verdict {
     pub healthy: bool,
     /// The latency of the probe that set (or last materially changed) the verdict.
     pub latency: Duration,
+    /// Unhealthy because the proxy refused the probe's credentials (or asked for some).
+    pub auth_refused: bool,
 }
 
 /// Consecutive counts and the current verdict of one proxy.
@@ -49,11 +51,14 @@ impl Thresholds {
         self.verdict
     }
 
-    /// Folds one result in. Returns the new verdict when the result changes what the status
-    /// should say (a first verdict, a flip, or a material latency change), else `None`.
+    /// Folds one result in (`auth_refused`: it failed because the proxy refused the probe's
+    /// credentials). Returns the new verdict when the result changes what the status should say
+    /// (a first verdict, a flip, a material latency change, or an unhealthy proxy failing for the
+    /// other kind of reason), else `None`.
     pub fn fold(
         &mut self,
         ok: bool,
+        auth_refused: bool,
         latency: Duration,
         success_threshold: u32,
         failure_threshold: u32,
@@ -65,16 +70,24 @@ impl Thresholds {
             self.failures = self.failures.saturating_add(1);
             self.successes = 0;
         }
+        let auth_refused = !ok && auth_refused;
+        let healthy = |latency| Verdict {
+            healthy: true,
+            latency,
+            auth_refused: false,
+        };
+        let unhealthy = Verdict {
+            healthy: false,
+            latency,
+            auth_refused,
+        };
         let next = match self.verdict {
-            None => Verdict { healthy: ok, latency },
-            Some(v) if !v.healthy && ok && self.successes >= success_threshold.max(1) => {
-                Verdict { healthy: true, latency }
-            }
-            Some(v) if v.healthy && !ok && self.failures >= failure_threshold.max(1) => Verdict {
-                healthy: false,
-                latency,
-            },
-            Some(v) if v.healthy && ok && material(v.latency, latency) => Verdict { healthy: true, latency },
+            None if ok => healthy(latency),
+            None => unhealthy,
+            Some(v) if !v.healthy && ok && self.successes >= success_threshold.max(1) => healthy(latency),
+            Some(v) if v.healthy && !ok && self.failures >= failure_threshold.max(1) => unhealthy,
+            Some(v) if !v.healthy && !ok && v.auth_refused != auth_refused => unhealthy,
+            Some(v) if v.healthy && ok && material(v.latency, latency) => healthy(latency),
             Some(_) => return None,
         };
         self.verdict = Some(next);
@@ -93,7 +106,7 @@ mod tests {
         results
             .iter()
             .map(|(ok, ms)| {
-                t.fold(*ok, MS(*ms), 2, 3)
+                t.fold(*ok, false, MS(*ms), 2, 3)
                     .map(|v| (v.healthy, v.latency.as_millis() as u64))
             })
             .collect()
@@ -165,5 +178,20 @@ mod tests {
         assert!(!material(MS(10), MS(100)));
         assert!(material(MS(10), MS(110)));
         assert!(material(MS(0), MS(100)));
+    }
+
+    #[test]
+    fn a_refusal_of_the_credentials_is_its_own_kind_of_unhealthy() {
+        let mut t = Thresholds::default();
+        let refused = t.fold(false, true, MS(3), 2, 3).unwrap();
+        assert!(!refused.healthy && refused.auth_refused);
+        // The same kind again: nothing new to say; the other kind: reported.
+        assert_eq!(t.fold(false, true, MS(3), 2, 3), None);
+        let timeout = t.fold(false, false, MS(5000), 2, 3).unwrap();
+        assert!(!timeout.healthy && !timeout.auth_refused);
+        assert!(t.fold(false, true, MS(3), 2, 3).unwrap().auth_refused);
+        // A success never carries the flag.
+        let mut t = Thresholds::default();
+        assert!(!t.fold(true, true, MS(3), 2, 3).unwrap().auth_refused);
     }
 }

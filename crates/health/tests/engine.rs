@@ -31,6 +31,7 @@ impl Source {
 
 fn settings(interval_ms: u64) -> ProbeSettings {
     ProbeSettings {
+        credentials: None,
         url: "https://target.test/204".into(),
         expected_status: 204,
         interval: Duration::from_millis(interval_ms),
@@ -410,6 +411,7 @@ async fn a_verdict_already_in_the_status_needs_a_threshold_to_change() {
     known.known = Some(egress_health::Verdict {
         healthy: true,
         latency: Duration::from_millis(30),
+        auth_refused: false,
     });
     let mut r = start(vec![known], 16);
     r.prober.script(

@@ -14,6 +14,7 @@ fn request(proxy: &str, url: String, expected_status: u16) -> ProbeRequest {
         url,
         expected_status,
         timeout: Duration::from_secs(5),
+        credentials: None,
     }
 }
 
@@ -198,4 +199,58 @@ async fn hostile_answers_are_malformed_and_bounded() {
             "{fault:?}: {outcome:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn the_probe_authenticates_and_a_refused_credential_is_its_own_failure() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let pki = pki();
+    let (target, seen) = tls_target(&pki).await;
+    let good = egress_credentials::Credentials::generate();
+    let proxy = Tinyproxy::start_with(&[], Some((good.username(), good.password())));
+    let url = format!("https://localhost:{}/generate_204", target.port());
+    let with = |credentials: Option<egress_credentials::Credentials>| ProbeRequest {
+        credentials,
+        ..request(&proxy.addr(), url.clone(), 204)
+    };
+    let wrong = egress_credentials::Credentials::new(good.username(), "not-it").unwrap();
+    for credentials in [None, Some(wrong)] {
+        let outcome = probe(&with(credentials), &pki.trust()).await;
+        assert_eq!(outcome.result, Err(ProbeError::ProxyAuthRequired));
+    }
+    let outcome = probe(&with(Some(good.clone())), &pki.trust()).await;
+    assert_eq!(outcome.result, Ok(()));
+    // The credentials went to the proxy only: nothing of them reached the target.
+    let heads = seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(heads[0].1.iter().all(|h| !h.contains("authorization")), "{heads:?}");
+    // Nor does an error or the request's Debug show the password.
+    let shown = format!("{:?} {}", with(Some(good.clone())), ProbeError::ProxyAuthRequired);
+    assert!(!shown.contains(good.password()), "{shown}");
+}
+
+#[tokio::test]
+async fn a_plain_http_probe_sends_the_credentials_to_the_proxy() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let (target, seen) = http_target().await;
+    let good = egress_credentials::Credentials::generate();
+    let proxy = Tinyproxy::start_with(&[], Some((good.username(), good.password())));
+    let url = format!("http://127.0.0.1:{}/204", target.port());
+    let mut req = request(&proxy.addr(), url.clone(), 204);
+    let refused = probe(&req, &pki().trust()).await;
+    assert_eq!(refused.result, Err(ProbeError::ProxyAuthRequired));
+    req.credentials = Some(good);
+    assert_eq!(probe(&req, &pki().trust()).await.result, Ok(()));
+    // tinyproxy takes Proxy-Authorization off before forwarding.
+    let heads = seen.lock().unwrap().clone();
+    assert!(
+        heads
+            .iter()
+            .all(|(_, names)| !names.iter().any(|n| n == "proxy-authorization")),
+        "{heads:?}"
+    );
 }

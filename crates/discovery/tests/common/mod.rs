@@ -21,6 +21,7 @@ pub fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &st
         healthy,
         latency_millis: latency,
         max_leases: max,
+        credentials: None,
     }
 }
 

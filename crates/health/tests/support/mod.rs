@@ -243,6 +243,7 @@ pub struct Tinyproxy {
     pub port: u16,
     dir: PathBuf,
     connect_ports: Vec<u16>,
+    basic_auth: Option<(String, String)>,
 }
 
 /// Whether tinyproxy is installed; tests that need it skip with a reason otherwise, and fail
@@ -262,6 +263,11 @@ pub fn tinyproxy_available() -> bool {
 impl Tinyproxy {
     /// Starts tinyproxy allowing CONNECT only to `connect_ports` (every port when empty).
     pub fn start(connect_ports: &[u16]) -> Self {
+        Self::start_with(connect_ports, None)
+    }
+
+    /// Starts tinyproxy that takes only this user and password (`BasicAuth`).
+    pub fn start_with(connect_ports: &[u16], basic_auth: Option<(&str, &str)>) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("egress-tinyproxy-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -270,6 +276,7 @@ impl Tinyproxy {
             port,
             dir,
             connect_ports: connect_ports.to_vec(),
+            basic_auth: basic_auth.map(|(u, p)| (u.to_owned(), p.to_owned())),
         };
         t.resume();
         t
@@ -287,6 +294,9 @@ impl Tinyproxy {
         }
         for p in &self.connect_ports {
             conf.push_str(&format!("ConnectPort {p}\n"));
+        }
+        if let Some((user, password)) = &self.basic_auth {
+            conf.push_str(&format!("BasicAuth {user} {password}\n"));
         }
         let path = self.dir.join("tinyproxy.conf");
         std::fs::write(&path, conf).unwrap();

@@ -1,0 +1,225 @@
+//! Proxy credentials through the shipped binary: an External Proxy in front of a real tinyproxy
+//! that demands a user and password, its credentials in the user's labelled Secret.
+//!
+//! - With a wrong password in the Secret the probe is refused, and the Proxy is Unhealthy with
+//!   reason `ProxyAuthRequired`; once the Secret holds the right one (the watch brings it to
+//!   the probe, nothing restarts) the authenticated probe passes and the Proxy is Ready.
+//! - A lease hands out the user name, the password and `proxy.url`; the list never shows them.
+//! - Sentinel: neither password appears in the operator's log (at debug level, JSON), in the
+//!   Proxy's status, in its Events, in the metrics or in any answer of the list route.
+
+mod common;
+
+#[path = "../../../crates/health/tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+
+use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
+use egress_api::{Credentials, CredentialsSecretRef, CredentialsType, Endpoint, Mode, Phase, Proxy, ProxySpec};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+
+async fn wait_for(api: &Api<Proxy>, name: &str, what: &str, cond: impl Fn(&Proxy) -> bool + Send + 'static) -> Proxy {
+    let cond = await_condition(api.clone(), name, move |p: Option<&Proxy>| p.is_some_and(&cond));
+    tokio::time::timeout(PATIENCE, cond)
+        .await
+        .unwrap_or_else(|_| panic!("{name} not {what} within {PATIENCE:?}"))
+        .unwrap()
+        .unwrap()
+}
+
+fn healthy_reason(p: &Proxy) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Healthy")
+        .map(|c| c.reason.clone())
+}
+
+fn user_secret(username: &str, password: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some("tiny-credentials".into()),
+            labels: Some(BTreeMap::from([(
+                egress_api::LABEL_PROXY_CREDENTIALS.to_owned(),
+                "true".to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([
+            ("username".to_owned(), ByteString(username.as_bytes().to_vec())),
+            ("password".to_owned(), ByteString(password.as_bytes().to_vec())),
+        ])),
+        ..Secret::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_them() {
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pki = support::pki();
+    let (target, _) = support::tls_target(&pki).await;
+    let right = egress_credentials::Credentials::generate();
+    let wrong = "SENTINELwrongPassw0rd";
+    let tinyproxy = support::Tinyproxy::start_with(&[], Some((right.username(), right.password())));
+
+    let Cluster {
+        server,
+        dir,
+        kubeconfig,
+        providers_flag,
+    } = cluster("credentials-e2e", "providers: []\n").await;
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    let flags = [
+        providers_flag,
+        format!("--health-check-ca-file={}", ca.display()),
+        format!("--health-check-url=https://localhost:{}/204", target.port()),
+        "--health-probe-bind-address=0".into(),
+        "--metrics-bind-address=127.0.0.1:0".into(),
+        "--metrics-secure=false".into(),
+        "--zap-encoder=json".into(),
+        "--zap-log-level=debug".into(),
+        "--discovery-addr=127.0.0.1:0".into(),
+    ];
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut op = Operator::start(
+        &operator_binary(),
+        &args,
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("DISCOVERY_TOKEN", "crawler-token"),
+        ],
+    );
+    let metrics = op.wait_msg("Serving metrics")["address"].as_str().unwrap().to_string();
+    let discovery = op.wait_msg("Serving the discovery API")["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    op.wait_msg("Starting manager");
+
+    let client = server.client().unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    secrets
+        .create(&PostParams::default(), &user_secret(right.username(), wrong))
+        .await
+        .unwrap();
+    let api: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let proxy = Proxy::new(
+        "tiny",
+        ProxySpec {
+            mode: Mode::External,
+            endpoint: Some(Endpoint {
+                host: "127.0.0.1".into(),
+                port: Some(i32::from(tinyproxy.port)),
+            }),
+            credentials: Some(Credentials {
+                type_: CredentialsType::Secret,
+                secret_ref: Some(CredentialsSecretRef {
+                    name: "tiny-credentials".into(),
+                }),
+            }),
+            ..Default::default()
+        },
+    );
+    api.create(&PostParams::default(), &proxy).await.unwrap();
+
+    // A wrong password: refused, and said so.
+    let refused = wait_for(&api, "tiny", "refused", |p| {
+        healthy_reason(p).as_deref() == Some(egress_api::reasons::PROXY_AUTH_REQUIRED)
+    })
+    .await;
+    assert_eq!(refused.status.as_ref().unwrap().phase, Some(Phase::Unhealthy));
+
+    // The right one, through the Secret only.
+    secrets
+        .patch(
+            "tiny-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"stringData": {"password": right.password()}})),
+        )
+        .await
+        .unwrap();
+    let ready = wait_for(&api, "tiny", "Ready", |p| {
+        p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
+    })
+    .await;
+    assert_eq!(
+        healthy_reason(&ready).as_deref(),
+        Some(egress_api::reasons::PROBE_SUCCEEDED)
+    );
+
+    // The lease carries what the proxy demands; a client using it gets through.
+    let http = reqwest::Client::new();
+    let grant: serde_json::Value = http
+        .post(format!("http://{discovery}/v1/leases"))
+        .bearer_auth("crawler-token")
+        .body(r#"{"target": "example.com"}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(grant["proxy"]["username"], right.username(), "{grant}");
+    assert_eq!(grant["proxy"]["password"], right.password());
+    let url = grant["proxy"]["url"].as_str().unwrap().to_owned();
+    assert_eq!(url, right.proxy_url("127.0.0.1", tinyproxy.port));
+    let through = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(&url).unwrap())
+        .tls_certs_only([reqwest::Certificate::from_pem(pki.ca_pem.as_bytes()).unwrap()])
+        .build()
+        .unwrap();
+    let answer = through
+        .get(format!("https://localhost:{}/204", target.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 204);
+
+    // Sentinel: nowhere else.
+    let list = http
+        .get(format!("http://{discovery}/v1/proxies"))
+        .bearer_auth("crawler-token")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let scraped = http
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let status = serde_json::to_string(&api.get("tiny").await.unwrap().status).unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
+    let events = serde_json::to_string(&events.list(&ListParams::default()).await.unwrap().items).unwrap();
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    let log = op.output();
+    assert!(log.contains("\"level\":\"debug\""), "the log ran at debug level");
+    assert!(scraped.contains("proxy_operator"), "{scraped}");
+    for (place, text) in [
+        ("the log", &log),
+        ("the list", &list),
+        ("the metrics", &scraped),
+        ("the status", &status),
+        ("the events", &events),
+    ] {
+        for password in [wrong, right.password()] {
+            assert!(!text.contains(password), "a password in {place}:\n{text}");
+        }
+    }
+    assert!(!list.contains("username"), "{list}");
+}

@@ -1,0 +1,422 @@
+//! Proxy credentials: the Secret the operator keeps for a Proxy with `spec.credentials.type:
+//! Generated`, and the credentials the probe and the lease answers use.
+//!
+//! - **Generated.** Before each create, [`prepare`] reads the Secret `<instance name>-credentials`
+//!   in the Proxy's namespace ([`plan`] decides, without I/O): missing, or bound to an instance
+//!   already (the annotation [`ANNOTATION_CREDENTIALS_INSTANCE`]), it is written anew with a
+//!   fresh user and password; unbound, it is reused (a create retried after a failure must not
+//!   leave the instance it may have made with credentials nobody has). After the create
+//!   succeeds, [`bind`] records the instance on it. So each instance gets its own credentials,
+//!   and a replacement rotates them. The Secret is labelled
+//!   `crawl.example.com/proxy-credentials: generated` and owned by the Proxy (deleted with it).
+//! - **Secret.** An External proxy's credentials are in the user's Secret (`secretRef`), which
+//!   must carry the label `crawl.example.com/proxy-credentials` too: only labelled Secrets are
+//!   watched.
+//!
+//! The password is in the Secret and in lease answers, nowhere else: not in the Proxy's status,
+//! events, logs, spans or metrics, and never in an error message from here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use egress_api::{
+    ANNOTATION_CREDENTIALS_INSTANCE, CredentialsType, LABEL_MANAGED_BY, LABEL_PROXY_CREDENTIALS, MANAGED_BY,
+    PROXY_CREDENTIALS_GENERATED, Proxy,
+};
+use egress_credentials::{Credentials, HTPASSWD_KEY, PASSWORD_KEY, USERNAME_KEY};
+use egress_provider::{ProviderId, ProxyCredentials};
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::decide::SecretProblem;
+
+/// The name of a Generated Proxy's credentials Secret: its instance name and `-credentials`
+/// (fits any Proxy name, and a new Proxy of an old name gets a new Secret).
+pub fn secret_name(uid: &str) -> String {
+    format!("{}-credentials", egress_provider::name_from_uid(uid))
+}
+
+/// What to do with the credentials Secret before a create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// The Secret holds credentials no instance was created with yet: use them.
+    Reuse(ProxyCredentials),
+    /// Write new credentials: create the Secret, or rewrite the one at this resourceVersion.
+    Mint { replace: Option<String> },
+    /// The name is taken by a Secret this Proxy does not own: touch nothing.
+    Refuse(String),
+}
+
+fn text(secret: &Secret, key: &str) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get(key)?;
+    String::from_utf8(bytes.0.clone()).ok()
+}
+
+fn owned_by(secret: &Secret, uid: &str) -> bool {
+    secret
+        .owner_references()
+        .iter()
+        .any(|o| o.uid == uid && o.kind == "Proxy")
+}
+
+/// The decision of [`prepare`], from the Secret as read (`None`: there is none).
+pub fn plan(existing: Option<&Secret>, proxy_uid: &str) -> Plan {
+    let Some(secret) = existing else {
+        return Plan::Mint { replace: None };
+    };
+    if !owned_by(secret, proxy_uid) {
+        return Plan::Refuse(format!(
+            "Secret \"{}\" exists and is not owned by this Proxy; delete or rename it so the operator can keep this Proxy's credentials there",
+            secret.name_any()
+        ));
+    }
+    let bound = secret
+        .annotations()
+        .get(ANNOTATION_CREDENTIALS_INSTANCE)
+        .is_some_and(|v| !v.is_empty());
+    let replace = Plan::Mint {
+        replace: secret.resource_version(),
+    };
+    if bound {
+        return replace;
+    }
+    let usable = (|| {
+        let credentials = Credentials::new(text(secret, USERNAME_KEY)?, text(secret, PASSWORD_KEY)?).ok()?;
+        let htpasswd = text(secret, HTPASSWD_KEY)?;
+        credentials.matches_htpasswd(&htpasswd).then(|| ProxyCredentials {
+            credentials,
+            htpasswd: htpasswd.trim_end().to_owned(),
+            secret_name: secret.name_any(),
+        })
+    })();
+    // Damaged (edited by hand, say): new ones, as for a new instance.
+    usable.map_or(replace, Plan::Reuse)
+}
+
+/// The Secret that holds `credentials` for `proxy`: labelled, owned by the Proxy (not blocking
+/// its deletion), no instance bound yet.
+pub fn build_secret(proxy: &Proxy, credentials: &ProxyCredentials, resource_version: Option<String>) -> Secret {
+    let owner = OwnerReference {
+        api_version: Proxy::api_version(&()).into_owned(),
+        kind: Proxy::kind(&()).into_owned(),
+        name: proxy.name_any(),
+        uid: proxy.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(false),
+    };
+    let data = BTreeMap::from([
+        (
+            USERNAME_KEY.to_owned(),
+            ByteString(credentials.credentials.username().as_bytes().to_vec()),
+        ),
+        (
+            PASSWORD_KEY.to_owned(),
+            ByteString(credentials.credentials.password().as_bytes().to_vec()),
+        ),
+        (
+            HTPASSWD_KEY.to_owned(),
+            ByteString(format!("{}\n", credentials.htpasswd).into_bytes()),
+        ),
+    ]);
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(credentials.secret_name.clone()),
+            namespace: proxy.namespace(),
+            labels: Some(BTreeMap::from([
+                (
+                    LABEL_PROXY_CREDENTIALS.to_owned(),
+                    PROXY_CREDENTIALS_GENERATED.to_owned(),
+                ),
+                (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
+            ])),
+            owner_references: Some(vec![owner]),
+            resource_version,
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Secret::default()
+    }
+}
+
+fn unavailable(what: &str, name: &str, e: &kube::Error) -> SecretProblem {
+    // A Secret's contents never appear in an API error (the server does not echo them back).
+    SecretProblem::Unavailable(format!("{what} Secret \"{name}\": {e}"))
+}
+
+/// The credentials for the next create of `proxy` (Generated), written to its Secret first.
+///
+/// # Errors
+/// `Unusable` when the name is taken by a Secret the Proxy does not own; `Unavailable` when the
+/// API server does not answer or refuses (a conflict included: the next pass reads again).
+pub async fn prepare(client: &kube::Client, proxy: &Proxy) -> Result<ProxyCredentials, SecretProblem> {
+    let namespace = proxy.namespace().unwrap_or_default();
+    let uid = proxy.uid().unwrap_or_default();
+    let name = secret_name(&uid);
+    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| unavailable("reading", &name, &e))?;
+    match plan(existing.as_ref(), &uid) {
+        Plan::Reuse(credentials) => Ok(credentials),
+        Plan::Refuse(why) => Err(SecretProblem::Unusable(why)),
+        Plan::Mint { replace } => {
+            let credentials = ProxyCredentials::new(Credentials::generate(), name.clone());
+            let result = match &replace {
+                None => {
+                    api.create(&PostParams::default(), &build_secret(proxy, &credentials, None))
+                        .await
+                }
+                // A patch, not an update (the RBAC grants no update): the new data, the instance
+                // annotation removed, and the resourceVersion read, so a concurrent change
+                // fails with a conflict instead of being overwritten.
+                Some(rv) => {
+                    let fresh = build_secret(proxy, &credentials, None);
+                    let patch = serde_json::json!({
+                        "metadata": {
+                            "resourceVersion": rv,
+                            "annotations": {ANNOTATION_CREDENTIALS_INSTANCE: null},
+                            "labels": fresh.metadata.labels,
+                        },
+                        "data": fresh.data,
+                    });
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
+                }
+            };
+            result.map_err(|e| unavailable("writing", &name, &e))?;
+            Ok(credentials)
+        }
+    }
+}
+
+/// Records on the Secret that the instance `id` was created with its credentials.
+///
+/// # Errors
+/// `Unavailable` when the API server does not answer or refuses.
+pub async fn bind(client: &kube::Client, proxy: &Proxy, id: &ProviderId) -> Result<(), SecretProblem> {
+    let namespace = proxy.namespace().unwrap_or_default();
+    let name = secret_name(&proxy.uid().unwrap_or_default());
+    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION_CREDENTIALS_INSTANCE: id.as_str()}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|e| unavailable("annotating", &name, &e))
+}
+
+/// The labelled credential Secrets, as every replica keeps them, for the probe and the
+/// discovery API.
+#[derive(Clone)]
+pub struct CredentialCache {
+    store: Store<Secret>,
+    generation: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for CredentialCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialCache")
+            .field("secrets", &self.store.state().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CredentialCache {
+    /// A cache over `store` (tests fill one by hand).
+    pub fn from_store(store: Store<Secret>) -> Self {
+        Self {
+            store,
+            generation: Arc::default(),
+        }
+    }
+
+    /// Changes with every watch event the cache applies.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The credentials clients of `proxy` must show, when it has any and they can be read.
+    pub fn for_proxy(&self, proxy: &Proxy) -> Option<Credentials> {
+        let namespace = proxy.namespace().unwrap_or_default();
+        let spec = proxy.spec.credentials.as_ref()?;
+        let (name, generated) = match spec.type_ {
+            CredentialsType::None => return None,
+            CredentialsType::Generated => (secret_name(&proxy.uid().unwrap_or_default()), true),
+            CredentialsType::Secret => (spec.secret_ref.as_ref()?.name.clone(), false),
+        };
+        let secret = self.store.get(&reflector::ObjectRef::new(&name).within(&namespace))?;
+        if generated && !owned_by(&secret, &proxy.uid().unwrap_or_default()) {
+            return None;
+        }
+        Credentials::new(text(&secret, USERNAME_KEY)?, text(&secret, PASSWORD_KEY)?).ok()
+    }
+}
+
+/// The cache and the future that keeps it (run on every replica until `shutdown`).
+/// `namespace` restricts it as `--proxy-namespace` does.
+pub fn credential_cache(
+    client: kube::Client,
+    namespace: Option<&str>,
+    shutdown: CancellationToken,
+) -> (CredentialCache, impl Future<Output = ()> + Send + 'static) {
+    let api: Api<Secret> = match namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let (store, writer) = reflector::store();
+    let cache = CredentialCache::from_store(store);
+    let generation = cache.generation.clone();
+    let run = async move {
+        let config = watcher::Config::default().labels(LABEL_PROXY_CREDENTIALS);
+        let changes = watcher(api, config)
+            .default_backoff()
+            .modify(|s| s.metadata.managed_fields = None)
+            .reflect(writer)
+            .inspect(move |_| {
+                generation.fetch_add(1, Ordering::Release);
+            })
+            .applied_objects();
+        let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));
+        while let Some(change) = changes.next().await {
+            if let Err(e) = change {
+                tracing::warn!(error = %e, "watching credential Secrets failed; retrying with backoff");
+            }
+        }
+    };
+    (cache, run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_api::ProxySpec;
+
+    fn proxy() -> Proxy {
+        let mut p = Proxy::new("eu-1", ProxySpec::default());
+        p.metadata.namespace = Some("crawl".into());
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    fn stored(credentials: &ProxyCredentials, bound: Option<&str>) -> Secret {
+        let mut s = build_secret(&proxy(), credentials, Some("7".into()));
+        if let Some(id) = bound {
+            s.metadata.annotations = Some(BTreeMap::from([(
+                ANNOTATION_CREDENTIALS_INSTANCE.to_owned(),
+                id.to_owned(),
+            )]));
+        }
+        s
+    }
+
+    #[test]
+    fn the_secret_is_labelled_owned_and_holds_the_three_keys() {
+        let c = ProxyCredentials::new(Credentials::generate(), secret_name("uid-1"));
+        let s = build_secret(&proxy(), &c, None);
+        assert_eq!(s.metadata.name.as_deref(), Some(secret_name("uid-1").as_str()));
+        assert!(secret_name("uid-1").starts_with("proxy-") && secret_name("uid-1").ends_with("-credentials"));
+        assert_eq!(s.metadata.namespace.as_deref(), Some("crawl"));
+        assert_eq!(s.labels()[LABEL_PROXY_CREDENTIALS], "generated");
+        let owner = &s.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Proxy", "eu-1", "uid-1")
+        );
+        assert_eq!(owner.api_version, "crawl.example.com/v1alpha1");
+        let keys: Vec<&String> = s.data.as_ref().unwrap().keys().collect();
+        assert_eq!(keys, ["htpasswd", "password", "username"]);
+        assert_eq!(text(&s, PASSWORD_KEY).as_deref(), Some(c.credentials.password()));
+        assert!(s.annotations().is_empty(), "no instance bound yet");
+    }
+
+    #[test]
+    fn a_missing_or_bound_secret_gets_new_credentials_and_an_unbound_one_is_reused() {
+        let c = ProxyCredentials::new(Credentials::generate(), secret_name("uid-1"));
+        assert_eq!(plan(None, "uid-1"), Plan::Mint { replace: None });
+        assert_eq!(plan(Some(&stored(&c, None)), "uid-1"), Plan::Reuse(c.clone()));
+        // Used by an instance already: a replacement rotates.
+        assert_eq!(
+            plan(Some(&stored(&c, Some("local/proxy-x"))), "uid-1"),
+            Plan::Mint {
+                replace: Some("7".into())
+            }
+        );
+        // A damaged Secret is written anew.
+        let mut damaged = stored(&c, None);
+        damaged
+            .data
+            .as_mut()
+            .unwrap()
+            .insert(PASSWORD_KEY.into(), ByteString(b"changed".to_vec()));
+        assert_eq!(
+            plan(Some(&damaged), "uid-1"),
+            Plan::Mint {
+                replace: Some("7".into())
+            }
+        );
+        // Someone else's Secret of that name is left alone, and the message shows no content.
+        let Plan::Refuse(why) = plan(Some(&stored(&c, None)), "another-uid") else {
+            panic!("not refused")
+        };
+        assert!(why.contains("not owned by this Proxy"), "{why}");
+        assert!(!why.contains(c.credentials.password()));
+    }
+
+    #[test]
+    fn the_cache_finds_generated_and_user_credentials_and_nothing_else() {
+        let (store, mut writer) = reflector::store::<Secret>();
+        let c = ProxyCredentials::new(Credentials::generate(), secret_name("uid-1"));
+        writer.apply_watcher_event(&watcher::Event::Apply(stored(&c, Some("id"))));
+        let mut user = Secret {
+            metadata: ObjectMeta {
+                name: Some("mine".into()),
+                namespace: Some("crawl".into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([
+                (USERNAME_KEY.to_owned(), ByteString(b"bob".to_vec())),
+                (PASSWORD_KEY.to_owned(), ByteString(b"hunter2".to_vec())),
+            ])),
+            ..Secret::default()
+        };
+        writer.apply_watcher_event(&watcher::Event::Apply(user.clone()));
+        let cache = CredentialCache::from_store(store);
+        let with = |type_, secret_ref: Option<&str>| {
+            let mut p = proxy();
+            p.spec.credentials = Some(egress_api::Credentials {
+                type_,
+                secret_ref: secret_ref.map(|n| egress_api::CredentialsSecretRef { name: n.into() }),
+            });
+            p
+        };
+        assert_eq!(cache.for_proxy(&proxy()), None);
+        assert_eq!(cache.for_proxy(&with(CredentialsType::None, None)), None);
+        assert_eq!(
+            cache.for_proxy(&with(CredentialsType::Generated, None)),
+            Some(c.credentials.clone())
+        );
+        assert_eq!(
+            cache.for_proxy(&with(CredentialsType::Secret, Some("mine"))),
+            Some(Credentials::new("bob", "hunter2").unwrap())
+        );
+        assert_eq!(cache.for_proxy(&with(CredentialsType::Secret, Some("absent"))), None);
+        // A generated Secret of another Proxy (another UID) is not taken.
+        let mut other = with(CredentialsType::Generated, None);
+        other.metadata.uid = Some("uid-2".into());
+        assert_eq!(cache.for_proxy(&other), None);
+        // A user's Secret without a password gives nothing rather than half.
+        user.data.as_mut().unwrap().remove(PASSWORD_KEY);
+        let (store, mut writer) = reflector::store::<Secret>();
+        writer.apply_watcher_event(&watcher::Event::Apply(user));
+        let cache = CredentialCache::from_store(store);
+        assert_eq!(cache.for_proxy(&with(CredentialsType::Secret, Some("mine"))), None);
+    }
+}
