@@ -1,9 +1,14 @@
-//! The NoCloud seed: an ISO 9660 image labelled `cidata` with exactly three files at its root.
+//! The NoCloud seed: an ISO 9660 image labelled `cidata` with three files at its root, and a
+//! fourth for a Proxy with credentials.
 //!
 //! - `user-data`: the Proxy's cloud-init, byte for byte (never parsed, never logged);
 //! - `meta-data`: `instance-id: <name>\nlocal-hostname: <name>\n`;
 //! - `vendor-data`: the provider's extra document and/or the guest-agent script (see
-//!   [`vendor_data`]); always present, possibly empty.
+//!   [`vendor_data`]); always present, possibly empty;
+//! - [`HTPASSWD_FILE`] (`egress-proxy-htpasswd`), only when the Proxy has credentials: one
+//!   htpasswd line, the user name and a salted SHA-512-crypt hash (never the password), for the
+//!   user's cloud-init to give Squid (`basic_ncsa_auth`). The seed stays on the hypervisor's
+//!   pool; no Kubernetes object holds it.
 //!
 //! The image is built in memory (tens of KiB), so cloud-init never touches the node's disk.
 
@@ -17,6 +22,9 @@ use rand::RngExt;
 
 /// The volume label cloud-init's NoCloud datasource looks for.
 pub const LABEL: &str = "cidata";
+
+/// The seed file with the Proxy's htpasswd line (mount `/dev/disk/by-label/cidata` to read it).
+pub const HTPASSWD_FILE: &str = "egress-proxy-htpasswd";
 
 /// The script vendor-data carries so the guest runs the QEMU guest agent (the providers read
 /// the VM's address through it). A script, not a cloud-config: cloud-init would fold a
@@ -107,6 +115,20 @@ pub enum SeedError {
 /// # Errors
 /// An empty name, or the writer failing.
 pub fn seed_iso(name: &str, user_data: &[u8], vendor_data: &[u8]) -> Result<Vec<u8>, SeedError> {
+    seed_iso_with(name, user_data, vendor_data, None)
+}
+
+/// The seed ISO of instance `name`, with [`HTPASSWD_FILE`] holding `htpasswd` (one line) when
+/// the Proxy has credentials.
+///
+/// # Errors
+/// An empty name, or the writer failing.
+pub fn seed_iso_with(
+    name: &str,
+    user_data: &[u8],
+    vendor_data: &[u8],
+    htpasswd: Option<&str>,
+) -> Result<Vec<u8>, SeedError> {
     if name.is_empty() {
         return Err(SeedError::EmptyName);
     }
@@ -116,11 +138,14 @@ pub fn seed_iso(name: &str, user_data: &[u8], vendor_data: &[u8]) -> Result<Vec<
     };
     let files = InputFiles {
         path_separator: PathSeparator::ForwardSlash,
-        files: vec![
+        files: [
             file("meta-data", meta_data(name).into_bytes()),
             file("user-data", user_data.to_vec()),
             file("vendor-data", vendor_data.to_vec()),
-        ],
+        ]
+        .into_iter()
+        .chain(htpasswd.map(|line| file(HTPASSWD_FILE, format!("{}\n", line.trim_end()).into_bytes())))
+        .collect(),
     };
     let options = IsoFormatOptions {
         volume_name: LABEL.to_owned(),
@@ -244,6 +269,22 @@ mod tests {
         assert_eq!(read_seed_file(&iso, "network-config"), None);
         assert_eq!(read_seed_file(&iso[..20_000], "user-data"), None);
         assert_eq!(read_seed_file(b"not an image", "user-data"), None);
+    }
+
+    #[test]
+    fn credentials_add_the_htpasswd_file_and_nothing_else_changes() {
+        let line = "u1:$6$rounds=5000$salt$hash";
+        let iso = seed_iso_with("proxy-abc", b"#cloud-config\n", b"", Some(line)).unwrap();
+        assert_eq!(
+            read_seed_file(&iso, HTPASSWD_FILE).as_deref(),
+            Some(format!("{line}\n").as_bytes())
+        );
+        assert_eq!(
+            read_seed_file(&iso, "user-data").as_deref(),
+            Some(&b"#cloud-config\n"[..])
+        );
+        let without = seed_iso("proxy-abc", b"#cloud-config\n", b"").unwrap();
+        assert_eq!(read_seed_file(&without, HTPASSWD_FILE), None);
     }
 
     #[test]

@@ -11,6 +11,10 @@ use crate::settings::{Settings, Where};
 pub const USER_DATA_KEY: &str = "user-data";
 /// The metadata item that says the user-data is base64.
 pub const USER_DATA_ENCODING_KEY: &str = "user-data-encoding";
+/// The metadata item with the Proxy's htpasswd line (the user name and a salted SHA-512-crypt
+/// hash, never the password), when it has credentials. The VM reads it from the metadata server:
+/// `http://metadata.google.internal/computeMetadata/v1/instance/attributes/egress-proxy-htpasswd`.
+pub const HTPASSWD_KEY: &str = "egress-proxy-htpasswd";
 /// The most a metadata value may hold (the API's limit for one value).
 pub const USER_DATA_LIMIT: usize = 256 * 1024;
 
@@ -44,8 +48,17 @@ pub fn insert_body(req: &CreateRequest, at: &Where<'_>, settings: &Settings) -> 
         "labels": labels,
         "tags": {"items": [settings.network_tag]},
     });
-    if !req.cloud_init.is_empty() {
-        body["metadata"] = json!({"items": user_data_items(&req.cloud_init)?});
+    let mut items = Vec::new();
+    if !req.cloud_init.is_empty()
+        && let Value::Array(user_data) = user_data_items(&req.cloud_init)?
+    {
+        items.extend(user_data);
+    }
+    if let Some(credentials) = &req.credentials {
+        items.push(json!({"key": HTPASSWD_KEY, "value": credentials.htpasswd}));
+    }
+    if !items.is_empty() {
+        body["metadata"] = json!({"items": items});
     }
     Ok(body)
 }
@@ -171,6 +184,29 @@ mod tests {
         assert!(e.contains("262145 bytes") && !e.contains("aaaa"), "{e}");
         let e = user_data_items(&vec![0xff; USER_DATA_LIMIT]).expect_err("too big once encoded");
         assert!(e.contains("in base64"), "{e}");
+    }
+
+    #[test]
+    fn credentials_send_only_the_htpasswd_line() {
+        let mut req = request(b"#cloud-config\n");
+        let c = egress_provider::Credentials::new("u1", "SENTINEL-password").unwrap();
+        req.credentials = Some(egress_provider::ProxyCredentials::new(c, "s"));
+        let at = placement(&req.placement).expect("a placement");
+        let body = insert_body(&req, &at, &Settings::for_project("p")).expect("a body");
+        let items = body["metadata"]["items"].as_array().unwrap();
+        assert_eq!(items[0]["key"], "user-data");
+        assert_eq!(items[1]["key"], HTPASSWD_KEY);
+        let line = items[1]["value"].as_str().unwrap();
+        assert!(line.starts_with("u1:$6$"), "{line}");
+        assert!(
+            !body.to_string().contains("SENTINEL"),
+            "the password went into the body"
+        );
+        // Without cloud-init the line still goes.
+        let mut bare = request(b"");
+        bare.credentials = req.credentials.clone();
+        let body = insert_body(&bare, &at, &Settings::for_project("p")).expect("a body");
+        assert_eq!(body["metadata"]["items"][0]["key"], HTPASSWD_KEY);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! Compute call, at TRACE on the target [`TARGET`], so it can be switched on alone.
 //!
 //! What never appears: the `Authorization` header (requests are logged as method and URL),
-//! token exchanges (never wire-logged at all), and the value of the `user-data` metadata item,
-//! which is replaced by its byte count even when full payloads are asked for. JSON string
+//! token exchanges (never wire-logged at all), and the values of the `user-data` and
+//! `egress-proxy-htpasswd` metadata items, which are replaced by their byte counts even when full
+//! payloads are asked for (the htpasswd line holds only a salted hash, but a hash is still for
+//! the VM alone). JSON string
 //! fields over [`ELIDE_OVER`] bytes are elided unless [`WireOptions::full_payloads`] is set.
 
 use serde_json::Value;
@@ -30,11 +32,17 @@ pub fn shown(payload: &Value, options: WireOptions) -> String {
 fn shape(v: &mut Value, options: WireOptions) {
     match v {
         Value::Object(map) => {
-            let is_user_data = map.get("key").and_then(Value::as_str) == Some(crate::body::USER_DATA_KEY);
+            let hidden = map
+                .get("key")
+                .and_then(Value::as_str)
+                .filter(|k| [crate::body::USER_DATA_KEY, crate::body::HTPASSWD_KEY].contains(k))
+                .map(str::to_owned);
             for (key, field) in map.iter_mut() {
-                if is_user_data && key == "value" {
+                if let Some(item) = hidden.as_deref()
+                    && key == "value"
+                {
                     let bytes = field.as_str().map_or(0, str::len);
-                    *field = Value::String(format!("<user-data: {bytes} bytes>"));
+                    *field = Value::String(format!("<{item}: {bytes} bytes>"));
                 } else {
                     shape(field, options);
                 }
@@ -81,11 +89,13 @@ mod tests {
     fn user_data_is_always_a_byte_count() {
         let body = json!({"name": "x", "metadata": {"items": [
             {"key": "user-data", "value": "#cloud-config secret"},
+            {"key": "egress-proxy-htpasswd", "value": "u:$6$hashsecret"},
             {"key": "other", "value": "kept"}]}});
         for full in [false, true] {
             let s = shown(&body, WireOptions { full_payloads: full });
             assert!(!s.contains("secret"), "{s}");
             assert!(s.contains("<user-data: 20 bytes>") && s.contains("kept"), "{s}");
+            assert!(s.contains("<egress-proxy-htpasswd: 15 bytes>"), "{s}");
         }
     }
 

@@ -424,3 +424,74 @@ async fn cases() {
     let log = open.access_log(2).await;
     assert_eq!(note_for(&log, &refused_port), "port");
 }
+
+/// The Squid config inside a shipped VM sample's cloud-init.
+fn sample_squid_conf(file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/samples/other-providers")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("content: |\n").expect("a squid.conf in the sample") + "content: |\n".len();
+    let block: Vec<&str> = text[start..]
+        .lines()
+        .take_while(|l| !l.trim_start().starts_with("runcmd:"))
+        .collect();
+    let indent = block[0].len() - block[0].trim_start().len();
+    block
+        .iter()
+        .map(|l| format!("{}\n", l.get(indent..).unwrap_or("")))
+        .collect()
+}
+
+#[test]
+fn the_vm_samples_carry_the_generated_rules_and_squid_reads_them() {
+    // The generated config with credentials, less what only the Pod has (the files, the access
+    // log's notes) and what Squid defaults to.
+    let generated = squid_conf(3128, &AccessRules::default(), true, &SquidFiles::pod());
+    let rules: Vec<String> = generated
+        .lines()
+        .filter(|l| l.starts_with("acl egress_") || l.starts_with("http_access"))
+        .filter(|l| !l.starts_with("acl egress_why_"))
+        .map(|l| {
+            l.split(' ')
+                .filter(|w| !w.starts_with("egress_why_"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert!(rules.len() > 15, "{rules:?}");
+    for sample in [
+        "crawl_v1alpha1_proxy_kvm.yaml",
+        "crawl_v1alpha1_proxy_gcp.yaml",
+        "crawl_v1alpha1_proxy_secretref.yaml",
+    ] {
+        let conf = sample_squid_conf(sample);
+        let lines: Vec<&str> = conf.lines().collect();
+        for rule in &rules {
+            assert!(lines.contains(&rule.as_str()), "{sample} lacks {rule:?}:\n{conf}");
+        }
+        assert_eq!(lines.iter().filter(|l| l.starts_with("http_access allow")).count(), 1);
+        assert_eq!(
+            lines.iter().rfind(|l| l.starts_with("http_access")),
+            Some(&"http_access allow all")
+        );
+        if !Path::new(SQUID).exists() {
+            skip("Squid is not installed, so the samples' configs are not parsed");
+            continue;
+        }
+        // Squid itself reads it (basic_ncsa_auth is where the sample says, as on the VM).
+        let dir = std::env::temp_dir().join(format!("egress-squid-sample-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("squid.conf");
+        std::fs::write(&path, &conf).unwrap();
+        let out = Command::new(SQUID)
+            .args(["-k", "parse", "-f"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{sample}: {said}");
+        assert!(!said.contains("ERROR") && !said.contains("FATAL"), "{sample}: {said}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -617,3 +617,35 @@ async fn h2_a_failed_base_is_removed_after_its_upload_connection_is_closed() {
         .expect("the failed base is removed");
     assert!(closed[0] < removed, "removed before its connection was closed: {log:?}");
 }
+
+#[tokio::test]
+async fn credentials_reach_the_vm_as_an_htpasswd_file_on_its_seed_only() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let mut req = request_in("locked", HOSTS[0]);
+    let credentials = egress_provider::Credentials::new("u1", "SENTINEL-password").unwrap();
+    req.credentials = Some(egress_provider::ProxyCredentials::new(credentials.clone(), "s"));
+    p.create(&cx, &req).await.unwrap();
+    let seed = &host(&b).volumes(POOL)[&format!("{}-seed.iso", req.name)].bytes;
+    let file = egress_libvirt::seed::read_seed_file(seed, egress_libvirt::seed::HTPASSWD_FILE).expect("the file");
+    let line = String::from_utf8(file).unwrap();
+    assert!(credentials.matches_htpasswd(&line), "{line}");
+    // The password is nowhere in the seed, the domain or the user's cloud-init.
+    let needle = b"SENTINEL";
+    assert!(!seed.windows(needle.len()).any(|w| w == needle));
+    let user_data = egress_libvirt::seed::read_seed_file(seed, "user-data").unwrap();
+    assert_eq!(
+        user_data, req.cloud_init,
+        "the user's cloud-init is delivered untouched"
+    );
+    let domains = format!("{:?}", host(&b).domains());
+    assert!(!domains.contains("SENTINEL") && !domains.contains("$6$"));
+    // A Proxy without credentials gets no such file.
+    let open = request_in("open", HOSTS[0]);
+    p.create(&cx, &open).await.unwrap();
+    let seed = &host(&b).volumes(POOL)[&format!("{}-seed.iso", open.name)].bytes;
+    assert_eq!(
+        egress_libvirt::seed::read_seed_file(seed, egress_libvirt::seed::HTPASSWD_FILE),
+        None
+    );
+}

@@ -174,7 +174,7 @@ fn entry_rows() -> Vec<Bad> {
         bad("local with a relative state directory", "providers:\n  - {name: l, type: local, local: {stateDir: state}}\n", r#"providers[0] "l": local.stateDir must be an absolute path (got "state")"#),
         bad("local with a quote in the state directory", "providers:\n  - {name: l, type: local, local: {stateDir: '/s\"x'}}\n", r#"providers[0] "l": local.stateDir must not contain a double quote or a line break (got "/s\"x")"#),
         bad("local with a relative tinyproxy", "providers:\n  - {name: l, type: local, local: {stateDir: /s, tinyproxyPath: tinyproxy}}\n", r#"providers[0] "l": local.tinyproxyPath must be an absolute path (got "tinyproxy")"#),
-        bad("local with an unknown key", "providers:\n  - {name: l, type: local, local: {stateDir: /s, port: 1}}\n", r#"providers[0] "l": local.port: unknown field `port`, expected `stateDir` or `tinyproxyPath`"#),
+        bad("local with an unknown key", "providers:\n  - {name: l, type: local, local: {stateDir: /s, port: 1}}\n", r#"providers[0] "l": local.port: unknown field `port`, expected one of `stateDir`, `tinyproxyPath`, `connectPorts`"#),
     ];
     // Every wrong-block pair, including kvm<->kvm2 and gcp<->kubernetes.
     let types = ["kubernetes", "gcp", "kvm", "kvm2", "local"];
@@ -515,4 +515,23 @@ fn config_load_refuses_a_file_that_is_not_utf8() {
     std::fs::remove_file(&path).expect("remove temp file");
     let shown = result.expect_err("not UTF-8").to_string();
     assert!(shown.contains("the file is not valid UTF-8"), "{shown}");
+}
+
+#[test]
+fn the_complete_example_of_the_config_doc_loads() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md")).unwrap();
+    let section = &doc[doc.find("## A complete example").expect("the section")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let yaml = &section[start..start + section[start..].find("```").unwrap()];
+    let loaded = ProvidersConfig::parse(yaml, FILE, &registry()).unwrap_or_else(|e| panic!("{e}"));
+    let kubernetes = loaded
+        .config
+        .providers
+        .iter()
+        .find(|p| p.type_name == "kubernetes")
+        .and_then(|p| p.kubernetes.as_ref())
+        .and_then(|k| k.access.as_ref())
+        .expect("the example sets kubernetes.access");
+    assert_eq!(kubernetes.connect_ports.as_deref(), Some(&[443, 8443][..]));
 }

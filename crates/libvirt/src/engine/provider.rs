@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::host::{DomainState, Host, POOL_RUNNING, UNDEFINE_FLAGS, code};
-use crate::seed::{SeedError, seed_iso, vendor_data};
+use crate::seed::{SeedError, seed_iso_with, vendor_data};
 use crate::{DomainSpec, Mark, VolumeSpec};
 use async_trait::async_trait;
 use egress_provider::config::KvmConfig;
@@ -444,7 +444,8 @@ impl LibvirtProvider {
             _ => {}
         }
         let vendor = vendor_data(cfg.vendor_data.as_bytes(), cfg.effective_install_guest_agent());
-        let iso = seed_iso(name, &req.cloud_init, &vendor).map_err(seed_failure)?;
+        let htpasswd = req.credentials.as_ref().map(|c| c.htpasswd.as_str());
+        let iso = seed_iso_with(name, &req.cloud_init, &vendor, htpasswd).map_err(seed_failure)?;
         let xml = VolumeSpec {
             name: seed.clone(),
             capacity_bytes: i64::try_from(iso.len()).unwrap_or(i64::MAX),
