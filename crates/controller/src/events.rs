@@ -53,6 +53,7 @@ pub fn derive(
             }
             r if r == reasons::PERMANENT_ERROR => events.push(warning("Failed", message.to_string())),
             r if r == reasons::CLOUD_INIT_ERROR => events.push(warning("CloudInitError", message.to_string())),
+            r if r == reasons::CREDENTIALS_ERROR => events.push(warning("CredentialsError", message.to_string())),
             r if r == reasons::PROVIDER_NOT_CONFIGURED => {
                 events.push(warning("ProviderNotConfigured", message.to_string()));
             }
@@ -65,7 +66,18 @@ pub fn derive(
     if after.phase != before.phase {
         match after.phase {
             Some(Phase::Ready) => events.push(normal("Ready", format!("the proxy at {} carries traffic", after.ip))),
-            Some(Phase::Unhealthy) => events.push(warning("Unhealthy", "the proxy failed its health probes".into())),
+            Some(Phase::Unhealthy) => {
+                let refused = after
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == conditions::HEALTHY && c.reason == reasons::PROXY_AUTH_REQUIRED);
+                let note = if refused {
+                    "the proxy refused the probe's credentials (407)"
+                } else {
+                    "the proxy failed its health probes"
+                };
+                events.push(warning("Unhealthy", note.into()));
+            }
             _ => {}
         }
     }
@@ -173,6 +185,28 @@ mod tests {
             reasons_of(&derive(&empty, &cloud, None, &Requeue::Never, false)),
             ["CloudInitError"]
         );
+        let credentials = with(reasons::CREDENTIALS_ERROR, "Secret taken", Some(Phase::Pending));
+        assert_eq!(
+            reasons_of(&derive(&empty, &credentials, None, &Requeue::Never, false)),
+            ["CredentialsError"]
+        );
+        let mut refused = ProxyStatus {
+            phase: Some(Phase::Unhealthy),
+            ..Default::default()
+        };
+        let t = Time(k8s_openapi::jiff::Timestamp::from_second(0).unwrap());
+        set_condition(
+            &mut refused.conditions,
+            conditions::HEALTHY,
+            ConditionStatus::False,
+            reasons::PROXY_AUTH_REQUIRED,
+            "refused",
+            Some(1),
+            &t,
+        );
+        let events = derive(&empty, &refused, None, &Requeue::Never, false);
+        assert_eq!(reasons_of(&events), ["Unhealthy"]);
+        assert!(events[0].note.contains("credentials"), "{:?}", events[0]);
         let missing = with(
             reasons::PROVIDER_NOT_CONFIGURED,
             "provider \"x\" is not configured",
