@@ -256,6 +256,13 @@ impl CredentialCache {
         if generated && !owned_by(&secret, &proxy.uid().unwrap_or_default()) {
             return None;
         }
+        // A user's Secret, never one the operator generated for some Proxy: an External Proxy
+        // pointed at a host of its author's must not be handed another proxy's password.
+        let operators =
+            secret.labels().get(LABEL_PROXY_CREDENTIALS).map(String::as_str) == Some(PROXY_CREDENTIALS_GENERATED);
+        if !generated && operators {
+            return None;
+        }
         Credentials::new(text(&secret, USERNAME_KEY)?, text(&secret, PASSWORD_KEY)?).ok()
     }
 }
@@ -408,6 +415,11 @@ mod tests {
             Some(Credentials::new("bob", "hunter2").unwrap())
         );
         assert_eq!(cache.for_proxy(&with(CredentialsType::Secret, Some("absent"))), None);
+        // An External Proxy naming a generated Secret gets nothing from it.
+        assert_eq!(
+            cache.for_proxy(&with(CredentialsType::Secret, Some(&secret_name("uid-1")))),
+            None
+        );
         // A generated Secret of another Proxy (another UID) is not taken.
         let mut other = with(CredentialsType::Generated, None);
         other.metadata.uid = Some("uid-2".into());
