@@ -185,23 +185,13 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     assert_eq!(answer.status(), 204);
 
     // Sentinel: nowhere else.
-    let list = http
-        .get(format!("http://{discovery}/v1/proxies"))
-        .bearer_auth("crawler-token")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let scraped = http
-        .get(format!("http://{metrics}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = |req: reqwest::RequestBuilder| async move { req.send().await.unwrap().text().await.unwrap() };
+    let list = text(
+        http.get(format!("http://{discovery}/v1/proxies"))
+            .bearer_auth("crawler-token"),
+    )
+    .await;
+    let scraped = text(http.get(format!("http://{metrics}/metrics"))).await;
     let status = serde_json::to_string(&api.get("tiny").await.unwrap().status).unwrap();
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "default");
     let events = serde_json::to_string(&events.list(&ListParams::default()).await.unwrap().items).unwrap();
