@@ -5,15 +5,18 @@
 //!
 //! 1. a client outside `allowedSources` is refused (403, before any credentials are asked for);
 //! 2. with credentials, a client without the right ones gets 407;
-//! 3. a `CONNECT` to a port outside `connectPorts`, or a plain request to one outside
+//! 3. Squid's own cache manager (`cache_object:` and `/squid-internal-mgr/` URLs) is refused;
+//! 4. a `CONNECT` to a port outside `connectPorts`, or a plain request to one outside
 //!    `httpPorts`, is refused;
-//! 4. the metadata services (by name, then by address), loopback, link-local and the
-//!    `deniedDestinations` ranges are refused, each by a rule of its own;
-//! 5. anything else is allowed.
+//! 5. the metadata services (by name, then by address), loopback, link-local, the IPv6 ranges
+//!    that reach IPv4 addresses through a translator or a tunnel (NAT64 and 6to4, which would
+//!    carry a request to any refused IPv4 address) and the `deniedDestinations` ranges are
+//!    refused, each by a rule of its own;
+//! 6. anything else is allowed.
 //!
-//! Each refusal in 1, 3 and 4 annotates the transaction, so the access log says which rule
-//! refused it (`egress-deny=port`, `metadata`, `localhost`, `link-local`, `denied-range`,
-//! `source`).
+//! Each refusal in 1, 3, 4 and 5 annotates the transaction, so the access log says which rule
+//! refused it (`egress-deny=source`, `manager`, `port`, `metadata`, `localhost`, `link-local`,
+//! `translated`, `denied-range`).
 
 use std::fmt::Write as _;
 
@@ -34,6 +37,10 @@ pub const DENY_NOTE: &str = "egress-deny";
 const LOCALHOST: &[&str] = &["127.0.0.0/8", "0.0.0.0/8", "::1/128", "::/128"];
 /// Link-local addresses, where the cloud metadata servers live: always refused.
 const LINK_LOCAL: &[&str] = &["169.254.0.0/16", "fe80::/10"];
+/// IPv6 ranges that embed an IPv4 address a gateway forwards to: the NAT64 prefixes (RFC 6052,
+/// RFC 8215) and 6to4 (RFC 3056). Always refused: `[64:ff9b::a9fe:a9fe]` is 169.254.169.254 on
+/// a network with NAT64.
+const TRANSLATED: &[&str] = &["64:ff9b::/96", "64:ff9b:1::/48", "2002::/16"];
 /// Metadata services by name (a leading dot takes the subdomains too): always refused.
 const METADATA_NAMES: &[&str] = &[
     ".metadata.google.internal",
@@ -136,11 +143,21 @@ pub fn squid_conf(port: u16, rules: &AccessRules, authenticate: bool, files: &Sq
     let _ = writeln!(c, "acl egress_metadata_addresses dst {}", strs(METADATA_ADDRESSES));
     let _ = writeln!(c, "acl egress_localhost dst {}", strs(LOCALHOST));
     let _ = writeln!(c, "acl egress_link_local dst {}", strs(LINK_LOCAL));
+    let _ = writeln!(c, "acl egress_translated dst {}", strs(TRANSLATED));
     if !rules.denied_destinations.is_empty() {
         let _ = writeln!(c, "acl egress_denied_ranges dst {}", join(&rules.denied_destinations));
     }
     // Always-matching ACLs whose only effect is the note that names the refusing rule.
-    for why in ["source", "port", "metadata", "localhost", "link-local", "denied-range"] {
+    for why in [
+        "source",
+        "manager",
+        "port",
+        "metadata",
+        "localhost",
+        "link-local",
+        "translated",
+        "denied-range",
+    ] {
         let _ = writeln!(
             c,
             "acl egress_why_{} annotate_transaction {DENY_NOTE}={why}",
@@ -154,13 +171,16 @@ pub fn squid_conf(port: u16, rules: &AccessRules, authenticate: bool, files: &Sq
         // The last ACL of the line is the credentials one, so the refusal is a 407 challenge.
         c.push_str("http_access deny !egress_user\n");
     }
+    // `manager` is Squid's built-in ACL for its cache manager's URLs.
     c.push_str(
-        "http_access deny egress_connect !egress_connect_ports egress_why_port\n\
+        "http_access deny manager egress_why_manager\n\
+         http_access deny egress_connect !egress_connect_ports egress_why_port\n\
          http_access deny !egress_connect !egress_http_ports egress_why_port\n\
          http_access deny egress_metadata_names egress_why_metadata\n\
          http_access deny egress_metadata_addresses egress_why_metadata\n\
          http_access deny egress_localhost egress_why_localhost\n\
-         http_access deny egress_link_local egress_why_link_local\n",
+         http_access deny egress_link_local egress_why_link_local\n\
+         http_access deny egress_translated egress_why_translated\n",
     );
     if !rules.denied_destinations.is_empty() {
         c.push_str("http_access deny egress_denied_ranges egress_why_denied_range\n");
@@ -213,8 +233,11 @@ mod tests {
         for line in [
             "acl egress_connect_ports port 443",
             "acl egress_http_ports port 80",
-            "acl egress_denied_ranges dst 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 fc00::/7",
+            "acl egress_denied_ranges dst 10.0.0.0/8 172.16.0.0/12 192.168.0.0/16 100.64.0.0/10 fc00::/7",
             "acl egress_link_local dst 169.254.0.0/16 fe80::/10",
+            "acl egress_translated dst 64:ff9b::/96 64:ff9b:1::/48 2002::/16",
+            "http_access deny manager egress_why_manager",
+            "http_access deny egress_translated egress_why_translated",
             "http_access deny egress_connect !egress_connect_ports egress_why_port",
             "http_access deny egress_denied_ranges egress_why_denied_range",
         ] {

@@ -36,6 +36,8 @@ const OPEN_PORT: u16 = 3129;
 const TARGET_PORT: u16 = 8443;
 /// Bounds every wait of this test.
 const BUDGET: Duration = Duration::from_secs(30);
+/// Bounds the whole run inside the namespace.
+const OUTER_BUDGET: Duration = Duration::from_secs(300);
 
 fn required() -> bool {
     std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1")
@@ -56,8 +58,14 @@ fn generated_squid_config_enforces_credentials_and_every_access_rule() {
     }
     // The same test binary, this test only, inside a new network namespace.
     let exe = std::env::current_exe().unwrap();
-    let output = Command::new("unshare")
-        .arg("--net")
+    // Bounded as a whole too: coreutils' `timeout` ends a run that hangs anywhere.
+    let output = Command::new("timeout")
+        .args([
+            "--kill-after=10",
+            &OUTER_BUDGET.as_secs().to_string(),
+            "unshare",
+            "--net",
+        ])
         .arg("--")
         .arg(exe)
         .args([
@@ -77,6 +85,11 @@ fn generated_squid_config_enforces_credentials_and_every_access_rule() {
         ));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_ne!(
+        output.status.code(),
+        Some(124),
+        "the run inside the namespace did not end within {OUTER_BUDGET:?}:\n{stdout}\n{stderr}"
+    );
     assert!(
         output.status.success(),
         "the run inside the namespace failed:\n{stdout}\n{stderr}"
@@ -252,8 +265,38 @@ async fn status_of<R: tokio::io::AsyncRead + Unpin>(reader: &mut BufReader<R>) -
 }
 
 /// Sends `CONNECT authority` from `from` to the proxy on `port`, with `credentials` when given;
-/// through an opened tunnel, a TLS `GET /` when `tls` is given.
+/// through an opened tunnel, a TLS `GET /` when `tls` is given. Within [`BUDGET`].
 async fn connect(
+    from: &str,
+    port: u16,
+    authority: &str,
+    credentials: Option<&Credentials>,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Answer {
+    tokio::time::timeout(BUDGET, connect_unbounded(from, port, authority, credentials, tls))
+        .await
+        .unwrap_or_else(|_| panic!("CONNECT {authority}: no answer within {BUDGET:?}"))
+}
+
+/// Sends a plain-HTTP `GET url` (an absolute URL) from the allowed client, and returns the
+/// proxy's status. Within [`BUDGET`].
+async fn get(port: u16, url: &str, credentials: Option<&Credentials>) -> u16 {
+    let exchange = async {
+        let mut conn = BufReader::new(TcpStream::connect((PROXY_IP, port)).await.unwrap());
+        let mut head = format!("GET {url} HTTP/1.1\r\nHost: egress.test\r\nConnection: close\r\n");
+        if let Some(c) = credentials {
+            head.push_str(&format!("Proxy-Authorization: {}\r\n", c.basic_authorization()));
+        }
+        head.push_str("\r\n");
+        conn.write_all(head.as_bytes()).await.unwrap();
+        status_of(&mut conn).await
+    };
+    tokio::time::timeout(BUDGET, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("GET {url}: no answer within {BUDGET:?}"))
+}
+
+async fn connect_unbounded(
     from: &str,
     port: u16,
     authority: &str,
@@ -297,14 +340,19 @@ async fn connect(
     }
 }
 
-/// The `egress-deny` note of the log line about `authority` (the last field; `-` when none).
-fn note_for(log: &[String], authority: &str) -> String {
+/// The `egress-deny` note of the last log line holding `needle` (the last field; `-` when none).
+fn note_of(log: &[String], needle: &str) -> String {
     let line = log
         .iter()
         .rev()
-        .find(|l| l.contains(&format!(" CONNECT {authority} ")))
-        .unwrap_or_else(|| panic!("no log line for {authority}: {log:#?}"));
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no log line with {needle:?}: {log:#?}"));
     line.rsplit(' ').next().unwrap().to_owned()
+}
+
+/// The `egress-deny` note of the log line about `CONNECT authority`.
+fn note_for(log: &[String], authority: &str) -> String {
+    note_of(log, &format!(" CONNECT {authority} "))
 }
 
 fn in_namespace() {
@@ -361,16 +409,34 @@ async fn cases() {
     );
 
     // With the right credentials, each refused destination is refused by its own rule.
+    // (what is asked for, how Squid's log writes it, the rule that refuses it)
     let refused = [
-        (format!("{PROXY_IP}:9443"), "port"),
-        (format!("169.254.169.254:{TARGET_PORT}"), "link-local"),
-        (format!("metadata.google.internal:{TARGET_PORT}"), "metadata"),
-        (format!("10.1.2.3:{TARGET_PORT}"), "denied-range"),
-        (format!("[fd00::1]:{TARGET_PORT}"), "denied-range"),
-        (format!("127.0.0.1:{TARGET_PORT}"), "localhost"),
-        (format!("100.100.100.200:{TARGET_PORT}"), "metadata"),
+        (format!("{PROXY_IP}:9443"), None, "port"),
+        (format!("169.254.169.254:{TARGET_PORT}"), None, "link-local"),
+        (format!("metadata.google.internal:{TARGET_PORT}"), None, "metadata"),
+        (format!("10.1.2.3:{TARGET_PORT}"), None, "denied-range"),
+        (format!("[fd00::1]:{TARGET_PORT}"), None, "denied-range"),
+        (format!("127.0.0.1:{TARGET_PORT}"), None, "localhost"),
+        (format!("[::1]:{TARGET_PORT}"), None, "localhost"),
+        // An IPv4 address in IPv6 form is the IPv4 address to Squid (and its log).
+        (
+            format!("[::ffff:7f00:2]:{TARGET_PORT}"),
+            Some(format!("127.0.0.2:{TARGET_PORT}")),
+            "localhost",
+        ),
+        (
+            format!("[::ffff:a9fe:a9fd]:{TARGET_PORT}"),
+            Some(format!("169.254.169.253:{TARGET_PORT}")),
+            "link-local",
+        ),
+        (format!("[fe80::1]:{TARGET_PORT}"), None, "link-local"),
+        (format!("100.100.100.200:{TARGET_PORT}"), None, "metadata"),
+        // 169.254.169.254 through NAT64, and through 6to4.
+        (format!("[64:ff9b::a9fe:a9fe]:{TARGET_PORT}"), None, "translated"),
+        (format!("[2002:a9fe:a9fe::1]:{TARGET_PORT}"), None, "translated"),
+        (format!("100.64.1.1:{TARGET_PORT}"), None, "denied-range"),
     ];
-    for (authority, _) in &refused {
+    for (authority, _, _) in &refused {
         assert_eq!(
             ask(authority, Some(&good)).await,
             Answer {
@@ -390,12 +456,33 @@ async fn cases() {
         }
     );
 
+    // Plain HTTP: the metadata server on the allowed port, and Squid's own cache manager, each
+    // refused by its rule; without credentials, challenged first.
+    let plain = [
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("http://metadata.google.internal/computeMetadata/v1/", "metadata"),
+        (
+            &*format!("http://{PROXY_IP}:{AUTH_PORT}/squid-internal-mgr/menu"),
+            "manager",
+        ),
+        ("cache_object://localhost/info", "manager"),
+    ];
+    for (url, _) in &plain {
+        assert_eq!(get(AUTH_PORT, url, None).await, 407, "{url}");
+        assert_eq!(get(AUTH_PORT, url, Some(&good)).await, 403, "{url}");
+    }
+
     // The refusals and the stranger.
-    let mut needles: Vec<String> = refused.iter().map(|(a, _)| format!(" CONNECT {a} ")).collect();
+    let logged = |(asked, logged, _): &(String, Option<String>, &str)| logged.clone().unwrap_or_else(|| asked.clone());
+    let mut needles: Vec<String> = refused.iter().map(|r| format!(" CONNECT {} ", logged(r))).collect();
     needles.push(format!(" {STRANGER_IP} "));
+    needles.extend(plain.iter().map(|(url, _)| format!(" GET {url} ")));
     let log = squid.access_log(&needles).await;
-    for (authority, rule) in &refused {
-        assert_eq!(note_for(&log, authority), *rule, "{authority}: {log:#?}");
+    for r in &refused {
+        assert_eq!(note_for(&log, &logged(r)), r.2, "{}: {log:#?}", r.0);
+    }
+    for (url, rule) in &plain {
+        assert_eq!(note_of(&log, &format!(" GET {url} ")), *rule, "{url}: {log:#?}");
     }
     let stranger_line = log.iter().find(|l| l.contains(&format!(" {STRANGER_IP} "))).unwrap();
     assert!(stranger_line.ends_with(" source"), "{stranger_line}");

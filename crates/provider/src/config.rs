@@ -130,7 +130,8 @@ pub struct ProxyAccess {
     #[serde(default)]
     pub http_ports: Option<Vec<u16>>,
     /// Further destination ranges refused (`10.0.0.0/8`, `fd00::/8`, or one address); default
-    /// [`ProxyAccess::DEFAULT_DENIED_DESTINATIONS`]: the RFC 1918 and unique-local ranges. An
+    /// [`ProxyAccess::DEFAULT_DENIED_DESTINATIONS`]: the RFC 1918, shared (RFC 6598, where some
+    /// clusters put Pods and Services) and unique-local ranges. An
     /// empty list refuses none beyond the ones always refused.
     #[serde(default)]
     pub denied_destinations: Option<Vec<String>>,
@@ -143,8 +144,13 @@ pub struct ProxyAccess {
 impl ProxyAccess {
     pub const DEFAULT_CONNECT_PORTS: &'static [u16] = &[443];
     pub const DEFAULT_HTTP_PORTS: &'static [u16] = &[80];
-    pub const DEFAULT_DENIED_DESTINATIONS: &'static [&'static str] =
-        &["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"];
+    pub const DEFAULT_DENIED_DESTINATIONS: &'static [&'static str] = &[
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "fc00::/7",
+    ];
 
     /// The `CONNECT` ports after defaults.
     pub fn effective_connect_ports(&self) -> Vec<u16> {

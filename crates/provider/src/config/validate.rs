@@ -746,6 +746,6 @@ mod tests {
         let defaults = ProxyAccess::default();
         assert_eq!(defaults.effective_connect_ports(), [443]);
         assert_eq!(defaults.effective_http_ports(), [80]);
-        assert_eq!(defaults.effective_denied_destinations().len(), 4);
+        assert_eq!(defaults.effective_denied_destinations().len(), 5);
     }
 }
