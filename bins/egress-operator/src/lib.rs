@@ -481,14 +481,17 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             (Arc::new(snapshot), Box::pin(events))
         }
     };
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        providers.clone(),
-        verdicts,
-        Timings::default(),
-        installation.clone(),
-        work.clone(),
-    ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            providers.clone(),
+            verdicts,
+            Timings::default(),
+            installation.clone(),
+            work.clone(),
+        )
+        .with_credentials(credentials.clone()),
+    );
     let config = ControllerConfig {
         namespace,
         ..Default::default()

@@ -3,12 +3,17 @@
 //!
 //! - **Generated.** Before each create, [`prepare`] reads the Secret `<instance name>-credentials`
 //!   in the Proxy's namespace ([`plan`] decides, without I/O): missing, or bound to an instance
-//!   already (the annotation [`ANNOTATION_CREDENTIALS_INSTANCE`]), it is written anew with a
-//!   fresh user and password; unbound, it is reused (a create retried after a failure must not
-//!   leave the instance it may have made with credentials nobody has). After the create
-//!   succeeds, [`bind`] records the instance on it. So each instance gets its own credentials,
-//!   and a replacement rotates them. The Secret is labelled
+//!   known to be gone (the annotation [`ANNOTATION_CREDENTIALS_INSTANCE`]), it is written anew
+//!   with a fresh user and password; unbound, it is reused (a create retried after a failure must
+//!   not leave the instance it may have made with credentials nobody has); bound to an instance
+//!   not known to be gone, the reconciler asks the provider first, and keeps the credentials if
+//!   that instance is still there (its status write was lost, and the create adopts it). After
+//!   the create succeeds, [`bind`] records the instance on it. So each instance gets its own
+//!   credentials, and a replacement rotates them. The Secret is labelled
 //!   `crawl.example.com/proxy-credentials: generated` and owned by the Proxy (deleted with it).
+//!   While the instance runs, [`check`] confirms the Secret still names it and holds usable
+//!   credentials; when it does not (deleted, or edited by hand), the instance is replaced, since
+//!   nobody can use it any more.
 //! - **Secret.** An External proxy's credentials are in the user's Secret (`secretRef`), which
 //!   must carry the label `crawl.example.com/proxy-credentials` too: only labelled Secrets are
 //!   watched.
@@ -49,10 +54,29 @@ pub fn secret_name(uid: &str) -> String {
 pub enum Plan {
     /// The Secret holds credentials no instance was created with yet: use them.
     Reuse(ProxyCredentials),
+    /// The Secret holds the credentials of this instance, which may still exist.
+    Bound {
+        instance: ProviderId,
+        credentials: ProxyCredentials,
+    },
     /// Write new credentials: create the Secret, or rewrite the one at this resourceVersion.
     Mint { replace: Option<String> },
     /// The name is taken by a Secret this Proxy does not own: touch nothing.
     Refuse(String),
+}
+
+/// The credentials [`prepare`] found for the next create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prepared {
+    /// Made for the next instance (new, or left by a create that did not finish).
+    Ready(ProxyCredentials),
+    /// Those of `instance`, which was created with them and is not known to be gone: if it still
+    /// exists, the create adopts it and must keep them; if it is gone, [`prepare`] again with it
+    /// as `gone`.
+    Bound {
+        instance: ProviderId,
+        credentials: ProxyCredentials,
+    },
 }
 
 fn text(secret: &Secret, key: &str) -> Option<String> {
@@ -67,8 +91,28 @@ fn owned_by(secret: &Secret, uid: &str) -> bool {
         .any(|o| o.uid == uid && o.kind == "Proxy")
 }
 
-/// The decision of [`prepare`], from the Secret as read (`None`: there is none).
-pub fn plan(existing: Option<&Secret>, proxy_uid: &str) -> Plan {
+fn bound_instance(secret: &Secret) -> Option<ProviderId> {
+    secret
+        .annotations()
+        .get(ANNOTATION_CREDENTIALS_INSTANCE)
+        .filter(|v| !v.is_empty())
+        .map(|v| ProviderId::new(v.clone()))
+}
+
+/// The Secret's credentials, when all three keys are there and agree with each other.
+fn usable(secret: &Secret) -> Option<ProxyCredentials> {
+    let credentials = Credentials::new(text(secret, USERNAME_KEY)?, text(secret, PASSWORD_KEY)?).ok()?;
+    let htpasswd = text(secret, HTPASSWD_KEY)?;
+    credentials.matches_htpasswd(&htpasswd).then(|| ProxyCredentials {
+        credentials,
+        htpasswd: htpasswd.trim_end().to_owned(),
+        secret_name: secret.name_any(),
+    })
+}
+
+/// The decision of [`prepare`], from the Secret as read (`None`: there is none) and the
+/// instance this pass saw gone, if any.
+pub fn plan(existing: Option<&Secret>, proxy_uid: &str, gone: Option<&ProviderId>) -> Plan {
     let Some(secret) = existing else {
         return Plan::Mint { replace: None };
     };
@@ -78,27 +122,24 @@ pub fn plan(existing: Option<&Secret>, proxy_uid: &str) -> Plan {
             secret.name_any()
         ));
     }
-    let bound = secret
-        .annotations()
-        .get(ANNOTATION_CREDENTIALS_INSTANCE)
-        .is_some_and(|v| !v.is_empty());
     let replace = Plan::Mint {
         replace: secret.resource_version(),
     };
-    if bound {
+    // Damaged (edited by hand, say): new ones, as for a new instance. If the instance it named
+    // still exists, nobody can use it; the check while it runs replaces it.
+    let Some(credentials) = usable(secret) else {
         return replace;
+    };
+    match bound_instance(secret) {
+        None => Plan::Reuse(credentials),
+        Some(instance) if gone == Some(&instance) => replace,
+        Some(instance) => Plan::Bound { instance, credentials },
     }
-    let usable = (|| {
-        let credentials = Credentials::new(text(secret, USERNAME_KEY)?, text(secret, PASSWORD_KEY)?).ok()?;
-        let htpasswd = text(secret, HTPASSWD_KEY)?;
-        credentials.matches_htpasswd(&htpasswd).then(|| ProxyCredentials {
-            credentials,
-            htpasswd: htpasswd.trim_end().to_owned(),
-            secret_name: secret.name_any(),
-        })
-    })();
-    // Damaged (edited by hand, say): new ones, as for a new instance.
-    usable.map_or(replace, Plan::Reuse)
+}
+
+/// Whether `secret` holds usable credentials of the Proxy `proxy_uid` for the instance `id`.
+pub fn serves(secret: &Secret, proxy_uid: &str, id: &ProviderId) -> bool {
+    owned_by(secret, proxy_uid) && bound_instance(secret).as_ref() == Some(id) && usable(secret).is_some()
 }
 
 /// The Secret that holds `credentials` for `proxy`: labelled, owned by the Proxy (not blocking
@@ -147,27 +188,41 @@ pub fn build_secret(proxy: &Proxy, credentials: &ProxyCredentials, resource_vers
     }
 }
 
-fn unavailable(what: &str, name: &str, e: &kube::Error) -> SecretProblem {
+/// An API error on the Secret. A refusal that asking again will not change (403 Forbidden, 422
+/// Invalid, ...) is `Unusable`, and the Proxy says so; a conflict, throttling, a server error or
+/// no answer is `Unavailable`, retried with backoff.
+fn problem(what: &str, name: &str, e: &kube::Error) -> SecretProblem {
     // A Secret's contents never appear in an API error (the server does not echo them back).
-    SecretProblem::Unavailable(format!("{what} Secret \"{name}\": {e}"))
+    let message = format!("{what} Secret \"{name}\": {e}");
+    match e {
+        kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 => {
+            SecretProblem::Unusable(message)
+        }
+        _ => SecretProblem::Unavailable(message),
+    }
 }
 
-/// The credentials for the next create of `proxy` (Generated), written to its Secret first.
+/// The credentials for the next create of `proxy` (Generated), written to its Secret first
+/// when new ones are needed. `gone` is the instance this pass saw gone, whose credentials are
+/// not kept.
 ///
 /// # Errors
-/// `Unusable` when the name is taken by a Secret the Proxy does not own; `Unavailable` when the
-/// API server does not answer or refuses (a conflict included: the next pass reads again).
-pub async fn prepare(client: &kube::Client, proxy: &Proxy) -> Result<ProxyCredentials, SecretProblem> {
+/// `Unusable` when the name is taken by a Secret the Proxy does not own, or the API server
+/// refuses for good (403, 422); `Unavailable` when it does not answer, throttles or conflicts
+/// (the next pass reads again).
+pub async fn prepare(
+    client: &kube::Client,
+    proxy: &Proxy,
+    gone: Option<&ProviderId>,
+) -> Result<Prepared, SecretProblem> {
     let namespace = proxy.namespace().unwrap_or_default();
     let uid = proxy.uid().unwrap_or_default();
     let name = secret_name(&uid);
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let existing = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| unavailable("reading", &name, &e))?;
-    match plan(existing.as_ref(), &uid) {
-        Plan::Reuse(credentials) => Ok(credentials),
+    let existing = api.get_opt(&name).await.map_err(|e| problem("reading", &name, &e))?;
+    match plan(existing.as_ref(), &uid, gone) {
+        Plan::Reuse(credentials) => Ok(Prepared::Ready(credentials)),
+        Plan::Bound { instance, credentials } => Ok(Prepared::Bound { instance, credentials }),
         Plan::Refuse(why) => Err(SecretProblem::Unusable(why)),
         Plan::Mint { replace } => {
             let credentials = ProxyCredentials::new(Credentials::generate(), name.clone());
@@ -192,10 +247,24 @@ pub async fn prepare(client: &kube::Client, proxy: &Proxy) -> Result<ProxyCreden
                     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await
                 }
             };
-            result.map_err(|e| unavailable("writing", &name, &e))?;
-            Ok(credentials)
+            result.map_err(|e| problem("writing", &name, &e))?;
+            Ok(Prepared::Ready(credentials))
         }
     }
+}
+
+/// Whether the Secret of `proxy` (Generated) still holds usable credentials for its running
+/// instance `id`, read from the API server (the cache may lag behind a bind just made).
+///
+/// # Errors
+/// As [`prepare`].
+pub async fn check(client: &kube::Client, proxy: &Proxy, id: &ProviderId) -> Result<bool, SecretProblem> {
+    let namespace = proxy.namespace().unwrap_or_default();
+    let uid = proxy.uid().unwrap_or_default();
+    let name = secret_name(&uid);
+    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let secret = api.get_opt(&name).await.map_err(|e| problem("reading", &name, &e))?;
+    Ok(secret.is_some_and(|s| serves(&s, &uid, id)))
 }
 
 /// Records on the Secret that the instance `id` was created with its credentials.
@@ -210,7 +279,7 @@ pub async fn bind(client: &kube::Client, proxy: &Proxy, id: &ProviderId) -> Resu
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(drop)
-        .map_err(|e| unavailable("annotating", &name, &e))
+        .map_err(|e| problem("annotating", &name, &e))
 }
 
 /// The labelled credential Secrets, as every replica keeps them, for the probe and the
@@ -243,28 +312,57 @@ impl CredentialCache {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// The credentials clients of `proxy` must show, when it has any and they can be read.
-    pub fn for_proxy(&self, proxy: &Proxy) -> Option<Credentials> {
-        let namespace = proxy.namespace().unwrap_or_default();
-        let spec = proxy.spec.credentials.as_ref()?;
-        let (name, generated) = match spec.type_ {
-            CredentialsType::None => return None,
-            CredentialsType::Generated => (secret_name(&proxy.uid().unwrap_or_default()), true),
-            CredentialsType::Secret => (spec.secret_ref.as_ref()?.name.clone(), false),
+    /// The credentials clients of `proxy` must show: none asked, found, or asked and not to be
+    /// had. A Generated Proxy's are found only while its Secret names the instance its status
+    /// records: never a password meant for an instance still to come, or one gone.
+    pub fn lookup(&self, proxy: &Proxy) -> Lookup {
+        let Some(spec) = proxy.spec.credentials.as_ref() else {
+            return Lookup::NotNeeded;
         };
-        let secret = self.store.get(&reflector::ObjectRef::new(&name).within(&namespace))?;
-        if generated && !owned_by(&secret, &proxy.uid().unwrap_or_default()) {
-            return None;
-        }
-        // A user's Secret, never one the operator generated for some Proxy: an External Proxy
-        // pointed at a host of its author's must not be handed another proxy's password.
-        let operators =
-            secret.labels().get(LABEL_PROXY_CREDENTIALS).map(String::as_str) == Some(PROXY_CREDENTIALS_GENERATED);
-        if !generated && operators {
-            return None;
-        }
-        Credentials::new(text(&secret, USERNAME_KEY)?, text(&secret, PASSWORD_KEY)?).ok()
+        let namespace = proxy.namespace().unwrap_or_default();
+        let uid = proxy.uid().unwrap_or_default();
+        let get = |name: &str| self.store.get(&reflector::ObjectRef::new(name).within(&namespace));
+        let found = match spec.type_ {
+            CredentialsType::None => return Lookup::NotNeeded,
+            CredentialsType::Generated => {
+                let id = ProviderId::new(proxy.status.as_ref().map(|s| s.provider_id.clone()).unwrap_or_default());
+                get(&secret_name(&uid))
+                    .filter(|s| serves(s, &uid, &id))
+                    .and_then(|s| Credentials::new(text(&s, USERNAME_KEY)?, text(&s, PASSWORD_KEY)?).ok())
+            }
+            // A user's Secret, never one the operator generated for some Proxy: an External Proxy
+            // pointed at a host of its author's must not be handed another proxy's password.
+            CredentialsType::Secret => spec
+                .secret_ref
+                .as_ref()
+                .and_then(|r| get(&r.name))
+                .filter(|s| {
+                    s.labels().get(LABEL_PROXY_CREDENTIALS).map(String::as_str) != Some(PROXY_CREDENTIALS_GENERATED)
+                })
+                .and_then(|s| Credentials::new(text(&s, USERNAME_KEY)?, text(&s, PASSWORD_KEY)?).ok()),
+        };
+        found.map_or(Lookup::Missing, Lookup::Found)
     }
+
+    /// The credentials of `proxy`, when it has them and they can be read.
+    pub fn for_proxy(&self, proxy: &Proxy) -> Option<Credentials> {
+        match self.lookup(proxy) {
+            Lookup::Found(c) => Some(c),
+            Lookup::NotNeeded | Lookup::Missing => None,
+        }
+    }
+}
+
+/// What the cache knows of the credentials a Proxy asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The Proxy takes clients without credentials.
+    NotNeeded,
+    Found(Credentials),
+    /// It asks for credentials the cache cannot give: its Secret is missing, incomplete, not
+    /// (yet) bound to its instance, or not one it may use. It is neither probed nor leased
+    /// meanwhile.
+    Missing,
 }
 
 /// The cache and the future that keeps it (run on every replica until `shutdown`).
@@ -345,36 +443,96 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_or_bound_secret_gets_new_credentials_and_an_unbound_one_is_reused() {
+    fn a_missing_or_gone_secret_gets_new_credentials_and_others_are_kept() {
         let c = ProxyCredentials::new(Credentials::generate(), secret_name("uid-1"));
-        assert_eq!(plan(None, "uid-1"), Plan::Mint { replace: None });
-        assert_eq!(plan(Some(&stored(&c, None)), "uid-1"), Plan::Reuse(c.clone()));
-        // Used by an instance already: a replacement rotates.
+        let x = ProviderId::new("local/proxy-x");
+        assert_eq!(plan(None, "uid-1", None), Plan::Mint { replace: None });
+        assert_eq!(plan(Some(&stored(&c, None)), "uid-1", None), Plan::Reuse(c.clone()));
+        assert_eq!(plan(Some(&stored(&c, None)), "uid-1", Some(&x)), Plan::Reuse(c.clone()));
+        // Used by an instance this pass saw gone: the replacement rotates.
         assert_eq!(
-            plan(Some(&stored(&c, Some("local/proxy-x"))), "uid-1"),
+            plan(Some(&stored(&c, Some("local/proxy-x"))), "uid-1", Some(&x)),
             Plan::Mint {
                 replace: Some("7".into())
             }
         );
-        // A damaged Secret is written anew.
-        let mut damaged = stored(&c, None);
-        damaged
-            .data
-            .as_mut()
-            .unwrap()
-            .insert(PASSWORD_KEY.into(), ByteString(b"changed".to_vec()));
+        // Used by an instance nobody has seen gone (a status write lost after the bind): kept,
+        // for the reconciler to ask the provider about.
+        let bound = Plan::Bound {
+            instance: x.clone(),
+            credentials: c.clone(),
+        };
+        assert_eq!(plan(Some(&stored(&c, Some("local/proxy-x"))), "uid-1", None), bound);
         assert_eq!(
-            plan(Some(&damaged), "uid-1"),
-            Plan::Mint {
-                replace: Some("7".into())
-            }
+            plan(
+                Some(&stored(&c, Some("local/proxy-x"))),
+                "uid-1",
+                Some(&ProviderId::new("local/proxy-y"))
+            ),
+            bound
         );
+        // A damaged Secret is written anew, bound or not.
+        for instance in [None, Some("local/proxy-x")] {
+            let mut damaged = stored(&c, instance);
+            damaged
+                .data
+                .as_mut()
+                .unwrap()
+                .insert(PASSWORD_KEY.into(), ByteString(b"changed".to_vec()));
+            assert_eq!(
+                plan(Some(&damaged), "uid-1", None),
+                Plan::Mint {
+                    replace: Some("7".into())
+                }
+            );
+        }
         // Someone else's Secret of that name is left alone, and the message shows no content.
-        let Plan::Refuse(why) = plan(Some(&stored(&c, None)), "another-uid") else {
+        let Plan::Refuse(why) = plan(Some(&stored(&c, None)), "another-uid", None) else {
             panic!("not refused")
         };
         assert!(why.contains("not owned by this Proxy"), "{why}");
         assert!(!why.contains(c.credentials.password()));
+    }
+
+    #[test]
+    fn a_secret_serves_only_the_instance_it_names_with_credentials_that_agree() {
+        let c = ProxyCredentials::new(Credentials::generate(), secret_name("uid-1"));
+        let x = ProviderId::new("local/proxy-x");
+        assert!(serves(&stored(&c, Some("local/proxy-x")), "uid-1", &x));
+        assert!(!serves(&stored(&c, None), "uid-1", &x), "not bound yet");
+        assert!(
+            !serves(&stored(&c, Some("local/proxy-y")), "uid-1", &x),
+            "another instance"
+        );
+        assert!(
+            !serves(&stored(&c, Some("local/proxy-x")), "uid-2", &x),
+            "another Proxy's"
+        );
+        let mut edited = stored(&c, Some("local/proxy-x"));
+        edited
+            .data
+            .as_mut()
+            .unwrap()
+            .insert(USERNAME_KEY.into(), ByteString(b"someone".to_vec()));
+        assert!(!serves(&edited, "uid-1", &x), "user and htpasswd disagree");
+    }
+
+    #[test]
+    fn refusals_that_will_not_change_are_unusable_and_the_rest_retried() {
+        let api =
+            |code: u16| kube::Error::Api(kube::core::Status::failure("refused", "Reason").with_code(code).boxed());
+        for code in [400, 403, 404, 422] {
+            assert!(
+                matches!(problem("writing", "s", &api(code)), SecretProblem::Unusable(m) if m.contains("writing Secret \"s\"")),
+                "{code}"
+            );
+        }
+        for code in [409, 429, 500, 503] {
+            assert!(
+                matches!(problem("writing", "s", &api(code)), SecretProblem::Unavailable(_)),
+                "{code}"
+            );
+        }
     }
 
     #[test]
@@ -398,23 +556,36 @@ mod tests {
         let cache = CredentialCache::from_store(store);
         let with = |type_, secret_ref: Option<&str>| {
             let mut p = proxy();
+            p.status = Some(egress_api::ProxyStatus {
+                provider_id: "id".into(),
+                ..Default::default()
+            });
             p.spec.credentials = Some(egress_api::Credentials {
                 type_,
                 secret_ref: secret_ref.map(|n| egress_api::CredentialsSecretRef { name: n.into() }),
             });
             p
         };
-        assert_eq!(cache.for_proxy(&proxy()), None);
-        assert_eq!(cache.for_proxy(&with(CredentialsType::None, None)), None);
+        assert_eq!(cache.lookup(&proxy()), Lookup::NotNeeded);
+        assert_eq!(cache.lookup(&with(CredentialsType::None, None)), Lookup::NotNeeded);
         assert_eq!(
-            cache.for_proxy(&with(CredentialsType::Generated, None)),
-            Some(c.credentials.clone())
+            cache.lookup(&with(CredentialsType::Generated, None)),
+            Lookup::Found(c.credentials.clone())
         );
+        // Not the instance the Secret names (one still to be made, or one gone): nothing.
+        let mut moved = with(CredentialsType::Generated, None);
+        moved.status.as_mut().unwrap().provider_id = "another".into();
+        assert_eq!(cache.lookup(&moved), Lookup::Missing);
+        moved.status = None;
+        assert_eq!(cache.lookup(&moved), Lookup::Missing);
         assert_eq!(
             cache.for_proxy(&with(CredentialsType::Secret, Some("mine"))),
             Some(Credentials::new("bob", "hunter2").unwrap())
         );
-        assert_eq!(cache.for_proxy(&with(CredentialsType::Secret, Some("absent"))), None);
+        assert_eq!(
+            cache.lookup(&with(CredentialsType::Secret, Some("absent"))),
+            Lookup::Missing
+        );
         // An External Proxy naming a generated Secret gets nothing from it.
         assert_eq!(
             cache.for_proxy(&with(CredentialsType::Secret, Some(&secret_name("uid-1")))),
@@ -423,7 +594,7 @@ mod tests {
         // A generated Secret of another Proxy (another UID) is not taken.
         let mut other = with(CredentialsType::Generated, None);
         other.metadata.uid = Some("uid-2".into());
-        assert_eq!(cache.for_proxy(&other), None);
+        assert_eq!(cache.lookup(&other), Lookup::Missing);
         // A user's Secret without a password gives nothing rather than half.
         user.data.as_mut().unwrap().remove(PASSWORD_KEY);
         let (store, mut writer) = reflector::store::<Secret>();

@@ -16,6 +16,8 @@ use egress_api::{
     ConditionStatus, CredentialsType, FINALIZER, Mode, Proxy, ProxyStatus, SecretRef, conditions, reasons,
 };
 use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId, ProxyCredentials};
+
+use crate::credentials::Prepared;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::spec_hash::spec_hash;
@@ -66,6 +68,10 @@ pub struct Input<'a> {
     pub configured_providers: &'a [String],
     /// The health engine's verdict for this Proxy, if it has one.
     pub verdict: Option<Verdict>,
+    /// Whether the credential cache already shows the Generated Proxy's Secret serving the
+    /// instance its status records; when it does not, the running instance's Secret is read
+    /// from the API server before the instance is trusted.
+    pub credentials_cached: bool,
     pub now: Time,
 }
 
@@ -91,9 +97,13 @@ pub struct Facts {
     pub create: Option<Result<ProviderId, Failure>>,
     pub delete: Option<Result<(), Failure>>,
     /// The credentials for the create (Generated), or why there are none.
-    pub credentials: Option<Result<ProxyCredentials, SecretProblem>>,
+    pub credentials: Option<Result<Prepared, SecretProblem>>,
+    /// The instance the credentials Secret names, as the provider answered for it.
+    pub bound_instance: Option<(ProviderId, Result<Instance, Failure>)>,
     /// Whether the created instance was recorded on the credentials Secret.
     pub credentials_bound: Option<Result<(), SecretProblem>>,
+    /// Whether the credentials Secret still serves the running instance.
+    pub credentials_checked: Option<Result<bool, SecretProblem>>,
 }
 
 /// The next thing to do. Its `Debug` shows the cloud-init size only: it may hold secrets.
@@ -106,10 +116,17 @@ pub enum Action {
     /// Read the cloud-init Secret (labelled Secrets only).
     ReadSecret(SecretRef),
     Get(ProviderId),
-    /// Read or write the credentials Secret of a Generated Proxy for the next create.
-    PrepareCredentials,
+    /// Read or write the credentials Secret of a Generated Proxy for the next create; `gone` is
+    /// the instance this pass saw gone, whose credentials must not be reused.
+    PrepareCredentials {
+        gone: Option<ProviderId>,
+    },
+    /// Ask the provider for the instance the credentials Secret names.
+    GetBound(ProviderId),
     /// Record on the credentials Secret the instance made with them.
     BindCredentials(ProviderId),
+    /// Read the credentials Secret: does it still serve this running instance?
+    CheckCredentials(ProviderId),
     /// Create the instance from the spec with this cloud-init and these credentials.
     Create {
         cloud_init: Vec<u8>,
@@ -126,8 +143,10 @@ impl std::fmt::Debug for Action {
             Self::WriteSpecHash(h) => f.debug_tuple("WriteSpecHash").field(h).finish(),
             Self::ReadSecret(r) => f.debug_tuple("ReadSecret").field(r).finish(),
             Self::Get(id) => f.debug_tuple("Get").field(id).finish(),
-            Self::PrepareCredentials => f.write_str("PrepareCredentials"),
+            Self::PrepareCredentials { gone } => f.debug_struct("PrepareCredentials").field("gone", gone).finish(),
+            Self::GetBound(id) => f.debug_tuple("GetBound").field(id).finish(),
             Self::BindCredentials(id) => f.debug_tuple("BindCredentials").field(id).finish(),
+            Self::CheckCredentials(id) => f.debug_tuple("CheckCredentials").field(id).finish(),
             Self::Create {
                 cloud_init,
                 credentials,
@@ -156,7 +175,9 @@ impl std::fmt::Debug for Facts {
             .field("create", &self.create)
             .field("delete", &self.delete)
             .field("credentials", &self.credentials)
+            .field("bound_instance", &self.bound_instance)
             .field("credentials_bound", &self.credentials_bound)
+            .field("credentials_checked", &self.credentials_checked)
             .finish()
     }
 }
@@ -471,6 +492,8 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
             .and_then(|a| a.get(egress_api::ANNOTATION_SPEC_HASH))
             .cloned()
     });
+    // The recorded instance, when this pass saw it gone: its credentials are not kept.
+    let mut vanished = None;
     if !status.provider_id.is_empty() {
         let id = ProviderId::new(status.provider_id.clone());
         match annotation.as_deref() {
@@ -517,6 +540,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
         // The recorded instance is gone.
         status.provider_id.clear();
         status.ip.clear();
+        vanished = Some(id);
     }
     // 6. No instance recorded: make sure the annotation describes what is built, then create.
     if annotation.as_deref() != Some(hash.as_str()) {
@@ -525,15 +549,19 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
     // Generated credentials: new ones for a new instance, written before it is made.
     let generated = proxy.spec.credentials_type() == CredentialsType::Generated;
     let credentials = if generated {
-        match &facts.credentials {
-            None => return Next::Do(Action::PrepareCredentials),
-            Some(Err(SecretProblem::Unusable(why))) => {
+        match generated_credentials(facts, vanished) {
+            Ok(c) => Some(c),
+            Err(Pending::Do(action)) => return Next::Do(action),
+            Err(Pending::Provider(f)) => {
+                return provider_failure(input, timings, status, InstanceView::Unobserved, &f);
+            }
+            Err(Pending::Problem(SecretProblem::Unusable(why))) => {
                 set_provisioned(
                     input,
                     &mut status,
                     ConditionStatus::False,
                     reasons::CREDENTIALS_ERROR,
-                    why,
+                    &why,
                 );
                 return finish(
                     input,
@@ -542,8 +570,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
                     Requeue::After(timings.drift_poll),
                 );
             }
-            Some(Err(SecretProblem::Unavailable(why))) => return unavailable(input, why),
-            Some(Ok(c)) => Some(c.clone()),
+            Err(Pending::Problem(SecretProblem::Unavailable(why))) => return unavailable(input, &why),
         }
     } else {
         None
@@ -569,6 +596,39 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
             status.provider_id = id.as_str().to_string();
             booting(input, timings, status)
         }
+    }
+}
+
+/// What stands between a Generated Proxy and the credentials of its next create.
+enum Pending {
+    Do(Action),
+    Problem(SecretProblem),
+    Provider(Failure),
+}
+
+/// The credentials for the create of a Generated Proxy. `vanished` is the instance this pass
+/// saw gone. A Secret bound to an instance nobody saw gone (the status write after a create was
+/// lost, or a new leader took over) keeps its credentials while the provider still has that
+/// instance: the create adopts it, and it was made with them.
+fn generated_credentials(facts: &Facts, vanished: Option<ProviderId>) -> Result<ProxyCredentials, Pending> {
+    match &facts.credentials {
+        None => Err(Pending::Do(Action::PrepareCredentials { gone: vanished })),
+        Some(Err(problem)) => Err(Pending::Problem(problem.clone())),
+        Some(Ok(Prepared::Ready(c))) => Ok(c.clone()),
+        Some(Ok(Prepared::Bound { instance, credentials })) => match &facts.bound_instance {
+            None => Err(Pending::Do(Action::GetBound(instance.clone()))),
+            Some((asked, answer)) if asked == instance => match answer {
+                Ok(_) => Ok(credentials.clone()),
+                Err(f) if f.class == ErrorClass::NotFound => Err(Pending::Do(Action::PrepareCredentials {
+                    gone: Some(instance.clone()),
+                })),
+                Err(f) => Err(Pending::Provider(f.clone())),
+            },
+            // Read again, the Secret names yet another instance: start over in the next pass.
+            Some(_) => Err(Pending::Problem(SecretProblem::Unavailable(
+                "the credentials Secret changed during the pass; reading it again".into(),
+            ))),
+        },
     }
 }
 
@@ -605,6 +665,9 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
         InstanceState::Provisioning => booting(input, timings, status),
         InstanceState::Running => match instance.ip {
             Some(ip) => {
+                if let Some(next) = credentials_serve(input, facts, timings, &mut status) {
+                    return next;
+                }
                 status.ip = ip.to_string();
                 set_provisioned(
                     input,
@@ -639,6 +702,42 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
                     Requeue::After(timings.deletion_poll),
                 ),
             }
+        }
+    }
+}
+
+/// A running Generated instance is trusted only while its Secret holds the credentials it was
+/// made with. A Secret deleted or edited by hand leaves an instance nobody can use: it is
+/// replaced (deleted, keeping its id, until Get says NotFound), and the new one gets new ones.
+/// `Some`: the pass goes no further than this.
+fn credentials_serve(input: &Input<'_>, facts: &Facts, timings: &Timings, status: &mut ProxyStatus) -> Option<Next> {
+    if input.proxy.spec.credentials_type() != CredentialsType::Generated || input.credentials_cached {
+        return None;
+    }
+    let id = ProviderId::new(status.provider_id.clone());
+    match &facts.credentials_checked {
+        None => Some(Next::Do(Action::CheckCredentials(id))),
+        Some(Ok(true)) => None,
+        Some(Err(SecretProblem::Unavailable(why) | SecretProblem::Unusable(why))) => Some(unavailable(input, why)),
+        Some(Ok(false)) => {
+            status.ip.clear();
+            set_provisioned(
+                input,
+                status,
+                ConditionStatus::False,
+                reasons::PROVISIONING,
+                "the credentials Secret no longer holds this instance's credentials (deleted or edited); replacing the instance so it gets new ones",
+            );
+            Some(match &facts.delete {
+                None => Next::Do(Action::Delete(id)),
+                Some(Err(f)) => provider_failure(input, timings, status.clone(), InstanceView::Booting, f),
+                Some(Ok(())) => finish(
+                    input,
+                    status.clone(),
+                    InstanceView::Booting,
+                    Requeue::After(timings.deletion_poll),
+                ),
+            })
         }
     }
 }

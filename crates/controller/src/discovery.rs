@@ -7,15 +7,21 @@ use egress_api::{Mode, Proxy};
 use egress_discovery::{ProxyDirectory, ProxyInfo};
 use kube::ResourceExt;
 
-use crate::credentials::CredentialCache;
+use crate::credentials::{CredentialCache, Lookup};
 use crate::proxy_cache::ProxyCache;
 
 /// A Proxy as the discovery API shows it, with the credentials it demands; `None` while it is
-/// being deleted.
-pub fn info(proxy: &Proxy, credentials: Option<egress_credentials::Credentials>) -> Option<ProxyInfo> {
+/// being deleted. One that asks for credentials the cache cannot give is shown unhealthy, so
+/// it is never leased: a lease without them would be refused by the proxy.
+pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
     if proxy.metadata.deletion_timestamp.is_some() {
         return None;
     }
+    let (credentials, usable) = match credentials {
+        Lookup::Found(c) => (Some(c), true),
+        Lookup::NotNeeded => (None, true),
+        Lookup::Missing => (None, false),
+    };
     let status = proxy.status.clone().unwrap_or_default();
     let (ip, port) = match proxy.spec.mode {
         Mode::External => proxy.spec.external_address().unwrap_or_default(),
@@ -28,7 +34,7 @@ pub fn info(proxy: &Proxy, credentials: Option<egress_credentials::Credentials>)
         port: u16::try_from(port).unwrap_or(0),
         attributes: proxy.spec.attributes.clone(),
         phase: status.phase.map(|p| format!("{p:?}")).unwrap_or_default(),
-        healthy: verdict.is_some_and(|v| v.healthy),
+        healthy: usable && verdict.is_some_and(|v| v.healthy),
         latency_millis: status.latency_millis.unwrap_or(0),
         max_leases: proxy.spec.effective_max_leases(),
         credentials,
@@ -69,7 +75,7 @@ impl ProxyDirectory for CachedDirectory {
             .store()
             .state()
             .iter()
-            .filter_map(|p| info(p, self.credentials.for_proxy(p)))
+            .filter_map(|p| info(p, self.credentials.lookup(p)))
             .collect();
         views.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
         let views = Arc::new(views);
@@ -114,7 +120,7 @@ mod tests {
             }],
             ..Default::default()
         });
-        let v = info(&p, None).unwrap();
+        let v = info(&p, Lookup::NotNeeded).unwrap();
         assert_eq!(
             (
                 v.id.as_str(),
@@ -128,9 +134,15 @@ mod tests {
             ("ns/out", "proxy.example", 3128, "Ready", true, 42, 0)
         );
         assert_eq!(v.attributes["geo"], "eu");
+        // Credentials asked for and not to be had: listed, never leased.
+        let v = info(&p, Lookup::Missing).unwrap();
+        assert_eq!((v.healthy, v.credentials), (false, None));
+        let found = egress_credentials::Credentials::new("u", "p").unwrap();
+        let v = info(&p, Lookup::Found(found.clone())).unwrap();
+        assert_eq!((v.healthy, v.credentials), (true, Some(found)));
         p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
-        assert_eq!(info(&p, None), None);
+        assert_eq!(info(&p, Lookup::NotNeeded), None);
     }
 }

@@ -8,6 +8,7 @@ use egress_health::{ProbeSettings, ProxyKey, ProxySource, ProxyView, Snapshot};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
+use crate::credentials::Lookup;
 use crate::reconciler::HealthVerdicts;
 use crate::status::Verdict;
 
@@ -26,7 +27,7 @@ impl HealthVerdicts for Snapshot {
 
     /// Only a verdict about this very Proxy (UID) at its current address.
     fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
-        let view = view(proxy, "", None)?;
+        let view = view(proxy, "", Lookup::NotNeeded)?;
         self.get_for(&view).map(to_status)
     }
 }
@@ -49,16 +50,23 @@ impl std::fmt::Debug for CachedProxies {
     }
 }
 
-/// What to probe for one Proxy, with `credentials` when it has them: `None` while it is being
-/// deleted. An empty host (a Managed Proxy without an IP yet) tells the engine to prune.
-pub fn view(
-    proxy: &Proxy,
-    default_url: &str,
-    credentials: Option<egress_credentials::Credentials>,
-) -> Option<ProxyView> {
+/// What to probe for one Proxy, with its credentials as the cache has them: `None` while it is
+/// being deleted. An empty host (a Managed Proxy without an IP yet) tells the engine to prune.
+///
+/// A Generated Proxy whose credentials the cache cannot give (its Secret not yet bound to the
+/// new instance, or lost) is pruned too: a probe without them would only be refused, and count
+/// against an instance that works. An External Proxy whose user Secret is missing is probed
+/// without: the refusal (`ProxyAuthRequired`) is what its author needs to see.
+pub fn view(proxy: &Proxy, default_url: &str, credentials: Lookup) -> Option<ProxyView> {
     if proxy.metadata.deletion_timestamp.is_some() {
         return None;
     }
+    let generated = proxy.spec.credentials_type() == egress_api::CredentialsType::Generated;
+    let (credentials, unprobeable) = match credentials {
+        Lookup::Found(c) => (Some(c), false),
+        Lookup::NotNeeded => (None, false),
+        Lookup::Missing => (None, generated),
+    };
     let (host, port) = match proxy.spec.mode {
         Mode::External => proxy.spec.external_address().unwrap_or_default(),
         Mode::Managed => (
@@ -68,7 +76,11 @@ pub fn view(
     };
     // A port no proxy can listen on leaves nothing to probe.
     let port = u16::try_from(port).ok().filter(|p| *p != 0);
-    let host = if port.is_some() { host } else { String::new() };
+    let host = if port.is_some() && !unprobeable {
+        host
+    } else {
+        String::new()
+    };
     let check = proxy.spec.effective_health_check();
     let url = proxy
         .spec
@@ -108,7 +120,7 @@ impl ProxySource for CachedProxies {
             .store()
             .state()
             .iter()
-            .filter_map(|p| view(p, &self.default_url, self.credentials.for_proxy(p)))
+            .filter_map(|p| view(p, &self.default_url, self.credentials.lookup(p)))
             .collect()
     }
 
@@ -146,7 +158,7 @@ mod tests {
     #[test]
     fn what_each_proxy_is_probed_at() {
         let mut managed = proxy(Mode::Managed);
-        let v = view(&managed, "https://default.test/204", None).unwrap();
+        let v = view(&managed, "https://default.test/204", Lookup::NotNeeded).unwrap();
         assert_eq!((v.host.as_str(), v.port), ("", 3128), "no IP yet: the engine prunes");
         assert_eq!(v.settings.url, "https://default.test/204");
         managed.status = Some(ProxyStatus {
@@ -158,7 +170,7 @@ mod tests {
             success_threshold: Some(4),
             ..Default::default()
         });
-        let v = view(&managed, "https://default.test/204", None).unwrap();
+        let v = view(&managed, "https://default.test/204", Lookup::NotNeeded).unwrap();
         assert_eq!(
             (v.host.as_str(), v.settings.url.as_str(), v.settings.success_threshold),
             ("10.0.0.5", "https://own.test/", 4)
@@ -170,12 +182,46 @@ mod tests {
             host: "proxy.example".into(),
             port: Some(8080),
         });
-        let v = view(&external, "u", None).unwrap();
+        let v = view(&external, "u", Lookup::NotNeeded).unwrap();
         assert_eq!((v.host.as_str(), v.port), ("proxy.example", 8080));
 
         external.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
-        assert_eq!(view(&external, "u", None), None, "a Proxy being deleted is not probed");
+        assert_eq!(
+            view(&external, "u", Lookup::NotNeeded),
+            None,
+            "a Proxy being deleted is not probed"
+        );
+    }
+
+    #[test]
+    fn credentials_the_cache_cannot_give_prune_a_generated_proxy_but_not_an_external_one() {
+        let credentials = |type_| {
+            Some(egress_api::Credentials {
+                type_,
+                secret_ref: None,
+            })
+        };
+        let mut managed = proxy(Mode::Managed);
+        managed.spec.credentials = credentials(egress_api::CredentialsType::Generated);
+        managed.status = Some(ProxyStatus {
+            ip: "10.0.0.5".into(),
+            ..Default::default()
+        });
+        let found = egress_credentials::Credentials::new("u", "p").unwrap();
+        let v = view(&managed, "u", Lookup::Found(found.clone())).unwrap();
+        assert_eq!((v.host.as_str(), v.settings.credentials), ("10.0.0.5", Some(found)));
+        let v = view(&managed, "u", Lookup::Missing).unwrap();
+        assert_eq!((v.host.as_str(), v.settings.credentials), ("", None), "pruned");
+
+        let mut external = proxy(Mode::External);
+        external.spec.endpoint = Some(Endpoint {
+            host: "proxy.example".into(),
+            port: None,
+        });
+        external.spec.credentials = credentials(egress_api::CredentialsType::Secret);
+        let v = view(&external, "u", Lookup::Missing).unwrap();
+        assert_eq!((v.host.as_str(), v.settings.credentials), ("proxy.example", None));
     }
 }

@@ -65,6 +65,9 @@ pub struct Context {
     pub installation: Option<String>,
     /// Cancelled at shutdown: provider calls in flight return promptly.
     pub shutdown: CancellationToken,
+    /// The credential Secrets as watched, when the operator keeps them: a running Generated
+    /// instance whose Secret it shows serving it needs no read of the Secret.
+    pub credentials: Option<crate::credentials::CredentialCache>,
     /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
     instance: String,
     /// The configured entries' names, in config order.
@@ -99,9 +102,17 @@ impl Context {
             timings,
             installation,
             shutdown,
+            credentials: None,
             instance,
             failures: Mutex::default(),
         }
+    }
+
+    /// Reads credentials from `cache` where it can, sparing the API server.
+    #[must_use]
+    pub fn with_credentials(mut self, cache: crate::credentials::CredentialCache) -> Self {
+        self.credentials = Some(cache);
+        self
     }
 
     /// The workqueue's backoff for a failing Proxy: 5 ms doubling per failure, at most 1000 s
@@ -307,6 +318,10 @@ async fn run_pass(
         provider_configured: provider.is_some(),
         configured_providers: &ctx.provider_names,
         verdict: ctx.health.verdict_for(proxy),
+        credentials_cached: ctx
+            .credentials
+            .as_ref()
+            .is_some_and(|c| matches!(c.lookup(proxy), crate::credentials::Lookup::Found(_))),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let cx = OpCtx::with_cancel(ctx.shutdown.child_token());
@@ -402,14 +417,21 @@ async fn perform(
             facts.secret = Some(read_secret(&ctx.client, &namespace, &r).await);
         }
         Action::Get(id) => facts.get = Some(p()?.get(cx, &id).await.map_err(|e| failure(&e))),
-        Action::PrepareCredentials => {
+        Action::PrepareCredentials { gone } => {
             // Before a create, and like it on a proven-current copy: a pass on a stale copy
             // would rotate the credentials of the instance a previous pass just made.
             ensure_current(api, proxy, &name, rv).await?;
-            facts.credentials = Some(crate::credentials::prepare(&ctx.client, proxy).await);
+            facts.credentials = Some(crate::credentials::prepare(&ctx.client, proxy, gone.as_ref()).await);
+        }
+        Action::GetBound(id) => {
+            let answer = p()?.get(cx, &id).await.map_err(|e| failure(&e));
+            facts.bound_instance = Some((id, answer));
         }
         Action::BindCredentials(id) => {
             facts.credentials_bound = Some(crate::credentials::bind(&ctx.client, proxy, &id).await);
+        }
+        Action::CheckCredentials(id) => {
+            facts.credentials_checked = Some(crate::credentials::check(&ctx.client, proxy, &id).await);
         }
         Action::Create {
             cloud_init,

@@ -8,6 +8,7 @@ use egress_api::{
     ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, CloudInit, ConditionStatus, Endpoint, FINALIZER, Mode, Phase,
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
 };
+use egress_controller::credentials::Prepared;
 use egress_controller::decide::{
     Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, SecretProblem, Timings, next,
 };
@@ -79,8 +80,15 @@ struct World {
     get: Option<Result<Instance, Failure>>,
     create: Option<Result<ProviderId, Failure>>,
     delete: Option<Result<(), Failure>>,
-    credentials: Option<Result<ProxyCredentials, SecretProblem>>,
+    /// The answers of the credentials Secret's reads, in order.
+    credentials: Vec<Result<Prepared, SecretProblem>>,
+    /// The provider's answer for the instance the credentials Secret names.
+    bound_get: Option<Result<Instance, Failure>>,
     bind: Option<Result<(), SecretProblem>>,
+    /// Whether the credential cache shows the Secret serving the recorded instance.
+    cached: bool,
+    /// The answer of the running instance's credentials check.
+    check: Option<Result<bool, SecretProblem>>,
 }
 
 fn world() -> World {
@@ -99,8 +107,10 @@ fn short(a: &Action) -> &'static str {
         Action::Get(_) => "Get",
         Action::Create { .. } => "Create",
         Action::Delete(_) => "Delete",
-        Action::PrepareCredentials => "PrepareCredentials",
+        Action::PrepareCredentials { .. } => "PrepareCredentials",
+        Action::GetBound(_) => "GetBound",
         Action::BindCredentials(_) => "BindCredentials",
+        Action::CheckCredentials(_) => "CheckCredentials",
     }
 }
 
@@ -111,10 +121,12 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         provider_configured: w.configured,
         configured_providers: &w.names,
         verdict: w.verdict,
+        credentials_cached: w.cached,
         now: at(1000),
     };
     let mut facts = Facts::default();
     let mut actions = Vec::new();
+    let mut secret_reads = w.credentials.iter();
     for _ in 0..16 {
         match next(&input, &facts, &Timings::default()) {
             Next::Done(o) => return (actions.iter().map(short).collect(), actions, o),
@@ -127,11 +139,17 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
                     Action::Get(_) => facts.get = Some(w.get.clone().expect("unexpected Get")),
                     Action::Create { .. } => facts.create = Some(w.create.clone().expect("unexpected Create")),
                     Action::Delete(_) => facts.delete = Some(w.delete.clone().expect("unexpected Delete")),
-                    Action::PrepareCredentials => {
-                        facts.credentials = Some(w.credentials.clone().expect("unexpected PrepareCredentials"));
+                    Action::PrepareCredentials { .. } => {
+                        facts.credentials = Some(secret_reads.next().expect("unexpected PrepareCredentials").clone());
+                    }
+                    Action::GetBound(id) => {
+                        facts.bound_instance = Some((id.clone(), w.bound_get.clone().expect("unexpected GetBound")));
                     }
                     Action::BindCredentials(_) => {
                         facts.credentials_bound = Some(w.bind.clone().expect("unexpected BindCredentials"));
+                    }
+                    Action::CheckCredentials(_) => {
+                        facts.credentials_checked = Some(w.check.clone().expect("unexpected CheckCredentials"));
                     }
                 }
                 actions.push(a);
@@ -1033,7 +1051,7 @@ fn minted() -> ProxyCredentials {
 fn generated_credentials_are_prepared_before_the_create_and_bound_after_it() {
     let c = minted();
     let w = World {
-        credentials: Some(Ok(c.clone())),
+        credentials: vec![Ok(Prepared::Ready(c.clone()))],
         create: Some(Ok(ProviderId::new("id-9"))),
         bind: Some(Ok(())),
         ..world()
@@ -1085,9 +1103,9 @@ fn a_proxy_without_generated_credentials_prepares_none() {
 #[test]
 fn a_credentials_secret_that_cannot_be_used_blocks_the_create_with_its_reason() {
     let w = World {
-        credentials: Some(Err(SecretProblem::Unusable(
+        credentials: vec![Err(SecretProblem::Unusable(
             "Secret \"s\" exists and is not owned by this Proxy".into(),
-        ))),
+        ))],
         ..world()
     };
     let (actions, _, o) = run(&generated(), &w);
@@ -1103,7 +1121,7 @@ fn a_credentials_secret_that_cannot_be_used_blocks_the_create_with_its_reason() 
 fn an_unanswered_credentials_read_or_bind_retries_and_changes_nothing() {
     let fetched = generated();
     let w = World {
-        credentials: Some(Err(SecretProblem::Unavailable("reading Secret: timeout".into()))),
+        credentials: vec![Err(SecretProblem::Unavailable("reading Secret: timeout".into()))],
         ..world()
     };
     let (actions, _, o) = run(&fetched, &w);
@@ -1113,7 +1131,7 @@ fn an_unanswered_credentials_read_or_bind_retries_and_changes_nothing() {
     // The create succeeded but its credentials were not recorded: nothing is recorded either,
     // so the next pass creates again (the provider answers with this instance) and binds.
     let w = World {
-        credentials: Some(Ok(minted())),
+        credentials: vec![Ok(Prepared::Ready(minted()))],
         create: Some(Ok(ProviderId::new("id-9"))),
         bind: Some(Err(SecretProblem::Unavailable("annotating Secret: timeout".into()))),
         ..world()
@@ -1122,6 +1140,186 @@ fn an_unanswered_credentials_read_or_bind_retries_and_changes_nothing() {
     assert_eq!(actions, ["PrepareCredentials", "Create", "BindCredentials"]);
     assert!(matches!(o.requeue, Requeue::Error(_)));
     assert_eq!(o.status.provider_id, "");
+}
+
+#[test]
+fn a_bound_instance_that_still_exists_keeps_its_credentials_and_is_adopted() {
+    // The status write after the last create was lost (or a new leader took over): the Secret
+    // names an instance the status does not record.
+    let c = minted();
+    let w = World {
+        credentials: vec![Ok(Prepared::Bound {
+            instance: ProviderId::new("id-9"),
+            credentials: c.clone(),
+        })],
+        bound_get: Some(Ok(instance(InstanceState::Provisioning))),
+        create: Some(Ok(ProviderId::new("id-9"))),
+        bind: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&generated(), &w);
+    assert_eq!(actions, ["PrepareCredentials", "GetBound", "Create", "BindCredentials"]);
+    assert_eq!(all[0], Action::PrepareCredentials { gone: None });
+    assert_eq!(all[1], Action::GetBound(ProviderId::new("id-9")));
+    assert_eq!(
+        all[2],
+        Action::Create {
+            cloud_init: CLOUD_INIT.into(),
+            credentials: Some(c),
+        }
+    );
+    assert_eq!(o.status.provider_id, "id-9");
+}
+
+#[test]
+fn a_bound_instance_that_is_gone_gets_new_credentials() {
+    let fresh = minted();
+    let w = World {
+        credentials: vec![
+            Ok(Prepared::Bound {
+                instance: ProviderId::new("id-9"),
+                credentials: minted(),
+            }),
+            Ok(Prepared::Ready(fresh.clone())),
+        ],
+        bound_get: Some(Err(fail(ErrorClass::NotFound, "no such instance"))),
+        create: Some(Ok(ProviderId::new("id-10"))),
+        bind: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&generated(), &w);
+    assert_eq!(
+        actions,
+        [
+            "PrepareCredentials",
+            "GetBound",
+            "PrepareCredentials",
+            "Create",
+            "BindCredentials"
+        ]
+    );
+    assert_eq!(
+        all[2],
+        Action::PrepareCredentials {
+            gone: Some(ProviderId::new("id-9"))
+        }
+    );
+    assert!(matches!(&all[3], Action::Create { credentials: Some(c), .. } if *c == fresh));
+    assert_eq!(o.status.provider_id, "id-10");
+}
+
+#[test]
+fn a_bound_instance_the_provider_cannot_answer_for_blocks_the_create() {
+    let w = World {
+        credentials: vec![Ok(Prepared::Bound {
+            instance: ProviderId::new("id-9"),
+            credentials: minted(),
+        })],
+        bound_get: Some(Err(fail(ErrorClass::Transient, "hypervisor unreachable"))),
+        ..world()
+    };
+    let (actions, _, o) = run(&generated(), &w);
+    assert_eq!(actions, ["PrepareCredentials", "GetBound"]);
+    assert!(matches!(o.requeue, Requeue::Error(_)), "{:?}", o.requeue);
+}
+
+#[test]
+fn a_recorded_instance_seen_gone_is_named_when_preparing_its_successors_credentials() {
+    let mut p = generated();
+    p.status = Some(ProxyStatus {
+        provider_id: "id-1".into(),
+        ..Default::default()
+    });
+    let w = World {
+        get: Some(Err(fail(ErrorClass::NotFound, "gone"))),
+        credentials: vec![Ok(Prepared::Ready(minted()))],
+        create: Some(Ok(ProviderId::new("id-2"))),
+        bind: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&p, &w);
+    assert_eq!(actions, ["Get", "PrepareCredentials", "Create", "BindCredentials"]);
+    assert_eq!(
+        all[1],
+        Action::PrepareCredentials {
+            gone: Some(ProviderId::new("id-1"))
+        }
+    );
+    assert_eq!(o.status.provider_id, "id-2");
+}
+
+/// A Generated Proxy whose instance `id-1` is recorded and running.
+fn generated_running() -> Proxy {
+    let mut p = generated();
+    p.status = Some(ProxyStatus {
+        provider_id: "id-1".into(),
+        ..Default::default()
+    });
+    p
+}
+
+#[test]
+fn a_running_generated_instance_is_trusted_while_its_secret_serves_it() {
+    // The cache shows it: no read.
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        cached: true,
+        ..world()
+    };
+    let (actions, _, o) = run(&generated_running(), &w);
+    assert_eq!(actions, ["Get"]);
+    assert_eq!(o.status.phase, Some(Phase::Running));
+    // The cache does not (yet): the API server is asked, and answers that it does.
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        check: Some(Ok(true)),
+        ..world()
+    };
+    let (actions, all, o) = run(&generated_running(), &w);
+    assert_eq!(actions, ["Get", "CheckCredentials"]);
+    assert_eq!(all[1], Action::CheckCredentials(ProviderId::new("id-1")));
+    assert_eq!(
+        (o.status.phase, o.status.ip.as_str()),
+        (Some(Phase::Running), "10.0.0.7")
+    );
+}
+
+#[test]
+fn a_running_generated_instance_whose_secret_was_lost_is_replaced() {
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        check: Some(Ok(false)),
+        delete: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&generated_running(), &w);
+    assert_eq!(actions, ["Get", "CheckCredentials", "Delete"]);
+    assert_eq!(all[2], Action::Delete(ProviderId::new("id-1")));
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::PROVISIONING.into()))
+    );
+    let message = &o
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::PROVISIONED)
+        .unwrap()
+        .message;
+    assert!(message.contains("credentials Secret"), "{message}");
+    assert_eq!((o.status.provider_id.as_str(), o.status.ip.as_str()), ("id-1", ""));
+    assert_eq!(o.requeue, SECS(10));
+    // The check cannot be made: nothing changes, and it is retried.
+    let fetched = generated_running();
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        check: Some(Err(SecretProblem::Unavailable("reading Secret: timeout".into()))),
+        ..world()
+    };
+    let (actions, _, o) = run(&fetched, &w);
+    assert_eq!(actions, ["Get", "CheckCredentials"]);
+    assert!(matches!(o.requeue, Requeue::Error(_)));
+    assert_eq!(Some(&o.status), fetched.status.as_ref());
 }
 
 #[test]

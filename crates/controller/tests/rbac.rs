@@ -217,17 +217,13 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     let deadline = tokio::time::Instant::now() + LIVENESS;
     loop {
         let secret = secrets.get(&credentials_secret).await.unwrap();
-        let rotated = cached(&first).is_some_and(|c| c != before);
+        let now = proxies.get("p").await.unwrap();
+        // The cache gives credentials only for the instance the status records.
+        let rotated = cached(&now).is_some_and(|c| c != before);
         let bound = secret
             .annotations()
             .contains_key(egress_api::ANNOTATION_CREDENTIALS_INSTANCE);
-        let replaced = proxies
-            .get("p")
-            .await
-            .unwrap()
-            .status
-            .is_some_and(|s| !s.provider_id.is_empty())
-            && proxies.get("p").await.unwrap().spec.port == 8080;
+        let replaced = now.status.is_some_and(|s| !s.provider_id.is_empty()) && now.spec.port == 8080;
         if rotated && bound && replaced {
             break;
         }

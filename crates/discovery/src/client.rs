@@ -303,9 +303,11 @@ impl Client {
         if status != want {
             return Err(from_answer(status, body));
         }
+        // A success the client cannot read keeps no part of the body: a lease answer holds the
+        // proxy's password (nor serde's message, which can quote a value).
         serde_json::from_str(body).map_err(|_| ClientError::Unexpected {
             status,
-            body: body.chars().take(MAX_UNEXPECTED).collect(),
+            body: format!("an answer of {} bytes that does not match the API", body.len()),
         })
     }
 
@@ -424,6 +426,15 @@ mod tests {
             panic!()
         };
         assert_eq!(body.len(), MAX_UNEXPECTED);
+    }
+
+    #[test]
+    fn a_success_that_cannot_be_read_keeps_none_of_its_body() {
+        let body = r#"{"leaseID":"l","proxy":{"id":"ns/p","password":"SENTINEL-pw","port":"not a number"}}"#;
+        let e = Client::expect::<Lease>(200, 200, body).unwrap_err();
+        let shown = format!("{e} {e:?}");
+        assert!(matches!(e, ClientError::Unexpected { status: 200, .. }), "{shown}");
+        assert!(!shown.contains("SENTINEL"), "{shown}");
     }
 
     #[test]
