@@ -568,6 +568,26 @@ async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_
     }
 }
 
+/// The status a proxy answers `CONNECT authority` sent without credentials, within 10 s.
+async fn bare_connect(ip: &str, port: u16, authority: &str) -> Result<u16> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect((ip, port)).await?;
+        let mut conn = tokio::io::BufReader::new(tcp);
+        conn.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
+            .await?;
+        let mut line = String::new();
+        conn.read_line(&mut line).await?;
+        line.split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("not a status line: {line:?}"))
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("the proxy at {ip}:{port} did not answer within 10 s"))?
+}
+
 /// The smoke check: a lease is granted with credentials, the leased proxy refuses a request
 /// without them, and one with them reaches the local target. Returns the lease's password.
 async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<String> {
@@ -598,20 +618,20 @@ async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &req
         bail!("the lease on {} carries no credentials (proxy.url)", lease.proxy.id);
     };
     let url = format!("https://127.0.0.1:{}/", target.port());
-    let bare = reqwest::Client::builder()
-        .proxy(reqwest::Proxy::all(format!(
-            "http://{}:{}",
-            lease.proxy.ip, lease.proxy.port
-        ))?)
-        .tls_certs_only([ca.clone()])
-        .timeout(Duration::from_secs(10))
-        .build()?;
-    match bare.get(&url).send().await {
-        Ok(answer) if answer.status().is_success() => {
-            bail!("the proxy {} carried a request without credentials", lease.proxy.id)
-        }
-        _ => println!("dev: smoke: without the lease's credentials the proxy refuses the request"),
+    // Asked bare, the proxy must challenge (407), not fail in some other way.
+    let status = bare_connect(
+        &lease.proxy.ip,
+        lease.proxy.port,
+        &format!("127.0.0.1:{}", target.port()),
+    )
+    .await?;
+    if status != 407 {
+        bail!(
+            "the proxy {} answered a CONNECT without credentials with {status}, not 407",
+            lease.proxy.id
+        );
     }
+    println!("dev: smoke: without the lease's credentials the proxy answers 407");
     let http = reqwest::Client::builder()
         .proxy(reqwest::Proxy::all(&proxy_url)?)
         .tls_certs_only([ca.clone()])

@@ -5,8 +5,10 @@
 //!   reason `ProxyAuthRequired`; once the Secret holds the right one (the watch brings it to
 //!   the probe, nothing restarts) the authenticated probe passes and the Proxy is Ready.
 //! - A lease hands out the user name, the password and `proxy.url`; the list never shows them.
-//! - Sentinel: neither password appears in the operator's log (at debug level, JSON), in the
-//!   Proxy's status, in its Events, in the metrics or in any answer of the list route.
+//! - Sentinel: neither password, nor the Basic header or Secret encoding (base64) or URL
+//!   encoding of either, appears in the operator's log (at debug level, JSON), in the spans it
+//!   exports (OTLP, probe spans on), in the Proxy's status, in its Events, in the metrics or in
+//!   any answer of the list route.
 
 mod common;
 
@@ -67,7 +69,10 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     let pki = support::pki();
     let (target, _) = support::tls_target(&pki).await;
     let right = egress_credentials::Credentials::generate();
-    let wrong = "SENTINELwrongPassw0rd";
+    // Characters that URL encoding changes, so the encoded form is a sentinel of its own.
+    let wrong = "SENTINEL/wr@ng:Pass w0rd";
+    let (otlp, exported) = common::raw_otlp_receiver().await;
+    let otlp = format!("http://{otlp}");
     let tinyproxy = support::Tinyproxy::start_with(&[], Some((right.username(), right.password())));
 
     let Cluster {
@@ -88,6 +93,7 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
         "--zap-encoder=json".into(),
         "--zap-log-level=debug".into(),
         "--discovery-addr=127.0.0.1:0".into(),
+        "--trace-health-probes=true".into(),
     ];
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut op = Operator::start(
@@ -96,6 +102,8 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
         &[
             ("KUBECONFIG", kubeconfig.as_str()),
             ("DISCOVERY_TOKEN", "crawler-token"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     );
     let metrics = op.wait_msg("Serving metrics")["address"].as_str().unwrap().to_string();
@@ -200,15 +208,30 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     let log = op.output();
     assert!(log.contains("\"level\":\"debug\""), "the log ran at debug level");
     assert!(scraped.contains("proxy_operator"), "{scraped}");
+    // The flush at shutdown has delivered every span by now.
+    let spans = String::from_utf8_lossy(&exported.lock().unwrap()).into_owned();
+    assert!(spans.contains("health.probe"), "no probe span was exported");
+    let forms = |user: &str, password: &str| {
+        let b64 = &data_encoding::BASE64;
+        [
+            password.to_owned(),
+            b64.encode(password.as_bytes()),
+            b64.encode(format!("{user}:{password}").as_bytes()),
+            percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC).to_string(),
+        ]
+    };
+    let mut sentinels = forms(right.username(), wrong).to_vec();
+    sentinels.extend(forms(right.username(), right.password()));
     for (place, text) in [
         ("the log", &log),
+        ("the spans", &spans),
         ("the list", &list),
         ("the metrics", &scraped),
         ("the status", &status),
         ("the events", &events),
     ] {
-        for password in [wrong, right.password()] {
-            assert!(!text.contains(password), "a password in {place}:\n{text}");
+        for sentinel in &sentinels {
+            assert!(!text.contains(sentinel.as_str()), "{sentinel:?} in {place}:\n{text}");
         }
     }
     assert!(!list.contains("username"), "{list}");

@@ -224,3 +224,37 @@ pub async fn wait_target_ready(server: &TestServer, entry: &str, target: &str) {
         .unwrap_or_else(|_| panic!("{entry}'s target {target} never turned ready"))
         .unwrap();
 }
+
+/// An OTLP/HTTP receiver that keeps every export request's body as it came (protobuf, in which
+/// every string attribute is its UTF-8 bytes), for sentinel searches; answers each with 200.
+pub async fn raw_otlp_receiver() -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use http_body_util::BodyExt as _;
+    let kept: std::sync::Arc<std::sync::Mutex<Vec<u8>>> = std::sync::Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bodies = kept.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let bodies = bodies.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let bodies = bodies.clone();
+                    async move {
+                        let body = req.into_body().collect().await?.to_bytes();
+                        bodies.lock().unwrap().extend_from_slice(&body);
+                        let mut answer = http::Response::new(http_body_util::Full::new(bytes::Bytes::new()));
+                        answer.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            http::HeaderValue::from_static("application/x-protobuf"),
+                        );
+                        Ok::<_, hyper::Error>(answer)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, kept)
+}
