@@ -11,8 +11,8 @@
 //!   the create succeeds, [`bind`] records the instance on it. So each instance gets its own
 //!   credentials, and a replacement rotates them. The Secret is labelled
 //!   `crawl.example.com/proxy-credentials: generated` and owned by the Proxy (deleted with it).
-//!   While the instance runs, [`check`] confirms the Secret still names it and holds usable
-//!   credentials; when it does not (deleted, or edited by hand), the instance is replaced, since
+//!   While the instance runs, [`check`] confirms the Secret still names it and holds a user and
+//!   password; when it does not (deleted, or emptied by hand), the instance is replaced, since
 //!   nobody can use it any more.
 //! - **Secret.** An External proxy's credentials are in the user's Secret (`secretRef`), which
 //!   must carry the label `crawl.example.com/proxy-credentials` too: only labelled Secrets are
@@ -54,10 +54,11 @@ pub fn secret_name(uid: &str) -> String {
 pub enum Plan {
     /// The Secret holds credentials no instance was created with yet: use them.
     Reuse(ProxyCredentials),
-    /// The Secret holds the credentials of this instance, which may still exist.
+    /// The Secret names this instance, which may still exist; `None`: its credentials were
+    /// damaged (edited by hand), so the instance, if it exists, is of no use to anyone.
     Bound {
         instance: ProviderId,
-        credentials: ProxyCredentials,
+        credentials: Option<ProxyCredentials>,
     },
     /// Write new credentials: create the Secret, or rewrite the one at this resourceVersion.
     Mint { replace: Option<String> },
@@ -72,10 +73,11 @@ pub enum Prepared {
     Ready(ProxyCredentials),
     /// Those of `instance`, which was created with them and is not known to be gone: if it still
     /// exists, the create adopts it and must keep them; if it is gone, [`prepare`] again with it
-    /// as `gone`.
+    /// as `gone`. `None`: the Secret no longer holds them intact, so an instance that still
+    /// exists must be replaced first.
     Bound {
         instance: ProviderId,
-        credentials: ProxyCredentials,
+        credentials: Option<ProxyCredentials>,
     },
 }
 
@@ -125,21 +127,41 @@ pub fn plan(existing: Option<&Secret>, proxy_uid: &str, gone: Option<&ProviderId
     let replace = Plan::Mint {
         replace: secret.resource_version(),
     };
-    // Damaged (edited by hand, say): new ones, as for a new instance. If the instance it named
-    // still exists, nobody can use it; the check while it runs replaces it.
-    let Some(credentials) = usable(secret) else {
-        return replace;
-    };
-    match bound_instance(secret) {
-        None => Plan::Reuse(credentials),
-        Some(instance) if gone == Some(&instance) => replace,
-        Some(instance) => Plan::Bound { instance, credentials },
+    // Damaged (edited by hand, say) and bound to none: new ones, as for a new instance.
+    match (bound_instance(secret), usable(secret)) {
+        (None, Some(credentials)) => Plan::Reuse(credentials),
+        (None, None) => replace,
+        (Some(instance), _) if gone == Some(&instance) => replace,
+        (Some(instance), credentials) => Plan::Bound { instance, credentials },
     }
 }
 
-/// Whether `secret` holds usable credentials of the Proxy `proxy_uid` for the instance `id`.
-pub fn serves(secret: &Secret, proxy_uid: &str, id: &ProviderId) -> bool {
-    owned_by(secret, proxy_uid) && bound_instance(secret).as_ref() == Some(id) && usable(secret).is_some()
+/// What the credentials Secret is to a running instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serving {
+    /// It names the instance and holds a user and password.
+    Yes,
+    /// It holds intact credentials and names no instance: the ones minted for the create that
+    /// made this one, whose bind did not land (a replacement keeps the id on name-based
+    /// providers, so the status already named it). Bind them.
+    Unbound,
+    /// Missing, another Proxy's, naming another instance, or without a user and password.
+    No,
+}
+
+/// What `secret` is to the Proxy `proxy_uid`'s running instance `id`. Cheap (no crypt): the
+/// cache asks for every Proxy at each refresh. A hand edit that keeps both keys is not seen
+/// here; the probe's `ProxyAuthRequired` shows it.
+pub fn serving(secret: &Secret, proxy_uid: &str, id: &ProviderId) -> Serving {
+    if !owned_by(secret, proxy_uid) {
+        return Serving::No;
+    }
+    let keys = text(secret, USERNAME_KEY).is_some() && text(secret, PASSWORD_KEY).is_some();
+    match bound_instance(secret) {
+        Some(bound) if bound == *id && keys => Serving::Yes,
+        None if usable(secret).is_some() => Serving::Unbound,
+        _ => Serving::No,
+    }
 }
 
 /// The Secret that holds `credentials` for `proxy`: labelled, owned by the Proxy (not blocking
@@ -188,16 +210,15 @@ pub fn build_secret(proxy: &Proxy, credentials: &ProxyCredentials, resource_vers
     }
 }
 
-/// An API error on the Secret. A refusal that asking again will not change (403 Forbidden, 422
-/// Invalid, ...) is `Unusable`, and the Proxy says so; a conflict, throttling, a server error or
-/// no answer is `Unavailable`, retried with backoff.
+/// An API error on the Secret. A refusal that asking again will not change (400 Bad Request,
+/// 403 Forbidden, 422 Invalid, ...) is `Unusable`, and the Proxy says so; anything else (no
+/// answer, 401 with a token about to be renewed, 404 for a Secret deleted since it was read,
+/// 409, 429, 5xx) is `Unavailable`, retried with backoff.
 fn problem(what: &str, name: &str, e: &kube::Error) -> SecretProblem {
     // A Secret's contents never appear in an API error (the server does not echo them back).
     let message = format!("{what} Secret \"{name}\": {e}");
     match e {
-        kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 409 && s.code != 429 => {
-            SecretProblem::Unusable(message)
-        }
+        kube::Error::Api(s) if matches!(s.code, 400 | 403 | 405 | 413 | 415 | 422) => SecretProblem::Unusable(message),
         _ => SecretProblem::Unavailable(message),
     }
 }
@@ -253,18 +274,18 @@ pub async fn prepare(
     }
 }
 
-/// Whether the Secret of `proxy` (Generated) still holds usable credentials for its running
-/// instance `id`, read from the API server (the cache may lag behind a bind just made).
+/// What the Secret of `proxy` (Generated) is to its running instance `id`, read from the API
+/// server (the cache may lag behind a bind just made).
 ///
 /// # Errors
 /// As [`prepare`].
-pub async fn check(client: &kube::Client, proxy: &Proxy, id: &ProviderId) -> Result<bool, SecretProblem> {
+pub async fn check(client: &kube::Client, proxy: &Proxy, id: &ProviderId) -> Result<Serving, SecretProblem> {
     let namespace = proxy.namespace().unwrap_or_default();
     let uid = proxy.uid().unwrap_or_default();
     let name = secret_name(&uid);
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let secret = api.get_opt(&name).await.map_err(|e| problem("reading", &name, &e))?;
-    Ok(secret.is_some_and(|s| serves(&s, &uid, id)))
+    Ok(secret.map_or(Serving::No, |s| serving(&s, &uid, id)))
 }
 
 /// Records on the Secret that the instance `id` was created with its credentials.
@@ -327,7 +348,7 @@ impl CredentialCache {
             CredentialsType::Generated => {
                 let id = ProviderId::new(proxy.status.as_ref().map(|s| s.provider_id.clone()).unwrap_or_default());
                 get(&secret_name(&uid))
-                    .filter(|s| serves(s, &uid, &id))
+                    .filter(|s| serving(s, &uid, &id) == Serving::Yes)
                     .and_then(|s| Credentials::new(text(&s, USERNAME_KEY)?, text(&s, PASSWORD_KEY)?).ok())
             }
             // A user's Secret, never one the operator generated for some Proxy: an External Proxy
@@ -460,7 +481,7 @@ mod tests {
         // for the reconciler to ask the provider about.
         let bound = Plan::Bound {
             instance: x.clone(),
-            credentials: c.clone(),
+            credentials: Some(c.clone()),
         };
         assert_eq!(plan(Some(&stored(&c, Some("local/proxy-x"))), "uid-1", None), bound);
         assert_eq!(
@@ -471,21 +492,29 @@ mod tests {
             ),
             bound
         );
-        // A damaged Secret is written anew, bound or not.
-        for instance in [None, Some("local/proxy-x")] {
+        // A damaged Secret is written anew when no instance may still have it; bound to one
+        // that may, that instance is asked about first (without credentials to keep).
+        let damage = |instance| {
             let mut damaged = stored(&c, instance);
             damaged
                 .data
                 .as_mut()
                 .unwrap()
                 .insert(PASSWORD_KEY.into(), ByteString(b"changed".to_vec()));
-            assert_eq!(
-                plan(Some(&damaged), "uid-1", None),
-                Plan::Mint {
-                    replace: Some("7".into())
-                }
-            );
-        }
+            damaged
+        };
+        let mint = Plan::Mint {
+            replace: Some("7".into()),
+        };
+        assert_eq!(plan(Some(&damage(None)), "uid-1", None), mint);
+        assert_eq!(plan(Some(&damage(Some("local/proxy-x"))), "uid-1", Some(&x)), mint);
+        assert_eq!(
+            plan(Some(&damage(Some("local/proxy-x"))), "uid-1", None),
+            Plan::Bound {
+                instance: x.clone(),
+                credentials: None
+            }
+        );
         // Someone else's Secret of that name is left alone, and the message shows no content.
         let Plan::Refuse(why) = plan(Some(&stored(&c, None)), "another-uid", None) else {
             panic!("not refused")
@@ -495,39 +524,44 @@ mod tests {
     }
 
     #[test]
-    fn a_secret_serves_only_the_instance_it_names_with_credentials_that_agree() {
+    fn a_secret_serves_only_the_instance_it_names() {
         let c = ProxyCredentials::new(Credentials::generate(), secret_name("uid-1"));
         let x = ProviderId::new("local/proxy-x");
-        assert!(serves(&stored(&c, Some("local/proxy-x")), "uid-1", &x));
-        assert!(!serves(&stored(&c, None), "uid-1", &x), "not bound yet");
-        assert!(
-            !serves(&stored(&c, Some("local/proxy-y")), "uid-1", &x),
+        assert_eq!(serving(&stored(&c, Some("local/proxy-x")), "uid-1", &x), Serving::Yes);
+        assert_eq!(
+            serving(&stored(&c, None), "uid-1", &x),
+            Serving::Unbound,
+            "its bind did not land"
+        );
+        assert_eq!(
+            serving(&stored(&c, Some("local/proxy-y")), "uid-1", &x),
+            Serving::No,
             "another instance"
         );
-        assert!(
-            !serves(&stored(&c, Some("local/proxy-x")), "uid-2", &x),
+        assert_eq!(
+            serving(&stored(&c, Some("local/proxy-x")), "uid-2", &x),
+            Serving::No,
             "another Proxy's"
         );
-        let mut edited = stored(&c, Some("local/proxy-x"));
-        edited
-            .data
-            .as_mut()
-            .unwrap()
-            .insert(USERNAME_KEY.into(), ByteString(b"someone".to_vec()));
-        assert!(!serves(&edited, "uid-1", &x), "user and htpasswd disagree");
+        let mut keyless = stored(&c, Some("local/proxy-x"));
+        keyless.data.as_mut().unwrap().remove(PASSWORD_KEY);
+        assert_eq!(serving(&keyless, "uid-1", &x), Serving::No, "no password");
+        // Unbound and damaged: not credentials anyone made this instance with.
+        keyless.metadata.annotations = None;
+        assert_eq!(serving(&keyless, "uid-1", &x), Serving::No);
     }
 
     #[test]
     fn refusals_that_will_not_change_are_unusable_and_the_rest_retried() {
         let api =
             |code: u16| kube::Error::Api(kube::core::Status::failure("refused", "Reason").with_code(code).boxed());
-        for code in [400, 403, 404, 422] {
+        for code in [400, 403, 422] {
             assert!(
                 matches!(problem("writing", "s", &api(code)), SecretProblem::Unusable(m) if m.contains("writing Secret \"s\"")),
                 "{code}"
             );
         }
-        for code in [409, 429, 500, 503] {
+        for code in [401, 404, 409, 429, 500, 503] {
             assert!(
                 matches!(problem("writing", "s", &api(code)), SecretProblem::Unavailable(_)),
                 "{code}"

@@ -7,8 +7,9 @@
 //! Each call replays the rules from the top, so the order of the rules is the order of the
 //! code below, and every branch can be tested without I/O.
 //!
-//! A pass performs each kind of provider call at most once, so the loop ends after a handful of
-//! steps; the caller still bounds it.
+//! A pass performs each kind of provider call at most once (the instance the credentials Secret
+//! names is asked about apart from the recorded one, and credentials are prepared at most twice),
+//! so the loop ends after a handful of steps; the caller still bounds it.
 
 use std::time::Duration;
 
@@ -16,10 +17,9 @@ use egress_api::{
     ConditionStatus, CredentialsType, FINALIZER, Mode, Proxy, ProxyStatus, SecretRef, conditions, reasons,
 };
 use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId, ProxyCredentials};
-
-use crate::credentials::Prepared;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::credentials::{Prepared, Serving};
 use crate::spec_hash::spec_hash;
 use crate::status::{InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, set_condition};
 
@@ -102,8 +102,8 @@ pub struct Facts {
     pub bound_instance: Option<(ProviderId, Result<Instance, Failure>)>,
     /// Whether the created instance was recorded on the credentials Secret.
     pub credentials_bound: Option<Result<(), SecretProblem>>,
-    /// Whether the credentials Secret still serves the running instance.
-    pub credentials_checked: Option<Result<bool, SecretProblem>>,
+    /// What the credentials Secret is to the running instance.
+    pub credentials_checked: Option<Result<Serving, SecretProblem>>,
 }
 
 /// The next thing to do. Its `Debug` shows the cloud-init size only: it may hold secrets.
@@ -555,6 +555,25 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
             Err(Pending::Provider(f)) => {
                 return provider_failure(input, timings, status, InstanceView::Unobserved, &f);
             }
+            Err(Pending::Replace(instance)) => {
+                set_provisioned(
+                    input,
+                    &mut status,
+                    ConditionStatus::False,
+                    reasons::PROVISIONING,
+                    "the credentials Secret was edited and no longer holds the instance's credentials; replacing the instance so it gets new ones",
+                );
+                return match &facts.delete {
+                    None => Next::Do(Action::Delete(instance)),
+                    Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
+                    Some(Ok(())) => finish(
+                        input,
+                        status,
+                        InstanceView::Booting,
+                        Requeue::After(timings.deletion_poll),
+                    ),
+                };
+            }
             Err(Pending::Problem(SecretProblem::Unusable(why))) => {
                 set_provisioned(
                     input,
@@ -586,7 +605,9 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
                 match &facts.credentials_bound {
                     None => return Next::Do(Action::BindCredentials(id.clone())),
                     // Not recorded: the next pass creates again (the provider answers with this
-                    // instance) and reuses the same credentials, then records them.
+                    // instance) and reuses the same credentials, then records them; or, when
+                    // the status still names this id (a replacement on a provider whose ids
+                    // come from the name), the check of the running instance records them.
                     Some(Err(SecretProblem::Unavailable(why) | SecretProblem::Unusable(why))) => {
                         return unavailable(input, why);
                     }
@@ -604,12 +625,16 @@ enum Pending {
     Do(Action),
     Problem(SecretProblem),
     Provider(Failure),
+    /// The instance the Secret names exists, but its credentials are lost: delete it first.
+    Replace(ProviderId),
 }
 
 /// The credentials for the create of a Generated Proxy. `vanished` is the instance this pass
 /// saw gone. A Secret bound to an instance nobody saw gone (the status write after a create was
 /// lost, or a new leader took over) keeps its credentials while the provider still has that
-/// instance: the create adopts it, and it was made with them.
+/// instance: the create adopts it, and it was made with them. If the Secret no longer holds
+/// them intact, that instance is replaced first. An instance the provider refuses to look up
+/// (Permanent: an id edited by hand, another entry's) counts as gone.
 fn generated_credentials(facts: &Facts, vanished: Option<ProviderId>) -> Result<ProxyCredentials, Pending> {
     match &facts.credentials {
         None => Err(Pending::Do(Action::PrepareCredentials { gone: vanished })),
@@ -617,12 +642,15 @@ fn generated_credentials(facts: &Facts, vanished: Option<ProviderId>) -> Result<
         Some(Ok(Prepared::Ready(c))) => Ok(c.clone()),
         Some(Ok(Prepared::Bound { instance, credentials })) => match &facts.bound_instance {
             None => Err(Pending::Do(Action::GetBound(instance.clone()))),
-            Some((asked, answer)) if asked == instance => match answer {
-                Ok(_) => Ok(credentials.clone()),
-                Err(f) if f.class == ErrorClass::NotFound => Err(Pending::Do(Action::PrepareCredentials {
-                    gone: Some(instance.clone()),
-                })),
-                Err(f) => Err(Pending::Provider(f.clone())),
+            Some((asked, answer)) if asked == instance => match (answer, credentials) {
+                (Ok(_), Some(credentials)) => Ok(credentials.clone()),
+                (Ok(_), None) => Err(Pending::Replace(instance.clone())),
+                (Err(f), _) if matches!(f.class, ErrorClass::NotFound | ErrorClass::Permanent) => {
+                    Err(Pending::Do(Action::PrepareCredentials {
+                        gone: Some(instance.clone()),
+                    }))
+                }
+                (Err(f), _) => Err(Pending::Provider(f.clone())),
             },
             // Read again, the Secret names yet another instance: start over in the next pass.
             Some(_) => Err(Pending::Problem(SecretProblem::Unavailable(
@@ -717,9 +745,15 @@ fn credentials_serve(input: &Input<'_>, facts: &Facts, timings: &Timings, status
     let id = ProviderId::new(status.provider_id.clone());
     match &facts.credentials_checked {
         None => Some(Next::Do(Action::CheckCredentials(id))),
-        Some(Ok(true)) => None,
+        Some(Ok(Serving::Yes)) => None,
+        // Minted for the create that made this instance; the bind after it did not land.
+        Some(Ok(Serving::Unbound)) => match &facts.credentials_bound {
+            None => Some(Next::Do(Action::BindCredentials(id))),
+            Some(Ok(())) => None,
+            Some(Err(SecretProblem::Unavailable(why) | SecretProblem::Unusable(why))) => Some(unavailable(input, why)),
+        },
         Some(Err(SecretProblem::Unavailable(why) | SecretProblem::Unusable(why))) => Some(unavailable(input, why)),
-        Some(Ok(false)) => {
+        Some(Ok(Serving::No)) => {
             status.ip.clear();
             set_provisioned(
                 input,

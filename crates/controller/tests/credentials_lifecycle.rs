@@ -132,6 +132,11 @@ async fn a_lost_status_write_keeps_the_credentials_the_instance_was_made_with() 
         )
         .await
         .unwrap();
+    assert_eq!(
+        provider_id(&w.proxies.get("p").await.unwrap()),
+        "",
+        "the status still records it"
+    );
     let after = w.pass().await;
     assert_eq!(provider_id(&after), id, "the instance was adopted");
     assert_eq!(w.calls(INSERT).await, 1, "no second instance was made");

@@ -8,7 +8,7 @@ use egress_api::{
     ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, CloudInit, ConditionStatus, Endpoint, FINALIZER, Mode, Phase,
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
 };
-use egress_controller::credentials::Prepared;
+use egress_controller::credentials::{Prepared, Serving};
 use egress_controller::decide::{
     Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, SecretProblem, Timings, next,
 };
@@ -88,7 +88,7 @@ struct World {
     /// Whether the credential cache shows the Secret serving the recorded instance.
     cached: bool,
     /// The answer of the running instance's credentials check.
-    check: Option<Result<bool, SecretProblem>>,
+    check: Option<Result<Serving, SecretProblem>>,
 }
 
 fn world() -> World {
@@ -1150,7 +1150,7 @@ fn a_bound_instance_that_still_exists_keeps_its_credentials_and_is_adopted() {
     let w = World {
         credentials: vec![Ok(Prepared::Bound {
             instance: ProviderId::new("id-9"),
-            credentials: c.clone(),
+            credentials: Some(c.clone()),
         })],
         bound_get: Some(Ok(instance(InstanceState::Provisioning))),
         create: Some(Ok(ProviderId::new("id-9"))),
@@ -1178,7 +1178,7 @@ fn a_bound_instance_that_is_gone_gets_new_credentials() {
         credentials: vec![
             Ok(Prepared::Bound {
                 instance: ProviderId::new("id-9"),
-                credentials: minted(),
+                credentials: Some(minted()),
             }),
             Ok(Prepared::Ready(fresh.clone())),
         ],
@@ -1213,7 +1213,7 @@ fn a_bound_instance_the_provider_cannot_answer_for_blocks_the_create() {
     let w = World {
         credentials: vec![Ok(Prepared::Bound {
             instance: ProviderId::new("id-9"),
-            credentials: minted(),
+            credentials: Some(minted()),
         })],
         bound_get: Some(Err(fail(ErrorClass::Transient, "hypervisor unreachable"))),
         ..world()
@@ -1248,6 +1248,84 @@ fn a_recorded_instance_seen_gone_is_named_when_preparing_its_successors_credenti
     assert_eq!(o.status.provider_id, "id-2");
 }
 
+#[test]
+fn a_bound_instance_the_provider_refuses_to_look_up_counts_as_gone() {
+    let w = World {
+        credentials: vec![
+            Ok(Prepared::Bound {
+                instance: ProviderId::new("edited by hand"),
+                credentials: Some(minted()),
+            }),
+            Ok(Prepared::Ready(minted())),
+        ],
+        bound_get: Some(Err(fail(ErrorClass::Permanent, "not an id of this entry"))),
+        create: Some(Ok(ProviderId::new("id-9"))),
+        bind: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, _) = run(&generated(), &w);
+    assert_eq!(
+        actions,
+        [
+            "PrepareCredentials",
+            "GetBound",
+            "PrepareCredentials",
+            "Create",
+            "BindCredentials"
+        ]
+    );
+    assert_eq!(
+        all[2],
+        Action::PrepareCredentials {
+            gone: Some(ProviderId::new("edited by hand"))
+        }
+    );
+}
+
+#[test]
+fn a_bound_instance_whose_credentials_were_damaged_is_replaced_before_new_ones() {
+    let w = World {
+        credentials: vec![Ok(Prepared::Bound {
+            instance: ProviderId::new("id-9"),
+            credentials: None,
+        })],
+        bound_get: Some(Ok(instance(InstanceState::Running))),
+        delete: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&generated(), &w);
+    assert_eq!(actions, ["PrepareCredentials", "GetBound", "Delete"]);
+    assert_eq!(all[2], Action::Delete(ProviderId::new("id-9")));
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::PROVISIONING.into()))
+    );
+    assert_eq!((o.status.provider_id.as_str(), o.requeue), ("", SECS(10)));
+}
+
+#[test]
+fn a_secret_that_names_yet_another_instance_when_read_again_ends_the_pass() {
+    let w = World {
+        credentials: vec![
+            Ok(Prepared::Bound {
+                instance: ProviderId::new("id-9"),
+                credentials: Some(minted()),
+            }),
+            Ok(Prepared::Bound {
+                instance: ProviderId::new("id-10"),
+                credentials: Some(minted()),
+            }),
+        ],
+        bound_get: Some(Err(fail(ErrorClass::NotFound, "gone"))),
+        ..world()
+    };
+    let fetched = generated();
+    let (actions, _, o) = run(&fetched, &w);
+    assert_eq!(actions, ["PrepareCredentials", "GetBound", "PrepareCredentials"]);
+    assert!(matches!(o.requeue, Requeue::Error(_)));
+    assert_eq!(Some(&o.status), fetched.status.as_ref());
+}
+
 /// A Generated Proxy whose instance `id-1` is recorded and running.
 fn generated_running() -> Proxy {
     let mut p = generated();
@@ -1272,7 +1350,7 @@ fn a_running_generated_instance_is_trusted_while_its_secret_serves_it() {
     // The cache does not (yet): the API server is asked, and answers that it does.
     let w = World {
         get: Some(Ok(instance(InstanceState::Running))),
-        check: Some(Ok(true)),
+        check: Some(Ok(Serving::Yes)),
         ..world()
     };
     let (actions, all, o) = run(&generated_running(), &w);
@@ -1285,10 +1363,36 @@ fn a_running_generated_instance_is_trusted_while_its_secret_serves_it() {
 }
 
 #[test]
+fn a_running_instance_made_with_credentials_whose_bind_did_not_land_binds_them() {
+    // A replacement on a provider whose ids come from the name: the status still named the id
+    // when the bind after the create failed.
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        check: Some(Ok(Serving::Unbound)),
+        bind: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&generated_running(), &w);
+    assert_eq!(actions, ["Get", "CheckCredentials", "BindCredentials"]);
+    assert_eq!(all[2], Action::BindCredentials(ProviderId::new("id-1")));
+    assert_eq!(o.status.phase, Some(Phase::Running));
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        check: Some(Ok(Serving::Unbound)),
+        bind: Some(Err(SecretProblem::Unavailable("annotating Secret: timeout".into()))),
+        ..world()
+    };
+    let fetched = generated_running();
+    let (_, _, o) = run(&fetched, &w);
+    assert!(matches!(o.requeue, Requeue::Error(_)));
+    assert_eq!(Some(&o.status), fetched.status.as_ref());
+}
+
+#[test]
 fn a_running_generated_instance_whose_secret_was_lost_is_replaced() {
     let w = World {
         get: Some(Ok(instance(InstanceState::Running))),
-        check: Some(Ok(false)),
+        check: Some(Ok(Serving::No)),
         delete: Some(Ok(())),
         ..world()
     };
