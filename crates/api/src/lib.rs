@@ -25,6 +25,10 @@ pub const VERSION: &str = "v1alpha1";
 pub const FINALIZER: &str = "crawl.example.com/finalizer";
 /// Hash of the replacement-relevant spec the current instance was built from.
 pub const ANNOTATION_SPEC_HASH: &str = "crawl.example.com/spec-hash";
+/// Written when the operator adopts an instance whose spec-hash annotation another operator (the
+/// Go one, or an earlier build of this one) wrote: that value, kept so a rollback can restore it
+/// instead of letting the other operator replace the instance.
+pub const ANNOTATION_PREVIOUS_SPEC_HASH: &str = "crawl.example.com/previous-spec-hash";
 /// Set by a user to exactly `"true"`: deletion releases the finalizer without provider cleanup.
 pub const ANNOTATION_SKIP_CLEANUP: &str = "crawl.example.com/skip-cleanup";
 /// Must be `"true"` on every Secret a Proxy's `cloudInit.secretRef` names.

@@ -91,6 +91,8 @@ pub struct Facts {
     pub finalizer_removed: bool,
     /// The spec hash written into the annotation in this pass.
     pub spec_hash_written: Option<String>,
+    /// The other operator's spec hash this pass adopted the instance from.
+    pub adopted_from: Option<String>,
     /// The cloud-init text from the Secret, or why it could not be read.
     pub secret: Option<Result<Vec<u8>, SecretProblem>>,
     pub get: Option<Result<Instance, Failure>>,
@@ -113,6 +115,12 @@ pub enum Action {
     RemoveFinalizer,
     /// Write this value into the `crawl.example.com/spec-hash` annotation.
     WriteSpecHash(String),
+    /// Adopt the recorded instance: write `hash` into the spec-hash annotation and keep the
+    /// other operator's value in `crawl.example.com/previous-spec-hash`.
+    AdoptInstance {
+        hash: String,
+        previous: String,
+    },
     /// Read the cloud-init Secret (labelled Secrets only).
     ReadSecret(SecretRef),
     Get(ProviderId),
@@ -141,6 +149,11 @@ impl std::fmt::Debug for Action {
             Self::AddFinalizer => f.write_str("AddFinalizer"),
             Self::RemoveFinalizer => f.write_str("RemoveFinalizer"),
             Self::WriteSpecHash(h) => f.debug_tuple("WriteSpecHash").field(h).finish(),
+            Self::AdoptInstance { hash, previous } => f
+                .debug_struct("AdoptInstance")
+                .field("hash", hash)
+                .field("previous", previous)
+                .finish(),
             Self::ReadSecret(r) => f.debug_tuple("ReadSecret").field(r).finish(),
             Self::Get(id) => f.debug_tuple("Get").field(id).finish(),
             Self::PrepareCredentials { gone } => f.debug_struct("PrepareCredentials").field("gone", gone).finish(),
@@ -199,6 +212,8 @@ pub enum Note {
     SkipCleanup { provider_id: String },
     /// `Get` failed permanently during deletion, but `Delete` succeeded.
     UnreachableButCleaned { provider_id: String, get_error: String },
+    /// The instance was adopted from another operator's spec hash, not replaced.
+    Adopted { provider_id: String, previous: String },
 }
 
 /// The end of a pass.
@@ -238,7 +253,7 @@ pub fn replacing(input: &Input<'_>, facts: &Facts) -> bool {
             .and_then(|a| a.get(egress_api::ANNOTATION_SPEC_HASH))
             .cloned()
     });
-    recorded.is_some_and(|r| r != hash)
+    recorded.is_some_and(|r| r != hash && !adoptable(proxy, &r))
 }
 
 /// The message on `Provisioned=False` while an instance boots.
@@ -253,8 +268,46 @@ pub fn next(input: &Input<'_>, facts: &Facts, timings: &Timings) -> Next {
     }
     match proxy.spec.mode {
         Mode::External => Next::Done(external_path(input, status)),
-        Mode::Managed => managed_path(input, facts, timings, status),
+        Mode::Managed => match (managed_path(input, facts, timings, status), &facts.adopted_from) {
+            // The pass that adopted says so, whatever it went on to find.
+            (Next::Done(mut outcome), Some(previous)) if outcome.note.is_none() => {
+                outcome.note = Some(Note::Adopted {
+                    provider_id: proxy.status.as_ref().map(|s| s.provider_id.clone()).unwrap_or_default(),
+                    previous: previous.clone(),
+                });
+                Next::Done(outcome)
+            }
+            (next, _) => next,
+        },
     }
+}
+
+/// Whether the status shows that the Proxy's current spec was reconciled: the newest
+/// `observedGeneration` among its conditions is `metadata.generation`. Conditions that carry
+/// none cannot say which spec was seen, so then only a spec never edited (generation 1) counts.
+pub fn reconciled_current(proxy: &Proxy) -> bool {
+    let Some(generation) = proxy.metadata.generation else {
+        return false;
+    };
+    let newest = proxy
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .filter_map(|c| c.observed_generation)
+        .max();
+    match newest {
+        Some(observed) => observed == generation,
+        None => generation == 1,
+    }
+}
+
+/// Whether the instance recorded under `recorded` is adopted rather than replaced: the value is
+/// not a hash this operator writes (another operator's, or this one's before its hashes carried
+/// a version), and the status shows the current spec was reconciled, so the instance was built
+/// from it. A spec edited since (during the switch, say) is replaced, as the other operator
+/// would have done.
+pub fn adoptable(proxy: &Proxy, recorded: &str) -> bool {
+    !crate::spec_hash::is_own(recorded) && reconciled_current(proxy)
 }
 
 fn has_finalizer(proxy: &Proxy) -> bool {
@@ -499,6 +552,13 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
         match annotation.as_deref() {
             // An instance without a recorded hash is adopted as it is.
             None => return Next::Do(Action::WriteSpecHash(hash)),
+            // Another operator's hash over a spec it had reconciled: adopt, replace nothing.
+            Some(recorded) if recorded != hash && adoptable(proxy, recorded) => {
+                return Next::Do(Action::AdoptInstance {
+                    hash,
+                    previous: recorded.to_owned(),
+                });
+            }
             // 7. The spec changed: replace.
             Some(recorded) if recorded != hash => match &facts.get {
                 None => return Next::Do(Action::Get(id)),

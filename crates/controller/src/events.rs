@@ -90,6 +90,13 @@ pub fn derive(
             "CleanedUp",
             format!("instance {provider_id} was unreachable but its delete succeeded"),
         )),
+        Some(Note::Adopted { provider_id, .. }) => events.push(normal(
+            "Adopted",
+            format!(
+                "adopted instance {provider_id}: its spec-hash annotation was written by another operator (kept in {}); not replaced",
+                egress_api::ANNOTATION_PREVIOUS_SPEC_HASH
+            ),
+        )),
         None => {}
     }
     if deleting && let Requeue::Error(message) = requeue {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use egress_api::{ANNOTATION_SPEC_HASH, FINALIZER, LABEL_CLOUD_INIT, Proxy, SecretRef};
+use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, LABEL_CLOUD_INIT, Proxy, SecretRef};
 use egress_provider::{CreateRequest, OpCtx, Placement, Provider, ProviderError, Providers, name_from_uid};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -295,6 +295,10 @@ async fn reconcile_in_span(proxy: &Proxy, ctx: &Context, root: &tracing::Span) -
             proxy = %name, namespace = %namespace, providerID = %provider_id, error = %get_error,
             "instance unreachable but cleanup succeeded; removing the finalizer"
         ),
+        Some(Note::Adopted { provider_id, previous }) => tracing::info!(
+            proxy = %name, namespace = %namespace, providerID = %provider_id, previousSpecHash = %previous,
+            "adopted the instance from another operator's spec hash; not replaced"
+        ),
         None => {}
     }
     match (outcome.requeue, flushed) {
@@ -411,6 +415,19 @@ async fn perform(
             )
             .await?;
             facts.spec_hash_written = Some(hash);
+        }
+        Action::AdoptInstance { hash, previous } => {
+            let annotations = json!({ANNOTATION_SPEC_HASH: hash, ANNOTATION_PREVIOUS_SPEC_HASH: previous});
+            *rv = write_metadata(
+                api,
+                &name,
+                rv,
+                json!({"annotations": annotations}),
+                "spec-hash annotation (adoption)",
+            )
+            .await?;
+            facts.spec_hash_written = Some(hash);
+            facts.adopted_from = Some(previous);
         }
         Action::ReadSecret(r) => {
             let namespace = proxy.namespace().unwrap_or_default();

@@ -103,6 +103,7 @@ fn short(a: &Action) -> &'static str {
         Action::AddFinalizer => "AddFinalizer",
         Action::RemoveFinalizer => "RemoveFinalizer",
         Action::WriteSpecHash(_) => "WriteSpecHash",
+        Action::AdoptInstance { .. } => "AdoptInstance",
         Action::ReadSecret(_) => "ReadSecret",
         Action::Get(_) => "Get",
         Action::Create { .. } => "Create",
@@ -135,6 +136,10 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
                     Action::AddFinalizer => facts.finalizer_added = true,
                     Action::RemoveFinalizer => facts.finalizer_removed = true,
                     Action::WriteSpecHash(h) => facts.spec_hash_written = Some(h.clone()),
+                    Action::AdoptInstance { hash, previous } => {
+                        facts.spec_hash_written = Some(hash.clone());
+                        facts.adopted_from = Some(previous.clone());
+                    }
                     Action::ReadSecret(_) => facts.secret = Some(w.secret.clone().expect("unexpected secret read")),
                     Action::Get(_) => facts.get = Some(w.get.clone().expect("unexpected Get")),
                     Action::Create { .. } => facts.create = Some(w.create.clone().expect("unexpected Create")),
@@ -571,6 +576,101 @@ fn an_instance_without_a_recorded_hash_is_adopted_not_replaced() {
     let (actions, _, o) = run(&p, &w);
     assert_eq!(actions, ["WriteSpecHash", "Get"]);
     assert_eq!(o.status.phase, Some(Phase::Running));
+}
+
+// ---- adoption of another operator's instances -----------------------------------------------
+
+/// The Go operator's hash (its form is not this operator's) over the current spec.
+const GO_HASH: &str = "9f2c41d07a";
+
+/// A Proxy as another operator leaves it: its hash annotation, an instance recorded, and the
+/// Provisioned condition observed at `observed` with the spec at `generation`.
+fn foreign(generation: i64, observed: Option<i64>) -> Proxy {
+    let mut p = proxy();
+    p.metadata.generation = Some(generation);
+    p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), GO_HASH.to_string())].into());
+    let status = p.status.as_mut().unwrap();
+    set_condition(
+        &mut status.conditions,
+        conditions::PROVISIONED,
+        ConditionStatus::True,
+        reasons::RUNNING,
+        "the instance is running",
+        observed,
+        &at(10),
+    );
+    status.ip = "10.0.0.7".into();
+    p
+}
+
+#[test]
+fn another_operators_instance_over_the_reconciled_spec_is_adopted_not_replaced() {
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    for p in [
+        foreign(3, Some(3)),
+        // No observedGeneration anywhere: only an unedited spec is safe to take as built.
+        foreign(1, None),
+    ] {
+        let (actions, all, o) = run(&p, &w);
+        assert_eq!(actions, ["AdoptInstance", "Get"], "{:?}", p.metadata.generation);
+        assert_eq!(
+            all[0],
+            Action::AdoptInstance {
+                hash: spec_hash(&p.spec, CLOUD_INIT.as_bytes()),
+                previous: GO_HASH.into(),
+            }
+        );
+        assert_eq!(
+            (o.status.phase, o.status.ip.as_str()),
+            (Some(Phase::Running), "10.0.0.7")
+        );
+        assert_eq!(
+            o.note,
+            Some(Note::Adopted {
+                provider_id: "id-1".into(),
+                previous: GO_HASH.into()
+            })
+        );
+    }
+}
+
+#[test]
+fn this_operators_hash_from_before_the_version_prefix_is_adopted_too() {
+    let mut p = foreign(2, Some(2));
+    let prefixed = spec_hash(&p.spec, CLOUD_INIT.as_bytes());
+    let unprefixed = prefixed.trim_start_matches("v1:").to_owned();
+    p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), unprefixed)].into());
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        ..world()
+    };
+    let (actions, _, _) = run(&p, &w);
+    assert_eq!(actions, ["AdoptInstance", "Get"]);
+}
+
+#[test]
+fn another_operators_instance_whose_spec_was_edited_since_is_replaced() {
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        delete: Some(Ok(())),
+        ..world()
+    };
+    // Edited after the other operator last reconciled it, or edited with nothing to say which
+    // generation was seen: replaced, as the other operator would have done.
+    for p in [foreign(3, Some(2)), foreign(2, None)] {
+        let (actions, _, o) = run(&p, &w);
+        assert_eq!(actions, ["Get", "Delete"], "{:?}", p.metadata.generation);
+        assert_eq!(o.note, None);
+        assert_eq!(provisioned(&o).unwrap().1, reasons::PROVISIONING);
+    }
+    // A value of this operator's own form that differs is a spec change, however reconciled.
+    let mut p = foreign(3, Some(3));
+    p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), format!("v1:{}", "0".repeat(64)))].into());
+    let (actions, _, _) = run(&p, &w);
+    assert_eq!(actions, ["Get", "Delete"]);
 }
 
 // ---- external path -------------------------------------------------------------------------
