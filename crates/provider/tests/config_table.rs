@@ -89,7 +89,6 @@ fn bad(what: impl Into<String>, yaml: impl AsRef<str>, want: impl Into<String>) 
     }
 }
 
-const EMPTY: &str = "the file is empty; expected a mapping with a `providers` list";
 const DNS: &str = "name must be a lowercase DNS-1123 label (lowercase letters, digits and '-', \
                    starting and ending with a letter or digit, at most 63 characters)";
 /// Expands to about a million nodes if nothing stops it.
@@ -103,9 +102,6 @@ const ALIAS_BOMB: &str = "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *
 fn structural_rows() -> Vec<Bad> {
     let ke = r#"providers[0] "kvm-home": kvm"#;
     vec![
-        bad("empty file", "", format!("providers.yaml: {EMPTY}")),
-        bad("only a comment", "# nothing here yet\n", EMPTY),
-        bad("null document", "~\n", EMPTY),
         bad("not YAML: braces", "{{{", "invalid YAML: unclosed bracket '{' at line 1, column 3"),
         bad("not YAML: tabs", "providers:\n\t- name: a\n\t  type: kubernetes\n", "invalid YAML: tabs disallowed within this context (block indentation) at line 2, column 2"),
         bad("not YAML: unclosed quote", "providers:\n  - name: \"a\n", "invalid YAML: unclosed quote at line 2, column 11"),
@@ -120,7 +116,6 @@ fn structural_rows() -> Vec<Bad> {
         bad("unknown top-level key", "providers: []\nextra: 1\n", r#"unknown top-level key "extra"; only `providers` is allowed"#),
         bad("misspelled providers", "provider:\n  - name: a\n", r#"unknown top-level key "provider"; only `providers` is allowed"#),
         bad("non-string top-level key", "1: x\nproviders: []\n", r#"unknown top-level key "1"; only `providers` is allowed"#),
-        bad("providers missing", "{}\n", "the `providers` list is missing"),
         bad("providers is a mapping", "providers:\n  name: a\n", "`providers` must be a list of entries (got a mapping)"),
         bad("providers is a string", "providers: kubernetes\n", "`providers` must be a list of entries (got a string)"),
         bad("entry is a string", "providers:\n  - kubernetes\n", "providers[0]: an entry must be a mapping with `name` and `type` (got a string)"),
@@ -132,8 +127,6 @@ fn structural_rows() -> Vec<Bad> {
         bad("a resource Kubernetes has no quantity for", "providers:\n  - {name: k, type: kubernetes, kubernetes: {resources: {limits: {gpu: '1'}}}}\n", r#"providers[0] "k": kubernetes.resources.limits["gpu"]: the resource must be cpu, memory or ephemeral-storage"#),
         bad("a quantity that is not one", "providers:\n  - {name: k, type: kubernetes, kubernetes: {resources: {requests: {memory: lots}}}}\n", r#"providers[0] "k": kubernetes.resources.requests["memory"] must be a quantity such as 100m or 64Mi (got "lots")"#),
         bad("unknown key in a gcp block", "providers:\n  - {name: g, type: gcp, gcp: {project: p, zone: z}}\n", r#"providers[0] "g": gcp.zone: unknown field `zone`, expected one of `project`, `network`, `networkTag`, `diskSizeGb`"#),
-        // Go matched field names case-insensitively; serde does not.
-        bad("keys are case-sensitive", "providers:\n  - {name: g, type: gcp, gcp: {Project: p}}\n", r#"providers[0] "g": gcp.Project: unknown field `Project`, expected one of `project`"#),
         bad("unknown key in a kvm block", kvm_edit("kvm", SSH_LINE, &format!("{SSH_LINE}      sshPort: 22\n")), format!("{ke}.sshPort: unknown field `sshPort`, expected one of `sshKeyFile`, `knownHostsFile`")),
         bad("unknown key in a kvm image", kvm_edit("kvm", URL_LINE, &format!("{URL_LINE}          checksum: abc\n")), format!("{ke}.images.debian-13.checksum: unknown field `checksum`, expected one of `url`, `sha256`, `format`, `firmware`")),
         bad("unknown key in a kvm host", kvm_edit("kvm", "bridge: br0}", "bridge: br0, port: 22}"), format!("{ke}.hosts[0].port: unknown field `port`, expected one of `name`, `address`, `user`")),
@@ -141,7 +134,10 @@ fn structural_rows() -> Vec<Bad> {
         bad("a block that is a string", "providers:\n  - {name: g, type: gcp, gcp: \"x\"}\n", r#"providers[0] "g": gcp: invalid type: string "x", expected a mapping"#),
         bad("a list where a string is expected", "providers:\n  - {name: g, type: gcp, gcp: {project: [a, b]}}\n", r#"providers[0] "g": gcp.project: invalid type: sequence, expected a string"#),
         bad("a string where a number is expected", kvm_edit("kvm", "{vcpus: 1,", "{vcpus: two,"), format!(r#"{ke}.machineTypes.small.vcpus: invalid type: string "two", expected i32"#)),
-        bad("YAML 1.1 booleans are strings", kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: yes\n"), format!(r#"{ke}.insecureIgnoreHostKey: invalid type: string "yes", expected a boolean"#)),
+        bad("a word that is no YAML 1.1 boolean", kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: maybe\n"), format!(r#"{ke}.insecureIgnoreHostKey: invalid type: string "maybe", expected a boolean"#)),
+        // A key that differs from every field in more than case is still unknown (Go's
+        // UnmarshalStrict refused it too).
+        bad("a misspelt key in any case", "providers:\n  - {name: g, type: gcp, gcp: {PROJECTS: p}}\n", r#"providers[0] "g": gcp.PROJECTS: unknown field `PROJECTS`, expected one of `project`"#),
         bad("hosts is a mapping", kvm_edit("kvm", HOST_LINE, "        beelink: {}\n"), format!("{ke}.hosts: invalid type: map, expected a sequence")),
     ]
 }
@@ -445,6 +441,58 @@ fn valid_rows() -> Vec<Good> {
             |c, _| assert_eq!(c.providers[0].kvm, c.providers[1].kvm2),
         ),
     ]
+}
+
+/// What the Go operator's loader took, and so must load here. It read the file with
+/// `sigs.k8s.io/yaml` (seeds/000_5b40a21e69c953cd.txt:4225, `sigs.k8s.io/yaml v1.6.0` in go.mod)
+/// through `UnmarshalStrict` (seeds/001_f9c7a0763cf33b5b.txt:7327-7328): YAML 1.1, converted to
+/// JSON for `encoding/json`, which matches keys to fields without regard to case and leaves the
+/// zero value for an absent or null document.
+#[rustfmt::skip]
+fn go_rows() -> Vec<Good> {
+    let no_providers = |c: &ProvidersConfig, w: &[String]| {
+        assert!(c.providers.is_empty());
+        assert_eq!(w, ["no providers are configured; only External proxies can be used"]);
+    };
+    vec![
+        // An empty document is JSON null, which leaves the config empty.
+        good("an empty file", "", no_providers),
+        good("only a comment", "# nothing here yet\n", no_providers),
+        good("a null document", "~\n", no_providers),
+        // An absent `providers` key leaves the list empty.
+        good("an empty mapping", "{}\n", no_providers),
+        good("keys in another case", "Providers:\n  - {Name: g, TYPE: gcp, Gcp: {Project: p, DiskSizeGB: 20}}\n", |c, _| {
+            let e = only(c);
+            let gcp = e.gcp.as_ref().expect("the gcp block");
+            assert_eq!((e.name.as_str(), e.type_name.as_str(), gcp.project.as_str(), gcp.disk_size_gb), ("g", "gcp", "p", Some(20)));
+        }),
+        // YAML 1.1 booleans, in a boolean field.
+        good("insecureIgnoreHostKey: yes", kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: yes\n"), |c, _| {
+            assert!(only(c).kvm.as_ref().expect("kvm").insecure_ignore_host_key);
+        }),
+        good("insecureIgnoreHostKey: Off", kvm_edit("kvm", KNOWN_HOSTS_LINE, &format!("{KNOWN_HOSTS_LINE}      insecureIgnoreHostKey: Off\n")), |c, _| {
+            assert!(!only(c).kvm.as_ref().expect("kvm").insecure_ignore_host_key);
+        }),
+        // ...and text in a string field: a project named `no` stays "no" (the issue's rule; Go
+        // made it "false").
+        good("a string field holding no", "providers:\n  - {name: g, type: gcp, gcp: {project: no}}\n", |c, _| {
+            assert_eq!(only(c).gcp.as_ref().expect("gcp").project, "no");
+        }),
+        // A number in a string field is its text, as sigs.k8s.io/yaml converted it.
+        good("a number in a string field", "providers:\n  - {name: g, type: gcp, gcp: {project: 12345}}\n", |c, _| {
+            assert_eq!(only(c).gcp.as_ref().expect("gcp").project, "12345");
+        }),
+    ]
+}
+
+#[test]
+fn what_the_go_loader_took_loads() {
+    let registry = registry();
+    for row in go_rows() {
+        let loaded = ProvidersConfig::parse(&row.yaml, FILE, &registry)
+            .unwrap_or_else(|e| panic!("{}: rejected: {e}\n{}", row.what, row.yaml));
+        (row.check)(&loaded.config, &loaded.warnings);
+    }
 }
 
 #[test]

@@ -8,6 +8,13 @@
 //! 2. The tree to the model, one entry at a time through
 //!    `serde_path_to_error`, so an unknown key or a wrongly typed value names
 //!    the entry and the path inside it (`providers[2] "kvm-home": kvm.hosts[0]: ...`).
+//!    The tree is read with the Go operator's rules (`egress-go-decode`), so
+//!    every file it loaded still loads: keys match fields without regard to
+//!    case, `yes`/`no`/`on`/`off` are booleans in boolean fields (and text
+//!    everywhere else), and a number in a string field is its text.
+//!
+//! As in Go, an empty file, `{}`, `providers:` and `providers: []` all mean
+//! no providers (a warning, not an error).
 //!
 //! Then [`validate`](super::validate) applies the per-entry rules.
 
@@ -139,11 +146,9 @@ fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
         format!("invalid YAML: {rendered}")
     })?;
 
-    let mut map = match doc {
-        // An empty file, only comments, or a lone `null`.
-        Value::Null => {
-            return Err("the file is empty; expected a mapping with a `providers` list".to_owned());
-        }
+    let map = match doc {
+        // An empty file, only comments, or a lone `null`: no providers, as Go read it.
+        Value::Null => return Ok(Vec::new()),
         Value::Object(map) => map,
         other => {
             return Err(format!(
@@ -152,16 +157,16 @@ fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
             ));
         }
     };
-    if let Some(key) = map.keys().find(|k| *k != "providers") {
+    // The key in any case, as Go's decoder matched it.
+    if let Some(key) = map.keys().find(|k| !k.eq_ignore_ascii_case("providers")) {
         return Err(format!(
             "unknown top-level key {}; only `providers` is allowed",
             go_quote(key)
         ));
     }
-    match map.remove("providers") {
-        None => Err("the `providers` list is missing".to_owned()),
-        // `providers:` with every entry commented out: an empty list.
-        Some(Value::Null) => Ok(Vec::new()),
+    match map.into_iter().next_back().map(|(_, v)| v) {
+        // No `providers` key, or `providers:` with every entry commented out: an empty list.
+        None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(entries)) => Ok(entries),
         Some(other) => Err(format!("`providers` must be a list of entries (got {})", kind(&other))),
     }
@@ -170,7 +175,11 @@ fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
 /// Decodes one list element into the model, naming the entry and the path
 /// inside it on failure.
 fn decode_entry(index: usize, value: &Value) -> Result<ProviderConfig, String> {
-    let prefix = match value.get("name").and_then(Value::as_str) {
+    let name = value
+        .as_object()
+        .and_then(|m| m.iter().find(|(k, _)| k.eq_ignore_ascii_case("name")))
+        .and_then(|(_, v)| v.as_str());
+    let prefix = match name {
         Some(name) => entry_prefix(index, name),
         None => format!("providers[{index}]"),
     };
@@ -180,7 +189,7 @@ fn decode_entry(index: usize, value: &Value) -> Result<ProviderConfig, String> {
             kind(value)
         ));
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
+    serde_path_to_error::deserialize(egress_go_decode::GoValue(value)).map_err(|e| {
         let path = e.path().to_string();
         let message = readable_serde_message(&e.inner().to_string());
         if path == "." {
