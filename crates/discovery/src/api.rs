@@ -322,18 +322,26 @@ fn target(raw: Option<&str>) -> Result<Option<Target>, Answer> {
     }
 }
 
-/// Decodes a JSON body whatever its content type; an empty body is `{}`.
+/// Decodes a JSON body whatever its content type; an empty body is `{}`. As the Go operator's
+/// decoder read it: the first JSON value only (what follows it is ignored), keys in any case,
+/// `null` for a field or the whole body as nothing (`{"selector": null}` is no selector).
 fn decode<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Answer> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| {
+    let invalid = |e: serde_json::Error| {
         error(
             400,
             "invalid_body",
             &format!("the body is not valid JSON for this endpoint: {e}"),
         )
-    })
+    };
+    let value: serde_json::Value = serde_json::Deserializer::from_slice(body)
+        .into_iter()
+        .next()
+        .unwrap_or(Ok(serde_json::Value::Null))
+        .map_err(invalid)?;
+    egress_go_decode::from_value(&value, egress_go_decode::Rules::Json).map_err(invalid)
 }
 
 /// `application/x-www-form-urlencoded` pairs of a query string, percent-decoded (`+` is a

@@ -323,6 +323,53 @@ async fn reports_and_releases() {
     assert_eq!(s.post(&report, r#"{"result": "banned"}"#).await.0, 204);
 }
 
+/// What the Go operator's decoder took (`encoding/json`: keys in any case, `null` as nothing, the
+/// first JSON value only) is taken here too; what it refused is still refused.
+#[tokio::test]
+async fn bodies_the_go_operator_took_are_taken() {
+    let s = start(None).await;
+    s.set(vec![
+        info("ns/eu", true, 1, 100, &[("geo", "eu")]),
+        info("ns/us", true, 2, 100, &[("geo", "us")]),
+    ]);
+    for body in [
+        r#"{"selector": null}"#,
+        "null",
+        r#"{"selector": null, "ttlSeconds": null, "target": null}"#,
+    ] {
+        assert_eq!(s.post("/v1/leases", body).await.0, 201, "{body}");
+    }
+    // Keys in another case fill the fields.
+    let (status, g) = s
+        .post("/v1/leases", r#"{"Selector": {"geo": "us"}, "TTLSECONDS": 30}"#)
+        .await;
+    assert_eq!(status, 201, "{g}");
+    assert_eq!(
+        (g["proxy"]["id"].as_str(), g["ttlSeconds"].as_u64()),
+        (Some("ns/us"), Some(30))
+    );
+    // What follows the first JSON value is not read.
+    let (status, g) = s
+        .post("/v1/leases", r#"{"ttlSeconds": 45} {"ttlSeconds": 1} trailing"#)
+        .await;
+    assert_eq!((status, g["ttlSeconds"].as_u64()), (201, Some(45)), "{g}");
+    let lease = g["leaseID"].as_str().unwrap().to_string();
+    let report = format!("/v1/leases/{lease}/report");
+    assert_eq!(s.post(&report, r#"{"Result": "ok"}garbage"#).await.0, 204);
+    // Still refused, as Go refused them: a value of the wrong type, and no JSON at all.
+    assert_error(
+        &s.post("/v1/leases", r#"{"selector": ["geo"]}"#).await,
+        400,
+        "invalid_body",
+    );
+    assert_error(
+        &s.post("/v1/leases", r#"{"ttlSeconds": "30"}"#).await,
+        400,
+        "invalid_body",
+    );
+    assert_error(&s.post("/v1/leases", "garbage {}").await, 400, "invalid_body");
+}
+
 #[tokio::test]
 async fn bodies_are_json_whatever_their_type_and_at_most_64_kib() {
     let s = start(None).await;

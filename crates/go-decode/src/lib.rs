@@ -1,5 +1,8 @@
 //! Decoding a [`serde_json::Value`] into Rust types the way the Go operator's decoders read the
-//! same text, so files and request bodies it took keep working after a switch:
+//! same text, so files and request bodies it took keep working after a switch. Two sets of
+//! rules: [`Rules::Yaml`] for what Go read with `sigs.k8s.io/yaml` (providers.yaml), all of the
+//! list below; [`Rules::Json`] for what it read with `encoding/json` alone (request bodies), the
+//! first and last items only:
 //!
 //! - **Keys without regard to case.** Go's `encoding/json` (which `sigs.k8s.io/yaml` hands YAML
 //!   to) matches an object key to a struct field exactly if it can, else ignoring case:
@@ -20,18 +23,38 @@ use serde::de::value::BorrowedStrDeserializer;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-/// Decodes `value` into `T` with Go's rules (see the crate docs).
+/// Which of Go's decoders to follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rules {
+    /// `sigs.k8s.io/yaml`: YAML 1.1 converted to JSON with the target in view, then
+    /// `encoding/json`.
+    Yaml,
+    /// `encoding/json`: keys in any case and `null` as nothing; no conversions between types.
+    Json,
+}
+
+/// Decodes `value` into `T` with `rules` (see the crate docs).
 ///
 /// # Errors
 /// What `T`'s `Deserialize` refuses.
-pub fn from_value<'de, T: serde::Deserialize<'de>>(value: &'de Value) -> Result<T, serde_json::Error> {
-    T::deserialize(GoValue(value))
+pub fn from_value<'de, T: serde::Deserialize<'de>>(value: &'de Value, rules: Rules) -> Result<T, serde_json::Error> {
+    T::deserialize(GoValue::new(value, rules))
 }
 
 /// A borrowed value as a deserializer with Go's rules; wrap it in `serde_path_to_error` to learn
 /// where a failure is.
 #[derive(Debug, Clone, Copy)]
-pub struct GoValue<'de>(pub &'de Value);
+pub struct GoValue<'de> {
+    value: &'de Value,
+    rules: Rules,
+}
+
+impl<'de> GoValue<'de> {
+    /// `value`, to be decoded with `rules`.
+    pub fn new(value: &'de Value, rules: Rules) -> Self {
+        Self { value, rules }
+    }
+}
 
 /// The booleans of YAML 1.1 (<https://yaml.org/type/bool.html>), which Go's YAML reader used.
 pub fn yaml11_bool(text: &str) -> Option<bool> {
@@ -59,17 +82,17 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
     type Error = serde_json::Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.0 {
-            Value::Array(items) => visitor.visit_seq(Items(items.iter())),
-            Value::Object(map) => visitor.visit_map(Entries::new(Some(map), None)),
+        match self.value {
+            Value::Array(items) => visitor.visit_seq(Items(items.iter(), self.rules)),
+            Value::Object(map) => visitor.visit_map(Entries::new(Some(map), None, self.rules)),
             // Null, booleans, numbers and strings as serde_json has them.
             scalar => scalar.deserialize_any(visitor),
         }
     }
 
     fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.0 {
-            Value::String(s) => match yaml11_bool(s) {
+        match self.value {
+            Value::String(s) if self.rules == Rules::Yaml => match yaml11_bool(s) {
                 Some(b) => visitor.visit_bool(b),
                 None => self.deserialize_any(visitor),
             },
@@ -78,9 +101,9 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
     }
 
     fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.0 {
-            Value::Number(n) => visitor.visit_string(n.to_string()),
-            Value::Bool(b) => visitor.visit_string(b.to_string()),
+        match self.value {
+            Value::Number(n) if self.rules == Rules::Yaml => visitor.visit_string(n.to_string()),
+            Value::Bool(b) if self.rules == Rules::Yaml => visitor.visit_string(b.to_string()),
             _ => self.deserialize_any(visitor),
         }
     }
@@ -90,7 +113,7 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.0 {
+        match self.value {
             Value::Null => visitor.visit_none(),
             _ => visitor.visit_some(self),
         }
@@ -105,8 +128,8 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
     }
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.0 {
-            Value::Null => visitor.visit_seq(Items([].iter())),
+        match self.value {
+            Value::Null => visitor.visit_seq(Items([].iter(), self.rules)),
             _ => self.deserialize_any(visitor),
         }
     }
@@ -116,8 +139,8 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.0 {
-            Value::Null => visitor.visit_map(Entries::new(None, None)),
+        match self.value {
+            Value::Null => visitor.visit_map(Entries::new(None, None, self.rules)),
             _ => self.deserialize_any(visitor),
         }
     }
@@ -128,9 +151,9 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
         fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
-        match self.0 {
-            Value::Null => visitor.visit_map(Entries::new(None, Some(fields))),
-            Value::Object(map) => visitor.visit_map(Entries::new(Some(map), Some(fields))),
+        match self.value {
+            Value::Null => visitor.visit_map(Entries::new(None, Some(fields), self.rules)),
+            Value::Object(map) => visitor.visit_map(Entries::new(Some(map), Some(fields), self.rules)),
             _ => self.deserialize_any(visitor),
         }
     }
@@ -142,7 +165,7 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
         // Variant names are compared exactly, as Go compared such strings.
-        self.0.deserialize_enum(name, variants, visitor)
+        self.value.deserialize_enum(name, variants, visitor)
     }
 
     fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
@@ -156,13 +179,17 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
 }
 
 /// A list's elements, each decoded with Go's rules.
-struct Items<'de>(std::slice::Iter<'de, Value>);
+struct Items<'de>(std::slice::Iter<'de, Value>, Rules);
 
 impl<'de> SeqAccess<'de> for Items<'de> {
     type Error = serde_json::Error;
 
     fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, Self::Error> {
-        self.0.next().map(|v| seed.deserialize(GoValue(v))).transpose()
+        let rules = self.1;
+        self.0
+            .next()
+            .map(|v| seed.deserialize(GoValue::new(v, rules)))
+            .transpose()
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -175,14 +202,20 @@ struct Entries<'de> {
     entries: Option<serde_json::map::Iter<'de>>,
     fields: Option<&'static [&'static str]>,
     value: Option<&'de Value>,
+    rules: Rules,
 }
 
 impl<'de> Entries<'de> {
-    fn new(map: Option<&'de serde_json::Map<String, Value>>, fields: Option<&'static [&'static str]>) -> Self {
+    fn new(
+        map: Option<&'de serde_json::Map<String, Value>>,
+        fields: Option<&'static [&'static str]>,
+        rules: Rules,
+    ) -> Self {
         Self {
             entries: map.map(serde_json::Map::iter),
             fields,
             value: None,
+            rules,
         }
     }
 }
@@ -208,7 +241,7 @@ impl<'de> MapAccess<'de> for Entries<'de> {
             .value
             .take()
             .ok_or_else(|| <serde_json::Error as de::Error>::custom("a value was asked for before its key"))?;
-        seed.deserialize(GoValue(value))
+        seed.deserialize(GoValue::new(value, self.rules))
     }
 
     fn size_hint(&self) -> Option<usize> {
@@ -250,7 +283,7 @@ mod tests {
     }
 
     fn decode<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, String> {
-        from_value(value).map_err(|e| e.to_string())
+        from_value(value, Rules::Yaml).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -317,9 +350,26 @@ mod tests {
     }
 
     #[test]
+    fn json_rules_match_keys_in_any_case_and_convert_no_types() {
+        let json = |v: &Value| from_value::<Host>(v, Rules::Json).map_err(|e| e.to_string());
+        let h = json(&json!({"Name": "a", "INSECUREIGNOREHOSTKEY": true, "verify": null})).unwrap();
+        assert_eq!(
+            (h.name.as_str(), h.insecure_ignore_host_key, h.verify),
+            ("a", true, None)
+        );
+        let err = json(&json!({"name": "a", "insecureIgnoreHostKey": "yes"})).unwrap_err();
+        assert!(
+            err.contains("invalid type: string \"yes\", expected a boolean"),
+            "{err}"
+        );
+        let err = json(&json!({"name": 1})).unwrap_err();
+        assert!(err.contains("invalid type: integer `1`, expected a string"), "{err}");
+    }
+
+    #[test]
     fn failures_keep_their_path() {
         let v = json!({"name": "x", "hosts": [{"name": "a"}, {"name": "b", "port": -1}]});
-        let err = serde_path_to_error::deserialize::<_, Entry>(GoValue(&v)).unwrap_err();
+        let err = serde_path_to_error::deserialize::<_, Entry>(GoValue::new(&v, Rules::Yaml)).unwrap_err();
         assert_eq!(err.path().to_string(), "hosts[1].port");
     }
 }

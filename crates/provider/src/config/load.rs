@@ -189,15 +189,17 @@ fn decode_entry(index: usize, value: &Value) -> Result<ProviderConfig, String> {
             kind(value)
         ));
     }
-    serde_path_to_error::deserialize(egress_go_decode::GoValue(value)).map_err(|e| {
-        let path = e.path().to_string();
-        let message = readable_serde_message(&e.inner().to_string());
-        if path == "." {
-            format!("{prefix}: {message}")
-        } else {
-            format!("{prefix}: {path}: {message}")
-        }
-    })
+    serde_path_to_error::deserialize(egress_go_decode::GoValue::new(value, egress_go_decode::Rules::Yaml)).map_err(
+        |e| {
+            let path = e.path().to_string();
+            let message = readable_serde_message(&e.inner().to_string());
+            if path == "." {
+                format!("{prefix}: {message}")
+            } else {
+                format!("{prefix}: {path}: {message}")
+            }
+        },
+    )
 }
 
 /// serde names the Rust struct it expected (`expected struct KvmHost`);
