@@ -34,6 +34,9 @@ pub struct Options {
     pub health_probe_bind_address: String,
     pub leader_elect: bool,
     pub providers_config: String,
+    /// A kubeconfig file to reach the API server with; empty: `KUBECONFIG`, `~/.kube/config`,
+    /// then the in-cluster service account (controller-runtime's order).
+    pub kubeconfig: String,
     pub proxy_namespace: String,
     pub provider_check_interval: Duration,
     pub provider_check_timeout: Duration,
@@ -69,6 +72,7 @@ impl Default for Options {
             health_probe_bind_address: ":8081".into(),
             leader_elect: false,
             providers_config: String::new(),
+            kubeconfig: String::new(),
             proxy_namespace: String::new(),
             provider_check_interval: Duration::from_secs(60),
             provider_check_timeout: Duration::ZERO,
@@ -168,6 +172,12 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "",
         usage: "Path of the providers YAML file (required).",
+    },
+    Flag {
+        name: "kubeconfig",
+        kind: Kind::Text,
+        default: "",
+        usage: "A kubeconfig file to reach the API server with, when running outside a cluster; empty: KUBECONFIG, ~/.kube/config, then the in-cluster service account.",
     },
     Flag {
         name: "proxy-namespace",
@@ -404,6 +414,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         "health-probe-bind-address" => o.health_probe_bind_address = value.into(),
         "leader-elect" => o.leader_elect = parse_bool(value)?,
         "providers-config" => o.providers_config = value.into(),
+        "kubeconfig" => o.kubeconfig = value.into(),
         "proxy-namespace" => o.proxy_namespace = value.into(),
         "provider-check-interval" => o.provider_check_interval = parse_duration(value)?,
         "provider-check-timeout" => o.provider_check_timeout = parse_duration(value)?,

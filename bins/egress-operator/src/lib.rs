@@ -228,6 +228,20 @@ struct Fatal {
     path: Option<String>,
 }
 
+/// The API client: from `--kubeconfig` when given (the Go operator's flag, from
+/// controller-runtime), else as kube infers it (`KUBECONFIG`, `~/.kube/config`, in-cluster).
+async fn kube_client(kubeconfig: &str) -> Result<kube::Client, String> {
+    if kubeconfig.is_empty() {
+        return kube::Client::try_default().await.map_err(|e| e.to_string());
+    }
+    let file =
+        kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?;
+    let config = kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
 fn fatal(message: impl Into<String>, error: impl std::fmt::Display) -> Fatal {
     Fatal {
         message: message.into(),
@@ -329,7 +343,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         tracing::warn!("{notice}");
     }
 
-    let client = kube::Client::try_default()
+    let client = kube_client(&options.kubeconfig)
         .await
         .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
 

@@ -424,3 +424,48 @@ async fn create_unreachable_external(proxies: &Api<Proxy>) {
     );
     proxies.create(&PostParams::default(), &proxy).await.unwrap();
 }
+
+/// `--kubeconfig`, the Go operator's flag (controller-runtime's), names the file the client
+/// reads, ahead of `KUBECONFIG`; a file that is not there stops the start with its path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubeconfig_flag_names_the_cluster() {
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster("kubeconfig-flag", "providers: []\n").await;
+    let flag = format!("--kubeconfig={kubeconfig}");
+    let mut op = Operator::start(
+        &operator_binary(),
+        &[
+            &providers_flag,
+            &flag,
+            "--health-probe-bind-address=0",
+            "--metrics-bind-address=0",
+            "--zap-encoder=json",
+            "--discovery-addr=127.0.0.1:0",
+        ],
+        &[("KUBECONFIG", "/nonexistent/kubeconfig")],
+    );
+    op.wait_msg("Starting manager");
+    // It is serving the cluster the flag names: an External Proxy there gets a status.
+    let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
+    create_unreachable_external(&proxies).await;
+    let observed = kube::runtime::wait::await_condition(proxies, "outside", |p: Option<&Proxy>| {
+        p.is_some_and(|p| p.status.is_some())
+    });
+    tokio::time::timeout(PATIENCE, observed)
+        .await
+        .expect("the operator never wrote a status")
+        .unwrap();
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+
+    let (code, output) = common::run_to_exit(
+        &operator_binary(),
+        &[&providers_flag, "--kubeconfig=/nonexistent/flag-kubeconfig"],
+    );
+    assert_ne!(code, Some(0), "{output}");
+    assert!(output.contains("/nonexistent/flag-kubeconfig"), "{output}");
+}
