@@ -315,6 +315,24 @@ async fn a_proxy_lifecycle_exports_the_documented_span_tree() {
             spans.iter().any(|s| s.trace == create.trace && s.id == span_id),
             "{line} names a span of its trace"
         );
+        // controller-runtime's keys on the line, the OTel names on the span.
+        assert_eq!(
+            (
+                line["controller"].as_str(),
+                line["controllerKind"].as_str(),
+                line["name"].as_str(),
+                line["Proxy"]["name"].as_str()
+            ),
+            (Some("proxy"), Some("Proxy"), Some("traced"), Some("traced")),
+            "{line}"
+        );
+        assert!(line.get("k8s.object.name").is_none(), "{line}");
+        let id = line["reconcileID"].as_str().expect("reconcileID on a reconcile's line");
+        assert_eq!(
+            root.attributes["reconcile.id"],
+            format!("{:?}", Some(string_value(id))),
+            "the line's reconcileID is its span's reconcile.id"
+        );
     }
 }
 

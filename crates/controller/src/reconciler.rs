@@ -2,7 +2,6 @@
 //! each action with kube or the provider, and flushes the status when it changed.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -222,15 +221,34 @@ async fn write_metadata(
     Ok(updated.resource_version().unwrap_or_default())
 }
 
+/// The name of every reconcile's root span; the log formatter recognises it to write
+/// controller-runtime's keys on the lines inside it.
+pub const RECONCILE_SPAN: &str = "Reconcile Proxy";
+
+/// A random (version 4) UUID, as controller-runtime gives each reconcile.
+pub fn reconcile_id() -> String {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex = data_encoding::HEXLOWER.encode(&bytes);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
 /// One reconcile of one Proxy, in its `Reconcile Proxy` span (spec/core.md §9.3).
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_, ReconcileError> {
-    static RECONCILE_ID: AtomicU64 = AtomicU64::new(0);
     let span = tracing::info_span!(
         "Reconcile Proxy",
         otel.kind = "internal",
         k8s.namespace.name = %proxy.namespace().unwrap_or_default(),
         k8s.object.name = %proxy.name_any(),
-        reconcile.id = RECONCILE_ID.fetch_add(1, Ordering::Relaxed) + 1,
+        reconcile.id = %reconcile_id(),
         reconcile.requeue_after = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
@@ -641,4 +659,25 @@ pub fn controller(
                 Err(e) => tracing::warn!(error = %e, "Proxy controller error"),
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_reconcile_id_is_a_random_version_4_uuid() {
+        let id = super::reconcile_id();
+        let groups: Vec<&str> = id.split('-').collect();
+        assert_eq!(
+            groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12],
+            "{id}"
+        );
+        assert!(
+            id.bytes()
+                .all(|b| b == b'-' || b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        assert!(groups[2].starts_with('4'), "version 4: {id}");
+        assert!("89ab".contains(&groups[3][..1]), "RFC 4122 variant: {id}");
+        assert_ne!(super::reconcile_id(), id);
+    }
 }
