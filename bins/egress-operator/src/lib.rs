@@ -362,6 +362,11 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let health_metrics = egress_health::HealthMetrics::new();
     health_metrics.register(&mut registry);
     egress_controller::metrics::register(&mut registry, snapshot.clone(), cache.store());
+    // controller-runtime's families, for dashboards built for the Go operator.
+    let reconcile_metrics =
+        egress_controller::runtime_metrics::ReconcileMetrics::new(ControllerConfig::default().concurrency);
+    reconcile_metrics.register(&mut registry);
+    egress_controller::runtime_metrics::register_process(&mut registry);
     // Leases live in this process (one replica) or in Redis (shared by every replica); the
     // store and its sweep run on every replica.
     let store = lease_store(&options)?;
@@ -443,6 +448,11 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         .map_err(|e| fatal("Failed to set up leader election", e))?;
         tracing::info!(lease = %format!("{namespace}/{LEASE_NAME}"), "Attempting to acquire leader lease");
         let (_task, mut rx) = elector.run(shutdown.clone());
+        egress_controller::runtime_metrics::register_leader(
+            &mut registry.lock().unwrap_or_else(|p| p.into_inner()),
+            LEASE_NAME,
+            rx.clone(),
+        );
         tokio::select! {
             _ = shutdown.cancelled() => return stop(tasks).await,
             won = rx.wait_for(|l| *l) => if won.is_err() {
@@ -504,7 +514,8 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
             installation.clone(),
             work.clone(),
         )
-        .with_credentials(credentials.clone()),
+        .with_credentials(credentials.clone())
+        .with_metrics(reconcile_metrics),
     );
     let config = ControllerConfig {
         namespace,

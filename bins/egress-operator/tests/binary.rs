@@ -11,6 +11,28 @@ use egress_kube_testserver::Verb;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 
+/// The controller-runtime families the Go operator's dashboards read, as `# TYPE` names them
+/// (counters without their `_total`). The `workqueue_*` and `rest_client_requests_total`
+/// families are not served yet (issue "Switching from the Go operator").
+const CONTROLLER_RUNTIME_FAMILIES: &[&str] = &[
+    "controller_runtime_reconcile",
+    "controller_runtime_reconcile_errors",
+    "controller_runtime_terminal_reconcile_errors",
+    "controller_runtime_reconcile_panics",
+    "controller_runtime_reconcile_timeouts",
+    "controller_runtime_reconcile_time_seconds",
+    "controller_runtime_max_concurrent_reconciles",
+    "controller_runtime_active_workers",
+    "leader_election_master_status",
+    "process_cpu_seconds",
+    "process_open_fds",
+    "process_max_fds",
+    "process_virtual_memory_bytes",
+    "process_virtual_memory_max_bytes",
+    "process_resident_memory_bytes",
+    "process_start_time_seconds",
+];
+
 /// The address a server logged it is serving on.
 fn served(line: &serde_json::Value) -> String {
     line["address"].as_str().expect("address").to_string()
@@ -107,6 +129,28 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
             .any(|l| l.starts_with(r#"healthcheck_failures_total{proxy="default/outside"} "#)),
         "{scrape}"
     );
+    // controller-runtime's families, as the Go operator served them: the reconciles that marked
+    // the Proxy Unhealthy were counted, this replica leads, and the process collector reports.
+    let families: Vec<&str> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    for family in CONTROLLER_RUNTIME_FAMILIES {
+        assert!(families.contains(family), "no {family} family:\n{scrape}");
+    }
+    assert!(
+        scrape
+            .lines()
+            .any(|l| l == r#"leader_election_master_status{name="b47711d1.example.com"} 1"#),
+        "{scrape}"
+    );
+    let reconciles: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(reconciles >= 1.0, "no reconcile counted:\n{scrape}");
     // The discovery API lists it and will not lease it.
     let discovery = served(&op.wait_msg("Serving the discovery API"));
     // No token was given: the manager made one, kept it in the Secret of its namespace, and

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod provider_health;
 pub mod proxy_cache;
 pub mod reconciler;
+pub mod runtime_metrics;
 pub mod spec_hash;
 pub mod status;
 pub mod token_secret;

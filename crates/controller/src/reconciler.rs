@@ -20,6 +20,7 @@ use crate::decide::{
     Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, SecretProblem, Timings, next, replacing,
 };
 use crate::merge;
+use crate::runtime_metrics::{ReconcileMetrics, ReconcileResult};
 use crate::status::Verdict;
 
 /// The field manager of the operator's writes.
@@ -52,6 +53,8 @@ pub enum ReconcileError {
     },
     #[error("the pass did not end within {MAX_STEPS} steps (a bug)")]
     Runaway,
+    #[error("the reconcile panicked: {0}")]
+    Panicked(String),
 }
 
 /// What every reconcile shares.
@@ -64,6 +67,8 @@ pub struct Context {
     pub installation: Option<String>,
     /// Cancelled at shutdown: provider calls in flight return promptly.
     pub shutdown: CancellationToken,
+    /// controller-runtime's reconcile families (register them to serve them).
+    pub metrics: ReconcileMetrics,
     /// The credential Secrets as watched, when the operator keeps them: a running Generated
     /// instance whose Secret it shows serving it needs no read of the Secret.
     pub credentials: Option<crate::credentials::CredentialCache>,
@@ -102,9 +107,17 @@ impl Context {
             installation,
             shutdown,
             credentials: None,
+            metrics: ReconcileMetrics::new(ControllerConfig::default().concurrency),
             instance,
             failures: Mutex::default(),
         }
+    }
+
+    /// Counts reconciles in `metrics` (the ones the operator serves).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: ReconcileMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Reads credentials from `cache` where it can, sparing the API server.
@@ -252,7 +265,30 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_,
         reconcile.requeue_after = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    let result = reconcile_in_span(&proxy, &ctx, &span).instrument(span.clone()).await;
+    let worker = ctx.metrics.start();
+    let started = std::time::Instant::now();
+    // A panic is caught, counted and retried as a failed reconcile, as controller-runtime does:
+    // one bad Proxy must not take down the worker pool.
+    let run = std::panic::AssertUnwindSafe(reconcile_in_span(&proxy, &ctx, &span).instrument(span.clone()));
+    let (result, panicked) = match futures::FutureExt::catch_unwind(run).await {
+        Ok(result) => (result, false),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            tracing::error!(parent: &span, panic = %what, "reconcile panicked");
+            (Err(ReconcileError::Panicked(what)), true)
+        }
+    };
+    let counted = match &result {
+        Ok(Requeue::After(_)) => ReconcileResult::RequeueAfter,
+        Ok(Requeue::Never) => ReconcileResult::Success,
+        Ok(Requeue::Error(_)) | Err(_) => ReconcileResult::Error,
+    };
+    ctx.metrics.finished(started.elapsed(), counted, panicked);
+    drop(worker);
     match &result {
         Ok(Requeue::After(d)) => {
             span.record("reconcile.requeue_after", d.as_secs_f64());

@@ -1,0 +1,468 @@
+//! controller-runtime's metric families, served beside the operator's own so dashboards and
+//! alerts built for the Go operator (controller-runtime v0.24) keep their series: the same names,
+//! labels and buckets.
+//!
+//! - `controller_runtime_reconcile_total{controller, result}`: `result` is `success` (the
+//!   reconcile waits for the next change), `requeue_after` (it asked to run again after a
+//!   while), `requeue` (never produced: this reconciler always names the delay) or `error`.
+//! - `controller_runtime_reconcile_errors_total{controller}`: reconciles that failed (retried
+//!   with backoff), panics included.
+//! - `controller_runtime_reconcile_panics_total{controller}`: reconciles that panicked; the
+//!   panic is caught, logged as a failed reconcile and retried, as controller-runtime does.
+//! - `controller_runtime_terminal_reconcile_errors_total{controller}`: always 0. A latched
+//!   `PermanentError` is a status this reconciler writes, not an error it returns.
+//! - `controller_runtime_reconcile_timeouts_total{controller}`: always 0: no reconcile-wide
+//!   timeout is set (every provider call has its own budget).
+//! - `controller_runtime_reconcile_time_seconds{controller}`: how long each reconcile took.
+//! - `controller_runtime_max_concurrent_reconciles{controller}`: the worker count (3).
+//! - `controller_runtime_active_workers{controller}`: reconciles running now.
+//! - `leader_election_master_status{name}`: 1 while this replica holds the leader Lease, 0
+//!   while it does not; present only with `--leader-elect`.
+//! - `process_*`: the process collector's families, read from `/proc/self` at each scrape.
+//!
+//! `controller` is `proxy`, the name controller-runtime gives a controller built for the
+//! `Proxy` kind.
+
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The `controller` label of every family: controller-runtime names a controller after the
+/// lower-cased kind it reconciles.
+pub const CONTROLLER: &str = "proxy";
+
+/// controller-runtime's buckets for `controller_runtime_reconcile_time_seconds`.
+pub const RECONCILE_TIME_BUCKETS: [f64; 40] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5,
+    1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
+];
+
+/// How a reconcile ended, as `controller_runtime_reconcile_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Success,
+    RequeueAfter,
+    Error,
+}
+
+impl ReconcileResult {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::RequeueAfter => "requeue_after",
+            Self::Error => "error",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    controller: String,
+    result: String,
+}
+
+fn controller() -> ControllerLabel {
+    ControllerLabel {
+        controller: CONTROLLER.to_owned(),
+    }
+}
+
+fn reconcile_time_histogram() -> Histogram {
+    Histogram::new(RECONCILE_TIME_BUCKETS)
+}
+
+/// The reconcile families, shared by every reconcile (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct ReconcileMetrics {
+    total: Family<ResultLabels, Counter>,
+    errors: Family<ControllerLabel, Counter>,
+    terminal_errors: Family<ControllerLabel, Counter>,
+    panics: Family<ControllerLabel, Counter>,
+    timeouts: Family<ControllerLabel, Counter>,
+    time: Family<ControllerLabel, Histogram, fn() -> Histogram>,
+    max_concurrent: Family<ControllerLabel, Gauge>,
+    active: Family<ControllerLabel, Gauge>,
+}
+
+impl ReconcileMetrics {
+    /// The families for a controller running `workers` reconciles at most, every series at
+    /// zero (as controller-runtime starts them, so a rate over a quiet controller is 0, not
+    /// absent).
+    pub fn new(workers: u16) -> Self {
+        let metrics = Self {
+            total: Family::default(),
+            errors: Family::default(),
+            terminal_errors: Family::default(),
+            panics: Family::default(),
+            timeouts: Family::default(),
+            time: Family::new_with_constructor(reconcile_time_histogram),
+            max_concurrent: Family::default(),
+            active: Family::default(),
+        };
+        // `get_or_create` makes the series; the guard it returns is let go at once.
+        for result in ["success", "requeue", "requeue_after", "error"] {
+            let _ = metrics.total.get_or_create(&ResultLabels {
+                controller: CONTROLLER.to_owned(),
+                result: result.to_owned(),
+            });
+        }
+        for family in [
+            &metrics.errors,
+            &metrics.terminal_errors,
+            &metrics.panics,
+            &metrics.timeouts,
+        ] {
+            let _ = family.get_or_create(&controller());
+        }
+        metrics
+            .max_concurrent
+            .get_or_create(&controller())
+            .set(i64::from(workers));
+        let _ = metrics.active.get_or_create(&controller());
+        metrics
+    }
+
+    /// Registers every family under controller-runtime's names.
+    pub fn register(&self, registry: &mut Registry) {
+        // prometheus-client appends `_total` to counters.
+        registry.register(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            self.total.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            self.errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_terminal_reconcile_errors",
+            "Total number of terminal reconciliation errors per controller",
+            self.terminal_errors.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_panics",
+            "Total number of reconciliation panics per controller",
+            self.panics.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_timeouts",
+            "Total number of reconciliation timeouts per controller",
+            self.timeouts.clone(),
+        );
+        registry.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            self.time.clone(),
+        );
+        registry.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            self.max_concurrent.clone(),
+        );
+        registry.register(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            self.active.clone(),
+        );
+    }
+
+    /// Marks a reconcile as running until the guard is dropped.
+    pub fn start(&self) -> ActiveWorker {
+        let gauge = self.active.get_or_create(&controller()).clone();
+        gauge.inc();
+        ActiveWorker(gauge)
+    }
+
+    /// Records one finished reconcile.
+    pub fn finished(&self, took: Duration, result: ReconcileResult, panicked: bool) {
+        self.time.get_or_create(&controller()).observe(took.as_secs_f64());
+        self.total
+            .get_or_create(&ResultLabels {
+                controller: CONTROLLER.to_owned(),
+                result: result.label().to_owned(),
+            })
+            .inc();
+        if result == ReconcileResult::Error {
+            self.errors.get_or_create(&controller()).inc();
+        }
+        if panicked {
+            self.panics.get_or_create(&controller()).inc();
+        }
+    }
+}
+
+/// A running reconcile, counted in `controller_runtime_active_workers` while it lives.
+#[derive(Debug)]
+pub struct ActiveWorker(Gauge);
+
+impl Drop for ActiveWorker {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// `leader_election_master_status{name}` from the elector's channel.
+#[derive(Debug)]
+pub struct LeaderStatus {
+    pub lease: String,
+    pub leading: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Collector for LeaderStatus {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+            None,
+            MetricType::Gauge,
+        )?;
+        let labels = [("name", self.lease.as_str())];
+        ConstGauge::new(i64::from(*self.leading.borrow())).encode(family.encode_family(&labels)?)
+    }
+}
+
+/// The process collector's families, read from `/proc/self` at each scrape (Linux; elsewhere,
+/// none are written).
+#[derive(Debug, Default)]
+pub struct ProcessMetrics;
+
+/// One reading of `/proc/self`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessReading {
+    pub cpu_seconds: f64,
+    pub open_fds: u64,
+    pub max_fds: Option<u64>,
+    pub virtual_memory_bytes: u64,
+    pub virtual_memory_max_bytes: Option<u64>,
+    pub resident_memory_bytes: u64,
+    pub start_time_seconds: f64,
+}
+
+/// Parses `/proc/self/stat`, `/proc/self/limits` and `/proc/stat`'s `btime` (pure, for tests).
+/// `ticks` is the clock's ticks per second, `page` the page size in bytes.
+pub fn parse_process(
+    stat: &str,
+    limits: &str,
+    proc_stat: &str,
+    open_fds: u64,
+    ticks: u64,
+    page: u64,
+) -> Option<ProcessReading> {
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name, field 3 (state) is index 0: utime 14, stime 15, starttime 22, vsize 23,
+    // rss 24 are indexes 11, 12, 19, 20, 21.
+    let number = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    let ticks = ticks.max(1) as f64;
+    let boot: u64 = proc_stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())?;
+    let limit = |name: &str| {
+        let line = limits.lines().find(|l| l.starts_with(name))?;
+        // "Max open files            1024                 1048576              files"
+        line[name.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|soft| soft.parse().ok())
+    };
+    Some(ProcessReading {
+        cpu_seconds: (number(11)? + number(12)?) as f64 / ticks,
+        open_fds,
+        max_fds: limit("Max open files"),
+        virtual_memory_bytes: number(20)?,
+        virtual_memory_max_bytes: limit("Max address space"),
+        resident_memory_bytes: number(21)?.saturating_mul(page),
+        start_time_seconds: boot as f64 + number(19)? as f64 / ticks,
+    })
+}
+
+fn read_process() -> Option<ProcessReading> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let proc_stat = std::fs::read_to_string("/proc/stat").ok()?;
+    // Bounded by the process's own descriptor limit.
+    let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    let ticks = rustix::param::clock_ticks_per_second();
+    let page = rustix::param::page_size() as u64;
+    parse_process(&stat, &limits, &proc_stat, open_fds, ticks, page)
+}
+
+impl Collector for ProcessMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(p) = read_process() else {
+            return Ok(());
+        };
+        let mut gauge = |name: &str, help: &str, value: f64| -> Result<(), std::fmt::Error> {
+            let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(metric)
+        };
+        gauge(
+            "process_open_fds",
+            "Number of open file descriptors.",
+            p.open_fds as f64,
+        )?;
+        if let Some(max) = p.max_fds {
+            gauge(
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                max as f64,
+            )?;
+        }
+        gauge(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes.",
+            p.virtual_memory_bytes as f64,
+        )?;
+        // An unlimited address space is written as -1, as the Go collector writes it.
+        gauge(
+            "process_virtual_memory_max_bytes",
+            "Maximum amount of virtual memory available in bytes.",
+            p.virtual_memory_max_bytes.map_or(-1.0, |m| m as f64),
+        )?;
+        gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            p.resident_memory_bytes as f64,
+        )?;
+        gauge(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            p.start_time_seconds,
+        )?;
+        let counter = encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(p.cpu_seconds).encode(counter)
+    }
+}
+
+/// Registers the families that do not depend on the reconciler (the process collector).
+pub fn register_process(registry: &mut Registry) {
+    registry.register_collector(Box::new(ProcessMetrics));
+}
+
+/// Registers `leader_election_master_status` for `lease`.
+pub fn register_leader(registry: &mut Registry, lease: &str, leading: tokio::sync::watch::Receiver<bool>) {
+    registry.register_collector(Box::new(LeaderStatus {
+        lease: lease.to_owned(),
+        leading,
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn the_reconcile_families_start_at_zero_and_count_each_end() {
+        let metrics = ReconcileMetrics::new(3);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let text = scrape(&registry);
+        for line in [
+            r#"controller_runtime_reconcile_total{controller="proxy",result="success"} 0"#,
+            r#"controller_runtime_reconcile_total{controller="proxy",result="requeue"} 0"#,
+            r#"controller_runtime_reconcile_errors_total{controller="proxy"} 0"#,
+            r#"controller_runtime_terminal_reconcile_errors_total{controller="proxy"} 0"#,
+            r#"controller_runtime_reconcile_panics_total{controller="proxy"} 0"#,
+            r#"controller_runtime_reconcile_timeouts_total{controller="proxy"} 0"#,
+            r#"controller_runtime_max_concurrent_reconciles{controller="proxy"} 3"#,
+            r#"controller_runtime_active_workers{controller="proxy"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        let worker = metrics.start();
+        assert!(scrape(&registry).contains(r#"controller_runtime_active_workers{controller="proxy"} 1"#));
+        drop(worker);
+        metrics.finished(Duration::from_millis(30), ReconcileResult::RequeueAfter, false);
+        metrics.finished(Duration::from_millis(7), ReconcileResult::Error, true);
+        let text = scrape(&registry);
+        for line in [
+            r#"controller_runtime_reconcile_total{controller="proxy",result="requeue_after"} 1"#,
+            r#"controller_runtime_reconcile_total{controller="proxy",result="error"} 1"#,
+            r#"controller_runtime_reconcile_errors_total{controller="proxy"} 1"#,
+            r#"controller_runtime_reconcile_panics_total{controller="proxy"} 1"#,
+            r#"controller_runtime_active_workers{controller="proxy"} 0"#,
+            r#"controller_runtime_reconcile_time_seconds_count{controller="proxy"} 2"#,
+            r#"controller_runtime_reconcile_time_seconds_bucket{le="0.01",controller="proxy"} 1"#,
+            r#"controller_runtime_reconcile_time_seconds_bucket{le="0.05",controller="proxy"} 2"#,
+            r#"controller_runtime_reconcile_time_seconds_bucket{le="60.0",controller="proxy"} 2"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_leader_gauge_follows_the_election() {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let mut registry = Registry::default();
+        register_leader(&mut registry, "b47711d1.example.com", rx);
+        let line = |v| format!(r#"leader_election_master_status{{name="b47711d1.example.com"}} {v}"#);
+        assert!(scrape(&registry).lines().any(|l| l == line(0)));
+        tx.send(true).unwrap();
+        assert!(scrape(&registry).lines().any(|l| l == line(1)));
+    }
+
+    #[test]
+    fn process_figures_are_read_from_proc() {
+        let stat = "4242 (egress operator) S 1 4242 4242 0 -1 4194560 500 0 0 0 250 50 0 0 20 0 9 0 1000 \
+                    123456789 2048 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+                      Max address space         unlimited            unlimited            bytes\n\
+                      Max open files            1024                 1048576              files\n";
+        let proc_stat = "cpu  1 2 3\nbtime 1796000000\n";
+        let p = parse_process(stat, limits, proc_stat, 12, 100, 4096).unwrap();
+        assert_eq!(
+            p,
+            ProcessReading {
+                cpu_seconds: 3.0,
+                open_fds: 12,
+                max_fds: Some(1024),
+                virtual_memory_bytes: 123_456_789,
+                virtual_memory_max_bytes: None,
+                resident_memory_bytes: 2048 * 4096,
+                start_time_seconds: 1_796_000_010.0,
+            }
+        );
+        assert_eq!(parse_process("garbage", limits, proc_stat, 0, 100, 4096), None);
+        // This process, read for real.
+        let mut registry = Registry::default();
+        register_process(&mut registry);
+        let text = scrape(&registry);
+        for family in [
+            "process_cpu_seconds_total ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_virtual_memory_bytes ",
+            "process_virtual_memory_max_bytes ",
+            "process_resident_memory_bytes ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.lines().any(|l| l.starts_with(family)), "{family} missing:\n{text}");
+        }
+    }
+}
