@@ -14,6 +14,7 @@
 mod discovery_auth;
 pub mod flags;
 pub mod logging;
+mod rest_metrics;
 pub mod serve;
 pub mod telemetry;
 
@@ -228,18 +229,30 @@ struct Fatal {
     path: Option<String>,
 }
 
-/// The API client: from `--kubeconfig` when given (the Go operator's flag, from
-/// controller-runtime), else as kube infers it (`KUBECONFIG`, `~/.kube/config`, in-cluster).
-async fn kube_client(kubeconfig: &str) -> Result<kube::Client, String> {
-    if kubeconfig.is_empty() {
-        return kube::Client::try_default().await.map_err(|e| e.to_string());
-    }
-    let file =
-        kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?;
-    let config = kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?;
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+/// The API client, its requests counted as client-go counted them: from `--kubeconfig` when
+/// given (the Go operator's flag, from controller-runtime), else as kube infers it
+/// (`KUBECONFIG`, `~/.kube/config`, in-cluster).
+async fn kube_client(kubeconfig: &str) -> Result<(kube::Client, rest_metrics::RestClientMetrics), String> {
+    let config = if kubeconfig.is_empty() {
+        kube::Config::infer().await.map_err(|e| e.to_string())?
+    } else {
+        let file =
+            kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?;
+        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?
+    };
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let metrics = rest_metrics::RestClientMetrics::new(host);
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| e.to_string())?
+        .with_layer(&metrics)
+        .build();
+    Ok((client, metrics))
 }
 
 fn fatal(message: impl Into<String>, error: impl std::fmt::Display) -> Fatal {
@@ -343,7 +356,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         tracing::warn!("{notice}");
     }
 
-    let client = kube_client(&options.kubeconfig)
+    let (client, rest_metrics) = kube_client(&options.kubeconfig)
         .await
         .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
 
@@ -366,6 +379,7 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
     let reconcile_metrics =
         egress_controller::runtime_metrics::ReconcileMetrics::new(ControllerConfig::default().concurrency);
     reconcile_metrics.register(&mut registry);
+    rest_metrics.register(&mut registry);
     egress_controller::runtime_metrics::register_process(&mut registry);
     // Leases live in this process (one replica) or in Redis (shared by every replica); the
     // store and its sweep run on every replica.

@@ -12,8 +12,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 
 /// The controller-runtime families the Go operator's dashboards read, as `# TYPE` names them
-/// (counters without their `_total`). The `workqueue_*` and `rest_client_requests_total`
-/// families are not served yet (issue "Switching from the Go operator").
+/// (counters without their `_total`). The `workqueue_*` families are not served yet (issue
+/// "Switching from the Go operator").
 const CONTROLLER_RUNTIME_FAMILIES: &[&str] = &[
     "controller_runtime_reconcile",
     "controller_runtime_reconcile_errors",
@@ -24,6 +24,7 @@ const CONTROLLER_RUNTIME_FAMILIES: &[&str] = &[
     "controller_runtime_max_concurrent_reconciles",
     "controller_runtime_active_workers",
     "leader_election_master_status",
+    "rest_client_requests",
     "process_cpu_seconds",
     "process_open_fds",
     "process_max_fds",
@@ -151,6 +152,13 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(reconciles >= 1.0, "no reconcile counted:\n{scrape}");
+    // The API calls that got it there: the status patches among them.
+    assert!(
+        scrape
+            .lines()
+            .any(|l| l.starts_with(r#"rest_client_requests_total{code="200",method="PATCH",host="127.0.0.1:"#)),
+        "{scrape}"
+    );
     // The discovery API lists it and will not lease it.
     let discovery = served(&op.wait_msg("Serving the discovery API"));
     // No token was given: the manager made one, kept it in the Secret of its namespace, and

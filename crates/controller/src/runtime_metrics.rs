@@ -1,6 +1,6 @@
 //! controller-runtime's metric families, served beside the operator's own so dashboards and
 //! alerts built for the Go operator (controller-runtime v0.24) keep their series: the same names,
-//! labels and buckets.
+//! labels and buckets (the HELP texts are this operator's own words).
 //!
 //! - `controller_runtime_reconcile_total{controller, result}`: `result` is `success` (the
 //!   reconcile waits for the next change), `requeue_after` (it asked to run again after a
@@ -139,42 +139,42 @@ impl ReconcileMetrics {
         // prometheus-client appends `_total` to counters.
         registry.register(
             "controller_runtime_reconcile",
-            "Total number of reconciliations per controller",
+            "Reconciles finished, by controller and how they ended",
             self.total.clone(),
         );
         registry.register(
             "controller_runtime_reconcile_errors",
-            "Total number of reconciliation errors per controller",
+            "Reconciles that failed (retried with backoff), by controller",
             self.errors.clone(),
         );
         registry.register(
             "controller_runtime_terminal_reconcile_errors",
-            "Total number of terminal reconciliation errors per controller",
+            "Reconciles that failed for good, by controller (none here)",
             self.terminal_errors.clone(),
         );
         registry.register(
             "controller_runtime_reconcile_panics",
-            "Total number of reconciliation panics per controller",
+            "Reconciles that panicked (caught and retried), by controller",
             self.panics.clone(),
         );
         registry.register(
             "controller_runtime_reconcile_timeouts",
-            "Total number of reconciliation timeouts per controller",
+            "Reconciles cut off by a reconcile-wide timeout, by controller (none here)",
             self.timeouts.clone(),
         );
         registry.register(
             "controller_runtime_reconcile_time_seconds",
-            "Length of time per reconciliation per controller",
+            "Seconds each reconcile took, by controller",
             self.time.clone(),
         );
         registry.register(
             "controller_runtime_max_concurrent_reconciles",
-            "Maximum number of concurrent reconciles per controller",
+            "Reconciles a controller runs at once at most",
             self.max_concurrent.clone(),
         );
         registry.register(
             "controller_runtime_active_workers",
-            "Number of currently used workers per controller",
+            "Reconciles running now, by controller",
             self.active.clone(),
         );
     }
@@ -225,7 +225,7 @@ impl Collector for LeaderStatus {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let mut family = encoder.encode_descriptor(
             "leader_election_master_status",
-            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.",
+            "1 while this replica holds the leader Lease named by name, 0 while another does",
             None,
             MetricType::Gauge,
         )?;
@@ -313,40 +313,40 @@ impl Collector for ProcessMetrics {
         };
         gauge(
             "process_open_fds",
-            "Number of open file descriptors.",
+            "File descriptors this process has open",
             p.open_fds as f64,
         )?;
         if let Some(max) = p.max_fds {
             gauge(
                 "process_max_fds",
-                "Maximum number of open file descriptors.",
+                "File descriptors this process may open (soft limit)",
                 max as f64,
             )?;
         }
         gauge(
             "process_virtual_memory_bytes",
-            "Virtual memory size in bytes.",
+            "Virtual memory of this process, in bytes",
             p.virtual_memory_bytes as f64,
         )?;
         // An unlimited address space is written as -1, as the Go collector writes it.
         gauge(
             "process_virtual_memory_max_bytes",
-            "Maximum amount of virtual memory available in bytes.",
+            "Address space this process may use, in bytes (-1: unlimited)",
             p.virtual_memory_max_bytes.map_or(-1.0, |m| m as f64),
         )?;
         gauge(
             "process_resident_memory_bytes",
-            "Resident memory size in bytes.",
+            "Resident memory of this process, in bytes",
             p.resident_memory_bytes as f64,
         )?;
         gauge(
             "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds.",
+            "When this process started, in seconds since the Unix epoch",
             p.start_time_seconds,
         )?;
         let counter = encoder.encode_descriptor(
             "process_cpu_seconds",
-            "Total user and system CPU time spent in seconds.",
+            "CPU seconds this process spent, user and system",
             None,
             MetricType::Counter,
         )?;
