@@ -476,7 +476,9 @@ async fn cases() {
     let logged = |(asked, logged, _): &(String, Option<String>, &str)| logged.clone().unwrap_or_else(|| asked.clone());
     let mut needles: Vec<String> = refused.iter().map(|r| format!(" CONNECT {} ", logged(r))).collect();
     needles.push(format!(" {STRANGER_IP} "));
-    needles.extend(plain.iter().map(|(url, _)| format!(" GET {url} ")));
+    // Each URL was asked twice (bare, then with credentials): wait for the second answer's
+    // line, which Squid may write after the client read the answer.
+    needles.extend(plain.iter().map(|(url, rule)| format!(" GET {url} {rule}")));
     let log = squid.access_log(&needles).await;
     for r in &refused {
         assert_eq!(note_for(&log, &logged(r)), r.2, "{}: {log:#?}", r.0);
