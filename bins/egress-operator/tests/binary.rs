@@ -12,8 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 
 /// The controller-runtime families the Go operator's dashboards read, as `# TYPE` names them
-/// (counters without their `_total`). The `workqueue_*` families are not served yet (issue
-/// "Switching from the Go operator").
+/// (counters without their `_total`).
 const CONTROLLER_RUNTIME_FAMILIES: &[&str] = &[
     "controller_runtime_reconcile",
     "controller_runtime_reconcile_errors",
@@ -25,6 +24,13 @@ const CONTROLLER_RUNTIME_FAMILIES: &[&str] = &[
     "controller_runtime_active_workers",
     "leader_election_master_status",
     "rest_client_requests",
+    "workqueue_adds",
+    "workqueue_retries",
+    "workqueue_depth",
+    "workqueue_queue_duration_seconds",
+    "workqueue_work_duration_seconds",
+    "workqueue_unfinished_work_seconds",
+    "workqueue_longest_running_processor_seconds",
     "process_cpu_seconds",
     "process_open_fds",
     "process_max_fds",
@@ -152,6 +158,11 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(reconciles >= 1.0, "no reconcile counted:\n{scrape}");
+    let adds = scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"workqueue_adds_total{name="proxy",controller="proxy"} "#))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(adds.is_some_and(|n| n >= 1.0), "no add counted:\n{scrape}");
     // The API calls that got it there: the status patches among them.
     assert!(
         scrape

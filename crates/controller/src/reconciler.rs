@@ -146,6 +146,15 @@ fn key(proxy: &Proxy) -> (String, String) {
     (proxy.namespace().unwrap_or_default(), proxy.name_any())
 }
 
+/// The reconcile queue's key of a Proxy, as the queue metrics track it.
+fn queue_key(proxy: &Proxy) -> String {
+    format!("{}/{}", proxy.namespace().unwrap_or_default(), proxy.name_any())
+}
+
+fn ref_key<K: kube::runtime::reflector::Lookup>(r: &kube::runtime::reflector::ObjectRef<K>) -> String {
+    format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name)
+}
+
 fn failure(e: &ProviderError) -> Failure {
     Failure {
         class: e.class(),
@@ -265,7 +274,9 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_,
         reconcile.requeue_after = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
+    let queued = queue_key(&proxy);
     let worker = ctx.metrics.start();
+    let working = ctx.metrics.queue().started(&queued);
     let started = std::time::Instant::now();
     // A panic is caught, counted and retried as a failed reconcile, as controller-runtime does:
     // one bad Proxy must not take down the worker pool.
@@ -288,7 +299,10 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_,
         Ok(Requeue::Error(_)) | Err(_) => ReconcileResult::Error,
     };
     ctx.metrics.finished(started.elapsed(), counted, panicked);
-    drop(worker);
+    drop((worker, working));
+    if let Ok(Requeue::After(delay)) = &result {
+        ctx.metrics.queue().retried(&queued, *delay);
+    }
     match &result {
         Ok(Requeue::After(d)) => {
             span.record("reconcile.requeue_after", d.as_secs_f64());
@@ -611,6 +625,7 @@ async fn flush_status(api: &Api<Proxy>, base: &Proxy, status: &egress_api::Proxy
 /// The workqueue's answer to a failed reconcile: exponential backoff per Proxy.
 pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>) -> Requeue_ {
     let delay = ctx.backoff(key(&proxy));
+    ctx.metrics.queue().retried(&queue_key(&proxy), delay);
     let conflict = matches!(error, ReconcileError::Kube { source: kube::Error::Api(s), .. } if s.code == 409);
     if conflict {
         // The pass started from a copy the cache had not yet updated; the retry reads a newer
@@ -662,7 +677,16 @@ pub fn controller(
         None => Api::all(ctx.client.clone()),
     };
     let lookup = cache.store();
-    let controller = Controller::for_stream(cache.subscribe(), cache.store());
+    // Every trigger puts its Proxy on the queue, as the queue metrics count it.
+    let queue = ctx.metrics.queue().clone();
+    let (on_change, on_secret, on_health, on_gone) = (queue.clone(), queue.clone(), queue.clone(), queue);
+    let changes = cache.subscribe().inspect(move |p| {
+        if let Ok(p) = p {
+            on_change.added(&queue_key(p));
+        }
+    });
+    let health_events = health_events.inspect(move |r| on_health.added(&ref_key(r)));
+    let controller = Controller::for_stream(changes, cache.store());
     let labelled = watcher::Config::default().labels(&format!("{LABEL_CLOUD_INIT}=true"));
     controller
         .watches(secrets, labelled, move |secret: Secret| {
@@ -680,19 +704,25 @@ pub fn controller(
                         .is_some_and(|r| r.name == name)
                 })
                 .map(|p| ObjectRef::from_obj(p.as_ref()))
+                .inspect(|r| on_secret.added(&ref_key(r)))
                 .collect::<Vec<_>>()
         })
         .reconcile_on(health_events)
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            use kube::runtime::controller::Error;
-            match result {
-                // Failed reconciles are logged by error_policy; a vanished object is routine.
-                Ok(_) | Err(Error::ReconcilerFailed(..) | Error::ObjectNotFound(_)) => {}
-                // A failing watch (of Secrets, say, when RBAC forbids it) must be visible.
-                Err(e) => tracing::warn!(error = %e, "Proxy controller error"),
+        .for_each(move |result| {
+            let on_gone = on_gone.clone();
+            async move {
+                use kube::runtime::controller::Error;
+                match result {
+                    // A Proxy gone when its turn came leaves the queue without a reconcile.
+                    Err(Error::ObjectNotFound(r)) => on_gone.forget(&ref_key(&r)),
+                    // Failed reconciles are logged by error_policy.
+                    Ok(_) | Err(Error::ReconcilerFailed(..)) => {}
+                    // A failing watch (of Secrets, say, when RBAC forbids it) must be visible.
+                    Err(e) => tracing::warn!(error = %e, "Proxy controller error"),
+                }
             }
         })
 }

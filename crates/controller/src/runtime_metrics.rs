@@ -16,6 +16,10 @@
 //! - `controller_runtime_reconcile_time_seconds{controller}`: how long each reconcile took.
 //! - `controller_runtime_max_concurrent_reconciles{controller}`: the worker count (3).
 //! - `controller_runtime_active_workers{controller}`: reconciles running now.
+//! - `workqueue_adds_total`, `workqueue_retries_total`, `workqueue_depth`,
+//!   `workqueue_queue_duration_seconds`, `workqueue_work_duration_seconds`,
+//!   `workqueue_unfinished_work_seconds`, `workqueue_longest_running_processor_seconds`
+//!   (`name` and `controller` both `proxy`): the reconcile queue as [`QueueMetrics`] observes it.
 //! - `leader_election_master_status{name}`: 1 while this replica holds the leader Lease, 0
 //!   while it does not; present only with `--leader-elect`.
 //! - `process_*`: the process collector's families, read from `/proc/self` at each scrape.
@@ -94,6 +98,7 @@ pub struct ReconcileMetrics {
     time: Family<ControllerLabel, Histogram, fn() -> Histogram>,
     max_concurrent: Family<ControllerLabel, Gauge>,
     active: Family<ControllerLabel, Gauge>,
+    queue: QueueMetrics,
 }
 
 impl ReconcileMetrics {
@@ -110,6 +115,7 @@ impl ReconcileMetrics {
             time: Family::new_with_constructor(reconcile_time_histogram),
             max_concurrent: Family::default(),
             active: Family::default(),
+            queue: QueueMetrics::default(),
         };
         // `get_or_create` makes the series; the guard it returns is let go at once.
         for result in ["success", "requeue", "requeue_after", "error"] {
@@ -177,6 +183,12 @@ impl ReconcileMetrics {
             "Reconciles running now, by controller",
             self.active.clone(),
         );
+        self.queue.register(registry);
+    }
+
+    /// The reconcile queue's families.
+    pub fn queue(&self) -> &QueueMetrics {
+        &self.queue
     }
 
     /// Marks a reconcile as running until the guard is dropped.
@@ -211,6 +223,212 @@ pub struct ActiveWorker(Gauge);
 impl Drop for ActiveWorker {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+/// controller-runtime's buckets for `workqueue_queue_duration_seconds` and
+/// `workqueue_work_duration_seconds`: 10 ns to 1000 s, ten times apart.
+pub const WORKQUEUE_BUCKETS: [f64; 12] = [1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0];
+
+/// The most Proxies the queue metrics track at once; beyond it, new ones are counted but not
+/// timed (the cluster's Proxies bound the map long before this).
+const MAX_TRACKED: usize = 65_536;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    name: String,
+    controller: String,
+}
+
+fn queue() -> QueueLabels {
+    QueueLabels {
+        name: CONTROLLER.to_owned(),
+        controller: CONTROLLER.to_owned(),
+    }
+}
+
+fn workqueue_histogram() -> Histogram {
+    Histogram::new(WORKQUEUE_BUCKETS)
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    /// Proxies waiting for a reconcile, by when they became due (a delayed requeue is due
+    /// later), keyed `namespace/name`.
+    waiting: std::collections::HashMap<String, std::time::Instant>,
+    /// Reconciles running, by when they started.
+    running: std::collections::HashMap<u64, std::time::Instant>,
+    next_run: u64,
+}
+
+/// controller-runtime's `workqueue_*` families for the reconcile queue. kube-rs has no
+/// workqueue of its own to read, so the queue is observed from the outside (docs/operations.md):
+/// a Proxy is added when a trigger names it (a watch event, a cloud-init Secret it uses, a
+/// health event) or a reconcile asks to run it again; it waits until its reconcile starts.
+#[derive(Clone, Debug)]
+pub struct QueueMetrics {
+    adds: Family<QueueLabels, Counter>,
+    retries: Family<QueueLabels, Counter>,
+    queue_duration: Family<QueueLabels, Histogram, fn() -> Histogram>,
+    work_duration: Family<QueueLabels, Histogram, fn() -> Histogram>,
+    state: std::sync::Arc<std::sync::Mutex<QueueState>>,
+}
+
+impl Default for QueueMetrics {
+    fn default() -> Self {
+        let metrics = Self {
+            adds: Family::default(),
+            retries: Family::default(),
+            queue_duration: Family::new_with_constructor(workqueue_histogram),
+            work_duration: Family::new_with_constructor(workqueue_histogram),
+            state: std::sync::Arc::default(),
+        };
+        let _ = metrics.adds.get_or_create(&queue());
+        let _ = metrics.retries.get_or_create(&queue());
+        metrics
+    }
+}
+
+impl QueueMetrics {
+    fn state(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A trigger named `key` (`namespace/name`): due now.
+    pub fn added(&self, key: &str) {
+        self.adds.get_or_create(&queue()).inc();
+        self.wait(key, std::time::Instant::now());
+    }
+
+    /// A reconcile of `key` asked to run again after `delay` (a requeue or a backoff).
+    pub fn retried(&self, key: &str, delay: Duration) {
+        self.adds.get_or_create(&queue()).inc();
+        self.retries.get_or_create(&queue()).inc();
+        self.wait(key, std::time::Instant::now() + delay);
+    }
+
+    fn wait(&self, key: &str, due: std::time::Instant) {
+        let mut state = self.state();
+        if let Some(at) = state.waiting.get_mut(key) {
+            // Already waiting: the queue holds it once, due at the earlier time.
+            *at = (*at).min(due);
+        } else if state.waiting.len() < MAX_TRACKED {
+            state.waiting.insert(key.to_owned(), due);
+        }
+    }
+
+    /// A reconcile of `key` starts; the guard records its work time when dropped.
+    pub fn started(&self, key: &str) -> Working {
+        let now = std::time::Instant::now();
+        let mut state = self.state();
+        if let Some(due) = state.waiting.remove(key) {
+            let waited = now.saturating_duration_since(due);
+            self.queue_duration
+                .get_or_create(&queue())
+                .observe(waited.as_secs_f64());
+        }
+        let run = state.next_run;
+        state.next_run = state.next_run.wrapping_add(1);
+        state.running.insert(run, now);
+        Working {
+            metrics: self.clone(),
+            run,
+        }
+    }
+
+    /// `key` left the queue without a reconcile (the Proxy was gone when its turn came).
+    pub fn forget(&self, key: &str) {
+        self.state().waiting.remove(key);
+    }
+
+    /// Registers the families under controller-runtime's names.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "workqueue_adds",
+            "Proxies put on the reconcile queue, by queue and controller",
+            self.adds.clone(),
+        );
+        registry.register(
+            "workqueue_retries",
+            "Proxies put back on the reconcile queue with a delay, by queue and controller",
+            self.retries.clone(),
+        );
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "Seconds a due Proxy waited on the queue before its reconcile started",
+            self.queue_duration.clone(),
+        );
+        registry.register(
+            "workqueue_work_duration_seconds",
+            "Seconds a reconcile taken from the queue took",
+            self.work_duration.clone(),
+        );
+        registry.register_collector(Box::new(QueueGauges(self.clone())));
+    }
+}
+
+/// A running reconcile; its work time is recorded when it is dropped.
+#[derive(Debug)]
+pub struct Working {
+    metrics: QueueMetrics,
+    run: u64,
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        let started = self.metrics.state().running.remove(&self.run);
+        if let Some(started) = started {
+            let took = started.elapsed().as_secs_f64();
+            self.metrics.work_duration.get_or_create(&queue()).observe(took);
+        }
+    }
+}
+
+/// The gauges read at scrape time: depth, unfinished work, longest running processor.
+#[derive(Debug)]
+struct QueueGauges(QueueMetrics);
+
+impl Collector for QueueGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let now = std::time::Instant::now();
+        let (depth, unfinished, longest) = {
+            let state = self.0.state();
+            let depth = state.waiting.values().filter(|due| **due <= now).count();
+            let running: Vec<f64> = state
+                .running
+                .values()
+                .map(|s| now.saturating_duration_since(*s).as_secs_f64())
+                .collect();
+            (
+                depth,
+                // A fold from 0.0: an empty f64 `sum` is -0.0, which would be written as such.
+                running.iter().fold(0.0, |total, s| total + s),
+                running.iter().copied().fold(0.0, f64::max),
+            )
+        };
+        let depth_labels = [("name", CONTROLLER), ("controller", CONTROLLER), ("priority", "")];
+        let labels = [("name", CONTROLLER), ("controller", CONTROLLER)];
+        let mut family = encoder.encode_descriptor(
+            "workqueue_depth",
+            "Proxies due for a reconcile that has not started, by queue and controller",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(depth as i64).encode(family.encode_family(&depth_labels)?)?;
+        let mut family = encoder.encode_descriptor(
+            "workqueue_unfinished_work_seconds",
+            "Seconds of work done by reconciles still running, summed",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(unfinished).encode(family.encode_family(&labels)?)?;
+        let mut family = encoder.encode_descriptor(
+            "workqueue_longest_running_processor_seconds",
+            "Seconds the longest-running reconcile has been running",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(longest).encode(family.encode_family(&labels)?)
     }
 }
 
@@ -414,6 +632,40 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_queue_counts_adds_waits_and_work() {
+        let metrics = ReconcileMetrics::new(3);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let queue = metrics.queue();
+        let has = |line: &str| {
+            let text = scrape(&registry);
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        };
+        has(r#"workqueue_depth{name="proxy",controller="proxy",priority=""} 0"#);
+        has(r#"workqueue_adds_total{name="proxy",controller="proxy"} 0"#);
+        // Two triggers for one Proxy and one for another: three adds, two due.
+        queue.added("crawl/a");
+        queue.added("crawl/a");
+        queue.added("crawl/b");
+        has(r#"workqueue_adds_total{name="proxy",controller="proxy"} 3"#);
+        has(r#"workqueue_depth{name="proxy",controller="proxy",priority=""} 2"#);
+        let working = queue.started("crawl/a");
+        has(r#"workqueue_depth{name="proxy",controller="proxy",priority=""} 1"#);
+        has(r#"workqueue_queue_duration_seconds_count{name="proxy",controller="proxy"} 1"#);
+        assert!(scrape(&registry).contains("workqueue_longest_running_processor_seconds{"));
+        drop(working);
+        has(r#"workqueue_work_duration_seconds_count{name="proxy",controller="proxy"} 1"#);
+        has(r#"workqueue_unfinished_work_seconds{name="proxy",controller="proxy"} 0.0"#);
+        // A requeue in an hour: added and retried, but not due, so not in the depth.
+        queue.retried("crawl/a", Duration::from_secs(3600));
+        has(r#"workqueue_retries_total{name="proxy",controller="proxy"} 1"#);
+        has(r#"workqueue_depth{name="proxy",controller="proxy",priority=""} 1"#);
+        // A Proxy gone when its turn came leaves the queue.
+        queue.forget("crawl/b");
+        has(r#"workqueue_depth{name="proxy",controller="proxy",priority=""} 0"#);
     }
 
     #[test]
