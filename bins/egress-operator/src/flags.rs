@@ -34,8 +34,8 @@ pub struct Options {
     pub health_probe_bind_address: String,
     pub leader_elect: bool,
     pub providers_config: String,
-    /// A kubeconfig file to reach the API server with; empty: `KUBECONFIG`, `~/.kube/config`,
-    /// then the in-cluster service account (controller-runtime's order).
+    /// A kubeconfig file to reach the API server with; empty: as kube infers it (`KUBECONFIG`
+    /// or `~/.kube/config`, else the in-cluster service account).
     pub kubeconfig: String,
     pub proxy_namespace: String,
     pub provider_check_interval: Duration,
@@ -177,7 +177,7 @@ const FLAGS: &[Flag] = &[
         name: "kubeconfig",
         kind: Kind::Text,
         default: "",
-        usage: "A kubeconfig file to reach the API server with, when running outside a cluster; empty: KUBECONFIG, ~/.kube/config, then the in-cluster service account.",
+        usage: "A kubeconfig file to reach the API server with, when running outside a cluster; empty: KUBECONFIG or ~/.kube/config, else the in-cluster service account.",
     },
     Flag {
         name: "proxy-namespace",

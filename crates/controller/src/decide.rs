@@ -253,7 +253,7 @@ pub fn replacing(input: &Input<'_>, facts: &Facts) -> bool {
             .and_then(|a| a.get(egress_api::ANNOTATION_SPEC_HASH))
             .cloned()
     });
-    recorded.is_some_and(|r| r != hash && !adoptable(proxy, &r))
+    recorded.is_some_and(|r| r != hash && !adoptable(proxy, &r, &hash))
 }
 
 /// The message on `Provisioned=False` while an instance boots.
@@ -282,32 +282,46 @@ pub fn next(input: &Input<'_>, facts: &Facts, timings: &Timings) -> Next {
     }
 }
 
-/// Whether the status shows that the Proxy's current spec was reconciled: the newest
-/// `observedGeneration` among its conditions is `metadata.generation`. Conditions that carry
-/// none cannot say which spec was seen, so then only a spec never edited (generation 1) counts.
-pub fn reconciled_current(proxy: &Proxy) -> bool {
+/// Whether the status shows that the instance it records was built from the current spec: its
+/// `Provisioned` condition says the instance runs (True), or boots after its create (False,
+/// `Provisioning`, "waiting for the instance to run"), and was set at `metadata.generation`. A
+/// condition without `observedGeneration` cannot say which spec it saw, so then only a spec never
+/// edited (generation 1) counts. Any other state (a replacement under way, a stopped instance,
+/// an error) does not: the instance may be older than the spec.
+pub fn built_from_current_spec(proxy: &Proxy) -> bool {
     let Some(generation) = proxy.metadata.generation else {
         return false;
     };
-    let newest = proxy
+    let Some(provisioned) = proxy
         .status
         .iter()
         .flat_map(|s| &s.conditions)
-        .filter_map(|c| c.observed_generation)
-        .max();
-    match newest {
-        Some(observed) => observed == generation,
-        None => generation == 1,
-    }
+        .find(|c| c.type_ == conditions::PROVISIONED)
+    else {
+        return false;
+    };
+    let settled = match provisioned.status {
+        ConditionStatus::True => true,
+        ConditionStatus::False => provisioned.reason == reasons::PROVISIONING && provisioned.message == WAITING_TO_RUN,
+        ConditionStatus::Unknown => false,
+    };
+    settled
+        && provisioned
+            .observed_generation
+            .map_or(generation == 1, |observed| observed == generation)
 }
 
-/// Whether the instance recorded under `recorded` is adopted rather than replaced: the value is
-/// not a hash this operator writes (another operator's, or this one's before its hashes carried
-/// a version), and the status shows the current spec was reconciled, so the instance was built
-/// from it. A spec edited since (during the switch, say) is replaced, as the other operator
-/// would have done.
-pub fn adoptable(proxy: &Proxy, recorded: &str) -> bool {
-    !crate::spec_hash::is_own(recorded) && reconciled_current(proxy)
+/// Whether the instance recorded under `recorded` is adopted rather than replaced, `hash` being
+/// the current spec's: the value is not one this operator writes (another operator's, or this
+/// one's before its hashes carried a version), and either it is this operator's pre-version
+/// value of this very spec, or the status shows the instance was built from the current spec
+/// ([`built_from_current_spec`]). A spec edited since (during the switch, say), or a replacement
+/// the other operator had begun, is replaced, as the other operator would have done.
+pub fn adoptable(proxy: &Proxy, recorded: &str, hash: &str) -> bool {
+    if crate::spec_hash::is_own(recorded) {
+        return false;
+    }
+    hash.strip_prefix(crate::spec_hash::VERSION_PREFIX) == Some(recorded) || built_from_current_spec(proxy)
 }
 
 fn has_finalizer(proxy: &Proxy) -> bool {
@@ -553,7 +567,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
             // An instance without a recorded hash is adopted as it is.
             None => return Next::Do(Action::WriteSpecHash(hash)),
             // Another operator's hash over a spec it had reconciled: adopt, replace nothing.
-            Some(recorded) if recorded != hash && adoptable(proxy, recorded) => {
+            Some(recorded) if recorded != hash && adoptable(proxy, recorded, &hash) => {
                 return Next::Do(Action::AdoptInstance {
                     hash,
                     previous: recorded.to_owned(),

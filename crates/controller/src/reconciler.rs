@@ -473,7 +473,8 @@ async fn perform(
             facts.finalizer_removed = true;
         }
         Action::WriteSpecHash(hash) => {
-            let annotations = json!({ANNOTATION_SPEC_HASH: hash});
+            // A value kept from an adoption describes an instance this one replaces: gone too.
+            let annotations = json!({ANNOTATION_SPEC_HASH: hash, ANNOTATION_PREVIOUS_SPEC_HASH: null});
             *rv = write_metadata(
                 api,
                 &name,

@@ -639,7 +639,8 @@ fn another_operators_instance_over_the_reconciled_spec_is_adopted_not_replaced()
 
 #[test]
 fn this_operators_hash_from_before_the_version_prefix_is_adopted_too() {
-    let mut p = foreign(2, Some(2));
+    // Its pre-version value of this very spec is adopted whatever the status says.
+    let mut p = foreign(2, Some(1));
     let prefixed = spec_hash(&p.spec, CLOUD_INIT.as_bytes());
     let unprefixed = prefixed.trim_start_matches("v1:").to_owned();
     p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), unprefixed)].into());
@@ -649,6 +650,74 @@ fn this_operators_hash_from_before_the_version_prefix_is_adopted_too() {
     };
     let (actions, _, _) = run(&p, &w);
     assert_eq!(actions, ["AdoptInstance", "Get"]);
+}
+
+#[test]
+fn another_operators_instance_booting_after_its_create_is_adopted() {
+    let mut p = foreign(3, Some(3));
+    set_condition(
+        &mut p.status.as_mut().unwrap().conditions,
+        conditions::PROVISIONED,
+        ConditionStatus::False,
+        reasons::PROVISIONING,
+        egress_controller::decide::WAITING_TO_RUN,
+        Some(3),
+        &at(20),
+    );
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Provisioning))),
+        ..world()
+    };
+    let (actions, _, _) = run(&p, &w);
+    assert_eq!(actions, ["AdoptInstance", "Get"]);
+}
+
+#[test]
+fn another_operators_replacement_under_way_is_finished_not_adopted() {
+    // It had marked the instance for replacement at this generation, and its Delete had not
+    // gone through: the instance is older than the spec.
+    let replacing = |mut p: Proxy| {
+        set_condition(
+            &mut p.status.as_mut().unwrap().conditions,
+            conditions::PROVISIONED,
+            ConditionStatus::False,
+            reasons::PROVISIONING,
+            "replacing the instance after a spec change",
+            Some(3),
+            &at(20),
+        );
+        p
+    };
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Running))),
+        delete: Some(Ok(())),
+        ..world()
+    };
+    let (actions, _, _) = run(&replacing(foreign(3, Some(3))), &w);
+    assert_eq!(actions, ["Get", "Delete"]);
+    // The same with this operator's own pre-version value of an older spec.
+    let mut p = replacing(foreign(3, Some(3)));
+    let mut older = p.spec.clone();
+    older.port = 8080;
+    let unprefixed = spec_hash(&older, CLOUD_INIT.as_bytes())
+        .trim_start_matches("v1:")
+        .to_owned();
+    p.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_string(), unprefixed)].into());
+    let (actions, _, _) = run(&p, &w);
+    assert_eq!(actions, ["Get", "Delete"]);
+    // A Healthy condition at the current generation says nothing of how the instance was built.
+    let mut p = foreign(3, Some(2));
+    set_condition(
+        &mut p.status.as_mut().unwrap().conditions,
+        conditions::HEALTHY,
+        ConditionStatus::True,
+        reasons::PROBE_SUCCEEDED,
+        "the proxy carried the probe",
+        Some(3),
+        &at(30),
+    );
+    let (actions, _, _) = run(&p, &w);
+    assert_eq!(actions, ["Get", "Delete"]);
 }
 
 #[test]

@@ -12,10 +12,13 @@
 //!   spellings YAML 1.1 allows) are booleans where a boolean is expected, and stay text
 //!   everywhere else: a host named `no` is the string `"no"`. (Go turned them into booleans
 //!   before it knew the field, so `name: yes` became `"true"`; this keeps the text, on purpose.)
-//! - **Scalars in string fields.** A number or boolean where a string is expected is taken as
-//!   its text (`project: 123` is `"123"`), as `sigs.k8s.io/yaml` converted it.
-//! - **`null` as nothing.** `null` where a map, list or struct is expected is an empty one, and
-//!   where an `Option` is expected is `None`, as Go left the zero value.
+//! - **Scalars in string fields.** A whole number or boolean where a string is expected is taken
+//!   as its text (`project: 123` is `"123"`), as `sigs.k8s.io/yaml` converted it. A fraction or
+//!   exponent is refused: its text as YAML 1.1 wrote it (`1e3`) is lost by then, and a changed
+//!   text (`"1000.0"`) would be worse than a refusal.
+//! - **`null` as nothing.** A struct field given `null` is left out (so it takes its default, as
+//!   Go left the zero value); `null` where a map, list or struct is expected is an empty one, and
+//!   where an `Option` is expected is `None`.
 //!
 //! Everything else is refused as `serde_json` would refuse it.
 
@@ -102,7 +105,9 @@ impl<'de> Deserializer<'de> for GoValue<'de> {
 
     fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.value {
-            Value::Number(n) if self.rules == Rules::Yaml => visitor.visit_string(n.to_string()),
+            Value::Number(n) if self.rules == Rules::Yaml && (n.is_i64() || n.is_u64()) => {
+                visitor.visit_string(n.to_string())
+            }
             Value::Bool(b) if self.rules == Rules::Yaml => visitor.visit_string(b.to_string()),
             _ => self.deserialize_any(visitor),
         }
@@ -224,7 +229,13 @@ impl<'de> MapAccess<'de> for Entries<'de> {
     type Error = serde_json::Error;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Self::Error> {
-        let Some((key, value)) = self.entries.as_mut().and_then(Iterator::next) else {
+        // A struct's field given `null` is as good as absent (Go left the zero value).
+        let struct_fields = self.fields.is_some();
+        let Some((key, value)) = self
+            .entries
+            .as_mut()
+            .and_then(|entries| entries.find(|(_, v)| !(struct_fields && v.is_null())))
+        else {
             return Ok(None);
         };
         self.value = Some(value);
@@ -364,6 +375,24 @@ mod tests {
         );
         let err = json(&json!({"name": 1})).unwrap_err();
         assert!(err.contains("invalid type: integer `1`, expected a string"), "{err}");
+    }
+
+    #[test]
+    fn a_null_field_takes_its_default_and_a_fraction_is_no_text() {
+        let h: Host =
+            decode(&json!({"name": "a", "insecureIgnoreHostKey": null, "port": null, "verify": null})).unwrap();
+        assert_eq!(
+            h,
+            Host {
+                name: "a".into(),
+                ..Host::default()
+            }
+        );
+        // A required field given null is missing.
+        let err = decode::<Host>(&json!({"name": null})).unwrap_err();
+        assert!(err.contains("missing field `name`"), "{err}");
+        let err = decode::<Host>(&json!({"name": 1.5})).unwrap_err();
+        assert!(err.contains("invalid type: floating point"), "{err}");
     }
 
     #[test]

@@ -137,6 +137,8 @@ fn structural_rows() -> Vec<Bad> {
         bad("a word that is no YAML 1.1 boolean", kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: maybe\n"), format!(r#"{ke}.insecureIgnoreHostKey: invalid type: string "maybe", expected a boolean"#)),
         // A key that differs from every field in more than case is still unknown (Go's
         // UnmarshalStrict refused it too).
+        bad("providers twice, in two cases", "providers: []\nProviders: []\n", "`providers` is given more than once (in different cases); keep one"),
+        bad("a fraction in a text field", "providers:\n  - {name: g, type: gcp, gcp: {project: 1.5}}\n", r#"providers[0] "g": gcp.project: invalid type: floating point `1.5`, expected a string"#),
         bad("a misspelt key in any case", "providers:\n  - {name: g, type: gcp, gcp: {PROJECTS: p}}\n", r#"providers[0] "g": gcp.PROJECTS: unknown field `PROJECTS`, expected one of `project`"#),
         bad("hosts is a mapping", kvm_edit("kvm", HOST_LINE, "        beelink: {}\n"), format!("{ke}.hosts: invalid type: map, expected a sequence")),
     ]
@@ -477,6 +479,10 @@ fn go_rows() -> Vec<Good> {
         // made it "false").
         good("a string field holding no", "providers:\n  - {name: g, type: gcp, gcp: {project: no}}\n", |c, _| {
             assert_eq!(only(c).gcp.as_ref().expect("gcp").project, "no");
+        }),
+        // A key with no value is as good as absent: Go left the zero value.
+        good("a field with no value", kvm_edit("kvm", KNOWN_HOSTS_LINE, &format!("{KNOWN_HOSTS_LINE}      insecureIgnoreHostKey:\n")), |c, _| {
+            assert!(!only(c).kvm.as_ref().expect("kvm").insecure_ignore_host_key);
         }),
         // A number in a string field is its text, as sigs.k8s.io/yaml converted it.
         good("a number in a string field", "providers:\n  - {name: g, type: gcp, gcp: {project: 12345}}\n", |c, _| {

@@ -164,7 +164,10 @@ fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
             go_quote(key)
         ));
     }
-    match map.into_iter().next_back().map(|(_, v)| v) {
+    if map.len() > 1 {
+        return Err("`providers` is given more than once (in different cases); keep one".to_owned());
+    }
+    match map.into_iter().next().map(|(_, v)| v) {
         // No `providers` key, or `providers:` with every entry commented out: an empty list.
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(entries)) => Ok(entries),
