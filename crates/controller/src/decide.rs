@@ -581,24 +581,14 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
                 Some(Err(f)) if f.class == ErrorClass::NotFound => return Next::Do(Action::WriteSpecHash(hash)),
                 Some(Err(f)) => return provider_failure(input, timings, status, InstanceView::Unobserved, f),
                 Some(Ok(_)) => {
-                    status.ip.clear();
-                    set_provisioned(
+                    return replace(
                         input,
-                        &mut status,
-                        ConditionStatus::False,
-                        reasons::PROVISIONING,
+                        facts,
+                        timings,
+                        status,
+                        id,
                         "replacing the instance after a spec change",
                     );
-                    return match &facts.delete {
-                        None => Next::Do(Action::Delete(id)),
-                        Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
-                        Some(Ok(())) => finish(
-                            input,
-                            status,
-                            InstanceView::Booting,
-                            Requeue::After(timings.deletion_poll),
-                        ),
-                    };
                 }
             },
             // 8. Observe the instance.
@@ -630,23 +620,14 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
                 return provider_failure(input, timings, status, InstanceView::Unobserved, &f);
             }
             Err(Pending::Replace(instance)) => {
-                set_provisioned(
+                return replace(
                     input,
-                    &mut status,
-                    ConditionStatus::False,
-                    reasons::PROVISIONING,
+                    facts,
+                    timings,
+                    status,
+                    instance,
                     "the credentials Secret was edited and no longer holds the instance's credentials; replacing the instance so it gets new ones",
                 );
-                return match &facts.delete {
-                    None => Next::Do(Action::Delete(instance)),
-                    Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
-                    Some(Ok(())) => finish(
-                        input,
-                        status,
-                        InstanceView::Booting,
-                        Requeue::After(timings.deletion_poll),
-                    ),
-                };
             }
             Err(Pending::Problem(SecretProblem::Unusable(why))) => {
                 set_provisioned(
@@ -785,25 +766,9 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
         },
         // Stopped, terminated or unknown: delete it (keeping its id) until Get says NotFound.
         InstanceState::Stopped | InstanceState::Terminated => {
-            status.ip.clear();
-            set_provisioned(
-                input,
-                &mut status,
-                ConditionStatus::False,
-                reasons::PROVISIONING,
-                "the instance stopped; replacing it",
-            );
-            match &facts.delete {
-                // The id as recorded in the status, which is what Delete is promised.
-                None => Next::Do(Action::Delete(ProviderId::new(status.provider_id.clone()))),
-                Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
-                Some(Ok(())) => finish(
-                    input,
-                    status,
-                    InstanceView::Booting,
-                    Requeue::After(timings.deletion_poll),
-                ),
-            }
+            // The id as recorded in the status, which is what Delete is promised.
+            let id = ProviderId::new(status.provider_id.clone());
+            replace(input, facts, timings, status, id, "the instance stopped; replacing it")
         }
     }
 }
@@ -827,26 +792,38 @@ fn credentials_serve(input: &Input<'_>, facts: &Facts, timings: &Timings, status
             Some(Err(SecretProblem::Unavailable(why) | SecretProblem::Unusable(why))) => Some(unavailable(input, why)),
         },
         Some(Err(SecretProblem::Unavailable(why) | SecretProblem::Unusable(why))) => Some(unavailable(input, why)),
-        Some(Ok(Serving::No)) => {
-            status.ip.clear();
-            set_provisioned(
-                input,
-                status,
-                ConditionStatus::False,
-                reasons::PROVISIONING,
-                "the credentials Secret no longer holds this instance's credentials (deleted or edited); replacing the instance so it gets new ones",
-            );
-            Some(match &facts.delete {
-                None => Next::Do(Action::Delete(id)),
-                Some(Err(f)) => provider_failure(input, timings, status.clone(), InstanceView::Booting, f),
-                Some(Ok(())) => finish(
-                    input,
-                    status.clone(),
-                    InstanceView::Booting,
-                    Requeue::After(timings.deletion_poll),
-                ),
-            })
-        }
+        Some(Ok(Serving::No)) => Some(replace(
+            input,
+            facts,
+            timings,
+            status.clone(),
+            id,
+            "the credentials Secret no longer holds this instance's credentials (deleted or edited); replacing the instance so it gets new ones",
+        )),
+    }
+}
+
+/// Replaces instance `id`, saying `why` on `Provisioned=False/Provisioning`: `Delete` on every
+/// pass (the id kept) until `Get` says NotFound, then the create path builds the next one.
+fn replace(
+    input: &Input<'_>,
+    facts: &Facts,
+    timings: &Timings,
+    mut status: ProxyStatus,
+    id: ProviderId,
+    why: &str,
+) -> Next {
+    status.ip.clear();
+    set_provisioned(input, &mut status, ConditionStatus::False, reasons::PROVISIONING, why);
+    match &facts.delete {
+        None => Next::Do(Action::Delete(id)),
+        Some(Err(f)) => provider_failure(input, timings, status, InstanceView::Booting, f),
+        Some(Ok(())) => finish(
+            input,
+            status,
+            InstanceView::Booting,
+            Requeue::After(timings.deletion_poll),
+        ),
     }
 }
 

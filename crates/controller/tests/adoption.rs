@@ -12,8 +12,7 @@ use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER,
 use egress_conformance::memory::{INSERT, MemoryBackend, REMOVE};
 use egress_conformance::{BackendHooks as _, SeedSpec};
 use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, HealthVerdicts, reconcile};
-use egress_controller::status::Verdict;
+use egress_controller::reconciler::{Context, reconcile};
 use egress_kube_testserver::TestServer;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -24,13 +23,6 @@ use tokio_util::sync::CancellationToken;
 const NS: &str = "crawl";
 /// A value of the other operator's form.
 const GO_HASH: &str = "6c1f0e2b9d";
-
-struct NoVerdicts;
-impl HealthVerdicts for NoVerdicts {
-    fn verdict(&self, _: &str, _: &str) -> Option<Verdict> {
-        None
-    }
-}
 
 #[tokio::test]
 async fn a_proxy_another_operator_made_is_adopted_and_a_later_spec_change_replaces_it() {
@@ -45,7 +37,7 @@ async fn a_proxy_another_operator_made_is_adopted_and_a_later_spec_change_replac
     let ctx = Arc::new(Context::new(
         client.clone(),
         common::memory_providers(&[("mem", &backend)]),
-        Arc::new(NoVerdicts),
+        Arc::new(common::NoVerdicts),
         Timings::default(),
         None,
         CancellationToken::new(),

@@ -15,8 +15,7 @@ use egress_api::{ANNOTATION_CREDENTIALS_INSTANCE, Phase, Placement, Proxy, Proxy
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{INSERT, MemoryBackend, REMOVE};
 use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, HealthVerdicts, reconcile};
-use egress_controller::status::Verdict;
+use egress_controller::reconciler::{Context, reconcile};
 use egress_kube_testserver::TestServer;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -25,13 +24,6 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "crawl";
-
-struct NoVerdicts;
-impl HealthVerdicts for NoVerdicts {
-    fn verdict(&self, _: &str, _: &str) -> Option<Verdict> {
-        None
-    }
-}
 
 struct World {
     proxies: Api<Proxy>,
@@ -54,7 +46,7 @@ impl World {
         let ctx = Arc::new(Context::new(
             client.clone(),
             common::memory_providers(&[("mem", &backend)]),
-            Arc::new(NoVerdicts),
+            Arc::new(common::NoVerdicts),
             Timings::default(),
             None,
             CancellationToken::new(),

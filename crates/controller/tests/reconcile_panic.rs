@@ -2,14 +2,15 @@
 //! fails as any other (retried with backoff), the worker is freed, and controller-runtime's
 //! families count it as an error and a panic.
 
+mod common;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use egress_api::{FINALIZER, Placement, Proxy, ProxySpec};
 use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, HealthVerdicts, ReconcileError, reconcile};
+use egress_controller::reconciler::{Context, ReconcileError, reconcile};
 use egress_controller::runtime_metrics::ReconcileMetrics;
-use egress_controller::status::Verdict;
 use egress_kube_testserver::TestServer;
 use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
 use egress_provider::decorate::ProviderMetrics;
@@ -33,13 +34,6 @@ impl Provider for Panicking {
     }
     async fn list_by_tag(&self, _: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
         Ok(vec![])
-    }
-}
-
-struct NoVerdicts;
-impl HealthVerdicts for NoVerdicts {
-    fn verdict(&self, _: &str, _: &str) -> Option<Verdict> {
-        None
     }
 }
 
@@ -72,7 +66,7 @@ async fn a_panicking_reconcile_is_a_counted_failure() {
         Context::new(
             client.clone(),
             providers,
-            Arc::new(NoVerdicts),
+            Arc::new(common::NoVerdicts),
             Timings::default(),
             None,
             CancellationToken::new(),

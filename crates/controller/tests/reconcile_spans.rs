@@ -11,19 +11,11 @@ use egress_api::{Phase, Placement, Proxy, ProxySpec};
 use egress_conformance::capture::{Capture, CapturedSpan};
 use egress_conformance::memory::MemoryBackend;
 use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, HealthVerdicts, reconcile};
-use egress_controller::status::Verdict;
+use egress_controller::reconciler::{Context, reconcile};
 use egress_kube_testserver::TestServer;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-
-struct NoVerdicts;
-impl HealthVerdicts for NoVerdicts {
-    fn verdict(&self, _: &str, _: &str) -> Option<Verdict> {
-        None
-    }
-}
 
 async fn context(server: &TestServer) -> Arc<Context> {
     let backend = MemoryBackend::new();
@@ -31,7 +23,7 @@ async fn context(server: &TestServer) -> Arc<Context> {
     Arc::new(Context::new(
         server.client().unwrap(),
         providers,
-        Arc::new(NoVerdicts),
+        Arc::new(common::NoVerdicts),
         Timings::default(),
         None,
         CancellationToken::new(),

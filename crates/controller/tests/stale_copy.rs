@@ -14,20 +14,12 @@ use egress_api::{Placement, Proxy, ProxySpec};
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::MemoryBackend;
 use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, HealthVerdicts, ReconcileError, reconcile};
-use egress_controller::status::Verdict;
+use egress_controller::reconciler::{Context, ReconcileError, reconcile};
 use egress_kube_testserver::TestServer;
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "crawl";
-
-struct NoVerdicts;
-impl HealthVerdicts for NoVerdicts {
-    fn verdict(&self, _: &str, _: &str) -> Option<Verdict> {
-        None
-    }
-}
 
 #[tokio::test]
 async fn a_pass_on_a_stale_copy_does_not_create_again() {
@@ -52,7 +44,7 @@ async fn stale_pass(generated: bool) {
     let ctx = Arc::new(Context::new(
         client.clone(),
         providers,
-        Arc::new(NoVerdicts),
+        Arc::new(common::NoVerdicts),
         Timings::default(),
         None,
         CancellationToken::new(),

@@ -80,3 +80,12 @@ pub fn fast_timings() -> Timings {
         quota_retry: Duration::from_millis(200),
     }
 }
+
+/// Health verdicts that never have one: a pass decides from the Proxy and the provider alone.
+pub struct NoVerdicts;
+
+impl egress_controller::reconciler::HealthVerdicts for NoVerdicts {
+    fn verdict(&self, _: &str, _: &str) -> Option<egress_controller::status::Verdict> {
+        None
+    }
+}
