@@ -249,18 +249,7 @@ pub const RECONCILE_SPAN: &str = "Reconcile Proxy";
 
 /// A random (version 4) UUID, as controller-runtime gives each reconcile.
 pub fn reconcile_id() -> String {
-    let mut bytes: [u8; 16] = rand::random();
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex = data_encoding::HEXLOWER.encode(&bytes);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    egress_provider::uuid_text(rand::random(), 4)
 }
 
 /// One reconcile of one Proxy, in its `Reconcile Proxy` span (spec/core.md §9.3).

@@ -96,18 +96,8 @@ pub fn request_id(uid: &str, zone: &str, name: &str, generation: u64) -> String 
     let digest = Sha256::digest(format!("{uid}\n{zone}\n{name}\n{generation}").as_bytes());
     let mut b = [0u8; 16];
     b.copy_from_slice(&digest[..16]);
-    // An RFC 4122 name-based UUID: version 5 layout, variant 10.
-    b[6] = (b[6] & 0x0f) | 0x50;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex = data_encoding::HEXLOWER.encode(&b);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    // An RFC 4122 name-based UUID: version 5 layout.
+    egress_provider::uuid_text(b, 5)
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub use egress_credentials::Credentials;
 pub use error::{BoxError, ErrorClass, ErrorScope, Message, Op, ProviderError, class_of, result_label};
 pub use naming::{
     LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, NAME_PREFIX, is_dns1123_label, is_identifier,
-    name_from_uid,
+    name_from_uid, uuid_text,
 };
 pub use provider::{
     Checker, Provider, REASON_API_ERROR, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT, REASON_UNAUTHORIZED,

@@ -37,6 +37,22 @@ pub fn is_dns1123_label(s: &str) -> bool {
     !b.is_empty() && b.len() <= 63 && b.iter().all(|c| ok(c) || *c == b'-') && ok(&b[0]) && ok(&b[b.len() - 1])
 }
 
+/// Sixteen bytes as an RFC 4122 UUID of `version` (the version nibble and the `10` variant
+/// bits set), in its lowercase hyphenated text form.
+pub fn uuid_text(mut bytes: [u8; 16], version: u8) -> String {
+    bytes[6] = (bytes[6] & 0x0f) | (version << 4);
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex = data_encoding::HEXLOWER.encode(&bytes);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
 /// Whether `s` matches `^[A-Za-z0-9][A-Za-z0-9_.-]*$`: the identifier rule
 /// for values that end up inside a providerID segment or a file name (host
 /// names, image keys, kvm2 entry names). No slash, so no `../`.
