@@ -14,7 +14,8 @@
 //!    everywhere else), and a number in a string field is its text.
 //!
 //! As in Go, an empty file, `{}`, `providers:` and `providers: []` all mean
-//! no providers (a warning, not an error).
+//! no providers (a warning, not an error), and an entry name that is not a
+//! DNS-1123 label is a warning too.
 //!
 //! Then [`validate`](super::validate) applies the per-entry rules.
 
@@ -74,9 +75,7 @@ impl ProvidersConfig {
             .map(|(i, value)| decode_entry(i, value))
             .collect::<Result<Vec<_>, _>>()
             .map_err(fail)?;
-        validate_entries(&providers, registry).map_err(fail)?;
-
-        let mut warnings = Vec::new();
+        let mut warnings = validate_entries(&providers, registry).map_err(fail)?;
         if providers.is_empty() {
             // Accepted on purpose: Proxies in External mode need no provider.
             warnings.push("no providers are configured; only External proxies can be used".to_owned());

@@ -12,20 +12,24 @@ use crate::Registry;
 use crate::naming::is_dns1123_label;
 
 /// Checks every entry in file order and returns the first problem as a full
-/// message (`providers[<i>] "<name>": ...`).
-pub(super) fn validate_entries(entries: &[ProviderConfig], registry: &Registry) -> Result<(), String> {
+/// message (`providers[<i>] "<name>": ...`), or the warnings worth logging.
+pub(super) fn validate_entries(entries: &[ProviderConfig], registry: &Registry) -> Result<Vec<String>, String> {
     let mut seen = HashSet::new();
+    let mut warnings = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
-        // 1. Name: present, a DNS-1123 label (it names a ProviderHealth
-        // object), unique.
+        // 1. Name: present and unique. It should be a DNS-1123 label (it
+        // names a ProviderHealth object, and `spec.provider` only takes
+        // labels), but the Go operator loaded other names, so a file that
+        // ran there must not make this one exit: warn (providers.md §3.4).
         if entry.name.is_empty() {
             return Err(format!("providers[{i}]: name is required"));
         }
         let prefix = entry_prefix(i, &entry.name);
         if !is_dns1123_label(&entry.name) {
-            return Err(format!(
-                "{prefix}: name must be a lowercase DNS-1123 label (lowercase letters, digits and '-', \
-                 starting and ending with a letter or digit, at most 63 characters)"
+            warnings.push(format!(
+                "{prefix}: name is not a lowercase DNS-1123 label (lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit, at most 63 characters), so no Proxy can \
+                 name this provider and no ProviderHealth object is written for it; rename the entry"
             ));
         }
         if !seen.insert(entry.name.as_str()) {
@@ -58,7 +62,7 @@ pub(super) fn validate_entries(entries: &[ProviderConfig], registry: &Registry) 
             .validate(entry)
             .map_err(|tail| format!("{prefix}: {tail}"))?;
     }
-    Ok(())
+    Ok(warnings)
 }
 
 /// `providers[<i>] "<name>"`, the prefix of every per-entry message.
