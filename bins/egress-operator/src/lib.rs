@@ -32,7 +32,7 @@ use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, c
 use egress_provider::Registry;
 use egress_provider::config::ProvidersConfig;
 use egress_provider::decorate::ProviderMetrics;
-use futures::{Stream, StreamExt as _};
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::Layer as _;
@@ -469,7 +469,9 @@ async fn operate(options: Options, extensions: Extensions, shutdown: Cancellatio
         );
         tokio::select! {
             _ = shutdown.cancelled() => return stop(tasks).await,
-            won = rx.wait_for(|l| *l) => if won.is_err() {
+            // Only whether it was won is kept: the watch's read guard must not live across the
+            // other arm's await, or this future could not be sent to another thread.
+            won = rx.wait_for(|l| *l).map(|r| r.is_ok()) => if !won {
                 return Err(fatal_plain("leader election ended before this replica led"));
             },
         }

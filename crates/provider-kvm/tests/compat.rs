@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use egress_libvirt::HypervisorEnv;
 use egress_libvirt::engine::Generation;
+use egress_libvirt::fake::GoKvmDomain;
 use egress_libvirt::host::Host;
 use egress_libvirt::seed::{seed_iso, vendor_data};
 use egress_provider::config::{KvmConfig, KvmImage, ProviderConfig};
@@ -33,14 +34,6 @@ fn go_volume(name: &str, capacity: usize, format: &str, backing: Option<&str>) -
     });
     format!(
         "<volume type=\"file\"><name>{name}</name><capacity unit=\"bytes\">{capacity}</capacity><target><format type=\"{format}\"></format></target>{backing}</volume>"
-    )
-}
-
-/// The domain document as the Go kvm provider wrote it (`cpu` is empty on a host without KVM,
-/// where the test hypervisor emulates).
-fn go_domain(name: &str, uid: &str, disk: &str, seed: &str, bridge: &str, domain_type: &str, cpu: &str) -> String {
-    format!(
-        "<domain type=\"{domain_type}\"><name>{name}</name><metadata><instance xmlns=\"https://gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/kvm\"><managed>true</managed><uid>{uid}</uid><createdAt>{GO_CREATED}</createdAt></instance></metadata><memory unit=\"MiB\">256</memory><vcpu>1</vcpu><os firmware=\"efi\"><type arch=\"x86_64\" machine=\"q35\">hvm</type><firmware><feature enabled=\"no\" name=\"secure-boot\"></feature></firmware><boot dev=\"hd\"></boot></os><features><acpi></acpi><apic></apic></features>{cpu}<clock offset=\"utc\"></clock><on_poweroff>destroy</on_poweroff><on_reboot>restart</on_reboot><on_crash>destroy</on_crash><devices><disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"qcow2\"></driver><source file=\"{disk}\"></source><target dev=\"vda\" bus=\"virtio\"></target></disk><disk type=\"file\" device=\"cdrom\"><driver name=\"qemu\" type=\"raw\"></driver><source file=\"{seed}\"></source><target dev=\"sda\" bus=\"sata\"></target><readonly></readonly></disk><interface type=\"bridge\"><source bridge=\"{bridge}\"></source><model type=\"virtio\"></model></interface><serial type=\"pty\"><target port=\"0\"></target></serial><console type=\"pty\"><target type=\"serial\" port=\"0\"></target></console><channel type=\"unix\"><target type=\"virtio\" name=\"org.qemu.guest_agent.0\"></target></channel><rng model=\"virtio\"><backend model=\"random\">/dev/urandom</backend></rng></devices></domain>"
     )
 }
 
@@ -98,14 +91,16 @@ async fn lay_down(host: &dyn Host, pool: &str, uid: &str, image: &[u8], bridge: 
         .unwrap();
     let disk = host.volume_path(&cx, pool, &overlay).await.unwrap();
     let seed = host.volume_path(&cx, pool, &seed).await.unwrap();
-    let cpu = if domain_type == "kvm" {
-        "<cpu mode=\"host-passthrough\"></cpu>"
-    } else {
-        ""
+    let domain = GoKvmDomain {
+        name: &name,
+        uid,
+        created_at: GO_CREATED,
+        disk: &disk,
+        seed: &seed,
+        bridge,
+        domain_type,
     };
-    host.define_domain(&cx, &go_domain(&name, uid, &disk, &seed, bridge, domain_type, cpu))
-        .await
-        .unwrap();
+    host.define_domain(&cx, &domain.xml()).await.unwrap();
     host.start_domain(&cx, &name).await.unwrap();
     name
 }
