@@ -255,7 +255,7 @@ const FLAGS: &[Flag] = &[
         name: "lease-cooldown",
         kind: Kind::Text,
         default: "15m0s",
-        usage: "How long a proxy rests for a target after a rate_limited or banned report; also how long an ended lease stays reportable.",
+        usage: "How long a proxy rests for a target after a rate_limited or banned report; also how long an ended lease stays reportable. 0: reports rest nothing.",
     },
     Flag {
         name: "health-workers",
@@ -445,7 +445,8 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
                 .ok_or_else(|| "must be a whole number from 1 to 65536".to_string())?;
         }
         "lease-store" => o.lease_store = lease_store(value)?,
-        "lease-cooldown" => o.lease_cooldown = positive(parse_duration(value)?)?,
+        // Zero is a window of no length, as Go's time arithmetic made it: nothing rests.
+        "lease-cooldown" => o.lease_cooldown = parse_duration(value)?,
         "health-workers" => {
             o.health_workers = value
                 .parse()
@@ -672,6 +673,15 @@ mod tests {
             let err = parse(args.iter().copied()).expect_err(message);
             assert_eq!(err.to_string(), message);
         }
+    }
+
+    /// Go's duration flags took 0; for the cooldown it is a window of no length.
+    #[test]
+    fn a_zero_lease_cooldown_means_no_cooldown() {
+        let Ok(Command::Run(o)) = parse(["--lease-cooldown=0"]) else {
+            panic!("refused");
+        };
+        assert_eq!(o.lease_cooldown, Duration::ZERO);
     }
 
     #[test]

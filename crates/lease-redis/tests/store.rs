@@ -7,6 +7,7 @@ mod suite;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use egress_lease::{LeaseStore, ManualClock};
 use egress_lease_redis::RedisStore;
@@ -43,10 +44,10 @@ pub fn fresh_prefix() -> String {
 struct Redis;
 
 impl suite::Backend for Redis {
-    fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>> {
+    fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
         let url = redis_url()?;
         Some(Arc::new(
-            RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
+            RedisStore::new(&url, &fresh_prefix(), cooldown)
                 .expect("a store")
                 .with_clock(Arc::new(clock))
                 .with_max_ended(suite::MAX_ENDED),

@@ -3,15 +3,16 @@
 mod suite;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use egress_lease::{LeaseStore, ManualClock, MemoryStore};
 
 struct Memory;
 
 impl suite::Backend for Memory {
-    fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>> {
+    fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
         Some(Arc::new(
-            MemoryStore::new(Arc::new(clock), suite::COOLDOWN).with_max_ended(suite::MAX_ENDED),
+            MemoryStore::new(Arc::new(clock), cooldown).with_max_ended(suite::MAX_ENDED),
         ))
     }
 }

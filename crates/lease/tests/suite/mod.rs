@@ -28,9 +28,14 @@ fn target(t: Option<&str>) -> Option<Target> {
 
 /// Makes fresh stores.
 pub trait Backend: Send + Sync + 'static {
-    /// A fresh, empty store on `clock` with the cooldown window [`COOLDOWN`]; `None` skips the
+    /// A fresh, empty store on `clock` with the cooldown window `cooldown`; `None` skips the
     /// case (the backend is not configured here).
-    fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>>;
+    fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>>;
+
+    /// A fresh, empty store on `clock` with the cooldown window [`COOLDOWN`].
+    fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>> {
+        self.store_with_cooldown(clock, COOLDOWN)
+    }
 }
 
 pub fn start() -> SystemTime {
@@ -242,6 +247,36 @@ pub async fn overlapping_cooldowns_keep_the_later_end(s: Arc<dyn LeaseStore>, cl
     );
     clock.advance(Duration::from_secs(300));
     assert!(!cooling(s, &fleet, Some("t")).await);
+}
+
+/// A window of zero (`--lease-cooldown=0`): reports are taken and rest nothing, and a lease is
+/// reportable until it expires.
+pub async fn a_zero_window_rests_nothing(backend: &dyn Backend) {
+    let clock = ManualClock::new(start());
+    let Some(s) = backend.store_with_cooldown(clock.clone(), Duration::ZERO) else {
+        return;
+    };
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 1, 5)];
+    let g = acquire(s, &fleet, &req(Some("example.com"))).await.unwrap();
+    report(s, &g.lease_id, ReportResult::RateLimited, None).await.unwrap();
+    report(s, &g.lease_id, ReportResult::Banned, Some("")).await.unwrap();
+    for target in [Some("example.com"), None] {
+        assert!(!cooling(s, &fleet, target).await, "{target:?}");
+    }
+    release(s, &g.lease_id).await;
+    assert_eq!(
+        report(s, &g.lease_id, ReportResult::Banned, None).await,
+        Ok(()),
+        "before its expiry"
+    );
+    assert!(!cooling(s, &fleet, Some("example.com")).await);
+    clock.advance(Duration::from_secs(300));
+    assert_eq!(
+        report(s, &g.lease_id, ReportResult::Ok, None).await,
+        Err(UnknownLease),
+        "expired"
+    );
 }
 
 pub async fn an_expired_or_released_lease_stays_reportable_for_one_window(s: Arc<dyn LeaseStore>, clock: ManualClock) {
@@ -512,6 +547,11 @@ macro_rules! lease_store_suite {
             a_proxy_cools_down_for_at_most_64_targets,
             only_the_newest_ended_leases_stay_reportable,
         );
+
+        #[tokio::test]
+        async fn a_zero_window_rests_nothing() {
+            suite::a_zero_window_rests_nothing(&$backend).await;
+        }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn sixty_four_clients_never_exceed_any_capacity() {
