@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::PATIENCE;
 use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, Phase, ProviderHealth, Proxy};
-use egress_conformance::memory::{INSERT, MemoryBackend, MemoryProvider, MemoryTarget, REMOVE};
+use egress_conformance::memory::{INSERT, LOOKUP, MemoryBackend, MemoryProvider, MemoryTarget, REMOVE};
 use egress_conformance::{BackendHooks as _, SeedSpec};
 use egress_controller::reconciler::HealthVerdicts;
 use egress_controller::status::Verdict;
@@ -51,8 +51,12 @@ const NS: &str = "default";
 const FINALIZER: &str = egress_api::FINALIZER;
 /// A spec-hash value of the Go operator's form (no `v1:` prefix).
 const GO_HASH: &str = "9b2f6c0d4e8a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c";
-/// When the Go operator last wrote a condition or checked a provider.
-const GO_TIME: &str = "2026-11-30T08:00:00Z";
+/// When the Go operator last wrote a condition, made the kvm domain or checked a provider: a
+/// day before this run, whatever the machine's clock says.
+static GO_TIME: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let day_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24);
+    jiff::Timestamp::from_second(day_ago.as_second()).unwrap().to_string()
+});
 const TOKEN: &str = "crawler-token-for-the-takeover-test";
 /// The Go kvm provider's pool, and the image key its cached base was named after.
 const POOL: &str = "default";
@@ -124,9 +128,14 @@ providers:
 struct Calls {
     creates: AtomicUsize,
     deletes: AtomicUsize,
+    /// Reads, to know the operator has looked at the instances (reconciles).
+    gets: AtomicUsize,
+    /// Lists, to know the orphan collector has swept (it lists, then deletes).
+    lists: AtomicUsize,
 }
 
 impl Calls {
+    /// (creates, deletes).
     fn seen(&self) -> (usize, usize) {
         (self.creates.load(Ordering::SeqCst), self.deletes.load(Ordering::SeqCst))
     }
@@ -146,6 +155,7 @@ impl Provider for Counted {
         self.inner.create(cx, req).await
     }
     async fn get(&self, cx: &OpCtx, id: &ProviderId) -> Result<Instance, ProviderError> {
+        self.calls.gets.fetch_add(1, Ordering::SeqCst);
         self.inner.get(cx, id).await
     }
     async fn delete(&self, cx: &OpCtx, id: &ProviderId) -> Result<(), ProviderError> {
@@ -153,6 +163,7 @@ impl Provider for Counted {
         self.inner.delete(cx, id).await
     }
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
+        self.calls.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list_by_tag(cx).await
     }
     fn checker(&self) -> Option<Arc<dyn Checker>> {
@@ -283,9 +294,9 @@ fn go_status(m: &Member, provider_id: &str, generation: i64) -> Value {
         "latencyMillis": 12,
         "conditions": [
             {"type": "Provisioned", "status": "True", "reason": "Running", "message": "instance is running",
-             "observedGeneration": generation, "lastTransitionTime": GO_TIME},
+             "observedGeneration": generation, "lastTransitionTime": GO_TIME.as_str()},
             {"type": "Healthy", "status": "True", "reason": "ProbeSucceeded", "message": "CONNECT succeeded",
-             "observedGeneration": generation, "lastTransitionTime": GO_TIME},
+             "observedGeneration": generation, "lastTransitionTime": GO_TIME.as_str()},
         ],
     }})
 }
@@ -316,7 +327,7 @@ fn lay_down_kvm(host: &FakeHost, name: &str, uid: &str, ip: &str) {
     let xml = GoKvmDomain {
         name,
         uid,
-        created_at: GO_TIME,
+        created_at: &GO_TIME,
         disk: &path(&overlay),
         seed: &path(&seed),
         bridge: "br0",
@@ -378,10 +389,10 @@ async fn go_provider_health(api: &Api<ProviderHealth>, name: &str, type_: &str) 
         &Patch::Merge(json!({"status": {
             "type": type_,
             "conditions": [{"type": "Ready", "status": "True", "reason": "AllTargetsReady",
-                            "message": "1/1 targets ready", "lastTransitionTime": GO_TIME}],
-            "targets": [{"name": "go-target", "ready": true, "reason": "Reachable", "latencyMillis": 4, "lastTransitionTime": GO_TIME}],
+                            "message": "1/1 targets ready", "lastTransitionTime": GO_TIME.as_str()}],
+            "targets": [{"name": "go-target", "ready": true, "reason": "Reachable", "latencyMillis": 4, "lastTransitionTime": GO_TIME.as_str()}],
             "targetsReady": "1/1",
-            "lastCheckTime": GO_TIME,
+            "lastCheckTime": GO_TIME.as_str(),
         }})),
     )
     .await
@@ -542,6 +553,10 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         "--health-probe-bind-address=0".into(),
         "--metrics-bind-address=0".into(),
         "--provider-check-interval=10s".into(),
+        // The orphan collector sweeps during the test, and would take the Go instances at any
+        // age: only their marks (read as Go wrote them) keep them.
+        "--gc-interval=1s".into(),
+        "--gc-min-age=0s".into(),
     ];
     let egress_operator::flags::Command::Run(options) = egress_operator::flags::parse(args).unwrap() else {
         panic!("the flags are a run");
@@ -578,13 +593,22 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
     // Every Proxy adopted, Ready with its old instance and IP.
     let mut adopted_hash = BTreeMap::new();
     for m in &members() {
+        // Go recorded a latency of 12 ms and this operator's verdicts say 9: a status written
+        // by a pass of this operator, after it read the instance.
         let p = wait_for(&proxies, m.proxy, "adopted and Ready", |p| {
             p.annotations()
                 .get(ANNOTATION_SPEC_HASH)
                 .is_some_and(|h| h.starts_with("v1:"))
-                && p.status.as_ref().is_some_and(|s| s.phase == Some(Phase::Ready))
+                && p.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == Some(Phase::Ready) && s.latency_millis == Some(9))
         })
         .await;
+        assert!(
+            backends.calls[m.entry].gets.load(Ordering::SeqCst) > 0,
+            "{}: its instance was never read",
+            m.entry
+        );
         let status = p.status.clone().unwrap();
         let (provider_id, ip) = &recorded[m.proxy];
         assert_eq!(
@@ -626,7 +650,7 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         let api = health.clone();
         let checked = await_condition(api, entry, |h: Option<&ProviderHealth>| {
             h.and_then(|h| h.status.as_ref())
-                .is_some_and(|s| s.last_check_time.as_ref().is_some_and(|t| t.0.to_string() != GO_TIME))
+                .is_some_and(|s| s.last_check_time.as_ref().is_some_and(|t| t.0.to_string() != *GO_TIME))
         });
         let object = tokio::time::timeout(PATIENCE, checked)
             .await
@@ -642,7 +666,18 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
     );
     tokio::time::timeout(PATIENCE, retired).await.unwrap().unwrap();
 
-    // Nothing was made or removed anywhere.
+    // The orphan collector has swept every entry at least once since it started (a second list
+    // of an entry begins after the first sweep's deletes of it).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while backends.calls.values().any(|c| c.lists.load(Ordering::SeqCst) < 2) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no orphan sweep within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Nothing was made or removed anywhere, though every backend was read.
     for (entry, calls) in &backends.calls {
         assert_eq!(calls.seen(), (0, 0), "{entry}: provider (create, delete) calls");
     }
@@ -651,14 +686,17 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         !memory_calls.iter().any(|c| c.kind == INSERT || c.kind == REMOVE),
         "{memory_calls:?}"
     );
-    let libvirt_writes: Vec<_> = backends
-        .host
-        .interceptor()
-        .call_log()
-        .into_iter()
+    assert!(memory_calls.iter().any(|c| c.kind == LOOKUP), "{memory_calls:?}");
+    let libvirt_calls = backends.host.interceptor().call_log();
+    let libvirt_writes: Vec<_> = libvirt_calls
+        .iter()
         .filter(|c| LIBVIRT_WRITES.contains(&c.kind.0))
         .collect();
     assert!(libvirt_writes.is_empty(), "{libvirt_writes:?}");
+    assert!(
+        libvirt_calls.iter().any(|c| c.kind.0 == "DomainGetState"),
+        "{libvirt_calls:?}"
+    );
     assert_eq!(backends.host.volumes(POOL), kvm_volumes);
     assert_eq!(pod_writes(), pod_writes_before, "Pod (create, delete) requests");
     let pod_name = egress_provider::name_from_uid(&proxies.get("pods-1").await.unwrap().uid().unwrap());

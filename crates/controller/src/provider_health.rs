@@ -246,15 +246,7 @@ impl std::fmt::Debug for Monitor {
 /// Whether a configured name can be an object name (a DNS-1123 subdomain). Names that cannot
 /// still get gauges, but no ProviderHealth object.
 pub fn valid_object_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|p| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !p.starts_with('-')
-                && !p.ends_with('-')
-        })
+    egress_provider::is_dns1123_subdomain(name)
 }
 
 fn time_of(t: std::time::SystemTime) -> Time {

@@ -469,7 +469,8 @@ impl MemoryStore {
         if lease.expires_at + self.cooldown <= now {
             return Err(UnknownLease);
         }
-        if result == ReportResult::Ok {
+        // A zero window (`--lease-cooldown=0`) rests nothing, so there is nothing to record.
+        if result == ReportResult::Ok || self.cooldown.is_zero() {
             return Ok(());
         }
         let resolved = target.or(lease.target);

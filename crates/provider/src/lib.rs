@@ -40,8 +40,8 @@ pub use ctx::{Interrupted, OpCtx};
 pub use egress_credentials::Credentials;
 pub use error::{BoxError, ErrorClass, ErrorScope, Message, Op, ProviderError, class_of, result_label};
 pub use naming::{
-    LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, NAME_PREFIX, is_dns1123_label, is_identifier,
-    name_from_uid, uuid_text,
+    LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, NAME_PREFIX, is_dns1123_label,
+    is_dns1123_subdomain, is_identifier, name_from_uid, uuid_text,
 };
 pub use provider::{
     Checker, Provider, REASON_API_ERROR, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT, REASON_UNAUTHORIZED,

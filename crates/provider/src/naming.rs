@@ -37,6 +37,18 @@ pub fn is_dns1123_label(s: &str) -> bool {
     !b.is_empty() && b.len() <= 63 && b.iter().all(|c| ok(c) || *c == b'-') && ok(&b[0]) && ok(&b[b.len() - 1])
 }
 
+/// Whether `s` is a lowercase RFC 1123 subdomain (dot-separated labels, at most 253
+/// characters): what a cluster-scoped object such as `ProviderHealth` may be named.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            let b = label.as_bytes();
+            let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+            !b.is_empty() && b.iter().all(|c| ok(c) || *c == b'-') && ok(&b[0]) && ok(&b[b.len() - 1])
+        })
+}
+
 /// Sixteen bytes as an RFC 4122 UUID of `version` (the version nibble and the `10` variant
 /// bits set), in its lowercase hyphenated text form.
 pub fn uuid_text(mut bytes: [u8; 16], version: u8) -> String {
@@ -112,6 +124,32 @@ mod tests {
         }
         for bad in ["", "-a", "a-", "Kvm", "kvm_home", "a.b", &"a".repeat(64)] {
             assert!(!is_dns1123_label(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dns_subdomain_rules() {
+        for good in [
+            "a",
+            "kvm.home",
+            "a.b.c",
+            &"a".repeat(64),
+            &format!("{}.b", "a".repeat(63)),
+        ] {
+            assert!(is_dns1123_subdomain(good), "{good}");
+        }
+        for bad in [
+            "",
+            ".a",
+            "a.",
+            "a..b",
+            "Kvm.home",
+            "kvm_home",
+            "-a.b",
+            "a.b-",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_dns1123_subdomain(bad), "{bad}");
         }
     }
 

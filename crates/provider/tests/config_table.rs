@@ -94,6 +94,10 @@ const NOT_DNS: &str = "name is not a lowercase DNS-1123 label (lowercase letters
                        starting and ending with a letter or digit, at most 63 characters), so no \
                        Proxy can name this provider and no ProviderHealth object is written for it; \
                        rename the entry";
+/// The same for a dotted name, which can still name a ProviderHealth object.
+const NOT_DNS_LABEL: &str = "name is not a lowercase DNS-1123 label (lowercase letters, digits and '-', \
+                             starting and ending with a letter or digit, at most 63 characters), so no \
+                             Proxy can name this provider; rename the entry";
 /// Expands to about a million nodes if nothing stops it.
 const ALIAS_BOMB: &str = "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n\
     c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n\
@@ -141,6 +145,9 @@ fn structural_rows() -> Vec<Bad> {
         // A key that differs from every field in more than case is still unknown (Go's
         // UnmarshalStrict refused it too).
         bad("providers twice, in two cases", "providers: []\nProviders: []\n", "`providers` is given more than once (in different cases); keep one"),
+        // Go's YAML 1.1 read `0123` as octal and wrote "83" into the field; a different text would
+        // be a silent change, so it is refused (quote it). docs/migrating-from-go.md says so.
+        bad("a leading zero in a text field", "providers:\n  - {name: g, type: gcp, gcp: {project: 0123}}\n", r#"providers[0] "g": gcp.project: invalid type: floating point `123.0`, expected a string"#),
         bad("a fraction in a text field", "providers:\n  - {name: g, type: gcp, gcp: {project: 1.5}}\n", r#"providers[0] "g": gcp.project: invalid type: floating point `1.5`, expected a string"#),
         bad("a misspelt key in any case", "providers:\n  - {name: g, type: gcp, gcp: {PROJECTS: p}}\n", r#"providers[0] "g": gcp.PROJECTS: unknown field `PROJECTS`, expected one of `project`"#),
         bad("hosts is a mapping", kvm_edit("kvm", HOST_LINE, "        beelink: {}\n"), format!("{ke}.hosts: invalid type: map, expected a sequence")),
@@ -497,10 +504,14 @@ fn go_rows() -> Vec<Good> {
             assert_eq!(c.providers[1].name, "kvm_home");
             assert_eq!(w, [format!(r#"providers[1] "kvm_home": {NOT_DNS}"#)]);
         }),
+        good("a dotted entry name", "providers:\n  - {name: kvm.home, type: kubernetes}\n", |_, w| {
+            assert_eq!(w, [format!(r#"providers[0] "kvm.home": {NOT_DNS_LABEL}"#)]);
+        }),
         good("an entry name of 64 characters", format!("providers:\n  - {{name: {}, type: kubernetes}}\n", "a".repeat(64)), |c, w| {
             let long = "a".repeat(64);
             assert_eq!(only(c).name, long);
-            assert_eq!(w, [format!(r#"providers[0] "{long}": {NOT_DNS}"#)]);
+            // 64 characters still make an object name.
+            assert_eq!(w, [format!(r#"providers[0] "{long}": {NOT_DNS_LABEL}"#)]);
         }),
         good("an entry name with a quote", "providers:\n  - {name: 'a\"b', type: kubernetes}\n", |_, w| {
             assert_eq!(w, [format!(r#"providers[0] "a\"b": {NOT_DNS}"#)]);

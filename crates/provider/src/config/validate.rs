@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use super::ProviderConfig;
 use crate::Registry;
-use crate::naming::is_dns1123_label;
+use crate::naming::{is_dns1123_label, is_dns1123_subdomain};
 
 /// Checks every entry in file order and returns the first problem as a full
 /// message (`providers[<i>] "<name>": ...`), or the warnings worth logging.
@@ -26,10 +26,16 @@ pub(super) fn validate_entries(entries: &[ProviderConfig], registry: &Registry) 
         }
         let prefix = entry_prefix(i, &entry.name);
         if !is_dns1123_label(&entry.name) {
+            // A dotted name can still name an object (a subdomain), just not a Proxy's provider.
+            let health = if is_dns1123_subdomain(&entry.name) {
+                ""
+            } else {
+                " and no ProviderHealth object is written for it"
+            };
             warnings.push(format!(
                 "{prefix}: name is not a lowercase DNS-1123 label (lowercase letters, digits and '-', \
                  starting and ending with a letter or digit, at most 63 characters), so no Proxy can \
-                 name this provider and no ProviderHealth object is written for it; rename the entry"
+                 name this provider{health}; rename the entry"
             ));
         }
         if !seen.insert(entry.name.as_str()) {
