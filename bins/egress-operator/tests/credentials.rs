@@ -17,21 +17,11 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
+use common::{Cluster, Operator, PATIENCE, cluster, operator_binary, wait_for_proxy};
 use egress_api::{Credentials, CredentialsSecretRef, CredentialsType, Endpoint, Mode, Phase, Proxy, ProxySpec};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::wait::await_condition;
-
-async fn wait_for(api: &Api<Proxy>, name: &str, what: &str, cond: impl Fn(&Proxy) -> bool + Send + 'static) -> Proxy {
-    let cond = await_condition(api.clone(), name, move |p: Option<&Proxy>| p.is_some_and(&cond));
-    tokio::time::timeout(PATIENCE, cond)
-        .await
-        .unwrap_or_else(|_| panic!("{name} not {what} within {PATIENCE:?}"))
-        .unwrap()
-        .unwrap()
-}
 
 fn healthy_reason(p: &Proxy) -> Option<String> {
     p.status
@@ -140,7 +130,7 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     api.create(&PostParams::default(), &proxy).await.unwrap();
 
     // A wrong password: refused, and said so.
-    let refused = wait_for(&api, "tiny", "refused", |p| {
+    let refused = wait_for_proxy(&api, "tiny", "refused", PATIENCE, |p| {
         healthy_reason(p).as_deref() == Some(egress_api::reasons::PROXY_AUTH_REQUIRED)
     })
     .await;
@@ -155,7 +145,7 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
         )
         .await
         .unwrap();
-    let ready = wait_for(&api, "tiny", "Ready", |p| {
+    let ready = wait_for_proxy(&api, "tiny", "Ready", PATIENCE, |p| {
         p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
     })
     .await;

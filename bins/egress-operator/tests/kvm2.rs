@@ -18,7 +18,7 @@ mod image_server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Cluster, Operator, cluster, operator_binary};
+use common::{Cluster, Operator, cluster, operator_binary, wait_for_proxy};
 use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec};
 use egress_libvirt::HypervisorEnv;
 use egress_libvirt::host::Host;
@@ -48,15 +48,6 @@ fn env_or_skip() -> Option<HypervisorEnv> {
         }
         Err(e) => panic!("{e}"),
     }
-}
-
-async fn wait_for(api: &Api<Proxy>, name: &str, what: &str, cond: impl Fn(&Proxy) -> bool + Send + 'static) -> Proxy {
-    let wait = await_condition(api.clone(), name, move |p: Option<&Proxy>| p.is_some_and(&cond));
-    tokio::time::timeout(BOOT_PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("{name}: not {what} within {BOOT_PATIENCE:?}"))
-        .unwrap()
-        .unwrap()
 }
 
 fn seam(env: &HypervisorEnv) -> RemoteHost {
@@ -170,7 +161,7 @@ async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
         },
     );
     api.create(&PostParams::default(), &proxy).await.unwrap();
-    let ready = wait_for(&api, "vm-1", "Ready", |p| {
+    let ready = wait_for_proxy(&api, "vm-1", "Ready", BOOT_PATIENCE, |p| {
         p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
     })
     .await;

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::PATIENCE;
+use common::{PATIENCE, wait_for_proxy};
 use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, Phase, ProviderHealth, Proxy};
 use egress_conformance::memory::{INSERT, LOOKUP, MemoryBackend, MemoryProvider, MemoryTarget, REMOVE};
 use egress_conformance::{BackendHooks as _, SeedSpec};
@@ -424,20 +424,6 @@ async fn lease(http: &reqwest::Client, discovery: &str, backend: &str) -> Value 
     }
 }
 
-async fn wait_for(
-    proxies: &Api<Proxy>,
-    name: &str,
-    what: &str,
-    cond: impl Fn(&Proxy) -> bool + Send + 'static,
-) -> Proxy {
-    let wait = await_condition(proxies.clone(), name, move |p: Option<&Proxy>| p.is_some_and(&cond));
-    tokio::time::timeout(PATIENCE, wait)
-        .await
-        .unwrap_or_else(|_| panic!("{name}: not {what} within {PATIENCE:?}"))
-        .unwrap()
-        .unwrap()
-}
-
 /// RPCs of the libvirt fake that make, change or remove a domain or a volume.
 const LIBVIRT_WRITES: &[&str] = &[
     "DomainDefineXML",
@@ -595,7 +581,7 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
     for m in &members() {
         // Go recorded a latency of 12 ms and this operator's verdicts say 9: a status written
         // by a pass of this operator, after it read the instance.
-        let p = wait_for(&proxies, m.proxy, "adopted and Ready", |p| {
+        let p = wait_for_proxy(&proxies, m.proxy, "adopted and Ready", PATIENCE, |p| {
             p.annotations()
                 .get(ANNOTATION_SPEC_HASH)
                 .is_some_and(|h| h.starts_with("v1:"))
@@ -712,7 +698,7 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         .await
         .unwrap();
     let before = adopted_hash["ref-1"].clone();
-    let replaced = wait_for(&proxies, "ref-1", "replaced and Ready", move |p| {
+    let replaced = wait_for_proxy(&proxies, "ref-1", "replaced and Ready", PATIENCE, move |p| {
         p.annotations().get(ANNOTATION_SPEC_HASH).is_some_and(|h| *h != before)
             && p.status.as_ref().is_some_and(|s| s.phase == Some(Phase::Ready))
     })

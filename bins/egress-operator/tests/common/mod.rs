@@ -211,6 +211,23 @@ pub fn run_to_exit(binary: &Path, args: &[&str]) -> (Option<i32>, String) {
     (out.status.code(), text)
 }
 
+/// Waits at most `patience` until Proxy `name` exists and `cond` holds for it (`what` names the
+/// state in the failure), and returns it.
+pub async fn wait_for_proxy(
+    api: &kube::Api<Proxy>,
+    name: &str,
+    what: &str,
+    patience: Duration,
+    cond: impl Fn(&Proxy) -> bool + Send + 'static,
+) -> Proxy {
+    let wait = kube::runtime::wait::await_condition(api.clone(), name, move |p: Option<&Proxy>| p.is_some_and(&cond));
+    tokio::time::timeout(patience, wait)
+        .await
+        .unwrap_or_else(|_| panic!("{name}: not {what} within {patience:?}"))
+        .unwrap()
+        .unwrap()
+}
+
 /// Waits (at most [`PATIENCE`]) until entry `entry`'s ProviderHealth reports target `target`
 /// ready.
 pub async fn wait_target_ready(server: &TestServer, entry: &str, target: &str) {
