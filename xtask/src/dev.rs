@@ -12,6 +12,9 @@
 //! deleted (the operator stops their tinyproxies), then the operator and the test server stop,
 //! then anything a crash left in the state directory is removed through the local provider. A run
 //! killed outright is cleaned up by the next one.
+//!
+//! Long file: the `dev` command's steps (certificates, the test server, the operator, three
+//! tinyproxies, the smoke run, the teardown) run in order and share their state.
 
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;

@@ -5,6 +5,10 @@
 //! One difference, on purpose: Go stops at the first argument that is not a flag and ignores the
 //! rest, so `--leader-elect false` silently leaves leader election on and drops every later flag.
 //! Here a stray argument is an error.
+//!
+//! Long file: every flag is one table entry (its Go name, default and help) and the parser follows
+//! Go's `flag` package rule by rule, with the tests of those rules; split up, each flag would be
+//! described in two places.
 
 use std::time::Duration;
 

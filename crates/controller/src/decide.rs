@@ -10,6 +10,9 @@
 //! A pass performs each kind of provider call at most once (the instance the credentials Secret
 //! names is asked about apart from the recorded one, and credentials are prepared at most twice),
 //! so the loop ends after a handful of steps; the caller still bounds it.
+//!
+//! Long file: the decision is one pure function over one set of facts; its rules read in the order
+//! of a pass.
 
 use std::time::Duration;
 

@@ -1,5 +1,8 @@
 //! The Proxy reconciler's I/O shell: it runs the pure decision of [`crate::decide`], performs
 //! each action with kube or the provider, and flushes the status when it changed.
+//!
+//! Long file: it is the one I/O shell of the decision in `decide`: the execution of every action
+//! and the status flush, which share the pass's context.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -5,6 +5,9 @@
 //! other type are atomic: one field, owned as a whole. Which lists are maps or sets comes from
 //! the CRD schema (`x-kubernetes-list-type`), from the metadata rules (finalizers are a set,
 //! ownerReferences a map by uid) and, for built-in kinds, from their well-known keyed lists.
+//!
+//! Long file: server-side apply is one algorithm (field sets, merge, ownership and conflicts) whose
+//! parts only make sense together.
 
 use std::collections::{BTreeMap, BTreeSet};
 

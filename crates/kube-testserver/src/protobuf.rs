@@ -11,6 +11,9 @@
 //! JSON. The destructuring below is exhaustive, so a field that a newer `k8s-pb` adds does not
 //! compile until it is mapped or refused. Fields `k8s-pb` itself does not know (a client newer
 //! than its Kubernetes version) are skipped by prost, the one gap.
+//!
+//! Long file: one mapping per built-in kind from its protobuf message to JSON, all of the same
+//! shape; they are read and checked side by side.
 
 use std::collections::BTreeMap;
 

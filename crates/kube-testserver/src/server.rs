@@ -1,5 +1,8 @@
 //! The HTTP side: routing a request to a resource and verb, content negotiation, test faults,
 //! request counting, and the watch stream.
+//!
+//! Long file: routing, content negotiation, faults and the watch stream share the request and
+//! response helpers of one HTTP front.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,9 @@
 //! The objects, the resourceVersion clock and the change history, and every verb's rules.
 //! Everything here is synchronous and runs under one lock: a request sees and leaves a
 //! consistent state, and each change gets the next resourceVersion.
+//!
+//! Long file: every verb's rules run under one lock on one state; split up, the lock discipline
+//! would be spread over files.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;

@@ -6,6 +6,9 @@
 //!
 //! What it answers is checked against the real daemon by `egress-libvirt-ssh`'s
 //! `tests/seam.rs`, which runs one behavioural table against both.
+//!
+//! Long file: one fake hypervisor behind one trait; every `Host` call sits beside the others, so
+//! the fake reads against the real daemon's behaviour table in one place.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;

@@ -7,9 +7,15 @@
 //!   with the guest-agent script);
 //! - [`host`]: the seam: the calls the providers make on one hypervisor ([`Host`]); the real one
 //!   is `egress-libvirt-ssh`'s, and [`fake`] (feature `fake`) is an in-memory one with fault
-//!   injection for the providers' conformance suites.
+//!   injection for the providers' conformance suites;
+//! - [`engine`]: the provider itself, which `egress-provider-kvm` and `egress-provider-kvm2` run
+//!   as its two generations: create, get, delete, list and the health check over [`Host`], the
+//!   base-image cache (which downloads images over HTTP) and the per-name locks;
+//! - [`hypervisor_env`]: reading the file that describes a test hypervisor (`EGRESS_HV_ENV`), for
+//!   the conformance runs against a real one.
 //!
-//! Apart from the fake, all of it is pure: no libvirt call, no I/O.
+//! The documents, the mark and the seed are pure (no libvirt call, no I/O). The engine does I/O
+//! only through [`Host`] and its HTTP client for images, so it runs the same over the fake.
 
 pub mod domain;
 pub mod engine;

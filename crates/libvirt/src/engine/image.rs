@@ -3,6 +3,9 @@
 //! and completed by a marker volume holding its digest, written last. A base without its marker
 //! is incomplete and is fetched again; a marker whose digest differs from the configured one is
 //! refused, never replaced under the overlays that use the base (H4).
+//!
+//! Long file: the base-image cache is one protocol (lock, download, verify, upload, marker last)
+//! whose steps depend on each other's guarantees.
 
 use std::io::Read;
 use std::net::IpAddr;

@@ -1,5 +1,8 @@
 //! A libvirt provider (kvm or kvm2) over the [`Host`] seam: create, get, delete, list and the health check of
 //! spec/kvm.md §7 and §10, with the review's fixes (each named where it lands).
+//!
+//! Long file: the four operations and the health check of one provider share their helpers
+//! (placement, marks, error mapping) and the fixes that span them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -4,6 +4,9 @@
 //! Messages are part of the contract (operators grep logs for them), so they
 //! follow providers.md §3.3 and kvm.md §1.2 word for word. Every message is
 //! one line; the loader only adds the file name in front.
+//!
+//! Long file: every message the providers file can get is here, in the order the loader checks, so
+//! the wording reads against the spec in one place.
 
 use std::collections::HashSet;
 
