@@ -12,8 +12,7 @@
 
 mod common;
 
-#[path = "../../../crates/health/tests/support/mod.rs"]
-mod support;
+use egress_testkit as support;
 
 use std::collections::BTreeMap;
 

@@ -5,8 +5,7 @@
 
 mod common;
 
-#[path = "../../../crates/discovery/tests/common/secret_volume.rs"]
-mod secret_volume;
+use egress_testkit::secret_volume;
 
 use std::time::Duration;
 

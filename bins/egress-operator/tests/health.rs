@@ -5,8 +5,7 @@
 
 mod common;
 
-#[path = "../../../crates/health/tests/support/mod.rs"]
-mod support;
+use egress_testkit as support;
 
 use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
 use egress_api::{Endpoint, HealthCheckSpec, Mode, Phase, Proxy, ProxySpec};

@@ -9,11 +9,9 @@
 
 mod common;
 
-#[path = "../../../crates/health/tests/support/mod.rs"]
-mod support;
+use egress_testkit as support;
 
-#[path = "../../../crates/provider-kvm2/tests/support/image_server.rs"]
-mod image_server;
+use egress_testkit::image_server;
 
 use std::sync::Arc;
 use std::time::Duration;

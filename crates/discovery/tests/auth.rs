@@ -4,8 +4,7 @@
 //! restart, through the same file-following task the operator runs.
 
 mod common;
-#[path = "common/secret_volume.rs"]
-mod secret_volume;
+use egress_testkit::secret_volume;
 
 use std::path::Path;
 use std::sync::Arc;

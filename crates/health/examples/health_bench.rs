@@ -9,15 +9,14 @@
 //! Prints one Markdown table. Not a test: it asserts nothing.
 
 // The probe tests' TLS target (a test CA, answering the status its path ends with).
-#[path = "../tests/support/mod.rs"]
-mod support;
+use egress_testkit as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_health::{
-    ConnectProber, Engine, EngineConfig, HealthMetrics, ProbeOutcome, ProbeRequest, ProbeSettings, Prober, ProxyKey,
-    ProxySource, ProxyView, Snapshot,
+    ConnectProber, Engine, EngineConfig, HealthMetrics, ProbeOutcome, ProbeRequest, ProbeSettings, ProbeTls, Prober,
+    ProxyKey, ProxySource, ProxyView, Snapshot,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -192,7 +191,7 @@ async fn main() {
     let pki = support::pki();
     let (target, _) = support::tls_target(&pki).await;
     let url = format!("https://localhost:{}/generate_204", target.port());
-    let tls = pki.trust();
+    let tls = ProbeTls::with_roots(pki.roots());
 
     // Scheduling alone: a probe that does nothing. Memory: resident memory before and after the
     // engine holds the records (their thresholds, verdicts, queue entries and metric series).

@@ -1,11 +1,11 @@
 //! The probe against real tinyproxy, a TLS target signed by a test CA, and a scripted proxy for
 //! the faults a real one cannot be made to do on demand.
 
-mod support;
+use egress_testkit as support;
 
 use std::time::Duration;
 
-use egress_health::{ProbeError, ProbeRequest, probe};
+use egress_health::{ProbeError, ProbeRequest, ProbeTls, probe};
 use support::{Fault, Tinyproxy, dead_address, fault_proxy, http_target, pki, tinyproxy_available, tls_target};
 
 fn request(proxy: &str, url: String, expected_status: u16) -> ProbeRequest {
@@ -37,7 +37,7 @@ async fn a_connect_through_tinyproxy_reaches_the_target_and_sends_nothing_identi
     let (target, seen) = tls_target(&pki).await;
     let proxy = Tinyproxy::start(&[]);
     let url = format!("https://localhost:{}/generate_204", target.port());
-    let outcome = probe(&request(&proxy.addr(), url, 204), &pki.trust()).await;
+    let outcome = probe(&request(&proxy.addr(), url, 204), &ProbeTls::with_roots(pki.roots())).await;
     assert_eq!(outcome.result, Ok(()));
     assert!(outcome.latency > Duration::ZERO);
     let seen = seen.lock().unwrap().clone();
@@ -60,7 +60,7 @@ async fn a_proxy_that_refuses_the_tunnel_fails_the_probe() {
     // CONNECT is allowed to 443 only, so the target's port is refused.
     let proxy = Tinyproxy::start(&[443]);
     let url = format!("https://localhost:{}/204", target.port());
-    let outcome = probe(&request(&proxy.addr(), url, 204), &pki.trust()).await;
+    let outcome = probe(&request(&proxy.addr(), url, 204), &ProbeTls::with_roots(pki.roots())).await;
     assert!(
         matches!(outcome.result, Err(ProbeError::TunnelRefused(403))),
         "{outcome:?}"
@@ -76,7 +76,7 @@ async fn a_plain_http_target_is_fetched_in_absolute_form() {
     let (target, seen) = http_target().await;
     let proxy = Tinyproxy::start(&[]);
     let url = format!("http://127.0.0.1:{}/200", target.port());
-    let outcome = probe(&request(&proxy.addr(), url, 200), &pki().trust()).await;
+    let outcome = probe(&request(&proxy.addr(), url, 200), &ProbeTls::with_roots(pki().roots())).await;
     assert_eq!(outcome.result, Ok(()));
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
@@ -101,7 +101,7 @@ async fn a_wrong_status_fails_the_probe() {
     let (target, _) = tls_target(&pki).await;
     let proxy = Tinyproxy::start(&[]);
     let url = format!("https://localhost:{}/500", target.port());
-    let outcome = probe(&request(&proxy.addr(), url, 204), &pki.trust()).await;
+    let outcome = probe(&request(&proxy.addr(), url, 204), &ProbeTls::with_roots(pki.roots())).await;
     assert_eq!(
         outcome.result,
         Err(ProbeError::WrongStatus {
@@ -120,7 +120,7 @@ async fn an_untrusted_target_certificate_fails_the_probe() {
     let proxy = Tinyproxy::start(&[]);
     let url = format!("https://localhost:{}/204", target.port());
     // Trusts another CA than the one that signed the target.
-    let outcome = probe(&request(&proxy.addr(), url, 204), &pki().trust()).await;
+    let outcome = probe(&request(&proxy.addr(), url, 204), &ProbeTls::with_roots(pki().roots())).await;
     assert!(matches!(outcome.result, Err(ProbeError::Tls(_))), "{outcome:?}");
     assert!(seen.lock().unwrap().is_empty());
 }
@@ -130,7 +130,7 @@ async fn a_dead_proxy_is_unreachable() {
     let proxy = dead_address().await;
     let outcome = probe(
         &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
-        &pki().trust(),
+        &ProbeTls::with_roots(pki().roots()),
     )
     .await;
     assert!(matches!(outcome.result, Err(ProbeError::Unreachable(_))), "{outcome:?}");
@@ -141,13 +141,13 @@ async fn a_407_is_its_own_failure() {
     let proxy = fault_proxy(Fault::AuthRequired).await;
     let outcome = probe(
         &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
-        &pki().trust(),
+        &ProbeTls::with_roots(pki().roots()),
     )
     .await;
     assert_eq!(outcome.result, Err(ProbeError::ProxyAuthRequired));
     let plain = probe(
         &request(&proxy.to_string(), "http://localhost:1/204".into(), 204),
-        &pki().trust(),
+        &ProbeTls::with_roots(pki().roots()),
     )
     .await;
     assert_eq!(plain.result, Err(ProbeError::ProxyAuthRequired));
@@ -159,7 +159,7 @@ async fn a_stalling_or_slow_proxy_is_cut_off_by_the_deadline() {
         let proxy = fault_proxy(fault).await;
         let mut req = request(&proxy.to_string(), "https://localhost:1/204".into(), 204);
         req.timeout = Duration::from_millis(300);
-        let outcome = probe(&req, &pki().trust()).await;
+        let outcome = probe(&req, &ProbeTls::with_roots(pki().roots())).await;
         assert_eq!(
             outcome.result,
             Err(ProbeError::Timeout(Duration::from_millis(300))),
@@ -173,7 +173,7 @@ async fn a_tunnel_closed_before_tls_fails_the_probe() {
     let proxy = fault_proxy(Fault::CloseMidTunnel).await;
     let outcome = probe(
         &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
-        &pki().trust(),
+        &ProbeTls::with_roots(pki().roots()),
     )
     .await;
     assert!(matches!(outcome.result, Err(ProbeError::Tls(_))), "{outcome:?}");
@@ -181,7 +181,11 @@ async fn a_tunnel_closed_before_tls_fails_the_probe() {
 
 #[tokio::test]
 async fn a_malformed_target_url_is_named() {
-    let outcome = probe(&request("127.0.0.1:1", "ftp://x/".into(), 204), &pki().trust()).await;
+    let outcome = probe(
+        &request("127.0.0.1:1", "ftp://x/".into(), 204),
+        &ProbeTls::with_roots(pki().roots()),
+    )
+    .await;
     assert!(matches!(outcome.result, Err(ProbeError::BadUrl(_))), "{outcome:?}");
 }
 
@@ -191,7 +195,7 @@ async fn hostile_answers_are_malformed_and_bounded() {
         let proxy = fault_proxy(fault).await;
         let outcome = probe(
             &request(&proxy.to_string(), "https://localhost:1/204".into(), 204),
-            &pki().trust(),
+            &ProbeTls::with_roots(pki().roots()),
         )
         .await;
         assert!(
@@ -217,10 +221,10 @@ async fn the_probe_authenticates_and_a_refused_credential_is_its_own_failure() {
     };
     let wrong = egress_credentials::Credentials::new(good.username(), "not-it").unwrap();
     for credentials in [None, Some(wrong)] {
-        let outcome = probe(&with(credentials), &pki.trust()).await;
+        let outcome = probe(&with(credentials), &ProbeTls::with_roots(pki.roots())).await;
         assert_eq!(outcome.result, Err(ProbeError::ProxyAuthRequired));
     }
-    let outcome = probe(&with(Some(good.clone())), &pki.trust()).await;
+    let outcome = probe(&with(Some(good.clone())), &ProbeTls::with_roots(pki.roots())).await;
     assert_eq!(outcome.result, Ok(()));
     // The credentials went to the proxy only: nothing of them reached the target.
     let heads = seen.lock().unwrap().clone();
@@ -241,10 +245,10 @@ async fn a_plain_http_probe_sends_the_credentials_to_the_proxy() {
     let proxy = Tinyproxy::start_with(&[], Some((good.username(), good.password())));
     let url = format!("http://127.0.0.1:{}/204", target.port());
     let mut req = request(&proxy.addr(), url.clone(), 204);
-    let refused = probe(&req, &pki().trust()).await;
+    let refused = probe(&req, &ProbeTls::with_roots(pki().roots())).await;
     assert_eq!(refused.result, Err(ProbeError::ProxyAuthRequired));
     req.credentials = Some(good);
-    assert_eq!(probe(&req, &pki().trust()).await.result, Ok(()));
+    assert_eq!(probe(&req, &ProbeTls::with_roots(pki().roots())).await.result, Ok(()));
     // tinyproxy takes Proxy-Authorization off before forwarding.
     let heads = seen.lock().unwrap().clone();
     assert!(

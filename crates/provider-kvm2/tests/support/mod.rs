@@ -9,7 +9,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-pub mod image_server;
+pub use egress_testkit::image_server;
 pub mod real;
 
 use std::collections::BTreeMap;

@@ -1,5 +1,3 @@
-#![allow(dead_code, unreachable_pub)]
-
 //! A small HTTP/1.1 server for image downloads, written on raw TCP so it can also misbehave
 //! the ways mirrors do: refuse HEAD, answer without a length, end a body early, fail.
 

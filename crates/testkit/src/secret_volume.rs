@@ -2,11 +2,11 @@
 //! crate's and the operator's): the key's file is a symlink through `..data`, itself a symlink
 //! to a timestamped directory that the kubelet swaps in whole, by a rename over `..data`, when
 //! the Secret changes.
-#![allow(dead_code, unreachable_pub)]
 
 use std::path::PathBuf;
 
 /// A Secret volume directory with key `token`.
+#[derive(Debug)]
 pub struct Volume {
     dir: PathBuf,
     generation: u32,

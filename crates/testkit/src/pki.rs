@@ -1,0 +1,66 @@
+//! A test certificate authority and a server certificate it signed, for TLS targets.
+
+use std::sync::Arc;
+
+/// A test CA and a target certificate for `localhost` and 127.0.0.1.
+#[derive(Debug)]
+pub struct Pki {
+    pub ca_der: rustls::pki_types::CertificateDer<'static>,
+    /// The CA certificate as a PEM file's text.
+    pub ca_pem: String,
+    pub server: Arc<rustls::ServerConfig>,
+}
+
+/// [`pki_for`] `localhost` and 127.0.0.1.
+pub fn pki() -> Pki {
+    pki_for(&["localhost", "127.0.0.1"])
+}
+
+/// A test CA and a target certificate for `names` (DNS names or IP addresses).
+pub fn pki_for(names: &[&str]) -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "egress test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf_params =
+        rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_string()).collect::<Vec<_>>()).unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
+        )
+        .unwrap();
+    let b64 = data_encoding::BASE64.encode(ca.der());
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    Pki {
+        ca_der: ca.der().clone(),
+        ca_pem: format!(
+            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+            lines.join("\n")
+        ),
+        server: Arc::new(server),
+    }
+}
+
+impl Pki {
+    /// A root store that trusts this CA only.
+    pub fn roots(&self) -> rustls::RootCertStore {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca_der.clone()).unwrap();
+        roots
+    }
+}

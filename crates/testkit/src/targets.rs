@@ -1,0 +1,188 @@
+//! Network parts the probe tests talk to: TLS and plain HTTP targets that answer the status a
+//! request's path ends with and record what they saw, and a scripted proxy for the faults a
+//! real one cannot be made to do on demand.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::Pki;
+
+/// Request heads a target received: (request line, header names lowercased).
+pub type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+/// Answers every request with the status its path ends with (`/204`, `/generate_204`, `/500`), 404
+/// otherwise.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, seen: Seen) {
+    let mut stream = BufReader::new(stream);
+    let mut line = String::new();
+    if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+        return;
+    }
+    let request_line = line.trim_end().to_string();
+    let mut names = Vec::new();
+    loop {
+        let mut h = String::new();
+        if stream.read_line(&mut h).await.unwrap_or(0) == 0 || h == "\r\n" || h == "\n" {
+            break;
+        }
+        if let Some((name, _)) = h.split_once(':') {
+            names.push(name.trim().to_ascii_lowercase());
+        }
+    }
+    let path = request_line.split(' ').nth(1).unwrap_or_default().to_string();
+    // The status is the number the path ends with (`/204`, `/generate_204`).
+    let digits: String = path
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let code: u16 = digits.parse().ok().filter(|c| (100..600).contains(c)).unwrap_or(404);
+    seen.lock().unwrap().push((request_line, names));
+    let _ = stream
+        .write_all(format!("HTTP/1.1 {code} Test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
+        .await;
+    let _ = stream.flush().await;
+    let _ = stream.shutdown().await;
+}
+
+/// A TLS target on 127.0.0.1; returns its address and what it saw.
+pub async fn tls_target(pki: &Pki) -> (SocketAddr, Seen) {
+    tls_target_at(pki, "127.0.0.1").await
+}
+
+/// A TLS target on address `ip` (any port); returns its address and what it saw.
+pub async fn tls_target_at(pki: &Pki, ip: &str) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let (acceptor, seen) = (acceptor.clone(), kept.clone());
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    answer(tls, seen).await;
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A plain HTTP target on 127.0.0.1.
+pub async fn http_target() -> (SocketAddr, Seen) {
+    http_target_at("127.0.0.1").await
+}
+
+/// A plain HTTP target on address `ip` (any port).
+pub async fn http_target_at(ip: &str) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            tokio::spawn(answer(tcp, kept.clone()));
+        }
+    });
+    (addr, seen)
+}
+
+/// What the scripted proxy does with a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Accepts and never answers.
+    Silent,
+    /// Answers 407 Proxy Authentication Required.
+    AuthRequired,
+    /// Accepts the tunnel, then closes it before any TLS.
+    CloseMidTunnel,
+    /// Answers the CONNECT only after a long pause.
+    Slow,
+    /// Streams a megabyte without a line end.
+    Endless,
+    /// Answers bytes that are not HTTP.
+    Garbage,
+}
+
+/// A scripted proxy on 127.0.0.1.
+pub async fn fault_proxy(fault: Fault) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let mut conn = BufReader::new(tcp);
+            let mut line = String::new();
+            let _ = conn.read_line(&mut line).await;
+            loop {
+                let mut h = String::new();
+                if conn.read_line(&mut h).await.unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+            }
+            match fault {
+                Fault::Silent => held.push(conn),
+                Fault::AuthRequired => {
+                    let _ = conn
+                        .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"x\"\r\nContent-Length: 0\r\n\r\n")
+                        .await;
+                    held.push(conn);
+                }
+                Fault::CloseMidTunnel => {
+                    let _ = conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await;
+                    drop(conn);
+                }
+                Fault::Endless => {
+                    let _ = conn.write_all(&vec![b'x'; 1 << 20]).await;
+                    held.push(conn);
+                }
+                Fault::Garbage => {
+                    let _ = conn.write_all(b"\x16\x03\x01\x00\xff\r\n\r\n").await;
+                    held.push(conn);
+                }
+                Fault::Slow => {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        let _ = conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await;
+                    });
+                }
+            }
+        }
+    });
+    addr
+}
+
+/// A free port on 127.0.0.1 (bound and released; another process may take it in between, which
+/// start() then reports).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Connects to nothing: a port with no listener.
+pub async fn dead_address() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    addr
+}
+
+/// A connection to `addr`.
+pub async fn connect(addr: SocketAddr) -> TcpStream {
+    TcpStream::connect(addr).await.unwrap()
+}
