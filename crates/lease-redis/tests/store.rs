@@ -1,9 +1,8 @@
-//! The lease store suite (egress-lease's tests/suite) against a real redis-server: the one
+//! The lease store suite (`egress_lease::testing`) against a real redis-server: the one
 //! `cargo xtask test` starts and names in `EGRESS_TEST_REDIS_URL`. Without it the cases are
 //! skipped, unless `EGRESS_CONFORMANCE_REQUIRED=1` (CI), where they fail.
 
-#[path = "../../lease/tests/suite/mod.rs"]
-mod suite;
+use egress_lease::testing as suite;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,7 +54,7 @@ impl suite::Backend for Redis {
     }
 }
 
-lease_store_suite!(Redis);
+egress_lease::lease_store_suite!(Redis);
 
 /// A connection of the test's own, and every key under `prefix`.
 async fn keys_under(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {

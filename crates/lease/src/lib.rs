@@ -18,6 +18,8 @@
 pub mod clock;
 pub mod store;
 pub mod target;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod ttl;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -1,6 +1,6 @@
-//! The lease store suite (tests/suite) against the in-memory store.
+//! The lease store suite (`egress_lease::testing`) against the in-memory store.
 
-mod suite;
+use egress_lease::testing as suite;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +17,7 @@ impl suite::Backend for Memory {
     }
 }
 
-lease_store_suite!(Memory);
+egress_lease::lease_store_suite!(Memory);
 
 /// Abuse: many distinct, maximal targets, acquire/release pairs and report spam. What the store
 /// holds stays within its bounds: the ended leases kept, and 64 targets per proxy.

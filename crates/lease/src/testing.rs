@@ -3,16 +3,15 @@
 //! retention, the sweep, 64 concurrent clients, and invariants under random operation
 //! sequences.
 //!
-//! A backend supplies [`Backend::store`]: a fresh, empty store over the given clock, keeping at
-//! most [`MAX_ENDED`] ended leases reportable. Use [`lease_store_suite!`] to instantiate every
-//! case.
-
-#![allow(dead_code, unreachable_pub)]
+//! A backend supplies [`Backend::store_with_cooldown`]: a fresh, empty store over the given
+//! clock, keeping at most [`MAX_ENDED`] ended leases reportable. Use
+//! [`lease_store_suite!`](crate::lease_store_suite) to instantiate every case. Behind the
+//! `testing` feature, for the store crates' own tests.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use egress_lease::{
+use crate::{
     Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, ManualClock, NoMatch, ReportResult, Target,
     UnknownLease,
 };
@@ -474,7 +473,7 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
     let mut cooldowns: Vec<(usize, Option<String>, SystemTime)> = Vec::new();
     let site = |t: Option<u8>| t.map(|t| format!("site{t}"));
     for op in ops {
-        let now = egress_lease::Clock::now(&clock);
+        let now = crate::Clock::now(&clock);
         match op {
             Op::Acquire(t) => {
                 let t = site(t);
@@ -550,27 +549,27 @@ macro_rules! lease_store_suite {
 
         #[tokio::test]
         async fn a_zero_window_rests_nothing() {
-            suite::a_zero_window_rests_nothing(&$backend).await;
+            $crate::testing::a_zero_window_rests_nothing(&$backend).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn sixty_four_clients_never_exceed_any_capacity() {
-            let clock = egress_lease::ManualClock::new(suite::start());
-            let Some(store) = suite::Backend::store(&$backend, clock.clone()) else { return };
-            suite::sixty_four_clients_never_exceed_any_capacity(store, clock).await;
+            let clock = $crate::ManualClock::new($crate::testing::start());
+            let Some(store) = $crate::testing::Backend::store(&$backend, clock.clone()) else { return };
+            $crate::testing::sixty_four_clients_never_exceed_any_capacity(store, clock).await;
         }
 
         proptest::proptest! {
             #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
 
             #[test]
-            fn invariants_hold_for_any_sequence(ops in proptest::collection::vec(suite::op(), 1..80)) {
+            fn invariants_hold_for_any_sequence(ops in proptest::collection::vec($crate::testing::op(), 1..80)) {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
                 // A store may need the runtime from its first moment (a lazy connection).
                 let _inside = runtime.enter();
-                let clock = egress_lease::ManualClock::new(suite::start());
-                if let Some(store) = suite::Backend::store(&$backend, clock.clone()) {
-                    runtime.block_on(suite::invariants_hold(store, clock, ops))?;
+                let clock = $crate::ManualClock::new($crate::testing::start());
+                if let Some(store) = $crate::testing::Backend::store(&$backend, clock.clone()) {
+                    runtime.block_on($crate::testing::invariants_hold(store, clock, ops))?;
                 }
             }
         }
@@ -579,9 +578,9 @@ macro_rules! lease_store_suite {
         $(
             #[tokio::test]
             async fn $case() {
-                let clock = egress_lease::ManualClock::new(suite::start());
-                let Some(store) = suite::Backend::store(&$backend, clock.clone()) else { return };
-                suite::$case(store, clock).await;
+                let clock = $crate::ManualClock::new($crate::testing::start());
+                let Some(store) = $crate::testing::Backend::store(&$backend, clock.clone()) else { return };
+                $crate::testing::$case(store, clock).await;
             }
         )*
     };
