@@ -22,6 +22,8 @@ mod error;
 mod link;
 mod pool;
 mod remote;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use connection::{
     CLOSE_BUDGET, Connection, DOMAIN_CREATE_BUDGET, RPC_BUDGET, SMALL_UPLOAD_BUDGET, SMALL_UPLOAD_BYTES,

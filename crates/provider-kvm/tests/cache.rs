@@ -3,8 +3,7 @@
 //! configured `sha256`, and a base under a marker is never deleted or fetched over, since the Go
 //! operator's overlays may use it.
 
-#[path = "../../provider-kvm2/tests/support/mod.rs"]
-mod support;
+use egress_libvirt_ssh::testing as support;
 
 use egress_libvirt::engine::Generation;
 use egress_libvirt::fake::FakeVolume;

@@ -2,8 +2,7 @@
 //! round ends is abandoned (not cut off: the connection stays for the calls sharing it), and
 //! until it returns the next rounds say so instead of stacking probes.
 
-#[path = "../../provider-kvm2/tests/support/mod.rs"]
-mod support;
+use egress_libvirt_ssh::testing as support;
 
 use std::time::Duration;
 

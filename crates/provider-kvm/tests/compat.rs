@@ -7,8 +7,7 @@
 //! the base stays. Over the libvirt fake, and against the local hypervisor with a guest that
 //! really boots from them.
 
-#[path = "../../provider-kvm2/tests/support/mod.rs"]
-mod support;
+use egress_libvirt_ssh::testing as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! --real`): real domains booting the test guest over SSH to a real libvirtd. Without
 //! `cargo xtask hypervisor up` every case skips, and under `cargo xtask test` fails.
 
-mod support;
+use egress_libvirt_ssh::testing as support;
 
 egress_conformance::conformance_suite!(support::real::RealTarget {
     generation: egress_libvirt::engine::Generation::Kvm2,

@@ -2,7 +2,7 @@
 //! cache (spec/kvm.md §6), the pool-space precheck, the adoption guard, and the review's
 //! findings (§13) that concern kvm2, each named where it is tested.
 
-mod support;
+use egress_libvirt_ssh::testing as support;
 
 use std::time::{Duration, SystemTime};
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::ThreadId;
 use std::time::Duration;
 
+use crate::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use async_trait::async_trait;
 use egress_conformance::hooks::{BackendObject, HookResult};
 use egress_conformance::{
@@ -21,12 +22,11 @@ use egress_libvirt::engine::Generation;
 use egress_libvirt::host::Host;
 use egress_libvirt::seed::read_seed_file;
 use egress_libvirt::{HypervisorEnv, Mark};
-use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use egress_provider::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType, ProviderConfig};
 use egress_provider::{BoxError, CreateRequest, OpCtx, Provider, ProviderId};
 
-use super::image_server::ImageServer;
 use super::{IMAGE_KEY, Scratch, sha256_hex};
+use egress_testkit::image_server::ImageServer;
 
 /// The one host of the real entry.
 pub const HOST: &str = "hv";

@@ -6,8 +6,9 @@
 //! What the fake does not cover: libvirt's own behaviour (checked against the real daemon by
 //! `egress-libvirt-ssh`'s `tests/seam.rs`), the SSH transport and its per-call budgets (its own
 //! tests), a guest that really boots (the real-mode run).
-
-#![allow(dead_code, unreachable_pub)]
+//!
+//! Behind the `testing` feature, for the tests of `egress-provider-kvm` and
+//! `egress-provider-kvm2`.
 
 pub use egress_testkit::image_server;
 pub mod real;
@@ -40,7 +41,7 @@ use egress_provider::{
     BoxError, CreateRequest, ErrorClass, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Op, Placement, Provider,
     ProviderId, name_from_uid,
 };
-use image_server::ImageServer;
+use egress_testkit::image_server::ImageServer;
 use sha2::{Digest as _, Sha256};
 
 /// The hosts of the fake entry; the first is the default location.
