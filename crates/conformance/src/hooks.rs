@@ -16,6 +16,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
+use crate::Interceptor;
+
 /// A hook the backend does not offer; the string names it (e.g. `H08 freeze`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unsupported(pub &'static str);
@@ -293,25 +295,38 @@ pub trait BackendHooks: Send + Sync + 'static {
     async fn inventory(&self) -> HookResult<Vec<BackendObject>> {
         Err(Unsupported("H05 inventory"))
     }
+    /// The interceptor every backend call passes, when the backend has one: H06, H07, H08, H09
+    /// and H16 then work through it unless overridden.
+    fn interceptor(&self) -> Option<&Interceptor> {
+        None
+    }
     /// H06: every backend call so far, in order.
     async fn call_log(&self) -> HookResult<Vec<BackendCall>> {
-        Err(Unsupported("H06 call_log"))
+        let i = self.interceptor().ok_or(Unsupported("H06 call_log"))?;
+        Ok(i.call_log())
     }
     /// H07: make matching calls fail.
     async fn fail(&self, kind: CallKind, fault: Fault, times: Times) -> HookResult {
-        Err(Unsupported("H07 fail"))
+        let i = self.interceptor().ok_or(Unsupported("H07 fail"))?;
+        i.fail(kind, fault, times);
+        Ok(())
     }
     /// H07: remove every injected fault.
     async fn clear_faults(&self) -> HookResult {
-        Err(Unsupported("H07 clear_faults"))
+        let i = self.interceptor().ok_or(Unsupported("H07 clear_faults"))?;
+        i.clear_faults();
+        Ok(())
     }
     /// H08: block the next matching call until the gate is released.
     async fn freeze(&self, kind: CallKind) -> HookResult<Gate> {
-        Err(Unsupported("H08 freeze"))
+        let i = self.interceptor().ok_or(Unsupported("H08 freeze"))?;
+        Ok(i.freeze(kind))
     }
     /// H09: slow matching calls down.
     async fn delay(&self, kind: CallKind, by: Duration) -> HookResult {
-        Err(Unsupported("H09 delay"))
+        let i = self.interceptor().ok_or(Unsupported("H09 delay"))?;
+        i.delay(kind, by);
+        Ok(())
     }
     /// H10: the instance stays enumerable but its details cannot be read.
     async fn make_unreadable(&self, name: &str) -> HookResult {
@@ -352,7 +367,9 @@ pub trait BackendHooks: Send + Sync + 'static {
     }
     /// H16: every dial or request fails (and is still recorded in H06).
     async fn set_unreachable(&self, unreachable: bool) -> HookResult {
-        Err(Unsupported("H16 set_unreachable"))
+        let i = self.interceptor().ok_or(Unsupported("H16 set_unreachable"))?;
+        i.set_unreachable(unreachable);
+        Ok(())
     }
 }
 

@@ -21,14 +21,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use egress_conformance::hooks::{BackendCall, BackendObject, HookResult, SeedManaged, SeedTime};
+use egress_conformance::hooks::{BackendObject, HookResult, SeedManaged, SeedTime};
 use egress_conformance::target::{
     AsyncOps, CallKinds, ChildSpans, ClassifyCase, CreateReturn, Credentials, DeleteReturn, GcMark, ListPartial,
     Logging, ProvisioningState, Quota, Timeouts,
 };
 use egress_conformance::{
-    BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Gate, Interceptor, NativeState,
-    NotConfigured, Profile, SeedSpec, Times, Unsupported,
+    BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Interceptor, NativeState, NotConfigured,
+    Profile, SeedSpec, Unsupported,
 };
 use egress_libvirt::engine::failure::Failure;
 use egress_libvirt::engine::{Generation, LibvirtProvider};
@@ -290,6 +290,10 @@ pub fn volume_object(name: &str) -> BackendObject {
 
 #[async_trait]
 impl BackendHooks for FakeBackend {
+    fn interceptor(&self) -> Option<&Interceptor> {
+        Some(&self.interceptor)
+    }
+
     async fn seed(&self, spec: SeedSpec) -> HookResult {
         let host = self.host(spec.location.as_deref())?;
         let xml = DomainSpec {
@@ -366,29 +370,6 @@ impl BackendHooks for FakeBackend {
         Ok(out)
     }
 
-    async fn call_log(&self) -> HookResult<Vec<BackendCall>> {
-        Ok(self.interceptor.call_log())
-    }
-
-    async fn fail(&self, kind: CallKind, fault: Fault, times: Times) -> HookResult {
-        self.interceptor.fail(kind, fault, times);
-        Ok(())
-    }
-
-    async fn clear_faults(&self) -> HookResult {
-        self.interceptor.clear_faults();
-        Ok(())
-    }
-
-    async fn freeze(&self, kind: CallKind) -> HookResult<Gate> {
-        Ok(self.interceptor.freeze(kind))
-    }
-
-    async fn delay(&self, kind: CallKind, by: Duration) -> HookResult {
-        self.interceptor.delay(kind, by);
-        Ok(())
-    }
-
     async fn make_unreadable(&self, name: &str) -> HookResult {
         self.holder(name)?
             .set_metadata(name, self.namespace(), Some("<instance><uid>".to_owned()));
@@ -417,11 +398,6 @@ impl BackendHooks for FakeBackend {
         Ok(format!(
             "-----BEGIN OPENSSH PRIVATE KEY-----\n{sentinel}\n-----END OPENSSH PRIVATE KEY-----\n"
         ))
-    }
-
-    async fn set_unreachable(&self, unreachable: bool) -> HookResult {
-        self.interceptor.set_unreachable(unreachable);
-        Ok(())
     }
 }
 

@@ -10,13 +10,12 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
 use crate::hooks::{
-    BackendCall, BackendHooks, BackendObject, CallKind, Fault, Gate, HookResult, NativeState, SeedManaged, SeedSpec,
-    SeedTime, Times,
+    BackendHooks, BackendObject, CallKind, Fault, HookResult, NativeState, SeedManaged, SeedSpec, SeedTime,
 };
 use crate::intercept::Interceptor;
 
@@ -390,6 +389,10 @@ fn native_state(state: &NativeState) -> String {
 
 #[async_trait]
 impl BackendHooks for MemoryBackend {
+    fn interceptor(&self) -> Option<&Interceptor> {
+        Some(&self.inner.interceptor)
+    }
+
     async fn seed(&self, spec: SeedSpec) -> HookResult {
         let zone = spec.location.unwrap_or_else(|| DEFAULT_ZONE.to_owned());
         let mut labels = BTreeMap::new();
@@ -487,29 +490,6 @@ impl BackendHooks for MemoryBackend {
         Ok(out)
     }
 
-    async fn call_log(&self) -> HookResult<Vec<BackendCall>> {
-        Ok(self.inner.interceptor.call_log())
-    }
-
-    async fn fail(&self, kind: CallKind, fault: Fault, times: Times) -> HookResult {
-        self.inner.interceptor.fail(kind, fault, times);
-        Ok(())
-    }
-
-    async fn clear_faults(&self) -> HookResult {
-        self.inner.interceptor.clear_faults();
-        Ok(())
-    }
-
-    async fn freeze(&self, kind: CallKind) -> HookResult<Gate> {
-        Ok(self.inner.interceptor.freeze(kind))
-    }
-
-    async fn delay(&self, kind: CallKind, by: Duration) -> HookResult {
-        self.inner.interceptor.delay(kind, by);
-        Ok(())
-    }
-
     async fn make_unreadable(&self, name: &str) -> HookResult {
         self.with_obj(name, |o| o.unreadable = true)
     }
@@ -551,10 +531,5 @@ impl BackendHooks for MemoryBackend {
         st.tokens.clear();
         st.tokens.insert(token.clone());
         Ok(format!("token:{token}\n"))
-    }
-
-    async fn set_unreachable(&self, unreachable: bool) -> HookResult {
-        self.inner.interceptor.set_unreachable(unreachable);
-        Ok(())
     }
 }

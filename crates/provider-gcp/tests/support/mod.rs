@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use egress_conformance::hooks::{BackendCall, BackendObject, HookResult, SeedManaged, SeedTime};
+use egress_conformance::hooks::{BackendObject, HookResult, SeedManaged, SeedTime};
 use egress_conformance::target::{
     AsyncOps, Budgets, CallKinds, ChildSpans, ClassifyCase, CreateReturn, Credentials, DeleteReturn, GcMark,
     ListPartial, Logging, ProvisioningState, Quota, Timeouts,
 };
 use egress_conformance::{
-    BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Gate, NativeState, NotConfigured,
+    BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Interceptor, NativeState, NotConfigured,
     Profile, SeedSpec, Unsupported,
 };
 use egress_provider::{
@@ -121,6 +121,10 @@ pub fn api_time(t: SystemTime) -> Result<String, Unsupported> {
 
 #[async_trait]
 impl BackendHooks for GcpBackend {
+    fn interceptor(&self) -> Option<&Interceptor> {
+        Some(self.fake.interceptor())
+    }
+
     async fn seed(&self, spec: SeedSpec) -> HookResult {
         // The API always shows a valid creationTimestamp: none and garbage cannot be seeded.
         let SeedTime::Valid(created) = spec.created_at else {
@@ -225,29 +229,6 @@ impl BackendHooks for GcpBackend {
             }
             out
         }))
-    }
-
-    async fn call_log(&self) -> HookResult<Vec<BackendCall>> {
-        Ok(self.fake.interceptor().call_log())
-    }
-
-    async fn fail(&self, kind: CallKind, fault: Fault, times: egress_conformance::Times) -> HookResult {
-        self.fake.interceptor().fail(kind, fault, times);
-        Ok(())
-    }
-
-    async fn clear_faults(&self) -> HookResult {
-        self.fake.interceptor().clear_faults();
-        Ok(())
-    }
-
-    async fn freeze(&self, kind: CallKind) -> HookResult<Gate> {
-        Ok(self.fake.interceptor().freeze(kind))
-    }
-
-    async fn delay(&self, kind: CallKind, by: Duration) -> HookResult {
-        self.fake.interceptor().delay(kind, by);
-        Ok(())
     }
 
     async fn make_scope_unreachable(&self, location: &str) -> HookResult {

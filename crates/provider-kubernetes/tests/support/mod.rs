@@ -16,14 +16,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use egress_conformance::hooks::{BackendCall, BackendObject, HookResult, SeedManaged, SeedTime};
+use egress_conformance::hooks::{BackendObject, HookResult, SeedManaged, SeedTime};
 use egress_conformance::target::{
     AsyncOps, Budgets, CallKinds, ChildSpans, ClassifyCase, CreateReturn, Credentials, DeleteReturn, GcMark,
     ListPartial, Logging, ProvisioningState, Quota, Timeouts,
 };
 use egress_conformance::{
-    BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Gate, Interceptor, NativeState,
-    NotConfigured, Profile, SeedSpec, Unsupported,
+    BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Interceptor, NativeState, NotConfigured,
+    Profile, SeedSpec, Unsupported,
 };
 use egress_kube_testserver::{HookVerdict, HookedRequest, TestServer, Verb};
 use egress_provider::{
@@ -260,6 +260,10 @@ fn phase_of(state: &NativeState) -> String {
 
 #[async_trait]
 impl BackendHooks for KubeBackend {
+    fn interceptor(&self) -> Option<&Interceptor> {
+        Some(&self.interceptor)
+    }
+
     async fn seed(&self, spec: SeedSpec) -> HookResult {
         // An API object always has a valid creationTimestamp: none and garbage cannot be seeded.
         let SeedTime::Valid(created) = spec.created_at else {
@@ -358,29 +362,6 @@ impl BackendHooks for KubeBackend {
             .collect())
     }
 
-    async fn call_log(&self) -> HookResult<Vec<BackendCall>> {
-        Ok(self.interceptor.call_log())
-    }
-
-    async fn fail(&self, kind: CallKind, fault: Fault, times: egress_conformance::Times) -> HookResult {
-        self.interceptor.fail(kind, fault, times);
-        Ok(())
-    }
-
-    async fn clear_faults(&self) -> HookResult {
-        self.interceptor.clear_faults();
-        Ok(())
-    }
-
-    async fn freeze(&self, kind: CallKind) -> HookResult<Gate> {
-        Ok(self.interceptor.freeze(kind))
-    }
-
-    async fn delay(&self, kind: CallKind, by: Duration) -> HookResult {
-        self.interceptor.delay(kind, by);
-        Ok(())
-    }
-
     async fn begin_backend_delete(&self, name: &str) -> HookResult {
         // A finalizer holds the Pod in its deleting state (a deletionTimestamp) until released.
         self.patch(name, serde_json::json!({"metadata": {"finalizers": [HOLD]}}))
@@ -401,11 +382,6 @@ impl BackendHooks for KubeBackend {
             Ok(None) => Ok(()),
             Err(_) => Err(Unsupported("H12 finish_delete")),
         }
-    }
-
-    async fn set_unreachable(&self, unreachable: bool) -> HookResult {
-        self.interceptor.set_unreachable(unreachable);
-        Ok(())
     }
 }
 

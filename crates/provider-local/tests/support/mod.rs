@@ -21,14 +21,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use egress_conformance::hooks::{BackendCall, BackendObject, HookResult, SeedManaged, SeedTime};
+use egress_conformance::hooks::{BackendObject, HookResult, SeedManaged, SeedTime};
 use egress_conformance::target::{
     AsyncOps, Budgets, BuildOptions, CallKinds, ChildSpans, ClassifyCase, CreateReturn, Credentials, DeleteReturn,
     GcMark, ListPartial, Logging, Profile, ProvisioningState, Quota, Timeouts,
 };
 use egress_conformance::{
-    BackendHooks, CallKind, ConformanceTarget, Fault, Fixtures, Gate, Interceptor, NativeState, NotConfigured,
-    SeedSpec, Times, Unsupported,
+    BackendHooks, CallKind, ConformanceTarget, Fault, Fixtures, Interceptor, NativeState, NotConfigured, SeedSpec,
+    Unsupported,
 };
 use egress_provider::{
     BoxError, CreateRequest, ErrorClass, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, Placement, Provider, ProviderId,
@@ -401,6 +401,10 @@ fn signal(pid: Option<u32>, signal: rustix::process::Signal) {
 
 #[async_trait]
 impl BackendHooks for TestBackend {
+    fn interceptor(&self) -> Option<&Interceptor> {
+        Some(&self.inner.interceptor)
+    }
+
     async fn seed(&self, spec: SeedSpec) -> HookResult {
         if spec
             .location
@@ -614,29 +618,6 @@ impl BackendHooks for TestBackend {
         Ok(out)
     }
 
-    async fn call_log(&self) -> HookResult<Vec<BackendCall>> {
-        Ok(self.inner.interceptor.call_log())
-    }
-
-    async fn fail(&self, kind: CallKind, fault: Fault, times: Times) -> HookResult {
-        self.inner.interceptor.fail(kind, fault, times);
-        Ok(())
-    }
-
-    async fn clear_faults(&self) -> HookResult {
-        self.inner.interceptor.clear_faults();
-        Ok(())
-    }
-
-    async fn freeze(&self, kind: CallKind) -> HookResult<Gate> {
-        Ok(self.inner.interceptor.freeze(kind))
-    }
-
-    async fn delay(&self, kind: CallKind, by: Duration) -> HookResult {
-        self.inner.interceptor.delay(kind, by);
-        Ok(())
-    }
-
     async fn make_unreadable(&self, name: &str) -> HookResult {
         self.inner.unreadable.lock().unwrap().insert(name.to_owned());
         Ok(())
@@ -658,11 +639,6 @@ impl BackendHooks for TestBackend {
                 s.records.remove(name);
             }
         }
-        Ok(())
-    }
-
-    async fn set_unreachable(&self, unreachable: bool) -> HookResult {
-        self.inner.interceptor.set_unreachable(unreachable);
         Ok(())
     }
 }
