@@ -8,17 +8,14 @@ mod common;
 
 use std::sync::Arc;
 
-use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, Phase, Placement, Proxy, ProxySpec};
-use egress_conformance::memory::{INSERT, MemoryBackend, REMOVE};
+use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, Phase, Proxy};
+use egress_conformance::memory::{INSERT, REMOVE};
 use egress_conformance::{BackendHooks as _, SeedSpec};
-use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, reconcile};
-use egress_kube_testserver::TestServer;
+use egress_controller::reconciler::reconcile;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const NS: &str = "crawl";
 /// A value of the other operator's form.
@@ -26,36 +23,14 @@ const GO_HASH: &str = "6c1f0e2b9d";
 
 #[tokio::test]
 async fn a_proxy_another_operator_made_is_adopted_and_a_later_spec_change_replaces_it() {
-    let server = TestServer::builder()
-        .custom_resource::<Proxy>()
-        .namespace(NS)
-        .start()
-        .await
-        .unwrap();
-    let client = server.client().unwrap();
-    let backend = MemoryBackend::new();
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        common::memory_providers(&[("mem", &backend)]),
-        Arc::new(common::NoVerdicts),
-        Timings::default(),
-        None,
-        CancellationToken::new(),
-    ));
+    let common::MemWorld {
+        server: _server,
+        client,
+        backend,
+        ctx,
+    } = common::mem_world(NS).await;
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), NS);
-    let mut proxy = Proxy::new(
-        "p",
-        ProxySpec {
-            provider: "mem".into(),
-            placement: Some(Placement {
-                zone: "zone-a".into(),
-                machine_type: "small".into(),
-                image: "debian-13".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    );
+    let mut proxy = Proxy::new("p", common::mem_spec());
     proxy.metadata.finalizers = Some(vec![FINALIZER.into()]);
     proxy.metadata.annotations = Some([(ANNOTATION_SPEC_HASH.to_owned(), GO_HASH.to_owned())].into());
     let created = proxies.create(&PostParams::default(), &proxy).await.unwrap();

@@ -11,17 +11,15 @@ mod common;
 
 use std::sync::Arc;
 
-use egress_api::{ANNOTATION_CREDENTIALS_INSTANCE, Phase, Placement, Proxy, ProxySpec, conditions};
+use egress_api::{ANNOTATION_CREDENTIALS_INSTANCE, Phase, Proxy, ProxySpec, conditions};
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{INSERT, MemoryBackend, REMOVE};
-use egress_controller::decide::Timings;
 use egress_controller::reconciler::{Context, reconcile};
 use egress_kube_testserver::TestServer;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const NS: &str = "crawl";
 
@@ -35,36 +33,19 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        let server = TestServer::builder()
-            .custom_resource::<Proxy>()
-            .namespace(NS)
-            .start()
-            .await
-            .unwrap();
-        let client = server.client().unwrap();
-        let backend = MemoryBackend::new();
-        let ctx = Arc::new(Context::new(
-            client.clone(),
-            common::memory_providers(&[("mem", &backend)]),
-            Arc::new(common::NoVerdicts),
-            Timings::default(),
-            None,
-            CancellationToken::new(),
-        ));
+        let common::MemWorld {
+            server,
+            client,
+            backend,
+            ctx,
+        } = common::mem_world(NS).await;
         let proxies: Api<Proxy> = Api::namespaced(client.clone(), NS);
         let spec = ProxySpec {
-            provider: "mem".into(),
-            placement: Some(Placement {
-                zone: "zone-a".into(),
-                machine_type: "small".into(),
-                image: "debian-13".into(),
-                ..Default::default()
-            }),
             credentials: Some(egress_api::Credentials {
                 type_: egress_api::CredentialsType::Generated,
                 secret_ref: None,
             }),
-            ..Default::default()
+            ..common::mem_spec()
         };
         proxies
             .create(&PostParams::default(), &Proxy::new("p", spec))

@@ -10,14 +10,10 @@ mod common;
 
 use std::sync::Arc;
 
-use egress_api::{Placement, Proxy, ProxySpec};
+use egress_api::{Proxy, ProxySpec};
 use egress_conformance::BackendHooks as _;
-use egress_conformance::memory::MemoryBackend;
-use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, ReconcileError, reconcile};
-use egress_kube_testserver::TestServer;
+use egress_controller::reconciler::{ReconcileError, reconcile};
 use kube::api::{Api, PostParams};
-use tokio_util::sync::CancellationToken;
 
 const NS: &str = "crawl";
 
@@ -32,40 +28,22 @@ async fn a_pass_on_a_stale_copy_does_not_rotate_the_new_instances_credentials() 
 }
 
 async fn stale_pass(generated: bool) {
-    let server = TestServer::builder()
-        .custom_resource::<Proxy>()
-        .namespace(NS)
-        .start()
-        .await
-        .unwrap();
-    let client = server.client().unwrap();
-    let backend = MemoryBackend::new();
-    let providers = common::memory_providers(&[("mem", &backend)]);
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        providers,
-        Arc::new(common::NoVerdicts),
-        Timings::default(),
-        None,
-        CancellationToken::new(),
-    ));
+    let common::MemWorld {
+        server: _server,
+        client,
+        backend,
+        ctx,
+    } = common::mem_world(NS).await;
     let api: Api<Proxy> = Api::namespaced(client.clone(), NS);
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, NS);
     let proxy = Proxy::new(
         "p",
         ProxySpec {
-            provider: "mem".into(),
-            placement: Some(Placement {
-                zone: "zone-a".into(),
-                machine_type: "small".into(),
-                image: "debian-13".into(),
-                ..Default::default()
-            }),
             credentials: generated.then_some(egress_api::Credentials {
                 type_: egress_api::CredentialsType::Generated,
                 secret_ref: None,
             }),
-            ..Default::default()
+            ..common::mem_spec()
         },
     );
     api.create(&PostParams::default(), &proxy).await.unwrap();

@@ -89,3 +89,51 @@ impl egress_controller::reconciler::HealthVerdicts for NoVerdicts {
         None
     }
 }
+
+/// A test API server with the Proxy CRD and namespace `ns`, one reference backend configured as
+/// entry `mem`, and the reconciler's context over them (no health verdicts, default timings).
+pub struct MemWorld {
+    pub server: egress_kube_testserver::TestServer,
+    pub client: kube::Client,
+    pub backend: MemoryBackend,
+    pub ctx: Arc<egress_controller::reconciler::Context>,
+}
+
+pub async fn mem_world(ns: &str) -> MemWorld {
+    let server = egress_kube_testserver::TestServer::builder()
+        .custom_resource::<egress_api::Proxy>()
+        .namespace(ns)
+        .start()
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    let backend = MemoryBackend::new();
+    let ctx = Arc::new(egress_controller::reconciler::Context::new(
+        client.clone(),
+        memory_providers(&[("mem", &backend)]),
+        Arc::new(NoVerdicts),
+        Timings::default(),
+        None,
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    MemWorld {
+        server,
+        client,
+        backend,
+        ctx,
+    }
+}
+
+/// A Managed Proxy spec on entry `mem`, in a zone, machine type and image its catalogue has.
+pub fn mem_spec() -> egress_api::ProxySpec {
+    egress_api::ProxySpec {
+        provider: "mem".into(),
+        placement: Some(egress_api::Placement {
+            zone: "zone-a".into(),
+            machine_type: "small".into(),
+            image: "debian-13".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
