@@ -56,13 +56,7 @@ async fn an_injected_failure_can_target_the_status_subresource() {
     let status = Patch::Merge(json!({"status": {"ready": true}}));
     let (code, _, _) = api_error(api.patch_status("a", &PatchParams::default(), &status).await);
     assert_eq!(code, 409);
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"size": 2}})),
-    )
-    .await
-    .unwrap();
+    resize_toy(&api, "a", 2).await;
     api.patch_status("a", &PatchParams::default(), &status).await.unwrap();
 }
 

@@ -33,13 +33,7 @@ async fn merge_patch_with_a_resource_version_is_optimistic() {
     let s = server().await;
     let api = toys(&s);
     let t = create_toy(&api, "a", 1).await;
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"size": 2}})),
-    )
-    .await
-    .unwrap();
+    resize_toy(&api, "a", 2).await;
     let stale = json!({"metadata": {"resourceVersion": t.resource_version()}, "spec": {"size": 3}});
     let (code, reason, _) = api_error(api.patch("a", &PatchParams::default(), &Patch::Merge(stale)).await);
     assert_eq!((code, reason.as_str()), (409, "Conflict"));
@@ -309,13 +303,7 @@ async fn finalizers_hold_a_deleted_object_until_the_last_one_goes() {
         "{message}"
     );
     // Spec updates still work while it is held.
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"size": 3}})),
-    )
-    .await
-    .unwrap();
+    resize_toy(&api, "a", 3).await;
     api.patch(
         "a",
         &PatchParams::default(),

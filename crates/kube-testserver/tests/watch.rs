@@ -40,13 +40,7 @@ async fn a_watch_from_a_resource_version_replays_the_changes_in_order() {
     let api = toys(&s);
     let start = list_rv(&api).await;
     create_toy(&api, "a", 1).await;
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"size": 2}})),
-    )
-    .await
-    .unwrap();
+    resize_toy(&api, "a", 2).await;
     create_toy(&api, "b", 1).await;
     api.delete("a", &DeleteParams::default()).await.unwrap();
     let mut stream = api.watch(&WatchParams::default(), &start).await.unwrap().boxed();
@@ -56,13 +50,7 @@ async fn a_watch_from_a_resource_version_replays_the_changes_in_order() {
     }
     assert_eq!(seen, vec!["ADDED a", "MODIFIED a size=2", "ADDED b", "DELETED a"]);
     // Then live changes follow.
-    api.patch(
-        "b",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"size": 5}})),
-    )
-    .await
-    .unwrap();
+    resize_toy(&api, "b", 5).await;
     assert_eq!(describe(&next(&mut stream).await), "MODIFIED b size=5");
 }
 
@@ -360,13 +348,7 @@ async fn a_controller_reconciles_a_custom_resource_end_to_end() {
         wait_for_generation(observer, 1),
     )
     .await;
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"size": 4}})),
-    )
-    .await
-    .unwrap();
+    resize_toy(&api, "a", 4).await;
     let _ = within(
         "the controller to reconcile generation 2",
         wait_for_generation(observer, 2),

@@ -73,6 +73,17 @@ pub async fn create_toy(api: &Api<Toy>, name: &str, size: i32) -> Toy {
         .expect("create")
 }
 
+/// Sets toy `name`'s size with a merge patch.
+pub async fn resize_toy(api: &Api<Toy>, name: &str, size: i32) -> Toy {
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"size": size}})),
+    )
+    .await
+    .expect("resize")
+}
+
 /// The resourceVersion of a fresh list: where a watch "from now" starts.
 pub async fn list_rv<K>(api: &Api<K>) -> String
 where
