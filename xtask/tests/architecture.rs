@@ -102,3 +102,46 @@ fn a_long_source_file_says_why() {
         "over 700 lines with no `//! Long file:` reason: {unexplained:?}"
     );
 }
+
+/// The crates `-p package` pulls in as normal dependencies (build and dev dependencies left
+/// out), by `cargo tree`.
+fn normal_dependencies(package: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none", "-p", package])
+        .current_dir(root())
+        .output()
+        .expect("running cargo tree");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A tool that reuses the kvm, kvm2, gcp or local provider (docs/reuse.md) gets no Kubernetes
+/// client: none of them reaches kube or k8s-openapi through any path.
+#[test]
+fn the_non_kubernetes_providers_pull_in_no_kubernetes_crate() {
+    for package in [
+        "egress-provider",
+        "egress-provider-kvm",
+        "egress-provider-kvm2",
+        "egress-provider-gcp",
+        "egress-provider-local",
+    ] {
+        let deps = normal_dependencies(package);
+        assert!(deps.iter().any(|d| d == package), "{package}: {deps:?}");
+        let kubernetes: Vec<&String> = deps
+            .iter()
+            .filter(|d| d.starts_with("kube") || d.starts_with("k8s-"))
+            .collect();
+        assert!(kubernetes.is_empty(), "{package} pulls in {kubernetes:?}");
+    }
+    // The check can fail: the kubernetes provider does pull them in.
+    let deps = normal_dependencies("egress-provider-kubernetes");
+    assert!(deps.iter().any(|d| d == "kube") && deps.iter().any(|d| d == "k8s-openapi"));
+}
