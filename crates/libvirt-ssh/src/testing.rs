@@ -310,7 +310,7 @@ impl BackendHooks for FakeBackend {
             bridge: "br0".to_owned(),
             mac: None,
         }
-        .to_xml(self.generation.flavour())
+        .to_xml(self.generation)
         .expect("a seeded domain document");
         // Straight into the fake, past its call log and faults.
         host.define_directly(&xml);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use egress_libvirt::host::{AddressSource, DomainState, Host, POOL_RUNNING, UNDEFINE_FLAGS, code};
-use egress_libvirt::{DomainSpec, Flavour, HypervisorEnv, KVM_NAMESPACE, KVM2_NAMESPACE, Mark, VolumeSpec};
+use egress_libvirt::{DomainSpec, Generation, HypervisorEnv, KVM_NAMESPACE, KVM2_NAMESPACE, Mark, VolumeSpec};
 use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use egress_provider::OpCtx;
 
@@ -42,7 +42,7 @@ fn volume(name: &str, bytes: i64) -> String {
         format: "raw".into(),
         backing: None,
     }
-    .to_xml(Flavour::Kvm2)
+    .to_xml(Generation::Kvm2)
     .unwrap()
 }
 
@@ -176,7 +176,7 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
         bridge: bridge.to_owned(),
         mac: None,
     }
-    .to_xml(Flavour::Kvm2)
+    .to_xml(Generation::Kvm2)
     .unwrap();
     host.define_domain(&cx, &xml).await.unwrap();
     let element = host
@@ -297,7 +297,7 @@ async fn a_guest_booted_through_the_seam_reports_its_address_and_our_seed() {
                 format: format.to_owned(),
                 backing,
             }
-            .to_xml(Flavour::Kvm2)
+            .to_xml(Generation::Kvm2)
             .unwrap()
         };
         host.create_volume(&cx, pool, &spec(&base, image.len(), "qcow2", None))
@@ -344,7 +344,7 @@ async fn a_guest_booted_through_the_seam_reports_its_address_and_our_seed() {
             bridge: env.bridge.clone(),
             mac: None,
         }
-        .to_xml(Flavour::Kvm2)
+        .to_xml(Generation::Kvm2)
         .unwrap();
         host.define_domain(&cx, &xml).await.unwrap();
         host.start_domain(&cx, &name).await.unwrap();

@@ -7,27 +7,9 @@
 //! sources that carry a path), a bridge NIC, a serial console, the guest-agent channel and a
 //! virtio RNG, and the GC mark inside `<metadata>`.
 
-use crate::mark::{KVM_NAMESPACE, KVM2_NAMESPACE, Mark};
+use crate::Generation;
+use crate::mark::Mark;
 use crate::xml::{Element, XmlError};
-
-/// Which provider's document.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavour {
-    /// First generation: compact, unvalidated, `.../kvm` namespace.
-    Kvm,
-    /// Second generation: indented, validated, `.../kvm2` namespace.
-    Kvm2,
-}
-
-impl Flavour {
-    /// The metadata namespace of this flavour.
-    pub fn namespace(self) -> &'static str {
-        match self {
-            Self::Kvm => KVM_NAMESPACE,
-            Self::Kvm2 => KVM2_NAMESPACE,
-        }
-    }
-}
 
 /// Everything a domain is built from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,14 +57,14 @@ impl DomainSpec {
     /// # Errors
     /// kvm2 only: an empty name, disk path or seed path; a disk format other than qcow2/raw; a
     /// firmware other than exactly `uefi` or `bios`.
-    pub fn to_xml(&self, flavour: Flavour) -> Result<String, DomainError> {
+    pub fn to_xml(&self, flavour: Generation) -> Result<String, DomainError> {
         let invalid = |why: String| Err(DomainError::Invalid(why));
         let disk_format = if self.disk_format.is_empty() {
             "qcow2"
         } else {
             self.disk_format.as_str()
         };
-        if flavour == Flavour::Kvm2 {
+        if flavour == Generation::Kvm2 {
             if self.name.is_empty() {
                 return invalid("name is empty".to_owned());
             }
@@ -107,7 +89,11 @@ impl DomainSpec {
             }
         }
         let uefi = self.firmware == "uefi";
-        let disk_format = if flavour == Flavour::Kvm { "qcow2" } else { disk_format };
+        let disk_format = if flavour == Generation::Kvm {
+            "qcow2"
+        } else {
+            disk_format
+        };
 
         let mut os = Element::new("os");
         if uefi {
@@ -127,7 +113,7 @@ impl DomainSpec {
                         .attr("name", "secure-boot"),
                 )
             }))
-            .child_if((flavour == Flavour::Kvm).then(|| Element::new("boot").attr("dev", "hd")));
+            .child_if((flavour == Generation::Kvm).then(|| Element::new("boot").attr("dev", "hd")));
 
         let name = Element::new("name").text(&self.name);
         let memory = Element::new("memory")
@@ -146,21 +132,21 @@ impl DomainSpec {
 
         let mut domain = Element::new("domain").attr("type", &self.domain_type);
         domain = match flavour {
-            Flavour::Kvm2 => domain.child(name).child(memory).child(vcpu).child(metadata),
-            Flavour::Kvm => domain.child(name).child(metadata).child(memory).child(vcpu),
+            Generation::Kvm2 => domain.child(name).child(memory).child(vcpu).child(metadata),
+            Generation::Kvm => domain.child(name).child(metadata).child(memory).child(vcpu),
         };
         domain = domain
             .child(os)
             .child(features)
             .child_if(cpu)
-            .child_if((flavour == Flavour::Kvm).then(|| Element::new("clock").attr("offset", "utc")))
+            .child_if((flavour == Generation::Kvm).then(|| Element::new("clock").attr("offset", "utc")))
             .child(Element::new("on_poweroff").text("destroy"))
             .child(Element::new("on_reboot").text("restart"))
             .child(Element::new("on_crash").text("destroy"))
             .child(self.devices(disk_format));
         Ok(match flavour {
-            Flavour::Kvm2 => domain.to_string_pretty()?,
-            Flavour::Kvm => domain.to_string_compact()?,
+            Generation::Kvm2 => domain.to_string_pretty()?,
+            Generation::Kvm => domain.to_string_compact()?,
         })
     }
 
@@ -217,6 +203,7 @@ mod tests {
     use std::time::SystemTime;
 
     use super::*;
+    use crate::mark::{KVM_NAMESPACE, KVM2_NAMESPACE};
 
     fn spec() -> DomainSpec {
         DomainSpec {
@@ -240,7 +227,7 @@ mod tests {
 
     #[test]
     fn kvm2_document_has_every_element_of_the_template() {
-        let xml = spec().to_xml(Flavour::Kvm2).unwrap();
+        let xml = spec().to_xml(Generation::Kvm2).unwrap();
         for part in [
             "<domain type=\"kvm\">",
             "  <name>proxy-abc</name>",
@@ -295,7 +282,7 @@ mod tests {
         s.firmware = "bios".into();
         s.domain_type = "qemu".into();
         s.cpu_mode = None;
-        let xml = s.to_xml(Flavour::Kvm2).unwrap();
+        let xml = s.to_xml(Generation::Kvm2).unwrap();
         assert!(xml.starts_with("<domain type=\"qemu\">"), "{xml}");
         assert!(!xml.contains("firmware"), "{xml}");
         assert!(!xml.contains("<cpu"), "{xml}");
@@ -305,7 +292,7 @@ mod tests {
     fn kvm_document_is_compact_in_its_own_order_with_clock_and_boot() {
         let mut s = spec();
         s.firmware = "UEFI".into();
-        let xml = s.to_xml(Flavour::Kvm).unwrap();
+        let xml = s.to_xml(Generation::Kvm).unwrap();
         assert_eq!(xml.lines().count(), 1);
         let order: Vec<usize> = [
             "<name>",
@@ -329,7 +316,7 @@ mod tests {
         assert!(xml.contains("<boot dev=\"hd\"/>"));
         s.name.clear();
         s.disk_format = "vmdk".into();
-        let xml = s.to_xml(Flavour::Kvm).unwrap();
+        let xml = s.to_xml(Generation::Kvm).unwrap();
         assert!(xml.contains("<driver name=\"qemu\" type=\"qcow2\"/>"), "{xml}");
     }
 
@@ -361,16 +348,16 @@ mod tests {
         for (edit, want) in cases {
             let mut s = spec();
             edit(&mut s);
-            assert_eq!(s.to_xml(Flavour::Kvm2).unwrap_err().to_string(), want);
+            assert_eq!(s.to_xml(Generation::Kvm2).unwrap_err().to_string(), want);
         }
     }
 
     #[test]
     fn a_mac_address_goes_on_the_nic_when_given() {
         let mut s = spec();
-        assert!(!s.to_xml(Flavour::Kvm2).unwrap().contains("<mac"));
+        assert!(!s.to_xml(Generation::Kvm2).unwrap().contains("<mac"));
         s.mac = Some("52:54:00:ab:cd:ef".into());
-        let xml = s.to_xml(Flavour::Kvm2).unwrap();
+        let xml = s.to_xml(Generation::Kvm2).unwrap();
         assert!(
             xml.contains("<interface type=\"bridge\">\n      <mac address=\"52:54:00:ab:cd:ef\"/>\n      <source bridge=\"br0\"/>"),
             "{xml}"
@@ -382,7 +369,7 @@ mod tests {
         let mut s = spec();
         s.bridge = "br0\"/><disk type=\"volume".into();
         s.mark.uid = "</uid><managed>true".into();
-        let xml = s.to_xml(Flavour::Kvm2).unwrap();
+        let xml = s.to_xml(Generation::Kvm2).unwrap();
         assert!(!xml.contains("type=\"volume\""), "{xml}");
         assert_eq!(xml.matches("<managed>").count(), 1, "{xml}");
         assert_eq!(xml.matches("<disk").count(), 2, "{xml}");

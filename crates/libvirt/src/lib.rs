@@ -21,6 +21,7 @@ pub mod domain;
 pub mod engine;
 #[cfg(feature = "fake")]
 pub mod fake;
+pub mod generation;
 pub mod host;
 pub mod hypervisor_env;
 pub mod mark;
@@ -28,7 +29,8 @@ pub mod seed;
 pub mod volume;
 mod xml;
 
-pub use domain::{DomainError, DomainSpec, Flavour};
+pub use domain::{DomainError, DomainSpec};
+pub use generation::Generation;
 pub use host::{DialFailure, Host, LibvirtError, LvResult};
 pub use hypervisor_env::HypervisorEnv;
 pub use mark::{KVM_NAMESPACE, KVM2_NAMESPACE, Mark, MarkError, rfc3339};

@@ -1,7 +1,7 @@
 //! The volume document passed to `virStorageVolCreateXML`: capacity always in bytes (so libvirt's
 //! `G` versus `GB` cannot bite), a format, and for an overlay the base volume it is backed by.
 
-use crate::domain::Flavour;
+use crate::Generation;
 use crate::xml::{Element, XmlError};
 
 /// One volume to create.
@@ -34,9 +34,9 @@ impl VolumeSpec {
     /// # Errors
     /// kvm2 only: an empty name, a capacity that is not positive, a format (or backing format)
     /// other than qcow2/raw.
-    pub fn to_xml(&self, flavour: Flavour) -> Result<String, VolumeError> {
+    pub fn to_xml(&self, flavour: Generation) -> Result<String, VolumeError> {
         let invalid = |why: String| Err(VolumeError::Invalid(why));
-        if flavour == Flavour::Kvm2 {
+        if flavour == Generation::Kvm2 {
             if self.name.is_empty() {
                 return invalid("name is empty".to_owned());
             }
@@ -67,8 +67,8 @@ impl VolumeSpec {
                     .child(Element::new("format").attr("type", format))
             }));
         Ok(match flavour {
-            Flavour::Kvm2 => volume.to_string_pretty()?,
-            Flavour::Kvm => volume.to_string_compact()?,
+            Generation::Kvm2 => volume.to_string_pretty()?,
+            Generation::Kvm => volume.to_string_compact()?,
         })
     }
 }
@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn an_overlay_names_its_base() {
-        let xml = overlay().to_xml(Flavour::Kvm2).unwrap();
+        let xml = overlay().to_xml(Generation::Kvm2).unwrap();
         assert_eq!(
             xml,
             "<volume type=\"file\">\n  <name>proxy-abc.qcow2</name>\n  <capacity unit=\"bytes\">10737418240</capacity>\n  \
@@ -101,7 +101,7 @@ mod tests {
             format: "raw".into(),
             backing: None,
         };
-        let xml = seed.to_xml(Flavour::Kvm).unwrap();
+        let xml = seed.to_xml(Generation::Kvm).unwrap();
         assert_eq!(xml.lines().count(), 1);
         assert!(!xml.contains("backingStore") && !xml.contains("allocation") && !xml.contains("permissions"));
     }
@@ -131,8 +131,8 @@ mod tests {
         for (edit, want) in cases {
             let mut v = overlay();
             edit(&mut v);
-            assert_eq!(v.to_xml(Flavour::Kvm2).unwrap_err().to_string(), want);
-            assert!(v.to_xml(Flavour::Kvm).is_ok());
+            assert_eq!(v.to_xml(Generation::Kvm2).unwrap_err().to_string(), want);
+            assert!(v.to_xml(Generation::Kvm).is_ok());
         }
     }
 }

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::SystemTime;
 
 use egress_libvirt::seed::{seed_iso, vendor_data};
-use egress_libvirt::{DomainSpec, Flavour, HypervisorEnv, Mark, VolumeSpec};
+use egress_libvirt::{DomainSpec, Generation, HypervisorEnv, Mark, VolumeSpec};
 
 fn virsh(args: &[&str]) -> Result<String, String> {
     let out = Command::new("virsh")
@@ -58,7 +58,7 @@ impl Made {
     /// Creates a volume from our document, and uploads `content` into it when given.
     fn volume(&mut self, spec: &VolumeSpec, content: Option<&std::path::Path>) -> String {
         let xml = self.dir.join(format!("{}.xml", spec.name));
-        std::fs::write(&xml, spec.to_xml(Flavour::Kvm2).unwrap()).unwrap();
+        std::fs::write(&xml, spec.to_xml(Generation::Kvm2).unwrap()).unwrap();
         must(&["vol-create", &self.pool, xml.to_str().unwrap()]);
         self.volumes.push(spec.name.clone());
         if let Some(file) = content {
@@ -153,7 +153,7 @@ fn our_volumes_domains_and_mark_work_on_the_real_libvirtd() {
         name: kvm_name.clone(),
         ..spec.clone()
     }
-    .to_xml(Flavour::Kvm)
+    .to_xml(Generation::Kvm)
     .unwrap();
     made.define(&kvm_name, &kvm_doc);
     let kvm_mark = must(&["metadata", &kvm_name, "--uri", egress_libvirt::KVM_NAMESPACE]);
@@ -164,7 +164,7 @@ fn our_volumes_domains_and_mark_work_on_the_real_libvirtd() {
     made.domains.retain(|d| d != &kvm_name);
     assert!(virsh(&["dominfo", &kvm_name]).is_err(), "undefined, yet still there");
 
-    made.define(&name, &spec.to_xml(Flavour::Kvm2).unwrap());
+    made.define(&name, &spec.to_xml(Generation::Kvm2).unwrap());
     let read_back = Mark::parse(&must(&["metadata", &name, "--uri", egress_libvirt::KVM2_NAMESPACE])).unwrap();
     assert_eq!(read_back.uid, mark.uid);
     assert!(read_back.managed);

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use egress_conformance::{CallKind, Fault, Times};
 use egress_libvirt::fake::{FakeHost, FakeVolume};
 use egress_libvirt::host::DomainState;
-use egress_libvirt::{DomainSpec, Flavour, KVM_NAMESPACE, KVM2_NAMESPACE, Mark};
+use egress_libvirt::{DomainSpec, Generation, KVM_NAMESPACE, KVM2_NAMESPACE, Mark};
 use egress_provider::{ErrorClass, InstanceState, OpCtx, Provider, ProviderError, ProviderId};
 use egress_provider_kvm2::Kvm2Provider;
 use support::image_server::Serve;
@@ -283,7 +283,7 @@ fn domain_xml(name: &str) -> String {
         bridge: "br0".into(),
         mac: None,
     }
-    .to_xml(Flavour::Kvm2)
+    .to_xml(Generation::Kvm2)
     .unwrap()
 }
 

@@ -8,7 +8,6 @@
 //! whose steps depend on each other's guarantees.
 
 use std::io::Read;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +24,7 @@ use tracing::field::Empty;
 use super::failure::{Context as _, Failure};
 use super::locks::KeyedLocks;
 use super::placement::Image;
+use super::url_host::{host_listed, is_link_local_host};
 use super::{Generation, names};
 
 /// The precheck's HEAD (or GET) budget.
@@ -128,21 +128,10 @@ fn redirect_refusal(from: Option<&reqwest::Url>, to: &reqwest::Url, allowed: Opt
     }
 }
 
-/// Whether URL host `host` is one of `list` (case-insensitive; IPv6 with or without brackets).
-pub fn host_listed(list: &[String], host: &str) -> bool {
-    let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
-    let host = bare(host);
-    list.iter().any(|l| bare(l) == host)
-}
-
-/// Whether `host` (a URL's host part) is a link-local address literal (169.254.0.0/16,
-/// fe80::/10): where cloud metadata services answer.
-pub fn is_link_local_host(host: &str) -> bool {
-    match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-        Ok(IpAddr::V4(v4)) => v4.is_link_local(),
-        Ok(IpAddr::V6(v6)) => (v6.segments()[0] & 0xffc0) == 0xfe80,
-        Err(_) => false,
-    }
+/// What the pool-space checks keep free: a twentieth of the pool (a filesystem's usual root
+/// reserve, which libvirt counts as available but QEMU cannot write to).
+pub fn pool_headroom(capacity: u64) -> u64 {
+    capacity / 20
 }
 
 /// The verdict on an image response (§6.4): its length, or why it cannot be used.
@@ -597,9 +586,7 @@ async fn fetch(
         .await
         .doing(|| format!("reading storage pool {}", img.pool))?;
     let needed = size.saturating_add(img.room_after);
-    let usable = info
-        .available
-        .saturating_sub(super::provider::pool_headroom(info.capacity));
+    let usable = info.available.saturating_sub(pool_headroom(info.capacity));
     if usable < needed {
         return Err(Failure::quota(format!(
             "storage pool {} has {} bytes available ({usable} once 5% of the pool is kept free), {needed} needed \
@@ -649,7 +636,7 @@ async fn upload(
         format: img.image.format.clone(),
         backing: None,
     }
-    .to_xml(img.generation.flavour())
+    .to_xml(img.generation)
     .map_err(|e| Failure::permanent(e.to_string()))?;
     own.create_volume(cx, img.pool, &xml)
         .await
@@ -740,7 +727,7 @@ async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str
         format: "raw".to_owned(),
         backing: None,
     }
-    .to_xml(img.generation.flavour())
+    .to_xml(img.generation)
     .map_err(|e| Failure::permanent(e.to_string()))?;
     own.create_volume(cx, img.pool, &xml)
         .await

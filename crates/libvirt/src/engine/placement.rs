@@ -70,12 +70,12 @@ fn url_refusal(block: &str, allowed: Option<&[String]>, raw: &str) -> Option<Str
         Some([]) => Some(format!(
             "placement.image {raw:?} is a URL, and URL images are off for this entry ({block}.imageUrlHosts is empty)"
         )),
-        Some(list) if !super::image::host_listed(list, &host) => Some(format!(
+        Some(list) if !super::url_host::host_listed(list, &host) => Some(format!(
             "placement.image {raw:?}: host {host} is not in {block}.imageUrlHosts"
         )),
         // Listed hosts are the operator's word, link-local ones included.
         Some(_) => None,
-        None if super::image::is_link_local_host(&host) => Some(format!(
+        None if super::url_host::is_link_local_host(&host) => Some(format!(
             "placement.image {raw:?} points at a link-local address; the operator does not fetch from there"
         )),
         None => None,

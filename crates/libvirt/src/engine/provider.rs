@@ -363,7 +363,9 @@ impl LibvirtProvider {
         }
         // Review M4: libvirt's free space includes the filesystem's root reserve, which QEMU
         // cannot write to; a twentieth of the pool is kept free on top.
-        let usable = info.available.saturating_sub(pool_headroom(info.capacity));
+        let usable = info
+            .available
+            .saturating_sub(super::image::pool_headroom(info.capacity));
         if usable < needed {
             return Err(Failure::quota(format!(
                 "storage pool {} has {} bytes available ({usable} once 5% of the pool is kept free), {needed} needed",
@@ -391,7 +393,7 @@ impl LibvirtProvider {
             format: "qcow2".to_owned(),
             backing: Some((base.path.clone(), r.image.format.clone())),
         }
-        .to_xml(self.generation().flavour())
+        .to_xml(self.generation())
         .map_err(|e| Failure::permanent(e.to_string()))?;
         let creating = || format!("creating overlay volume {overlay}");
         match host.create_volume(cx, pool, &xml).await {
@@ -455,7 +457,7 @@ impl LibvirtProvider {
             format: "raw".to_owned(),
             backing: None,
         }
-        .to_xml(self.generation().flavour())
+        .to_xml(self.generation())
         .map_err(|e| Failure::permanent(e.to_string()))?;
         host.create_volume(cx, pool, &xml)
             .await
@@ -490,7 +492,7 @@ impl LibvirtProvider {
             bridge: r.host.bridge.clone(),
             mac: Some(names::mac(name)),
         }
-        .to_xml(self.generation().flavour())
+        .to_xml(self.generation())
         .map_err(|e| Failure::permanent(e.to_string()))?;
         host.define_domain(cx, &xml)
             .await
@@ -499,12 +501,6 @@ impl LibvirtProvider {
         tracing::trace!(host = host.name(), name, xml = %xml, "domain document");
         Ok(())
     }
-}
-
-/// What the pool-space checks keep free: a twentieth of the pool (a filesystem's usual root
-/// reserve, which libvirt counts as available but QEMU cannot write to).
-pub fn pool_headroom(capacity: u64) -> u64 {
-    capacity / 20
 }
 
 /// What a seed that could not be built means: only a missing name is the request's fault

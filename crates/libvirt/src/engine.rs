@@ -16,23 +16,14 @@ pub mod ops;
 pub mod placement;
 pub mod provider;
 pub mod traced;
+pub mod url_host;
 
 use egress_provider::{ErrorClass, Op};
 
-use crate::domain::Flavour;
+pub use crate::generation::Generation;
 use crate::host::{AddressSource, LibvirtError};
 
 pub use provider::LibvirtProvider;
-
-/// Which provider's behaviour.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Generation {
-    /// The first-generation `kvm` provider: the Go operator's names and namespace kept, so its
-    /// domains and cached images go on working.
-    Kvm,
-    /// The second-generation `kvm2` provider.
-    Kvm2,
-}
 
 impl Generation {
     /// The `type:` value and config block name.
@@ -49,19 +40,6 @@ impl Generation {
             Self::Kvm => "KVM",
             Self::Kvm2 => "kvm2",
         }
-    }
-
-    /// The flavour of its domain and volume documents.
-    pub fn flavour(self) -> Flavour {
-        match self {
-            Self::Kvm => Flavour::Kvm,
-            Self::Kvm2 => Flavour::Kvm2,
-        }
-    }
-
-    /// Its metadata namespace.
-    pub fn namespace(self) -> &'static str {
-        self.flavour().namespace()
     }
 
     /// The cached base image of catalogue key `key` (or a URL key) for entry `entry`.
@@ -120,6 +98,6 @@ pub(crate) fn test_domain_xml(name: &str, mark: crate::Mark) -> String {
         bridge: "br0".into(),
         mac: None,
     }
-    .to_xml(Flavour::Kvm2)
+    .to_xml(Generation::Kvm2)
     .unwrap()
 }
