@@ -526,7 +526,9 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
     Ok(())
 }
 
-/// One `#[tokio::test]` per case over `$backend` (an expression implementing [`Backend`]).
+/// One `#[tokio::test]` per case over `$backend` (an expression implementing [`Backend`]). The
+/// calling crate needs `tokio` (with `macros`, `rt-multi-thread`) and `proptest` among its
+/// dev-dependencies: the expansion names them.
 #[macro_export]
 macro_rules! lease_store_suite {
     ($backend:expr) => {

@@ -10,7 +10,8 @@
 //!
 //! The image comes from `EGRESS_IMAGE_URL`, or else the file's test guest is served to the
 //! provider from this process over HTTP. Exits non-zero, naming the step, when anything fails;
-//! the VM is deleted on every path once it was created.
+//! what a create made is deleted on every path (an interrupt, Ctrl-C, leaves it). Every step has
+//! a deadline.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -79,19 +80,32 @@ async fn run() -> Result<(), String> {
         installation: None,
         credentials: None,
     };
-    let cx = OpCtx::background();
-    let id = provider
-        .create(&cx, &request)
-        .await
-        .map_err(|e| format!("create: {e}"))?;
+    let cx = OpCtx::background().with_deadline((Instant::now() + BOOT_PATIENCE).into());
+    let id = match provider.create(&cx, &request).await {
+        Ok(id) => id,
+        Err(e) => {
+            // A create that failed half-way may have left a domain or volumes behind; its id is
+            // the one it would have returned.
+            let made = ProviderId::new(format!("hosts/hv/domains/{}", request.name));
+            return Err(match delete(provider.as_ref(), &made).await {
+                Ok(()) => format!("create: {e}"),
+                Err(d) => format!("create: {e}; and cleaning up: {d}"),
+            });
+        }
+    };
     println!("created {}", id.as_str());
     let running = wait_running(provider.as_ref(), &id).await;
     let deleted = delete(provider.as_ref(), &id).await;
-    let ip = running?;
-    deleted?;
-    println!("running at {ip}");
-    println!("deleted {}", id.as_str());
-    Ok(())
+    match (running, deleted) {
+        (Ok(ip), Ok(())) => {
+            println!("running at {ip}");
+            println!("deleted {}", id.as_str());
+            Ok(())
+        }
+        (Ok(_), Err(d)) => Err(d),
+        (Err(r), Ok(())) => Err(r),
+        (Err(r), Err(d)) => Err(format!("{r}; and {d}")),
+    }
 }
 
 /// The provider's block for the one host the description names.
