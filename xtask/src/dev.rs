@@ -122,16 +122,12 @@ async fn clean_leftovers(layout: &Layout) -> Result<()> {
 
 /// Deletes every instance in `state` through the local provider; returns how many there were.
 async fn remove_instances(state: &Path) -> Result<usize> {
-    let entry = egress_provider::config::ProviderConfig {
-        name: ENTRY.to_owned(),
-        type_name: ENTRY.to_owned(),
-        local: Some(egress_provider::config::LocalConfig {
+    let entry =
+        egress_provider::config::ProviderConfig::new(ENTRY, ENTRY).with_block(&egress_provider_local::LocalConfig {
             state_dir: state.display().to_string(),
             tinyproxy_path: None,
             connect_ports: None,
-        }),
-        ..Default::default()
-    };
+        });
     let provider = egress_provider_local::construct(&entry).map_err(|e| anyhow::anyhow!("{e}"))?;
     let cx = OpCtx::background().with_timeout(Duration::from_secs(60));
     let instances = provider.list_by_tag(&cx).await?;

@@ -6,14 +6,16 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     egress_operator::main_with(egress_operator::Extensions {
         registry: Box::new(|flags| {
+            // The order is the one the loader names keys and blocks in its messages
+            // (`expected one of ...`, `a <block> block is set`), as the Go operator's did.
             egress_provider::Registry::new()
-                .with(egress_provider_local::provider_type())
                 .with(egress_provider_kubernetes::provider_type())
-                .with(egress_provider_kvm::provider_type())
-                .with(egress_provider_kvm2::provider_type())
                 .with(egress_provider_gcp::provider_type(egress_provider_gcp::WireOptions {
                     full_payloads: flags.gcp_wire_log_full_payloads,
                 }))
+                .with(egress_provider_kvm::provider_type())
+                .with(egress_provider_kvm2::provider_type())
+                .with(egress_provider_local::provider_type())
         }),
         health: egress_operator::Health::Engine,
         notice: None,

@@ -534,8 +534,11 @@ fn the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace()
     let config = load(config_map["data"]["providers.yaml"].as_str().unwrap());
     let kubernetes = config.providers.iter().find(|p| p.type_name == "kubernetes").unwrap();
     assert_eq!(
-        kubernetes.kubernetes.as_ref().and_then(|k| k.namespace.as_deref()),
-        Some("crawlers")
+        kubernetes
+            .block::<egress_provider_kubernetes::KubernetesConfig>()
+            .unwrap()
+            .and_then(|k| k.namespace),
+        Some("crawlers".to_owned())
     );
 }
 

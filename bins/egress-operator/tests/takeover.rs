@@ -209,29 +209,29 @@ impl Backends {
                     counted(&entry.name, Arc::new(p), &a.calls)
                 },
             ))
-            .with(ProviderType::new(
+            .with(ProviderType::with_block::<egress_libvirt::KvmConfig>(
                 "kvm",
-                validators::kvm,
                 move |entry: &ProviderConfig| {
-                    let cfg = entry.kvm.clone().ok_or("kvm block is required")?;
+                    let cfg = entry.block()?.ok_or("kvm block is required")?;
                     let hosts: Vec<Box<dyn Host>> = vec![Box::new(b.host.clone())];
                     let p = egress_provider_kvm::new(&entry.name, cfg, hosts)?;
                     counted(&entry.name, Arc::new(p), &b.calls)
                 },
             ))
-            .with(ProviderType::new(
-                "kubernetes",
-                validators::kubernetes,
-                move |entry: &ProviderConfig| {
-                    let p = egress_provider_kubernetes::KubernetesProvider::new(
-                        &entry.name,
-                        c.client.clone(),
-                        c.api_host.clone(),
-                        Default::default(),
-                    );
-                    counted(&entry.name, Arc::new(p), &c.calls)
-                },
-            ))
+            .with(
+                ProviderType::with_block::<egress_provider_kubernetes::KubernetesConfig>(
+                    "kubernetes",
+                    move |entry: &ProviderConfig| {
+                        let p = egress_provider_kubernetes::KubernetesProvider::new(
+                            &entry.name,
+                            c.client.clone(),
+                            c.api_host.clone(),
+                            Default::default(),
+                        );
+                        counted(&entry.name, Arc::new(p), &c.calls)
+                    },
+                ),
+            )
     }
 }
 

@@ -20,7 +20,7 @@ use crate::pool::Pool;
 
 /// One [`RemoteHost`] per host of a libvirt provider's config block, sharing one connection
 /// pool dialled with `options`.
-pub fn hosts_of(cfg: &egress_provider::config::KvmConfig, options: crate::DialOptions) -> Vec<Box<dyn Host>> {
+pub fn hosts_of(cfg: &egress_libvirt::config::KvmConfig, options: crate::DialOptions) -> Vec<Box<dyn Host>> {
     let pool = Arc::new(Pool::new(Arc::new(crate::Dialer::new(options))));
     cfg.hosts
         .iter()

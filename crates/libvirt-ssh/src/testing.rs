@@ -30,13 +30,13 @@ use egress_conformance::{
     BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Interceptor, NativeState, NotConfigured,
     Profile, SeedSpec, Unsupported,
 };
+use egress_libvirt::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 use egress_libvirt::engine::failure::Failure;
 use egress_libvirt::engine::{Generation, LibvirtProvider};
 use egress_libvirt::fake::FakeHost;
 use egress_libvirt::host::{Address, AddressSource, DomainState, Host, Interface, LibvirtError};
 use egress_libvirt::seed::read_seed_file;
 use egress_libvirt::{DomainSpec, Mark, rfc3339};
-use egress_provider::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 use egress_provider::{
     BoxError, CreateRequest, ErrorClass, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Op, Placement, Provider,
     ProviderId, name_from_uid,

@@ -1,5 +1,6 @@
 //! What the two libvirt providers (`kvm`, `kvm2`) share, in one place.
 //!
+//! - [`config`]: the `kvm:` and `kvm2:` block of the providers file (one shape) and its rules;
 //! - [`domain`]: the document `virDomainDefineXML` takes, for either provider's flavour;
 //! - [`volume`]: the document `virStorageVolCreateXML` takes (overlay, seed, base, marker);
 //! - [`mark`]: the GC mark inside `<metadata>`, written and parsed by local name;
@@ -17,6 +18,7 @@
 //! The documents, the mark and the seed are pure (no libvirt call, no I/O). The engine does I/O
 //! only through [`Host`] and its HTTP client for images, so it runs the same over the fake.
 
+pub mod config;
 pub mod domain;
 pub mod engine;
 #[cfg(feature = "fake")]
@@ -29,6 +31,7 @@ pub mod seed;
 pub mod volume;
 mod xml;
 
+pub use config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 pub use domain::{DomainError, DomainSpec};
 pub use generation::Generation;
 pub use host::{DialFailure, Host, LibvirtError, LvResult};

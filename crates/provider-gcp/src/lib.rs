@@ -14,6 +14,7 @@ pub mod auth;
 pub mod body;
 pub mod classify;
 pub mod client;
+pub mod config;
 pub mod id;
 pub mod provider;
 pub mod settings;
@@ -22,10 +23,11 @@ pub mod wire;
 
 use std::sync::Arc;
 
-use egress_provider::config::{ProviderConfig, validators};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, Provider, ProviderType};
 
 pub use auth::CredentialSource;
+pub use config::GcpConfig;
 pub use provider::GcpProvider;
 pub use settings::Settings;
 pub use wire::WireOptions;
@@ -36,7 +38,7 @@ pub const TYPE_NAME: &str = "gcp";
 /// The `gcp` provider type for the operator's registry; `wire` is what
 /// `--gcp-wire-log-full-payloads` asked for.
 pub fn provider_type(wire: WireOptions) -> ProviderType {
-    ProviderType::new(TYPE_NAME, validators::gcp, move |entry| construct(entry, wire))
+    ProviderType::with_block::<GcpConfig>(TYPE_NAME, move |entry| construct(entry, wire))
 }
 
 /// Builds a provider from a `gcp` entry, with credentials as Application Default Credentials
@@ -46,7 +48,7 @@ pub fn provider_type(wire: WireOptions) -> ProviderType {
 /// # Errors
 /// The HTTP client cannot be built.
 pub fn construct(entry: &ProviderConfig, wire: WireOptions) -> Result<Arc<dyn Provider>, BoxError> {
-    let block = entry.gcp.clone().unwrap_or_default();
+    let block: GcpConfig = entry.block()?.unwrap_or_default();
     let source = CredentialSource::from_environment();
     Ok(Arc::new(build(
         &entry.name,

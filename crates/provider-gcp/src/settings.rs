@@ -1,8 +1,8 @@
 //! The `gcp:` block with its defaults (spec/providers.md §5.2), and what a Proxy's placement
 //! must give.
 
+use crate::config::GcpConfig;
 use egress_provider::Placement;
-use egress_provider::config::GcpConfig;
 
 /// The VPC network when the block names none: the auto-created one.
 pub const DEFAULT_NETWORK: &str = "default";

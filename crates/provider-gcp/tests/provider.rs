@@ -115,7 +115,7 @@ async fn the_check_of_an_empty_project_is_reachable_and_a_disabled_api_is_forbid
 #[tokio::test]
 async fn the_insert_request_field_by_field() {
     let b = GcpBackend::new().await;
-    let settings = Settings::from_config(&egress_provider::config::GcpConfig {
+    let settings = Settings::from_config(&egress_provider_gcp::config::GcpConfig {
         project: PROJECT.into(),
         network: Some("vpc-a".into()),
         network_tag: Some("squid-proxies".into()),

@@ -10,6 +10,7 @@
 //! [`construct`] builds it from a config entry as the operator does, with a client of its own.
 
 pub mod classify;
+pub mod config;
 pub mod id;
 pub mod pod;
 pub mod provider;
@@ -18,9 +19,10 @@ pub mod state;
 
 use std::sync::Arc;
 
-use egress_provider::config::{ProviderConfig, validators};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, Provider, ProviderType};
 
+pub use config::{KubernetesConfig, KubernetesResources, ProxyAccess};
 pub use provider::KubernetesProvider;
 
 /// The `type:` value.
@@ -28,7 +30,7 @@ pub const TYPE_NAME: &str = "kubernetes";
 
 /// The `kubernetes` provider type for the operator's registry.
 pub fn provider_type() -> ProviderType {
-    ProviderType::new(TYPE_NAME, validators::kubernetes, construct)
+    ProviderType::with_block::<KubernetesConfig>(TYPE_NAME, construct)
 }
 
 /// Builds a provider from a `kubernetes` entry with a client of its own (uncached, independent
@@ -38,7 +40,7 @@ pub fn provider_type() -> ProviderType {
 /// # Errors
 /// No config can be found, or the client cannot be built.
 pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
-    let block = entry.kubernetes.clone().unwrap_or_default();
+    let block: KubernetesConfig = entry.block()?.unwrap_or_default();
     let name = &entry.name;
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|e| format!("kubernetes provider {name:?}: loading kubeconfig: no async runtime: {e}"))?;

@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 
-use egress_provider::config::{ProxyAccess, canonical_range};
+use crate::config::{ProxyAccess, canonical_range};
 
 /// The cap on Squid's descriptors. Squid sizes per-descriptor tables from its open-file limit,
 /// and container runtimes often grant a million or more, which once made Squid run out of

@@ -11,9 +11,10 @@
 use std::sync::Arc;
 
 use egress_libvirt::Host;
+use egress_libvirt::config::KvmConfig;
 pub use egress_libvirt::engine::{Generation, LibvirtProvider};
 use egress_libvirt_ssh::{DialOptions, HostKeys};
-use egress_provider::config::{KvmConfig, ProviderConfig, validators};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, Provider, ProviderType};
 
 /// The `type:` value.
@@ -24,7 +25,7 @@ pub type KvmProvider = LibvirtProvider;
 
 /// The `kvm` provider type for the operator's registry.
 pub fn provider_type() -> ProviderType {
-    ProviderType::new(TYPE_NAME, validators::kvm, construct)
+    ProviderType::with_block::<KvmConfig>(TYPE_NAME, construct)
 }
 
 /// The provider of entry `entry` with block `cfg`, over `hosts` (one per configured host).
@@ -42,7 +43,7 @@ pub fn new(entry: &str, cfg: KvmConfig, hosts: Vec<Box<dyn Host>>) -> Result<Kvm
 /// # Errors
 /// No `kvm` block (the validator refuses that first).
 pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
-    let cfg = entry.kvm.clone().ok_or("kvm block is required")?;
+    let cfg: KvmConfig = entry.block()?.ok_or("kvm block is required")?;
     let host_keys = if cfg.insecure_ignore_host_key {
         HostKeys::AcceptAny
     } else {

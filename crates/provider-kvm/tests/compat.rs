@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_libvirt::HypervisorEnv;
+use egress_libvirt::config::{KvmConfig, KvmImage};
 use egress_libvirt::engine::Generation;
 use egress_libvirt::fake::GoKvmDomain;
 use egress_libvirt::host::Host;
 use egress_libvirt::seed::{seed_iso, vendor_data};
-use egress_provider::config::{KvmConfig, KvmImage, ProviderConfig};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{InstanceState, OpCtx, Provider, ProviderId, name_from_uid};
 use support::{FakeBackend, POOL, request_in};
 
@@ -105,7 +106,7 @@ async fn lay_down(host: &dyn Host, pool: &str, uid: &str, image: &[u8], bridge: 
 }
 
 /// The provider's block: the Go image under its key, at `url`.
-fn block(hosts: Vec<egress_provider::config::KvmHost>, url: &str, digest: &str, keys: (&str, &str)) -> KvmConfig {
+fn block(hosts: Vec<egress_libvirt::config::KvmHost>, url: &str, digest: &str, keys: (&str, &str)) -> KvmConfig {
     KvmConfig {
         ssh_key_file: keys.0.to_owned(),
         known_hosts_file: keys.1.to_owned(),
@@ -122,7 +123,7 @@ fn block(hosts: Vec<egress_provider::config::KvmHost>, url: &str, digest: &str, 
         .into(),
         machine_types: [(
             "small".to_owned(),
-            egress_provider::config::KvmMachineType {
+            egress_libvirt::config::KvmMachineType {
                 vcpus: 1,
                 memory_mib: 256,
             },
@@ -259,7 +260,7 @@ async fn a_go_kvm_domain_on_the_local_hypervisor_is_read_listed_adopted_and_dele
     let image = std::fs::read(&env.guest_image).unwrap();
     // Nothing listens there: a download attempt would fail the create.
     let url = "http://127.0.0.1:9/never-fetched.qcow2";
-    let hosts = vec![egress_provider::config::KvmHost {
+    let hosts = vec![egress_libvirt::config::KvmHost {
         name: "hv".into(),
         address: env.ssh_address.clone(),
         user: env.ssh_user.clone(),
@@ -271,13 +272,7 @@ async fn a_go_kvm_domain_on_the_local_hypervisor_is_read_listed_adopted_and_dele
     let known = env.known_hosts.display().to_string();
     let mut cfg = block(hosts, url, &support::sha256_hex(&image), (&key, &known));
     cfg.domain_type = Some(env.domain_type.clone());
-    let p = egress_provider_kvm::construct(&ProviderConfig {
-        name: "kvm-compat".into(),
-        type_name: "kvm".into(),
-        kvm: Some(cfg.clone()),
-        ..ProviderConfig::default()
-    })
-    .unwrap();
+    let p = egress_provider_kvm::construct(&ProviderConfig::new("kvm-compat", "kvm").with_block(&cfg)).unwrap();
     let options = || {
         egress_libvirt_ssh::DialOptions::new(
             &env.ssh_key,

@@ -17,7 +17,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use egress_libvirt::HypervisorEnv;
-use egress_provider::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType, ProviderConfig, validators};
+use egress_libvirt::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
+use egress_provider::config::{Block, ProviderConfig};
 use egress_provider::{CreateRequest, InstanceState, OpCtx, Placement, Provider, ProviderId, name_from_uid};
 
 /// A software-emulated guest boots in about half a minute; the first create also fetches and
@@ -54,13 +55,10 @@ async fn run() -> Result<(), String> {
             (mirror.url(), Some(mirror))
         }
     };
-    let entry = ProviderConfig {
-        name: "kvm2-example".into(),
-        type_name: egress_provider_kvm2::TYPE_NAME.into(),
-        kvm2: Some(block(&env, &url)),
-        ..ProviderConfig::default()
-    };
-    validators::kvm(&entry).map_err(|e| format!("the config block: {e}"))?;
+    // The block as a providers file would give it, checked by the rules the operator applies.
+    let block = block(&env, &url);
+    KvmConfig::validate(egress_provider_kvm2::TYPE_NAME, Some(&block)).map_err(|e| format!("the config block: {e}"))?;
+    let entry = ProviderConfig::new("kvm2-example", egress_provider_kvm2::TYPE_NAME).with_block(&block);
     let provider = egress_provider_kvm2::construct(&entry).map_err(|e| format!("building the provider: {e}"))?;
 
     let uid = format!("one-vm-example-{}", std::process::id());

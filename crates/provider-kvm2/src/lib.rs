@@ -19,12 +19,13 @@
 use std::sync::Arc;
 
 use egress_libvirt::Host;
+use egress_libvirt::config::KvmConfig;
 pub use egress_libvirt::engine::{
     Generation, LibvirtProvider, check, classify, failure, id, image, locks, names, observe, ops, placement, provider,
     traced,
 };
 use egress_libvirt_ssh::{DialOptions, HostKeys, HostTarget};
-use egress_provider::config::{KvmConfig, ProviderConfig, validators};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, Provider, ProviderType};
 use tracing::field::Empty;
 
@@ -44,7 +45,7 @@ pub const TYPE_NAME: &str = "kvm2";
 
 /// The `kvm2` provider type for the operator's registry.
 pub fn provider_type() -> ProviderType {
-    ProviderType::new(TYPE_NAME, validators::kvm, construct)
+    ProviderType::with_block::<KvmConfig>(TYPE_NAME, construct)
 }
 
 /// The span of every dial to a host, pooled or dedicated.
@@ -69,7 +70,7 @@ fn dial_span(host: &HostTarget) -> tracing::Span {
 /// No `kvm2` block (the validator refuses that first); an entry name that cannot be part of a
 /// volume name.
 pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
-    let cfg = entry.kvm2.clone().ok_or("kvm2 block is required")?;
+    let cfg: KvmConfig = entry.block()?.ok_or("kvm2 block is required")?;
     let host_keys = if cfg.insecure_ignore_host_key {
         HostKeys::AcceptAny
     } else {

@@ -29,15 +29,17 @@
 //!       tinyproxyPath: /usr/bin/tinyproxy   # the default
 //! ```
 
+pub mod config;
 mod machine;
 mod provider;
 mod record;
 
 use std::sync::Arc;
 
-use egress_provider::config::{ProviderConfig, validators};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, Provider, ProviderType};
 
+pub use config::LocalConfig;
 pub use machine::{
     BIND, CREATE, INSPECT, LAUNCH, LIST, Liveness, Machine, MachineMessage, PREPARE, READ, REMOVE, STOP, SystemMachine,
     VERSION, WRITE, drop_names, own_error,
@@ -50,7 +52,7 @@ pub const TYPE_NAME: &str = "local";
 
 /// The `local` provider type for a [`Registry`](egress_provider::Registry).
 pub fn provider_type() -> ProviderType {
-    ProviderType::new(TYPE_NAME, validators::local, construct)
+    ProviderType::with_block::<LocalConfig>(TYPE_NAME, construct)
 }
 
 /// Builds a provider from a validated `local` entry. Touches nothing: the
@@ -59,7 +61,7 @@ pub fn provider_type() -> ProviderType {
 /// # Errors
 /// When the entry has no `local` block (the validator refuses that first).
 pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
-    let local = entry.local.as_ref().ok_or("local block is required")?;
+    let local: LocalConfig = entry.block()?.ok_or("local block is required")?;
     let machine = SystemMachine::new(&local.state_dir, local.effective_tinyproxy_path());
     let settings = LocalSettings {
         entry: entry.name.clone(),

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_provider::config::{LocalConfig, ProviderConfig};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{CreateRequest, ErrorClass, InstanceState, OpCtx, Placement, Provider, name_from_uid};
+use egress_provider_local::LocalConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -60,16 +61,11 @@ fn provider(state: &StateDir, tinyproxy: Option<&str>) -> Arc<dyn Provider> {
 
 /// The same, with `local.connectPorts` set.
 fn provider_allowing(state: &StateDir, tinyproxy: Option<&str>, connect_ports: Option<Vec<u16>>) -> Arc<dyn Provider> {
-    let entry = ProviderConfig {
-        name: "dev".to_owned(),
-        type_name: "local".to_owned(),
-        local: Some(LocalConfig {
-            state_dir: state.path(),
-            tinyproxy_path: tinyproxy.map(str::to_owned),
-            connect_ports,
-        }),
-        ..ProviderConfig::default()
-    };
+    let entry = ProviderConfig::new("dev", "local").with_block(&LocalConfig {
+        state_dir: state.path(),
+        tinyproxy_path: tinyproxy.map(str::to_owned),
+        connect_ports,
+    });
     egress_provider_local::construct(&entry).expect("a valid entry")
 }
 

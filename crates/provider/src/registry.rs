@@ -8,11 +8,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::config::{ProviderConfig, ProvidersConfig};
+use crate::config::{Block, ProviderConfig, ProvidersConfig};
 use crate::decorate::{self, ProviderMetrics};
 use crate::{BoxError, Checker, Provider};
 
-/// Checks the type-specific part of one entry; returns the message tail
+/// Checks the type-specific part of an entry of a type without a block; returns the message tail
 /// (the loader prefixes `providers[i] "name": `).
 pub type Validator = fn(&ProviderConfig) -> Result<(), String>;
 
@@ -22,9 +22,15 @@ pub type Validator = fn(&ProviderConfig) -> Result<(), String>;
 /// flags) is captured by the closure in the composition root.
 pub type Constructor = Box<dyn Fn(&ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> + Send + Sync>;
 
-/// One provider type: its `type:` value, its validator and its constructor.
+/// Checks that a block has its type's shape; on failure, the path inside the
+/// block (empty, or starting with `.` or `[`) and the problem.
+pub type ShapeCheck = fn(&serde_json::Value) -> Result<(), (String, String)>;
+
+/// One provider type: its `type:` value, its block's shape (if it has a
+/// block), its validator and its constructor.
 pub struct ProviderType {
     name: &'static str,
+    shape: Option<ShapeCheck>,
     validate: Validator,
     construct: Constructor,
 }
@@ -38,7 +44,8 @@ impl fmt::Debug for ProviderType {
 }
 
 impl ProviderType {
-    /// A type accepted as `type: <name>`.
+    /// A type accepted as `type: <name>`, without a settings block (an entry
+    /// that sets a `<name>:` key is refused as an unknown key).
     pub fn new(
         name: &'static str,
         validate: Validator,
@@ -46,9 +53,33 @@ impl ProviderType {
     ) -> Self {
         Self {
             name,
+            shape: None,
             validate,
             construct: Box::new(construct),
         }
+    }
+
+    /// A type accepted as `type: <name>` whose settings are the block `<name>:`,
+    /// of shape `B` and checked by `B`'s rules. The constructor reads the block
+    /// with [`ProviderConfig::block`].
+    pub fn with_block<B: Block>(
+        name: &'static str,
+        construct: impl Fn(&ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name,
+            shape: Some(|value| crate::config::decode_block::<B>(value).map(drop)),
+            validate: |entry| {
+                let block = entry.block::<B>()?;
+                B::validate(&entry.type_name, block.as_ref())
+            },
+            construct: Box::new(construct),
+        }
+    }
+
+    /// The shape check of the type's block; `None` for a type without one.
+    pub fn shape(&self) -> Option<ShapeCheck> {
+        self.shape
     }
 
     /// The `type:` value.
@@ -103,6 +134,12 @@ impl Registry {
     /// The type registered as `name`.
     pub fn get(&self, name: &str) -> Option<&ProviderType> {
         self.types.iter().find(|t| t.name == name)
+    }
+
+    /// The block keys the loader accepts (the names of the types that have a
+    /// block), in registration order.
+    pub fn block_keys(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.types.iter().filter(|t| t.shape.is_some()).map(|t| t.name)
     }
 
     /// The registered type names, in registration order.

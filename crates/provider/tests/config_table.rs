@@ -5,23 +5,58 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
+use egress_libvirt::KvmConfig;
+use egress_provider::config::{ProviderConfig, ProvidersConfig};
 use egress_provider::{BoxError, Provider, ProviderType, Registry};
+use egress_provider_gcp::GcpConfig;
+use egress_provider_kubernetes::KubernetesConfig;
+use egress_provider_local::LocalConfig;
+use serde::de::DeserializeOwned;
 
 const FILE: &str = "providers.yaml";
 
-/// The four types of the operator, with the real validators and a
-/// constructor that is never called here.
+/// The five types of the operator, in the order it registers them, with the
+/// blocks and rules of their crates and a constructor that is never called here.
 fn registry() -> Registry {
     fn unused(_: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
         Err("unused".into())
     }
     Registry::new()
-        .with(ProviderType::new("kubernetes", validators::kubernetes, unused))
-        .with(ProviderType::new("gcp", validators::gcp, unused))
-        .with(ProviderType::new("kvm", validators::kvm, unused))
-        .with(ProviderType::new("kvm2", validators::kvm, unused))
-        .with(ProviderType::new("local", validators::local, unused))
+        .with(ProviderType::with_block::<KubernetesConfig>("kubernetes", unused))
+        .with(ProviderType::with_block::<GcpConfig>("gcp", unused))
+        .with(ProviderType::with_block::<KvmConfig>("kvm", unused))
+        .with(ProviderType::with_block::<KvmConfig>("kvm2", unused))
+        .with(ProviderType::with_block::<LocalConfig>("local", unused))
+}
+
+/// An entry's blocks, decoded as their backends decode them (`None`: the block is not set).
+trait Blocks {
+    fn typed<B: DeserializeOwned>(&self, key: &str) -> Option<B>;
+    fn kubernetes(&self) -> Option<KubernetesConfig> {
+        self.typed("kubernetes")
+    }
+    fn gcp(&self) -> Option<GcpConfig> {
+        self.typed("gcp")
+    }
+    fn kvm(&self) -> Option<KvmConfig> {
+        self.typed("kvm")
+    }
+    fn kvm2(&self) -> Option<KvmConfig> {
+        self.typed("kvm2")
+    }
+    fn local(&self) -> Option<LocalConfig> {
+        self.typed("local")
+    }
+}
+
+impl Blocks for ProviderConfig {
+    fn typed<B: DeserializeOwned>(&self, key: &str) -> Option<B> {
+        let as_type = ProviderConfig {
+            type_name: key.to_owned(),
+            ..self.clone()
+        };
+        as_type.block().expect("a loaded block decodes")
+    }
 }
 
 /// Strips the indentation shared by every non-blank line (and a leading
@@ -304,7 +339,7 @@ fn valid_rows() -> Vec<Good> {
             "providers:\n  - {name: dev, type: local, local: {stateDir: /var/lib/egress-local}}\n",
             |c, w| {
                 assert!(w.is_empty());
-                let local = only(c).local.as_ref().expect("a local block");
+                let local = only(c).local().expect("a local block");
                 assert_eq!(local.state_dir, "/var/lib/egress-local");
                 assert_eq!(local.effective_tinyproxy_path(), "/usr/bin/tinyproxy");
             },
@@ -328,38 +363,38 @@ fn valid_rows() -> Vec<Good> {
             "kubernetes with an image",
             "providers:\n  - {name: k, type: kubernetes, kubernetes: {image: 'squid:7'}}\n",
             |c, _| {
-                let image = only(c).kubernetes.as_ref().and_then(|k| k.image.as_deref());
-                assert_eq!(image, Some("squid:7"));
+                let image = only(c).kubernetes().and_then(|k| k.image);
+                assert_eq!(image.as_deref(), Some("squid:7"));
             },
         ),
         good(
             "gcp minimal",
             "providers:\n  - {name: gcp-eu, type: gcp, gcp: {project: my-project}}\n",
             |c, _| {
-                let gcp = only(c).gcp.as_ref().expect("gcp block");
+                let gcp = only(c).gcp().expect("gcp block");
                 assert_eq!(gcp.project, "my-project");
                 assert_eq!((gcp.network.as_deref(), gcp.disk_size_gb), (None, None));
             },
         ),
         good("kvm minimal", kvm_yaml("kvm"), |c, _| {
             let e = only(c);
-            let kvm = e.kvm.as_ref().expect("kvm block");
-            assert!(e.kvm2.is_none());
+            let kvm = e.kvm().expect("kvm block");
+            assert!(e.kvm2().is_none());
             assert_eq!(kvm.hosts[0].name, "beelink");
             assert_eq!(kvm.machine_types["small"].memory_mib, 1024);
             assert_eq!(kvm.effective_disk_size_gb(), 10);
         }),
         good("kvm2 is parsed into the kvm2 block", kvm_yaml("kvm2"), |c, _| {
             let e = only(c);
-            assert!(e.kvm.is_none());
-            assert_eq!(e.libvirt_block(), e.kvm2.as_ref());
-            assert_eq!(e.kvm2.as_ref().map(|k| k.ssh_key_file.as_str()), Some("/k/id"));
+            assert!(e.kvm().is_none());
+            assert_eq!(e.blocks_present(), ["kvm2"]);
+            assert_eq!(e.kvm2().map(|k| k.ssh_key_file), Some("/k/id".to_owned()));
         }),
         good(
             "kvm, insecure, no knownHostsFile",
             kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: true\n"),
             |c, _| {
-                let kvm = only(c).kvm.as_ref().expect("kvm block");
+                let kvm = only(c).kvm().expect("kvm block");
                 assert!(kvm.insecure_ignore_host_key && kvm.known_hosts_file.is_empty());
             },
         ),
@@ -367,7 +402,7 @@ fn valid_rows() -> Vec<Good> {
             "kvm2 with every optional field",
             include_str!("data/providers/kvm2-all-fields.yaml"),
             |c, _| {
-                let kvm = only(c).kvm2.as_ref().expect("kvm2 block");
+                let kvm = only(c).kvm2().expect("kvm2 block");
                 assert_eq!((kvm.effective_domain_type(), kvm.effective_cpu_mode()), ("qemu", None));
                 assert!(!kvm.effective_install_guest_agent());
                 assert_eq!(kvm.images["debian-13.raw"].effective_firmware(), "bios");
@@ -378,14 +413,17 @@ fn valid_rows() -> Vec<Good> {
             "empty domainType means kvm",
             kvm_edit("kvm", SSH_LINE, &format!("{SSH_LINE}      domainType: ''\n")),
             |c, _| {
-                assert_eq!(only(c).kvm.as_ref().map(|k| k.effective_domain_type()), Some("kvm"));
+                assert_eq!(
+                    only(c).kvm().map(|k| k.effective_domain_type().to_owned()).as_deref(),
+                    Some("kvm")
+                );
             },
         ),
         good(
             "names that look like YAML 1.1 booleans or numbers",
             kvm_edit("kvm", "name: beelink", "name: no").replacen("small:", "1:", 1),
             |c, _| {
-                let kvm = only(c).kvm.as_ref().expect("kvm block");
+                let kvm = only(c).kvm().expect("kvm block");
                 assert_eq!(kvm.hosts[0].name, "no");
                 assert!(kvm.machine_types.contains_key("1"));
             },
@@ -397,7 +435,7 @@ fn valid_rows() -> Vec<Good> {
                 assert!(w.is_empty());
                 let names: Vec<_> = c.providers.iter().map(|e| e.name.as_str()).collect();
                 assert_eq!(names, ["kubernetes", "gcp-eu", "kvm-home", "kvm2-home"]);
-                assert!(c.providers[3].kvm2.is_some() && c.providers[3].kvm.is_none());
+                assert!(c.providers[3].kvm2().is_some() && c.providers[3].kvm().is_none());
             },
         ),
         good("an empty list is accepted with a warning", "providers: []\n", |c, w| {
@@ -417,7 +455,7 @@ fn valid_rows() -> Vec<Good> {
             "providers:\n  - name: k\n    type: kubernetes\n    gcp:\n    kvm2: ~\n",
             |c, _| {
                 let e = only(c);
-                assert!(e.gcp.is_none() && e.kvm2.is_none());
+                assert!(e.gcp().is_none() && e.kvm2().is_none());
             },
         ),
         good(
@@ -445,7 +483,7 @@ fn valid_rows() -> Vec<Good> {
                 type: kvm2
                 kvm2: *shared
             ",
-            |c, _| assert_eq!(c.providers[0].kvm, c.providers[1].kvm2),
+            |c, _| assert_eq!(c.providers[0].kvm(), c.providers[1].kvm2()),
         ),
     ]
 }
@@ -470,28 +508,28 @@ fn go_rows() -> Vec<Good> {
         good("an empty mapping", "{}\n", no_providers),
         good("keys in another case", "Providers:\n  - {Name: g, TYPE: gcp, Gcp: {Project: p, DiskSizeGB: 20}}\n", |c, _| {
             let e = only(c);
-            let gcp = e.gcp.as_ref().expect("the gcp block");
+            let gcp = e.gcp().expect("the gcp block");
             assert_eq!((e.name.as_str(), e.type_name.as_str(), gcp.project.as_str(), gcp.disk_size_gb), ("g", "gcp", "p", Some(20)));
         }),
         // YAML 1.1 booleans, in a boolean field.
         good("insecureIgnoreHostKey: yes", kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: yes\n"), |c, _| {
-            assert!(only(c).kvm.as_ref().expect("kvm").insecure_ignore_host_key);
+            assert!(only(c).kvm().expect("kvm").insecure_ignore_host_key);
         }),
         good("insecureIgnoreHostKey: Off", kvm_edit("kvm", KNOWN_HOSTS_LINE, &format!("{KNOWN_HOSTS_LINE}      insecureIgnoreHostKey: Off\n")), |c, _| {
-            assert!(!only(c).kvm.as_ref().expect("kvm").insecure_ignore_host_key);
+            assert!(!only(c).kvm().expect("kvm").insecure_ignore_host_key);
         }),
         // ...and text in a string field: a project named `no` stays "no" (the issue's rule; Go
         // made it "false").
         good("a string field holding no", "providers:\n  - {name: g, type: gcp, gcp: {project: no}}\n", |c, _| {
-            assert_eq!(only(c).gcp.as_ref().expect("gcp").project, "no");
+            assert_eq!(only(c).gcp().expect("gcp").project, "no");
         }),
         // A key with no value is as good as absent: Go left the zero value.
         good("a field with no value", kvm_edit("kvm", KNOWN_HOSTS_LINE, &format!("{KNOWN_HOSTS_LINE}      insecureIgnoreHostKey:\n")), |c, _| {
-            assert!(!only(c).kvm.as_ref().expect("kvm").insecure_ignore_host_key);
+            assert!(!only(c).kvm().expect("kvm").insecure_ignore_host_key);
         }),
         // A number in a string field is its text, as sigs.k8s.io/yaml converted it.
         good("a number in a string field", "providers:\n  - {name: g, type: gcp, gcp: {project: 12345}}\n", |c, _| {
-            assert_eq!(only(c).gcp.as_ref().expect("gcp").project, "12345");
+            assert_eq!(only(c).gcp().expect("gcp").project, "12345");
         }),
         // Go did not check entry names at load; its health monitor warned and skipped the
         // ProviderHealth object (seeds/001_f9c7a0763cf33b5b.txt:6220-6221 and 7450). The loader
@@ -612,8 +650,8 @@ fn the_complete_example_of_the_config_doc_loads() {
         .providers
         .iter()
         .find(|p| p.type_name == "kubernetes")
-        .and_then(|p| p.kubernetes.as_ref())
-        .and_then(|k| k.access.as_ref())
+        .and_then(|p| p.kubernetes())
+        .and_then(|k| k.access)
         .expect("the example sets kubernetes.access");
     assert_eq!(kubernetes.connect_ports.as_deref(), Some(&[443, 8443][..]));
 }
@@ -723,28 +761,28 @@ fn every_providers_file_the_go_operator_showed_loads() {
                     names,
                     [("kubernetes", "kubernetes"), ("kvm-home", "kvm"), ("kvm2-home", "kvm2")]
                 );
-                assert_eq!(c.providers[1].kvm, c.providers[2].kvm2);
+                assert_eq!(c.providers[1].kvm(), c.providers[2].kvm2());
             }),
         ),
         (
             "samples-kvm.yaml".into(),
             read("samples-kvm.yaml"),
             GoOutcome::Loads(|c| {
-                assert_eq!(only(c).kvm.as_ref().expect("kvm").hosts[0].address, "beelink:22");
+                assert_eq!(only(c).kvm().expect("kvm").hosts[0].address, "beelink:22");
             }),
         ),
         (
             "docs-kvm.yaml".into(),
             read("docs-kvm.yaml"),
             GoOutcome::Loads(|c| {
-                assert_eq!(only(c).kvm.as_ref().expect("kvm").hosts[0].name, "nas1");
+                assert_eq!(only(c).kvm().expect("kvm").hosts[0].name, "nas1");
             }),
         ),
         (
             "docs-kvm2.yaml".into(),
             read("docs-kvm2.yaml"),
             GoOutcome::Loads(|c| {
-                assert_eq!(only(c).kvm2.as_ref().expect("kvm2").machine_types.len(), 1);
+                assert_eq!(only(c).kvm2().expect("kvm2").machine_types.len(), 1);
             }),
         ),
         (
@@ -757,7 +795,7 @@ fn every_providers_file_the_go_operator_showed_loads() {
             "fixture-kvm.yaml".into(),
             fixture.clone(),
             GoOutcome::Loads(|c| {
-                let k = only(c).kvm.as_ref().expect("kvm");
+                let k = only(c).kvm().expect("kvm");
                 assert_eq!(
                     (k.ssh_key_file.as_str(), k.disk_size_gb),
                     ("/etc/proxy-operator/kvm/id_ed25519", 20)
@@ -781,7 +819,7 @@ fn every_providers_file_the_go_operator_showed_loads() {
                 1,
             ),
             GoOutcome::Loads(|c| {
-                assert!(only(c).kvm.as_ref().expect("kvm").insecure_ignore_host_key);
+                assert!(only(c).kvm().expect("kvm").insecure_ignore_host_key);
             }),
         ),
         // TestLoadConfig_kvm2Valid (seeds/000_5b40a21e69c953cd.txt:4374-4400).
@@ -790,8 +828,8 @@ fn every_providers_file_the_go_operator_showed_loads() {
             fixture.replacen("type: kvm\n    kvm:\n", "type: kvm2\n    kvm2:\n", 1),
             GoOutcome::Loads(|c| {
                 let e = only(c);
-                assert!(e.kvm.is_none());
-                let k = e.kvm2.as_ref().expect("kvm2");
+                assert!(e.kvm().is_none());
+                let k = e.kvm2().expect("kvm2");
                 assert_eq!((k.hosts[0].name.as_str(), k.hosts[1].pool.as_str()), ("nas1", "fast"));
             }),
         ),

@@ -18,11 +18,12 @@ use egress_conformance::hooks::{BackendObject, HookResult};
 use egress_conformance::{
     BackendHooks, BuildOptions, ConformanceTarget, Fixtures, NativeState, NotConfigured, Profile, Unsupported,
 };
+use egress_libvirt::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 use egress_libvirt::engine::Generation;
 use egress_libvirt::host::Host;
 use egress_libvirt::seed::read_seed_file;
 use egress_libvirt::{HypervisorEnv, Mark};
-use egress_provider::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType, ProviderConfig};
+use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, CreateRequest, OpCtx, Provider, ProviderId};
 
 use super::{IMAGE_KEY, Scratch, sha256_hex};
@@ -310,21 +311,11 @@ impl ConformanceTarget for RealTarget {
     }
 
     fn build(&self, backend: &RealBackend, options: &BuildOptions) -> Result<Arc<dyn Provider>, BoxError> {
-        let block = Some(backend.config(options.insecure));
-        let entry = match self.generation {
-            Generation::Kvm => ProviderConfig {
-                name: options.entry_name.clone(),
-                type_name: "kvm".to_owned(),
-                kvm: block,
-                ..ProviderConfig::default()
-            },
-            Generation::Kvm2 => ProviderConfig {
-                name: options.entry_name.clone(),
-                type_name: "kvm2".to_owned(),
-                kvm2: block,
-                ..ProviderConfig::default()
-            },
+        let type_name = match self.generation {
+            Generation::Kvm => "kvm",
+            Generation::Kvm2 => "kvm2",
         };
+        let entry = ProviderConfig::new(&options.entry_name, type_name).with_block(&backend.config(options.insecure));
         (self.construct)(&entry)
     }
 

@@ -3,8 +3,8 @@
 //! with UEFI). `region` is ignored (it is still part of the spec hash, so changing it replaces
 //! the VM). Every failure is Permanent and names the field and value.
 
+use crate::config::{KvmConfig, KvmHost};
 use egress_provider::Placement;
-use egress_provider::config::{KvmConfig, KvmHost};
 
 use super::Generation;
 
@@ -153,7 +153,7 @@ pub fn resolve<'a>(generation: Generation, cfg: &'a KvmConfig, placement: &Place
 mod tests {
     use std::collections::BTreeMap;
 
-    use egress_provider::config::{KvmImage, KvmMachineType};
+    use crate::config::{KvmImage, KvmMachineType};
 
     use super::*;
 

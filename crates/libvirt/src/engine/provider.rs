@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::config::KvmConfig;
 use crate::host::{DomainState, Host, POOL_RUNNING, UNDEFINE_FLAGS, code};
 use crate::seed::{SeedError, seed_iso_with, vendor_data};
 use crate::{DomainSpec, Mark, VolumeSpec};
 use async_trait::async_trait;
-use egress_provider::config::KvmConfig;
 use egress_provider::{
     BoxError, Checker, CreateRequest, Instance, OpCtx, Provider, ProviderError, ProviderId, TargetStatus, is_identifier,
 };

@@ -23,6 +23,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_saphyr::{DuplicateKeyPolicy, SnippetMode, UserMessageFormatter};
 
@@ -72,7 +73,7 @@ impl ProvidersConfig {
         let providers = entries
             .iter()
             .enumerate()
-            .map(|(i, value)| decode_entry(i, value))
+            .map(|(i, value)| decode_entry(i, value, registry))
             .collect::<Result<Vec<_>, _>>()
             .map_err(fail)?;
         let mut warnings = validate_entries(&providers, registry).map_err(fail)?;
@@ -174,9 +175,15 @@ fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
     }
 }
 
-/// Decodes one list element into the model, naming the entry and the path
+/// Decodes one list element into an entry, naming the entry and the path
 /// inside it on failure.
-fn decode_entry(index: usize, value: &Value) -> Result<ProviderConfig, String> {
+///
+/// The keys an entry may have are `name`, `type` and the block key of each
+/// registered type that has a block; they match without regard to case, and
+/// a key given `null` is as good as absent, as in Go. Each block's shape is
+/// checked here by its type (so every shape problem, in any entry, comes
+/// before any rule); the block itself is kept undecoded.
+fn decode_entry(index: usize, value: &Value, registry: &Registry) -> Result<ProviderConfig, String> {
     let name = value
         .as_object()
         .and_then(|m| m.iter().find(|(k, _)| k.eq_ignore_ascii_case("name")))
@@ -185,23 +192,78 @@ fn decode_entry(index: usize, value: &Value) -> Result<ProviderConfig, String> {
         Some(name) => entry_prefix(index, name),
         None => format!("providers[{index}]"),
     };
-    if !value.is_object() {
+    let Some(map) = value.as_object() else {
         return Err(format!(
             "{prefix}: an entry must be a mapping with `name` and `type` (got {})",
             kind(value)
         ));
+    };
+    let mut fields = vec!["name", "type"];
+    fields.extend(registry.block_keys());
+    let mut entry = ProviderConfig::default();
+    let mut seen = Vec::new();
+    // serde_json's map is sorted, so with several bad keys the first in sorted order is named.
+    for (key, value) in map.iter().filter(|(_, v)| !v.is_null()) {
+        let Some(field) = field_for(key, &fields) else {
+            return Err(format!("{prefix}: {key}: unknown field `{key}`, {}", expected(&fields)));
+        };
+        if seen.contains(&field) {
+            return Err(format!("{prefix}: duplicate field `{field}`"));
+        }
+        seen.push(field);
+        let at = |(path, message): (String, String)| format!("{prefix}: {field}{path}: {message}");
+        match field {
+            "name" => entry.name = decode_block(value).map_err(at)?,
+            "type" => entry.type_name = decode_block(value).map_err(at)?,
+            block => {
+                if let Some(shape) = registry.get(block).and_then(|t| t.shape()) {
+                    shape(value).map_err(at)?;
+                }
+                entry.blocks.insert(block.to_owned(), value.clone());
+            }
+        }
     }
+    Ok(entry)
+}
+
+/// Decodes one value of the file as `T` by the Go operator's rules. On
+/// failure, the path inside the value (empty, or starting with `.` or `[`)
+/// and the problem.
+pub(crate) fn decode_block<T: DeserializeOwned>(value: &Value) -> Result<T, (String, String)> {
     serde_path_to_error::deserialize(egress_go_decode::GoValue::new(value, egress_go_decode::Rules::Yaml)).map_err(
         |e| {
             let path = e.path().to_string();
             let message = readable_serde_message(&e.inner().to_string());
-            if path == "." {
-                format!("{prefix}: {message}")
-            } else {
-                format!("{prefix}: {path}: {message}")
-            }
+            let path = match path.as_str() {
+                "." => String::new(),
+                p if p.starts_with('[') => p.to_owned(),
+                p => format!(".{p}"),
+            };
+            (path, message)
         },
     )
+}
+
+/// The field `key` fills: the one of that exact name, else the first that
+/// differs only in ASCII case (the rule `egress-go-decode` applies inside blocks).
+fn field_for<'f>(key: &str, fields: &[&'f str]) -> Option<&'f str> {
+    fields
+        .iter()
+        .find(|f| **f == key)
+        .or_else(|| fields.iter().find(|f| f.eq_ignore_ascii_case(key)))
+        .copied()
+}
+
+/// serde's wording for the keys a mapping may have, so an entry's unknown key
+/// reads as a block's does.
+fn expected(fields: &[&str]) -> String {
+    let quoted: Vec<String> = fields.iter().map(|f| format!("`{f}`")).collect();
+    match quoted.as_slice() {
+        [] => "there are no fields".to_owned(),
+        [one] => format!("expected {one}"),
+        [a, b] => format!("expected {a} or {b}"),
+        all => format!("expected one of {}", all.join(", ")),
+    }
 }
 
 /// serde names the Rust struct it expected (`expected struct KvmHost`);
@@ -247,6 +309,21 @@ mod tests {
     fn one_line_collapses_breaks() {
         assert_eq!(one_line("a\n   b\r\n\nc"), "a b c");
         assert_eq!(one_line("plain  text"), "plain  text");
+    }
+
+    #[test]
+    fn expected_keys_read_as_serde_words_them() {
+        assert_eq!(expected(&["a"]), "expected `a`");
+        assert_eq!(expected(&["a", "b"]), "expected `a` or `b`");
+        assert_eq!(expected(&["a", "b", "c"]), "expected one of `a`, `b`, `c`");
+    }
+
+    #[test]
+    fn exact_keys_win_over_folded_ones() {
+        assert_eq!(field_for("Name", &["name", "type"]), Some("name"));
+        assert_eq!(field_for("kvm2", &["kvm", "kvm2"]), Some("kvm2"));
+        assert_eq!(field_for("KVM2", &["kvm", "kvm2"]), Some("kvm2"));
+        assert_eq!(field_for("region", &["name"]), None);
     }
 
     #[test]

@@ -1,0 +1,544 @@
+//! The `kvm:` and `kvm2:` blocks of the providers file (one shape; the block
+//! key is the type) and their rules, in the order of kvm.md §1.2.
+//!
+//! The operator's loader decodes the block with the Go operator's rules and
+//! checks its shape; [`Block::validate`] then applies these rules. Messages
+//! are part of the contract (operators grep logs for them).
+
+use std::collections::BTreeMap;
+
+use egress_provider::config::{Block, go_quote};
+use egress_provider::is_identifier;
+use serde::{Deserialize, Serialize};
+
+/// The `kvm:` and `kvm2:` blocks: libvirt hypervisors reached over SSH.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KvmConfig {
+    /// Private key for every host (OpenSSH or PEM).
+    #[serde(default)]
+    pub ssh_key_file: String,
+    /// OpenSSH `known_hosts` file; required unless `insecureIgnoreHostKey`.
+    #[serde(default)]
+    pub known_hosts_file: String,
+    /// Accept any host key (warned at startup).
+    #[serde(default)]
+    pub insecure_ignore_host_key: bool,
+    /// Overlay capacity in GiB; 0 or absent means 10.
+    #[serde(default)]
+    pub disk_size_gb: i64,
+    /// Extra cloud-init vendor-data put on every seed.
+    #[serde(default)]
+    pub vendor_data: String,
+    /// Add the guest-agent script to vendor-data; absent means true.
+    #[serde(default)]
+    pub install_guest_agent: Option<bool>,
+    /// `kvm` (default) or `qemu` (software emulation, where KVM is missing).
+    #[serde(default)]
+    pub domain_type: Option<String>,
+    /// Domain CPU mode; default `host-passthrough` for kvm, none for qemu.
+    #[serde(default)]
+    pub cpu_mode: Option<String>,
+    /// Image catalogue for `placement.image`.
+    #[serde(default)]
+    pub images: BTreeMap<String, KvmImage>,
+    /// The hosts a Proxy's `placement.image` URL may name (review M12). Absent: any host but a
+    /// link-local address (as Go). Empty: URL images are off for this entry. Catalogue URLs
+    /// (`images`) are the operator's own and are not restricted.
+    #[serde(default)]
+    pub image_url_hosts: Option<Vec<String>>,
+    /// Machine catalogue for `placement.machineType`.
+    #[serde(default)]
+    pub machine_types: BTreeMap<String, KvmMachineType>,
+    /// Hypervisors; `placement.zone` names one.
+    #[serde(default)]
+    pub hosts: Vec<KvmHost>,
+}
+
+impl KvmConfig {
+    /// Overlay size used when `diskSizeGb` is 0 or absent.
+    pub const DEFAULT_DISK_SIZE_GB: i64 = 10;
+
+    /// The overlay size in GiB after defaults.
+    pub fn effective_disk_size_gb(&self) -> i64 {
+        if self.disk_size_gb == 0 {
+            Self::DEFAULT_DISK_SIZE_GB
+        } else {
+            self.disk_size_gb
+        }
+    }
+
+    /// Whether the guest-agent script is added (absent means yes).
+    pub fn effective_install_guest_agent(&self) -> bool {
+        self.install_guest_agent.unwrap_or(true)
+    }
+
+    /// The libvirt domain type after defaults (`kvm` or `qemu`).
+    pub fn effective_domain_type(&self) -> &str {
+        match self.domain_type.as_deref() {
+            None | Some("") => "kvm",
+            Some(t) => t,
+        }
+    }
+
+    /// The CPU mode after defaults: `host-passthrough` for kvm, none for qemu.
+    pub fn effective_cpu_mode(&self) -> Option<&str> {
+        match self.cpu_mode.as_deref() {
+            Some("") => None,
+            Some(m) => Some(m),
+            None if self.effective_domain_type() == "kvm" => Some("host-passthrough"),
+            None => None,
+        }
+    }
+}
+
+/// One entry of a libvirt image catalogue.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvmImage {
+    /// Absolute http(s) download URL.
+    #[serde(default)]
+    pub url: String,
+    /// Expected SHA-256 of the download, 64 hex digits.
+    #[serde(default)]
+    pub sha256: String,
+    /// `qcow2` (default) or `raw`.
+    #[serde(default)]
+    pub format: String,
+    /// `uefi` (default) or `bios`.
+    #[serde(default)]
+    pub firmware: String,
+}
+
+impl KvmImage {
+    /// The format after defaults.
+    pub fn effective_format(&self) -> &str {
+        if self.format.is_empty() { "qcow2" } else { &self.format }
+    }
+
+    /// The firmware after defaults.
+    pub fn effective_firmware(&self) -> &str {
+        if self.firmware.is_empty() {
+            "uefi"
+        } else {
+            &self.firmware
+        }
+    }
+}
+
+/// One machine profile of a libvirt catalogue.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvmMachineType {
+    /// Virtual CPUs, > 0.
+    #[serde(default)]
+    pub vcpus: i32,
+    /// Memory in MiB, > 0.
+    #[serde(rename = "memoryMiB", default)]
+    pub memory_mib: i64,
+}
+
+/// One hypervisor.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvmHost {
+    /// The host's name: `placement.zone` and the providerID segment.
+    #[serde(default)]
+    pub name: String,
+    /// `host:port` to dial.
+    #[serde(default)]
+    pub address: String,
+    /// SSH user (member of the `libvirt` group).
+    #[serde(default)]
+    pub user: String,
+    /// Remote libvirt socket; default `/var/run/libvirt/libvirt-sock`.
+    #[serde(default)]
+    pub socket: String,
+    /// Storage pool; default `default`.
+    #[serde(default)]
+    pub pool: String,
+    /// Bridge the domain NIC attaches to.
+    #[serde(default)]
+    pub bridge: String,
+}
+
+impl KvmHost {
+    /// The remote socket after defaults.
+    pub fn effective_socket(&self) -> &str {
+        if self.socket.is_empty() {
+            "/var/run/libvirt/libvirt-sock"
+        } else {
+            &self.socket
+        }
+    }
+
+    /// The storage pool after defaults.
+    pub fn effective_pool(&self) -> &str {
+        if self.pool.is_empty() { "default" } else { &self.pool }
+    }
+}
+
+impl Block for KvmConfig {
+    /// The `kvm` and `kvm2` blocks (one shape; the block name is the type),
+    /// checked in the order of kvm.md §1.2, stopping at the first problem.
+    ///
+    /// # Errors
+    /// The first failing rule, e.g. `kvm2.sshKeyFile is required`.
+    fn validate(type_name: &str, block: Option<&Self>) -> Result<(), String> {
+        let b = type_name;
+        let Some(cfg) = block else {
+            return Err(format!("{b} block is required"));
+        };
+        rules(b, cfg)
+    }
+}
+
+/// The rules of [`KvmConfig::validate`] for a present block named `b`.
+fn rules(b: &str, cfg: &KvmConfig) -> Result<(), String> {
+    if cfg.ssh_key_file.is_empty() {
+        return Err(format!("{b}.sshKeyFile is required"));
+    }
+    if cfg.known_hosts_file.is_empty() && !cfg.insecure_ignore_host_key {
+        return Err(format!(
+            "{b}.knownHostsFile is required unless {b}.insecureIgnoreHostKey is true"
+        ));
+    }
+    if cfg.disk_size_gb < 0 {
+        return Err(format!("{b}.diskSizeGb must not be negative"));
+    }
+    // Review L20: bounds that keep the pool-space arithmetic far from overflow.
+    if cfg.disk_size_gb > MAX_DISK_SIZE_GB {
+        return Err(format!("{b}.diskSizeGb must be at most {MAX_DISK_SIZE_GB}"));
+    }
+    // Review L13: cloud-init silently drops a vendor-data part it cannot classify, and a
+    // nested multipart; with the guest agent on, ours is put beside it in a multipart.
+    if cfg.effective_install_guest_agent() && !vendor_data_recognised(&cfg.vendor_data) {
+        return Err(format!(
+            "{b}.vendorData must start with a line cloud-init recognises (#cloud-config, #!, #include, \
+             ## template: jinja...) and must not be MIME multipart while installGuestAgent is on: \
+             cloud-init would drop it"
+        ));
+    }
+    if let Some(domain_type) = cfg.domain_type.as_deref()
+        && !matches!(domain_type, "" | "kvm" | "qemu")
+    {
+        return Err(format!(
+            "{b}.domainType must be kvm or qemu (got {})",
+            go_quote(domain_type)
+        ));
+    }
+
+    // BTreeMap: keys in sorted order, so the reported key is deterministic.
+    for (key, image) in &cfg.images {
+        let at = format!("{b}.images[{}]", go_quote(key));
+        if !is_identifier(key) {
+            return Err(format!(
+                "{at}: key must be letters, digits, dots, dashes or underscores \u{2014} \
+                 it becomes part of the cached base volume's name"
+            ));
+        }
+        if !is_http_url(&image.url) {
+            return Err(format!(
+                "{at}.url must be an http(s) URL (got {})",
+                go_quote(&image.url)
+            ));
+        }
+        // Review L24: credentials in a URL end up in log lines and errors. (The URL is not
+        // quoted here for the same reason.)
+        if url_has_userinfo(&image.url) {
+            return Err(format!(
+                "{at}.url must not carry credentials (user:password@): they would show in logs and errors"
+            ));
+        }
+        if !image.sha256.is_empty() && !is_sha256_hex(&image.sha256) {
+            return Err(format!("{at}.sha256 must be 64 hex characters"));
+        }
+        if !matches!(image.format.as_str(), "" | "qcow2" | "raw") {
+            return Err(format!(
+                "{at}.format must be qcow2 or raw (got {})",
+                go_quote(&image.format)
+            ));
+        }
+        if !matches!(image.firmware.as_str(), "" | "uefi" | "bios") {
+            return Err(format!(
+                "{at}.firmware must be uefi or bios (got {})",
+                go_quote(&image.firmware)
+            ));
+        }
+    }
+
+    for (j, host) in cfg.image_url_hosts.iter().flatten().enumerate() {
+        if !is_url_host(host) {
+            return Err(format!(
+                "{b}.imageUrlHosts[{j}] must be a host name or an IP address, without scheme, port or path (got {})",
+                go_quote(host)
+            ));
+        }
+    }
+
+    if cfg.machine_types.is_empty() {
+        return Err(format!("{b}.machineTypes must define at least one profile"));
+    }
+    for (key, machine) in &cfg.machine_types {
+        if machine.vcpus <= 0 || machine.memory_mib <= 0 {
+            return Err(format!(
+                "{b}.machineTypes[{}] needs vcpus > 0 and memoryMiB > 0",
+                go_quote(key)
+            ));
+        }
+        if machine.vcpus > MAX_VCPUS || machine.memory_mib > MAX_MEMORY_MIB {
+            return Err(format!(
+                "{b}.machineTypes[{}] needs vcpus <= {MAX_VCPUS} and memoryMiB <= {MAX_MEMORY_MIB}",
+                go_quote(key)
+            ));
+        }
+    }
+
+    if cfg.hosts.is_empty() {
+        return Err(format!("{b}.hosts must list at least one host"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (j, host) in cfg.hosts.iter().enumerate() {
+        let at = format!("{b}.hosts[{j}]");
+        if host.name.is_empty() {
+            return Err(format!("{at}: name is required"));
+        }
+        let name = go_quote(&host.name);
+        if !is_identifier(&host.name) {
+            return Err(format!(
+                "{at}: name {name} must be letters, digits, dots, dashes or underscores \u{2014} \
+                 it becomes part of the providerID hosts/<name>/domains/<vm>"
+            ));
+        }
+        if !seen.insert(host.name.as_str()) {
+            return Err(format!("{at}: duplicate host name {name}"));
+        }
+        for (field, value) in [
+            ("address", &host.address),
+            ("user", &host.user),
+            ("bridge", &host.bridge),
+        ] {
+            if value.is_empty() {
+                return Err(format!("{at} {name}: {field} is required"));
+            }
+        }
+        // Review M16: the address is dialled as it is; there is no default port.
+        if !is_host_port(&host.address) {
+            return Err(format!(
+                "{at} {name}: address must be host:port (got {})",
+                go_quote(&host.address)
+            ));
+        }
+        // Review L12: the bridge and pool go into libvirt documents and calls as they are.
+        for (field, value) in [("bridge", &host.bridge), ("pool", &host.pool)] {
+            if !value.is_empty() && !is_identifier(value) {
+                return Err(format!(
+                    "{at} {name}: {field} {} must be letters, digits, dots, dashes or underscores",
+                    go_quote(value)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The largest overlay, in GiB (64 TiB).
+pub const MAX_DISK_SIZE_GB: i64 = 65_536;
+/// The most virtual CPUs a machine type may ask for.
+pub const MAX_VCPUS: i32 = 1024;
+/// The most memory a machine type may ask for, in MiB (4 TiB).
+pub const MAX_MEMORY_MIB: i64 = 4 << 20;
+
+/// Whether `host` is a bare host name or IP address (IPv6 with or without brackets), as a
+/// URL's host part would be compared against it.
+pub fn is_url_host(host: &str) -> bool {
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if bare.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    !host.is_empty()
+        && host.len() <= 253
+        && host
+            .split('.')
+            .all(|label| !label.is_empty() && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+}
+
+/// Whether `url` (an http(s) URL) carries `userinfo@` before its host.
+fn url_has_userinfo(url: &str) -> bool {
+    let rest = url.split_once("//").map_or("", |(_, r)| r);
+    rest.split(['/', '?', '#']).next().unwrap_or_default().contains('@')
+}
+
+/// `host:port` with a non-empty host and a numeric port (`[v6]:port` too).
+fn is_host_port(address: &str) -> bool {
+    match address.rsplit_once(':') {
+        Some((host, port)) => {
+            let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+            !host.is_empty()
+                && !host.contains(['/', ' ', '@'])
+                && !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        }
+        None => false,
+    }
+}
+
+/// Whether cloud-init would use `vendor_data` as one part of a multipart: empty, or a first
+/// line it recognises, and not itself MIME multipart.
+fn vendor_data_recognised(vendor_data: &str) -> bool {
+    let text = vendor_data.trim_start();
+    if text.is_empty() {
+        return true;
+    }
+    let first = text.lines().next().unwrap_or_default().trim_end();
+    let known = [
+        "#cloud-config",
+        "#!",
+        "#include",
+        "#cloud-boothook",
+        "#part-handler",
+        "#upstart-job",
+        "## template: jinja",
+    ];
+    let lower = text.to_ascii_lowercase();
+    known.iter().any(|k| first.starts_with(k))
+        && !lower.contains("content-type: multipart/")
+        && !lower.starts_with("mime-version:")
+}
+
+/// `^[0-9a-fA-F]{64}$`.
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `raw` is an absolute `http`/`https` URL with a non-empty host,
+/// the rule Go applied with `url.Parse` (no URL crate is available here).
+///
+/// Accepted shape: `scheme "://" [userinfo "@"] host [":" port] [path] ["?" query] ["#" fragment]`
+/// with the scheme compared case-insensitively, a registered name or a
+/// bracketed IPv6 literal as host and a port of digits only. Slightly
+/// stricter than Go on exotic hosts (`%` escapes in a host are refused).
+pub fn is_http_url(raw: &str) -> bool {
+    // Go's parser refuses ASCII control characters anywhere in a URL.
+    if raw.chars().any(|c| c.is_ascii_control()) {
+        return false;
+    }
+    let Some((scheme, rest)) = raw.split_once(':') else {
+        return false;
+    };
+    if !(scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https")) {
+        return false;
+    }
+    // Without `//` there is no authority (`http:host` is an opaque URL), so no host.
+    let Some(rest) = rest.strip_prefix("//") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    // Userinfo ends at the last `@`: a password may itself contain `@`
+    // only escaped, but Go splits at the last one too.
+    let host_port = match authority.rsplit_once('@') {
+        Some((userinfo, host_port)) => {
+            if !userinfo.chars().all(is_userinfo_char) {
+                return false;
+            }
+            host_port
+        }
+        None => authority,
+    };
+    valid_host_port(host_port)
+}
+
+/// Characters Go's `validUserinfo` accepts.
+fn is_userinfo_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._:~!$&'()*+,;=%@".contains(c) || !c.is_ascii()
+}
+
+/// `host [":" port]`, with a non-empty host.
+fn valid_host_port(host_port: &str) -> bool {
+    let (host, port) = if let Some(bracketed) = host_port.strip_prefix('[') {
+        // IPv6 literal: `[addr]` or `[addr]:port`.
+        let Some((addr, after)) = bracketed.split_once(']') else {
+            return false;
+        };
+        // Hex digits and colons, plus an optional `%zone` (letters, digits, `-._~`).
+        let addr_char = |c: char| c.is_ascii_alphanumeric() || ":.%-_~".contains(c);
+        if addr.is_empty() || !addr.chars().all(addr_char) {
+            return false;
+        }
+        match after.strip_prefix(':') {
+            Some(port) => (addr, Some(port)),
+            None if after.is_empty() => (addr, None),
+            None => return false,
+        }
+    } else {
+        let (host, port) = match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        };
+        let host_char = |c: char| c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=".contains(c) || !c.is_ascii();
+        if !host.chars().all(host_char) {
+            return false;
+        }
+        (host, port)
+    };
+    // Go accepts an empty port after the colon (`host:`); so do we.
+    let port_ok = port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()));
+    !host.is_empty() && port_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_hosts() {
+        for good in ["mirror.example", "MIRROR", "10.0.0.5", "fd00::5", "[fd00::5]", "a-b.c"] {
+            assert!(is_url_host(good), "{good}");
+        }
+        for bad in ["", "https://m", "m:80", "m/x", "m .x", "a..b", "[m]", "user@m"] {
+            assert!(!is_url_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn http_urls() {
+        for good in [
+            "https://cloud.debian.org/images/cloud/trixie/latest/debian-13-generic-amd64.qcow2",
+            "http://example.com",
+            "HTTPS://Example.COM/x",
+            "http://user:pass@host:8080/p?q=1#f",
+            "http://host:",
+            "http://host?x=1",
+            "http://[::1]:80/img",
+            "http://[fe80::1%25eth0]/",
+            "http://10.0.0.1/img.raw",
+            "https://bücher.example/x",
+        ] {
+            assert!(is_http_url(good), "{good}");
+        }
+        for bad in [
+            "",
+            "ftp://x",
+            "http://",
+            "https:///path",
+            "http://:80/",
+            "http://user@/x",
+            "not a url",
+            "http:host",
+            "http:/host/x",
+            "//host/path",
+            "file:///etc/passwd",
+            "http://host:port/",
+            "http://a b/",
+            "http://host/a\nb",
+            "http://[::1/",
+            "http://[]/",
+            "http://[::1]x/",
+            "http://us er@host/",
+            "http://ho%41st/",
+        ] {
+            assert!(!is_http_url(bad), "{bad}");
+        }
+    }
+}
