@@ -55,7 +55,7 @@ impl Default for Timings {
 
 /// A failed provider call, as the decision needs it: its class and its (already redacted) text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub struct ProviderFailure {
     pub class: ErrorClass,
     pub message: String,
 }
@@ -98,13 +98,13 @@ pub struct Facts {
     pub adopted_from: Option<String>,
     /// The cloud-init text from the Secret, or why it could not be read.
     pub secret: Option<Result<Vec<u8>, SecretProblem>>,
-    pub get: Option<Result<Instance, Failure>>,
-    pub create: Option<Result<ProviderId, Failure>>,
-    pub delete: Option<Result<(), Failure>>,
+    pub get: Option<Result<Instance, ProviderFailure>>,
+    pub create: Option<Result<ProviderId, ProviderFailure>>,
+    pub delete: Option<Result<(), ProviderFailure>>,
     /// The credentials for the create (Generated), or why there are none.
     pub credentials: Option<Result<Prepared, SecretProblem>>,
     /// The instance the credentials Secret names, as the provider answered for it.
-    pub bound_instance: Option<(ProviderId, Result<Instance, Failure>)>,
+    pub bound_instance: Option<(ProviderId, Result<Instance, ProviderFailure>)>,
     /// Whether the created instance was recorded on the credentials Secret.
     pub credentials_bound: Option<Result<(), SecretProblem>>,
     /// What the credentials Secret is to the running instance.
@@ -442,7 +442,7 @@ fn provider_failure(
     timings: &Timings,
     mut status: ProxyStatus,
     instance: InstanceView,
-    failure: &Failure,
+    failure: &ProviderFailure,
 ) -> Next {
     match failure.class {
         ErrorClass::QuotaExceeded => {
@@ -682,7 +682,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
 enum Pending {
     Do(Action),
     Problem(SecretProblem),
-    Provider(Failure),
+    Provider(ProviderFailure),
     /// The instance the Secret names exists, but its credentials are lost: delete it first.
     Replace(ProviderId),
 }

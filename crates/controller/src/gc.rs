@@ -1,5 +1,5 @@
 //! Orphan GC (spec/core.md §6): deletes provider instances whose Proxy is gone. The rule for
-//! one instance is a pure function ([`verdict`]); [`OrphanGc::sweep`] is one sweep.
+//! one instance is a pure function ([`fate`]); [`OrphanGc::sweep`] is one sweep.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 /// Why an instance is kept, or that it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Fate {
     /// No UID mark: its owner cannot be told, so it is never collected.
     KeepUnmarked,
     /// Another installation's instance (it carries a different installation mark).
@@ -26,33 +26,33 @@ pub enum Verdict {
     Delete,
 }
 
-/// The verdict for one instance, checks in this order: UID mark, installation, live UID, age.
+/// The fate of one instance, checks in this order: UID mark, installation, live UID, age.
 /// The live check comes before the age, so a wrong creation time can never get a live Proxy's
 /// instance deleted. A missing creation time counts as very old.
-pub fn verdict(
+pub fn fate(
     instance: &Instance,
     live_uids: &HashSet<String>,
     installation: Option<&str>,
     now: SystemTime,
     min_age: Duration,
-) -> Verdict {
+) -> Fate {
     if instance.uid.is_empty() {
-        return Verdict::KeepUnmarked;
+        return Fate::KeepUnmarked;
     }
     if let Some(ours) = installation
         && instance.installation.as_deref() != Some(ours)
     {
-        return Verdict::KeepForeign;
+        return Fate::KeepForeign;
     }
     if live_uids.contains(&instance.uid) {
-        return Verdict::KeepLive;
+        return Fate::KeepLive;
     }
     match instance.created_at {
-        None => Verdict::Delete,
+        None => Fate::Delete,
         Some(created) => match now.duration_since(created) {
-            Ok(age) if age >= min_age => Verdict::Delete,
+            Ok(age) if age >= min_age => Fate::Delete,
             // Younger than the minimum, or created "in the future".
-            _ => Verdict::KeepYoung,
+            _ => Fate::KeepYoung,
         },
     }
 }
@@ -142,8 +142,8 @@ impl OrphanGc {
                     }
                 };
                 for instance in instances {
-                    let v = verdict(&instance, &live, self.installation.as_deref(), listed_at, self.min_age);
-                    if v != Verdict::Delete {
+                    let v = fate(&instance, &live, self.installation.as_deref(), listed_at, self.min_age);
+                    if v != Fate::Delete {
                         continue;
                     }
                     match entry.provider.delete(cx, &instance.id).await {
@@ -205,21 +205,21 @@ mod tests {
         let young = Some(now - Duration::from_secs(599));
         let future = Some(now + Duration::from_secs(3600));
         let rows = [
-            (instance("", old, None), None, Verdict::KeepUnmarked),
-            (instance("live", old, None), None, Verdict::KeepLive),
-            (instance("live", None, None), None, Verdict::KeepLive),
-            (instance("gone", young, None), None, Verdict::KeepYoung),
-            (instance("gone", future, None), None, Verdict::KeepYoung),
-            (instance("gone", old, None), None, Verdict::Delete),
-            (instance("gone", None, None), None, Verdict::Delete),
-            (instance(" live", old, None), None, Verdict::Delete),
-            (instance("gone", old, Some("other")), Some("ours"), Verdict::KeepForeign),
-            (instance("gone", old, None), Some("ours"), Verdict::KeepForeign),
-            (instance("gone", old, Some("ours")), Some("ours"), Verdict::Delete),
-            (instance("", old, Some("ours")), Some("ours"), Verdict::KeepUnmarked),
+            (instance("", old, None), None, Fate::KeepUnmarked),
+            (instance("live", old, None), None, Fate::KeepLive),
+            (instance("live", None, None), None, Fate::KeepLive),
+            (instance("gone", young, None), None, Fate::KeepYoung),
+            (instance("gone", future, None), None, Fate::KeepYoung),
+            (instance("gone", old, None), None, Fate::Delete),
+            (instance("gone", None, None), None, Fate::Delete),
+            (instance(" live", old, None), None, Fate::Delete),
+            (instance("gone", old, Some("other")), Some("ours"), Fate::KeepForeign),
+            (instance("gone", old, None), Some("ours"), Fate::KeepForeign),
+            (instance("gone", old, Some("ours")), Some("ours"), Fate::Delete),
+            (instance("", old, Some("ours")), Some("ours"), Fate::KeepUnmarked),
         ];
         for (i, (inst, installation, want)) in rows.into_iter().enumerate() {
-            assert_eq!(verdict(&inst, &live, installation, now, min), want, "row {i}");
+            assert_eq!(fate(&inst, &live, installation, now, min), want, "row {i}");
         }
     }
 }

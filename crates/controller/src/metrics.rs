@@ -12,7 +12,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::provider_health::Snapshot;
+use crate::provider_health::ProviderHealthSnapshot;
 
 pub const HELP_TARGET_UP: &str = "Whether the target passed its latest provider health check (1) or not (0).";
 pub const HELP_CHECK_DURATION: &str = "Duration of the target's latest provider health check.";
@@ -22,7 +22,7 @@ pub const HELP_CHECK_TIMESTAMP: &str = "Unix time of the target's latest provide
 /// `..._check_timestamp_seconds`, from the monitor's snapshot. An empty snapshot (before the first
 /// round, on a non-leader, with checks off) exports no series at all.
 #[derive(Debug)]
-pub struct ProviderTargetGauges(pub Snapshot);
+pub struct ProviderTargetGauges(pub ProviderHealthSnapshot);
 
 type Labels = Vec<(String, String)>;
 
@@ -165,7 +165,7 @@ impl Collector for CooldownsDropped {
 }
 
 /// Registers the controller's scrape-time metrics.
-pub fn register(registry: &mut Registry, snapshot: Snapshot, proxies: Store<Proxy>) {
+pub fn register(registry: &mut Registry, snapshot: ProviderHealthSnapshot, proxies: Store<Proxy>) {
     registry.register_collector(Box::new(ProviderTargetGauges(snapshot)));
     registry.register_collector(Box::new(ProxyPhases(proxies)));
 }
@@ -185,7 +185,7 @@ mod tests {
 
     #[test]
     fn target_gauges_come_from_the_snapshot_and_vanish_with_it() {
-        let snapshot = Snapshot::default();
+        let snapshot = ProviderHealthSnapshot::default();
         let mut registry = Registry::default();
         registry.register_collector(Box::new(ProviderTargetGauges(snapshot.clone())));
         assert!(

@@ -212,9 +212,9 @@ pub struct ProviderResult {
 /// The latest round of every provider. Empty before the first round, on non-leaders and when
 /// checks are off (then no target gauge is exported at all).
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot(Arc<std::sync::RwLock<Vec<ProviderResult>>>);
+pub struct ProviderHealthSnapshot(Arc<std::sync::RwLock<Vec<ProviderResult>>>);
 
-impl Snapshot {
+impl ProviderHealthSnapshot {
     /// A copy of the latest results.
     pub fn results(&self) -> Vec<ProviderResult> {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -232,7 +232,7 @@ pub struct Monitor {
     pub providers: Arc<egress_provider::Providers>,
     /// `None`: checks are off.
     pub schedule: Option<Schedule>,
-    pub snapshot: Snapshot,
+    pub snapshot: ProviderHealthSnapshot,
 }
 
 impl std::fmt::Debug for Monitor {

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::decide::{
-    Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, SecretProblem, Timings, next, replacing,
+    Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next, replacing,
 };
 use crate::merge;
 use crate::runtime_metrics::{ReconcileMetrics, ReconcileResult};
@@ -46,8 +46,17 @@ pub trait HealthVerdicts: Send + Sync + 'static {
 /// A reconcile that failed; the workqueue retries it with backoff.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("{0}")]
-    Provider(String),
+    /// The pass decided to retry with backoff; `why` is what it found (the message its status
+    /// shows). A status write that failed as well is kept beside it.
+    #[error("{why}{}", .status_write.as_ref().map(|e| format!("; {e}")).unwrap_or_default())]
+    Backoff {
+        why: String,
+        status_write: Option<Box<ReconcileError>>,
+    },
+    /// The Proxy names a provider entry the config does not have. (The decision asks for a
+    /// provider call only when the entry exists, so this is a bug if it is ever seen.)
+    #[error("provider \"{provider}\" is not configured")]
+    NotConfigured { provider: String },
     #[error("writing Proxy {what}: {source}")]
     Kube {
         what: &'static str,
@@ -158,8 +167,8 @@ fn ref_key<K: kube::runtime::reflector::Lookup>(r: &kube::runtime::reflector::Ob
     format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name)
 }
 
-fn failure(e: &ProviderError) -> Failure {
-    Failure {
+fn failure(e: &ProviderError) -> ProviderFailure {
+    ProviderFailure {
         class: e.class(),
         message: e.to_string(),
     }
@@ -308,7 +317,10 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_,
     let result = result.and_then(|requeue| match requeue {
         Requeue::After(d) => Ok(Requeue_::requeue(d)),
         Requeue::Never => Ok(Requeue_::await_change()),
-        Requeue::Error(message) => Err(ReconcileError::Provider(message)),
+        Requeue::Error(why) => Err(ReconcileError::Backoff {
+            why,
+            status_write: None,
+        }),
     });
     if result.is_ok() {
         ctx.succeeded(&key(&proxy));
@@ -364,7 +376,10 @@ async fn reconcile_in_span(proxy: &Proxy, ctx: &Context, root: &tracing::Span) -
     match (outcome.requeue, flushed) {
         (requeue, Ok(())) => Ok(requeue),
         // A failed status write is added to the reconcile's own error, if it has one.
-        (Requeue::Error(message), Err(e)) => Err(ReconcileError::Provider(format!("{message}; {e}"))),
+        (Requeue::Error(why), Err(e)) => Err(ReconcileError::Backoff {
+            why,
+            status_write: Some(Box::new(e)),
+        }),
         (_, Err(e)) => Err(e),
     }
 }
@@ -388,19 +403,25 @@ async fn run_pass(
             .is_some_and(|c| matches!(c.lookup(proxy), crate::credentials::Lookup::Found(_))),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
-    let cx = OpCtx::with_cancel(ctx.shutdown.child_token());
-    let mut facts = Facts::default();
-    let mut rv = proxy.resource_version().unwrap_or_default();
-    let mut finalizers = proxy.finalizers().to_vec();
+    let mut pass = Pass {
+        proxy,
+        ctx,
+        api,
+        provider,
+        cx: OpCtx::with_cancel(ctx.shutdown.child_token()),
+        facts: Facts::default(),
+        rv: proxy.resource_version().unwrap_or_default(),
+        finalizers: proxy.finalizers().to_vec(),
+    };
     let mut replace_span: Option<tracing::Span> = None;
     for _ in 0..MAX_STEPS {
-        let action = match next(&input, &facts, &ctx.timings) {
+        let action = match next(&input, &pass.facts, &ctx.timings) {
             Next::Done(o) => return Ok(o),
             Next::Do(a) => a,
         };
         // The steps of a replacement share one `reconcile.replaceInstance` span, a sibling of
         // `reconcile.managed` under `Reconcile Proxy`.
-        let step_span = if replacing(&input, &facts) {
+        let step_span = if replacing(&input, &pass.facts) {
             replace_span
                 .get_or_insert_with(
                     || tracing::info_span!(parent: root, "reconcile.replaceInstance", otel.kind = "internal"),
@@ -409,119 +430,122 @@ async fn run_pass(
         } else {
             tracing::Span::current()
         };
-        perform(
-            action,
-            proxy,
-            ctx,
-            api,
-            provider.as_ref(),
-            &cx,
-            &mut facts,
-            &mut rv,
-            &mut finalizers,
-        )
-        .instrument(step_span)
-        .await?;
+        pass.perform(action).instrument(step_span).await?;
     }
     Err(ReconcileError::Runaway)
 }
 
-/// Performs one action and records its result in the facts.
-#[allow(clippy::too_many_arguments)]
-async fn perform(
-    action: Action,
-    proxy: &Proxy,
-    ctx: &Context,
-    api: &Api<Proxy>,
-    provider: Option<&Arc<dyn Provider>>,
-    cx: &OpCtx,
-    facts: &mut Facts,
-    rv: &mut String,
-    finalizers: &mut Vec<String>,
-) -> Result<(), ReconcileError> {
-    let name = proxy.name_any();
-    // The decision asks for a provider call only when the provider is configured.
-    let p = || {
-        provider
-            .ok_or_else(|| ReconcileError::Provider(format!("provider \"{}\" is not configured", proxy.spec.provider)))
-    };
-    match action {
-        Action::AddFinalizer => {
-            finalizers.push(FINALIZER.into());
-            *rv = write_metadata(api, &name, rv, json!({"finalizers": finalizers}), "finalizer").await?;
-            facts.finalizer_added = true;
-        }
-        Action::RemoveFinalizer => {
-            finalizers.retain(|f| f != FINALIZER);
-            match write_metadata(api, &name, rv, json!({"finalizers": finalizers}), "finalizer").await {
-                Ok(new_rv) => *rv = new_rv,
-                // Removing the last finalizer may have let the object go already.
-                Err(ReconcileError::Kube {
-                    source: kube::Error::Api(s),
-                    ..
-                }) if s.code == 404 => {}
-                Err(e) => return Err(e),
-            }
-            facts.finalizer_removed = true;
-        }
-        Action::WriteSpecHash(hash) => {
-            // A value kept from an adoption describes an instance this one replaces: gone too.
-            let annotations = json!({ANNOTATION_SPEC_HASH: hash, ANNOTATION_PREVIOUS_SPEC_HASH: null});
-            *rv = write_metadata(
-                api,
-                &name,
-                rv,
-                json!({"annotations": annotations}),
-                "spec-hash annotation",
-            )
-            .await?;
-            facts.spec_hash_written = Some(hash);
-        }
-        Action::AdoptInstance { hash, previous } => {
-            let annotations = json!({ANNOTATION_SPEC_HASH: hash, ANNOTATION_PREVIOUS_SPEC_HASH: previous});
-            *rv = write_metadata(
-                api,
-                &name,
-                rv,
-                json!({"annotations": annotations}),
-                "spec-hash annotation (adoption)",
-            )
-            .await?;
-            facts.spec_hash_written = Some(hash);
-            facts.adopted_from = Some(previous);
-        }
-        Action::ReadSecret(r) => {
-            let namespace = proxy.namespace().unwrap_or_default();
-            facts.secret = Some(read_secret(&ctx.client, &namespace, &r).await);
-        }
-        Action::Get(id) => facts.get = Some(p()?.get(cx, &id).await.map_err(|e| failure(&e))),
-        Action::PrepareCredentials { gone } => {
-            // Before a create, and like it on a proven-current copy: a pass on a stale copy
-            // would rotate the credentials of the instance a previous pass just made.
-            ensure_current(api, proxy, &name, rv).await?;
-            facts.credentials = Some(crate::credentials::prepare(&ctx.client, proxy, gone.as_ref()).await);
-        }
-        Action::GetBound(id) => {
-            let answer = p()?.get(cx, &id).await.map_err(|e| failure(&e));
-            facts.bound_instance = Some((id, answer));
-        }
-        Action::BindCredentials(id) => {
-            facts.credentials_bound = Some(crate::credentials::bind(&ctx.client, proxy, &id).await);
-        }
-        Action::CheckCredentials(id) => {
-            facts.credentials_checked = Some(crate::credentials::check(&ctx.client, proxy, &id).await);
-        }
-        Action::Create {
-            cloud_init,
-            credentials,
-        } => {
-            ensure_current(api, proxy, &name, rv).await?;
-            let request = create_request(proxy, cloud_init, ctx.installation.clone(), credentials);
-            facts.create = Some(p()?.create(cx, &request).await.map_err(|e| failure(&e)));
-        }
-        Action::Delete(id) => facts.delete = Some(p()?.delete(cx, &id).await.map_err(|e| failure(&e))),
+/// One pass over one Proxy: what it acts with, and what it has learned and written so far.
+struct Pass<'a> {
+    proxy: &'a Proxy,
+    ctx: &'a Context,
+    api: &'a Api<Proxy>,
+    /// The Proxy's provider entry, when the config has it.
+    provider: Option<Arc<dyn Provider>>,
+    /// The context of its provider calls: cancelled at shutdown.
+    cx: OpCtx,
+    /// The results of the actions so far, which the decision reads.
+    facts: Facts,
+    /// The resourceVersion of the pass's last write (at first, of the copy it started from).
+    rv: String,
+    /// The finalizers as last written.
+    finalizers: Vec<String>,
+}
+
+impl Pass<'_> {
+    /// The provider to call. The decision asks for a call only when the entry exists.
+    fn provider(&self) -> Result<&Arc<dyn Provider>, ReconcileError> {
+        self.provider.as_ref().ok_or_else(|| ReconcileError::NotConfigured {
+            provider: self.proxy.spec.provider.clone(),
+        })
     }
-    Ok(())
+
+    /// Writes `patch` into the Proxy's metadata on the pass's last resourceVersion.
+    async fn write(&mut self, patch: serde_json::Value, what: &'static str) -> Result<(), ReconcileError> {
+        self.rv = write_metadata(self.api, &self.proxy.name_any(), &self.rv, patch, what).await?;
+        Ok(())
+    }
+
+    /// Performs one action and records its result in the facts.
+    async fn perform(&mut self, action: Action) -> Result<(), ReconcileError> {
+        let (proxy, ctx) = (self.proxy, self.ctx);
+        match action {
+            Action::AddFinalizer => {
+                self.finalizers.push(FINALIZER.into());
+                self.write(json!({"finalizers": self.finalizers}), "finalizer").await?;
+                self.facts.finalizer_added = true;
+            }
+            Action::RemoveFinalizer => {
+                self.finalizers.retain(|f| f != FINALIZER);
+                match self.write(json!({"finalizers": self.finalizers}), "finalizer").await {
+                    Ok(()) => {}
+                    // Removing the last finalizer may have let the object go already.
+                    Err(ReconcileError::Kube {
+                        source: kube::Error::Api(s),
+                        ..
+                    }) if s.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+                self.facts.finalizer_removed = true;
+            }
+            Action::WriteSpecHash(hash) => {
+                // A value kept from an adoption describes an instance this one replaces: gone too.
+                let annotations = json!({ANNOTATION_SPEC_HASH: hash, ANNOTATION_PREVIOUS_SPEC_HASH: null});
+                self.write(json!({"annotations": annotations}), "spec-hash annotation")
+                    .await?;
+                self.facts.spec_hash_written = Some(hash);
+            }
+            Action::AdoptInstance { hash, previous } => {
+                let annotations = json!({ANNOTATION_SPEC_HASH: hash, ANNOTATION_PREVIOUS_SPEC_HASH: previous});
+                self.write(json!({"annotations": annotations}), "spec-hash annotation (adoption)")
+                    .await?;
+                self.facts.spec_hash_written = Some(hash);
+                self.facts.adopted_from = Some(previous);
+            }
+            Action::ReadSecret(r) => {
+                let namespace = proxy.namespace().unwrap_or_default();
+                self.facts.secret = Some(read_secret(&ctx.client, &namespace, &r).await);
+            }
+            Action::Get(id) => {
+                let answer = self.provider()?.get(&self.cx, &id).await.map_err(|e| failure(&e));
+                self.facts.get = Some(answer);
+            }
+            Action::PrepareCredentials { gone } => {
+                // Before a create, and like it on a proven-current copy: a pass on a stale copy
+                // would rotate the credentials of the instance a previous pass just made.
+                ensure_current(self.api, proxy, &proxy.name_any(), &mut self.rv).await?;
+                self.facts.credentials = Some(crate::credentials::prepare(&ctx.client, proxy, gone.as_ref()).await);
+            }
+            Action::GetBound(id) => {
+                let answer = self.provider()?.get(&self.cx, &id).await.map_err(|e| failure(&e));
+                self.facts.bound_instance = Some((id, answer));
+            }
+            Action::BindCredentials(id) => {
+                self.facts.credentials_bound = Some(crate::credentials::bind(&ctx.client, proxy, &id).await);
+            }
+            Action::CheckCredentials(id) => {
+                self.facts.credentials_checked = Some(crate::credentials::check(&ctx.client, proxy, &id).await);
+            }
+            Action::Create {
+                cloud_init,
+                credentials,
+            } => {
+                ensure_current(self.api, proxy, &proxy.name_any(), &mut self.rv).await?;
+                let request = create_request(proxy, cloud_init, ctx.installation.clone(), credentials);
+                let answer = self
+                    .provider()?
+                    .create(&self.cx, &request)
+                    .await
+                    .map_err(|e| failure(&e));
+                self.facts.create = Some(answer);
+            }
+            Action::Delete(id) => {
+                let answer = self.provider()?.delete(&self.cx, &id).await.map_err(|e| failure(&e));
+                self.facts.delete = Some(answer);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A pass can start from a cached copy older than this reconciler's own last write (one queued

@@ -10,7 +10,7 @@ use egress_api::{
 };
 use egress_controller::credentials::{Prepared, Serving};
 use egress_controller::decide::{
-    Action, Facts, Failure, Input, Next, Note, Outcome, Requeue, SecretProblem, Timings, next,
+    Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next,
 };
 use egress_controller::spec_hash::spec_hash;
 use egress_controller::status::{Verdict, set_condition};
@@ -63,8 +63,8 @@ fn instance(state: InstanceState) -> Instance {
     }
 }
 
-fn fail(class: ErrorClass, message: &str) -> Failure {
-    Failure {
+fn fail(class: ErrorClass, message: &str) -> ProviderFailure {
+    ProviderFailure {
         class,
         message: message.into(),
     }
@@ -77,13 +77,13 @@ struct World {
     names: Vec<String>,
     verdict: Option<Verdict>,
     secret: Option<Result<Vec<u8>, SecretProblem>>,
-    get: Option<Result<Instance, Failure>>,
-    create: Option<Result<ProviderId, Failure>>,
-    delete: Option<Result<(), Failure>>,
+    get: Option<Result<Instance, ProviderFailure>>,
+    create: Option<Result<ProviderId, ProviderFailure>>,
+    delete: Option<Result<(), ProviderFailure>>,
     /// The answers of the credentials Secret's reads, in order.
     credentials: Vec<Result<Prepared, SecretProblem>>,
     /// The provider's answer for the instance the credentials Secret names.
-    bound_get: Option<Result<Instance, Failure>>,
+    bound_get: Option<Result<Instance, ProviderFailure>>,
     bind: Option<Result<(), SecretProblem>>,
     /// Whether the credential cache shows the Secret serving the recorded instance.
     cached: bool,

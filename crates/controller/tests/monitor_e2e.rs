@@ -9,7 +9,7 @@ use std::time::Duration;
 use egress_api::{LABEL_MANAGED_BY, MANAGED_BY, ProviderHealth};
 use egress_conformance::BackendHooks;
 use egress_conformance::memory::MemoryBackend;
-use egress_controller::provider_health::{Monitor, Schedule, Snapshot};
+use egress_controller::provider_health::{Monitor, ProviderHealthSnapshot, Schedule};
 use egress_kube_testserver::TestServer;
 use egress_provider::Providers;
 use kube::api::{Api, PostParams};
@@ -44,7 +44,7 @@ async fn a_round_publishes_one_object_per_provider() {
         client: server.client().unwrap(),
         providers: providers(&backend, &["mem-a", "Not_Valid"]),
         schedule: Some(schedule()),
-        snapshot: Snapshot::default(),
+        snapshot: ProviderHealthSnapshot::default(),
     };
     monitor.round(&schedule(), &CancellationToken::new()).await;
     let api: Api<ProviderHealth> = Api::all(server.client().unwrap());
@@ -92,7 +92,7 @@ async fn cleanup_removes_only_the_operators_stale_objects() {
         client: server.client().unwrap(),
         providers: providers(&backend, &["mem-a"]),
         schedule: Some(schedule()),
-        snapshot: Snapshot::default(),
+        snapshot: ProviderHealthSnapshot::default(),
     };
     assert_eq!(monitor.cleanup().await.unwrap(), 1);
     let mut names: Vec<String> = api

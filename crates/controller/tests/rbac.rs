@@ -15,7 +15,7 @@ use egress_conformance::{BackendHooks, SeedSpec, SeedTime};
 use egress_controller::decide::Timings;
 use egress_controller::gc::OrphanGc;
 use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
-use egress_controller::provider_health::{Monitor, Schedule, Snapshot};
+use egress_controller::provider_health::{Monitor, ProviderHealthSnapshot, Schedule};
 use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::status::Verdict;
 use egress_kube_testserver::TestServer;
@@ -280,7 +280,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         client: operator.clone(),
         providers,
         schedule: Some(schedule),
-        snapshot: Snapshot::default(),
+        snapshot: ProviderHealthSnapshot::default(),
     };
     assert_eq!(monitor.cleanup().await.unwrap(), 1);
     monitor.round(&schedule, &shutdown).await;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
+use egress_discovery::{DiscoveryApi, ProxyDirectory, ProxyInfo, serve};
 use egress_lease::{LeaseStore, MemoryStore, SystemClock};
 use http_body_util::Full;
 use tokio_util::sync::CancellationToken;
@@ -125,7 +125,7 @@ async fn load(base: String, lease_paths: bool) -> Figures {
 
 /// The load on the API over `store`, served on loopback for the run.
 async fn api_run(fleet: Arc<Vec<ProxyInfo>>, store: Arc<dyn LeaseStore>) -> Figures {
-    let api = Api {
+    let api = DiscoveryApi {
         directory: Arc::new(Fleet(fleet)),
         store,
         max_ttl: Duration::from_secs(3600),

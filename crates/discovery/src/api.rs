@@ -40,7 +40,7 @@ pub trait ProxyDirectory: Send + Sync + 'static {
 }
 
 /// What the routes share.
-pub struct Api {
+pub struct DiscoveryApi {
     pub directory: Arc<dyn ProxyDirectory>,
     pub store: Arc<dyn LeaseStore>,
     /// `--max-lease-ttl`.
@@ -49,9 +49,9 @@ pub struct Api {
     pub auth: crate::Auth,
 }
 
-impl std::fmt::Debug for Api {
+impl std::fmt::Debug for DiscoveryApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Api")
+        f.debug_struct("DiscoveryApi")
             .field("max_ttl", &self.max_ttl)
             .field("auth", &self.auth)
             .finish_non_exhaustive()
@@ -143,7 +143,7 @@ fn list_failed(e: &str, what: &str) -> Answer {
     error(500, "internal", "listing proxies failed")
 }
 
-impl Api {
+impl DiscoveryApi {
     /// `GET /v1/proxies?healthy=&attr.<k>=`.
     pub(crate) async fn list(&self, query: Option<&str>) -> Answer {
         let mut healthy = None;

@@ -28,7 +28,7 @@ pub mod openapi;
 mod server;
 pub mod view;
 
-pub use api::{Api, ProxyDirectory, ProxyInfo};
+pub use api::{DiscoveryApi, ProxyDirectory, ProxyInfo};
 pub use auth::{
     Auth, FileTokens, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet, follow_token_file, parse_tokens,
     read_token_file, tokens_in_force,

@@ -14,7 +14,7 @@ use http::{Method, Request, Response, header};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{Answer, Api, error};
+use crate::api::{Answer, DiscoveryApi, error};
 
 /// The largest request body (64 KiB); a larger one is `400 invalid_body`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -112,7 +112,7 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
 /// a 500, never a dead connection; `/healthz` is neither traced nor logged) → auth (before any
 /// byte of the body is read) → the route; around it all, the JSON envelope for the answers the
 /// router makes itself (405 with `Allow`). `GET` routes answer `HEAD` too.
-pub fn router(api: Arc<Api>) -> Router {
+pub fn router(api: Arc<DiscoveryApi>) -> Router {
     use tower::Layer as _;
     let routes = Router::new()
         .route("/healthz", get(healthz))
@@ -129,7 +129,7 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new().fallback_service(axum::middleware::map_response(envelope).layer(routes))
 }
 
-type Shared = State<Arc<Api>>;
+type Shared = State<Arc<DiscoveryApi>>;
 
 async fn healthz() -> Response<Body> {
     Response::builder()
@@ -305,7 +305,7 @@ async fn observe(req: Request<Body>, next: Next) -> Response<Body> {
 }
 
 /// Serves the API on `listener` within `limits` until `shutdown`, then drains.
-pub async fn serve(listener: TcpListener, api: Arc<Api>, limits: Limits, shutdown: CancellationToken) {
+pub async fn serve(listener: TcpListener, api: Arc<DiscoveryApi>, limits: Limits, shutdown: CancellationToken) {
     if matches!(api.auth, crate::Auth::None) {
         tracing::warn!(
             target: "discovery",

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use common::{info, serve_on_loopback_within, snapshot};
-use egress_discovery::{Api, MAX_BODY, ProxyDirectory, ProxyInfo};
+use egress_discovery::{DiscoveryApi, MAX_BODY, ProxyDirectory, ProxyInfo};
 use egress_lease::{ManualClock, MemoryStore};
 use serde_json::{Value, json};
 
@@ -42,7 +42,7 @@ async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Serve
     let directory = Arc::new(Directory::default());
     let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
     let (url, stop) = serve_on_loopback_within(
-        Api {
+        DiscoveryApi {
             directory: directory.clone(),
             store: Arc::new(MemoryStore::new(Arc::new(clock.clone()), Duration::from_secs(900))),
             max_ttl: Duration::from_secs(3600),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{info, serve_on_loopback};
-use egress_discovery::{Api, Auth, FileTokens, TokenSet, follow_token_file, read_token_file};
+use egress_discovery::{Auth, DiscoveryApi, FileTokens, TokenSet, follow_token_file, read_token_file};
 use egress_lease::{MemoryStore, SystemClock};
 use secret_volume::Volume;
 use tokio_util::sync::CancellationToken;
@@ -43,7 +43,7 @@ async fn until_status(url: &str, token: &str, want: u16) {
 }
 
 async fn serve(set: Arc<TokenSet>) -> (String, tokio_util::sync::DropGuard) {
-    serve_on_loopback(Api {
+    serve_on_loopback(DiscoveryApi {
         directory: Arc::new(common::Fixed::new(vec![info("ns/a", true, 1, 1, &[])])),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),

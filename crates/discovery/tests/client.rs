@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Fixed, info, serve_on_loopback};
-use egress_discovery::Api;
+use egress_discovery::DiscoveryApi;
 use egress_discovery::client::{AcquireRequest, Client, ClientError, ListFilter, ReportResult};
 use egress_lease::{MemoryStore, SystemClock};
 use tokio_util::sync::DropGuard;
 
 async fn start() -> (String, DropGuard) {
-    serve_on_loopback(Api {
+    serve_on_loopback(DiscoveryApi {
         directory: Arc::new(Fixed::new(vec![
             info("ns/eu", true, 5, 1, &[("geo", "eu")]),
             info("ns/us", false, 5, 1, &[("geo", "us")]),
@@ -112,7 +112,7 @@ async fn errors_come_back_typed() {
 #[tokio::test]
 async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
     let c = egress_credentials::Credentials::generate();
-    let (url, _stop) = serve_on_loopback(Api {
+    let (url, _stop) = serve_on_loopback(DiscoveryApi {
         directory: Arc::new(Fixed::new(vec![
             egress_discovery::ProxyInfo {
                 credentials: Some(c.clone()),

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Fixed, info, serve_on_loopback};
-use egress_discovery::Api;
+use egress_discovery::DiscoveryApi;
 use egress_lease::{MemoryStore, SystemClock};
 use serde_json::{Value, json};
 use tokio_util::sync::DropGuard;
 
 async fn start() -> (String, DropGuard) {
-    serve_on_loopback(Api {
+    serve_on_loopback(DiscoveryApi {
         directory: Arc::new(Fixed::new(vec![
             // The leased one demands credentials, so the lease answer carries them.
             egress_discovery::ProxyInfo {
@@ -139,7 +139,7 @@ async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
     // A Redis store on a port where nothing listens.
     let store = egress_lease_redis::RedisStore::new("redis://127.0.0.1:1", "x:", Duration::from_secs(900))
         .expect("a store: it connects lazily");
-    let (url, _stop) = serve_on_loopback(Api {
+    let (url, _stop) = serve_on_loopback(DiscoveryApi {
         directory: Arc::new(Fixed::new(vec![info("ns/a", true, 12, 1, &[])])),
         store: Arc::new(store),
         max_ttl: Duration::from_secs(3600),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::Deserialize;
 use tokio::sync::Mutex;
 
-use crate::classify::Failure;
+use crate::classify::RequestFailure;
 
 /// The scope every token asks for.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
@@ -151,15 +151,15 @@ struct TokenError {
     error_description: String,
 }
 
-fn transient(message: impl Into<String>) -> Failure {
-    Failure::Token {
+fn transient(message: impl Into<String>) -> RequestFailure {
+    RequestFailure::Token {
         message: message.into(),
         permanent: false,
     }
 }
 
-fn permanent(message: impl Into<String>) -> Failure {
-    Failure::Token {
+fn permanent(message: impl Into<String>) -> RequestFailure {
+    RequestFailure::Token {
         message: message.into(),
         permanent: true,
     }
@@ -202,9 +202,9 @@ impl Tokens {
     /// Concurrent callers share one refresh. The caller bounds the wait.
     ///
     /// # Errors
-    /// [`Failure::Token`]: no token could be had (Permanent only for a key file that is there
+    /// [`RequestFailure::Token`]: no token could be had (Permanent only for a key file that is there
     /// but unusable).
-    pub async fn token(&self) -> Result<AccessToken, Failure> {
+    pub async fn token(&self) -> Result<AccessToken, RequestFailure> {
         let mut cached = self.cached.lock().await;
         if let Some(c) = cached.as_ref().filter(|c| Instant::now() < c.refresh_after) {
             return Ok(c.token.clone());
@@ -223,14 +223,14 @@ impl Tokens {
         *self.cached.lock().await = None;
     }
 
-    async fn fetch(&self) -> Result<(AccessToken, Duration), Failure> {
+    async fn fetch(&self) -> Result<(AccessToken, Duration), RequestFailure> {
         match &self.source {
             CredentialSource::KeyFile(path) => self.fetch_from_key_file(path).await,
             CredentialSource::Metadata { host } => self.fetch_from_metadata(host).await,
         }
     }
 
-    async fn fetch_from_key_file(&self, path: &Path) -> Result<(AccessToken, Duration), Failure> {
+    async fn fetch_from_key_file(&self, path: &Path) -> Result<(AccessToken, Duration), RequestFailure> {
         let shown = path.display();
         let text = match tokio::fs::read(path).await {
             Ok(bytes) if bytes.len() > MAX_DOCUMENT => {
@@ -293,7 +293,7 @@ impl Tokens {
         }
     }
 
-    async fn fetch_from_metadata(&self, host: &str) -> Result<(AccessToken, Duration), Failure> {
+    async fn fetch_from_metadata(&self, host: &str) -> Result<(AccessToken, Duration), RequestFailure> {
         let url = format!("http://{host}/computeMetadata/v1/instance/service-accounts/default/token");
         let request = self
             .http
@@ -308,14 +308,18 @@ impl Tokens {
         request: reqwest::RequestBuilder,
         body: String,
         url: &str,
-    ) -> Result<(AccessToken, Duration), Failure> {
+    ) -> Result<(AccessToken, Duration), RequestFailure> {
         let request = request
             .header("Content-Type", "application/x-www-form-urlencoded")
             .body(body);
         self.answer(request, url).await
     }
 
-    async fn answer(&self, request: reqwest::RequestBuilder, url: &str) -> Result<(AccessToken, Duration), Failure> {
+    async fn answer(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<(AccessToken, Duration), RequestFailure> {
         let endpoint = url.split('?').next().unwrap_or(url);
         let response = request.send().await.map_err(|e| {
             transient(format!(

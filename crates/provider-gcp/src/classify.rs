@@ -1,5 +1,5 @@
 //! What a failed call means (spec/providers.md §5.8) and what the health check calls it (§6.2).
-//! Pure functions over [`Failure`], the one error type the HTTP client produces.
+//! Pure functions over [`RequestFailure`], the one error type the HTTP client produces.
 
 use std::fmt;
 
@@ -130,7 +130,7 @@ impl fmt::Display for ApiError {
 
 /// Why a call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Failure {
+pub enum RequestFailure {
     /// The API answered with an error status.
     Api(ApiError),
     /// No usable answer: DNS, connect, TLS, a reset, an undecodable body. `timed_out` when the
@@ -155,7 +155,7 @@ pub enum Failure {
     Interrupted(String),
 }
 
-impl fmt::Display for Failure {
+impl fmt::Display for RequestFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Api(e) => e.fmt(f),
@@ -167,7 +167,7 @@ impl fmt::Display for Failure {
     }
 }
 
-impl Failure {
+impl RequestFailure {
     /// The API error, if the API answered.
     pub fn api(&self) -> Option<&ApiError> {
         match self {
@@ -184,10 +184,10 @@ impl Failure {
 
 /// The class of a failed call (§5.8, first match wins). An insert's 409 never gets here: it is
 /// success.
-pub fn classify(f: &Failure, call: Call) -> ErrorClass {
+pub fn classify(f: &RequestFailure, call: Call) -> ErrorClass {
     let e = match f {
-        Failure::Token { permanent: true, .. } => return ErrorClass::Permanent,
-        Failure::Api(e) => e,
+        RequestFailure::Token { permanent: true, .. } => return ErrorClass::Permanent,
+        RequestFailure::Api(e) => e,
         _ => return ErrorClass::Transient,
     };
     match e.status {
@@ -206,14 +206,16 @@ pub fn classify(f: &Failure, call: Call) -> ErrorClass {
 
 /// The health check's reason for a failed list (§6.2, first match wins). `round_over` when the
 /// check's round was cancelled or its deadline passed.
-pub fn check_reason(f: &Failure, round_over: bool) -> &'static str {
+pub fn check_reason(f: &RequestFailure, round_over: bool) -> &'static str {
     match f {
         _ if round_over => REASON_TIMEOUT,
-        Failure::Interrupted(_) | Failure::Transport { timed_out: true, .. } => REASON_TIMEOUT,
-        Failure::Transport { .. } | Failure::Token { .. } | Failure::Undecodable(_) => REASON_UNREACHABLE,
-        Failure::Api(e) if e.status == 401 => REASON_UNAUTHORIZED,
-        Failure::Api(e) if e.status == 403 => REASON_FORBIDDEN,
-        Failure::Api(_) => REASON_API_ERROR,
+        RequestFailure::Interrupted(_) | RequestFailure::Transport { timed_out: true, .. } => REASON_TIMEOUT,
+        RequestFailure::Transport { .. } | RequestFailure::Token { .. } | RequestFailure::Undecodable(_) => {
+            REASON_UNREACHABLE
+        }
+        RequestFailure::Api(e) if e.status == 401 => REASON_UNAUTHORIZED,
+        RequestFailure::Api(e) if e.status == 403 => REASON_FORBIDDEN,
+        RequestFailure::Api(_) => REASON_API_ERROR,
     }
 }
 
@@ -237,8 +239,8 @@ pub fn classify_operation_error(codes: &[String], http_status: Option<u16>) -> E
 mod tests {
     use super::*;
 
-    fn api(status: u16, reasons: &[&str]) -> Failure {
-        Failure::Api(ApiError {
+    fn api(status: u16, reasons: &[&str]) -> RequestFailure {
+        RequestFailure::Api(ApiError {
             status,
             reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
             message: String::new(),
@@ -248,19 +250,19 @@ mod tests {
     #[test]
     fn the_classify_table() {
         use ErrorClass::*;
-        let transport = Failure::Transport {
+        let transport = RequestFailure::Transport {
             message: "connection refused".into(),
             timed_out: false,
         };
         for (f, call, want) in [
             (transport.clone(), Call::Get, Transient),
             (
-                Failure::Interrupted("caller's deadline exceeded".into()),
+                RequestFailure::Interrupted("caller's deadline exceeded".into()),
                 Call::Get,
                 Transient,
             ),
             (
-                Failure::Token {
+                RequestFailure::Token {
                     message: "no key file".into(),
                     permanent: false,
                 },
@@ -268,7 +270,7 @@ mod tests {
                 Transient,
             ),
             (
-                Failure::Token {
+                RequestFailure::Token {
                     message: "unparsable key file".into(),
                     permanent: true,
                 },
@@ -298,7 +300,7 @@ mod tests {
 
     #[test]
     fn the_check_reasons() {
-        let refused = Failure::Transport {
+        let refused = RequestFailure::Transport {
             message: "connection refused".into(),
             timed_out: false,
         };
@@ -309,7 +311,7 @@ mod tests {
             (api(500, &[]), false, REASON_API_ERROR),
             (api(429, &[]), false, REASON_API_ERROR),
             (
-                Failure::Transport {
+                RequestFailure::Transport {
                     message: "operation timed out".into(),
                     timed_out: true,
                 },
@@ -319,14 +321,18 @@ mod tests {
             (refused.clone(), true, REASON_TIMEOUT),
             (refused, false, REASON_UNREACHABLE),
             (
-                Failure::Token {
+                RequestFailure::Token {
                     message: "metadata server unreachable".into(),
                     permanent: false,
                 },
                 false,
                 REASON_UNREACHABLE,
             ),
-            (Failure::Interrupted("call cancelled".into()), false, REASON_TIMEOUT),
+            (
+                RequestFailure::Interrupted("call cancelled".into()),
+                false,
+                REASON_TIMEOUT,
+            ),
         ] {
             assert_eq!(check_reason(&f, over), want, "{f}");
         }

@@ -1,6 +1,6 @@
 //! The thin Compute client: one request at a time, with transport timeouts, a bearer token,
 //! the wire log, a client span per request when the caller has a span, internal retries for
-//! reads, and every failure turned into a [`Failure`] that classify reads.
+//! reads, and every failure turned into a [`RequestFailure`] that classify reads.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::auth::Tokens;
-use crate::classify::{ApiError, Call, Failure};
+use crate::classify::{ApiError, Call, RequestFailure};
 use crate::wire::{self, WireOptions};
 
 /// Google's Compute API.
@@ -51,9 +51,9 @@ pub fn transport_text(e: &reqwest::Error) -> String {
     egress_provider::redact(&text)
 }
 
-/// A transport error as a [`Failure`], telling a timeout apart.
-pub fn transport(e: &reqwest::Error) -> Failure {
-    Failure::Transport {
+/// A transport error as a [`RequestFailure`], telling a timeout apart.
+pub fn transport(e: &reqwest::Error) -> RequestFailure {
+    RequestFailure::Transport {
         message: transport_text(e),
         timed_out: e.is_timeout(),
     }
@@ -62,13 +62,13 @@ pub fn transport(e: &reqwest::Error) -> Failure {
 /// The body of `response`, refusing more than `limit` bytes.
 ///
 /// # Errors
-/// The body broke off or timed out ([`Failure::Transport`]), or is too large
-/// ([`Failure::Undecodable`]).
-pub async fn read_capped(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, Failure> {
+/// The body broke off or timed out ([`RequestFailure::Transport`]), or is too large
+/// ([`RequestFailure::Undecodable`]).
+pub async fn read_capped(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, RequestFailure> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|e| transport(&e))? {
         if body.len() + chunk.len() > limit {
-            return Err(Failure::Undecodable(format!("answer over {limit} bytes")));
+            return Err(RequestFailure::Undecodable(format!("answer over {limit} bytes")));
         }
         body.extend_from_slice(&chunk);
     }
@@ -117,14 +117,14 @@ impl Client {
     }
 
     /// The URL of `path` under the project, with `query`.
-    fn url(&self, path: &str, query: &[(&str, &str)]) -> Result<Url, Failure> {
+    fn url(&self, path: &str, query: &[(&str, &str)]) -> Result<Url, RequestFailure> {
         let raw = format!(
             "{}/projects/{}/{}",
             self.base,
             self.project,
             path.trim_start_matches('/')
         );
-        let mut url = Url::parse(&raw).map_err(|e| Failure::Transport {
+        let mut url = Url::parse(&raw).map_err(|e| RequestFailure::Transport {
             message: format!("bad request URL {raw}: {e}"),
             timed_out: false,
         })?;
@@ -150,7 +150,7 @@ impl Client {
         query: &[(&str, &str)],
         body: Option<&Value>,
         sent_secret: &[u8],
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, RequestFailure> {
         let url = self.url(path, query)?;
         let attempts = match call {
             Call::Get | Call::List | Call::Operation => READ_ATTEMPTS,
@@ -160,7 +160,7 @@ impl Client {
         let mut refreshed = false;
         loop {
             let result = self.once(call, &url, body, sent_secret).await;
-            if let Err(Failure::Api(e)) = &result
+            if let Err(RequestFailure::Api(e)) = &result
                 && e.status == 401
                 && !refreshed
             {
@@ -170,8 +170,8 @@ impl Client {
                 continue;
             }
             let retry = match &result {
-                Err(Failure::Api(e)) => e.status >= 500,
-                Err(Failure::Transport { timed_out, .. }) => !timed_out,
+                Err(RequestFailure::Api(e)) => e.status >= 500,
+                Err(RequestFailure::Transport { timed_out, .. }) => !timed_out,
                 _ => false,
             };
             if !retry || attempt >= attempts {
@@ -188,12 +188,18 @@ impl Client {
     ///
     /// # Errors
     /// Why it failed.
-    pub async fn call_once(&self, call: Call, path: &str, query: &[(&str, &str)]) -> Result<Value, Failure> {
+    pub async fn call_once(&self, call: Call, path: &str, query: &[(&str, &str)]) -> Result<Value, RequestFailure> {
         let url = self.url(path, query)?;
         self.once(call, &url, None, &[]).await
     }
 
-    async fn once(&self, call: Call, url: &Url, body: Option<&Value>, sent_secret: &[u8]) -> Result<Value, Failure> {
+    async fn once(
+        &self,
+        call: Call,
+        url: &Url,
+        body: Option<&Value>,
+        sent_secret: &[u8],
+    ) -> Result<Value, RequestFailure> {
         let method = call.method();
         let token = self.tokens.token().await?;
         // A client span only under a caller's span: background work starts no traces.
@@ -224,16 +230,16 @@ impl Client {
             let bytes = read_capped(response, MAX_ANSWER).await?;
             wire::response(method.as_str(), url.as_str(), status, &bytes, self.wire, sent_secret);
             if !(200..300).contains(&status) {
-                return Err(Failure::Api(ApiError::from_body(status, &bytes)));
+                return Err(RequestFailure::Api(ApiError::from_body(status, &bytes)));
             }
             if bytes.is_empty() {
                 return Ok(Value::Null);
             }
-            serde_json::from_slice(&bytes).map_err(|e| Failure::Undecodable(format!("undecodable answer: {e}")))
+            serde_json::from_slice(&bytes).map_err(|e| RequestFailure::Undecodable(format!("undecodable answer: {e}")))
         }
         .instrument(span)
         .await;
-        if let Err(Failure::Api(e)) = &sent
+        if let Err(RequestFailure::Api(e)) = &sent
             && e.status == 401
         {
             // A refused token is not reused: the next call fetches a fresh one.

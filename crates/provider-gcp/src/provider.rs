@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::body::{insert_body, request_id};
-use crate::classify::{Call, Failure, check_reason, classify, classify_operation_error};
+use crate::classify::{Call, RequestFailure, check_reason, classify, classify_operation_error};
 use crate::client::Client;
 use crate::id;
 use crate::settings::{Settings, placement};
@@ -144,19 +144,19 @@ impl GcpProvider {
         query: &[(&str, &str)],
         body: Option<&Value>,
         sent_secret: &[u8],
-    ) -> Result<Value, Failure> {
+    ) -> Result<Value, RequestFailure> {
         let client = &self.inner.client;
         match cx
             .run_within(CALL_BUDGET, client.call(call, path, query, body, sent_secret))
             .await
         {
             Ok(result) => result,
-            Err(why) => Err(Failure::Interrupted(why.to_string())),
+            Err(why) => Err(RequestFailure::Interrupted(why.to_string())),
         }
     }
 
     /// The error for a failed call, logged (status and reasons) as the API answered it.
-    fn error(&self, op: Op, id: &str, call: Call, f: &Failure) -> ProviderError {
+    fn error(&self, op: Op, id: &str, call: Call, f: &RequestFailure) -> ProviderError {
         let class = classify(f, call);
         let (status, reasons) = f.api().map(|e| (e.status, e.reasons.join(","))).unwrap_or_default();
         tracing::debug!(
@@ -345,7 +345,7 @@ impl Provider for GcpProvider {
             }
             Err(mut f) => {
                 // An API message may quote what it was sent.
-                if let Failure::Api(e) = &mut f {
+                if let RequestFailure::Api(e) = &mut f {
                     e.message = scrub(&e.message, &req.cloud_init);
                 }
                 return Err(self.error(op, &pid, Call::Insert, &f));
@@ -483,7 +483,7 @@ impl Checker for GcpProvider {
             .await
         {
             Ok(r) => r,
-            Err(why) => Err(Failure::Interrupted(why.to_string())),
+            Err(why) => Err(RequestFailure::Interrupted(why.to_string())),
         };
         let latency = started.elapsed().max(Duration::from_nanos(1));
         let status = match listed {

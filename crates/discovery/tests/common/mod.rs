@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use egress_discovery::{Api, ProxyDirectory, ProxyInfo, serve};
+use egress_discovery::{DiscoveryApi, ProxyDirectory, ProxyInfo, serve};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// A proxy of the fleet (Ready when healthy, at 10.0.0.1:3128).
@@ -47,12 +47,12 @@ impl ProxyDirectory for Fixed {
 }
 
 /// Serves `api` on a free loopback port until the guard is dropped; returns its base URL.
-pub async fn serve_on_loopback(api: Api) -> (String, DropGuard) {
+pub async fn serve_on_loopback(api: DiscoveryApi) -> (String, DropGuard) {
     serve_on_loopback_within(api, egress_http::Limits::DEFAULT).await
 }
 
 /// [`serve_on_loopback`] with the server's budgets given.
-pub async fn serve_on_loopback_within(api: Api, limits: egress_http::Limits) -> (String, DropGuard) {
+pub async fn serve_on_loopback_within(api: DiscoveryApi, limits: egress_http::Limits) -> (String, DropGuard) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

@@ -11,7 +11,7 @@ use super::Generation;
 
 /// Why an operation failed.
 #[derive(Clone, Debug)]
-pub enum Failure {
+pub enum OpFailure {
     /// A libvirt call failed while doing `context`.
     Call {
         /// What was being done (`looking up domain proxy-x`).
@@ -28,7 +28,7 @@ pub enum Failure {
     },
 }
 
-impl Failure {
+impl OpFailure {
     /// A libvirt failure while doing `context`.
     pub fn call(context: impl Into<String>, error: LibvirtError) -> Self {
         Self::Call {
@@ -83,7 +83,7 @@ impl Failure {
     }
 
     /// The error the provider returns: classified for `op`, naming entry `entry` and `id`,
-    /// its text scrubbed (see [`Failure::shown`]).
+    /// its text scrubbed (see [`OpFailure::shown`]).
     pub fn into_provider_error(
         self,
         generation: Generation,
@@ -102,7 +102,7 @@ impl Failure {
     }
 }
 
-impl fmt::Display for Failure {
+impl fmt::Display for OpFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Call { context, error } => write!(f, "{context}: {error}"),
@@ -136,13 +136,13 @@ pub trait Context<T> {
     /// The failure, described as doing `what`.
     ///
     /// # Errors
-    /// [`Failure::Call`] when the call failed.
-    fn doing(self, what: impl FnOnce() -> String) -> Result<T, Failure>;
+    /// [`OpFailure::Call`] when the call failed.
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T, OpFailure>;
 }
 
 impl<T> Context<T> for Result<T, LibvirtError> {
-    fn doing(self, what: impl FnOnce() -> String) -> Result<T, Failure> {
-        self.map_err(|error| Failure::call(what(), error))
+    fn doing(self, what: impl FnOnce() -> String) -> Result<T, OpFailure> {
+        self.map_err(|error| OpFailure::call(what(), error))
     }
 }
 
@@ -155,7 +155,7 @@ mod tests {
     #[test]
     fn echoed_cloud_init_and_credentials_are_scrubbed() {
         let ci = b"#cloud-config\nwrite_files:\n  - content: TOP-SECRET-1\n    path: /etc/x\n";
-        let f = Failure::call(
+        let f = OpFailure::call(
             "defining domain vm",
             LibvirtError::daemon(
                 1,
@@ -174,7 +174,7 @@ mod tests {
 
     #[test]
     fn calls_are_classified_for_their_operation_and_verdicts_keep_theirs() {
-        let gone = Failure::call(
+        let gone = OpFailure::call(
             "looking up domain vm",
             LibvirtError::daemon(code::NO_DOMAIN, "Domain not found"),
         );
@@ -184,7 +184,7 @@ mod tests {
             gone.to_string(),
             "looking up domain vm: Domain not found (libvirt error 42)"
         );
-        let e = Failure::quota("storage pool default has 1 bytes available, 2 needed").into_provider_error(
+        let e = OpFailure::quota("storage pool default has 1 bytes available, 2 needed").into_provider_error(
             Generation::Kvm2,
             Op::Create,
             "kvm2-home",

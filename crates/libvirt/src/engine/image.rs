@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use tracing::Instrument as _;
 use tracing::field::Empty;
 
-use super::failure::{Context as _, Failure};
+use super::failure::{Context as _, OpFailure};
 use super::locks::KeyedLocks;
 use super::placement::Image;
 use super::url_host::{host_listed, is_link_local_host};
@@ -139,22 +139,22 @@ pub fn pool_headroom(capacity: u64) -> u64 {
 /// # Errors
 /// 429 and 5xx Transient; other 4xx Permanent; anything else that is not 2xx Transient; a 2xx
 /// without a usable `Content-Length` Permanent.
-pub fn check_response(url: &str, status: StatusCode, length: Option<u64>) -> Result<u64, Failure> {
+pub fn check_response(url: &str, status: StatusCode, length: Option<u64>) -> Result<u64, OpFailure> {
     let shown = status_text(status);
     if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-        return Err(Failure::transient(format!("image {url}: HTTP {shown}")));
+        return Err(OpFailure::transient(format!("image {url}: HTTP {shown}")));
     }
     if status.is_client_error() {
-        return Err(Failure::permanent(format!("image {url}: HTTP {shown}")));
+        return Err(OpFailure::permanent(format!("image {url}: HTTP {shown}")));
     }
     if !status.is_success() {
-        return Err(Failure::transient(format!("image {url}: unexpected HTTP {shown}")));
+        return Err(OpFailure::transient(format!("image {url}: unexpected HTTP {shown}")));
     }
     match length {
-        None => Err(Failure::permanent(format!(
+        None => Err(OpFailure::permanent(format!(
             "image {url}: response has no Content-Length; the volume capacity must be known before upload"
         ))),
-        Some(0) => Err(Failure::permanent(format!(
+        Some(0) => Err(OpFailure::permanent(format!(
             "image {url}: response is empty (Content-Length 0)"
         ))),
         Some(n) => Ok(n),
@@ -184,12 +184,12 @@ fn status_text(status: StatusCode) -> String {
 
 /// A transport failure of an image request. A redirect the policy refused is Permanent: the
 /// mirror sends the operator where it will not go, and asking again changes nothing.
-fn fetch_error(url: &str, e: &reqwest::Error) -> Failure {
+fn fetch_error(url: &str, e: &reqwest::Error) -> OpFailure {
     let message = format!("fetching image {url}: {}", http_error_text(e));
     if e.is_redirect() {
-        Failure::permanent(message)
+        OpFailure::permanent(message)
     } else {
-        Failure::transient(message)
+        OpFailure::transient(message)
     }
 }
 
@@ -223,16 +223,16 @@ pub async fn url_format(
     entry: &str,
     pool: &str,
     image: &Image,
-) -> Result<String, Failure> {
+) -> Result<String, OpFailure> {
     for format in ["qcow2", "raw"] {
         let marker = names::marker(&generation.base_name(entry, &image.key, format));
         match host.volume_path(cx, pool, &marker).await {
             Ok(_) => return Ok(format.to_owned()),
             Err(e) if e.is(code::NO_STORAGE_VOL) => {}
             Err(e) if e.is(code::NO_STORAGE_POOL) => {
-                return Err(Failure::call(format!("looking up storage pool {pool}"), e));
+                return Err(OpFailure::call(format!("looking up storage pool {pool}"), e));
             }
-            Err(e) => return Err(Failure::call(format!("looking up marker {marker}"), e)),
+            Err(e) => return Err(OpFailure::call(format!("looking up marker {marker}"), e)),
         }
     }
     let url = redact(&image.url);
@@ -261,7 +261,7 @@ pub async fn url_format(
     let head = cx
         .run_within(PROBE_BUDGET, first_bytes)
         .await
-        .map_err(|why| Failure::transient(format!("reading the first bytes of {url}: {why}")))??;
+        .map_err(|why| OpFailure::transient(format!("reading the first bytes of {url}: {why}")))??;
     Ok(if head.starts_with(b"QFI\xfb") { "qcow2" } else { "raw" }.to_owned())
 }
 
@@ -277,14 +277,14 @@ pub async fn size_if_uncached(
     host: &dyn Host,
     http: &reqwest::Client,
     img: &Cached<'_>,
-) -> Result<u64, Failure> {
+) -> Result<u64, OpFailure> {
     match host.volume_path(cx, img.pool, &img.marker).await {
         Ok(_) => return Ok(0),
         Err(e) if e.is(code::NO_STORAGE_VOL) => {}
         Err(e) if e.is(code::NO_STORAGE_POOL) => {
-            return Err(Failure::call(format!("looking up storage pool {}", img.pool), e));
+            return Err(OpFailure::call(format!("looking up storage pool {}", img.pool), e));
         }
-        Err(e) => return Err(Failure::call(format!("looking up marker {}", img.marker), e)),
+        Err(e) => return Err(OpFailure::call(format!("looking up marker {}", img.marker), e)),
     }
     let url = img.url();
     let ask = |method: reqwest::Method| async {
@@ -296,12 +296,12 @@ pub async fn size_if_uncached(
             .await
             .map_err(|e| fetch_error(&url, &e))?;
         // Dropped unread: only the headers count.
-        Ok::<_, Failure>((response.status(), declared_length(&response)))
+        Ok::<_, OpFailure>((response.status(), declared_length(&response)))
     };
     let within = |fut| async {
         cx.run_within(PROBE_BUDGET, fut)
             .await
-            .map_err(|why| Failure::transient(format!("asking {url} for the image size: {why}")))?
+            .map_err(|why| OpFailure::transient(format!("asking {url} for the image size: {why}")))?
     };
     let (status, length) = within(ask(reqwest::Method::HEAD)).await?;
     if status.is_success() && length.is_some_and(|n| n > 0) {
@@ -323,12 +323,12 @@ pub async fn ensure(
     http: &reqwest::Client,
     locks: &KeyedLocks,
     img: &Cached<'_>,
-) -> Result<String, Failure> {
+) -> Result<String, OpFailure> {
     let key = format!("{}/{}", img.host, img.base);
     let _held = locks
         .acquire(cx, &key)
         .await
-        .map_err(|why| Failure::transient(format!("waiting for image {} on host {}: {why}", img.base, img.host)))?;
+        .map_err(|why| OpFailure::transient(format!("waiting for image {} on host {}: {why}", img.base, img.host)))?;
     if let Some(path) = cached(cx, host, img).await? {
         return Ok(path);
     }
@@ -357,7 +357,7 @@ pub async fn ensure(
         )
         .await
         .unwrap_or_else(|why| {
-            Err(Failure::transient(format!(
+            Err(OpFailure::transient(format!(
                 "fetching image {} into {}: {why}",
                 img.url(),
                 img.base
@@ -388,7 +388,7 @@ fn url_host(url: &str) -> String {
 
 /// The base's path when the cache holds it complete; `None` (after clearing what is left) when
 /// it must be fetched.
-async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, Failure> {
+async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, OpFailure> {
     match host.volume_path(cx, img.pool, &img.marker).await {
         Ok(_) => {}
         Err(e) if e.is(code::NO_STORAGE_VOL) => {
@@ -398,7 +398,7 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
                 .doing(|| format!("removing incomplete base volume {}", img.base))?;
             return Ok(None);
         }
-        Err(e) => return Err(Failure::call(format!("looking up marker {}", img.marker), e)),
+        Err(e) => return Err(OpFailure::call(format!("looking up marker {}", img.marker), e)),
     }
     if img.generation == Generation::Kvm {
         return cached_kvm(cx, host, img).await;
@@ -418,7 +418,7 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
                 .filter_map(Result::err)
                 .map(|e| e.to_string())
                 .collect();
-            return Err(Failure::transient(format!(
+            return Err(OpFailure::transient(format!(
                 "removing base volume {} and its unreadable marker: {}",
                 img.base,
                 errors.join("; ")
@@ -436,7 +436,7 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
 
 /// A cached base whose marker holds `held` (as the message shows it) where `want` is configured:
 /// refused, never fetched over (overlays may use the base).
-fn digest_refused(img: &Cached<'_>, held: &str, want: &str) -> Failure {
+fn digest_refused(img: &Cached<'_>, held: &str, want: &str) -> OpFailure {
     let message = format!(
         "base image {} is cached with sha256 {held} but {want} is configured; add the image under a new \
          key and move Proxies to it, or delete the Proxies using it and evict the base by hand",
@@ -444,12 +444,12 @@ fn digest_refused(img: &Cached<'_>, held: &str, want: &str) -> Failure {
     );
     // Normal-level: an operator must act, and nothing will change by itself.
     tracing::info!(volume = %img.base, "{message}");
-    Failure::permanent(message)
+    OpFailure::permanent(message)
 }
 
 /// The path of a base whose marker is trusted; `None` (and the marker removed) when the base
 /// itself is gone, so it is fetched again.
-async fn base_path_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, Failure> {
+async fn base_path_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, OpFailure> {
     match host.volume_path(cx, img.pool, &img.base).await {
         Ok(path) => Ok(Some(path)),
         Err(e) if e.is(code::NO_STORAGE_VOL) => {
@@ -458,7 +458,7 @@ async fn base_path_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -
                 .doing(|| format!("removing marker {} of a missing base", img.marker))?;
             Ok(None)
         }
-        Err(e) => Err(Failure::call(format!("looking up base volume {}", img.base), e)),
+        Err(e) => Err(OpFailure::call(format!("looking up base volume {}", img.base), e)),
     }
 }
 
@@ -466,7 +466,7 @@ async fn base_path_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -
 /// its content is read only against a configured `sha256` (its first word, trimmed, any case:
 /// `sha256sum` output is accepted), and a mismatch is refused, never fetched over the base that
 /// the Go operator's overlays may use. A base under a marker is never deleted here.
-async fn cached_kvm(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, Failure> {
+async fn cached_kvm(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, OpFailure> {
     if let Some(want) = &img.image.sha256 {
         let raw = host
             .download(cx, img.pool, &img.marker, MARKER_READ_MAX)
@@ -562,7 +562,7 @@ async fn fetch(
     http: &reqwest::Client,
     img: &Cached<'_>,
     made: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<(), Failure> {
+) -> Result<(), OpFailure> {
     let started = Instant::now();
     let url = img.url();
     let response = http
@@ -577,7 +577,7 @@ async fn fetch(
     tracing::debug!(url = %url, bytes = size, "fetching base image into host pool");
     // The GET's length is what gets written: check it against the pool now (review M11).
     if size > MAX_IMAGE_BYTES {
-        return Err(Failure::permanent(format!(
+        return Err(OpFailure::permanent(format!(
             "image {url} is {size} bytes, over the {MAX_IMAGE_BYTES}-byte limit"
         )));
     }
@@ -588,7 +588,7 @@ async fn fetch(
     let needed = size.saturating_add(img.room_after);
     let usable = info.available.saturating_sub(pool_headroom(info.capacity));
     if usable < needed {
-        return Err(Failure::quota(format!(
+        return Err(OpFailure::quota(format!(
             "storage pool {} has {} bytes available ({usable} once 5% of the pool is kept free), {needed} needed \
              for image {} ({size} bytes) and the volumes made from it",
             img.pool, info.available, img.base
@@ -628,7 +628,7 @@ async fn upload(
     img: &Cached<'_>,
     size: u64,
     made: &std::sync::atomic::AtomicBool,
-) -> Result<String, Failure> {
+) -> Result<String, OpFailure> {
     let url = img.url();
     let xml = VolumeSpec {
         name: img.base.clone(),
@@ -637,7 +637,7 @@ async fn upload(
         backing: None,
     }
     .to_xml(img.generation)
-    .map_err(|e| Failure::permanent(e.to_string()))?;
+    .map_err(|e| OpFailure::permanent(e.to_string()))?;
     own.create_volume(cx, img.pool, &xml)
         .await
         .doing(|| format!("creating base volume {}", img.base))?;
@@ -664,7 +664,7 @@ async fn upload(
     drop(pump);
     let tally = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
     if let Some(e) = tally.error {
-        return Err(Failure::transient(format!(
+        return Err(OpFailure::transient(format!(
             "image {url}: the response ended after {} of {size} bytes: {}",
             tally.read,
             redact(&e)
@@ -672,7 +672,7 @@ async fn upload(
     }
     uploaded.doing(|| format!("uploading base volume {}", img.base))?;
     if tally.read != size {
-        return Err(Failure::transient(format!(
+        return Err(OpFailure::transient(format!(
             "image {url}: short read, {} of {size} bytes",
             tally.read
         )));
@@ -681,7 +681,7 @@ async fn upload(
     if let Some(want) = &img.image.sha256
         && *want != digest
     {
-        return Err(Failure::permanent(format!(
+        return Err(OpFailure::permanent(format!(
             "image {url}: sha256 {digest} does not match the configured {want}"
         )));
     }
@@ -695,7 +695,7 @@ const REFRESH_PAUSE: Duration = Duration::from_secs(1);
 /// Refreshes the pool after an upload. libvirt refuses a refresh while any upload into the pool
 /// runs (error 1, "pool has asynchronous jobs running"), such as another create's seed: that is
 /// tried again for a few seconds rather than throwing away a verified download.
-async fn refresh_after_upload(cx: &OpCtx, own: &dyn Host, pool: &str) -> Result<(), Failure> {
+async fn refresh_after_upload(cx: &OpCtx, own: &dyn Host, pool: &str) -> Result<(), OpFailure> {
     let mut tries = 0;
     loop {
         match own.refresh_pool(cx, pool).await {
@@ -704,11 +704,11 @@ async fn refresh_after_upload(cx: &OpCtx, own: &dyn Host, pool: &str) -> Result<
                 tries += 1;
                 tracing::debug!(pool, error = %e, "pool refresh refused; trying again");
                 cx.run(tokio::time::sleep(REFRESH_PAUSE)).await.map_err(|why| {
-                    Failure::transient(format!("refreshing storage pool {pool} after the upload: {why}"))
+                    OpFailure::transient(format!("refreshing storage pool {pool} after the upload: {why}"))
                 })?;
             }
             Err(e) => {
-                return Err(Failure::call(
+                return Err(OpFailure::call(
                     format!("refreshing storage pool {pool} after the upload"),
                     e,
                 ));
@@ -719,7 +719,7 @@ async fn refresh_after_upload(cx: &OpCtx, own: &dyn Host, pool: &str) -> Result<
 
 /// Refreshes the pool (libvirt re-reads the uploaded image's real format and size), then
 /// writes the marker that completes the base.
-async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str) -> Result<(), Failure> {
+async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str) -> Result<(), OpFailure> {
     refresh_after_upload(cx, own, img.pool).await?;
     let xml = VolumeSpec {
         name: img.marker.clone(),
@@ -728,7 +728,7 @@ async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str
         backing: None,
     }
     .to_xml(img.generation)
-    .map_err(|e| Failure::permanent(e.to_string()))?;
+    .map_err(|e| OpFailure::permanent(e.to_string()))?;
     own.create_volume(cx, img.pool, &xml)
         .await
         .doing(|| format!("creating marker {}", img.marker))?;
@@ -738,7 +738,7 @@ async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str
         .await
     {
         let _ = discard(cx, own, img.pool, &img.marker).await;
-        return Err(Failure::call(format!("writing marker {}", img.marker), e));
+        return Err(OpFailure::call(format!("writing marker {}", img.marker), e));
     }
     Ok(())
 }

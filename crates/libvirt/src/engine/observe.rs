@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use crate::host::{DomainState, Host, Interface, code, first_ipv4};
 use egress_provider::{InstanceState, OpCtx};
 
-use super::failure::Failure;
+use super::failure::OpFailure;
 use super::{Generation, names};
 
 /// The reconciler's state for a libvirt state and whether an address was found.
@@ -55,7 +55,7 @@ pub async fn discover(
     host: &dyn Host,
     generation: Generation,
     name: &str,
-) -> Result<Option<IpAddr>, Failure> {
+) -> Result<Option<IpAddr>, OpFailure> {
     let mut answered = false;
     let mut failures = Vec::new();
     let mac = names::mac(name);
@@ -75,10 +75,10 @@ pub async fn discover(
                 answered = true;
             }
             Err(e) if e.is(code::NO_DOMAIN) => {
-                return Err(Failure::call(format!("reading addresses of domain {name}"), e));
+                return Err(OpFailure::call(format!("reading addresses of domain {name}"), e));
             }
             Err(e) if e.transport || cx.interrupted().is_some() => {
-                return Err(Failure::transient(format!(
+                return Err(OpFailure::transient(format!(
                     "reading addresses of domain {name} from the {} source: {e}",
                     source.name()
                 )));
@@ -92,7 +92,7 @@ pub async fn discover(
     if answered || failures.is_empty() {
         return Ok(None);
     }
-    Err(Failure::transient(format!(
+    Err(OpFailure::transient(format!(
         "reading addresses of domain {name}: every source failed: {}",
         failures.join("; ")
     )))

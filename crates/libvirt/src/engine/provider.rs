@@ -20,7 +20,7 @@ use egress_provider::{
 use futures::StreamExt as _;
 
 use super::Generation;
-use super::failure::{self, Context as _, Failure};
+use super::failure::{self, Context as _, OpFailure};
 use super::image::{self, Cached};
 use super::locks::KeyedLocks;
 use super::placement::{self, Resolved};
@@ -122,12 +122,12 @@ impl LibvirtProvider {
         self.shared.hosts.get(name)
     }
 
-    fn fail(&self, op: egress_provider::Op, id: &str, failure: Failure) -> ProviderError {
+    fn fail(&self, op: egress_provider::Op, id: &str, failure: OpFailure) -> ProviderError {
         self.fail_scrubbed(op, id, failure, b"")
     }
 
     /// As `fail`, with any echo of `cloud_init` taken out of the log line and the error.
-    fn fail_scrubbed(&self, op: egress_provider::Op, id: &str, failure: Failure, cloud_init: &[u8]) -> ProviderError {
+    fn fail_scrubbed(&self, op: egress_provider::Op, id: &str, failure: OpFailure, cloud_init: &[u8]) -> ProviderError {
         let shown = failure.shown(cloud_init);
         match failure.libvirt() {
             Some(e) if !e.transport => {
@@ -162,10 +162,10 @@ fn warn_about_files(cfg: &KvmConfig) {
 }
 
 /// The mark of an existing domain, checked for adoption by Proxy `uid`.
-fn adoption(generation: Generation, name: &str, element: Option<String>, uid: &str) -> Result<Mark, Failure> {
+fn adoption(generation: Generation, name: &str, element: Option<String>, uid: &str) -> Result<Mark, OpFailure> {
     let mark = owned_mark(generation, name, element)?;
     if !mark.uid.is_empty() && !mark.uid.eq_ignore_ascii_case(uid) {
-        return Err(Failure::permanent(format!(
+        return Err(OpFailure::permanent(format!(
             "domain {name} belongs to proxy uid {}, not {uid}",
             mark.uid
         )));
@@ -175,15 +175,15 @@ fn adoption(generation: Generation, name: &str, element: Option<String>, uid: &s
 
 /// The provider's mark on domain `name`, which must carry one (review M2: a domain this
 /// provider did not make is neither adopted, nor reported, nor deleted).
-fn owned_mark(generation: Generation, name: &str, element: Option<String>) -> Result<Mark, Failure> {
+fn owned_mark(generation: Generation, name: &str, element: Option<String>) -> Result<Mark, OpFailure> {
     let not_ours = || {
-        Failure::permanent(format!(
+        OpFailure::permanent(format!(
             "domain {name} exists but is not managed by this provider: it carries no {} mark",
             generation.block()
         ))
     };
     let element = element.ok_or_else(not_ours)?;
-    let mark = Mark::parse(&element).map_err(|e| Failure::permanent(format!("domain {name}: {e}")))?;
+    let mark = Mark::parse(&element).map_err(|e| OpFailure::permanent(format!("domain {name}: {e}")))?;
     if mark.managed { Ok(mark) } else { Err(not_ours()) }
 }
 
@@ -199,7 +199,7 @@ impl LibvirtProvider {
         host: &dyn Host,
         r: &Resolved<'_>,
         req: &CreateRequest,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), OpFailure> {
         let name = req.name.as_str();
         let pool = r.host.effective_pool();
         let generation = self.generation();
@@ -219,7 +219,7 @@ impl LibvirtProvider {
                 );
                 match host.undefine_domain(cx, name, UNDEFINE_FLAGS).await {
                     Err(e) if !e.is(code::NO_DOMAIN) => {
-                        return Err(Failure::call(
+                        return Err(OpFailure::call(
                             format!("undefining domain {name} without its volumes"),
                             e,
                         ));
@@ -228,7 +228,7 @@ impl LibvirtProvider {
                 }
             }
             Err(e) if e.is(code::NO_DOMAIN) => {}
-            Err(e) => return Err(Failure::call(format!("looking up domain {name}"), e)),
+            Err(e) => return Err(OpFailure::call(format!("looking up domain {name}"), e)),
         }
 
         // A URL image's format, read only now: adopting a domain needs no image.
@@ -258,7 +258,7 @@ impl LibvirtProvider {
             // Review M5: an overlay smaller than its image would cut the guest's disk short.
             let disk = disk_bytes(&self.shared.cfg, self.generation())?;
             if size > disk {
-                return Err(Failure::permanent(format!(
+                return Err(OpFailure::permanent(format!(
                     "image {} has a virtual size of {size} bytes, more than the {disk} bytes of {}.diskSizeGb \
                      ({} GiB): raise diskSizeGb",
                     img.base,
@@ -271,7 +271,7 @@ impl LibvirtProvider {
         };
         rest.await.map_err(|f| match f.libvirt() {
             Some(e) if e.is(code::NO_STORAGE_POOL) => {
-                Failure::transient(format!("{f} (the pool vanished during the create)"))
+                OpFailure::transient(format!("{f} (the pool vanished during the create)"))
             }
             _ => f,
         })
@@ -286,7 +286,7 @@ impl LibvirtProvider {
         r: &Resolved<'_>,
         req: &CreateRequest,
         base: &Base,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), OpFailure> {
         let (name, pool) = (req.name.as_str(), r.host.effective_pool());
         let defined = self.define(cx, host, r, req, base).await;
         // A call whose connection failed may have been carried out all the same: the domain
@@ -309,7 +309,7 @@ impl LibvirtProvider {
 
     /// Whether stopped domain `name` lost its overlay or seed (a running one has them open and
     /// is left alone).
-    async fn volumes_gone(&self, cx: &OpCtx, host: &dyn Host, pool: &str, name: &str) -> Result<bool, Failure> {
+    async fn volumes_gone(&self, cx: &OpCtx, host: &dyn Host, pool: &str, name: &str) -> Result<bool, OpFailure> {
         let state = host
             .domain_state(cx, name)
             .await
@@ -321,7 +321,7 @@ impl LibvirtProvider {
             match host.volume_path(cx, pool, &volume).await {
                 Ok(_) => {}
                 Err(e) if e.is(code::NO_STORAGE_VOL) => return Ok(true),
-                Err(e) => return Err(Failure::call(format!("looking up volume {volume}"), e)),
+                Err(e) => return Err(OpFailure::call(format!("looking up volume {volume}"), e)),
             }
         }
         Ok(false)
@@ -335,12 +335,12 @@ impl LibvirtProvider {
         host: &dyn Host,
         img: &Cached<'_>,
         image_bytes: u64,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), OpFailure> {
         let disk = disk_bytes(&self.shared.cfg, self.generation())?;
         let needed = image_bytes
             .checked_add(disk)
             .and_then(|n| n.checked_add(SEED_RESERVE))
-            .ok_or_else(|| Failure::permanent("the pool space needed overflows".to_owned()))?;
+            .ok_or_else(|| OpFailure::permanent("the pool space needed overflows".to_owned()))?;
         match host.refresh_pool(cx, img.pool).await {
             Ok(()) => {}
             // libvirt refuses a refresh while an upload into the pool runs ("pool has
@@ -348,14 +348,14 @@ impl LibvirtProvider {
             Err(e) if !e.transport && !e.is(code::NO_STORAGE_POOL) => {
                 tracing::debug!(host = host.name(), pool = img.pool, error = %e, "pool refresh refused; using libvirt's last numbers");
             }
-            Err(e) => return Err(Failure::call(format!("refreshing storage pool {}", img.pool), e)),
+            Err(e) => return Err(OpFailure::call(format!("refreshing storage pool {}", img.pool), e)),
         }
         let info = host
             .pool_info(cx, img.pool)
             .await
             .doing(|| format!("reading storage pool {}", img.pool))?;
         if info.state != POOL_RUNNING {
-            return Err(Failure::permanent(format!(
+            return Err(OpFailure::permanent(format!(
                 "storage pool {} is not running (state {})",
                 img.pool,
                 check::pool_state_name(info.state)
@@ -367,7 +367,7 @@ impl LibvirtProvider {
             .available
             .saturating_sub(super::image::pool_headroom(info.capacity));
         if usable < needed {
-            return Err(Failure::quota(format!(
+            return Err(OpFailure::quota(format!(
                 "storage pool {} has {} bytes available ({usable} once 5% of the pool is kept free), {needed} needed",
                 img.pool, info.available
             )));
@@ -386,7 +386,7 @@ impl LibvirtProvider {
         overlay: &str,
         r: &Resolved<'_>,
         base: &Base,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), OpFailure> {
         let xml = VolumeSpec {
             name: overlay.to_owned(),
             capacity_bytes: i64::try_from(disk_bytes(&self.shared.cfg, self.generation())?).unwrap_or(i64::MAX),
@@ -394,7 +394,7 @@ impl LibvirtProvider {
             backing: Some((base.path.clone(), r.image.format.clone())),
         }
         .to_xml(self.generation())
-        .map_err(|e| Failure::permanent(e.to_string()))?;
+        .map_err(|e| OpFailure::permanent(e.to_string()))?;
         let creating = || format!("creating overlay volume {overlay}");
         match host.create_volume(cx, pool, &xml).await {
             Ok(()) => {
@@ -402,7 +402,7 @@ impl LibvirtProvider {
                 return Ok(());
             }
             Err(e) if e.is(code::STORAGE_VOL_EXIST) => {}
-            Err(e) => return Err(Failure::call(creating(), e)),
+            Err(e) => return Err(OpFailure::call(creating(), e)),
         }
         let size = host
             .volume_capacity(cx, pool, overlay)
@@ -432,7 +432,7 @@ impl LibvirtProvider {
         r: &Resolved<'_>,
         req: &CreateRequest,
         base: &Base,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), OpFailure> {
         let cfg = &self.shared.cfg;
         let name = req.name.as_str();
         let pool = r.host.effective_pool();
@@ -444,7 +444,7 @@ impl LibvirtProvider {
         let seed = names::seed(name);
         match host.delete_volume(cx, pool, &seed).await {
             Err(e) if !e.is(code::NO_STORAGE_VOL) => {
-                return Err(Failure::call(format!("removing old seed volume {seed}"), e));
+                return Err(OpFailure::call(format!("removing old seed volume {seed}"), e));
             }
             _ => {}
         }
@@ -458,7 +458,7 @@ impl LibvirtProvider {
             backing: None,
         }
         .to_xml(self.generation())
-        .map_err(|e| Failure::permanent(e.to_string()))?;
+        .map_err(|e| OpFailure::permanent(e.to_string()))?;
         host.create_volume(cx, pool, &xml)
             .await
             .doing(|| format!("creating seed volume {seed}"))?;
@@ -493,7 +493,7 @@ impl LibvirtProvider {
             mac: Some(names::mac(name)),
         }
         .to_xml(self.generation())
-        .map_err(|e| Failure::permanent(e.to_string()))?;
+        .map_err(|e| OpFailure::permanent(e.to_string()))?;
         host.define_domain(cx, &xml)
             .await
             .doing(|| format!("defining domain {name}"))?;
@@ -505,10 +505,10 @@ impl LibvirtProvider {
 
 /// What a seed that could not be built means: only a missing name is the request's fault
 /// (review M8: a writer failure is retried).
-fn seed_failure(e: SeedError) -> Failure {
+fn seed_failure(e: SeedError) -> OpFailure {
     match e {
-        SeedError::EmptyName => Failure::permanent(e.to_string()),
-        SeedError::Write { .. } => Failure::transient(e.to_string()),
+        SeedError::EmptyName => OpFailure::permanent(e.to_string()),
+        SeedError::Write { .. } => OpFailure::transient(e.to_string()),
     }
 }
 
@@ -521,16 +521,16 @@ struct Base {
 }
 
 /// The overlay's size in bytes.
-fn disk_bytes(cfg: &KvmConfig, generation: Generation) -> Result<u64, Failure> {
+fn disk_bytes(cfg: &KvmConfig, generation: Generation) -> Result<u64, OpFailure> {
     u64::try_from(cfg.effective_disk_size_gb())
         .ok()
         .and_then(|gib| gib.checked_mul(1 << 30))
-        .ok_or_else(|| Failure::permanent(format!("{}.diskSizeGb is out of range", generation.block())))
+        .ok_or_else(|| OpFailure::permanent(format!("{}.diskSizeGb is out of range", generation.block())))
 }
 
 /// Starts domain `name` unless it runs, and waits (15 s at most) until libvirt reports it
 /// running. A paused or suspended domain is an administrator's doing and is left alone.
-async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), Failure> {
+async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), OpFailure> {
     let state = host
         .domain_state(cx, name)
         .await
@@ -539,7 +539,7 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), F
         return Ok(());
     }
     if matches!(state, DomainState::Paused | DomainState::PmSuspended) {
-        return Err(Failure::permanent(format!(
+        return Err(OpFailure::permanent(format!(
             "domain {name} is {} and cannot be started by the operator; resume or destroy it on the host",
             state.name()
         )));
@@ -549,7 +549,7 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), F
         Err(e) if e.is(code::OPERATION_INVALID) => {
             tracing::debug!(host = host.name(), name, "domain start reported it already running");
         }
-        Err(e) => return Err(Failure::call(format!("starting domain {name}"), e)),
+        Err(e) => return Err(OpFailure::call(format!("starting domain {name}"), e)),
     }
     let started = Instant::now();
     loop {
@@ -561,20 +561,20 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), F
             s if s.is_active() => return Ok(()),
             DomainState::NoState => {}
             other => {
-                return Err(Failure::transient(format!(
+                return Err(OpFailure::transient(format!(
                     "domain {name} went {} right after start",
                     other.name()
                 )));
             }
         }
         if started.elapsed() >= RUNNING_CAP {
-            return Err(Failure::transient(format!(
+            return Err(OpFailure::transient(format!(
                 "domain {name} did not reach running within 15s (state {})",
                 state.name()
             )));
         }
         if let Err(why) = cx.run(tokio::time::sleep(RUNNING_POLL)).await {
-            return Err(Failure::transient(format!("waiting for domain {name} to run: {why}")));
+            return Err(OpFailure::transient(format!("waiting for domain {name} to run: {why}")));
         }
     }
 }
@@ -584,7 +584,7 @@ impl Provider for LibvirtProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let op = egress_provider::Op::Create;
         let resolved = placement::resolve(self.generation(), &self.shared.cfg, &req.placement)
-            .map_err(|m| self.fail(op, "", Failure::permanent(m)))?;
+            .map_err(|m| self.fail(op, "", OpFailure::permanent(m)))?;
         let id = id::format(&resolved.host.name, &req.name);
         let img = Cached::new(
             self.generation(),
@@ -612,14 +612,14 @@ impl Provider for LibvirtProvider {
             return Err(self.fail(
                 op,
                 &id,
-                Failure::permanent(format!("host {:?} has no connection", resolved.host.name)),
+                OpFailure::permanent(format!("host {:?} has no connection", resolved.host.name)),
             ));
         };
         let _turn = self.shared.names.acquire(cx, &req.name).await.map_err(|why| {
             self.fail(
                 op,
                 &id,
-                Failure::transient(format!("waiting for the lock on {}: {why}", req.name)),
+                OpFailure::transient(format!("waiting for the lock on {}: {why}", req.name)),
             )
         })?;
         failure::guarding(&req.cloud_init, self.create_on(cx, host.as_ref(), &resolved, req))
@@ -632,12 +632,12 @@ impl Provider for LibvirtProvider {
     async fn get(&self, cx: &OpCtx, pid: &ProviderId) -> Result<Instance, ProviderError> {
         let op = egress_provider::Op::Get;
         let id = pid.as_str();
-        let (host_name, name) = id::parse(id).map_err(|m| self.fail(op, id, Failure::permanent(m)))?;
+        let (host_name, name) = id::parse(id).map_err(|m| self.fail(op, id, OpFailure::permanent(m)))?;
         let host = self.host(host_name).ok_or_else(|| {
             self.fail(
                 op,
                 id,
-                Failure::permanent(format!("host {host_name:?} is not in {}.hosts", self.block())),
+                OpFailure::permanent(format!("host {host_name:?} is not in {}.hosts", self.block())),
             )
         })?;
         let read = async {
@@ -645,7 +645,7 @@ impl Provider for LibvirtProvider {
             let element = match host.domain_metadata(cx, name, generation.namespace()).await {
                 Err(e) if e.is(code::NO_DOMAIN) => {
                     tracing::debug!(host = host_name, name, "{} domain not found", generation.label());
-                    return Err(Failure::call(format!("looking up domain {name}"), e));
+                    return Err(OpFailure::call(format!("looking up domain {name}"), e));
                 }
                 other => other.doing(|| format!("reading the mark of domain {name}"))?,
             };
@@ -674,7 +674,7 @@ impl Provider for LibvirtProvider {
     async fn delete(&self, cx: &OpCtx, pid: &ProviderId) -> Result<(), ProviderError> {
         let op = egress_provider::Op::Delete;
         let id = pid.as_str();
-        let (host_name, name) = id::parse(id).map_err(|m| self.fail(op, id, Failure::permanent(m)))?;
+        let (host_name, name) = id::parse(id).map_err(|m| self.fail(op, id, OpFailure::permanent(m)))?;
         let Some(host) = self.host(host_name) else {
             tracing::debug!(id, "host is not configured; delete has nothing to clean up");
             return Ok(());
@@ -690,14 +690,14 @@ impl Provider for LibvirtProvider {
             self.fail(
                 op,
                 id,
-                Failure::transient(format!("waiting for the lock on {name}: {why}")),
+                OpFailure::transient(format!("waiting for the lock on {name}: {why}")),
             )
         })?;
         let work = async {
             match host.domain_metadata(cx, name, self.generation().namespace()).await {
                 // Gone: its volumes may still be there (a create that died before its define).
                 Err(e) if e.is(code::NO_DOMAIN) => tracing::debug!(host = host_name, name, "domain already gone"),
-                Err(e) => return Err(Failure::call(format!("reading the mark of domain {name}"), e)),
+                Err(e) => return Err(OpFailure::call(format!("reading the mark of domain {name}"), e)),
                 Ok(element) => {
                     // Review M2: a domain this provider did not make is left as it is, and so
                     // are the volumes of its name.
@@ -762,7 +762,7 @@ impl LibvirtProvider {
     ///
     /// # Errors
     /// A failed connection or a caller that gave up: the whole list fails (review M15).
-    async fn inspect(&self, cx: &OpCtx, host: &dyn Host, instance: Instance) -> Result<Option<Instance>, Failure> {
+    async fn inspect(&self, cx: &OpCtx, host: &dyn Host, instance: Instance) -> Result<Option<Instance>, OpFailure> {
         let Ok((_, name)) = id::parse(instance.id.as_str()) else {
             return Ok(None);
         };
@@ -777,7 +777,7 @@ impl LibvirtProvider {
             } else {
                 None
             };
-            Ok::<_, Failure>((state, ip))
+            Ok::<_, OpFailure>((state, ip))
         };
         match read.await {
             Ok((state, ip)) => Ok(Some(

@@ -27,7 +27,7 @@ use egress_provider::{
     BoxError, CreateRequest, ErrorClass, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Placement, Provider, ProviderId,
     name_from_uid,
 };
-use egress_provider_gcp::classify::{ApiError, Call, Failure, classify};
+use egress_provider_gcp::classify::{ApiError, Call, RequestFailure, classify};
 use egress_provider_gcp::{CredentialSource, Settings, WireOptions};
 
 pub use fake::{FakeCompute, PROJECT, SERVICE_ACCOUNT, ZONES};
@@ -302,7 +302,7 @@ pub fn request_in(uid: &str, zone: &str) -> CreateRequest {
 fn api_row(file: &str, call: Call) -> ErrorClass {
     let body = fake::fixture(&format!("errors/{file}.json"));
     let status: u16 = file[..3].parse().expect("a status prefix");
-    classify(&Failure::Api(ApiError::from_body(status, body.as_bytes())), call)
+    classify(&RequestFailure::Api(ApiError::from_body(status, body.as_bytes())), call)
 }
 
 #[async_trait]
@@ -436,14 +436,14 @@ impl ConformanceTarget for GcpTarget {
         for (what, f) in [
             (
                 "connection refused",
-                Failure::Transport {
+                RequestFailure::Transport {
                     message: "connection refused".into(),
                     timed_out: false,
                 },
             ),
             (
                 "no token",
-                Failure::Token {
+                RequestFailure::Token {
                     message: "token endpoint unreachable".into(),
                     permanent: false,
                 },

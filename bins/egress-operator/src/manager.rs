@@ -1,0 +1,524 @@
+//! The manager `run` starts once the flags are parsed and the logger is up, in named steps:
+//!
+//! 1. [`load_providers`]: the providers file, built into providers, and the health probes'
+//!    TLS roots. Fails fast, before any connection.
+//! 2. [`start_replica`]: what every replica runs: the Kubernetes client, the Proxy and Secret
+//!    caches, the lease store and its sweep, the metrics registry, and the probe, metrics and
+//!    discovery servers.
+//! 3. [`lead`]: with `--leader-elect`, waiting for the Lease.
+//! 4. [`start_leader_tasks`]: the leader's work: the view it publishes to the lease store, the
+//!    health engine, the Proxy controller, the orphan GC and the provider-health monitor.
+//! 5. [`supervise`]: running until shutdown, a lost Lease, or a part that ends before it should.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egress_controller::credentials::CredentialCache;
+use egress_controller::decide::Timings;
+use egress_controller::gc::OrphanGc;
+use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
+use egress_controller::provider_health::{self, Monitor, ProviderHealthSnapshot, Schedule};
+use egress_controller::proxy_cache::ProxyCache;
+use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
+use egress_controller::runtime_metrics::ReconcileMetrics;
+use egress_lease::LeaseStore;
+use egress_provider::Providers;
+use egress_provider::config::ProvidersConfig;
+use egress_provider::decorate::ProviderMetrics;
+use futures::{FutureExt as _, StreamExt as _};
+use tokio::sync::watch;
+use tokio::task::{Id, JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::flags::Options;
+use crate::{
+    Extensions, Fatal, Health, HealthEvents, ProviderFlags, STOP_BUDGET, discovery_auth, fatal, fatal_plain, serve,
+};
+
+/// Runs the operator until shutdown (or a failure), step by step.
+pub(crate) async fn operate(
+    options: Options,
+    extensions: Extensions,
+    shutdown: CancellationToken,
+) -> Result<(), Fatal> {
+    let Extensions {
+        registry,
+        health,
+        notice,
+    } = extensions;
+    let registry = registry(&ProviderFlags {
+        gcp_wire_log_full_payloads: options.gcp_wire_log_full_payloads,
+    });
+    let loaded = load_providers(&options, &registry, &health)?;
+    if let Some(notice) = notice {
+        tracing::warn!("{notice}");
+    }
+    let replica = start_replica(&options, &loaded, &shutdown).await?;
+    let leading = match lead(&options, &replica, &shutdown).await? {
+        Leadership::Stopping => return stop(replica.tasks).await,
+        Leadership::Leading(leading) => leading,
+    };
+    let running = start_leader_tasks(&options, replica, loaded, health, &shutdown)?;
+    supervise(running, leading, shutdown).await
+}
+
+/// The built providers and what the leader checks them with.
+struct Loaded {
+    providers: Arc<Providers>,
+    provider_metrics: ProviderMetrics,
+    /// The provider-health checks' schedule (`None`: checks are off).
+    schedule: Option<Schedule>,
+    /// The health engine's TLS roots (`None` with scripted verdicts).
+    probe_tls: Option<egress_health::ProbeTls>,
+}
+
+/// Step 1: the providers file, loaded and built (all or nothing), and the probes' TLS roots.
+fn load_providers(options: &Options, registry: &egress_provider::Registry, health: &Health) -> Result<Loaded, Fatal> {
+    if options.providers_config.is_empty() {
+        return Err(fatal_plain("--providers-config is required"));
+    }
+    let schedule = provider_health::schedule(options.provider_check_interval, options.provider_check_timeout)
+        .map_err(|e| fatal("Invalid provider check flags", e))?;
+    let path = std::path::Path::new(&options.providers_config);
+    let config = ProvidersConfig::load(path, registry).map_err(|e| Fatal {
+        message: "Failed to load providers config".into(),
+        error: Some(e.message),
+        path: Some(options.providers_config.clone()),
+    })?;
+    let probe_tls = match (health, options.health_check_ca_file.as_str()) {
+        (Health::Scripted { .. }, _) => None,
+        (Health::Engine, "") => Some(egress_health::ProbeTls::system()),
+        (Health::Engine, file) => Some(egress_health::ProbeTls::system_and_file(std::path::Path::new(file))),
+    }
+    .transpose()
+    .map_err(|e| fatal("Failed to load the health probes' CA roots", e))?;
+    let provider_metrics = ProviderMetrics::new();
+    let providers = Arc::new(
+        registry
+            .build(&config, &provider_metrics)
+            .map_err(|e| fatal("Failed to build providers", e))?,
+    );
+    tracing::info!(
+        providers = ?providers.entries().iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        "Providers ready"
+    );
+    Ok(Loaded {
+        providers,
+        provider_metrics,
+        schedule,
+        probe_tls,
+    })
+}
+
+/// What every replica runs, and the handles the leader's tasks share.
+struct Replica {
+    client: kube::Client,
+    /// `--proxy-namespace`, when set.
+    namespace: Option<String>,
+    cache: ProxyCache,
+    credentials: CredentialCache,
+    store: Arc<dyn LeaseStore>,
+    metrics: Arc<Mutex<prometheus_client::registry::Registry>>,
+    health_metrics: egress_health::HealthMetrics,
+    reconcile_metrics: ReconcileMetrics,
+    /// What the provider-health monitor found, read by the metrics.
+    provider_health: ProviderHealthSnapshot,
+    tasks: JoinSet<()>,
+    /// The tasks that run until shutdown; one that ends earlier is a failure of the manager.
+    essential: HashSet<Id>,
+}
+
+/// Step 2: what every replica runs, leader or not.
+async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &CancellationToken) -> Result<Replica, Fatal> {
+    let (client, rest_metrics) = crate::kube_client(&options.kubeconfig)
+        .await
+        .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
+
+    let provider_health = ProviderHealthSnapshot::default();
+    let namespace = Some(options.proxy_namespace.clone()).filter(|n| !n.is_empty());
+    let (cache, keep_cache) =
+        egress_controller::proxy_cache::proxy_cache(client.clone(), namespace.as_deref(), shutdown.clone());
+    let (credentials, keep_credentials) =
+        egress_controller::credentials::credential_cache(client.clone(), namespace.as_deref(), shutdown.clone());
+    let mut tasks = JoinSet::new();
+    let cache_task = tasks.spawn(keep_cache).id();
+    tasks.spawn(keep_credentials);
+    let mut metrics = prometheus_client::registry::Registry::default();
+    loaded.provider_metrics.register(&mut metrics);
+    let health_metrics = egress_health::HealthMetrics::new();
+    health_metrics.register(&mut metrics);
+    egress_controller::metrics::register(&mut metrics, provider_health.clone(), cache.store());
+    // controller-runtime's families, for dashboards built for the Go operator.
+    let reconcile_metrics = ReconcileMetrics::new(ControllerConfig::default().concurrency);
+    reconcile_metrics.register(&mut metrics);
+    rest_metrics.register(&mut metrics);
+    egress_controller::runtime_metrics::register_process(&mut metrics);
+    // Leases live in this process (one replica) or in Redis (shared by every replica); the
+    // store and its sweep run on every replica.
+    let store = lease_store(options)?;
+    metrics.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
+    metrics.register_collector(Box::new(egress_controller::metrics::CooldownsDropped(store.clone())));
+    let metrics = Arc::new(Mutex::new(metrics));
+    let mut essential: HashSet<Id> = [cache_task, tasks.spawn(sweep(store.clone(), shutdown.clone())).id()].into();
+
+    let limits = egress_http::Limits {
+        max_connections: options.max_connections,
+        ..egress_http::Limits::DEFAULT
+    };
+    if options.health_probe_bind_address != "0" {
+        let addr = serve::bind_address("health-probe-bind-address", &options.health_probe_bind_address)
+            .map_err(|e| fatal("Failed to start the health probe server", e))?;
+        let bound = serve::probes(addr, limits, shutdown.clone())
+            .await
+            .map_err(|e| fatal("Failed to start the health probe server", e))?;
+        tracing::info!(address = %bound, "Serving health probes");
+    }
+    if options.metrics_bind_address != "0" {
+        let addr = serve::bind_address("metrics-bind-address", &options.metrics_bind_address)
+            .map_err(|e| fatal("Failed to start the metrics server", e))?;
+        let guard = options.metrics_secure.then(|| serve::Guard::new(client.clone()));
+        let bound = serve::metrics(
+            addr,
+            metrics.clone(),
+            guard,
+            options.enable_http2,
+            limits,
+            shutdown.clone(),
+        )
+        .await
+        .map_err(|e| fatal("Failed to start the metrics server", e))?;
+        tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
+    }
+    if options.discovery_addr != "0" {
+        let addr = serve::bind_address("discovery-addr", &options.discovery_addr)
+            .map_err(|e| fatal("Failed to start the discovery server", e))?;
+        let listener = serve::listen(addr)
+            .await
+            .map_err(|e| fatal("Failed to start the discovery server", format!("binding {addr}: {e}")))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| fatal("Failed to start the discovery server", e))?;
+        let auth = discovery_auth::start(options, &client, &own_namespace(&client), &mut tasks, shutdown).await;
+        let api = egress_discovery::DiscoveryApi {
+            directory: Arc::new(egress_controller::discovery::CachedDirectory::new(
+                cache.clone(),
+                credentials.clone(),
+            )),
+            store: store.clone(),
+            max_ttl: options.max_lease_ttl,
+            auth,
+        };
+        essential.insert(
+            tasks
+                .spawn(egress_discovery::serve(
+                    listener,
+                    Arc::new(api),
+                    limits,
+                    shutdown.clone(),
+                ))
+                .id(),
+        );
+        tracing::info!(address = %bound, "Serving the discovery API");
+    }
+    Ok(Replica {
+        client,
+        namespace,
+        cache,
+        credentials,
+        store,
+        metrics,
+        health_metrics,
+        reconcile_metrics,
+        provider_health,
+        tasks,
+        essential,
+    })
+}
+
+/// Whether this replica goes on to lead.
+enum Leadership {
+    /// It leads; with `--leader-elect`, the receiver turns false when the Lease is lost.
+    Leading(Option<watch::Receiver<bool>>),
+    /// Shutdown came first.
+    Stopping,
+}
+
+/// Step 3: with `--leader-elect`, waits until this replica holds the Lease (or shutdown).
+async fn lead(options: &Options, replica: &Replica, shutdown: &CancellationToken) -> Result<Leadership, Fatal> {
+    if !options.leader_elect {
+        return Ok(Leadership::Leading(None));
+    }
+    let namespace = own_namespace(&replica.client);
+    let elector = Elector::new(
+        kube::Api::namespaced(replica.client.clone(), &namespace),
+        LEASE_NAME,
+        &identity(),
+        ElectionTimings::default(),
+    )
+    .map_err(|e| fatal("Failed to set up leader election", e))?;
+    tracing::info!(lease = %format!("{namespace}/{LEASE_NAME}"), "Attempting to acquire leader lease");
+    let (_task, mut rx) = elector.run(shutdown.clone());
+    egress_controller::runtime_metrics::register_leader(
+        &mut replica.metrics.lock().unwrap_or_else(|p| p.into_inner()),
+        LEASE_NAME,
+        rx.clone(),
+    );
+    tokio::select! {
+        _ = shutdown.cancelled() => return Ok(Leadership::Stopping),
+        // Only whether it was won is kept: the watch's read guard must not live across the
+        // other arm's await, or this future could not be sent to another thread.
+        won = rx.wait_for(|l| *l).map(|r| r.is_ok()) => if !won {
+            return Err(fatal_plain("leader election ended before this replica led"));
+        },
+    }
+    Ok(Leadership::Leading(Some(rx)))
+}
+
+/// The running tasks, for [`supervise`].
+struct Running {
+    tasks: JoinSet<()>,
+    essential: HashSet<Id>,
+}
+
+/// Step 4: the leader's work.
+fn start_leader_tasks(
+    options: &Options,
+    replica: Replica,
+    loaded: Loaded,
+    health: Health,
+    shutdown: &CancellationToken,
+) -> Result<Running, Fatal> {
+    let Replica {
+        client,
+        namespace,
+        cache,
+        credentials,
+        store,
+        metrics: _,
+        health_metrics,
+        reconcile_metrics,
+        provider_health,
+        mut tasks,
+        mut essential,
+    } = replica;
+    let Loaded {
+        providers,
+        schedule,
+        probe_tls,
+        ..
+    } = loaded;
+    tracing::info!("Starting manager");
+    // The leader publishes the proxies it serves to a shared store, so every replica leases
+    // with the same capacity, health and latency.
+    tasks.spawn(egress_discovery::publish_view(
+        Arc::new(egress_controller::discovery::CachedDirectory::new(
+            cache.clone(),
+            credentials.clone(),
+        )),
+        store,
+        shutdown.clone(),
+    ));
+    let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
+    let work = shutdown.child_token();
+    let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_tls) {
+        (Health::Scripted { verdicts, events }, _) => (verdicts, events),
+        (Health::Engine, tls) => {
+            let snapshot = egress_health::Snapshot::default();
+            let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
+            let engine = egress_health::Engine::new(
+                Arc::new(egress_controller::health::CachedProxies {
+                    cache: cache.clone(),
+                    default_url: options.health_check_url.clone(),
+                    credentials: credentials.clone(),
+                }),
+                egress_health::ConnectProber {
+                    tls: tls.ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?,
+                },
+                egress_health::EngineConfig {
+                    workers: options.health_workers,
+                    trace_probes: options.trace_health_probes,
+                    ..Default::default()
+                },
+                health_metrics,
+                snapshot.clone(),
+                tx,
+            );
+            essential.insert(tasks.spawn(engine.run(work.clone())).id());
+            let events =
+                tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| egress_controller::health::object_ref(&key));
+            (Arc::new(snapshot), Box::pin(events))
+        }
+    };
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            providers.clone(),
+            verdicts,
+            Timings::default(),
+            installation.clone(),
+            work.clone(),
+        )
+        .with_credentials(credentials)
+        .with_metrics(reconcile_metrics),
+    );
+    let config = ControllerConfig {
+        namespace,
+        ..Default::default()
+    };
+    // These run until shutdown; one that ends before is a failure of the manager. (The monitor
+    // may end early by design: with checks off it only cleans up.)
+    essential.insert(
+        tasks
+            .spawn(controller(ctx, config, cache, health_events, work.clone()))
+            .id(),
+    );
+    essential.insert(
+        tasks
+            .spawn(
+                OrphanGc {
+                    client: client.clone(),
+                    providers: providers.clone(),
+                    interval: options.gc_interval,
+                    min_age: options.gc_min_age,
+                    installation,
+                }
+                .run(work.clone()),
+            )
+            .id(),
+    );
+    tasks.spawn(
+        Monitor {
+            client,
+            providers,
+            schedule,
+            snapshot: provider_health,
+        }
+        .run(work),
+    );
+    Ok(Running { tasks, essential })
+}
+
+/// Step 5: runs until shutdown, a lost Lease, or an essential part that ends.
+async fn supervise(
+    running: Running,
+    mut leading: Option<watch::Receiver<bool>>,
+    shutdown: CancellationToken,
+) -> Result<(), Fatal> {
+    let Running { mut tasks, essential } = running;
+    let lost = async {
+        match leading.as_mut() {
+            Some(rx) => {
+                let _ = rx.wait_for(|l| !*l).await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(lost);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return stop(tasks).await,
+            _ = &mut lost => {
+                if shutdown.is_cancelled() {
+                    return stop(tasks).await;
+                }
+                // As controller-runtime does: a replica that lost the Lease stops at once (no
+                // grace: another replica may lead already) and exits, to be restarted as a fresh
+                // candidate.
+                tasks.abort_all();
+                shutdown.cancel();
+                return Err(fatal_plain("leader election lost"));
+            }
+            Some(ended) = tasks.join_next_with_id() => {
+                if shutdown.is_cancelled() {
+                    // Parts end because of the shutdown; that is no failure.
+                    return stop(tasks).await;
+                }
+                let failure = match ended {
+                    Ok((id, ())) if essential.contains(&id) => "a part of the manager stopped unexpectedly".to_string(),
+                    Ok(_) => continue,
+                    Err(e) if e.is_panic() => format!("a part of the manager panicked: {e}"),
+                    Err(e) => e.to_string(),
+                };
+                shutdown.cancel();
+                let _ = stop(tasks).await;
+                return Err(fatal("Failed to run manager", failure));
+            }
+        }
+    }
+}
+
+/// The namespace the leader Lease lives in: the pod's own (downward API or service account), or
+/// the kubeconfig's when run outside a cluster.
+fn own_namespace(client: &kube::Client) -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .ok()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| client.default_namespace().to_string())
+}
+
+/// This replica's name in the Lease: the pod (or host) name plus a random suffix, as
+/// controller-runtime makes it, so a restarted pod is a new candidate.
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "egress-operator".into());
+    let suffix = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|u| u.trim().to_string())
+        .unwrap_or_else(|_| format!("{}", std::process::id()));
+    format!("{host}_{suffix}")
+}
+
+/// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
+/// calls answer 503 until it is up.
+fn lease_store(options: &Options) -> Result<Arc<dyn egress_lease::LeaseStore>, Fatal> {
+    if options.lease_store == "memory" {
+        return Ok(Arc::new(egress_lease::MemoryStore::new(
+            Arc::new(egress_lease::SystemClock),
+            options.lease_cooldown,
+        )));
+    }
+    // Two installations sharing one Redis keep apart by their installation id.
+    let prefix = match options.installation_id.as_str() {
+        "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
+        id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
+    };
+    let store = egress_lease_redis::RedisStore::new(&options.lease_store, &prefix, options.lease_cooldown)
+        .map_err(|e| fatal("Failed to set up the lease store", e))?;
+    tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
+    Ok(Arc::new(store))
+}
+
+/// Forgets ended leases and cooldowns every 30 s, until `shutdown`.
+async fn sweep(store: Arc<dyn egress_lease::LeaseStore>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {
+                if let Err(e) = store.sweep().await {
+                    tracing::info!(error = %e, "Lease sweep skipped");
+                }
+            }
+        }
+    }
+}
+
+/// Waits for the running parts to stop, within [`STOP_BUDGET`].
+async fn stop(mut tasks: tokio::task::JoinSet<()>) -> Result<(), Fatal> {
+    let all = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(STOP_BUDGET, all).await.is_err() {
+        tracing::info!("Some parts did not stop within the budget; exiting anyway");
+    }
+    tracing::info!("Stopped");
+    Ok(())
+}
