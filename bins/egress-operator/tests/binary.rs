@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Cluster, Operator, PATIENCE, cluster, operator_binary, scratch};
+use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
 use egress_api::{Proxy, ProxySpec};
 use egress_kube_testserver::Verb;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -267,7 +267,7 @@ async fn secure_metrics_serve_only_authorised_callers_over_https() {
         .start()
         .await
         .unwrap();
-    let dir = scratch("secure-metrics");
+    let dir = egress_testkit::scratch_dir("operator-secure-metrics");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
     let providers = dir.join("providers.yaml");

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{operator_binary, run_to_exit, scratch};
+use common::{operator_binary, run_to_exit};
 
 #[test]
 fn version_prints_the_commit_and_exits_zero() {
@@ -29,7 +29,7 @@ fn help_lists_the_flags_and_exits_zero() {
 
 #[test]
 fn flag_errors_name_the_problem_and_exit_non_zero() {
-    let dir = scratch("flags");
+    let dir = egress_testkit::scratch_dir("operator-flags");
     let empty = dir.join("empty.yaml");
     std::fs::write(&empty, "providers: []\n").unwrap();
     let malformed = dir.join("malformed.yaml");

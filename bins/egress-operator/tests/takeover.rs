@@ -526,7 +526,7 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
     let pod_writes_before = pod_writes();
 
     // The operator starts.
-    let dir = common::scratch("takeover");
+    let dir = egress_testkit::scratch_dir("operator-takeover");
     let (providers, kubeconfig, token) = (dir.join("providers.yaml"), dir.join("kubeconfig"), dir.join("token"));
     std::fs::write(&providers, PROVIDERS_YAML).unwrap();
     server.write_kubeconfig(&kubeconfig).unwrap();

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::{Fixed, info, serve_on_loopback};
 use egress_discovery::client::{AcquireRequest, Client, ClientError, ListFilter, ReportResult};
-use egress_discovery::{Api, ProxyInfo};
+use egress_discovery::{DiscoveryApi, ProxyInfo};
 use egress_lease::LeaseStore;
 use egress_lease_redis::RedisStore;
 use egress_lease_redis::local::LocalRedis;
@@ -54,7 +54,7 @@ fn store(url: &str, prefix: &str) -> Arc<dyn LeaseStore> {
 
 /// A discovery server over its own store object (its own connection) on the shared Redis.
 async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
-    let api = Api {
+    let api = DiscoveryApi {
         directory: Arc::new(Fixed::new(fleet())),
         store: store(url, prefix),
         max_ttl: Duration::from_secs(3600),

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use egress_testkit::scratch_dir;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -23,15 +24,9 @@ spec:
     schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
 ";
 
-fn scratch(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("kts-bin-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[tokio::test]
 async fn the_binary_serves_with_its_crds_and_kubeconfig() {
-    let dir = scratch("ok");
+    let dir = scratch_dir("kts-bin-ok");
     std::fs::write(dir.join("thing.yaml"), CRD).unwrap();
     let kubeconfig = dir.join("kubeconfig");
     let mut child = Command::new(env!("CARGO_BIN_EXE_egress-kube-testserver"))
@@ -71,7 +66,7 @@ async fn the_binary_serves_with_its_crds_and_kubeconfig() {
 
 #[tokio::test]
 async fn the_binary_refuses_a_broken_crd_file() {
-    let dir = scratch("bad");
+    let dir = scratch_dir("kts-bin-bad");
     let file = dir.join("broken.yaml");
     std::fs::write(
         &file,

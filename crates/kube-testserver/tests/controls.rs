@@ -140,8 +140,7 @@ async fn discovery_lists_built_in_and_custom_kinds() {
 #[tokio::test]
 async fn the_kubeconfig_works_for_kube_clients() {
     let s = server().await;
-    let dir = std::env::temp_dir().join(format!("kts-kubeconfig-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = egress_testkit::scratch_dir("kts-kubeconfig");
     let path = dir.join("config");
     s.write_kubeconfig(&path).unwrap();
     let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();

@@ -36,8 +36,7 @@ fn kubectl_path(test: &str) -> Option<PathBuf> {
 async fn with_kubectl(test: &str) -> Option<(TestServer, Kubectl)> {
     let bin = kubectl_path(test)?;
     let s = TestServer::start().await.unwrap();
-    let dir = std::env::temp_dir().join(format!("kts-kubectl-{}-{}", std::process::id(), s.addr().port()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = egress_testkit::scratch_dir(&format!("kts-kubectl-{}", s.addr().port()));
     s.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
     Some((s, Kubectl { bin, dir }))
 }

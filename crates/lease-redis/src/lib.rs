@@ -24,6 +24,7 @@
 //! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again
 //! by itself at the next call once Redis is back.
 
+#[cfg(feature = "testing")]
 pub mod local;
 
 use std::sync::Arc;

@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -31,7 +30,7 @@ use egress_conformance::{
     Profile, SeedSpec, Unsupported,
 };
 use egress_libvirt::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
-use egress_libvirt::engine::failure::Failure;
+use egress_libvirt::engine::failure::OpFailure;
 use egress_libvirt::engine::{Generation, LibvirtProvider};
 use egress_libvirt::fake::FakeHost;
 use egress_libvirt::host::{Address, AddressSource, DomainState, Host, Interface, LibvirtError};
@@ -41,6 +40,7 @@ use egress_provider::{
     BoxError, CreateRequest, ErrorClass, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Op, Placement, Provider,
     ProviderId, name_from_uid,
 };
+use egress_testkit::ScratchDir;
 use egress_testkit::image_server::ImageServer;
 use sha2::{Digest as _, Sha256};
 
@@ -63,38 +63,14 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A scratch directory, removed when dropped.
-#[derive(Debug)]
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    /// A new empty directory under the system temp dir.
-    pub fn new(tag: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "egress-kvm2-{tag}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A key file the fake accepts.
 pub const FAKE_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nZmFrZQ==\n-----END OPENSSH PRIVATE KEY-----\n";
 
 /// The entry's block: every host of `hosts`, the image at `url` with its digest.
-pub fn config(hosts: &[&str], url: &str, sha256: Option<String>, files: &Scratch) -> KvmConfig {
+pub fn config(hosts: &[&str], url: &str, sha256: Option<String>, files: &ScratchDir) -> KvmConfig {
     KvmConfig {
-        ssh_key_file: files.0.join("id_ed25519").display().to_string(),
-        known_hosts_file: files.0.join("known_hosts").display().to_string(),
+        ssh_key_file: files.path().join("id_ed25519").display().to_string(),
+        known_hosts_file: files.path().join("known_hosts").display().to_string(),
         domain_type: Some("qemu".to_owned()),
         images: BTreeMap::from([(
             IMAGE_KEY.to_owned(),
@@ -132,23 +108,23 @@ pub struct FakeBackend {
     pub hosts: Vec<FakeHost>,
     pub interceptor: Interceptor,
     pub server: Arc<ImageServer>,
-    pub files: Arc<Scratch>,
+    pub files: Arc<ScratchDir>,
 }
 
 impl FakeBackend {
     /// Two empty hosts, a key file, and the image served, for a `generation` provider.
     pub async fn new(generation: Generation) -> Self {
         let interceptor = Interceptor::new();
-        let files = Arc::new(Scratch::new("fake"));
-        std::fs::write(files.0.join("id_ed25519"), FAKE_KEY).unwrap();
-        std::fs::write(files.0.join("known_hosts"), "hv-a ssh-ed25519 AAAA\n").unwrap();
+        let files = Arc::new(ScratchDir::new("kvm2-fake"));
+        std::fs::write(files.path().join("id_ed25519"), FAKE_KEY).unwrap();
+        std::fs::write(files.path().join("known_hosts"), "hv-a ssh-ed25519 AAAA\n").unwrap();
         let hosts: Vec<FakeHost> = HOSTS
             .iter()
             .enumerate()
             .map(|(i, h)| {
                 let host = FakeHost::sharing(h, POOL, POOL_BYTES, interceptor.clone());
                 host.set_dhcp(Some([10, 20, u8::try_from(i).unwrap()]));
-                host.require_key_file(Some(files.0.join("id_ed25519")));
+                host.require_key_file(Some(files.path().join("id_ed25519")));
                 host
             })
             .collect();
@@ -391,7 +367,7 @@ impl BackendHooks for FakeBackend {
     }
 
     async fn credential_path(&self) -> HookResult<PathBuf> {
-        Ok(self.files.0.join("id_ed25519"))
+        Ok(self.files.path().join("id_ed25519"))
     }
 
     async fn valid_credential(&self, sentinel: &str) -> HookResult<String> {
@@ -501,7 +477,7 @@ pub fn fixtures(generation: Generation, hosts: &[&str]) -> Fixtures {
     .collect();
     classify_cases.push(ClassifyCase {
         what: "the pool-space precheck short of room".to_owned(),
-        actual: Failure::quota("storage pool default has 1 bytes available, 2 needed").class(Op::Create),
+        actual: OpFailure::quota("storage pool default has 1 bytes available, 2 needed").class(Op::Create),
         expected: ErrorClass::QuotaExceeded,
         not_a_backend_error: false,
     });

@@ -14,14 +14,6 @@ use egress_provider::OpCtx;
 use russh::keys::PublicKey;
 use russh::server::{Auth, VerifiedPublicKey};
 
-/// A scratch directory for this test's keys.
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("egress-russh-test-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// A fresh ed25519 key pair made by ssh-keygen (`<path>` and `<path>.pub`).
 fn new_key(dir: &Path, name: &str) -> PathBuf {
     new_key_of(dir, name, "ed25519")
@@ -165,7 +157,7 @@ fn known_hosts(dir: &Path, file: &str, address: &str, key: &Path) -> PathBuf {
 
 #[tokio::test]
 async fn l3_a_pin_of_another_key_type_than_the_servers_first_still_works() {
-    let dir = scratch("pin-type");
+    let dir = egress_testkit::scratch_dir("russh-test-pin-type");
     let (ed25519, ecdsa, client) = (
         new_key(&dir, "host-ed25519"),
         new_key_of(&dir, "host-ecdsa", "ecdsa"),
@@ -181,7 +173,7 @@ async fn l3_a_pin_of_another_key_type_than_the_servers_first_still_works() {
 
 #[tokio::test]
 async fn host_keys_are_checked_against_known_hosts() {
-    let dir = scratch("hostkeys");
+    let dir = egress_testkit::scratch_dir("russh-test-hostkeys");
     let (host_key, other, client) = (new_key(&dir, "host"), new_key(&dir, "other"), new_key(&dir, "client"));
     let address = serve(&host_key, &client).await;
 
@@ -229,7 +221,7 @@ async fn host_keys_are_checked_against_known_hosts() {
 
 #[tokio::test]
 async fn a_refused_missing_or_unparsable_key_says_so() {
-    let dir = scratch("keys");
+    let dir = egress_testkit::scratch_dir("russh-test-keys");
     let Served {
         client,
         stranger,
@@ -275,7 +267,7 @@ async fn a_refused_missing_or_unparsable_key_says_so() {
 #[tokio::test]
 async fn a_silent_port_ends_the_dial_at_its_budget() {
     let (address, held) = silent_port().await;
-    let dir = scratch("silent");
+    let dir = egress_testkit::scratch_dir("russh-test-silent");
     let client = new_key(&dir, "client");
     let mut options = DialOptions::new(&client, HostKeys::AcceptAny);
     options.budget = Duration::from_millis(300);
@@ -290,7 +282,7 @@ async fn a_silent_port_ends_the_dial_at_its_budget() {
 
 #[tokio::test]
 async fn the_key_file_is_read_again_on_every_dial_unless_kept() {
-    let dir = scratch("reread");
+    let dir = egress_testkit::scratch_dir("russh-test-reread");
     let Served {
         client,
         stranger,
@@ -332,7 +324,7 @@ async fn a_refused_port_is_a_network_error_at_the_tcp_stage() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let dir = scratch("refused");
+    let dir = egress_testkit::scratch_dir("russh-test-refused");
     let client = new_key(&dir, "client");
     let e = dial(&client, HostKeys::AcceptAny, &address).await;
     assert_eq!(e.stage, Stage::Tcp, "{e}");
@@ -348,7 +340,7 @@ async fn waiting_for_a_host_slot_ends_with_the_caller() {
     // A host whose dial hangs (silent port) holds its slot; a second caller gives up when its
     // context ends, without dialling.
     let (address, held) = silent_port().await;
-    let dir = scratch("slot");
+    let dir = egress_testkit::scratch_dir("russh-test-slot");
     let client = new_key(&dir, "client");
     let mut options = DialOptions::new(&client, HostKeys::AcceptAny);
     options.budget = Duration::from_secs(20);
@@ -388,7 +380,7 @@ async fn waiting_for_a_host_slot_ends_with_the_caller() {
 #[tokio::test]
 async fn the_seam_says_what_stopped_a_connection() {
     use egress_libvirt::host::{DialFailure, Host};
-    let dir = scratch("seam-dial");
+    let dir = egress_testkit::scratch_dir("russh-test-seam-dial");
     let Served {
         client,
         stranger,

@@ -55,14 +55,6 @@ async fn through_relay(env: &HypervisorEnv) -> (Relay, HostTarget, DialOptions) 
     (relay, host, opts)
 }
 
-/// A scratch directory for generated keys and files.
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("egress-ssh-test-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// A fresh ed25519 key pair (private key path; the public key is `<path>.pub`).
 fn new_key(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(name);
@@ -201,7 +193,7 @@ async fn credential_and_host_key_failures_keep_their_cause() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = hypervisor() else { return };
     let host = target(&env);
-    let dir = scratch("credentials");
+    let dir = egress_testkit::scratch_dir("ssh-test-credentials");
     let known = env.known_hosts.clone();
 
     // The host is not in known_hosts.

@@ -210,8 +210,8 @@ async fn a_go_kvm_domain_on_the_fake_is_read_listed_adopted_and_deleted() {
     let image = support::image_bytes();
     let name = lay_down(host, POOL, uid, &image, "br0", "qemu").await;
     let keys = (
-        b.files.0.join("id_ed25519").display().to_string(),
-        b.files.0.join("known_hosts").display().to_string(),
+        b.files.path().join("id_ed25519").display().to_string(),
+        b.files.path().join("known_hosts").display().to_string(),
     );
     let cfg = block(
         b.config(false).hosts,

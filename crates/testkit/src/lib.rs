@@ -1,15 +1,17 @@
 //! Test helpers shared by the workspace's test targets, so none reaches into another crate's
 //! `tests/` by path: a test PKI, TLS and HTTP targets, a scripted proxy, real tinyproxy
-//! processes, a Secret volume laid out as the kubelet lays it out, and an image mirror that can
+//! processes, scratch directories, a Secret volume laid out as the kubelet lays it out, and an image mirror that can
 //! misbehave. A dev-dependency only; never linked into the operator.
 
 pub mod image_server;
 mod pki;
+mod scratch;
 pub mod secret_volume;
 mod targets;
 mod tinyproxy;
 
 pub use pki::{Pki, pki, pki_for};
+pub use scratch::{ScratchDir, scratch_dir};
 pub use targets::{
     Fault, Seen, connect, dead_address, fault_proxy, free_port, http_target, http_target_at, tls_target, tls_target_at,
 };

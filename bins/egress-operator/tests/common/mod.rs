@@ -53,7 +53,7 @@ pub struct Cluster {
 /// A cluster for the test `name`, whose providers file holds `providers`.
 pub async fn cluster(name: &str, providers: &str) -> Cluster {
     let server = test_server().await;
-    let dir = scratch(name);
+    let dir = egress_testkit::scratch_dir(&format!("operator-{name}"));
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
     let file = dir.join("providers.yaml");
@@ -64,14 +64,6 @@ pub async fn cluster(name: &str, providers: &str) -> Cluster {
         providers_flag: format!("--providers-config={}", file.display()),
         dir,
     }
-}
-
-/// A scratch directory for one test.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("egress-operator-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 pub struct Operator {

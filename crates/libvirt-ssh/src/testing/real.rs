@@ -26,7 +26,9 @@ use egress_libvirt::{HypervisorEnv, Mark};
 use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, CreateRequest, OpCtx, Provider, ProviderId};
 
-use super::{IMAGE_KEY, Scratch, sha256_hex};
+use egress_testkit::ScratchDir;
+
+use super::{IMAGE_KEY, sha256_hex};
 use egress_testkit::image_server::ImageServer;
 
 /// The one host of the real entry.
@@ -102,7 +104,7 @@ fn this_process() -> String {
 pub struct RealBackend {
     generation: Generation,
     env: HypervisorEnv,
-    files: Arc<Scratch>,
+    files: Arc<ScratchDir>,
     url: String,
     sha256: String,
     /// Released after the sweep (fields drop after `Drop::drop`).
@@ -119,7 +121,7 @@ impl std::fmt::Debug for RealBackend {
 
 impl RealBackend {
     fn key_file(&self) -> PathBuf {
-        self.files.0.join("id_ed25519")
+        self.files.path().join("id_ed25519")
     }
 
     /// The entry's block.
@@ -297,9 +299,9 @@ impl ConformanceTarget for RealTarget {
         };
         let turn = TURN.take();
         let (url, sha256) = served_image(&env).clone();
-        let files = Arc::new(Scratch::new("real"));
+        let files = Arc::new(ScratchDir::new("kvm2-real"));
         let key = std::fs::read(&env.ssh_key).map_err(|e| NotConfigured(format!("{}: {e}", env.ssh_key.display())))?;
-        std::fs::write(files.0.join("id_ed25519"), key).unwrap();
+        std::fs::write(files.path().join("id_ed25519"), key).unwrap();
         Ok(RealBackend {
             generation: self.generation,
             env,
