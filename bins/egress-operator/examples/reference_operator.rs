@@ -20,7 +20,7 @@ impl HealthVerdicts for AllHealthy {
     fn verdict(&self, _namespace: &str, _name: &str) -> Option<Verdict> {
         Some(Verdict {
             healthy: true,
-            latency_millis: 7,
+            latency: std::time::Duration::from_millis(7),
             auth_refused: false,
         })
     }

@@ -178,7 +178,7 @@ impl HealthVerdicts for AllHealthy {
     fn verdict(&self, _namespace: &str, _name: &str) -> Option<Verdict> {
         Some(Verdict {
             healthy: true,
-            latency_millis: 9,
+            latency: std::time::Duration::from_millis(9),
             auth_refused: false,
         })
     }

@@ -349,7 +349,7 @@ pub fn last_verdict(status: &ProxyStatus) -> Option<Verdict> {
     };
     Some(Verdict {
         healthy,
-        latency_millis: status.latency_millis.unwrap_or(0),
+        latency: Duration::from_millis(status.latency_millis.and_then(|m| u64::try_from(m).ok()).unwrap_or(0)),
         auth_refused: !healthy && healthy_condition.reason == reasons::PROXY_AUTH_REQUIRED,
     })
 }

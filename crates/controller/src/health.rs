@@ -12,23 +12,15 @@ use crate::credentials::Lookup;
 use crate::reconciler::HealthVerdicts;
 use crate::status::Verdict;
 
-fn to_status(v: egress_health::Verdict) -> Verdict {
-    Verdict {
-        healthy: v.healthy,
-        latency_millis: i64::try_from(v.latency.as_millis()).unwrap_or(i64::MAX),
-        auth_refused: v.auth_refused,
-    }
-}
-
 impl HealthVerdicts for Snapshot {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
-        self.get(namespace, name).map(to_status)
+        self.get(namespace, name)
     }
 
     /// Only a verdict about this very Proxy (UID) at its current address.
     fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
         let view = view(proxy, "", Lookup::NotNeeded)?;
-        self.get_for(&view).map(to_status)
+        self.get_for(&view)
     }
 }
 
@@ -102,15 +94,7 @@ pub fn view(proxy: &Proxy, default_url: &str, credentials: Lookup) -> Option<Pro
             success_threshold: check.success_threshold,
             failure_threshold: check.failure_threshold,
         },
-        known: proxy
-            .status
-            .as_ref()
-            .and_then(crate::decide::last_verdict)
-            .map(|v| egress_health::Verdict {
-                healthy: v.healthy,
-                latency: Duration::from_millis(u64::try_from(v.latency_millis).unwrap_or(0)),
-                auth_refused: v.auth_refused,
-            }),
+        known: proxy.status.as_ref().and_then(crate::decide::last_verdict),
     })
 }
 

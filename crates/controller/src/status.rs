@@ -4,14 +4,13 @@
 use egress_api::{Condition, ConditionStatus, Mode, Phase, ProxyStatus, conditions, reasons};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-/// The health engine's current verdict for one Proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Verdict {
-    pub healthy: bool,
-    /// Duration of the probe that produced the verdict.
-    pub latency_millis: i64,
-    /// Unhealthy because the proxy refused the probe's credentials: reason `ProxyAuthRequired`.
-    pub auth_refused: bool,
+/// The health engine's verdict for one Proxy, the one type of it the workspace has: unhealthy
+/// with `auth_refused` gets the reason `ProxyAuthRequired`.
+pub use egress_health::Verdict;
+
+/// A verdict's latency as `status.latencyMillis` records it: whole milliseconds.
+pub fn latency_millis(verdict: &Verdict) -> i64 {
+    i64::try_from(verdict.latency.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Sets a condition as `meta.SetStatusCondition` does: `lastTransitionTime` moves only when the
@@ -135,7 +134,7 @@ pub fn apply_verdict(status: &mut ProxyStatus, verdict: Option<Verdict>, generat
                 generation,
                 now,
             );
-            status.latency_millis = Some(v.latency_millis);
+            status.latency_millis = Some(latency_millis(&v));
         }
         None => {
             remove_condition(&mut status.conditions, conditions::HEALTHY);
@@ -197,12 +196,12 @@ mod tests {
         use InstanceView::*;
         let ok = Some(Verdict {
             healthy: true,
-            latency_millis: 1,
+            latency: std::time::Duration::from_millis(1),
             auth_refused: false,
         });
         let bad = Some(Verdict {
             healthy: false,
-            latency_millis: 1,
+            latency: std::time::Duration::from_millis(1),
             auth_refused: false,
         });
         let rows = [

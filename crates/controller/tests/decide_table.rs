@@ -416,7 +416,7 @@ fn health_verdicts_set_ready_or_unhealthy() {
         let w = World {
             verdict: Some(Verdict {
                 healthy: healthy_now,
-                latency_millis: 37,
+                latency: std::time::Duration::from_millis(37),
                 auth_refused: false,
             }),
             get: Some(Ok(instance(InstanceState::Running))),
@@ -448,7 +448,7 @@ fn a_transient_get_error_leaves_a_ready_proxy_ready() {
     let w = World {
         verdict: Some(Verdict {
             healthy: true,
-            latency_millis: 5,
+            latency: std::time::Duration::from_millis(5),
             auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
@@ -471,7 +471,7 @@ fn steady_state_changes_nothing() {
     let w = World {
         verdict: Some(Verdict {
             healthy: true,
-            latency_millis: 5,
+            latency: std::time::Duration::from_millis(5),
             auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
@@ -494,7 +494,7 @@ fn without_a_verdict_yet_the_recorded_one_stands() {
     let w = World {
         verdict: Some(Verdict {
             healthy: true,
-            latency_millis: 5,
+            latency: std::time::Duration::from_millis(5),
             auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
@@ -766,7 +766,7 @@ fn an_external_proxy_reflects_its_verdict_without_provider_calls() {
     let w = World {
         verdict: Some(Verdict {
             healthy: true,
-            latency_millis: 3,
+            latency: std::time::Duration::from_millis(3),
             auth_refused: false,
         }),
         ..world()
@@ -940,7 +940,7 @@ fn ready_proxy() -> Proxy {
     let w = World {
         verdict: Some(Verdict {
             healthy: true,
-            latency_millis: 5,
+            latency: std::time::Duration::from_millis(5),
             auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Running))),
@@ -1187,7 +1187,7 @@ fn a_verdict_while_booting_is_ignored() {
     let w = World {
         verdict: Some(Verdict {
             healthy: true,
-            latency_millis: 5,
+            latency: std::time::Duration::from_millis(5),
             auth_refused: false,
         }),
         get: Some(Ok(instance(InstanceState::Provisioning))),
@@ -1600,7 +1600,7 @@ fn a_refusal_of_the_probes_credentials_is_its_own_healthy_reason() {
     let w = World {
         verdict: Some(Verdict {
             healthy: false,
-            latency_millis: 3,
+            latency: std::time::Duration::from_millis(3),
             auth_refused: true,
         }),
         get: Some(Ok(instance(InstanceState::Running))),

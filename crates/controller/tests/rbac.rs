@@ -192,7 +192,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
             "p".into(),
             Verdict {
                 healthy,
-                latency_millis: 1,
+                latency: std::time::Duration::from_millis(1),
                 auth_refused: false,
             },
         );

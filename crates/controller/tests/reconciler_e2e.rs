@@ -80,12 +80,12 @@ struct Harness {
 
 impl Harness {
     /// Scripts a verdict and tells the controller, as the health engine does.
-    fn verdict(&self, name: &str, healthy: bool, latency_millis: i64) {
+    fn verdict(&self, name: &str, healthy: bool, latency_millis: u64) {
         self.health.verdicts.lock().unwrap().insert(
             (NS.into(), name.into()),
             Verdict {
                 healthy,
-                latency_millis,
+                latency: std::time::Duration::from_millis(latency_millis),
                 auth_refused: false,
             },
         );
