@@ -16,7 +16,7 @@ use egress_testkit as support;
 
 use std::collections::BTreeMap;
 
-use common::{Cluster, Operator, PATIENCE, cluster, operator_binary, wait_for_proxy};
+use common::{PATIENCE, cluster, start_probing, wait_for_proxy};
 use egress_api::{Credentials, CredentialsSecretRef, CredentialsType, Endpoint, Mode, Phase, Proxy, ProxySpec};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -64,43 +64,25 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     let otlp = format!("http://{otlp}");
     let tinyproxy = support::Tinyproxy::start_with(&[], Some((right.username(), right.password())));
 
-    let Cluster {
-        server,
-        dir,
-        kubeconfig,
-        providers_flag,
-    } = cluster("credentials-e2e", "providers: []\n").await;
-    let ca = dir.join("ca.pem");
-    std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let flags = [
-        providers_flag,
-        format!("--health-check-ca-file={}", ca.display()),
-        format!("--health-check-url=https://localhost:{}/204", target.port()),
-        "--health-probe-bind-address=0".into(),
-        "--metrics-bind-address=127.0.0.1:0".into(),
-        "--metrics-secure=false".into(),
-        "--zap-encoder=json".into(),
-        "--zap-log-level=debug".into(),
-        "--discovery-addr=127.0.0.1:0".into(),
-        "--trace-health-probes=true".into(),
-    ];
-    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut op = Operator::start(
-        &operator_binary(),
-        &args,
+    let cluster = cluster("credentials-e2e", "providers: []\n").await;
+    let health_url = format!("https://localhost:{}/204", target.port());
+    let (mut op, discovery) = start_probing(
+        &cluster,
+        &pki.ca_pem,
+        &health_url,
         &[
-            ("KUBECONFIG", kubeconfig.as_str()),
-            ("DISCOVERY_TOKEN", "crawler-token"),
+            "--metrics-bind-address=127.0.0.1:0",
+            "--metrics-secure=false",
+            "--zap-log-level=debug",
+            "--trace-health-probes=true",
+        ],
+        &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     );
     let metrics = op.wait_msg("Serving metrics")["address"].as_str().unwrap().to_string();
-    let discovery = op.wait_msg("Serving the discovery API")["address"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    op.wait_msg("Starting manager");
+    let server = &cluster.server;
 
     let client = server.client().unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");

@@ -224,26 +224,9 @@ fn the_samples_name_entries_that_exist() {
     }
 }
 
-/// kubectl on PATH; None (the test skips) only when real components are not required.
-fn kubectl(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("kubectl"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("EGRESS_REAL_BACKENDS_REQUIRED").is_none(),
-            "kubectl is needed on PATH for {test}"
-        );
-        println!("SKIPPED: no kubectl on PATH; {test} did not run");
-    }
-    found
-}
-
 /// `kubectl kustomize deploy/<dir>`, one value per document; None when kubectl is missing.
 fn render(dir: &str, test: &str) -> Option<Vec<Value>> {
-    let kubectl = kubectl(test)?;
+    let kubectl = egress_testkit::on_path("kubectl", test)?;
     let out = std::process::Command::new(kubectl)
         .arg("kustomize")
         .arg(deploy(dir))

@@ -7,7 +7,7 @@ mod common;
 
 use egress_testkit as support;
 
-use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
+use common::{PATIENCE, cluster, start_probing};
 use egress_api::{Endpoint, HealthCheckSpec, Mode, Phase, Proxy, ProxySpec};
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
@@ -41,36 +41,10 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
     let (target, _) = support::tls_target(&pki).await;
     let mut tinyproxy = support::Tinyproxy::start(&[]);
 
-    let Cluster {
-        server,
-        dir,
-        kubeconfig,
-        providers_flag,
-    } = cluster("health-e2e", "providers: []\n").await;
-    let ca = dir.join("ca.pem");
-    std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let flags = [
-        providers_flag,
-        format!("--health-check-ca-file={}", ca.display()),
-        format!("--health-check-url=https://localhost:{}/204", target.port()),
-        "--health-probe-bind-address=0".into(),
-        "--zap-encoder=json".into(),
-        "--discovery-addr=127.0.0.1:0".into(),
-    ];
-    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut op = Operator::start(
-        &operator_binary(),
-        &args,
-        &[
-            ("KUBECONFIG", kubeconfig.as_str()),
-            ("DISCOVERY_TOKEN", "crawler-token"),
-        ],
-    );
-    let discovery = op.wait_msg("Serving the discovery API")["address"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    op.wait_msg("Starting manager");
+    let cluster = cluster("health-e2e", "providers: []\n").await;
+    let health_url = format!("https://localhost:{}/204", target.port());
+    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let server = &cluster.server;
 
     let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
     let proxy = Proxy::new(

@@ -16,7 +16,7 @@ use egress_testkit::image_server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Cluster, Operator, cluster, operator_binary, wait_for_proxy};
+use common::{cluster, start_probing, wait_for_proxy};
 use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec};
 use egress_libvirt::HypervisorEnv;
 use egress_libvirt::host::Host;
@@ -30,23 +30,6 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 /// A software-emulated guest boots in about half a minute; the first create also downloads and
 /// uploads the image.
 const BOOT_PATIENCE: Duration = Duration::from_secs(240);
-
-fn env_or_skip() -> Option<HypervisorEnv> {
-    match HypervisorEnv::load() {
-        Ok(Some(env)) => Some(env),
-        Ok(None) if std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1") => {
-            panic!(
-                "the test hypervisor is required but {} is missing",
-                HypervisorEnv::file().display()
-            )
-        }
-        Ok(None) => {
-            println!("SKIPPED: no test hypervisor (cargo xtask hypervisor up)");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
-}
 
 fn seam(env: &HypervisorEnv) -> RemoteHost {
     let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
@@ -63,7 +46,7 @@ fn seam(env: &HypervisorEnv) -> RemoteHost {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
-    let Some(env) = env_or_skip() else { return };
+    let Some(env) = HypervisorEnv::for_test() else { return };
     let image = std::fs::read(&env.guest_image).unwrap();
     let digest: String = Sha256::digest(&image).iter().map(|b| format!("{b:02x}")).collect();
     let mirror = image_server::ImageServer::start(image, "127.0.0.1:0").await;
@@ -106,36 +89,10 @@ async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
         pool = env.pool,
         bridge = env.bridge,
     );
-    let Cluster {
-        server,
-        dir,
-        kubeconfig,
-        providers_flag,
-    } = cluster("kvm2-e2e", &providers).await;
-    let ca = dir.join("ca.pem");
-    std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let flags = [
-        providers_flag,
-        format!("--health-check-ca-file={}", ca.display()),
-        format!("--health-check-url=https://{}:{}/204", env.gateway, probe_target.port()),
-        "--health-probe-bind-address=0".into(),
-        "--zap-encoder=json".into(),
-        "--discovery-addr=127.0.0.1:0".into(),
-    ];
-    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut op = Operator::start(
-        &operator_binary(),
-        &args,
-        &[
-            ("KUBECONFIG", kubeconfig.as_str()),
-            ("DISCOVERY_TOKEN", "crawler-token"),
-        ],
-    );
-    let discovery = op.wait_msg("Serving the discovery API")["address"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    op.wait_msg("Starting manager");
+    let cluster = cluster("kvm2-e2e", &providers).await;
+    let health_url = format!("https://{}:{}/204", env.gateway, probe_target.port());
+    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let server = &cluster.server;
 
     let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
     let proxy = Proxy::new(

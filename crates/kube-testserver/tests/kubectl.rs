@@ -15,26 +15,9 @@ use egress_kube_testserver::TestServer;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 
-/// kubectl on PATH; None (the test skips) only when real components are not required.
-fn kubectl_path(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("kubectl"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var_os("EGRESS_REAL_BACKENDS_REQUIRED").is_none(),
-            "kubectl is needed on PATH for {test} (EGRESS_REAL_BACKENDS_REQUIRED is set)"
-        );
-        println!("SKIPPED: no kubectl on PATH; {test} did not run");
-    }
-    found
-}
-
 /// A server with kubectl pointed at it through a kubeconfig in a scratch directory.
 async fn with_kubectl(test: &str) -> Option<(TestServer, Kubectl)> {
-    let bin = kubectl_path(test)?;
+    let bin = egress_testkit::on_path("kubectl", test)?;
     let s = TestServer::start().await.unwrap();
     let dir = egress_testkit::scratch_dir(&format!("kts-kubectl-{}", s.addr().port()));
     s.write_kubeconfig(&dir.join("kubeconfig")).unwrap();

@@ -101,8 +101,8 @@ impl HypervisorEnv {
                     "the hypervisor is required: {} is missing (cargo xtask test brings it up as root)",
                     file.display()
                 );
-                eprintln!(
-                    "SKIP: no hypervisor ({} is missing; run cargo xtask hypervisor up as root)",
+                println!(
+                    "SKIPPED: no hypervisor ({} is missing; run cargo xtask hypervisor up as root)",
                     file.display()
                 );
                 None

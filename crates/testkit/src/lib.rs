@@ -9,6 +9,7 @@ mod scratch;
 pub mod secret_volume;
 mod targets;
 mod tinyproxy;
+mod tools;
 
 pub use pki::{Pki, pki, pki_for};
 pub use scratch::{ScratchDir, scratch_dir};
@@ -16,3 +17,4 @@ pub use targets::{
     Fault, Seen, connect, dead_address, fault_proxy, free_port, http_target, http_target_at, tls_target, tls_target_at,
 };
 pub use tinyproxy::{Tinyproxy, tinyproxy_available};
+pub use tools::on_path;

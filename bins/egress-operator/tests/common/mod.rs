@@ -66,6 +66,42 @@ pub async fn cluster(name: &str, providers: &str) -> Cluster {
     }
 }
 
+/// An operator on `cluster` whose health probes trust the CA `ca_pem` and go to `health_url`,
+/// serving the discovery API on a free port for the token `crawler-token`, with `extra_flags`
+/// and `extra_env` on top. Returned once it leads, with the discovery API's address.
+pub fn start_probing(
+    cluster: &Cluster,
+    ca_pem: &str,
+    health_url: &str,
+    extra_flags: &[&str],
+    extra_env: &[(&str, &str)],
+) -> (Operator, String) {
+    let ca = cluster.dir.join("ca.pem");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let mut flags = vec![
+        cluster.providers_flag.clone(),
+        format!("--health-check-ca-file={}", ca.display()),
+        format!("--health-check-url={health_url}"),
+        "--health-probe-bind-address=0".to_owned(),
+        "--zap-encoder=json".to_owned(),
+        "--discovery-addr=127.0.0.1:0".to_owned(),
+    ];
+    flags.extend(extra_flags.iter().map(|f| (*f).to_owned()));
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut env = vec![
+        ("KUBECONFIG", cluster.kubeconfig.as_str()),
+        ("DISCOVERY_TOKEN", "crawler-token"),
+    ];
+    env.extend_from_slice(extra_env);
+    let mut op = Operator::start(&operator_binary(), &args, &env);
+    let discovery = op.wait_msg("Serving the discovery API")["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    op.wait_msg("Starting manager");
+    (op, discovery)
+}
+
 pub struct Operator {
     child: Child,
     lines: mpsc::Receiver<String>,
