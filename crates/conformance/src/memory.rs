@@ -148,22 +148,16 @@ impl ConformanceTarget for MemoryTarget {
             (Fault::Busy, ErrorClass::Transient),
             (Fault::Raw("unexpected answer".to_owned()), ErrorClass::Transient),
         ];
-        let mut classify_cases: Vec<ClassifyCase> = classify_rows
-            .into_iter()
-            .map(|(fault, expected)| ClassifyCase {
-                what: format!("{fault:?}"),
-                actual: classify(&fault),
-                expected,
-                not_a_backend_error: false,
-            })
-            .collect();
+        let mut classify_cases = ClassifyCase::rows(
+            classify_rows
+                .into_iter()
+                .map(|(fault, expected)| (format!("{fault:?}"), classify(&fault), expected)),
+        );
         let io = std::io::Error::other("not from the backend");
-        classify_cases.push(ClassifyCase {
-            what: "an io::Error, not a backend error".to_owned(),
-            actual: egress_provider::class_of(&io),
-            expected: ErrorClass::Transient,
-            not_a_backend_error: true,
-        });
+        classify_cases.push(ClassifyCase::not_a_backend_error(
+            "an io::Error, not a backend error",
+            &io,
+        ));
         Fixtures {
             malformed_ids: [
                 "",

@@ -237,6 +237,48 @@ pub struct ClassifyCase {
     pub not_a_backend_error: bool,
 }
 
+impl ClassifyCase {
+    /// A row of the backend's table: `what` the raw error was, the class the provider's
+    /// classifier gave it, and the class the table documents.
+    pub fn row(what: impl Into<String>, actual: ErrorClass, expected: ErrorClass) -> Self {
+        Self {
+            what: what.into(),
+            actual,
+            expected,
+            not_a_backend_error: false,
+        }
+    }
+
+    /// [`ClassifyCase::row`] of each `(what, actual, expected)`.
+    pub fn rows<W: Into<String>>(rows: impl IntoIterator<Item = (W, ErrorClass, ErrorClass)>) -> Vec<Self> {
+        rows.into_iter()
+            .map(|(what, actual, expected)| Self::row(what, actual, expected))
+            .collect()
+    }
+
+    /// The row every target carries: `err` is not from the backend at all (no code, no
+    /// answer), and the contract's `class_of` must call it Transient.
+    pub fn not_a_backend_error(what: impl Into<String>, err: &(dyn std::error::Error + 'static)) -> Self {
+        Self {
+            what: what.into(),
+            actual: egress_provider::class_of(err),
+            expected: ErrorClass::Transient,
+            not_a_backend_error: true,
+        }
+    }
+
+    /// A row of `actual` for an error that is not from the backend (a transport or token
+    /// failure before any answer) which the backend's table documents as Transient.
+    pub fn transient_without_answer(what: impl Into<String>, actual: ErrorClass) -> Self {
+        Self {
+            what: what.into(),
+            actual,
+            expected: ErrorClass::Transient,
+            not_a_backend_error: true,
+        }
+    }
+}
+
 /// The backend call kinds the suite needs to address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallKinds {

@@ -450,7 +450,7 @@ pub fn fixtures(generation: Generation, hosts: &[&str]) -> Fixtures {
         Generation::Kvm => ErrorClass::Permanent,
         Generation::Kvm2 => ErrorClass::Transient,
     };
-    let mut classify_cases: Vec<ClassifyCase> = [
+    let mut classify_cases = ClassifyCase::rows([
         ("42 in get", classify(&daemon(42), Op::Get), ErrorClass::NotFound),
         ("42 in create", classify(&daemon(42), Op::Create), ErrorClass::Transient),
         ("50 in delete", classify(&daemon(50), Op::Delete), ErrorClass::NotFound),
@@ -466,27 +466,16 @@ pub fn fixtures(generation: Generation, hosts: &[&str]) -> Fixtures {
             classify(&LibvirtError::transport("connection reset"), Op::Get),
             ErrorClass::Transient,
         ),
-    ]
-    .into_iter()
-    .map(|(what, actual, expected)| ClassifyCase {
-        what: what.to_owned(),
-        actual,
-        expected,
-        not_a_backend_error: false,
-    })
-    .collect();
-    classify_cases.push(ClassifyCase {
-        what: "the pool-space precheck short of room".to_owned(),
-        actual: OpFailure::quota("storage pool default has 1 bytes available, 2 needed").class(Op::Create),
-        expected: ErrorClass::QuotaExceeded,
-        not_a_backend_error: false,
-    });
-    classify_cases.push(ClassifyCase {
-        what: "a bare error, not from libvirt".to_owned(),
-        actual: egress_provider::class_of(&std::fmt::Error),
-        expected: ErrorClass::Transient,
-        not_a_backend_error: true,
-    });
+        (
+            "the pool-space precheck short of room",
+            OpFailure::quota("storage pool default has 1 bytes available, 2 needed").class(Op::Create),
+            ErrorClass::QuotaExceeded,
+        ),
+    ]);
+    classify_cases.push(ClassifyCase::not_a_backend_error(
+        "a bare error, not from libvirt",
+        &std::fmt::Error,
+    ));
     let first = hosts[0];
     Fixtures {
         malformed_ids: [

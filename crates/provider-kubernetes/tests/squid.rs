@@ -12,13 +12,14 @@
 //! Needs root (for the namespace) and Squid; skips with a reason without them, and fails under
 //! `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1), which runs as root and installs Squid.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_credentials::Credentials;
 use egress_provider_kubernetes::squid::{AccessRules, SquidFiles, squid_conf};
+use egress_testkit::ScratchDir;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -117,17 +118,17 @@ fn proxy_uid() -> u32 {
 
 struct Squid {
     child: Child,
-    dir: PathBuf,
+    /// Squid's files; removed after Squid is stopped.
+    dir: ScratchDir,
 }
 
 impl Squid {
     /// Starts Squid on `port` with the generated config and waits until it accepts connections.
     fn start(name: &str, port: u16, rules: &AccessRules, htpasswd: Option<&str>) -> Self {
-        let dir = std::env::temp_dir().join(format!("egress-squid-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = ScratchDir::new(&format!("squid-{name}"));
+        let dir = scratch.path();
         // Squid writes its logs as the proxy user.
-        std::os::unix::fs::chown(&dir, Some(proxy_uid()), None).unwrap();
+        std::os::unix::fs::chown(dir, Some(proxy_uid()), None).unwrap();
         let files = SquidFiles {
             htpasswd: dir.join("htpasswd").display().to_string(),
             access_log: format!("stdio:{}", dir.join("access.log").display()),
@@ -149,7 +150,7 @@ impl Squid {
             .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
             .spawn()
             .expect("starting squid");
-        let mut squid = Self { child, dir };
+        let mut squid = Self { child, dir: scratch };
         let deadline = Instant::now() + BUDGET;
         while std::net::TcpStream::connect((PROXY_IP, port)).is_err() {
             if let Some(status) = squid.child.try_wait().unwrap() {
@@ -162,7 +163,7 @@ impl Squid {
     }
 
     fn logs(&self) -> String {
-        let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
         format!("{}\n{}", read("stderr"), read("cache.log"))
     }
 
@@ -172,7 +173,7 @@ impl Squid {
     async fn access_log(&self, needles: &[String]) -> Vec<String> {
         let deadline = Instant::now() + BUDGET;
         loop {
-            let text = std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default();
+            let text = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
             let lines: Vec<String> = text.lines().map(str::to_owned).collect();
             if needles.iter().all(|n| lines.iter().any(|l| l.contains(n.as_str()))) {
                 return lines;
@@ -187,7 +188,6 @@ impl Drop for Squid {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -573,9 +573,8 @@ fn the_vm_samples_carry_the_generated_rules_and_squid_reads_them() {
             continue;
         }
         // Squid itself reads it (basic_ncsa_auth is where the sample says, as on the VM).
-        let dir = std::env::temp_dir().join(format!("egress-squid-sample-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("squid.conf");
+        let dir = ScratchDir::new("squid-sample");
+        let path = dir.path().join("squid.conf");
         std::fs::write(&path, &conf).unwrap();
         let out = Command::new(SQUID)
             .args(["-k", "parse", "-f"])
@@ -585,6 +584,5 @@ fn the_vm_samples_carry_the_generated_rules_and_squid_reads_them() {
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{sample}: {said}");
         assert!(!said.contains("ERROR") && !said.contains("FATAL"), "{sample}: {said}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -45,11 +45,7 @@ impl StateDir {
 
 impl Drop for StateDir {
     fn drop(&mut self) {
-        for (pid, _) in support::processes_under(&self.0) {
-            if let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-            }
-        }
+        support::kill_processes_under(&self.0);
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

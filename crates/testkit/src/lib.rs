@@ -1,8 +1,9 @@
 //! Test helpers shared by the workspace's test targets, so none reaches into another crate's
 //! `tests/` by path: a test PKI, TLS and HTTP targets, a scripted proxy, real tinyproxy
-//! processes, scratch directories, a Secret volume laid out as the kubelet lays it out, and an image mirror that can
+//! processes, scratch directories, example programs run as their users run them, a Secret volume laid out as the kubelet lays it out, and an image mirror that can
 //! misbehave. A dev-dependency only; never linked into the operator.
 
+pub mod examples;
 pub mod image_server;
 mod pki;
 mod scratch;

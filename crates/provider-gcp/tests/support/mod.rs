@@ -10,7 +10,6 @@ pub mod fake;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -29,6 +28,7 @@ use egress_provider::{
 };
 use egress_provider_gcp::classify::{ApiError, Call, RequestFailure, classify};
 use egress_provider_gcp::{CredentialSource, Settings, WireOptions};
+use egress_testkit::ScratchDir;
 
 pub use fake::{FakeCompute, PROJECT, SERVICE_ACCOUNT, ZONES};
 
@@ -36,29 +36,6 @@ pub use fake::{FakeCompute, PROJECT, SERVICE_ACCOUNT, ZONES};
 pub const ZONE: &str = ZONES[0];
 /// The image every request boots.
 pub const IMAGE: &str = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64";
-
-/// A scratch directory removed when dropped.
-#[derive(Debug)]
-pub struct ScratchDir(pub PathBuf);
-
-impl ScratchDir {
-    pub fn new() -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "egress-gcp-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("a scratch directory");
-        Self(dir)
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The fake server and the key file the provider reads.
 #[derive(Clone, Debug)]
@@ -72,7 +49,7 @@ impl GcpBackend {
     pub async fn new() -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let fake = FakeCompute::start().await;
-        let dir = Arc::new(ScratchDir::new());
+        let dir = Arc::new(ScratchDir::new("gcp"));
         let backend = Self { fake, dir };
         std::fs::write(
             backend.key_path(),
@@ -84,7 +61,7 @@ impl GcpBackend {
 
     /// The key file.
     pub fn key_path(&self) -> PathBuf {
-        self.dir.0.join("key.json")
+        self.dir.path().join("key.json")
     }
 
     /// A provider of entry `name` over this fake, with `options` for the wire log.
@@ -353,7 +330,7 @@ impl ConformanceTarget for GcpTarget {
     }
 
     fn fixtures(&self) -> Fixtures {
-        let mut classify_cases: Vec<ClassifyCase> = [
+        let mut classify_cases = ClassifyCase::rows([
             (
                 "404 notFound in get",
                 api_row("404-notFound", Call::Get),
@@ -424,15 +401,7 @@ impl ConformanceTarget for GcpTarget {
                 api_row("409-alreadyExists", Call::Delete),
                 ErrorClass::Transient,
             ),
-        ]
-        .into_iter()
-        .map(|(what, actual, expected)| ClassifyCase {
-            what: what.to_owned(),
-            actual,
-            expected,
-            not_a_backend_error: false,
-        })
-        .collect();
+        ]);
         for (what, f) in [
             (
                 "connection refused",
@@ -449,12 +418,7 @@ impl ConformanceTarget for GcpTarget {
                 },
             ),
         ] {
-            classify_cases.push(ClassifyCase {
-                what: what.to_owned(),
-                actual: classify(&f, Call::Get),
-                expected: ErrorClass::Transient,
-                not_a_backend_error: true,
-            });
+            classify_cases.push(ClassifyCase::transient_without_answer(what, classify(&f, Call::Get)));
         }
         let kinds = |names: &[&'static str]| names.iter().map(|n| CallKind(n)).collect::<Vec<_>>();
         let bad = |zone: &str, mt: &str, image: &str| Placement {

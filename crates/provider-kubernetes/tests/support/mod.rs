@@ -463,7 +463,7 @@ impl ConformanceTarget for KubeTarget {
 
     fn fixtures(&self) -> Fixtures {
         let api = |reason: &'static str, code: u16, op: Op| classify(CallFailure::Api { reason, code }, op);
-        let mut classify_cases: Vec<ClassifyCase> = [
+        let mut classify_cases = ClassifyCase::rows([
             ("404 in get", api("NotFound", 404, Op::Get), ErrorClass::NotFound),
             ("404 in create", api("NotFound", 404, Op::Create), ErrorClass::Transient),
             (
@@ -481,21 +481,11 @@ impl ConformanceTarget for KubeTarget {
                 classify(CallFailure::Transport, Op::Get),
                 ErrorClass::Transient,
             ),
-        ]
-        .into_iter()
-        .map(|(what, actual, expected)| ClassifyCase {
-            what: what.to_owned(),
-            actual,
-            expected,
-            not_a_backend_error: false,
-        })
-        .collect();
-        classify_cases.push(ClassifyCase {
-            what: "a bare error, not from the API".to_owned(),
-            actual: egress_provider::class_of(&std::fmt::Error),
-            expected: ErrorClass::Transient,
-            not_a_backend_error: true,
-        });
+        ]);
+        classify_cases.push(ClassifyCase::not_a_backend_error(
+            "a bare error, not from the API",
+            &std::fmt::Error,
+        ));
         let kinds = |names: &[&'static str]| names.iter().map(|n| CallKind(n)).collect::<Vec<_>>();
         Fixtures {
             malformed_ids: ["", "proxy-x", "crawl/", "/proxy-x", "crawl/a/b"]

@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -38,6 +37,7 @@ use egress_provider_local::{
     BIND, CALL_BUDGET, CREATE, INSPECT, LAUNCH, LIST, Liveness, LocalProvider, LocalSettings, Machine, PREPARE, READ,
     REMOVE, Record, STOP, SystemMachine, WRITE, address_candidate, classify, drop_names, timestamp, tinyproxy_config,
 };
+use egress_testkit::ScratchDir;
 
 /// The tinyproxy the real target runs (Debian's package, which `cargo xtask test` installs).
 pub const TINYPROXY: &str = "/usr/bin/tinyproxy";
@@ -90,20 +90,25 @@ enum World {
 struct Inner {
     interceptor: Interceptor,
     world: World,
-    dir: PathBuf,
+    /// Removed (after the processes in it are killed) when the last clone goes.
+    dir: ScratchDir,
     unreadable: Mutex<BTreeSet<String>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         if matches!(self.world, World::Real(_)) {
-            for (pid, _) in processes_under(&self.dir) {
-                if let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
-                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-                }
-            }
+            kill_processes_under(self.dir.path());
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Kills (SIGKILL) every tinyproxy whose config lies below `dir`: what a test left running.
+pub fn kill_processes_under(dir: &Path) {
+    for (pid, _) in processes_under(dir) {
+        if let Some(p) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
     }
 }
 
@@ -113,20 +118,11 @@ pub struct TestBackend {
     inner: Arc<Inner>,
 }
 
-fn fresh_dir() -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    std::env::temp_dir().join(format!(
-        "egress-local-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
 impl TestBackend {
     fn new(real: bool) -> Self {
-        let dir = fresh_dir();
+        let dir = ScratchDir::new("local");
         let world = if real {
-            World::Real(SystemMachine::new(&dir, TINYPROXY))
+            World::Real(SystemMachine::new(dir.path(), TINYPROXY))
         } else {
             World::Simulated(Mutex::new(Sim::default()))
         };
@@ -142,7 +138,7 @@ impl TestBackend {
 
     /// The state directory (real) or its stand-in (simulated).
     pub fn dir(&self) -> &Path {
-        &self.inner.dir
+        self.inner.dir.path()
     }
 
     fn sim(&self) -> Option<MutexGuard<'_, Sim>> {
@@ -332,11 +328,11 @@ impl Machine for TestBackend {
     }
 
     fn instance_dir(&self, name: &str) -> PathBuf {
-        self.inner.dir.join(name)
+        self.inner.dir.path().join(name)
     }
 
     fn describe(&self) -> String {
-        self.inner.dir.display().to_string()
+        self.inner.dir.path().display().to_string()
     }
 }
 
@@ -755,34 +751,29 @@ impl ConformanceTarget for LocalTarget {
             (Fault::Busy, ErrorClass::Transient),
             (Fault::Raw("exec format error".to_owned()), ErrorClass::Transient),
         ];
-        let mut classify_cases: Vec<ClassifyCase> = rows
-            .into_iter()
-            .map(|(fault, expected)| ClassifyCase {
-                what: format!("{fault:?}"),
-                actual: classify(WRITE, &io_error(&fault)),
-                expected,
-                not_a_backend_error: false,
-            })
-            .collect();
+        let mut classify_cases = ClassifyCase::rows(
+            rows.into_iter()
+                .map(|(fault, expected)| (format!("{fault:?}"), classify(WRITE, &io_error(&fault)), expected)),
+        );
         // Only a missing record is a missing instance.
-        for (call, expected) in [
-            (READ, ErrorClass::NotFound),
-            (LAUNCH, ErrorClass::Transient),
-            (CREATE, ErrorClass::Transient),
-        ] {
-            classify_cases.push(ClassifyCase {
-                what: format!("NotFound from {call}"),
-                actual: classify(call, &io_error(&Fault::NotFound)),
-                expected,
-                not_a_backend_error: false,
-            });
-        }
-        classify_cases.push(ClassifyCase {
-            what: "a bare error, not from the machine".to_owned(),
-            actual: egress_provider::class_of(&std::fmt::Error),
-            expected: ErrorClass::Transient,
-            not_a_backend_error: true,
-        });
+        classify_cases.extend(ClassifyCase::rows(
+            [
+                (READ, ErrorClass::NotFound),
+                (LAUNCH, ErrorClass::Transient),
+                (CREATE, ErrorClass::Transient),
+            ]
+            .map(|(call, expected)| {
+                (
+                    format!("NotFound from {call}"),
+                    classify(call, &io_error(&Fault::NotFound)),
+                    expected,
+                )
+            }),
+        ));
+        classify_cases.push(ClassifyCase::not_a_backend_error(
+            "a bare error, not from the machine",
+            &std::fmt::Error,
+        ));
         let local = egress_provider_local::LOCATION;
         Fixtures {
             malformed_ids: [
