@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
-use egress_api::{Proxy, ProxySpec};
+use egress_api::Proxy;
 use egress_kube_testserver::Verb;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
@@ -203,15 +203,8 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
     assert_eq!(listed["count"], 1, "{listed}");
     assert_eq!(listed["proxies"][0]["id"], "default/outside");
     assert_eq!(listed["proxies"][0]["healthy"], false);
-    let refused = http
-        .post(format!("http://{discovery}/v1/leases"))
-        .bearer_auth(&token)
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status(), 409);
-    let refused: serde_json::Value = refused.json().await.unwrap();
+    let (status, refused) = common::lease(&discovery, &token, "{}").await;
+    assert_eq!(status, 409, "{refused}");
     assert_eq!(
         (refused["considered"].as_u64(), refused["unhealthy"].as_u64()),
         (Some(1), Some(1))
@@ -444,24 +437,11 @@ async fn the_binary_keeps_leases_in_redis() {
         assert!(std::time::Instant::now() < deadline, "no published view: {view:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let lease = |body: &'static str| {
-        let url = format!("http://{discovery}/v1/leases");
-        async move {
-            let r = reqwest::Client::new()
-                .post(url)
-                .bearer_auth("crawler-token")
-                .body(body)
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<serde_json::Value>().await.unwrap())
-        }
-    };
-    let (status, answer) = lease("{}").await;
+    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
     assert_eq!(status, 409, "{answer}");
     assert_eq!(answer["considered"], 1, "{answer}");
     redis.kill();
-    let (status, answer) = lease("{}").await;
+    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
     assert_eq!(
         (status, answer["error"].as_str()),
         (503, Some("store_unavailable")),
@@ -474,17 +454,7 @@ async fn the_binary_keeps_leases_in_redis() {
 
 /// Creates External Proxy `outside` at 127.0.0.1:1, where nothing listens: its probes fail.
 async fn create_unreachable_external(proxies: &Api<Proxy>) {
-    let proxy = Proxy::new(
-        "outside",
-        ProxySpec {
-            mode: egress_api::Mode::External,
-            endpoint: Some(egress_api::Endpoint {
-                host: "127.0.0.1".into(),
-                port: Some(1),
-            }),
-            ..Default::default()
-        },
-    );
+    let proxy = Proxy::new("outside", common::external_spec(1));
     proxies.create(&PostParams::default(), &proxy).await.unwrap();
 }
 

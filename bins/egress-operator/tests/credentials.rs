@@ -17,7 +17,7 @@ use egress_testkit as support;
 use std::collections::BTreeMap;
 
 use common::{PATIENCE, cluster, start_probing, wait_for_proxy};
-use egress_api::{Credentials, CredentialsSecretRef, CredentialsType, Endpoint, Mode, Phase, Proxy, ProxySpec};
+use egress_api::{Credentials, CredentialsSecretRef, CredentialsType, Phase, Proxy, ProxySpec};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -94,18 +94,13 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     let proxy = Proxy::new(
         "tiny",
         ProxySpec {
-            mode: Mode::External,
-            endpoint: Some(Endpoint {
-                host: "127.0.0.1".into(),
-                port: Some(i32::from(tinyproxy.port)),
-            }),
             credentials: Some(Credentials {
                 type_: CredentialsType::Secret,
                 secret_ref: Some(CredentialsSecretRef {
                     name: "tiny-credentials".into(),
                 }),
             }),
-            ..Default::default()
+            ..common::external_spec(tinyproxy.port)
         },
     );
     api.create(&PostParams::default(), &proxy).await.unwrap();
@@ -136,17 +131,7 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     );
 
     // The lease carries what the proxy demands; a client using it gets through.
-    let http = reqwest::Client::new();
-    let grant: serde_json::Value = http
-        .post(format!("http://{discovery}/v1/leases"))
-        .bearer_auth("crawler-token")
-        .body(r#"{"target": "example.com"}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, grant) = common::lease(&discovery, "crawler-token", r#"{"target": "example.com"}"#).await;
     assert_eq!(grant["proxy"]["username"], right.username(), "{grant}");
     assert_eq!(grant["proxy"]["password"], right.password());
     let url = grant["proxy"]["url"].as_str().unwrap().to_owned();
@@ -164,6 +149,7 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
     assert_eq!(answer.status(), 204);
 
     // Sentinel: nowhere else.
+    let http = reqwest::Client::new();
     let text = |req: reqwest::RequestBuilder| async move { req.send().await.unwrap().text().await.unwrap() };
     let list = text(
         http.get(format!("http://{discovery}/v1/proxies"))

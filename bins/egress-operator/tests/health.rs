@@ -8,7 +8,7 @@ mod common;
 use egress_testkit as support;
 
 use common::{PATIENCE, cluster, start_probing};
-use egress_api::{Endpoint, HealthCheckSpec, Mode, Phase, Proxy, ProxySpec};
+use egress_api::{HealthCheckSpec, Phase, Proxy, ProxySpec};
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 
@@ -50,16 +50,11 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
     let proxy = Proxy::new(
         "tiny",
         ProxySpec {
-            mode: Mode::External,
-            endpoint: Some(Endpoint {
-                host: "127.0.0.1".into(),
-                port: Some(i32::from(tinyproxy.port)),
-            }),
             health_check: Some(HealthCheckSpec {
                 failure_threshold: Some(2),
                 ..Default::default()
             }),
-            ..Default::default()
+            ..common::external_spec(tinyproxy.port)
         },
     );
     api.create(&PostParams::default(), &proxy).await.unwrap();
@@ -68,18 +63,14 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
     assert!(ready.status.unwrap().latency_millis.is_some_and(|l| l >= 0));
 
     // Ready means leasable: a crawler gets it through the discovery API (with the token).
-    let http = reqwest::Client::new();
-    let lease = |token: Option<&'static str>| {
-        let mut req = http
-            .post(format!("http://{discovery}/v1/leases"))
-            .body(r#"{"target": "example.com"}"#);
-        if let Some(t) = token {
-            req = req.bearer_auth(t);
-        }
-        req.send()
-    };
-    assert_eq!(lease(None).await.unwrap().status(), 401);
-    let grant: serde_json::Value = lease(Some("crawler-token")).await.unwrap().json().await.unwrap();
+    let without_token = reqwest::Client::new()
+        .post(format!("http://{discovery}/v1/leases"))
+        .body(r#"{"target": "example.com"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(without_token.status(), 401);
+    let (_, grant) = common::lease(&discovery, "crawler-token", r#"{"target": "example.com"}"#).await;
     assert_eq!(grant["proxy"]["id"], "default/tiny", "{grant}");
     assert_eq!(grant["proxy"]["port"], i64::from(tinyproxy.port));
     assert_eq!(grant["proxy"]["healthy"], true);

@@ -131,16 +131,7 @@ async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
     );
 
     // Leased through the discovery API.
-    let grant: serde_json::Value = reqwest::Client::new()
-        .post(format!("http://{discovery}/v1/leases"))
-        .bearer_auth("crawler-token")
-        .body(r#"{"target": "example.com"}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, grant) = common::lease(&discovery, "crawler-token", r#"{"target": "example.com"}"#).await;
     assert_eq!(grant["proxy"]["id"], "default/vm-1", "{grant}");
     assert_eq!(grant["proxy"]["ip"], ip.as_str(), "{grant}");
     let port = grant["proxy"]["port"].as_u64().unwrap();

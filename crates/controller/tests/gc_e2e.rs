@@ -10,7 +10,7 @@ use egress_conformance::memory::MemoryBackend;
 use egress_conformance::{BackendHooks, CallKind, Fault, SeedSpec, SeedTime, Times};
 use egress_controller::gc::{OrphanGc, SweepReport};
 use egress_kube_testserver::{Fault as ApiFault, TestServer, Verb};
-use egress_provider::{CreateRequest, OpCtx, Placement, Providers};
+use egress_provider::{CreateRequest, OpCtx, Providers};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 
@@ -184,19 +184,8 @@ async fn another_installations_instances_are_never_collected() {
     for (name, installation) in [("ours", Some("blue")), ("theirs", Some("green")), ("unlabelled", None)] {
         let req = CreateRequest {
             name: name.into(),
-            uid: format!("gone-{name}"),
-            namespace: "a".into(),
-            proxy_name: name.into(),
-            placement: Placement {
-                zone: "zone-a".into(),
-                machine_type: "small".into(),
-                image: "debian-13".into(),
-                ..Default::default()
-            },
-            cloud_init: Vec::new(),
-            port: 3128,
             installation: installation.map(str::to_string),
-            credentials: None,
+            ..common::mem_request(&format!("gone-{name}"), "a", name)
         };
         provider.create(&cx, &req).await.unwrap();
     }

@@ -478,7 +478,7 @@ async fn a_quota_error_waits_and_then_creates() {
 
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
-    use egress_provider::{CreateRequest, OpCtx, Provider};
+    use egress_provider::{OpCtx, Provider};
     let h = start_with(event_driven()).await;
     // The previous operator process created the instance and died before recording its id: the
     // Proxy has no status, and the backend has the instance under the Proxy's name.
@@ -490,22 +490,7 @@ async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
         .unwrap();
     let uid = created.uid().unwrap();
     let previous = MemoryProvider::new("mem", MemoryTarget::config(&h.backend), h.backend.clone(), vec![]);
-    let request = CreateRequest {
-        name: egress_provider::name_from_uid(&uid),
-        uid: uid.clone(),
-        namespace: NS.into(),
-        proxy_name: "p9".into(),
-        placement: egress_provider::Placement {
-            zone: "zone-a".into(),
-            machine_type: "small".into(),
-            image: "debian-13".into(),
-            ..Default::default()
-        },
-        cloud_init: Vec::new(),
-        port: 3128,
-        installation: None,
-        credentials: None,
-    };
+    let request = common::mem_request(&uid, NS, "p9");
     previous.create(&OpCtx::background(), &request).await.unwrap();
     let inserts = || async {
         h.backend

@@ -303,3 +303,29 @@ pub async fn raw_otlp_receiver() -> (std::net::SocketAddr, std::sync::Arc<std::s
     });
     (addr, kept)
 }
+
+/// An External Proxy's spec for a proxy at `127.0.0.1:port`.
+pub fn external_spec(port: u16) -> egress_api::ProxySpec {
+    egress_api::ProxySpec {
+        mode: egress_api::Mode::External,
+        endpoint: Some(egress_api::Endpoint {
+            host: "127.0.0.1".into(),
+            port: Some(i32::from(port)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// `POST /v1/leases` with `body` to the discovery API at `discovery`, as a crawler holding
+/// `token`: the status and the JSON answer.
+pub async fn lease(discovery: &str, token: &str, body: &str) -> (u16, serde_json::Value) {
+    let answer = reqwest::Client::new()
+        .post(format!("http://{discovery}/v1/leases"))
+        .bearer_auth(token)
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("the discovery API answers");
+    let status = answer.status().as_u16();
+    (status, answer.json().await.expect("a JSON answer"))
+}

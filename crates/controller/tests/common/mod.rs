@@ -137,3 +137,24 @@ pub fn mem_spec() -> egress_api::ProxySpec {
         ..Default::default()
     }
 }
+
+/// What the reconciler would ask the memory backend to create for Proxy `proxy_name` (UID
+/// `uid`) in `namespace` with [`mem_spec`]: for tests that put an instance there themselves.
+pub fn mem_request(uid: &str, namespace: &str, proxy_name: &str) -> egress_provider::CreateRequest {
+    egress_provider::CreateRequest {
+        name: egress_provider::name_from_uid(uid),
+        uid: uid.to_owned(),
+        namespace: namespace.to_owned(),
+        proxy_name: proxy_name.to_owned(),
+        placement: egress_provider::Placement {
+            zone: "zone-a".into(),
+            machine_type: "small".into(),
+            image: "debian-13".into(),
+            ..Default::default()
+        },
+        cloud_init: Vec::new(),
+        port: 3128,
+        installation: None,
+        credentials: None,
+    }
+}
