@@ -97,14 +97,7 @@ async fn a_proxy_another_operator_made_is_adopted_and_a_later_spec_change_replac
     assert!(!calls.iter().any(|c| c.kind == INSERT || c.kind == REMOVE), "{calls:?}");
 
     // A spec change after the adoption replaces the instance as any other.
-    proxies
-        .patch(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"port": 8080}})),
-        )
-        .await
-        .unwrap();
+    common::change_port(&proxies, "p").await;
     let replacing = pass().await;
     let calls = backend.call_log().await.unwrap();
     assert_eq!(calls.iter().filter(|c| c.kind == REMOVE).count(), 1, "{calls:?}");

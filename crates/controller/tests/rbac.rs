@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use egress_api::{CloudInit, Phase, Placement, ProviderHealth, Proxy, ProxySpec, SecretRef};
+use egress_api::{CloudInit, Phase, ProviderHealth, Proxy, ProxySpec, SecretRef};
 use egress_conformance::memory::MemoryBackend;
 use egress_conformance::{BackendHooks, SeedSpec, SeedTime};
 use egress_controller::decide::Timings;
@@ -22,7 +22,7 @@ use egress_kube_testserver::TestServer;
 use egress_provider::OpCtx;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
@@ -149,13 +149,6 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     secrets.create(&PostParams::default(), &secret).await.unwrap();
     let proxies: Api<Proxy> = Api::namespaced(me.clone(), NS);
     let spec = ProxySpec {
-        provider: "mem".into(),
-        placement: Some(Placement {
-            zone: "zone-a".into(),
-            machine_type: "small".into(),
-            image: "debian-13".into(),
-            ..Default::default()
-        }),
         cloud_init: Some(CloudInit {
             inline: None,
             secret_ref: Some(SecretRef {
@@ -168,7 +161,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
             type_: egress_api::CredentialsType::Generated,
             secret_ref: None,
         }),
-        ..Default::default()
+        ..common::mem_spec()
     };
     proxies
         .create(&PostParams::default(), &Proxy::new("p", spec))
@@ -205,14 +198,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     wait_phase(&proxies, "p", Phase::Unhealthy).await;
     say(true);
     wait_phase(&proxies, "p", Phase::Ready).await;
-    proxies
-        .patch(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"port": 8080}})),
-        )
-        .await
-        .unwrap();
+    common::change_port(&proxies, "p").await;
     // The replacement rotates the credentials (a patch of their Secret).
     let deadline = tokio::time::Instant::now() + LIVENESS;
     loop {

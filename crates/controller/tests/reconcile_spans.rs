@@ -13,8 +13,7 @@ use egress_conformance::memory::MemoryBackend;
 use egress_controller::decide::Timings;
 use egress_controller::reconciler::{Context, reconcile};
 use egress_kube_testserver::TestServer;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, DeleteParams, PostParams};
 use tokio_util::sync::CancellationToken;
 
 async fn context(server: &TestServer) -> Arc<Context> {
@@ -97,13 +96,7 @@ async fn the_reconciler_span_topology() {
         }
         pass(&api, &ctx, &capture).await;
     }
-    api.patch(
-        "p",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"port": 8080}})),
-    )
-    .await
-    .unwrap();
+    common::change_port(&api, "p").await;
     let spans = pass(&api, &ctx, &capture).await;
     let root = find(&spans, "Reconcile Proxy");
     let replace = find(&spans, "reconcile.replaceInstance");

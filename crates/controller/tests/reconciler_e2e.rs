@@ -348,14 +348,7 @@ async fn a_spec_change_replaces_the_instance_only_after_the_old_one_is_gone() {
     let before = wait_for(&h, "p5", Phase::Running).await;
     let old_hash = before.annotations()[ANNOTATION_SPEC_HASH].clone();
     let calls_before = h.backend.call_log().await.unwrap().len();
-    h.api
-        .patch(
-            "p5",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"port": 8080}})),
-        )
-        .await
-        .unwrap();
+    common::change_port(&h.api, "p5").await;
     let after = wait_replaced(&h, "p5", &old_hash).await;
     assert_eq!(
         after.status.as_ref().unwrap().provider_id,

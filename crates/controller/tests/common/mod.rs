@@ -158,3 +158,16 @@ pub fn mem_request(uid: &str, namespace: &str, proxy_name: &str) -> egress_provi
         credentials: None,
     }
 }
+
+/// Changes Proxy `name`'s `spec.port` to 8080 (a merge patch): the simplest spec change, which
+/// makes the reconciler replace the instance.
+pub async fn change_port(proxies: &kube::Api<egress_api::Proxy>, name: &str) {
+    proxies
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"port": 8080}})),
+        )
+        .await
+        .expect("patching the Proxy's port");
+}
