@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::connection::Connection;
 use crate::error::{DialCause, DialError, Stage};
 use crate::link::Link;
+use crate::pump::pump;
 
 /// One hypervisor, as a provider's config names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +54,10 @@ pub struct DialOptions {
     pub budget: Duration,
     /// How often an idle connection is probed; it is dead after one unanswered probe period.
     pub keepalive: Duration,
+    /// How long bytes may wait to go to the host with none accepted before the host is taken
+    /// for dead (a host that froze in the middle of an upload, say). The socket's
+    /// `TCP_USER_TIMEOUT` is twice this plus ten seconds, a second line behind it.
+    pub stall_limit: Duration,
     /// The span each dial runs in (a provider's `kvm2.dial`), given the host; none by default.
     /// Its `otel.status_code` field, when it has one, is set to `ok` or `error`.
     pub span: Option<fn(&HostTarget) -> tracing::Span>,
@@ -63,6 +68,8 @@ impl DialOptions {
     pub const DIAL_BUDGET: Duration = Duration::from_secs(10);
     /// The keepalive period.
     pub const KEEPALIVE: Duration = Duration::from_secs(15);
+    /// The stall limit when none is configured.
+    pub const STALL_LIMIT: Duration = Duration::from_secs(30);
 
     /// Options with the standard budgets.
     pub fn new(key_file: impl Into<PathBuf>, host_keys: HostKeys) -> Self {
@@ -72,6 +79,7 @@ impl DialOptions {
             reread_material: true,
             budget: Self::DIAL_BUDGET,
             keepalive: Self::KEEPALIVE,
+            stall_limit: Self::STALL_LIMIT,
             span: None,
         }
     }
@@ -175,6 +183,11 @@ impl Dialer {
         // A second handle on the socket: shutting it down wakes every reader and writer of the
         // SSH session without taking any of its locks (spec H1).
         let std = tcp.into_std().map_err(DialCause::Io)?;
+        // The kernel's own bound on data the host does not acknowledge, behind the pump's
+        // write-progress deadline (which sees a zero window too, and comes first).
+        if let Err(e) = rustix::net::sockopt::set_tcp_user_timeout(&std, tcp_user_timeout_millis(self.stall_limit())) {
+            tracing::debug!(host = %host.name, error = %e, "TCP_USER_TIMEOUT could not be set");
+        }
         let killer = std.try_clone().map_err(DialCause::Io)?;
         let tcp = TcpStream::from_std(std).map_err(DialCause::Io)?;
         link.on_kill(move || {
@@ -232,7 +245,8 @@ impl Dialer {
                 socket: host.socket.clone(),
                 reason: e.to_string(),
             })?;
-        let bridge = Bridge::start(handle, first, host.socket.clone(), link.clone()).map_err(DialCause::Io)?;
+        let bridge = Bridge::start(handle, first, host.socket.clone(), link.clone(), self.stall_limit())
+            .map_err(DialCause::Io)?;
 
         *stage = Stage::Libvirt;
         let uri = format!("qemu+unix:///system?socket={}", bridge.path.display());
@@ -243,6 +257,16 @@ impl Dialer {
         let opened = open.await.map_err(|e| DialCause::Libvirt(e.to_string()))?;
         let conn = opened.map_err(|e| DialCause::Libvirt(e.message().to_owned()))?;
         Ok(Connection::new(host.name.clone(), conn, link.clone(), bridge))
+    }
+
+    /// The configured stall limit; a zero one (which would take every write for a stall)
+    /// is the default instead.
+    fn stall_limit(&self) -> Duration {
+        if self.options.stall_limit.is_zero() {
+            DialOptions::STALL_LIMIT
+        } else {
+            self.options.stall_limit
+        }
     }
 
     /// The private key: read (and parsed) on every dial, or once and kept.
@@ -316,6 +340,28 @@ fn key_family(a: &russh::keys::Algorithm) -> String {
     }
 }
 
+/// The line (from 1) of known_hosts text that marks `key` `@revoked`, if one does:
+/// `@revoked <host patterns> <key type> <base64 key> [comment]`. The host patterns are not read:
+/// a revoked key is never accepted, for any host.
+fn revoked_line(text: &str, key: &russh::keys::PublicKey) -> Option<usize> {
+    text.lines().enumerate().find_map(|(i, line)| {
+        let mut fields = line.split_whitespace();
+        if fields.next() != Some("@revoked") {
+            return None;
+        }
+        let encoded = fields.nth(2)?;
+        let listed = russh::keys::parse_public_key_base64(encoded).ok()?;
+        (listed.key_data() == key.key_data()).then_some(i + 1)
+    })
+}
+
+/// The socket's `TCP_USER_TIMEOUT` for `stall_limit`: twice it plus ten seconds, so the pump's
+/// own deadline, which starts later (once the buffers in between are full), still comes first.
+fn tcp_user_timeout_millis(stall_limit: Duration) -> u32 {
+    let timeout = stall_limit.saturating_mul(2).saturating_add(Duration::from_secs(10));
+    u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX)
+}
+
 /// `host:port` split for the known_hosts lookup (port 22 when none is given).
 fn split_address(address: &str) -> (String, u16) {
     if let Some(rest) = address.strip_prefix('[')
@@ -355,6 +401,15 @@ impl client::Handler for ClientHandler {
         } else {
             format!("[{}]:{}", self.host, self.port)
         };
+        // Review L2: russh's parser skips `@revoked` lines, so they are read here, first. A
+        // revoked key is refused for every host, as OpenSSH refuses it.
+        if let Ok(text) = tokio::fs::read_to_string(path).await
+            && let Some(line) = revoked_line(&text, key)
+        {
+            *self.verdict.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(DialCause::HostKeyRevoked { host: shown, line });
+            return Ok(false);
+        }
         // Accepted when any entry for the host holds this key (two keys of one type are normal
         // during a rotation); "changed" only when entries of this type exist and none matches.
         let verdict = match russh::keys::known_hosts::known_host_keys_path(&self.host, self.port, path) {
@@ -412,6 +467,7 @@ impl Bridge {
         first: russh::Channel<client::Msg>,
         socket: String,
         link: Link,
+        stall_limit: Duration,
     ) -> std::io::Result<Self> {
         let dir = private_dir()?;
         let path = dir.join("libvirt.sock");
@@ -429,7 +485,7 @@ impl Bridge {
                     a = listener.accept() => a,
                     () = link.dead() => return,
                 };
-                let Ok((mut local, _)) = accepted else { return };
+                let Ok((local, _)) = accepted else { return };
                 let channel = match first.take() {
                     Some(c) => c,
                     None => match handle.channel_open_direct_streamlocal(socket.clone()).await {
@@ -442,9 +498,8 @@ impl Bridge {
                 };
                 let link = link.clone();
                 tokio::spawn(async move {
-                    let mut remote = channel.into_stream();
                     tokio::select! {
-                        r = tokio::io::copy_bidirectional(&mut local, &mut remote) => {
+                        r = pump(local, channel.into_stream(), stall_limit) => {
                             if let Err(e) = r {
                                 link.mark_dead(format!("libvirt socket: {e}"));
                             }
@@ -491,6 +546,28 @@ impl Drop for Bridge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revoked_keys_are_found_on_their_line_whatever_the_hosts() {
+        let ed25519 = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
+        let other = "AAAAC3NzaC1lZDI1NTE5AAAAIKx1yjW1rJa6U0R1vYh8mX8dLJ0lQw2J6T5m1bCwKf3Q";
+        let key = russh::keys::parse_public_key_base64(ed25519).unwrap();
+        let text =
+            format!("# pins\n[hv1]:2222 ssh-ed25519 {other}\n@revoked other-host,* ssh-ed25519 {ed25519} old key\n");
+        assert_eq!(revoked_line(&text, &key), Some(3));
+        // The same key pinned, not revoked; a revoked line that does not parse; another marker.
+        let pinned = format!("hv1 ssh-ed25519 {ed25519}\n@revoked hv1 ssh-ed25519 not-base64\n");
+        assert_eq!(revoked_line(&pinned, &key), None);
+        let authority = format!("@cert-authority * ssh-ed25519 {ed25519}\n");
+        assert_eq!(revoked_line(&authority, &key), None);
+    }
+
+    #[test]
+    fn the_kernel_timeout_stays_behind_the_stall_limit() {
+        assert_eq!(tcp_user_timeout_millis(Duration::from_secs(30)), 70_000);
+        assert_eq!(tcp_user_timeout_millis(Duration::from_secs(5)), 20_000);
+        assert_eq!(tcp_user_timeout_millis(Duration::MAX), u32::MAX);
+    }
 
     #[test]
     fn addresses_split_for_the_known_hosts_lookup() {

@@ -91,6 +91,15 @@ pub enum DialCause {
         /// The known_hosts line that holds the other key.
         line: usize,
     },
+    /// The key the host showed is on an `@revoked` line of known_hosts (review L2): refused
+    /// whatever else the file says about the host.
+    #[error("knownhosts: the key {host} showed is revoked (known_hosts line {line})")]
+    HostKeyRevoked {
+        /// The `host:port` looked up.
+        host: String,
+        /// The `@revoked` line.
+        line: usize,
+    },
     /// The server refused our key.
     #[error("ssh: unable to authenticate as {user}: the server refused the key")]
     AuthRefused {
@@ -141,12 +150,14 @@ impl DialError {
         matches!(self.cause, DialCause::KeyRead { .. } | DialCause::KeyParse { .. })
     }
 
-    /// Whether the host key could not be verified (unknown, changed, or known_hosts unusable).
+    /// Whether the host key could not be verified (unknown, changed, revoked, or known_hosts
+    /// unusable).
     pub fn is_host_key_error(&self) -> bool {
         matches!(
             self.cause,
             DialCause::HostKeyUnknown { .. }
                 | DialCause::HostKeyChanged { .. }
+                | DialCause::HostKeyRevoked { .. }
                 | DialCause::KnownHostsRead { .. }
                 | DialCause::KnownHostsParse { .. }
         )

@@ -12,7 +12,9 @@
 //!
 //! The [`Link`] of each connection is its liveness: marking it dead fires its signal first and
 //! closes the transport afterwards, outside any lock, so a stuck teardown delays no one.
-//! Keepalive: an idle session is probed every 15 s and is dead after one unanswered period.
+//! Keepalive: an idle session is probed every 15 s and is dead after one unanswered period. A
+//! busy one is dead when bytes wait to go to the host and none is accepted for the stall limit
+//! (30 s by default; `pump`), with the socket's `TCP_USER_TIMEOUT` behind it.
 //! Errors keep their cause ([`DialError`], [`CallError`]) so each provider classifies them, and
 //! each checker maps them to its reasons, by its own policy.
 
@@ -21,6 +23,7 @@ mod dial;
 mod error;
 mod link;
 mod pool;
+mod pump;
 mod remote;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -94,7 +94,9 @@ fn dial_error(e: &DialError) -> LibvirtError {
         DialCause::KeyParse { .. } => DialFailure::KeyInvalid,
         DialCause::KnownHostsRead { .. } => DialFailure::KnownHostsUnreadable,
         DialCause::KnownHostsParse { .. } => DialFailure::KnownHostsInvalid,
-        DialCause::HostKeyUnknown { .. } | DialCause::HostKeyChanged { .. } => DialFailure::HostKey,
+        DialCause::HostKeyUnknown { .. } | DialCause::HostKeyChanged { .. } | DialCause::HostKeyRevoked { .. } => {
+            DialFailure::HostKey
+        }
         DialCause::AuthRefused { .. } => DialFailure::Auth,
         _ if e.is_timeout() => DialFailure::Timeout,
         _ => match e.stage {

@@ -172,6 +172,21 @@ async fn l3_a_pin_of_another_key_type_than_the_servers_first_still_works() {
 }
 
 #[tokio::test]
+async fn l2_a_revoked_host_key_is_refused_even_where_it_is_pinned() {
+    let dir = egress_testkit::scratch_dir("russh-test-revoked");
+    let (host_key, client) = (new_key(&dir, "host"), new_key(&dir, "client"));
+    let address = serve(&host_key, &client).await;
+    let (h, port) = address.rsplit_once(':').unwrap();
+    let path = dir.join("revoked");
+    let key = public(&host_key);
+    std::fs::write(&path, format!("[{h}]:{port} {key}\n@revoked * {key}\n")).unwrap();
+    let e = dial(&client, HostKeys::KnownHosts(path), &address).await;
+    assert!(matches!(e.cause, DialCause::HostKeyRevoked { line: 2, .. }), "{e}");
+    assert!(e.is_host_key_error(), "{e}");
+    assert_eq!(e.stage, Stage::Ssh);
+}
+
+#[tokio::test]
 async fn host_keys_are_checked_against_known_hosts() {
     let dir = egress_testkit::scratch_dir("russh-test-hostkeys");
     let (host_key, other, client) = (new_key(&dir, "host"), new_key(&dir, "other"), new_key(&dir, "client"));

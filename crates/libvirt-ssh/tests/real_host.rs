@@ -2,8 +2,9 @@
 //! through our SSH session and bridge: libvirt answers (version, hostname, pool info); a 64 MiB
 //! upload keeps resident memory flat; host key and credential failures come back as their own
 //! causes; and, through a TCP relay in front of sshd that can be frozen (a host that vanishes
-//! without a reset), a hung call returns at its budget and the next one redials, and keepalive
-//! notices the silent peer with no call in flight.
+//! without a reset), a hung call returns at its budget and the next one redials, an upload to a
+//! host that takes no byte fails at the stall limit, and keepalive notices the silent peer with
+//! no call in flight.
 //!
 //! Without the hypervisor every test skips, and under `cargo xtask test` (which brings it up)
 //! they fail. They run one at a time.
@@ -397,11 +398,17 @@ async fn a_stalled_host_ends_the_call_at_its_budget_and_the_next_call_redials() 
     assert!(!name.is_empty());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_libvirt() {
-    let _serial = ONE_AT_A_TIME.lock().await;
-    let Some(env) = hypervisor() else { return };
-    let (relay, host, opts) = through_relay(&env).await;
+/// Uploads 64 MiB to a fresh volume over a connection dialled with `opts` (adjusted by
+/// `adjust`) through a relay that freezes once 8 MiB have passed, with the upload's `budget`.
+/// Returns the upload's error once the blocked C call has returned, after checking that the
+/// connection is dead and deleting the volume over a new one.
+async fn upload_through_a_freeze(
+    env: &HypervisorEnv,
+    adjust: impl FnOnce(&mut DialOptions),
+    budget: Duration,
+) -> CallError {
+    let (relay, host, mut opts) = through_relay(env).await;
+    adjust(&mut opts);
     let pool = Pool::new(Arc::new(Dialer::new(opts)));
     let cx = OpCtx::background();
     let conn = pool.get(&cx, &host).await.expect("a connection through the relay");
@@ -422,7 +429,7 @@ async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_
     // The C call reports here when it has returned, whatever it returned.
     let (returned_tx, returned_rx) = tokio::sync::oneshot::channel::<()>();
     let (p, v) = (pool_name.clone(), volume.clone());
-    let upload = conn.call(&cx, "StorageVolUpload", Duration::from_secs(5), move |c| {
+    let upload = conn.call(&cx, "StorageVolUpload", budget, move |c| {
         let result = (|| {
             let vol = c.lookup_storage_pool_by_name(&p)?.lookup_storage_vol_by_name(&v)?;
             let stream = virt::stream::Stream::new(c, 0)?;
@@ -443,8 +450,7 @@ async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_
     };
     let (result, ()) = tokio::join!(upload, freeze);
     let err = result.expect_err("the stalled upload must fail");
-    assert!(matches!(err, CallError::OverBudget { .. }), "{err}");
-    assert!(conn.is_dead());
+    assert!(conn.is_dead(), "{err}");
     // Tearing the transport down unblocked libvirt's C call.
     tokio::time::timeout(Duration::from_secs(30), returned_rx)
         .await
@@ -462,6 +468,34 @@ async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_
         })
         .await
         .expect("the next call, over a new connection");
+    err
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_stalls_mid_upload_ends_the_call_at_its_budget_and_unblocks_libvirt() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    // A budget well inside the default stall limit: the budget ends it.
+    let err = upload_through_a_freeze(&env, |_| {}, Duration::from_secs(5)).await;
+    assert!(matches!(err, CallError::OverBudget { .. }), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_takes_no_byte_mid_upload_is_taken_for_dead_at_the_stall_limit() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    // The whole transfer budget (20 minutes) for the upload, a short stall limit: the frozen
+    // host is noticed by the write-progress deadline, and the call fails as a transport error
+    // saying why, long before its budget.
+    let err = upload_through_a_freeze(
+        &env,
+        |opts| opts.stall_limit = Duration::from_secs(3),
+        egress_libvirt_ssh::TRANSFER_BUDGET,
+    )
+    .await;
+    assert!(matches!(err, CallError::ClosedWhileWaiting { .. }), "{err}");
+    assert!(err.is_transport(), "{err}");
+    assert!(err.to_string().contains("the host accepted no byte for 3 s"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

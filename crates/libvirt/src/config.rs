@@ -53,11 +53,30 @@ pub struct KvmConfig {
     /// Hypervisors; `placement.zone` names one.
     #[serde(default)]
     pub hosts: Vec<KvmHost>,
+    /// How many seconds a host may accept none of the bytes waiting to go to it (an image
+    /// upload, say) before it is taken for dead and the call fails as Transient; absent means
+    /// [`KvmConfig::DEFAULT_STALL_TIMEOUT_SECONDS`]. Not in the Go operator's block.
+    #[serde(default)]
+    pub stall_timeout_seconds: Option<u64>,
 }
 
 impl KvmConfig {
     /// Overlay size used when `diskSizeGb` is 0 or absent.
     pub const DEFAULT_DISK_SIZE_GB: i64 = 10;
+    /// The stall timeout used when `stallTimeoutSeconds` is absent.
+    pub const DEFAULT_STALL_TIMEOUT_SECONDS: u64 = 30;
+    /// The shortest stall timeout accepted: a busy host may pause for a few seconds.
+    pub const MIN_STALL_TIMEOUT_SECONDS: u64 = 5;
+    /// The longest stall timeout accepted.
+    pub const MAX_STALL_TIMEOUT_SECONDS: u64 = 600;
+
+    /// The stall timeout after defaults.
+    pub fn effective_stall_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.stall_timeout_seconds
+                .unwrap_or(Self::DEFAULT_STALL_TIMEOUT_SECONDS),
+        )
+    }
 
     /// The overlay size in GiB after defaults.
     pub fn effective_disk_size_gb(&self) -> i64 {
@@ -274,6 +293,16 @@ fn rules(b: &str, cfg: &KvmConfig) -> Result<(), String> {
                 go_quote(host)
             ));
         }
+    }
+
+    if let Some(seconds) = cfg.stall_timeout_seconds
+        && !(KvmConfig::MIN_STALL_TIMEOUT_SECONDS..=KvmConfig::MAX_STALL_TIMEOUT_SECONDS).contains(&seconds)
+    {
+        return Err(format!(
+            "{b}.stallTimeoutSeconds must be between {} and {} (got {seconds})",
+            KvmConfig::MIN_STALL_TIMEOUT_SECONDS,
+            KvmConfig::MAX_STALL_TIMEOUT_SECONDS
+        ));
     }
 
     if cfg.machine_types.is_empty() {

@@ -78,6 +78,7 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
     };
     let options = DialOptions {
         span: Some(dial_span),
+        stall_limit: cfg.effective_stall_timeout(),
         ..DialOptions::new(&cfg.ssh_key_file, host_keys)
     };
     let hosts = egress_libvirt_ssh::hosts_of(&cfg, options);

@@ -270,6 +270,8 @@ fn kvm_rows(b: &str) -> Vec<Bad> {
         row("bridge with a space", kvm_edit(b, "bridge: br0", "bridge: 'br 0'"), r#".hosts[0] "beelink": bridge "br 0" must be letters, digits, dots, dashes or underscores"#.into()),
         row("pool with a slash", kvm_edit(b, "bridge: br0", "bridge: br0, pool: ../images"), r#".hosts[0] "beelink": pool "../images" must be letters, digits, dots, dashes or underscores"#.into()),
         row("diskSizeGb that would overflow", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      diskSizeGb: 17179869184\n")), ".diskSizeGb must be at most 65536".into()),
+        row("stallTimeoutSeconds under the floor", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      stallTimeoutSeconds: 4\n")), ".stallTimeoutSeconds must be between 5 and 600 (got 4)".into()),
+        row("stallTimeoutSeconds over the ceiling", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      stallTimeoutSeconds: 601\n")), ".stallTimeoutSeconds must be between 5 and 600 (got 601)".into()),
         row("memory beyond any host", kvm_edit(b, "memoryMiB: 1024}", "memoryMiB: 99999999}"), r#".machineTypes["small"] needs vcpus <= 1024 and memoryMiB <= 4194304"#.into()),
         row("url with credentials", kvm_edit(b, URL_LINE, "          url: https://u:secret@mirror/x.qcow2\n"), format!("{img}.url must not carry credentials (user:password@): they would show in logs and errors")),
         row("multipart vendorData", kvm_edit(b, SSH_LINE, &format!("{SSH_LINE}      vendorData: \"Content-Type: multipart/mixed; boundary=x\\n\\n--x\\n\"\n")), VENDOR_DATA_TAIL.into()),
@@ -383,7 +385,16 @@ fn valid_rows() -> Vec<Good> {
             assert_eq!(kvm.hosts[0].name, "beelink");
             assert_eq!(kvm.machine_types["small"].memory_mib, 1024);
             assert_eq!(kvm.effective_disk_size_gb(), 10);
+            assert_eq!(kvm.effective_stall_timeout(), std::time::Duration::from_secs(30));
         }),
+        good(
+            "kvm2 with its own stall timeout",
+            kvm_edit("kvm2", SSH_LINE, &format!("{SSH_LINE}      stallTimeoutSeconds: 90\n")),
+            |c, _| {
+                let kvm2 = only(c).kvm2().expect("kvm2 block");
+                assert_eq!(kvm2.effective_stall_timeout(), std::time::Duration::from_secs(90));
+            },
+        ),
         good("kvm2 is parsed into the kvm2 block", kvm_yaml("kvm2"), |c, _| {
             let e = only(c);
             assert!(e.kvm().is_none());
