@@ -39,6 +39,11 @@ pub struct Timings {
     pub requeue_now: Duration,
     /// After a quota error.
     pub quota_retry: Duration,
+    /// The most one pass's provider calls may take together (spec/kvm.md item 55, decided): the
+    /// pass's context carries this deadline, so a call or a lock wait that would outlive it
+    /// returns Transient and the Proxy is requeued with backoff, freeing its worker. Longer than
+    /// any provider's longest single operation (a kvm image transfer, 20 minutes, then the start).
+    pub pass_deadline: Duration,
 }
 
 impl Default for Timings {
@@ -49,6 +54,7 @@ impl Default for Timings {
             drift_poll: Duration::from_secs(120),
             requeue_now: Duration::from_secs(1),
             quota_retry: Duration::from_secs(300),
+            pass_deadline: Duration::from_secs(25 * 60),
         }
     }
 }

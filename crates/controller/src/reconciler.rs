@@ -408,7 +408,7 @@ async fn run_pass(
         ctx,
         api,
         provider,
-        cx: OpCtx::with_cancel(ctx.shutdown.child_token()),
+        cx: OpCtx::with_cancel(ctx.shutdown.child_token()).with_timeout(ctx.timings.pass_deadline),
         facts: Facts::default(),
         rv: proxy.resource_version().unwrap_or_default(),
         finalizers: proxy.finalizers().to_vec(),
@@ -442,7 +442,8 @@ struct Pass<'a> {
     api: &'a Api<Proxy>,
     /// The Proxy's provider entry, when the config has it.
     provider: Option<Arc<dyn Provider>>,
-    /// The context of its provider calls: cancelled at shutdown.
+    /// The context of its provider calls: cancelled at shutdown, and ending at the pass's
+    /// deadline ([`Timings::pass_deadline`]).
     cx: OpCtx,
     /// The results of the actions so far, which the decision reads.
     facts: Facts,

@@ -120,11 +120,8 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     // The reconciler, through a Proxy's whole life, with a cloud-init Secret and health events.
     let verdicts = Arc::new(Verdicts::default());
     let fast = Timings {
-        provisioning_poll: Duration::from_millis(50),
-        deletion_poll: Duration::from_millis(50),
         drift_poll: Duration::from_millis(200),
-        requeue_now: Duration::from_millis(10),
-        quota_retry: Duration::from_millis(200),
+        ..common::fast_timings()
     };
     let ctx = Arc::new(Context::new(
         operator.clone(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use egress_api::{ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, FINALIZER, Phase, Placement, Proxy, ProxySpec};
 use egress_conformance::BackendHooks;
-use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
+use egress_conformance::memory::{CALL_BUDGET, MemoryBackend, MemoryProvider, MemoryTarget};
 use egress_controller::decide::Timings;
 use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::status::Verdict;
@@ -118,12 +118,14 @@ async fn start_with(timings: Timings) -> Harness {
         .start()
         .await
         .unwrap();
-    start_on(Arc::new(server), MemoryBackend::new(), timings).await
+    start_on(Arc::new(server), MemoryBackend::new(), timings, CALL_BUDGET).await
 }
 
-async fn start_on(server: Arc<TestServer>, backend: MemoryBackend, timings: Timings) -> Harness {
+/// The reconciler over `server`, with entry `mem` on `backend`, whose calls each give up after
+/// `call_budget`.
+async fn start_on(server: Arc<TestServer>, backend: MemoryBackend, timings: Timings, call_budget: Duration) -> Harness {
     let client = server.client().unwrap();
-    let providers = common::memory_providers(&[("mem", &backend)]);
+    let providers = common::memory_providers_with_budget(&[("mem", &backend)], call_budget);
     let health = Arc::new(ScriptedHealth::default());
     let shutdown = CancellationToken::new();
     let ctx = Arc::new(Context::new(
@@ -438,6 +440,56 @@ async fn a_changed_cloud_init_secret_replaces_the_instance() {
     assert_eq!(delivered().await.as_deref(), Some(gzip));
 }
 
+/// A provider call that never returns (a host gone silent, a lock never released) ends at the
+/// pass's deadline: the pass gives up, Transient, and the next pass creates. Without the
+/// deadline the held create would keep its worker, and the Proxy, forever.
+#[tokio::test]
+async fn a_call_that_outlives_the_pass_deadline_is_abandoned_and_the_next_pass_creates() {
+    use egress_conformance::CallKind;
+    let server = TestServer::builder()
+        .custom_resource::<Proxy>()
+        .namespace(NS)
+        .start()
+        .await
+        .unwrap();
+    // A provider that never gives up on a call by itself: only the pass's deadline ends it.
+    let timings = Timings {
+        pass_deadline: Duration::from_millis(300),
+        ..common::fast_timings()
+    };
+    let h = start_on(
+        Arc::new(server),
+        MemoryBackend::new(),
+        timings,
+        Duration::from_secs(3600),
+    )
+    .await;
+    // The first insert is held and never let go.
+    let held = h.backend.freeze(CallKind("insert")).await.unwrap();
+    h.api
+        .create(&PostParams::default(), &proxy("p10", "zone-a"))
+        .await
+        .unwrap();
+    tokio::time::timeout(LIVENESS, held.entered())
+        .await
+        .expect("the first create reached the backend");
+    let running = wait_for(&h, "p10", Phase::Running).await;
+    assert!(!running.status.unwrap().provider_id.is_empty());
+    let inserts = h
+        .backend
+        .call_log()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.kind.0 == "insert")
+        .count();
+    assert!(
+        inserts >= 2,
+        "the held insert was abandoned and another made: {inserts}"
+    );
+    assert_eq!(live_instances(&h).await, 1);
+}
+
 #[tokio::test]
 async fn a_quota_error_waits_and_then_creates() {
     use egress_conformance::{CallKind, Fault, Times};
@@ -496,7 +548,7 @@ async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
     };
     let inserted_before = inserts().await;
     // A new operator process starts on the same cluster and backend.
-    let h2 = start_on(h.server.clone(), h.backend.clone(), event_driven()).await;
+    let h2 = start_on(h.server.clone(), h.backend.clone(), event_driven(), CALL_BUDGET).await;
     wait_for(&h2, "p9", Phase::Running).await;
     assert_eq!(
         inserts().await,

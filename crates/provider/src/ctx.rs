@@ -12,10 +12,11 @@ use tokio_util::sync::CancellationToken;
 /// Carried into every provider call.
 ///
 /// Reconcile and GC contexts are cancelled on shutdown or loss of
-/// leadership and carry no deadline; only the provider-health monitor sets
-/// one. A provider races every backend await against both (rule GN2), and
-/// bounds each backend call with its own budget as well (GN3), because no
-/// caller other than the monitor does.
+/// leadership. The provider-health monitor sets a deadline on each check, and
+/// the reconciler one on each pass (for all of the pass's calls together);
+/// GC sets none. A provider races every backend await against both (rule
+/// GN2), and bounds each backend call with its own budget as well (GN3): the
+/// callers' deadlines are outer bounds.
 #[derive(Clone, Debug, Default)]
 pub struct OpCtx {
     cancel: CancellationToken,

@@ -14,6 +14,12 @@ use egress_provider::{ProviderType, Providers, Registry};
 /// Configured providers, each a reference provider on its own backend, built through the
 /// registry (so they are decorated as in the operator).
 pub fn memory_providers(entries: &[(&str, &MemoryBackend)]) -> Arc<Providers> {
+    memory_providers_with_budget(entries, egress_conformance::memory::CALL_BUDGET)
+}
+
+/// [`memory_providers`] whose backend calls each give up after `call_budget` (the reference
+/// provider's own bound on one call; an hour stands for a provider that never gives up).
+pub fn memory_providers_with_budget(entries: &[(&str, &MemoryBackend)], call_budget: Duration) -> Arc<Providers> {
     let mut registry = Registry::new();
     let mut config = ProvidersConfig::default();
     for (i, (name, backend)) in entries.iter().enumerate() {
@@ -23,12 +29,12 @@ pub fn memory_providers(entries: &[(&str, &MemoryBackend)]) -> Arc<Providers> {
             type_name,
             validators::none,
             move |entry: &ProviderConfig| {
-                let p: Arc<dyn egress_provider::Provider> = Arc::new(MemoryProvider::new(
-                    &entry.name,
-                    MemoryTarget::config(&backend),
-                    backend.clone(),
-                    vec![],
-                ));
+                let config = egress_conformance::memory::MemoryConfig {
+                    call_budget,
+                    ..MemoryTarget::config(&backend)
+                };
+                let p: Arc<dyn egress_provider::Provider> =
+                    Arc::new(MemoryProvider::new(&entry.name, config, backend.clone(), vec![]));
                 Ok(p)
             },
         ));
@@ -78,6 +84,7 @@ pub fn fast_timings() -> Timings {
         drift_poll: Duration::from_millis(100),
         requeue_now: Duration::from_millis(10),
         quota_retry: Duration::from_millis(200),
+        pass_deadline: Duration::from_secs(60),
     }
 }
 
