@@ -28,6 +28,9 @@ pub enum Serve {
     Claim(u64),
     /// HEAD and GET are redirected (302) to this URL.
     Redirect(String),
+    /// GET: the full `Content-Length` and the first this many bytes, then nothing until
+    /// [`ImageServer::resume`], then the rest (a download held at a point the test chooses).
+    PauseAfter(usize),
 }
 
 #[derive(Debug)]
@@ -38,11 +41,19 @@ struct State {
     heads: usize,
 }
 
+/// Where a [`Serve::PauseAfter`] body stands: true while one is held at its pause point.
+#[derive(Debug, Clone)]
+struct Pause {
+    held: tokio::sync::watch::Sender<bool>,
+    resumed: tokio::sync::watch::Sender<bool>,
+}
+
 /// The running server; it stops when dropped.
 #[derive(Debug)]
 pub struct ImageServer {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
+    pause: Pause,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -63,13 +74,34 @@ impl ImageServer {
             gets: 0,
             heads: 0,
         }));
-        let shared = state.clone();
+        let pause = Pause {
+            held: tokio::sync::watch::channel(false).0,
+            resumed: tokio::sync::watch::channel(false).0,
+        };
+        let (shared, paused) = (state.clone(), pause.clone());
         let task = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(answer(conn, shared.clone()));
+                tokio::spawn(answer(conn, shared.clone(), paused.clone()));
             }
         });
-        Self { addr, state, task }
+        Self {
+            addr,
+            state,
+            pause,
+            task,
+        }
+    }
+
+    /// Resolves once a [`Serve::PauseAfter`] body is held at its pause point.
+    pub async fn held(&self) {
+        let mut held = self.pause.held.subscribe();
+        // The sender lives in self, so the wait cannot fail.
+        let _ = held.wait_for(|h| *h).await;
+    }
+
+    /// Lets every held body (and any later one) go on.
+    pub fn resume(&self) {
+        self.pause.resumed.send_replace(true);
     }
 
     /// The image's URL.
@@ -94,7 +126,7 @@ impl ImageServer {
     }
 }
 
-async fn answer(mut conn: tokio::net::TcpStream, state: Arc<Mutex<State>>) {
+async fn answer(mut conn: tokio::net::TcpStream, state: Arc<Mutex<State>>, pause: Pause) {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -142,6 +174,17 @@ async fn answer(mut conn: tokio::net::TcpStream, state: Arc<Mutex<State>>) {
             format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n"),
             &[],
         ),
+        (Serve::PauseAfter(n), false) => {
+            let n = n.min(image.len());
+            let _ = conn.write_all(ok(Some(image.len())).as_bytes()).await;
+            if conn.write_all(&image[..n]).await.is_err() {
+                return;
+            }
+            pause.held.send_replace(true);
+            let mut resumed = pause.resumed.subscribe();
+            let _ = resumed.wait_for(|r| *r).await;
+            (String::new(), &image[n..])
+        }
         (Serve::NoLength, false) => (ok(None), &image[..]),
         (Serve::Truncate(n), false) => (ok(Some(image.len())), &image[..n.min(image.len())]),
         (_, true) => (ok(Some(image.len())), &[]),
