@@ -100,6 +100,13 @@ impl Connection {
                 Ok(Ok(v)) => Ok(v),
                 Ok(Err(error)) => {
                     let transport = is_transport_error(&error);
+                    // The connection died under the call (a host taken for dead by the bridge,
+                    // another call's budget): the reason is set before the socket is shut down,
+                    // so it is there whenever the C call fails for that, and it says more than
+                    // the C call's own error (a broken pipe).
+                    if transport && let Some(reason) = self.link.reason() {
+                        return Err(CallError::ClosedWhileWaiting { rpc: rpc_name, host, reason });
+                    }
                     if transport {
                         self.link.mark_dead(format!("call {rpc_name} failed: {}", error.message()));
                     }

@@ -218,7 +218,8 @@ pub enum CallError {
         /// The budget.
         budget: Duration,
     },
-    /// Another caller killed the connection while this call waited.
+    /// The connection died while this call waited: another caller killed it, or the bridge
+    /// took the host for dead, and the call's own failure (if it had one) came from that.
     #[error("libvirt call {rpc} on {host}: connection closed while waiting: {reason}")]
     ClosedWhileWaiting {
         /// The call.
