@@ -44,6 +44,10 @@ pub struct Timings {
     /// returns Transient and the Proxy is requeued with backoff, freeing its worker. Longer than
     /// any provider's longest single operation (a kvm image transfer, 20 minutes, then the start).
     pub pass_deadline: Duration,
+    /// How long a running instance may report no address (a guest-agent restart, say) before
+    /// the Proxy shows it booting again (spec/kvm.md item 54): until then its last address and
+    /// `Provisioned=True` stay, and it is polled at the provisioning period.
+    pub address_grace: Duration,
 }
 
 impl Default for Timings {
@@ -55,6 +59,7 @@ impl Default for Timings {
             requeue_now: Duration::from_secs(1),
             quota_retry: Duration::from_secs(300),
             pass_deadline: Duration::from_secs(25 * 60),
+            address_grace: Duration::from_secs(30),
         }
     }
 }
@@ -81,6 +86,9 @@ pub struct Input<'a> {
     /// instance its status records; when it does not, the running instance's Secret is read
     /// from the API server before the instance is trusted.
     pub credentials_cached: bool,
+    /// Since when the passes before this one have found the Proxy's instance without an
+    /// address (kept in memory by the reconciler); `None` when the last one found it with one.
+    pub address_missing_since: Option<Time>,
     pub now: Time,
 }
 
@@ -751,10 +759,35 @@ fn booting(input: &Input<'_>, timings: &Timings, mut status: ProxyStatus) -> Nex
     )
 }
 
+/// The instance reports no address. One that had an address shown (Provisioned=True) keeps
+/// it, unchanged, for [`Timings::address_grace`] from the first pass that found it missing: a
+/// guest-agent restart must not take a healthy proxy out of service. After that, or for an
+/// instance that never had one, it is booting.
+fn no_address(input: &Input<'_>, timings: &Timings, status: ProxyStatus) -> Next {
+    let had_address = !status.ip.is_empty()
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::PROVISIONED && c.status == ConditionStatus::True);
+    let within_grace = input
+        .address_missing_since
+        .as_ref()
+        .is_none_or(|since| input.now.0.duration_since(since.0).unsigned_abs() < timings.address_grace);
+    if had_address && within_grace {
+        return finish(
+            input,
+            status,
+            InstanceView::Running,
+            Requeue::After(timings.provisioning_poll),
+        );
+    }
+    booting(input, timings, status)
+}
+
 /// Step 8 with an answer from `Get`.
 fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: ProxyStatus, instance: &Instance) -> Next {
     match instance.state {
-        InstanceState::Provisioning => booting(input, timings, status),
+        InstanceState::Provisioning => no_address(input, timings, status),
         InstanceState::Running => match instance.ip {
             Some(ip) => {
                 if let Some(next) = credentials_serve(input, facts, timings, &mut status) {
@@ -770,8 +803,8 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
                 );
                 finish(input, status, InstanceView::Running, Requeue::After(timings.drift_poll))
             }
-            // A provider must not say Running without an address; treat it as still booting.
-            None => booting(input, timings, status),
+            // A provider must not say Running without an address; treat it as one without.
+            None => no_address(input, timings, status),
         },
         // Stopped, terminated or unknown: delete it (keeping its id) until Get says NotFound.
         InstanceState::Stopped | InstanceState::Terminated => {

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, LABEL_CLOUD_INIT, Proxy, SecretRef};
-use egress_provider::{CreateRequest, OpCtx, Placement, Provider, ProviderError, Providers, name_from_uid};
+use egress_provider::{
+    CreateRequest, InstanceState, OpCtx, Placement, Provider, ProviderError, Providers, name_from_uid,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -89,6 +91,9 @@ pub struct Context {
     /// The configured entries' names, in config order.
     provider_names: Vec<String>,
     failures: Mutex<HashMap<(String, String), u32>>,
+    /// Per Proxy UID: since when its instance has answered without an address (item 54). An
+    /// entry goes when a Get answers anything else, so it holds at most one per Proxy.
+    address_missing: Mutex<HashMap<String, Time>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -122,6 +127,7 @@ impl Context {
             metrics: ReconcileMetrics::new(ControllerConfig::default().concurrency),
             instance,
             failures: Mutex::default(),
+            address_missing: Mutex::default(),
         }
     }
 
@@ -151,6 +157,29 @@ impl Context {
 
     fn succeeded(&self, key: &(String, String)) {
         self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    /// Since when the Proxy `uid`'s instance has answered without an address, if it has.
+    fn address_missing_since(&self, uid: &str) -> Option<Time> {
+        self.address_missing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(uid)
+            .cloned()
+    }
+
+    /// Notes what this pass's Get said about the address of Proxy `uid`'s instance.
+    fn saw_instance(&self, uid: &str, get: Option<&Result<egress_provider::Instance, ProviderFailure>>, now: &Time) {
+        let Some(answer) = get else { return };
+        let mut missing = self.address_missing.lock().unwrap_or_else(|p| p.into_inner());
+        match answer {
+            Ok(i) if matches!(i.state, InstanceState::Provisioning | InstanceState::Running) && i.ip.is_none() => {
+                missing.entry(uid.to_owned()).or_insert_with(|| now.clone());
+            }
+            _ => {
+                missing.remove(uid);
+            }
+        }
     }
 }
 
@@ -392,6 +421,7 @@ async fn run_pass(
     root: &tracing::Span,
 ) -> Result<Outcome, ReconcileError> {
     let provider: Option<Arc<dyn Provider>> = ctx.providers.get(&proxy.spec.provider).cloned();
+    let uid = proxy.uid().unwrap_or_default();
     let input = Input {
         proxy,
         provider_configured: provider.is_some(),
@@ -401,6 +431,7 @@ async fn run_pass(
             .credentials
             .as_ref()
             .is_some_and(|c| matches!(c.lookup(proxy), crate::credentials::Lookup::Found(_))),
+        address_missing_since: ctx.address_missing_since(&uid),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let mut pass = Pass {
@@ -416,7 +447,10 @@ async fn run_pass(
     let mut replace_span: Option<tracing::Span> = None;
     for _ in 0..MAX_STEPS {
         let action = match next(&input, &pass.facts, &ctx.timings) {
-            Next::Done(o) => return Ok(o),
+            Next::Done(o) => {
+                ctx.saw_instance(&uid, pass.facts.get.as_ref(), &input.now);
+                return Ok(o);
+            }
             Next::Do(a) => a,
         };
         // The steps of a replacement share one `reconcile.replaceInstance` span, a sibling of

@@ -89,6 +89,8 @@ struct World {
     cached: bool,
     /// The answer of the running instance's credentials check.
     check: Option<Result<Serving, SecretProblem>>,
+    /// Since when earlier passes found the instance without an address.
+    missing_since: Option<Time>,
 }
 
 fn world() -> World {
@@ -123,6 +125,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         configured_providers: &w.names,
         verdict: w.verdict,
         credentials_cached: w.cached,
+        address_missing_since: w.missing_since.clone(),
         now: at(1000),
     };
     let mut facts = Facts::default();
@@ -165,7 +168,11 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
 }
 
 fn provisioned(o: &Outcome) -> Option<(ConditionStatus, String)> {
-    o.status
+    provisioned_of(&o.status)
+}
+
+fn provisioned_of(status: &ProxyStatus) -> Option<(ConditionStatus, String)> {
+    status
         .conditions
         .iter()
         .find(|c| c.type_ == conditions::PROVISIONED)
@@ -1180,6 +1187,54 @@ fn an_external_proxy_without_an_endpoint_is_latched_failed() {
         Some((ConditionStatus::False, reasons::PERMANENT_ERROR.into()))
     );
     assert_eq!((o.requeue, o.status.phase), (Requeue::Never, Some(Phase::Failed)));
+}
+
+/// Item 54: a running instance that reports no address for a while (a guest-agent restart)
+/// keeps its last address and Provisioned=True, and is polled at the provisioning period,
+/// for 30 s from the first pass that found it without one; then it is booting. One that never
+/// had an address shown is booting at once.
+#[test]
+fn a_running_instance_that_loses_its_address_keeps_it_for_the_grace_period() {
+    let ready = ready_proxy();
+    let shown = ready.status.clone().unwrap();
+    let running_without_ip = Instance {
+        ip: None,
+        ..instance(InstanceState::Running)
+    };
+    for answer in [instance(InstanceState::Provisioning), running_without_ip] {
+        // The first pass to see it, and one 29 s after: kept, as shown, still Ready.
+        for since in [None, Some(at(1000 - 29))] {
+            let w = World {
+                get: Some(Ok(answer.clone())),
+                missing_since: since.clone(),
+                ..world()
+            };
+            let (actions, _, o) = run(&ready, &w);
+            assert_eq!(actions, ["Get"]);
+            assert_eq!(o.requeue, SECS(10), "{since:?}");
+            assert_eq!(o.status.ip, shown.ip, "{since:?}");
+            assert_eq!(o.status.phase, Some(Phase::Ready), "{since:?}");
+            assert_eq!(provisioned(&o), provisioned_of(&shown), "{since:?}");
+        }
+        // 30 s after the first: booting, the address gone.
+        let w = World {
+            get: Some(Ok(answer.clone())),
+            missing_since: Some(at(1000 - 30)),
+            ..world()
+        };
+        let (_, _, o) = run(&ready, &w);
+        assert_eq!(o.status.ip, "");
+        assert_eq!(o.status.phase, Some(Phase::Provisioning));
+        assert_eq!(provisioned(&o).map(|(s, _)| s), Some(ConditionStatus::False));
+    }
+    // Never had one shown: booting at once, whatever the memory says.
+    let w = World {
+        get: Some(Ok(instance(InstanceState::Provisioning))),
+        missing_since: None,
+        ..world()
+    };
+    let (_, _, o) = run(&proxy(), &w);
+    assert_eq!((o.status.ip.as_str(), o.status.phase), ("", Some(Phase::Provisioning)));
 }
 
 #[test]

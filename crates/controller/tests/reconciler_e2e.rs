@@ -440,6 +440,28 @@ async fn a_changed_cloud_init_secret_replaces_the_instance() {
     assert_eq!(delivered().await.as_deref(), Some(gzip));
 }
 
+/// Item 54: an instance that answers polls without an address for a while (a guest-agent
+/// restart) keeps its address on the Proxy, which stays Running, within the grace period.
+#[tokio::test]
+async fn a_running_instance_that_briefly_loses_its_address_keeps_it() {
+    let h = start().await;
+    h.api
+        .create(&PostParams::default(), &proxy("p11", "zone-a"))
+        .await
+        .unwrap();
+    let running = wait_for(&h, "p11", Phase::Running).await;
+    let ip = running.status.as_ref().unwrap().ip.clone();
+    let name = egress_provider::name_from_uid(&running.uid().unwrap());
+    h.backend.set_address(&name, None).await.unwrap();
+    // Three passes that each find the instance without an address.
+    let seen = h.health.passes("p11");
+    h.health.wait_passes("p11", seen + 3).await;
+    let kept = h.api.get("p11").await.unwrap();
+    let status = kept.status.as_ref().unwrap();
+    assert_eq!((status.ip.as_str(), status.phase), (ip.as_str(), Some(Phase::Running)));
+    assert_eq!(kept.condition("Provisioned").unwrap().reason, "Running");
+}
+
 /// A provider call that never returns (a host gone silent, a lock never released) ends at the
 /// pass's deadline: the pass gives up, Transient, and the next pass creates. Without the
 /// deadline the held create would keep its worker, and the Proxy, forever.

@@ -85,6 +85,8 @@ pub fn fast_timings() -> Timings {
         requeue_now: Duration::from_millis(10),
         quota_retry: Duration::from_millis(200),
         pass_deadline: Duration::from_secs(60),
+        // Longer than any test runs: an address lost in a test stays lost only if it says so.
+        address_grace: Duration::from_secs(60),
     }
 }
 
