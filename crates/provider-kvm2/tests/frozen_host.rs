@@ -7,14 +7,14 @@
 //! Skips without a hypervisor; fails under `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1).
 //! Its own test binary: nothing else uses the hypervisor's user while it is frozen.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use egress_libvirt::HypervisorEnv;
-use egress_libvirt::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
+use egress_libvirt::config::KvmConfig;
 use egress_libvirt::engine::names;
 use egress_libvirt::host::Host;
-use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
+use egress_libvirt_ssh::testing::IMAGE_KEY;
+use egress_libvirt_ssh::testing::real::{self, HOST};
 use egress_provider::config::ProviderConfig;
 use egress_provider::{CreateRequest, ErrorClass, OpCtx, Placement, name_from_uid};
 use egress_testkit::image_server::{ImageServer, Serve};
@@ -89,42 +89,6 @@ fn uid_of(user: &str) -> u32 {
         .unwrap_or_else(|| panic!("no user {user} in /etc/passwd"))
 }
 
-/// The entry's block: the one host, the padded guest at `url`, the shortest stall limit.
-fn block(env: &HypervisorEnv, url: &str) -> KvmConfig {
-    KvmConfig {
-        ssh_key_file: env.ssh_key.display().to_string(),
-        known_hosts_file: env.known_hosts.display().to_string(),
-        domain_type: Some(env.domain_type.clone()),
-        disk_size_gb: 1,
-        stall_timeout_seconds: Some(STALL_SECONDS),
-        images: [(
-            "guest".to_owned(),
-            KvmImage {
-                url: url.to_owned(),
-                ..KvmImage::default()
-            },
-        )]
-        .into(),
-        machine_types: [(
-            "small".to_owned(),
-            KvmMachineType {
-                vcpus: 1,
-                memory_mib: 256,
-            },
-        )]
-        .into(),
-        hosts: vec![KvmHost {
-            name: "hv".into(),
-            address: env.ssh_address.clone(),
-            user: env.ssh_user.clone(),
-            socket: env.libvirt_socket.clone(),
-            pool: env.pool.clone(),
-            bridge: env.bridge.clone(),
-        }],
-        ..KvmConfig::default()
-    }
-}
-
 fn request(uid: &str) -> CreateRequest {
     CreateRequest {
         name: name_from_uid(uid),
@@ -132,9 +96,9 @@ fn request(uid: &str) -> CreateRequest {
         namespace: "crawl".into(),
         proxy_name: "frozen".into(),
         placement: Placement {
-            zone: "hv".into(),
+            zone: HOST.into(),
             machine_type: "small".into(),
-            image: "guest".into(),
+            image: IMAGE_KEY.into(),
             ..Placement::default()
         },
         cloud_init: b"#cloud-config\n".to_vec(),
@@ -142,20 +106,6 @@ fn request(uid: &str) -> CreateRequest {
         installation: None,
         credentials: None,
     }
-}
-
-/// A host of the test's own, for looking at the pool and cleaning it.
-fn inspector(env: &HypervisorEnv) -> RemoteHost {
-    let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
-    RemoteHost::new(
-        HostTarget {
-            name: "hv".to_owned(),
-            address: env.ssh_address.clone(),
-            user: env.ssh_user.clone(),
-            socket: env.libvirt_socket.clone(),
-        },
-        Arc::new(Pool::new(Arc::new(Dialer::new(options)))),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,10 +119,14 @@ async fn a_host_frozen_mid_upload_fails_the_create_at_the_stall_limit_and_the_ne
 
     // An entry of this process alone: its base volume is not any other test's.
     let entry = format!("frozen-{}", std::process::id());
-    let base = names::base(&entry, "guest", "qcow2");
+    let base = names::base(&entry, IMAGE_KEY, "qcow2");
     let marker = names::marker(&base);
-    let config =
-        ProviderConfig::new(entry.as_str(), egress_provider_kvm2::TYPE_NAME).with_block(&block(&env, &server.url()));
+    // The shortest stall limit the config accepts; no digest (the image is padded).
+    let block = KvmConfig {
+        stall_timeout_seconds: Some(STALL_SECONDS),
+        ..real::block(&env, &server.url(), "")
+    };
+    let config = ProviderConfig::new(entry.as_str(), egress_provider_kvm2::TYPE_NAME).with_block(&block);
     let provider = egress_provider_kvm2::construct(&config).expect("the provider");
     let req = request(&format!("frozen-host-{:08x}", std::process::id()));
 
@@ -205,7 +159,7 @@ async fn a_host_frozen_mid_upload_fails_the_create_at_the_stall_limit_and_the_ne
         .create(&cx, &req)
         .await
         .expect("the next create, after the thaw");
-    let host = inspector(&env);
+    let host = real::host_of(&env);
     let volumes = host.volume_names(&cx, &env.pool).await.expect("the pool's volumes");
     assert!(volumes.contains(&base) && volumes.contains(&marker), "{volumes:?}");
     provider.delete(&cx, &id).await.expect("the delete");

@@ -128,36 +128,8 @@ impl RealBackend {
     pub fn config(&self, insecure: bool) -> KvmConfig {
         KvmConfig {
             ssh_key_file: self.key_file().display().to_string(),
-            known_hosts_file: self.env.known_hosts.display().to_string(),
             insecure_ignore_host_key: insecure,
-            disk_size_gb: 1,
-            domain_type: Some(self.env.domain_type.clone()),
-            images: [(
-                IMAGE_KEY.to_owned(),
-                KvmImage {
-                    url: self.url.clone(),
-                    sha256: self.sha256.clone(),
-                    ..KvmImage::default()
-                },
-            )]
-            .into(),
-            machine_types: [(
-                "small".to_owned(),
-                KvmMachineType {
-                    vcpus: 1,
-                    memory_mib: 256,
-                },
-            )]
-            .into(),
-            hosts: vec![KvmHost {
-                name: HOST.to_owned(),
-                address: self.env.ssh_address.clone(),
-                user: self.env.ssh_user.clone(),
-                socket: self.env.libvirt_socket.clone(),
-                pool: self.env.pool.clone(),
-                bridge: self.env.bridge.clone(),
-            }],
-            ..KvmConfig::default()
+            ..block(&self.env, &self.url, &self.sha256)
         }
     }
 
@@ -166,8 +138,47 @@ impl RealBackend {
     }
 }
 
-/// A seam host of its own over SSH, with the environment's own key (for hooks and sweeps).
-fn host_of(env: &HypervisorEnv) -> RemoteHost {
+/// A block for the one host `env` describes, with the environment's own key, the image
+/// [`IMAGE_KEY`] at `url` (checked against `sha256` unless it is empty) and one machine type,
+/// `small`.
+pub fn block(env: &HypervisorEnv, url: &str, sha256: &str) -> KvmConfig {
+    KvmConfig {
+        ssh_key_file: env.ssh_key.display().to_string(),
+        known_hosts_file: env.known_hosts.display().to_string(),
+        disk_size_gb: 1,
+        domain_type: Some(env.domain_type.clone()),
+        images: [(
+            IMAGE_KEY.to_owned(),
+            KvmImage {
+                url: url.to_owned(),
+                sha256: sha256.to_owned(),
+                ..KvmImage::default()
+            },
+        )]
+        .into(),
+        machine_types: [(
+            "small".to_owned(),
+            KvmMachineType {
+                vcpus: 1,
+                memory_mib: 256,
+            },
+        )]
+        .into(),
+        hosts: vec![KvmHost {
+            name: HOST.to_owned(),
+            address: env.ssh_address.clone(),
+            user: env.ssh_user.clone(),
+            socket: env.libvirt_socket.clone(),
+            pool: env.pool.clone(),
+            bridge: env.bridge.clone(),
+        }],
+        ..KvmConfig::default()
+    }
+}
+
+/// A seam host of its own over SSH, with the environment's own key (for hooks, sweeps and a
+/// test's own look at the pool).
+pub fn host_of(env: &HypervisorEnv) -> RemoteHost {
     let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
     RemoteHost::new(
         HostTarget {
