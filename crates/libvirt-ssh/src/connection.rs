@@ -17,7 +17,8 @@ pub const DOMAIN_CREATE_BUDGET: Duration = Duration::from_secs(90);
 pub const SMALL_UPLOAD_BUDGET: Duration = Duration::from_secs(60);
 /// The largest upload that gets [`SMALL_UPLOAD_BUDGET`].
 pub const SMALL_UPLOAD_BYTES: u64 = 16 << 20;
-/// The budget of a large upload or a download (a base image).
+/// The budget of a download (a marker read); a large upload's grows with its size
+/// ([`egress_libvirt::transfer_budget`]).
 pub const TRANSFER_BUDGET: Duration = Duration::from_secs(20 * 60);
 /// The budget of the courtesy disconnect when a connection is closed.
 pub const CLOSE_BUDGET: Duration = Duration::from_secs(5);

@@ -333,10 +333,11 @@ impl Host for RemoteHost {
         mut source: UploadSource,
     ) -> LvResult<u64> {
         let (pool, name) = (pool.to_owned(), volume.to_owned());
+        // A base image's budget grows with its size (the stall limit catches a silent host).
         let budget = if length <= SMALL_UPLOAD_BYTES {
             SMALL_UPLOAD_BUDGET
         } else {
-            TRANSFER_BUDGET
+            egress_libvirt::transfer_budget(length)
         };
         let outcome = self
             .run(cx, "StorageVolUpload", budget, move |c| {

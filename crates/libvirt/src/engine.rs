@@ -7,6 +7,7 @@
 pub mod check;
 pub mod classify;
 pub mod failure;
+pub mod fence;
 pub mod id;
 pub mod image;
 pub mod locks;

@@ -250,6 +250,14 @@ impl FakeHost {
         }
     }
 
+    /// Removes a volume from `pool` out of band (no call recorded).
+    pub fn remove_volume(&self, pool: &str, name: &str) -> bool {
+        self.lock()
+            .pools
+            .get_mut(pool)
+            .is_some_and(|(_, volumes)| volumes.remove(name).is_some())
+    }
+
     /// Defines a domain out of band (no call recorded, no fault applied), shut off.
     ///
     /// # Panics

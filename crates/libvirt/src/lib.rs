@@ -18,6 +18,7 @@
 //! The documents, the mark and the seed are pure (no libvirt call, no I/O). The engine does I/O
 //! only through [`Host`] and its HTTP client for images, so it runs the same over the fake.
 
+pub mod budget;
 pub mod config;
 pub mod domain;
 pub mod engine;
@@ -31,6 +32,7 @@ pub mod seed;
 pub mod volume;
 mod xml;
 
+pub use budget::transfer_budget;
 pub use config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 pub use domain::{DomainError, DomainSpec};
 pub use generation::Generation;

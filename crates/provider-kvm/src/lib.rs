@@ -25,7 +25,7 @@ pub type KvmProvider = LibvirtProvider;
 
 /// The `kvm` provider type for the operator's registry.
 pub fn provider_type() -> ProviderType {
-    ProviderType::with_block::<KvmConfig>(TYPE_NAME, construct)
+    ProviderType::with_block::<KvmConfig>(TYPE_NAME, construct).sharing("libvirt", egress_libvirt::config::shared_pools)
 }
 
 /// The provider of entry `entry` with block `cfg`, over `hosts` (one per configured host).

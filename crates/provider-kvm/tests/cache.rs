@@ -71,3 +71,24 @@ async fn another_digest_is_refused_and_nothing_is_touched() {
     assert_eq!(vols[BASE].bytes, b"the Go operator's image");
     assert!(vols.contains_key(MARKER));
 }
+
+/// A marker created but never written (its writer died between the create and the upload):
+/// a raw volume reads as zeros. With a digest configured the base is fetched again rather than
+/// refused for good; without one, its presence is trusted as the Go operator trusts it.
+#[tokio::test]
+async fn a_marker_left_empty_by_a_crash_is_recovered_from() {
+    let digest = sha256_hex(&image_bytes());
+    let (b, p) = cache(&[0; 64], Some(digest.clone())).await;
+    p.create(&OpCtx::background(), &request_in("d", HOSTS[0]))
+        .await
+        .unwrap();
+    assert_eq!(b.server.gets(), 1, "fetched again");
+    let vols = b.hosts[0].volumes(POOL);
+    assert_eq!(vols[BASE].bytes, image_bytes());
+    assert_eq!(vols[MARKER].bytes, digest.into_bytes());
+    assert!(
+        !vols.keys().any(|v| v.contains(".fill-")),
+        "no fill lease left: {:?}",
+        vols.keys()
+    );
+}

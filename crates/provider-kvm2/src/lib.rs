@@ -9,7 +9,7 @@
 //! modules are re-exported here:
 //!
 //! - [`placement`], [`id`], [`names`]: what a request and an id resolve to;
-//! - [`image`]: the base-image cache and its HTTP download;
+//! - [`image`], [`fence`]: the base-image cache, its HTTP download, and the fill leases that fence it;
 //! - [`provider`]: create, get, delete, list and the health check;
 //! - [`observe`], [`ops`], [`check`]: reading a domain back, removing and listing, checking a host;
 //! - [`classify`], [`failure`]: what an error means for the reconciler;
@@ -21,8 +21,8 @@ use std::sync::Arc;
 use egress_libvirt::Host;
 use egress_libvirt::config::KvmConfig;
 pub use egress_libvirt::engine::{
-    Generation, LibvirtProvider, check, classify, failure, id, image, locks, names, observe, ops, placement, provider,
-    traced,
+    Generation, LibvirtProvider, check, classify, failure, fence, id, image, locks, names, observe, ops, placement,
+    provider, traced,
 };
 use egress_libvirt_ssh::{DialOptions, HostKeys, HostTarget};
 use egress_provider::config::ProviderConfig;
@@ -45,7 +45,7 @@ pub const TYPE_NAME: &str = "kvm2";
 
 /// The `kvm2` provider type for the operator's registry.
 pub fn provider_type() -> ProviderType {
-    ProviderType::with_block::<KvmConfig>(TYPE_NAME, construct)
+    ProviderType::with_block::<KvmConfig>(TYPE_NAME, construct).sharing("libvirt", egress_libvirt::config::shared_pools)
 }
 
 /// The span of every dial to a host, pooled or dedicated.

@@ -156,6 +156,153 @@ async fn an_incomplete_or_unreadable_cache_is_fetched_again() {
     );
 }
 
+fn put_raw(b: &FakeBackend, name: &str, bytes: &[u8]) {
+    host(b).put_volume(
+        POOL,
+        name,
+        FakeVolume {
+            path: format!("/fake/{POOL}/{name}"),
+            capacity: bytes.len() as u64,
+            format: "raw".into(),
+            backing: None,
+            bytes: bytes.to_vec(),
+        },
+    );
+}
+
+fn unix_now() -> u64 {
+    egress_provider_kvm2::fence::unix_seconds(SystemTime::now())
+}
+
+/// H4 fenced: a base without its marker whose fill lease belongs to another writer (another
+/// entry, replica or operator instance) that may still be filling it is left alone, and the
+/// create says it will try again; once that lease is past its deadline and the clock margin,
+/// its writer is gone and the leftovers are cleared and the image fetched.
+#[tokio::test]
+async fn h4_a_base_another_writer_may_be_filling_is_not_touched_until_its_lease_expires() {
+    use egress_provider_kvm2::fence::{CLOCK_MARGIN, lease_name};
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    put_raw(&b, &base(), b"half of another writer's download");
+    let live = lease_name(&base(), unix_now() + 600, "0123456789abcdef");
+    put_raw(&b, &live, b"\0");
+    let (c, text) = class(p.create(&cx, &request_in("fenced", HOSTS[0])).await);
+    assert_eq!(c, ErrorClass::Transient, "{text}");
+    assert!(
+        text.contains("being filled by another writer") && text.contains(&live),
+        "{text}"
+    );
+    assert_eq!(calls(&b, "StorageVolDelete"), 0, "nothing deleted");
+    assert_eq!(calls(&b, "StorageVolUpload"), 0, "nothing written");
+    assert_eq!(
+        host(&b).volumes(POOL)[&base()].bytes,
+        b"half of another writer's download"
+    );
+
+    // The same lease, past its deadline by more than the clock margin.
+    host(&b).remove_volume(POOL, &live);
+    let dead = lease_name(&base(), unix_now() - CLOCK_MARGIN.as_secs() - 1, "0123456789abcdef");
+    put_raw(&b, &dead, b"\0");
+    p.create(&cx, &request_in("fenced", HOSTS[0])).await.unwrap();
+    let vols = host(&b).volumes(POOL);
+    assert_eq!(vols[&base()].bytes, image_bytes());
+    assert_eq!(vols[&marker()].bytes, sha256_hex(&image_bytes()).into_bytes());
+    assert!(
+        !vols.keys().any(|v| v.contains(".fill-")),
+        "no lease left: {:?}",
+        vols.keys()
+    );
+}
+
+/// H4 fenced, two replicas of one entry over one pool (two lock tables): while the first fills
+/// the base, the second gives way at once instead of deleting the half-written base, and finds
+/// the image cached once the first is done.
+#[tokio::test]
+async fn h4_a_second_replica_gives_way_to_the_one_filling_the_base() {
+    let (b, first) = backend().await;
+    let second = b.provider(ENTRY, b.config(false)).unwrap();
+    // The first replica's upload of the base is held once it starts.
+    let upload = b.interceptor.freeze(CallKind("StorageVolUpload"));
+    let filling = tokio::spawn({
+        let first = first.clone();
+        async move {
+            first
+                .create(&OpCtx::background(), &request_in("replica-1", HOSTS[0]))
+                .await
+        }
+    });
+    upload.entered().await;
+    let deletes = calls(&b, "StorageVolDelete");
+    let gave_way = tokio::time::timeout(
+        Duration::from_secs(60),
+        second.create(&OpCtx::background(), &request_in("replica-2", HOSTS[0])),
+    )
+    .await
+    .expect("the second replica does not wait on the first's download");
+    let (c, text) = class(gave_way);
+    assert_eq!(c, ErrorClass::Transient, "{text}");
+    assert!(text.contains("being filled by another writer"), "{text}");
+    assert_eq!(calls(&b, "StorageVolDelete"), deletes, "the second deleted nothing");
+    upload.release();
+    filling.await.unwrap().unwrap();
+    let gets = b.server.gets();
+    second
+        .create(&OpCtx::background(), &request_in("replica-2", HOSTS[0]))
+        .await
+        .unwrap();
+    assert_eq!(b.server.gets(), gets, "the second found the image cached");
+    assert_eq!(host(&b).volumes(POOL)[&base()].bytes, image_bytes());
+}
+
+/// H4 fenced: a writer that found the base incomplete looks again once it holds the lease, so a
+/// base another replica completed in between is used, never cleared as a leftover.
+#[tokio::test]
+async fn h4_a_base_completed_while_the_lease_was_being_taken_is_used_not_replaced() {
+    let (b, late) = backend().await;
+    let early = b.provider(ENTRY, b.config(false)).unwrap();
+    // The late replica is held at its first look at the leases, after finding no marker.
+    let listing = b.interceptor.freeze(CallKind("StoragePoolListAllVolumes"));
+    let waiting = tokio::spawn({
+        let late = late.clone();
+        async move { late.create(&OpCtx::background(), &request_in("late", HOSTS[0])).await }
+    });
+    listing.entered().await;
+    early
+        .create(&OpCtx::background(), &request_in("early", HOSTS[0]))
+        .await
+        .unwrap();
+    let before = b.interceptor.call_log().len();
+    listing.release();
+    waiting.await.unwrap().unwrap();
+    // The late one neither removed nor wrote the marker or the base; its own lease it removed.
+    let touched = |kind: &str| -> Vec<String> {
+        b.interceptor.call_log()[before..]
+            .iter()
+            .filter(|c| c.kind.0 == kind)
+            .map(|c| c.target.clone())
+            .collect()
+    };
+    let cache = [base(), marker()];
+    for kind in ["StorageVolDelete", "StorageVolUpload", "StorageVolCreateXML"] {
+        let targets = touched(kind);
+        assert!(
+            !targets.iter().any(|t| cache.iter().any(|v| t.ends_with(v.as_str()))),
+            "{kind}: {targets:?}"
+        );
+    }
+    assert!(
+        touched("StorageVolDelete").iter().any(|t| t.contains(".fill-")),
+        "its lease removed"
+    );
+    let vols = host(&b).volumes(POOL);
+    assert_eq!(vols[&marker()].bytes, sha256_hex(&image_bytes()).into_bytes());
+    assert!(
+        !vols.keys().any(|v| v.contains(".fill-")),
+        "no lease left: {:?}",
+        vols.keys()
+    );
+}
+
 #[tokio::test]
 async fn failed_downloads_are_classified_and_leave_no_base() {
     for (serve, want, words) in [

@@ -48,7 +48,9 @@ pub use provider::{
     REASON_UNREACHABLE, TargetStatus,
 };
 pub use redact::{redact, scrub};
-pub use registry::{BuildError, BuiltProvider, Constructor, ProviderType, Providers, Registry, ShapeCheck, Validator};
+pub use registry::{
+    BuildError, BuiltProvider, Constructor, ProviderType, Providers, Registry, ShapeCheck, SharedCheck, Validator,
+};
 pub use types::{CreateRequest, Instance, InstanceState, Placement, ProviderId, ProxyCredentials};
 
 /// Re-exported so providers and tests name one version of it.

@@ -26,13 +26,19 @@ pub type Constructor = Box<dyn Fn(&ProviderConfig) -> Result<Arc<dyn Provider>, 
 /// block (empty, or starting with `.` or `[`) and the problem.
 pub type ShapeCheck = fn(&serde_json::Value) -> Result<(), (String, String)>;
 
+/// Checks the entries of the types that share something outside the process (the storage
+/// pools of one hypervisor, say) against each other: given each such entry with its index in
+/// the file, the index of the entry at fault and the message tail.
+pub type SharedCheck = fn(&[(usize, &ProviderConfig)]) -> Result<(), (usize, String)>;
+
 /// One provider type: its `type:` value, its block's shape (if it has a
-/// block), its validator and its constructor.
+/// block), its validator, its constructor, and the check it shares with related types.
 pub struct ProviderType {
     name: &'static str,
     shape: Option<ShapeCheck>,
     validate: Validator,
     construct: Constructor,
+    shared: Option<(&'static str, SharedCheck)>,
 }
 
 impl fmt::Debug for ProviderType {
@@ -56,6 +62,7 @@ impl ProviderType {
             shape: None,
             validate,
             construct: Box::new(construct),
+            shared: None,
         }
     }
 
@@ -74,7 +81,15 @@ impl ProviderType {
                 B::validate(&entry.type_name, block.as_ref())
             },
             construct: Box::new(construct),
+            shared: None,
         }
+    }
+
+    /// Joins the types of `family` (`libvirt`, say): the loader runs `check` once over every
+    /// entry of every type in the family. Types of one family register the same check.
+    pub fn sharing(mut self, family: &'static str, check: SharedCheck) -> Self {
+        self.shared = Some((family, check));
+        self
     }
 
     /// The shape check of the type's block; `None` for a type without one.
@@ -140,6 +155,20 @@ impl Registry {
     /// block), in registration order.
     pub fn block_keys(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.types.iter().filter(|t| t.shape.is_some()).map(|t| t.name)
+    }
+
+    /// Per family of types that share a check ([`ProviderType::sharing`]): the check and the
+    /// family's type names, in registration order.
+    pub fn shared_checks(&self) -> Vec<(SharedCheck, Vec<&'static str>)> {
+        let mut families: Vec<(&'static str, SharedCheck, Vec<&'static str>)> = Vec::new();
+        for t in &self.types {
+            let Some((family, check)) = t.shared else { continue };
+            match families.iter_mut().find(|(f, _, _)| *f == family) {
+                Some((_, _, names)) => names.push(t.name),
+                None => families.push((family, check, vec![t.name])),
+            }
+        }
+        families.into_iter().map(|(_, check, names)| (check, names)).collect()
     }
 
     /// The registered type names, in registration order.

@@ -24,8 +24,14 @@ fn registry() -> Registry {
     Registry::new()
         .with(ProviderType::with_block::<KubernetesConfig>("kubernetes", unused))
         .with(ProviderType::with_block::<GcpConfig>("gcp", unused))
-        .with(ProviderType::with_block::<KvmConfig>("kvm", unused))
-        .with(ProviderType::with_block::<KvmConfig>("kvm2", unused))
+        .with(
+            ProviderType::with_block::<KvmConfig>("kvm", unused)
+                .sharing("libvirt", egress_libvirt::config::shared_pools),
+        )
+        .with(
+            ProviderType::with_block::<KvmConfig>("kvm2", unused)
+                .sharing("libvirt", egress_libvirt::config::shared_pools),
+        )
         .with(ProviderType::with_block::<LocalConfig>("local", unused))
 }
 
@@ -261,6 +267,8 @@ fn kvm_rows(b: &str) -> Vec<Bad> {
         row("host without a name", kvm_edit(b, "{name: beelink, ", "{"), ".hosts[0]: name is required".into()),
         row("host name with a slash", kvm_edit(b, "name: beelink", "name: dc1/rack2"), r#".hosts[0]: name "dc1/rack2" must be letters, digits, dots, dashes or underscores — it becomes part of the providerID hosts/<name>/domains/<vm>"#.into()),
         row("duplicate host name", kvm_edit(b, HOST_LINE, &format!("{HOST_LINE}{HOST_LINE}")), r#".hosts[1]: duplicate host name "beelink""#.into()),
+        // Two hosts on one daemon would list each other's domains and race on one image cache.
+        row("two hosts on one daemon", kvm_edit(b, HOST_LINE, &format!("{HOST_LINE}        - {{name: beelink-2, address: BEELINK:22, user: other, bridge: br1}}\n")), r#".hosts[1] "beelink-2": address "BEELINK:22" and socket "/var/run/libvirt/libvirt-sock" are those of host "beelink"; two hosts of one entry must reach two libvirt daemons"#.into()),
         row("host without an address", kvm_edit(b, "address: beelink:22, ", ""), r#".hosts[0] "beelink": address is required"#.into()),
         row("host without a user", kvm_edit(b, "user: novakj, ", ""), r#".hosts[0] "beelink": user is required"#.into()),
         row("host without a bridge", kvm_edit(b, ", bridge: br0", ""), r#".hosts[0] "beelink": bridge is required"#.into()),
@@ -864,5 +872,74 @@ fn every_providers_file_the_go_operator_showed_loads() {
             (GoOutcome::Loads(_), Err(e)) => panic!("{what}: Go loaded it, refused here: {e}\n{yaml}"),
             (GoOutcome::Fails(want), Ok(_)) => panic!("{what}: Go refused it ({want}), loaded here\n{yaml}"),
         }
+    }
+}
+
+/// An entry of `type` (`kvm` or `kvm2`) named `name` on host `host` (`hv` when it is `hv:22`)
+/// with one image `key` at `url`, in flow form.
+fn libvirt_entry(type_name: &str, name: &str, address: &str, key: &str, url: &str) -> String {
+    format!(
+        "  - {{name: {name}, type: {type_name}, {type_name}: {{sshKeyFile: /k, knownHostsFile: /kh, \
+         machineTypes: {{small: {{vcpus: 1, memoryMiB: 1024}}}}, \
+         hosts: [{{name: h, address: '{address}', user: u, bridge: br0}}], images: {{'{key}': {{url: '{url}'}}}}}}}}\n"
+    )
+}
+
+/// H4 at load: entries whose hosts share a storage pool must not give one base volume name to
+/// two images (kvm names bases by key alone; kvm2 by entry and key, with a dash between that
+/// either may contain); the same image under one name is shared, fenced by the fill leases.
+#[test]
+fn entries_sharing_a_pool_are_refused_only_where_two_images_would_share_a_base_name() {
+    let registry = registry();
+    let (one, two) = ("https://m/one.qcow2", "https://m/two.qcow2");
+    let hex = "0123456789abcdef0123456789abcdef";
+    let refused = [
+        (
+            vec![libvirt_entry("kvm2", "a", "hv:22", "b-c", one), libvirt_entry("kvm2", "a-b", "hv:22", "c", two)],
+            r#"providers[1] "a-b": base volume "base-a-b-c.qcow2" in pool "default" of "hv:22" (/var/run/libvirt/libvirt-sock) would hold both image "c" of providers[1] "a-b" (host "h") and image "b-c" (another URL or digest) of providers[0] "a"; rename the key or one of the entries"#.to_owned(),
+        ),
+        (
+            vec![libvirt_entry("kvm2", "a", "hv:22", "d", one), libvirt_entry("kvm2", "a-url", "HV:22", hex, two)],
+            format!(r#"providers[1] "a-url": base volume "base-a-url-{hex}.qcow2" in pool "default" of "hv:22" (/var/run/libvirt/libvirt-sock) would hold both image "{hex}" of providers[1] "a-url" (host "h") and an image its Proxies give by URL of providers[0] "a""#),
+        ),
+        (
+            vec![libvirt_entry("kvm", "k1", "hv:22", "debian", one), libvirt_entry("kvm", "k2", "hv:22", "debian", two)],
+            r#"providers[1] "k2": base volume "base-debian.qcow2" in pool "default" of "hv:22""#.to_owned(),
+        ),
+        (
+            vec![
+                libvirt_entry("kvm", "k", "hv:22", "k2-debian", one),
+                libvirt_entry("kvm2", "k2", "hv:22", "debian", two),
+            ],
+            r#"providers[1] "k2": base volume "base-k2-debian.qcow2""#.to_owned(),
+        ),
+    ];
+    for (entries, want) in refused {
+        let yaml = format!("providers:\n{}", entries.concat());
+        let e = ProvidersConfig::parse(&yaml, FILE, &registry)
+            .expect_err(&yaml)
+            .to_string();
+        assert!(e.contains(&want), "{e}\nwanted {want}");
+    }
+    let accepted = [
+        // One image under one name: a shared cache.
+        vec![
+            libvirt_entry("kvm", "k1", "hv:22", "debian", one),
+            libvirt_entry("kvm", "k2", "hv:22", "debian", one),
+        ],
+        // The clashing names on two hypervisors.
+        vec![
+            libvirt_entry("kvm2", "a", "hv1:22", "b-c", one),
+            libvirt_entry("kvm2", "a-b", "hv2:22", "c", two),
+        ],
+        // kvm's base-<key> and kvm2's base-<entry>-<key> apart.
+        vec![
+            libvirt_entry("kvm", "k", "hv:22", "debian", one),
+            libvirt_entry("kvm2", "k2", "hv:22", "debian", two),
+        ],
+    ];
+    for entries in accepted {
+        let yaml = format!("providers:\n{}", entries.concat());
+        ProvidersConfig::parse(&yaml, FILE, &registry).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     }
 }

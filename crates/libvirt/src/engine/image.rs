@@ -4,15 +4,20 @@
 //! is incomplete and is fetched again; a marker whose digest differs from the configured one is
 //! refused, never replaced under the overlays that use the base (H4).
 //!
-//! Long file: the base-image cache is one protocol (lock, download, verify, upload, marker last)
-//! whose steps depend on each other's guarantees.
+//! Whoever clears what is left of an incomplete base or fills it holds a fill lease on the pool
+//! first ([`super::fence`]), so no writer of this operator, in any entry or replica, deletes a
+//! base another one is filling (H4; docs/providers/kvm2.md, "The image cache's fence").
+//!
+//! Long file: the base-image cache is one protocol (lock, lease, download, verify, upload,
+//! marker last) whose steps depend on each other's guarantees.
 
 use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use crate::VolumeSpec;
 use crate::host::{Host, LibvirtError, code};
+use crate::{VolumeSpec, transfer_budget};
 use bytes::Bytes;
 use egress_provider::{OpCtx, redact};
 use futures::StreamExt as _;
@@ -22,18 +27,18 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 
 use super::failure::{Context as _, OpFailure};
+use super::fence::{self, Lease};
 use super::locks::KeyedLocks;
 use super::placement::Image;
 use super::url_host::{host_listed, is_link_local_host};
 use super::{Generation, names};
 
-/// The precheck's HEAD (or GET) budget.
+/// The precheck's HEAD (or GET) budget, and the download's until its headers arrive.
 pub const PROBE_BUDGET: Duration = Duration::from_secs(30);
-/// The whole fetch, from the request to the marker.
-pub const TRANSFER_BUDGET: Duration = Duration::from_secs(20 * 60);
-/// The HTTP body's own deadline: a minute inside the transfer budget, so a mirror that stops
-/// sending fails the body read first and the upload ends as a clean, short stream.
-pub const BODY_BUDGET: Duration = Duration::from_secs(19 * 60);
+/// How far inside the transfer budget ([`transfer_budget`] of the image's size, from the
+/// headers to the marker) the HTTP body's own deadline falls: a mirror that stops sending
+/// fails the body read first, and the upload ends as a clean, short stream.
+pub const BODY_MARGIN: Duration = Duration::from_secs(60);
 /// Cleaning up a failed base: bounded, and not cut short by the caller.
 pub const DISCARD_BUDGET: Duration = Duration::from_secs(30);
 /// The largest image the operator accepts (review M11): far above any cloud image, far below
@@ -62,11 +67,20 @@ pub struct Cached<'a> {
     /// What the create still needs on the pool beside the image (overlay and seed), so the
     /// download's own length is checked against the whole (review M11).
     pub room_after: u64,
+    /// Who fills the base, as its fill leases name it: one id per provider instance.
+    pub writer: &'a str,
 }
 
 impl<'a> Cached<'a> {
-    /// `image` of entry `entry` in `pool` on `host`.
-    pub fn new(generation: Generation, entry: &str, host: &'a str, pool: &'a str, image: &'a Image) -> Self {
+    /// `image` of entry `entry` in `pool` on `host`, filled (when it must be) by `writer`.
+    pub fn new(
+        generation: Generation,
+        entry: &str,
+        host: &'a str,
+        pool: &'a str,
+        image: &'a Image,
+        writer: &'a str,
+    ) -> Self {
         let base = generation.base_name(entry, &image.key, &image.format);
         let marker = names::marker(&base);
         Self {
@@ -77,6 +91,7 @@ impl<'a> Cached<'a> {
             base,
             marker,
             room_after: 0,
+            writer,
         }
     }
 
@@ -316,7 +331,8 @@ pub async fn size_if_uncached(
 /// the marker.
 ///
 /// # Errors
-/// Waiting for the image past the caller; the cache's refusals; the download's failures.
+/// Waiting for the image past the caller; the cache's refusals; another writer filling the
+/// base (Transient); the download's failures.
 pub async fn ensure(
     cx: &OpCtx,
     host: &dyn Host,
@@ -329,7 +345,7 @@ pub async fn ensure(
         .acquire(cx, &key)
         .await
         .map_err(|why| OpFailure::transient(format!("waiting for image {} on host {}: {why}", img.base, img.host)))?;
-    if let Some(path) = cached(cx, host, img).await? {
+    if let Found::Complete(path) = cached(cx, host, img).await? {
         return Ok(path);
     }
     let span = if !img.generation.spans() {
@@ -347,35 +363,55 @@ pub async fn ensure(
             otel.status_description = Empty,
         )
     };
-    // Whether this fetch made the base volume: only then may a failure remove it (another
-    // process may have completed the same name meanwhile).
-    let made = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let fetched = cx
-        .run_within(
-            TRANSFER_BUDGET,
-            fetch(cx, host, http, img, made.clone()).instrument(span.clone()),
-        )
-        .await
-        .unwrap_or_else(|why| {
-            Err(OpFailure::transient(format!(
-                "fetching image {} into {}: {why}",
-                img.url(),
-                img.base
-            )))
-        });
+    // What this fetch made (a lease, a base): only that is removed afterwards. Shared, as the
+    // fetch may be dropped at its budget.
+    let fill = Arc::new(Fill::default());
+    let fetched = fetch(cx, host, http, img, &fill).instrument(span.clone()).await;
     match &fetched {
-        Ok(()) => span.record("otel.status_code", "ok"),
+        Ok(_) => span.record("otel.status_code", "ok"),
         Err(e) => span
             .record("otel.status_code", "error")
             .record("otel.status_description", e.to_string()),
     };
-    if fetched.is_err() && made.load(std::sync::atomic::Ordering::SeqCst) {
-        discard_failed(host, img).await;
+    fill.clean_up(host, img, fetched.is_err()).await;
+    match fetched? {
+        Some(path) => Ok(path),
+        None => host
+            .volume_path(cx, img.pool, &img.base)
+            .await
+            .doing(|| format!("reading the path of base volume {}", img.base)),
     }
-    fetched?;
-    host.volume_path(cx, img.pool, &img.base)
-        .await
-        .doing(|| format!("reading the path of base volume {}", img.base))
+}
+
+/// What one fetch made on the pool, so that it (and nothing else) is removed afterwards.
+#[derive(Debug, Default)]
+struct Fill {
+    /// The fetch created the base volume.
+    made_base: AtomicBool,
+    /// The fill lease it holds.
+    lease: Mutex<Option<String>>,
+}
+
+impl Fill {
+    /// Removes the lease, and after a failure the base first: not cut short by the caller, as a
+    /// half-written base must not be left when it can be removed; bounded all the same. What
+    /// cannot be removed stays fenced by the lease until its deadline, or until this writer
+    /// comes back to the base.
+    async fn clean_up(&self, host: &dyn Host, img: &Cached<'_>, failed: bool) {
+        let cleanup = OpCtx::background().with_timeout(DISCARD_BUDGET);
+        if failed
+            && self.made_base.load(Ordering::SeqCst)
+            && let Err(d) = discard(&cleanup, host, img.pool, &img.base).await
+        {
+            tracing::debug!(volume = %img.base, error = %d, "incomplete base volume left behind; the next attempt removes it");
+        }
+        let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(lease) = lease
+            && let Err(d) = discard(&cleanup, host, img.pool, &lease).await
+        {
+            tracing::debug!(volume = %lease, error = %d, "fill lease left behind; it is removed once it is seen again");
+        }
+    }
 }
 
 /// The URL's host part only (span attributes carry nothing more).
@@ -386,18 +422,22 @@ fn url_host(url: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The base's path when the cache holds it complete; `None` (after clearing what is left) when
-/// it must be fetched.
-async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, OpFailure> {
+/// What the cache holds for an image on a host.
+#[derive(Debug)]
+enum Found {
+    /// The base, complete: its path.
+    Complete(String),
+    /// Nothing usable: no marker (a download that died, or one under way), a marker that holds
+    /// no digest, or a marker whose base is gone. What is there is cleared under a fill lease,
+    /// never here.
+    Incomplete,
+}
+
+/// What the cache holds for `img`; reads only.
+async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Found, OpFailure> {
     match host.volume_path(cx, img.pool, &img.marker).await {
         Ok(_) => {}
-        Err(e) if e.is(code::NO_STORAGE_VOL) => {
-            // A base without its marker is incomplete (a download that died).
-            discard(cx, host, img.pool, &img.base)
-                .await
-                .doing(|| format!("removing incomplete base volume {}", img.base))?;
-            return Ok(None);
-        }
+        Err(e) if e.is(code::NO_STORAGE_VOL) => return Ok(Found::Incomplete),
         Err(e) => return Err(OpFailure::call(format!("looking up marker {}", img.marker), e)),
     }
     if img.generation == Generation::Kvm {
@@ -407,31 +447,16 @@ async fn cached(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<
         .download(cx, img.pool, &img.marker, MARKER_READ_MAX)
         .await
         .doing(|| format!("reading marker {}", img.marker))?;
-    let digest = marker_digest(&raw);
-    let Some(digest) = digest else {
+    let Some(digest) = marker_digest(&raw) else {
         tracing::debug!(volume = %img.marker, "base image marker holds no digest; refetching");
-        let marker = discard(cx, host, img.pool, &img.marker).await;
-        let base = discard(cx, host, img.pool, &img.base).await;
-        if marker.is_err() || base.is_err() {
-            let errors: Vec<String> = [marker, base]
-                .into_iter()
-                .filter_map(Result::err)
-                .map(|e| e.to_string())
-                .collect();
-            return Err(OpFailure::transient(format!(
-                "removing base volume {} and its unreadable marker: {}",
-                img.base,
-                errors.join("; ")
-            )));
-        }
-        return Ok(None);
+        return Ok(Found::Incomplete);
     };
     if let Some(want) = &img.image.sha256
         && *want != digest
     {
         return Err(digest_refused(img, &digest, want));
     }
-    base_path_under_marker(cx, host, img).await
+    base_under_marker(cx, host, img).await
 }
 
 /// A cached base whose marker holds `held` (as the message shows it) where `want` is configured:
@@ -447,17 +472,12 @@ fn digest_refused(img: &Cached<'_>, held: &str, want: &str) -> OpFailure {
     OpFailure::permanent(message)
 }
 
-/// The path of a base whose marker is trusted; `None` (and the marker removed) when the base
-/// itself is gone, so it is fetched again.
-async fn base_path_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, OpFailure> {
+/// The base under a marker that is trusted: incomplete when the base itself is gone (the
+/// marker is removed before the fetch).
+async fn base_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Found, OpFailure> {
     match host.volume_path(cx, img.pool, &img.base).await {
-        Ok(path) => Ok(Some(path)),
-        Err(e) if e.is(code::NO_STORAGE_VOL) => {
-            discard(cx, host, img.pool, &img.marker)
-                .await
-                .doing(|| format!("removing marker {} of a missing base", img.marker))?;
-            Ok(None)
-        }
+        Ok(path) => Ok(Found::Complete(path)),
+        Err(e) if e.is(code::NO_STORAGE_VOL) => Ok(Found::Incomplete),
         Err(e) => Err(OpFailure::call(format!("looking up base volume {}", img.base), e)),
     }
 }
@@ -465,20 +485,29 @@ async fn base_path_under_marker(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -
 /// The first generation's trust in a marker (spec/kvm.md §6.2): its presence completes the base;
 /// its content is read only against a configured `sha256` (its first word, trimmed, any case:
 /// `sha256sum` output is accepted), and a mismatch is refused, never fetched over the base that
-/// the Go operator's overlays may use. A base under a marker is never deleted here.
-async fn cached_kvm(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Option<String>, OpFailure> {
+/// the Go operator's overlays may use. A marker with no word at all was created and never
+/// written (its writer died between the two calls): the base is incomplete.
+async fn cached_kvm(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Found, OpFailure> {
     if let Some(want) = &img.image.sha256 {
         let raw = host
             .download(cx, img.pool, &img.marker, MARKER_READ_MAX)
             .await
             .doing(|| format!("reading marker {}", img.marker))?;
         let text = String::from_utf8_lossy(&raw);
-        let held = text.split_whitespace().next().unwrap_or_default().to_ascii_lowercase();
+        let held = text
+            .split(|c: char| c.is_whitespace() || c == '\0')
+            .find(|w| !w.is_empty())
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if held.is_empty() {
+            tracing::debug!(volume = %img.marker, "base image marker is empty; refetching");
+            return Ok(Found::Incomplete);
+        }
         if held != *want {
             return Err(digest_refused(img, &format!("{held:?}"), want));
         }
     }
-    base_path_under_marker(cx, host, img).await
+    base_under_marker(cx, host, img).await
 }
 
 /// The digest a marker holds: trailing NUL, space, CR, LF and TAB stripped, lowercased, and
@@ -552,35 +581,77 @@ impl Read for BodyReader {
     }
 }
 
-/// Downloads the image into a new base volume, then refreshes the pool and writes the marker,
-/// all on a connection of its own (a cancelled call on the shared connection cannot cut the
-/// transfer off, nor lose a verified download: review M10). A failed base is removed after
-/// that connection is closed (so libvirt has let go of the upload's file), on the shared one.
+/// Asks for the image and, within the transfer budget of the size it announces, fills the
+/// base ([`fill`]). `Some` path when another writer completed the base meanwhile.
 async fn fetch(
     cx: &OpCtx,
     host: &dyn Host,
     http: &reqwest::Client,
     img: &Cached<'_>,
-    made: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<(), OpFailure> {
-    let started = Instant::now();
+    fill: &Fill,
+) -> Result<Option<String>, OpFailure> {
     let url = img.url();
-    let response = http
+    let request = http
         .get(&img.image.url)
         .header(reqwest::header::ACCEPT_ENCODING, "identity")
-        .timeout(BODY_BUDGET)
-        .send()
+        .send();
+    let response = cx
+        .run_within(PROBE_BUDGET, request)
         .await
+        .map_err(|why| OpFailure::transient(format!("fetching image {url}: no response: {why}")))?
         .map_err(|e| fetch_error(&url, &e))?;
     let size = check_response(&url, response.status(), declared_length(&response))?;
     tracing::Span::current().record("kvm2.bytes", size);
     tracing::debug!(url = %url, bytes = size, "fetching base image into host pool");
-    // The GET's length is what gets written: check it against the pool now (review M11).
+    // The GET's length is what gets written: check it now (review M11).
     if size > MAX_IMAGE_BYTES {
         return Err(OpFailure::permanent(format!(
             "image {url} is {size} bytes, over the {MAX_IMAGE_BYTES}-byte limit"
         )));
     }
+    let budget = transfer_budget(size);
+    let body_deadline = tokio::time::Instant::now() + budget.saturating_sub(BODY_MARGIN);
+    // By then this writer has given up and cleaned up, whatever happened.
+    let lease_deadline = fence::unix_seconds(SystemTime::now() + budget + DISCARD_BUDGET);
+    let job = Job {
+        response,
+        size,
+        body_deadline,
+        lease_deadline,
+    };
+    cx.run_within(budget, fill_base(cx, host, img, fill, job))
+        .await
+        .unwrap_or_else(|why| {
+            Err(OpFailure::transient(format!(
+                "fetching image {url} into {}: {why}",
+                img.base
+            )))
+        })
+}
+
+/// A download under way: the response whose body is the image, and its deadlines.
+struct Job {
+    response: reqwest::Response,
+    size: u64,
+    /// When the body must have arrived.
+    body_deadline: tokio::time::Instant,
+    /// The fill lease's deadline (Unix seconds).
+    lease_deadline: u64,
+}
+
+/// Checks the pool's room, takes the fill lease, clears what is left of the base and fills it:
+/// the upload, the pool refresh and the marker all on a connection of its own (a cancelled call
+/// on the shared connection cannot cut the transfer off, nor lose a verified download: review
+/// M10). `Some` path when another writer completed the base before the lease was taken.
+async fn fill_base(
+    cx: &OpCtx,
+    host: &dyn Host,
+    img: &Cached<'_>,
+    fill: &Fill,
+    job: Job,
+) -> Result<Option<String>, OpFailure> {
+    let started = Instant::now();
+    let size = job.size;
     let info = host
         .pool_info(cx, img.pool)
         .await
@@ -594,11 +665,23 @@ async fn fetch(
             img.pool, info.available, img.base
         )));
     }
+    take_lease(cx, host, img, job.lease_deadline, fill).await?;
+    // Another writer may have completed the base between the first look and the lease.
+    if let Found::Complete(path) = cached(cx, host, img).await? {
+        return Ok(Some(path));
+    }
+    // What is left of an earlier fill: the marker first, then the base (the eviction order).
+    discard(cx, host, img.pool, &img.marker)
+        .await
+        .map_err(|e| OpFailure::call(format!("removing the marker {} of an incomplete base", img.marker), e))?;
+    discard(cx, host, img.pool, &img.base)
+        .await
+        .map_err(|e| OpFailure::call(format!("removing incomplete base volume {}", img.base), e))?;
     let own = host
         .dedicated(cx)
         .await
         .doing(|| format!("dialling host {} for the image upload", img.host))?;
-    let outcome = upload(cx, own.as_ref(), response, img, size, &made).await;
+    let outcome = upload(cx, own.as_ref(), job, img, &fill.made_base).await;
     let outcome = match outcome {
         Ok(digest) => write_marker(cx, own.as_ref(), img, &digest).await.map(|()| digest),
         Err(e) => Err(e),
@@ -608,28 +691,88 @@ async fn fetch(
     own.close().await;
     let digest = outcome?;
     tracing::debug!(volume = %img.base, bytes = size, duration = ?started.elapsed(), sha256 = %digest, "base image cached");
-    Ok(())
+    Ok(None)
 }
 
-/// Removes a base whose download failed (or ran out of time): not cut short by the caller, as a
-/// half-written base must not be left when it can be removed; bounded all the same.
-async fn discard_failed(host: &dyn Host, img: &Cached<'_>) {
-    let cleanup = OpCtx::background().with_timeout(DISCARD_BUDGET);
-    if let Err(d) = discard(&cleanup, host, img.pool, &img.base).await {
-        tracing::debug!(volume = %img.base, error = %d, "incomplete base volume left behind; the next attempt removes it");
+/// The fill leases on `img`'s base.
+async fn leases(cx: &OpCtx, host: &dyn Host, img: &Cached<'_>) -> Result<Vec<Lease>, OpFailure> {
+    let names = host
+        .volume_names(cx, img.pool)
+        .await
+        .doing(|| format!("listing storage pool {} for fill leases", img.pool))?;
+    Ok(fence::leases_among(&img.base, &names))
+}
+
+/// Takes the fill lease on `img`'s base until `deadline`, after removing the leases of writers
+/// that are gone. Two writers that take theirs at the same moment both see the other's
+/// afterwards and both give way; one that comes later sees the first.
+///
+/// # Errors
+/// Another writer's live lease (Transient: it is filling the base, or was until lately).
+async fn take_lease(
+    cx: &OpCtx,
+    host: &dyn Host,
+    img: &Cached<'_>,
+    deadline: u64,
+    fill: &Fill,
+) -> Result<(), OpFailure> {
+    let now = || fence::unix_seconds(SystemTime::now());
+    let verdict = fence::judge(leases(cx, host, img).await?, img.writer, now());
+    for dead in &verdict.dead {
+        discard(cx, host, img.pool, &dead.volume).await.map_err(|e| {
+            OpFailure::call(
+                format!("removing fill lease {} of a writer that is gone", dead.volume),
+                e,
+            )
+        })?;
     }
+    if let Some(other) = verdict.live.first() {
+        return Err(filled_elsewhere(img, other));
+    }
+    let name = fence::lease_name(&img.base, deadline, img.writer);
+    let xml = VolumeSpec {
+        name: name.clone(),
+        capacity_bytes: 1,
+        format: "raw".to_owned(),
+        backing: None,
+    }
+    .to_xml(img.generation)
+    .map_err(|e| OpFailure::permanent(e.to_string()))?;
+    host.create_volume(cx, img.pool, &xml)
+        .await
+        .doing(|| format!("creating fill lease {name}"))?;
+    *fill.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(name);
+    // Its own lease reads as dead to the writer: only the others' count here.
+    let verdict = fence::judge(leases(cx, host, img).await?, img.writer, now());
+    match verdict.live.first() {
+        Some(other) => Err(filled_elsewhere(img, other)),
+        None => Ok(()),
+    }
+}
+
+/// Another writer holds a live lease on the base.
+fn filled_elsewhere(img: &Cached<'_>, other: &Lease) -> OpFailure {
+    OpFailure::transient(format!(
+        "base image {} is being filled by another writer (fill lease {} runs to Unix time {}); trying again later",
+        img.base, other.volume, other.deadline
+    ))
 }
 
 /// Creates the base volume and streams the body into it; the digest of what was uploaded.
 async fn upload(
     cx: &OpCtx,
     own: &dyn Host,
-    response: reqwest::Response,
+    job: Job,
     img: &Cached<'_>,
-    size: u64,
-    made: &std::sync::atomic::AtomicBool,
+    made: &AtomicBool,
 ) -> Result<String, OpFailure> {
     let url = img.url();
+    let Job {
+        response,
+        size,
+        body_deadline,
+        ..
+    } = job;
     let xml = VolumeSpec {
         name: img.base.clone(),
         capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
@@ -641,13 +784,17 @@ async fn upload(
     own.create_volume(cx, img.pool, &xml)
         .await
         .doing(|| format!("creating base volume {}", img.base))?;
-    made.store(true, std::sync::atomic::Ordering::SeqCst);
+    made.store(true, Ordering::SeqCst);
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
     let pump = AbortOnDrop(tokio::spawn(async move {
         let mut body = response.bytes_stream();
-        while let Some(chunk) = body.next().await {
+        loop {
+            let chunk = match tokio::time::timeout_at(body_deadline, body.next()).await {
+                Ok(None) => break,
+                Ok(Some(chunk)) => chunk.map_err(|e| http_error_text(&e)),
+                Err(_) => Err("the body did not arrive within its deadline".to_owned()),
+            };
             let failed = chunk.is_err();
-            let chunk = chunk.map_err(|e| http_error_text(&e));
             if tx.send(chunk).await.is_err() || failed {
                 break;
             }

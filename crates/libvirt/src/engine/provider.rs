@@ -61,6 +61,8 @@ struct Shared {
     names: KeyedLocks,
     /// One download per image and host at a time.
     images: KeyedLocks,
+    /// This instance's id in the fill leases of the image cache (`super::fence`).
+    writer: String,
     /// kvm: per host, whether a health probe is still out.
     probing: BTreeMap<String, Arc<AtomicBool>>,
 }
@@ -106,6 +108,7 @@ impl LibvirtProvider {
                 url_http,
                 names: KeyedLocks::new(),
                 images: KeyedLocks::new(),
+                writer: super::fence::new_writer_id(),
             }),
         })
     }
@@ -243,7 +246,14 @@ impl LibvirtProvider {
                 image::url_format(cx, host, http, generation, &self.shared.entry, pool, &resolved.image).await?;
         }
         let r = &resolved;
-        let mut img = Cached::new(generation, &self.shared.entry, &r.host.name, pool, &r.image);
+        let mut img = Cached::new(
+            generation,
+            &self.shared.entry,
+            &r.host.name,
+            pool,
+            &r.image,
+            &self.shared.writer,
+        );
         img.room_after = disk_bytes(&self.shared.cfg, self.generation())?.saturating_add(SEED_RESERVE);
         // The first look at the pool (the marker lookup) is where a missing pool is a config
         // error; once seen, a pool missing is one that vanished during the create: a race.
@@ -592,6 +602,7 @@ impl Provider for LibvirtProvider {
             &resolved.host.name,
             resolved.host.effective_pool(),
             &resolved.image,
+            &self.shared.writer,
         );
         tracing::trace!(
             host = %resolved.host.name,

@@ -72,6 +72,20 @@ pub(super) fn validate_entries(entries: &[ProviderConfig], registry: &Registry) 
             .validate(entry)
             .map_err(|tail| format!("{prefix}: {tail}"))?;
     }
+
+    // 5. Entries that share something outside the process (a hypervisor's storage pool) must
+    // not get in each other's way.
+    for (check, types) in registry.shared_checks() {
+        let members: Vec<(usize, &ProviderConfig)> = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| types.contains(&e.type_name.as_str()))
+            .collect();
+        check(&members).map_err(|(i, tail)| {
+            let name = entries.get(i).map_or("", |e| e.name.as_str());
+            format!("{}: {tail}", entry_prefix(i, name))
+        })?;
+    }
     Ok(warnings)
 }
 
