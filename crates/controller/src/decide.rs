@@ -231,6 +231,9 @@ pub enum Note {
     UnreachableButCleaned { provider_id: String, get_error: String },
     /// The instance was adopted from another operator's spec hash, not replaced.
     Adopted { provider_id: String, previous: String },
+    /// Deletion released the Proxy without deleting its recorded instance: the instance's own
+    /// mark names another Proxy (review M2).
+    LeftToItsOwner { provider_id: String, owner: String },
 }
 
 /// The end of a pass.
@@ -276,6 +279,41 @@ pub fn replacing(input: &Input<'_>, facts: &Facts) -> bool {
 /// The message on `Provisioned=False` while an instance boots.
 pub const WAITING_TO_RUN: &str = "waiting for the instance to run";
 
+/// Review M2: the Proxy UID an instance's own mark names, when it is not this Proxy's. A
+/// provider that records no UID (an empty one) names nobody.
+pub fn foreign_owner<'i>(proxy: &Proxy, instance: &'i Instance) -> Option<&'i str> {
+    let ours = proxy.metadata.uid.as_deref().unwrap_or_default();
+    let theirs = instance.uid.as_str();
+    (!theirs.is_empty() && !ours.is_empty() && !theirs.eq_ignore_ascii_case(ours)).then_some(theirs)
+}
+
+/// `facts` with every instance another Proxy's mark names read as a Permanent failure of its
+/// lookup: such an instance is neither used, adopted, replaced nor deleted.
+fn owned_facts(proxy: &Proxy, facts: &Facts) -> Facts {
+    let refuse = |answer: &Result<Instance, ProviderFailure>| match answer {
+        Ok(instance) => match foreign_owner(proxy, instance) {
+            Some(owner) => Err(ProviderFailure {
+                class: ErrorClass::Permanent,
+                message: format!(
+                    "instance {} is marked as Proxy UID {owner}'s, not this Proxy's ({}); it is neither used \
+                     nor deleted",
+                    instance.id.as_str(),
+                    proxy.metadata.uid.as_deref().unwrap_or_default()
+                ),
+            }),
+            None => Ok(instance.clone()),
+        },
+        Err(f) => Err(f.clone()),
+    };
+    let mut owned = facts.clone();
+    owned.get = facts.get.as_ref().map(refuse);
+    owned.bound_instance = facts
+        .bound_instance
+        .as_ref()
+        .map(|(id, answer)| (id.clone(), refuse(answer)));
+    owned
+}
+
 /// The decision for one step of a pass.
 pub fn next(input: &Input<'_>, facts: &Facts, timings: &Timings) -> Next {
     let proxy = input.proxy;
@@ -283,6 +321,7 @@ pub fn next(input: &Input<'_>, facts: &Facts, timings: &Timings) -> Next {
     if proxy.metadata.deletion_timestamp.is_some() {
         return delete_path(input, facts, timings, status);
     }
+    let facts = &owned_facts(proxy, facts);
     match proxy.spec.mode {
         Mode::External => Next::Done(external_path(input, status)),
         Mode::Managed => match (managed_path(input, facts, timings, status), &facts.adopted_from) {
@@ -942,6 +981,14 @@ fn delete_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: 
             }
         },
         Some(Err(get)) => Next::Done(deletion_failure(timings, status, get.message.clone(), get.class)),
+        // Another Proxy's instance (review M2): not deleted; this Proxy lets go of it.
+        Some(Ok(instance)) if let Some(owner) = foreign_owner(proxy, instance) => {
+            let note = Note::LeftToItsOwner {
+                provider_id: id.as_str().to_string(),
+                owner: owner.to_owned(),
+            };
+            release(status, Some(note))
+        }
         // 6. Still there: delete, and poll until Get says NotFound.
         Some(Ok(_)) => match &facts.delete {
             None => Next::Do(Action::Delete(id)),

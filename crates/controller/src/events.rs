@@ -90,6 +90,10 @@ pub fn derive(
             "CleanedUp",
             format!("instance {provider_id} was unreachable but its delete succeeded"),
         )),
+        Some(Note::LeftToItsOwner { provider_id, owner }) => events.push(warning(
+            "LeftToItsOwner",
+            format!("instance {provider_id} is marked as Proxy UID {owner}'s; it was left in place, not deleted"),
+        )),
         Some(Note::Adopted { provider_id, .. }) => events.push(normal(
             "Adopted",
             format!(

@@ -396,6 +396,10 @@ async fn reconcile_in_span(proxy: &Proxy, ctx: &Context, root: &tracing::Span) -
             proxy = %name, namespace = %namespace, providerID = %provider_id, error = %get_error,
             "instance unreachable but cleanup succeeded; removing the finalizer"
         ),
+        Some(Note::LeftToItsOwner { provider_id, owner }) => tracing::warn!(
+            proxy = %name, namespace = %namespace, providerID = %provider_id, owner = %owner,
+            "the instance is marked as another Proxy's; removing the finalizer without deleting it"
+        ),
         Some(Note::Adopted { provider_id, previous }) => tracing::info!(
             proxy = %name, namespace = %namespace, providerID = %provider_id, previousSpecHash = %previous,
             "adopted the instance from another operator's spec hash; not replaced"

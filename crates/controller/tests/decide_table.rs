@@ -517,6 +517,73 @@ fn without_a_verdict_yet_the_recorded_one_stands() {
     assert_eq!(healthy(&o), None);
 }
 
+/// Review M2: an instance whose own mark names another Proxy (its UID) is neither used,
+/// replaced nor deleted, whatever its state or the spec; a UID in another case is the same UID,
+/// and a provider that records none names nobody.
+#[test]
+fn m2_an_instance_marked_as_another_proxys_is_never_used_nor_deleted() {
+    let theirs = |state| Instance {
+        uid: "uid-2".into(),
+        ..instance(state)
+    };
+    for (p, state) in [
+        (proxy(), InstanceState::Running),
+        (proxy(), InstanceState::Stopped),
+        (changed_spec(), InstanceState::Running),
+    ] {
+        let w = World {
+            get: Some(Ok(theirs(state))),
+            delete: Some(Ok(())),
+            ..world()
+        };
+        let (actions, _, o) = run(&p, &w);
+        assert_eq!(actions, ["Get"], "{state:?}");
+        assert_eq!(
+            provisioned(&o),
+            Some((ConditionStatus::False, "PermanentError".into())),
+            "{state:?}"
+        );
+        let message = &o
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::PROVISIONED)
+            .unwrap()
+            .message;
+        assert!(
+            message.contains("marked as Proxy UID uid-2's, not this Proxy's (uid-1)"),
+            "{message}"
+        );
+        assert_eq!(o.status.ip, "", "{state:?}: its address is not published");
+    }
+    for uid in ["UID-1", ""] {
+        let w = World {
+            get: Some(Ok(Instance {
+                uid: uid.into(),
+                ..instance(InstanceState::Running)
+            })),
+            ..world()
+        };
+        let (actions, _, o) = run(&proxy(), &w);
+        assert_eq!(actions, ["Get"], "{uid:?}");
+        assert_eq!(o.status.ip, "10.0.0.7", "{uid:?}: used");
+    }
+    // Deleting the Proxy lets go of it without deleting it.
+    let w = World {
+        get: Some(Ok(theirs(InstanceState::Running))),
+        ..world()
+    };
+    let (actions, _, o) = run(&deleting(), &w);
+    assert_eq!(actions, ["Get", "RemoveFinalizer"]);
+    assert_eq!(
+        o.note,
+        Some(Note::LeftToItsOwner {
+            provider_id: "id-1".into(),
+            owner: "uid-2".into()
+        })
+    );
+}
+
 fn changed_spec() -> Proxy {
     let mut p = proxy();
     p.spec.port = 8080;
