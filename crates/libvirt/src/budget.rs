@@ -23,9 +23,9 @@ mod tests {
     fn the_budget_is_the_floor_until_the_minimum_rate_needs_more() {
         assert_eq!(transfer_budget(0), TRANSFER_FLOOR);
         assert_eq!(transfer_budget(512 << 20), TRANSFER_FLOOR);
-        // 2400 s at 2 MiB/s: the floor exactly.
-        assert_eq!(transfer_budget(2400 * MIN_TRANSFER_RATE), TRANSFER_FLOOR);
-        assert_eq!(transfer_budget(2400 * MIN_TRANSFER_RATE + 1), Duration::from_secs(2401));
+        // 1200 s at 2 MiB/s (2.4 GiB): the floor exactly.
+        assert_eq!(transfer_budget(1200 * MIN_TRANSFER_RATE), TRANSFER_FLOOR);
+        assert_eq!(transfer_budget(1200 * MIN_TRANSFER_RATE + 1), Duration::from_secs(1201));
         // The largest image accepted (64 GiB): about nine hours.
         assert_eq!(transfer_budget(64 << 30), Duration::from_secs(32_768));
     }
