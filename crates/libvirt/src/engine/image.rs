@@ -582,7 +582,7 @@ impl Read for BodyReader {
 }
 
 /// Asks for the image and, within the transfer budget of the size it announces, fills the
-/// base ([`fill`]). `Some` path when another writer completed the base meanwhile.
+/// base ([`fill_base`]). `Some` path when another writer completed the base meanwhile.
 async fn fetch(
     cx: &OpCtx,
     host: &dyn Host,
