@@ -156,17 +156,12 @@ async fn an_incomplete_or_unreadable_cache_is_fetched_again() {
     );
 }
 
-fn put_raw(b: &FakeBackend, name: &str, bytes: &[u8]) {
-    host(b).put_volume(
-        POOL,
-        name,
-        FakeVolume {
-            path: format!("/fake/{POOL}/{name}"),
-            capacity: bytes.len() as u64,
-            format: "raw".into(),
-            backing: None,
-            bytes: bytes.to_vec(),
-        },
+/// No fill lease is left among `vols`.
+fn assert_no_lease(vols: &std::collections::BTreeMap<String, FakeVolume>) {
+    assert!(
+        !vols.keys().any(|v| v.contains(".fill-")),
+        "no lease left: {:?}",
+        vols.keys()
     );
 }
 
@@ -183,9 +178,9 @@ async fn h4_a_base_another_writer_may_be_filling_is_not_touched_until_its_lease_
     use egress_provider_kvm2::fence::{CLOCK_MARGIN, lease_name};
     let (b, p) = backend().await;
     let cx = OpCtx::background();
-    put_raw(&b, &base(), b"half of another writer's download");
+    put(&b, &base(), 1, b"half of another writer's download".to_vec());
     let live = lease_name(&base(), unix_now() + 600, "0123456789abcdef");
-    put_raw(&b, &live, b"\0");
+    put(&b, &live, 1, b"\0".to_vec());
     let (c, text) = class(p.create(&cx, &request_in("fenced", HOSTS[0])).await);
     assert_eq!(c, ErrorClass::Transient, "{text}");
     assert!(
@@ -202,16 +197,12 @@ async fn h4_a_base_another_writer_may_be_filling_is_not_touched_until_its_lease_
     // The same lease, past its deadline by more than the clock margin.
     host(&b).remove_volume(POOL, &live);
     let dead = lease_name(&base(), unix_now() - CLOCK_MARGIN.as_secs() - 1, "0123456789abcdef");
-    put_raw(&b, &dead, b"\0");
+    put(&b, &dead, 1, b"\0".to_vec());
     p.create(&cx, &request_in("fenced", HOSTS[0])).await.unwrap();
     let vols = host(&b).volumes(POOL);
     assert_eq!(vols[&base()].bytes, image_bytes());
     assert_eq!(vols[&marker()].bytes, sha256_hex(&image_bytes()).into_bytes());
-    assert!(
-        !vols.keys().any(|v| v.contains(".fill-")),
-        "no lease left: {:?}",
-        vols.keys()
-    );
+    assert_no_lease(&vols);
 }
 
 /// H4 fenced, two replicas of one entry over one pool (two lock tables): while the first fills
@@ -296,11 +287,7 @@ async fn h4_a_base_completed_while_the_lease_was_being_taken_is_used_not_replace
     );
     let vols = host(&b).volumes(POOL);
     assert_eq!(vols[&marker()].bytes, sha256_hex(&image_bytes()).into_bytes());
-    assert!(
-        !vols.keys().any(|v| v.contains(".fill-")),
-        "no lease left: {:?}",
-        vols.keys()
-    );
+    assert_no_lease(&vols);
 }
 
 #[tokio::test]
