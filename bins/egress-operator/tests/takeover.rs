@@ -12,7 +12,9 @@
 //! - each Proxy can be leased at once, at its old IP;
 //! - the ProviderHealth objects of configured entries are kept and updated, the stale one
 //!   removed;
-//! - a spec change afterwards replaces that one Proxy, and only it.
+//! - a spec change afterwards replaces that one Proxy, and only it;
+//! - its kvm domain, paused by QEMU on a disk error, is kept through two passes; paused after
+//!   a crash, it is replaced (review M1 at the reconciler).
 //!
 //! What the fakes do not cover: the kvm host is the libvirt fake (the Go domain on a real
 //! hypervisor is `provider-kvm`'s `compat.rs`), and Pods never run (the test server is no
@@ -34,7 +36,7 @@ use egress_controller::reconciler::HealthVerdicts;
 use egress_controller::status::Verdict;
 use egress_kube_testserver::Verb;
 use egress_libvirt::fake::{FakeHost, FakeVolume, GoKvmDomain};
-use egress_libvirt::host::{Address, AddressSource, DomainState, Host, Interface};
+use egress_libvirt::host::{Address, AddressSource, DomainState, Host, Interface, PauseReason};
 use egress_provider::config::{ProviderConfig, validators};
 use egress_provider::{
     BoxError, Checker, CreateRequest, Instance, OpCtx, Provider, ProviderError, ProviderId, ProviderType, Registry,
@@ -717,6 +719,58 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
             m.proxy
         );
         assert_eq!(p.status.unwrap().ip, m.ip, "{}", m.proxy);
+    }
+
+    // Review M1, at the reconciler: the kvm domain QEMU paused on a disk error (a full pool)
+    // is kept through two passes; paused after a crash, it is replaced.
+    let kvm = members().into_iter().find(|m| m.backend == "kvm").unwrap();
+    let domain = egress_provider::name_from_uid(&proxies.get(kvm.proxy).await.unwrap().uid().unwrap());
+    let kvm_calls = backends.calls[kvm.entry].clone();
+    assert!(
+        backends
+            .host
+            .set_state(&domain, DomainState::Paused(PauseReason::IO_ERROR))
+    );
+    for poke in ["1", "2"] {
+        let gets = kvm_calls.gets.load(Ordering::SeqCst);
+        // Any change to the object starts a pass; one pass at a time runs per Proxy, so the
+        // second read comes after the first pass has decided.
+        proxies
+            .patch(
+                kvm.proxy,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"test/poke": poke}}})),
+            )
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while kvm_calls.gets.load(Ordering::SeqCst) == gets {
+            assert!(std::time::Instant::now() < deadline, "no pass read the paused domain");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(kvm_calls.seen(), (0, 0), "a domain paused on a disk error was touched");
+    assert!(backends.host.domains().contains_key(&domain));
+    assert!(
+        backends
+            .host
+            .set_state(&domain, DomainState::Paused(PauseReason::CRASHED))
+    );
+    proxies
+        .patch(
+            kvm.proxy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test/poke": "3"}}})),
+        )
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while kvm_calls.deletes.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a crashed domain was not replaced"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     operator.abort();
 }

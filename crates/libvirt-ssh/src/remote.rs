@@ -141,6 +141,17 @@ fn source_number(source: AddressSource) -> u32 {
     }
 }
 
+/// Why paused domain `dom` is paused (`virDomainPausedReason`); 0, unknown, when libvirt will
+/// not say or the domain is no longer paused.
+fn paused_reason(dom: &virt::domain::Domain) -> u32 {
+    use virt::domain::DomainStateReason;
+    use virt::enumutil::Enum;
+    match dom.state() {
+        Ok((_, Enum::Known(DomainStateReason::Paused(reason)))) => reason.to_raw(),
+        _ => 0,
+    }
+}
+
 fn not_found_metadata(e: &virt::error::Error) -> bool {
     e.code().is(virt::error::ErrorNumber::NoDomainMetadata)
 }
@@ -208,12 +219,21 @@ impl Host for RemoteHost {
         let domain = domain.to_owned();
         // NB: virt 0.5's `state()` drops virDomainGetState's error (and reports -1);
         // virDomainGetInfo's is returned, so the cause (a domain gone meanwhile) survives.
-        let raw = self
+        // Only a paused domain's reason matters (review M1), so only then is it asked for; a
+        // reason that cannot be read is "unknown", a pause that is waited out.
+        let (state, reason) = self
             .run(cx, "DomainGetInfo", RPC_BUDGET, move |c| {
-                Ok(c.lookup_domain_by_name(&domain)?.info()?.state.to_raw())
+                let dom = c.lookup_domain_by_name(&domain)?;
+                let state = dom.info()?.state.to_raw();
+                let reason = if state == virt::sys::VIR_DOMAIN_PAUSED {
+                    paused_reason(&dom)
+                } else {
+                    0
+                };
+                Ok((state, reason))
             })
             .await?;
-        Ok(DomainState::from_raw(raw))
+        Ok(DomainState::from_raw(state, reason))
     }
 
     async fn define_domain(&self, cx: &OpCtx, xml: &str) -> LvResult<()> {

@@ -467,3 +467,28 @@ async fn the_seam_says_what_stopped_a_connection() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn l17_a_silent_host_under_a_short_round_is_unreachable_not_a_timeout() {
+    use egress_libvirt::host::{DialFailure, Host as _};
+    let (address, held) = silent_port().await;
+    let dir = egress_testkit::scratch_dir("russh-test-l17");
+    let client = new_key(&dir, "client");
+    // The dial's own budget (10 s) is longer than the round's: it shrinks to end inside it.
+    let options = DialOptions::new(&client, HostKeys::AcceptAny);
+    let round = || OpCtx::background().with_timeout(Duration::from_millis(500));
+    let e = match Dialer::new(options.clone()).dial(&round(), &host(&address)).await {
+        Ok(_) => panic!("a silent server cannot be dialled"),
+        Err(e) => e,
+    };
+    assert!(matches!(e.cause, DialCause::Budget(_)), "{e}");
+    // Through the seam and the check: the host is unreachable, the round did not time out.
+    let pool = Arc::new(egress_libvirt_ssh::Pool::new(Arc::new(Dialer::new(options))));
+    let remote = egress_libvirt_ssh::RemoteHost::new(host(&address), pool);
+    let e = remote.version(&round()).await.expect_err("no connection");
+    assert_eq!((e.dial, e.timed_out), (Some(DialFailure::Timeout), false), "{e}");
+    let status = egress_libvirt::engine::check::check_host(&round(), &remote, &address, "tester", "default").await;
+    assert_eq!(status.reason, egress_provider::REASON_UNREACHABLE, "{status:?}");
+    held.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,7 +11,7 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use egress_libvirt::host::{AddressSource, DomainState, Host, POOL_RUNNING, UNDEFINE_FLAGS, code};
+use egress_libvirt::host::{AddressSource, DomainState, Host, POOL_RUNNING, PauseReason, UNDEFINE_FLAGS, code};
 use egress_libvirt::{DomainSpec, Generation, HypervisorEnv, KVM_NAMESPACE, KVM2_NAMESPACE, Mark, VolumeSpec};
 use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use egress_provider::OpCtx;
@@ -47,7 +47,8 @@ fn volume(name: &str, bytes: i64) -> String {
 }
 
 /// The table. `tag` keeps the names of concurrent runs apart.
-async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str, tag: &str) {
+/// `pause` suspends a domain behind the host's back, as `virsh suspend` does.
+async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str, tag: &str, pause: &dyn Fn(&str)) {
     let cx = OpCtx::background();
     let (lib, hostname) = host.version(&cx).await.unwrap();
     assert!(lib >= 9_000_000 && !hostname.is_empty());
@@ -210,6 +211,12 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
             .unwrap_err()
             .is(code::OPERATION_INVALID)
     );
+    // Suspended by an administrator: paused, and why (review M1); destroyed all the same.
+    pause(&name);
+    assert_eq!(
+        host.domain_state(&cx, &name).await.unwrap(),
+        DomainState::Paused(PauseReason::USER)
+    );
     host.destroy_domain(&cx, &name).await.unwrap();
     assert_eq!(host.domain_state(&cx, &name).await.unwrap(), DomainState::Shutoff);
     host.undefine_domain(&cx, &name, UNDEFINE_FLAGS).await.unwrap();
@@ -238,7 +245,8 @@ fn remote_host(env: &HypervisorEnv) -> RemoteHost {
 #[tokio::test]
 async fn the_fake_answers_the_table() {
     let fake = egress_libvirt::fake::FakeHost::new("fake-hv", "default", 10 << 30);
-    behaviours(&fake, "default", "br0", "qemu", "egress-test-fake").await;
+    let pause = |name: &str| assert!(fake.set_state(name, DomainState::Paused(PauseReason::USER)));
+    behaviours(&fake, "default", "br0", "qemu", "egress-test-fake", &pause).await;
     assert!(fake.domains().is_empty() && fake.volumes("default").is_empty());
 }
 
@@ -248,7 +256,18 @@ async fn the_real_daemon_answers_the_table() {
     let Some(env) = HypervisorEnv::for_test() else { return };
     let host = remote_host(&env);
     let tag = format!("egress-test-{}-seam", std::process::id());
-    behaviours(&host, &env.pool, &env.bridge, &env.domain_type, &tag).await;
+    let pause = |name: &str| {
+        let out = std::process::Command::new("virsh")
+            .args(["-c", "qemu:///system", "suspend", name])
+            .output()
+            .expect("virsh runs");
+        assert!(
+            out.status.success(),
+            "virsh suspend: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    behaviours(&host, &env.pool, &env.bridge, &env.domain_type, &tag, &pause).await;
 }
 
 /// `GET /` on the guest's proxy port: the test guest answers with the seed it read.

@@ -81,7 +81,16 @@ pub struct FakeDomain {
     pub metadata: BTreeMap<String, String>,
     /// What each address source answers (absent: an empty list).
     pub addresses: BTreeMap<&'static str, Result<Vec<Interface>, LibvirtError>>,
+    /// Checkpoints and snapshots made of it: each kind's metadata stops an undefine without
+    /// the flag that removes it, as libvirt refuses (review L5).
+    pub checkpoints: u32,
+    /// See `checkpoints`.
+    pub snapshots: u32,
 }
+
+/// `virDomainUndefineFlags`'s flags the fake honours.
+const UNDEFINE_SNAPSHOTS_METADATA: u32 = 2;
+const UNDEFINE_CHECKPOINTS_METADATA: u32 = 16;
 
 /// A volume as the fake keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,6 +125,12 @@ pub struct FakeHost {
     interceptor: Interceptor,
     /// This host alone is cut off (the others sharing the interceptor are not).
     down: Arc<std::sync::atomic::AtomicBool>,
+    /// The pooled link alone is cut off: a dedicated connection, a link of its own, still
+    /// works (review M10).
+    pooled_down: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether this handle is a dedicated connection ([`Host::dedicated`]) rather than the
+    /// pooled link.
+    is_dedicated: bool,
     /// The private key file every call needs, as the SSH transport reads it on a dial.
     key_file: Arc<Mutex<Option<std::path::PathBuf>>>,
 }
@@ -136,6 +151,8 @@ impl FakeHost {
             state: Arc::new(Mutex::new(state)),
             interceptor,
             down: Arc::default(),
+            pooled_down: Arc::default(),
+            is_dedicated: false,
             key_file: Arc::default(),
         }
     }
@@ -185,6 +202,12 @@ impl FakeHost {
     /// Cuts this host off (every call fails as a dropped connection), or brings it back.
     pub fn set_down(&self, down: bool) {
         self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Cuts off (or restores) this host's pooled link only: calls on it fail as a reset
+    /// connection does, while dedicated connections, each a link of its own, go on.
+    pub fn set_pooled_link_down(&self, down: bool) {
+        self.pooled_down.store(down, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The call log, faults, gates, delays and outage of this host.
@@ -271,8 +294,25 @@ impl FakeHost {
                 state: DomainState::Shutoff,
                 metadata,
                 addresses: BTreeMap::new(),
+                checkpoints: 0,
+                snapshots: 0,
             },
         );
+    }
+
+    /// Records a checkpoint of `domain` out of band, as `virsh checkpoint-create-as` does
+    /// (false when there is no such domain).
+    pub fn add_checkpoint(&self, domain: &str) -> bool {
+        self.lock()
+            .domains
+            .get_mut(domain)
+            .map(|d| d.checkpoints += 1)
+            .is_some()
+    }
+
+    /// Records a snapshot of `domain` out of band (false when there is no such domain).
+    pub fn add_snapshot(&self, domain: &str) -> bool {
+        self.lock().domains.get_mut(domain).map(|d| d.snapshots += 1).is_some()
     }
 
     /// Removes a domain out of band.
@@ -286,7 +326,8 @@ impl FakeHost {
         let interceptor = self.interceptor.enter(egress_conformance::CallKind(rpc), target);
         let outcome = cx.run(interceptor).await;
         self.check_key_file()?;
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+        let pooled_cut = !self.is_dedicated && self.pooled_down.load(std::sync::atomic::Ordering::SeqCst);
+        if pooled_cut || self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(LibvirtError::transport(format!(
                 "connection to {} is closed: ssh: connection reset",
                 self.name
@@ -484,6 +525,8 @@ impl Host for FakeHost {
             state: DomainState::Shutoff,
             metadata: BTreeMap::new(),
             addresses: BTreeMap::new(),
+            checkpoints: 0,
+            snapshots: 0,
         });
         entry.xml = xml.to_owned();
         entry.metadata = metadata;
@@ -529,7 +572,7 @@ impl Host for FakeHost {
         self.enter(cx, "DomainDestroy", domain, code::NO_DOMAIN).await?;
         let mut st = self.lock();
         let d = st.domains.get_mut(domain).ok_or_else(|| no_domain(domain))?;
-        if !d.state.is_active() && d.state != DomainState::Paused {
+        if !d.state.is_active() && !matches!(d.state, DomainState::Paused(_)) {
             return Err(LibvirtError::daemon(
                 code::OPERATION_INVALID,
                 "Requested operation is not valid: domain is not running",
@@ -539,13 +582,24 @@ impl Host for FakeHost {
         Ok(())
     }
 
-    async fn undefine_domain(&self, cx: &OpCtx, domain: &str, _flags: u32) -> LvResult<()> {
+    async fn undefine_domain(&self, cx: &OpCtx, domain: &str, flags: u32) -> LvResult<()> {
         self.enter(cx, "DomainUndefineFlags", domain, code::NO_DOMAIN).await?;
-        self.lock()
-            .domains
-            .remove(domain)
-            .map(drop)
-            .ok_or_else(|| no_domain(domain))
+        let mut st = self.lock();
+        let d = st.domains.get(domain).ok_or_else(|| no_domain(domain))?;
+        // libvirt's words and code for metadata the flags do not cover.
+        for (count, flag, what) in [
+            (d.checkpoints, UNDEFINE_CHECKPOINTS_METADATA, "checkpoints"),
+            (d.snapshots, UNDEFINE_SNAPSHOTS_METADATA, "snapshots"),
+        ] {
+            if count > 0 && flags & flag == 0 {
+                return Err(LibvirtError::daemon(
+                    code::OPERATION_INVALID,
+                    format!("Requested operation is not valid: cannot delete inactive domain with {count} {what}"),
+                ));
+            }
+        }
+        st.domains.remove(domain);
+        Ok(())
     }
 
     async fn interface_addresses(&self, cx: &OpCtx, domain: &str, source: AddressSource) -> LvResult<Vec<Interface>> {
@@ -701,8 +755,14 @@ impl Host for FakeHost {
     }
 
     async fn dedicated(&self, cx: &OpCtx) -> LvResult<Box<dyn Host>> {
-        self.enter(cx, "Dial", "", 0).await?;
-        Ok(Box::new(self.clone()))
+        // A link of its own: the pooled link's fate is not its fate. (The host's state, the
+        // interceptor and a whole-host outage are shared, as on a real host.)
+        let own = Self {
+            is_dedicated: true,
+            ..self.clone()
+        };
+        own.enter(cx, "Dial", "", 0).await?;
+        Ok(Box::new(own))
     }
 }
 

@@ -154,8 +154,8 @@ pub enum DomainState {
     Running,
     /// Blocked on a resource (still running).
     Blocked,
-    /// Paused by an administrator.
-    Paused,
+    /// Paused, and why (an administrator, a full disk, a migration, a crash...).
+    Paused(PauseReason),
     /// Being shut down.
     Shutdown,
     /// Shut off.
@@ -169,13 +169,14 @@ pub enum DomainState {
 }
 
 impl DomainState {
-    /// From libvirt's number.
-    pub fn from_raw(raw: u32) -> Self {
+    /// From libvirt's state number and its reason (`virDomainGetState`); the reason matters
+    /// only for a paused domain.
+    pub fn from_raw(raw: u32, reason: u32) -> Self {
         match raw {
             0 => Self::NoState,
             1 => Self::Running,
             2 => Self::Blocked,
-            3 => Self::Paused,
+            3 => Self::Paused(PauseReason(reason)),
             4 => Self::Shutdown,
             5 => Self::Shutoff,
             6 => Self::Crashed,
@@ -195,13 +196,40 @@ impl DomainState {
             Self::NoState => "DomainNostate".to_owned(),
             Self::Running => "DomainRunning".to_owned(),
             Self::Blocked => "DomainBlocked".to_owned(),
-            Self::Paused => "DomainPaused".to_owned(),
+            Self::Paused(_) => "DomainPaused".to_owned(),
             Self::Shutdown => "DomainShutdown".to_owned(),
             Self::Shutoff => "DomainShutoff".to_owned(),
             Self::Crashed => "DomainCrashed".to_owned(),
             Self::PmSuspended => "DomainPmsuspended".to_owned(),
             Self::Other(n) => format!("DomainState({n})"),
         }
+    }
+}
+
+/// Why a domain is paused (`virDomainPausedReason`), as libvirt numbers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PauseReason(pub u32);
+
+impl PauseReason {
+    /// libvirt did not say.
+    pub const UNKNOWN: Self = Self(0);
+    /// `virsh suspend` or another API caller.
+    pub const USER: Self = Self(1);
+    /// QEMU stopped the guest on a disk error (a full pool, a lost disk).
+    pub const IO_ERROR: Self = Self(5);
+    /// The guest powered off and QEMU was kept, paused, behind it.
+    pub const SHUTTING_DOWN: Self = Self(8);
+    /// The guest crashed (a kernel panic) and was kept, paused, for a dump.
+    pub const CRASHED: Self = Self(10);
+    /// A post-copy migration failed; neither side holds the whole guest any more.
+    pub const POSTCOPY_FAILED: Self = Self(13);
+
+    /// Whether the guest behind this pause is gone for good, so that resuming it cannot bring
+    /// the proxy back (review M1): it powered off, crashed, or lost half its memory in a failed
+    /// migration. Every other pause (an administrator, a full disk, a save, a snapshot, a
+    /// migration under way, an unknown reason) is waited out.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::SHUTTING_DOWN | Self::CRASHED | Self::POSTCOPY_FAILED)
     }
 }
 
@@ -406,7 +434,8 @@ mod tests {
         );
         let t = LibvirtError::transport("libvirt call X on h exceeded its 30s budget");
         assert!(!t.is(0) && t.transport);
-        assert_eq!(DomainState::from_raw(7).name(), "DomainPmsuspended");
-        assert!(DomainState::Blocked.is_active() && !DomainState::Paused.is_active());
+        assert_eq!(DomainState::from_raw(7, 0).name(), "DomainPmsuspended");
+        assert_eq!(DomainState::from_raw(3, 5), DomainState::Paused(PauseReason::IO_ERROR));
+        assert!(DomainState::Blocked.is_active() && !DomainState::Paused(PauseReason::USER).is_active());
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use egress_conformance::{CallKind, Fault, Times};
 use egress_libvirt::fake::{FakeHost, FakeVolume};
-use egress_libvirt::host::DomainState;
+use egress_libvirt::host::{DomainState, Host, PauseReason};
 use egress_libvirt::{DomainSpec, Generation, KVM_NAMESPACE, KVM2_NAMESPACE, Mark};
 use egress_provider::{ErrorClass, InstanceState, OpCtx, Provider, ProviderError, ProviderId};
 use egress_provider_kvm2::Kvm2Provider;
@@ -402,6 +402,54 @@ async fn m3_a_failed_define_removes_the_volumes_it_made() {
     assert!(left.contains(&base()));
 }
 
+/// Review L21: the caller giving up mid-upload does not stop the cleanup, which runs on a
+/// context of its own (the fake, like libvirt's adapter, refuses calls on a done one).
+#[tokio::test]
+async fn l21_a_create_cancelled_mid_upload_still_removes_its_base() {
+    let (b, p) = backend().await;
+    let upload = b.interceptor.freeze(CallKind("StorageVolUpload"));
+    let token = egress_provider::CancellationToken::new();
+    let create = tokio::spawn({
+        let (p, cx) = (p.clone(), OpCtx::with_cancel(token.clone()));
+        async move { p.create(&cx, &request_in("l21", HOSTS[0])).await }
+    });
+    upload.entered().await;
+    token.cancel();
+    let (c, text) = class(create.await.unwrap());
+    assert_eq!(c, ErrorClass::Transient, "{text}");
+    assert_eq!(volume_names(&b), Vec::<String>::new(), "the base or its lease was left");
+}
+
+/// Review L21 with M3: the volumes a failed define leaves are removed though the caller gave
+/// up while the removal ran.
+#[tokio::test]
+async fn l21_m3_the_cleanup_of_a_failed_define_outlives_the_callers_cancel() {
+    let (b, p) = backend().await;
+    let req = request_in("l21-m3", HOSTS[0]);
+    b.interceptor
+        .fail(CallKind("DomainDefineXML"), Fault::BadRequest, Times::Once);
+    let define = b.interceptor.freeze(CallKind("DomainDefineXML"));
+    let token = egress_provider::CancellationToken::new();
+    let create = tokio::spawn({
+        let (p, cx, req) = (p.clone(), OpCtx::with_cancel(token.clone()), req.clone());
+        async move { p.create(&cx, &req).await }
+    });
+    define.entered().await;
+    // The next delete is the cleanup's first.
+    let delete = b.interceptor.freeze(CallKind("StorageVolDelete"));
+    define.release();
+    delete.entered().await;
+    token.cancel();
+    delete.release();
+    let (c, text) = class(create.await.unwrap());
+    assert_eq!(c, ErrorClass::Permanent, "{text}");
+    let left = volume_names(&b);
+    assert!(
+        !left.iter().any(|v| v.starts_with(&req.name)),
+        "the overlay or seed was left: {left:?}"
+    );
+}
+
 fn domain_xml(name: &str) -> String {
     DomainSpec {
         name: name.into(),
@@ -462,15 +510,45 @@ async fn a_paused_domain_is_not_started_and_m1_not_stopped() {
     let cx = OpCtx::background();
     let req = request_in("paused", HOSTS[0]);
     let id = p.create(&cx, &req).await.unwrap();
-    host(&b).set_state(&req.name, DomainState::Paused);
-    // M1: get does not report Stopped (which would make the reconciler destroy it).
-    assert_eq!(p.get(&cx, &id).await.unwrap().state, InstanceState::Provisioning);
+    // M1: get does not report Stopped (which would make the reconciler destroy it) for a
+    // pause that can end: QEMU's on a full disk, an administrator's, an unknown one.
+    for reason in [PauseReason::IO_ERROR, PauseReason::USER, PauseReason::UNKNOWN] {
+        host(&b).set_state(&req.name, DomainState::Paused(reason));
+        assert_eq!(
+            p.get(&cx, &id).await.unwrap().state,
+            InstanceState::Provisioning,
+            "{reason:?}"
+        );
+    }
     // A repeated create does not start it: an administrator's doing.
     let starts = calls(&b, "DomainCreate");
     let (c, text) = class(p.create(&cx, &req).await);
     assert_eq!(c, ErrorClass::Permanent);
     assert!(text.contains("DomainPaused"), "{text}");
     assert_eq!(calls(&b, "DomainCreate"), starts);
+}
+
+#[tokio::test]
+async fn m1_a_domain_paused_for_good_reads_stopped_so_it_is_rebuilt() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let req = request_in("m1-gone", HOSTS[0]);
+    let id = p.create(&cx, &req).await.unwrap();
+    for reason in [
+        PauseReason::CRASHED,
+        PauseReason::SHUTTING_DOWN,
+        PauseReason::POSTCOPY_FAILED,
+    ] {
+        host(&b).set_state(&req.name, DomainState::Paused(reason));
+        assert_eq!(
+            p.get(&cx, &id).await.unwrap().state,
+            InstanceState::Stopped,
+            "{reason:?}"
+        );
+    }
+    // And the delete that follows removes it, paused as it is.
+    p.delete(&cx, &id).await.unwrap();
+    assert!(!host(&b).domains().contains_key(&req.name));
 }
 
 #[tokio::test]
@@ -596,6 +674,38 @@ async fn l18_l19_the_check_covers_every_host_and_bounds_what_it_reports() {
 }
 
 #[tokio::test]
+async fn l19_at_most_eight_hosts_are_checked_at_once() {
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let names: Vec<String> = (0..20).map(|i| format!("hv-{i:02}")).collect();
+    let listed: Vec<&str> = names.iter().map(String::as_str).collect();
+    let cfg = support::config(&listed, &b.server.url(), None, &b.files);
+    let hosts = names
+        .iter()
+        .map(|n| Box::new(FakeHost::sharing(n, POOL, 1 << 40, b.interceptor.clone())) as Box<dyn Host>)
+        .collect();
+    let p = egress_provider_kvm2::new("kvm2-wide", cfg, hosts).unwrap();
+    // Each host's check starts with a dial; each dial is held at the next gate.
+    let gates: Vec<_> = (0..names.len())
+        .map(|_| b.interceptor.freeze(CallKind("Dial")))
+        .collect();
+    let check = tokio::spawn(async move { egress_provider::Checker::check(&p, &OpCtx::background()).await });
+    for gate in &gates[..8] {
+        gate.entered().await;
+    }
+    // Without a cap every host's dial would have been reached in the poll that reached these.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(gates.iter().filter(|g| g.was_entered()).count(), 8);
+    for gate in &gates {
+        gate.release();
+    }
+    let statuses = check.await.unwrap();
+    let checked: Vec<&str> = statuses.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(checked, listed, "every host, in the config's order");
+}
+
+#[tokio::test]
 async fn m10_a_refresh_refused_by_another_upload_does_not_lose_the_download() {
     let (b, p) = backend().await;
     // The precheck's refresh (tolerated) and the first refresh after the upload are refused,
@@ -610,6 +720,44 @@ async fn m10_a_refresh_refused_by_another_upload_does_not_lose_the_download() {
         .unwrap();
     assert_eq!(b.server.gets(), 1);
     assert!(volume_names(&b).contains(&marker()));
+}
+
+#[tokio::test]
+async fn l5_a_domain_with_checkpoints_and_snapshots_is_deleted() {
+    let (b, p) = backend().await;
+    let cx = OpCtx::background();
+    let req = request_in("l5", HOSTS[0]);
+    let id = p.create(&cx, &req).await.unwrap();
+    assert!(host(&b).add_checkpoint(&req.name) && host(&b).add_snapshot(&req.name));
+    p.delete(&cx, &id).await.unwrap();
+    assert!(!host(&b).domains().contains_key(&req.name));
+}
+
+#[tokio::test]
+async fn m10_a_finished_upload_survives_a_killed_pooled_link() {
+    let (b, p) = backend().await;
+    // The first upload is the base's, on the fill's dedicated connection.
+    let gate = b.interceptor.freeze(CallKind("StorageVolUpload"));
+    let create = tokio::spawn({
+        let p = p.clone();
+        async move { p.create(&OpCtx::background(), &request_in("m10k", HOSTS[0])).await }
+    });
+    gate.entered().await;
+    // Another caller's cancelled call kills the pooled link while the upload runs.
+    host(&b).set_pooled_link_down(true);
+    gate.release();
+    let (c, _) = class(create.await.unwrap());
+    assert_eq!(c, ErrorClass::Transient, "the create itself needs the pooled link");
+    // The verified download was kept: its marker was written on the dedicated link.
+    host(&b).set_pooled_link_down(false);
+    p.create(&OpCtx::background(), &request_in("m10k", HOSTS[0]))
+        .await
+        .unwrap();
+    assert_eq!(b.server.gets(), 1, "the image was downloaded again");
+    assert_eq!(
+        host(&b).volumes(POOL)[&marker()].bytes,
+        sha256_hex(&image_bytes()).into_bytes()
+    );
 }
 
 fn put(b: &FakeBackend, name: &str, capacity: u64, bytes: Vec<u8>) {

@@ -338,4 +338,49 @@ mod tests {
         let late = check_host(&OpCtx::with_cancel(token), &fake, "hv:22", "virt", "default").await;
         assert_eq!(late.reason, REASON_TIMEOUT);
     }
+
+    /// Review L16: a host that fails for its own reason (here its link resets) as the round
+    /// ends keeps that reason; the round's end alone does not make it a timeout.
+    #[tokio::test]
+    async fn l16_a_host_failing_for_its_own_reason_as_the_round_ends_keeps_it() {
+        let fake = FakeHost::new("hv", "default", 10 << 30);
+        fake.set_down(true);
+        let token = egress_provider::CancellationToken::new();
+        token.cancel();
+        let status = check_host(&OpCtx::with_cancel(token), &fake, "hv:22", "virt", "default").await;
+        assert_eq!(status.reason, REASON_UNREACHABLE, "{status:?}");
+    }
+
+    /// Reviews L14 and L15: the check never waits for its connection's teardown (a courtesy
+    /// disconnect a slow or silent host may never answer), neither after a probe that
+    /// answered, so the latency is the probes' alone, nor after the round ended mid-probe.
+    #[tokio::test]
+    async fn l14_l15_a_check_never_waits_for_its_connection_to_close() {
+        let fake = FakeHost::new("hv", "default", 10 << 30);
+        // Held for the whole test: a check that waited on a close would never return.
+        let close = fake.interceptor().freeze(CallKind("Close"));
+        let never = std::time::Duration::from_secs(60);
+        let ok = tokio::time::timeout(
+            never,
+            check_host(&OpCtx::background(), &fake, "hv:22", "virt", "default"),
+        )
+        .await
+        .expect("the check waited on the close");
+        assert!(ok.ready, "{ok:?}");
+
+        let probe = fake.interceptor().freeze(CallKind("StoragePoolGetInfo"));
+        let token = egress_provider::CancellationToken::new();
+        let check = tokio::spawn({
+            let (fake, cx) = (fake.clone(), OpCtx::with_cancel(token.clone()));
+            async move { check_host(&cx, &fake, "hv:22", "virt", "default").await }
+        });
+        probe.entered().await;
+        token.cancel();
+        let late = tokio::time::timeout(never, check)
+            .await
+            .expect("the check waited on the close")
+            .unwrap();
+        assert_eq!(late.reason, REASON_TIMEOUT, "{late:?}");
+        assert!(!close.was_entered(), "the check asked for a courtesy close");
+    }
 }

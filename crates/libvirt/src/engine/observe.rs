@@ -15,10 +15,13 @@ use super::{Generation, names};
 /// reconciler delete and recreate a VM the next poll may find running. Paused and suspended
 /// are Provisioning too (review M1): a guest QEMU paused on a full disk, or one an
 /// administrator suspended, is kept, not destroyed and rebuilt; it reads Running again once
-/// resumed.
+/// resumed. A pause whose guest is gone for good (it crashed, powered off, or failed a
+/// post-copy migration: [`crate::host::PauseReason::is_terminal`]) is Stopped, so the proxy is rebuilt
+/// rather than left waiting for a resume that cannot help.
 pub fn map_state(state: DomainState, has_ip: bool) -> InstanceState {
     match state {
-        DomainState::NoState | DomainState::Paused | DomainState::PmSuspended => InstanceState::Provisioning,
+        DomainState::Paused(reason) if reason.is_terminal() => InstanceState::Stopped,
+        DomainState::NoState | DomainState::Paused(_) | DomainState::PmSuspended => InstanceState::Provisioning,
         DomainState::Running | DomainState::Blocked if has_ip => InstanceState::Running,
         DomainState::Running | DomainState::Blocked => InstanceState::Provisioning,
         _ => InstanceState::Stopped,
@@ -102,7 +105,7 @@ pub async fn discover(
 mod tests {
     use crate::Mark;
     use crate::fake::FakeHost;
-    use crate::host::{Address, AddressSource, Interface, LibvirtError};
+    use crate::host::{Address, AddressSource, Interface, LibvirtError, PauseReason};
     use egress_provider::{ErrorClass, Op};
 
     use super::*;
@@ -117,7 +120,13 @@ mod tests {
             (S::Running, true, I::Running),
             (S::Blocked, true, I::Running),
             (S::Blocked, false, I::Provisioning),
-            (S::Paused, true, I::Provisioning),
+            (S::Paused(PauseReason::USER), true, I::Provisioning),
+            (S::Paused(PauseReason::IO_ERROR), false, I::Provisioning),
+            (S::Paused(PauseReason::UNKNOWN), false, I::Provisioning),
+            (S::Paused(PauseReason(99)), false, I::Provisioning),
+            (S::Paused(PauseReason::CRASHED), false, I::Stopped),
+            (S::Paused(PauseReason::SHUTTING_DOWN), true, I::Stopped),
+            (S::Paused(PauseReason::POSTCOPY_FAILED), false, I::Stopped),
             (S::PmSuspended, true, I::Provisioning),
             (S::Shutdown, false, I::Stopped),
             (S::Shutoff, false, I::Stopped),

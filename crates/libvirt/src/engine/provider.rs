@@ -324,7 +324,7 @@ impl LibvirtProvider {
             .domain_state(cx, name)
             .await
             .doing(|| format!("reading the state of domain {name}"))?;
-        if state.is_active() || matches!(state, DomainState::Paused | DomainState::PmSuspended) {
+        if state.is_active() || matches!(state, DomainState::Paused(_) | DomainState::PmSuspended) {
             return Ok(false);
         }
         for volume in [names::overlay(name), names::seed(name)] {
@@ -548,7 +548,7 @@ async fn ensure_running(cx: &OpCtx, host: &dyn Host, name: &str) -> Result<(), O
     if state.is_active() {
         return Ok(());
     }
-    if matches!(state, DomainState::Paused | DomainState::PmSuspended) {
+    if matches!(state, DomainState::Paused(_) | DomainState::PmSuspended) {
         return Err(OpFailure::permanent(format!(
             "domain {name} is {} and cannot be started by the operator; resume or destroy it on the host",
             state.name()
