@@ -383,6 +383,24 @@ pub trait Host: Send + Sync + fmt::Debug {
 
     /// Closes a connection of its own (from [`Host::dedicated`]) and returns once libvirt let
     /// go of it (bounded); dropping only starts that. Nothing for the shared connection.
+    ///
+    /// Closing takes the connection, so nothing can call it afterwards (review L22):
+    ///
+    /// ```no_run
+    /// # async fn check(host: &dyn egress_libvirt::host::Host, cx: &egress_provider::OpCtx) {
+    /// let own = host.dedicated(cx).await.unwrap();
+    /// let _ = own.version(cx).await;
+    /// own.close().await;
+    /// # }
+    /// ```
+    ///
+    /// ```compile_fail,E0382
+    /// # async fn check(host: &dyn egress_libvirt::host::Host, cx: &egress_provider::OpCtx) {
+    /// let own = host.dedicated(cx).await.unwrap();
+    /// own.close().await;
+    /// let _ = own.version(cx).await; // used after close: refused by the compiler
+    /// # }
+    /// ```
     async fn close(self: Box<Self>) {}
 }
 
