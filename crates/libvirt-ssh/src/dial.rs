@@ -500,9 +500,13 @@ impl Bridge {
                 tokio::spawn(async move {
                     tokio::select! {
                         r = pump(local, channel.into_stream(), stall_limit) => {
-                            if let Err(e) = r {
-                                link.mark_dead(format!("libvirt socket: {e}"));
-                            }
+                            // Either way the libvirt connection over this channel is over: a
+                            // daemon that closed its end (restarted, say) is noticed now, and
+                            // the next caller redials instead of failing one call first.
+                            link.mark_dead(match r {
+                                Ok(()) => "libvirt closed its end of the connection".to_owned(),
+                                Err(e) => format!("libvirt socket: {e}"),
+                            });
                         }
                         () = link.dead() => {}
                     }

@@ -28,9 +28,11 @@ pub(crate) enum PumpError {
     Io(#[from] std::io::Error),
 }
 
-/// Copies `local` to `remote` and `remote` to `local` until both directions have ended (each
-/// end's close is passed on as a shutdown of the other's writing half), or one fails. A write to
-/// `remote` that accepts no byte within `stall_limit` fails the pump with
+/// Copies `local` to `remote` and `remote` to `local` (each end's close is passed on as a
+/// shutdown of the other's writing half) until the host's side has ended, or one direction
+/// fails. The host's side ending is the end even while the C library still has bytes to send:
+/// libvirt closed the connection (a daemon restart, say), and nothing more can be answered on
+/// it. A write to `remote` that accepts no byte within `stall_limit` fails the pump with
 /// [`PumpError::Stalled`].
 pub(crate) async fn pump<L, R>(local: L, remote: R, stall_limit: Duration) -> Result<(), PumpError>
 where
@@ -41,7 +43,14 @@ where
     let (mut remote_in, mut remote_out) = tokio::io::split(remote);
     let to_host = forward(&mut local_in, &mut remote_out, Some(stall_limit));
     let from_host = forward(&mut remote_in, &mut local_out, None);
-    tokio::try_join!(to_host, from_host).map(drop)
+    tokio::pin!(to_host, from_host);
+    tokio::select! {
+        ended = &mut from_host => ended,
+        sent = &mut to_host => {
+            sent?;
+            from_host.await
+        }
+    }
 }
 
 /// Copies `from` to `to` until `from` ends, then shuts `to` down. With `stall_limit`, each
@@ -136,6 +145,26 @@ mod tests {
         );
         assert!(err.to_string().contains("accepted no byte for 30 s"), "{err}");
         writing.abort();
+    }
+
+    /// A daemon that closes its end (a libvirtd restart) ends the pump at once, though the C
+    /// library has not closed its own: the link is then marked dead before any call fails.
+    #[tokio::test(start_paused = true)]
+    async fn a_host_that_closes_its_end_ends_the_pump() {
+        let (local, mut c_library) = tokio::io::duplex(1 << 10);
+        let (remote, host) = tokio::io::duplex(1 << 10);
+        let pumping = tokio::spawn(pump(local, remote, LIMIT));
+        drop(host);
+        // With the clock paused, a pump that waited on the C library would let this bound
+        // pass at once.
+        tokio::time::timeout(LIMIT * 10, pumping)
+            .await
+            .expect("the pump ended with the host's side")
+            .unwrap()
+            .unwrap();
+        let mut rest = Vec::new();
+        c_library.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "the close was passed on to the C library");
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,7 +4,8 @@
 //! causes; and, through a TCP relay in front of sshd that can be frozen (a host that vanishes
 //! without a reset), a hung call returns at its budget and the next one redials, an upload to a
 //! host that takes no byte fails at the stall limit, and keepalive notices the silent peer with
-//! no call in flight.
+//! no call in flight. A relay that closes its connections, and a libvirtd restart, are noticed
+//! with no call in flight too; a zero keepalive interval keeps the link.
 //!
 //! Without the hypervisor every test skips, and under `cargo xtask test` (which brings it up)
 //! they fail. They run one at a time.
@@ -290,11 +291,19 @@ struct Relay {
     forwarded: watch::Sender<u64>,
     /// Bytes that arrived, from either side, while frozen.
     held: watch::Sender<u64>,
+    /// Raised by [`Relay::cut`]: every connection open then is closed (both sides see the
+    /// peer close); later ones are carried.
+    cuts: watch::Sender<u64>,
 }
 
 impl Relay {
     fn freeze(&self, frozen: bool) {
         self.frozen.send_replace(frozen);
+    }
+
+    /// Closes every connection the relay carries now, as a host that closes its sockets does.
+    fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
     }
 
     /// Waits (bounded) until `counter` reaches `at_least`.
@@ -315,8 +324,14 @@ async fn relay(upstream: String) -> Relay {
         frozen: watch::channel(false).0,
         forwarded: watch::channel(0).0,
         held: watch::channel(0).0,
+        cuts: watch::channel(0).0,
     };
-    let (frozen, forwarded, held) = (relay.frozen.clone(), relay.forwarded.clone(), relay.held.clone());
+    let (frozen, forwarded, held, cuts) = (
+        relay.frozen.clone(),
+        relay.forwarded.clone(),
+        relay.held.clone(),
+        relay.cuts.clone(),
+    );
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -324,11 +339,40 @@ async fn relay(upstream: String) -> Relay {
             };
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            tokio::spawn(pump(cr, sw, frozen.clone(), Some(forwarded.clone()), held.clone()));
-            tokio::spawn(pump(sr, cw, frozen.clone(), None, held.clone()));
+            let cut = Cut::now(&cuts);
+            tokio::spawn(pump(
+                cr,
+                sw,
+                frozen.clone(),
+                Some(forwarded.clone()),
+                held.clone(),
+                cut.clone(),
+            ));
+            tokio::spawn(pump(sr, cw, frozen.clone(), None, held.clone(), cut));
         }
     });
     relay
+}
+
+/// A connection's view of [`Relay::cut`]: the cut count when it was accepted.
+#[derive(Clone)]
+struct Cut {
+    cuts: watch::Receiver<u64>,
+    born: u64,
+}
+
+impl Cut {
+    fn now(cuts: &watch::Sender<u64>) -> Self {
+        let cuts = cuts.subscribe();
+        let born = *cuts.borrow();
+        Self { cuts, born }
+    }
+
+    /// Resolves once the relay cuts the connections open when this one was accepted.
+    async fn happened(&mut self) {
+        let born = self.born;
+        let _ = self.cuts.wait_for(|n| *n != born).await;
+    }
 }
 
 async fn pump(
@@ -337,11 +381,17 @@ async fn pump(
     frozen: watch::Sender<bool>,
     count: Option<watch::Sender<u64>>,
     held: watch::Sender<u64>,
+    mut cut: Cut,
 ) {
     let mut buf = vec![0u8; 16 << 10];
     let mut is_frozen = frozen.subscribe();
     loop {
-        let Ok(n) = from.read(&mut buf).await else { return };
+        // Cut: both halves are dropped, so each peer sees the other close.
+        let read = tokio::select! {
+            read = from.read(&mut buf) => read,
+            () = cut.happened() => return,
+        };
+        let Ok(n) = read else { return };
         if n == 0 {
             return;
         }
@@ -359,6 +409,85 @@ async fn pump(
             count.send_modify(|c| *c += n as u64);
         }
     }
+}
+
+/// Review M6: a host that closes the connection (rather than going silent) is noticed with no
+/// call in flight; a call on the dead link is refused at once, and the pool dials again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m6_a_host_that_closes_the_connection_marks_it_dead_and_the_next_get_redials() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let (relay, host, opts) = through_relay(&env).await;
+    let pool = Pool::new(Arc::new(Dialer::new(opts)));
+    let cx = OpCtx::background();
+    let conn = pool.get(&cx, &host).await.expect("a connection through the relay");
+    conn.call(&cx, "ConnectGetLibVersion", RPC_BUDGET, |c| c.lib_version())
+        .await
+        .unwrap();
+    relay.cut();
+    tokio::time::timeout(Duration::from_secs(30), conn.link().dead())
+        .await
+        .expect("the closed connection was marked dead");
+    let refused = conn
+        .call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname())
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, CallError::Closed { .. }), "{refused}");
+    let fresh = pool.get(&cx, &host).await.expect("a redial");
+    assert!(!Arc::ptr_eq(&conn, &fresh), "the dead connection was replaced");
+    fresh
+        .call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname())
+        .await
+        .unwrap();
+}
+
+/// A libvirtd restart between calls: the daemon closing its end of the libvirt channel marks
+/// the link dead at once (the SSH session itself is fine), so the next call redials instead of
+/// failing first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_libvirtd_restart_between_calls_is_noticed_and_the_next_call_redials() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let pool = Pool::new(Arc::new(Dialer::new(options(&env))));
+    let (cx, host) = (OpCtx::background(), target(&env));
+    let conn = pool.get(&cx, &host).await.expect("a connection");
+    conn.call(&cx, "ConnectGetLibVersion", RPC_BUDGET, |c| c.lib_version())
+        .await
+        .unwrap();
+    egress_testkit::restart_libvirtd(&HypervisorEnv::file().with_file_name("libvirtd.conf"));
+    tokio::time::timeout(Duration::from_secs(30), conn.link().dead())
+        .await
+        .expect("the restart was noticed without a call");
+    let reason = conn.link().reason().unwrap();
+    assert!(reason.contains("libvirt closed its end"), "{reason}");
+    let fresh = pool.get(&cx, &host).await.expect("a redial");
+    assert!(!Arc::ptr_eq(&conn, &fresh));
+    fresh
+        .call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname())
+        .await
+        .expect("the first call after the restart");
+}
+
+/// Review L1: a keepalive interval of zero means the default (15 s), not a timer that fires
+/// without pause. Watched through the relay: over an idle stretch the client sends nothing (a
+/// zero period would send probes back to back, thousands in this window).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l1_a_zero_keepalive_interval_means_the_default() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = hypervisor() else { return };
+    let (relay, host, mut opts) = through_relay(&env).await;
+    opts.keepalive = Duration::ZERO;
+    let cx = OpCtx::background();
+    let conn = Dialer::new(opts).dial(&cx, &host).await.expect("a connection");
+    conn.call(&cx, "ConnectGetHostname", RPC_BUDGET, |c| c.hostname())
+        .await
+        .expect("a call on a zero-keepalive link");
+    let before = *relay.forwarded.borrow();
+    // The observation window, not a synchronisation: nothing is expected to happen in it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent = *relay.forwarded.borrow() - before;
+    assert!(sent < 1024, "{sent} bytes sent to an idle host in 2 s");
+    assert!(!conn.is_dead(), "{:?}", conn.link().reason());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

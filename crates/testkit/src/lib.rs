@@ -1,10 +1,11 @@
 //! Test helpers shared by the workspace's test targets, so none reaches into another crate's
 //! `tests/` by path: a test PKI, TLS and HTTP targets, a scripted proxy, real tinyproxy
-//! processes, scratch directories, example programs run as their users run them, a Secret volume laid out as the kubelet lays it out, and an image mirror that can
-//! misbehave. A dev-dependency only; never linked into the operator.
+//! processes, scratch directories, example programs run as their users run them, a Secret volume laid out as the kubelet lays it out, an image mirror that can
+//! misbehave, and a restart of the test hypervisor's libvirtd. A dev-dependency only; never linked into the operator.
 
 pub mod examples;
 pub mod image_server;
+mod libvirtd;
 mod pki;
 mod scratch;
 pub mod secret_volume;
@@ -12,6 +13,7 @@ mod targets;
 mod tinyproxy;
 mod tools;
 
+pub use libvirtd::restart_libvirtd;
 pub use pki::{Pki, pki, pki_for};
 pub use scratch::{ScratchDir, scratch_dir};
 pub use targets::{
