@@ -22,7 +22,7 @@ pub mod budget;
 pub mod config;
 pub mod domain;
 pub mod engine;
-#[cfg(feature = "fake")]
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod generation;
 pub mod host;

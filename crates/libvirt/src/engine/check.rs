@@ -256,7 +256,7 @@ pub async fn check_host(cx: &OpCtx, host: &dyn Host, address: &str, user: &str, 
     status
 }
 
-#[cfg(all(test, feature = "fake"))]
+#[cfg(test)]
 mod tests {
     use crate::fake::FakeHost;
     use egress_conformance::{CallKind, Fault, Times};

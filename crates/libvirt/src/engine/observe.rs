@@ -101,7 +101,7 @@ pub async fn discover(
     )))
 }
 
-#[cfg(all(test, feature = "fake"))]
+#[cfg(test)]
 mod tests {
     use crate::Mark;
     use crate::fake::FakeHost;

@@ -90,7 +90,7 @@ pub async fn list_marked(cx: &OpCtx, host: &dyn Host, namespace: &str) -> Result
     Ok(out)
 }
 
-#[cfg(all(test, feature = "fake"))]
+#[cfg(test)]
 mod tests {
     use std::time::SystemTime;
 
