@@ -401,13 +401,13 @@ impl Fill {
         let cleanup = OpCtx::background().with_timeout(DISCARD_BUDGET);
         if failed
             && self.made_base.load(Ordering::SeqCst)
-            && let Err(d) = discard(&cleanup, host, img.pool, &img.base).await
+            && let Err(d) = discard_patiently(&cleanup, host, img.pool, &img.base).await
         {
             tracing::debug!(volume = %img.base, error = %d, "incomplete base volume left behind; the next attempt removes it");
         }
         let lease = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(lease) = lease
-            && let Err(d) = discard(&cleanup, host, img.pool, &lease).await
+            && let Err(d) = discard_patiently(&cleanup, host, img.pool, &lease).await
         {
             tracing::debug!(volume = %lease, error = %d, "fill lease left behind; it is removed once it is seen again");
         }
@@ -526,6 +526,26 @@ async fn discard(cx: &OpCtx, host: &dyn Host, pool: &str, volume: &str) -> Resul
     match host.delete_volume(cx, pool, volume).await {
         Err(e) if !e.is(code::NO_STORAGE_VOL) => Err(e),
         _ => Ok(()),
+    }
+}
+
+/// [`discard`], tried again over a new connection while the connection is what fails (a
+/// libvirtd restart takes a second or so, and an upload it cut short is cleaned up once the
+/// daemon is back), until `cx` ends. An answer of the daemon is final.
+async fn discard_patiently(cx: &OpCtx, host: &dyn Host, pool: &str, volume: &str) -> Result<(), LibvirtError> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match discard(cx, host, pool, volume).await {
+            Err(e) if e.transport && cx.interrupted().is_none() => {
+                tracing::debug!(volume = %volume, error = %e, retry_in = ?pause, "removing a volume failed on the connection; trying again");
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    _ = cx.done() => return Err(e),
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
     }
 }
 
@@ -893,6 +913,57 @@ async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn volume() -> crate::fake::FakeVolume {
+        crate::fake::FakeVolume {
+            path: "/pool/v".into(),
+            capacity: 1,
+            format: "raw".into(),
+            backing: None,
+            bytes: Vec::new(),
+        }
+    }
+
+    /// A cleanup whose connection fails (libvirtd restarting, say) tries again over a new one
+    /// until the volume is gone; an answer of the daemon ends it at once; so does the budget.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_base_is_removed_once_the_connection_comes_back() {
+        use egress_conformance::{CallKind, Fault, Times};
+        let host = crate::fake::FakeHost::new("hv", "default", 1 << 30);
+        let deletes = |host: &crate::fake::FakeHost| {
+            host.interceptor()
+                .call_log()
+                .iter()
+                .filter(|c| c.kind == CallKind("StorageVolDelete"))
+                .count()
+        };
+        let cx = OpCtx::background().with_timeout(DISCARD_BUDGET);
+
+        host.put_volume("default", "v", volume());
+        host.interceptor()
+            .fail(CallKind("StorageVolDelete"), Fault::ConnectionReset, Times::N(3));
+        discard_patiently(&cx, &host, "default", "v").await.expect("removed");
+        assert!(!host.volumes("default").contains_key("v"));
+        assert_eq!(deletes(&host), 4);
+
+        host.put_volume("default", "v", volume());
+        host.interceptor()
+            .fail(CallKind("StorageVolDelete"), Fault::PermissionDenied, Times::Once);
+        let refused = discard_patiently(&cx, &host, "default", "v")
+            .await
+            .expect_err("refused");
+        assert!(!refused.transport, "{refused}");
+        assert_eq!(deletes(&host), 5, "the daemon's answer is final");
+
+        host.interceptor()
+            .fail(CallKind("StorageVolDelete"), Fault::ConnectionReset, Times::Always);
+        let short = OpCtx::background().with_timeout(Duration::from_secs(5));
+        let gave_up = discard_patiently(&short, &host, "default", "v")
+            .await
+            .expect_err("gave up");
+        assert!(gave_up.transport, "{gave_up}");
+        assert!(host.volumes("default").contains_key("v"));
+    }
 
     #[test]
     fn responses_are_judged_as_the_table_says() {
