@@ -46,6 +46,9 @@ pub struct Options {
     pub provider_check_timeout: Duration,
     pub gc_interval: Duration,
     pub gc_min_age: Duration,
+    /// `--provisioning-timeout`: how long an instance may go without an address before it is
+    /// replaced; `None` (flag value 0) never.
+    pub provisioning_timeout: Option<Duration>,
     pub installation_id: String,
     pub discovery_addr: String,
     /// `--discovery-auth`: bearer tokens (the default) or none.
@@ -82,6 +85,7 @@ impl Default for Options {
             provider_check_timeout: Duration::ZERO,
             gc_interval: Duration::from_secs(600),
             gc_min_age: Duration::from_secs(600),
+            provisioning_timeout: Some(egress_controller::decide::DEFAULT_ADDRESS_BUDGET),
             installation_id: String::new(),
             discovery_addr: ":8090".into(),
             discovery_auth: DiscoveryAuth::Token,
@@ -212,6 +216,12 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "10m0s",
         usage: "Orphan GC never deletes an instance younger than this.",
+    },
+    Flag {
+        name: "provisioning-timeout",
+        kind: Kind::Text,
+        default: "15m0s",
+        usage: "How long an instance may go without an address (one that never got one, or lost it) before it is deleted and created again; 0 never, otherwise at least 30s.",
     },
     Flag {
         name: "installation-id",
@@ -430,6 +440,15 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
             o.gc_interval = d;
         }
         "gc-min-age" => o.gc_min_age = parse_duration(value)?,
+        "provisioning-timeout" => {
+            let d = parse_duration(value)?;
+            // Shorter than the address grace would replace a healthy proxy whose guest agent
+            // restarts (spec/kvm.md item 54).
+            if !d.is_zero() && d < Duration::from_secs(30) {
+                return Err("must be 0 or at least 30s".into());
+            }
+            o.provisioning_timeout = (!d.is_zero()).then_some(d);
+        }
         "installation-id" => o.installation_id = value.into(),
         "discovery-addr" => o.discovery_addr = value.into(),
         "discovery-auth" => {
@@ -644,7 +663,7 @@ mod tests {
 
     #[test]
     fn unusable_command_lines_are_named() {
-        let cases: [(&[&str], &str); 9] = [
+        let cases: [(&[&str], &str); 10] = [
             (&["--nope"], "flag provided but not defined: -nope"),
             (&["--providers-config"], "flag needs an argument: -providers-config"),
             (
@@ -665,6 +684,10 @@ mod tests {
                 "invalid value \"0\" for flag -gc-interval: must be more than 0",
             ),
             (
+                &["--provisioning-timeout=10s"],
+                "invalid value \"10s\" for flag -provisioning-timeout: must be 0 or at least 30s",
+            ),
+            (
                 &["--zap-encoder=xml"],
                 "invalid value \"xml\" for flag -zap-encoder: invalid encoder value \"xml\"",
             ),
@@ -676,6 +699,18 @@ mod tests {
         for (args, message) in cases {
             let err = parse(args.iter().copied()).expect_err(message);
             assert_eq!(err.to_string(), message);
+        }
+    }
+
+    /// 0 turns the provisioning timeout off (Go's behaviour: an instance waits for its address
+    /// for good); any other value is the budget.
+    #[test]
+    fn a_zero_provisioning_timeout_means_never() {
+        for (text, budget) in [("0", None), ("45s", Some(Duration::from_secs(45)))] {
+            let Ok(Command::Run(o)) = parse([format!("--provisioning-timeout={text}")]) else {
+                panic!("refused {text}");
+            };
+            assert_eq!(o.provisioning_timeout, budget, "{text}");
         }
     }
 

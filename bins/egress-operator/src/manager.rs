@@ -355,7 +355,10 @@ fn start_leader_tasks(
             client.clone(),
             providers.clone(),
             verdicts,
-            Timings::default(),
+            Timings {
+                address_budget: options.provisioning_timeout,
+                ..Timings::default()
+            },
             installation.clone(),
             work.clone(),
         )

@@ -22,7 +22,8 @@ use egress_libvirt::HypervisorEnv;
 use egress_libvirt::host::Host;
 use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use egress_provider::OpCtx;
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::wait::await_condition;
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
@@ -44,19 +45,10 @@ fn seam(env: &HypervisorEnv) -> RemoteHost {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
-    let Some(env) = HypervisorEnv::for_test() else { return };
-    let image = std::fs::read(&env.guest_image).unwrap();
-    let digest: String = Sha256::digest(&image).iter().map(|b| format!("{b:02x}")).collect();
-    let mirror = image_server::ImageServer::start(image, "127.0.0.1:0").await;
-    // Targets the guest reaches on its bridge's host address.
-    let pki = support::pki_for(&[&env.gateway]);
-    let (probe_target, probe_seen) = support::tls_target_at(&pki, &env.gateway).await;
-    let (target, target_seen) = support::http_target_at(&env.gateway).await;
-
-    let entry = "kvm2-e2e";
-    let providers = format!(
+/// A providers file with one kvm2 entry `entry` on the local hypervisor, its host's VMs on
+/// `bridge`, and the image `test-image` from `url`.
+fn providers_file(env: &HypervisorEnv, entry: &str, url: &str, digest: &str, bridge: &str) -> String {
+    format!(
         "providers:
   - name: {entry}
     type: kvm2
@@ -82,21 +74,17 @@ async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
         key = env.ssh_key.display(),
         known = env.known_hosts.display(),
         domain_type = env.domain_type,
-        url = mirror.url(),
         address = env.ssh_address,
         user = env.ssh_user,
         socket = env.libvirt_socket,
         pool = env.pool,
-        bridge = env.bridge,
-    );
-    let cluster = cluster("kvm2-e2e", &providers).await;
-    let health_url = format!("https://{}:{}/204", env.gateway, probe_target.port());
-    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
-    let server = &cluster.server;
+    )
+}
 
-    let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
-    let proxy = Proxy::new(
-        "vm-1",
+/// A Managed Proxy `name` on `entry`'s host `hv`, booting the image `test-image`.
+fn vm_proxy(name: &str, entry: &str) -> Proxy {
+    Proxy::new(
+        name,
         ProxySpec {
             mode: Mode::Managed,
             provider: entry.into(),
@@ -114,7 +102,29 @@ async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
             health_check: Some(HealthCheckSpec::default()),
             ..ProxySpec::default()
         },
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
+    let Some(env) = HypervisorEnv::for_test() else { return };
+    let image = std::fs::read(&env.guest_image).unwrap();
+    let digest: String = Sha256::digest(&image).iter().map(|b| format!("{b:02x}")).collect();
+    let mirror = image_server::ImageServer::start(image, "127.0.0.1:0").await;
+    // Targets the guest reaches on its bridge's host address.
+    let pki = support::pki_for(&[&env.gateway]);
+    let (probe_target, probe_seen) = support::tls_target_at(&pki, &env.gateway).await;
+    let (target, target_seen) = support::http_target_at(&env.gateway).await;
+
+    let entry = "kvm2-e2e";
+    let providers = providers_file(&env, entry, &mirror.url(), &digest, &env.bridge);
+    let cluster = cluster("kvm2-e2e", &providers).await;
+    let health_url = format!("https://{}:{}/204", env.gateway, probe_target.port());
+    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let server = &cluster.server;
+
+    let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
+    let proxy = vm_proxy("vm-1", entry);
     api.create(&PostParams::default(), &proxy).await.unwrap();
     let ready = wait_for_proxy(&api, "vm-1", "Ready", BOOT_PATIENCE, |p| {
         p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
@@ -196,4 +206,126 @@ async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
 
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+}
+
+/// A bridge of the hypervisor's with nothing on it: no DHCP server, so a guest on it never gets
+/// an address. Removed on drop.
+struct BareBridge(String);
+
+impl BareBridge {
+    fn new() -> Self {
+        // Linux allows 15 bytes in an interface name.
+        let name = format!("egnd{}", std::process::id() % 100_000);
+        let bridge = Self(name);
+        ip(&["link", "add", &bridge.0, "type", "bridge"]);
+        ip(&["link", "set", &bridge.0, "up"]);
+        bridge
+    }
+}
+
+impl Drop for BareBridge {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["link", "del", &self.0]).output();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip").args(args).output().expect("ip runs");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A guest that never gets an address (its bridge has no DHCP server) stays Provisioning until
+/// `--provisioning-timeout`, then the operator deletes it and creates it again, saying why on
+/// the Proxy and in a `Replacing` event (docs/controller.md); deleting the Proxy removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kvm2_guest_that_never_gets_an_address_is_replaced_at_the_provisioning_timeout() {
+    let Some(env) = HypervisorEnv::for_test() else { return };
+    let bridge = BareBridge::new();
+    let image = std::fs::read(&env.guest_image).unwrap();
+    let digest: String = Sha256::digest(&image).iter().map(|b| format!("{b:02x}")).collect();
+    let mirror = image_server::ImageServer::start(image, "127.0.0.1:0").await;
+    let pki = support::pki_for(&[&env.gateway]);
+    let (probe_target, _) = support::tls_target_at(&pki, &env.gateway).await;
+    let entry = "kvm2-noaddr";
+    let providers = providers_file(&env, entry, &mirror.url(), &digest, &bridge.0);
+    let cluster = cluster("kvm2-noaddr", &providers).await;
+    let health_url = format!("https://{}:{}/204", env.gateway, probe_target.port());
+    let (mut op, _) = start_probing(&cluster, &pki.ca_pem, &health_url, &["--provisioning-timeout=30s"], &[]);
+    let client = cluster.server.client().unwrap();
+    let api: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &vm_proxy("vm-dark", entry))
+        .await
+        .unwrap();
+
+    let message = |p: &Proxy| -> String {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Provisioned"))
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
+    };
+    const REPLACED: &str = "the instance has had no address for 30s (the provisioning timeout); replacing it";
+    let booting = wait_for_proxy(&api, "vm-dark", "created", BOOT_PATIENCE, |p| {
+        p.status.as_ref().is_some_and(|s| !s.provider_id.is_empty())
+    })
+    .await;
+    let provider_id = booting.status.unwrap().provider_id;
+    let name = provider_id.rsplit('/').next().unwrap().to_owned();
+    let replaced = wait_for_proxy(&api, "vm-dark", "replaced", BOOT_PATIENCE, move |p| {
+        message(p) == REPLACED
+    })
+    .await;
+    let status = replaced.status.unwrap();
+    assert_eq!((status.phase, status.ip.as_str()), (Some(Phase::Provisioning), ""));
+    // Deleted, then created again under the same name: booting once more.
+    wait_for_proxy(&api, "vm-dark", "created again", BOOT_PATIENCE, move |p| {
+        message(p) == "waiting for the instance to run"
+    })
+    .await;
+    let host = seam(&env);
+    let cx = OpCtx::background().with_timeout(Duration::from_secs(60));
+    assert!(
+        host.domain_names(&cx).await.unwrap().contains(&name),
+        "the new domain is defined"
+    );
+    // The event says why.
+    let events: Api<Event> = Api::namespaced(client, "default");
+    let deadline = std::time::Instant::now() + BOOT_PATIENCE;
+    while !events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("Replacing") && e.note.as_deref() == Some(REPLACED))
+    {
+        assert!(std::time::Instant::now() < deadline, "no Replacing event");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    api.delete("vm-dark", &DeleteParams::default()).await.unwrap();
+    let gone = await_condition(api.clone(), "vm-dark", |p: Option<&Proxy>| p.is_none());
+    tokio::time::timeout(BOOT_PATIENCE, gone)
+        .await
+        .expect("the Proxy is not gone")
+        .unwrap();
+    assert!(!host.domain_names(&cx).await.unwrap().contains(&name));
+    let volumes = host.volume_names(&cx, &env.pool).await.unwrap();
+    assert!(
+        !volumes.iter().any(|v| v.starts_with(&name)),
+        "volumes left: {volumes:?}"
+    );
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    // The entry's cache goes with the test.
+    for volume in [
+        format!("base-{entry}-test-image.qcow2.sha256"),
+        format!("base-{entry}-test-image.qcow2"),
+    ] {
+        host.delete_volume(&cx, &env.pool, &volume).await.unwrap();
+    }
 }

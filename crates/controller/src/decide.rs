@@ -48,6 +48,11 @@ pub struct Timings {
     /// the Proxy shows it booting again (spec/kvm.md item 54): until then its last address and
     /// `Provisioned=True` stay, and it is polled at the provisioning period.
     pub address_grace: Duration,
+    /// How long an instance may go without an address before it is replaced (`None`: never,
+    /// as in the Go operator). Counted from the first pass that found it without one, so it
+    /// covers a guest that never gets an address (no DHCP on its network, an image that never
+    /// brings its network up) and one that lost its address for longer than the grace.
+    pub address_budget: Option<Duration>,
 }
 
 impl Default for Timings {
@@ -60,9 +65,15 @@ impl Default for Timings {
             quota_retry: Duration::from_secs(300),
             pass_deadline: Duration::from_secs(25 * 60),
             address_grace: Duration::from_secs(30),
+            address_budget: Some(DEFAULT_ADDRESS_BUDGET),
         }
     }
 }
+
+/// [`Timings::address_budget`] unless `--provisioning-timeout` says otherwise: long enough for
+/// a software-emulated guest's boot many times over, short enough that a guest that will never
+/// get an address does not hold a Proxy's place for good.
+pub const DEFAULT_ADDRESS_BUDGET: Duration = Duration::from_secs(15 * 60);
 
 /// A failed provider call, as the decision needs it: its class and its (already redacted) text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -801,18 +812,29 @@ fn booting(input: &Input<'_>, timings: &Timings, mut status: ProxyStatus) -> Nex
 /// The instance reports no address. One that had an address shown (Provisioned=True) keeps
 /// it, unchanged, for [`Timings::address_grace`] from the first pass that found it missing: a
 /// guest-agent restart must not take a healthy proxy out of service. After that, or for an
-/// instance that never had one, it is booting.
-fn no_address(input: &Input<'_>, timings: &Timings, status: ProxyStatus) -> Next {
+/// instance that never had one, it is booting, until it has gone [`Timings::address_budget`]
+/// without an address: then it is replaced, the budget named on the Proxy and in a
+/// `Replacing` event.
+fn no_address(input: &Input<'_>, facts: &Facts, timings: &Timings, status: ProxyStatus) -> Next {
     let had_address = !status.ip.is_empty()
         && status
             .conditions
             .iter()
             .any(|c| c.type_ == conditions::PROVISIONED && c.status == ConditionStatus::True);
-    let within_grace = input
-        .address_missing_since
-        .as_ref()
-        .is_none_or(|since| input.now.0.duration_since(since.0).unsigned_abs() < timings.address_grace);
-    if had_address && within_grace {
+    let missing_for = input.address_missing_since.as_ref().map_or(Duration::ZERO, |since| {
+        input.now.0.duration_since(since.0).unsigned_abs()
+    });
+    if let Some(budget) = timings.address_budget
+        && missing_for >= budget
+    {
+        let id = ProviderId::new(status.provider_id.clone());
+        let why = format!(
+            "the instance has had no address for {}s (the provisioning timeout); replacing it",
+            budget.as_secs()
+        );
+        return replace(input, facts, timings, status, id, &why);
+    }
+    if had_address && missing_for < timings.address_grace {
         return finish(
             input,
             status,
@@ -826,7 +848,7 @@ fn no_address(input: &Input<'_>, timings: &Timings, status: ProxyStatus) -> Next
 /// Step 8 with an answer from `Get`.
 fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: ProxyStatus, instance: &Instance) -> Next {
     match instance.state {
-        InstanceState::Provisioning => no_address(input, timings, status),
+        InstanceState::Provisioning => no_address(input, facts, timings, status),
         InstanceState::Running => match instance.ip {
             Some(ip) => {
                 if let Some(next) = credentials_serve(input, facts, timings, &mut status) {
@@ -843,7 +865,7 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
                 finish(input, status, InstanceView::Running, Requeue::After(timings.drift_poll))
             }
             // A provider must not say Running without an address; treat it as one without.
-            None => no_address(input, timings, status),
+            None => no_address(input, facts, timings, status),
         },
         // Stopped, terminated or unknown: delete it (keeping its id) until Get says NotFound.
         InstanceState::Stopped | InstanceState::Terminated => {

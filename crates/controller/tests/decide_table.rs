@@ -91,6 +91,8 @@ struct World {
     check: Option<Result<Serving, SecretProblem>>,
     /// Since when earlier passes found the instance without an address.
     missing_since: Option<Time>,
+    /// The reconciler's waits; the defaults when `None`.
+    timings: Option<Timings>,
 }
 
 fn world() -> World {
@@ -132,7 +134,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
     let mut actions = Vec::new();
     let mut secret_reads = w.credentials.iter();
     for _ in 0..16 {
-        match next(&input, &facts, &Timings::default()) {
+        match next(&input, &facts, &w.timings.unwrap_or_default()) {
             Next::Done(o) => return (actions.iter().map(short).collect(), actions, o),
             Next::Do(a) => {
                 match &a {
@@ -1302,6 +1304,65 @@ fn a_running_instance_that_loses_its_address_keeps_it_for_the_grace_period() {
     };
     let (_, _, o) = run(&proxy(), &w);
     assert_eq!((o.status.ip.as_str(), o.status.phase), ("", Some(Phase::Provisioning)));
+}
+
+/// An instance that has gone the provisioning timeout (15 minutes by default) without an
+/// address is replaced, whether it never had one or lost it; the message names the timeout.
+/// With the timeout off (`--provisioning-timeout=0`) it waits for good, as in Go.
+#[test]
+fn an_instance_without_an_address_for_the_provisioning_timeout_is_replaced() {
+    let running_without_ip = Instance {
+        ip: None,
+        ..instance(InstanceState::Running)
+    };
+    for (p, answer) in [
+        (proxy(), instance(InstanceState::Provisioning)),
+        (proxy(), running_without_ip.clone()),
+        (ready_proxy(), instance(InstanceState::Provisioning)),
+    ] {
+        let w = World {
+            get: Some(Ok(answer.clone())),
+            delete: Some(Ok(())),
+            missing_since: Some(at(1000 - 899)),
+            ..world()
+        };
+        let (actions, _, o) = run(&p, &w);
+        assert_eq!(actions, ["Get"], "one second short");
+        assert_eq!(o.status.phase, Some(Phase::Provisioning));
+        let w = World {
+            missing_since: Some(at(1000 - 900)),
+            ..w
+        };
+        let (actions, _, o) = run(&p, &w);
+        assert_eq!(actions, ["Get", "Delete"]);
+        assert_eq!(o.status.ip, "");
+        assert_eq!(o.requeue, SECS(10));
+        let condition = o
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::PROVISIONED)
+            .unwrap();
+        assert_eq!(
+            (condition.status, condition.reason.as_str(), condition.message.as_str()),
+            (
+                ConditionStatus::False,
+                reasons::PROVISIONING,
+                "the instance has had no address for 900s (the provisioning timeout); replacing it"
+            )
+        );
+        let off = World {
+            missing_since: Some(at(-100_000)),
+            timings: Some(Timings {
+                address_budget: None,
+                ..Timings::default()
+            }),
+            ..w
+        };
+        let (actions, _, o) = run(&p, &off);
+        assert_eq!(actions, ["Get"], "no timeout: waits for good");
+        assert_eq!(o.status.phase, Some(Phase::Provisioning));
+    }
 }
 
 #[test]

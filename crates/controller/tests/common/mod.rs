@@ -87,6 +87,8 @@ pub fn fast_timings() -> Timings {
         pass_deadline: Duration::from_secs(60),
         // Longer than any test runs: an address lost in a test stays lost only if it says so.
         address_grace: Duration::from_secs(60),
+        // Tests that replace an instance without an address set their own.
+        address_budget: None,
     }
 }
 
