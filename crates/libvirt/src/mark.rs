@@ -226,6 +226,9 @@ mod tests {
         // Entities are text like any other.
         let m = Mark::parse("<instance><uid>a&amp;b&#x41;</uid><extra>x</extra></instance>").unwrap();
         assert_eq!(m.uid, "a&ba");
+        // A UID of whitespace alone is no UID: GC never deletes such an instance.
+        let m = Mark::parse("<instance><managed>true</managed><uid> \n\t </uid></instance>").unwrap();
+        assert_eq!(m.uid, "");
     }
 
     #[test]

@@ -74,6 +74,18 @@ async fn a_cold_cache_downloads_once_and_a_warm_one_not_at_all() {
     assert!(volume_names(&b).contains(&base()) && volume_names(&b).contains(&marker()));
 }
 
+/// M14 at create: the domain's NIC carries the MAC derived from its name, the one the address
+/// read matches interfaces against.
+#[tokio::test]
+async fn m14_create_puts_the_mac_of_the_name_on_the_nic() {
+    let (b, p) = backend().await;
+    let req = request_in("mac", HOSTS[0]);
+    p.create(&OpCtx::background(), &req).await.unwrap();
+    let xml = host(&b).domains()[&req.name].xml.clone();
+    let mac = egress_provider_kvm2::names::mac(&req.name);
+    assert!(xml.contains(&format!("<mac address=\"{mac}\"")), "{xml}");
+}
+
 #[tokio::test]
 async fn h4_a_cached_digest_that_differs_from_the_config_is_refused_untouched() {
     let (b, _) = backend().await;
