@@ -1,7 +1,8 @@
 //! The kvm2 figures of `cargo xtask bench`, on the local hypervisor (`cargo xtask hypervisor
 //! up`; skipped without it): the time from creating a Proxy to Ready with a cold and with a
-//! warm image cache, and the operator's peak memory while it streams a 512 MiB image into the
-//! host's pool.
+//! warm image cache, the operator's peak memory while it streams a 512 MiB image into the
+//! host's pool, and the time from a host frozen in the middle of such an upload (every process of
+//! its SSH user stopped) to the create's Transient error in the operator's log.
 //!
 //! The shipped operator runs against `egress-kube-testserver` with one kvm2 entry whose name is
 //! new each run (so its cache starts cold); the images are served from this process; the health
@@ -178,6 +179,49 @@ async fn delete_all(api: &Api<Proxy>, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Creates the Proxy `frozen` with the cold image `big-frozen`, freezes the host's SSH user
+/// (`user`) once the upload has begun, and returns the time from the freeze to the operator's
+/// `reconcile failed` line for the create's stall (the entry's stall limit is the default 30 s,
+/// and the reconciler logs the failure as the create returns). The host is thawed before this
+/// returns.
+async fn frozen_to_transient(api: &Api<Proxy>, entry: &str, pool: &str, user: &str, log: &Path) -> Result<Duration> {
+    let base = format!("base-{entry}-big-frozen.raw");
+    let started = Instant::now();
+    api.create(
+        &PostParams::default(),
+        &Proxy::new("frozen", proxy(entry, "big-frozen")),
+    )
+    .await?;
+    // The base volume is made just before the upload into it begins.
+    while !virsh(&["vol-info", "--pool", pool, &base]) {
+        if started.elapsed() > READY_BUDGET {
+            bail!("the upload of {base} did not begin within {READY_BUDGET:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let frozen = egress_testkit::freeze::Frozen::freeze(egress_testkit::freeze::uid_of(user));
+    let froze = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log)?;
+        if text
+            .lines()
+            .any(|l| l.contains("reconcile failed") && l.contains("accepted no byte"))
+        {
+            break;
+        }
+        if virsh(&["vol-info", "--pool", pool, &format!("{base}.sha256")]) {
+            bail!("the upload of {base} finished before the host was frozen");
+        }
+        if froze.elapsed() > READY_BUDGET {
+            bail!("no Transient failure within {READY_BUDGET:?} of the freeze");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let figure = froze.elapsed();
+    drop(frozen);
+    Ok(figure)
+}
+
 /// Runs the kvm2 bench with the binaries in `bin` and scratch space `dir`; prints its table.
 pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     let Some(hv) = hypervisor_settings()? else {
@@ -189,7 +233,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
             .cloned()
             .with_context(|| format!("EGRESS_HV_{k} missing from the hypervisor settings"))
     };
-    let (gateway, pool) = (get("GATEWAY")?, get("POOL")?);
+    let (gateway, pool, user) = (get("GATEWAY")?, get("POOL")?, get("SSH_USER")?);
     let dir = dir.join("kvm2");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -227,6 +271,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
       images:
         guest: {{url: 'http://{mirror}/guest.qcow2'}}
         big: {{url: 'http://{mirror}/big.raw', format: raw}}
+        big-frozen: {{url: 'http://{mirror}/big.raw', format: raw}}
       machineTypes:
         small: {{vcpus: 1, memoryMiB: 256}}
       hosts:
@@ -243,6 +288,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     )?;
 
     let (server, kubeconfig) = crate::bench::start_test_server(root, bin, &dir)?;
+    let log = dir.join("operator.log");
     let operator = Killed(
         Command::new(bin.join("egress-operator"))
             .arg(format!("--providers-config={}", providers.display()))
@@ -260,7 +306,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
             ])
             .env("KUBECONFIG", &kubeconfig)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("operator.log"))?)
+            .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("starting the operator")?,
     );
@@ -289,23 +335,24 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
             }
             let upload = started.elapsed();
             let after = rss_kib(pid, "VmHWM:");
-            anyhow::Ok((cold, warm, upload, before, after))
+            let frozen = frozen_to_transient(&api, &entry, &pool, &user, &log).await?;
+            anyhow::Ok((cold, warm, upload, before, after, frozen))
         }
         .await;
-        let cleaned = delete_all(&api, &["cold", "warm", "big"]).await;
+        let cleaned = delete_all(&api, &["cold", "warm", "big", "frozen"]).await;
         let figures = measured?;
         cleaned?;
         anyhow::Ok(figures)
     });
     drop(operator);
     drop(server);
-    for volume in ["guest.qcow2", "big.raw"] {
+    for volume in ["guest.qcow2", "big.raw", "big-frozen.raw"] {
         let base = format!("base-{entry}-{volume}");
         virsh(&["vol-delete", "--pool", &pool, &format!("{base}.sha256")]);
         virsh(&["vol-delete", "--pool", &pool, &base]);
     }
     let _ = std::fs::remove_file(&big);
-    let (cold, warm, upload, before, after) = figures?;
+    let (cold, warm, upload, before, after, frozen) = figures?;
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!();
     println!("| kvm2 on the local hypervisor (software-emulated guests) | figure |");
@@ -317,6 +364,9 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
         "| operator peak RSS before / after that upload (limit 128 MiB) | {:.1} MiB / {:.1} MiB |",
         mib(before),
         mib(after)
+    );
+    println!(
+        "| a host frozen mid-upload (its SSH user's processes stopped): freeze to the create's Transient error (stall limit 30 s) | {frozen:.1?} |"
     );
     Ok(())
 }
