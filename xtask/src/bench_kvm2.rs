@@ -179,20 +179,31 @@ async fn delete_all(api: &Api<Proxy>, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Creates the Proxy `frozen` with the cold image `big-frozen`, freezes the host's SSH user
-/// (`user`) once the upload has begun, and returns the time from the freeze to the operator's
-/// `reconcile failed` line for the create's stall (the entry's stall limit is the default 30 s,
-/// and the reconciler logs the failure as the create returns). The host is thawed before this
-/// returns.
-async fn frozen_to_transient(api: &Api<Proxy>, entry: &str, pool: &str, user: &str, log: &Path) -> Result<Duration> {
+/// Where the image `big-frozen` comes from: a server that holds the body after this much, so
+/// the freeze lands in the middle of the upload whatever the machine's speed.
+const FROZEN_AT: usize = 64 << 20;
+
+/// Creates the Proxy `frozen` with the cold image `big-frozen` (served by `held_image`, which
+/// holds it at [`FROZEN_AT`]), freezes the host's SSH user (`user`) once the upload has begun and
+/// lets the body go on; returns the time from the freeze to the operator's `reconcile failed`
+/// line for the create's stall (the entry's stall limit is the default 30 s, and the reconciler
+/// logs the failure as the create returns). The host is thawed before this returns.
+async fn frozen_to_transient(
+    api: &Api<Proxy>,
+    held_image: &egress_testkit::image_server::ImageServer,
+    entry: &str,
+    pool: &str,
+    user: &str,
+    log: &Path,
+) -> Result<Duration> {
     let base = format!("base-{entry}-big-frozen.raw");
-    let started = Instant::now();
-    api.create(
-        &PostParams::default(),
-        &Proxy::new("frozen", proxy(entry, "big-frozen")),
-    )
-    .await?;
+    api.create(&PostParams::default(), &Proxy::new("frozen", proxy(entry, "big-frozen")))
+        .await?;
+    tokio::time::timeout(READY_BUDGET, held_image.held())
+        .await
+        .context("the download of big-frozen never reached its pause")?;
     // The base volume is made just before the upload into it begins.
+    let started = Instant::now();
     while !virsh(&["vol-info", "--pool", pool, &base]) {
         if started.elapsed() > READY_BUDGET {
             bail!("the upload of {base} did not begin within {READY_BUDGET:?}");
@@ -201,6 +212,7 @@ async fn frozen_to_transient(api: &Api<Proxy>, entry: &str, pool: &str, user: &s
     }
     let frozen = egress_testkit::freeze::Frozen::freeze(egress_testkit::freeze::uid_of(user));
     let froze = Instant::now();
+    held_image.resume();
     loop {
         let text = std::fs::read_to_string(log)?;
         if text
@@ -208,9 +220,6 @@ async fn frozen_to_transient(api: &Api<Proxy>, entry: &str, pool: &str, user: &s
             .any(|l| l.contains("reconcile failed") && l.contains("accepted no byte"))
         {
             break;
-        }
-        if virsh(&["vol-info", "--pool", pool, &format!("{base}.sha256")]) {
-            bail!("the upload of {base} finished before the host was frozen");
         }
         if froze.elapsed() > READY_BUDGET {
             bail!("no Transient failure within {READY_BUDGET:?} of the freeze");
@@ -252,6 +261,11 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     let ca = dir.join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem)?;
     let probe_target = runtime.block_on(tls_target_at(pki.server.clone(), &gateway))?;
+    let held_image = runtime.block_on(egress_testkit::image_server::ImageServer::start(
+        std::fs::read(&big)?,
+        "127.0.0.1:0",
+    ));
+    held_image.serve(egress_testkit::image_server::Serve::PauseAfter(FROZEN_AT));
     let mirror = runtime.block_on(serve_files(BTreeMap::from([
         ("/guest.qcow2".to_owned(), PathBuf::from(get("GUEST_IMAGE")?)),
         ("/big.raw".to_owned(), big.clone()),
@@ -271,7 +285,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
       images:
         guest: {{url: 'http://{mirror}/guest.qcow2'}}
         big: {{url: 'http://{mirror}/big.raw', format: raw}}
-        big-frozen: {{url: 'http://{mirror}/big.raw', format: raw}}
+        big-frozen: {{url: '{held}', format: raw}}
       machineTypes:
         small: {{vcpus: 1, memoryMiB: 256}}
       hosts:
@@ -284,6 +298,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
             user = get("SSH_USER")?,
             socket = get("LIBVIRT_SOCKET")?,
             bridge = get("BRIDGE")?,
+            held = held_image.url(),
         ),
     )?;
 
@@ -335,7 +350,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
             }
             let upload = started.elapsed();
             let after = rss_kib(pid, "VmHWM:");
-            let frozen = frozen_to_transient(&api, &entry, &pool, &user, &log).await?;
+            let frozen = frozen_to_transient(&api, &held_image, &entry, &pool, &user, &log).await?;
             anyhow::Ok((cold, warm, upload, before, after, frozen))
         }
         .await;
