@@ -186,8 +186,9 @@ const FROZEN_AT: usize = 64 << 20;
 /// Creates the Proxy `frozen` with the cold image `big-frozen` (served by `held_image`, which
 /// holds it at [`FROZEN_AT`]), freezes the host's SSH user (`user`) once the upload has begun and
 /// lets the body go on; returns the time from the freeze to the operator's `reconcile failed`
-/// line for the create's stall (the entry's stall limit is the default 30 s, and the reconciler
-/// logs the failure as the create returns). The host is thawed before this returns.
+/// line for the create's Transient failure (the entry's stall limit is the default 30 s, the
+/// keepalive's 15 s interval times its count about as long; the reconciler logs the failure as
+/// the create returns). The host is thawed before this returns.
 async fn frozen_to_transient(
     api: &Api<Proxy>,
     held_image: &egress_testkit::image_server::ImageServer,
@@ -197,8 +198,11 @@ async fn frozen_to_transient(
     log: &Path,
 ) -> Result<Duration> {
     let base = format!("base-{entry}-big-frozen.raw");
-    api.create(&PostParams::default(), &Proxy::new("frozen", proxy(entry, "big-frozen")))
-        .await?;
+    api.create(
+        &PostParams::default(),
+        &Proxy::new("frozen", proxy(entry, "big-frozen")),
+    )
+    .await?;
     tokio::time::timeout(READY_BUDGET, held_image.held())
         .await
         .context("the download of big-frozen never reached its pause")?;
@@ -215,10 +219,20 @@ async fn frozen_to_transient(
     held_image.resume();
     loop {
         let text = std::fs::read_to_string(log)?;
-        if text
+        // The stall limit or russh's keepalive, whichever notices first (the keepalive does
+        // when the buffers on the way never filled, so the pump never had bytes waiting).
+        if let Some(line) = text
             .lines()
-            .any(|l| l.contains("reconcile failed") && l.contains("accepted no byte"))
+            .find(|l| l.contains("reconcile failed") && l.contains("\"proxy\":\"frozen\"") && l.contains("transient"))
         {
+            let why = if line.contains("accepted no byte") {
+                "stall limit"
+            } else if line.contains("Keepalive") {
+                "keepalive"
+            } else {
+                "other"
+            };
+            println!("xtask: the frozen host was noticed by the {why}");
             break;
         }
         if froze.elapsed() > READY_BUDGET {
