@@ -68,13 +68,10 @@ async fn a_host_frozen_mid_upload_fails_the_create_at_the_stall_limit_and_the_ne
     let case = case(&env, "frozen", &env.pool).await;
     let creating = case.create_until_held().await;
     let frozen = Frozen::freeze(uid_of(&env.ssh_user));
-    case.server.resume();
-    let failed = tokio::time::timeout(PATIENCE, creating)
-        .await
-        .expect("the create ended within the liveness bound")
-        .expect("the create's task");
+    let err = case
+        .resume_until_failed(creating, "a create through a frozen host must fail")
+        .await;
     drop(frozen);
-    let err = failed.expect_err("a create through a frozen host must fail");
     assert_eq!(err.class(), ErrorClass::Transient, "{err}");
     assert!(
         err.to_string()
@@ -142,6 +139,21 @@ impl Case {
         creating
     }
 
+    /// Lets the held download go on and returns the error `creating` ends with (`why` says
+    /// why it must fail), within the liveness bound.
+    async fn resume_until_failed(
+        &self,
+        creating: tokio::task::JoinHandle<Result<egress_provider::ProviderId, egress_provider::ProviderError>>,
+        why: &str,
+    ) -> egress_provider::ProviderError {
+        self.server.resume();
+        tokio::time::timeout(PATIENCE, creating)
+            .await
+            .expect("the create ended within the liveness bound")
+            .expect("the create's task")
+            .expect_err(why)
+    }
+
     /// Returns once the base volume exists: the upload into it is under way.
     async fn until_uploading(&self, env: &HypervisorEnv, pool: &str) {
         let deadline = std::time::Instant::now() + PATIENCE;
@@ -198,12 +210,9 @@ async fn a_libvirtd_restart_mid_upload_fails_the_create_and_the_next_succeeds() 
     let creating = case.create_until_held().await;
     case.until_uploading(&env, &env.pool).await;
     egress_testkit::restart_libvirtd(&HypervisorEnv::file().with_file_name("libvirtd.conf"));
-    case.server.resume();
-    let failed = tokio::time::timeout(PATIENCE, creating)
-        .await
-        .expect("the create ended within the liveness bound")
-        .expect("the create's task");
-    let err = failed.expect_err("a create whose libvirtd restarted mid-upload must fail");
+    let err = case
+        .resume_until_failed(creating, "a create whose libvirtd restarted mid-upload must fail")
+        .await;
     assert_eq!(err.class(), ErrorClass::Transient, "{err}");
     // The failed fill removed what it made (its base and its lease), over a new connection
     // once libvirtd answered again.
@@ -295,12 +304,9 @@ async fn a_pool_that_fills_up_mid_upload_fails_the_create_and_leaves_nothing() {
     case.until_uploading(&env, &pool.name).await;
     // At most PAUSE_AT bytes reach the pool before the image server resumes.
     let filler = pool.fill(2 * PAUSE_AT as u64);
-    case.server.resume();
-    let failed = tokio::time::timeout(PATIENCE, creating)
-        .await
-        .expect("the create ended within the liveness bound")
-        .expect("the create's task");
-    let err = failed.expect_err("a create into a full pool must fail");
+    let err = case
+        .resume_until_failed(creating, "a create into a full pool must fail")
+        .await;
     // Transient: the next attempt's space check says QuotaExceeded while the pool stays full.
     assert_eq!(err.class(), ErrorClass::Transient, "{err}");
     assert!(err.to_string().contains("No space left on device"), "{err}");
