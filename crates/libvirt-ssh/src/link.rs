@@ -143,6 +143,11 @@ mod tests {
             std::thread::spawn(move || link.mark_dead("call DomainCreate abandoned"))
         };
         started_rx.await.unwrap();
+        // The kill is parked: the state's lock must be free, or every reader below would hang.
+        assert!(
+            link.state.try_lock().is_ok(),
+            "the kill runs while the link's lock is held"
+        );
         link.dead().await;
         assert_eq!(link.reason().as_deref(), Some("call DomainCreate abandoned"));
         // Another marker returns at once.

@@ -115,6 +115,8 @@ struct State {
     /// /24 (as a guest booting on a DHCP network would).
     dhcp: Option<[u8; 3]>,
     leased: u8,
+    /// What the host reports as its hostname, when not its name.
+    hostname: Option<String>,
 }
 
 /// The fake hypervisor. Clones share it.
@@ -161,6 +163,12 @@ impl FakeHost {
     /// agent, unless its addresses were set already (`None`: started domains have none).
     pub fn set_dhcp(&self, prefix: Option<[u8; 3]>) {
         self.lock().dhcp = prefix;
+    }
+
+    /// Makes the host report `hostname` (its name by default), as a host whose name is long
+    /// or not ASCII does.
+    pub fn set_hostname(&self, hostname: &str) {
+        self.lock().hostname = Some(hostname.to_owned());
     }
 
     /// Makes every call read `path` first, as a dial does over SSH: a missing or unreadable
@@ -492,7 +500,8 @@ impl Host for FakeHost {
 
     async fn version(&self, cx: &OpCtx) -> LvResult<(u32, String)> {
         self.enter(cx, "ConnectGetLibVersion", "", 0).await?;
-        Ok((9_000_000, self.name.clone()))
+        let hostname = self.lock().hostname.clone().unwrap_or_else(|| self.name.clone());
+        Ok((9_000_000, hostname))
     }
 
     async fn domain_names(&self, cx: &OpCtx) -> LvResult<Vec<String>> {

@@ -10,6 +10,11 @@
 //! - the pool's filesystem filled up by someone else: the create fails and the half-written
 //!   base is removed (the pool is a small tmpfs of its own).
 //!
+//! And one case where someone else works on the host between the provider's calls (spec/kvm.md
+//! item 56): a domain of another provider is listed past in silence, a domain undefined behind
+//! the provider's back is made again over its leftover volumes, and one stopped behind its back
+//! is deleted.
+//!
 //! Skips without a hypervisor; fails under `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1).
 //! Its own test binary, cases one at a time: nothing else uses the hypervisor while it is
 //! frozen or restarting.
@@ -18,10 +23,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use egress_libvirt::HypervisorEnv;
+use egress_conformance::capture::Capture;
 use egress_libvirt::config::KvmConfig;
 use egress_libvirt::engine::names;
-use egress_libvirt::host::Host;
+use egress_libvirt::host::{Host, UNDEFINE_FLAGS};
+use egress_libvirt::{DomainSpec, Generation, HypervisorEnv, Mark, VolumeSpec};
 use egress_libvirt_ssh::testing::IMAGE_KEY;
 use egress_libvirt_ssh::testing::real::{self, HOST};
 use egress_provider::config::ProviderConfig;
@@ -178,16 +184,28 @@ impl Case {
     /// The same create again, the image served whole: it succeeds, the base is marked, and
     /// after the delete only the cache is left, which goes with the test.
     async fn next_create_succeeds(&self, env: &HypervisorEnv, pool: &str) {
+        let id = self.create_whole(env, pool).await;
+        self.delete_and_clear(env, pool, &id).await;
+    }
+
+    /// The create with the image served whole; the base is marked afterwards.
+    async fn create_whole(&self, env: &HypervisorEnv, pool: &str) -> egress_provider::ProviderId {
         self.server.serve(Serve::Image);
         let cx = OpCtx::background().with_timeout(PATIENCE);
-        let id = self.provider.create(&cx, &self.req).await.expect("the next create");
+        let id = self.provider.create(&cx, &self.req).await.expect("the create");
         let mut volumes = self.volumes(env, pool).await;
         volumes.sort();
         assert!(
             volumes.contains(&self.base) && volumes.contains(&self.marker),
             "{volumes:?}"
         );
-        self.provider.delete(&cx, &id).await.expect("the delete");
+        id
+    }
+
+    /// Deletes `id`, checks that only the image cache is left, and removes the cache.
+    async fn delete_and_clear(&self, env: &HypervisorEnv, pool: &str, id: &egress_provider::ProviderId) {
+        let cx = OpCtx::background().with_timeout(PATIENCE);
+        self.provider.delete(&cx, id).await.expect("the delete");
         let mut left = self.volumes(env, pool).await;
         left.sort();
         let mut cache = vec![self.base.clone(), self.marker.clone()];
@@ -317,4 +335,132 @@ async fn a_pool_that_fills_up_mid_upload_fails_the_create_and_leaves_nothing() {
     );
     std::fs::remove_file(&filler).unwrap();
     case.next_create_succeeds(&env, &pool.name).await;
+}
+
+/// A stopped domain of the first-generation provider (its mark in kvm's namespace, none in
+/// kvm2's), with a small disk of its own; both removed on drop.
+struct ForeignDomain {
+    name: String,
+    disk: String,
+    pool: String,
+}
+
+impl ForeignDomain {
+    async fn define(env: &HypervisorEnv, cx: &OpCtx) -> Self {
+        let host = real::host_of(env);
+        let name = format!("egress-test-{}-foreign", std::process::id());
+        let disk = format!("{name}.raw");
+        let volume = VolumeSpec {
+            name: disk.clone(),
+            capacity_bytes: 1 << 20,
+            format: "raw".to_owned(),
+            backing: None,
+        }
+        .to_xml(Generation::Kvm)
+        .unwrap();
+        host.create_volume(cx, &env.pool, &volume)
+            .await
+            .expect("the foreign disk");
+        let foreign = Self {
+            name: name.clone(),
+            disk: disk.clone(),
+            pool: env.pool.clone(),
+        };
+        let path = host.volume_path(cx, &env.pool, &disk).await.unwrap();
+        let xml = DomainSpec {
+            name,
+            memory_mib: 128,
+            vcpus: 1,
+            mark: Mark::new("u-foreign", std::time::SystemTime::now()),
+            firmware: "bios".into(),
+            domain_type: env.domain_type.clone(),
+            cpu_mode: None,
+            disk_path: path.clone(),
+            disk_format: "raw".into(),
+            seed_path: path,
+            bridge: env.bridge.clone(),
+            mac: None,
+        }
+        .to_xml(Generation::Kvm)
+        .unwrap();
+        host.define_domain(cx, &xml).await.expect("the foreign domain");
+        foreign
+    }
+}
+
+impl Drop for ForeignDomain {
+    fn drop(&mut self) {
+        let _ = Command::new("virsh")
+            .args(["-c", "qemu:///system", "undefine", &self.name])
+            .output();
+        let _ = Command::new("virsh")
+            .args(["-c", "qemu:///system", "vol-delete", "--pool", &self.pool, &self.disk])
+            .output();
+    }
+}
+
+/// Spec/kvm.md item 56, on the real daemon: what another actor does on the host between the
+/// provider's calls. A domain of another provider reads "no metadata" (libvirt's code 80) and
+/// is listed past without a word; a domain destroyed and undefined over another connection
+/// leaves its volumes, and the next create makes it over them (code 90, a volume that exists);
+/// a domain stopped before the delete is deleted all the same (code 55, not running).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_done_behind_the_providers_back_is_met_quietly() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = HypervisorEnv::for_test() else { return };
+    let case = case(&env, "behind", &env.pool).await;
+    let cx = OpCtx::background().with_timeout(PATIENCE);
+    let foreign = ForeignDomain::define(&env, &cx).await;
+    // Everything this thread's awaits log, debug lines included.
+    let (capture, _capturing) = Capture::start();
+    let id = case.create_whole(&env, &env.pool).await;
+    let listed = case.provider.list_by_tag(&cx).await.expect("the list");
+    assert!(listed.iter().any(|i| i.id == id), "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|i| !i.id.as_str().ends_with(&format!("/{}", foreign.name))),
+        "{listed:?}"
+    );
+
+    let other = real::host_of(&env);
+    other
+        .destroy_domain(&cx, &case.req.name)
+        .await
+        .expect("destroyed behind its back");
+    other
+        .undefine_domain(&cx, &case.req.name, UNDEFINE_FLAGS)
+        .await
+        .expect("undefined behind its back");
+    let overlay = names::overlay(&case.req.name);
+    assert!(
+        case.volumes(&env, &env.pool).await.contains(&overlay),
+        "the overlay stays"
+    );
+    let again = case
+        .provider
+        .create(&cx, &case.req)
+        .await
+        .expect("made again over its volumes");
+    assert_eq!(again, id);
+    assert!(other.domain_state(&cx, &case.req.name).await.unwrap().is_active());
+
+    other
+        .destroy_domain(&cx, &case.req.name)
+        .await
+        .expect("stopped behind its back");
+    case.delete_and_clear(&env, &env.pool, &id).await;
+    assert!(
+        other
+            .domain_state(&cx, &case.req.name)
+            .await
+            .unwrap_err()
+            .is(egress_libvirt::host::code::NO_DOMAIN)
+    );
+    assert_eq!(
+        capture.find_text("unreadable metadata"),
+        None,
+        "a domain of another provider was logged as unreadable"
+    );
+    drop(foreign);
 }

@@ -677,12 +677,23 @@ async fn m15_a_connection_lost_while_listing_fails_the_list() {
 
 #[tokio::test]
 async fn l18_l19_the_check_covers_every_host_and_bounds_what_it_reports() {
-    let (_b, p) = backend().await;
+    let (b, p) = backend().await;
+    // 300 two-byte characters: 600 bytes, over a DNS name's 253, with no boundary at 253.
+    let long = "é".repeat(300);
+    host(&b).set_hostname(&long);
     let checker = p.clone();
     let statuses = egress_provider::Checker::check(&checker, &OpCtx::background()).await;
     let names: Vec<_> = statuses.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, HOSTS);
-    assert!(statuses.iter().all(|s| s.ready && s.details["hostname"].len() <= 253));
+    assert!(statuses.iter().all(|s| s.ready));
+    let reported = &statuses[0].details["hostname"];
+    assert_eq!(
+        reported.len(),
+        252,
+        "cut at the last character boundary under 253 bytes"
+    );
+    assert!(long.starts_with(reported.as_str()));
+    assert_eq!(statuses[1].details["hostname"], HOSTS[1]);
 }
 
 #[tokio::test]
@@ -720,16 +731,23 @@ async fn l19_at_most_eight_hosts_are_checked_at_once() {
 #[tokio::test]
 async fn m10_a_refresh_refused_by_another_upload_does_not_lose_the_download() {
     let (b, p) = backend().await;
-    // The precheck's refresh (tolerated) and the first refresh after the upload are refused,
-    // as libvirt does while another upload into the pool runs.
+    // The first upload is the base's; the refusal is armed while it runs, so the precheck's
+    // refreshes before it cannot use it up.
+    let gate = b.interceptor.freeze(CallKind("StorageVolUpload"));
+    let create = tokio::spawn({
+        let p = p.clone();
+        async move { p.create(&OpCtx::background(), &request_in("m10", HOSTS[0])).await }
+    });
+    gate.entered().await;
+    // The refresh after the upload is refused, as libvirt does while another upload into the
+    // pool runs (another create's seed, say); it is asked again.
     b.interceptor.fail(
         CallKind("StoragePoolRefresh"),
         Fault::Raw("internal error: pool 'default' has asynchronous jobs running.".into()),
-        Times::N(2),
+        Times::Once,
     );
-    p.create(&OpCtx::background(), &request_in("m10", HOSTS[0]))
-        .await
-        .unwrap();
+    gate.release();
+    create.await.unwrap().unwrap();
     assert_eq!(b.server.gets(), 1);
     assert!(volume_names(&b).contains(&marker()));
 }
@@ -749,23 +767,24 @@ async fn l5_a_domain_with_checkpoints_and_snapshots_is_deleted() {
 async fn m10_a_finished_upload_survives_a_killed_pooled_link() {
     let (b, p) = backend().await;
     // The first upload is the base's, on the fill's dedicated connection.
-    let gate = b.interceptor.freeze(CallKind("StorageVolUpload"));
+    let upload = b.interceptor.freeze(CallKind("StorageVolUpload"));
     let create = tokio::spawn({
         let p = p.clone();
         async move { p.create(&OpCtx::background(), &request_in("m10k", HOSTS[0])).await }
     });
-    gate.entered().await;
+    upload.entered().await;
     // Another caller's cancelled call kills the pooled link while the upload runs.
     host(&b).set_pooled_link_down(true);
-    gate.release();
-    let (c, _) = class(create.await.unwrap());
-    assert_eq!(c, ErrorClass::Transient, "the create itself needs the pooled link");
-    // The verified download was kept: its marker was written on the dedicated link.
+    let removal = b.interceptor.freeze(CallKind("StorageVolDelete"));
+    upload.release();
+    // The first removal after the upload is the fill's lease, on the pooled link: by then the
+    // refresh and the marker must be done. The link is redialled for it, as a real one would
+    // be on its next call.
+    removal.entered().await;
     host(&b).set_pooled_link_down(false);
-    p.create(&OpCtx::background(), &request_in("m10k", HOSTS[0]))
-        .await
-        .unwrap();
-    assert_eq!(b.server.gets(), 1, "the image was downloaded again");
+    removal.release();
+    create.await.unwrap().expect("the verified download was kept");
+    assert_eq!(b.server.gets(), 1);
     assert_eq!(
         host(&b).volumes(POOL)[&marker()].bytes,
         sha256_hex(&image_bytes()).into_bytes()

@@ -171,5 +171,10 @@ mod tests {
         fake.interceptor()
             .fail(CallKind("ConnectListAllDomains"), Fault::ConnectionReset, Times::Once);
         assert!(list_marked(&cx, &fake, KVM2_NAMESPACE).await.unwrap_err().transport);
+        // So does one whose connection drops while a domain's mark is read (review M15): the
+        // domains after it would otherwise be skipped as unreadable.
+        fake.interceptor()
+            .fail(CallKind("DomainGetMetadata"), Fault::ConnectionReset, Times::Once);
+        assert!(list_marked(&cx, &fake, KVM2_NAMESPACE).await.unwrap_err().transport);
     }
 }
