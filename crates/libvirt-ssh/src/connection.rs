@@ -177,3 +177,50 @@ fn is_transport_error(e: &virt::error::Error) -> bool {
             ErrorNumber::Rpc,
         ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection to libvirt's built-in test driver: no daemon, no SSH.
+    fn offline() -> Connection {
+        let conn = virt::connect::Connect::open(Some("test:///default")).expect("libvirt's test driver");
+        Connection::new("hv".into(), conn, Link::new(), Bridge::idle())
+    }
+
+    /// Spec H1: a call whose C side is stuck (behind a frozen write, say) returns as soon as
+    /// its link is marked dead, with the reason, while the C side is still stuck.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_parked_on_the_link_returns_once_it_is_marked_dead() {
+        let conn = offline();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+        let (returned_tx, returned_rx) = std::sync::mpsc::channel::<()>();
+        let cx = OpCtx::background();
+        let call = conn.call(&cx, "StorageVolUpload", TRANSFER_BUDGET, move |_| {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv();
+            let _ = returned_tx.send(());
+            Ok(())
+        });
+        let mut call = std::pin::pin!(call);
+        tokio::select! {
+            biased;
+            _ = &mut call => panic!("the call returned before its C side started"),
+            started = started_rx => started.unwrap(),
+        }
+        conn.link().mark_dead("the host accepted no byte for 30 s");
+        // One poll must see the dead link: the C side is parked until the release below.
+        let result = tokio::select! {
+            biased;
+            r = &mut call => r,
+            () = std::future::ready(()) => panic!("the call waits for its C side on a dead link"),
+        };
+        let err = result.expect_err("a call on a dead link fails");
+        assert!(matches!(err, CallError::ClosedWhileWaiting { .. }), "{err}");
+        assert!(err.to_string().contains("the host accepted no byte for 30 s"), "{err}");
+        assert!(returned_rx.try_recv().is_err(), "the C side is still parked");
+        release_tx.send(()).unwrap();
+        returned_rx.recv().unwrap();
+    }
+}

@@ -517,6 +517,19 @@ impl Bridge {
     }
 }
 
+#[cfg(test)]
+impl Bridge {
+    /// A bridge with no socket behind it, for connections that reach libvirt another way.
+    pub(crate) fn idle() -> Self {
+        let dir = private_dir().expect("a private directory");
+        Self {
+            path: dir.join("libvirt.sock"),
+            dir,
+            task: tokio::spawn(async {}),
+        }
+    }
+}
+
 /// A new directory under the temp dir that only this user can enter: created with mode 0700
 /// in one step, and never one that already exists (someone else's could hold a socket of
 /// theirs). Anyone who can connect to the bridge's socket has libvirt on the host.
