@@ -778,6 +778,27 @@ fn filled_elsewhere(img: &Cached<'_>, other: &Lease) -> OpFailure {
     ))
 }
 
+/// Hands the body's chunks to the upload until it ends, fails or misses `deadline` (spec H2: a
+/// minute inside the transfer budget, so that a body that stops arriving leaves the fill time
+/// to clean up); a failure is the last thing sent.
+async fn forward_body(
+    mut body: impl futures::Stream<Item = Result<Bytes, String>> + Unpin,
+    deadline: tokio::time::Instant,
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, String>>,
+) {
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(None) => break,
+            Ok(Some(chunk)) => chunk,
+            Err(_) => Err("the body did not arrive within its deadline".to_owned()),
+        };
+        let failed = chunk.is_err();
+        if tx.send(chunk).await.is_err() || failed {
+            break;
+        }
+    }
+}
+
 /// Creates the base volume and streams the body into it; the digest of what was uploaded.
 async fn upload(
     cx: &OpCtx,
@@ -806,20 +827,10 @@ async fn upload(
         .doing(|| format!("creating base volume {}", img.base))?;
     made.store(true, Ordering::SeqCst);
     let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
-    let pump = AbortOnDrop(tokio::spawn(async move {
-        let mut body = response.bytes_stream();
-        loop {
-            let chunk = match tokio::time::timeout_at(body_deadline, body.next()).await {
-                Ok(None) => break,
-                Ok(Some(chunk)) => chunk.map_err(|e| http_error_text(&e)),
-                Err(_) => Err("the body did not arrive within its deadline".to_owned()),
-            };
-            let failed = chunk.is_err();
-            if tx.send(chunk).await.is_err() || failed {
-                break;
-            }
-        }
-    }));
+    let body = response
+        .bytes_stream()
+        .map(|chunk| chunk.map_err(|e| http_error_text(&e)));
+    let pump = AbortOnDrop(tokio::spawn(forward_body(body, body_deadline, tx)));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let reader = BodyReader {
         chunks: rx,
@@ -913,6 +924,26 @@ async fn write_marker(cx: &OpCtx, own: &dyn Host, img: &Cached<'_>, digest: &str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Spec H2: a body that stops arriving fails at its own deadline, a minute before the
+    /// transfer budget that bounds the whole fill (virtual time: the clock is paused).
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_fails_at_its_deadline_inside_the_budget() {
+        let budget = transfer_budget(1 << 30);
+        let start = tokio::time::Instant::now();
+        let body = futures::stream::iter([Ok(Bytes::from_static(b"first"))]).chain(futures::stream::pending());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
+        let forwarding = tokio::spawn(forward_body(body, start + budget.saturating_sub(BODY_MARGIN), tx));
+        assert_eq!(rx.recv().await.unwrap().unwrap(), "first");
+        let last = tokio::time::timeout(budget, rx.recv())
+            .await
+            .expect("the body's deadline came before the transfer budget")
+            .expect("a last message");
+        assert_eq!(last.unwrap_err(), "the body did not arrive within its deadline");
+        assert_eq!(start.elapsed(), budget - BODY_MARGIN);
+        forwarding.await.unwrap();
+        assert!(rx.recv().await.is_none(), "nothing after the failure");
+    }
 
     fn volume() -> crate::fake::FakeVolume {
         crate::fake::FakeVolume {
