@@ -345,4 +345,83 @@ mod tests {
         // Neither init system: the script must not fail after installing (guarded OpenRC branch).
         assert!(s.contains("elif command -v rc-update"));
     }
+
+    /// Runs the guest-agent script under `/bin/sh` on a PATH of stubs named `commands` (each
+    /// logs its name and arguments and succeeds), with `agent_present` saying whether the
+    /// agent's binary exists. Returns the exit code, the log and stderr.
+    fn run_guest_agent_script(commands: &[&str], agent_present: bool) -> (i32, String, String) {
+        use std::os::unix::fs::PermissionsExt;
+        static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("egress-agent-script-{}-{n}", std::process::id()));
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let log = dir.join("log");
+        for command in commands {
+            let stub = bin.join(command);
+            std::fs::write(&stub, "#!/bin/sh\necho \"${0##*/} $*\" >> \"$STUB_LOG\"\n").unwrap();
+            std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        // The script also looks for the agent at an absolute path; here it is one of ours, so
+        // what this machine has installed does not matter.
+        let agent = dir.join("qemu-ga");
+        if agent_present {
+            std::fs::write(&agent, "").unwrap();
+            std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let script = GUEST_AGENT_SCRIPT.replace("/usr/sbin/qemu-ga", &agent.display().to_string());
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&script)
+            .env_clear()
+            .env("PATH", &bin)
+            .env("STUB_LOG", &log)
+            .output()
+            .expect("/bin/sh runs");
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            logged,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Review L10, run rather than read: each package manager and init system takes its branch,
+    /// and a guest with neither systemd nor OpenRC still succeeds after installing.
+    #[test]
+    fn the_guest_agent_script_takes_the_branch_of_what_the_guest_has() {
+        let agent = "qemu-guest-agent";
+        for (commands, want) in [
+            (
+                &["apt-get", "systemctl"][..],
+                format!("apt-get update\napt-get install -y {agent}\nsystemctl enable --now {agent}\n"),
+            ),
+            (
+                &["dnf", "yum", "systemctl"][..],
+                format!("dnf install -y {agent}\nsystemctl enable --now {agent}\n"),
+            ),
+            (&["yum"][..], format!("yum install -y {agent}\n")),
+            (&["zypper"][..], format!("zypper --non-interactive install {agent}\n")),
+            (
+                &["apk", "rc-update", "rc-service"][..],
+                format!("apk add {agent}\nrc-update add {agent} default\nrc-service {agent} start\n"),
+            ),
+            // Neither init system (L10): installed, nothing started, and no failure.
+            (&["apk"][..], format!("apk add {agent}\n")),
+        ] {
+            let (code, logged, stderr) = run_guest_agent_script(commands, false);
+            assert_eq!((code, logged.as_str()), (0, want.as_str()), "{commands:?}: {stderr}");
+        }
+        let (code, logged, _) = run_guest_agent_script(&["apt-get", "systemctl"], true);
+        assert_eq!(code, 0);
+        assert_eq!(
+            logged,
+            format!("systemctl enable --now {agent}\n"),
+            "no install when present"
+        );
+        let (code, logged, stderr) = run_guest_agent_script(&[], false);
+        assert_eq!((code, logged.as_str()), (1, ""));
+        assert!(stderr.contains("no known package manager"), "{stderr}");
+    }
 }
