@@ -47,8 +47,10 @@ pub struct DialOptions {
     pub key_file: PathBuf,
     /// How host keys are checked.
     pub host_keys: HostKeys,
-    /// Read the key file on every dial (a rotated Secret takes effect on the next connection);
-    /// otherwise it is read until one read succeeds, then kept.
+    /// Read the key file again whenever it has changed (its modification time, size or inode:
+    /// a rotated Secret takes effect on the next connection, and a round of checks over many
+    /// hosts parses it once, review L19); otherwise it is read until one read succeeds, then
+    /// kept.
     pub reread_material: bool,
     /// The whole dial's budget (credentials to libvirt handshake).
     pub budget: Duration,
@@ -92,7 +94,37 @@ const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub struct Dialer {
     options: DialOptions,
-    cached_key: Mutex<Option<Arc<PrivateKey>>>,
+    cached_key: Mutex<Option<CachedKey>>,
+}
+
+/// A parsed key and the stamp of the file it came from (none when the key is kept whatever
+/// happens to the file).
+#[derive(Debug)]
+struct CachedKey {
+    stamp: Option<FileStamp>,
+    key: Arc<PrivateKey>,
+}
+
+/// What tells a changed file from the same one without reading it: a Secret's update swaps a
+/// symlink to a new file (another inode); an edit in place moves the modification time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    dev: u64,
+    ino: u64,
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            modified: meta.modified().ok(),
+            len: meta.len(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
 }
 
 impl Dialer {
@@ -269,28 +301,38 @@ impl Dialer {
         }
     }
 
-    /// The private key: read (and parsed) on every dial, or once and kept.
+    /// The private key: read (and parsed) again when the file has changed, or once and kept.
     async fn key(&self) -> Result<Arc<PrivateKey>, DialCause> {
-        if !self.options.reread_material
-            && let Some(key) = self.cached_key.lock().unwrap_or_else(|p| p.into_inner()).clone()
-        {
-            return Ok(key);
-        }
         let path = self.options.key_file.display().to_string();
+        let read_error = |source| DialCause::KeyRead {
+            path: path.clone(),
+            source,
+        };
+        let stamp = if self.options.reread_material {
+            let meta = tokio::fs::metadata(&self.options.key_file).await.map_err(read_error)?;
+            Some(FileStamp::of(&meta))
+        } else {
+            None
+        };
+        if let Some(cached) = self.cached_key.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
+            && (stamp.is_none() || stamp == cached.stamp)
+        {
+            return Ok(cached.key.clone());
+        }
         let text = tokio::fs::read_to_string(&self.options.key_file)
             .await
-            .map_err(|source| DialCause::KeyRead {
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(read_error)?;
         let key = russh::keys::decode_secret_key(&text, None).map_err(|e| DialCause::KeyParse {
-            path,
+            path: path.clone(),
             reason: key_error_text(&e),
         })?;
         let key = Arc::new(key);
-        if !self.options.reread_material {
-            *self.cached_key.lock().unwrap_or_else(|p| p.into_inner()) = Some(key.clone());
-        }
+        // NB: the stamp taken before the read: a file replaced between the two is read again
+        // on the next dial rather than kept under the newer stamp.
+        *self.cached_key.lock().unwrap_or_else(|p| p.into_inner()) = Some(CachedKey {
+            stamp,
+            key: key.clone(),
+        });
         Ok(key)
     }
 }

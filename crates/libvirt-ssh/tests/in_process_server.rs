@@ -296,7 +296,7 @@ async fn a_silent_port_ends_the_dial_at_its_budget() {
 }
 
 #[tokio::test]
-async fn the_key_file_is_read_again_on_every_dial_unless_kept() {
+async fn the_key_file_is_read_again_when_it_changes_unless_kept() {
     let dir = egress_testkit::scratch_dir("russh-test-reread");
     let Served {
         client,
@@ -320,8 +320,27 @@ async fn the_key_file_is_read_again_on_every_dial_unless_kept() {
             stage(dialer.dial(&OpCtx::background(), &host(&address)).await),
             Stage::Socket
         );
-        // The Secret is rotated to a key the server does not accept.
-        std::fs::copy(&stranger, &key).unwrap();
+        if reread {
+            // Review L19: an unchanged file is not read again. Garbage of the same length is
+            // written in place and the modification time put back: the same file as far as
+            // its stamp tells, so the parsed key is still used.
+            let original = std::fs::metadata(&key).unwrap().modified().unwrap();
+            let len = std::fs::metadata(&key).unwrap().len();
+            let file = std::fs::OpenOptions::new().write(true).open(&key).unwrap();
+            std::io::Write::write_all(&mut &file, &vec![b'x'; usize::try_from(len).unwrap()]).unwrap();
+            file.set_modified(original).unwrap();
+            drop(file);
+            assert_eq!(
+                stage(dialer.dial(&OpCtx::background(), &host(&address)).await),
+                Stage::Socket,
+                "an unchanged key file must not be parsed again"
+            );
+        }
+        // The Secret is rotated to a key the server does not accept: a new file renamed over
+        // the old, as the kubelet swaps a Secret's files.
+        let next = dir.join("id.next");
+        std::fs::copy(&stranger, &next).unwrap();
+        std::fs::rename(&next, &key).unwrap();
         let after = stage(dialer.dial(&OpCtx::background(), &host(&address)).await);
         if reread {
             assert_eq!(after, Stage::Ssh, "a re-read key must be the new one");

@@ -888,6 +888,23 @@ mod tests {
         assert_eq!(seed_failure(write).class(Op::Create), ErrorClass::Transient);
     }
 
+    /// Review L20: the load refuses such sizes, and the arithmetic behind the pool-space check
+    /// refuses them again rather than wrapping to a small number that would always fit.
+    #[test]
+    fn l20_an_overlay_size_that_would_wrap_is_refused() {
+        let cfg = |gib: i64| KvmConfig {
+            disk_size_gb: gib,
+            ..KvmConfig::default()
+        };
+        assert_eq!(disk_bytes(&cfg(20), Generation::Kvm2).unwrap(), 20 << 30);
+        // 2^34 GiB is 2^64 bytes: zero once wrapped.
+        for gib in [17_179_869_184, i64::MAX] {
+            let refused = disk_bytes(&cfg(gib), Generation::Kvm2).unwrap_err();
+            assert_eq!(refused.class(Op::Create), ErrorClass::Permanent);
+            assert_eq!(refused.to_string(), "kvm2.diskSizeGb is out of range");
+        }
+    }
+
     #[test]
     fn l18_a_hostname_is_cut_on_a_character_boundary() {
         let mut long = "é".repeat(200);
