@@ -696,6 +696,40 @@ async fn l18_l19_the_check_covers_every_host_and_bounds_what_it_reports() {
     assert_eq!(statuses[1].details["hostname"], HOSTS[1]);
 }
 
+/// A host that stops taking the upload of a cold image holds up creates on that host only:
+/// another host's create of the same image goes through meanwhile (the image lock is per host
+/// and base, each download its own). The stuck create ends when its host answers again.
+#[tokio::test]
+async fn a_host_stuck_mid_upload_holds_up_no_other_host() {
+    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    // Hosts of their own, each with its own interceptor, so only the first is held.
+    let stuck = FakeHost::new(HOSTS[0], POOL, 1 << 40);
+    let other = FakeHost::new(HOSTS[1], POOL, 1 << 40);
+    let hosts = vec![Box::new(stuck.clone()) as Box<dyn Host>, Box::new(other.clone())];
+    let cfg = support::config(&HOSTS, &b.server.url(), Some(sha256_hex(&image_bytes())), &b.files);
+    let p = egress_provider_kvm2::new(ENTRY, cfg, hosts).unwrap();
+    let held = stuck.interceptor().freeze(CallKind("StorageVolUpload"));
+    let creating = tokio::spawn({
+        let p = p.clone();
+        async move { p.create(&OpCtx::background(), &request_in("stuck", HOSTS[0])).await }
+    });
+    held.entered().await;
+    // A liveness bound only: held up behind the stuck host, the create would end Transient
+    // at it, waiting for the image.
+    let bounded = OpCtx::background().with_timeout(Duration::from_secs(60));
+    p.create(&bounded, &request_in("free", HOSTS[1]))
+        .await
+        .expect("a create on another host goes on");
+    assert!(other.volumes(POOL).contains_key(&marker()));
+    assert!(!creating.is_finished(), "the stuck create is still held");
+    held.release();
+    creating
+        .await
+        .unwrap()
+        .expect("the stuck create, once its host answers");
+    assert_eq!(b.server.gets(), 2, "one download per host");
+}
+
 #[tokio::test]
 async fn l19_at_most_eight_hosts_are_checked_at_once() {
     let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
