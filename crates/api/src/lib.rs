@@ -1,5 +1,6 @@
-//! The custom resources of the egress-proxy operator: `Proxy` (namespaced, short name `px`) and
-//! `ProviderHealth` (cluster-scoped, short name `ph`), group `crawl.example.com`, version
+//! The custom resources of the egress-proxy operator: `Proxy` (namespaced, short name `px`),
+//! `ProxyPool` (namespaced, short name `ppool`) and `ProviderHealth` (cluster-scoped, short name
+//! `ph`), group `crawl.example.com`, version
 //! `v1alpha1`, with the annotation, label, finalizer and condition names the operator and its
 //! users share. The wire shapes are those of the Go operator this replaces.
 //!
@@ -8,12 +9,16 @@
 mod condition;
 mod provider_health;
 mod proxy;
+mod proxy_pool;
 
 pub use condition::{Condition, ConditionStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthFields, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
     CloudInit, Credentials, CredentialsSecretRef, CredentialsType, Endpoint, HealthCheck, HealthCheckSpec, Mode, Phase,
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef,
+};
+pub use proxy_pool::{
+    PoolAutoscale, PoolStrategy, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, TemplateMetadata,
 };
 
 /// The API group.
@@ -44,6 +49,16 @@ pub const ANNOTATION_CREDENTIALS_INSTANCE: &str = "crawl.example.com/credentials
 /// The label on objects the operator creates (ProviderHealth), and its value.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "egress-proxies-operator";
+
+/// On a pool's members: the pool's name (with the owner reference, how the pool finds them).
+pub const LABEL_POOL: &str = "crawl.example.com/pool";
+/// On a pool's members: the hash of the template the member was made from.
+pub const LABEL_POOL_TEMPLATE_HASH: &str = "crawl.example.com/pool-template-hash";
+/// On a pool's members: `active` (offered to leases), `standby` (Ready, held back) or
+/// `draining` (no new leases; deleted once its leases end or the drain timeout passes).
+pub const LABEL_POOL_ROLE: &str = "crawl.example.com/pool-role";
+/// The attribute every member carries with its pool's name, so a lease selector can name a pool.
+pub const ATTRIBUTE_POOL: &str = "pool";
 
 /// Condition types.
 pub mod conditions {
