@@ -80,6 +80,9 @@ pub mod reasons {
     /// `spec.provider` names no entry of the providers config. Not latched: after a restart
     /// with the entry added, the Proxy is provisioned.
     pub const PROVIDER_NOT_CONFIGURED: &str = "ProviderNotConfigured";
+    /// A pool member's instance is gone, stopped or never got an address: the reconciler does
+    /// not rebuild it; its pool replaces the member.
+    pub const INSTANCE_LOST: &str = "InstanceLost";
     pub const PROBE_SUCCEEDED: &str = "ProbeSucceeded";
     pub const PROBE_FAILED: &str = "ProbeFailed";
     /// The proxy refused the probe's credentials (or asked for some): a 407, or 401 from tinyproxy.

@@ -662,6 +662,9 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
             Some(_) => match &facts.get {
                 None => return Next::Do(Action::Get(id)),
                 Some(Err(f)) if f.class == ErrorClass::NotFound => {
+                    if pool_member(proxy) {
+                        return lost_pool_member(input, timings, status, "the instance is gone");
+                    }
                     // It vanished (or, in a replacement, the old one is gone): build it again.
                 }
                 Some(Err(f)) => return provider_failure(input, timings, status, InstanceView::Unobserved, f),
@@ -827,6 +830,13 @@ fn no_address(input: &Input<'_>, facts: &Facts, timings: &Timings, status: Proxy
     if let Some(budget) = timings.address_budget
         && missing_for >= budget
     {
+        if pool_member(input.proxy) {
+            let why = format!(
+                "the instance has had no address for {}s (the provisioning timeout)",
+                budget.as_secs()
+            );
+            return lost_pool_member(input, timings, status, &why);
+        }
         let id = ProviderId::new(status.provider_id.clone());
         let why = format!(
             "the instance has had no address for {}s (the provisioning timeout); replacing it",
@@ -843,6 +853,36 @@ fn no_address(input: &Input<'_>, facts: &Facts, timings: &Timings, status: Proxy
         );
     }
     booting(input, timings, status)
+}
+
+/// Whether the Proxy is a member of a ProxyPool (it carries the pool label).
+fn pool_member(proxy: &Proxy) -> bool {
+    proxy
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(egress_api::LABEL_POOL))
+}
+
+/// A pool member whose instance is lost is not rebuilt here (docs/pools.md): its pool promotes a
+/// standby and deletes the member, so one failure makes one create (the pool's new standby).
+/// The loss is reported and the recorded id kept, so no later pass creates either; the member's
+/// delete removes what is left of the instance.
+fn lost_pool_member(input: &Input<'_>, timings: &Timings, mut status: ProxyStatus, what: &str) -> Next {
+    status.ip.clear();
+    set_provisioned(
+        input,
+        &mut status,
+        ConditionStatus::False,
+        reasons::INSTANCE_LOST,
+        &format!("{what}; the pool replaces this member"),
+    );
+    finish(
+        input,
+        status,
+        InstanceView::Unobserved,
+        Requeue::After(timings.drift_poll),
+    )
 }
 
 /// Step 8 with an answer from `Get`.
@@ -868,6 +908,9 @@ fn observed(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: Pro
             None => no_address(input, facts, timings, status),
         },
         // Stopped, terminated or unknown: delete it (keeping its id) until Get says NotFound.
+        InstanceState::Stopped | InstanceState::Terminated if pool_member(input.proxy) => {
+            lost_pool_member(input, timings, status, "the instance stopped")
+        }
         InstanceState::Stopped | InstanceState::Terminated => {
             // The id as recorded in the status, which is what Delete is promised.
             let id = ProviderId::new(status.provider_id.clone());

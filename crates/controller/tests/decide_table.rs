@@ -1804,3 +1804,74 @@ fn a_refusal_of_the_probes_credentials_is_its_own_healthy_reason() {
     let back = egress_controller::decide::last_verdict(&o.status).unwrap();
     assert!(back.auth_refused && !back.healthy);
 }
+
+/// A Ready member of a ProxyPool.
+fn pool_member() -> Proxy {
+    let mut p = ready_proxy();
+    p.metadata.labels = Some([(egress_api::LABEL_POOL.to_string(), "fleet".to_string())].into());
+    p
+}
+
+/// docs/pools.md: a pool member's lost instance is not rebuilt by its reconciler (its pool
+/// promotes a standby and deletes the member), so one failure makes one create. The loss is
+/// reported, and the id kept so that no later pass creates either.
+#[test]
+fn a_pool_members_lost_instance_is_reported_not_rebuilt() {
+    let budget = Timings {
+        address_budget: Some(Duration::from_secs(900)),
+        ..Timings::default()
+    };
+    let without_address = Instance {
+        ip: None,
+        ..instance(InstanceState::Running)
+    };
+    for (answer, missing_since, message) in [
+        (
+            Err(fail(ErrorClass::NotFound, "gone")),
+            None,
+            "the instance is gone; the pool replaces this member",
+        ),
+        (
+            Ok(instance(InstanceState::Stopped)),
+            None,
+            "the instance stopped; the pool replaces this member",
+        ),
+        (
+            Ok(instance(InstanceState::Terminated)),
+            None,
+            "the instance stopped; the pool replaces this member",
+        ),
+        (
+            Ok(without_address),
+            Some(at(1000 - 900)),
+            "the instance has had no address for 900s (the provisioning timeout); the pool replaces this member",
+        ),
+    ] {
+        let w = World {
+            get: Some(answer),
+            create: Some(Ok(ProviderId::new("id-2"))),
+            delete: Some(Ok(())),
+            missing_since,
+            timings: Some(budget),
+            ..world()
+        };
+        let (actions, _, o) = run(&pool_member(), &w);
+        assert_eq!(actions, ["Get"], "{message}");
+        assert_eq!(o.status.provider_id, "id-1", "{message}");
+        assert_eq!(o.status.ip, "");
+        assert_eq!(o.requeue, SECS(120));
+        let condition = o
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::PROVISIONED)
+            .unwrap();
+        assert_eq!(
+            (condition.status, condition.reason.as_str(), condition.message.as_str()),
+            (ConditionStatus::False, reasons::INSTANCE_LOST, message)
+        );
+        // A Proxy outside any pool rebuilds, as before.
+        let (actions, _, _) = run(&ready_proxy(), &w);
+        assert_ne!(actions, ["Get"], "{message}");
+    }
+}
