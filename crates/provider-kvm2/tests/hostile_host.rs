@@ -73,6 +73,10 @@ async fn a_host_frozen_mid_upload_fails_the_create_at_the_stall_limit_and_the_ne
     let Some(env) = HypervisorEnv::for_test() else { return };
     let case = case(&env, "frozen", &env.pool).await;
     let creating = case.create_until_held().await;
+    // The body being held says only that the download began: the create may still be taking
+    // its fill lease on the shared connection, where a freeze is an RPC's budget, not a stall.
+    // Once the base volume exists the upload is what runs.
+    case.until_uploading(&env, &env.pool).await;
     let frozen = Frozen::freeze(uid_of(&env.ssh_user));
     let err = case
         .resume_until_failed(creating, "a create through a frozen host must fail")
