@@ -25,6 +25,8 @@ pub use proxy_pool::{
 pub const GROUP: &str = "crawl.example.com";
 /// The API version.
 pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of this group's objects.
+pub const API_VERSION: &str = "crawl.example.com/v1alpha1";
 
 /// The finalizer the operator puts on every Managed Proxy before it provisions anything.
 pub const FINALIZER: &str = "crawl.example.com/finalizer";

@@ -1805,10 +1805,18 @@ fn a_refusal_of_the_probes_credentials_is_its_own_healthy_reason() {
     assert!(back.auth_refused && !back.healthy);
 }
 
-/// A Ready member of a ProxyPool.
+/// A Ready member of a ProxyPool: the pool label and the pool as its controller.
 fn pool_member() -> Proxy {
     let mut p = ready_proxy();
     p.metadata.labels = Some([(egress_api::LABEL_POOL.to_string(), "fleet".to_string())].into());
+    p.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: egress_api::API_VERSION.into(),
+        kind: "ProxyPool".into(),
+        name: "fleet".into(),
+        uid: "uid-pool".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
     p
 }
 
@@ -1870,8 +1878,12 @@ fn a_pool_members_lost_instance_is_reported_not_rebuilt() {
             (condition.status, condition.reason.as_str(), condition.message.as_str()),
             (ConditionStatus::False, reasons::INSTANCE_LOST, message)
         );
-        // A Proxy outside any pool rebuilds, as before.
+        // A Proxy outside any pool rebuilds, as before; so does one that only has the label.
         let (actions, _, _) = run(&ready_proxy(), &w);
+        assert_ne!(actions, ["Get"], "{message}");
+        let mut labelled = pool_member();
+        labelled.metadata.owner_references = None;
+        let (actions, _, _) = run(&labelled, &w);
         assert_ne!(actions, ["Get"], "{message}");
     }
 }
