@@ -22,9 +22,11 @@ use egress_libvirt::HypervisorEnv;
 use egress_libvirt::host::Host;
 use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use egress_provider::OpCtx;
+use futures::TryStreamExt as _;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::wait::await_condition;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 
@@ -294,18 +296,16 @@ async fn a_kvm2_guest_that_never_gets_an_address_is_replaced_at_the_provisioning
     );
     // The event says why.
     let events: Api<Event> = Api::namespaced(client, "default");
-    let deadline = std::time::Instant::now() + BOOT_PATIENCE;
-    while !events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .any(|e| e.reason.as_deref() == Some("Replacing") && e.note.as_deref() == Some(REPLACED))
-    {
-        assert!(std::time::Instant::now() < deadline, "no Replacing event");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut stream = Box::pin(watcher(events, watcher::Config::default()).applied_objects());
+    tokio::time::timeout(BOOT_PATIENCE, async {
+        while let Some(e) = stream.try_next().await.unwrap() {
+            if e.reason.as_deref() == Some("Replacing") && e.note.as_deref() == Some(REPLACED) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("no Replacing event");
 
     api.delete("vm-dark", &DeleteParams::default()).await.unwrap();
     let gone = await_condition(api.clone(), "vm-dark", |p: Option<&Proxy>| p.is_none());

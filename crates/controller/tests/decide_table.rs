@@ -181,6 +181,17 @@ fn provisioned_of(status: &ProxyStatus) -> Option<(ConditionStatus, String)> {
         .map(|c| (c.status, c.reason.clone()))
 }
 
+/// The Provisioned condition whole: status, reason and message.
+fn provisioned_in_full(o: &Outcome) -> (ConditionStatus, &str, &str) {
+    let c = o
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::PROVISIONED)
+        .expect("a Provisioned condition");
+    (c.status, c.reason.as_str(), c.message.as_str())
+}
+
 fn healthy(o: &Outcome) -> Option<ConditionStatus> {
     o.status
         .conditions
@@ -545,13 +556,7 @@ fn m2_an_instance_marked_as_another_proxys_is_never_used_nor_deleted() {
             Some((ConditionStatus::False, "PermanentError".into())),
             "{state:?}"
         );
-        let message = &o
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::PROVISIONED)
-            .unwrap()
-            .message;
+        let (_, _, message) = provisioned_in_full(&o);
         assert!(
             message.contains("marked as Proxy UID uid-2's, not this Proxy's (uid-1)"),
             "{message}"
@@ -1337,14 +1342,8 @@ fn an_instance_without_an_address_for_the_provisioning_timeout_is_replaced() {
         assert_eq!(actions, ["Get", "Delete"]);
         assert_eq!(o.status.ip, "");
         assert_eq!(o.requeue, SECS(10));
-        let condition = o
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::PROVISIONED)
-            .unwrap();
         assert_eq!(
-            (condition.status, condition.reason.as_str(), condition.message.as_str()),
+            provisioned_in_full(&o),
             (
                 ConditionStatus::False,
                 reasons::PROVISIONING,
@@ -1755,13 +1754,7 @@ fn a_running_generated_instance_whose_secret_was_lost_is_replaced() {
         provisioned(&o),
         Some((ConditionStatus::False, reasons::PROVISIONING.into()))
     );
-    let message = &o
-        .status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::PROVISIONED)
-        .unwrap()
-        .message;
+    let (_, _, message) = provisioned_in_full(&o);
     assert!(message.contains("credentials Secret"), "{message}");
     assert_eq!((o.status.provider_id.as_str(), o.status.ip.as_str()), ("id-1", ""));
     assert_eq!(o.requeue, SECS(10));
@@ -1868,14 +1861,8 @@ fn a_pool_members_lost_instance_is_reported_not_rebuilt() {
         assert_eq!(o.status.provider_id, "id-1", "{message}");
         assert_eq!(o.status.ip, "");
         assert_eq!(o.requeue, SECS(120));
-        let condition = o
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::PROVISIONED)
-            .unwrap();
         assert_eq!(
-            (condition.status, condition.reason.as_str(), condition.message.as_str()),
+            provisioned_in_full(&o),
             (ConditionStatus::False, reasons::INSTANCE_LOST, message)
         );
         // A Proxy outside any pool rebuilds, as before; so does one that only has the label.

@@ -291,12 +291,8 @@ impl SmallPool {
 
 impl Drop for SmallPool {
     fn drop(&mut self) {
-        let _ = Command::new("virsh")
-            .args(["-c", "qemu:///system", "pool-destroy", &self.name])
-            .output();
-        let _ = Command::new("virsh")
-            .args(["-c", "qemu:///system", "pool-undefine", &self.name])
-            .output();
+        virsh_in_cleanup(&["pool-destroy", &self.name]);
+        virsh_in_cleanup(&["pool-undefine", &self.name]);
         let _ = Command::new("umount").arg(&self.dir).output();
         let _ = std::fs::remove_dir(&self.dir);
     }
@@ -313,6 +309,11 @@ fn run(command: &mut Command) {
 
 fn virsh(args: &[&str]) {
     run(Command::new("virsh").args(["-c", "qemu:///system"]).args(args));
+}
+
+/// `virsh` from a Drop guard: best effort, what is already gone is no error.
+fn virsh_in_cleanup(args: &[&str]) {
+    let _ = Command::new("virsh").args(["-c", "qemu:///system"]).args(args).output();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,12 +395,8 @@ impl ForeignDomain {
 
 impl Drop for ForeignDomain {
     fn drop(&mut self) {
-        let _ = Command::new("virsh")
-            .args(["-c", "qemu:///system", "undefine", &self.name])
-            .output();
-        let _ = Command::new("virsh")
-            .args(["-c", "qemu:///system", "vol-delete", "--pool", &self.pool, &self.disk])
-            .output();
+        virsh_in_cleanup(&["undefine", &self.name]);
+        virsh_in_cleanup(&["vol-delete", "--pool", &self.pool, &self.disk]);
     }
 }
 
