@@ -7,7 +7,8 @@
 //!    discovery servers.
 //! 3. [`lead`]: with `--leader-elect`, waiting for the Lease.
 //! 4. [`start_leader_tasks`]: the leader's work: the view it publishes to the lease store, the
-//!    health engine, the Proxy controller, the orphan GC and the provider-health monitor.
+//!    health engine, the Proxy and ProxyPool controllers, the orphan GC and the provider-health
+//!    monitor.
 //! 5. [`supervise`]: running until shutdown, a lost Lease, or a part that ends before it should.
 
 use std::collections::HashSet;
@@ -122,6 +123,7 @@ struct Replica {
     metrics: Arc<Mutex<prometheus_client::registry::Registry>>,
     health_metrics: egress_health::HealthMetrics,
     reconcile_metrics: ReconcileMetrics,
+    pool_metrics: egress_controller::pool::PoolMetrics,
     /// What the provider-health monitor found, read by the metrics.
     provider_health: ProviderHealthSnapshot,
     tasks: JoinSet<()>,
@@ -149,6 +151,8 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     let health_metrics = egress_health::HealthMetrics::new();
     health_metrics.register(&mut metrics);
     egress_controller::metrics::register(&mut metrics, provider_health.clone(), cache.store());
+    let pool_metrics = egress_controller::pool::PoolMetrics::new();
+    pool_metrics.register(&mut metrics, cache.store());
     // controller-runtime's families, for dashboards built for the Go operator.
     let reconcile_metrics = ReconcileMetrics::new(ControllerConfig::default().concurrency);
     reconcile_metrics.register(&mut metrics);
@@ -230,6 +234,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         metrics,
         health_metrics,
         reconcile_metrics,
+        pool_metrics,
         provider_health,
         tasks,
         essential,
@@ -298,6 +303,7 @@ fn start_leader_tasks(
         metrics: _,
         health_metrics,
         reconcile_metrics,
+        pool_metrics,
         provider_health,
         mut tasks,
         mut essential,
@@ -316,7 +322,7 @@ fn start_leader_tasks(
             cache.clone(),
             credentials.clone(),
         )),
-        store,
+        store.clone(),
         shutdown.clone(),
     ));
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
@@ -364,6 +370,17 @@ fn start_leader_tasks(
         )
         .with_credentials(credentials)
         .with_metrics(reconcile_metrics),
+    );
+    let pools = Arc::new(egress_controller::pool::PoolContext::new(
+        client.clone(),
+        cache.clone(),
+        store,
+        pool_metrics,
+    ));
+    essential.insert(
+        tasks
+            .spawn(egress_controller::pool::run(pools, namespace.clone(), work.clone()))
+            .id(),
     );
     let config = ControllerConfig {
         namespace,

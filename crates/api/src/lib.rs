@@ -15,7 +15,7 @@ pub use condition::{Condition, ConditionStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthFields, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
     CloudInit, Credentials, CredentialsSecretRef, CredentialsType, Endpoint, HealthCheck, HealthCheckSpec, Mode, Phase,
-    Placement, Proxy, ProxySpec, ProxyStatus, SecretRef,
+    Placement, PoolMembership, PoolRole, Proxy, ProxySpec, ProxyStatus, SecretRef,
 };
 pub use proxy_pool::{
     PoolAutoscale, PoolStrategy, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, TemplateMetadata,
@@ -59,6 +59,9 @@ pub const LABEL_POOL_TEMPLATE_HASH: &str = "crawl.example.com/pool-template-hash
 /// On a pool's members: `active` (offered to leases), `standby` (Ready, held back) or
 /// `draining` (no new leases; deleted once its leases end or the drain timeout passes).
 pub const LABEL_POOL_ROLE: &str = "crawl.example.com/pool-role";
+/// On a draining pool member: when it started draining (RFC 3339), from which the pool's drain
+/// timeout runs.
+pub const ANNOTATION_DRAINING_SINCE: &str = "crawl.example.com/draining-since";
 /// The attribute every member carries with its pool's name, so a lease selector can name a pool.
 pub const ATTRIBUTE_POOL: &str = "pool";
 

@@ -336,6 +336,74 @@ impl Proxy {
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
     }
+
+    /// The pool this Proxy is a member of: the name in its [`LABEL_POOL`](crate::LABEL_POOL)
+    /// label, and that pool's UID as its controller owner. A label alone, which anyone can
+    /// write on a Proxy of their own, makes no member; neither does an owner reference alone
+    /// (a member orphaned with `--cascade=orphan` keeps its labels but loses the reference,
+    /// and becomes a plain Proxy).
+    pub fn pool(&self) -> Option<PoolMembership<'_>> {
+        let name = self.metadata.labels.as_ref()?.get(crate::LABEL_POOL)?;
+        let owner = self.metadata.owner_references.as_ref()?.iter().find(|o| {
+            o.controller == Some(true) && o.kind == "ProxyPool" && o.api_version == crate::API_VERSION && &o.name == name
+        })?;
+        let role = self
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::LABEL_POOL_ROLE))
+            .map_or(PoolRole::Standby, |r| PoolRole::from_label(r));
+        Some(PoolMembership {
+            pool: name,
+            pool_uid: &owner.uid,
+            role,
+        })
+    }
+}
+
+/// A Proxy's place in its pool ([`Proxy::pool`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolMembership<'a> {
+    pub pool: &'a str,
+    pub pool_uid: &'a str,
+    pub role: PoolRole,
+}
+
+/// What a pool member is to the lease path: its [`LABEL_POOL_ROLE`](crate::LABEL_POOL_ROLE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolRole {
+    /// Offered to leases.
+    Active,
+    /// Ready, held back from leases until it is promoted.
+    Standby,
+    /// Gets no new leases; its leases run to their end or to the pool's drain timeout.
+    Draining,
+}
+
+impl PoolRole {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Standby => "standby",
+            Self::Draining => "draining",
+        }
+    }
+
+    /// The role a label value names. A value that names none (an edit by hand) is read as
+    /// `standby`: a member nobody can tell the role of is held back from leases, not offered.
+    pub fn from_label(value: &str) -> Self {
+        match value {
+            "active" => Self::Active,
+            "draining" => Self::Draining,
+            _ => Self::Standby,
+        }
+    }
+
+    /// Whether a member in this role may get a new lease.
+    pub fn offered(self) -> bool {
+        self == Self::Active
+    }
 }
 
 #[cfg(test)]

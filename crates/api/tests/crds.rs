@@ -56,6 +56,7 @@ fn the_manifests_in_deploy_are_the_types() {
     for (file, crd) in [
         ("crawl.example.com_proxies.yaml", Proxy::crd()),
         ("crawl.example.com_providerhealths.yaml", ProviderHealth::crd()),
+        ("crawl.example.com_proxypools.yaml", egress_api::ProxyPool::crd()),
     ] {
         let on_disk = documents(&deploy().join("crds").join(file));
         assert_eq!(

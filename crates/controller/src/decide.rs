@@ -859,17 +859,7 @@ fn no_address(input: &Input<'_>, facts: &Facts, timings: &Timings, status: Proxy
 /// its controller (a label alone, which anyone can write on a Proxy of their own, is not enough
 /// to stop its instance from being rebuilt).
 fn pool_member(proxy: &Proxy) -> bool {
-    let labelled = proxy
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(egress_api::LABEL_POOL));
-    let owned = proxy.metadata.owner_references.as_ref().is_some_and(|owners| {
-        owners
-            .iter()
-            .any(|o| o.controller == Some(true) && o.kind == "ProxyPool" && o.api_version == egress_api::API_VERSION)
-    });
-    labelled && owned
+    proxy.pool().is_some()
 }
 
 /// A pool member whose instance is lost is not rebuilt here (docs/pools.md): its pool promotes a

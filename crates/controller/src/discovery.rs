@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use egress_api::{Mode, Proxy};
+use egress_api::{Mode, PoolRole, Proxy};
 use egress_discovery::{ProxyDirectory, ProxyInfo};
 use kube::ResourceExt;
 
@@ -28,6 +28,7 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
         Mode::Managed => (status.ip.clone(), proxy.spec.port),
     };
     let verdict = crate::decide::last_verdict(&status);
+    let role = proxy.pool().map(|m| m.role);
     Some(ProxyInfo {
         id: format!("{}/{}", proxy.namespace().unwrap_or_default(), proxy.name_any()),
         ip,
@@ -38,6 +39,8 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
         latency_millis: status.latency_millis.unwrap_or(0),
         max_leases: proxy.spec.effective_max_leases(),
         credentials,
+        offered: role.is_none_or(PoolRole::offered),
+        pool_role: role.map(PoolRole::as_str),
     })
 }
 
@@ -81,6 +84,10 @@ impl ProxyDirectory for CachedDirectory {
         let views = Arc::new(views);
         *snapshot = Some((generation, views.clone()));
         Ok(views)
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        Some(self.cache.changes())
     }
 }
 

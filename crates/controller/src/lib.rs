@@ -14,6 +14,7 @@ pub mod health;
 pub mod leader;
 pub mod merge;
 pub mod metrics;
+pub mod pool;
 pub mod pool_decide;
 pub mod provider_health;
 pub mod proxy_cache;

@@ -23,16 +23,8 @@
 
 use std::time::Duration;
 
-/// What a member is to the pool (its role label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Offered to leases.
-    Active,
-    /// Ready, held back from leases.
-    Standby,
-    /// Gets no new leases; deleted when its leases end or the drain timeout passes.
-    Draining,
-}
+/// What a member is to the pool: its role label.
+pub use egress_api::PoolRole as Role;
 
 /// One member as the decision needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]

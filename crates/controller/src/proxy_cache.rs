@@ -23,6 +23,8 @@ pub struct ProxyCache {
     store: Store<Proxy>,
     subscribers: Subscribers,
     generation: Arc<std::sync::atomic::AtomicU64>,
+    /// Fires with every watch event the cache applies.
+    changed: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 impl std::fmt::Debug for ProxyCache {
@@ -42,6 +44,12 @@ impl ProxyCache {
     /// Changes with every watch event the cache applies (readers skip work on an unchanged cache).
     pub fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A signal that fires whenever the cache applies a watch event (a reader that must see a
+    /// change at once, rather than on its own schedule).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changed.subscribe()
     }
 
     /// Every Proxy now in the cache, then every Proxy the watch changes from here on.
@@ -71,10 +79,12 @@ pub fn proxy_cache(
     let (store, writer) = reflector::store();
     let subscribers: Subscribers = Arc::default();
     let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let changed = Arc::new(tokio::sync::watch::Sender::new(()));
     let cache = ProxyCache {
         store,
         subscribers: subscribers.clone(),
         generation: generation.clone(),
+        changed: changed.clone(),
     };
     let run = async move {
         let changes = watcher(api, watcher::Config::default())
@@ -91,6 +101,7 @@ pub fn proxy_cache(
             .reflect(writer)
             .inspect(move |_| {
                 generation.fetch_add(1, std::sync::atomic::Ordering::Release);
+                changed.send_replace(());
             })
             .applied_objects();
         let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));

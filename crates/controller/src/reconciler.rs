@@ -613,8 +613,6 @@ fn truncate_bytes(text: &str, max: usize) -> String {
 
 /// Publishes the pass's Events. A failure to publish is logged; it never fails the reconcile.
 async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
-    use k8s_openapi::api::events::v1::Event as K8sEvent;
-    use kube::api::PostParams;
     let before = proxy.status.clone().unwrap_or_default();
     let deleting = proxy.metadata.deletion_timestamp.is_some();
     let events = crate::events::derive(
@@ -629,31 +627,49 @@ async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
     }
     let reference = kube::Resource::object_ref(proxy, &());
     let namespace = proxy.namespace().unwrap_or_else(|| "default".into());
-    let api: Api<K8sEvent> = Api::namespaced(ctx.client.clone(), &namespace);
     for e in events {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        // NB: one Event object per occurrence, no aggregation cache: events follow status
-        // transitions, so repeats are rare, and a cache (kube's Recorder keeps six minutes of
-        // them) would grow with the fleet.
-        let event = K8sEvent {
-            metadata: kube::api::ObjectMeta {
-                name: Some(format!("{}.{:x}", proxy.name_any(), now.as_nanosecond())),
-                namespace: Some(namespace.clone()),
-                ..Default::default()
-            },
-            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now)),
-            type_: Some(if e.warning { "Warning" } else { "Normal" }.into()),
-            reason: Some(e.reason.into()),
-            note: Some(truncate_bytes(&e.note, 1024)),
-            action: Some("Reconcile".into()),
-            regarding: Some(reference.clone()),
-            reporting_controller: Some(FIELD_MANAGER.into()),
-            reporting_instance: Some(ctx.instance.clone()),
+        post_event(&ctx.client, &ctx.instance, &reference, &namespace, &e).await;
+    }
+}
+
+/// Publishes one Event (events.k8s.io/v1) about the object `regarding`, in `namespace`. A
+/// failure to publish is logged at debug; it never fails the caller.
+pub(crate) async fn post_event(
+    client: &Client,
+    instance: &str,
+    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    namespace: &str,
+    e: &crate::events::ProxyEvent,
+) {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::api::PostParams;
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), namespace);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    // NB: one Event object per occurrence, no aggregation cache: events follow transitions, so
+    // repeats are rare, and a cache (kube's Recorder keeps six minutes of them) would grow with
+    // the fleet.
+    let event = K8sEvent {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!(
+                "{}.{:x}",
+                regarding.name.as_deref().unwrap_or_default(),
+                now.as_nanosecond()
+            )),
+            namespace: Some(namespace.to_owned()),
             ..Default::default()
-        };
-        if let Err(err) = api.create(&PostParams::default(), &event).await {
-            tracing::debug!(error = %err, reason = e.reason, "publishing an Event failed");
-        }
+        },
+        event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now)),
+        type_: Some(if e.warning { "Warning" } else { "Normal" }.into()),
+        reason: Some(e.reason.into()),
+        note: Some(truncate_bytes(&e.note, 1024)),
+        action: Some("Reconcile".into()),
+        regarding: Some(regarding.clone()),
+        reporting_controller: Some(FIELD_MANAGER.into()),
+        reporting_instance: Some(instance.to_owned()),
+        ..Default::default()
+    };
+    if let Err(err) = api.create(&PostParams::default(), &event).await {
+        tracing::debug!(error = %err, reason = e.reason, "publishing an Event failed");
     }
 }
 

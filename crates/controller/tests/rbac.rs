@@ -70,7 +70,7 @@ fn granted() -> BTreeSet<(String, String, String)> {
 
 fn group_of(resource: &str) -> &'static str {
     match resource.split('/').next().unwrap() {
-        "proxies" | "providerhealths" => "crawl.example.com",
+        "proxies" | "providerhealths" | "proxypools" => "crawl.example.com",
         "leases" => "coordination.k8s.io",
         "events" => "events.k8s.io",
         "secrets" => "",
@@ -91,6 +91,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     let server = TestServer::builder()
         .custom_resource::<Proxy>()
         .custom_resource::<ProviderHealth>()
+        .custom_resource::<egress_api::ProxyPool>()
         .namespace(NS)
         .namespace("system")
         .start()
@@ -137,8 +138,25 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     let (credentials, keep_credentials) =
         egress_controller::credentials::credential_cache(operator.clone(), None, shutdown.clone());
     tokio::spawn(keep_credentials);
-    let run = controller(ctx, ControllerConfig::default(), cache, health_events, shutdown.clone());
+    let run = controller(
+        ctx,
+        ControllerConfig::default(),
+        cache.clone(),
+        health_events,
+        shutdown.clone(),
+    );
     tokio::spawn(run);
+    let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
+        Arc::new(egress_lease::SystemClock),
+        Duration::from_secs(60),
+    ));
+    let pools_ctx = Arc::new(egress_controller::pool::PoolContext::new(
+        operator.clone(),
+        cache,
+        store,
+        egress_controller::pool::PoolMetrics::new(),
+    ));
+    tokio::spawn(egress_controller::pool::run(pools_ctx, None, shutdown.clone()));
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
         "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n"}}))
@@ -224,6 +242,29 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     )
     .await
     .unwrap()
+    .unwrap();
+
+    // The pool controller: a member made, then, as the pool is deleted, drained and deleted.
+    let pools: Api<egress_api::ProxyPool> = Api::namespaced(me.clone(), NS);
+    let pool: egress_api::ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "fleet"},
+        "spec": {"replicas": 1, "template": {"spec": serde_json::to_value(common::mem_spec()).unwrap()}}}))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let counted = |p: Option<&egress_api::ProxyPool>| p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.replicas == 1);
+    tokio::time::timeout(LIVENESS, await_condition(pools.clone(), "fleet", counted))
+        .await
+        .expect("the pool counts its member")
+        .unwrap();
+    let pool_uid = pools.get("fleet").await.unwrap().uid().unwrap();
+    pools.delete("fleet", &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(
+        LIVENESS,
+        await_condition(pools.clone(), "fleet", conditions::is_deleted(&pool_uid)),
+    )
+    .await
+    .expect("the pool goes once its member has")
     .unwrap();
 
     // Orphan GC, with an orphan to delete.

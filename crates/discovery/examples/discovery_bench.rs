@@ -173,6 +173,8 @@ async fn main() {
             latency_millis: (i % 97) as i64,
             max_leases: 5,
             credentials: None,
+            offered: true,
+            pool_role: None,
         })
         .collect();
     let mut fleet = fleet;

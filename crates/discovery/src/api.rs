@@ -25,6 +25,13 @@ pub struct ProxyInfo {
     pub max_leases: i32,
     /// What the proxy demands of its clients; only lease answers show them.
     pub credentials: Option<egress_credentials::Credentials>,
+    /// Whether it may get a new lease: `false` for a pool's standby (held back until it is
+    /// promoted) and a draining member (its leases run out, it gets no new one). A proxy that
+    /// is not offered is no candidate at all, so a refusal's counts leave it out.
+    pub offered: bool,
+    /// A pool member's role (`active`, `standby`, `draining`), shown as `poolRole` in the list;
+    /// `None` for a proxy in no pool.
+    pub pool_role: Option<&'static str>,
 }
 
 /// Where the API reads proxies from.
@@ -37,6 +44,13 @@ pub trait ProxyDirectory: Send + Sync + 'static {
     ///
     /// The list failed; the API answers `500 internal` and logs the reason.
     fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String>;
+
+    /// A signal that fires when the proxies may have changed, for a publisher that must not
+    /// wait for its next look (a standby promoted). `None`: the directory has none, and the
+    /// publisher looks on its schedule only.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        None
+    }
 }
 
 /// What the routes share.
@@ -83,6 +97,8 @@ struct View<'a> {
     latency_millis: i64,
     active_leases: usize,
     max_leases: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool_role: Option<&'static str>,
 }
 
 fn view(p: &ProxyInfo, active: usize) -> View<'_> {
@@ -96,6 +112,7 @@ fn view(p: &ProxyInfo, active: usize) -> View<'_> {
         latency_millis: p.latency_millis,
         active_leases: active,
         max_leases: p.max_leases,
+        pool_role: p.pool_role,
     }
 }
 
@@ -223,8 +240,9 @@ impl DiscoveryApi {
             "the directory must list proxies in (latency, id) order"
         );
         // Lazily, in the directory's (latency, id) order: the store stops at the first idle
-        // eligible proxy, so a lease costs the same with ten proxies or ten thousand.
-        let mut candidates = proxies.iter().filter(|p| matches(p, &selector)).map(|p| Candidate {
+        // eligible proxy, so a lease costs the same with ten proxies or ten thousand. Standby
+        // and draining pool members are no candidates.
+        let mut candidates = proxies.iter().filter(|p| p.offered && matches(p, &selector)).map(|p| Candidate {
             id: &p.id,
             healthy: p.healthy,
             latency_millis: p.latency_millis,

@@ -13,6 +13,9 @@ use crate::api::{ProxyDirectory, ProxyInfo};
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(2);
 /// An unchanged view is published again after this (the store forgets an old one).
 pub const REPUBLISH_AFTER: Duration = Duration::from_secs(60);
+/// Between two looks prompted by the directory's change signal, at least this: a fleet whose
+/// statuses change hundreds of times a second is compared ten times a second, not hundreds.
+pub const CHANGE_GAP: Duration = Duration::from_millis(100);
 
 /// The view entries of `proxies`.
 pub fn entries(proxies: &[ProxyInfo]) -> Vec<ViewEntry> {
@@ -23,22 +26,43 @@ pub fn entries(proxies: &[ProxyInfo]) -> Vec<ViewEntry> {
             healthy: p.healthy,
             latency_millis: p.latency_millis,
             max_leases: p.max_leases,
+            offered: p.offered,
         })
         .collect()
 }
 
+/// Whether the two views offer different proxies to leases: a promotion, a drain, a proxy
+/// added or gone. What cannot wait for the next scheduled look.
+fn offers_differ(a: &[ProxyInfo], b: &[ProxyInfo]) -> bool {
+    fn offered(v: &[ProxyInfo]) -> Vec<&str> {
+        let mut ids: Vec<&str> = v.iter().filter(|p| p.offered).map(|p| p.id.as_str()).collect();
+        ids.sort_unstable();
+        ids
+    }
+    a.len() != b.len() || offered(a) != offered(b)
+}
+
 /// Publishes `directory`'s proxies to `store` at once, then whenever they change (looked at
-/// every [`PUBLISH_EVERY`]) and at least every [`REPUBLISH_AFTER`], until `shutdown`. A store
+/// every [`PUBLISH_EVERY`]) and at least every [`REPUBLISH_AFTER`], until `shutdown`. When the
+/// directory signals a change that alters which proxies are offered (a pool's standby
+/// promoted, a member drained), the view is published at once, not at the next look. A store
 /// that cannot be reached is tried again at the next look.
 pub async fn publish_view(directory: Arc<dyn ProxyDirectory>, store: Arc<dyn LeaseStore>, shutdown: CancellationToken) {
     let mut published: Option<(Arc<Vec<ProxyInfo>>, Instant)> = None;
+    let mut changes = directory.changes();
+    let mut schedule = tokio::time::interval(PUBLISH_EVERY);
+    schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once: the view is published as soon as the leader starts.
+    let mut urgent_only = false;
     loop {
         match directory.proxies() {
             Ok(proxies) => {
-                let fresh = published
-                    .as_ref()
-                    .is_some_and(|(p, at)| Arc::ptr_eq(p, &proxies) && at.elapsed() < REPUBLISH_AFTER);
-                if !fresh {
+                let due = match &published {
+                    None => true,
+                    Some((p, _)) if urgent_only => offers_differ(p, &proxies),
+                    Some((p, at)) => !Arc::ptr_eq(p, &proxies) || at.elapsed() >= REPUBLISH_AFTER,
+                };
+                if due {
                     match store.publish_view(&entries(&proxies)).await {
                         Ok(()) => published = Some((proxies, Instant::now())),
                         Err(e) => {
@@ -49,9 +73,61 @@ pub async fn publish_view(directory: Arc<dyn ProxyDirectory>, store: Arc<dyn Lea
             }
             Err(e) => tracing::info!(target: "discovery", error = %e, "Listing proxies for the shared view failed"),
         }
+        let changed = async {
+            match changes.as_mut() {
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        // The directory is gone; look on the schedule only.
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(PUBLISH_EVERY) => {}
+            _ = schedule.tick() => urgent_only = false,
+            () = changed => {
+                urgent_only = true;
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(CHANGE_GAP) => {}
+                }
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str, offered: bool) -> ProxyInfo {
+        ProxyInfo {
+            id: id.into(),
+            ip: String::new(),
+            port: 3128,
+            attributes: Default::default(),
+            phase: String::new(),
+            healthy: true,
+            latency_millis: 0,
+            max_leases: 1,
+            credentials: None,
+            offered,
+            pool_role: None,
+        }
+    }
+
+    #[test]
+    fn only_a_change_in_what_is_offered_is_urgent() {
+        let a = [info("ns/a", true), info("ns/b", false)];
+        let mut latency = a.clone();
+        latency[0].latency_millis = 50;
+        assert!(!offers_differ(&a, &latency), "latency waits for the schedule");
+        assert!(offers_differ(&a, &[info("ns/a", true), info("ns/b", true)]), "a promotion");
+        assert!(offers_differ(&a, &[info("ns/a", false), info("ns/b", false)]), "a drain");
+        assert!(offers_differ(&a, &a[..1]), "a proxy gone");
+        let reordered = [info("ns/b", false), info("ns/a", true)];
+        assert!(!offers_differ(&a, &reordered));
     }
 }

@@ -284,6 +284,65 @@ async fn no_match_counts_each_skipped_proxy_once() {
     assert_eq!(status, 201);
 }
 
+/// A pool member in `role`, with the pool's attribute.
+fn member(id: &str, latency: i64, role: &'static str) -> ProxyInfo {
+    ProxyInfo {
+        offered: role == "active",
+        pool_role: Some(role),
+        ..info(id, true, latency, 1, &[("pool", "eu")])
+    }
+}
+
+#[tokio::test]
+async fn standby_and_draining_members_are_listed_but_never_leased() {
+    let s = start(None).await;
+    // The held-back members are the fastest: a selection that saw them would pick them.
+    s.set(vec![
+        member("ns/eu-standby", 1, "standby"),
+        member("ns/eu-draining", 2, "draining"),
+        member("ns/eu-active", 3, "active"),
+        info("ns/plain", true, 4, 1, &[]),
+    ]);
+    let (status, list) = s.get("/v1/proxies").await;
+    assert_eq!(status, 200);
+    let roles: Vec<(String, Value)> = list["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap().to_owned(), p["poolRole"].clone()))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("ns/eu-active".into(), json!("active")),
+            ("ns/eu-draining".into(), json!("draining")),
+            ("ns/eu-standby".into(), json!("standby")),
+            ("ns/plain".into(), Value::Null),
+        ]
+    );
+    assert!(list["proxies"][3].get("poolRole").is_none(), "absent, not null, outside pools");
+    let (status, g) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
+    assert_eq!(status, 201);
+    assert_eq!(g["proxy"]["id"], "ns/eu-active");
+    // The active member is full: the held-back ones are no candidates, so the refusal counts
+    // the one proxy that could have served.
+    let (status, refused) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        (&refused["considered"], &refused["atCapacity"], &refused["unhealthy"]),
+        (&json!(1), &json!(1), &json!(0))
+    );
+    // A lease already held on a member that starts draining is released as any other.
+    let lease = g["leaseID"].as_str().unwrap().to_owned();
+    s.set(vec![member("ns/eu-active", 3, "draining")]);
+    let (status, _) = s.post(&format!("/v1/leases/{lease}/report"), r#"{"result": "ok"}"#).await;
+    assert_eq!(status, 204);
+    let (status, _) = s.call(reqwest::Method::DELETE, &format!("/v1/leases/{lease}"), None).await;
+    assert_eq!(status, 204);
+    let (status, refused) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
+    assert_eq!((status, &refused["considered"]), (409, &json!(0)));
+}
+
 #[tokio::test]
 async fn reports_and_releases() {
     let s = start(None).await;
@@ -622,6 +681,8 @@ async fn a_lease_carries_the_proxys_credentials_and_the_list_never_does() {
     s.set(vec![
         ProxyInfo {
             credentials: Some(c.clone()),
+            offered: true,
+            pool_role: None,
             ..info("ns/a", true, 10, 2, &[("geo", "eu")])
         },
         open,

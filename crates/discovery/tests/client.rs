@@ -116,6 +116,8 @@ async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
         directory: Arc::new(Fixed::new(vec![
             egress_discovery::ProxyInfo {
                 credentials: Some(c.clone()),
+                offered: true,
+                pool_role: None,
                 ..info("ns/locked", true, 5, 1, &[("geo", "eu")])
             },
             info("ns/open", true, 6, 1, &[("geo", "us")]),

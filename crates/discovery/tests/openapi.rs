@@ -19,6 +19,8 @@ async fn start() -> (String, DropGuard) {
             // The leased one demands credentials, so the lease answer carries them.
             egress_discovery::ProxyInfo {
                 credentials: Some(egress_credentials::Credentials::generate()),
+                offered: true,
+                pool_role: None,
                 ..info("ns/a", true, 12, 1, &[("geo", "eu")])
             },
             info("ns/b", false, 12, 1, &[]),

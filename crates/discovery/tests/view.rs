@@ -89,13 +89,15 @@ async fn the_view_is_published_at_once_and_the_publisher_stops_on_shutdown() {
                 id: "crawl/a".into(),
                 healthy: false,
                 latency_millis: 10,
-                max_leases: 0
+                max_leases: 0,
+                offered: true,
             },
             ViewEntry {
                 id: "crawl/b".into(),
                 healthy: true,
                 latency_millis: 20,
-                max_leases: 3
+                max_leases: 3,
+                offered: true,
             },
         ]
     );

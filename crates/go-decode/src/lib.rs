@@ -22,6 +22,10 @@
 //!
 //! Everything else is refused as `serde_json` would refuse it.
 
+mod duration;
+
+pub use duration::parse_duration;
+
 use serde::de::value::BorrowedStrDeserializer;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;

@@ -16,7 +16,7 @@
 //! | `all` | sorted set | every unreleased lease by expiry | until the last lease expires |
 //! | `ended` | list | leases released or found expired, oldest first | as long as the longest-lived record it names; at most [`MAX_ENDED`] entries |
 //! | `cool:<proxy>` | hash | cooldown end (ms) by target digest (`""`: global); at most [`MAX_COOLDOWN_TARGETS`] targets | one cooldown window after the last report |
-//! | `view` | hash | `healthy,latency,max` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
+//! | `view` | hash | `healthy,latency,max,offered` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
 //!
 //! The scripts need Redis 6.2 or later (`LPOP` with a count).
 //!
@@ -420,7 +420,13 @@ impl LeaseStore for RedisStore {
         let mut args = vec![duration_millis(VIEW_LIFETIME).to_string()];
         for e in view {
             args.push(e.id.clone());
-            args.push(format!("{},{},{}", u8::from(e.healthy), e.latency_millis, e.max_leases));
+            args.push(format!(
+                "{},{},{},{}",
+                u8::from(e.healthy),
+                e.latency_millis,
+                e.max_leases,
+                u8::from(e.offered)
+            ));
         }
         let _: i64 = self.run(&self.scripts.publish, &args).await?;
         Ok(())

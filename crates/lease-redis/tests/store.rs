@@ -92,6 +92,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         healthy: true,
         latency_millis: 7,
         max_leases: 1,
+        offered: true,
     }])
     .await
     .expect("publish");
@@ -108,6 +109,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         healthy: false,
         latency_millis: 7,
         max_leases: 5,
+        offered: true,
     }])
     .await
     .expect("publish");
@@ -115,6 +117,21 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         .await
         .expect_err("unhealthy");
     assert_eq!(refused.unhealthy, 1);
+    // Published as held back (a pool's standby or draining member): a replica that still
+    // believes it active cannot lease it, and it is no candidate in the counts.
+    a.publish_view(&[egress_lease::ViewEntry {
+        id: "ns/p".into(),
+        healthy: true,
+        latency_millis: 7,
+        max_leases: 5,
+        offered: false,
+    }])
+    .await
+    .expect("publish");
+    let refused = suite::acquire(&b, &one("ns/p", 5), &suite::req(None))
+        .await
+        .expect_err("held back");
+    assert_eq!(refused, egress_lease::NoMatch::default());
     // An empty view: the replicas' own values again.
     a.publish_view(&[]).await.expect("publish");
     suite::acquire(&b, &one("ns/p", 5), &suite::req(None))
@@ -191,6 +208,7 @@ async fn every_key_has_a_ttl_of_its_kind() {
         healthy: true,
         latency_millis: 1,
         max_leases: 5,
+        offered: true,
     }])
     .await
     .expect("publish");

@@ -126,6 +126,10 @@ pub struct ViewEntry {
     pub healthy: bool,
     pub latency_millis: i64,
     pub max_leases: i32,
+    /// Whether it may get a new lease (`false`: a pool's standby or draining member). A shared
+    /// store refuses a candidate its view marks not offered, so a replica whose cache has not
+    /// yet seen the role change cannot lease it; such a candidate is not counted as considered.
+    pub offered: bool,
 }
 
 /// A lease store. Implementations keep selection and insertion atomic. Every call may fail with

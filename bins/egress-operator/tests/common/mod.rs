@@ -33,6 +33,7 @@ pub async fn test_server() -> TestServer {
     TestServer::builder()
         .custom_resource::<Proxy>()
         .custom_resource::<ProviderHealth>()
+        .custom_resource::<egress_api::ProxyPool>()
         .namespace("default")
         .namespace("egress-proxies-operator-system")
         .start()

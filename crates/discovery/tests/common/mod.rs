@@ -22,6 +22,8 @@ pub fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &st
         latency_millis: latency,
         max_leases: max,
         credentials: None,
+        offered: true,
+        pool_role: None,
     }
 }
 

@@ -4,8 +4,10 @@
 --       id, healthy ('1'/'0'), latency (ms), max leases.
 -- A candidate's expired leases leave its active set and the index of all leases as it is
 -- considered, and count as ended.
--- The published view (HASH <prefix>view: id -> "healthy,latency,max") wins over the caller's
--- values. Candidates come in the caller's (latency, id) order; the first idle eligible one is
+-- The published view (HASH <prefix>view: id -> "healthy,latency,max,offered") wins over the
+-- caller's values; a candidate it marks not offered (a pool's standby or draining member) is
+-- skipped and not counted, as the caller leaves out the ones it knows. (An entry without the
+-- fourth field, published by an older build, counts as offered.) Candidates come in the caller's (latency, id) order; the first idle eligible one is
 -- the best there is and ends the search. Without one, a batch that is not the last answers 3,
 -- and the caller sends every candidate in one final run.
 -- Returns {0, considered, at capacity, in cooldown, unhealthy} when nothing is eligible,
@@ -36,12 +38,15 @@ for i = 0, n - 1 do
   local b = 10 + i * 4
   local id, healthy, latency, max = ARGV[b], ARGV[b + 1] == '1', tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   local published = redis.call('HGET', p .. 'view', id)
+  local offered = true
   if published then
-    local h, l, m = string.match(published, '^([01]),(%-?%d+),(%-?%d+)$')
-    if h then healthy, latency, max = h == '1', tonumber(l), tonumber(m) end
+    local h, l, m, o = string.match(published, '^([01]),(%-?%d+),(%-?%d+),?([01]?)$')
+    if h then healthy, latency, max, offered = h == '1', tonumber(l), tonumber(m), o ~= '0' end
   end
-  considered = considered + 1
-  if not healthy then
+  if offered then considered = considered + 1 end
+  if not offered then
+    -- held back: no candidate
+  elseif not healthy then
     unhealthy = unhealthy + 1
   else
     local active_key = p .. 'active:' .. id

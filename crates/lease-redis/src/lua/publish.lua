@@ -1,5 +1,5 @@
 -- Replaces the published view in one step.
--- ARGV: prefix, lifetime (ms), then pairs: id, "healthy,latency,max".
+-- ARGV: prefix, lifetime (ms), then pairs: id, "healthy,latency,max,offered".
 local p, lifetime = ARGV[1], tonumber(ARGV[2])
 local key = p .. 'view'
 redis.call('DEL', key)
