@@ -345,7 +345,10 @@ impl Proxy {
     pub fn pool(&self) -> Option<PoolMembership<'_>> {
         let name = self.metadata.labels.as_ref()?.get(crate::LABEL_POOL)?;
         let owner = self.metadata.owner_references.as_ref()?.iter().find(|o| {
-            o.controller == Some(true) && o.kind == "ProxyPool" && o.api_version == crate::API_VERSION && &o.name == name
+            o.controller == Some(true)
+                && o.kind == "ProxyPool"
+                && o.api_version == crate::API_VERSION
+                && &o.name == name
         })?;
         let role = self
             .metadata

@@ -16,6 +16,7 @@ pub mod merge;
 pub mod metrics;
 pub mod pool;
 pub mod pool_decide;
+pub mod pool_view;
 pub mod provider_health;
 pub mod proxy_cache;
 pub mod reconciler;

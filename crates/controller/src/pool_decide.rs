@@ -5,7 +5,8 @@
 //!
 //! The rules, in the order they apply:
 //!
-//! 1. A draining member is deleted once it holds no lease or has drained for `drainTimeout`.
+//! 1. A draining member is deleted once it holds no lease (and has drained for at least
+//!    [`DRAIN_SETTLE`]) or has drained for `drainTimeout`.
 //! 2. A failed member (not Healthy past its thresholds, or its instance lost) is drained if
 //!    active (its leases end on their own), deleted if standby (it has none).
 //! 3. Too few active members: Ready standbys are promoted at once, those of the current
@@ -22,6 +23,12 @@
 //! rule but a failure or the drain timeout ends a member that holds a lease.
 
 use std::time::Duration;
+
+/// How long a draining member waits, even with no lease, before it is deleted: long enough for
+/// every replica serving leases to see it is draining (the leader publishes a change of what is
+/// offered within 100 ms; a replica reads that view on its next acquire), so no replica whose
+/// copy still shows it active can grant a lease on a member about to go.
+pub const DRAIN_SETTLE: Duration = Duration::from_secs(3);
 
 /// What a member is to the pool: its role label.
 pub use egress_api::PoolRole as Role;
@@ -92,9 +99,12 @@ pub fn plan(desired: &Desired, members: &[Member]) -> Plan {
     // 1 and 2: members on their way out.
     for m in members {
         match m.role {
-            Role::Draining if m.leases == 0 || m.draining_for >= desired.drain_timeout => {
+            Role::Draining
+                if m.draining_for >= desired.drain_timeout || (m.leases == 0 && m.draining_for >= DRAIN_SETTLE) =>
+            {
                 plan.steps.push(Step::Delete(m.name.clone()));
             }
+            Role::Draining if m.leases == 0 => plan.recheck_in(DRAIN_SETTLE - m.draining_for),
             Role::Draining => plan.recheck_in(desired.drain_timeout - m.draining_for),
             Role::Active if m.failed => plan.steps.push(Step::Drain(m.name.clone())),
             Role::Standby if m.failed => plan.steps.push(Step::Delete(m.name.clone())),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use egress_controller::pool_decide::{Desired, Member, Plan, Role, Step, plan};
+use egress_controller::pool_decide::{DRAIN_SETTLE, Desired, Member, Plan, Role, Step, plan};
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -122,6 +122,7 @@ fn a_draining_member_goes_when_its_leases_end_or_its_time_is_up() {
     let empty = Member {
         role: Role::Draining,
         leases: 0,
+        draining_for: Duration::from_secs(5),
         ..active("d2")
     };
     let overdue = Member {
@@ -130,9 +131,19 @@ fn a_draining_member_goes_when_its_leases_end_or_its_time_is_up() {
         draining_for: 10 * MIN,
         ..active("d3")
     };
-    let p = plan(&desired(1, 0), &[active("a"), holding, empty, overdue]);
+    let p = plan(&desired(1, 0), &[active("a"), holding.clone(), empty, overdue]);
     assert_eq!(steps(&p), [delete("d2"), delete("d3")]);
     assert_eq!(p.recheck, Some(6 * MIN), "when d1's drain times out");
+    // Just drained, and no lease: it waits until every replica can have seen it draining.
+    let fresh = Member {
+        role: Role::Draining,
+        leases: 0,
+        draining_for: Duration::from_secs(1),
+        ..active("d4")
+    };
+    let p = plan(&desired(1, 0), &[active("a"), holding, fresh]);
+    assert_eq!(steps(&p), []);
+    assert_eq!(p.recheck, Some(DRAIN_SETTLE - Duration::from_secs(1)));
 }
 
 #[test]

@@ -252,7 +252,8 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         "spec": {"replicas": 1, "template": {"spec": serde_json::to_value(common::mem_spec()).unwrap()}}}))
     .unwrap();
     pools.create(&PostParams::default(), &pool).await.unwrap();
-    let counted = |p: Option<&egress_api::ProxyPool>| p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.replicas == 1);
+    let counted =
+        |p: Option<&egress_api::ProxyPool>| p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.replicas == 1);
     tokio::time::timeout(LIVENESS, await_condition(pools.clone(), "fleet", counted))
         .await
         .expect("the pool counts its member")

@@ -242,12 +242,15 @@ impl DiscoveryApi {
         // Lazily, in the directory's (latency, id) order: the store stops at the first idle
         // eligible proxy, so a lease costs the same with ten proxies or ten thousand. Standby
         // and draining pool members are no candidates.
-        let mut candidates = proxies.iter().filter(|p| p.offered && matches(p, &selector)).map(|p| Candidate {
-            id: &p.id,
-            healthy: p.healthy,
-            latency_millis: p.latency_millis,
-            max_leases: p.max_leases,
-        });
+        let mut candidates = proxies
+            .iter()
+            .filter(|p| p.offered && matches(p, &selector))
+            .map(|p| Candidate {
+                id: &p.id,
+                healthy: p.healthy,
+                latency_millis: p.latency_millis,
+                max_leases: p.max_leases,
+            });
         let req = LeaseRequest { ttl, target };
         let acquired = match self.store.acquire(&mut candidates, &req).await {
             Ok(a) => a,

@@ -124,8 +124,14 @@ mod tests {
         let mut latency = a.clone();
         latency[0].latency_millis = 50;
         assert!(!offers_differ(&a, &latency), "latency waits for the schedule");
-        assert!(offers_differ(&a, &[info("ns/a", true), info("ns/b", true)]), "a promotion");
-        assert!(offers_differ(&a, &[info("ns/a", false), info("ns/b", false)]), "a drain");
+        assert!(
+            offers_differ(&a, &[info("ns/a", true), info("ns/b", true)]),
+            "a promotion"
+        );
+        assert!(
+            offers_differ(&a, &[info("ns/a", false), info("ns/b", false)]),
+            "a drain"
+        );
         assert!(offers_differ(&a, &a[..1]), "a proxy gone");
         let reordered = [info("ns/b", false), info("ns/a", true)];
         assert!(!offers_differ(&a, &reordered));

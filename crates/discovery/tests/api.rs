@@ -320,7 +320,10 @@ async fn standby_and_draining_members_are_listed_but_never_leased() {
             ("ns/plain".into(), Value::Null),
         ]
     );
-    assert!(list["proxies"][3].get("poolRole").is_none(), "absent, not null, outside pools");
+    assert!(
+        list["proxies"][3].get("poolRole").is_none(),
+        "absent, not null, outside pools"
+    );
     let (status, g) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
     assert_eq!(status, 201);
     assert_eq!(g["proxy"]["id"], "ns/eu-active");
@@ -335,9 +338,13 @@ async fn standby_and_draining_members_are_listed_but_never_leased() {
     // A lease already held on a member that starts draining is released as any other.
     let lease = g["leaseID"].as_str().unwrap().to_owned();
     s.set(vec![member("ns/eu-active", 3, "draining")]);
-    let (status, _) = s.post(&format!("/v1/leases/{lease}/report"), r#"{"result": "ok"}"#).await;
+    let (status, _) = s
+        .post(&format!("/v1/leases/{lease}/report"), r#"{"result": "ok"}"#)
+        .await;
     assert_eq!(status, 204);
-    let (status, _) = s.call(reqwest::Method::DELETE, &format!("/v1/leases/{lease}"), None).await;
+    let (status, _) = s
+        .call(reqwest::Method::DELETE, &format!("/v1/leases/{lease}"), None)
+        .await;
     assert_eq!(status, 204);
     let (status, refused) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
     assert_eq!((status, &refused["considered"]), (409, &json!(0)));

@@ -1,0 +1,524 @@
+//! ProxyPools end to end: the shipped operator on the in-memory API server, with the local
+//! provider (real tinyproxy processes) probed through a real TLS target.
+//!
+//! One pool of 5 with 1 standby lives through the whole test, in order:
+//!
+//! 1. It comes up: 5 active members and 1 standby, all Ready.
+//! 2. An active member's tinyproxy is killed. A standby is promoted (its `Promoted` event comes
+//!    before the new standby's `MemberCreated`), the dead member is drained and deleted, and one
+//!    failure makes exactly one create.
+//! 3. A template change rolls every member.
+//! 4. `maxAge` rotates every member while a client holds and renews leases on the pool: every
+//!    lease is granted, and every leased proxy carries a request until the client releases it.
+//! 5. Deleting the pool drains and deletes its members, then the pool goes, and no tinyproxy is
+//!    left.
+//!
+//! What the in-memory server does not cover: a real API server's garbage collector (the pool's
+//! finalizer does the work here, so the difference does not show) and watch delays of a loaded
+//! cluster.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{PATIENCE, cluster, start_probing};
+use egress_api::{LABEL_POOL, LABEL_POOL_ROLE, LABEL_POOL_TEMPLATE_HASH, Proxy, ProxyPool};
+use egress_testkit as support;
+use futures::TryStreamExt as _;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Resource as _, ResourceExt as _};
+use serde_json::json;
+use tokio::sync::watch;
+
+const POOL: &str = "fleet";
+const TOKEN: &str = "crawler-token";
+
+/// The pool's Events (reason, note), in the order they came, and a signal on each new one.
+#[derive(Clone)]
+struct PoolEvents {
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+    changed: watch::Receiver<usize>,
+}
+
+impl PoolEvents {
+    fn start(client: kube::Client) -> Self {
+        let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        let (tx, changed) = watch::channel(0);
+        let kept = seen.clone();
+        let api: Api<Event> = Api::namespaced(client, "default");
+        tokio::spawn(async move {
+            let stream = watcher(api, watcher::Config::default()).applied_objects();
+            let mut stream = std::pin::pin!(stream);
+            let mut names = std::collections::HashSet::new();
+            while let Ok(Some(e)) = stream.try_next().await {
+                let about_pool = e
+                    .regarding
+                    .as_ref()
+                    .is_some_and(|r| r.kind.as_deref() == Some("ProxyPool"));
+                if !about_pool || !names.insert(e.name_any()) {
+                    continue;
+                }
+                let mut list = kept.lock().unwrap();
+                list.push((e.reason.unwrap_or_default(), e.note.unwrap_or_default()));
+                tx.send_replace(list.len());
+            }
+        });
+        Self { seen, changed }
+    }
+
+    fn all(&self) -> Vec<(String, String)> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits (at most [`PATIENCE`]) until `pred` holds for the events so far.
+    async fn wait(&mut self, what: &str, pred: impl Fn(&[(String, String)]) -> bool) -> Vec<(String, String)> {
+        self.wait_within(PATIENCE, what, pred).await
+    }
+
+    async fn wait_within(
+        &mut self,
+        patience: Duration,
+        what: &str,
+        pred: impl Fn(&[(String, String)]) -> bool,
+    ) -> Vec<(String, String)> {
+        let seen = self.seen.clone();
+        let waited = tokio::time::timeout(patience, self.changed.wait_for(|_| pred(&seen.lock().unwrap())))
+            .await
+            .is_ok();
+        assert!(waited, "{what}: not within {patience:?}; events: {:#?}", self.all());
+        self.all()
+    }
+}
+
+/// Waits (at most [`PATIENCE`]) until the pool is as `cond` says.
+async fn wait_pool(api: &Api<ProxyPool>, what: &str, cond: impl Fn(&ProxyPool) -> bool + Send + 'static) -> ProxyPool {
+    let wait =
+        kube::runtime::wait::await_condition(api.clone(), POOL, move |p: Option<&ProxyPool>| p.is_some_and(&cond));
+    match tokio::time::timeout(PATIENCE, wait).await {
+        Ok(found) => found.unwrap().unwrap(),
+        Err(_) => panic!(
+            "the pool is not {what} within {PATIENCE:?}: {:?}",
+            api.get(POOL).await.map(|p| p.status)
+        ),
+    }
+}
+
+/// The pool at 5 active members and 1 standby, all Ready and of the current template, with no
+/// member left draining, as a pass of the current generation saw it.
+fn settled(p: &ProxyPool) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.observed_generation == p.meta().generation
+            && (s.replicas, s.available_replicas, s.standby_ready, s.updated_replicas) == (5, 5, 1, 6)
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Progressing" && c.reason == "PoolSettled")
+    })
+}
+
+/// The pool's members, those being deleted (their instance going) left out.
+async fn members(api: &Api<Proxy>) -> Vec<Proxy> {
+    let mut all = api
+        .list(&ListParams::default().labels(&format!("{LABEL_POOL}={POOL}")))
+        .await
+        .unwrap()
+        .items;
+    all.retain(|p| p.metadata.deletion_timestamp.is_none());
+    all
+}
+
+fn role(p: &Proxy) -> &str {
+    p.labels().get(LABEL_POOL_ROLE).map_or("", String::as_str)
+}
+
+fn count(events: &[(String, String)], reason: &str) -> usize {
+    events.iter().filter(|(r, _)| r == reason).count()
+}
+
+/// Kills the tinyproxy of a local instance (`local/<name>`) under `state`.
+fn kill_instance(state: &std::path::Path, provider_id: &str) {
+    let name = provider_id.strip_prefix("local/").expect("a local provider id");
+    let pid: u32 = std::fs::read_to_string(state.join(name).join("launched.pid"))
+        .expect("the instance's pid file")
+        .trim()
+        .parse()
+        .unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -KILL {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease() {
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pki = support::pki();
+    let (target, _) = support::tls_target(&pki).await;
+    let scratch = support::scratch_dir("operator-pool-state");
+    let state = scratch.join("state");
+    let providers = format!(
+        "providers:\n  - name: local\n    type: local\n    local:\n      stateDir: {}\n      connectPorts: [{}]\n",
+        state.display(),
+        target.port()
+    );
+    let cluster = cluster("pool-e2e", &providers).await;
+    let health_url = format!("https://127.0.0.1:{}/204", target.port());
+    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let client = cluster.server.client().unwrap();
+    let mut events = PoolEvents::start(client.clone());
+    let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+
+    // 1. Up: 5 + 1.
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": POOL},
+        "spec": {
+            "replicas": 5, "standby": 1,
+            "template": {
+                "metadata": {"labels": {"rev": "1"}},
+                "spec": {
+                    "provider": "local", "maxLeases": 2,
+                    "attributes": {"geo": "eu"},
+                    "credentials": {"type": "Generated"},
+                    "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 2}
+                }
+            }
+        }
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    wait_pool(&pools, "up at 5 + 1", settled).await;
+    let first = members(&proxies).await;
+    assert_eq!(first.iter().filter(|p| role(p) == "active").count(), 5);
+    assert_eq!(first.iter().filter(|p| role(p) == "standby").count(), 1);
+    for m in &first {
+        assert_eq!(m.spec.attributes["pool"], POOL, "a lease selector can name the pool");
+        assert_eq!(m.spec.attributes["geo"], "eu");
+        assert_eq!(m.labels()["rev"], "1");
+        let owner = &m.owner_references()[0];
+        assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("ProxyPool", POOL));
+    }
+    // The standby is listed, and held back from leases.
+    let standby = first.iter().find(|p| role(p) == "standby").unwrap().name_any();
+    let listed: serde_json::Value = reqwest::Client::new()
+        .get(format!("http://{discovery}/v1/proxies?attr.pool={POOL}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["count"], 6, "{listed}");
+    let shown = listed["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == format!("default/{standby}"))
+        .unwrap();
+    assert_eq!(shown["poolRole"], "standby");
+    let creates_before = count(&events.all(), "MemberCreated");
+    assert_eq!(creates_before, 6);
+
+    eprintln!("2. A member's proxy dies");
+    // 2. A member's proxy dies: a standby takes its place, and one new standby is made.
+    let victim = first.iter().find(|p| role(p) == "active").unwrap();
+    let victim_name = victim.name_any();
+    kill_instance(&state, &victim.status.as_ref().unwrap().provider_id);
+    let seen = events
+        .wait("the standby promoted and a new standby made", |e| {
+            e.iter().any(|(r, _)| r == "Promoted") && count(e, "MemberCreated") > creates_before
+        })
+        .await;
+    let promoted = seen.iter().position(|(r, _)| r == "Promoted").unwrap();
+    let created = seen
+        .iter()
+        .enumerate()
+        .filter(|(_, (r, _))| r == "MemberCreated")
+        .nth(creates_before)
+        .map(|(i, _)| i)
+        .unwrap();
+    assert!(promoted < created, "the promotion waits for no create: {seen:#?}");
+    assert!(seen[promoted].1.contains(&standby), "{:?}", seen[promoted]);
+    let gone = events
+        .wait("the dead member deleted", |e| {
+            e.iter().any(|(r, n)| r == "MemberDeleted" && n.contains(&victim_name))
+        })
+        .await;
+    assert!(
+        gone.iter()
+            .any(|(r, n)| r == "Draining" && n.contains(&victim_name) && n.contains("failed")),
+        "{gone:#?}"
+    );
+    wait_pool(&pools, "back at 5 + 1", settled).await;
+    assert_eq!(
+        count(&events.all(), "MemberCreated"),
+        creates_before + 1,
+        "one failure, one create: {:#?}",
+        events.all()
+    );
+
+    eprintln!("3. A template change");
+    // 3. A template change rolls every member.
+    let old_hash = first[0].labels()[LABEL_POOL_TEMPLATE_HASH].clone();
+    pools
+        .patch(
+            POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"rev": "2"}}}}})),
+        )
+        .await
+        .unwrap();
+    wait_pool(&pools, "rolled", settled).await;
+    let rolled = members(&proxies).await;
+    assert!(
+        rolled
+            .iter()
+            .all(|m| m.labels()[LABEL_POOL_TEMPLATE_HASH] != old_hash && m.labels()["rev"] == "2"),
+        "{:?}",
+        rolled
+            .iter()
+            .map(|m| (m.name_any(), m.labels().clone()))
+            .collect::<Vec<_>>()
+    );
+
+    eprintln!("4. Rotation by age");
+    // 4. Rotation by age under a client that holds and renews leases.
+    let originals: Vec<String> = rolled.iter().map(|m| m.name_any()).collect();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let crawler = tokio::spawn(renewing_client(
+        discovery.clone(),
+        pki.ca_pem.clone(),
+        target,
+        stop.clone(),
+    ));
+    pools
+        .patch(
+            POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxAge": "20s"}})),
+        )
+        .await
+        .unwrap();
+    // A liveness bound for six replacements, each a create, a probe and a drain.
+    events
+        .wait_within(3 * PATIENCE, "every member of the rollout rotated away", |e| {
+            originals.iter().all(|n| {
+                e.iter()
+                    .any(|(r, note)| r == "MemberDeleted" && note.contains(n.as_str()))
+            })
+        })
+        .await;
+    stop.cancel();
+    let run = tokio::time::timeout(PATIENCE, crawler)
+        .await
+        .expect("the client stops")
+        .unwrap();
+    assert_eq!(
+        run.refused,
+        Vec::<String>::new(),
+        "lease requests refused during rotation"
+    );
+    assert_eq!(
+        run.cut,
+        Vec::<String>::new(),
+        "leased proxies that stopped carrying traffic"
+    );
+    assert!(
+        run.leases >= 2,
+        "the client renewed off a draining member: {} leases, {} requests",
+        run.leases,
+        run.requests
+    );
+    eprintln!(
+        "the client took {} leases and sent {} requests",
+        run.leases, run.requests
+    );
+    let rotations = count(&events.all(), "Draining");
+    assert!(rotations >= originals.len(), "{rotations}");
+    pools
+        .patch(
+            POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxAge": null}})),
+        )
+        .await
+        .unwrap();
+
+    eprintln!("5. Deleting the pool");
+    // 5. Deleting the pool drains and deletes its members, then the pool goes.
+    let uid = pools.get(POOL).await.unwrap().uid().unwrap();
+    pools.delete(POOL, &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(
+        PATIENCE,
+        kube::runtime::wait::await_condition(pools.clone(), POOL, kube::runtime::wait::conditions::is_deleted(&uid)),
+    )
+    .await
+    .expect("the pool goes once its members are gone")
+    .unwrap();
+    let left = proxies
+        .list(&ListParams::default().labels(&format!("{LABEL_POOL}={POOL}")))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(left.len(), 0, "members outlived their pool");
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    let left: Vec<_> = std::fs::read_dir(&state)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "instances left in the state directory: {left:?}");
+}
+
+/// What the renewing client saw.
+struct ClientRun {
+    /// Leases taken.
+    leases: usize,
+    /// Requests sent through a held lease.
+    requests: usize,
+    /// Lease requests answered with anything but 201.
+    refused: Vec<String>,
+    /// Requests through a held lease that failed: its proxy stopped before the lease ended.
+    cut: Vec<String>,
+}
+
+/// How long the client keeps using a lease once its proxy is draining: longer than the pool
+/// would wait (its settle time, then its poll) to delete a member it believed free, so a drain
+/// that did not wait for the lease would break the client's requests.
+const HOLD_WHILE_DRAINING: Duration = Duration::from_secs(10);
+
+/// A crawler on the pool: sends request after request through the proxy it leased. When the
+/// list shows that proxy draining, it keeps using it for [`HOLD_WHILE_DRAINING`], then renews:
+/// takes the next lease and releases the old one. Until `stop`.
+async fn renewing_client(
+    discovery: String,
+    ca_pem: String,
+    target: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+) -> ClientRun {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut run = ClientRun {
+        leases: 0,
+        requests: 0,
+        refused: Vec::new(),
+        cut: Vec::new(),
+    };
+    let acquire = |http: reqwest::Client| {
+        let discovery = discovery.clone();
+        async move {
+            let answer = http
+                .post(format!("http://{discovery}/v1/leases"))
+                .bearer_auth(TOKEN)
+                .body(format!(r#"{{"selector": {{"pool": "{POOL}"}}, "ttlSeconds": 300}}"#))
+                .send()
+                .await
+                .expect("the discovery API answers");
+            let status = answer.status().as_u16();
+            let grant: serde_json::Value = answer.json().await.expect("a JSON answer");
+            (status == 201)
+                .then(|| {
+                    (
+                        grant["leaseID"].as_str().unwrap().to_owned(),
+                        grant["proxy"]["id"].as_str().unwrap().to_owned(),
+                        grant["proxy"]["url"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .ok_or_else(|| grant.to_string())
+        }
+    };
+    let release = |http: reqwest::Client, lease: String| {
+        let discovery = discovery.clone();
+        async move {
+            let released = http
+                .delete(format!("http://{discovery}/v1/leases/{lease}"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(released.status(), 204);
+        }
+    };
+    let mut held = match acquire(http.clone()).await {
+        Ok(l) => l,
+        Err(refused) => {
+            run.refused.push(refused);
+            return run;
+        }
+    };
+    run.leases += 1;
+    let mut draining_since: Option<std::time::Instant> = None;
+    while !stop.is_cancelled() {
+        let (lease, proxy, url) = &held;
+        let through = reqwest::Client::builder()
+            .proxy(reqwest::Proxy::all(url).unwrap())
+            .tls_certs_only([reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap()])
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let answer = through
+            .get(format!("https://127.0.0.1:{}/204", target.port()))
+            .send()
+            .await;
+        run.requests += 1;
+        if !answer.as_ref().is_ok_and(|a| a.status() == 204) {
+            run.cut.push(format!("{proxy}: {answer:?}"));
+            if run.cut.len() >= 10 {
+                break;
+            }
+        }
+        let listed: serde_json::Value = http
+            .get(format!("http://{discovery}/v1/proxies?attr.pool={POOL}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let role = listed["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == proxy.as_str())
+            .map_or("gone", |p| p["poolRole"].as_str().unwrap_or(""));
+        if role == "gone" {
+            run.cut
+                .push(format!("{proxy} left the list while its lease {lease} was held"));
+            break;
+        }
+        if role != "draining" {
+            continue;
+        }
+        let since = *draining_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < HOLD_WHILE_DRAINING {
+            continue;
+        }
+        match acquire(http.clone()).await {
+            Ok(next) => {
+                run.leases += 1;
+                let (old, _, _) = std::mem::replace(&mut held, next);
+                release(http.clone(), old).await;
+                draining_since = None;
+            }
+            Err(refused) => {
+                run.refused.push(refused);
+                if run.refused.len() >= 10 {
+                    break;
+                }
+            }
+        }
+    }
+    // The last lease goes too: a lease held on would hold its member's drain.
+    release(http, held.0).await;
+    run
+}
