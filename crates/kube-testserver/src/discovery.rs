@@ -76,6 +76,11 @@ pub(crate) fn resource_list(types: &Types, group: &str, version: &str) -> Option
             resources.push(json!({"name": format!("{}/status", rt.plural), "singularName": "",
                 "namespaced": rt.namespaced, "kind": rt.kind, "verbs": ["get", "patch", "update"]}));
         }
+        if rt.scale.is_some() {
+            resources.push(json!({"name": format!("{}/scale", rt.plural), "singularName": "",
+                "namespaced": rt.namespaced, "group": "autoscaling", "version": "v1", "kind": "Scale",
+                "verbs": ["get", "patch", "update"]}));
+        }
     }
     if resources.is_empty() {
         return None;

@@ -24,6 +24,7 @@ mod patch;
 mod protobuf;
 mod resources;
 mod reviews;
+mod scale;
 mod schema;
 mod selectors;
 mod server;

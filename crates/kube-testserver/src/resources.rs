@@ -40,6 +40,8 @@ pub(crate) struct ResourceType {
     pub(crate) categories: Vec<String>,
     pub(crate) namespaced: bool,
     pub(crate) status_subresource: bool,
+    /// The scale subresource's paths, when the CRD declares one.
+    pub(crate) scale: Option<crate::scale::ScalePaths>,
     /// A custom resource: strategic merge patch is refused, as the real server refuses it.
     pub(crate) custom: bool,
     /// Delete answers with the object rather than a `Status` (pods do this).
@@ -103,6 +105,7 @@ impl ResourceType {
             categories: Vec::new(),
             namespaced,
             status_subresource: false,
+            scale: None,
             custom: false,
             returns_deleted_object: false,
             label_names: false,
@@ -269,6 +272,7 @@ pub(crate) fn from_crd(crd: &Value) -> Result<Vec<ResourceType>, CrdError> {
             categories: strings(crd, "/spec/names/categories"),
             namespaced,
             status_subresource: v.pointer("/subresources/status").is_some(),
+            scale: crate::scale::ScalePaths::of(v),
             custom: true,
             returns_deleted_object: false,
             label_names: false,

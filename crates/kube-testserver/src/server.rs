@@ -253,6 +253,7 @@ fn target(state: &State, group: &str, version: &str, rest: &[String]) -> Result<
     }
     if let Some(sub) = &sub
         && !(sub == "status" && rt.status_subresource)
+        && !(sub == "scale" && rt.scale.is_some())
     {
         return Err(ApiError::no_such_resource());
     }
@@ -363,6 +364,58 @@ fn decode_object(bytes: &[u8], media: &str, rt: &ResourceType) -> Result<Value, 
             "application/yaml",
         ])),
     }
+}
+
+/// `GET`, `PUT` or `PATCH` of `<object>/scale`: the object's Scale, and a write of its
+/// `spec.replicas` as a merge patch of the object (so its schema and generation apply).
+fn scale_request(
+    shared: &Arc<Shared>,
+    t: &Target,
+    verb: Verb,
+    bytes: &[u8],
+    media: &str,
+    opts: WriteOptions,
+) -> Result<(u16, Value), ApiError> {
+    let object = Target {
+        subresource: None,
+        ..t.clone()
+    };
+    let paths = t.rt.scale.clone().ok_or_else(ApiError::no_such_resource)?;
+    let mut state = shared.state();
+    let current = paths.scale_of(&state.get(&object)?);
+    let wanted = match verb {
+        Verb::Get => return Ok((200, current)),
+        Verb::Update => {
+            serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("error decoding Scale: {e}")))?
+        }
+        Verb::Patch => {
+            let patch: Value = serde_json::from_slice(bytes)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            let mut scale = current;
+            match patch_kind(media, false)? {
+                PatchKind::Json => crate::patch::json_patch(&mut scale, &patch)
+                    .map_err(|e| ApiError::new(422, "Invalid", format!("applying the patch to the Scale: {e:?}")))?,
+                PatchKind::Merge | PatchKind::Strategic => crate::patch::json_merge(&mut scale, &patch),
+                PatchKind::Apply => {
+                    return Err(ApiError::unsupported_media_type(&[
+                        "application/json-patch+json",
+                        "application/merge-patch+json",
+                        "application/strategic-merge-patch+json",
+                    ]));
+                }
+            }
+            scale
+        }
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                "the scale subresource takes get, update and patch",
+            ));
+        }
+    };
+    let written = state.patch(&object, PatchKind::Merge, paths.object_patch(&wanted)?, &opts)?;
+    Ok((200, paths.scale_of(&written)))
 }
 
 fn patch_kind(media: &str, custom: bool) -> Result<PatchKind, ApiError> {
@@ -590,6 +643,10 @@ async fn object_request(
             strict: query.get("fieldValidation") == Some("Strict"),
         })
     };
+    if t.subresource.as_deref() == Some("scale") {
+        let (code, value) = scale_request(shared, &t, verb, &bytes, &media, writer(false, None)?)?;
+        return Ok(json_response(code, &value));
+    }
     let (code, value) = match verb {
         Verb::Get => {
             let o = shared.state().get(&t)?;

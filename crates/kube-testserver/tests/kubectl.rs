@@ -439,3 +439,91 @@ async fn kubectl_describe_shows_events_written_through_events_k8s_io() {
     assert_eq!(listed.lines().count(), 3, "{listed}");
     std::fs::remove_dir_all(&k.dir).unwrap();
 }
+
+const SCALABLE: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: fleets.kubectl.example.com
+spec:
+  group: kubectl.example.com
+  scope: Namespaced
+  names: {kind: Fleet, plural: fleets, singular: fleet}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              replicas: {type: integer, minimum: 0, maximum: 10}
+          status:
+            type: object
+            properties:
+              replicas: {type: integer}
+              selector: {type: string}
+"#;
+
+#[tokio::test]
+async fn kubectl_scale_writes_through_the_scale_subresource() {
+    let Some((s, k)) = with_kubectl("kubectl_scale_writes_through_the_scale_subresource").await else {
+        return;
+    };
+    let crd = write(&k.dir, "fleet-crd.yaml", SCALABLE);
+    k.ok(&["apply", "-f", &crd]).await;
+    let fleet = write(
+        &k.dir,
+        "fleet.yaml",
+        "apiVersion: kubectl.example.com/v1\nkind: Fleet\nmetadata: {name: f1}\nspec: {replicas: 2}\n",
+    );
+    k.ok(&["apply", "-f", &fleet]).await;
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kubectl.example.com", "v1", "Fleet"), "fleets");
+    let fleets: Api<DynamicObject> = Api::namespaced_with(client(&s), "default", &ar);
+    let status = kube::api::Patch::Merge(serde_json::json!({"status": {"replicas": 2, "selector": "fleet=f1"}}));
+    fleets
+        .patch_status("f1", &kube::api::PatchParams::default(), &status)
+        .await
+        .unwrap();
+
+    // The Scale, as an HPA reads it.
+    let scale = fleets.get_scale("f1").await.unwrap();
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(2));
+    let status = scale.status.unwrap();
+    assert_eq!((status.replicas, status.selector.as_deref()), (2, Some("fleet=f1")));
+
+    // kubectl scale: the spec path moves, with the generation, as a spec change does.
+    let before = fleets.get("f1").await.unwrap().metadata.generation.unwrap();
+    let out = k.ok(&["scale", "fleet", "f1", "--replicas=5"]).await;
+    assert!(out.contains("fleet.kubectl.example.com/f1 scaled"), "{out}");
+    let after = fleets.get("f1").await.unwrap();
+    assert_eq!(after.data["spec"]["replicas"], 5);
+    assert_eq!(after.metadata.generation, Some(before + 1));
+    assert_eq!(
+        after.data["status"]["replicas"], 2,
+        "the status is not written through the Scale"
+    );
+
+    // The object's schema holds for a write through the Scale.
+    let (ok, _, err) = k.run(&["scale", "fleet", "f1", "--replicas=11"]).await;
+    assert!(!ok, "a replica count over the schema's maximum is refused");
+    assert!(err.contains("spec.replicas"), "{err}");
+    // A precondition kubectl checks against the Scale it reads.
+    let (ok, _, err) = k
+        .run(&["scale", "fleet", "f1", "--current-replicas=3", "--replicas=1"])
+        .await;
+    assert!(!ok && err.contains("Expected replicas to be 3, was 5"), "{err}");
+    k.ok(&["scale", "fleet", "f1", "--current-replicas=5", "--replicas=0"])
+        .await;
+    assert_eq!(fleets.get("f1").await.unwrap().data["spec"]["replicas"], 0);
+    // Discovery names the subresource, so `kubectl scale` finds it.
+    let resources = k
+        .ok(&["api-resources", "--api-group=kubectl.example.com", "-o", "name"])
+        .await;
+    assert!(resources.contains("fleets"), "{resources}");
+}
