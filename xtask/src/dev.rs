@@ -1,7 +1,8 @@
 //! `cargo xtask dev`: the whole system on one machine, with real proxies.
 //!
 //! ```text
-//!  egress-kube-testserver (CRDs) ◄── egress-operator ──► local provider ──► tinyproxy × 3
+//!  egress-kube-testserver (CRDs) ◄── egress-operator ──► local provider ──► tinyproxy × 6
+//!                                                         (3 Proxies, a pool of 2 + 1 standby)
 //!          ▲                              │  └─ health probes ──► TLS target (this process)
 //!     samples applied                     └─ discovery API 127.0.0.1:<port>
 //! ```
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use egress_api::Proxy;
+use egress_api::{Proxy, ProxyPool};
 use egress_discovery::client::{AcquireRequest, Client};
 use egress_provider::OpCtx;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -213,6 +214,7 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
         server: Some(server),
         operator: Some(operator),
         api: None,
+        pools: None,
     };
 
     let api = Discovery {
@@ -256,6 +258,7 @@ struct Running<'a> {
     server: Option<Killed>,
     operator: Option<Killed>,
     api: Option<Api<Proxy>>,
+    pools: Option<Api<ProxyPool>>,
 }
 
 impl Running<'_> {
@@ -273,6 +276,14 @@ impl Running<'_> {
     /// test server, removes whatever instance is left, and checks that no tinyproxy survived.
     async fn tear_down(&mut self) -> Result<()> {
         println!("dev: tearing down");
+        // Pools first: their members drain and go with them (deleting the members alone would
+        // only make the pools make new ones).
+        if let Some(pools) = self.pools.take() {
+            let deleted = delete_pools(&pools).await;
+            if let Err(e) = &deleted {
+                println!("dev: {e:#} (removing the proxies directly)");
+            }
+        }
         if let Some(api) = self.api.take() {
             let deleted = delete_proxies(&api).await;
             if let Err(e) = &deleted {
@@ -296,6 +307,26 @@ impl Running<'_> {
         }
         println!("dev: stopped everything; logs are in {}", self.layout.dir.display());
         Ok(())
+    }
+}
+
+/// Deletes every ProxyPool of the namespace and waits until the operator has drained and
+/// deleted their members and let the pools go.
+async fn delete_pools(api: &Api<ProxyPool>) -> Result<()> {
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .context("deleting the ProxyPools")?;
+    let started = Instant::now();
+    loop {
+        let left = api.list(&ListParams::default()).await?.items.len();
+        if left == 0 {
+            return Ok(());
+        }
+        if started.elapsed() > DELETE_BUDGET {
+            bail!("{left} ProxyPools still there {DELETE_BUDGET:?} after their deletion");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -343,8 +374,11 @@ async fn use_it(
     let config =
         kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(kubeconfig)?, &Default::default())
             .await?;
-    let api: Api<Proxy> = Api::namespaced(kube::Client::try_from(config)?, NAMESPACE);
+    let client = kube::Client::try_from(config)?;
+    let api: Api<Proxy> = Api::namespaced(client.clone(), NAMESPACE);
+    let pools: Api<ProxyPool> = Api::namespaced(client, NAMESPACE);
     running.api = Some(api.clone());
+    running.pools = Some(pools.clone());
     let samples = root.join("deploy/samples/local");
     let mut names = Vec::new();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&samples)
@@ -354,9 +388,21 @@ async fn use_it(
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     files.sort();
+    let mut pool_names = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file)?;
-        let proxy: Proxy = serde_saphyr::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+        let parsing = || format!("parsing {}", file.display());
+        let kind: serde_json::Value = serde_saphyr::from_str(&text).with_context(parsing)?;
+        if kind["kind"] == "ProxyPool" {
+            let pool: ProxyPool = serde_saphyr::from_str(&text).with_context(parsing)?;
+            let created = pools
+                .create(&PostParams::default(), &pool)
+                .await
+                .with_context(|| format!("creating {}", file.display()))?;
+            pool_names.push(created.metadata.name.unwrap_or_default());
+            continue;
+        }
+        let proxy: Proxy = serde_saphyr::from_str(&text).with_context(parsing)?;
         let created = api
             .create(&PostParams::default(), &proxy)
             .await
@@ -364,11 +410,13 @@ async fn use_it(
         names.push(created.metadata.name.unwrap_or_default());
     }
     println!(
-        "dev: applied {} sample Proxies ({}); waiting until they are Ready",
+        "dev: applied {} sample Proxies ({}) and the pool {}; waiting until they are Ready",
         names.len(),
-        names.join(", ")
+        names.join(", "),
+        pool_names.join(", ")
     );
     wait_ready(&api, &names, running).await?;
+    wait_pools(&pools, &pool_names, running).await?;
 
     let kubeconfig = kubeconfig.display();
     let ca = running.layout.file("ca.pem");
@@ -385,10 +433,18 @@ proxies of the local provider. Try, in another terminal:
   kubectl --kubeconfig {kubeconfig} get proxies
   kubectl --kubeconfig {kubeconfig} describe px {first}
 
+  # the pool: its counts, its events, and a resize (its members drain before they go)
+  kubectl --kubeconfig {kubeconfig} get ppool
+  kubectl --kubeconfig {kubeconfig} describe ppool local-pool
+  kubectl --kubeconfig {kubeconfig} scale ppool local-pool --replicas=3
+
   # the discovery API (its token: {token_file}): list, then lease a proxy in the EU for 60 s
   curl -s -H 'Authorization: Bearer {token}' {discovery}/v1/proxies
   curl -s -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
        -d '{{\"selector\": {{\"geo\": \"eu\"}}, \"ttlSeconds\": 60}}' {discovery}/v1/leases
+  # or one of the pool's members
+  curl -s -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
+       -d '{{\"selector\": {{\"pool\": \"local-pool\"}}}}' {discovery}/v1/leases
 
   # traffic through the leased proxy: put the lease's proxy.url (http://user:password@ip:port;
   # the proxies demand the credentials the lease hands out) in place of PROXY_URL:
@@ -422,7 +478,9 @@ The operator's log: {log}
         )
         .await?;
     }
-    let password = smoke(discovery, target, &pki_ca(&running.layout.file("ca.pem"))?).await?;
+    let ca = pki_ca(&running.layout.file("ca.pem"))?;
+    let password = smoke(discovery, target, &ca).await?;
+    smoke_pool(discovery, target, &ca).await?;
     // The operator minted, probed with and handed out that password: none of it may be logged.
     let log = std::fs::read_to_string(running.layout.file("operator.log"))?;
     if log.contains(&password) {
@@ -539,6 +597,10 @@ async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_
         let mut ready = 0;
         for p in api.list(&ListParams::default()).await?.items {
             let name = p.metadata.name.clone().unwrap_or_default();
+            if !names.contains(&name) {
+                // A pool's member: wait_pools follows its pool.
+                continue;
+            }
             let phase = p
                 .status
                 .as_ref()
@@ -565,6 +627,41 @@ async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Waits until each pool of `names` has all its members leasable and its standbys Ready.
+async fn wait_pools(api: &Api<ProxyPool>, names: &[String], running: &mut Running<'_>) -> Result<()> {
+    let started = Instant::now();
+    for name in names {
+        loop {
+            if let Some(operator) = running.operator.as_mut()
+                && let Some(status) = operator.0.try_wait()?
+            {
+                bail!("the operator exited: {status}");
+            }
+            let pool = api.get(name).await?;
+            let status = pool.status.clone().unwrap_or_default();
+            if status.available_replicas == pool.spec.replicas && status.standby_ready == pool.spec.standby {
+                println!(
+                    "dev: pool {name}: {} members leasable, {} standby Ready after {:.1?}",
+                    status.available_replicas,
+                    status.standby_ready,
+                    started.elapsed()
+                );
+                break;
+            }
+            if started.elapsed() > READY_BUDGET {
+                bail!(
+                    "pool {name} has {} of {} members leasable after {READY_BUDGET:?}; see {}",
+                    status.available_replicas,
+                    pool.spec.replicas,
+                    running.layout.file("operator.log").display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
 }
 
 /// The status a proxy answers `CONNECT authority` sent without credentials, within 10 s.
@@ -659,6 +756,49 @@ async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &req
         .password
         .clone()
         .context("the lease carries a URL with credentials but no password")
+}
+
+/// The smoke check of the pool: a lease that names the pool lands on one of its members, whose
+/// proxy carries a request with the lease's credentials.
+async fn smoke_pool(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<()> {
+    let client = Client::new(discovery.url, Some(discovery.token.to_owned())).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let lease = client
+        .acquire(&AcquireRequest {
+            selector: BTreeMap::from([("pool".to_owned(), "local-pool".to_owned())]),
+            ttl_seconds: Some(60),
+            target: None,
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("acquiring a lease from the pool: {e}"))?;
+    if !lease.proxy.id.starts_with(&format!("{NAMESPACE}/local-pool-")) {
+        bail!("a lease naming the pool landed on {}", lease.proxy.id);
+    }
+    let proxy_url = lease
+        .proxy
+        .url
+        .clone()
+        .context("the pool's lease carries no credentials")?;
+    let http = reqwest::Client::builder()
+        .proxy(reqwest::Proxy::all(&proxy_url)?)
+        .tls_certs_only([ca.clone()])
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let url = format!("https://127.0.0.1:{}/", target.port());
+    let status = http.get(&url).send().await?.status();
+    if !status.is_success() {
+        bail!(
+            "GET {url} through the pool's member {} answered {status}",
+            lease.proxy.id
+        );
+    }
+    println!(
+        "dev: smoke: a lease naming the pool got member {}, which carried a request ({status})",
+        lease.proxy.id
+    );
+    client
+        .release(&lease.lease_id)
+        .await
+        .map_err(|e| anyhow::anyhow!("releasing the pool's lease: {e}"))
 }
 
 fn pki_ca(path: &Path) -> Result<reqwest::Certificate> {
