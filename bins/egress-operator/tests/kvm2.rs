@@ -5,6 +5,11 @@
 //! a request through the lease's ip:port reaches a target through the guest, and deleting the
 //! Proxy removes the domain and its volumes (the cached base stays).
 //!
+//! A pool of 1 with 1 standby on the same host: the member's domain destroyed and undefined
+//! behind the operator's back leaves a leasable proxy with no backend create on the path (the
+//! standby's promotion comes before the new standby's create, in the order of the pool's Events;
+//! `cargo xtask bench` times it).
+//!
 //! Skips without a hypervisor; fails under `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1).
 
 mod common;
@@ -19,7 +24,7 @@ use std::time::Duration;
 use common::{cluster, start_probing, wait_for_proxy};
 use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec};
 use egress_libvirt::HypervisorEnv;
-use egress_libvirt::host::Host;
+use egress_libvirt::host::{Host, UNDEFINE_FLAGS};
 use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
 use egress_provider::OpCtx;
 use futures::TryStreamExt as _;
@@ -328,4 +333,171 @@ async fn a_kvm2_guest_that_never_gets_an_address_is_replaced_at_the_provisioning
     ] {
         host.delete_volume(&cx, &env.pool, &volume).await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kvm2_pool_member_lost_behind_the_operators_back_is_replaced_by_its_standby() {
+    let Some(env) = HypervisorEnv::for_test() else { return };
+    let image = std::fs::read(&env.guest_image).unwrap();
+    let digest: String = Sha256::digest(&image).iter().map(|b| format!("{b:02x}")).collect();
+    let mirror = image_server::ImageServer::start(image, "127.0.0.1:0").await;
+    let pki = support::pki_for(&[&env.gateway]);
+    let (probe_target, _) = support::tls_target_at(&pki, &env.gateway).await;
+
+    let entry = "kvm2-pool";
+    let providers = providers_file(&env, entry, &mirror.url(), &digest, &env.bridge);
+    let cluster = cluster("kvm2-pool", &providers).await;
+    let health_url = format!("https://{}:{}/204", env.gateway, probe_target.port());
+    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let client = cluster.server.client().unwrap();
+    let pools: Api<egress_api::ProxyPool> = Api::namespaced(client.clone(), "default");
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let events: Api<Event> = Api::namespaced(client, "default");
+    let pool_events = watcher(events, watcher::Config::default()).applied_objects();
+    let mut pool_events = std::pin::pin!(pool_events);
+
+    let mut spec = vm_proxy("template", entry).spec;
+    // Probed often, so the loss shows in seconds rather than the default minute and a half.
+    spec.health_check = Some(HealthCheckSpec {
+        interval_seconds: Some(2),
+        failure_threshold: Some(2),
+        ..HealthCheckSpec::default()
+    });
+    let pool: egress_api::ProxyPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "vms"},
+        "spec": {"replicas": 1, "standby": 1, "template": {"spec": spec}}
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let up = await_condition(pools.clone(), "vms", |p: Option<&egress_api::ProxyPool>| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.available_replicas == 1 && s.standby_ready == 1)
+    });
+    tokio::time::timeout(BOOT_PATIENCE, up)
+        .await
+        .expect("the pool's two VMs are not Ready")
+        .unwrap();
+    let members = proxies
+        .list(&kube::api::ListParams::default().labels("crawl.example.com/pool=vms"))
+        .await
+        .unwrap()
+        .items;
+    let role = |p: &Proxy, r: &str| p.metadata.labels.as_ref().unwrap()[egress_api::LABEL_POOL_ROLE] == r;
+    let active = members.iter().find(|p| role(p, "active")).unwrap().clone();
+    let standby = members.iter().find(|p| role(p, "standby")).unwrap().clone();
+    let (active_name, standby_name) = (
+        kube::ResourceExt::name_any(&active),
+        kube::ResourceExt::name_any(&standby),
+    );
+
+    // The active member's domain goes behind the operator's back.
+    let domain = active
+        .status
+        .as_ref()
+        .unwrap()
+        .provider_id
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let host = seam(&env);
+    let cx = OpCtx::background().with_timeout(Duration::from_secs(60));
+    host.destroy_domain(&cx, &domain).await.unwrap();
+    host.undefine_domain(&cx, &domain, UNDEFINE_FLAGS).await.unwrap();
+
+    // The pool's Events from here, in order, until the replacement standby is being made.
+    let mut reasons: Vec<(String, String)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let ordered = tokio::time::timeout(BOOT_PATIENCE, async {
+        while let Some(e) = pool_events.try_next().await.unwrap() {
+            let about_pool = e
+                .regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some("ProxyPool"));
+            if !about_pool || !seen.insert(kube::ResourceExt::name_any(&e)) {
+                continue;
+            }
+            let reason = e.reason.clone().unwrap_or_default();
+            let note = e.note.clone().unwrap_or_default();
+            let done = reason == "MemberCreated" && reasons.iter().any(|(r, _)| r == "Promoted");
+            reasons.push((reason, note));
+            if done {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(ordered.is_ok(), "no promotion and new standby: {reasons:#?}");
+    // The three creates at the start, then the replacement, in this order: the standby is
+    // promoted before anything is created, and one create follows the loss.
+    let after_start: Vec<&str> = reasons
+        .iter()
+        .skip_while(|(r, _)| r == "MemberCreated")
+        .map(|(r, _)| r.as_str())
+        .collect();
+    let promoted = after_start.iter().position(|r| *r == "Promoted").unwrap();
+    let created = after_start.iter().position(|r| *r == "MemberCreated").unwrap();
+    assert!(promoted < created, "{reasons:#?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|(r, n)| r == "Promoted" && n.contains(&standby_name)),
+        "{reasons:#?}"
+    );
+    assert!(
+        reasons.iter().any(|(r, n)| r == "Draining" && n.contains(&active_name)),
+        "{reasons:#?}"
+    );
+
+    // The promoted standby is leased at once, while the new standby still boots.
+    let (status, grant) = common::lease(&discovery, "crawler-token", r#"{"selector": {"pool": "vms"}}"#).await;
+    assert_eq!(status, 201, "{grant}");
+    assert_eq!(grant["proxy"]["id"], format!("default/{standby_name}"), "{grant}");
+    let lease = grant["leaseID"].as_str().unwrap().to_owned();
+    let released = reqwest::Client::new()
+        .delete(format!("http://{discovery}/v1/leases/{lease}"))
+        .bearer_auth("crawler-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 204);
+    // The lost member was not rebuilt in place: it said so, and kept its instance id.
+    let lost = proxies.get_opt(&active_name).await.unwrap();
+    if let Some(lost) = lost {
+        let status = lost.status.unwrap_or_default();
+        assert_eq!(status.provider_id, active.status.as_ref().unwrap().provider_id);
+    }
+
+    // The pool goes with its members, and their domains with them.
+    let uid = kube::ResourceExt::uid(&pools.get("vms").await.unwrap()).unwrap();
+    pools.delete("vms", &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(
+        BOOT_PATIENCE,
+        await_condition(pools.clone(), "vms", kube::runtime::wait::conditions::is_deleted(&uid)),
+    )
+    .await
+    .expect("the pool is not gone")
+    .unwrap();
+    let left: Vec<String> = host
+        .domain_names(&cx)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.starts_with("proxy-"))
+        .collect();
+    for p in &members {
+        let name = p
+            .status
+            .as_ref()
+            .unwrap()
+            .provider_id
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        assert!(!left.contains(&name), "{name} outlived its pool: {left:?}");
+    }
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
 }
