@@ -6,7 +6,7 @@
 //! follows `proxy_operator_proxies{phase="Ready"}` on its metrics until every Proxy is Ready.
 //! Reports the time to Ready and the operator's resident memory (peak and after settling) next to
 //! the 128 MiB limit the manager Deployment ships with; then the abuse case against its discovery
-//! API (`bench_abuse.rs`).
+//! API (`bench_abuse.rs`). The pool bench (`bench_pool.rs`) runs the same program with a pool.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -206,7 +206,7 @@ pub(crate) fn start_test_server(root: &Path, bin: &Path, dir: &Path) -> Result<(
 }
 
 pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> Result<()> {
-    let known = ["health", "discovery", "operator", "kvm2"];
+    let known = ["health", "discovery", "operator", "kvm2", "pool"];
     if let Some(unknown) = only.iter().find(|o| !known.contains(&o.as_str())) {
         bail!("no bench named {unknown:?} (known: {})", known.join(", "));
     }
@@ -219,7 +219,7 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     if wanted("discovery") {
         discovery(root, release)?;
     }
-    if !wanted("operator") && !wanted("kvm2") {
+    if !wanted("operator") && !wanted("kvm2") && !wanted("pool") {
         return Ok(());
     }
     let profile = if release { "release" } else { "debug" };
@@ -252,6 +252,9 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     std::fs::create_dir_all(&dir)?;
     if wanted("kvm2") {
         crate::bench_kvm2::run(root, &bin, &dir)?;
+    }
+    if wanted("pool") {
+        crate::bench_pool::run(root, &bin, &dir)?;
     }
     if !wanted("operator") {
         return Ok(());

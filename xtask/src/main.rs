@@ -42,6 +42,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_abuse;
 mod bench_kvm2;
+mod bench_pool;
 mod crds;
 mod dev;
 mod hypervisor;
@@ -118,7 +119,7 @@ enum Cmd {
         /// Measure a debug build (faster to build, not representative of the image).
         #[arg(long)]
         debug: bool,
-        /// Run only these benches (health, discovery, operator, kvm2); all by default.
+        /// Run only these benches (health, discovery, operator, kvm2, pool); all by default.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },

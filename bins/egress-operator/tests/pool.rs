@@ -181,7 +181,14 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
     );
     let cluster = cluster("pool-e2e", &providers).await;
     let health_url = format!("https://127.0.0.1:{}/204", target.port());
-    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let (mut op, discovery) = start_probing(
+        &cluster,
+        &pki.ca_pem,
+        &health_url,
+        &["--metrics-bind-address=127.0.0.1:0", "--metrics-secure=false"],
+        &[],
+    );
+    let metrics = op.wait_msg("Serving metrics")["address"].as_str().unwrap().to_string();
     let client = cluster.server.client().unwrap();
     let mut events = PoolEvents::start(client.clone());
     let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
@@ -380,6 +387,50 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
                     == 2
             })
             .await;
+        // The pool's families, as a scrape sees them now.
+        let scraped = reqwest::get(format!("http://{metrics}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let line = |prefix: &str| -> f64 {
+            let found = scraped.lines().find(|l| l.starts_with(prefix));
+            let found = found.unwrap_or_else(|| panic!("no {prefix} in\n{scraped}"));
+            found.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let labels = format!(r#"namespace="default",pool="{POOL}""#);
+        assert_eq!(
+            line(&format!(
+                r#"proxy_operator_pool_members{{{labels},role="active",ready="true"}}"#
+            )),
+            3.0
+        );
+        assert_eq!(
+            line(&format!(
+                r#"proxy_operator_pool_members{{{labels},role="standby",ready="true"}}"#
+            )),
+            1.0
+        );
+        assert!(line(&format!("proxy_operator_pool_promotions_total{{{labels}}}")) >= 1.0);
+        assert_eq!(
+            line(&format!(
+                r#"proxy_operator_pool_drains_total{{{labels},reason="failed"}}"#
+            )),
+            1.0
+        );
+        assert_eq!(
+            line(&format!(
+                r#"proxy_operator_pool_drains_total{{{labels},reason="scale_down"}}"#
+            )),
+            2.0
+        );
+        assert_eq!(line(&format!("proxy_operator_pool_leases{{{labels}}}")), 0.0);
+        assert_eq!(
+            line(&format!("proxy_operator_pool_lease_capacity{{{labels}}}")),
+            6.0,
+            "3 members of 2"
+        );
     }
 
     // 6. Deleting the pool drains and deletes its members, then the pool goes.

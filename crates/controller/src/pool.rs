@@ -31,6 +31,7 @@ use kube::{Client, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -91,6 +92,10 @@ pub struct PoolMetrics {
     promotions: Family<PoolLabels, Counter>,
     drains: Family<DrainLabels, Counter>,
     creates: Family<CreateLabels, Counter>,
+    /// Active leases on the pool's members, as of its last pass.
+    leases: Family<PoolLabels, Gauge>,
+    /// The lease capacity of its active Ready members, as of its last pass.
+    capacity: Family<PoolLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -176,6 +181,16 @@ impl PoolMetrics {
             "proxy_operator_pool_member_creates",
             "Members made, by pool and the role they were made in.",
             self.creates.clone(),
+        );
+        registry.register(
+            "proxy_operator_pool_leases",
+            "Active leases on each ProxyPool's members, as of the pool's last pass.",
+            self.leases.clone(),
+        );
+        registry.register(
+            "proxy_operator_pool_lease_capacity",
+            "The lease capacity (maxLeases summed) of each ProxyPool's active Ready members, as of the pool's last pass.",
+            self.capacity.clone(),
         );
         registry.register_collector(Box::new(MemberGauges(proxies)));
     }
@@ -312,12 +327,16 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     }
     let ids: Vec<String> = live.iter().map(|p| format!("{namespace}/{}", p.name_any())).collect();
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let leases = match ctx.store.active_leases(&id_refs).await {
-        Ok(l) => l,
+    let pool_labels = PoolLabels {
+        namespace: namespace.clone(),
+        pool: name.clone(),
+    };
+    let (leases, leases_known) = match ctx.store.active_leases(&id_refs).await {
+        Ok(l) => (l, true),
         Err(e) => {
             // Unknown leases: count one each, so no draining member goes before its timeout.
             tracing::info!(error = %e, "reading the members' leases failed; assuming each holds one");
-            vec![1; ids.len()]
+            (vec![1; ids.len()], false)
         }
     };
     let members: Vec<(&Proxy, Member)> = live
@@ -328,6 +347,17 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             Some((*p, member(p, role, &hash, u32::try_from(n).unwrap_or(u32::MAX), now)))
         })
         .collect();
+
+    if leases_known {
+        let leased: i64 = members.iter().map(|(_, m)| i64::from(m.leases)).sum();
+        let capacity: i64 = members
+            .iter()
+            .filter(|(_, m)| m.role == PoolRole::Active && m.ready)
+            .map(|(p, _)| i64::from(p.spec.effective_max_leases().max(0)))
+            .sum();
+        ctx.metrics.leases.get_or_create(&pool_labels).set(leased);
+        ctx.metrics.capacity.get_or_create(&pool_labels).set(capacity);
+    }
 
     let generation = pool.metadata.generation;
     let now_time = Time(now);
@@ -374,10 +404,6 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     span.record("pool.steps", decided.steps.len());
     let by_member: HashMap<&str, &Member> = members.iter().map(|(_, m)| (m.name.as_str(), m)).collect();
     let reference = kube::Resource::object_ref(pool, &());
-    let pool_labels = PoolLabels {
-        namespace: namespace.clone(),
-        pool: name.clone(),
-    };
     let mut wrote = Expected::default();
     let mut events = Vec::new();
     let mut create_failed = false;
@@ -527,6 +553,9 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             }
         }
         ctx.expected.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+        // A pool that is gone keeps no series.
+        ctx.metrics.leases.remove(&pool_labels);
+        ctx.metrics.capacity.remove(&pool_labels);
         ctx.create_failures
             .lock()
             .unwrap_or_else(|p| p.into_inner())
