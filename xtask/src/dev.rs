@@ -279,13 +279,13 @@ impl Running<'_> {
         // Pools first: their members drain and go with them (deleting the members alone would
         // only make the pools make new ones).
         if let Some(pools) = self.pools.take() {
-            let deleted = delete_pools(&pools).await;
+            let deleted = delete_all(&pools, "ProxyPools").await;
             if let Err(e) = &deleted {
                 println!("dev: {e:#} (removing the proxies directly)");
             }
         }
         if let Some(api) = self.api.take() {
-            let deleted = delete_proxies(&api).await;
+            let deleted = delete_all(&api, "Proxies").await;
             if let Err(e) = &deleted {
                 println!("dev: {e:#} (removing the proxies directly)");
             }
@@ -310,13 +310,16 @@ impl Running<'_> {
     }
 }
 
-/// Deletes every ProxyPool of the namespace and waits until the operator has drained and
-/// deleted their members and let the pools go.
-async fn delete_pools(api: &Api<ProxyPool>) -> Result<()> {
+/// Deletes every object of `api`'s kind in the namespace and waits until the operator has let
+/// them go (a pool, once its members have drained and gone).
+async fn delete_all<K>(api: &Api<K>, what: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let _ = api
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await
-        .context("deleting the ProxyPools")?;
+        .with_context(|| format!("deleting the {what}"))?;
     let started = Instant::now();
     loop {
         let left = api.list(&ListParams::default()).await?.items.len();
@@ -324,26 +327,7 @@ async fn delete_pools(api: &Api<ProxyPool>) -> Result<()> {
             return Ok(());
         }
         if started.elapsed() > DELETE_BUDGET {
-            bail!("{left} ProxyPools still there {DELETE_BUDGET:?} after their deletion");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Deletes every Proxy of the namespace and waits until the operator has let them go.
-async fn delete_proxies(api: &Api<Proxy>) -> Result<()> {
-    let _ = api
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .context("deleting the Proxies")?;
-    let started = Instant::now();
-    loop {
-        let left = api.list(&ListParams::default()).await?.items.len();
-        if left == 0 {
-            return Ok(());
-        }
-        if started.elapsed() > DELETE_BUDGET {
-            bail!("{left} Proxies still there {DELETE_BUDGET:?} after their deletion");
+            bail!("{left} {what} still there {DELETE_BUDGET:?} after their deletion");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -226,15 +226,7 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
     }
     // The standby is listed, and held back from leases.
     let standby = first.iter().find(|p| role(p) == "standby").unwrap().name_any();
-    let listed: serde_json::Value = reqwest::Client::new()
-        .get(format!("http://{discovery}/v1/proxies?attr.pool={POOL}"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = pool_list(&reqwest::Client::new(), &discovery).await;
     assert_eq!(listed["count"], 6, "{listed}");
     let shown = listed["proxies"]
         .as_array()
@@ -457,6 +449,18 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
     assert!(left.is_empty(), "instances left in the state directory: {left:?}");
 }
 
+/// The discovery API's list of the pool's members.
+async fn pool_list(http: &reqwest::Client, discovery: &str) -> serde_json::Value {
+    http.get(format!("http://{discovery}/v1/proxies?attr.pool={POOL}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// What the renewing client saw.
 struct ClientRun {
     /// Leases taken.
@@ -556,15 +560,7 @@ async fn renewing_client(
                 break;
             }
         }
-        let listed: serde_json::Value = http
-            .get(format!("http://{discovery}/v1/proxies?attr.pool={POOL}"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let listed = pool_list(&http, &discovery).await;
         let role = listed["proxies"]
             .as_array()
             .unwrap()

@@ -7,8 +7,9 @@
 -- The published view (HASH <prefix>view: id -> "healthy,latency,max,offered") wins over the
 -- caller's values; a candidate it marks not offered (a pool's standby or draining member) is
 -- skipped and not counted, as the caller leaves out the ones it knows. (An entry without the
--- fourth field, published by an older build, counts as offered.) Candidates come in the caller's (latency, id) order; the first idle eligible one is
--- the best there is and ends the search. Without one, a batch that is not the last answers 3,
+-- fourth field, published by an older build, counts as offered.) Candidates come in the
+-- caller's (latency, id) order; the first idle eligible one is the best there is and ends the
+-- search. Without one, a batch that is not the last answers 3,
 -- and the caller sends every candidate in one final run.
 -- Returns {0, considered, at capacity, in cooldown, unhealthy} when nothing is eligible,
 -- {2} when the lease id is taken, {3} to send every candidate, {1, proxy, its active leases,
