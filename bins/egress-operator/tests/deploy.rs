@@ -193,6 +193,15 @@ fn sample_providers(dir: &str) -> Vec<String> {
             if v["kind"] == "Proxy" && v["spec"]["mode"] == "Managed" {
                 names.push(v["spec"]["provider"].as_str().unwrap_or_default().to_owned());
             }
+            // A pool's members are Managed Proxies of its template's provider.
+            if v["kind"] == "ProxyPool" {
+                names.push(
+                    v["spec"]["template"]["spec"]["provider"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                );
+            }
         }
     }
     names

@@ -425,6 +425,21 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
         );
     }
 
+    // `autoscale` is stored, and the pool says that nothing acts on it yet.
+    pools
+        .patch(
+            POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"autoscale": {"min": 1, "max": 5}}})),
+        )
+        .await
+        .unwrap();
+    events
+        .wait("the autoscale warning", |e| {
+            e.iter().any(|(r, _)| r == "AutoscaleNotBuilt")
+        })
+        .await;
+
     // 6. Deleting the pool drains and deletes its members, then the pool goes.
     let uid = pools.get(POOL).await.unwrap().uid().unwrap();
     pools.delete(POOL, &DeleteParams::default()).await.unwrap();

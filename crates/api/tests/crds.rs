@@ -35,6 +35,7 @@ async fn server() -> TestServer {
     for name in [
         "crawl.example.com_proxies.yaml",
         "crawl.example.com_providerhealths.yaml",
+        "crawl.example.com_proxypools.yaml",
     ] {
         for crd in documents(&deploy().join("crds").join(name)) {
             builder = builder.crd_json(crd);
@@ -101,8 +102,10 @@ fn identity_is_the_go_operators() {
 async fn every_sample_is_accepted() {
     let s = server().await;
     let proxies = dynamic(&s, "Proxy", "proxies");
+    let pools = dynamic(&s, "ProxyPool", "proxypools");
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(s.client().unwrap(), "default");
     let mut count = 0;
+    let mut pool_count = 0;
     // The cluster samples, and below them the ones `cargo xtask dev` applies (samples/local).
     let mut dirs = vec![deploy().join("samples")];
     let mut files = Vec::new();
@@ -127,6 +130,14 @@ async fn every_sample_is_accepted() {
                         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                     count += 1;
                 }
+                Some("ProxyPool") => {
+                    let obj: DynamicObject = serde_json::from_value(doc).unwrap();
+                    pools
+                        .create(&PostParams::default(), &obj)
+                        .await
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    pool_count += 1;
+                }
                 Some("Secret") => {
                     secrets
                         .create(&PostParams::default(), &serde_json::from_value(doc).unwrap())
@@ -138,6 +149,7 @@ async fn every_sample_is_accepted() {
         }
     }
     assert!(count >= 8, "{count} samples");
+    assert_eq!(pool_count, 2, "the cluster pool and the one cargo xtask dev applies");
     // They read back as the typed Proxy.
     let typed: Api<Proxy> = Api::namespaced(s.client().unwrap(), "default");
     let external = typed.get("office").await.unwrap();

@@ -406,6 +406,13 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     let reference = kube::Resource::object_ref(pool, &());
     let mut wrote = Expected::default();
     let mut events = Vec::new();
+    if pool.spec.autoscale.is_some() && pool.status.as_ref().and_then(|s| s.observed_generation) != generation {
+        // Once per spec change: the field is stored, and the user must know nothing acts on it.
+        events.push(warning(
+            "AutoscaleNotBuilt",
+            "spec.autoscale is stored but not acted on yet: spec.replicas sizes the pool; resize it with kubectl scale, an HPA or KEDA (docs/pools.md#scaling)".into(),
+        ));
+    }
     let mut create_failed = false;
     for step in decided.steps.iter().take(MAX_WRITES) {
         match step {
