@@ -13,6 +13,9 @@
 //!   would create again.
 //! - **A bound on the writes of one pass** ([`MAX_WRITES`]): a pool of thousands converges over
 //!   several passes, each of them short.
+//!
+//! Long file: it is the one I/O shell of the pool decision: a pass's reads, its writes, Events,
+//! metrics and status flush share the pass's context (the pure parts are in `pool_view`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
