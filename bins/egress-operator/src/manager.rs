@@ -124,6 +124,9 @@ struct Replica {
     health_metrics: egress_health::HealthMetrics,
     reconcile_metrics: ReconcileMetrics,
     pool_metrics: egress_controller::pool::PoolMetrics,
+    /// Lease requests this replica's discovery API refused, for the pool autoscaler (`None`
+    /// when the API is not served).
+    refusals: Option<Arc<egress_discovery::Refusals>>,
     /// What the provider-health monitor found, read by the metrics.
     provider_health: ProviderHealthSnapshot,
     tasks: JoinSet<()>,
@@ -194,6 +197,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         .map_err(|e| fatal("Failed to start the metrics server", e))?;
         tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
     }
+    let mut refusals = None;
     if options.discovery_addr != "0" {
         let addr = serve::bind_address("discovery-addr", &options.discovery_addr)
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
@@ -212,7 +216,9 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
             store: store.clone(),
             max_ttl: options.max_lease_ttl,
             auth,
+            refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
         };
+        refusals.clone_from(&api.refusals);
         essential.insert(
             tasks
                 .spawn(egress_discovery::serve(
@@ -235,6 +241,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         health_metrics,
         reconcile_metrics,
         pool_metrics,
+        refusals,
         provider_health,
         tasks,
         essential,
@@ -304,6 +311,7 @@ fn start_leader_tasks(
         health_metrics,
         reconcile_metrics,
         pool_metrics,
+        refusals,
         provider_health,
         mut tasks,
         mut essential,
@@ -376,6 +384,7 @@ fn start_leader_tasks(
         cache.clone(),
         store,
         pool_metrics,
+        refusals,
     ));
     essential.insert(
         tasks

@@ -14,6 +14,8 @@
 //! 6. Deleting the pool drains and deletes its members, then the pool goes, and no tinyproxy is
 //!    left.
 //!
+//! A second test runs a pool with `autoscale` from zero to its `max` and back.
+//!
 //! What the in-memory server does not cover: a real API server's garbage collector (the pool's
 //! finalizer does the work here, so the difference does not show) and watch delays of a loaded
 //! cluster.
@@ -101,13 +103,23 @@ impl PoolEvents {
 
 /// Waits (at most [`PATIENCE`]) until the pool is as `cond` says.
 async fn wait_pool(api: &Api<ProxyPool>, what: &str, cond: impl Fn(&ProxyPool) -> bool + Send + 'static) -> ProxyPool {
+    wait_pool_named(api, POOL, what, cond).await
+}
+
+/// As [`wait_pool`], for the pool `name`.
+async fn wait_pool_named(
+    api: &Api<ProxyPool>,
+    name: &str,
+    what: &str,
+    cond: impl Fn(&ProxyPool) -> bool + Send + 'static,
+) -> ProxyPool {
     let wait =
-        kube::runtime::wait::await_condition(api.clone(), POOL, move |p: Option<&ProxyPool>| p.is_some_and(&cond));
+        kube::runtime::wait::await_condition(api.clone(), name, move |p: Option<&ProxyPool>| p.is_some_and(&cond));
     match tokio::time::timeout(PATIENCE, wait).await {
         Ok(found) => found.unwrap().unwrap(),
         Err(_) => panic!(
             "the pool is not {what} within {PATIENCE:?}: {:?}",
-            api.get(POOL).await.map(|p| p.status)
+            api.get(name).await.map(|p| (p.spec.replicas, p.status))
         ),
     }
 }
@@ -425,21 +437,6 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
         );
     }
 
-    // `autoscale` is stored, and the pool says that nothing acts on it yet.
-    pools
-        .patch(
-            POOL,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"autoscale": {"min": 1, "max": 5}}})),
-        )
-        .await
-        .unwrap();
-    events
-        .wait("the autoscale warning", |e| {
-            e.iter().any(|(r, _)| r == "AutoscaleNotBuilt")
-        })
-        .await;
-
     // 6. Deleting the pool drains and deletes its members, then the pool goes.
     let uid = pools.get(POOL).await.unwrap().uid().unwrap();
     pools.delete(POOL, &DeleteParams::default()).await.unwrap();
@@ -462,6 +459,182 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "instances left in the state directory: {left:?}");
+}
+
+/// `autoscale` on the shipped operator (local provider, real tinyproxy). A pool of `min: 0`
+/// starts at zero; the first lease request naming it is refused with the documented answer and
+/// wakes it; leases held past the target utilisation grow it up to `max`; once they are
+/// released and the scale-down delay has passed, it drains back to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_to_zero() {
+    const AUTO: &str = "burst";
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pki = support::pki();
+    let (target, _) = support::tls_target(&pki).await;
+    let scratch = support::scratch_dir("operator-pool-autoscale-state");
+    let state = scratch.join("state");
+    let providers = format!(
+        "providers:\n  - name: local\n    type: local\n    local:\n      stateDir: {}\n      connectPorts: [{}]\n",
+        state.display(),
+        target.port()
+    );
+    let cluster = cluster("pool-autoscale", &providers).await;
+    let health_url = format!("https://127.0.0.1:{}/204", target.port());
+    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let client = cluster.server.client().unwrap();
+    let mut events = PoolEvents::start(client.clone());
+    let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+
+    // Members of 2 leases, sized for 50 % of that: every leased member wants another.
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": AUTO},
+        "spec": {
+            "replicas": 0,
+            "autoscale": {"min": 0, "max": 3, "targetUtilization": 50, "scaleDownDelay": "5s"},
+            "template": {"spec": {
+                "provider": "local", "maxLeases": 2,
+                "attributes": {"geo": "eu"},
+                "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 2}
+            }}
+        }
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let available = |n: i32| {
+        move |p: &ProxyPool| {
+            p.spec.replicas == n
+                && p.status.as_ref().is_some_and(|s| {
+                    s.observed_generation == p.meta().generation && s.available_replicas == n && s.replicas == n
+                })
+        }
+    };
+    wait_pool_named(&pools, AUTO, "looked at, at zero", available(0)).await;
+
+    // 1. At zero: the first request is refused as documented, and wakes the pool.
+    let (status, refused) = lease(&http, &discovery, AUTO).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(
+        (&refused["error"], &refused["considered"]),
+        (&json!("no_match"), &json!(0))
+    );
+    let woke = events
+        .wait("woken by the refusal", |e| e.iter().any(|(r, _)| r == "Scaled"))
+        .await;
+    let scaled: Vec<&String> = woke.iter().filter(|(r, _)| r == "Scaled").map(|(_, n)| n).collect();
+    assert!(
+        scaled[0].contains("0 → 1") && scaled[0].contains("1 lease requests refused"),
+        "{scaled:?}"
+    );
+    wait_pool_named(&pools, AUTO, "at 1, Ready", available(1)).await;
+
+    // 2. Two leases fill the member: 100 % of its capacity wants 2 members.
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let (status, grant) = lease(&http, &discovery, AUTO).await;
+        assert_eq!(status, 201, "{grant}");
+        leases.push(grant["leaseID"].as_str().unwrap().to_owned());
+    }
+    events
+        .wait("grown to 2", |e| {
+            e.iter().any(|(r, n)| r == "Scaled" && n.contains("1 → 2"))
+        })
+        .await;
+    wait_pool_named(&pools, AUTO, "at 2, Ready", available(2)).await;
+
+    // 3. Four leases want 4 members; `max` holds it at 3.
+    for _ in 0..2 {
+        let (status, grant) = lease(&http, &discovery, AUTO).await;
+        assert_eq!(status, 201, "{grant}");
+        leases.push(grant["leaseID"].as_str().unwrap().to_owned());
+    }
+    events
+        .wait("grown to the max", |e| {
+            e.iter().any(|(r, n)| r == "Scaled" && n.contains("2 → 3"))
+        })
+        .await;
+    wait_pool_named(&pools, AUTO, "at 3, Ready", available(3)).await;
+
+    // 4. Every lease released: after the delay the pool drains to zero, no member left.
+    for id in leases {
+        let released = http
+            .delete(format!("http://{discovery}/v1/leases/{id}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(released.status(), 204);
+    }
+    // (A look between two of the releases may make it two steps down: 3 → 1 → 0.)
+    events
+        .wait("back to zero", |e| {
+            e.iter().any(|(r, n)| r == "Scaled" && n.contains(" → 0 members"))
+        })
+        .await;
+    wait_pool_named(&pools, AUTO, "at zero, members gone", available(0)).await;
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let left = proxies
+                .list(&ListParams::default().labels(&format!("{LABEL_POOL}={AUTO}")))
+                .await
+                .unwrap()
+                .items;
+            if left.is_empty() {
+                break;
+            }
+            // The members go one delete at a time; their removal is watched, not slept on.
+            let (name, uid) = (left[0].name_any(), left[0].uid().unwrap());
+            let gone = kube::runtime::wait::conditions::is_deleted(&uid);
+            kube::runtime::wait::await_condition(proxies.clone(), &name, gone)
+                .await
+                .unwrap();
+        }
+    })
+    .await
+    .expect("the scaled-down members go");
+    let all = events.all();
+    let steps: Vec<&str> = all
+        .iter()
+        .filter(|(r, _)| r == "Scaled")
+        .filter_map(|(_, n)| n.split(" members").next())
+        .collect();
+    assert_eq!(
+        steps[..3],
+        ["autoscale: 0 → 1", "autoscale: 1 → 2", "autoscale: 2 → 3"],
+        "{all:#?}"
+    );
+    assert_eq!(
+        all.iter()
+            .filter(|(r, n)| r == "Draining" && n.contains("scale down"))
+            .count(),
+        3,
+        "{all:#?}"
+    );
+
+    pools.delete(AUTO, &DeleteParams::default()).await.unwrap();
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+}
+
+/// A lease request naming `pool`: the status and the answer.
+async fn lease(http: &reqwest::Client, discovery: &str, pool: &str) -> (u16, serde_json::Value) {
+    let answer = http
+        .post(format!("http://{discovery}/v1/leases"))
+        .bearer_auth(TOKEN)
+        .body(format!(r#"{{"selector": {{"pool": "{pool}"}}, "ttlSeconds": 300}}"#))
+        .send()
+        .await
+        .expect("the discovery API answers");
+    let status = answer.status().as_u16();
+    (status, answer.json().await.expect("a JSON answer"))
 }
 
 /// The discovery API's list of the pool's members.

@@ -70,7 +70,9 @@ pub struct ProxyPoolSpec {
     /// Stops rollouts and rotation (scaling and failure replacement go on).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
-    /// Sizes `replicas` by the pool's lease load, between `min` and `max`.
+    /// Sizes `replicas` by the pool's lease load and the lease requests it could not serve,
+    /// between `min` and `max`. While it is set the pool controller owns `replicas`: a change
+    /// made by `kubectl scale` or an HPA is overridden at its next look (every 5 seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<PoolAutoscale>,
 }
@@ -119,7 +121,8 @@ pub struct PoolStrategy {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolAutoscale {
-    /// Fewest replicas; 0 scales the pool to nothing while no lease asks for it.
+    /// Fewest replicas; 0 scales the pool to nothing while no lease asks for it (the first
+    /// request naming the pool is refused with `409 no_match` and wakes it).
     #[schemars(range(min = 0, max = 10000))]
     pub min: i32,
     #[schemars(range(min = 1, max = 10000))]
@@ -128,7 +131,8 @@ pub struct PoolAutoscale {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub target_utilization: Option<i32>,
-    /// How long the load must stay low before members are removed. Default `5m`.
+    /// How long the load must stay low before members are removed (they drain first). Default
+    /// `5m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = GO_DURATION))]
     pub scale_down_delay: Option<String>,

@@ -15,33 +15,33 @@
 //!   several passes, each of them short.
 //!
 //! Long file: it is the one I/O shell of the pool decision: a pass's reads, its writes, Events,
-//! metrics and status flush share the pass's context (the pure parts are in `pool_view`).
+//! the autoscaler's look and the status flush share the pass's context (the pure parts are in
+//! `pool_view`, `pool_decide` and `pool_autoscale`, the metrics in `pool_metrics`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use egress_api::{
-    ANNOTATION_DRAINING_SINCE, ConditionStatus, FINALIZER, LABEL_POOL, LABEL_POOL_ROLE, Phase, PoolRole, Proxy,
-    ProxyPool, ProxyPoolStatus,
+    ANNOTATION_DRAINING_SINCE, ConditionStatus, FINALIZER, LABEL_POOL, LABEL_POOL_ROLE, PoolRole, Proxy, ProxyPool,
+    ProxyPoolStatus,
 };
+use egress_discovery::Refusals;
 use egress_lease::LeaseStore;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Client, ResourceExt};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::events::ProxyEvent;
+use crate::pool_autoscale::{Load, LowSince, Policy, concerns, recommend, scale};
 use crate::pool_decide::{Member, Plan, Step, plan};
+pub use crate::pool_metrics::PoolMetrics;
+use crate::pool_metrics::{CreateLabels, DrainLabels, PoolLabels, ScaleLabels};
 use crate::pool_view::{at_rest, counts, desired, drain_reason, member, new_member, set_conditions, template_hash};
 use crate::proxy_cache::ProxyCache;
 use crate::reconciler::{FIELD_MANAGER, post_event, reconcile_id};
@@ -57,6 +57,11 @@ pub const RESYNC: Duration = Duration::from_secs(60);
 pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
 /// Writes one pass performs at most; the rest is the next pass's.
 pub const MAX_WRITES: usize = 64;
+/// A pool with `spec.autoscale` is looked at this often: its lease load is sampled then (a
+/// refused request that concerns it brings the look sooner).
+pub const AUTOSCALE_PERIOD: Duration = Duration::from_secs(5);
+/// Refused requests of this window count towards a pool's size.
+pub const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
 /// The finalizer the API server sets on an object deleted with `--cascade=orphan` until its
 /// dependents are released.
 const ORPHAN_FINALIZER: &str = "orphan";
@@ -88,115 +93,13 @@ impl Expected {
     }
 }
 
-/// The pool controller's counters; the member gauges are read from the cache at scrape time
-/// ([`register`]).
-#[derive(Clone, Debug, Default)]
-pub struct PoolMetrics {
-    promotions: Family<PoolLabels, Counter>,
-    drains: Family<DrainLabels, Counter>,
-    creates: Family<CreateLabels, Counter>,
-    /// Active leases on the pool's members, as of its last pass.
-    leases: Family<PoolLabels, Gauge>,
-    /// The lease capacity of its active Ready members, as of its last pass.
-    capacity: Family<PoolLabels, Gauge>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PoolLabels {
-    namespace: String,
-    pool: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DrainLabels {
-    namespace: String,
-    pool: String,
-    /// `failed`, `rotation` (outdated: another template or past `maxAge`), `scale_down`,
-    /// `pool_deleted`.
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CreateLabels {
-    namespace: String,
-    pool: String,
-    role: &'static str,
-}
-
-/// The members of every pool by role and readiness, counted from the cache at scrape time.
-#[derive(Debug)]
-struct MemberGauges(kube::runtime::reflector::Store<Proxy>);
-
-impl prometheus_client::collector::Collector for MemberGauges {
-    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>) -> std::fmt::Result {
-        use prometheus_client::encoding::EncodeMetric as _;
-        let mut counts: BTreeMap<(String, String, &'static str, bool), i64> = BTreeMap::new();
-        for p in self.0.state() {
-            if let Some(m) = p.pool() {
-                let key = (
-                    p.namespace().unwrap_or_default(),
-                    m.pool.to_owned(),
-                    m.role.as_str(),
-                    p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready),
-                );
-                *counts.entry(key).or_default() += 1;
-            }
-        }
-        let family = encoder.encode_descriptor(
-            "proxy_operator_pool_members",
-            "Members of each ProxyPool by role (active, standby, draining) and whether they are Ready.",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        let mut family = family;
-        for ((namespace, pool, role, ready), n) in counts {
-            let labels = [
-                ("namespace", namespace),
-                ("pool", pool),
-                ("role", role.to_owned()),
-                ("ready", ready.to_string()),
-            ];
-            let encoder = family.encode_family(&labels)?;
-            prometheus_client::metrics::gauge::ConstGauge::new(n).encode(encoder)?;
-        }
-        Ok(())
-    }
-}
-
-impl PoolMetrics {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Registers the counters, and the member gauges read from `proxies` at scrape time.
-    pub fn register(&self, registry: &mut Registry, proxies: kube::runtime::reflector::Store<Proxy>) {
-        registry.register(
-            "proxy_operator_pool_promotions",
-            "Standbys promoted to active members, by pool.",
-            self.promotions.clone(),
-        );
-        registry.register(
-            "proxy_operator_pool_drains",
-            "Members drained, by pool and reason (failed, rotation, scale_down, pool_deleted).",
-            self.drains.clone(),
-        );
-        registry.register(
-            "proxy_operator_pool_member_creates",
-            "Members made, by pool and the role they were made in.",
-            self.creates.clone(),
-        );
-        registry.register(
-            "proxy_operator_pool_leases",
-            "Active leases on each ProxyPool's members, as of the pool's last pass.",
-            self.leases.clone(),
-        );
-        registry.register(
-            "proxy_operator_pool_lease_capacity",
-            "The lease capacity (maxLeases summed) of each ProxyPool's active Ready members, as of the pool's last pass.",
-            self.capacity.clone(),
-        );
-        registry.register_collector(Box::new(MemberGauges(proxies)));
-    }
+/// What the autoscaler remembers of a pool between looks. A new leader starts afresh: a
+/// scale-down waits a whole delay again, a scale-up loses nothing.
+#[derive(Debug, Default)]
+struct AutoscaleMemory {
+    low: Option<LowSince>,
+    /// The last time the autoscaler raised the pool: refusals before it were answered by it.
+    last_up: Option<Instant>,
 }
 
 /// What every pool pass shares.
@@ -205,11 +108,15 @@ pub struct PoolContext {
     pub cache: ProxyCache,
     pub store: Arc<dyn LeaseStore>,
     pub metrics: PoolMetrics,
+    /// Refused lease requests, counted by the discovery API (`None`: it is not served, and
+    /// autoscale sizes pools by utilisation alone).
+    refusals: Option<Arc<Refusals>>,
     /// The reporting instance of its Events.
     instance: String,
     expected: Mutex<HashMap<String, Expected>>,
     /// The last create that failed, per pool UID, until a create succeeds.
     create_failures: Mutex<HashMap<String, String>>,
+    autoscale: Mutex<HashMap<String, AutoscaleMemory>>,
 }
 
 impl std::fmt::Debug for PoolContext {
@@ -219,15 +126,23 @@ impl std::fmt::Debug for PoolContext {
 }
 
 impl PoolContext {
-    pub fn new(client: Client, cache: ProxyCache, store: Arc<dyn LeaseStore>, metrics: PoolMetrics) -> Self {
+    pub fn new(
+        client: Client,
+        cache: ProxyCache,
+        store: Arc<dyn LeaseStore>,
+        metrics: PoolMetrics,
+        refusals: Option<Arc<Refusals>>,
+    ) -> Self {
         Self {
             client,
             cache,
             store,
             metrics,
+            refusals,
             instance: std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.into()),
             expected: Mutex::default(),
             create_failures: Mutex::default(),
+            autoscale: Mutex::default(),
         }
     }
 }
@@ -351,8 +266,8 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         })
         .collect();
 
+    let leased: i64 = members.iter().map(|(_, m)| i64::from(m.leases)).sum();
     if leases_known {
-        let leased: i64 = members.iter().map(|(_, m)| i64::from(m.leases)).sum();
         let capacity: i64 = members
             .iter()
             .filter(|(_, m)| m.role == PoolRole::Active && m.ready)
@@ -369,7 +284,8 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     status.selector = format!("{LABEL_POOL}={name}");
     status.conditions = pool.status.clone().unwrap_or_default().conditions;
 
-    let desired = match desired(&pool.spec, deleting) {
+    let policy = pool.spec.autoscale.as_ref().map(Policy::from_spec).transpose();
+    let mut desired = match desired(&pool.spec, deleting).and_then(|d| policy.clone().map(|_| d)) {
         Ok(d) => d,
         Err(why) => {
             crate::status::set_condition(
@@ -403,19 +319,40 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         return Ok(Action::await_change());
     }
 
+    let mut events = Vec::new();
+    let autoscaled = match policy {
+        Ok(Some(policy)) if !deleting && leases_known => {
+            autoscale(ctx, pool, &policy, &members, u64::try_from(leased).unwrap_or(0))
+        }
+        _ => {
+            ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+            None
+        }
+    };
+    if let Some((replicas, note)) = autoscaled {
+        let patch = json!({"metadata": {"resourceVersion": pool.resource_version()}, "spec": {"replicas": replicas}});
+        pools
+            .patch(&name, &params(), &Patch::Merge(patch))
+            .await
+            .map_err(kube_error("the pool's replicas"))?;
+        let direction = if replicas > desired.replicas { "up" } else { "down" };
+        ctx.metrics
+            .scaled
+            .get_or_create(&ScaleLabels {
+                namespace: namespace.clone(),
+                pool: name.clone(),
+                direction,
+            })
+            .inc();
+        events.push(normal("Scaled", note));
+        desired.replicas = replicas;
+    }
+
     let decided: Plan = plan(&desired, &members.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>());
     span.record("pool.steps", decided.steps.len());
     let by_member: HashMap<&str, &Member> = members.iter().map(|(_, m)| (m.name.as_str(), m)).collect();
     let reference = kube::Resource::object_ref(pool, &());
     let mut wrote = Expected::default();
-    let mut events = Vec::new();
-    if pool.spec.autoscale.is_some() && pool.status.as_ref().and_then(|s| s.observed_generation) != generation {
-        // Once per spec change: the field is stored, and the user must know nothing acts on it.
-        events.push(warning(
-            "AutoscaleNotBuilt",
-            "spec.autoscale is stored but not acted on yet: spec.replicas sizes the pool; resize it with kubectl scale, an HPA or KEDA (docs/pools.md#scaling)".into(),
-        ));
-    }
     let mut create_failed = false;
     for step in decided.steps.iter().take(MAX_WRITES) {
         match step {
@@ -570,6 +507,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&uid);
+        ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
         return Ok(Action::await_change());
     }
     let draining_with_leases = members
@@ -579,10 +517,60 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     if draining_with_leases {
         next = next.min(DRAIN_POLL);
     }
+    if pool.spec.autoscale.is_some() {
+        next = next.min(AUTOSCALE_PERIOD);
+    }
     if more {
         next = Duration::from_millis(200);
     }
     Ok(Action::requeue(next))
+}
+
+/// The autoscaler's look at a pool: the number of members its load wants now, and the Event's
+/// note, when that differs from `spec.replicas`. Remembers the low run and the last raise.
+fn autoscale(
+    ctx: &PoolContext,
+    pool: &ProxyPool,
+    policy: &Policy,
+    members: &[(&Proxy, Member)],
+    leases: u64,
+) -> Option<(u32, String)> {
+    let uid = pool.uid().unwrap_or_default();
+    let name = pool.name_any();
+    let current = u32::try_from(pool.spec.replicas).unwrap_or(0);
+    let template = &pool.spec.template.spec;
+    let now = Instant::now();
+    let mut memory = ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner());
+    let memory = memory.entry(uid).or_default();
+    let window = now.checked_sub(REFUSAL_WINDOW).unwrap_or(now);
+    let since = memory.last_up.map_or(window, |up| up.max(window));
+    let refusals = ctx.refusals.as_ref().map_or(0, |r| {
+        r.count_since(since, |selector| concerns(&name, &template.attributes, selector))
+    });
+    let ready_actives = members
+        .iter()
+        .filter(|(_, m)| m.role == PoolRole::Active && m.ready && !m.failed)
+        .count();
+    let load = Load {
+        leases,
+        per_member: u32::try_from(template.effective_max_leases()).unwrap_or(0),
+        refusals,
+        complete: ready_actives >= current as usize,
+    };
+    let recommendation = recommend(policy, current, &load);
+    let scaled = scale(policy, current, recommendation, load.complete, memory.low, now);
+    memory.low = scaled.low;
+    if scaled.replicas == current {
+        return None;
+    }
+    if scaled.replicas > current {
+        memory.last_up = Some(now);
+    }
+    let note = format!(
+        "autoscale: {current} → {} members ({} active leases, {} each at most, target {}%; {} lease requests refused)",
+        scaled.replicas, load.leases, load.per_member, policy.target_utilization, load.refusals
+    );
+    Some((scaled.replicas, note))
 }
 
 fn params() -> PatchParams {
@@ -689,8 +677,15 @@ pub async fn run(ctx: Arc<PoolContext>, namespace: Option<String>, shutdown: Can
         _ => {}
     }
     let members = ctx.cache.subscribe();
+    // A refused lease request may be a pool's to answer (one scaled to zero waits for it).
+    let refused = futures::stream::unfold(ctx.refusals.as_ref().map(|r| r.subscribe()), |rx| async move {
+        let mut rx = rx?;
+        rx.changed().await.ok()?;
+        Some(((), Some(rx)))
+    });
     Controller::new(pools, watcher::Config::default())
         .owns_stream(members)
+        .reconcile_all_on(refused)
         .with_config(kube::runtime::controller::Config::default().concurrency(2))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)

@@ -155,6 +155,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         cache,
         store,
         egress_controller::pool::PoolMetrics::new(),
+        None,
     ));
     tokio::spawn(egress_controller::pool::run(pools_ctx, None, shutdown.clone()));
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);

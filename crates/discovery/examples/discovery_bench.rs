@@ -130,6 +130,7 @@ async fn api_run(fleet: Arc<Vec<ProxyInfo>>, store: Arc<dyn LeaseStore>) -> Figu
         store,
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
+        refusals: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -61,6 +61,8 @@ pub struct DiscoveryApi {
     pub max_ttl: Duration,
     /// Who may call it.
     pub auth: crate::Auth,
+    /// Where refused lease requests are counted for the pool autoscaler; `None`: nowhere.
+    pub refusals: Option<Arc<crate::Refusals>>,
 }
 
 impl std::fmt::Debug for DiscoveryApi {
@@ -234,7 +236,11 @@ impl DiscoveryApi {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies for lease"),
         };
-        let selector: BTreeMap<String, Vec<String>> = body.selector.into_iter().map(|(k, v)| (k, vec![v])).collect();
+        let selector: BTreeMap<String, Vec<String>> = body
+            .selector
+            .iter()
+            .map(|(k, v)| (k.clone(), vec![v.clone()]))
+            .collect();
         debug_assert!(
             proxies.is_sorted_by_key(|p| (p.latency_millis, p.id.as_str())),
             "the directory must list proxies in (latency, id) order"
@@ -284,17 +290,22 @@ impl DiscoveryApi {
                     }),
                 )
             }
-            Err(n) => (
-                409,
-                encoded(&json!({
-                    "error": "no_match",
-                    "message": "no healthy proxy with free capacity matched the selector",
-                    "considered": n.considered,
-                    "atCapacity": n.at_capacity,
-                    "inCooldown": n.in_cooldown,
-                    "unhealthy": n.unhealthy,
-                })),
-            ),
+            Err(n) => {
+                if let Some(refusals) = &self.refusals {
+                    refusals.record(&body.selector);
+                }
+                (
+                    409,
+                    encoded(&json!({
+                        "error": "no_match",
+                        "message": "no healthy proxy with free capacity matched the selector",
+                        "considered": n.considered,
+                        "atCapacity": n.at_capacity,
+                        "inCooldown": n.in_cooldown,
+                        "unhealthy": n.unhealthy,
+                    })),
+                )
+            }
         }
     }
 

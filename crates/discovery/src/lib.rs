@@ -20,11 +20,14 @@
 //! [`egress_lease::LeaseStore`]. A store that lives elsewhere (Redis) and cannot be reached
 //! makes the lease routes and the list answer `503 store_unavailable`, having changed nothing;
 //! [`publish_view`] shares this replica's proxies with the other replicas through such a store.
+//! Refused lease requests whose selector names a pool are counted in [`Refusals`], for the pool
+//! autoscaler.
 
 mod api;
 mod auth;
 pub mod client;
 pub mod openapi;
+pub mod refusals;
 mod server;
 pub mod view;
 
@@ -33,5 +36,6 @@ pub use auth::{
     Auth, FileTokens, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet, follow_token_file, parse_tokens,
     read_token_file, tokens_in_force,
 };
+pub use refusals::Refusals;
 pub use server::{MAX_BODY, router, serve};
 pub use view::publish_view;

@@ -29,6 +29,7 @@ impl ProxyDirectory for Directory {
 struct Server {
     url: String,
     directory: Arc<Directory>,
+    refusals: Arc<egress_discovery::Refusals>,
     clock: ManualClock,
     http: reqwest::Client,
     _stop: tokio_util::sync::DropGuard,
@@ -41,6 +42,7 @@ async fn start(token: Option<&str>) -> Server {
 async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Server {
     let directory = Arc::new(Directory::default());
     let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let refusals = Arc::new(egress_discovery::Refusals::new("pool"));
     let (url, stop) = serve_on_loopback_within(
         DiscoveryApi {
             directory: directory.clone(),
@@ -49,6 +51,7 @@ async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Serve
             auth: token.map_or(egress_discovery::Auth::None, |t| {
                 egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec![t.to_owned()])))
             }),
+            refusals: Some(refusals.clone()),
         },
         limits,
     )
@@ -56,6 +59,7 @@ async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Serve
     Server {
         url,
         directory,
+        refusals,
         clock,
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -348,6 +352,39 @@ async fn standby_and_draining_members_are_listed_but_never_leased() {
     assert_eq!(status, 204);
     let (status, refused) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
     assert_eq!((status, &refused["considered"]), (409, &json!(0)));
+}
+
+#[tokio::test]
+async fn refusals_of_selectors_naming_a_pool_are_counted_for_the_autoscaler() {
+    // Taken before the server (and its count) starts: every refusal comes after it.
+    let since = std::time::Instant::now();
+    let s = start(None).await;
+    s.set(vec![
+        member("ns/eu-active", 3, "active"),
+        info("ns/plain", true, 4, 1, &[]),
+    ]);
+    let eu = |sel: &std::collections::BTreeMap<String, String>| sel.get("pool").map(String::as_str) == Some("eu");
+    // Granted: nothing to count.
+    let (status, _) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
+    assert_eq!(status, 201);
+    assert_eq!(s.refusals.count_since(since, eu), 0);
+    // Refused, twice with the pool named (once with another attribute beside it), and once
+    // with no pool in the selector: the pool's count is two.
+    for body in [
+        r#"{"selector": {"pool": "eu"}}"#,
+        r#"{"selector": {"pool": "eu", "geo": "de"}}"#,
+        r#"{"selector": {"pool": "us"}}"#,
+        r#"{"selector": {"geo": "de"}}"#,
+    ] {
+        let (status, _) = s.post("/v1/leases", body).await;
+        assert_eq!(status, 409, "{body}");
+    }
+    assert_eq!(s.refusals.count_since(since, eu), 2);
+    assert_eq!(
+        s.refusals.count_since(since, |_| true),
+        3,
+        "the selector without a pool is not kept"
+    );
 }
 
 #[tokio::test]

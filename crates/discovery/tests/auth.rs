@@ -48,6 +48,7 @@ async fn serve(set: Arc<TokenSet>) -> (String, tokio_util::sync::DropGuard) {
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         auth: Auth::Tokens(set),
+        refusals: None,
     })
     .await
 }

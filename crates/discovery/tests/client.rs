@@ -21,6 +21,7 @@ async fn start() -> (String, DropGuard) {
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec!["tok".into()]))),
+        refusals: None,
     })
     .await
 }
@@ -125,6 +126,7 @@ async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
+        refusals: None,
     })
     .await;
     let api = Client::new(&url, None).unwrap();

@@ -28,6 +28,7 @@ async fn start() -> (String, DropGuard) {
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
+        refusals: None,
     })
     .await
 }
@@ -146,6 +147,7 @@ async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
         store: Arc::new(store),
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
+        refusals: None,
     })
     .await;
     let doc = egress_discovery::openapi::document();

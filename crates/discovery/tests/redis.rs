@@ -59,6 +59,7 @@ async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
         store: store(url, prefix),
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
+        refusals: None,
     };
     let (base, guard) = serve_on_loopback(api).await;
     (Client::new(&base, None).expect("a client"), guard)
