@@ -463,8 +463,10 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
 
 /// `autoscale` on the shipped operator (local provider, real tinyproxy). A pool of `min: 0`
 /// starts at zero; the first lease request naming it is refused with the documented answer and
-/// wakes it; leases held past the target utilisation grow it up to `max`; once they are
-/// released and the scale-down delay has passed, it drains back to zero.
+/// wakes it, and the client's retries while its member comes up grow it no further; leases held
+/// past the target utilisation grow it up to `max`; once they are released and the scale-down
+/// delay (an hour until then, so no step depends on how fast the machine is) is made short, it
+/// drains back to zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_to_zero() {
     const AUTO: &str = "burst";
@@ -483,7 +485,14 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
     );
     let cluster = cluster("pool-autoscale", &providers).await;
     let health_url = format!("https://127.0.0.1:{}/204", target.port());
-    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+    let (mut op, discovery) = start_probing(
+        &cluster,
+        &pki.ca_pem,
+        &health_url,
+        &["--metrics-bind-address=127.0.0.1:0", "--metrics-secure=false"],
+        &[],
+    );
+    let metrics = op.wait_msg("Serving metrics")["address"].as_str().unwrap().to_string();
     let client = cluster.server.client().unwrap();
     let mut events = PoolEvents::start(client.clone());
     let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
@@ -498,7 +507,7 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
         "metadata": {"name": AUTO},
         "spec": {
             "replicas": 0,
-            "autoscale": {"min": 0, "max": 3, "targetUtilization": 50, "scaleDownDelay": "5s"},
+            "autoscale": {"min": 0, "max": 3, "targetUtilization": 50, "scaleDownDelay": "1h"},
             "template": {"spec": {
                 "provider": "local", "maxLeases": 2,
                 "attributes": {"geo": "eu"},
@@ -533,15 +542,30 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
         scaled[0].contains("0 → 1") && scaled[0].contains("1 lease requests refused"),
         "{scaled:?}"
     );
+    // The client retries, as a crawler does on `no_match`, until its member is up. These
+    // refusals come while the member the pool asked for is on its way: they must not grow it
+    // again (step 2's `1 → 2` is the leases', and the steps are checked at the end).
+    let mut retries = tokio::time::interval(Duration::from_millis(200));
+    let first = tokio::time::timeout(PATIENCE, async {
+        loop {
+            retries.tick().await;
+            let (status, grant) = lease(&http, &discovery, AUTO).await;
+            match status {
+                201 => break grant,
+                409 => {}
+                _ => panic!("{status}: {grant}"),
+            }
+        }
+    })
+    .await
+    .expect("a lease once the woken member is Ready");
     wait_pool_named(&pools, AUTO, "at 1, Ready", available(1)).await;
 
     // 2. Two leases fill the member: 100 % of its capacity wants 2 members.
-    let mut leases = Vec::new();
-    for _ in 0..2 {
-        let (status, grant) = lease(&http, &discovery, AUTO).await;
-        assert_eq!(status, 201, "{grant}");
-        leases.push(grant["leaseID"].as_str().unwrap().to_owned());
-    }
+    let mut leases = vec![first["leaseID"].as_str().unwrap().to_owned()];
+    let (status, grant) = lease(&http, &discovery, AUTO).await;
+    assert_eq!(status, 201, "{grant}");
+    leases.push(grant["leaseID"].as_str().unwrap().to_owned());
     events
         .wait("grown to 2", |e| {
             e.iter().any(|(r, n)| r == "Scaled" && n.contains("1 → 2"))
@@ -562,7 +586,8 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
         .await;
     wait_pool_named(&pools, AUTO, "at 3, Ready", available(3)).await;
 
-    // 4. Every lease released: after the delay the pool drains to zero, no member left.
+    // 4. Every lease released, and the delay made short: the pool drains to zero, no member
+    // left.
     for id in leases {
         let released = http
             .delete(format!("http://{discovery}/v1/leases/{id}"))
@@ -572,7 +597,15 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
             .unwrap();
         assert_eq!(released.status(), 204);
     }
-    // (A look between two of the releases may make it two steps down: 3 → 1 → 0.)
+    pools
+        .patch(
+            AUTO,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"autoscale": {"scaleDownDelay": "2s"}}})),
+        )
+        .await
+        .unwrap();
+    // (A look between two of the releases may make it two steps down, say 3 → 2 → 0.)
     events
         .wait("back to zero", |e| {
             e.iter().any(|(r, n)| r == "Scaled" && n.contains(" → 0 members"))
@@ -618,6 +651,22 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
         3,
         "{all:#?}"
     );
+    let scraped = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let changes = |direction: &str| -> f64 {
+        let prefix = format!(
+            r#"proxy_operator_pool_autoscaled_total{{namespace="default",pool="{AUTO}",direction="{direction}"}}"#
+        );
+        let line = scraped.lines().find(|l| l.starts_with(&prefix));
+        let line = line.unwrap_or_else(|| panic!("no {prefix} in\n{scraped}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(changes("up"), 3.0);
+    assert!(changes("down") >= 1.0);
 
     pools.delete(AUTO, &DeleteParams::default()).await.unwrap();
     op.terminate();

@@ -71,8 +71,8 @@ pub struct ProxyPoolSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
     /// Sizes `replicas` by the pool's lease load and the lease requests it could not serve,
-    /// between `min` and `max`. While it is set the pool controller owns `replicas`: a change
-    /// made by `kubectl scale` or an HPA is overridden at its next look (every 5 seconds).
+    /// between `min` and `max`. While it is set the pool controller owns `replicas`: a number
+    /// written by `kubectl scale` or an HPA is only its starting point (docs/pools.md#autoscale).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<PoolAutoscale>,
 }
@@ -125,6 +125,7 @@ pub struct PoolAutoscale {
     /// request naming the pool is refused with `409 no_match` and wakes it).
     #[schemars(range(min = 0, max = 10000))]
     pub min: i32,
+    /// Most replicas.
     #[schemars(range(min = 1, max = 10000))]
     pub max: i32,
     /// Active leases over lease capacity, in percent, the pool is sized for. Default 70.

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::events::ProxyEvent;
-use crate::pool_autoscale::{Load, LowSince, Policy, concerns, recommend, scale};
+use crate::pool_autoscale::{Load, LowSince, Policy, recommend, scale};
 use crate::pool_decide::{Member, Plan, Step, plan};
 pub use crate::pool_metrics::PoolMetrics;
 use crate::pool_metrics::{CreateLabels, DrainLabels, PoolLabels, ScaleLabels};
@@ -60,6 +60,8 @@ pub const MAX_WRITES: usize = 64;
 /// A pool with `spec.autoscale` is looked at this often: its lease load is sampled then (a
 /// refused request that concerns it brings the look sooner).
 pub const AUTOSCALE_PERIOD: Duration = Duration::from_secs(5);
+/// A pool is looked at for its refused lease requests at most this often.
+pub const WAKE_GAP: Duration = Duration::from_secs(1);
 /// Refused requests of this window count towards a pool's size.
 pub const REFUSAL_WINDOW: Duration = Duration::from_secs(10);
 /// The finalizer the API server sets on an object deleted with `--cascade=orphan` until its
@@ -76,12 +78,18 @@ struct Expected {
     /// Members whose role was changed, and to what.
     roles: Vec<(String, PoolRole)>,
     deleted: Vec<String>,
+    /// The pool's generation after the autoscaler wrote its `replicas`: a pass on an older
+    /// copy of the pool would plan for the old number (and drain what was just made for the
+    /// new one).
+    pool_generation: Option<i64>,
     since: Option<Instant>,
 }
 
 impl Expected {
-    fn seen_in(&self, members: &HashMap<String, &Proxy>) -> bool {
-        self.created.iter().all(|n| members.contains_key(n))
+    fn seen_in(&self, pool: &ProxyPool, members: &HashMap<String, &Proxy>) -> bool {
+        self.pool_generation
+            .is_none_or(|g| pool.metadata.generation.is_some_and(|seen| seen >= g))
+            && self.created.iter().all(|n| members.contains_key(n))
             && self
                 .deleted
                 .iter()
@@ -100,6 +108,10 @@ struct AutoscaleMemory {
     low: Option<LowSince>,
     /// The last time the autoscaler raised the pool: refusals before it were answered by it.
     last_up: Option<Instant>,
+    /// The look that found every member the pool asks for Ready after one that did not.
+    complete_since: Option<Instant>,
+    /// The last look found members the pool asks for not yet Ready.
+    incomplete: bool,
 }
 
 /// What every pool pass shares.
@@ -191,14 +203,18 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     if deleting && !finalizers.iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
+    // The version a write of the pool's spec is made against (the finalizer's write makes a
+    // new one).
+    let mut version = pool.resource_version();
     if !deleting && !finalizers.iter().any(|f| f == FINALIZER) {
         let mut list = finalizers.to_vec();
         list.push(FINALIZER.into());
-        let patch = json!({"metadata": {"finalizers": list, "resourceVersion": pool.resource_version()}});
-        pools
+        let patch = json!({"metadata": {"finalizers": list, "resourceVersion": version}});
+        let patched = pools
             .patch(&name, &params(), &Patch::Merge(patch))
             .await
             .map_err(kube_error("the pool's finalizer"))?;
+        version = patched.resource_version();
     }
 
     let now = Timestamp::now();
@@ -216,10 +232,10 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         let mut expected = ctx.expected.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = expected.get(&uid) {
             let waited = e.since.is_some_and(|s| s.elapsed() >= EXPECTATION_TTL);
-            if !e.seen_in(&by_name) && !waited {
+            if !e.seen_in(pool, &by_name) && !waited {
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
-            if waited && !e.seen_in(&by_name) {
+            if waited && !e.seen_in(pool, &by_name) {
                 tracing::info!("the cache did not show this pool's last writes in time; planning on what it shows");
             }
             expected.remove(&uid);
@@ -319,22 +335,32 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         return Ok(Action::await_change());
     }
 
-    let mut events = Vec::new();
+    let reference = kube::Resource::object_ref(pool, &());
+    let mut wrote = Expected::default();
+    let key = format!("{namespace}/{name}");
     let autoscaled = match policy {
-        Ok(Some(policy)) if !deleting && leases_known => {
-            autoscale(ctx, pool, &policy, &members, u64::try_from(leased).unwrap_or(0))
+        Ok(Some(policy)) if !deleting => {
+            if let Some(r) = &ctx.refusals {
+                r.watch_pool(&key, &name, &pool.spec.template.spec.attributes);
+            }
+            // With the leases unknown there is nothing to go on: no look, and nothing forgotten.
+            leases_known
+                .then(|| autoscale(ctx, pool, &policy, &members, u64::try_from(leased).unwrap_or(0)))
+                .flatten()
         }
         _ => {
-            ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+            forget_autoscale(ctx, &uid, &key);
             None
         }
     };
     if let Some((replicas, note)) = autoscaled {
-        let patch = json!({"metadata": {"resourceVersion": pool.resource_version()}, "spec": {"replicas": replicas}});
-        pools
+        let patch = json!({"metadata": {"resourceVersion": version}, "spec": {"replicas": replicas}});
+        let patched = pools
             .patch(&name, &params(), &Patch::Merge(patch))
             .await
             .map_err(kube_error("the pool's replicas"))?;
+        written(ctx, &uid, desired.replicas, replicas, Instant::now());
+        wrote.pool_generation = patched.metadata.generation;
         let direction = if replicas > desired.replicas { "up" } else { "down" };
         ctx.metrics
             .scaled
@@ -344,15 +370,22 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
                 direction,
             })
             .inc();
-        events.push(normal("Scaled", note));
+        // Posted now: a later step that fails must not lose the record of a write made.
+        post_event(
+            &ctx.client,
+            &ctx.instance,
+            &reference,
+            &namespace,
+            &normal("Scaled", note),
+        )
+        .await;
         desired.replicas = replicas;
     }
 
     let decided: Plan = plan(&desired, &members.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>());
     span.record("pool.steps", decided.steps.len());
     let by_member: HashMap<&str, &Member> = members.iter().map(|(_, m)| (m.name.as_str(), m)).collect();
-    let reference = kube::Resource::object_ref(pool, &());
-    let mut wrote = Expected::default();
+    let mut events = Vec::new();
     let mut create_failed = false;
     for step in decided.steps.iter().take(MAX_WRITES) {
         match step {
@@ -454,7 +487,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     }
     let more = decided.steps.len() > MAX_WRITES;
     let settled = decided.steps.is_empty() && at_rest(&desired, &members);
-    if !decided.steps.is_empty() {
+    if !decided.steps.is_empty() || wrote.pool_generation.is_some() {
         wrote.since = Some(Instant::now());
         ctx.expected
             .lock()
@@ -507,7 +540,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&uid);
-        ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+        forget_autoscale(ctx, &uid, &key);
         return Ok(Action::await_change());
     }
     let draining_with_leases = members
@@ -536,41 +569,69 @@ fn autoscale(
     leases: u64,
 ) -> Option<(u32, String)> {
     let uid = pool.uid().unwrap_or_default();
-    let name = pool.name_any();
+    let key = format!("{}/{}", pool.namespace().unwrap_or_default(), pool.name_any());
     let current = u32::try_from(pool.spec.replicas).unwrap_or(0);
-    let template = &pool.spec.template.spec;
     let now = Instant::now();
-    let mut memory = ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner());
-    let memory = memory.entry(uid).or_default();
-    let window = now.checked_sub(REFUSAL_WINDOW).unwrap_or(now);
-    let since = memory.last_up.map_or(window, |up| up.max(window));
-    let refusals = ctx.refusals.as_ref().map_or(0, |r| {
-        r.count_since(since, |selector| concerns(&name, &template.attributes, selector))
-    });
     let ready_actives = members
         .iter()
         .filter(|(_, m)| m.role == PoolRole::Active && m.ready && !m.failed)
         .count();
+    let complete = ready_actives >= current as usize;
+    let mut memory = ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner());
+    let memory = memory.entry(uid).or_default();
+    if !complete {
+        memory.incomplete = true;
+    } else if std::mem::take(&mut memory.incomplete) {
+        memory.complete_since = Some(now);
+    }
+    // Refusals count from the latest of: the window's start, the last raise (they made it),
+    // and the look that found the pool complete again (those made while members were on
+    // their way were waited out, not answered with more). While incomplete they do not count
+    // at all (`Load::complete`).
+    let window = now.checked_sub(REFUSAL_WINDOW).unwrap_or(now);
+    let since = [memory.last_up, memory.complete_since]
+        .into_iter()
+        .flatten()
+        .fold(window, Instant::max);
+    let refusals = ctx.refusals.as_ref().map_or(0, |r| r.count_since(&key, since));
     let load = Load {
         leases,
-        per_member: u32::try_from(template.effective_max_leases()).unwrap_or(0),
+        per_member: u32::try_from(pool.spec.template.spec.effective_max_leases()).unwrap_or(0),
         refusals,
-        complete: ready_actives >= current as usize,
+        complete,
     };
     let recommendation = recommend(policy, current, &load);
-    let scaled = scale(policy, current, recommendation, load.complete, memory.low, now);
-    memory.low = scaled.low;
+    let scaled = scale(policy, current, recommendation, memory.low, now);
     if scaled.replicas == current {
+        memory.low = scaled.low;
         return None;
     }
-    if scaled.replicas > current {
-        memory.last_up = Some(now);
-    }
+    // A change is remembered once it is written ([`written`]): a write that fails (a conflict
+    // with a newer pool) leaves the next look the same refusals and the same low run.
     let note = format!(
         "autoscale: {current} → {} members ({} active leases, {} each at most, target {}%; {} lease requests refused)",
         scaled.replicas, load.leases, load.per_member, policy.target_utilization, load.refusals
     );
     Some((scaled.replicas, note))
+}
+
+/// Forgets a pool's autoscale: its memory, and its refusals' count.
+fn forget_autoscale(ctx: &PoolContext, uid: &str, key: &str) {
+    ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+    if let Some(r) = &ctx.refusals {
+        r.forget_pool(key);
+    }
+}
+
+/// Remembers that the autoscaler wrote `replicas` over `before` (`now`): a low run ends, and a
+/// raise answers the refusals before it.
+fn written(ctx: &PoolContext, uid: &str, before: u32, replicas: u32, now: Instant) {
+    let mut memory = ctx.autoscale.lock().unwrap_or_else(|p| p.into_inner());
+    let memory = memory.entry(uid.to_owned()).or_default();
+    memory.low = None;
+    if replicas > before {
+        memory.last_up = Some(now);
+    }
 }
 
 fn params() -> PatchParams {
@@ -654,6 +715,7 @@ pub fn error_policy(pool: Arc<ProxyPool>, error: &PoolError, _: Arc<PoolContext>
 /// not installed (a cluster that did not apply the new CRD), it says so once and runs nothing.
 pub async fn run(ctx: Arc<PoolContext>, namespace: Option<String>, shutdown: CancellationToken) {
     use futures::StreamExt;
+    use kube::runtime::reflector::ObjectRef;
     use kube::runtime::{Controller, watcher};
 
     let pools: Api<ProxyPool> = match &namespace {
@@ -677,15 +739,28 @@ pub async fn run(ctx: Arc<PoolContext>, namespace: Option<String>, shutdown: Can
         _ => {}
     }
     let members = ctx.cache.subscribe();
-    // A refused lease request may be a pool's to answer (one scaled to zero waits for it).
-    let refused = futures::stream::unfold(ctx.refusals.as_ref().map(|r| r.subscribe()), |rx| async move {
-        let mut rx = rx?;
+    // A refused lease request may be a pool's to answer (one scaled to zero waits for it):
+    // the pools refused are looked at, each at most once per WAKE_GAP.
+    let refusals = ctx.refusals.clone();
+    let refused = futures::stream::unfold(refusals.map(|r| (r.subscribe(), r, false)), |state| async move {
+        let (mut rx, refusals, rest) = state?;
+        if rest {
+            // Refusals meanwhile mark the channel, and are taken together after the gap.
+            tokio::time::sleep(WAKE_GAP).await;
+        }
         rx.changed().await.ok()?;
-        Some(((), Some(rx)))
-    });
+        let pools: Vec<ObjectRef<ProxyPool>> = refusals
+            .take_refused()
+            .iter()
+            .filter_map(|key| key.split_once('/'))
+            .map(|(ns, name)| ObjectRef::new(name).within(ns))
+            .collect();
+        Some((futures::stream::iter(pools), Some((rx, refusals, true))))
+    })
+    .flatten();
     Controller::new(pools, watcher::Config::default())
         .owns_stream(members)
-        .reconcile_all_on(refused)
+        .reconcile_on(refused)
         .with_config(kube::runtime::controller::Config::default().concurrency(2))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)

@@ -6,22 +6,21 @@
 //!   carry the pool's active leases at the target share of their capacity.
 //! - **Refusals.** Requests refused (`409 no_match`) with a selector naming the pool mean demand
 //!   the pool had no room for: each `maxLeases` of them wants one member more than the pool
-//!   has. They count only while the pool has every member it asked for Ready: capacity on its
-//!   way is waited for, so the same shortage is not paid for twice. A pool at zero has all of
-//!   its none, so its first refusal wakes it.
+//!   has. Only those made while the pool has every member it asked for Ready count (the
+//!   controller counts from the look that found it so, and from its last raise): capacity on
+//!   its way is waited for, so the same shortage is not paid for twice. A pool at zero has all
+//!   of its none, so its first refusal wakes it.
 //! - **Bounds.** One step up at most doubles the pool (or adds 4, if more); the answer is
 //!   clamped to `[min, max]`.
 //! - **Up at once, down late.** A higher number is taken at once. A lower one waits until every
 //!   recommendation for `scaleDownDelay` was lower than the current number, then takes the
-//!   highest of them, so a dip shorter than the delay removes nothing. Only a complete pool is
-//!   judged idle: while members it asked for are not yet Ready, its load says nothing about
-//!   what they would carry (a pool just woken from zero has no lease yet), so it is not
-//!   lowered.
+//!   highest of them, so a dip shorter than the delay removes nothing. A raise ends any run,
+//!   so it holds for at least the delay (a pool woken from zero has no lease until its member
+//!   is Ready and the client comes back).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use egress_api::{ATTRIBUTE_POOL, PoolAutoscale};
+use egress_api::PoolAutoscale;
 
 /// `targetUtilization` when the pool does not say.
 pub const DEFAULT_TARGET_UTILIZATION: u32 = 70;
@@ -72,8 +71,8 @@ pub struct Load {
     pub leases: u64,
     /// A member's lease capacity (the template's `maxLeases`).
     pub per_member: u32,
-    /// Requests refused with a selector naming the pool since it last scaled up, within the
-    /// window the controller reads.
+    /// Requests refused with a selector naming the pool, within the window the controller
+    /// reads, made since it last grew and since it had all its members Ready.
     pub refusals: u64,
     /// Every member it asked for is active and Ready.
     pub complete: bool,
@@ -100,16 +99,6 @@ pub fn recommend(policy: &Policy, current: u32, load: &Load) -> u32 {
     u32::try_from(wanted).unwrap_or(u32::MAX).clamp(policy.min, policy.max)
 }
 
-/// Whether a refused request's `selector` was asking for pool `pool`, whose members carry
-/// `attributes` (the template's): it names the pool, and every other pair it asks for is one
-/// the members have. A selector no member could ever match does not grow the pool.
-pub fn concerns(pool: &str, attributes: &BTreeMap<String, String>, selector: &BTreeMap<String, String>) -> bool {
-    selector.get(ATTRIBUTE_POOL).map(String::as_str) == Some(pool)
-        && selector
-            .iter()
-            .all(|(k, v)| k == ATTRIBUTE_POOL || attributes.get(k) == Some(v))
-}
-
 /// A run of recommendations below the current number: since when, and the highest of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LowSince {
@@ -125,25 +114,17 @@ pub struct Scaled {
 }
 
 /// Applies `recommendation` to `current` at `now`: up (or back within `max`) at once, down only
-/// after [`Policy::scale_down_delay`] of lower recommendations made while the pool was
-/// `complete`, to the highest of them.
-pub fn scale(
-    policy: &Policy,
-    current: u32,
-    recommendation: u32,
-    complete: bool,
-    low: Option<LowSince>,
-    now: Instant,
-) -> Scaled {
+/// after [`Policy::scale_down_delay`] of lower recommendations, to the highest of them.
+pub fn scale(policy: &Policy, current: u32, recommendation: u32, low: Option<LowSince>, now: Instant) -> Scaled {
     if current > policy.max {
         return Scaled {
             replicas: policy.max,
             low: None,
         };
     }
-    if recommendation >= current || !complete {
+    if recommendation >= current {
         return Scaled {
-            replicas: recommendation.max(current),
+            replicas: recommendation,
             low: None,
         };
     }
@@ -247,25 +228,6 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_concerns_the_pool_it_names_when_its_members_could_match() {
-        let attrs: BTreeMap<String, String> = [("geo".into(), "eu".into())].into();
-        let sel = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
-        };
-        assert!(concerns("fleet", &attrs, &sel(&[("pool", "fleet")])));
-        assert!(concerns("fleet", &attrs, &sel(&[("pool", "fleet"), ("geo", "eu")])));
-        assert!(!concerns("fleet", &attrs, &sel(&[("pool", "fleet"), ("geo", "us")])));
-        assert!(!concerns("fleet", &attrs, &sel(&[("pool", "other")])));
-        assert!(
-            !concerns("fleet", &attrs, &sel(&[("geo", "eu")])),
-            "a pool is asked for by name"
-        );
-        // A template attribute named `pool` is overwritten on members: the name is what counts.
-        let named: BTreeMap<String, String> = [("pool".into(), "x".into())].into();
-        assert!(concerns("fleet", &named, &sel(&[("pool", "fleet")])));
-    }
-
-    #[test]
     fn no_capacity_per_member_means_refusals_count_one_each() {
         let l = Load {
             leases: 3,
@@ -283,9 +245,9 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         // Up: at once, and it forgets any low run.
         let low = Some(LowSince { since: t0, highest: 2 });
-        assert_eq!(scale(&p, 3, 5, true, low, at(10)), Scaled { replicas: 5, low: None });
+        assert_eq!(scale(&p, 3, 5, low, at(10)), Scaled { replicas: 5, low: None });
         // Down: the run starts, and holds the current number.
-        let s = scale(&p, 5, 2, true, None, at(0));
+        let s = scale(&p, 5, 2, None, at(0));
         assert_eq!(
             s,
             Scaled {
@@ -296,9 +258,9 @@ mod tests {
                 })
             }
         );
-        let s = scale(&p, 5, 3, true, s.low, at(100));
+        let s = scale(&p, 5, 3, s.low, at(100));
         assert_eq!(s.replicas, 5);
-        let s = scale(&p, 5, 1, true, s.low, at(299));
+        let s = scale(&p, 5, 1, s.low, at(299));
         assert_eq!(
             s,
             Scaled {
@@ -310,22 +272,16 @@ mod tests {
             }
         );
         // The delay has passed: the highest low recommendation.
-        assert_eq!(scale(&p, 5, 1, true, s.low, at(300)), Scaled { replicas: 3, low: None });
+        assert_eq!(scale(&p, 5, 1, s.low, at(300)), Scaled { replicas: 3, low: None });
         // A recommendation back at the current number ends the run.
-        let s = scale(&p, 5, 2, true, None, at(0));
-        let s = scale(&p, 5, 5, true, s.low, at(200));
+        let s = scale(&p, 5, 2, None, at(0));
+        let s = scale(&p, 5, 5, s.low, at(200));
         assert_eq!(s, Scaled { replicas: 5, low: None });
-        let s = scale(&p, 5, 2, true, s.low, at(400));
+        let s = scale(&p, 5, 2, s.low, at(400));
         assert_eq!(s.replicas, 5, "a new run starts: {s:?}");
-        // A pool still waiting for members is not judged idle: it holds, and the run is forgotten.
-        let s = scale(&p, 5, 2, true, None, at(0));
-        assert_eq!(
-            scale(&p, 5, 2, false, s.low, at(300)),
-            Scaled { replicas: 5, low: None }
-        );
         // Above the max (the max was lowered): down to it at once.
         assert_eq!(
-            scale(&policy(0, 4), 9, 1, true, None, at(0)),
+            scale(&policy(0, 4), 9, 1, None, at(0)),
             Scaled { replicas: 4, low: None }
         );
     }

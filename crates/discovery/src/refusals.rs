@@ -1,14 +1,15 @@
-//! Lease requests the API refused, counted per selector, for the pool autoscaler
-//! (docs/pools.md#autoscale). Demand that found no proxy does not show in utilisation (a pool
-//! scaled to zero has no capacity to use), so the API remembers, for the last minute, how many
-//! requests each selector naming a pool was refused; the autoscaler asks how many of them concern
-//! its pool.
+//! Lease requests the API refused, counted for the pools that asked to know, for the pool
+//! autoscaler (docs/pools.md#autoscale). Demand that found no proxy does not show in
+//! utilisation (a pool scaled to zero has no capacity to use), so the API counts, for the last
+//! minute, the refusals of requests that asked for a watched pool.
 //!
-//! Bounded whatever clients send: at most [`MAX_SELECTORS`] selectors of at most
-//! [`MAX_SELECTOR_BYTES`] each, sixty one-second counters per selector, and subscribers told at
-//! most once per [`NOTICE_GAP`].
+//! A pool is watched by its controller ([`Refusals::watch_pool`]) with its name and its
+//! members' attributes; a refused request counts for it when its selector names the pool and
+//! asks for nothing else its members lack ([`concerns`]). What clients send never adds an
+//! entry: counts exist only for watched pools (at most [`MAX_POOLS`]), sixty one-second
+//! counters each, so no client can crowd a pool out or grow the memory.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,19 +19,23 @@ use tokio::sync::watch;
 pub const HORIZON: Duration = Duration::from_secs(BUCKETS as u64);
 /// One counter per second of [`HORIZON`].
 const BUCKETS: usize = 60;
-/// Selectors remembered at once. A new one finds room by taking the place of one refused
-/// nothing within [`HORIZON`]; with none such, it is not counted (and a debug line says so).
-pub const MAX_SELECTORS: usize = 1024;
-/// A selector whose keys and values are longer than this together is not counted.
-pub const MAX_SELECTOR_BYTES: usize = 1024;
-/// Subscribers are told of refusals at most this often.
-pub const NOTICE_GAP: Duration = Duration::from_secs(1);
+/// Pools watched at once; one more is not watched (and a warning says so).
+pub const MAX_POOLS: usize = 4096;
 
-/// A selector as the request sent it.
+/// A selector as the request sent it, or a pool's attributes.
 pub type Selector = BTreeMap<String, String>;
 
-/// The refused requests of the last [`HORIZON`], by selector. Only selectors that carry the
-/// attribute it was made for (`pool`) are counted.
+/// Whether a refused request's `selector` asked for the pool `name` whose members carry
+/// `attributes`: it names the pool under `attribute`, and every other pair it asks for is one
+/// the members have. A selector no member could ever match does not count.
+pub fn concerns(attribute: &str, name: &str, attributes: &Selector, selector: &Selector) -> bool {
+    selector.get(attribute).map(String::as_str) == Some(name)
+        && selector
+            .iter()
+            .all(|(k, v)| k == attribute || attributes.get(k) == Some(v))
+}
+
+/// The refusals of the last [`HORIZON`] for each watched pool.
 #[derive(Debug)]
 pub struct Refusals {
     attribute: String,
@@ -41,8 +46,19 @@ pub struct Refusals {
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_selector: HashMap<Selector, Counts>,
-    last_notice: Option<Instant>,
+    /// Watched pools by name (the value a selector names); pools of one name in several
+    /// namespaces share the entry's list.
+    by_name: HashMap<String, Vec<Watched>>,
+    watched: usize,
+    /// Keys of the pools refused since the last [`Refusals::take_refused`].
+    refused: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+struct Watched {
+    key: String,
+    attributes: Selector,
+    counts: Counts,
 }
 
 /// Refusals per second, in a ring: `buckets[s % BUCKETS]` counts second `s` for the seconds
@@ -55,10 +71,10 @@ struct Counts {
 }
 
 impl Counts {
-    fn new(second: u64) -> Self {
+    fn new() -> Self {
         Self {
             buckets: [0; BUCKETS],
-            last: second,
+            last: 0,
         }
     }
 
@@ -75,9 +91,13 @@ impl Counts {
         *bucket = bucket.saturating_add(1);
     }
 
-    /// Refusals in the seconds `from ..= now`, no further back than [`HORIZON`].
+    /// Refusals in the seconds `from ..= now`, no further back than [`HORIZON`] (from `now`,
+    /// or from `last` when a refusal came in after `now` was read).
     fn since(&self, from: u64, now: u64) -> u64 {
-        let oldest = from.max(now.saturating_sub(BUCKETS as u64 - 1));
+        let window = BUCKETS as u64 - 1;
+        let oldest = from
+            .max(now.saturating_sub(window))
+            .max(self.last.saturating_sub(window));
         (oldest..=self.last.min(now))
             .map(|s| u64::from(self.buckets[slot(s)]))
             .sum()
@@ -89,7 +109,7 @@ fn slot(second: u64) -> usize {
 }
 
 impl Refusals {
-    /// Counts refusals of selectors that carry `attribute`.
+    /// Counts refusals of selectors that name a pool under `attribute`.
     pub fn new(attribute: impl Into<String>) -> Self {
         Self {
             attribute: attribute.into(),
@@ -99,23 +119,75 @@ impl Refusals {
         }
     }
 
+    /// Starts (or goes on) counting the refusals for the pool `key` (`namespace/name`), named
+    /// `name` in selectors, whose members carry `attributes`. Its counts are kept across calls.
+    pub fn watch_pool(&self, key: &str, name: &str, attributes: &Selector) {
+        let mut inner = self.lock();
+        if let Some(w) = inner
+            .by_name
+            .get_mut(name)
+            .and_then(|list| list.iter_mut().find(|w| w.key == key))
+        {
+            w.attributes.clone_from(attributes);
+            return;
+        }
+        if inner.watched >= MAX_POOLS {
+            tracing::warn!(
+                pool = key,
+                "{MAX_POOLS} pools already watched for refused leases; not this one"
+            );
+            return;
+        }
+        inner.watched += 1;
+        inner.by_name.entry(name.to_owned()).or_default().push(Watched {
+            key: key.to_owned(),
+            attributes: attributes.clone(),
+            counts: Counts::new(),
+        });
+    }
+
+    /// Stops counting for the pool `key`.
+    pub fn forget_pool(&self, key: &str) {
+        let mut inner = self.lock();
+        let mut found = false;
+        inner.by_name.retain(|_, list| {
+            let before = list.len();
+            list.retain(|w| w.key != key);
+            found |= list.len() != before;
+            !list.is_empty()
+        });
+        if found {
+            inner.watched -= 1;
+        }
+        inner.refused.remove(key);
+    }
+
     /// Notes that a request with `selector` was refused (`409 no_match`).
     pub fn record(&self, selector: &Selector) {
         self.record_at(selector, Instant::now());
     }
 
-    /// How many refusals after `since` had a selector for which `concerns` holds, counted in
-    /// whole seconds: those of the seconds after the one `since` falls in, no further back
-    /// than [`HORIZON`]. So none made before `since` is counted (a few just after it may not
-    /// be: the autoscaler asks for those since it last grew a pool, and must not count the
-    /// ones that made it grow).
-    pub fn count_since(&self, since: Instant, concerns: impl Fn(&Selector) -> bool) -> u64 {
-        self.count_at(since, Instant::now(), concerns)
+    /// How many refusals for the pool `key` came after `since`, counted in whole seconds:
+    /// those of the seconds after the one `since` falls in, no further back than [`HORIZON`].
+    /// So none made before `since` is counted (a few just after it may not be: the autoscaler
+    /// asks for those since it last grew a pool, and must not count the ones that made it).
+    pub fn count_since(&self, key: &str, since: Instant) -> u64 {
+        self.count_at(key, since, Instant::now())
     }
 
-    /// Fires (coalesced, at most once per [`NOTICE_GAP`]) when a refusal was counted.
+    /// The keys of the pools refused since the last call.
+    pub fn take_refused(&self) -> Vec<String> {
+        std::mem::take(&mut self.lock().refused).into_iter().collect()
+    }
+
+    /// Fires (coalesced) when a watched pool was refused; [`Refusals::take_refused`] says
+    /// which.
     pub fn subscribe(&self) -> watch::Receiver<()> {
         self.notice.subscribe()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn second(&self, at: Instant) -> u64 {
@@ -123,60 +195,39 @@ impl Refusals {
     }
 
     fn record_at(&self, selector: &Selector, now: Instant) {
-        if !selector.contains_key(&self.attribute) {
+        let Some(name) = selector.get(&self.attribute) else {
             return;
-        }
-        let bytes: usize = selector.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if bytes > MAX_SELECTOR_BYTES {
-            tracing::debug!(bytes, "a refused selector too long to count");
-            return;
-        }
-        let second = self.second(now);
-        let notify = {
-            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(counts) = inner.by_selector.get_mut(selector) {
-                counts.add(second);
-            } else {
-                if inner.by_selector.len() >= MAX_SELECTORS {
-                    let stale = inner
-                        .by_selector
-                        .iter()
-                        .find(|(_, c)| c.last + (BUCKETS as u64) <= second)
-                        .map(|(s, _)| s.clone());
-                    let Some(stale) = stale else {
-                        tracing::debug!("{MAX_SELECTORS} selectors refused within a minute; not counting another");
-                        return;
-                    };
-                    inner.by_selector.remove(&stale);
-                }
-                let mut counts = Counts::new(second);
-                counts.add(second);
-                inner.by_selector.insert(selector.clone(), counts);
-            }
-            let due = inner
-                .last_notice
-                .is_none_or(|n| now.saturating_duration_since(n) >= NOTICE_GAP);
-            if due {
-                inner.last_notice = Some(now);
-            }
-            due
         };
-        if notify {
+        let second = self.second(now);
+        let counted = {
+            let mut inner = self.lock();
+            let Inner { by_name, refused, .. } = &mut *inner;
+            let mut counted = false;
+            for w in by_name.get_mut(name).into_iter().flatten() {
+                if concerns(&self.attribute, name, &w.attributes, selector) {
+                    w.counts.add(second);
+                    refused.insert(w.key.clone());
+                    counted = true;
+                }
+            }
+            counted
+        };
+        if counted {
             self.notice.send_replace(());
         }
     }
 
-    fn count_at(&self, since: Instant, now: Instant, concerns: impl Fn(&Selector) -> bool) -> u64 {
+    fn count_at(&self, key: &str, since: Instant, now: Instant) -> u64 {
         // An instant before the epoch is before every refusal.
         let from = if since < self.epoch { 0 } else { self.second(since) + 1 };
         let now = self.second(now);
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = self.lock();
         inner
-            .by_selector
-            .iter()
-            .filter(|(s, _)| concerns(s))
-            .map(|(_, c)| c.since(from, now))
-            .sum()
+            .by_name
+            .values()
+            .flatten()
+            .find(|w| w.key == key)
+            .map_or(0, |w| w.counts.since(from, now))
     }
 }
 
@@ -188,87 +239,119 @@ mod tests {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
-    fn pool(name: &str) -> impl Fn(&Selector) -> bool + '_ {
-        move |s| s.get("pool").map(String::as_str) == Some(name)
+    #[test]
+    fn a_refusal_concerns_the_pool_it_names_when_its_members_could_match() {
+        let attrs = selector(&[("geo", "eu")]);
+        assert!(concerns("pool", "fleet", &attrs, &selector(&[("pool", "fleet")])));
+        assert!(concerns(
+            "pool",
+            "fleet",
+            &attrs,
+            &selector(&[("pool", "fleet"), ("geo", "eu")])
+        ));
+        assert!(!concerns(
+            "pool",
+            "fleet",
+            &attrs,
+            &selector(&[("pool", "fleet"), ("geo", "us")])
+        ));
+        assert!(!concerns("pool", "fleet", &attrs, &selector(&[("pool", "other")])));
+        assert!(
+            !concerns("pool", "fleet", &attrs, &selector(&[("geo", "eu")])),
+            "asked for by name"
+        );
+        // A template attribute named `pool` is overwritten on members: the name is what counts.
+        let named = selector(&[("pool", "x")]);
+        assert!(concerns("pool", "fleet", &named, &selector(&[("pool", "fleet")])));
     }
 
     #[test]
-    fn counts_refusals_by_selector_within_the_window_asked() {
+    fn counts_the_refusals_of_watched_pools_within_the_window_asked() {
         let r = Refusals::new("pool");
-        let t0 = r.epoch;
-        let at = |s: u64| t0 + Duration::from_secs(s);
+        let at = |s: u64| r.epoch + Duration::from_secs(s);
+        r.watch_pool("ns/a", "a", &selector(&[("geo", "eu")]));
+        r.watch_pool("other/a", "a", &Selector::new());
+        r.watch_pool("ns/b", "b", &Selector::new());
         for s in [0, 0, 5, 9] {
             r.record_at(&selector(&[("pool", "a")]), at(s));
         }
+        // Only ns/a's members have geo=eu; nobody watches c; no pool named: nothing.
         r.record_at(&selector(&[("pool", "a"), ("geo", "eu")]), at(9));
-        r.record_at(&selector(&[("pool", "b")]), at(9));
-        // Not about a pool: not counted at all.
+        r.record_at(&selector(&[("pool", "c")]), at(9));
         r.record_at(&selector(&[("geo", "eu")]), at(9));
-        assert_eq!(r.inner.lock().unwrap().by_selector.len(), 3);
+        assert_eq!(r.take_refused(), ["ns/a", "other/a"]);
+        assert_eq!(r.take_refused(), Vec::<String>::new());
 
-        // From before the first (an instant before the epoch's first second is its own).
+        // From before the first (an instant before the epoch is before its first second).
         let start = r.epoch.checked_sub(Duration::from_secs(1)).unwrap();
-        assert_eq!(r.count_at(start, at(9), pool("a")), 5);
+        assert_eq!(r.count_at("ns/a", start, at(9)), 5);
+        assert_eq!(r.count_at("other/a", start, at(9)), 4);
+        assert_eq!(r.count_at("ns/b", start, at(9)), 0);
+        assert_eq!(r.count_at("ns/c", start, at(9)), 0);
         // Those after a second: not those of that second.
-        assert_eq!(r.count_at(at(4), at(9), pool("a")), 3);
-        assert_eq!(r.count_at(at(5), at(9), pool("a")), 2);
-        assert_eq!(r.count_at(at(0), at(9), pool("a")), 3);
-        assert_eq!(r.count_at(start, at(9), pool("b")), 1);
-        assert_eq!(r.count_at(start, at(9), pool("c")), 0);
+        assert_eq!(r.count_at("ns/a", at(4), at(9)), 3);
+        assert_eq!(r.count_at("ns/a", at(5), at(9)), 2);
+        assert_eq!(r.count_at("ns/a", at(0), at(9)), 3);
         // A minute on, the first second has left the window; later ones have not.
-        assert_eq!(r.count_at(start, at(60), pool("a")), 3);
-        assert_eq!(r.count_at(start, at(68), pool("a")), 2);
-        assert_eq!(r.count_at(start, at(69), pool("a")), 0);
+        assert_eq!(r.count_at("ns/a", start, at(60)), 3);
+        assert_eq!(r.count_at("ns/a", start, at(68)), 2);
+        assert_eq!(r.count_at("ns/a", start, at(69)), 0);
+        // A refusal recorded after `now` was read does not stretch the window back.
+        r.record_at(&selector(&[("pool", "b")]), at(3));
+        r.record_at(&selector(&[("pool", "b")]), at(70));
+        assert_eq!(r.count_at("ns/b", start, at(69)), 0);
     }
 
     #[test]
     fn a_ring_reused_after_a_quiet_minute_forgets_the_old_counts() {
         let r = Refusals::new("pool");
         let at = |s: u64| r.epoch + Duration::from_secs(s);
+        r.watch_pool("ns/a", "a", &Selector::new());
         let a = selector(&[("pool", "a")]);
         r.record_at(&a, at(3));
         r.record_at(&a, at(3));
         // Second 63 shares second 3's slot; second 200 is minutes later.
         r.record_at(&a, at(63));
-        assert_eq!(r.count_at(at(0), at(63), pool("a")), 1);
+        assert_eq!(r.count_at("ns/a", at(0), at(63)), 1);
         r.record_at(&a, at(200));
-        assert_eq!(r.count_at(at(0), at(200), pool("a")), 1);
-        assert_eq!(r.count_at(at(0), at(201), pool("a")), 1);
+        assert_eq!(r.count_at("ns/a", at(0), at(200)), 1);
+        assert_eq!(r.count_at("ns/a", at(0), at(201)), 1);
     }
 
     #[test]
-    fn what_it_keeps_is_bounded() {
+    fn watching_is_bounded_kept_across_updates_and_forgotten() {
         let r = Refusals::new("pool");
         let at = |s: u64| r.epoch + Duration::from_secs(s);
-        let long = "x".repeat(MAX_SELECTOR_BYTES);
-        r.record_at(&selector(&[("pool", &long)]), at(0));
-        assert_eq!(r.inner.lock().unwrap().by_selector.len(), 0, "too long");
-        for i in 0..MAX_SELECTORS {
-            r.record_at(&selector(&[("pool", &i.to_string())]), at(0));
+        r.watch_pool("ns/a", "a", &Selector::new());
+        r.record_at(&selector(&[("pool", "a")]), at(1));
+        // The template changed: the counts stay, the attributes follow.
+        r.watch_pool("ns/a", "a", &selector(&[("geo", "us")]));
+        r.record_at(&selector(&[("pool", "a"), ("geo", "us")]), at(2));
+        assert_eq!(r.count_at("ns/a", at(0), at(2)), 2);
+        r.forget_pool("ns/a");
+        r.record_at(&selector(&[("pool", "a")]), at(3));
+        assert_eq!(r.count_at("ns/a", at(0), at(3)), 0);
+        assert_eq!(r.lock().watched, 0);
+        assert!(r.lock().by_name.is_empty());
+        for i in 0..MAX_POOLS + 10 {
+            r.watch_pool(&format!("ns/p{i}"), &format!("p{i}"), &Selector::new());
         }
-        // Full, and all of them recent: a new selector is not counted.
-        r.record_at(&selector(&[("pool", "new")]), at(30));
-        assert_eq!(r.count_at(at(0), at(30), pool("new")), 0);
-        // A minute later the old ones are stale: a new one takes the place of one.
-        r.record_at(&selector(&[("pool", "new")]), at(60));
-        assert_eq!(r.count_at(at(0), at(60), pool("new")), 1);
-        assert_eq!(r.inner.lock().unwrap().by_selector.len(), MAX_SELECTORS);
+        assert_eq!(r.lock().watched, MAX_POOLS);
+        r.record_at(&selector(&[("pool", &format!("p{}", MAX_POOLS + 1))]), at(4));
+        assert_eq!(r.take_refused(), Vec::<String>::new(), "not watched, not counted");
     }
 
     #[test]
-    fn subscribers_are_told_at_most_once_per_gap() {
+    fn subscribers_are_told_of_counted_refusals_only() {
         let r = Refusals::new("pool");
+        r.watch_pool("ns/a", "a", &Selector::new());
         let mut rx = r.subscribe();
-        let a = selector(&[("pool", "a")]);
-        let t0 = r.epoch;
-        r.record_at(&a, t0);
+        r.record_at(&selector(&[("pool", "b")]), r.epoch);
+        assert!(!rx.has_changed().unwrap(), "no watched pool: not told");
+        r.record_at(&selector(&[("pool", "a")]), r.epoch);
         assert!(rx.has_changed().unwrap());
         rx.mark_unchanged();
-        r.record_at(&a, t0 + NOTICE_GAP / 2);
-        assert!(!rx.has_changed().unwrap(), "within the gap");
-        r.record_at(&selector(&[("geo", "eu")]), t0 + NOTICE_GAP * 2);
-        assert!(!rx.has_changed().unwrap(), "not counted, not told");
-        r.record_at(&a, t0 + NOTICE_GAP);
+        r.record_at(&selector(&[("pool", "a")]), r.epoch);
         assert!(rx.has_changed().unwrap());
     }
 }

@@ -363,28 +363,28 @@ async fn refusals_of_selectors_naming_a_pool_are_counted_for_the_autoscaler() {
         member("ns/eu-active", 3, "active"),
         info("ns/plain", true, 4, 1, &[]),
     ]);
-    let eu = |sel: &std::collections::BTreeMap<String, String>| sel.get("pool").map(String::as_str) == Some("eu");
+    // The pool `eu` of namespace `ns`, whose members carry geo=de, is watched.
+    let attrs: std::collections::BTreeMap<String, String> = [("geo".into(), "de".into())].into();
+    s.refusals.watch_pool("ns/eu", "eu", &attrs);
     // Granted: nothing to count.
     let (status, _) = s.post("/v1/leases", r#"{"selector": {"pool": "eu"}}"#).await;
     assert_eq!(status, 201);
-    assert_eq!(s.refusals.count_since(since, eu), 0);
-    // Refused, twice with the pool named (once with another attribute beside it), and once
-    // with no pool in the selector: the pool's count is two.
+    assert_eq!(s.refusals.count_since("ns/eu", since), 0);
+    assert_eq!(s.refusals.take_refused(), Vec::<String>::new());
+    // Refused: twice for the pool (once with an attribute its members have), and once each
+    // for an attribute they lack, another pool, and no pool at all.
     for body in [
         r#"{"selector": {"pool": "eu"}}"#,
         r#"{"selector": {"pool": "eu", "geo": "de"}}"#,
+        r#"{"selector": {"pool": "eu", "geo": "fr"}}"#,
         r#"{"selector": {"pool": "us"}}"#,
         r#"{"selector": {"geo": "de"}}"#,
     ] {
         let (status, _) = s.post("/v1/leases", body).await;
         assert_eq!(status, 409, "{body}");
     }
-    assert_eq!(s.refusals.count_since(since, eu), 2);
-    assert_eq!(
-        s.refusals.count_since(since, |_| true),
-        3,
-        "the selector without a pool is not kept"
-    );
+    assert_eq!(s.refusals.count_since("ns/eu", since), 2);
+    assert_eq!(s.refusals.take_refused(), ["ns/eu"]);
 }
 
 #[tokio::test]
