@@ -176,22 +176,31 @@ fn kill_instance(state: &std::path::Path, provider_id: &str) {
     assert!(killed.success(), "kill -KILL {pid}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease() {
-    if !support::tinyproxy_available() {
-        return;
-    }
+/// An operator with the local provider on a test cluster of its own, probing through a real TLS
+/// target, with its discovery API and metrics served.
+struct Setup {
+    pki: support::Pki,
+    target: std::net::SocketAddr,
+    /// The local provider's state directory.
+    state: std::path::PathBuf,
+    cluster: common::Cluster,
+    op: common::Operator,
+    discovery: String,
+    metrics: String,
+    client: kube::Client,
+}
+
+async fn setup(name: &str) -> Setup {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let pki = support::pki();
     let (target, _) = support::tls_target(&pki).await;
-    let scratch = support::scratch_dir("operator-pool-state");
-    let state = scratch.join("state");
+    let state = support::scratch_dir(&format!("operator-{name}-state")).join("state");
     let providers = format!(
         "providers:\n  - name: local\n    type: local\n    local:\n      stateDir: {}\n      connectPorts: [{}]\n",
         state.display(),
         target.port()
     );
-    let cluster = cluster("pool-e2e", &providers).await;
+    let cluster = cluster(name, &providers).await;
     let health_url = format!("https://127.0.0.1:{}/204", target.port());
     let (mut op, discovery) = start_probing(
         &cluster,
@@ -202,6 +211,33 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
     );
     let metrics = op.wait_msg("Serving metrics")["address"].as_str().unwrap().to_string();
     let client = cluster.server.client().unwrap();
+    Setup {
+        pki,
+        target,
+        state,
+        cluster,
+        op,
+        discovery,
+        metrics,
+        client,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease() {
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let Setup {
+        pki,
+        target,
+        state,
+        cluster,
+        mut op,
+        discovery,
+        metrics,
+        client,
+    } = setup("pool-e2e").await;
     let mut events = PoolEvents::start(client.clone());
     let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
@@ -473,27 +509,15 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
     if !support::tinyproxy_available() {
         return;
     }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let pki = support::pki();
-    let (target, _) = support::tls_target(&pki).await;
-    let scratch = support::scratch_dir("operator-pool-autoscale-state");
-    let state = scratch.join("state");
-    let providers = format!(
-        "providers:\n  - name: local\n    type: local\n    local:\n      stateDir: {}\n      connectPorts: [{}]\n",
-        state.display(),
-        target.port()
-    );
-    let cluster = cluster("pool-autoscale", &providers).await;
-    let health_url = format!("https://127.0.0.1:{}/204", target.port());
-    let (mut op, discovery) = start_probing(
-        &cluster,
-        &pki.ca_pem,
-        &health_url,
-        &["--metrics-bind-address=127.0.0.1:0", "--metrics-secure=false"],
-        &[],
-    );
-    let metrics = op.wait_msg("Serving metrics")["address"].as_str().unwrap().to_string();
-    let client = cluster.server.client().unwrap();
+    // The cluster is bound so that it lives to the end of the test.
+    let Setup {
+        cluster: _cluster,
+        mut op,
+        discovery,
+        metrics,
+        client,
+        ..
+    } = setup("pool-autoscale").await;
     let mut events = PoolEvents::start(client.clone());
     let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
     let http = reqwest::Client::builder()
@@ -517,15 +541,7 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
     }))
     .unwrap();
     pools.create(&PostParams::default(), &pool).await.unwrap();
-    let available = |n: i32| {
-        move |p: &ProxyPool| {
-            p.spec.replicas == n
-                && p.status.as_ref().is_some_and(|s| {
-                    s.observed_generation == p.meta().generation && s.available_replicas == n && s.replicas == n
-                })
-        }
-    };
-    wait_pool_named(&pools, AUTO, "looked at, at zero", available(0)).await;
+    wait_pool_named(&pools, AUTO, "looked at, at zero", at_size(0)).await;
 
     // 1. At zero: the first request is refused as documented, and wakes the pool.
     let (status, refused) = lease(&http, &discovery, AUTO).await;
@@ -559,32 +575,18 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
     })
     .await
     .expect("a lease once the woken member is Ready");
-    wait_pool_named(&pools, AUTO, "at 1, Ready", available(1)).await;
+    wait_pool_named(&pools, AUTO, "at 1, Ready", at_size(1)).await;
 
     // 2. Two leases fill the member: 100 % of its capacity wants 2 members.
     let mut leases = vec![first["leaseID"].as_str().unwrap().to_owned()];
-    let (status, grant) = lease(&http, &discovery, AUTO).await;
-    assert_eq!(status, 201, "{grant}");
-    leases.push(grant["leaseID"].as_str().unwrap().to_owned());
-    events
-        .wait("grown to 2", |e| {
-            e.iter().any(|(r, n)| r == "Scaled" && n.contains("1 → 2"))
-        })
-        .await;
-    wait_pool_named(&pools, AUTO, "at 2, Ready", available(2)).await;
+    leases.push(granted(&http, &discovery, AUTO).await);
+    scaled_to(&mut events, &pools, AUTO, "1 → 2", 2).await;
 
     // 3. Four leases want 4 members; `max` holds it at 3.
     for _ in 0..2 {
-        let (status, grant) = lease(&http, &discovery, AUTO).await;
-        assert_eq!(status, 201, "{grant}");
-        leases.push(grant["leaseID"].as_str().unwrap().to_owned());
+        leases.push(granted(&http, &discovery, AUTO).await);
     }
-    events
-        .wait("grown to the max", |e| {
-            e.iter().any(|(r, n)| r == "Scaled" && n.contains("2 → 3"))
-        })
-        .await;
-    wait_pool_named(&pools, AUTO, "at 3, Ready", available(3)).await;
+    scaled_to(&mut events, &pools, AUTO, "2 → 3", 3).await;
 
     // 4. Every lease released, and the delay made short: the pool drains to zero, no member
     // left.
@@ -611,7 +613,7 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
             e.iter().any(|(r, n)| r == "Scaled" && n.contains(" → 0 members"))
         })
         .await;
-    wait_pool_named(&pools, AUTO, "at zero, members gone", available(0)).await;
+    wait_pool_named(&pools, AUTO, "at zero, members gone", at_size(0)).await;
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
     tokio::time::timeout(PATIENCE, async {
         loop {
@@ -671,6 +673,34 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
     pools.delete(AUTO, &DeleteParams::default()).await.unwrap();
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+}
+
+/// A lease on `pool`, which must be granted: its id.
+async fn granted(http: &reqwest::Client, discovery: &str, pool: &str) -> String {
+    let (status, grant) = lease(http, discovery, pool).await;
+    assert_eq!(status, 201, "{grant}");
+    grant["leaseID"].as_str().unwrap().to_owned()
+}
+
+/// Waits for the autoscaler's `step` (`"1 → 2"`) on `pool`, then for its `n` members Ready.
+async fn scaled_to(events: &mut PoolEvents, pools: &Api<ProxyPool>, pool: &str, step: &str, n: i32) {
+    events
+        .wait(&format!("scaled {step}"), |e| {
+            e.iter().any(|(r, note)| r == "Scaled" && note.contains(step))
+        })
+        .await;
+    wait_pool_named(pools, pool, &format!("at {n}, Ready"), at_size(n)).await;
+}
+
+/// The pool asks for `n` members and has them all leasable, as a pass of its current
+/// generation saw it.
+fn at_size(n: i32) -> impl Fn(&ProxyPool) -> bool + Send + 'static {
+    move |p| {
+        p.spec.replicas == n
+            && p.status.as_ref().is_some_and(|s| {
+                s.observed_generation == p.meta().generation && s.available_replicas == n && s.replicas == n
+            })
+    }
 }
 
 /// A lease request naming `pool`: the status and the answer.
