@@ -180,6 +180,13 @@ impl RequestFailure {
     pub fn is_already_exists(&self) -> bool {
         self.api().is_some_and(|e| e.status == 409)
     }
+
+    /// 400 `resourceNotReady`: another operation holds the resource (for a delete, often a
+    /// delete already running).
+    pub fn is_resource_not_ready(&self) -> bool {
+        self.api()
+            .is_some_and(|e| e.status == 400 && e.has_reason(&["resourceNotReady"]))
+    }
 }
 
 /// The class of a failed call (§5.8, first match wins). An insert's 409 never gets here: it is

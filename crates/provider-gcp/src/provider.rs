@@ -239,6 +239,38 @@ impl GcpProvider {
     /// What the remembered insert of `pid` says now that its instance is not found, if this
     /// provider submitted one. A failed or finished insert is forgotten and its requestId moved
     /// on (the API would answer a new insert with the old operation for about an hour).
+    /// A delete answered 400 `resourceNotReady` (spec §5.4.3): another operation holds the
+    /// instance. When that is a delete already under way this one has nothing left to do and
+    /// succeeds: a read shows the instance `STOPPING` (an insert cannot make it again: it has
+    /// made it), or gone with no insert of ours still running. Otherwise (an insert still
+    /// running that would make it after this "success", or the instance in another state) it
+    /// stays Transient and is retried, so no VM is left behind.
+    async fn delete_while_busy(
+        &self,
+        cx: &OpCtx,
+        pid: &ProviderId,
+        zone: &str,
+        path: &str,
+        busy: &RequestFailure,
+    ) -> Result<(), ProviderError> {
+        let op = Op::Delete;
+        let retry = || self.error(op, pid.as_str(), Call::Delete, busy);
+        let under_way = match self.call(cx, Call::Get, path, &[], None, &[]).await {
+            Ok(v) => v.get("status").and_then(Value::as_str) == Some("STOPPING"),
+            Err(f) if classify(&f, Call::Get) == ErrorClass::NotFound => !matches!(
+                self.remembered_insert(cx, op, pid.as_str(), zone).await?,
+                Submission::Pending
+            ),
+            Err(_) => false,
+        };
+        if !under_way {
+            return Err(retry());
+        }
+        self.supersede(pid.as_str());
+        tracing::debug!(provider = %self.inner.entry, id = %pid, "gcp delete already under way");
+        Ok(())
+    }
+
     async fn remembered_insert(&self, cx: &OpCtx, op: Op, pid: &str, zone: &str) -> Result<Submission, ProviderError> {
         let submitted = self.memory().inserts.get(pid).cloned();
         let Some(submitted) = submitted else {
@@ -417,6 +449,7 @@ impl Provider for GcpProvider {
                 tracing::debug!(provider = %self.inner.entry, id = %pid, "gcp instance already gone");
                 Ok(())
             }
+            Err(f) if f.is_resource_not_ready() => self.delete_while_busy(cx, pid, zone, &path, &f).await,
             Err(f) => Err(self.error(op, pid.as_str(), Call::Delete, &f)),
         }
     }

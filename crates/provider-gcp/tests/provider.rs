@@ -509,3 +509,42 @@ async fn a_finished_insert_whose_instance_is_gone_moves_the_request_id_on() {
     let inserts = seen(&b, "POST", "/instances");
     assert_ne!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
 }
+
+#[tokio::test]
+async fn a_delete_of_an_instance_already_being_deleted_succeeds_and_a_busy_one_stays_transient() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let id = p
+        .create(&cx(), &request_in("deleted-twice", ZONE))
+        .await
+        .expect("create");
+    running(&p, &id).await;
+    let name = id.as_str().rsplit('/').next().unwrap().to_owned();
+    let path = format!("/instances/{name}");
+    // A delete is under way (started before, its answer lost, say) and held running: the
+    // instance reads STOPPING, and the API answers another delete with 400 resourceNotReady.
+    assert!(b.fake.with(|w| w.hold_delete(&name)));
+    let reads_before = seen(&b, "GET", &path).len();
+    p.delete(&cx(), &id)
+        .await
+        .expect("a delete of an instance already being deleted succeeds");
+    assert_eq!(seen(&b, "DELETE", &path).len(), 1);
+    assert!(
+        seen(&b, "GET", &path).len() > reads_before,
+        "the refusal was checked against a read"
+    );
+    b.fake.with(|w| w.release_delete(&name));
+    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+        .await
+        .ok();
+
+    // Another operation holds a running instance: the delete is retried, not taken as done.
+    let id = p.create(&cx(), &request_in("held-busy", ZONE)).await.expect("create");
+    running(&p, &id).await;
+    let name = id.as_str().rsplit('/').next().unwrap().to_owned();
+    b.fake.with(|w| w.lock(&name));
+    let busy = p.delete(&cx(), &id).await.expect_err("busy");
+    assert_eq!(busy.class(), ErrorClass::Transient, "{busy}");
+    b.fake.with(|w| w.unlock(&name));
+    p.delete(&cx(), &id).await.expect("once free");
+}

@@ -959,6 +959,10 @@ fn delete(w: &mut World, zone: &str, name: &str) -> (u16, Value) {
     let Some(vm) = w.instances.get_mut(&(zone.to_owned(), name.to_owned())) else {
         return error_fixture("404-notFound", &resource);
     };
+    // The API refuses a second delete while the first runs.
+    if vm.deleting {
+        return error_fixture("400-resourceNotReady", &resource);
+    }
     vm.deleting = true;
     vm.status = "STOPPING".to_owned();
     let id = vm.id;
