@@ -449,7 +449,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
             }
             o.provisioning_timeout = (!d.is_zero()).then_some(d);
         }
-        "installation-id" => o.installation_id = value.into(),
+        "installation-id" => o.installation_id = installation_id(value)?,
         "discovery-addr" => o.discovery_addr = value.into(),
         "discovery-auth" => {
             o.discovery_auth = match value {
@@ -503,6 +503,21 @@ fn lease_store(value: &str) -> Result<String, String> {
         Ok(value.to_owned())
     } else {
         Err("must be memory or a redis:// URL".to_owned())
+    }
+}
+
+/// The installation mark becomes a label value on every backend (a Kubernetes label, a Compute
+/// Engine label), so it takes only what both accept; empty means none.
+fn installation_id(value: &str) -> Result<String, String> {
+    let b = value.as_bytes();
+    let inner_ok = b
+        .iter()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-' || *c == b'_');
+    let ends_ok = |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if value.is_empty() || (b.len() <= 63 && inner_ok && ends_ok(b.first()) && ends_ok(b.last())) {
+        Ok(value.to_owned())
+    } else {
+        Err("must be at most 63 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit (it becomes a label value on every backend)".to_owned())
     }
 }
 
@@ -592,7 +607,7 @@ mod tests {
 
     #[test]
     fn unusable_command_lines_are_named() {
-        let cases: [(&[&str], &str); 10] = [
+        let cases: [(&[&str], &str); 13] = [
             (&["--nope"], "flag provided but not defined: -nope"),
             (&["--providers-config"], "flag needs an argument: -providers-config"),
             (
@@ -617,6 +632,18 @@ mod tests {
                 "invalid value \"10s\" for flag -provisioning-timeout: must be 0 or at least 30s",
             ),
             (
+                &["--installation-id=Blue"],
+                "invalid value \"Blue\" for flag -installation-id: must be at most 63 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit (it becomes a label value on every backend)",
+            ),
+            (
+                &["--installation-id=blue.green"],
+                "invalid value \"blue.green\" for flag -installation-id: must be at most 63 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit (it becomes a label value on every backend)",
+            ),
+            (
+                &["--installation-id=-blue"],
+                "invalid value \"-blue\" for flag -installation-id: must be at most 63 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit (it becomes a label value on every backend)",
+            ),
+            (
                 &["--zap-encoder=xml"],
                 "invalid value \"xml\" for flag -zap-encoder: invalid encoder value \"xml\"",
             ),
@@ -628,6 +655,19 @@ mod tests {
         for (args, message) in cases {
             let err = parse(args.iter().copied()).expect_err(message);
             assert_eq!(err.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn an_installation_id_is_a_label_value_every_backend_takes() {
+        for ok in ["", "blue", "prod_eu-1", &"a".repeat(63)] {
+            let Ok(Command::Run(o)) = parse([format!("--installation-id={ok}")]) else {
+                panic!("refused {ok:?}");
+            };
+            assert_eq!(o.installation_id, ok);
+        }
+        for bad in [&"a".repeat(64), "blue-", "blue green", "ü"] {
+            assert!(parse([format!("--installation-id={bad}")]).is_err(), "{bad:?}");
         }
     }
 

@@ -365,6 +365,12 @@ pub trait BackendHooks: Send + Sync + 'static {
     async fn valid_credential(&self, sentinel: &str) -> HookResult<String> {
         Err(Unsupported("H15 valid_credential"))
     }
+    /// H15: the end of a key rotation: every credential the provider has used so far (and
+    /// anything the backend issued for it, such as access tokens) is no longer accepted; a
+    /// credential from `valid_credential` not used yet stays good.
+    async fn retire_credentials(&self) -> HookResult {
+        Err(Unsupported("H15 retire_credentials"))
+    }
     /// H16: every dial or request fails (and is still recorded in H06).
     async fn set_unreachable(&self, unreachable: bool) -> HookResult {
         let i = self.interceptor().ok_or(Unsupported("H16 set_unreachable"))?;

@@ -48,6 +48,9 @@ pub fn insert_body(req: &CreateRequest, at: &Where<'_>, settings: &Settings) -> 
         "labels": labels,
         "tags": {"items": [settings.network_tag]},
     });
+    if let Some(subnetwork) = settings.subnetwork_path(at.zone) {
+        body["networkInterfaces"][0]["subnetwork"] = json!(subnetwork);
+    }
     let mut items = Vec::new();
     if !req.cloud_init.is_empty()
         && let Value::Array(user_data) = user_data_items(&req.cloud_init)?
@@ -145,6 +148,25 @@ mod tests {
                 "metadata": {"items": [{"key": "user-data", "value": "#cloud-config\npackages: [squid]\n"}]},
                 "tags": {"items": ["egress-proxy"]}
             })
+        );
+    }
+
+    #[test]
+    fn a_subnetwork_goes_on_the_nic_in_the_zones_region() {
+        let req = request(b"");
+        let at = placement(&req.placement).expect("a placement");
+        let settings = Settings::from_config(&crate::config::GcpConfig {
+            project: "p".into(),
+            network: Some("custom-vpc".into()),
+            subnetwork: Some("proxies".into()),
+            ..crate::config::GcpConfig::default()
+        });
+        let body = insert_body(&req, &at, &settings).expect("a body");
+        assert_eq!(
+            body["networkInterfaces"][0],
+            json!({"network": "global/networks/custom-vpc",
+                "subnetwork": "regions/europe-west1/subnetworks/proxies",
+                "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]})
         );
     }
 

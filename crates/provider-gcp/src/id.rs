@@ -1,6 +1,8 @@
 //! The providerID `zones/<zone>/instances/<name>` (spec/providers.md §5.5). The project is not
 //! part of it; it comes from the config.
 
+use crate::names::is_name;
+
 /// The id of instance `name` in `zone`.
 pub fn format(zone: &str, name: &str) -> String {
     format!("zones/{zone}/instances/{name}")
@@ -9,10 +11,11 @@ pub fn format(zone: &str, name: &str) -> String {
 /// The zone and name of an id.
 ///
 /// # Errors
-/// Anything but exactly `zones/<zone>/instances/<name>` with both parts non-empty.
+/// Anything but exactly `zones/<zone>/instances/<name>` with both parts names the API takes
+/// (they go into request paths, so nothing else may pass).
 pub fn parse(id: &str) -> Result<(&str, &str), String> {
     match id.split('/').collect::<Vec<_>>().as_slice() {
-        ["zones", zone, "instances", name] if !zone.is_empty() && !name.is_empty() => Ok((zone, name)),
+        ["zones", zone, "instances", name] if is_name(zone) && is_name(name) => Ok((zone, name)),
         _ => Err(format!(
             "malformed gcp providerID {id:?}: want zones/<zone>/instances/<name>"
         )),
@@ -42,6 +45,10 @@ mod tests {
             "zones/z/instance/x",
             "zones/z/instances/x/y",
             "projects/p/zones/z/instances/x",
+            "zones/z?a=b/instances/x",
+            "zones/z/instances/x%2Fy",
+            "zones/Z/instances/x",
+            "zones/z/instances/..",
         ] {
             assert!(parse(bad).is_err(), "{bad:?} parsed");
         }

@@ -1,9 +1,10 @@
 //! The gcp provider (spec/providers.md §5, §6.2): one Compute Engine VM with an ephemeral
 //! external IP per Proxy, over the Compute REST API with a thin client of our own.
 //!
-//! - [`settings`], [`id`], [`body`], [`state`], [`classify`], [`wire`]: pure pieces (the
-//!   config with its defaults, providerIDs, the insert request, what an instance's status
-//!   means, what an API answer means, how the wire log shows payloads);
+//! - [`settings`], [`names`], [`id`], [`body`], [`state`], [`classify`], [`wire`]: pure pieces
+//!   (the config with its defaults, what the API accepts as a name, providerIDs, the insert
+//!   request, what an instance's status means, what an API answer means, how the wire log shows
+//!   payloads);
 //! - [`auth`]: access tokens by Application Default Credentials;
 //! - [`client`]: the HTTP client (timeouts, retries of reads, spans, the wire log);
 //! - [`provider`]: create, get, delete, list and the health check.
@@ -16,6 +17,7 @@ pub mod classify;
 pub mod client;
 pub mod config;
 pub mod id;
+pub mod names;
 pub mod provider;
 pub mod settings;
 pub mod state;

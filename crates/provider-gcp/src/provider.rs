@@ -116,7 +116,18 @@ struct AggregatedList {
 struct Scope {
     #[serde(default)]
     instances: Vec<ApiInstance>,
+    #[serde(default)]
+    warning: Option<ScopeWarning>,
 }
+
+#[derive(Deserialize)]
+struct ScopeWarning {
+    #[serde(default)]
+    code: String,
+}
+
+/// The `warning.code` of a scope the API could not read (besides the top-level `unreachables`).
+const UNREACHABLE: &str = "UNREACHABLE";
 
 impl GcpProvider {
     /// The provider of entry `entry` over `client`. Contacts nothing.
@@ -457,7 +468,8 @@ impl Provider for GcpProvider {
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
         let op = Op::List;
         let mut found = Vec::new();
-        let mut unreachable = Vec::new();
+        // A set: every page repeats the same scopes.
+        let mut unreachable = std::collections::BTreeSet::new();
         let mut token: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
             let mut query = vec![("filter", MANAGED_FILTER), ("returnPartialSuccess", "true")];
@@ -477,7 +489,15 @@ impl Provider for GcpProvider {
                 tracing::trace!(provider = %self.inner.entry, id = %i.id, status = %instance.status, "gcp instance listed");
                 found.push(i);
             }
+            // The API names a scope it could not read in `unreachables`, or with a per-scope
+            // `UNREACHABLE` warning in `items`, or both.
             unreachable.extend(page.unreachables);
+            unreachable.extend(
+                page.items
+                    .iter()
+                    .filter(|(_, s)| s.warning.as_ref().is_some_and(|w| w.code == UNREACHABLE))
+                    .map(|(scope, _)| scope.clone()),
+            );
             token = page.next_page_token.filter(|t| !t.is_empty());
             if token.is_none() {
                 if !unreachable.is_empty() {

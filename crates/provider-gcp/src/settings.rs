@@ -2,6 +2,7 @@
 //! must give.
 
 use crate::config::GcpConfig;
+use crate::names::{NAME_RULE, is_name, region_of};
 use egress_provider::Placement;
 
 /// The VPC network when the block names none: the auto-created one.
@@ -20,6 +21,9 @@ pub struct Settings {
     pub project: String,
     /// The NIC's network: a name, or a path or URL when it contains `/`.
     pub network: String,
+    /// The NIC's subnetwork, when the block names one: a name (in each zone's region), or a
+    /// path or URL.
+    pub subnetwork: Option<String>,
     /// The instance's network tag.
     pub network_tag: String,
     /// The boot disk size.
@@ -33,6 +37,7 @@ impl Settings {
         Self {
             project: block.project.clone(),
             network: or(&block.network, DEFAULT_NETWORK),
+            subnetwork: block.subnetwork.clone().filter(|s| !s.is_empty()),
             network_tag: or(&block.network_tag, DEFAULT_NETWORK_TAG),
             disk_size_gb: block.disk_size_gb.filter(|s| *s > 0).unwrap_or(DEFAULT_DISK_SIZE_GB),
         }
@@ -53,6 +58,16 @@ impl Settings {
             self.network.clone()
         } else {
             format!("global/networks/{}", self.network)
+        }
+    }
+
+    /// The NIC's `subnetwork` field for an instance in `zone`: a bare name becomes
+    /// `regions/<zone's region>/subnetworks/<name>`; a path or URL goes unchanged.
+    pub fn subnetwork_path(&self, zone: &str) -> Option<String> {
+        let subnetwork = self.subnetwork.as_deref()?;
+        match (subnetwork.contains('/'), region_of(zone)) {
+            (false, Some(region)) => Some(format!("regions/{region}/subnetworks/{subnetwork}")),
+            _ => Some(subnetwork.to_owned()),
         }
     }
 }
@@ -78,12 +93,16 @@ pub fn placement(p: &Placement) -> Result<Where<'_>, String> {
             return Err(format!("placement.{field} is required"));
         }
     }
-    if p.zone.contains('/') {
-        return Err(format!("placement.zone {:?} is not a zone name", p.zone));
-    }
-    if p.machine_type.contains('/') {
+    // Both go into request paths, so anything but a plain name is refused here.
+    if region_of(&p.zone).is_none() {
         return Err(format!(
-            "placement.machineType {:?} is not a machine type name",
+            "placement.zone {:?} is not a zone name (a region and a letter, such as europe-west1-b)",
+            p.zone
+        ));
+    }
+    if !is_name(&p.machine_type) {
+        return Err(format!(
+            "placement.machineType {:?} is not a machine type name: {NAME_RULE}",
             p.machine_type
         ));
     }
@@ -110,6 +129,7 @@ mod tests {
             network: Some("vpc-a".into()),
             network_tag: Some("squid".into()),
             disk_size_gb: Some(20),
+            ..GcpConfig::default()
         });
         assert_eq!(
             (s.network_path().as_str(), s.network_tag.as_str(), s.disk_size_gb),
@@ -121,6 +141,24 @@ mod tests {
             ..GcpConfig::default()
         });
         assert_eq!(s.network_path(), "projects/host/global/networks/shared");
+        assert_eq!(s.subnetwork_path("europe-west1-b"), None);
+    }
+
+    #[test]
+    fn a_bare_subnetwork_name_is_looked_up_in_the_zones_region() {
+        let with = |subnetwork: &str| {
+            Settings::from_config(&GcpConfig {
+                project: "p".into(),
+                subnetwork: Some(subnetwork.into()),
+                ..GcpConfig::default()
+            })
+        };
+        assert_eq!(
+            with("proxies").subnetwork_path("us-central1-a").as_deref(),
+            Some("regions/us-central1/subnetworks/proxies")
+        );
+        let path = "projects/host/regions/europe-west1/subnetworks/shared";
+        assert_eq!(with(path).subnetwork_path("us-central1-a").as_deref(), Some(path));
     }
 
     #[test]
@@ -141,8 +179,16 @@ mod tests {
             clear(&mut p);
             assert_eq!(placement(&p), Err(format!("placement.{field} is required")));
         }
-        let mut p = full.clone();
-        p.zone = "zones/europe-west1-b".into();
-        assert!(placement(&p).is_err());
+        for zone in ["zones/europe-west1-b", "Europe-west1-b", "europe-west1", "europe-west1-b?x=1"] {
+            let mut p = full.clone();
+            p.zone = zone.into();
+            let e = placement(&p).expect_err(zone);
+            assert!(e.starts_with(&format!("placement.zone {zone:?} is not a zone name")), "{e}");
+        }
+        for machine_type in ["zones/z/machineTypes/e2-micro", "E2-MICRO", "e2 micro"] {
+            let mut p = full.clone();
+            p.machine_type = machine_type.into();
+            assert!(placement(&p).is_err(), "{machine_type}");
+        }
     }
 }

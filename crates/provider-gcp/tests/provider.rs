@@ -12,7 +12,7 @@ use egress_provider_gcp::auth::Tokens;
 use egress_provider_gcp::provider::MANAGED_FILTER;
 use egress_provider_gcp::{CredentialSource, GcpProvider, Settings, WireOptions};
 use serde_json::json;
-use support::fake::{Seen, error_fixture};
+use support::fake::{DEFAULT_OPERATION_TIME, FakeCompute, Seen, error_fixture};
 use support::{GcpBackend, PROJECT, SERVICE_ACCOUNT, ZONE, ZONES, request_in};
 
 fn cx() -> OpCtx {
@@ -27,24 +27,26 @@ fn seen(b: &GcpBackend, method: &str, path_ends: &str) -> Vec<Seen> {
         .collect()
 }
 
-/// Polls get until `done` holds (the fake's clock moves every 10 ms), at most 10 s.
+/// Calls get until `done` holds, moving the fake's clock on by a tenth of an operation's time
+/// between calls (the fake moves only when looked at, so no call waits); at most 100 steps.
 async fn get_until(
+    fake: &FakeCompute,
     p: &GcpProvider,
     id: &ProviderId,
     done: impl Fn(&Result<Instance, egress_provider::ProviderError>) -> bool,
 ) -> Result<Instance, egress_provider::ProviderError> {
-    for _ in 0..1000 {
+    for _ in 0..100 {
         let r = p.get(&cx(), id).await;
         if done(&r) {
             return r;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        fake.advance(DEFAULT_OPERATION_TIME / 10);
     }
     panic!("{id} never reached the wanted state");
 }
 
-async fn running(p: &GcpProvider, id: &ProviderId) -> Instance {
-    get_until(p, id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running))
+async fn running(fake: &FakeCompute, p: &GcpProvider, id: &ProviderId) -> Instance {
+    get_until(fake, p, id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running))
         .await
         .expect("running")
 }
@@ -76,7 +78,12 @@ async fn the_check_sends_exactly_one_request_even_when_more_pages_exist() {
         (PROJECT, "Reachable", "")
     );
     assert_eq!(s.address, "127.0.0.1");
-    let calls = b.fake.with(|w| w.seen());
+    let calls: Vec<Seen> = b
+        .fake
+        .with(|w| w.seen())
+        .into_iter()
+        .filter(|c| c.path.starts_with("/compute/"))
+        .collect();
     assert_eq!(calls.len(), 1, "one request: {calls:?}");
     let call = &calls[0];
     assert_eq!(
@@ -117,7 +124,8 @@ async fn the_insert_request_field_by_field() {
     let b = GcpBackend::new().await;
     let settings = Settings::from_config(&egress_provider_gcp::config::GcpConfig {
         project: PROJECT.into(),
-        network: Some("vpc-a".into()),
+        network: Some("custom-vpc".into()),
+        subnetwork: Some("proxies".into()),
         network_tag: Some("squid-proxies".into()),
         disk_size_gb: Some(20),
     });
@@ -143,7 +151,8 @@ async fn the_insert_request_field_by_field() {
             "machineType": format!("zones/{ZONE}/machineTypes/e2-micro"),
             "disks": [{"boot": true, "autoDelete": true, "initializeParams": {
                 "sourceImage": support::IMAGE, "diskSizeGb": "20"}}],
-            "networkInterfaces": [{"network": "global/networks/vpc-a",
+            "networkInterfaces": [{"network": "global/networks/custom-vpc",
+                "subnetwork": "regions/europe-west1/subnetworks/proxies",
                 "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]}],
             "labels": {"proxy-operator-managed": "true",
                 "proxy-operator-uid": "7d4c1f7e-0000-4000-8000-000000000001",
@@ -165,10 +174,10 @@ async fn the_insert_request_field_by_field() {
             .is_some_and(|a| a.starts_with("Bearer ya29.fake"))
     );
     // The instance runs with the external address the API gave it, and its disk goes with it.
-    let i = running(&p, &id).await;
+    let i = running(&b.fake, &p, &id).await;
     assert!(i.ip.is_some_and(|ip| ip.to_string().starts_with("34.76.")), "{i:?}");
     p.delete(&cx(), &id).await.expect("delete");
-    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
         .await
         .ok();
     assert!(
@@ -190,7 +199,7 @@ async fn a_retried_insert_whose_answer_was_lost_creates_one_instance() {
     assert_eq!(inserts.len(), 2);
     assert_eq!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
     assert_eq!(b.fake.with(|w| w.vms()).len(), 1, "one instance");
-    running(&p, &id).await;
+    running(&b.fake, &p, &id).await;
     // Another provider (a restarted operator) retrying derives the same requestId.
     let again = b.provider("gcp-eu", WireOptions::default());
     again
@@ -206,13 +215,13 @@ async fn an_insert_after_a_delete_is_not_answered_with_the_old_operation() {
     let p = b.provider("gcp-eu", WireOptions::default());
     let req = request_in("recreated-1", ZONE);
     let id = p.create(&cx(), &req).await.expect("create");
-    running(&p, &id).await;
+    running(&b.fake, &p, &id).await;
     p.delete(&cx(), &id).await.expect("delete");
-    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
         .await
         .ok();
     p.create(&cx(), &req).await.expect("create again");
-    running(&p, &id).await;
+    running(&b.fake, &p, &id).await;
     let inserts = seen(&b, "POST", "/instances");
     assert_ne!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
 }
@@ -242,7 +251,7 @@ async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
     let e = p.delete(&cx(), &id).await.expect_err("the insert still runs");
     assert_eq!(e.class(), ErrorClass::Transient, "{e}");
     b.fake.with(|w| w.stall_inserts(false));
-    let e = get_until(&p, &id, Result::is_err).await.expect_err("the failure");
+    let e = get_until(&b.fake, &p, &id, Result::is_err).await.expect_err("the failure");
     assert_eq!(e.class(), ErrorClass::QuotaExceeded, "{e}");
     assert!(
         e.to_string().contains("QUOTA_EXCEEDED") && e.to_string().contains("Quota 'CPUS' exceeded"),
@@ -252,7 +261,7 @@ async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
     let e = p.get(&cx(), &id).await.expect_err("gone");
     assert_eq!(e.class(), ErrorClass::NotFound);
     p.create(&cx(), &req).await.expect("create again");
-    running(&p, &id).await;
+    running(&b.fake, &p, &id).await;
     let inserts = seen(&b, "POST", "/instances");
     assert_ne!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
     // A provider without the memory (a restart) sees what the Go one saw: NotFound.
@@ -264,7 +273,7 @@ async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
     let fresh = b2.provider("gcp-eu", WireOptions::default());
     let e = fresh.get(&cx(), &id2).await.expect_err("not found");
     assert_eq!(e.class(), ErrorClass::NotFound);
-    let e = get_until(&p2, &id2, Result::is_err).await.expect_err("the failure");
+    let e = get_until(&b2.fake, &p2, &id2, Result::is_err).await.expect_err("the failure");
     assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
 }
 
@@ -299,6 +308,121 @@ async fn list_reads_every_page_and_warns_of_unreachable_zones() {
         .collect();
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert!(warned[0].text().contains("zones/us-central1-a"), "{warned:?}");
+    // The API may name the zone only by its per-zone UNREACHABLE warning.
+    b.fake.with(|w| w.unreachables_unlisted(true));
+    let mark = capture.event_mark();
+    assert_eq!(p.list_by_tag(&cx()).await.expect("partial list").len(), 1100);
+    let warned: Vec<_> = capture
+        .events_since(mark)
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].text().contains("zones/us-central1-a"), "{warned:?}");
+}
+
+#[tokio::test]
+async fn an_instance_moves_on_the_fakes_clock_and_a_delete_during_a_delete_succeeds() {
+    let b = GcpBackend::new().await;
+    b.fake.set_operation_time(Duration::from_secs(60));
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let req = request_in("slow-1", ZONE);
+    let id = p.create(&cx(), &req).await.expect("create");
+    let status = || b.fake.with(|w| w.vm(&req.name).map(|vm| vm.status.clone()));
+    let state = |i: Instance| (i.state, i.ip.is_some());
+    assert_eq!(state(p.get(&cx(), &id).await.expect("get")), (InstanceState::Provisioning, false));
+    assert_eq!(status().as_deref(), Some("PROVISIONING"));
+    b.fake.advance(Duration::from_secs(30));
+    assert_eq!(state(p.get(&cx(), &id).await.expect("get")), (InstanceState::Provisioning, false));
+    assert_eq!(status().as_deref(), Some("STAGING"));
+    b.fake.advance(Duration::from_secs(30));
+    assert_eq!(state(p.get(&cx(), &id).await.expect("get")), (InstanceState::Running, true));
+    p.delete(&cx(), &id).await.expect("delete");
+    b.fake.advance(Duration::from_secs(59));
+    // The first delete runs for another second: a second one is refused by the API with
+    // resourceNotReady, and the provider, reading STOPPING, takes it as done.
+    p.delete(&cx(), &id).await.expect("a delete while the first runs");
+    let deletes = seen(&b, "DELETE", &format!("/instances/{}", req.name)).len();
+    assert_eq!(deletes, 2);
+    assert_eq!(status().as_deref(), Some("STOPPING"));
+    assert_eq!(p.get(&cx(), &id).await.expect("stopping").state, InstanceState::Stopped);
+    b.fake.advance(Duration::from_secs(1));
+    let gone = p.get(&cx(), &id).await.expect_err("gone");
+    assert_eq!(gone.class(), ErrorClass::NotFound);
+    assert!(b.fake.with(|w| w.disks()).is_empty(), "the boot disk went with it");
+}
+
+#[tokio::test]
+async fn an_unknown_zone_is_an_invalid_value_not_a_missing_instance() {
+    let b = GcpBackend::new().await;
+    let p = b.provider("gcp-eu", WireOptions::default());
+    let e = p
+        .get(&cx(), &ProviderId::new("zones/asia-east9-z/instances/proxy-x"))
+        .await
+        .expect_err("an unknown zone");
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("Unknown zone"), "{e}");
+    let e = p
+        .create(&cx(), &request_in("nowhere-1", "asia-east9-z"))
+        .await
+        .expect_err("an unknown zone");
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    assert!(b.fake.with(|w| w.vms()).is_empty());
+}
+
+#[tokio::test]
+async fn what_the_api_refuses_in_a_nic_or_a_tag_fails_create_permanently() {
+    let b = GcpBackend::new().await;
+    let with = |edit: fn(&mut Settings)| {
+        let mut settings = Settings::for_project(PROJECT);
+        edit(&mut settings);
+        b.provider_with("gcp-eu", settings, WireOptions::default())
+    };
+    // Settings a load refuses, or that name what the project lacks: each insert is refused.
+    for (what, edit, says) in [
+        (
+            "a network the project lacks",
+            (|s: &mut Settings| s.network = "missing-vpc".into()) as fn(&mut Settings),
+            "was not found",
+        ),
+        (
+            "a custom-mode network without a subnetwork",
+            |s| s.network = "custom-vpc".into(),
+            "Subnetwork should be specified",
+        ),
+        (
+            "a subnetwork in another region",
+            |s| {
+                s.network = "custom-vpc".into();
+                s.subnetwork = Some("regions/us-central1/subnetworks/proxies".into());
+            },
+            "same region",
+        ),
+        (
+            "a subnetwork the region lacks",
+            |s| {
+                s.network = "custom-vpc".into();
+                s.subnetwork = Some("elsewhere".into());
+            },
+            "was not found",
+        ),
+        ("an upper-case tag", |s| s.network_tag = "Squid".into(), "tags.items[0]"),
+    ] {
+        let e = with(edit)
+            .create(&cx(), &request_in("refused-1", ZONE))
+            .await
+            .expect_err(what);
+        assert_eq!(e.class(), ErrorClass::Permanent, "{what}: {e}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+    }
+    assert!(b.fake.with(|w| w.vms()).is_empty(), "nothing was made");
+    // The same subnetwork by name, in its own region, is taken.
+    let p = with(|s| {
+        s.network = "custom-vpc".into();
+        s.subnetwork = Some("proxies".into());
+    });
+    let id = p.create(&cx(), &request_in("accepted-1", ZONE)).await.expect("create");
+    running(&b.fake, &p, &id).await;
 }
 
 #[tokio::test]
@@ -316,6 +440,10 @@ async fn one_token_serves_concurrent_calls() {
         assert_eq!(r.expect_err("none exist").class(), ErrorClass::NotFound);
     }
     assert_eq!(b.fake.with(|w| w.token_requests()), 1);
+    // The suite's call log sees the token request too.
+    let log = b.fake.interceptor().call_log();
+    assert_eq!(log.iter().filter(|c| c.kind.0 == "token").count(), 1, "{log:?}");
+    assert_eq!(log.iter().filter(|c| c.kind.0 == "get").count(), 10, "{log:?}");
 }
 
 async fn futures_join<F>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
@@ -492,7 +620,7 @@ async fn a_finished_insert_whose_instance_is_gone_moves_the_request_id_on() {
     let req = request_in("vanished-1", ZONE);
     let id = p.create(&cx(), &req).await.expect("create");
     // Deleted behind the provider's back once its insert has finished.
-    get_until(&p, &id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running))
+    get_until(&b.fake, &p, &id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running))
         .await
         .expect("running");
     b.fake.with(|w| {
@@ -501,11 +629,11 @@ async fn a_finished_insert_whose_instance_is_gone_moves_the_request_id_on() {
     });
     let other = b.provider("gcp-eu", WireOptions::default());
     other.delete(&cx(), &id).await.expect("deleted by another replica");
-    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
         .await
         .ok();
     p.create(&cx(), &req).await.expect("create again");
-    running(&p, &id).await;
+    running(&b.fake, &p, &id).await;
     let inserts = seen(&b, "POST", "/instances");
     assert_ne!(inserts[0].query.get("requestId"), inserts[1].query.get("requestId"));
 }
@@ -518,7 +646,7 @@ async fn a_delete_of_an_instance_already_being_deleted_succeeds_and_a_busy_one_s
         .create(&cx(), &request_in("deleted-twice", ZONE))
         .await
         .expect("create");
-    running(&p, &id).await;
+    running(&b.fake, &p, &id).await;
     let name = id.as_str().rsplit('/').next().unwrap().to_owned();
     let path = format!("/instances/{name}");
     // A delete is under way (started before, its answer lost, say) and held running: the
@@ -534,13 +662,13 @@ async fn a_delete_of_an_instance_already_being_deleted_succeeds_and_a_busy_one_s
         "the refusal was checked against a read"
     );
     b.fake.with(|w| w.release_delete(&name));
-    get_until(&p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
+    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
         .await
         .ok();
 
     // Another operation holds a running instance: the delete is retried, not taken as done.
     let id = p.create(&cx(), &request_in("held-busy", ZONE)).await.expect("create");
-    running(&p, &id).await;
+    running(&b.fake, &p, &id).await;
     let name = id.as_str().rsplit('/').next().unwrap().to_owned();
     b.fake.with(|w| w.lock(&name));
     let busy = p.delete(&cx(), &id).await.expect_err("busy");

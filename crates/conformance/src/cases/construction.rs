@@ -29,7 +29,8 @@ pub async fn ct_a01_constructor_does_not_dial<T: ConformanceTarget>(s: Scenario<
     Ok(())
 }
 
-/// CT-A02 (CRD2): a missing credential file is warned about at build, fails calls Transient, and works once it appears.
+/// CT-A02 (CRD2, CRD5): a missing credential file is warned about at build, fails calls Transient,
+/// and works once it appears; a rotated file is used without a rebuild.
 pub async fn ct_a02_missing_credentials_are_lazy<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     require(
         matches!(
@@ -59,11 +60,22 @@ pub async fn ct_a02_missing_credentials_are_lazy<T: ConformanceTarget>(s: Scenar
     assert_class("create without a credential file", &e, ErrorClass::Transient);
     std::fs::write(&path, &good).expect("restore the credential file");
     expect_ok("create after the file appeared", p.create(&s.cx(), &req).await);
-    if let Credentials::MountedFiles { rereads: true } = s.profile.credentials {
-        // Rotation (CRD5): a new valid credential is used without a rebuild.
-        let rotated = s.hooks().valid_credential("rotated").await?;
-        std::fs::write(&path, rotated).expect("rotate the credential file");
-        expect_ok("get after rotation", p.get(&s.cx(), &s.id_for(&req.name)).await);
+    match s.profile.credentials {
+        Credentials::MountedFiles { rereads: true } => {
+            // Rotation (CRD5): a new valid credential is used without a rebuild.
+            let rotated = s.hooks().valid_credential("rotated").await?;
+            std::fs::write(&path, rotated).expect("rotate the credential file");
+            expect_ok("get after rotation", p.get(&s.cx(), &s.id_for(&req.name)).await);
+        }
+        Credentials::Environment => {
+            // Rotation (CRD5) of a key that is exchanged for short-lived tokens: once the old
+            // key and its tokens are retired, the provider must read the rotated file again.
+            let rotated = s.hooks().valid_credential("rotated").await?;
+            std::fs::write(&path, rotated).expect("rotate the credential file");
+            s.hooks().retire_credentials().await?;
+            expect_ok("get after rotation", p.get(&s.cx(), &s.id_for(&req.name)).await);
+        }
+        _ => {}
     }
     Ok(())
 }

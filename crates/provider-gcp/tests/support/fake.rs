@@ -2,26 +2,37 @@
 //! `compute/v1`, an OAuth token endpoint and a metadata server, with the real API's status
 //! codes, error JSON and pagination, and response shapes taken from `fixtures/gcp/`.
 //!
-//! What it follows: names, zones, machine types, labels and request IDs are checked as the API
-//! checks them; an insert answers a zonal operation and the instance goes PROVISIONING, STAGING,
-//! RUNNING (with an external address) on the fake's clock; a delete answers an operation and the
-//! instance stops, then disappears with its auto-delete boot disk; a repeated insert with a seen
-//! `requestId` answers the first operation and creates nothing; aggregatedList filters on a
-//! label, pages with `maxResults`/`pageToken`, puts a `warning` in zones without results and
-//! names unreachable zones under `returnPartialSuccess`; every call needs a bearer token that
-//! the token endpoint issued from a correctly signed service-account assertion (RS256, checked
-//! against the test key) or an authorized-user refresh token, or that the metadata server gave.
+//! What it follows (each shape's API reference section is cited in `fixtures/gcp/README.md`):
+//! - names, zones, machine types, networks, subnetworks, network tags, labels and request IDs
+//!   are checked as the API checks them, with its answers: 400 `invalid` for a malformed value
+//!   or an unknown zone, 404 `notFound` for a network, subnetwork or image that does not exist;
+//! - an insert answers a zonal operation; the instance goes PROVISIONING, STAGING, then RUNNING
+//!   with an external address, and the operation DONE, once the operation time has passed on
+//!   the fake's clock;
+//! - a delete answers an operation; the instance shows STOPPING, and once the operation time
+//!   has passed it is gone with its auto-delete boot disk; a second delete while the first
+//!   runs gets 400 `resourceNotReady`;
+//! - a repeated insert with a seen `requestId` answers the first operation and creates nothing;
+//! - aggregatedList filters on a label, pages with `maxResults`/`pageToken`, puts a
+//!   `NO_RESULTS_ON_PAGE` warning in zones without results and, under `returnPartialSuccess`,
+//!   names unreachable zones both in `unreachables` and with an `UNREACHABLE` warning;
+//! - every call needs a bearer token that the token endpoint issued from a correctly signed
+//!   service-account assertion (RS256, checked against the test key, from a key id not
+//!   retired) or an authorized-user refresh token, or that the metadata server gave.
 //!
-//! What it does not cover: quotas and capacity (only injected), images and networks beyond a
-//! prefix check, IAM beyond "a valid token", the real wait before an instance runs, and how
-//! the real API answers a delete of an instance already being deleted (spec OPEN item 13: the
-//! fake accepts it with a new operation).
+//! The fake's clock is tokio's (so a test with a paused clock drives it) plus what
+//! [`FakeCompute::advance`] added; state moves only when a request or a hook looks at it.
+//! Every request, token and metadata ones included, is in the call log ([`WorldView::seen`])
+//! and passes the suite's [`Interceptor`] (kinds `token` and `metadata` for those two).
+//!
+//! What it does not cover: quotas and capacity (only injected), images beyond a prefix check,
+//! firewall rules, IAM beyond "a valid token", and real instance boot times (an operation takes
+//! the configured time, 20 ms unless a test sets another).
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,6 +46,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 
 /// The project the fake serves.
 pub const PROJECT: &str = "egress-test";
@@ -44,6 +56,17 @@ pub const ZONES: [&str; 2] = ["europe-west1-b", "us-central1-a"];
 pub const MACHINE_TYPES: [&str; 3] = ["e2-micro", "e2-small", "n2-standard-2"];
 /// Image projects the fake knows; any other image is "not found".
 pub const IMAGE_PREFIXES: [&str; 2] = ["projects/ubuntu-os-cloud/", "projects/debian-cloud/"];
+/// Networks: (name, custom mode). An auto-mode network takes a NIC without a subnetwork; a
+/// custom-mode one needs one.
+pub const NETWORKS: [(&str, bool); 2] = [("default", false), ("custom-vpc", true)];
+/// Subnetworks: (region, name, network).
+pub const SUBNETWORKS: [(&str, &str, &str); 3] = [
+    ("europe-west1", "proxies", "custom-vpc"),
+    ("us-central1", "proxies", "custom-vpc"),
+    ("europe-west1", "default", "default"),
+];
+/// How long an insert or a delete takes on the fake's clock unless a test sets another time.
+pub const DEFAULT_OPERATION_TIME: Duration = Duration::from_millis(20);
 /// The service account the test key belongs to.
 pub const SERVICE_ACCOUNT: &str = "egress-operator@egress-test.iam.gserviceaccount.com";
 /// The test key (fixtures/gcp/test-key.pem).
@@ -57,7 +80,8 @@ pub fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
 }
 
-/// One request the fake received (compute calls only).
+/// One request the fake received: a compute call, or a token or metadata request (their bodies
+/// are not kept: they carry credentials).
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub method: String,
@@ -76,7 +100,8 @@ pub struct Vm {
     pub status: String,
     pub nat_ip: Option<String>,
     pub labels: BTreeMap<String, String>,
-    /// `creationTimestamp`, as the API shows it.
+    /// `creationTimestamp`, as the API shows it; empty leaves the field out (which no real
+    /// instance does: the suite's C10 seeds it, with garbage too).
     pub created: String,
     /// Metadata items.
     pub metadata: BTreeMap<String, String>,
@@ -87,6 +112,8 @@ pub struct Vm {
     pub tags: Vec<String>,
     /// Made by an insert: the fake's clock moves it to RUNNING.
     advancing: bool,
+    /// When its insert or delete started (on the fake's clock).
+    since: Instant,
     /// A delete is in progress.
     pub deleting: bool,
     /// H12: the delete does not finish until released.
@@ -97,6 +124,8 @@ pub struct Vm {
 #[derive(Clone, Debug)]
 struct Op {
     body: Value,
+    /// When it started (on the fake's clock).
+    started: Instant,
     /// Fails with (code, message, HTTP status) instead of creating.
     fails: Option<(String, String, u16)>,
     /// The instance an insert makes when it completes (a stalled or failing insert).
@@ -110,8 +139,14 @@ struct World {
     disks: BTreeMap<(String, String), String>,
     operations: BTreeMap<String, Op>,
     request_ids: HashMap<String, String>,
-    /// Valid tokens and who they were issued to.
-    tokens: HashMap<String, String>,
+    /// Valid tokens: who they were issued to, and the key id (service accounts) they came from.
+    tokens: HashMap<String, (String, String)>,
+    /// Key ids whose assertions (and the tokens issued for them) are no longer accepted.
+    retired_keys: BTreeSet<String>,
+    /// What [`FakeCompute::advance`] added to tokio's clock.
+    skew: Duration,
+    /// How long an insert or a delete takes.
+    operation_time: Duration,
     issued: u64,
     serial: u64,
     next_ip: u32,
@@ -134,12 +169,14 @@ struct World {
     seen: Vec<Seen>,
     token_requests: u64,
     metadata_requests: u64,
+    /// Unreachable zones are not named in the list's top-level `unreachables`, only by their
+    /// `UNREACHABLE` warning (the API may answer either way).
+    unreachables_unlisted: bool,
 }
 
 struct Shared {
     world: Mutex<World>,
     interceptor: Interceptor,
-    unreachable: AtomicBool,
     public_key: Vec<u8>,
     token_url: String,
 }
@@ -158,7 +195,7 @@ impl Drop for AbortOnDrop {
 pub struct FakeCompute {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    _tasks: Arc<(AbortOnDrop, AbortOnDrop)>,
+    _server: Arc<AbortOnDrop>,
 }
 
 impl std::fmt::Debug for FakeCompute {
@@ -259,10 +296,10 @@ impl FakeCompute {
         let shared = Arc::new(Shared {
             world: Mutex::new(World {
                 next_ip: 10,
+                operation_time: DEFAULT_OPERATION_TIME,
                 ..World::default()
             }),
             interceptor: Interceptor::new(),
-            unreachable: AtomicBool::new(false),
             public_key,
             token_url: format!("http://{addr}/token"),
         });
@@ -287,20 +324,21 @@ impl FakeCompute {
                 }
             }))
         };
-        let clock = {
-            let shared = shared.clone();
-            AbortOnDrop(tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    shared.tick();
-                }
-            }))
-        };
         Self {
             shared,
             addr,
-            _tasks: Arc::new((server, clock)),
+            _server: Arc::new(server),
         }
+    }
+
+    /// Inserts and deletes take `time` from now on (on the fake's clock).
+    pub fn set_operation_time(&self, time: Duration) {
+        self.shared.world().operation_time = time;
+    }
+
+    /// Moves the fake's clock on by `by`, as if that much time had passed for the API.
+    pub fn advance(&self, by: Duration) {
+        self.shared.world().skew += by;
     }
 
     /// The `compute/v1` base URL.
@@ -323,15 +361,15 @@ impl FakeCompute {
         &self.shared.interceptor
     }
 
-    /// H16.
+    /// H16: every request, token and metadata ones included, loses its connection.
     pub fn set_unreachable(&self, unreachable: bool) {
-        self.shared.unreachable.store(unreachable, Ordering::SeqCst);
         self.shared.interceptor.set_unreachable(unreachable);
     }
 
     /// The world, for hooks and assertions.
     pub fn with<T>(&self, f: impl FnOnce(&mut WorldView<'_>) -> T) -> T {
         let mut w = self.shared.world();
+        w.settle();
         f(&mut WorldView(&mut w))
     }
 
@@ -409,6 +447,7 @@ impl WorldView<'_> {
     }
     pub fn new_vm(&mut self, name: &str, zone: &str) -> Vm {
         self.0.serial += 1;
+        let since = self.0.now();
         Vm {
             name: name.to_owned(),
             zone: zone.to_owned(),
@@ -424,6 +463,7 @@ impl WorldView<'_> {
             network: "global/networks/default".to_owned(),
             tags: Vec::new(),
             advancing: false,
+            since,
             deleting: false,
             hold_delete: false,
         }
@@ -436,11 +476,18 @@ impl WorldView<'_> {
         self.0.hold_pending = hold;
     }
     pub fn hold_delete(&mut self, name: &str) -> bool {
+        let now = self.0.now();
         let Some(vm) = self.vm(name) else { return false };
         vm.hold_delete = true;
         vm.deleting = true;
+        vm.since = now;
         vm.status = "STOPPING".to_owned();
         true
+    }
+    /// Whether the list names unreachable zones only by their per-zone `UNREACHABLE` warning,
+    /// leaving the top-level `unreachables` out.
+    pub fn unreachables_unlisted(&mut self, unlisted: bool) {
+        self.0.unreachables_unlisted = unlisted;
     }
     pub fn release_delete(&mut self, name: &str) {
         if let Some(vm) = self.vm(name) {
@@ -477,6 +524,15 @@ impl WorldView<'_> {
     pub fn revoke_tokens(&mut self) {
         self.0.tokens.clear();
     }
+    /// A key rotation's end: every service-account key used so far is deleted, so its
+    /// assertions are refused and the tokens issued for it stop working. A key id not used yet
+    /// (the rotated file's) stays good.
+    pub fn retire_used_keys(&mut self) {
+        let used: Vec<String> = self.0.tokens.values().map(|(_, kid)| kid.clone()).collect();
+        self.0.retired_keys.extend(used);
+        let retired = self.0.retired_keys.clone();
+        self.0.tokens.retain(|_, (_, kid)| !retired.contains(kid));
+    }
     /// Assertions signed for `email` are refused from now on.
     pub fn disable_account(&mut self, email: &str) {
         self.0.accounts.remove(email);
@@ -486,56 +542,72 @@ impl WorldView<'_> {
     }
     /// Who each valid token was issued to.
     pub fn token_owners(&self) -> Vec<String> {
-        self.0.tokens.values().cloned().collect()
+        self.0.tokens.values().map(|(owner, _)| owner.clone()).collect()
+    }
+    /// The key ids of the valid tokens (service accounts'; others have none).
+    pub fn token_keys(&self) -> Vec<String> {
+        self.0.tokens.values().map(|(_, kid)| kid.clone()).collect()
     }
 }
 
-impl Shared {
-    fn world(&self) -> MutexGuard<'_, World> {
-        self.world.lock().unwrap_or_else(|p| p.into_inner())
+impl World {
+    /// The fake's clock.
+    fn now(&self) -> Instant {
+        Instant::now() + self.skew
     }
 
-    /// The fake's clock: instances move on, deletes finish, operations complete.
-    fn tick(&self) {
-        let mut w = self.world();
-        let hold = w.hold_pending;
+    /// Brings the state up to the fake's clock: instances move on, deletes finish, operations
+    /// complete. Called before anything reads or changes the state.
+    fn settle(&mut self) {
+        let (now, time, hold) = (self.now(), self.operation_time, self.hold_pending);
         let mut gone = Vec::new();
         let mut ips = Vec::new();
-        for (key, vm) in &mut w.instances {
+        for (key, vm) in &mut self.instances {
             if vm.deleting {
-                if !vm.hold_delete {
+                if !vm.hold_delete && now >= vm.since + time {
                     gone.push(key.clone());
                 }
                 continue;
             }
-            if vm.advancing && !hold {
-                match vm.status.as_str() {
-                    "PROVISIONING" => vm.status = "STAGING".to_owned(),
-                    "STAGING" => {
-                        vm.status = "RUNNING".to_owned();
-                        vm.advancing = false;
-                        if vm.nat_ip.is_none() {
-                            ips.push(key.clone());
-                        }
+            if !vm.advancing {
+                continue;
+            }
+            if hold {
+                // Held instances wait; their time starts again once released.
+                vm.since = now;
+                continue;
+            }
+            match vm.status.as_str() {
+                "PROVISIONING" | "STAGING" if now >= vm.since + time => {
+                    vm.status = "RUNNING".to_owned();
+                    vm.advancing = false;
+                    if vm.nat_ip.is_none() {
+                        ips.push(key.clone());
                     }
-                    _ => vm.advancing = false,
                 }
+                "PROVISIONING" if now >= vm.since + time / 2 => vm.status = "STAGING".to_owned(),
+                "PROVISIONING" | "STAGING" => {}
+                // A hook set another status: the instance stays in it.
+                _ => vm.advancing = false,
             }
         }
         for key in ips {
-            let ip = WorldView(&mut w).next_ip();
-            if let Some(vm) = w.instances.get_mut(&key) {
+            let ip = WorldView(self).next_ip();
+            if let Some(vm) = self.instances.get_mut(&key) {
                 vm.nat_ip = Some(ip);
             }
         }
         for key in gone {
-            w.instances.remove(&key);
-            w.disks.retain(|_, owner| *owner != key.1);
+            self.instances.remove(&key);
+            self.disks.retain(|_, owner| *owner != key.1);
         }
-        let stall = w.stall_inserts;
+        let stall = self.stall_inserts;
         let mut made = Vec::new();
-        for op in w.operations.values_mut() {
-            if op.body["status"] == "DONE" || (stall && op.body["operationType"] == "insert") {
+        for op in self.operations.values_mut() {
+            if op.body["status"] == "DONE"
+                || (stall && op.body["operationType"] == "insert")
+                || now < op.started + time
+            {
                 continue;
             }
             op.body["status"] = json!("DONE");
@@ -544,13 +616,20 @@ impl Shared {
             if let Some((code, message, status)) = &op.fails {
                 op.body["error"] = json!({"errors": [{"code": code, "message": message}]});
                 op.body["httpErrorStatusCode"] = json!(status);
-            } else if let Some(vm) = op.vm.take() {
+            } else if let Some(mut vm) = op.vm.take() {
+                vm.since = now;
                 made.push(vm);
             }
         }
         for vm in made {
-            WorldView(&mut w).seed(vm);
+            WorldView(self).seed(vm);
         }
+    }
+}
+
+impl Shared {
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, std::io::Error> {
@@ -569,13 +648,14 @@ impl Shared {
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        if self.unreachable.load(Ordering::SeqCst) && (path == "/token" || path.starts_with("/computeMetadata")) {
-            return Err(std::io::Error::other("unreachable"));
-        }
         let answer = if path == "/token" && method == "POST" {
-            Some(self.token(&body))
+            self.credential_request(CallKind("token"), &method, &path, || self.token(&body))
+                .await
         } else if path == "/computeMetadata/v1/instance/service-accounts/default/token" {
-            Some(self.metadata(metadata_flavor.as_deref()))
+            self.credential_request(CallKind("metadata"), &method, &path, || {
+                self.metadata(metadata_flavor.as_deref())
+            })
+            .await
         } else if let Some(rest) = path.strip_prefix(&format!("/compute/v1/projects/{PROJECT}/")) {
             self.compute(&method, rest, &query, authorization, &body).await
         } else {
@@ -594,10 +674,33 @@ impl Shared {
         Ok(r)
     }
 
+    /// A token or metadata request: logged (without its body), passed through the suite's
+    /// interceptor, then answered by `answer`.
+    async fn credential_request(
+        &self,
+        kind: CallKind,
+        method: &str,
+        path: &str,
+        answer: impl FnOnce() -> (u16, Value),
+    ) -> Answer {
+        self.world().seen.push(Seen {
+            method: method.to_owned(),
+            path: path.to_owned(),
+            query: BTreeMap::new(),
+            authorization: None,
+            body: None,
+        });
+        if let Err(fault) = self.interceptor.enter(kind, "").await {
+            return fault_answer(&fault, path);
+        }
+        Some(answer())
+    }
+
     fn issue(&self, w: &mut World, owner: &str, hint: &str) -> (u16, Value) {
         w.issued += 1;
         let token = format!("ya29.fake{}.{hint}", w.issued);
-        w.tokens.insert(token.clone(), owner.to_owned());
+        let kid = if hint == "user" || hint == "gce" { String::new() } else { hint.to_owned() };
+        w.tokens.insert(token.clone(), (owner.to_owned(), kid));
         (
             200,
             json!({"access_token": token, "expires_in": 3599, "token_type": "Bearer"}),
@@ -651,6 +754,9 @@ impl Shared {
                     return refuse("Invalid grant: account not found");
                 }
                 let kid = header["kid"].as_str().unwrap_or_default().to_owned();
+                if w.retired_keys.contains(&kid) {
+                    return refuse("Invalid JWT Signature.");
+                }
                 self.issue(&mut w, &email, &kid)
             }
             Some("refresh_token") => {
@@ -718,6 +824,7 @@ impl Shared {
             return fault_answer(&fault, &resource);
         }
         let mut w = self.world();
+        w.settle();
         if let Some(i) = w.scripted.iter().position(|(k, _, _)| k == kind) {
             let (_, status, body) = w.scripted.remove(i);
             return Some((status, body));
@@ -730,10 +837,7 @@ impl Shared {
             return Some(error_fixture("401-authError", &resource));
         }
         if !zone.is_empty() && !ZONES.contains(&zone) {
-            return Some(error_fixture(
-                "404-notFound",
-                &format!("projects/{PROJECT}/zones/{zone}"),
-            ));
+            return Some(invalid(&format!("Invalid value for field 'zone': '{zone}'. Unknown zone.")));
         }
         if w.unreachable_zones.contains(zone) {
             return Some(error_fixture("503-backendError", &resource));
@@ -838,6 +942,21 @@ fn insert(w: &mut World, zone: &str, query: &BTreeMap<String, String>, body: Opt
         }
         labels.insert(k, v);
     }
+    let nic = &body["networkInterfaces"][0];
+    let network = match nic_network(zone, nic) {
+        Ok(network) => network,
+        Err(answer) => return answer,
+    };
+    let mut tags = Vec::new();
+    for (i, tag) in body["tags"]["items"].as_array().cloned().unwrap_or_default().iter().enumerate() {
+        let tag = tag.as_str().unwrap_or_default();
+        if !valid_name(tag) {
+            return invalid(&format!(
+                "Invalid value for field 'resource.tags.items[{i}]': '{tag}'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{{0,61}}[a-z0-9])?)'"
+            ));
+        }
+        tags.push(tag.to_owned());
+    }
     let mut metadata = BTreeMap::new();
     for item in body["metadata"]["items"].as_array().cloned().unwrap_or_default() {
         let value = item["value"].as_str().unwrap_or_default();
@@ -871,14 +990,8 @@ fn insert(w: &mut World, zone: &str, query: &BTreeMap<String, String>, body: Opt
         .as_str()
         .unwrap_or("10")
         .to_owned();
-    vm.network = body["networkInterfaces"][0]["network"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    vm.tags = body["tags"]["items"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|t| t.as_str().map(str::to_owned)).collect())
-        .unwrap_or_default();
+    vm.network = network;
+    vm.tags = tags;
     vm.advancing = true;
     let op_body = operation(w, zone, "insert", &name, vm.id);
     let op_name = op_body["name"].as_str().unwrap_or_default().to_owned();
@@ -889,10 +1002,12 @@ fn insert(w: &mut World, zone: &str, query: &BTreeMap<String, String>, body: Opt
         WorldView(w).seed(vm);
         None
     };
+    let started = w.now();
     w.operations.insert(
         op_name.clone(),
         Op {
             body: op_body.clone(),
+            started,
             fails,
             vm: later,
         },
@@ -903,12 +1018,92 @@ fn insert(w: &mut World, zone: &str, query: &BTreeMap<String, String>, body: Opt
     (200, op_body)
 }
 
+/// The `<what>s/<name>` path's parts of a reference in any form the API takes (a name, a
+/// relative path, `projects/<p>/…`, a full URL), or `None` when it is none of them. `scope` is
+/// what comes before `<what>s` (`global`, or `regions/<r>`).
+fn reference<'a>(value: &'a str, what: &str) -> Option<(Option<&'a str>, &'a str)> {
+    let path = value
+        .strip_prefix(API)
+        .or_else(|| value.strip_prefix("https://compute.googleapis.com/compute/v1"))
+        .map_or(value, |p| p.trim_start_matches('/'));
+    let path = match path.strip_prefix("projects/") {
+        Some(rest) => {
+            let (project, rest) = rest.split_once('/')?;
+            (project == PROJECT).then_some(rest)?
+        }
+        None => path,
+    };
+    let parts: Vec<&str> = path.split('/').collect();
+    match (what, parts.as_slice()) {
+        ("network", ["global", "networks", name]) => Some((None, name)),
+        ("subnetwork", ["regions", region, "subnetworks", name]) => Some((Some(region), name)),
+        _ => None,
+    }
+}
+
+/// The network (as `global/networks/<name>`) of an insert's NIC in `zone`, checked as the
+/// API checks it: the network exists; a custom-mode one needs a subnetwork; a subnetwork
+/// exists, in the zone's region and the NIC's network.
+fn nic_network(zone: &str, nic: &Value) -> Result<String, (u16, Value)> {
+    let given = nic["network"].as_str().unwrap_or("global/networks/default");
+    let Some((_, name)) = reference(given, "network") else {
+        return Err(invalid(&format!(
+            "Invalid value for field 'resource.networkInterfaces[0].network': '{given}'. The URL is malformed."
+        )));
+    };
+    let Some((_, custom)) = NETWORKS.iter().find(|(n, _)| *n == name) else {
+        return Err(error_fixture(
+            "404-notFound",
+            &format!("projects/{PROJECT}/global/networks/{name}"),
+        ));
+    };
+    let region = zone.rsplit_once('-').map_or(zone, |(r, _)| r);
+    match nic["subnetwork"].as_str() {
+        None if *custom => Err(invalid(&format!(
+            "Invalid value for field 'resource.networkInterfaces[0]': ''. Subnetwork should be specified for custom subnetmode network '{name}'."
+        ))),
+        None => Ok(format!("global/networks/{name}")),
+        Some(sub) => {
+            let Some((Some(sub_region), sub_name)) = reference(sub, "subnetwork") else {
+                return Err(invalid(&format!(
+                    "Invalid value for field 'resource.networkInterfaces[0].subnetwork': '{sub}'. The URL is malformed."
+                )));
+            };
+            let Some((_, _, sub_network)) = SUBNETWORKS
+                .iter()
+                .find(|(r, n, _)| *r == sub_region && *n == sub_name)
+            else {
+                return Err(error_fixture(
+                    "404-notFound",
+                    &format!("projects/{PROJECT}/regions/{sub_region}/subnetworks/{sub_name}"),
+                ));
+            };
+            if sub_region != region {
+                return Err(invalid(&format!(
+                    "Invalid value for field 'resource.networkInterfaces[0].subnetwork': '{sub}'. Subnetwork must be in the same region as the instance."
+                )));
+            }
+            if *sub_network != name {
+                return Err(invalid(&format!(
+                    "Invalid value for field 'resource.networkInterfaces[0].subnetwork': '{sub}'. Subnetwork does not belong to network '{name}'."
+                )));
+            }
+            Ok(format!("global/networks/{name}"))
+        }
+    }
+}
+
 /// The Instance resource for `vm`, from the fixture.
 pub fn instance_json(vm: &Vm) -> Value {
     let mut v: Value = serde_json::from_str(&fixture("instance.json")).expect("the instance fixture");
     let zone_url = format!("{API}/projects/{PROJECT}/zones/{}", vm.zone);
     v["id"] = json!(vm.id.to_string());
     v["creationTimestamp"] = json!(vm.created);
+    if vm.created.is_empty()
+        && let Some(o) = v.as_object_mut()
+    {
+        o.remove("creationTimestamp");
+    }
     v["name"] = json!(vm.name);
     v["tags"]["items"] = json!(vm.tags);
     v["machineType"] = json!(format!("{zone_url}/machineTypes/{}", vm.machine_type));
@@ -966,12 +1161,17 @@ fn delete(w: &mut World, zone: &str, name: &str) -> (u16, Value) {
     vm.deleting = true;
     vm.status = "STOPPING".to_owned();
     let id = vm.id;
+    let started = w.now();
+    if let Some(vm) = w.instances.get_mut(&(zone.to_owned(), name.to_owned())) {
+        vm.since = started;
+    }
     let op = operation(w, zone, "delete", name, id);
     let op_name = op["name"].as_str().unwrap_or_default().to_owned();
     w.operations.insert(
         op_name,
         Op {
             body: op.clone(),
+            started,
             fails: None,
             vm: None,
         },
@@ -1024,7 +1224,14 @@ fn list(w: &World, query: &BTreeMap<String, String>) -> (u16, Value) {
     let mut v: Value = serde_json::from_str(&fixture("aggregated-list.json")).expect("the list fixture");
     let mut items = serde_json::Map::new();
     for zone in ZONES {
+        let scope = format!("zones/{zone}");
         if w.unreachable_zones.contains(zone) {
+            items.insert(
+                scope.clone(),
+                json!({"warning": {"code": "UNREACHABLE",
+                    "message": format!("Scope '{scope}' is unreachable; results for it are missing."),
+                    "data": [{"key": "scope", "value": scope}]}}),
+            );
             continue;
         }
         let here: Vec<Value> = page
@@ -1032,7 +1239,6 @@ fn list(w: &World, query: &BTreeMap<String, String>) -> (u16, Value) {
             .filter(|vm| vm.zone == zone)
             .map(|vm| instance_json(vm))
             .collect();
-        let scope = format!("zones/{zone}");
         if here.is_empty() {
             items.insert(
                 scope.clone(),
@@ -1052,7 +1258,7 @@ fn list(w: &World, query: &BTreeMap<String, String>) -> (u16, Value) {
             json!(data_encoding::BASE64URL_NOPAD.encode(format!("offset:{}", offset + page_size).as_bytes())),
         );
     }
-    if partial && !w.unreachable_zones.is_empty() {
+    if partial && !w.unreachable_zones.is_empty() && !w.unreachables_unlisted {
         obj.insert(
             "unreachables".to_owned(),
             json!(

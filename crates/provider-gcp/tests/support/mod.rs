@@ -66,9 +66,19 @@ impl GcpBackend {
 
     /// A provider of entry `name` over this fake, with `options` for the wire log.
     pub fn provider(&self, name: &str, wire: WireOptions) -> egress_provider_gcp::GcpProvider {
+        self.provider_with(name, Settings::for_project(PROJECT), wire)
+    }
+
+    /// [`Self::provider`] with `settings` of the test's (ones a load would refuse, say).
+    pub fn provider_with(
+        &self,
+        name: &str,
+        settings: Settings,
+        wire: WireOptions,
+    ) -> egress_provider_gcp::GcpProvider {
         egress_provider_gcp::build(
             name,
-            Settings::for_project(PROJECT),
+            settings,
             CredentialSource::KeyFile(self.key_path()),
             &self.fake.base_url(),
             wire,
@@ -103,13 +113,13 @@ impl BackendHooks for GcpBackend {
     }
 
     async fn seed(&self, spec: SeedSpec) -> HookResult {
-        // The API always shows a valid creationTimestamp: none and garbage cannot be seeded.
-        let SeedTime::Valid(created) = spec.created_at else {
-            return Err(Unsupported(
-                "H01 seed without a valid creation time (the API always has one)",
-            ));
+        // The API always shows a valid creationTimestamp; the fake can leave it out or garble
+        // it, so the provider's reading of both is proven (C10).
+        let created = match spec.created_at {
+            SeedTime::Valid(created) => api_time(created)?,
+            SeedTime::Missing => String::new(),
+            SeedTime::Garbage => "yesterday-ish".to_owned(),
         };
-        let created = api_time(created)?;
         let zone = spec.location.clone().unwrap_or_else(|| ZONE.to_owned());
         self.fake.with(|w| {
             let mut vm = w.new_vm(&spec.name, &zone);
@@ -243,6 +253,11 @@ impl BackendHooks for GcpBackend {
     async fn valid_credential(&self, sentinel: &str) -> HookResult<String> {
         // The key id travels in the assertion's header, and the fake puts it in the token.
         Ok(self.fake.service_account_json(sentinel, SERVICE_ACCOUNT))
+    }
+
+    async fn retire_credentials(&self) -> HookResult {
+        self.fake.with(|w| w.retire_used_keys());
+        Ok(())
     }
 
     async fn set_unreachable(&self, unreachable: bool) -> HookResult {
@@ -428,13 +443,17 @@ impl ConformanceTarget for GcpTarget {
             image: image.to_owned(),
         };
         Fixtures {
+            // spec §2.4's list, and a few more of the same kinds.
             malformed_ids: [
                 "",
+                "zones/z/instances",
+                "zones//instances/x",
+                "regions/r/instances/x",
+                "zones/z/instances/x/y",
+                "z/x",
                 "proxy-x",
-                "zones//instances/proxy-x",
                 "zones/europe-west1-b/instances/",
                 "zones/europe-west1-b/instance/proxy-x",
-                "zones/europe-west1-b/instances/proxy-x/extra",
             ]
             .into_iter()
             .map(ProviderId::from)

@@ -1,0 +1,180 @@
+//! What Compute Engine accepts as a name or a reference, checked before anything is sent: a
+//! value the API would refuse fails the config at load (or a Proxy's create at once) with a
+//! message that says what the value must look like, instead of every insert failing later.
+//!
+//! The rules are the API reference's: resource names (networks, subnetworks, zones, machine
+//! types, instances) and network tags follow RFC 1035, `[a-z]([-a-z0-9]{0,61}[a-z0-9])?`;
+//! project IDs are 6 to 30 lowercase letters, digits and hyphens that start with a letter and
+//! do not end with a hyphen, optionally after a `domain:` prefix (older domain-scoped projects).
+
+/// The hosts a full resource URL may name, before `projects/…`.
+const URL_PREFIXES: [&str; 2] = [
+    "https://www.googleapis.com/compute/v1/",
+    "https://compute.googleapis.com/compute/v1/",
+];
+
+/// What an RFC 1035 name must look like, for messages.
+pub const NAME_RULE: &str = "1 to 63 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen";
+
+/// Whether `s` is an RFC 1035 name of at most 63 characters, as Compute Engine names are.
+pub fn is_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && !s.ends_with('-')
+}
+
+/// Whether `s` is a project ID (see the module docs).
+pub fn is_project(s: &str) -> bool {
+    let id = match s.rsplit_once(':') {
+        Some((domain, id)) => {
+            let domain_ok = !domain.is_empty()
+                && domain.len() <= 63
+                && domain
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.');
+            if !domain_ok {
+                return false;
+            }
+            id
+        }
+        None => s,
+    };
+    (6..=30).contains(&id.len()) && is_name(id)
+}
+
+/// Whether `s` names a network: a name, `global/networks/<name>`,
+/// `projects/<project>/global/networks/<name>`, or that path as a full API URL.
+pub fn is_network_ref(s: &str) -> bool {
+    if !s.contains('/') {
+        return is_name(s);
+    }
+    let path = strip_url(s);
+    let rest = match path.strip_prefix("projects/") {
+        Some(rest) => match rest.split_once('/') {
+            Some((project, rest)) if is_project(project) => rest,
+            _ => return false,
+        },
+        None if path.len() == s.len() => path,
+        None => return false,
+    };
+    matches!(rest.split('/').collect::<Vec<_>>().as_slice(), ["global", "networks", name] if is_name(name))
+}
+
+/// Whether `s` names a subnetwork: a name (looked up in the region of each Proxy's zone),
+/// `regions/<region>/subnetworks/<name>`, `projects/<project>/regions/<region>/subnetworks/<name>`,
+/// or that path as a full API URL.
+pub fn is_subnetwork_ref(s: &str) -> bool {
+    if !s.contains('/') {
+        return is_name(s);
+    }
+    let path = strip_url(s);
+    let rest = match path.strip_prefix("projects/") {
+        Some(rest) => match rest.split_once('/') {
+            Some((project, rest)) if is_project(project) => rest,
+            _ => return false,
+        },
+        None if path.len() == s.len() => path,
+        None => return false,
+    };
+    matches!(
+        rest.split('/').collect::<Vec<_>>().as_slice(),
+        ["regions", region, "subnetworks", name] if is_name(region) && is_name(name)
+    )
+}
+
+/// The region of a zone: the zone name without its last `-<letter>` part
+/// (`europe-west1-b` is in `europe-west1`); `None` when the name has no such part.
+pub fn region_of(zone: &str) -> Option<&str> {
+    let (region, letter) = zone.rsplit_once('-')?;
+    (is_name(zone) && is_name(region) && letter.len() == 1 && letter.bytes().all(|c| c.is_ascii_lowercase()))
+        .then_some(region)
+}
+
+/// `s` without a full URL's scheme, host and API version, when it has them.
+fn strip_url(s: &str) -> &str {
+    URL_PREFIXES.iter().find_map(|p| s.strip_prefix(p)).unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_rfc_1035() {
+        for ok in ["a", "egress-proxy", "e2-micro", "n2-custom-4-8192", &"a".repeat(63)] {
+            assert!(is_name(ok), "{ok}");
+        }
+        for bad in ["", "Egress", "1st", "-a", "a-", "a_b", "a.b", "a b", &"a".repeat(64), "é"] {
+            assert!(!is_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn project_ids_and_domain_scoped_ones() {
+        for ok in ["egress-test", "my-project-123456", "example.com:my-project", &format!("a{}", "b".repeat(29))] {
+            assert!(is_project(ok), "{ok}");
+        }
+        for bad in ["", "short", "My-Project", "1project", "project-", &"a".repeat(31), ":my-project", "a b:my-project"] {
+            assert!(!is_project(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn network_references_in_every_form_the_api_takes() {
+        for ok in [
+            "default",
+            "global/networks/vpc-a",
+            "projects/host-project/global/networks/shared",
+            "https://www.googleapis.com/compute/v1/projects/host-project/global/networks/shared",
+            "https://compute.googleapis.com/compute/v1/projects/host-project/global/networks/shared",
+        ] {
+            assert!(is_network_ref(ok), "{ok}");
+        }
+        for bad in [
+            "VPC",
+            "networks/vpc-a",
+            "global/networks/",
+            "global/networks/vpc-a/extra",
+            "projects/global/networks/vpc-a",
+            "projects/host-project/regions/r/networks/vpc-a",
+            "http://www.googleapis.com/compute/v1/projects/host-project/global/networks/shared",
+            "https://evil.example/compute/v1/projects/host-project/global/networks/shared",
+            "https://www.googleapis.com/compute/v1/global/networks/shared",
+        ] {
+            assert!(!is_network_ref(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn subnetwork_references_in_every_form_the_api_takes() {
+        for ok in [
+            "proxies",
+            "regions/europe-west1/subnetworks/proxies",
+            "projects/host-project/regions/europe-west1/subnetworks/proxies",
+            "https://www.googleapis.com/compute/v1/projects/host-project/regions/europe-west1/subnetworks/proxies",
+        ] {
+            assert!(is_subnetwork_ref(ok), "{ok}");
+        }
+        for bad in [
+            "Proxies",
+            "subnetworks/proxies",
+            "regions/Europe/subnetworks/proxies",
+            "global/networks/default",
+            "regions/europe-west1/subnetworks/proxies/x",
+        ] {
+            assert!(!is_subnetwork_ref(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_zones_region_is_its_name_without_the_last_letter() {
+        assert_eq!(region_of("europe-west1-b"), Some("europe-west1"));
+        assert_eq!(region_of("northamerica-northeast1-a"), Some("northamerica-northeast1"));
+        for bad in ["europe", "europe-west1-", "europe-west1-bb", "Europe-west1-b", "-b"] {
+            assert_eq!(region_of(bad), None, "{bad}");
+        }
+    }
+}
