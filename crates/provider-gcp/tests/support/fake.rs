@@ -616,6 +616,11 @@ impl World {
             if let Some((code, message, status)) = &op.fails {
                 op.body["error"] = json!({"errors": [{"code": code, "message": message}]});
                 op.body["httpErrorStatusCode"] = json!(status);
+                let phrase = StatusCode::from_u16(*status)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("ERROR");
+                op.body["httpErrorMessage"] = json!(phrase.to_uppercase());
             } else if let Some(mut vm) = op.vm.take() {
                 vm.since = now;
                 made.push(vm);
