@@ -3,9 +3,10 @@
 //! - `test [--repeat N] [-p PKG]... [--test NAME]... [-- FILTER...]`: the README's test
 //!   command. As root, installs the system packages the workspace needs (apt) and starts the
 //!   services the tests use; then runs `cargo test --workspace --no-fail-fast` (so one failure
-//!   shows all the others), streaming cargo's own output, and `dev --smoke`; closes with one
-//!   line `N passed, M failed` summed over every test binary (the smoke run counts as one
-//!   test) and exits with cargo's status, else the smoke run's. `--repeat N` runs the chosen
+//!   shows all the others), streaming cargo's own output, `dev --smoke` and
+//!   `conformance --provider gcp --real` against the fake Compute server; closes with one
+//!   line `N passed, M failed` summed over every test binary (the last two count as one test
+//!   each) and exits with cargo's status, else 1 when one of those two failed. `--repeat N` runs the chosen
 //!   tests N times in a row, to hunt flakes; `-p`, `--test` and a filter choose them (and leave
 //!   the smoke run out).
 //! - `dev [--smoke] [--release] [--discovery-port N]`: the README's run
@@ -15,7 +16,8 @@
 //!   it and tears down, without waiting for a person.
 //! - `conformance --provider P [--real]`: one provider's conformance suite,
 //!   against its fake backend or (`--real`) the real one, which must then be
-//!   there.
+//!   there. For gcp, `--real` takes a project from the environment, checks the credentials
+//!   before anything else, and runs a janitor before and after the suite (`gcp_real`).
 //! - `ci`: what CI checks: `cargo fmt --check`, clippy with warnings denied,
 //!   then `test`.
 //! - `deny`: `cargo deny check licenses bans sources` (advisories need the
@@ -45,6 +47,7 @@ mod bench_kvm2;
 mod bench_pool;
 mod crds;
 mod dev;
+mod gcp_real;
 mod hypervisor;
 mod procs;
 mod system;
@@ -278,13 +281,15 @@ enum Failure {
     Cargo(i32),
     /// The dev smoke run failed.
     Smoke(anyhow::Error),
+    /// `conformance --provider gcp --real` against the fake failed.
+    GcpReal(anyhow::Error),
 }
 
 impl Failure {
     fn exit_code(&self) -> i32 {
         match self {
             Self::Cargo(code) => *code,
-            Self::Smoke(_) => 1,
+            Self::Smoke(_) | Self::GcpReal(_) => 1,
         }
     }
 }
@@ -294,6 +299,7 @@ impl std::fmt::Display for Failure {
         match self {
             Self::Cargo(code) => write!(f, "cargo test failed (exit status {code})"),
             Self::Smoke(e) => write!(f, "the dev smoke run failed: {e:#}"),
+            Self::GcpReal(e) => write!(f, "conformance --provider gcp --real against the fake failed: {e:#}"),
         }
     }
 }
@@ -339,20 +345,31 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
                 require_kubectl: true,
             },
         );
-        // The smoke run counts as one test of the suite.
-        match smoke {
-            Ok(()) => total.passed += 1,
-            Err(e) => {
-                total.failed += 1;
-                if failure.is_none() {
-                    failure = Some(Failure::Smoke(e));
-                } else {
-                    eprintln!("xtask: the dev smoke run failed too: {e:#}");
-                }
+        // The smoke run counts as one test of the suite, and so does the gcp --real path.
+        count(&mut total, &mut failure, smoke.map_err(Failure::Smoke));
+        println!("xtask: cargo xtask conformance --provider gcp --real, against the fake Compute server");
+        count(
+            &mut total,
+            &mut failure,
+            gcp_real::check_against_fake(root).map_err(Failure::GcpReal),
+        );
+    }
+    Ok((total, failure))
+}
+
+/// Counts one whole-run step as a test; keeps the first failure and reports later ones.
+fn count(total: &mut tally::Counts, failure: &mut Option<Failure>, outcome: std::result::Result<(), Failure>) {
+    match outcome {
+        Ok(()) => total.passed += 1,
+        Err(f) => {
+            total.failed += 1;
+            if failure.is_none() {
+                *failure = Some(f);
+            } else {
+                eprintln!("xtask: {f} too");
             }
         }
     }
-    Ok((total, failure))
 }
 
 /// The test command failed with this exit code, and has said why.
@@ -370,11 +387,15 @@ impl std::error::Error for TestsFailed {}
 /// Runs one provider's conformance suite; with `real`, against the real backend, where a
 /// missing backend fails instead of skipping.
 fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
+    if real && provider == "gcp" {
+        // Checks settings and credentials first, and runs the janitor around the suite.
+        return gcp_real::run(root, &[]);
+    }
     let (package, fake, real_test) = match provider {
         "reference" => ("egress-conformance", "reference", None),
         "local" => ("egress-provider-local", "conformance", Some("conformance_real")),
         "kubernetes" => ("egress-provider-kubernetes", "conformance", None),
-        "gcp" => ("egress-provider-gcp", "conformance", None),
+        "gcp" => ("egress-provider-gcp", "conformance", Some("conformance_real")),
         "kvm" => ("egress-provider-kvm", "conformance", Some("conformance_real")),
         "kvm2" => ("egress-provider-kvm2", "conformance", Some("conformance_real")),
         other => {

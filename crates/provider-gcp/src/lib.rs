@@ -7,7 +7,8 @@
 //!   payloads);
 //! - [`auth`]: access tokens by Application Default Credentials;
 //! - [`client`]: the HTTP client (timeouts, retries of reads, spans, the wire log);
-//! - [`provider`]: create, get, delete, list and the health check.
+//! - [`provider`]: create, get, delete, list and the health check;
+//! - [`suite_run`]: a conformance run against a real project: its settings and its janitor.
 //!
 //! [`construct`] builds it from a config entry as the operator does.
 
@@ -21,6 +22,7 @@ pub mod names;
 pub mod provider;
 pub mod settings;
 pub mod state;
+pub mod suite_run;
 pub mod wire;
 
 use std::sync::Arc;

@@ -6,6 +6,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod fake;
+pub mod real;
 
 use std::net::IpAddr;
 use std::path::PathBuf;

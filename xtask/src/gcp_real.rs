@@ -1,0 +1,144 @@
+//! `cargo xtask conformance --provider gcp --real`: the conformance suite against a real project
+//! named by the environment (see `egress_provider_gcp::suite_run`), with a janitor pass before
+//! the suite (what a killed earlier run left) and after it (whatever the suite's outcome).
+//!
+//! [`check_against_fake`] is how CI proves this path without Google: the same command against
+//! the fake Compute server run as a process of its own (`examples/fake_compute.rs`).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail, ensure};
+use egress_provider_gcp::suite_run::{self, RunSettings};
+
+use crate::cargo_bin;
+
+const PACKAGE: &str = "egress-provider-gcp";
+const TEST: &str = "conformance_real";
+
+/// Runs the suite against the project `extra` and this process's environment name (`extra`
+/// first); the janitor runs before and after it.
+///
+/// # Errors
+/// Missing credentials or settings (before anything is built), a failed janitor pass, or a
+/// failed suite.
+pub(crate) fn run(root: &Path, extra: &[(String, String)]) -> Result<()> {
+    let lookup = |name: &str| {
+        extra
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(name).ok())
+    };
+    let settings = RunSettings::from_vars(lookup, Path::is_file, suite_run::metadata_resolves)
+        .map_err(|e| anyhow::anyhow!("the gcp conformance run cannot start: {e}"))?;
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let run = format!("{}{secs}", suite_run::RUN_PREFIX);
+    println!(
+        "xtask: gcp conformance in project {} (zones {}), instances labelled proxy-operator-installation={run}",
+        settings.project,
+        settings.zones.join(",")
+    );
+    let cargo_test = |args: &[&str]| {
+        let mut cmd = Command::new(cargo_bin());
+        cmd.current_dir(root)
+            .args(["test", "-p", PACKAGE, "--test", TEST, "--"])
+            .args(args)
+            .envs(extra.iter().map(|(k, v)| (k, v)))
+            .env(suite_run::RUN_VAR, &run)
+            .env("EGRESS_CONFORMANCE_REQUIRED", "1");
+        cmd.status().context("running cargo test")
+    };
+    let janitor = |when: &str| -> Result<()> {
+        println!("xtask: janitor, {when} the suite");
+        let status = cargo_test(&["--ignored", "--exact", "janitor", "--nocapture"])?;
+        ensure!(status.success(), "the janitor pass {when} the suite failed ({status})");
+        Ok(())
+    };
+    janitor("before")?;
+    // A few cases at a time: each one boots a VM in the project.
+    let suite = cargo_test(&["--nocapture", "--test-threads=4"]);
+    let after = janitor("after");
+    let suite = suite?;
+    if !suite.success() {
+        if let Err(e) = &after {
+            eprintln!("xtask: {e:#}");
+        }
+        bail!("the gcp conformance suite failed ({suite})");
+    }
+    after
+}
+
+/// What CI checks of the command: without credentials it stops at once with the message; with
+/// the fake Compute server as the project it runs the suite, and the janitor leaves none of the
+/// runs' instances (an earlier "killed" run's included) and every other instance.
+///
+/// # Errors
+/// Any of those does not hold.
+pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
+    let scratch = egress_testkit::ScratchDir::new("xtask-gcp-real");
+    // 1. No credentials: a fresh HOME, no key file, no metadata host.
+    let me = std::env::current_exe().context("the xtask binary")?;
+    let mut bare = Command::new(&me);
+    bare.args(["conformance", "--provider", "gcp", "--real"])
+        .env("HOME", scratch.path())
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+        .env_remove("GCE_METADATA_HOST")
+        .env_remove(suite_run::PROJECT_VAR)
+        .env_remove(suite_run::ZONES_VAR);
+    let out = bare.output().context("running xtask without credentials")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "without credentials the command succeeded: {stderr}");
+    // On Google Cloud the metadata server is a credential: then the project is what is missing.
+    let expected = if suite_run::metadata_resolves(egress_provider_gcp::auth::METADATA_HOST) {
+        suite_run::PROJECT_VAR
+    } else {
+        suite_run::NO_CREDENTIALS
+    };
+    ensure!(
+        stderr.contains(expected),
+        "without credentials the command did not say {expected:?}: {stderr}"
+    );
+    println!("xtask: without credentials: refused, as it should be");
+
+    // 2. The fake as the project, with instances an earlier run and another installation left.
+    let mut fake = Command::new(cargo_bin())
+        .current_dir(root)
+        .args(["run", "-q", "-p", PACKAGE, "--example", "fake_compute", "--"])
+        .arg(scratch.path())
+        .arg("--leftovers")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the fake Compute server")?;
+    let mut stdout = BufReader::new(fake.stdout.take().context("the fake's stdout")?);
+    let mut line = String::new();
+    stdout.read_line(&mut line).context("the fake's first line")?;
+    let ready: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("the fake said {line:?}"))?;
+    let text = |key: &str| ready[key].as_str().map(str::to_owned).with_context(|| format!("no {key} in {line}"));
+    let env = vec![
+        ("GOOGLE_APPLICATION_CREDENTIALS".to_owned(), text("key_file")?),
+        (suite_run::PROJECT_VAR.to_owned(), text("project")?),
+        (suite_run::ZONES_VAR.to_owned(), text("zones")?),
+        (suite_run::API_URL_VAR.to_owned(), text("api_url")?),
+    ];
+    let outcome = run(root, &env);
+    // Closing its stdin makes the fake print what it still holds and exit.
+    drop(fake.stdin.take());
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).context("the fake's inventory")?;
+    let _ = fake.wait();
+    outcome?;
+    let held: Vec<serde_json::Value> = serde_json::from_str(rest.trim()).with_context(|| format!("the fake's inventory {rest:?}"))?;
+    let installations: Vec<&str> = held.iter().filter_map(|i| i["installation"].as_str()).collect();
+    let left: Vec<&&str> = installations.iter().filter(|i| suite_run::is_run_label(i)).collect();
+    ensure!(left.is_empty(), "instances of conformance runs were left behind: {left:?}");
+    ensure!(
+        installations.contains(&"prod"),
+        "the janitor deleted an instance of another installation: {held:?}"
+    );
+    println!("xtask: gcp --real against the fake: suite passed, nothing of any run left behind");
+    Ok(())
+}
