@@ -90,7 +90,10 @@ pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
         .env_remove(suite_run::ZONES_VAR);
     let out = bare.output().context("running xtask without credentials")?;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(!out.status.success(), "without credentials the command succeeded: {stderr}");
+    ensure!(
+        !out.status.success(),
+        "without credentials the command succeeded: {stderr}"
+    );
     // On Google Cloud the metadata server is a credential: then the project is what is missing.
     let expected = if suite_run::metadata_resolves(egress_provider_gcp::auth::METADATA_HOST) {
         suite_run::PROJECT_VAR
@@ -117,7 +120,12 @@ pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
     let mut line = String::new();
     stdout.read_line(&mut line).context("the fake's first line")?;
     let ready: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("the fake said {line:?}"))?;
-    let text = |key: &str| ready[key].as_str().map(str::to_owned).with_context(|| format!("no {key} in {line}"));
+    let text = |key: &str| {
+        ready[key]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("no {key} in {line}"))
+    };
     let env = vec![
         ("GOOGLE_APPLICATION_CREDENTIALS".to_owned(), text("key_file")?),
         (suite_run::PROJECT_VAR.to_owned(), text("project")?),
@@ -131,10 +139,14 @@ pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
     stdout.read_to_string(&mut rest).context("the fake's inventory")?;
     let _ = fake.wait();
     outcome?;
-    let held: Vec<serde_json::Value> = serde_json::from_str(rest.trim()).with_context(|| format!("the fake's inventory {rest:?}"))?;
+    let held: Vec<serde_json::Value> =
+        serde_json::from_str(rest.trim()).with_context(|| format!("the fake's inventory {rest:?}"))?;
     let installations: Vec<&str> = held.iter().filter_map(|i| i["installation"].as_str()).collect();
     let left: Vec<&&str> = installations.iter().filter(|i| suite_run::is_run_label(i)).collect();
-    ensure!(left.is_empty(), "instances of conformance runs were left behind: {left:?}");
+    ensure!(
+        left.is_empty(),
+        "instances of conformance runs were left behind: {left:?}"
+    );
     ensure!(
         installations.contains(&"prod"),
         "the janitor deleted an instance of another installation: {held:?}"

@@ -47,9 +47,12 @@ async fn main() -> ExitCode {
     };
     let fake = fake::FakeCompute::start().await;
     let key_file = std::path::Path::new(dir).join("key.json");
-    if let Err(e) = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&key_file, fake.service_account_json("fake-key-1", fake::SERVICE_ACCOUNT)))
-    {
+    if let Err(e) = std::fs::create_dir_all(dir).and_then(|()| {
+        std::fs::write(
+            &key_file,
+            fake.service_account_json("fake-key-1", fake::SERVICE_ACCOUNT),
+        )
+    }) {
         eprintln!("fake_compute: writing {}: {e}", key_file.display());
         return ExitCode::FAILURE;
     }

@@ -122,7 +122,10 @@ mod tests {
                 (|b: &mut GcpConfig| b.project = "Egress_Test".into()) as fn(&mut GcpConfig),
                 "gcp.project \"Egress_Test\" is not a project ID: 6 to 30",
             ),
-            (|b| b.network = Some("My VPC".into()), "gcp.network \"My VPC\" is not a network: a name (1 to 63"),
+            (
+                |b| b.network = Some("My VPC".into()),
+                "gcp.network \"My VPC\" is not a network: a name (1 to 63",
+            ),
             (
                 |b| b.subnetwork = Some("subnetworks/x".into()),
                 "gcp.subnetwork \"subnetworks/x\" is not a subnetwork",
@@ -132,7 +135,10 @@ mod tests {
                 "gcp.networkTag \"Egress\" is not a network tag: 1 to 63 lowercase",
             ),
             (|b| b.disk_size_gb = Some(-1), "gcp.diskSizeGb must not be negative"),
-            (|b| b.disk_size_gb = Some(65_537), "gcp.diskSizeGb 65537 is over the 65536 GB"),
+            (
+                |b| b.disk_size_gb = Some(65_537),
+                "gcp.diskSizeGb 65537 is over the 65536 GB",
+            ),
         ] {
             let e = check(edit).expect_err(starts);
             assert!(e.starts_with(starts), "{e}");

@@ -14,7 +14,8 @@ const URL_PREFIXES: [&str; 2] = [
 ];
 
 /// What an RFC 1035 name must look like, for messages.
-pub const NAME_RULE: &str = "1 to 63 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen";
+pub const NAME_RULE: &str =
+    "1 to 63 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen";
 
 /// Whether `s` is an RFC 1035 name of at most 63 characters, as Compute Engine names are.
 pub fn is_name(s: &str) -> bool {
@@ -22,7 +23,8 @@ pub fn is_name(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= 63
         && b[0].is_ascii_lowercase()
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && !s.ends_with('-')
 }
 
@@ -107,17 +109,42 @@ mod tests {
         for ok in ["a", "egress-proxy", "e2-micro", "n2-custom-4-8192", &"a".repeat(63)] {
             assert!(is_name(ok), "{ok}");
         }
-        for bad in ["", "Egress", "1st", "-a", "a-", "a_b", "a.b", "a b", &"a".repeat(64), "é"] {
+        for bad in [
+            "",
+            "Egress",
+            "1st",
+            "-a",
+            "a-",
+            "a_b",
+            "a.b",
+            "a b",
+            &"a".repeat(64),
+            "é",
+        ] {
             assert!(!is_name(bad), "{bad}");
         }
     }
 
     #[test]
     fn project_ids_and_domain_scoped_ones() {
-        for ok in ["egress-test", "my-project-123456", "example.com:my-project", &format!("a{}", "b".repeat(29))] {
+        for ok in [
+            "egress-test",
+            "my-project-123456",
+            "example.com:my-project",
+            &format!("a{}", "b".repeat(29)),
+        ] {
             assert!(is_project(ok), "{ok}");
         }
-        for bad in ["", "short", "My-Project", "1project", "project-", &"a".repeat(31), ":my-project", "a b:my-project"] {
+        for bad in [
+            "",
+            "short",
+            "My-Project",
+            "1project",
+            "project-",
+            &"a".repeat(31),
+            ":my-project",
+            "a b:my-project",
+        ] {
             assert!(!is_project(bad), "{bad}");
         }
     }

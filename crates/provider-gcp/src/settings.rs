@@ -179,11 +179,19 @@ mod tests {
             clear(&mut p);
             assert_eq!(placement(&p), Err(format!("placement.{field} is required")));
         }
-        for zone in ["zones/europe-west1-b", "Europe-west1-b", "europe-west1", "europe-west1-b?x=1"] {
+        for zone in [
+            "zones/europe-west1-b",
+            "Europe-west1-b",
+            "europe-west1",
+            "europe-west1-b?x=1",
+        ] {
             let mut p = full.clone();
             p.zone = zone.into();
             let e = placement(&p).expect_err(zone);
-            assert!(e.starts_with(&format!("placement.zone {zone:?} is not a zone name")), "{e}");
+            assert!(
+                e.starts_with(&format!("placement.zone {zone:?} is not a zone name")),
+                "{e}"
+            );
         }
         for machine_type in ["zones/z/machineTypes/e2-micro", "E2-MICRO", "e2 micro"] {
             let mut p = full.clone();

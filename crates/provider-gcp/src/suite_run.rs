@@ -82,12 +82,17 @@ impl RunSettings {
             }
             _ => {}
         }
-        let project = get(PROJECT_VAR).ok_or_else(|| format!("{PROJECT_VAR} is not set: name the project to run in"))?;
+        let project =
+            get(PROJECT_VAR).ok_or_else(|| format!("{PROJECT_VAR} is not set: name the project to run in"))?;
         if !is_project(&project) {
             return Err(format!("{PROJECT_VAR}={project:?} is not a project ID"));
         }
         let zones: Vec<String> = get(ZONES_VAR)
-            .ok_or_else(|| format!("{ZONES_VAR} is not set: name one or more zones, comma-separated (europe-west1-b,us-central1-a)"))?
+            .ok_or_else(|| {
+                format!(
+                    "{ZONES_VAR} is not set: name one or more zones, comma-separated (europe-west1-b,us-central1-a)"
+                )
+            })?
             .split(',')
             .map(|z| z.trim().to_owned())
             .filter(|z| !z.is_empty())
@@ -100,7 +105,9 @@ impl RunSettings {
         }
         let machine_type = get(MACHINE_TYPE_VAR).unwrap_or_else(|| DEFAULT_MACHINE_TYPE.to_owned());
         if !is_name(&machine_type) {
-            return Err(format!("{MACHINE_TYPE_VAR}={machine_type:?} is not a machine type name"));
+            return Err(format!(
+                "{MACHINE_TYPE_VAR}={machine_type:?} is not a machine type name"
+            ));
         }
         let run = get(RUN_VAR);
         if let Some(run) = &run
@@ -135,7 +142,10 @@ impl RunSettings {
 pub fn is_run_label(label: &str) -> bool {
     label.len() <= 63
         && label.strip_prefix(RUN_PREFIX).is_some_and(|id| {
-            !id.is_empty() && id.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+            !id.is_empty()
+                && id
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         })
 }
 
@@ -143,11 +153,20 @@ pub fn is_run_label(label: &str) -> bool {
 /// Cloud), so a run off Google Cloud without credentials fails at once.
 pub fn metadata_resolves(host: &str) -> bool {
     use std::net::ToSocketAddrs;
-    let target = if host.contains(':') { host.to_owned() } else { format!("{host}:80") };
+    let target = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:80")
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     // The resolver has no timeout of its own: ask on a thread and stop waiting after 2 s.
     std::thread::spawn(move || {
-        let _ = tx.send(target.to_socket_addrs().map(|mut a| a.next().is_some()).unwrap_or(false));
+        let _ = tx.send(
+            target
+                .to_socket_addrs()
+                .map(|mut a| a.next().is_some())
+                .unwrap_or(false),
+        );
     });
     rx.recv_timeout(Duration::from_secs(2)).unwrap_or(false)
 }
@@ -252,16 +271,26 @@ mod tests {
     fn a_run_needs_credentials_before_anything_else() {
         let e = settings(&[(PROJECT_VAR, "egress-test")], &[], false).expect_err("no credentials");
         assert!(e.starts_with(NO_CREDENTIALS), "{e}");
-        assert!(e.contains("metadata server metadata.google.internal does not answer"), "{e}");
+        assert!(
+            e.contains("metadata server metadata.google.internal does not answer"),
+            "{e}"
+        );
         let e = settings(&GOOD, &[], false).expect_err("the key file is not there");
-        assert!(e.contains("GOOGLE_APPLICATION_CREDENTIALS names /keys/sa.json, which is not a file"), "{e}");
+        assert!(
+            e.contains("GOOGLE_APPLICATION_CREDENTIALS names /keys/sa.json, which is not a file"),
+            "{e}"
+        );
         // On Compute Engine, or with GCE_METADATA_HOST, the metadata server is the credential.
         let on_gce = [(PROJECT_VAR, "egress-test"), (ZONES_VAR, "europe-west1-b")];
         assert!(settings(&on_gce, &[], true).is_ok());
         let mut told = on_gce.to_vec();
         told.push(("GCE_METADATA_HOST", "127.0.0.1:8080"));
         assert!(settings(&told, &[], false).is_ok());
-        let home = [("HOME", "/home/me"), (PROJECT_VAR, "egress-test"), (ZONES_VAR, "europe-west1-b")];
+        let home = [
+            ("HOME", "/home/me"),
+            (PROJECT_VAR, "egress-test"),
+            (ZONES_VAR, "europe-west1-b"),
+        ];
         let gcloud = "/home/me/.config/gcloud/application_default_credentials.json";
         assert_eq!(
             settings(&home, &[gcloud], false).map(|s| s.credentials),
@@ -275,7 +304,12 @@ mod tests {
         assert_eq!(s.zones, ["europe-west1-b", "us-central1-a"]);
         assert_eq!(
             (s.api_url.as_str(), s.image.as_str(), s.machine_type.as_str(), s.run),
-            (crate::client::DEFAULT_BASE_URL, DEFAULT_IMAGE, DEFAULT_MACHINE_TYPE, None)
+            (
+                crate::client::DEFAULT_BASE_URL,
+                DEFAULT_IMAGE,
+                DEFAULT_MACHINE_TYPE,
+                None
+            )
         );
         for (name, value, says) in [
             (PROJECT_VAR, "", "EGRESS_GCP_PROJECT is not set"),
@@ -301,7 +335,13 @@ mod tests {
                 .with_installation(installation.map(str::to_owned))
         };
         assert!(made_by_a_run(&with(Some("conformance-1764860000"))));
-        for other in [None, Some("prod"), Some("conformance-"), Some("conformance-X"), Some("my-conformance-1")] {
+        for other in [
+            None,
+            Some("prod"),
+            Some("conformance-"),
+            Some("conformance-X"),
+            Some("my-conformance-1"),
+        ] {
             assert!(!made_by_a_run(&with(other)), "{other:?}");
         }
     }

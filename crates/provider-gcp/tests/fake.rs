@@ -111,7 +111,11 @@ async fn operations_and_instances_have_the_shapes_of_their_fixtures() {
     let api = Api::new().await;
     let (status, op) = api.insert(ZONES[0], "proxy-shape").await;
     assert_eq!(status, 200, "{op}");
-    assert_eq!(shape(&op), shape(&fixture_json("operation.json")), "a running operation");
+    assert_eq!(
+        shape(&op),
+        shape(&fixture_json("operation.json")),
+        "a running operation"
+    );
     api.fake.advance(DEFAULT_OPERATION_TIME);
     let (status, done) = api.call(reqwest::Method::GET, operation_path(&op), None).await;
     assert_eq!(status, 200, "{done}");
@@ -214,17 +218,29 @@ async fn each_error_answer_has_the_shape_and_reason_of_its_fixture() {
     };
     let get = |path: String| api.call(reqwest::Method::GET, path, None);
     check(get(format!("zones/{zone}/instances/proxy-none")).await, "404-notFound");
-    check(get("zones/mars-north1-a/instances/proxy-none".into()).await, "400-invalid");
+    check(
+        get("zones/mars-north1-a/instances/proxy-none".into()).await,
+        "400-invalid",
+    );
     assert_eq!(api.insert(zone, "proxy-twice").await.0, 200);
     check(api.insert(zone, "proxy-twice").await, "409-alreadyExists");
-    let delete = || api.call(reqwest::Method::DELETE, format!("zones/{zone}/instances/proxy-twice"), None);
+    let delete = || {
+        api.call(
+            reqwest::Method::DELETE,
+            format!("zones/{zone}/instances/proxy-twice"),
+            None,
+        )
+    };
     assert_eq!(delete().await.0, 200);
     check(delete().await, "400-resourceNotReady");
     api.fake.advance(Duration::from_secs(1));
     check(delete().await, "404-notFound");
     let anonymous = api
         .http
-        .get(format!("{}/projects/{PROJECT}/aggregated/instances", api.fake.base_url()))
+        .get(format!(
+            "{}/projects/{PROJECT}/aggregated/instances",
+            api.fake.base_url()
+        ))
         .send()
         .await
         .expect("an answer");

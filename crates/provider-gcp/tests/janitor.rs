@@ -39,7 +39,13 @@ const QUICK: Pacing = Pacing {
 #[tokio::test]
 async fn the_janitor_removes_every_runs_instances_and_nothing_else() {
     let b = GcpBackend::new().await;
-    seed(&b, "proxy-this-run", ZONES[0], "RUNNING", Some("conformance-1796400000"));
+    seed(
+        &b,
+        "proxy-this-run",
+        ZONES[0],
+        "RUNNING",
+        Some("conformance-1796400000"),
+    );
     seed(&b, "proxy-killed-run", ZONES[1], "PROVISIONING", Some("conformance-1"));
     seed(&b, "proxy-stopped-run", ZONES[0], "TERMINATED", Some("conformance-2"));
     seed(&b, "proxy-prod", ZONES[0], "RUNNING", Some("prod"));
@@ -54,7 +60,11 @@ async fn the_janitor_removes_every_runs_instances_and_nothing_else() {
         .collect();
     deleted.sort();
     assert_eq!(deleted, ["proxy-killed-run", "proxy-stopped-run", "proxy-this-run"]);
-    assert_eq!(names(&b), ["proxy-go-operator", "proxy-prod"], "only the runs' instances went");
+    assert_eq!(
+        names(&b),
+        ["proxy-go-operator", "proxy-prod"],
+        "only the runs' instances went"
+    );
     // Nothing left: a second pass deletes nothing.
     assert_eq!(sweep(&p, &cx, QUICK).await.expect("a second sweep"), Vec::new());
 }
@@ -78,7 +88,8 @@ async fn a_janitor_that_cannot_finish_says_what_is_left() {
     .await
     .expect_err("the instance never goes");
     assert!(
-        e.to_string().contains("still there: zones/europe-west1-b/instances/proxy-stuck"),
+        e.to_string()
+            .contains("still there: zones/europe-west1-b/instances/proxy-stuck"),
         "{e}"
     );
     // An API that does not answer: the sweep ends with the reason, it does not hang.

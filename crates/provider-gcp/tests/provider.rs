@@ -177,9 +177,14 @@ async fn the_insert_request_field_by_field() {
     let i = running(&b.fake, &p, &id).await;
     assert!(i.ip.is_some_and(|ip| ip.to_string().starts_with("34.76.")), "{i:?}");
     p.delete(&cx(), &id).await.expect("delete");
-    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
-        .await
-        .ok();
+    get_until(
+        &b.fake,
+        &p,
+        &id,
+        |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound),
+    )
+    .await
+    .ok();
     assert!(
         b.fake.with(|w| w.disks()).is_empty(),
         "the boot disk is deleted with the instance"
@@ -217,9 +222,14 @@ async fn an_insert_after_a_delete_is_not_answered_with_the_old_operation() {
     let id = p.create(&cx(), &req).await.expect("create");
     running(&b.fake, &p, &id).await;
     p.delete(&cx(), &id).await.expect("delete");
-    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
-        .await
-        .ok();
+    get_until(
+        &b.fake,
+        &p,
+        &id,
+        |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound),
+    )
+    .await
+    .ok();
     p.create(&cx(), &req).await.expect("create again");
     running(&b.fake, &p, &id).await;
     let inserts = seen(&b, "POST", "/instances");
@@ -251,7 +261,9 @@ async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
     let e = p.delete(&cx(), &id).await.expect_err("the insert still runs");
     assert_eq!(e.class(), ErrorClass::Transient, "{e}");
     b.fake.with(|w| w.stall_inserts(false));
-    let e = get_until(&b.fake, &p, &id, Result::is_err).await.expect_err("the failure");
+    let e = get_until(&b.fake, &p, &id, Result::is_err)
+        .await
+        .expect_err("the failure");
     assert_eq!(e.class(), ErrorClass::QuotaExceeded, "{e}");
     assert!(
         e.to_string().contains("QUOTA_EXCEEDED") && e.to_string().contains("Quota 'CPUS' exceeded"),
@@ -273,7 +285,9 @@ async fn an_insert_that_fails_after_acceptance_is_reported_as_that_failure() {
     let fresh = b2.provider("gcp-eu", WireOptions::default());
     let e = fresh.get(&cx(), &id2).await.expect_err("not found");
     assert_eq!(e.class(), ErrorClass::NotFound);
-    let e = get_until(&b2.fake, &p2, &id2, Result::is_err).await.expect_err("the failure");
+    let e = get_until(&b2.fake, &p2, &id2, Result::is_err)
+        .await
+        .expect_err("the failure");
     assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
 }
 
@@ -330,13 +344,22 @@ async fn an_instance_moves_on_the_fakes_clock_and_a_delete_during_a_delete_succe
     let id = p.create(&cx(), &req).await.expect("create");
     let status = || b.fake.with(|w| w.vm(&req.name).map(|vm| vm.status.clone()));
     let state = |i: Instance| (i.state, i.ip.is_some());
-    assert_eq!(state(p.get(&cx(), &id).await.expect("get")), (InstanceState::Provisioning, false));
+    assert_eq!(
+        state(p.get(&cx(), &id).await.expect("get")),
+        (InstanceState::Provisioning, false)
+    );
     assert_eq!(status().as_deref(), Some("PROVISIONING"));
     b.fake.advance(Duration::from_secs(30));
-    assert_eq!(state(p.get(&cx(), &id).await.expect("get")), (InstanceState::Provisioning, false));
+    assert_eq!(
+        state(p.get(&cx(), &id).await.expect("get")),
+        (InstanceState::Provisioning, false)
+    );
     assert_eq!(status().as_deref(), Some("STAGING"));
     b.fake.advance(Duration::from_secs(30));
-    assert_eq!(state(p.get(&cx(), &id).await.expect("get")), (InstanceState::Running, true));
+    assert_eq!(
+        state(p.get(&cx(), &id).await.expect("get")),
+        (InstanceState::Running, true)
+    );
     p.delete(&cx(), &id).await.expect("delete");
     b.fake.advance(Duration::from_secs(59));
     // The first delete runs for another second: a second one is refused by the API with
@@ -620,18 +643,28 @@ async fn a_finished_insert_whose_instance_is_gone_moves_the_request_id_on() {
     let req = request_in("vanished-1", ZONE);
     let id = p.create(&cx(), &req).await.expect("create");
     // Deleted behind the provider's back once its insert has finished.
-    get_until(&b.fake, &p, &id, |r| matches!(r, Ok(i) if i.state == InstanceState::Running))
-        .await
-        .expect("running");
+    get_until(
+        &b.fake,
+        &p,
+        &id,
+        |r| matches!(r, Ok(i) if i.state == InstanceState::Running),
+    )
+    .await
+    .expect("running");
     b.fake.with(|w| {
         let vm = w.vm(&req.name).expect("the instance");
         vm.status = "RUNNING".into();
     });
     let other = b.provider("gcp-eu", WireOptions::default());
     other.delete(&cx(), &id).await.expect("deleted by another replica");
-    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
-        .await
-        .ok();
+    get_until(
+        &b.fake,
+        &p,
+        &id,
+        |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound),
+    )
+    .await
+    .ok();
     p.create(&cx(), &req).await.expect("create again");
     running(&b.fake, &p, &id).await;
     let inserts = seen(&b, "POST", "/instances");
@@ -662,9 +695,14 @@ async fn a_delete_of_an_instance_already_being_deleted_succeeds_and_a_busy_one_s
         "the refusal was checked against a read"
     );
     b.fake.with(|w| w.release_delete(&name));
-    get_until(&b.fake, &p, &id, |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound))
-        .await
-        .ok();
+    get_until(
+        &b.fake,
+        &p,
+        &id,
+        |r| matches!(r, Err(e) if e.class() == ErrorClass::NotFound),
+    )
+    .await
+    .ok();
 
     // Another operation holds a running instance: the delete is retried, not taken as done.
     let id = p.create(&cx(), &request_in("held-busy", ZONE)).await.expect("create");

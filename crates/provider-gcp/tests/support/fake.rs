@@ -604,9 +604,7 @@ impl World {
         let stall = self.stall_inserts;
         let mut made = Vec::new();
         for op in self.operations.values_mut() {
-            if op.body["status"] == "DONE"
-                || (stall && op.body["operationType"] == "insert")
-                || now < op.started + time
+            if op.body["status"] == "DONE" || (stall && op.body["operationType"] == "insert") || now < op.started + time
             {
                 continue;
             }
@@ -704,7 +702,11 @@ impl Shared {
     fn issue(&self, w: &mut World, owner: &str, hint: &str) -> (u16, Value) {
         w.issued += 1;
         let token = format!("ya29.fake{}.{hint}", w.issued);
-        let kid = if hint == "user" || hint == "gce" { String::new() } else { hint.to_owned() };
+        let kid = if hint == "user" || hint == "gce" {
+            String::new()
+        } else {
+            hint.to_owned()
+        };
         w.tokens.insert(token.clone(), (owner.to_owned(), kid));
         (
             200,
@@ -842,7 +844,9 @@ impl Shared {
             return Some(error_fixture("401-authError", &resource));
         }
         if !zone.is_empty() && !ZONES.contains(&zone) {
-            return Some(invalid(&format!("Invalid value for field 'zone': '{zone}'. Unknown zone.")));
+            return Some(invalid(&format!(
+                "Invalid value for field 'zone': '{zone}'. Unknown zone."
+            )));
         }
         if w.unreachable_zones.contains(zone) {
             return Some(error_fixture("503-backendError", &resource));
@@ -953,7 +957,13 @@ fn insert(w: &mut World, zone: &str, query: &BTreeMap<String, String>, body: Opt
         Err(answer) => return answer,
     };
     let mut tags = Vec::new();
-    for (i, tag) in body["tags"]["items"].as_array().cloned().unwrap_or_default().iter().enumerate() {
+    for (i, tag) in body["tags"]["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
         let tag = tag.as_str().unwrap_or_default();
         if !valid_name(tag) {
             return invalid(&format!(
@@ -1074,9 +1084,7 @@ fn nic_network(zone: &str, nic: &Value) -> Result<String, (u16, Value)> {
                     "Invalid value for field 'resource.networkInterfaces[0].subnetwork': '{sub}'. The URL is malformed."
                 )));
             };
-            let Some((_, _, sub_network)) = SUBNETWORKS
-                .iter()
-                .find(|(r, n, _)| *r == sub_region && *n == sub_name)
+            let Some((_, _, sub_network)) = SUBNETWORKS.iter().find(|(r, n, _)| *r == sub_region && *n == sub_name)
             else {
                 return Err(error_fixture(
                     "404-notFound",

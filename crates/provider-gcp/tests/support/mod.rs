@@ -71,12 +71,7 @@ impl GcpBackend {
     }
 
     /// [`Self::provider`] with `settings` of the test's (ones a load would refuse, say).
-    pub fn provider_with(
-        &self,
-        name: &str,
-        settings: Settings,
-        wire: WireOptions,
-    ) -> egress_provider_gcp::GcpProvider {
+    pub fn provider_with(&self, name: &str, settings: Settings, wire: WireOptions) -> egress_provider_gcp::GcpProvider {
         egress_provider_gcp::build(
             name,
             settings,

@@ -43,10 +43,9 @@ impl RealGcpBackend {
 #[async_trait]
 impl BackendHooks for RealGcpBackend {
     async fn credential_path(&self) -> HookResult<PathBuf> {
-        self.key
-            .as_ref()
-            .map(|(_, path)| path.clone())
-            .ok_or(Unsupported("H15 credential_path (the credentials are the metadata server's)"))
+        self.key.as_ref().map(|(_, path)| path.clone()).ok_or(Unsupported(
+            "H15 credential_path (the credentials are the metadata server's)",
+        ))
     }
 }
 
