@@ -5,7 +5,9 @@
 //! The rules are the API reference's: resource names (networks, subnetworks, zones, machine
 //! types, instances) and network tags follow RFC 1035, `[a-z]([-a-z0-9]{0,61}[a-z0-9])?`;
 //! project IDs are 6 to 30 lowercase letters, digits and hyphens that start with a letter and
-//! do not end with a hyphen, optionally after a `domain:` prefix (older domain-scoped projects).
+//! do not end with a hyphen, optionally after a `domain:` prefix (older domain-scoped projects);
+//! a project's number (digits) names it too. A zone is its region and one more part
+//! (`europe-west1-b`, and AI zones such as `us-central1-ai1a`).
 
 /// The hosts a full resource URL may name, before `projects/…`.
 const URL_PREFIXES: [&str; 2] = [
@@ -28,8 +30,11 @@ pub fn is_name(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// Whether `s` is a project ID (see the module docs).
+/// Whether `s` is a project ID or a project number (see the module docs).
 pub fn is_project(s: &str) -> bool {
+    if !s.is_empty() && s.len() <= 20 && s.bytes().all(|c| c.is_ascii_digit()) {
+        return true;
+    }
     let id = match s.rsplit_once(':') {
         Some((domain, id)) => {
             let domain_ok = !domain.is_empty()
@@ -87,12 +92,18 @@ pub fn is_subnetwork_ref(s: &str) -> bool {
     )
 }
 
-/// The region of a zone: the zone name without its last `-<letter>` part
-/// (`europe-west1-b` is in `europe-west1`); `None` when the name has no such part.
+/// The region of a zone: the zone name without its last `-` part (`europe-west1-b` and
+/// `us-central1-ai1a` are in `europe-west1` and `us-central1`); `None` when the name is not a
+/// name or has no region part ending in a digit (every region name does).
 pub fn region_of(zone: &str) -> Option<&str> {
-    let (region, letter) = zone.rsplit_once('-')?;
-    (is_name(zone) && is_name(region) && letter.len() == 1 && letter.bytes().all(|c| c.is_ascii_lowercase()))
-        .then_some(region)
+    let (region, _) = zone.rsplit_once('-')?;
+    (is_name(zone) && is_name(region) && region.ends_with(|c: char| c.is_ascii_digit())).then_some(region)
+}
+
+/// The project a network path or URL names (`projects/<p>/global/networks/<n>`), if any.
+pub fn project_of(reference: &str) -> Option<&str> {
+    let (project, _) = strip_url(reference).strip_prefix("projects/")?.split_once('/')?;
+    Some(project)
 }
 
 /// `s` without a full URL's scheme, host and API version, when it has them.
@@ -132,6 +143,7 @@ mod tests {
             "my-project-123456",
             "example.com:my-project",
             &format!("a{}", "b".repeat(29)),
+            "123456789012",
         ] {
             assert!(is_project(ok), "{ok}");
         }
@@ -197,10 +209,32 @@ mod tests {
     }
 
     #[test]
+    fn the_project_of_a_network_path() {
+        assert_eq!(
+            project_of("projects/host-project/global/networks/shared"),
+            Some("host-project")
+        );
+        assert_eq!(
+            project_of("https://www.googleapis.com/compute/v1/projects/host-project/global/networks/shared"),
+            Some("host-project")
+        );
+        assert_eq!(project_of("global/networks/default"), None);
+        assert_eq!(project_of("default"), None);
+    }
+
+    #[test]
     fn a_zones_region_is_its_name_without_the_last_letter() {
         assert_eq!(region_of("europe-west1-b"), Some("europe-west1"));
         assert_eq!(region_of("northamerica-northeast1-a"), Some("northamerica-northeast1"));
-        for bad in ["europe", "europe-west1-", "europe-west1-bb", "Europe-west1-b", "-b"] {
+        assert_eq!(region_of("us-central1-ai1a"), Some("us-central1"));
+        for bad in [
+            "europe",
+            "europe-west1-",
+            "europe-west1",
+            "Europe-west1-b",
+            "-b",
+            "zone-b",
+        ] {
             assert_eq!(region_of(bad), None, "{bad}");
         }
     }

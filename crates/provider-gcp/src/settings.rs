@@ -2,7 +2,7 @@
 //! must give.
 
 use crate::config::GcpConfig;
-use crate::names::{NAME_RULE, is_name, region_of};
+use crate::names::{NAME_RULE, is_name, project_of, region_of};
 use egress_provider::Placement;
 
 /// The VPC network when the block names none: the auto-created one.
@@ -62,11 +62,18 @@ impl Settings {
     }
 
     /// The NIC's `subnetwork` field for an instance in `zone`: a bare name becomes
-    /// `regions/<zone's region>/subnetworks/<name>`; a path or URL goes unchanged.
+    /// `regions/<zone's region>/subnetworks/<name>`, in the network's project when the network
+    /// names another (a Shared VPC host's subnetworks live there); a path or URL goes unchanged.
     pub fn subnetwork_path(&self, zone: &str) -> Option<String> {
         let subnetwork = self.subnetwork.as_deref()?;
         match (subnetwork.contains('/'), region_of(zone)) {
-            (false, Some(region)) => Some(format!("regions/{region}/subnetworks/{subnetwork}")),
+            (false, Some(region)) => {
+                let path = format!("regions/{region}/subnetworks/{subnetwork}");
+                Some(match project_of(&self.network) {
+                    Some(host) => format!("projects/{host}/{path}"),
+                    None => path,
+                })
+            }
             _ => Some(subnetwork.to_owned()),
         }
     }
@@ -96,7 +103,7 @@ pub fn placement(p: &Placement) -> Result<Where<'_>, String> {
     // Both go into request paths, so anything but a plain name is refused here.
     if region_of(&p.zone).is_none() {
         return Err(format!(
-            "placement.zone {:?} is not a zone name (a region and a letter, such as europe-west1-b)",
+            "placement.zone {:?} is not a zone name (a region and one more part, such as europe-west1-b)",
             p.zone
         ));
     }
@@ -159,6 +166,13 @@ mod tests {
         );
         let path = "projects/host/regions/europe-west1/subnetworks/shared";
         assert_eq!(with(path).subnetwork_path("us-central1-a").as_deref(), Some(path));
+        // With a Shared VPC host's network, a name is the host's subnetwork.
+        let mut shared = with("proxies");
+        shared.network = "projects/host-project/global/networks/shared".into();
+        assert_eq!(
+            shared.subnetwork_path("europe-west1-b").as_deref(),
+            Some("projects/host-project/regions/europe-west1/subnetworks/proxies")
+        );
     }
 
     #[test]

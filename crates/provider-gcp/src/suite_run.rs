@@ -2,7 +2,7 @@
 //! gcp --real`): its settings from the environment, checked before anything is built or sent,
 //! and the janitor that removes what a run made.
 //!
-//! Every instance a run makes carries the installation label `conformance-<run>`, so the
+//! Every instance a run makes carries the installation label `conformance-<unix time>`, so the
 //! janitor can find what this run, or an earlier one that was killed, left behind, and leaves
 //! every other instance of the project alone (the operator's own included: they carry no
 //! installation or another one).
@@ -27,6 +27,13 @@ pub const API_URL_VAR: &str = "EGRESS_GCP_API_URL";
 pub const IMAGE_VAR: &str = "EGRESS_GCP_IMAGE";
 /// The machine type (default `e2-micro`).
 pub const MACHINE_TYPE_VAR: &str = "EGRESS_GCP_MACHINE_TYPE";
+/// The VPC network, as the `gcp:` block's `network` (default `default`).
+pub const NETWORK_VAR: &str = "EGRESS_GCP_NETWORK";
+/// The subnetwork, as the `gcp:` block's `subnetwork` (needed with a custom-mode network).
+pub const SUBNETWORK_VAR: &str = "EGRESS_GCP_SUBNETWORK";
+/// Which instances a janitor pass deletes: `run` (this run's, `EGRESS_GCP_RUN`) or `all` (every
+/// run's).
+pub const SWEEP_VAR: &str = "EGRESS_GCP_SWEEP";
 /// This run's label value, `conformance-<id>` (set by the xtask for the test processes).
 pub const RUN_VAR: &str = "EGRESS_GCP_RUN";
 /// The image a run boots unless told otherwise.
@@ -49,6 +56,10 @@ pub struct RunSettings {
     pub image: String,
     /// The machine type.
     pub machine_type: String,
+    /// The `gcp:` block's `network`, when set.
+    pub network: Option<String>,
+    /// The `gcp:` block's `subnetwork`, when set.
+    pub subnetwork: Option<String>,
     /// This run's installation label, when the run has one yet.
     pub run: Option<String>,
 }
@@ -109,12 +120,20 @@ impl RunSettings {
                 "{MACHINE_TYPE_VAR}={machine_type:?} is not a machine type name"
             ));
         }
+        let block = crate::config::GcpConfig {
+            project: project.clone(),
+            network: get(NETWORK_VAR),
+            subnetwork: get(SUBNETWORK_VAR),
+            ..crate::config::GcpConfig::default()
+        };
+        <crate::config::GcpConfig as egress_provider::config::Block>::validate(crate::TYPE_NAME, Some(&block))
+            .map_err(|e| format!("{NETWORK_VAR}/{SUBNETWORK_VAR}: {e}"))?;
         let run = get(RUN_VAR);
         if let Some(run) = &run
             && !is_run_label(run)
         {
             return Err(format!(
-                "{RUN_VAR}={run:?} must be {RUN_PREFIX}<lowercase letters, digits or '-'>, at most 63 characters"
+                "{RUN_VAR}={run:?} must be {RUN_PREFIX}<digits> (the run's start, in seconds since 1970)"
             ));
         }
         Ok(Self {
@@ -124,6 +143,8 @@ impl RunSettings {
             api_url: get(API_URL_VAR).unwrap_or_else(|| crate::client::DEFAULT_BASE_URL.to_owned()),
             image: get(IMAGE_VAR).unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
             machine_type,
+            network: block.network,
+            subnetwork: block.subnetwork,
             run,
         })
     }
@@ -138,43 +159,81 @@ impl RunSettings {
     }
 }
 
-/// A run's label: `conformance-` and a label-safe id.
+/// A run's label: `conformance-` and the run's start in seconds (at most 20 digits).
 pub fn is_run_label(label: &str) -> bool {
-    label.len() <= 63
-        && label.strip_prefix(RUN_PREFIX).is_some_and(|id| {
-            !id.is_empty()
-                && id
-                    .bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-        })
+    label
+        .strip_prefix(RUN_PREFIX)
+        .is_some_and(|id| (1..=20).contains(&id.len()) && id.bytes().all(|c| c.is_ascii_digit()))
 }
 
-/// Whether the metadata server's name resolves within two seconds (it resolves only on Google
-/// Cloud), so a run off Google Cloud without credentials fails at once.
+/// Whether the metadata server at `host` answers a request within about two seconds (only on
+/// Google Cloud does it), so a run elsewhere without credentials stops at once.
 pub fn metadata_resolves(host: &str) -> bool {
-    use std::net::ToSocketAddrs;
+    use std::io::{Read, Write};
+    use std::net::{TcpStream, ToSocketAddrs};
     let target = if host.contains(':') {
         host.to_owned()
     } else {
         format!("{host}:80")
     };
+    let host = host.to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     // The resolver has no timeout of its own: ask on a thread and stop waiting after 2 s.
     std::thread::spawn(move || {
-        let _ = tx.send(
-            target
-                .to_socket_addrs()
-                .map(|mut a| a.next().is_some())
-                .unwrap_or(false),
-        );
+        let answered = (|| -> std::io::Result<bool> {
+            let Some(addr) = target.to_socket_addrs()?.next() else {
+                return Ok(false);
+            };
+            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+            stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+            stream.set_write_timeout(Some(Duration::from_secs(1)))?;
+            write!(
+                stream,
+                "GET /computeMetadata/v1/ HTTP/1.0\r\nHost: {host}\r\nMetadata-Flavor: Google\r\n\r\n"
+            )?;
+            let mut head = [0u8; 12];
+            stream.read_exact(&mut head)?;
+            Ok(head.starts_with(b"HTTP/1.") && &head[9..12] == b"200")
+        })();
+        let _ = tx.send(answered.unwrap_or(false));
     });
     rx.recv_timeout(Duration::from_secs(2)).unwrap_or(false)
 }
 
-/// Whether `instance` was made by a run of the suite (any run: the janitor also removes what a
-/// killed earlier run left).
-pub fn made_by_a_run(instance: &Instance) -> bool {
-    instance.installation.as_deref().is_some_and(is_run_label)
+/// Which instances a janitor pass deletes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sweep {
+    /// Every run's: before a run, what a killed earlier one left (and, so, the instances of a
+    /// run going on at the same time in the same project).
+    AllRuns,
+    /// One run's (its label): after it, whatever its outcome.
+    Run(String),
+}
+
+impl Sweep {
+    /// The pass `EGRESS_GCP_SWEEP` (`all`, or `run` with `EGRESS_GCP_RUN`) asks for.
+    ///
+    /// # Errors
+    /// Another value, or `run` without a run label.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        match var(SWEEP_VAR).as_deref() {
+            Some("all") => Ok(Self::AllRuns),
+            Some("run") => var(RUN_VAR)
+                .filter(|r| is_run_label(r))
+                .map(Self::Run)
+                .ok_or_else(|| format!("{SWEEP_VAR}=run needs {RUN_VAR}={RUN_PREFIX}<digits>")),
+            other => Err(format!("{SWEEP_VAR} must be all or run, not {other:?}")),
+        }
+    }
+
+    /// Whether this pass deletes `instance`.
+    pub fn covers(&self, instance: &Instance) -> bool {
+        let label = instance.installation.as_deref();
+        match self {
+            Self::AllRuns => label.is_some_and(is_run_label),
+            Self::Run(run) => label == Some(run.as_str()),
+        }
+    }
 }
 
 /// How the janitor paces itself.
@@ -196,20 +255,24 @@ impl Default for Pacing {
     }
 }
 
-/// Deletes every instance a run of the suite made (see [`made_by_a_run`]) and waits until the
-/// list shows none; returns the ids it deleted. A Transient failure is tried again at the next
-/// look.
+/// Deletes every instance `which` covers and waits until the list shows none; returns the ids
+/// it deleted. A Transient failure is tried again at the next look.
 ///
 /// # Errors
 /// A list or delete that failed other than Transient (a delete's NotFound is success), or
 /// instances still there when the budget is spent (named in the message).
-pub async fn sweep(provider: &dyn Provider, cx: &OpCtx, pacing: Pacing) -> Result<Vec<ProviderId>, ProviderError> {
+pub async fn sweep(
+    provider: &dyn Provider,
+    cx: &OpCtx,
+    which: &Sweep,
+    pacing: Pacing,
+) -> Result<Vec<ProviderId>, ProviderError> {
     let deadline = tokio::time::Instant::now() + pacing.budget;
     let mut deleted: Vec<ProviderId> = Vec::new();
     loop {
         let unfinished = match provider.list_by_tag(cx).await {
             Ok(all) => {
-                let left: Vec<Instance> = all.into_iter().filter(made_by_a_run).collect();
+                let left: Vec<Instance> = all.into_iter().filter(|i| which.covers(i)).collect();
                 if left.is_empty() {
                     return Ok(deleted);
                 }
@@ -318,7 +381,10 @@ mod tests {
             (ZONES_VAR, "europe-west1", "\"europe-west1\" is not a zone name"),
             (ZONES_VAR, ",", "names no zone"),
             (MACHINE_TYPE_VAR, "E2", "is not a machine type name"),
+            (NETWORK_VAR, "My VPC", "gcp.network \"My VPC\" is not a network"),
+            (SUBNETWORK_VAR, "a/b", "gcp.subnetwork \"a/b\" is not a subnetwork"),
             (RUN_VAR, "mine-1", "must be conformance-"),
+            (RUN_VAR, "conformance-prod", "must be conformance-"),
         ] {
             let mut vars = GOOD.to_vec();
             vars.retain(|(k, _)| *k != name);
@@ -329,20 +395,36 @@ mod tests {
     }
 
     #[test]
-    fn only_instances_labelled_by_a_run_are_the_janitors() {
+    fn each_janitor_pass_covers_only_its_runs() {
         let with = |installation: Option<&str>| {
             Instance::new("zones/z/instances/proxy-a", InstanceState::Running)
                 .with_installation(installation.map(str::to_owned))
         };
-        assert!(made_by_a_run(&with(Some("conformance-1764860000"))));
-        for other in [
-            None,
-            Some("prod"),
-            Some("conformance-"),
-            Some("conformance-X"),
-            Some("my-conformance-1"),
+        let this = Sweep::Run("conformance-1796400000".into());
+        for (label, all, mine) in [
+            (Some("conformance-1796400000"), true, true),
+            (Some("conformance-1"), true, false),
+            (Some("conformance-prod"), false, false),
+            (Some("conformance-"), false, false),
+            (Some("prod"), false, false),
+            (Some("my-conformance-1"), false, false),
+            (None, false, false),
         ] {
-            assert!(!made_by_a_run(&with(other)), "{other:?}");
+            assert_eq!(
+                (Sweep::AllRuns.covers(&with(label)), this.covers(&with(label))),
+                (all, mine),
+                "{label:?}"
+            );
         }
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).to_owned())
+        };
+        assert_eq!(Sweep::from_vars(vars(&[(SWEEP_VAR, "all")])), Ok(Sweep::AllRuns));
+        assert_eq!(
+            Sweep::from_vars(vars(&[(SWEEP_VAR, "run"), (RUN_VAR, "conformance-7")])),
+            Ok(Sweep::Run("conformance-7".into()))
+        );
+        assert!(Sweep::from_vars(vars(&[(SWEEP_VAR, "run")])).is_err());
+        assert!(Sweep::from_vars(vars(&[])).is_err());
     }
 }

@@ -7,14 +7,17 @@ mod support;
 
 egress_conformance::conformance_suite!(support::real::RealGcp);
 
-/// The janitor: deletes every instance a run of the suite left in the project (this run's, or a
-/// killed earlier one's) and waits until they are gone. Ignored unless asked for by name.
+/// The janitor: deletes the instances of the runs `EGRESS_GCP_SWEEP` names (`all`: every run's,
+/// what a killed earlier one left included; `run`: this run's) and waits until they are gone.
+/// Ignored unless asked for by name.
 #[tokio::test]
 #[ignore = "run by cargo xtask conformance --provider gcp --real before and after the suite"]
 async fn janitor() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let pacing = egress_provider_gcp::suite_run::Pacing::default();
-    match support::real::sweep(pacing).await {
+    let which = egress_provider_gcp::suite_run::Sweep::from_vars(|name| std::env::var(name).ok())
+        .unwrap_or_else(|e| panic!("janitor: {e}"));
+    match support::real::sweep(&which, pacing).await {
         Ok(ids) => println!("janitor: {} instance(s) of conformance runs deleted", ids.len()),
         Err(e) => panic!("janitor: {e}"),
     }

@@ -205,6 +205,8 @@ async fn an_aggregated_list_has_the_shape_of_its_fixture_with_both_kinds_of_warn
 #[tokio::test]
 async fn each_error_answer_has_the_shape_and_reason_of_its_fixture() {
     let api = Api::new().await;
+    // Operations take a minute on the fake's clock, so the second delete meets the first.
+    api.fake.set_operation_time(Duration::from_secs(60));
     let zone = ZONES[0];
     let error = |file: &str| fixture_json(&format!("errors/{file}.json"));
     let check = |(status, body): (u16, Value), file: &str| {
@@ -233,7 +235,7 @@ async fn each_error_answer_has_the_shape_and_reason_of_its_fixture() {
     };
     assert_eq!(delete().await.0, 200);
     check(delete().await, "400-resourceNotReady");
-    api.fake.advance(Duration::from_secs(1));
+    api.fake.advance(Duration::from_secs(60));
     check(delete().await, "404-notFound");
     let anonymous = api
         .http

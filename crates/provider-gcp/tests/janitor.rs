@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use egress_provider::{LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, OpCtx};
 use egress_provider_gcp::WireOptions;
-use egress_provider_gcp::suite_run::{Pacing, sweep};
+use egress_provider_gcp::suite_run::{Pacing, Sweep, sweep};
 use support::{GcpBackend, ZONES};
 
 /// A managed instance labelled with `installation` (none when `None`).
@@ -49,10 +49,11 @@ async fn the_janitor_removes_every_runs_instances_and_nothing_else() {
     seed(&b, "proxy-killed-run", ZONES[1], "PROVISIONING", Some("conformance-1"));
     seed(&b, "proxy-stopped-run", ZONES[0], "TERMINATED", Some("conformance-2"));
     seed(&b, "proxy-prod", ZONES[0], "RUNNING", Some("prod"));
+    seed(&b, "proxy-lookalike", ZONES[0], "RUNNING", Some("conformance-prod"));
     seed(&b, "proxy-go-operator", ZONES[1], "RUNNING", None);
     let p = b.provider("janitor", WireOptions::default());
     let cx = OpCtx::background().with_timeout(Duration::from_secs(60));
-    let mut deleted: Vec<String> = sweep(&p, &cx, QUICK)
+    let mut deleted: Vec<String> = sweep(&p, &cx, &Sweep::AllRuns, QUICK)
         .await
         .expect("the sweep")
         .into_iter()
@@ -62,11 +63,28 @@ async fn the_janitor_removes_every_runs_instances_and_nothing_else() {
     assert_eq!(deleted, ["proxy-killed-run", "proxy-stopped-run", "proxy-this-run"]);
     assert_eq!(
         names(&b),
-        ["proxy-go-operator", "proxy-prod"],
+        ["proxy-go-operator", "proxy-lookalike", "proxy-prod"],
         "only the runs' instances went"
     );
-    // Nothing left: a second pass deletes nothing.
-    assert_eq!(sweep(&p, &cx, QUICK).await.expect("a second sweep"), Vec::new());
+    // One run's pass takes only that run's.
+    seed(&b, "proxy-run-a", ZONES[0], "RUNNING", Some("conformance-10"));
+    seed(&b, "proxy-run-b", ZONES[0], "RUNNING", Some("conformance-11"));
+    let only_a = sweep(&p, &cx, &Sweep::Run("conformance-10".into()), QUICK)
+        .await
+        .expect("one run's sweep");
+    assert_eq!(only_a.len(), 1, "{only_a:?}");
+    assert_eq!(
+        names(&b),
+        ["proxy-go-operator", "proxy-lookalike", "proxy-prod", "proxy-run-b"]
+    );
+    b.fake.with(|w| {
+        w.vm("proxy-run-b").expect("run b").labels.remove(LABEL_INSTALLATION);
+    });
+    // Nothing of any run left: a second pass deletes nothing.
+    assert_eq!(
+        sweep(&p, &cx, &Sweep::AllRuns, QUICK).await.expect("a second sweep"),
+        Vec::new()
+    );
 }
 
 #[tokio::test]
@@ -80,6 +98,7 @@ async fn a_janitor_that_cannot_finish_says_what_is_left() {
     let e = sweep(
         &p,
         &cx,
+        &Sweep::AllRuns,
         Pacing {
             poll: Duration::from_millis(10),
             budget: Duration::from_millis(100),
@@ -97,6 +116,7 @@ async fn a_janitor_that_cannot_finish_says_what_is_left() {
     let e = sweep(
         &p,
         &cx,
+        &Sweep::AllRuns,
         Pacing {
             poll: Duration::from_millis(10),
             budget: Duration::from_millis(100),

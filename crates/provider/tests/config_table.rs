@@ -174,7 +174,7 @@ fn structural_rows() -> Vec<Bad> {
         bad("a kubernetes namespace that is no name", "providers:\n  - {name: k, type: kubernetes, kubernetes: {namespace: Crawl_1}}\n", r#"providers[0] "k": kubernetes.namespace must be a namespace name (a DNS-1123 label), got "Crawl_1""#),
         bad("a resource Kubernetes has no quantity for", "providers:\n  - {name: k, type: kubernetes, kubernetes: {resources: {limits: {gpu: '1'}}}}\n", r#"providers[0] "k": kubernetes.resources.limits["gpu"]: the resource must be cpu, memory or ephemeral-storage"#),
         bad("a quantity that is not one", "providers:\n  - {name: k, type: kubernetes, kubernetes: {resources: {requests: {memory: lots}}}}\n", r#"providers[0] "k": kubernetes.resources.requests["memory"] must be a quantity such as 100m or 64Mi (got "lots")"#),
-        bad("unknown key in a gcp block", "providers:\n  - {name: g, type: gcp, gcp: {project: p, zone: z}}\n", r#"providers[0] "g": gcp.zone: unknown field `zone`, expected one of `project`, `network`, `networkTag`, `diskSizeGb`"#),
+        bad("unknown key in a gcp block", "providers:\n  - {name: g, type: gcp, gcp: {project: my-project, zone: z}}\n", r#"providers[0] "g": gcp.zone: unknown field `zone`, expected one of `project`, `network`, `subnetwork`, `networkTag`, `diskSizeGb`"#),
         bad("unknown key in a kvm block", kvm_edit("kvm", SSH_LINE, &format!("{SSH_LINE}      sshPort: 22\n")), format!("{ke}.sshPort: unknown field `sshPort`, expected one of `sshKeyFile`, `knownHostsFile`")),
         bad("unknown key in a kvm image", kvm_edit("kvm", URL_LINE, &format!("{URL_LINE}          checksum: abc\n")), format!("{ke}.images.debian-13.checksum: unknown field `checksum`, expected one of `url`, `sha256`, `format`, `firmware`")),
         bad("unknown key in a kvm host", kvm_edit("kvm", "bridge: br0}", "bridge: br0, port: 22}"), format!("{ke}.hosts[0].port: unknown field `port`, expected one of `name`, `address`, `user`")),
@@ -207,12 +207,14 @@ fn entry_rows() -> Vec<Bad> {
         bad("unknown type is %q-quoted", "providers:\n  - {name: a, type: 'we\"ird'}\n", r#"providers[0] "a": unknown provider type "we\"ird""#),
         bad("types are case-sensitive", "providers:\n  - {name: a, type: KVM}\n", r#"providers[0] "a": unknown provider type "KVM""#),
         bad("the first bad entry wins", "providers:\n  - {name: ok, type: kubernetes}\n  - {name: bad, type: gcp}\n  - {name: worse, type: nope}\n", r#"providers[1] "bad": gcp.project is required"#),
-        bad("own and foreign block", "providers:\n  - {name: a, type: gcp, gcp: {project: p}, kvm: {}}\n", r#"providers[0] "a": type is gcp but a kvm block is set"#),
+        bad("own and foreign block", "providers:\n  - {name: a, type: gcp, gcp: {project: my-project}, kvm: {}}\n", r#"providers[0] "a": type is gcp but a kvm block is set"#),
         bad("first foreign block in fixed order", "providers:\n  - {name: a, type: kvm, kvm2: {}, kubernetes: {}}\n", r#"providers[0] "a": type is kvm but a kubernetes block is set"#),
         bad("gcp without a block", "providers:\n  - {name: g, type: gcp}\n", r#"providers[0] "g": gcp.project is required"#),
         bad("gcp without a project", "providers:\n  - {name: g, type: gcp, gcp: {network: default}}\n", r#"providers[0] "g": gcp.project is required"#),
         bad("gcp with an empty project", "providers:\n  - {name: g, type: gcp, gcp: {project: \"\"}}\n", r#"providers[0] "g": gcp.project is required"#),
-        bad("gcp with a negative disk", "providers:\n  - {name: g, type: gcp, gcp: {project: p, diskSizeGb: -5}}\n", r#"providers[0] "g": gcp.diskSizeGb must not be negative"#),
+        bad("gcp with a negative disk", "providers:\n  - {name: g, type: gcp, gcp: {project: my-project, diskSizeGb: -5}}\n", r#"providers[0] "g": gcp.diskSizeGb must not be negative"#),
+        bad("gcp with a project ID the API refuses", "providers:\n  - {name: g, type: gcp, gcp: {project: My_Project}}\n", r#"providers[0] "g": gcp.project "My_Project" is not a project ID: 6 to 30 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen"#),
+        bad("gcp with an upper-case network tag", "providers:\n  - {name: g, type: gcp, gcp: {project: my-project, networkTag: Squid}}\n", r#"providers[0] "g": gcp.networkTag "Squid" is not a network tag: 1 to 63 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen"#),
         bad("local without a block", "providers:\n  - {name: l, type: local}\n", r#"providers[0] "l": local block is required"#),
         bad("local without a state directory", "providers:\n  - {name: l, type: local, local: {}}\n", r#"providers[0] "l": local.stateDir is required"#),
         bad("local with a relative state directory", "providers:\n  - {name: l, type: local, local: {stateDir: state}}\n", r#"providers[0] "l": local.stateDir must be an absolute path (got "state")"#),
@@ -525,10 +527,10 @@ fn go_rows() -> Vec<Good> {
         good("a null document", "~\n", no_providers),
         // An absent `providers` key leaves the list empty.
         good("an empty mapping", "{}\n", no_providers),
-        good("keys in another case", "Providers:\n  - {Name: g, TYPE: gcp, Gcp: {Project: p, DiskSizeGB: 20}}\n", |c, _| {
+        good("keys in another case", "Providers:\n  - {Name: g, TYPE: gcp, Gcp: {Project: my-project, DiskSizeGB: 20}}\n", |c, _| {
             let e = only(c);
             let gcp = e.gcp().expect("the gcp block");
-            assert_eq!((e.name.as_str(), e.type_name.as_str(), gcp.project.as_str(), gcp.disk_size_gb), ("g", "gcp", "p", Some(20)));
+            assert_eq!((e.name.as_str(), e.type_name.as_str(), gcp.project.as_str(), gcp.disk_size_gb), ("g", "gcp", "my-project", Some(20)));
         }),
         // YAML 1.1 booleans, in a boolean field.
         good("insecureIgnoreHostKey: yes", kvm_edit("kvm", KNOWN_HOSTS_LINE, "      insecureIgnoreHostKey: yes\n"), |c, _| {
@@ -537,10 +539,10 @@ fn go_rows() -> Vec<Good> {
         good("insecureIgnoreHostKey: Off", kvm_edit("kvm", KNOWN_HOSTS_LINE, &format!("{KNOWN_HOSTS_LINE}      insecureIgnoreHostKey: Off\n")), |c, _| {
             assert!(!only(c).kvm().expect("kvm").insecure_ignore_host_key);
         }),
-        // ...and text in a string field: a project named `no` stays "no" (the issue's rule; Go
+        // ...and text in a string field: a network tag `no` stays "no" (the issue's rule; Go
         // made it "false").
-        good("a string field holding no", "providers:\n  - {name: g, type: gcp, gcp: {project: no}}\n", |c, _| {
-            assert_eq!(only(c).gcp().expect("gcp").project, "no");
+        good("a string field holding no", "providers:\n  - {name: g, type: gcp, gcp: {project: my-project, networkTag: no}}\n", |c, _| {
+            assert_eq!(only(c).gcp().expect("gcp").network_tag.as_deref(), Some("no"));
         }),
         // A key with no value is as good as absent: Go left the zero value.
         good("a field with no value", kvm_edit("kvm", KNOWN_HOSTS_LINE, &format!("{KNOWN_HOSTS_LINE}      insecureIgnoreHostKey:\n")), |c, _| {

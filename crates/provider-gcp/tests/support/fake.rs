@@ -118,6 +118,8 @@ pub struct Vm {
     pub deleting: bool,
     /// H12: the delete does not finish until released.
     hold_delete: bool,
+    /// H10: shown with a field of the wrong type, which no reader can decode.
+    pub unreadable: bool,
 }
 
 /// An operation and what it does when it completes.
@@ -466,6 +468,7 @@ impl WorldView<'_> {
             since,
             deleting: false,
             hold_delete: false,
+            unreadable: false,
         }
     }
     pub fn next_ip(&mut self) -> String {
@@ -528,7 +531,14 @@ impl WorldView<'_> {
     /// assertions are refused and the tokens issued for it stop working. A key id not used yet
     /// (the rotated file's) stays good.
     pub fn retire_used_keys(&mut self) {
-        let used: Vec<String> = self.0.tokens.values().map(|(_, kid)| kid.clone()).collect();
+        // User and metadata tokens come from no key (an empty key id): nothing to retire.
+        let used: Vec<String> = self
+            .0
+            .tokens
+            .values()
+            .map(|(_, kid)| kid.clone())
+            .filter(|kid| !kid.is_empty())
+            .collect();
         self.0.retired_keys.extend(used);
         let retired = self.0.retired_keys.clone();
         self.0.tokens.retain(|_, (_, kid)| !retired.contains(kid));
@@ -1146,6 +1156,9 @@ pub fn instance_json(vm: &Vm) -> Value {
     }
     v["selfLink"] = json!(format!("{zone_url}/instances/{}", vm.name));
     v["labels"] = json!(vm.labels);
+    if vm.unreadable {
+        v["status"] = json!(7);
+    }
     v
 }
 

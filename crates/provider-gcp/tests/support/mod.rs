@@ -1,7 +1,8 @@
 //! The gcp provider as a conformance target, over the fake Compute server in [`fake`]: the
 //! real client, auth, classify and wire-log code run against it, and its state and fault
-//! injection serve as the backend hooks. H10 is not offered: an aggregated list returns whole
-//! instances, so one cannot be listed yet unreadable.
+//! injection serve as the backend hooks. The API never sends an instance it cannot describe,
+//! so H10 shows one with a field of the wrong type: the provider must fail the list (or skip
+//! the instance), never guess.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -212,6 +213,16 @@ impl BackendHooks for GcpBackend {
             }
             out
         }))
+    }
+
+    async fn make_unreadable(&self, name: &str) -> HookResult {
+        self.fake.with(|w| match w.vm(name) {
+            Some(vm) => {
+                vm.unreadable = true;
+                Ok(())
+            }
+            None => Err(Unsupported("H10 on an instance the fake does not hold")),
+        })
     }
 
     async fn make_scope_unreachable(&self, location: &str) -> HookResult {

@@ -97,7 +97,7 @@ impl ConformanceTarget for RealGcp {
         let s = &backend.settings;
         let provider = egress_provider_gcp::build(
             &options.entry_name,
-            Settings::for_project(&s.project),
+            settings_of(s),
             backend.credentials(),
             &s.api_url,
             WireOptions::default(),
@@ -145,23 +145,36 @@ impl ConformanceTarget for RealGcp {
     }
 }
 
-/// The janitor's pass: deletes what runs of the suite left in the project and waits until it
-/// is gone.
+/// The provider settings of a run: its project, and its network and subnetwork when set.
+fn settings_of(run: &RunSettings) -> Settings {
+    Settings::from_config(&egress_provider_gcp::GcpConfig {
+        project: run.project.clone(),
+        network: run.network.clone(),
+        subnetwork: run.subnetwork.clone(),
+        ..egress_provider_gcp::GcpConfig::default()
+    })
+}
+
+/// A janitor pass: deletes the instances of the runs `which` covers and waits until they are
+/// gone.
 ///
 /// # Errors
 /// The settings are missing, or the sweep failed (see [`egress_provider_gcp::suite_run::sweep`]).
-pub async fn sweep(pacing: egress_provider_gcp::suite_run::Pacing) -> Result<Vec<ProviderId>, String> {
+pub async fn sweep(
+    which: &egress_provider_gcp::suite_run::Sweep,
+    pacing: egress_provider_gcp::suite_run::Pacing,
+) -> Result<Vec<ProviderId>, String> {
     let settings = RealGcp::settings()?;
     let provider = egress_provider_gcp::build(
         "conformance-janitor",
-        Settings::for_project(&settings.project),
+        settings_of(&settings),
         settings.credentials.clone(),
         &settings.api_url,
         WireOptions::default(),
     )
     .map_err(|e| e.to_string())?;
     let cx = egress_provider::OpCtx::background().with_timeout(pacing.budget + Duration::from_secs(60));
-    egress_provider_gcp::suite_run::sweep(&provider, &cx, pacing)
+    egress_provider_gcp::suite_run::sweep(&provider, &cx, which, pacing)
         .await
         .map_err(|e| e.to_string())
 }
