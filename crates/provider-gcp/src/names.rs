@@ -55,41 +55,45 @@ pub fn is_project(s: &str) -> bool {
 /// Whether `s` names a network: a name, `global/networks/<name>`,
 /// `projects/<project>/global/networks/<name>`, or that path as a full API URL.
 pub fn is_network_ref(s: &str) -> bool {
-    if !s.contains('/') {
-        return is_name(s);
+    match in_project(s) {
+        None => is_name(s),
+        Some(Some(path)) => matches!(path.as_slice(), ["global", "networks", name] if is_name(name)),
+        Some(None) => false,
     }
-    let path = strip_url(s);
-    let rest = match path.strip_prefix("projects/") {
-        Some(rest) => match rest.split_once('/') {
-            Some((project, rest)) if is_project(project) => rest,
-            _ => return false,
-        },
-        None if path.len() == s.len() => path,
-        None => return false,
-    };
-    matches!(rest.split('/').collect::<Vec<_>>().as_slice(), ["global", "networks", name] if is_name(name))
 }
 
 /// Whether `s` names a subnetwork: a name (looked up in the region of each Proxy's zone),
 /// `regions/<region>/subnetworks/<name>`, `projects/<project>/regions/<region>/subnetworks/<name>`,
 /// or that path as a full API URL.
 pub fn is_subnetwork_ref(s: &str) -> bool {
+    match in_project(s) {
+        None => is_name(s),
+        Some(Some(path)) => matches!(
+            path.as_slice(),
+            ["regions", region, "subnetworks", name] if is_name(region) && is_name(name)
+        ),
+        Some(None) => false,
+    }
+}
+
+/// The segments of a reference's path below its project: `None` for a bare name (no `/`),
+/// `Some(None)` for a path the API would not take (a URL without `projects/<p>/`, or a project
+/// that is not one).
+fn in_project(s: &str) -> Option<Option<Vec<&str>>> {
     if !s.contains('/') {
-        return is_name(s);
+        return None;
     }
     let path = strip_url(s);
     let rest = match path.strip_prefix("projects/") {
         Some(rest) => match rest.split_once('/') {
             Some((project, rest)) if is_project(project) => rest,
-            _ => return false,
+            _ => return Some(None),
         },
+        // A relative path, but not a full URL without its project.
         None if path.len() == s.len() => path,
-        None => return false,
+        None => return Some(None),
     };
-    matches!(
-        rest.split('/').collect::<Vec<_>>().as_slice(),
-        ["regions", region, "subnetworks", name] if is_name(region) && is_name(name)
-    )
+    Some(Some(rest.split('/').collect()))
 }
 
 /// The region of a zone: the zone name without its last `-` part (`europe-west1-b` and

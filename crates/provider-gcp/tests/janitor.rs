@@ -31,6 +31,12 @@ fn names(b: &GcpBackend) -> Vec<String> {
     names
 }
 
+/// A budget that runs out quickly, for the sweeps that cannot finish.
+const SHORT: Pacing = Pacing {
+    poll: Duration::from_millis(10),
+    budget: Duration::from_millis(100),
+};
+
 const QUICK: Pacing = Pacing {
     poll: Duration::from_millis(10),
     budget: Duration::from_secs(30),
@@ -95,17 +101,9 @@ async fn a_janitor_that_cannot_finish_says_what_is_left() {
     assert!(b.fake.with(|w| w.hold_delete("proxy-stuck")));
     let p = b.provider("janitor", WireOptions::default());
     let cx = OpCtx::background().with_timeout(Duration::from_secs(60));
-    let e = sweep(
-        &p,
-        &cx,
-        &Sweep::AllRuns,
-        Pacing {
-            poll: Duration::from_millis(10),
-            budget: Duration::from_millis(100),
-        },
-    )
-    .await
-    .expect_err("the instance never goes");
+    let e = sweep(&p, &cx, &Sweep::AllRuns, SHORT)
+        .await
+        .expect_err("the instance never goes");
     assert!(
         e.to_string()
             .contains("still there: zones/europe-west1-b/instances/proxy-stuck"),
@@ -113,16 +111,6 @@ async fn a_janitor_that_cannot_finish_says_what_is_left() {
     );
     // An API that does not answer: the sweep ends with the reason, it does not hang.
     b.fake.set_unreachable(true);
-    let e = sweep(
-        &p,
-        &cx,
-        &Sweep::AllRuns,
-        Pacing {
-            poll: Duration::from_millis(10),
-            budget: Duration::from_millis(100),
-        },
-    )
-    .await
-    .expect_err("no answer");
+    let e = sweep(&p, &cx, &Sweep::AllRuns, SHORT).await.expect_err("no answer");
     assert!(e.to_string().contains("the last list failed"), "{e}");
 }
