@@ -186,6 +186,23 @@ fn discovery(root: &Path, release: bool) -> Result<()> {
     Ok(())
 }
 
+/// The lease stores without HTTP at three fleet sizes, and Redis's own time per script call
+/// (`crates/discovery/examples/store_bench.rs` prints the table).
+fn lease_store(root: &Path, release: bool) -> Result<()> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root)
+        .args(["run", "--quiet", "-p", "egress-discovery", "--example", "store_bench"]);
+    if release {
+        cmd.arg("--release");
+    }
+    println!();
+    let status = cmd.status().context("running the lease store bench")?;
+    if !status.success() {
+        bail!("the lease store bench failed");
+    }
+    Ok(())
+}
+
 /// Starts `egress-kube-testserver` from `bin` with the CRDs and namespace `bench`; returns it
 /// and the kubeconfig it wrote into `dir`.
 pub(crate) fn start_test_server(root: &Path, bin: &Path, dir: &Path) -> Result<(Killed, PathBuf)> {
@@ -206,7 +223,7 @@ pub(crate) fn start_test_server(root: &Path, bin: &Path, dir: &Path) -> Result<(
 }
 
 pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> Result<()> {
-    let known = ["health", "discovery", "operator", "kvm2", "pool"];
+    let known = ["health", "discovery", "lease-store", "operator", "kvm2", "pool"];
     if let Some(unknown) = only.iter().find(|o| !known.contains(&o.as_str())) {
         bail!("no bench named {unknown:?} (known: {})", known.join(", "));
     }
@@ -218,6 +235,9 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     }
     if wanted("discovery") {
         discovery(root, release)?;
+    }
+    if wanted("lease-store") {
+        lease_store(root, release)?;
     }
     if !wanted("operator") && !wanted("kvm2") && !wanted("pool") {
         return Ok(());

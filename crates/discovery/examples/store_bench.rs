@@ -1,0 +1,176 @@
+//! The lease stores alone, without HTTP, for `cargo xtask bench --only lease-store`: 64 tasks
+//! acquiring and releasing leases for 5 s on fleets of 1 000, 10 000 and 100 000 proxies, on the
+//! in-memory store and on a local redis-server (append-only file, `appendfsync always`), and
+//! Redis's own time per script call, read from its slow log with every call recorded. Prints a
+//! Markdown table.
+//!
+//! Every proxy is healthy with room for 5 leases, and each acquire offers the whole fleet in
+//! (latency, id) order, as the discovery API does for a selector every proxy matches.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egress_lease::{Candidate, LeaseRequest, LeaseStore, MemoryStore, SystemClock};
+
+const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
+const TASKS: usize = 64;
+const MEASURE: Duration = Duration::from_secs(5);
+/// Slow-log entries read back: the last calls of a run are a fair sample of it.
+const SAMPLE: usize = 20_000;
+
+/// One store's figures for one fleet.
+struct Figures {
+    pairs_per_second: f64,
+    acquire: Vec<Duration>,
+    release: Vec<Duration>,
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1));
+    sorted.get(i).copied().unwrap_or_default().as_secs_f64() * 1e3
+}
+
+/// `n` proxies in (latency, id) order.
+fn fleet(n: usize) -> Arc<Vec<(String, i64)>> {
+    let mut fleet: Vec<(String, i64)> = (0..n).map(|i| (format!("bench/p{i:06}"), (i % 97) as i64)).collect();
+    fleet.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    Arc::new(fleet)
+}
+
+async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>) -> Figures {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (store, fleet) = (store.clone(), fleet.clone());
+        tasks.push(tokio::spawn(async move {
+            let req = LeaseRequest {
+                ttl: Duration::from_secs(60),
+                target: None,
+            };
+            let mut times = Vec::new();
+            while started.elapsed() < MEASURE {
+                let t = Instant::now();
+                let mut candidates = fleet.iter().map(|(id, latency)| Candidate {
+                    id,
+                    healthy: true,
+                    latency_millis: *latency,
+                    max_leases: 5,
+                });
+                let grant = store
+                    .acquire(&mut candidates, &req)
+                    .await
+                    .expect("the store answers")
+                    .expect("a proxy is free");
+                let acquired = t.elapsed();
+                store.release(&grant.lease_id).await.expect("the store answers");
+                times.push((acquired, t.elapsed() - acquired));
+            }
+            times
+        }));
+    }
+    let (mut acquire, mut release) = (Vec::new(), Vec::new());
+    for t in tasks {
+        for (a, r) in t.await.expect("a task") {
+            acquire.push(a);
+            release.push(r);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    acquire.sort();
+    release.sort();
+    Figures {
+        pairs_per_second: acquire.len() as f64 / secs,
+        acquire,
+        release,
+    }
+}
+
+/// Redis's own microseconds per call of each script, from the slow log.
+async fn script_times(
+    connection: &mut redis::aio::MultiplexedConnection,
+    hashes: &[(&'static str, String)],
+) -> HashMap<&'static str, f64> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(SAMPLE)
+        .query_async(connection)
+        .await
+        .expect("SLOWLOG GET");
+    let mut sums: HashMap<&'static str, (f64, u64)> = HashMap::new();
+    for entry in entries {
+        let redis::Value::Array(fields) = entry else { continue };
+        let (Some(redis::Value::Int(micros)), Some(redis::Value::Array(args))) = (fields.get(2), fields.get(3)) else {
+            continue;
+        };
+        let Some(redis::Value::BulkString(sha)) = args.get(1) else {
+            continue;
+        };
+        let sha = String::from_utf8_lossy(sha);
+        if let Some((name, _)) = hashes.iter().find(|(_, h)| *h == sha) {
+            let e = sums.entry(name).or_default();
+            e.0 += *micros as f64;
+            e.1 += 1;
+        }
+    }
+    sums.into_iter().map(|(k, (sum, n))| (k, sum / n as f64)).collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
+    let client = redis::Client::open(redis.url()).expect("a Redis URL");
+    let mut admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection to the bench's redis-server");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .arg("slowlog-max-len")
+        .arg(SAMPLE)
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET");
+    println!(
+        "| proxies | store | pairs per second | acquire p50 / p99 (ms) | release p50 / p99 (ms) | Redis per acquire / release (µs) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for n in SIZES {
+        let fleet = fleet(n);
+        let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
+        let m = load(memory, fleet.clone()).await;
+        println!(
+            "| {n} | memory | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | |",
+            m.pairs_per_second,
+            quantile(&m.acquire, 0.5),
+            quantile(&m.acquire, 0.99),
+            quantile(&m.release, 0.5),
+            quantile(&m.release, 0.99)
+        );
+        // A fresh key prefix per fleet: nothing of the last run is in the way.
+        let store = egress_lease_redis::RedisStore::new(&redis.url(), &format!("bench-{n}:"), Duration::from_secs(900))
+            .expect("a Redis store");
+        let hashes = store.script_hashes();
+        let _: () = redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query_async(&mut admin)
+            .await
+            .expect("SLOWLOG RESET");
+        let r = load(Arc::new(store), fleet).await;
+        let times = script_times(&mut admin, &hashes).await;
+        let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
+        println!(
+            "| {n} | redis (ratio {:.0} %) | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {} / {} |",
+            r.pairs_per_second / m.pairs_per_second * 100.0,
+            r.pairs_per_second,
+            quantile(&r.acquire, 0.5),
+            quantile(&r.acquire, 0.99),
+            quantile(&r.release, 0.5),
+            quantile(&r.release, 0.99),
+            shown("acquire"),
+            shown("release")
+        );
+    }
+}
