@@ -428,17 +428,8 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
             })
             .await;
         // The pool's families, as a scrape sees them now.
-        let scraped = reqwest::get(format!("http://{metrics}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let line = |prefix: &str| -> f64 {
-            let found = scraped.lines().find(|l| l.starts_with(prefix));
-            let found = found.unwrap_or_else(|| panic!("no {prefix} in\n{scraped}"));
-            found.rsplit(' ').next().unwrap().parse().unwrap()
-        };
+        let scraped = scrape(&metrics).await;
+        let line = |prefix: &str| metric(&scraped, prefix);
         let labels = format!(r#"namespace="default",pool="{POOL}""#);
         assert_eq!(
             line(&format!(
@@ -653,19 +644,14 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
         3,
         "{all:#?}"
     );
-    let scraped = reqwest::get(format!("http://{metrics}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let changes = |direction: &str| -> f64 {
-        let prefix = format!(
-            r#"proxy_operator_pool_autoscaled_total{{namespace="default",pool="{AUTO}",direction="{direction}"}}"#
-        );
-        let line = scraped.lines().find(|l| l.starts_with(&prefix));
-        let line = line.unwrap_or_else(|| panic!("no {prefix} in\n{scraped}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
+    let scraped = scrape(&metrics).await;
+    let changes = |direction: &str| {
+        metric(
+            &scraped,
+            &format!(
+                r#"proxy_operator_pool_autoscaled_total{{namespace="default",pool="{AUTO}",direction="{direction}"}}"#
+            ),
+        )
     };
     assert_eq!(changes("up"), 3.0);
     assert!(changes("down") >= 1.0);
@@ -673,6 +659,23 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
     pools.delete(AUTO, &DeleteParams::default()).await.unwrap();
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+}
+
+/// The operator's metrics page, as a scrape sees it now.
+async fn scrape(metrics: &str) -> String {
+    reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the sample in `scraped` whose line starts with `prefix`.
+fn metric(scraped: &str, prefix: &str) -> f64 {
+    let found = scraped.lines().find(|l| l.starts_with(prefix));
+    let found = found.unwrap_or_else(|| panic!("no {prefix} in\n{scraped}"));
+    found.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 /// A lease on `pool`, which must be granted: its id.

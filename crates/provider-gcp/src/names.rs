@@ -21,13 +21,8 @@ pub const NAME_RULE: &str =
 
 /// Whether `s` is an RFC 1035 name of at most 63 characters, as Compute Engine names are.
 pub fn is_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_lowercase()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && !s.ends_with('-')
+    // An RFC 1123 label that starts with a letter.
+    egress_provider::is_dns1123_label(s) && s.starts_with(|c: char| c.is_ascii_lowercase())
 }
 
 /// Whether `s` is a project ID or a project number (see the module docs).

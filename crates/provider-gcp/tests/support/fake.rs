@@ -255,6 +255,8 @@ pub fn fault_answer(fault: &Fault, resource: &str) -> Option<(u16, Value)> {
     })
 }
 
+/// The API's name rule, written here again on purpose: the fake checks what the provider sends
+/// by its own reading of the API, so a mistake in the provider's checks cannot hide in both.
 fn valid_name(name: &str) -> bool {
     let b = name.as_bytes();
     !b.is_empty()
