@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, StoreError, Target, effective_ttl};
+use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, Scope, StoreError, Target, effective_ttl};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -248,20 +248,46 @@ impl DiscoveryApi {
         // Lazily, in the directory's (latency, id) order: the store stops at the first idle
         // eligible proxy, so a lease costs the same with ten proxies or ten thousand. Standby
         // and draining pool members are no candidates.
-        let mut candidates = proxies
-            .iter()
-            .filter(|p| p.offered && matches(p, &selector))
-            .map(|p| Candidate {
-                id: &p.id,
-                healthy: p.healthy,
-                latency_millis: p.latency_millis,
-                max_leases: p.max_leases,
-            });
-        let req = LeaseRequest { ttl, target };
-        let acquired = match self.store.acquire(&mut candidates, &req).await {
+        let candidates = || {
+            proxies
+                .iter()
+                .filter(|p| p.offered && matches(p, &selector))
+                .map(|p| Candidate {
+                    id: &p.id,
+                    healthy: p.healthy,
+                    latency_millis: p.latency_millis,
+                    max_leases: p.max_leases,
+                })
+        };
+        // An empty selector is every offered proxy: a shared store answers it from its index.
+        let scope = if body.selector.is_empty() {
+            Scope::Installation
+        } else {
+            Scope::Listed
+        };
+        let req = LeaseRequest { ttl, target, scope };
+        let mut acquired = match self.store.acquire(&mut candidates(), &req).await {
             Ok(a) => a,
             Err(e) => return store_failed(&e, "acquiring a lease"),
         };
+        // From its index, a shared store may grant a proxy the leader published that this
+        // replica has not seen yet: that lease is given back and the choice made among the
+        // proxies known here.
+        if let Ok(grant) = &acquired
+            && !proxies.iter().any(|p| p.id == grant.proxy_id)
+        {
+            if let Err(e) = self.store.release(&grant.lease_id).await {
+                return store_failed(&e, "giving back a lease on an unknown proxy");
+            }
+            let listed = LeaseRequest {
+                scope: Scope::Listed,
+                ..req
+            };
+            acquired = match self.store.acquire(&mut candidates(), &listed).await {
+                Ok(a) => a,
+                Err(e) => return store_failed(&e, "acquiring a lease"),
+            };
+        }
         match acquired {
             Ok(grant) => {
                 #[derive(serde::Serialize)]

@@ -27,12 +27,13 @@
 #[cfg(feature = "testing")]
 pub mod local;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use egress_lease::{
-    Candidate, Clock, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, NoMatch, ReportResult,
+    Candidate, Clock, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, NoMatch, ReportResult, Scope,
     StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -48,6 +49,10 @@ pub const CALL_BUDGET: Duration = Duration::from_secs(3);
 pub const BATCH: usize = 64;
 /// How long a published view stays without being published again.
 pub const VIEW_LIFETIME: Duration = Duration::from_secs(300);
+/// The proxies at the head of the installation's index an acquire looks at, at most: those
+/// with room but cooling down for the request are passed over; beyond this many the caller's
+/// candidates are read instead.
+pub const INDEX_LOOK: usize = 128;
 
 /// Milliseconds since the epoch.
 fn millis(t: SystemTime) -> u64 {
@@ -59,13 +64,22 @@ fn duration_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A script that takes a time, with the shared `clock` and `ended` functions before it.
+/// A script with the shared functions (`clock`, `ended`, the index's) before it.
 fn timed(body: &str) -> Script {
-    Script::new(&[include_str!("lua/clock.lua"), include_str!("lua/ended.lua"), body].concat())
+    Script::new(
+        &[
+            include_str!("lua/clock.lua"),
+            include_str!("lua/ended.lua"),
+            include_str!("lua/index.lua"),
+            body,
+        ]
+        .concat(),
+    )
 }
 
 struct Scripts {
     acquire: Script,
+    acquire_indexed: Script,
     release: Script,
     report: Script,
     active: Script,
@@ -77,20 +91,31 @@ impl Scripts {
     fn new() -> Self {
         Self {
             acquire: timed(include_str!("lua/acquire.lua")),
+            acquire_indexed: timed(include_str!("lua/acquire_indexed.lua")),
             release: timed(include_str!("lua/release.lua")),
             report: timed(include_str!("lua/report.lua")),
             active: timed(include_str!("lua/active.lua")),
             sweep: timed(include_str!("lua/sweep.lua")),
-            publish: Script::new(include_str!("lua/publish.lua")),
+            publish: timed(include_str!("lua/publish.lua")),
         }
     }
+}
+
+/// This replica's last publication of the view.
+struct Published {
+    /// Names it in Redis: changes apply only over it.
+    token: String,
+    /// Proxy id to its entry, as published.
+    entries: HashMap<String, String>,
 }
 
 /// The lease store on one Redis server.
 pub struct RedisStore {
     connection: ConnectionManager,
     scripts: Scripts,
-    prefix: String,
+    /// `{<prefix>}`: every key starts with it, and the braces make it the key's hash tag, so
+    /// that on a Redis Cluster all of them live in one slot and every script runs on one node.
+    tag: String,
     /// The tests' clock; `None` in production: the scripts read Redis's own clock, so every
     /// replica agrees on the time whatever its own says.
     clock: Option<Arc<dyn Clock>>,
@@ -103,13 +128,15 @@ pub struct RedisStore {
     dropped: AtomicU64,
     /// Where Redis is, without credentials (for messages).
     shown: String,
+    /// This replica's last publication of the view, while it is known to be the one in Redis.
+    published: tokio::sync::Mutex<Option<Published>>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("redis", &self.shown)
-            .field("prefix", &self.prefix)
+            .field("keys", &self.tag)
             .field("cooldown", &self.cooldown)
             .finish_non_exhaustive()
     }
@@ -128,14 +155,17 @@ pub fn shown_url(url: &str) -> String {
 
 impl RedisStore {
     /// A store on the Redis at `url` (`redis://[user:password@]host:port[/db]`), keys under
-    /// `prefix`, with the cooldown window (and lease retention after expiry) `cooldown`, on
-    /// Redis's clock. Connects lazily: a Redis that is down at start only makes calls fail
+    /// `{<prefix>}`, with the cooldown window (and lease retention after expiry) `cooldown`,
+    /// on Redis's clock. Connects lazily: a Redis that is down at start only makes calls fail
     /// until it is up. Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// The URL is not a Redis URL.
+    /// The URL is not a Redis URL, or the prefix holds a brace (it would break the hash tag).
     pub fn new(url: &str, prefix: &str, cooldown: Duration) -> Result<Self, String> {
         let shown = shown_url(url);
+        if prefix.contains(['{', '}']) {
+            return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
+        }
         let client = redis::Client::open(url).map_err(|e| format!("lease store {shown}: {e}"))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CALL_BUDGET))
@@ -147,22 +177,24 @@ impl RedisStore {
         Ok(Self {
             connection,
             scripts: Scripts::new(),
-            prefix: prefix.to_owned(),
+            tag: format!("{{{prefix}}}"),
             clock: None,
             cooldown,
             last_total: AtomicUsize::new(0),
             max_ended: MAX_ENDED,
             dropped: AtomicU64::new(0),
             shown,
+            published: tokio::sync::Mutex::new(None),
         })
     }
 
     /// Each script's name and SHA-1 (what `EVALSHA` and Redis's slow log name it by), for
     /// benches and diagnostics that attribute Redis's time to the operations.
-    pub fn script_hashes(&self) -> [(&'static str, String); 6] {
+    pub fn script_hashes(&self) -> [(&'static str, String); 7] {
         let s = &self.scripts;
         [
             ("acquire", s.acquire.get_hash().to_owned()),
+            ("acquire (indexed)", s.acquire_indexed.get_hash().to_owned()),
             ("release", s.release.get_hash().to_owned()),
             ("report", s.report.get_hash().to_owned()),
             ("active", s.active.get_hash().to_owned()),
@@ -197,10 +229,10 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    /// Runs `script` with `args` (after the prefix) within [`CALL_BUDGET`].
+    /// Runs `script` on the store's keys with `args` within [`CALL_BUDGET`].
     async fn run<T: redis::FromRedisValue>(&self, script: &Script, args: &[String]) -> Result<T, StoreError> {
         let mut invocation = script.prepare_invoke();
-        invocation.arg(&self.prefix);
+        invocation.key(&self.tag);
         for a in args {
             invocation.arg(a);
         }
@@ -218,7 +250,7 @@ impl RedisStore {
 
     /// One run of the acquire script over `batch`; `None` when the batch had no idle eligible
     /// proxy and was not `last` (the caller then sends every candidate).
-    async fn acquire_run(
+    async fn acquire_listed(
         &self,
         batch: &[Candidate<'_>],
         last: bool,
@@ -240,10 +272,39 @@ impl RedisStore {
             args.push(c.latency_millis.to_string());
             args.push(c.max_leases.to_string());
         }
-        // 128 random bits do not collide in practice; the script checks all the same.
-        for _ in 0..3 {
+        self.acquire_with(&self.scripts.acquire, args, req).await
+    }
+
+    /// Acquires from the installation's index; `None` when there is none (no view published)
+    /// or the cooldowns at its head hide more than [`INDEX_LOOK`] proxies (the caller then
+    /// sends its candidates).
+    async fn acquire_indexed(&self, req: &LeaseRequest) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
+        let args = vec![
+            self.now(),
+            duration_millis(req.ttl).to_string(),
+            req.target.as_ref().map(Target::hex).unwrap_or_default(),
+            String::new(),
+            duration_millis(self.cooldown).to_string(),
+            self.max_ended.to_string(),
+            INDEX_LOOK.to_string(),
+        ];
+        self.acquire_with(&self.scripts.acquire_indexed, args, req).await
+    }
+
+    /// Runs an acquire script whose fourth argument is the lease id, until it answers: a new
+    /// id when the last was taken, again while expired leases remain to be moved (each run
+    /// moves a thousand). `None`: the script asks for the candidates.
+    async fn acquire_with(
+        &self,
+        script: &Script,
+        mut args: Vec<String>,
+        req: &LeaseRequest,
+    ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
+        // 128 random bits do not collide in practice (the script checks all the same); a run
+        // moves 1 000 expired leases, and the sweep every few seconds keeps their number low.
+        for _ in 0..16 {
             args[3] = lease_id();
-            let answer: Vec<Value> = match self.run(&self.scripts.acquire, &args).await {
+            let answer: Vec<Value> = match self.run(script, &args).await {
                 Ok(a) => a,
                 Err(e) => {
                     // The script may have run and granted with its answer lost: that lease is
@@ -276,17 +337,15 @@ impl RedisStore {
                 _ => continue,
             }
         }
-        Err(StoreError("three lease ids in a row were taken".to_owned()))
+        Err(StoreError(
+            "the acquire script asked to run again 16 times in a row".to_owned(),
+        ))
     }
 
     /// Releases `lease_id` in the background, trying for about a minute: the lease an acquire
     /// may have granted without its answer arriving.
     fn release_later(&self, lease_id: String) {
-        let (mut connection, script, prefix) = (
-            self.connection.clone(),
-            self.scripts.release.clone(),
-            self.prefix.clone(),
-        );
+        let (mut connection, script, tag) = (self.connection.clone(), self.scripts.release.clone(), self.tag.clone());
         let now = self.now();
         let shown = self.shown.clone();
         let [max_ended, retention] = self.ended_args();
@@ -294,7 +353,7 @@ impl RedisStore {
             for attempt in 0..8u32 {
                 let mut invocation = script.prepare_invoke();
                 invocation
-                    .arg(&prefix)
+                    .key(&tag)
                     .arg(&now)
                     .arg(&lease_id)
                     .arg(&max_ended)
@@ -344,17 +403,23 @@ impl LeaseStore for RedisStore {
         candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
+        // The installation's index answers in a bounded number of steps whatever the fleet.
+        if req.scope == Scope::Installation
+            && let Some(answer) = self.acquire_indexed(req).await?
+        {
+            return Ok(answer);
+        }
         // The first batch holds the best idle proxy on any fleet with free ones; only without
         // one does Redis get every candidate, in one run, so the choice stays atomic. The rest
         // of the fleet is read only then, so the usual acquire costs the same on any fleet.
         let mut all: Vec<Candidate<'c>> = (&mut *candidates).take(BATCH).collect();
         let next = candidates.next();
-        let answer = match self.acquire_run(&all, next.is_none(), req).await? {
+        let answer = match self.acquire_listed(&all, next.is_none(), req).await? {
             Some(answer) => answer,
             None => {
                 all.extend(next);
                 all.extend(candidates);
-                self.acquire_run(&all, true, req)
+                self.acquire_listed(&all, true, req)
                     .await?
                     .ok_or_else(|| StoreError("the final acquire run asked for more".to_owned()))?
             }
@@ -435,18 +500,61 @@ impl LeaseStore for RedisStore {
     }
 
     async fn publish_view(&self, view: &[ViewEntry]) -> Result<(), StoreError> {
-        let mut args = vec![duration_millis(VIEW_LIFETIME).to_string()];
-        for e in view {
-            args.push(e.id.clone());
-            args.push(format!(
-                "{},{},{},{}",
-                u8::from(e.healthy),
-                e.latency_millis,
-                e.max_leases,
-                u8::from(e.offered)
-            ));
+        let entries: HashMap<String, String> = view
+            .iter()
+            .map(|e| {
+                let value = format!(
+                    "{},{},{},{}",
+                    u8::from(e.healthy),
+                    e.latency_millis,
+                    e.max_leases,
+                    u8::from(e.offered)
+                );
+                (e.id.clone(), value)
+            })
+            .collect();
+        let token = lease_id();
+        let lifetime = duration_millis(VIEW_LIFETIME).to_string();
+        let mut published = self.published.lock().await;
+        // What changed since this replica's last publication, when it has one: a fleet whose
+        // latencies move costs Redis a step per proxy that moved, not per proxy.
+        if let Some(last) = published.as_ref() {
+            let removed: Vec<&String> = last.entries.keys().filter(|id| !entries.contains_key(*id)).collect();
+            let mut args = vec![
+                lifetime.clone(),
+                "changes".to_owned(),
+                last.token.clone(),
+                token.clone(),
+                removed.len().to_string(),
+            ];
+            args.extend(removed.into_iter().cloned());
+            for (id, value) in &entries {
+                if last.entries.get(id) != Some(value) {
+                    args.push(id.clone());
+                    args.push(value.clone());
+                }
+            }
+            let applied: i64 = self.run(&self.scripts.publish, &args).await?;
+            if applied == 1 {
+                *published = Some(Published { token, entries });
+                return Ok(());
+            }
         }
+        // The first publication, or another replica published since ours: the whole view.
+        let mut args = vec![
+            lifetime,
+            "full".to_owned(),
+            String::new(),
+            token.clone(),
+            "0".to_owned(),
+        ];
+        for (id, value) in &entries {
+            args.push(id.clone());
+            args.push(value.clone());
+        }
+        *published = None;
         let _: i64 = self.run(&self.scripts.publish, &args).await?;
+        *published = Some(Published { token, entries });
         Ok(())
     }
 }

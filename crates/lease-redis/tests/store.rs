@@ -56,7 +56,17 @@ impl suite::Backend for Redis {
 
 egress_lease::lease_store_suite!(Redis);
 
-/// A connection of the test's own, and every key under `prefix`.
+/// The same cases answered from the installation's index of the published view.
+mod indexed {
+    egress_lease::lease_store_suite!(egress_lease::testing::Indexed(super::Redis));
+}
+
+/// Every key of the store under `prefix` starts with this (its hash tag).
+fn tag(prefix: &str) -> String {
+    format!("{{{prefix}}}")
+}
+
+/// A connection of the test's own, and every key of the store under `prefix`.
 async fn keys_under(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
     let mut c = redis::Client::open(url)
         .unwrap()
@@ -64,7 +74,7 @@ async fn keys_under(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnecti
         .await
         .unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
+        .arg(format!("{}*", tag(prefix)))
         .query_async(&mut c)
         .await
         .unwrap();
@@ -219,14 +229,15 @@ async fn every_key_has_a_ttl_of_its_kind() {
     let mut kinds = Vec::new();
     for key in keys {
         let left: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut c).await.unwrap();
-        let kind = key[prefix.len()..].split(':').next().unwrap().to_owned();
+        let kind = key[tag(&prefix).len()..].split(':').next().unwrap().to_owned();
         let most = match kind.as_str() {
             "lease" => ttl + window,
             "active" | "all" => ttl,
             "cool" => window,
             // As long as the longest-lived record it names.
             "ended" => ttl + window,
-            "view" => view,
+            // The view and its index.
+            "view" | "count" | "free" => view,
             other => panic!("a key of unknown kind: {key} ({other})"),
         };
         assert!(left > 0 && left <= most, "{key}: {left} ms left, at most {most}");
@@ -234,7 +245,10 @@ async fn every_key_has_a_ttl_of_its_kind() {
     }
     kinds.sort();
     kinds.dedup();
-    assert_eq!(kinds, ["active", "all", "cool", "ended", "lease", "view"]);
+    assert_eq!(
+        kinds,
+        ["active", "all", "cool", "count", "ended", "free", "lease", "view"]
+    );
 }
 
 /// Abuse: acquire/release pairs with distinct maximal targets, some leases never released,
@@ -274,16 +288,16 @@ async fn what_abuse_leaves_in_redis_is_bounded() {
     let active = s.active_total().await.unwrap();
     let leases = keys
         .iter()
-        .filter(|k| k.starts_with(&format!("{prefix}lease:")))
+        .filter(|k| k.starts_with(&format!("{}lease:", tag(&prefix))))
         .count();
     assert!(leases <= active + 100, "{leases} lease records, {active} active");
     let ended: usize = redis::cmd("LLEN")
-        .arg(format!("{prefix}ended"))
+        .arg(format!("{}ended", tag(&prefix)))
         .query_async(&mut c)
         .await
         .unwrap();
     assert!(ended <= 100, "{ended} ended");
-    for key in keys.iter().filter(|k| k.starts_with(&format!("{prefix}cool:"))) {
+    for key in keys.iter().filter(|k| k.starts_with(&format!("{}cool:", tag(&prefix)))) {
         let fields: usize = redis::cmd("HLEN").arg(key).query_async(&mut c).await.unwrap();
         assert!(fields <= MAX_COOLDOWN_TARGETS + 1, "{key}: {fields} cooldowns");
     }
@@ -299,4 +313,150 @@ async fn what_abuse_leaves_in_redis_is_bounded() {
         assert!(size < 64 * 1024, "{key} holds {size} bytes");
     }
     assert!(s.cooldowns_dropped() > 0, "the cap was never reached");
+}
+
+/// An acquire scoped to the installation, with `fleet` as its candidates.
+async fn scoped(s: &RedisStore, fleet: &[suite::P]) -> Result<egress_lease::Grant, egress_lease::NoMatch> {
+    let mut candidates = fleet.iter().map(|p| egress_lease::Candidate {
+        id: &p.id,
+        healthy: p.healthy,
+        latency_millis: p.latency_millis,
+        max_leases: p.max_leases,
+    });
+    let req = egress_lease::LeaseRequest {
+        scope: egress_lease::Scope::Installation,
+        ..suite::req(None)
+    };
+    s.acquire(&mut candidates, &req).await.expect("the store answers")
+}
+
+fn entry(id: &str, healthy: bool, latency_millis: i64, max_leases: i32) -> egress_lease::ViewEntry {
+    egress_lease::ViewEntry {
+        id: id.into(),
+        healthy,
+        latency_millis,
+        max_leases,
+        offered: true,
+    }
+}
+
+#[tokio::test]
+async fn the_index_answers_from_the_view_without_reading_the_candidates() {
+    let Some(url) = redis_url() else { return };
+    let clock = ManualClock::new(suite::start());
+    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
+        .expect("a store")
+        .with_clock(Arc::new(clock));
+    // Before any view there is no index: the candidates decide.
+    assert_eq!(
+        scoped(&s, &[]).await.expect_err("no view, no candidates"),
+        egress_lease::NoMatch::default()
+    );
+    s.publish_view(&[
+        entry("ns/slow", true, 50, 1),
+        entry("ns/fast", true, 10, 1),
+        entry("ns/sick", false, 1, 1),
+        entry("ns/zero", true, 1, 0),
+    ])
+    .await
+    .expect("publish");
+    // No candidates given: the index alone answers, in the store's order.
+    assert_eq!(scoped(&s, &[]).await.expect("a lease").proxy_id, "ns/fast");
+    assert_eq!(scoped(&s, &[]).await.expect("a lease").proxy_id, "ns/slow");
+    assert_eq!(
+        scoped(&s, &[]).await.expect_err("all full"),
+        egress_lease::NoMatch {
+            considered: 4,
+            at_capacity: 3,
+            in_cooldown: 0,
+            unhealthy: 1,
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_publication_sends_what_changed_and_anothers_makes_the_next_whole() {
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let clock = ManualClock::new(suite::start());
+    let store = || {
+        RedisStore::new(&url, &prefix, suite::COOLDOWN)
+            .expect("a store")
+            .with_clock(Arc::new(clock.clone()))
+    };
+    let (a, b) = (store(), store());
+    a.publish_view(&[entry("ns/p", true, 1, 1), entry("ns/q", true, 2, 1)])
+        .await
+        .expect("publish");
+    // A change: p unhealthy. Only q is left to lease.
+    a.publish_view(&[entry("ns/p", false, 1, 1), entry("ns/q", true, 2, 1)])
+        .await
+        .expect("publish");
+    assert_eq!(scoped(&a, &[]).await.expect("a lease").proxy_id, "ns/q");
+    let refused = scoped(&a, &[]).await.expect_err("q is full, p unhealthy");
+    assert_eq!((refused.considered, refused.unhealthy, refused.at_capacity), (2, 1, 1));
+    // Another replica publishes r alone; a's next publication (p healthy again, q gone) cannot
+    // apply as changes over b's, so a publishes its whole view: r is gone.
+    b.publish_view(&[entry("ns/r", true, 0, 1)]).await.expect("publish");
+    assert_eq!(scoped(&b, &[]).await.expect("a lease").proxy_id, "ns/r");
+    a.publish_view(&[entry("ns/p", true, 1, 1)]).await.expect("publish");
+    assert_eq!(scoped(&a, &[]).await.expect("a lease").proxy_id, "ns/p");
+    assert_eq!(
+        scoped(&a, &[]).await.expect_err("p is full"),
+        egress_lease::NoMatch {
+            considered: 1,
+            at_capacity: 1,
+            in_cooldown: 0,
+            unhealthy: 0,
+        }
+    );
+}
+
+#[tokio::test]
+async fn cooldowns_beyond_the_indexs_look_fall_back_to_the_candidates() {
+    let Some(url) = redis_url() else { return };
+    let clock = ManualClock::new(suite::start());
+    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
+        .expect("a store")
+        .with_clock(Arc::new(clock));
+    let n = egress_lease_redis::INDEX_LOOK + 10;
+    let fleet: Vec<suite::P> = (0..n)
+        .map(|i| suite::proxy(&format!("ns/p{i:04}"), i as i64, 1))
+        .collect();
+    let view: Vec<_> = fleet.iter().map(|p| entry(&p.id, true, p.latency_millis, 1)).collect();
+    s.publish_view(&view).await.expect("publish");
+    // The first INDEX_LOOK + 1 proxies cool down for everything.
+    for _ in 0..=egress_lease_redis::INDEX_LOOK {
+        let g = scoped(&s, &fleet).await.expect("a lease");
+        s.report(&g.lease_id, egress_lease::ReportResult::Banned, None)
+            .await
+            .expect("answers")
+            .expect("known");
+        s.release(&g.lease_id).await.expect("answers");
+    }
+    // The index gives up after its look; the candidates, read whole, find the next one.
+    let expected = format!("ns/p{:04}", egress_lease_redis::INDEX_LOOK + 1);
+    assert_eq!(scoped(&s, &fleet).await.expect("a lease").proxy_id, expected);
+    // Without candidates, giving up shows: nothing is considered.
+    assert_eq!(scoped(&s, &[]).await.expect_err("no candidates").considered, 0);
+}
+
+#[tokio::test]
+async fn every_expired_lease_is_counted_out_before_the_index_chooses() {
+    let Some(url) = redis_url() else { return };
+    let clock = ManualClock::new(suite::start());
+    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
+        .expect("a store")
+        .with_clock(Arc::new(clock.clone()));
+    // More expired leases than one run moves (1 000), all on the best proxy.
+    s.publish_view(&[entry("ns/best", true, 1, 5000), entry("ns/other", true, 9, 5000)])
+        .await
+        .expect("publish");
+    for _ in 0..2500 {
+        scoped(&s, &[]).await.expect("a lease");
+    }
+    clock.advance(suite::req(None).ttl);
+    let g = scoped(&s, &[]).await.expect("a lease");
+    assert_eq!((g.proxy_id.as_str(), g.active_leases), ("ns/best", 1));
+    assert_eq!(s.active_total().await.expect("answers"), 1);
 }

@@ -25,7 +25,7 @@ pub mod ttl;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use store::{
     Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, MemoryStore, NoMatch, ReportResult,
-    StoreError, UnknownLease, ViewEntry, lease_id,
+    Scope, StoreError, UnknownLease, ViewEntry, lease_id,
 };
 pub use target::{MAX_TARGET_BYTES, Target, TargetTooLong, host_port};
 pub use ttl::{DEFAULT_TTL, TtlError, effective_ttl};

@@ -64,6 +64,21 @@ pub struct LeaseRequest {
     pub ttl: Duration,
     /// The site to be crawled.
     pub target: Option<Target>,
+    /// Which proxies the candidates are.
+    pub scope: Scope,
+}
+
+/// Which proxies an acquire's candidates are, so a shared store can answer from an index of
+/// its own instead of reading them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Scope {
+    /// Exactly the candidates given (a selector no index serves).
+    #[default]
+    Listed,
+    /// Every offered proxy of the installation, as the published view holds them (an empty
+    /// selector). The candidates are still given, in order: a store without an index, or whose
+    /// index is not built (no view published yet), reads them.
+    Installation,
 }
 
 /// A lease granted.
@@ -138,7 +153,10 @@ pub struct ViewEntry {
 pub trait LeaseStore: Send + Sync + 'static {
     /// Grants a lease on the best eligible candidate. The candidates must come in ascending
     /// (latency, id) order ([`Candidate::order`]): the first idle eligible one is then the best,
-    /// and the search stops there, whatever the size of the fleet.
+    /// and the search stops there, whatever the size of the fleet. With
+    /// [`Scope::Installation`] a shared store may choose from the published view's offered
+    /// proxies instead, without reading the candidates; the grant may then name a proxy the
+    /// caller does not know yet (its view is older than the published one).
     ///
     /// # Errors
     ///

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::{
-    Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, ManualClock, NoMatch, ReportResult, Target,
-    UnknownLease,
+    Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, ManualClock, NoMatch, ReportResult, StoreError,
+    Target, UnknownLease, ViewEntry,
 };
 use proptest::prelude::*;
 
@@ -34,6 +34,96 @@ pub trait Backend: Send + Sync + 'static {
     /// A fresh, empty store on `clock` with the cooldown window [`COOLDOWN`].
     fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>> {
         self.store_with_cooldown(clock, COOLDOWN)
+    }
+}
+
+/// `B`'s stores as the discovery API uses them for an empty selector: before each acquire the
+/// candidates are published as the view (when they changed), and the request is scoped to the
+/// installation, so a shared store answers from its index of the view. The suite run over
+/// `Indexed(backend)` proves the index decides as the candidates do.
+#[derive(Debug)]
+pub struct Indexed<B>(pub B);
+
+impl<B: Backend> Backend for Indexed<B> {
+    fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
+        let inner = self.0.store_with_cooldown(clock, cooldown)?;
+        Some(Arc::new(IndexedStore {
+            inner,
+            published: tokio::sync::Mutex::new(None),
+        }))
+    }
+}
+
+struct IndexedStore {
+    inner: Arc<dyn LeaseStore>,
+    /// The view last published; held during a publication, so that concurrent clients on one
+    /// fleet publish it once.
+    published: tokio::sync::Mutex<Option<Vec<ViewEntry>>>,
+}
+
+#[async_trait::async_trait]
+impl LeaseStore for IndexedStore {
+    async fn acquire<'c>(
+        &self,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
+        req: &LeaseRequest,
+    ) -> Result<Result<Grant, NoMatch>, StoreError> {
+        let listed: Vec<Candidate<'c>> = candidates.collect();
+        let view: Vec<ViewEntry> = listed
+            .iter()
+            .map(|c| ViewEntry {
+                id: c.id.to_owned(),
+                healthy: c.healthy,
+                latency_millis: c.latency_millis,
+                max_leases: c.max_leases,
+                offered: true,
+            })
+            .collect();
+        {
+            let mut published = self.published.lock().await;
+            if published.as_ref() != Some(&view) {
+                self.inner.publish_view(&view).await?;
+                *published = Some(view);
+            }
+        }
+        let scoped = LeaseRequest {
+            scope: crate::Scope::Installation,
+            ..req.clone()
+        };
+        self.inner.acquire(&mut listed.into_iter(), &scoped).await
+    }
+
+    async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
+        self.inner.release(lease_id).await
+    }
+
+    async fn report(
+        &self,
+        lease_id: &str,
+        result: ReportResult,
+        target: Option<Target>,
+    ) -> Result<Result<(), UnknownLease>, StoreError> {
+        self.inner.report(lease_id, result, target).await
+    }
+
+    fn cooldowns_dropped(&self) -> u64 {
+        self.inner.cooldowns_dropped()
+    }
+
+    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
+        self.inner.active_leases(proxies).await
+    }
+
+    async fn active_total(&self) -> Result<usize, StoreError> {
+        self.inner.active_total().await
+    }
+
+    fn active_total_now(&self) -> usize {
+        self.inner.active_total_now()
+    }
+
+    async fn sweep(&self) -> Result<(), StoreError> {
+        self.inner.sweep().await
     }
 }
 
@@ -80,6 +170,7 @@ pub fn req(target: Option<&str>) -> LeaseRequest {
     LeaseRequest {
         ttl: Duration::from_secs(300),
         target: self::target(target),
+        scope: crate::Scope::Listed,
     }
 }
 
@@ -452,20 +543,40 @@ pub fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A lease as the test remembers it, to know what the store must refuse.
+/// A lease as the test remembers it, to know what the store must decide.
 struct Known {
     id: String,
     proxy: usize,
     target: Option<String>,
     expires: SystemTime,
+    released: bool,
 }
 
-/// Runs `ops` on a fresh store: a granted proxy is never full nor cooling for the request (by
-/// a model of the rules kept here), and no proxy is ever over capacity.
+/// The active leases of each of the `n` proxies by the model: granted, not released, not expired.
+fn model_active(granted: &[Known], n: usize, now: SystemTime) -> Vec<usize> {
+    (0..n)
+        .map(|i| {
+            granted
+                .iter()
+                .filter(|l| l.proxy == i && !l.released && l.expires > now)
+                .count()
+        })
+        .collect()
+}
+
+/// Runs `ops` on a fresh store against a model of the rules kept here: every acquire grants
+/// exactly the proxy the model chooses (fewest active leases, then latency, then id, among the
+/// healthy ones with room that do not cool down for the request), or refuses with the model's
+/// counts; every proxy's active leases are the model's; reports are accepted exactly within
+/// the retention.
 pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let s = s.as_ref();
-    let fleet: Vec<P> = (0..4)
-        .map(|i| proxy(&format!("ns/p{i}"), i64::from(i), i % 3))
+    // Capacities 0, 1, 2, 0 and an unhealthy one; latencies tie for p1 and p4.
+    let fleet: Vec<P> = (0..5)
+        .map(|i| P {
+            healthy: i != 4,
+            ..proxy(&format!("ns/p{i}"), i64::from(i % 4), i % 3)
+        })
         .collect();
     let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
     let mut granted: Vec<Known> = Vec::new();
@@ -474,28 +585,54 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
     let site = |t: Option<u8>| t.map(|t| format!("site{t}"));
     for op in ops {
         let now = crate::Clock::now(&clock);
+        let active = model_active(&granted, fleet.len(), now);
         match op {
             Op::Acquire(t) => {
                 let t = site(t);
-                let before = s.active_leases(&ids).await.unwrap();
-                if let Ok(g) = acquire(s, &fleet, &req(t.as_deref())).await {
-                    let i = ids.iter().position(|p| *p == g.proxy_id).unwrap();
-                    prop_assert!(before[i] < fleet[i].max_leases as usize, "granted a full proxy");
-                    let cooling = cooldowns
+                let cooling = |i: usize| {
+                    cooldowns
                         .iter()
-                        .any(|(p, ct, end)| *p == i && *end > now && (ct.is_none() || *ct == t));
-                    prop_assert!(!cooling, "granted a proxy cooling for {t:?}");
-                    granted.push(Known {
-                        id: g.lease_id,
-                        proxy: i,
-                        target: t,
-                        expires: g.expires_at,
-                    });
+                        .any(|(p, ct, end)| *p == i && *end > now && (ct.is_none() || *ct == t))
+                };
+                let mut refused = NoMatch::default();
+                let mut best: Option<(usize, i64, &str, usize)> = None;
+                for (i, p) in fleet.iter().enumerate() {
+                    refused.considered += 1;
+                    if !p.healthy {
+                        refused.unhealthy += 1;
+                    } else if active[i] >= p.max_leases.max(0) as usize {
+                        refused.at_capacity += 1;
+                    } else if cooling(i) {
+                        refused.in_cooldown += 1;
+                    } else if best.is_none_or(|(a, l, id, _)| (active[i], p.latency_millis, p.id.as_str()) < (a, l, id))
+                    {
+                        best = Some((active[i], p.latency_millis, &p.id, i));
+                    }
+                }
+                match (acquire(s, &fleet, &req(t.as_deref())).await, best) {
+                    (Ok(g), Some((a, _, id, i))) => {
+                        prop_assert_eq!(
+                            (g.proxy_id.as_str(), g.active_leases),
+                            (id, a + 1),
+                            "not the model's choice"
+                        );
+                        granted.push(Known {
+                            id: g.lease_id,
+                            proxy: i,
+                            target: t,
+                            expires: g.expires_at,
+                            released: false,
+                        });
+                    }
+                    (Err(n), None) => prop_assert_eq!(n, refused, "not the model's counts"),
+                    (got, want) => prop_assert!(false, "got {got:?}, the model chose {want:?}"),
                 }
             }
             Op::Release(i) if !granted.is_empty() => {
-                let id = granted[i % granted.len()].id.clone();
+                let i = i % granted.len();
+                let id = granted[i].id.clone();
                 release(s, &id).await;
+                granted[i].released = true;
                 let after = total(s).await;
                 release(s, &id).await;
                 prop_assert_eq!(total(s).await, after, "a second release changed something");
@@ -519,9 +656,8 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
             Op::Sweep => sweep(s).await,
             _ => {}
         }
-        for (n, c) in s.active_leases(&ids).await.unwrap().into_iter().zip(&fleet) {
-            prop_assert!(n <= c.max_leases.max(0) as usize, "{} over capacity", c.id);
-        }
+        let model = model_active(&granted, fleet.len(), crate::Clock::now(&clock));
+        prop_assert_eq!(s.active_leases(&ids).await.unwrap(), model, "active leases");
     }
     Ok(())
 }

@@ -19,6 +19,12 @@ impl suite::Backend for Memory {
 
 egress_lease::lease_store_suite!(Memory);
 
+/// The same cases through the wrapper the shared stores' indexed runs use: it must change no
+/// decision of a store without an index.
+mod indexed {
+    egress_lease::lease_store_suite!(egress_lease::testing::Indexed(super::Memory));
+}
+
 /// Abuse: many distinct, maximal targets, acquire/release pairs and report spam. What the store
 /// holds stays within its bounds: the ended leases kept, and 64 targets per proxy.
 #[tokio::test]
@@ -39,6 +45,7 @@ async fn what_abuse_leaves_behind_is_bounded() {
         let request = LeaseRequest {
             ttl: std::time::Duration::from_secs(300),
             target,
+            scope: egress_lease::Scope::Listed,
         };
         let Ok(Ok(grant)) = store.acquire(&mut candidates, &request).await else {
             panic!("a lease at round {round}");

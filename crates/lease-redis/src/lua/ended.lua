@@ -6,16 +6,17 @@
 local function ended(p, ids, max, retention)
   if #ids == 0 then return end
   local key = p .. 'ended'
-  local lives = redis.call('PTTL', key)
+  local lives, length = 0, 0
   for _, id in ipairs(ids) do
-    redis.call('RPUSH', key, id)
+    length = redis.call('RPUSH', key, id)
     local left = redis.call('PTTL', p .. 'lease:' .. id)
     if left > lives then lives = left end
   end
-  local excess = redis.call('LLEN', key) - max
+  local excess = length - max
   if excess > 0 then
     for _, id in ipairs(redis.call('LPOP', key, excess)) do redis.call('DEL', p .. 'lease:' .. id) end
   end
   if lives <= 0 then lives = retention end
-  redis.call('PEXPIRE', key, lives)
+  -- Never shorter than it was: an older record may outlive these.
+  if redis.call('PEXPIRE', key, lives, 'GT') == 0 then redis.call('PEXPIRE', key, lives, 'NX') end
 end

@@ -2,12 +2,12 @@
 -- and the resolved target (the report's, else the lease's, else '' for a global one).
 -- A proxy cools down for at most `cap` targets beside its global cooldown: a new one beyond
 -- them first forgets ended ones, then drops the one that ends soonest.
--- ARGV: prefix, now (ms, or '' for Redis's clock), lease id, 'ok' or 'cool', target (its
+-- KEYS: prefix. ARGV: now (ms, or '' for Redis's clock), lease id, 'ok' or 'cool', target (its
 --       digest, '' for none), cooldown (ms), cap.
 -- Returns 0 for an unknown or forgotten lease, 2 when a cooldown was dropped, 1 otherwise.
 
-local p, now, lease, result, target, cooldown = ARGV[1], clock(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
-local cap = tonumber(ARGV[7])
+local p, now, lease, result, target, cooldown = KEYS[1], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local cap = tonumber(ARGV[6])
 local l = redis.call('HMGET', p .. 'lease:' .. lease, 'proxy', 'target', 'expires')
 if not l[1] then return 0 end
 -- Forgotten one window after expiry, whatever the key's own TTL says.
