@@ -308,6 +308,8 @@ impl std::fmt::Display for Failure {
 fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::Counts, Option<Failure>)> {
     // The shared lease store's tests run against a real redis-server of this run's own.
     let redis = procs::start_redis()?;
+    // And against a Redis Cluster of three masters.
+    let redis_cluster = procs::start_redis_cluster()?;
     let mut total = tally::Counts::default();
     let mut failure = None;
     for run in 1..=selection.repeat {
@@ -322,7 +324,8 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
             .env("EGRESS_CONFORMANCE_REQUIRED", "1")
             // Tests that need a real component (tinyproxy, ...) fail instead of skipping.
             .env("EGRESS_REAL_BACKENDS_REQUIRED", "1")
-            .env("EGRESS_TEST_REDIS_URL", redis.url());
+            .env("EGRESS_TEST_REDIS_URL", redis.url())
+            .env("EGRESS_TEST_REDIS_CLUSTER_URL", redis_cluster.url());
         let (status, counts) = tally::run_counting(&mut cmd).context("running cargo test")?;
         if selection.repeat > 1 {
             println!("xtask: run {run} of {}: {}", selection.repeat, counts.line());
@@ -333,6 +336,7 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
         }
     }
     drop(redis);
+    drop(redis_cluster);
     if selection.is_whole_suite() {
         println!("xtask: cargo xtask dev --smoke");
         let smoke = dev::run(

@@ -11,8 +11,8 @@ pub(crate) const BUILD_PACKAGES: &[&str] = &["ca-certificates", "libvirt-dev", "
 
 /// Debian packages the workspace's build and tests need: CA roots; libvirt-dev and pkg-config
 /// (the libvirt C bindings build against them); tinyproxy (the real forward proxy of the health
-/// probes and the local provider); the OpenSSH client (test keys); redis-server (the shared lease
-/// store's tests); Squid (the kubernetes provider's generated config, run for real) with
+/// probes and the local provider); the OpenSSH client (test keys); redis-server and redis-tools'
+/// `redis-cli` (the shared lease store's tests, on one server and on a cluster); Squid (the kubernetes provider's generated config, run for real) with
 /// iproute2 and util-linux's `unshare` (the Squid test's own network namespace). The
 /// hypervisor's own packages are `cargo xtask hypervisor up`'s.
 pub(crate) const APT_PACKAGES: &[&str] = &[
@@ -22,6 +22,7 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     "tinyproxy",
     "openssh-client",
     "redis-server",
+    "redis-tools",
     "squid",
     "iproute2",
     "util-linux",

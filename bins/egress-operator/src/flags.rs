@@ -58,7 +58,7 @@ pub struct Options {
     pub max_lease_ttl: Duration,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
     pub max_connections: usize,
-    /// `memory`, or a `redis://` URL.
+    /// `memory`, a `redis://` URL or a `redis+cluster://` URL.
     pub lease_store: String,
     pub lease_cooldown: Duration,
     pub health_workers: usize,
@@ -239,7 +239,7 @@ const FLAGS: &[Flag] = &[
         name: "lease-store",
         kind: Kind::Text,
         default: "memory",
-        usage: "Where leases and cooldowns live: memory (this process; run one replica), or redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts.",
+        usage: "Where leases and cooldowns live: memory (this process; run one replica), redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts, or redis+cluster://[user:password@]host:port[,host:port...] for a Redis Cluster.",
     },
     Flag {
         name: "discovery-auth",
@@ -499,10 +499,11 @@ fn lease_store(value: &str) -> Result<String, String> {
     if value.starts_with("rediss://") {
         return Err("TLS to Redis (rediss://) is not supported in this build; use redis://".to_owned());
     }
-    if value == "memory" || value.starts_with("redis://") && value.len() > "redis://".len() {
+    let names_a_host = |scheme: &str| value.strip_prefix(scheme).is_some_and(|rest| !rest.is_empty());
+    if value == "memory" || names_a_host("redis://") || names_a_host("redis+cluster://") {
         Ok(value.to_owned())
     } else {
-        Err("must be memory or a redis:// URL".to_owned())
+        Err("must be memory, a redis:// URL or a redis+cluster:// URL".to_owned())
     }
 }
 

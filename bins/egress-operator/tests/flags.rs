@@ -153,7 +153,7 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
         (
             vec!["--lease-store=etcd://x"],
             2,
-            vec!["must be memory or a redis:// URL"],
+            vec!["must be memory, a redis:// URL or a redis+cluster:// URL"],
         ),
         (
             vec![&empty, &missing_ca],

@@ -37,7 +37,9 @@ use egress_lease::{
     StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, ScriptInvocation, Value};
 
 /// The key prefix unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "egress-proxy:";
@@ -109,9 +111,67 @@ struct Published {
     entries: HashMap<String, String>,
 }
 
-/// The lease store on one Redis server.
+/// A connection to one Redis server, or to a Redis Cluster (MOVED and ASK answers followed, the
+/// slot map refreshed after a failover, by the client library).
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Connects lazily to what `url` names: `redis://…`, or `redis+cluster://[user:password@]
+    /// host:port[,host:port…]` (any nodes of the cluster; it finds the rest).
+    fn open(url: &str) -> Result<Self, String> {
+        if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
+            let (credentials, hosts) = match rest.rsplit_once('@') {
+                Some((c, h)) => (format!("{c}@"), h),
+                None => (String::new(), rest),
+            };
+            let nodes: Vec<String> = hosts
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("redis://{credentials}{h}"))
+                .collect();
+            if nodes.is_empty() {
+                return Err("no cluster node named".to_owned());
+            }
+            let client = ClusterClientBuilder::new(nodes)
+                .retries(2)
+                .max_retry_wait(500)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let config = ClusterConfig::new()
+                .set_connection_timeout(CALL_BUDGET)
+                .set_response_timeout(CALL_BUDGET);
+            return Ok(Self::Cluster(client.get_pending_async_connection_with_config(config)));
+        }
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CALL_BUDGET))
+            .set_response_timeout(Some(CALL_BUDGET))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let manager = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
+        Ok(Self::Single(manager))
+    }
+
+    async fn invoke<T: redis::FromRedisValue>(&mut self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<T> {
+        match self {
+            Self::Single(c) => invocation.invoke_async(c).await,
+            Self::Cluster(c) => invocation.invoke_async(c).await,
+        }
+    }
+}
+
+/// The scheme of a Redis Cluster's URL.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// The lease store on one Redis server, or on a Redis Cluster: every key of one store lives in
+/// one slot.
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     scripts: Scripts,
     /// `{<prefix>}`: every key starts with it, and the braces make it the key's hash tag, so
     /// that on a Redis Cluster all of them live in one slot and every script runs on one node.
@@ -154,7 +214,8 @@ pub fn shown_url(url: &str) -> String {
 }
 
 impl RedisStore {
-    /// A store on the Redis at `url` (`redis://[user:password@]host:port[/db]`), keys under
+    /// A store on the Redis at `url` (`redis://[user:password@]host:port[/db]`, or
+    /// `redis+cluster://[user:password@]host:port[,host:port…]` for a Redis Cluster), keys under
     /// `{<prefix>}`, with the cooldown window (and lease retention after expiry) `cooldown`,
     /// on Redis's clock. Connects lazily: a Redis that is down at start only makes calls fail
     /// until it is up. Must be called inside a tokio runtime.
@@ -166,14 +227,7 @@ impl RedisStore {
         if prefix.contains(['{', '}']) {
             return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
         }
-        let client = redis::Client::open(url).map_err(|e| format!("lease store {shown}: {e}"))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CALL_BUDGET))
-            .set_response_timeout(Some(CALL_BUDGET))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let connection =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| format!("lease store {shown}: {e}"))?;
+        let connection = Connection::open(url).map_err(|e| format!("lease store {shown}: {e}"))?;
         Ok(Self {
             connection,
             scripts: Scripts::new(),
@@ -237,7 +291,7 @@ impl RedisStore {
             invocation.arg(a);
         }
         let mut connection = self.connection.clone();
-        match tokio::time::timeout(CALL_BUDGET, invocation.invoke_async(&mut connection)).await {
+        match tokio::time::timeout(CALL_BUDGET, connection.invoke(&invocation)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(StoreError(format!("redis {}: {e}", self.shown))),
             Err(_) => Err(StoreError(format!(
@@ -358,7 +412,7 @@ impl RedisStore {
                     .arg(&lease_id)
                     .arg(&max_ended)
                     .arg(&retention);
-                let done = tokio::time::timeout(CALL_BUDGET, invocation.invoke_async::<i64>(&mut connection)).await;
+                let done = tokio::time::timeout(CALL_BUDGET, connection.invoke::<i64>(&invocation)).await;
                 if matches!(done, Ok(Ok(_))) {
                     return;
                 }

@@ -13,15 +13,23 @@ use egress_lease_redis::RedisStore;
 
 /// The test Redis, or `None` (skip) when there is none and none is required.
 pub fn redis_url() -> Option<String> {
-    match std::env::var("EGRESS_TEST_REDIS_URL") {
+    test_url("EGRESS_TEST_REDIS_URL", "redis-server")
+}
+
+/// The test Redis Cluster (three masters), or `None` (skip) when there is none and none is
+/// required.
+pub fn cluster_url() -> Option<String> {
+    test_url("EGRESS_TEST_REDIS_CLUSTER_URL", "a Redis Cluster")
+}
+
+fn test_url(var: &str, what: &str) -> Option<String> {
+    match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
         _ if std::env::var("EGRESS_CONFORMANCE_REQUIRED").is_ok_and(|v| v == "1") => {
-            panic!(
-                "EGRESS_TEST_REDIS_URL is not set: run the tests through `cargo xtask test`, which starts redis-server"
-            )
+            panic!("{var} is not set: run the tests through `cargo xtask test`, which starts {what}")
         }
         _ => {
-            eprintln!("SKIPPED: no test Redis (EGRESS_TEST_REDIS_URL); `cargo xtask test` starts one");
+            eprintln!("SKIPPED: no {what} ({var}); `cargo xtask test` starts one");
             None
         }
     }
@@ -55,6 +63,29 @@ impl suite::Backend for Redis {
 }
 
 egress_lease::lease_store_suite!(Redis);
+
+/// Every key of a store in one slot of a Redis Cluster: the same cases there.
+struct RedisCluster;
+
+impl suite::Backend for RedisCluster {
+    fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
+        let url = cluster_url()?;
+        Some(Arc::new(
+            RedisStore::new(&url, &fresh_prefix(), cooldown)
+                .expect("a store")
+                .with_clock(Arc::new(clock))
+                .with_max_ended(suite::MAX_ENDED),
+        ))
+    }
+}
+
+mod cluster {
+    egress_lease::lease_store_suite!(super::RedisCluster);
+
+    mod indexed {
+        egress_lease::lease_store_suite!(egress_lease::testing::Indexed(super::super::RedisCluster));
+    }
+}
 
 /// The same cases answered from the installation's index of the published view.
 mod indexed {
