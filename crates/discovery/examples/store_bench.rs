@@ -1,8 +1,8 @@
 //! The lease stores alone, without HTTP, for `cargo xtask bench --only lease-store`: 64 tasks
 //! acquiring and releasing leases for 5 s on fleets of 1 000, 10 000 and 100 000 proxies, on the
-//! in-memory store and on a local redis-server (append-only file, `appendfsync always`), and
-//! Redis's own time per script call, read from its slow log with every call recorded. Prints a
-//! Markdown table.
+//! in-memory store, on a local redis-server and on a local three-master Redis Cluster (append-only
+//! file, `appendfsync always`, for both), and Redis's own time per script call, read from the slow
+//! logs with every call recorded. Prints a Markdown table.
 //!
 //! Every proxy is healthy with room for 5 leases. Each acquire is what the discovery API sends
 //! for an empty selector: scoped to the installation, with the whole fleet as candidates in
@@ -119,23 +119,73 @@ async fn script_times(
     sums.into_iter().map(|(k, (sum, n))| (k, sum / n as f64)).collect()
 }
 
+/// One Redis store's figures on `fleet`: a fresh key prefix (nothing of the last run is in the
+/// way), the fleet published as the view, the load, then Redis's time per script from the slow
+/// logs of `nodes` (every node of a cluster: the store's slot lives on one of them).
+async fn redis_figures(
+    url: &str,
+    nodes: &mut [redis::aio::MultiplexedConnection],
+    fleet: Arc<Vec<(String, i64)>>,
+) -> (Figures, HashMap<&'static str, f64>) {
+    let store = egress_lease_redis::RedisStore::new(url, &format!("bench-{}:", fleet.len()), Duration::from_secs(900))
+        .expect("a Redis store");
+    let hashes = store.script_hashes();
+    let view: Vec<ViewEntry> = fleet
+        .iter()
+        .map(|(id, latency)| ViewEntry {
+            id: id.clone(),
+            healthy: true,
+            latency_millis: *latency,
+            max_leases: 5,
+            offered: true,
+        })
+        .collect();
+    store.publish_view(&view).await.expect("the view published");
+    for node in nodes.iter_mut() {
+        let _: () = redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query_async(node)
+            .await
+            .expect("SLOWLOG RESET");
+    }
+    let figures = load(Arc::new(store), fleet).await;
+    let mut times = HashMap::new();
+    for node in nodes.iter_mut() {
+        times.extend(script_times(node, &hashes).await);
+    }
+    (figures, times)
+}
+
+/// Connections to `urls`, each set to log every call in its slow log.
+async fn admin(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut connections = Vec::new();
+    for url in urls {
+        let mut c = redis::Client::open(url.as_str())
+            .expect("a Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the bench's redis-server");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(0)
+            .arg("slowlog-max-len")
+            .arg(SAMPLE)
+            .query_async(&mut c)
+            .await
+            .expect("CONFIG SET");
+        connections.push(c);
+    }
+    connections
+}
+
 #[tokio::main]
 async fn main() {
     let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
-    let client = redis::Client::open(redis.url()).expect("a Redis URL");
-    let mut admin = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection to the bench's redis-server");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("slowlog-log-slower-than")
-        .arg(0)
-        .arg("slowlog-max-len")
-        .arg(SAMPLE)
-        .query_async(&mut admin)
-        .await
-        .expect("CONFIG SET");
+    let cluster = egress_lease_redis::local::LocalCluster::start(3, "always")
+        .expect("a Redis Cluster (apt-get install redis-server redis-tools)");
+    let mut single = admin(&[redis.url()]).await;
+    let mut nodes = admin(&cluster.node_urls()).await;
     println!(
         "| proxies | store | pairs per second | acquire p50 / p99 (ms) | release p50 / p99 (ms) | Redis per acquire / release (µs) |"
     );
@@ -152,39 +202,23 @@ async fn main() {
             quantile(&m.release, 0.5),
             quantile(&m.release, 0.99)
         );
-        // A fresh key prefix per fleet: nothing of the last run is in the way.
-        let store = egress_lease_redis::RedisStore::new(&redis.url(), &format!("bench-{n}:"), Duration::from_secs(900))
-            .expect("a Redis store");
-        let hashes = store.script_hashes();
-        let view: Vec<ViewEntry> = fleet
-            .iter()
-            .map(|(id, latency)| ViewEntry {
-                id: id.clone(),
-                healthy: true,
-                latency_millis: *latency,
-                max_leases: 5,
-                offered: true,
-            })
-            .collect();
-        store.publish_view(&view).await.expect("the view published");
-        let _: () = redis::cmd("SLOWLOG")
-            .arg("RESET")
-            .query_async(&mut admin)
-            .await
-            .expect("SLOWLOG RESET");
-        let r = load(Arc::new(store), fleet).await;
-        let times = script_times(&mut admin, &hashes).await;
-        let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
-        println!(
-            "| {n} | redis (ratio {:.0} %) | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {} / {} |",
-            r.pairs_per_second / m.pairs_per_second * 100.0,
-            r.pairs_per_second,
-            quantile(&r.acquire, 0.5),
-            quantile(&r.acquire, 0.99),
-            quantile(&r.release, 0.5),
-            quantile(&r.release, 0.99),
-            shown("acquire (indexed)"),
-            shown("release")
-        );
+        for (name, url, admin) in [
+            ("redis", redis.url(), &mut single),
+            ("3-master cluster", cluster.url(), &mut nodes),
+        ] {
+            let (r, times) = redis_figures(&url, admin, fleet.clone()).await;
+            let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
+            println!(
+                "| {n} | {name} ({:.1} % of memory) | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {} / {} |",
+                r.pairs_per_second / m.pairs_per_second * 100.0,
+                r.pairs_per_second,
+                quantile(&r.acquire, 0.5),
+                quantile(&r.acquire, 0.99),
+                quantile(&r.release, 0.5),
+                quantile(&r.release, 0.99),
+                shown("acquire (indexed)"),
+                shown("release")
+            );
+        }
     }
 }

@@ -6,8 +6,9 @@
 //! proxy's last slot. The scripts read Redis's own clock, so replicas agree on the time
 //! whatever theirs say (tests inject a clock with [`RedisStore::with_clock`]).
 //!
-//! Keys, under a prefix (default [`DEFAULT_PREFIX`]), each with a TTL so nothing outlives its
-//! use:
+//! Keys, each starting with `{<prefix>}` (default prefix [`DEFAULT_PREFIX`]) and each with a TTL
+//! so nothing outlives its use. The braces make the prefix the keys' hash tag: on a Redis
+//! Cluster every key of one store is in one slot, so each script runs on one node.
 //!
 //! | Key | Type | Holds | Lives |
 //! |---|---|---|---|
@@ -17,8 +18,17 @@
 //! | `ended` | list | leases released or found expired, oldest first | as long as the longest-lived record it names; at most [`MAX_ENDED`] entries |
 //! | `cool:<proxy>` | hash | cooldown end (ms) by target digest (`""`: global); at most [`MAX_COOLDOWN_TARGETS`] targets | one cooldown window after the last report |
 //! | `view` | hash | `healthy,latency,max,offered` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
+//! | `count` | hash | the view's offered and unhealthy proxies, and its publication's token | as the view |
+//! | `free` | sorted set | the index: the view's offered, healthy proxies with room, by (active leases, latency, id) | as the view |
 //!
-//! The scripts need Redis 6.2 or later (`LPOP` with a count).
+//! An acquire scoped to the installation ([`Scope::Installation`], an empty selector) is
+//! answered from `free`: its head, passing over at most [`INDEX_LOOK`] proxies that cool down
+//! for the request. Every script that grants or ends a lease, and every publication, moves the
+//! proxies it touches in `free`, so an acquire, a release, a report and the expiry of a lease
+//! each do a bounded amount of work whatever the fleet's size. Other selectors send their
+//! candidates (at most [`BATCH`] at first, every one when those are busy).
+//!
+//! The scripts need Redis 7.0 or later (`PEXPIRE` with `GT`/`NX`, `LPOP` with a count).
 //!
 //! When Redis cannot be reached every call fails with [`StoreError`] within
 //! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again

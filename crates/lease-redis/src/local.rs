@@ -17,6 +17,8 @@ pub struct LocalRedis {
     port: u16,
     dir: PathBuf,
     appendfsync: &'static str,
+    /// More arguments (a cluster node's).
+    extra: Vec<String>,
 }
 
 /// Where Debian puts redis-server, if it is there.
@@ -52,6 +54,12 @@ impl LocalRedis {
     /// # Errors
     /// No redis-server binary, or it did not start.
     pub fn start_with_appendfsync(appendfsync: &'static str) -> Result<Self, String> {
+        Self::start_with(appendfsync, |_| Vec::new())
+    }
+
+    /// [`start_with_appendfsync`](Self::start_with_appendfsync) with more arguments, made from
+    /// its directory.
+    fn start_with(appendfsync: &'static str, extra: impl FnOnce(&Path) -> Vec<String>) -> Result<Self, String> {
         let binary = binary().ok_or("redis-server is not installed (apt-get install redis-server)")?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -59,12 +67,14 @@ impl LocalRedis {
             .port();
         let dir = std::env::temp_dir().join(format!("egress-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let extra = extra(&dir);
         let mut redis = Self {
             child: None,
             binary,
             port,
             dir,
             appendfsync,
+            extra,
         };
         redis.start_again()?;
         Ok(redis)
@@ -97,6 +107,7 @@ impl LocalRedis {
         let child = Command::new(&self.binary)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "yes", "--appendfsync", self.appendfsync])
+            .args(&self.extra)
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -122,4 +133,81 @@ impl Drop for LocalRedis {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A Redis Cluster of local servers (each a [`LocalRedis`] with `cluster-enabled`), its slots
+/// spread evenly over the masters by `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct LocalCluster {
+    nodes: Vec<LocalRedis>,
+}
+
+impl LocalCluster {
+    /// Starts `masters` masters with the append-only file and `appendfsync`, and waits until
+    /// every one reports `cluster_state:ok` (at most 30 s).
+    ///
+    /// # Errors
+    /// No redis-server or redis-cli, or the cluster did not form.
+    pub fn start(masters: usize, appendfsync: &'static str) -> Result<Self, String> {
+        let mut nodes = Vec::new();
+        for _ in 0..masters {
+            let bus = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("no free port: {e}"))?
+                .port();
+            nodes.push(LocalRedis::start_with(appendfsync, |dir| {
+                vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-port".into(),
+                    bus.to_string(),
+                    "--cluster-config-file".into(),
+                    dir.join("nodes.conf").display().to_string(),
+                ]
+            })?);
+        }
+        let cluster = Self { nodes };
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(cluster.addresses())
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .map_err(|e| format!("redis-cli (apt-get install redis-tools): {e}"))?;
+        if !created.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create: {}",
+                String::from_utf8_lossy(&created.stdout)
+            ));
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.nodes.iter().all(|n| cluster_ok(n.port)) {
+            if Instant::now() > deadline {
+                return Err("the cluster did not reach cluster_state:ok within 30 s".to_owned());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(cluster)
+    }
+
+    fn addresses(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// `redis+cluster://127.0.0.1:<port>,…`, every node named.
+    pub fn url(&self) -> String {
+        format!("{}{}", crate::CLUSTER_SCHEME, self.addresses().join(","))
+    }
+
+    /// `redis://` URLs of the nodes, one each (to read their figures).
+    pub fn node_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(LocalRedis::url).collect()
+    }
+}
+
+/// Whether the cluster node on `port` reports `cluster_state:ok`.
+fn cluster_ok(port: u16) -> bool {
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "cluster", "info"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
 }
