@@ -239,7 +239,7 @@ const FLAGS: &[Flag] = &[
         name: "lease-store",
         kind: Kind::Text,
         default: "memory",
-        usage: "Where leases and cooldowns live: memory (this process; run one replica), redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts, or redis+cluster://[user:password@]host:port[,host:port...] for a Redis Cluster.",
+        usage: "Where leases and cooldowns live: memory (this process; run one replica), redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts, or redis+cluster://[user:password@]host:port[,host:port...] for a Redis Cluster; add ?wait=N to answer each grant only once N replicas have it.",
     },
     Flag {
         name: "discovery-auth",

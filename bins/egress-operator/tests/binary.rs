@@ -427,7 +427,7 @@ async fn the_binary_keeps_leases_in_redis() {
     let deadline = std::time::Instant::now() + PATIENCE;
     loop {
         let view: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-            .arg("egress-proxy:blue:view")
+            .arg("{egress-proxy:blue:}view")
             .query_async(&mut redis_conn)
             .await
             .unwrap();

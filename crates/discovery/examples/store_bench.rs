@@ -1,8 +1,9 @@
 //! The lease stores alone, without HTTP, for `cargo xtask bench --only lease-store`: 64 tasks
 //! acquiring and releasing leases for 5 s on fleets of 1 000, 10 000 and 100 000 proxies, on the
-//! in-memory store, on a local redis-server and on a local three-master Redis Cluster (append-only
-//! file, `appendfsync always`, for both), and Redis's own time per script call, read from the slow
-//! logs with every call recorded. Prints a Markdown table.
+//! in-memory store, on a local redis-server and on a local three-master Redis Cluster with a
+//! replica each (append-only file, `appendfsync always`, for all), the cluster also with every
+//! grant waiting for its replica (`wait=1`), and Redis's own time per script call, read from the
+//! slow logs with every call recorded. Prints a Markdown table.
 //!
 //! Every proxy is healthy with room for 5 leases. Each acquire is what the discovery API sends
 //! for an empty selector: scoped to the installation, with the whole fleet as candidates in
@@ -127,8 +128,13 @@ async fn redis_figures(
     nodes: &mut [redis::aio::MultiplexedConnection],
     fleet: Arc<Vec<(String, i64)>>,
 ) -> (Figures, HashMap<&'static str, f64>) {
-    let store = egress_lease_redis::RedisStore::new(url, &format!("bench-{}:", fleet.len()), Duration::from_secs(900))
-        .expect("a Redis store");
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let prefix = format!(
+        "bench-{}-{}:",
+        fleet.len(),
+        RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let store = egress_lease_redis::RedisStore::new(url, &prefix, Duration::from_secs(900)).expect("a Redis store");
     let hashes = store.script_hashes();
     let view: Vec<ViewEntry> = fleet
         .iter()
@@ -182,7 +188,7 @@ async fn admin(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
 #[tokio::main]
 async fn main() {
     let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
-    let cluster = egress_lease_redis::local::LocalCluster::start(3, "always")
+    let cluster = egress_lease_redis::local::LocalCluster::start(3, 1, "always")
         .expect("a Redis Cluster (apt-get install redis-server redis-tools)");
     let mut single = admin(&[redis.url()]).await;
     let mut nodes = admin(&cluster.node_urls()).await;
@@ -202,10 +208,12 @@ async fn main() {
             quantile(&m.release, 0.5),
             quantile(&m.release, 0.99)
         );
-        for (name, url, admin) in [
-            ("redis", redis.url(), &mut single),
-            ("3-master cluster", cluster.url(), &mut nodes),
+        for (name, url) in [
+            ("redis", redis.url()),
+            ("3-master cluster", cluster.url()),
+            ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
         ] {
+            let admin = if url == redis.url() { &mut single } else { &mut nodes };
             let (r, times) = redis_figures(&url, admin, fleet.clone()).await;
             let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
             println!(

@@ -270,11 +270,12 @@ impl DiscoveryApi {
             Ok(a) => a,
             Err(e) => return store_failed(&e, "acquiring a lease"),
         };
-        // From its index, a shared store may grant a proxy the leader published that this
-        // replica has not seen yet: that lease is given back and the choice made among the
-        // proxies known here.
+        // From its index, a shared store may grant a proxy this replica does not offer yet (or
+        // any more): the leader's view is newer or older than its cache. That lease is given
+        // back (if that fails, it holds its slot until its expiry) and the choice made among
+        // the proxies offered here.
         if let Ok(grant) = &acquired
-            && !proxies.iter().any(|p| p.id == grant.proxy_id)
+            && !proxies.iter().any(|p| p.offered && p.id == grant.proxy_id)
         {
             if let Err(e) = self.store.release(&grant.lease_id).await {
                 return store_failed(&e, "giving back a lease on an unknown proxy");

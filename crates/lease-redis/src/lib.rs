@@ -12,9 +12,9 @@
 //!
 //! | Key | Type | Holds | Lives |
 //! |---|---|---|---|
-//! | `lease:<id>` | hash | proxy, target digest, expires (ms) | until one cooldown window after its expiry, or until it is among the oldest beyond the newest [`MAX_ENDED`] ended leases |
-//! | `active:<proxy>` | sorted set | the proxy's unreleased leases by expiry | until its last lease expires |
-//! | `all` | sorted set | every unreleased lease by expiry | until the last lease expires |
+//! | `lease:<id>` | hash | proxy, target digest, expires (ms) | until one cooldown window (at least [`EXPIRY_GRACE`]) after its expiry, or until it is among the oldest beyond the newest [`MAX_ENDED`] ended leases |
+//! | `active:<proxy>` | sorted set | the proxy's unreleased leases by expiry | [`EXPIRY_GRACE`] past its last lease's expiry |
+//! | `all` | sorted set | every unreleased lease by expiry | [`EXPIRY_GRACE`] past the last lease's expiry |
 //! | `ended` | list | leases released or found expired, oldest first | as long as the longest-lived record it names; at most [`MAX_ENDED`] entries |
 //! | `cool:<proxy>` | hash | cooldown end (ms) by target digest (`""`: global); at most [`MAX_COOLDOWN_TARGETS`] targets | one cooldown window after the last report |
 //! | `view` | hash | `healthy,latency,max,offered` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
@@ -49,6 +49,7 @@ use egress_lease::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Script, ScriptInvocation, Value};
 
 /// The key prefix unless told otherwise.
@@ -65,6 +66,14 @@ pub const VIEW_LIFETIME: Duration = Duration::from_secs(300);
 /// with room but cooling down for the request are passed over; beyond this many the caller's
 /// candidates are read instead.
 pub const INDEX_LOOK: usize = 128;
+/// How long a grant waits for its replicas with the URL's `wait`, at most.
+pub const WAIT_BUDGET: Duration = Duration::from_secs(1);
+/// How long past its expiry a lease stays in the indexes and its record, at least (`GRACE` in
+/// `lua/index.lua`): its expiry is noticed by reading them, by an acquire or by the sweep.
+pub const EXPIRY_GRACE: Duration = Duration::from_secs(360);
+/// Indexed acquire runs that may each move a thousand expired leases before the choice, at
+/// most; past them the caller's candidates decide.
+pub const EXPIRY_RUNS: usize = 4;
 
 /// Milliseconds since the epoch.
 fn millis(t: SystemTime) -> u64 {
@@ -126,7 +135,43 @@ struct Published {
 #[derive(Clone)]
 enum Connection {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Arc<ClusterHandle>),
+}
+
+/// A Redis Cluster connection that is made again when a call on it gets no answer in time:
+/// under load through a master's failover, the client library's connection was seen to stop
+/// answering for good (every call timing out while the cluster served again), where a new one
+/// works at once.
+struct ClusterHandle {
+    client: redis::cluster::ClusterClient,
+    /// The connection in use, and its generation (so that many calls timing out on one
+    /// connection replace it once).
+    current: std::sync::Mutex<(u64, ClusterConnection)>,
+}
+
+impl ClusterHandle {
+    fn connect(client: &redis::cluster::ClusterClient) -> ClusterConnection {
+        let config = ClusterConfig::new()
+            .set_connection_timeout(CALL_BUDGET)
+            .set_response_timeout(CALL_BUDGET);
+        client.get_pending_async_connection_with_config(config)
+    }
+
+    fn connection(&self) -> (u64, ClusterConnection) {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the connection of `generation`, unless that was done already.
+    fn renew(&self, generation: u64) {
+        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.0 == generation {
+            *current = (generation + 1, Self::connect(&self.client));
+            tracing::info!("Redis Cluster connection made again after a call got no answer");
+        }
+    }
 }
 
 impl Connection {
@@ -152,10 +197,11 @@ impl Connection {
                 .max_retry_wait(500)
                 .build()
                 .map_err(|e| e.to_string())?;
-            let config = ClusterConfig::new()
-                .set_connection_timeout(CALL_BUDGET)
-                .set_response_timeout(CALL_BUDGET);
-            return Ok(Self::Cluster(client.get_pending_async_connection_with_config(config)));
+            let connection = ClusterHandle::connect(&client);
+            return Ok(Self::Cluster(Arc::new(ClusterHandle {
+                client,
+                current: std::sync::Mutex::new((0, connection)),
+            })));
         }
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let config = ConnectionManagerConfig::new()
@@ -167,12 +213,79 @@ impl Connection {
         Ok(Self::Single(manager))
     }
 
-    async fn invoke<T: redis::FromRedisValue>(&mut self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<T> {
+    async fn invoke<T: redis::FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<T> {
         match self {
-            Self::Single(c) => invocation.invoke_async(c).await,
-            Self::Cluster(c) => invocation.invoke_async(c).await,
+            Self::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Self::Cluster(h) => invocation.invoke_async(&mut h.connection().1).await,
         }
     }
+
+    /// Runs `call` within `budget`; `None` when it got no answer in time (a cluster connection
+    /// is then made again; a single server's reconnects by itself).
+    async fn within<T>(&self, budget: Duration, call: impl Future<Output = T>) -> Option<T> {
+        let generation = match self {
+            Self::Single(_) => None,
+            Self::Cluster(h) => Some(h.connection().0),
+        };
+        let answer = tokio::time::timeout(budget, call).await.ok();
+        if answer.is_none()
+            && let (Self::Cluster(h), Some(generation)) = (self, generation)
+        {
+            h.renew(generation);
+        }
+        answer
+    }
+
+    /// `WAIT replicas timeout` on the connection that wrote `key`'s last change (on a cluster,
+    /// the slot's master): how many replicas have every write sent on it so far.
+    async fn wait(&self, key: &str, replicas: usize, timeout: Duration) -> redis::RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas)
+            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        match self {
+            Self::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Self::Cluster(h) => {
+                let master = Route::with_key(key, SlotAddr::Master);
+                let answer = h
+                    .connection()
+                    .1
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master)),
+                    )
+                    .await?;
+                Ok(redis::from_redis_value(answer)?)
+            }
+        }
+    }
+}
+
+/// `url` without its `wait=<replicas>` query parameter (others are the client library's), and
+/// that number (0 without one).
+fn split_wait(url: &str) -> Result<(String, usize), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), 0));
+    };
+    let mut wait = 0;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.strip_prefix("wait=") {
+            Some(n) => {
+                wait = n
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .ok_or_else(|| format!("wait={n}: must be a number of replicas from 1 to 16"))?;
+            }
+            None => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, wait))
 }
 
 /// The scheme of a Redis Cluster's URL.
@@ -200,6 +313,8 @@ pub struct RedisStore {
     shown: String,
     /// This replica's last publication of the view, while it is known to be the one in Redis.
     published: tokio::sync::Mutex<Option<Published>>,
+    /// Replicas that must have a grant before it is answered (the URL's `wait`); 0: none.
+    wait_replicas: usize,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -237,7 +352,8 @@ impl RedisStore {
         if prefix.contains(['{', '}']) {
             return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
         }
-        let connection = Connection::open(url).map_err(|e| format!("lease store {shown}: {e}"))?;
+        let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
+        let connection = Connection::open(&url).map_err(|e| format!("lease store {shown}: {e}"))?;
         Ok(Self {
             connection,
             scripts: Scripts::new(),
@@ -249,6 +365,7 @@ impl RedisStore {
             dropped: AtomicU64::new(0),
             shown,
             published: tokio::sync::Mutex::new(None),
+            wait_replicas,
         })
     }
 
@@ -300,11 +417,14 @@ impl RedisStore {
         for a in args {
             invocation.arg(a);
         }
-        let mut connection = self.connection.clone();
-        match tokio::time::timeout(CALL_BUDGET, connection.invoke(&invocation)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(StoreError(format!("redis {}: {e}", self.shown))),
-            Err(_) => Err(StoreError(format!(
+        match self
+            .connection
+            .within(CALL_BUDGET, self.connection.invoke(&invocation))
+            .await
+        {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(StoreError(format!("redis {}: {e}", self.shown))),
+            None => Err(StoreError(format!(
                 "redis {}: no answer within {}s",
                 self.shown,
                 CALL_BUDGET.as_secs()
@@ -355,18 +475,19 @@ impl RedisStore {
         self.acquire_with(&self.scripts.acquire_indexed, args, req).await
     }
 
-    /// Runs an acquire script whose fourth argument is the lease id, until it answers: a new
-    /// id when the last was taken, again while expired leases remain to be moved (each run
-    /// moves a thousand). `None`: the script asks for the candidates.
+    /// Runs an acquire script whose fourth argument is the lease id, until it answers: with a
+    /// new id when the last was taken (three tries), again while expired leases remain to be
+    /// moved (each indexed run moves a thousand). `None`: the script asks for the candidates,
+    /// or [`EXPIRY_RUNS`] runs did not move every expired lease (a mass expiry the sweep has not
+    /// caught up with; the candidates' own expired leases are then moved as they are looked at).
     async fn acquire_with(
         &self,
         script: &Script,
         mut args: Vec<String>,
         req: &LeaseRequest,
     ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
-        // 128 random bits do not collide in practice (the script checks all the same); a run
-        // moves 1 000 expired leases, and the sweep every few seconds keeps their number low.
-        for _ in 0..16 {
+        let (mut taken, mut expiry_runs) = (0, 0);
+        loop {
             args[3] = lease_id();
             let answer: Vec<Value> = match self.run(script, &args).await {
                 Ok(a) => a,
@@ -389,6 +510,7 @@ impl RedisStore {
                 1 => {
                     let expires = u64::try_from(int(answer.get(3))?).unwrap_or(0);
                     self.remember_total(int(answer.get(4))?);
+                    self.replicated(&args[3]).await?;
                     return Ok(Some(Ok(Grant {
                         lease_id: args[3].clone(),
                         proxy_id: text(answer.get(1))?,
@@ -397,19 +519,58 @@ impl RedisStore {
                         active_leases: count(answer.get(2))?,
                     })));
                 }
+                // 128 random bits do not collide in practice: a taken id is most likely this
+                // call's own, granted by a run the client library sent again after losing its
+                // answer. That lease is given back before another id is tried.
+                2 if taken < 2 => {
+                    self.release_later(args[3].clone());
+                    taken += 1;
+                }
+                2 => return Err(StoreError("three lease ids in a row were taken".to_owned())),
                 3 => return Ok(None),
-                _ => continue,
+                4 if expiry_runs + 1 < EXPIRY_RUNS => expiry_runs += 1,
+                4 => return Ok(None),
+                other => return Err(StoreError(format!("the acquire script answered {other}"))),
             }
         }
-        Err(StoreError(
-            "the acquire script asked to run again 16 times in a row".to_owned(),
-        ))
+    }
+
+    /// With `wait`, waits until that many replicas have the grant of `lease_id` (at most
+    /// [`WAIT_BUDGET`]): a failover then cannot lose it and grant its slot again. A grant not
+    /// replicated in time is given back and the acquire fails (the API answers 503).
+    async fn replicated(&self, lease_id: &str) -> Result<(), StoreError> {
+        if self.wait_replicas == 0 {
+            return Ok(());
+        }
+        let waited = self
+            .connection
+            .within(
+                CALL_BUDGET,
+                self.connection.wait(&self.tag, self.wait_replicas, WAIT_BUDGET),
+            )
+            .await;
+        match waited {
+            Some(Ok(n)) if usize::try_from(n).is_ok_and(|n| n >= self.wait_replicas) => Ok(()),
+            other => {
+                self.release_later(lease_id.to_owned());
+                let why = match other {
+                    Some(Ok(n)) => format!("{n} of {} replicas", self.wait_replicas),
+                    Some(Err(e)) => e.to_string(),
+                    None => "no answer".to_owned(),
+                };
+                Err(StoreError(format!(
+                    "redis {}: a grant was not replicated within {} ms ({why}); given back",
+                    self.shown,
+                    WAIT_BUDGET.as_millis()
+                )))
+            }
+        }
     }
 
     /// Releases `lease_id` in the background, trying for about a minute: the lease an acquire
     /// may have granted without its answer arriving.
     fn release_later(&self, lease_id: String) {
-        let (mut connection, script, tag) = (self.connection.clone(), self.scripts.release.clone(), self.tag.clone());
+        let (connection, script, tag) = (self.connection.clone(), self.scripts.release.clone(), self.tag.clone());
         let now = self.now();
         let shown = self.shown.clone();
         let [max_ended, retention] = self.ended_args();
@@ -422,8 +583,10 @@ impl RedisStore {
                     .arg(&lease_id)
                     .arg(&max_ended)
                     .arg(&retention);
-                let done = tokio::time::timeout(CALL_BUDGET, connection.invoke::<i64>(&invocation)).await;
-                if matches!(done, Ok(Ok(_))) {
+                let done = connection
+                    .within(CALL_BUDGET, connection.invoke::<i64>(&invocation))
+                    .await;
+                if matches!(done, Some(Ok(_))) {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(500) * 2u32.pow(attempt.min(4))).await;
@@ -634,6 +797,22 @@ mod tests {
             "redis://[credentials]@10.0.0.1:6379/0"
         );
         assert_eq!(shown_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn wait_is_read_from_the_url_and_other_parameters_kept() {
+        assert_eq!(split_wait("redis://h:1/0"), Ok(("redis://h:1/0".to_owned(), 0)));
+        assert_eq!(
+            split_wait("redis+cluster://a:1,b:2?wait=1"),
+            Ok(("redis+cluster://a:1,b:2".to_owned(), 1))
+        );
+        assert_eq!(
+            split_wait("redis://h:1?protocol=resp3&wait=2"),
+            Ok(("redis://h:1?protocol=resp3".to_owned(), 2))
+        );
+        for bad in ["redis://h:1?wait=0", "redis://h:1?wait=x", "redis://h:1?wait=17"] {
+            assert!(split_wait(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

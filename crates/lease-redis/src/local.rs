@@ -136,21 +136,24 @@ impl Drop for LocalRedis {
 }
 
 /// A Redis Cluster of local servers (each a [`LocalRedis`] with `cluster-enabled`), its slots
-/// spread evenly over the masters by `redis-cli --cluster create`.
+/// spread evenly over the masters by `redis-cli --cluster create`, each master with its
+/// replicas. A node is taken as failed after a second without answering
+/// (`cluster-node-timeout`), so a killed master's replica takes over within a few seconds.
 #[derive(Debug)]
 pub struct LocalCluster {
     nodes: Vec<LocalRedis>,
 }
 
 impl LocalCluster {
-    /// Starts `masters` masters with the append-only file and `appendfsync`, and waits until
-    /// every one reports `cluster_state:ok` (at most 30 s).
+    /// Starts `masters` masters with `replicas` replicas each, all with the append-only file and
+    /// `appendfsync`, and waits until every node reports `cluster_state:ok` and every master
+    /// has its replicas in sync (at most 30 s).
     ///
     /// # Errors
     /// No redis-server or redis-cli, or the cluster did not form.
-    pub fn start(masters: usize, appendfsync: &'static str) -> Result<Self, String> {
+    pub fn start(masters: usize, replicas: usize, appendfsync: &'static str) -> Result<Self, String> {
         let mut nodes = Vec::new();
-        for _ in 0..masters {
+        for _ in 0..masters * (1 + replicas) {
             let bus = std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
                 .map_err(|e| format!("no free port: {e}"))?
@@ -163,6 +166,8 @@ impl LocalCluster {
                     bus.to_string(),
                     "--cluster-config-file".into(),
                     dir.join("nodes.conf").display().to_string(),
+                    "--cluster-node-timeout".into(),
+                    "1000".into(),
                 ]
             })?);
         }
@@ -170,7 +175,7 @@ impl LocalCluster {
         let created = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(cluster.addresses())
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .map_err(|e| format!("redis-cli (apt-get install redis-tools): {e}"))?;
         if !created.status.success() {
@@ -180,9 +185,12 @@ impl LocalCluster {
             ));
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !cluster.nodes.iter().all(|n| cluster_ok(n.port)) {
+        while !(cluster.nodes.iter().all(|n| cluster_ok(n.port))
+            && cluster.masters().len() == masters
+            && cluster.masters().iter().all(|m| connected_replicas(m.port) >= replicas))
+        {
             if Instant::now() > deadline {
-                return Err("the cluster did not reach cluster_state:ok within 30 s".to_owned());
+                return Err("the cluster did not form within 30 s".to_owned());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -191,6 +199,37 @@ impl LocalCluster {
 
     fn addresses(&self) -> Vec<String> {
         self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// The running nodes that are masters now.
+    fn masters(&self) -> Vec<&LocalRedis> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some() && role(n.port).as_deref() == Some("master"))
+            .collect()
+    }
+
+    /// The running master that serves `key`'s slot now, with at least `replicas` replicas in
+    /// sync (its index among the nodes), if any.
+    pub fn master_of(&self, key: &str, replicas: usize) -> Option<usize> {
+        let slot = redis_cli(self.masters().first()?.port, &["cluster", "keyslot", key])?
+            .trim()
+            .parse::<u16>()
+            .ok()?;
+        self.nodes.iter().position(|n| {
+            n.child.is_some()
+                && role(n.port).as_deref() == Some("master")
+                && cluster_ok(n.port)
+                && serves(n.port, slot)
+                && connected_replicas(n.port) >= replicas
+        })
+    }
+
+    /// Kills node `i` with SIGKILL, as a crash would.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(node) = self.nodes.get_mut(i) {
+            node.kill();
+        }
     }
 
     /// `redis+cluster://127.0.0.1:<port>,…`, every node named.
@@ -204,10 +243,46 @@ impl LocalCluster {
     }
 }
 
+/// What `redis-cli -p <port> <args>` prints, if it ran.
+fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Whether the cluster node on `port` reports `cluster_state:ok`.
 fn cluster_ok(port: u16) -> bool {
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "cluster", "info"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+    redis_cli(port, &["cluster", "info"]).is_some_and(|o| o.contains("cluster_state:ok"))
+}
+
+/// The node's role: `master`, `slave`.
+fn role(port: u16) -> Option<String> {
+    redis_cli(port, &["role"]).and_then(|o| o.lines().next().map(str::to_owned))
+}
+
+/// The replicas of the node on `port` that have synchronised and follow it (`state=online`; 0
+/// for a replica). One still loading its first copy could not take over.
+fn connected_replicas(port: u16) -> usize {
+    redis_cli(port, &["info", "replication"]).map_or(0, |o| {
+        o.lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .count()
+    })
+}
+
+/// Whether the node on `port` holds `slot`, by its own `CLUSTER NODES` line (`myself`).
+fn serves(port: u16, slot: u16) -> bool {
+    redis_cli(port, &["cluster", "nodes"]).is_some_and(|o| {
+        o.lines().filter(|l| l.contains("myself")).any(|l| {
+            l.split_whitespace().skip(8).any(|range| {
+                let (from, to) = range.split_once('-').unwrap_or((range, range));
+                matches!((from.parse::<u16>(), to.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+            })
+        })
+    })
 }

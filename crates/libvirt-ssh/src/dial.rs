@@ -527,7 +527,7 @@ impl Bridge {
                     a = listener.accept() => a,
                     () = link.dead() => return,
                 };
-                let Ok((local, _)) = accepted else { return };
+                let Ok((mut local, _)) = accepted else { return };
                 let channel = match first.take() {
                     Some(c) => c,
                     None => match handle.channel_open_direct_streamlocal(socket.clone()).await {
@@ -541,7 +541,7 @@ impl Bridge {
                 let link = link.clone();
                 tokio::spawn(async move {
                     tokio::select! {
-                        r = pump(local, channel.into_stream(), stall_limit) => {
+                        r = pump(&mut local, channel.into_stream(), stall_limit) => {
                             // Either way the libvirt connection over this channel is over: a
                             // daemon that closed its end (restarted, say) is noticed now, and
                             // the next caller redials instead of failing one call first.
@@ -552,6 +552,9 @@ impl Bridge {
                         }
                         () = link.dead() => {}
                     }
+                    // Closed only now, after the link has its reason: a C call failing on the
+                    // closed socket (a broken pipe) is then reported with why it was closed.
+                    drop(local);
                 });
             }
         });

@@ -10,9 +10,14 @@
 -- proxy's active leases or its view entry calls `rescore`, so `free` stays exact.
 
 local SHIFT = 4294967296
+-- How long past its expiry a lease stays in `all`, in its proxy's active set and in its record
+-- (ms): expiry is noticed by reading them (`expire_due`), and a proxy leaves `free` for good if
+-- they vanish first. Longer than the view lives unpublished (five minutes), so while the
+-- leader publishes, the sweep of every replica (every 30 s) has moved them; without both, the
+-- view expires too, and the next publication rebuilds the index whole.
+local GRACE = 360000
 
--- The proxy's published entry: healthy, latency, max, offered; nil when it has none. (An
--- entry without the fourth field, published by an older build, counts as offered.)
+-- The proxy's published entry: healthy, latency, max, offered; nil when it has none.
 local function view_entry(p, id)
   local published = redis.call('HGET', p .. 'view', id)
   if not published then return nil end
@@ -78,12 +83,12 @@ local function grant(p, proxy, active, lease, now, ttl, target, retention)
   if redis.call('EXISTS', lease_key) == 1 then return {2} end
   local expires = now + ttl
   redis.call('HSET', lease_key, 'proxy', proxy, 'target', target, 'expires', expires)
-  redis.call('PEXPIRE', lease_key, ttl + retention)
+  redis.call('PEXPIRE', lease_key, ttl + math.max(retention, GRACE))
   local active_key = p .. 'active:' .. proxy
   redis.call('ZADD', active_key, expires, lease)
-  extend(active_key, ttl)
+  extend(active_key, ttl + GRACE)
   redis.call('ZADD', p .. 'all', expires, lease)
-  extend(p .. 'all', ttl)
+  extend(p .. 'all', ttl + GRACE)
   rescore(p, proxy)
   return {1, proxy, active + 1, expires, redis.call('ZCOUNT', p .. 'all', '(' .. now, '+inf')}
 end
