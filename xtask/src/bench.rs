@@ -228,8 +228,9 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         bail!("no bench named {unknown:?} (known: {})", known.join(", "));
     }
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
-    // Before anything compiles; the discovery bench runs a local redis-server.
-    system::require_packages(&[system::BUILD_PACKAGES, &["redis-server"]].concat())?;
+    // Before anything compiles; the discovery and lease-store benches run local redis-servers
+    // (a cluster with redis-cli).
+    system::require_packages(&[system::BUILD_PACKAGES, &["redis-server", "redis-tools"]].concat())?;
     if wanted("health") {
         health(root, release)?;
     }
