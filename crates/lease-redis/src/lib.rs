@@ -34,6 +34,7 @@
 //! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again
 //! by itself at the next call once Redis is back.
 
+mod connection;
 #[cfg(feature = "testing")]
 pub mod local;
 
@@ -46,11 +47,9 @@ use egress_lease::{
     Candidate, Clock, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, NoMatch, ReportResult, Scope,
     StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::{ClusterClientBuilder, ClusterConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
+
+use crate::connection::{Connection, split_wait};
 
 /// The key prefix unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "egress-proxy:";
@@ -128,164 +127,6 @@ struct Published {
     token: String,
     /// Proxy id to its entry, as published.
     entries: HashMap<String, String>,
-}
-
-/// A connection to one Redis server, or to a Redis Cluster (MOVED and ASK answers followed, the
-/// slot map refreshed after a failover, by the client library).
-#[derive(Clone)]
-enum Connection {
-    Single(ConnectionManager),
-    Cluster(Arc<ClusterHandle>),
-}
-
-/// A Redis Cluster connection that is made again when a call on it gets no answer in time:
-/// under load through a master's failover, the client library's connection was seen to stop
-/// answering for good (every call timing out while the cluster served again), where a new one
-/// works at once.
-struct ClusterHandle {
-    client: redis::cluster::ClusterClient,
-    /// The connection in use, and its generation (so that many calls timing out on one
-    /// connection replace it once).
-    current: std::sync::Mutex<(u64, ClusterConnection)>,
-}
-
-impl ClusterHandle {
-    fn connect(client: &redis::cluster::ClusterClient) -> ClusterConnection {
-        let config = ClusterConfig::new()
-            .set_connection_timeout(CALL_BUDGET)
-            .set_response_timeout(CALL_BUDGET);
-        client.get_pending_async_connection_with_config(config)
-    }
-
-    fn connection(&self) -> (u64, ClusterConnection) {
-        self.current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Replaces the connection of `generation`, unless that was done already.
-    fn renew(&self, generation: u64) {
-        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if current.0 == generation {
-            *current = (generation + 1, Self::connect(&self.client));
-            tracing::info!("Redis Cluster connection made again after a call got no answer");
-        }
-    }
-}
-
-impl Connection {
-    /// Connects lazily to what `url` names: `redis://…`, or `redis+cluster://[user:password@]
-    /// host:port[,host:port…]` (any nodes of the cluster; it finds the rest).
-    fn open(url: &str) -> Result<Self, String> {
-        if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
-            let (credentials, hosts) = match rest.rsplit_once('@') {
-                Some((c, h)) => (format!("{c}@"), h),
-                None => (String::new(), rest),
-            };
-            let nodes: Vec<String> = hosts
-                .split(',')
-                .map(str::trim)
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("redis://{credentials}{h}"))
-                .collect();
-            if nodes.is_empty() {
-                return Err("no cluster node named".to_owned());
-            }
-            let client = ClusterClientBuilder::new(nodes)
-                .retries(2)
-                .max_retry_wait(500)
-                .build()
-                .map_err(|e| e.to_string())?;
-            let connection = ClusterHandle::connect(&client);
-            return Ok(Self::Cluster(Arc::new(ClusterHandle {
-                client,
-                current: std::sync::Mutex::new((0, connection)),
-            })));
-        }
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CALL_BUDGET))
-            .set_response_timeout(Some(CALL_BUDGET))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let manager = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
-        Ok(Self::Single(manager))
-    }
-
-    async fn invoke<T: redis::FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> redis::RedisResult<T> {
-        match self {
-            Self::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-            Self::Cluster(h) => invocation.invoke_async(&mut h.connection().1).await,
-        }
-    }
-
-    /// Runs `call` within `budget`; `None` when it got no answer in time (a cluster connection
-    /// is then made again; a single server's reconnects by itself).
-    async fn within<T>(&self, budget: Duration, call: impl Future<Output = T>) -> Option<T> {
-        let generation = match self {
-            Self::Single(_) => None,
-            Self::Cluster(h) => Some(h.connection().0),
-        };
-        let answer = tokio::time::timeout(budget, call).await.ok();
-        if answer.is_none()
-            && let (Self::Cluster(h), Some(generation)) = (self, generation)
-        {
-            h.renew(generation);
-        }
-        answer
-    }
-
-    /// `WAIT replicas timeout` on the connection that wrote `key`'s last change (on a cluster,
-    /// the slot's master): how many replicas have every write sent on it so far.
-    async fn wait(&self, key: &str, replicas: usize, timeout: Duration) -> redis::RedisResult<i64> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas)
-            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        match self {
-            Self::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Self::Cluster(h) => {
-                let master = Route::with_key(key, SlotAddr::Master);
-                let answer = h
-                    .connection()
-                    .1
-                    .route_command(
-                        cmd,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master)),
-                    )
-                    .await?;
-                Ok(redis::from_redis_value(answer)?)
-            }
-        }
-    }
-}
-
-/// `url` without its `wait=<replicas>` query parameter (others are the client library's), and
-/// that number (0 without one).
-fn split_wait(url: &str) -> Result<(String, usize), String> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), 0));
-    };
-    let mut wait = 0;
-    let mut kept = Vec::new();
-    for pair in query.split('&') {
-        match pair.strip_prefix("wait=") {
-            Some(n) => {
-                wait = n
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=16).contains(n))
-                    .ok_or_else(|| format!("wait={n}: must be a number of replicas from 1 to 16"))?;
-            }
-            None => kept.push(pair),
-        }
-    }
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((url, wait))
 }
 
 /// The scheme of a Redis Cluster's URL.
@@ -417,11 +258,19 @@ impl RedisStore {
         for a in args {
             invocation.arg(a);
         }
-        match self
+        let invocation = &invocation;
+        let answer = self
             .connection
-            .within(CALL_BUDGET, self.connection.invoke(&invocation))
-            .await
-        {
+            .within(CALL_BUDGET, |mut live| async move {
+                invocation.invoke_async(&mut live).await
+            })
+            .await;
+        self.answered(answer)
+    }
+
+    /// A call's answer, or the [`StoreError`] that says why there is none.
+    fn answered<T>(&self, answer: Option<redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match answer {
             Some(Ok(v)) => Ok(v),
             Some(Err(e)) => Err(StoreError(format!("redis {}: {e}", self.shown))),
             None => Err(StoreError(format!(
@@ -429,6 +278,51 @@ impl RedisStore {
                 self.shown,
                 CALL_BUDGET.as_secs()
             ))),
+        }
+    }
+
+    /// Runs an acquire script and, right behind it in one pipeline on the same connection,
+    /// `WAIT` for the URL's replicas (at most [`WAIT_BUDGET`]): the script's answer and how many
+    /// replicas have its writes. One pipeline, because `WAIT` counts only the writes sent on
+    /// its own connection: sent separately, it could go on a connection made again in between,
+    /// which has written nothing, and answer at once for a grant no replica has.
+    async fn run_waiting(&self, script: &Script, args: &[String]) -> Result<(Vec<Value>, i64), StoreError> {
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg(script.get_hash()).arg(1).arg(&self.tag);
+        for a in args {
+            eval.arg(a);
+        }
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.wait_replicas)
+            .arg(u64::try_from(WAIT_BUDGET.as_millis()).unwrap_or(u64::MAX));
+        let mut pipe = redis::pipe();
+        pipe.add_command(eval).add_command(wait);
+        let pipe = &pipe;
+        let mut loaded = false;
+        loop {
+            let answer = self
+                .connection
+                .within(CALL_BUDGET, |mut live| async move { pipe.query_async(&mut live).await })
+                .await;
+            match answer {
+                // A node that does not know the script yet (one added to the cluster): it is
+                // loaded, without running it, and both are sent again.
+                Some(Err(e)) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    let mut invocation = script.prepare_invoke();
+                    invocation.key(&self.tag);
+                    let invocation = &invocation;
+                    let load = self
+                        .connection
+                        .within(
+                            CALL_BUDGET,
+                            |mut live| async move { invocation.load_async(&mut live).await },
+                        )
+                        .await;
+                    self.answered(load)?;
+                    loaded = true;
+                }
+                other => return self.answered(other),
+            }
         }
     }
 
@@ -489,7 +383,12 @@ impl RedisStore {
         let (mut taken, mut expiry_runs) = (0, 0);
         loop {
             args[3] = lease_id();
-            let answer: Vec<Value> = match self.run(script, &args).await {
+            let ran = if self.wait_replicas == 0 {
+                self.run(script, &args).await.map(|a| (a, 0))
+            } else {
+                self.run_waiting(script, &args).await
+            };
+            let (answer, replicated): (Vec<Value>, i64) = match ran {
                 Ok(a) => a,
                 Err(e) => {
                     // The script may have run and granted with its answer lost: that lease is
@@ -510,7 +409,7 @@ impl RedisStore {
                 1 => {
                     let expires = u64::try_from(int(answer.get(3))?).unwrap_or(0);
                     self.remember_total(int(answer.get(4))?);
-                    self.replicated(&args[3]).await?;
+                    self.replicated(&args[3], replicated)?;
                     return Ok(Some(Ok(Grant {
                         lease_id: args[3].clone(),
                         proxy_id: text(answer.get(1))?,
@@ -535,36 +434,20 @@ impl RedisStore {
         }
     }
 
-    /// With `wait`, waits until that many replicas have the grant of `lease_id` (at most
-    /// [`WAIT_BUDGET`]): a failover then cannot lose it and grant its slot again. A grant not
-    /// replicated in time is given back and the acquire fails (the API answers 503).
-    async fn replicated(&self, lease_id: &str) -> Result<(), StoreError> {
-        if self.wait_replicas == 0 {
+    /// With `wait`, whether that many replicas had the grant of `lease_id` (`replicated` of
+    /// them, by the `WAIT` behind it): a failover then cannot lose it and grant its slot again.
+    /// A grant not replicated in time is given back and the acquire fails (the API answers 503).
+    fn replicated(&self, lease_id: &str, replicated: i64) -> Result<(), StoreError> {
+        if self.wait_replicas == 0 || usize::try_from(replicated).is_ok_and(|n| n >= self.wait_replicas) {
             return Ok(());
         }
-        let waited = self
-            .connection
-            .within(
-                CALL_BUDGET,
-                self.connection.wait(&self.tag, self.wait_replicas, WAIT_BUDGET),
-            )
-            .await;
-        match waited {
-            Some(Ok(n)) if usize::try_from(n).is_ok_and(|n| n >= self.wait_replicas) => Ok(()),
-            other => {
-                self.release_later(lease_id.to_owned());
-                let why = match other {
-                    Some(Ok(n)) => format!("{n} of {} replicas", self.wait_replicas),
-                    Some(Err(e)) => e.to_string(),
-                    None => "no answer".to_owned(),
-                };
-                Err(StoreError(format!(
-                    "redis {}: a grant was not replicated within {} ms ({why}); given back",
-                    self.shown,
-                    WAIT_BUDGET.as_millis()
-                )))
-            }
-        }
+        self.release_later(lease_id.to_owned());
+        Err(StoreError(format!(
+            "redis {}: a grant reached {replicated} of {} replicas within {} ms; given back",
+            self.shown,
+            self.wait_replicas,
+            WAIT_BUDGET.as_millis()
+        )))
     }
 
     /// Releases `lease_id` in the background, trying for about a minute: the lease an acquire
@@ -583,8 +466,11 @@ impl RedisStore {
                     .arg(&lease_id)
                     .arg(&max_ended)
                     .arg(&retention);
+                let invocation = &invocation;
                 let done = connection
-                    .within(CALL_BUDGET, connection.invoke::<i64>(&invocation))
+                    .within(CALL_BUDGET, |mut live| async move {
+                        invocation.invoke_async::<i64>(&mut live).await
+                    })
                     .await;
                 if matches!(done, Some(Ok(_))) {
                     return;
@@ -797,22 +683,6 @@ mod tests {
             "redis://[credentials]@10.0.0.1:6379/0"
         );
         assert_eq!(shown_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-    }
-
-    #[test]
-    fn wait_is_read_from_the_url_and_other_parameters_kept() {
-        assert_eq!(split_wait("redis://h:1/0"), Ok(("redis://h:1/0".to_owned(), 0)));
-        assert_eq!(
-            split_wait("redis+cluster://a:1,b:2?wait=1"),
-            Ok(("redis+cluster://a:1,b:2".to_owned(), 1))
-        );
-        assert_eq!(
-            split_wait("redis://h:1?protocol=resp3&wait=2"),
-            Ok(("redis://h:1?protocol=resp3".to_owned(), 2))
-        );
-        for bad in ["redis://h:1?wait=0", "redis://h:1?wait=x", "redis://h:1?wait=17"] {
-            assert!(split_wait(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

@@ -135,9 +135,12 @@ impl Drop for LocalRedis {
     }
 }
 
+/// How long a cluster node goes unanswered before the others take it for failed.
+pub const NODE_TIMEOUT_MILLIS: u64 = 2000;
+
 /// A Redis Cluster of local servers (each a [`LocalRedis`] with `cluster-enabled`), its slots
 /// spread evenly over the masters by `redis-cli --cluster create`, each master with its
-/// replicas. A node is taken as failed after a second without answering
+/// replicas. A node is taken as failed after [`NODE_TIMEOUT_MILLIS`] without answering
 /// (`cluster-node-timeout`), so a killed master's replica takes over within a few seconds.
 #[derive(Debug)]
 pub struct LocalCluster {
@@ -167,7 +170,7 @@ impl LocalCluster {
                     "--cluster-config-file".into(),
                     dir.join("nodes.conf").display().to_string(),
                     "--cluster-node-timeout".into(),
-                    "1000".into(),
+                    NODE_TIMEOUT_MILLIS.to_string(),
                 ]
             })?);
         }
@@ -229,6 +232,44 @@ impl LocalCluster {
     pub fn kill(&mut self, i: usize) {
         if let Some(node) = self.nodes.get_mut(i) {
             node.kill();
+        }
+    }
+
+    /// The running replicas of master `i` (their indexes).
+    pub fn replicas_of(&self, i: usize) -> Vec<usize> {
+        let Some(master) = self.nodes.get(i).map(|n| n.port.to_string()) else {
+            return Vec::new();
+        };
+        (0..self.nodes.len())
+            .filter(|&r| {
+                let node = &self.nodes[r];
+                node.child.is_some()
+                    && redis_cli(node.port, &["role"]).is_some_and(|o| {
+                        let lines: Vec<&str> = o.lines().collect();
+                        lines.first() == Some(&"slave") && lines.get(2) == Some(&master.as_str())
+                    })
+            })
+            .collect()
+    }
+
+    /// Stops node `i` (SIGSTOP) or lets it go on (SIGCONT): a node that neither answers nor
+    /// fails, as a stalled host would be.
+    ///
+    /// # Errors
+    /// The signal could not be sent.
+    pub fn pause(&self, i: usize, paused: bool) -> Result<(), String> {
+        let Some(pid) = self.nodes.get(i).and_then(|n| n.child.as_ref()).map(Child::id) else {
+            return Err(format!("node {i} is not running"));
+        };
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let sent = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map_err(|e| format!("kill {signal}: {e}"))?;
+        if sent.success() {
+            Ok(())
+        } else {
+            Err(format!("kill {signal} {pid}: {sent}"))
         }
     }
 

@@ -1,0 +1,217 @@
+//! The connection under the store: to one Redis server, or to a Redis Cluster, made again when
+//! it stops answering; and the store URL's own parameter (`wait`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+
+use crate::{CALL_BUDGET, CLUSTER_SCHEME};
+
+/// A connection to one Redis server, or to a Redis Cluster (MOVED and ASK answers followed, the
+/// slot map refreshed after a failover, by the client library).
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Single(ConnectionManager),
+    Cluster(Arc<ClusterHandle>),
+}
+
+/// The connection one call runs on, whole: a script and what follows it in a pipeline go on it
+/// together.
+#[derive(Clone)]
+pub(crate) enum Live {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Live {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// A Redis Cluster connection that is made again when a call on it gets no answer in time or
+/// finds it broken: under load through a master's failover, the client library's connection was
+/// seen to stop answering for good (every call timing out while the cluster served again), where
+/// a new one worked at once.
+pub(crate) struct ClusterHandle {
+    client: redis::cluster::ClusterClient,
+    /// The connection in use, its generation (so that many calls failing on one connection
+    /// replace it once) and when it was made (at most one a second).
+    current: std::sync::Mutex<(u64, ClusterConnection, std::time::Instant)>,
+}
+
+impl ClusterHandle {
+    fn connect(client: &redis::cluster::ClusterClient) -> ClusterConnection {
+        let config = ClusterConfig::new()
+            .set_connection_timeout(CALL_BUDGET)
+            .set_response_timeout(CALL_BUDGET);
+        client.get_pending_async_connection_with_config(config)
+    }
+
+    fn connection(&self) -> (u64, ClusterConnection) {
+        let current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (current.0, current.1.clone())
+    }
+
+    /// Replaces the connection of `generation`, unless that was done already or the last one is
+    /// less than a second old (a failing call is then tried on it again by the next caller).
+    fn renew(&self, generation: u64) {
+        let mut current = self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.0 == generation && current.2.elapsed() >= Duration::from_secs(1) {
+            *current = (generation + 1, Self::connect(&self.client), std::time::Instant::now());
+            tracing::info!("Redis Cluster connection made again after a call failed on it");
+        }
+    }
+}
+
+impl Connection {
+    /// Connects lazily to what `url` names: `redis://…`, or `redis+cluster://[user:password@]
+    /// host:port[,host:port…]` (any nodes of the cluster; it finds the rest).
+    pub(crate) fn open(url: &str) -> Result<Self, String> {
+        if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
+            let (credentials, hosts) = match rest.rsplit_once('@') {
+                Some((c, h)) => (format!("{c}@"), h),
+                None => (String::new(), rest),
+            };
+            let nodes: Vec<String> = hosts
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("redis://{credentials}{h}"))
+                .collect();
+            if nodes.is_empty() {
+                return Err("no cluster node named".to_owned());
+            }
+            let client = ClusterClientBuilder::new(nodes)
+                .retries(2)
+                .max_retry_wait(500)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let connection = ClusterHandle::connect(&client);
+            return Ok(Self::Cluster(Arc::new(ClusterHandle {
+                client,
+                current: std::sync::Mutex::new((0, connection, std::time::Instant::now())),
+            })));
+        }
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CALL_BUDGET))
+            .set_response_timeout(Some(CALL_BUDGET))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let manager = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
+        Ok(Self::Single(manager))
+    }
+
+    /// Runs `call` on the connection in use within `budget`; `None` when it got no answer in
+    /// time. A cluster connection that timed out or failed as a connection is made again (a
+    /// single server's reconnects by itself).
+    pub(crate) async fn within<T, F, Fut>(&self, budget: Duration, call: F) -> Option<redis::RedisResult<T>>
+    where
+        F: FnOnce(Live) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let (generation, live) = match self {
+            Self::Single(c) => (0, Live::Single(c.clone())),
+            Self::Cluster(h) => {
+                let (generation, c) = h.connection();
+                (generation, Live::Cluster(c))
+            }
+        };
+        let answer = tokio::time::timeout(budget, call(live)).await.ok();
+        let broken = match &answer {
+            None => true,
+            Some(Err(e)) => e.is_io_error() || e.is_connection_dropped(),
+            Some(Ok(_)) => false,
+        };
+        if broken && let Self::Cluster(h) = self {
+            h.renew(generation);
+        }
+        answer
+    }
+}
+
+/// `url` without its `wait=<replicas>` query parameter (others are the client library's), and
+/// that number (0 without one).
+pub(crate) fn split_wait(url: &str) -> Result<(String, usize), String> {
+    // The query starts after the credentials: a password may hold a '?'.
+    let hosts_at = url.rfind('@').map_or(0, |at| at + 1);
+    let Some(mark) = url[hosts_at..].find('?').map(|i| hosts_at + i) else {
+        return Ok((url.to_owned(), 0));
+    };
+    let (base, query) = (&url[..mark], &url[mark + 1..]);
+    let mut wait = 0;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.strip_prefix("wait=") {
+            Some(n) => {
+                wait = n
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .ok_or("wait must be a number of replicas from 1 to 16")?;
+            }
+            None => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, wait))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_is_read_from_the_url_and_other_parameters_kept() {
+        assert_eq!(split_wait("redis://h:1/0"), Ok(("redis://h:1/0".to_owned(), 0)));
+        assert_eq!(
+            split_wait("redis+cluster://a:1,b:2?wait=1"),
+            Ok(("redis+cluster://a:1,b:2".to_owned(), 1))
+        );
+        assert_eq!(
+            split_wait("redis://h:1?protocol=resp3&wait=2"),
+            Ok(("redis://h:1?protocol=resp3".to_owned(), 2))
+        );
+        for bad in ["redis://h:1?wait=0", "redis://h:1?wait=x", "redis://h:1?wait=17"] {
+            assert!(split_wait(bad).is_err(), "{bad}");
+        }
+        // A password with a '?' in it is no query, and no message repeats a value.
+        assert_eq!(
+            split_wait("redis://:pa?wait=5@h:1"),
+            Ok(("redis://:pa?wait=5@h:1".to_owned(), 0))
+        );
+        let e = split_wait("redis://:s3cret@h:1?wait=s3cret").expect_err("not a number");
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+}
