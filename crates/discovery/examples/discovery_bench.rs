@@ -158,17 +158,10 @@ async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str) -> Fig
     )
     .expect("a Redis store");
     // What the leader's publisher does first: the index of the view answers empty selectors.
-    let view: Vec<egress_lease::ViewEntry> = fleet
-        .iter()
-        .map(|p| egress_lease::ViewEntry {
-            id: p.id.clone(),
-            healthy: p.healthy,
-            latency_millis: p.latency_millis,
-            max_leases: p.max_leases,
-            offered: p.offered,
-        })
-        .collect();
-    store.publish_view(&view).await.expect("the view published");
+    store
+        .publish_view(&egress_discovery::view::entries(&fleet))
+        .await
+        .expect("the view published");
     api_run(fleet, Arc::new(store)).await
 }
 

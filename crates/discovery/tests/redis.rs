@@ -67,17 +67,10 @@ fn store(url: &str, prefix: &str) -> Arc<dyn LeaseStore> {
 /// having published its proxies as the view.
 async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
     let store = store(url, prefix);
-    let view: Vec<egress_lease::ViewEntry> = fleet()
-        .into_iter()
-        .map(|p| egress_lease::ViewEntry {
-            id: p.id,
-            healthy: p.healthy,
-            latency_millis: p.latency_millis,
-            max_leases: p.max_leases,
-            offered: p.offered,
-        })
-        .collect();
-    store.publish_view(&view).await.expect("the view published");
+    store
+        .publish_view(&egress_discovery::view::entries(&fleet()))
+        .await
+        .expect("the view published");
     let api = DiscoveryApi {
         directory: Arc::new(Fixed::new(fleet())),
         store,
