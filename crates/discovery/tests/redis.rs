@@ -98,6 +98,22 @@ impl Held {
     }
 }
 
+/// The server's list once its store answers again (asked every 100 ms until `patience` has
+/// passed); `None` if it did not within that.
+async fn listed_once_served(client: &Client, patience: Duration) -> Option<Vec<egress_discovery::client::ProxyView>> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match client.list(&ListFilter::default()).await {
+            Ok(listed) => return Some(listed),
+            Err(ClientError::StoreUnavailable(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(ClientError::StoreUnavailable(_)) => return None,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_clients_on_two_replicas_never_exceed_any_capacity() {
     let Some(redis) = local_redis() else { return };
@@ -230,18 +246,9 @@ async fn a_redis_crash_gives_503s_then_service_and_never_a_double_grant() {
         *held.entry(lease.proxy.id.clone()).or_default() += 1;
     }
     for client in [&a, &b] {
-        let mut listed = None;
-        for _ in 0..100 {
-            match client.list(&ListFilter::default()).await {
-                Ok(l) => {
-                    listed = Some(l);
-                    break;
-                }
-                Err(ClientError::StoreUnavailable(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        let listed = listed.expect("the replica recovered within 10 s");
+        let listed = listed_once_served(client, Duration::from_secs(10))
+            .await
+            .expect("the replica recovered within 10 s");
         for p in &listed {
             assert_eq!(p.active_leases, held.get(&p.id).copied().unwrap_or(0), "{p:?}");
         }
@@ -390,18 +397,9 @@ async fn a_cluster_master_killed_under_load_grants_no_slot_twice() {
     // The slot has a master again: each server finds it (the client library reads the slot map
     // again, or the connection is made again), then serves without a 503.
     for client in [&a, &b] {
-        let mut back = false;
-        for _ in 0..100 {
-            match client.list(&ListFilter::default()).await {
-                Ok(_) => {
-                    back = true;
-                    break;
-                }
-                Err(ClientError::StoreUnavailable(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        assert!(back, "a server did not find the new master in 100 tries");
+        listed_once_served(client, PATIENCE)
+            .await
+            .expect("a server did not find the new master within a minute");
     }
     served.store(true, Ordering::Relaxed);
     let at_failover = *grants.borrow();
