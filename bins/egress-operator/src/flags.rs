@@ -553,6 +553,20 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_store_is_memory_or_a_redis_url_with_a_host() {
+        for ok in [
+            "memory",
+            "redis://127.0.0.1:6379",
+            "redis+cluster://10.0.0.1:6379,10.0.0.2:6379?wait=1",
+        ] {
+            assert_eq!(lease_store(ok).as_deref(), Ok(ok));
+        }
+        for bad in ["", "redis://", "redis+cluster://", "etcd://x", "rediss://h:1"] {
+            assert!(lease_store(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn go_durations_parse_as_go_parses_them() {
         let ok = [
             ("0", 0),

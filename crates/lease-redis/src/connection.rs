@@ -1,5 +1,5 @@
 //! The connection under the store: to one Redis server, or to a Redis Cluster, made again when
-//! it stops answering; and the store URL's own parameter (`wait`).
+//! it stops answering; the store URL's own parameter (`wait`); the URL as logs may show it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -157,6 +157,17 @@ impl Connection {
     }
 }
 
+/// `url` without a password.
+pub fn shown_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://[credentials]@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 /// `url` without its `wait=<replicas>` query parameter (others are the client library's), and
 /// that number (0 without one).
 pub(crate) fn split_wait(url: &str) -> Result<(String, usize), String> {
@@ -191,6 +202,15 @@ pub(crate) fn split_wait(url: &str) -> Result<(String, usize), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            shown_url("redis://:s3cret@10.0.0.1:6379/0"),
+            "redis://[credentials]@10.0.0.1:6379/0"
+        );
+        assert_eq!(shown_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
 
     #[test]
     fn wait_is_read_from_the_url_and_other_parameters_kept() {

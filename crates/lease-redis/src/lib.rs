@@ -49,6 +49,7 @@ use egress_lease::{
 };
 use redis::{Script, Value};
 
+pub use crate::connection::shown_url;
 use crate::connection::{Connection, split_wait};
 
 /// The key prefix unless told otherwise.
@@ -165,17 +166,6 @@ impl std::fmt::Debug for RedisStore {
             .field("keys", &self.tag)
             .field("cooldown", &self.cooldown)
             .finish_non_exhaustive()
-    }
-}
-
-/// `url` without a password.
-pub fn shown_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((_, host)) => format!("{scheme}://[credentials]@{host}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
     }
 }
 
@@ -677,12 +667,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passwords_never_show() {
-        assert_eq!(
-            shown_url("redis://:s3cret@10.0.0.1:6379/0"),
-            "redis://[credentials]@10.0.0.1:6379/0"
-        );
-        assert_eq!(shown_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    fn a_prefix_with_a_brace_or_a_cluster_url_without_nodes_is_refused_at_once() {
+        for (url, prefix, why) in [
+            ("redis://h:1", "a{b}:", "braces"),
+            ("redis+cluster://,", "p:", "no cluster node"),
+        ] {
+            let e = RedisStore::new(url, prefix, Duration::from_secs(1)).expect_err(why);
+            assert!(e.contains(why), "{e}");
+        }
     }
 
     #[test]
