@@ -101,10 +101,11 @@ async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>) -> Fig
     }
 }
 
-/// Redis's own microseconds per call of each script, from the slow log.
+/// Redis's own microseconds per call of each operation, from the slow log: `functions` names
+/// each operation's function.
 async fn script_times(
     connection: &mut redis::aio::MultiplexedConnection,
-    hashes: &[(&'static str, String)],
+    functions: &[(&'static str, String)],
 ) -> HashMap<&'static str, f64> {
     let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
         .arg("GET")
@@ -118,11 +119,11 @@ async fn script_times(
         let (Some(redis::Value::Int(micros)), Some(redis::Value::Array(args))) = (fields.get(2), fields.get(3)) else {
             continue;
         };
-        let Some(redis::Value::BulkString(sha)) = args.get(1) else {
+        let Some(redis::Value::BulkString(function)) = args.get(1) else {
             continue;
         };
-        let sha = String::from_utf8_lossy(sha);
-        if let Some((name, _)) = hashes.iter().find(|(_, h)| *h == sha) {
+        let function = String::from_utf8_lossy(function);
+        if let Some((name, _)) = functions.iter().find(|(_, f)| *f == function) {
             let e = sums.entry(name).or_default();
             e.0 += *micros as f64;
             e.1 += 1;
@@ -146,7 +147,7 @@ async fn redis_figures(
         RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let store = egress_lease_redis::RedisStore::new(url, &prefix, Duration::from_secs(900)).expect("a Redis store");
-    let hashes = store.script_hashes();
+    let functions = store.function_names();
     let view: Vec<ViewEntry> = fleet
         .iter()
         .map(|(id, latency)| ViewEntry {
@@ -168,7 +169,7 @@ async fn redis_figures(
     let figures = load(Arc::new(store), fleet).await;
     let mut times = HashMap::new();
     for node in nodes.iter_mut() {
-        times.extend(script_times(node, &hashes).await);
+        times.extend(script_times(node, &functions).await);
     }
     (figures, times)
 }
@@ -236,7 +237,7 @@ async fn main() {
                 quantile(&r.acquire, 0.99),
                 quantile(&r.release, 0.5),
                 quantile(&r.release, 0.99),
-                shown("acquire (indexed)"),
+                shown("acquire_indexed"),
                 shown("release"),
                 r.errors
             );

@@ -1,7 +1,8 @@
 //! The lease store on Redis: every replica of the discovery API shares leases, capacity and
 //! cooldowns, and a restart loses nothing that Redis kept.
 //!
-//! Each operation is one Lua script, so Redis runs it atomically: acquire decides capacity,
+//! Each operation is one Lua script, run as a function of a library the store loads into
+//! Redis (`functions.rs`), so Redis runs it atomically: acquire decides capacity,
 //! cooldowns and the selection order inside Redis, and two replicas can never both take a
 //! proxy's last slot. The scripts read Redis's own clock, so replicas agree on the time
 //! whatever theirs say (tests inject a clock with [`RedisStore::with_clock`]).
@@ -12,7 +13,7 @@
 //!
 //! | Key | Type | Holds | Lives |
 //! |---|---|---|---|
-//! | `lease:<id>` | hash | proxy, target digest, expires (ms) | until one cooldown window (at least [`EXPIRY_GRACE`]) after its expiry, or until it is among the oldest beyond the newest [`MAX_ENDED`] ended leases |
+//! | `lease:<id>` | string | `<expires (ms)>,<target digest>,<proxy>` | until one cooldown window (at least [`EXPIRY_GRACE`]) after its expiry, or until it is among the oldest beyond the newest [`MAX_ENDED`] ended leases |
 //! | `active:<proxy>` | sorted set | the proxy's unreleased leases by expiry | [`EXPIRY_GRACE`] past its last lease's expiry |
 //! | `all` | sorted set | every unreleased lease by expiry | [`EXPIRY_GRACE`] past the last lease's expiry |
 //! | `ended` | list | leases released or found expired, oldest first | as long as the longest-lived record it names; at most [`MAX_ENDED`] entries |
@@ -28,13 +29,14 @@
 //! each do a bounded amount of work whatever the fleet's size. Other selectors send their
 //! candidates (at most [`BATCH`] at first, every one when those are busy).
 //!
-//! The scripts need Redis 7.0 or later (`PEXPIRE` with `GT`/`NX`, `LPOP` with a count).
+//! The scripts need Redis 7.0 or later (Functions, `PEXPIRE` with `GT`/`NX`, `LPOP` with a count).
 //!
 //! When Redis cannot be reached every call fails with [`StoreError`] within
 //! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again
 //! by itself at the next call once Redis is back.
 
 mod connection;
+mod functions;
 #[cfg(feature = "testing")]
 pub mod local;
 
@@ -47,10 +49,11 @@ use egress_lease::{
     Candidate, Clock, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, NoMatch, ReportResult, Scope,
     StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
-use redis::{Script, Value};
+use redis::Value;
 
 pub use crate::connection::shown_url;
 use crate::connection::{Connection, split_wait};
+use crate::functions::{Library, Op};
 
 /// The key prefix unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "egress-proxy:";
@@ -85,43 +88,6 @@ fn duration_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A script with the shared functions (`clock`, `ended`, the index's) before it.
-fn timed(body: &str) -> Script {
-    Script::new(
-        &[
-            include_str!("lua/clock.lua"),
-            include_str!("lua/ended.lua"),
-            include_str!("lua/index.lua"),
-            body,
-        ]
-        .concat(),
-    )
-}
-
-struct Scripts {
-    acquire: Script,
-    acquire_indexed: Script,
-    release: Script,
-    report: Script,
-    active: Script,
-    sweep: Script,
-    publish: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Self {
-            acquire: timed(include_str!("lua/acquire.lua")),
-            acquire_indexed: timed(include_str!("lua/acquire_indexed.lua")),
-            release: timed(include_str!("lua/release.lua")),
-            report: timed(include_str!("lua/report.lua")),
-            active: timed(include_str!("lua/active.lua")),
-            sweep: timed(include_str!("lua/sweep.lua")),
-            publish: timed(include_str!("lua/publish.lua")),
-        }
-    }
-}
-
 /// This replica's last publication of the view.
 struct Published {
     /// Names it in Redis: changes apply only over it.
@@ -137,7 +103,8 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// one slot.
 pub struct RedisStore {
     connection: Connection,
-    scripts: Scripts,
+    /// The scripts, as Redis Functions.
+    library: Arc<Library>,
     /// `{<prefix>}`: every key starts with it, and the braces make it the key's hash tag, so
     /// that on a Redis Cluster all of them live in one slot and every script runs on one node.
     tag: String,
@@ -187,7 +154,7 @@ impl RedisStore {
         let connection = Connection::open(&url).map_err(|e| format!("lease store {shown}: {e}"))?;
         Ok(Self {
             connection,
-            scripts: Scripts::new(),
+            library: Arc::new(Library::new()),
             tag: format!("{{{prefix}}}"),
             clock: None,
             cooldown,
@@ -200,19 +167,14 @@ impl RedisStore {
         })
     }
 
-    /// Each script's name and SHA-1 (what `EVALSHA` and Redis's slow log name it by), for
-    /// benches and diagnostics that attribute Redis's time to the operations.
-    pub fn script_hashes(&self) -> [(&'static str, String); 7] {
-        let s = &self.scripts;
-        [
-            ("acquire", s.acquire.get_hash().to_owned()),
-            ("acquire (indexed)", s.acquire_indexed.get_hash().to_owned()),
-            ("release", s.release.get_hash().to_owned()),
-            ("report", s.report.get_hash().to_owned()),
-            ("active", s.active.get_hash().to_owned()),
-            ("sweep", s.sweep.get_hash().to_owned()),
-            ("publish", s.publish.get_hash().to_owned()),
-        ]
+    /// Each operation's name (`acquire`, `acquire_indexed`, `release`, `report`, `active`,
+    /// `sweep`, `publish`) and its function's (what `FCALL` and Redis's slow log name it by),
+    /// for benches and diagnostics that attribute Redis's time to the operations.
+    pub fn function_names(&self) -> Vec<(&'static str, String)> {
+        Op::ALL
+            .iter()
+            .map(|op| (op.name(), self.library.function(*op)))
+            .collect()
     }
 
     /// The same store keeping at most `max_ended` ended leases reportable (tests of the bound).
@@ -241,19 +203,16 @@ impl RedisStore {
             .unwrap_or_default()
     }
 
-    /// Runs `script` on the store's keys with `args` within [`CALL_BUDGET`].
-    async fn run<T: redis::FromRedisValue>(&self, script: &Script, args: &[String]) -> Result<T, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        invocation.key(&self.tag);
-        for a in args {
-            invocation.arg(a);
-        }
-        let invocation = &invocation;
+    /// Runs the operation's function on the store's keys with `args` within [`CALL_BUDGET`].
+    async fn run<T: redis::FromRedisValue>(&self, op: Op, args: &[String]) -> Result<T, StoreError> {
+        let call = self.library.call(op, &self.tag, args);
+        let call = &call;
         let answer = self
-            .connection
-            .within(CALL_BUDGET, |mut live| async move {
-                invocation.invoke_async(&mut live).await
-            })
+            .library
+            .send(
+                &self.connection,
+                |mut live| async move { call.query_async(&mut live).await },
+            )
             .await;
         self.answered(answer)
     }
@@ -271,49 +230,27 @@ impl RedisStore {
         }
     }
 
-    /// Runs an acquire script and, right behind it in one pipeline on the same connection,
-    /// `WAIT` for the URL's replicas (at most [`WAIT_BUDGET`]): the script's answer and how many
-    /// replicas have its writes. One pipeline, because `WAIT` counts only the writes sent on
+    /// Runs an acquire function and, right behind it in one pipeline on the same connection,
+    /// `WAIT` for the URL's replicas (at most [`WAIT_BUDGET`]): the function's answer and how
+    /// many replicas have its writes. One pipeline, because `WAIT` counts only the writes sent on
     /// its own connection: sent separately, it could go on a connection made again in between,
     /// which has written nothing, and answer at once for a grant no replica has.
-    async fn run_waiting(&self, script: &Script, args: &[String]) -> Result<(Vec<Value>, i64), StoreError> {
-        let mut eval = redis::cmd("EVALSHA");
-        eval.arg(script.get_hash()).arg(1).arg(&self.tag);
-        for a in args {
-            eval.arg(a);
-        }
+    async fn run_waiting(&self, op: Op, args: &[String]) -> Result<(Vec<Value>, i64), StoreError> {
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait_replicas)
             .arg(u64::try_from(WAIT_BUDGET.as_millis()).unwrap_or(u64::MAX));
         let mut pipe = redis::pipe();
-        pipe.add_command(eval).add_command(wait);
+        pipe.add_command(self.library.call(op, &self.tag, args))
+            .add_command(wait);
         let pipe = &pipe;
-        let mut loaded = false;
-        loop {
-            let answer = self
-                .connection
-                .within(CALL_BUDGET, |mut live| async move { pipe.query_async(&mut live).await })
-                .await;
-            match answer {
-                // A node that does not know the script yet (one added to the cluster): it is
-                // loaded, without running it, and both are sent again.
-                Some(Err(e)) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    let mut invocation = script.prepare_invoke();
-                    invocation.key(&self.tag);
-                    let invocation = &invocation;
-                    let load = self
-                        .connection
-                        .within(
-                            CALL_BUDGET,
-                            |mut live| async move { invocation.load_async(&mut live).await },
-                        )
-                        .await;
-                    self.answered(load)?;
-                    loaded = true;
-                }
-                other => return self.answered(other),
-            }
-        }
+        let answer = self
+            .library
+            .send(
+                &self.connection,
+                |mut live| async move { pipe.query_async(&mut live).await },
+            )
+            .await;
+        self.answered(answer)
     }
 
     /// One run of the acquire script over `batch`; `None` when the batch had no idle eligible
@@ -340,7 +277,7 @@ impl RedisStore {
             args.push(c.latency_millis.to_string());
             args.push(c.max_leases.to_string());
         }
-        self.acquire_with(&self.scripts.acquire, args, req).await
+        self.acquire_with(Op::Acquire, args, req).await
     }
 
     /// Acquires from the installation's index; `None` when there is none (no view published)
@@ -356,7 +293,7 @@ impl RedisStore {
             self.max_ended.to_string(),
             INDEX_LOOK.to_string(),
         ];
-        self.acquire_with(&self.scripts.acquire_indexed, args, req).await
+        self.acquire_with(Op::AcquireIndexed, args, req).await
     }
 
     /// Runs an acquire script whose fourth argument is the lease id, until it answers: with a
@@ -366,7 +303,7 @@ impl RedisStore {
     /// caught up with; the candidates' own expired leases are then moved as they are looked at).
     async fn acquire_with(
         &self,
-        script: &Script,
+        op: Op,
         mut args: Vec<String>,
         req: &LeaseRequest,
     ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
@@ -374,9 +311,9 @@ impl RedisStore {
         loop {
             args[3] = lease_id();
             let ran = if self.wait_replicas == 0 {
-                self.run(script, &args).await.map(|a| (a, 0))
+                self.run(op, &args).await.map(|a| (a, 0))
             } else {
-                self.run_waiting(script, &args).await
+                self.run_waiting(op, &args).await
             };
             let (answer, replicated): (Vec<Value>, i64) = match ran {
                 Ok(a) => a,
@@ -443,23 +380,18 @@ impl RedisStore {
     /// Releases `lease_id` in the background, trying for about a minute: the lease an acquire
     /// may have granted without its answer arriving.
     fn release_later(&self, lease_id: String) {
-        let (connection, script, tag) = (self.connection.clone(), self.scripts.release.clone(), self.tag.clone());
-        let now = self.now();
-        let shown = self.shown.clone();
+        let (connection, library) = (self.connection.clone(), self.library.clone());
         let [max_ended, retention] = self.ended_args();
+        let call = self
+            .library
+            .call(Op::Release, &self.tag, &[self.now(), lease_id, max_ended, retention]);
+        let shown = self.shown.clone();
         tokio::spawn(async move {
+            let call = &call;
             for attempt in 0..8u32 {
-                let mut invocation = script.prepare_invoke();
-                invocation
-                    .key(&tag)
-                    .arg(&now)
-                    .arg(&lease_id)
-                    .arg(&max_ended)
-                    .arg(&retention);
-                let invocation = &invocation;
-                let done = connection
-                    .within(CALL_BUDGET, |mut live| async move {
-                        invocation.invoke_async::<i64>(&mut live).await
+                let done = library
+                    .send(&connection, |mut live| async move {
+                        call.query_async::<i64>(&mut live).await
                     })
                     .await;
                 if matches!(done, Some(Ok(_))) {
@@ -533,10 +465,7 @@ impl LeaseStore for RedisStore {
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
         let [max_ended, retention] = self.ended_args();
         let total: i64 = self
-            .run(
-                &self.scripts.release,
-                &[self.now(), lease_id.to_owned(), max_ended, retention],
-            )
+            .run(Op::Release, &[self.now(), lease_id.to_owned(), max_ended, retention])
             .await?;
         self.remember_total(total);
         Ok(())
@@ -551,7 +480,7 @@ impl LeaseStore for RedisStore {
         let kind = if result == ReportResult::Ok { "ok" } else { "cool" };
         let known: i64 = self
             .run(
-                &self.scripts.report,
+                Op::Report,
                 &[
                     self.now(),
                     lease_id.to_owned(),
@@ -575,7 +504,7 @@ impl LeaseStore for RedisStore {
     async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
         let mut args = vec![self.now()];
         args.extend(proxies.iter().map(|p| (*p).to_owned()));
-        let mut counts: Vec<i64> = self.run(&self.scripts.active, &args).await?;
+        let mut counts: Vec<i64> = self.run(Op::Active, &args).await?;
         if let Some(total) = counts.pop() {
             self.remember_total(total);
         }
@@ -583,7 +512,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn active_total(&self) -> Result<usize, StoreError> {
-        let counts: Vec<i64> = self.run(&self.scripts.active, &[self.now()]).await?;
+        let counts: Vec<i64> = self.run(Op::Active, &[self.now()]).await?;
         let total = counts.last().copied().unwrap_or(0);
         self.remember_total(total);
         Ok(usize::try_from(total).unwrap_or(0))
@@ -595,9 +524,7 @@ impl LeaseStore for RedisStore {
 
     async fn sweep(&self) -> Result<(), StoreError> {
         let [max_ended, retention] = self.ended_args();
-        let total: i64 = self
-            .run(&self.scripts.sweep, &[self.now(), max_ended, retention])
-            .await?;
+        let total: i64 = self.run(Op::Sweep, &[self.now(), max_ended, retention]).await?;
         self.remember_total(total);
         Ok(())
     }
@@ -637,7 +564,7 @@ impl LeaseStore for RedisStore {
                     args.push(value.clone());
                 }
             }
-            let applied: i64 = self.run(&self.scripts.publish, &args).await?;
+            let applied: i64 = self.run(Op::Publish, &args).await?;
             if applied == 1 {
                 *published = Some(Published { token, entries });
                 return Ok(());
@@ -656,7 +583,7 @@ impl LeaseStore for RedisStore {
             args.push(value.clone());
         }
         *published = None;
-        let _: i64 = self.run(&self.scripts.publish, &args).await?;
+        let _: i64 = self.run(Op::Publish, &args).await?;
         *published = Some(Published { token, entries });
         Ok(())
     }

@@ -523,3 +523,86 @@ async fn a_mass_expiry_beyond_the_runs_falls_back_to_the_candidates() {
     assert_eq!((g.proxy_id.as_str(), g.active_leases), ("ns/best", 1));
     assert_eq!(s.active_total().await.expect("answers"), 1);
 }
+
+/// The plain `redis://` URL of every node `url` names (one for a single server).
+fn nodes_of(url: &str) -> Vec<String> {
+    match url.strip_prefix(egress_lease_redis::CLUSTER_SCHEME) {
+        Some(hosts) => hosts.split(',').map(|h| format!("redis://{h}")).collect(),
+        None => vec![url.to_owned()],
+    }
+}
+
+/// A server that has lost the store's functions (restarted without its data, or a node new to
+/// the cluster) gets them loaded by the next call, which is answered as if nothing happened.
+#[tokio::test]
+async fn a_server_that_lost_the_functions_gets_them_again() {
+    for url in [redis_url(), cluster_url()].into_iter().flatten() {
+        let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN).expect("a store");
+        let fleet = one("ns/a", 2);
+        assert_eq!(scoped(&s, &fleet).await.expect("granted").active_leases, 1);
+        for node in nodes_of(&url) {
+            let mut c = redis::Client::open(node.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut c).await.unwrap();
+            let left: Vec<redis::Value> = redis::cmd("FUNCTION").arg("LIST").query_async(&mut c).await.unwrap();
+            assert!(left.is_empty(), "{node} still has {left:?}");
+        }
+        let again = scoped(&s, &fleet).await.expect("granted after the functions were lost");
+        assert_eq!(again.active_leases, 2, "{url}: the first lease still counts");
+    }
+}
+
+/// Leases recorded by the build before records were strings (a hash each) still report,
+/// release and expire after an upgrade.
+#[tokio::test]
+async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let clock = ManualClock::new(suite::start());
+    let s = RedisStore::new(&url, &prefix, suite::COOLDOWN)
+        .expect("a store")
+        .with_clock(Arc::new(clock.clone()));
+    let now = u64::try_from(suite::start().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    let (mut c, _) = keys_under(&url, &prefix).await;
+    // What that build wrote: a live lease on ns/a and one on ns/b past its expiry.
+    let t = tag(&prefix);
+    for (lease, proxy, expires) in [("old-live", "ns/a", now + 60_000), ("old-due", "ns/b", now - 1)] {
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(format!("{t}lease:{lease}"))
+            .arg("proxy")
+            .arg(proxy)
+            .arg("target")
+            .arg("")
+            .arg("expires")
+            .arg(expires)
+            .cmd("ZADD")
+            .arg(format!("{t}all"))
+            .arg(expires)
+            .arg(lease)
+            .cmd("ZADD")
+            .arg(format!("{t}active:{proxy}"))
+            .arg(expires)
+            .arg(lease)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.active_leases(&["ns/a", "ns/b"]).await.unwrap(), vec![1, 0]);
+    // The due one is moved out of the index of all leases by the sweep.
+    s.sweep().await.expect("the sweep reads the old record");
+    assert_eq!(s.active_total().await.unwrap(), 1);
+    // A report on the live one cools its proxy down.
+    s.report("old-live", egress_lease::ReportResult::Banned, None)
+        .await
+        .unwrap()
+        .expect("a known lease");
+    let refused = scoped(&s, &one("ns/a", 5)).await.expect_err("ns/a cools down");
+    assert_eq!(refused.in_cooldown, 1);
+    s.release("old-live").await.expect("released");
+    assert_eq!(s.active_leases(&["ns/a"]).await.unwrap(), vec![0]);
+    assert_eq!(s.active_total().await.unwrap(), 0);
+}

@@ -43,11 +43,16 @@ for i = 0, n - 1 do
     unhealthy = unhealthy + 1
   else
     local active_key = p .. 'active:' .. id
-    local expired = redis.call('ZRANGEBYSCORE', active_key, '-inf', now)
-    if #expired > 0 then
+    local due = redis.call('ZRANGEBYSCORE', active_key, '-inf', now, 'WITHSCORES')
+    if #due > 0 then
       redis.call('ZREMRANGEBYSCORE', active_key, '-inf', now)
-      for _, gone in ipairs(expired) do redis.call('ZREM', p .. 'all', gone) end
-      ended(p, expired, max_ended, retention)
+      local expired = {}
+      for j = 1, #due, 2 do
+        expired[#expired + 1] = due[j]
+        redis.call('ZREM', p .. 'all', due[j])
+      end
+      -- In expiry order: the last one's record lives longest.
+      ended(p, expired, max_ended, tonumber(due[#due]) + kept(retention) - now, retention)
       rescore(p, id)
     end
     local active = redis.call('ZCARD', active_key)

@@ -1,16 +1,16 @@
 -- Records that the leases `ids` ended, keeping the newest `max` ended leases reportable: the
 -- oldest beyond them lose their record at once. A list, so the order is the order they ended
 -- in, whatever the clock says. Callers add at most 10 000 ids at once, so the excess removed
--- here is bounded too. The list lives as long as the longest-lived record it names (or
--- `retention`, when none is left).
-local function ended(p, ids, max, retention)
+-- here is bounded too. The list lives as long as the longest-lived record it names: `lives`
+-- (ms) is how long the longest-lived of `ids` has left, and the list never lives less than it
+-- did; `retention` when that is nothing.
+local function ended(p, ids, max, lives, retention)
   if #ids == 0 then return end
   local key = p .. 'ended'
-  local lives, length = 0, 0
-  for _, id in ipairs(ids) do
-    length = redis.call('RPUSH', key, id)
-    local left = redis.call('PTTL', p .. 'lease:' .. id)
-    if left > lives then lives = left end
+  local length = 0
+  -- In pushes of at most 1 000: Lua unpacks only so many values at once.
+  for first = 1, #ids, 1000 do
+    length = redis.call('RPUSH', key, unpack(ids, first, math.min(first + 999, #ids)))
   end
   local excess = length - max
   if excess > 0 then

@@ -7,7 +7,12 @@
 --
 -- Equal scores sort by the member's bytes, so the head of `free` is the in-memory store's
 -- choice: fewest active leases, then lowest latency, then smallest id. Whoever changes a
--- proxy's active leases or its view entry calls `rescore`, so `free` stays exact.
+-- proxy's active leases or its view entry calls `rescore`, so `free` stays exact, and its
+-- scores can stand in for the proxy's active count (which saves Redis a call per grant and
+-- release).
+--
+-- A lease's record is one string, "expires,target,proxy" (see `record`), so that a grant
+-- checks the id is free, writes the record and sets its TTL in one `SET ... NX PX`.
 
 local SHIFT = 4294967296
 -- How long past its expiry a lease stays in `all`, in its proxy's active set and in its record
@@ -26,12 +31,13 @@ local function view_entry(p, id)
   return h == '1', tonumber(l), tonumber(m), o ~= '0'
 end
 
--- Puts the proxy in `free` at its place, or takes it out.
-local function rescore(p, id)
+-- Puts the proxy in `free` at its place, or takes it out. `active`: its active leases when the
+-- caller knows them (else they are counted).
+local function rescore(p, id, active)
   local key = p .. 'free'
   local healthy, latency, max, offered = view_entry(p, id)
   if healthy and offered then
-    local active = redis.call('ZCARD', p .. 'active:' .. id)
+    active = active or redis.call('ZCARD', p .. 'active:' .. id)
     if active < max then
       -- Latencies beyond 2^32 - 1 ms (seven weeks) rank as equal; negative ones as 0.
       if latency < 0 then latency = 0 elseif latency >= SHIFT then latency = SHIFT - 1 end
@@ -46,19 +52,56 @@ local function rescore(p, id)
   redis.call('ZREM', key, id)
 end
 
+-- Moves the proxy up `free` after one of its leases ended: a proxy in `free` had room and still
+-- has, under the same view entry, one lease fewer (its score says how many it had). One that
+-- was not there (full, say) is placed by `rescore`.
+local function rescore_released(p, id)
+  local score = redis.call('ZSCORE', p .. 'free', id)
+  if score and tonumber(score) >= SHIFT then
+    redis.call('ZADD', p .. 'free', tonumber(score) - SHIFT, id)
+  else
+    rescore(p, id)
+  end
+end
+
+-- How long a lease's record lives past its expiry (ms): a cooldown window, at least GRACE.
+local function kept(retention)
+  return math.max(retention, GRACE)
+end
+
+-- The lease's record: its proxy, target digest and expiry (ms); nil when there is none.
+local function record(p, lease)
+  local key = p .. 'lease:' .. lease
+  local r = redis.pcall('GET', key)
+  if type(r) == 'table' and r.err then
+    -- A hash: a lease granted by a build before records were strings, which lives on after an
+    -- upgrade until its TTL.
+    local h = redis.call('HMGET', key, 'proxy', 'target', 'expires')
+    if not h[1] or not tonumber(h[3] or '') then return nil end
+    return h[1], h[2] or '', tonumber(h[3])
+  end
+  if not r then return nil end
+  local expires, target, proxy = string.match(r, '^(%d+),(%x*),(.*)$')
+  if not expires then return nil end
+  return proxy, target, tonumber(expires)
+end
+
 -- Moves at most `limit` leases past their expiry out of the index of all leases and their
 -- proxy's active set, to the ended. Returns how many it moved.
 local function expire_due(p, now, max_ended, retention, limit)
-  local expired = redis.call('ZRANGEBYSCORE', p .. 'all', '-inf', now, 'LIMIT', 0, limit)
-  for _, lease in ipairs(expired) do
+  local due = redis.call('ZRANGEBYSCORE', p .. 'all', '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+  if #due == 0 then return 0 end
+  local expired, last = {}, 0
+  for i = 1, #due, 2 do
+    local lease = due[i]
+    expired[#expired + 1] = lease
+    last = tonumber(due[i + 1])
     redis.call('ZREM', p .. 'all', lease)
-    local proxy = redis.call('HGET', p .. 'lease:' .. lease, 'proxy')
-    if proxy then
-      redis.call('ZREM', p .. 'active:' .. proxy, lease)
-      rescore(p, proxy)
-    end
+    local proxy = record(p, lease)
+    if proxy and redis.call('ZREM', p .. 'active:' .. proxy, lease) == 1 then rescore_released(p, proxy) end
   end
-  ended(p, expired, max_ended, retention)
+  -- In expiry order: the last one's record lives longest.
+  ended(p, expired, max_ended, last + kept(retention) - now, retention)
   return #expired
 end
 
@@ -79,17 +122,15 @@ end
 -- Grants `lease` on `proxy`, which has `active` leases. Returns the acquire scripts' answer:
 -- {2} when the lease id is taken, else {1, proxy, its active leases, expires (ms), all active}.
 local function grant(p, proxy, active, lease, now, ttl, target, retention)
-  local lease_key = p .. 'lease:' .. lease
-  if redis.call('EXISTS', lease_key) == 1 then return {2} end
   local expires = now + ttl
-  redis.call('HSET', lease_key, 'proxy', proxy, 'target', target, 'expires', expires)
-  redis.call('PEXPIRE', lease_key, ttl + math.max(retention, GRACE))
+  local made = redis.call('SET', p .. 'lease:' .. lease, expires .. ',' .. target .. ',' .. proxy,
+    'NX', 'PX', ttl + kept(retention))
+  if not made then return {2} end
   local active_key = p .. 'active:' .. proxy
   redis.call('ZADD', active_key, expires, lease)
   extend(active_key, ttl + GRACE)
   redis.call('ZADD', p .. 'all', expires, lease)
   extend(p .. 'all', ttl + GRACE)
-  rescore(p, proxy)
+  rescore(p, proxy, active + 1)
   return {1, proxy, active + 1, expires, redis.call('ZCOUNT', p .. 'all', '(' .. now, '+inf')}
 end
-

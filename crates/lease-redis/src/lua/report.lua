@@ -8,14 +8,14 @@
 
 local p, now, lease, result, target, cooldown = KEYS[1], clock(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
-local l = redis.call('HMGET', p .. 'lease:' .. lease, 'proxy', 'target', 'expires')
-if not l[1] then return 0 end
+local proxy, lease_target, expires = record(p, lease)
+if not proxy then return 0 end
 -- Forgotten one window after expiry, whatever the key's own TTL says.
-if tonumber(l[3]) + cooldown <= now then return 0 end
+if expires + cooldown <= now then return 0 end
 if result == 'ok' then return 1 end
 local resolved = target
-if resolved == '' then resolved = l[2] end
-local cool_key = p .. 'cool:' .. l[1]
+if resolved == '' then resolved = lease_target end
+local cool_key = p .. 'cool:' .. proxy
 local ends = now + cooldown
 local current = redis.call('HGET', cool_key, resolved)
 local dropped = 0
