@@ -183,6 +183,14 @@ fn discovery(root: &Path, release: bool) -> Result<()> {
         cell(20),
         cell(21)
     );
+    println!(
+        "| the bench on one core, Redis (appendfsync always) on another: in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | {}, {} ({}), {} ms / {} ms |",
+        cell(22),
+        cell(23),
+        cell(24),
+        cell(25),
+        cell(26)
+    );
     Ok(())
 }
 

@@ -3,7 +3,10 @@
 //! p50/p99 latency of each request (acquire, release) and of a whole pair; next to the same
 //! clients against a trivial hyper handler measured in the same run (this machine's ceiling),
 //! and the same API on the Redis lease store (a local redis-server with the recommended
-//! append-only file, `appendfsync always`). Prints one `|`-separated row.
+//! append-only file, `appendfsync always`). Then the in-memory and the Redis runs again with the
+//! bench (clients and API) on one core and Redis on the other, as Redis runs in production on
+//! a machine of its own: unpinned, Redis and the API take turns on both cores and the store's
+//! ratio to the in-memory store also measures that sharing. Prints one `|`-separated row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -147,10 +150,13 @@ async fn api_run(fleet: Arc<Vec<ProxyInfo>>, store: Arc<dyn LeaseStore>) -> Figu
 }
 
 /// The same load on the Redis lease store: a local redis-server with the append-only file and
-/// `appendfsync` as given.
-async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str) -> Figures {
+/// `appendfsync` as given, on the cores `cores` names (`taskset`'s list) when it is given.
+async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str, cores: Option<&str>) -> Figures {
     let redis = egress_lease_redis::local::LocalRedis::start_with_appendfsync(appendfsync)
         .expect("redis-server (apt-get install redis-server)");
+    if let Some(cores) = cores {
+        pin(redis.pid().expect("redis-server runs"), cores);
+    }
     let store = egress_lease_redis::RedisStore::new(
         &redis.url(),
         egress_lease_redis::DEFAULT_PREFIX,
@@ -163,6 +169,15 @@ async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str) -> Fig
         .await
         .expect("the view published");
     api_run(fleet, Arc::new(store)).await
+}
+
+/// Pins every thread of process `pid` to `cores` (`taskset` of util-linux).
+fn pin(pid: u32, cores: &str) {
+    let done = std::process::Command::new("taskset")
+        .args(["-acp", cores, &pid.to_string()])
+        .output()
+        .expect("taskset (util-linux)");
+    assert!(done.status.success(), "taskset -acp {cores} {pid}: {done:?}");
 }
 
 #[tokio::main]
@@ -189,8 +204,21 @@ async fn main() {
     let ceiling = load(format!("http://{}", trivial_server().await), false).await;
     let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
     let api = api_run(fleet.clone(), memory).await;
-    let on_redis = redis_run(fleet.clone(), "always").await;
-    let on_redis_everysec = redis_run(fleet, "everysec").await;
+    let on_redis = redis_run(fleet.clone(), "always", None).await;
+    let on_redis_everysec = redis_run(fleet.clone(), "everysec", None).await;
+    // The bench on core 0, Redis on core 1; then the bench on every core again.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let (memory_pinned, redis_pinned) = if cores >= 2 {
+        pin(std::process::id(), "0");
+        let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
+        let m = api_run(fleet.clone(), memory).await;
+        let r = redis_run(fleet, "always", Some("1")).await;
+        pin(std::process::id(), &format!("0-{}", cores - 1));
+        (Some(m), Some(r))
+    } else {
+        (None, None)
+    };
+    let pinned = |f: &Option<Figures>, cell: &dyn Fn(&Figures) -> String| f.as_ref().map_or("?".to_owned(), cell);
     let cells = [
         PROXIES.to_string(),
         CLIENTS.to_string(),
@@ -214,6 +242,14 @@ async fn main() {
         format!("{:.0}", on_redis_everysec.pairs_per_second),
         format!("{:.2}", quantile(&on_redis_everysec.acquire, 0.5)),
         format!("{:.2}", quantile(&on_redis_everysec.acquire, 0.99)),
+        pinned(&memory_pinned, &|m| format!("{:.0}", m.pairs_per_second)),
+        pinned(&redis_pinned, &|r| format!("{:.0}", r.pairs_per_second)),
+        pinned(&redis_pinned, &|r| match &memory_pinned {
+            Some(m) => format!("{:.0} %", r.pairs_per_second / m.pairs_per_second * 100.0),
+            None => "?".to_owned(),
+        }),
+        pinned(&redis_pinned, &|r| format!("{:.2}", quantile(&r.acquire, 0.5))),
+        pinned(&redis_pinned, &|r| format!("{:.2}", quantile(&r.acquire, 0.99))),
     ];
     println!("{}", cells.join("|"));
 }

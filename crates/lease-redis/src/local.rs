@@ -90,6 +90,11 @@ impl LocalRedis {
         &self.dir
     }
 
+    /// Its process id while it runs (benches pin it to a core).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills it with SIGKILL, as a crash would, and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -565,7 +565,13 @@ async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
     let s = RedisStore::new(&url, &prefix, suite::COOLDOWN)
         .expect("a store")
         .with_clock(Arc::new(clock.clone()));
-    let now = u64::try_from(suite::start().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    let now = u64::try_from(
+        suite::start()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
     let (mut c, _) = keys_under(&url, &prefix).await;
     // What that build wrote: a live lease on ns/a and one on ns/b past its expiry.
     let t = tag(&prefix);
