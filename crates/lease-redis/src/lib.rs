@@ -39,8 +39,8 @@ mod connection;
 mod functions;
 #[cfg(feature = "testing")]
 pub mod local;
+mod publish;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -54,6 +54,8 @@ use redis::Value;
 pub use crate::connection::shown_url;
 use crate::connection::{Connection, split_wait};
 use crate::functions::{Library, Op};
+pub use crate::publish::PUBLISH_CHUNK;
+use crate::publish::Published;
 
 /// The key prefix unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "egress-proxy:";
@@ -86,14 +88,6 @@ fn millis(t: SystemTime) -> u64 {
 
 fn duration_millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// This replica's last publication of the view.
-struct Published {
-    /// Names it in Redis: changes apply only over it.
-    token: String,
-    /// Proxy id to its entry, as published.
-    entries: HashMap<String, String>,
 }
 
 /// The scheme of a Redis Cluster's URL.
@@ -530,62 +524,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn publish_view(&self, view: &[ViewEntry]) -> Result<(), StoreError> {
-        let entries: HashMap<String, String> = view
-            .iter()
-            .map(|e| {
-                let value = format!(
-                    "{},{},{},{}",
-                    u8::from(e.healthy),
-                    e.latency_millis,
-                    e.max_leases,
-                    u8::from(e.offered)
-                );
-                (e.id.clone(), value)
-            })
-            .collect();
-        let token = lease_id();
-        let lifetime = duration_millis(VIEW_LIFETIME).to_string();
-        let mut published = self.published.lock().await;
-        // What changed since this replica's last publication, when it has one: a fleet whose
-        // latencies move costs Redis a step per proxy that moved, not per proxy.
-        if let Some(last) = published.as_ref() {
-            let removed: Vec<&String> = last.entries.keys().filter(|id| !entries.contains_key(*id)).collect();
-            let mut args = vec![
-                lifetime.clone(),
-                "changes".to_owned(),
-                last.token.clone(),
-                token.clone(),
-                removed.len().to_string(),
-            ];
-            args.extend(removed.into_iter().cloned());
-            for (id, value) in &entries {
-                if last.entries.get(id) != Some(value) {
-                    args.push(id.clone());
-                    args.push(value.clone());
-                }
-            }
-            let applied: i64 = self.run(Op::Publish, &args).await?;
-            if applied == 1 {
-                *published = Some(Published { token, entries });
-                return Ok(());
-            }
-        }
-        // The first publication, or another replica published since ours: the whole view.
-        let mut args = vec![
-            lifetime,
-            "full".to_owned(),
-            String::new(),
-            token.clone(),
-            "0".to_owned(),
-        ];
-        for (id, value) in &entries {
-            args.push(id.clone());
-            args.push(value.clone());
-        }
-        *published = None;
-        let _: i64 = self.run(Op::Publish, &args).await?;
-        *published = Some(Published { token, entries });
-        Ok(())
+        self.publish(view).await
     }
 }
 

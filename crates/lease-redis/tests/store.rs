@@ -612,3 +612,64 @@ async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
     assert_eq!(s.active_leases(&["ns/a"]).await.unwrap(), vec![0]);
     assert_eq!(s.active_total().await.unwrap(), 0);
 }
+
+/// A view of several chunks (`PUBLISH_CHUNK` proxies each) lands whole, with its counts and
+/// index; another replica's whole publication replaces it, removing every proxy of it in
+/// chunks too, and the first replica's next one, which can no longer be sent as changes, puts
+/// its own back whole.
+#[tokio::test]
+async fn a_view_of_many_chunks_lands_whole_and_is_taken_over_whole() {
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let clock = ManualClock::new(suite::start());
+    let store = || {
+        RedisStore::new(&url, &prefix, suite::COOLDOWN)
+            .expect("a store")
+            .with_clock(Arc::new(clock.clone()))
+    };
+    let (a, b) = (store(), store());
+    let n = 2 * egress_lease_redis::PUBLISH_CHUNK + 500;
+    let fleet = |sick: Option<usize>| -> Vec<egress_lease::ViewEntry> {
+        (0..n)
+            .map(|i| entry(&format!("ns/p{i:05}"), Some(i) != sick, i64::try_from(i).unwrap(), 1))
+            .collect()
+    };
+    let (mut c, _) = keys_under(&url, &prefix).await;
+    let t = tag(&prefix);
+    let mut state = async || -> (usize, usize, Vec<Option<usize>>) {
+        let view: usize = redis::cmd("HLEN")
+            .arg(format!("{t}view"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let free: usize = redis::cmd("ZCARD")
+            .arg(format!("{t}free"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let counts: Vec<Option<usize>> = redis::cmd("HMGET")
+            .arg(format!("{t}count"))
+            .arg("offered")
+            .arg("unhealthy")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        (view, free, counts)
+    };
+    a.publish_view(&fleet(None)).await.expect("publish");
+    assert_eq!(state().await, (n, n, vec![Some(n), Some(0)]));
+    assert_eq!(scoped(&a, &[]).await.expect("a lease").proxy_id, "ns/p00000");
+    // p00000 is full now: out of the index.
+    assert_eq!(state().await, (n, n - 1, vec![Some(n), Some(0)]));
+
+    b.publish_view(&[entry("ns/r", true, 0, 1)]).await.expect("publish");
+    assert_eq!(state().await, (1, 1, vec![Some(1), Some(0)]));
+
+    a.publish_view(&fleet(Some(1))).await.expect("publish");
+    assert_eq!(
+        state().await,
+        (n, n - 2, vec![Some(n), Some(1)]),
+        "r gone, p00001 sick, p00000 full"
+    );
+    assert_eq!(scoped(&a, &[]).await.expect("a lease").proxy_id, "ns/p00002");
+}

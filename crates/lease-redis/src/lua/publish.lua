@@ -1,22 +1,29 @@
--- Publishes the view: the whole of it, replacing the last one, or only what changed since the
--- caller's own last publication.
--- KEYS: prefix. ARGV: lifetime (ms), 'full' or 'changes', the token of the caller's last
---       publication, this one's token, n, then n ids to remove, then pairs: id,
---       "healthy,latency,max,offered" to set.
--- Changes apply only over the publication they were computed from: when another replica has
--- published since, or the view expired, nothing is done and 0 is returned (the caller then
--- publishes the whole view). Returns 1 when published.
--- Keeps `count` (offered, unhealthy) and `free` (index.lua) in step with the view, so the
--- work is one step per proxy changed.
+-- Publishes one chunk of the view. The caller sends a publication in chunks of at most
+-- PUBLISH_CHUNK proxies (lib.rs), so that no run holds Redis for long however large the fleet.
+-- KEYS: prefix. ARGV: lifetime (ms), mode, guard token, this publication's token, n, then n ids
+--       to remove, then pairs: id, "healthy,latency,max,offered" to set.
+-- Modes:
+--   'changes'  the first chunk of what changed since the caller's last publication: applies
+--              only while that publication (the guard) is the last in Redis, so not when
+--              another replica published since or the view expired;
+--   'take'     the first chunk of a whole publication: applies over whatever is there;
+--   'more'     each later chunk: applies only while this publication (the guard) is the last.
+-- Returns 1 when applied, 0 when not (the caller then publishes its whole view).
+-- Every chunk leaves the view, `count` (offered, unhealthy) and `free` (index.lua) in step, so
+-- an acquire between two chunks finds each proxy as one of the two publications has it; an
+-- entry that is already as sent costs one read.
 
-local p, lifetime, mode, last, token = KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local p, lifetime, mode, guard, token = KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local n = tonumber(ARGV[5])
 local view, count = p .. 'view', p .. 'count'
 
-if mode == 'full' then
-  redis.call('DEL', view, count, p .. 'free')
-  redis.call('HSET', count, 'offered', 0, 'unhealthy', 0)
-elseif redis.call('HGET', count, 'token') ~= last then
+if mode == 'take' then
+  -- Counts without the view they count (it expired, or was never made): start from nothing.
+  if redis.call('EXISTS', count, view) < 2 then
+    redis.call('DEL', view, count, p .. 'free')
+    redis.call('HSET', count, 'offered', 0, 'unhealthy', 0)
+  end
+elseif redis.call('HGET', count, 'token') ~= guard then
   return 0
 end
 
@@ -36,13 +43,17 @@ for i = 6, 5 + n do
 end
 redis.call('HSET', count, 'token', token)
 redis.call('PEXPIRE', count, lifetime)
+local changed = {}
 for i = 6 + n, #ARGV, 2 do
-  counted(ARGV[i], -1)
-  redis.call('HSET', view, ARGV[i], ARGV[i + 1])
-  counted(ARGV[i], 1)
+  if redis.call('HGET', view, ARGV[i]) ~= ARGV[i + 1] then
+    counted(ARGV[i], -1)
+    redis.call('HSET', view, ARGV[i], ARGV[i + 1])
+    counted(ARGV[i], 1)
+    changed[#changed + 1] = ARGV[i]
+  end
 end
 if redis.call('EXISTS', view) == 1 then redis.call('PEXPIRE', view, lifetime) end
 if redis.call('EXISTS', p .. 'free') == 1 then redis.call('PEXPIRE', p .. 'free', lifetime) end
 -- After the view's lifetime is set: `rescore` gives the index the view's.
-for i = 6 + n, #ARGV, 2 do rescore(p, ARGV[i]) end
+for _, id in ipairs(changed) do rescore(p, id) end
 return 1
