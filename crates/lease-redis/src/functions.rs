@@ -67,6 +67,9 @@ impl Op {
     }
 }
 
+/// Stands for the library's name in its code until the name, a digest of that code, is known.
+const NAME: &str = "@library@";
+
 /// The library: its code and its name.
 #[derive(Debug)]
 pub(crate) struct Library {
@@ -82,26 +85,25 @@ impl Library {
             include_str!("lua/index.lua"),
         ]
         .concat();
-        let bodies: String = Op::ALL.iter().map(|op| op.body()).collect();
-        // The SHA-1 the client library computes for scripts; twelve hex digits tell versions
-        // apart.
-        let digest = redis::Script::new(&[shared.as_str(), bodies.as_str()].concat())
-            .get_hash()
-            .chars()
-            .take(12)
-            .collect::<String>();
-        let name = format!("egress_lease_{digest}");
-        let mut code = format!("#!lua name={name}\n{shared}\n");
+        // The whole code with a stand-in for the name, so that the digest covers all of it.
+        let mut template = format!("#!lua name={NAME}\n{shared}\n");
         for op in Op::ALL {
             // Each script body becomes a function taking the keys and arguments by the names
             // `EVAL` gives them.
-            code.push_str(&format!(
-                "redis.register_function('{name}_{}', function(KEYS, ARGV)\n{}\nend)\n",
+            template.push_str(&format!(
+                "redis.register_function('{NAME}_{}', function(KEYS, ARGV)\n{}\nend)\n",
                 op.name(),
                 op.body()
             ));
         }
-        Self { name, code }
+        // The SHA-1 the client library computes for scripts; twelve hex digits tell versions
+        // apart.
+        let digest: String = redis::Script::new(&template).get_hash().chars().take(12).collect();
+        let name = format!("egress_lease_{digest}");
+        Self {
+            code: template.replace(NAME, &name),
+            name,
+        }
     }
 
     /// The name `FCALL` (and Redis's slow log) gives the operation's function.
@@ -126,7 +128,8 @@ impl Library {
 
     /// Sends `call` (an `FCALL`, or a pipeline that starts with one) on `connection` within
     /// [`CALL_BUDGET`]: when the server does not have the library, it is loaded and `call` sent
-    /// once more. `None`: no answer in time.
+    /// once more, each within its own budget (so such a call may take three). `None`: no
+    /// answer in time.
     pub(crate) async fn send<T, F, Fut>(&self, connection: &Connection, call: F) -> Option<RedisResult<T>>
     where
         F: Fn(Live) -> Fut,
@@ -141,10 +144,12 @@ impl Library {
                         load.query_async::<redis::Value>(&mut live).await
                     })
                     .await;
-                match loaded {
-                    Some(Ok(_)) => connection.within(CALL_BUDGET, &call).await,
-                    Some(Err(e)) => Some(Err(e)),
-                    None => None,
+                // Sent again whatever the load answered: on a cluster it fails when any master
+                // refuses it, while the one that holds the store's slot may have it.
+                match (connection.within(CALL_BUDGET, &call).await, loaded) {
+                    // Still missing: why the load failed says more.
+                    (Some(Err(e)), Some(Err(load))) if missing(&e) => Some(Err(load)),
+                    (again, _) => again,
                 }
             }
             other => other,
@@ -165,6 +170,7 @@ mod tests {
     fn the_library_names_every_function_after_its_code() {
         let library = Library::new();
         assert!(library.code.starts_with(&format!("#!lua name={}\n", library.name)));
+        assert!(!library.code.contains(NAME));
         for op in Op::ALL {
             assert!(
                 library

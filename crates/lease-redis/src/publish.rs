@@ -5,7 +5,11 @@
 //! A replica that published last sends only what changed since; otherwise (the first
 //! publication, another replica published since, the view expired) it reads which proxies
 //! Redis holds (`HSCAN`, a thousand at a time), and sends its whole view and the removal of the
-//! rest. Each chunk leaves the view, its counts and its index in step, so an acquire between two
+//! rest. Only the leader publishes, but for a moment around a change of leader two replicas
+//! may: the one whose changes no longer apply takes the view over at once, and one that finds
+//! its whole publication taken over between two chunks, or the view holding proxies it has
+//! not, leaves it be and publishes whole next time. Either way the view settles on the
+//! publisher that goes on. Each chunk leaves the view, its counts and its index in step, so an acquire between two
 //! chunks is answered from a view where each proxy is as one publication or the other has it.
 
 use std::collections::{HashMap, HashSet};
@@ -71,10 +75,17 @@ impl RedisStore {
                 .filter(|(id, value)| last.entries.get(*id) != Some(*value))
                 .map(|(id, value)| (id.as_str(), value.as_str()))
                 .collect();
-            if self.chunks(First::Changes(&last.token), &token, &removed, &set).await? {
+            let size = self.chunks(First::Changes(&last.token), &token, &removed, &set).await?;
+            // A view of another size holds proxies this one has not (another replica wrote
+            // them while this one published): the next publication is whole, and removes them.
+            if size == Some(entries.len()) {
                 *published = Some(Published { token, entries });
                 return Ok(());
             }
+            if size.is_some() {
+                return Ok(());
+            }
+            // Another replica published since: this one, the leader, takes the view back.
         }
         // The whole view, and the removal of every proxy Redis holds that it has not.
         let held = self.view_ids().await?;
@@ -84,24 +95,25 @@ impl RedisStore {
             .map(String::as_str)
             .collect();
         let set: Vec<(&str, &str)> = entries.iter().map(|(id, v)| (id.as_str(), v.as_str())).collect();
-        if self.chunks(First::Take, &token, &removed, &set).await? {
-            *published = Some(Published { token, entries });
-        } else {
-            // Another replica took the view over between two chunks: the view is its, and this
-            // replica publishes whole again next time.
-            tracing::debug!("another replica published the view while this one did");
+        match self.chunks(First::Take, &token, &removed, &set).await? {
+            Some(size) if size == entries.len() => *published = Some(Published { token, entries }),
+            // Another replica took the view over between two chunks, or wrote proxies into it
+            // after they were read: this replica publishes whole again next time.
+            _ => tracing::debug!("another replica published the view while this one did"),
         }
         Ok(())
     }
 
-    /// Sends a publication in chunks; `false` when a chunk did not apply (see `First`).
+    /// Sends a publication in chunks: the number of proxies in the view after the last, or
+    /// `None` when a chunk did not apply (see `First`).
     async fn chunks(
         &self,
         first: First<'_>,
         token: &str,
         removed: &[&str],
         set: &[(&str, &str)],
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<usize>, StoreError> {
+        let whole = if matches!(first, First::Take) { "1" } else { "0" };
         let lifetime = duration_millis(VIEW_LIFETIME).to_string();
         let (mut removed, mut set) = (removed, set);
         let mut first = Some(first);
@@ -113,12 +125,13 @@ impl RedisStore {
                 Some(First::Take) => ("take", ""),
                 None => ("more", token),
             };
-            let mut args = Vec::with_capacity(5 + take_removed + 2 * take_set);
+            let mut args = Vec::with_capacity(6 + take_removed + 2 * take_set);
             args.extend([
                 lifetime.clone(),
                 mode.to_owned(),
                 guard.to_owned(),
                 token.to_owned(),
+                whole.to_owned(),
                 take_removed.to_string(),
             ]);
             args.extend(removed[..take_removed].iter().map(|id| (*id).to_owned()));
@@ -126,13 +139,13 @@ impl RedisStore {
                 args.push((*id).to_owned());
                 args.push((*value).to_owned());
             }
-            let applied: i64 = self.run(Op::Publish, &args).await?;
-            if applied != 1 {
-                return Ok(false);
-            }
+            let size: i64 = self.run(Op::Publish, &args).await?;
+            let Ok(size) = usize::try_from(size) else {
+                return Ok(None);
+            };
             (removed, set) = (&removed[take_removed..], &set[take_set..]);
             if removed.is_empty() && set.is_empty() {
-                return Ok(true);
+                return Ok(Some(size));
             }
         }
     }

@@ -98,7 +98,14 @@ local function expire_due(p, now, max_ended, retention, limit)
     last = tonumber(due[i + 1])
     redis.call('ZREM', p .. 'all', lease)
     local proxy = record(p, lease)
-    if proxy and redis.call('ZREM', p .. 'active:' .. proxy, lease) == 1 then rescore_released(p, proxy) end
+    if proxy then
+      if redis.call('ZREM', p .. 'active:' .. proxy, lease) == 1 then
+        rescore_released(p, proxy)
+      else
+        -- Not in its proxy's set: that went behind the scripts' back (see release.lua).
+        rescore(p, proxy)
+      end
+    end
   end
   -- In expiry order: the last one's record lives longest.
   ended(p, expired, max_ended, last + kept(retention) - now, retention)

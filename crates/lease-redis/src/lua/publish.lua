@@ -1,20 +1,24 @@
 -- Publishes one chunk of the view. The caller sends a publication in chunks of at most
 -- PUBLISH_CHUNK proxies (lib.rs), so that no run holds Redis for long however large the fleet.
--- KEYS: prefix. ARGV: lifetime (ms), mode, guard token, this publication's token, n, then n ids
---       to remove, then pairs: id, "healthy,latency,max,offered" to set.
+-- KEYS: prefix. ARGV: lifetime (ms), mode, guard token, this publication's token, whole ('1':
+--       part of a whole publication), n, then n ids to remove, then pairs: id,
+--       "healthy,latency,max,offered" to set.
 -- Modes:
 --   'changes'  the first chunk of what changed since the caller's last publication: applies
 --              only while that publication (the guard) is the last in Redis, so not when
 --              another replica published since or the view expired;
 --   'take'     the first chunk of a whole publication: applies over whatever is there;
 --   'more'     each later chunk: applies only while this publication (the guard) is the last.
--- Returns 1 when applied, 0 when not (the caller then publishes its whole view).
+-- Returns the number of proxies in the view when applied, -1 when not (the caller then
+-- publishes its whole view).
 -- Every chunk leaves the view, `count` (offered, unhealthy) and `free` (index.lua) in step, so
--- an acquire between two chunks finds each proxy as one of the two publications has it; an
--- entry that is already as sent costs one read.
+-- an acquire between two chunks finds each proxy as one of the two publications has it. In a
+-- change, an entry that is already as sent costs one read; a whole publication places every
+-- proxy it sends in `free` afresh from its active set, so whatever went behind the scripts'
+-- back (an active set's TTL, an eviction) is mended at least at every leader's first one.
 
 local p, lifetime, mode, guard, token = KEYS[1], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local n = tonumber(ARGV[5])
+local whole, n = ARGV[5] == '1', tonumber(ARGV[6])
 local view, count = p .. 'view', p .. 'count'
 
 if mode == 'take' then
@@ -24,7 +28,7 @@ if mode == 'take' then
     redis.call('HSET', count, 'offered', 0, 'unhealthy', 0)
   end
 elseif redis.call('HGET', count, 'token') ~= guard then
-  return 0
+  return -1
 end
 
 -- Adds `sign` times the proxy's entry to the counts.
@@ -36,24 +40,25 @@ local function counted(id, sign)
   end
 end
 
-for i = 6, 5 + n do
+for i = 7, 6 + n do
   counted(ARGV[i], -1)
   redis.call('HDEL', view, ARGV[i])
   redis.call('ZREM', p .. 'free', ARGV[i])
 end
 redis.call('HSET', count, 'token', token)
 redis.call('PEXPIRE', count, lifetime)
-local changed = {}
-for i = 6 + n, #ARGV, 2 do
-  if redis.call('HGET', view, ARGV[i]) ~= ARGV[i + 1] then
+local placed = {}
+for i = 7 + n, #ARGV, 2 do
+  local changed = redis.call('HGET', view, ARGV[i]) ~= ARGV[i + 1]
+  if changed then
     counted(ARGV[i], -1)
     redis.call('HSET', view, ARGV[i], ARGV[i + 1])
     counted(ARGV[i], 1)
-    changed[#changed + 1] = ARGV[i]
   end
+  if changed or whole then placed[#placed + 1] = ARGV[i] end
 end
 if redis.call('EXISTS', view) == 1 then redis.call('PEXPIRE', view, lifetime) end
 if redis.call('EXISTS', p .. 'free') == 1 then redis.call('PEXPIRE', p .. 'free', lifetime) end
 -- After the view's lifetime is set: `rescore` gives the index the view's.
-for _, id in ipairs(changed) do rescore(p, id) end
-return 1
+for _, id in ipairs(placed) do rescore(p, id) end
+return redis.call('HLEN', view)
