@@ -173,11 +173,7 @@ async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str, cores:
 
 /// Pins every thread of process `pid` to `cores` (`taskset` of util-linux).
 fn pin(pid: u32, cores: &str) {
-    let done = std::process::Command::new("taskset")
-        .args(["-acp", cores, &pid.to_string()])
-        .output()
-        .expect("taskset (util-linux)");
-    assert!(done.status.success(), "taskset -acp {cores} {pid}: {done:?}");
+    egress_lease_redis::local::pin(pid, cores).expect("taskset (util-linux)");
 }
 
 #[tokio::main]

@@ -3,7 +3,8 @@
 //! in-memory store, on a local redis-server and on a local three-master Redis Cluster with a
 //! replica each (append-only file, `appendfsync always`, for all), the cluster also with every
 //! grant waiting for its replica (`wait=1`), and Redis's own time per script call, read from the
-//! slow logs with every call recorded. Prints a Markdown table.
+//! slow logs with every call recorded; then the single server again on a core of its own, the
+//! bench on the other. Prints a Markdown table.
 //!
 //! Every proxy is healthy with room for 5 leases. Each acquire is what the discovery API sends
 //! for an empty selector: scoped to the installation, with the whole fleet as candidates in
@@ -197,12 +198,36 @@ async fn admin(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
     connections
 }
 
+/// Pins every thread of process `pid` to `cores` (`taskset` of util-linux).
+fn pin(pid: u32, cores: &str) {
+    egress_lease_redis::local::pin(pid, cores).expect("taskset (util-linux)");
+}
+
+/// One store's row of the table; `m`: the memory store's figures on the same fleet.
+fn row(n: usize, name: &str, r: &Figures, m: &Figures, times: &HashMap<&'static str, f64>) {
+    let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
+    println!(
+        "| {n} | {name} ({:.1} % of memory) | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {} / {} | {} |",
+        r.pairs_per_second / m.pairs_per_second * 100.0,
+        r.pairs_per_second,
+        quantile(&r.acquire, 0.5),
+        quantile(&r.acquire, 0.99),
+        quantile(&r.release, 0.5),
+        quantile(&r.release, 0.99),
+        shown("acquire_indexed"),
+        shown("release"),
+        r.errors
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
     let cluster = egress_lease_redis::local::LocalCluster::start(3, 1, "always")
         .expect("a Redis Cluster (apt-get install redis-server redis-tools)");
     let mut single = admin(&[redis.url()]).await;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let every_core = format!("0-{}", cores - 1);
     let mut nodes = admin(&cluster.node_urls()).await;
     println!(
         "| proxies | store | pairs per second | acquire p50 / p99 (ms) | release p50 / p99 (ms) | Redis per acquire / release (µs) | calls unanswered |"
@@ -228,19 +253,17 @@ async fn main() {
         ] {
             let admin = if url == redis.url() { &mut single } else { &mut nodes };
             let (r, times) = redis_figures(&url, admin, fleet.clone()).await;
-            let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
-            println!(
-                "| {n} | {name} ({:.1} % of memory) | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {} / {} | {} |",
-                r.pairs_per_second / m.pairs_per_second * 100.0,
-                r.pairs_per_second,
-                quantile(&r.acquire, 0.5),
-                quantile(&r.acquire, 0.99),
-                quantile(&r.release, 0.5),
-                quantile(&r.release, 0.99),
-                shown("acquire_indexed"),
-                shown("release"),
-                r.errors
-            );
+            row(n, name, &r, &m, &times);
+        }
+        // Redis on a core of its own and the bench on the other, as Redis runs in production:
+        // unpinned, the slow log's wall time also counts Redis waiting for a core.
+        if let (Some(pid), true) = (redis.pid(), cores >= 2) {
+            pin(std::process::id(), "0");
+            pin(pid, "1");
+            let (r, times) = redis_figures(&redis.url(), &mut single, fleet.clone()).await;
+            pin(std::process::id(), &every_core);
+            pin(pid, &every_core);
+            row(n, "redis on core 1, the bench on core 0", &r, &m, &times);
         }
     }
 }

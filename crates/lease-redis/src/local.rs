@@ -332,3 +332,23 @@ fn serves(port: u16, slot: u16) -> bool {
         })
     })
 }
+
+/// Pins every thread of process `pid` to the cores `cores` names (`taskset`'s list, such as
+/// `0` or `0-1`), for benches that give Redis a core of its own as it has in production.
+///
+/// # Errors
+/// `taskset` (util-linux) is missing or refused.
+pub fn pin(pid: u32, cores: &str) -> Result<(), String> {
+    let done = Command::new("taskset")
+        .args(["-acp", cores, &pid.to_string()])
+        .output()
+        .map_err(|e| format!("taskset: {e}"))?;
+    if done.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "taskset -acp {cores} {pid}: {}",
+            String::from_utf8_lossy(&done.stderr).trim()
+        ))
+    }
+}
