@@ -112,6 +112,16 @@ async fn keys_under(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnecti
     (c, keys)
 }
 
+/// Two replicas' stores on the same keys, both on `clock`.
+fn two_replicas(url: &str, prefix: &str, clock: &ManualClock) -> (RedisStore, RedisStore) {
+    let store = || {
+        RedisStore::new(url, prefix, suite::COOLDOWN)
+            .expect("a store")
+            .with_clock(Arc::new(clock.clone()))
+    };
+    (store(), store())
+}
+
 fn one(id: &str, max: i32) -> Vec<suite::P> {
     vec![suite::proxy(id, 1, max)]
 }
@@ -121,12 +131,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
     let Some(url) = redis_url() else { return };
     let prefix = fresh_prefix();
     let clock = ManualClock::new(suite::start());
-    let store = |c: &ManualClock| {
-        RedisStore::new(&url, &prefix, suite::COOLDOWN)
-            .expect("a store")
-            .with_clock(Arc::new(c.clone()))
-    };
-    let (a, b) = (store(&clock), store(&clock));
+    let (a, b) = two_replicas(&url, &prefix, &clock);
     // The leader published capacity 1; a replica with a stale view of 5 still grants only 1.
     a.publish_view(&[egress_lease::ViewEntry {
         id: "ns/p".into(),
@@ -419,12 +424,7 @@ async fn a_publication_sends_what_changed_and_anothers_makes_the_next_whole() {
     let Some(url) = redis_url() else { return };
     let prefix = fresh_prefix();
     let clock = ManualClock::new(suite::start());
-    let store = || {
-        RedisStore::new(&url, &prefix, suite::COOLDOWN)
-            .expect("a store")
-            .with_clock(Arc::new(clock.clone()))
-    };
-    let (a, b) = (store(), store());
+    let (a, b) = two_replicas(&url, &prefix, &clock);
     a.publish_view(&[entry("ns/p", true, 1, 1), entry("ns/q", true, 2, 1)])
         .await
         .expect("publish");
@@ -628,12 +628,7 @@ async fn a_view_of_many_chunks_lands_whole_and_is_taken_over_whole() {
     let Some(url) = redis_url() else { return };
     let prefix = fresh_prefix();
     let clock = ManualClock::new(suite::start());
-    let store = || {
-        RedisStore::new(&url, &prefix, suite::COOLDOWN)
-            .expect("a store")
-            .with_clock(Arc::new(clock.clone()))
-    };
-    let (a, b) = (store(), store());
+    let (a, b) = two_replicas(&url, &prefix, &clock);
     let n = 2 * egress_lease_redis::PUBLISH_CHUNK + 500;
     let fleet = |sick: Option<usize>| -> Vec<egress_lease::ViewEntry> {
         (0..n)
