@@ -112,14 +112,16 @@ async fn keys_under(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnecti
     (c, keys)
 }
 
+/// A store on the keys under `prefix`, on `clock`.
+fn on_clock(url: &str, prefix: &str, clock: &ManualClock) -> RedisStore {
+    RedisStore::new(url, prefix, suite::COOLDOWN)
+        .expect("a store")
+        .with_clock(Arc::new(clock.clone()))
+}
+
 /// Two replicas' stores on the same keys, both on `clock`.
 fn two_replicas(url: &str, prefix: &str, clock: &ManualClock) -> (RedisStore, RedisStore) {
-    let store = || {
-        RedisStore::new(url, prefix, suite::COOLDOWN)
-            .expect("a store")
-            .with_clock(Arc::new(clock.clone()))
-    };
-    (store(), store())
+    (on_clock(url, prefix, clock), on_clock(url, prefix, clock))
 }
 
 fn one(id: &str, max: i32) -> Vec<suite::P> {
@@ -200,9 +202,7 @@ async fn an_unreachable_redis_is_a_store_error_without_the_password() {
 async fn a_fleet_larger_than_a_batch_is_searched_whole() {
     let Some(url) = redis_url() else { return };
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
-        .expect("a store")
-        .with_clock(Arc::new(clock));
+    let s = on_clock(&url, &fresh_prefix(), &clock);
     let n = egress_lease_redis::BATCH * 2 + 10;
     // One lease each, in order: past the first batch the idle proxies are found by the second
     // run, which gets every candidate.
@@ -305,10 +305,7 @@ async fn what_abuse_leaves_in_redis_is_bounded() {
     let Some(url) = redis_url() else { return };
     let prefix = fresh_prefix();
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &prefix, suite::COOLDOWN)
-        .expect("a store")
-        .with_clock(Arc::new(clock.clone()))
-        .with_max_ended(100);
+    let s = on_clock(&url, &prefix, &clock).with_max_ended(100);
     let fleet: Vec<suite::P> = (0..4).map(|i| suite::proxy(&format!("ns/p{i}"), i, 5)).collect();
     let long = "x".repeat(MAX_TARGET_BYTES - 8);
     for round in 0..1_000u32 {
@@ -389,9 +386,7 @@ fn entry(id: &str, healthy: bool, latency_millis: i64, max_leases: i32) -> egres
 async fn the_index_answers_from_the_view_without_reading_the_candidates() {
     let Some(url) = redis_url() else { return };
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
-        .expect("a store")
-        .with_clock(Arc::new(clock));
+    let s = on_clock(&url, &fresh_prefix(), &clock);
     // Before any view there is no index: the candidates decide.
     assert_eq!(
         scoped(&s, &[]).await.expect_err("no view, no candidates"),
@@ -456,9 +451,7 @@ async fn a_publication_sends_what_changed_and_anothers_makes_the_next_whole() {
 async fn cooldowns_beyond_the_indexs_look_fall_back_to_the_candidates() {
     let Some(url) = redis_url() else { return };
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
-        .expect("a store")
-        .with_clock(Arc::new(clock));
+    let s = on_clock(&url, &fresh_prefix(), &clock);
     let n = egress_lease_redis::INDEX_LOOK + 10;
     let fleet: Vec<suite::P> = (0..n)
         .map(|i| suite::proxy(&format!("ns/p{i:04}"), i as i64, 1))
@@ -485,9 +478,7 @@ async fn cooldowns_beyond_the_indexs_look_fall_back_to_the_candidates() {
 async fn every_expired_lease_is_counted_out_before_the_index_chooses() {
     let Some(url) = redis_url() else { return };
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
-        .expect("a store")
-        .with_clock(Arc::new(clock.clone()));
+    let s = on_clock(&url, &fresh_prefix(), &clock);
     // More expired leases than one run moves (1 000), all on the best proxy.
     s.publish_view(&[entry("ns/best", true, 1, 5000), entry("ns/other", true, 9, 5000)])
         .await
@@ -505,9 +496,7 @@ async fn every_expired_lease_is_counted_out_before_the_index_chooses() {
 async fn a_mass_expiry_beyond_the_runs_falls_back_to_the_candidates() {
     let Some(url) = redis_url() else { return };
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &fresh_prefix(), suite::COOLDOWN)
-        .expect("a store")
-        .with_clock(Arc::new(clock.clone()));
+    let s = on_clock(&url, &fresh_prefix(), &clock);
     let fleet = [suite::proxy("ns/best", 1, 9000)];
     s.publish_view(&[entry("ns/best", true, 1, 9000)])
         .await
@@ -562,9 +551,7 @@ async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
     let Some(url) = redis_url() else { return };
     let prefix = fresh_prefix();
     let clock = ManualClock::new(suite::start());
-    let s = RedisStore::new(&url, &prefix, suite::COOLDOWN)
-        .expect("a store")
-        .with_clock(Arc::new(clock.clone()));
+    let s = on_clock(&url, &prefix, &clock);
     let now = u64::try_from(
         suite::start()
             .duration_since(std::time::UNIX_EPOCH)
