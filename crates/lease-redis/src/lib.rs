@@ -35,8 +35,10 @@
 //! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again
 //! by itself at the next call once Redis is back.
 
+mod calls;
 mod connection;
 mod functions;
+mod gather;
 #[cfg(feature = "testing")]
 pub mod local;
 mod publish;
@@ -49,11 +51,12 @@ use egress_lease::{
     Candidate, Clock, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, NoMatch, ReportResult, Scope,
     StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
-use redis::Value;
 
+use crate::calls::{Answer, Calls, Indexed, expiry, int, parse};
 pub use crate::connection::shown_url;
 use crate::connection::{Connection, split_wait};
 use crate::functions::{Library, Op};
+use crate::gather::Gather;
 pub use crate::publish::PUBLISH_CHUNK;
 use crate::publish::Published;
 
@@ -96,36 +99,23 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// The lease store on one Redis server, or on a Redis Cluster: every key of one store lives in
 /// one slot.
 pub struct RedisStore {
-    connection: Connection,
-    /// The scripts, as Redis Functions.
-    library: Arc<Library>,
-    /// `{<prefix>}`: every key starts with it, and the braces make it the key's hash tag, so
-    /// that on a Redis Cluster all of them live in one slot and every script runs on one node.
-    tag: String,
-    /// The tests' clock; `None` in production: the scripts read Redis's own clock, so every
-    /// replica agrees on the time whatever its own says.
-    clock: Option<Arc<dyn Clock>>,
-    cooldown: Duration,
+    calls: Arc<Calls>,
+    /// The installation's acquires, sent to Redis in batches.
+    gather: Gather<Calls>,
     /// All active leases as of this replica's last call (the scrape-time gauge).
     last_total: AtomicUsize,
-    /// Ended leases kept reportable, at most.
-    max_ended: usize,
     /// Cooldowns this replica's reports dropped for [`MAX_COOLDOWN_TARGETS`].
     dropped: AtomicU64,
-    /// Where Redis is, without credentials (for messages).
-    shown: String,
     /// This replica's last publication of the view, while it is known to be the one in Redis.
     published: tokio::sync::Mutex<Option<Published>>,
-    /// Replicas that must have a grant before it is answered (the URL's `wait`); 0: none.
-    wait_replicas: usize,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("redis", &self.shown)
-            .field("keys", &self.tag)
-            .field("cooldown", &self.cooldown)
+            .field("redis", &self.calls.shown)
+            .field("keys", &self.calls.tag)
+            .field("cooldown", &self.calls.cooldown)
             .finish_non_exhaustive()
     }
 }
@@ -146,19 +136,27 @@ impl RedisStore {
         }
         let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
         let connection = Connection::open(&url).map_err(|e| format!("lease store {shown}: {e}"))?;
-        Ok(Self {
+        Ok(Self::on(Calls {
             connection,
             library: Arc::new(Library::new()),
             tag: format!("{{{prefix}}}"),
             clock: None,
             cooldown,
-            last_total: AtomicUsize::new(0),
             max_ended: MAX_ENDED,
-            dropped: AtomicU64::new(0),
             shown,
-            published: tokio::sync::Mutex::new(None),
             wait_replicas,
-        })
+        }))
+    }
+
+    fn on(calls: Calls) -> Self {
+        let calls = Arc::new(calls);
+        Self {
+            gather: Gather::new(calls.clone()),
+            calls,
+            last_total: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            published: tokio::sync::Mutex::new(None),
+        }
     }
 
     /// Each operation's name (`acquire`, `acquire_indexed`, `release`, `report`, `active`,
@@ -167,88 +165,36 @@ impl RedisStore {
     pub fn function_names(&self) -> Vec<(&'static str, String)> {
         Op::ALL
             .iter()
-            .map(|op| (op.name(), self.library.function(*op)))
+            .map(|op| (op.name(), self.calls.library.function(*op)))
             .collect()
     }
 
     /// The same store keeping at most `max_ended` ended leases reportable (tests of the bound).
     #[must_use]
-    pub fn with_max_ended(mut self, max_ended: usize) -> Self {
-        self.max_ended = max_ended;
-        self
-    }
-
-    /// The arguments every script that ends leases takes: the cap and the retention.
-    fn ended_args(&self) -> [String; 2] {
-        [self.max_ended.to_string(), duration_millis(self.cooldown).to_string()]
+    pub fn with_max_ended(self, max_ended: usize) -> Self {
+        Self::on(Calls {
+            max_ended,
+            ..(*self.calls).clone()
+        })
     }
 
     /// The same store on `clock` instead of Redis's (tests that move time by hand).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// The time the scripts get: the clock's in ms, or "" for Redis's own.
-    fn now(&self) -> String {
-        self.clock
-            .as_ref()
-            .map(|c| millis(c.now()).to_string())
-            .unwrap_or_default()
+    #[must_use]
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self::on(Calls {
+            clock: Some(clock),
+            ..(*self.calls).clone()
+        })
     }
 
     /// Runs the operation's function on the store's keys with `args` within [`CALL_BUDGET`].
     async fn run<T: redis::FromRedisValue>(&self, op: Op, args: &[String]) -> Result<T, StoreError> {
-        let call = self.library.call(op, &self.tag, args);
-        let call = &call;
-        let answer = self
-            .library
-            .send(
-                &self.connection,
-                |mut live| async move { call.query_async(&mut live).await },
-            )
-            .await;
-        self.answered(answer)
-    }
-
-    /// A call's answer, or the [`StoreError`] that says why there is none.
-    fn answered<T>(&self, answer: Option<redis::RedisResult<T>>) -> Result<T, StoreError> {
-        match answer {
-            Some(Ok(v)) => Ok(v),
-            Some(Err(e)) => Err(StoreError(format!("redis {}: {e}", self.shown))),
-            None => Err(StoreError(format!(
-                "redis {}: no answer within {}s",
-                self.shown,
-                CALL_BUDGET.as_secs()
-            ))),
-        }
-    }
-
-    /// Runs an acquire function and, right behind it in one pipeline on the same connection,
-    /// `WAIT` for the URL's replicas (at most [`WAIT_BUDGET`]): the function's answer and how
-    /// many replicas have its writes. One pipeline, because `WAIT` counts only the writes sent on
-    /// its own connection: sent separately, it could go on a connection made again in between,
-    /// which has written nothing, and answer at once for a grant no replica has.
-    async fn run_waiting(&self, op: Op, args: &[String]) -> Result<(Vec<Value>, i64), StoreError> {
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(self.wait_replicas)
-            .arg(u64::try_from(WAIT_BUDGET.as_millis()).unwrap_or(u64::MAX));
-        let mut pipe = redis::pipe();
-        pipe.add_command(self.library.call(op, &self.tag, args))
-            .add_command(wait);
-        let pipe = &pipe;
-        let answer = self
-            .library
-            .send(
-                &self.connection,
-                |mut live| async move { pipe.query_async(&mut live).await },
-            )
-            .await;
-        self.answered(answer)
+        self.calls.run(op, args).await
     }
 
     /// One run of the acquire script over `batch`; `None` when the batch had no idle eligible
-    /// proxy and was not `last` (the caller then sends every candidate).
+    /// proxy and was not `last` (the caller then sends every candidate). Tried with a new lease
+    /// id when the last was taken (three tries).
     async fn acquire_listed(
         &self,
         batch: &[Candidate<'_>],
@@ -256,14 +202,14 @@ impl RedisStore {
         req: &LeaseRequest,
     ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
         let mut args = vec![
-            self.now(),
+            self.calls.now(),
             duration_millis(req.ttl).to_string(),
             req.target.as_ref().map(Target::hex).unwrap_or_default(),
             String::new(),
-            duration_millis(self.cooldown).to_string(),
+            duration_millis(self.calls.cooldown).to_string(),
             batch.len().to_string(),
             if last { "1" } else { "0" }.to_owned(),
-            self.max_ended.to_string(),
+            self.calls.max_ended.to_string(),
         ];
         for c in batch {
             args.push(c.id.to_owned());
@@ -271,130 +217,76 @@ impl RedisStore {
             args.push(c.latency_millis.to_string());
             args.push(c.max_leases.to_string());
         }
-        self.acquire_with(Op::Acquire, args, req).await
-    }
-
-    /// Acquires from the installation's index; `None` when there is none (no view published)
-    /// or the cooldowns at its head hide more than [`INDEX_LOOK`] proxies (the caller then
-    /// sends its candidates).
-    async fn acquire_indexed(&self, req: &LeaseRequest) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
-        let args = vec![
-            self.now(),
-            duration_millis(req.ttl).to_string(),
-            req.target.as_ref().map(Target::hex).unwrap_or_default(),
-            String::new(),
-            duration_millis(self.cooldown).to_string(),
-            self.max_ended.to_string(),
-            INDEX_LOOK.to_string(),
-        ];
-        self.acquire_with(Op::AcquireIndexed, args, req).await
-    }
-
-    /// Runs an acquire script whose fourth argument is the lease id, until it answers: with a
-    /// new id when the last was taken (three tries), again while expired leases remain to be
-    /// moved (each indexed run moves a thousand). `None`: the script asks for the candidates,
-    /// or [`EXPIRY_RUNS`] runs did not move every expired lease (a mass expiry the sweep has not
-    /// caught up with; the candidates' own expired leases are then moved as they are looked at).
-    async fn acquire_with(
-        &self,
-        op: Op,
-        mut args: Vec<String>,
-        req: &LeaseRequest,
-    ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
-        let (mut taken, mut expiry_runs) = (0, 0);
-        loop {
+        for _ in 0..3 {
             args[3] = lease_id();
-            let ran = if self.wait_replicas == 0 {
-                self.run(op, &args).await.map(|a| (a, 0))
-            } else {
-                self.run_waiting(op, &args).await
+            let answer = match self.calls.run_acquire(Op::Acquire, &args).await {
+                Ok((answer, replicated)) => {
+                    let total = if answer.len() > 4 { int(answer.get(4))? } else { 0 };
+                    parse(&answer, &args[3], total).and_then(|a| match a {
+                        Answer::Granted { .. } => self.calls.replicated(replicated).map(|()| a),
+                        a => Ok(a),
+                    })
+                }
+                Err(e) => Err(e),
             };
-            let (answer, replicated): (Vec<Value>, i64) = match ran {
-                Ok(a) => a,
+            match answer {
+                Ok(Answer::Taken) => self.calls.release_later(args[3].clone()),
+                Ok(answer) => return Ok(self.answer(answer, req)),
                 Err(e) => {
-                    // The script may have run and granted with its answer lost: that lease is
-                    // given back, so a retried request does not find the slot taken.
-                    self.release_later(args[3].clone());
+                    // The script may have run and granted with its answer lost, or granted
+                    // what no replica had in time: that lease is given back, so a retried
+                    // request does not find the slot taken.
+                    self.calls.release_later(args[3].clone());
                     return Err(e);
                 }
+            }
+        }
+        Err(taken())
+    }
+
+    /// Acquires from the installation's index, in a batch with the acquires that arrive
+    /// meanwhile; `None` when there is no index (no view published) or the cooldowns at its
+    /// head hide more than [`INDEX_LOOK`] proxies (the caller then sends its candidates).
+    async fn acquire_indexed(&self, req: &LeaseRequest) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
+        let target = req.target.as_ref().map(Target::hex).unwrap_or_default();
+        for _ in 0..3 {
+            let lease_id = lease_id();
+            let request = Indexed {
+                ttl: req.ttl,
+                target: target.clone(),
+                lease_id: lease_id.clone(),
             };
-            match int(answer.first())? {
-                0 => {
-                    return Ok(Some(Err(NoMatch {
-                        considered: count(answer.get(1))?,
-                        at_capacity: count(answer.get(2))?,
-                        in_cooldown: count(answer.get(3))?,
-                        unhealthy: count(answer.get(4))?,
-                    })));
-                }
-                1 => {
-                    let expires = u64::try_from(int(answer.get(3))?).unwrap_or(0);
-                    self.remember_total(int(answer.get(4))?);
-                    self.replicated(&args[3], replicated)?;
-                    return Ok(Some(Ok(Grant {
-                        lease_id: args[3].clone(),
-                        proxy_id: text(answer.get(1))?,
-                        expires_at: UNIX_EPOCH + Duration::from_millis(expires),
-                        ttl: req.ttl,
-                        active_leases: count(answer.get(2))?,
-                    })));
-                }
-                // 128 random bits do not collide in practice: a taken id is most likely this
-                // call's own, granted by a run the client library sent again after losing its
-                // answer. That lease is given back before another id is tried.
-                2 if taken < 2 => {
-                    self.release_later(args[3].clone());
-                    taken += 1;
-                }
-                2 => return Err(StoreError("three lease ids in a row were taken".to_owned())),
-                3 => return Ok(None),
-                4 if expiry_runs + 1 < EXPIRY_RUNS => expiry_runs += 1,
-                4 => return Ok(None),
-                other => return Err(StoreError(format!("the acquire script answered {other}"))),
+            match self.gather.call(request).await? {
+                Answer::Taken => self.calls.release_later(lease_id),
+                answer => return Ok(self.answer(answer, req)),
             }
         }
+        Err(taken())
     }
 
-    /// With `wait`, whether that many replicas had the grant of `lease_id` (`replicated` of
-    /// them, by the `WAIT` behind it): a failover then cannot lose it and grant its slot again.
-    /// A grant not replicated in time is given back and the acquire fails (the API answers 503).
-    fn replicated(&self, lease_id: &str, replicated: i64) -> Result<(), StoreError> {
-        if self.wait_replicas == 0 || usize::try_from(replicated).is_ok_and(|n| n >= self.wait_replicas) {
-            return Ok(());
-        }
-        self.release_later(lease_id.to_owned());
-        Err(StoreError(format!(
-            "redis {}: a grant reached {replicated} of {} replicas within {} ms; given back",
-            self.shown,
-            self.wait_replicas,
-            WAIT_BUDGET.as_millis()
-        )))
-    }
-
-    /// Releases `lease_id` in the background, trying for about a minute: the lease an acquire
-    /// may have granted without its answer arriving.
-    fn release_later(&self, lease_id: String) {
-        let (connection, library) = (self.connection.clone(), self.library.clone());
-        let [max_ended, retention] = self.ended_args();
-        let call = self
-            .library
-            .call(Op::Release, &self.tag, &[self.now(), lease_id, max_ended, retention]);
-        let shown = self.shown.clone();
-        tokio::spawn(async move {
-            let call = &call;
-            for attempt in 0..8u32 {
-                let done = library
-                    .send(&connection, |mut live| async move {
-                        call.query_async::<i64>(&mut live).await
-                    })
-                    .await;
-                if matches!(done, Some(Ok(_))) {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(500) * 2u32.pow(attempt.min(4))).await;
+    /// What an acquire answers for a script's answer other than [`Answer::Taken`]; `None` for
+    /// [`Answer::Candidates`].
+    fn answer(&self, answer: Answer, req: &LeaseRequest) -> Option<Result<Grant, NoMatch>> {
+        match answer {
+            Answer::Granted {
+                lease_id,
+                proxy,
+                active,
+                expires,
+                total,
+            } => {
+                self.remember_total(total);
+                Some(Ok(Grant {
+                    lease_id,
+                    proxy_id: proxy,
+                    expires_at: expiry(expires),
+                    ttl: req.ttl,
+                    active_leases: active,
+                }))
             }
-            tracing::info!(redis = %shown, "a lease whose grant was not answered could not be given back; it ends at its expiry");
-        });
+            Answer::NoMatch(n) => Some(Err(n)),
+            Answer::Candidates | Answer::Taken => None,
+        }
     }
 
     fn remember_total(&self, total: i64) {
@@ -403,26 +295,11 @@ impl RedisStore {
     }
 }
 
-fn int(v: Option<&Value>) -> Result<i64, StoreError> {
-    match v {
-        Some(Value::Int(n)) => Ok(*n),
-        other => Err(StoreError(format!(
-            "unexpected answer from the acquire script: {other:?}"
-        ))),
-    }
-}
-
-fn text(v: Option<&Value>) -> Result<String, StoreError> {
-    match v {
-        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
-        other => Err(StoreError(format!(
-            "unexpected answer from the acquire script: {other:?}"
-        ))),
-    }
-}
-
-fn count(v: Option<&Value>) -> Result<usize, StoreError> {
-    int(v).map(|n| usize::try_from(n).unwrap_or(0))
+/// 128 random bits do not collide in practice: a taken id is most likely the call's own,
+/// granted by a run the client library sent again after losing its answer. That lease is given
+/// back before another id is tried; three in a row is a fault.
+fn taken() -> StoreError {
+    StoreError("three lease ids in a row were taken".to_owned())
 }
 
 #[async_trait::async_trait]
@@ -457,9 +334,12 @@ impl LeaseStore for RedisStore {
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        let [max_ended, retention] = self.ended_args();
+        let [max_ended, retention] = self.calls.ended_args();
         let total: i64 = self
-            .run(Op::Release, &[self.now(), lease_id.to_owned(), max_ended, retention])
+            .run(
+                Op::Release,
+                &[self.calls.now(), lease_id.to_owned(), max_ended, retention],
+            )
             .await?;
         self.remember_total(total);
         Ok(())
@@ -476,11 +356,11 @@ impl LeaseStore for RedisStore {
             .run(
                 Op::Report,
                 &[
-                    self.now(),
+                    self.calls.now(),
                     lease_id.to_owned(),
                     kind.to_owned(),
                     target.as_ref().map(Target::hex).unwrap_or_default(),
-                    duration_millis(self.cooldown).to_string(),
+                    duration_millis(self.calls.cooldown).to_string(),
                     MAX_COOLDOWN_TARGETS.to_string(),
                 ],
             )
@@ -496,7 +376,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
-        let mut args = vec![self.now()];
+        let mut args = vec![self.calls.now()];
         args.extend(proxies.iter().map(|p| (*p).to_owned()));
         let mut counts: Vec<i64> = self.run(Op::Active, &args).await?;
         if let Some(total) = counts.pop() {
@@ -506,7 +386,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn active_total(&self) -> Result<usize, StoreError> {
-        let counts: Vec<i64> = self.run(Op::Active, &[self.now()]).await?;
+        let counts: Vec<i64> = self.run(Op::Active, &[self.calls.now()]).await?;
         let total = counts.last().copied().unwrap_or(0);
         self.remember_total(total);
         Ok(usize::try_from(total).unwrap_or(0))
@@ -517,8 +397,8 @@ impl LeaseStore for RedisStore {
     }
 
     async fn sweep(&self) -> Result<(), StoreError> {
-        let [max_ended, retention] = self.ended_args();
-        let total: i64 = self.run(Op::Sweep, &[self.now(), max_ended, retention]).await?;
+        let [max_ended, retention] = self.calls.ended_args();
+        let total: i64 = self.run(Op::Sweep, &[self.calls.now(), max_ended, retention]).await?;
         self.remember_total(total);
         Ok(())
     }

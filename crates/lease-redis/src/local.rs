@@ -29,6 +29,22 @@ pub fn binary() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// A port nothing listens on as this returns.
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// The process id of the redis-server answering on `port`.
+fn process_id(port: u16) -> Option<u32> {
+    redis_cli(port, &["info", "server"])?
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|id| id.trim().parse().ok())
+}
+
 fn answers(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
@@ -54,30 +70,38 @@ impl LocalRedis {
     /// # Errors
     /// No redis-server binary, or it did not start.
     pub fn start_with_appendfsync(appendfsync: &'static str) -> Result<Self, String> {
-        Self::start_with(appendfsync, |_| Vec::new())
+        Self::start_with(appendfsync, |_| Ok(Vec::new()))
     }
 
     /// [`start_with_appendfsync`](Self::start_with_appendfsync) with more arguments, made from
     /// its directory.
-    fn start_with(appendfsync: &'static str, extra: impl FnOnce(&Path) -> Vec<String>) -> Result<Self, String> {
+    /// Tries five ports: one found free may be bound by another test's server before this one
+    /// binds it (the tests run in parallel processes).
+    fn start_with(
+        appendfsync: &'static str,
+        extra: impl Fn(&Path) -> Result<Vec<String>, String>,
+    ) -> Result<Self, String> {
         let binary = binary().ok_or("redis-server is not installed (apt-get install redis-server)")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port: {e}"))?
-            .port();
-        let dir = std::env::temp_dir().join(format!("egress-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let extra = extra(&dir);
-        let mut redis = Self {
-            child: None,
-            binary,
-            port,
-            dir,
-            appendfsync,
-            extra,
-        };
-        redis.start_again()?;
-        Ok(redis)
+        let mut failed = String::new();
+        for _ in 0..5 {
+            let port = free_port()?;
+            let dir = std::env::temp_dir().join(format!("egress-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let mut redis = Self {
+                child: None,
+                binary: binary.clone(),
+                port,
+                extra: extra(&dir)?,
+                dir,
+                appendfsync,
+            };
+            match redis.start_again() {
+                Ok(()) => return Ok(redis),
+                // Dropped: stopped, its directory removed.
+                Err(e) => failed = format!("port {port}: {e}"),
+            }
+        }
+        Err(failed)
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -129,6 +153,12 @@ impl LocalRedis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Another test's server may hold the port: this one then cannot bind it.
+        let ours = self.child.as_ref().map(Child::id);
+        if process_id(self.port) != ours {
+            self.kill();
+            return Err(format!("port {} answers for another redis-server", self.port));
+        }
         Ok(())
     }
 }
@@ -162,21 +192,17 @@ impl LocalCluster {
     pub fn start(masters: usize, replicas: usize, appendfsync: &'static str) -> Result<Self, String> {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
-            let bus = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| format!("no free port: {e}"))?
-                .port();
             nodes.push(LocalRedis::start_with(appendfsync, |dir| {
-                vec![
+                Ok(vec![
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-port".into(),
-                    bus.to_string(),
+                    free_port()?.to_string(),
                     "--cluster-config-file".into(),
                     dir.join("nodes.conf").display().to_string(),
                     "--cluster-node-timeout".into(),
                     NODE_TIMEOUT_MILLIS.to_string(),
-                ]
+                ])
             })?);
         }
         let cluster = Self { nodes };

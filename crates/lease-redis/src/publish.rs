@@ -152,19 +152,20 @@ impl RedisStore {
 
     /// The ids of the proxies the view in Redis holds.
     async fn view_ids(&self) -> Result<HashSet<String>, StoreError> {
-        let key = format!("{}view", self.tag);
+        let key = format!("{}view", self.calls.tag);
         let (mut ids, mut cursor) = (HashSet::new(), 0u64);
         for _ in 0..MAX_SCAN_ROUNDS {
             let mut scan = redis::cmd("HSCAN");
             scan.arg(&key).arg(cursor).arg("COUNT").arg(PUBLISH_CHUNK);
             let scan = &scan;
             let answer = self
+                .calls
                 .connection
                 .within(CALL_BUDGET, |mut live| async move {
                     scan.query_async::<(u64, Vec<String>)>(&mut live).await
                 })
                 .await;
-            let (next, pairs) = self.answered(answer)?;
+            let (next, pairs) = self.calls.answered(answer)?;
             ids.extend(pairs.into_iter().step_by(2));
             if next == 0 {
                 return Ok(ids);
@@ -173,7 +174,7 @@ impl RedisStore {
         }
         Err(StoreError(format!(
             "redis {}: the view did not scan to its end in {MAX_SCAN_ROUNDS} rounds",
-            self.shown
+            self.calls.shown
         )))
     }
 }

@@ -71,4 +71,9 @@ for i = 0, n - 1 do
 end
 if not idle and not final then return {3} end
 if best == nil then return {0, considered, at_capacity, cooling_n, unhealthy} end
-return grant(p, best, best_active, lease, now, ttl, target, retention)
+local answer = grant(p, best, best_active, lease, now, ttl, target, retention)
+if answer[1] == 1 then
+  extend(p .. 'all', ttl + GRACE)
+  answer[5] = redis.call('ZCOUNT', p .. 'all', '(' .. now, '+inf')
+end
+return answer

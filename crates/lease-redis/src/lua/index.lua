@@ -126,8 +126,9 @@ local function extend(key, ms)
   if redis.call('PEXPIRE', key, ms, 'GT') == 0 then redis.call('PEXPIRE', key, ms, 'NX') end
 end
 
--- Grants `lease` on `proxy`, which has `active` leases. Returns the acquire scripts' answer:
--- {2} when the lease id is taken, else {1, proxy, its active leases, expires (ms), all active}.
+-- Grants `lease` on `proxy`, which has `active` leases. Returns {2} when the lease id is taken,
+-- else {1, proxy, its active leases, expires (ms)}. The caller makes `all` live past the
+-- lease (`extend`): a batch of grants does that once.
 local function grant(p, proxy, active, lease, now, ttl, target, retention)
   local expires = now + ttl
   local made = redis.call('SET', p .. 'lease:' .. lease, expires .. ',' .. target .. ',' .. proxy,
@@ -135,9 +136,16 @@ local function grant(p, proxy, active, lease, now, ttl, target, retention)
   if not made then return {2} end
   local active_key = p .. 'active:' .. proxy
   redis.call('ZADD', active_key, expires, lease)
-  extend(active_key, ttl + GRACE)
+  if active == 0 then
+    -- The proxy's first lease made its set: one call sets the TTL. (Were a set there behind the
+    -- scripts' back, it may now end before its leases; their release or expiry then counts the
+    -- proxy afresh, see release.lua.)
+    redis.call('PEXPIRE', active_key, ttl + GRACE)
+  else
+    -- The first lease gave the set a TTL: this one only makes it later.
+    redis.call('PEXPIRE', active_key, ttl + GRACE, 'GT')
+  end
   redis.call('ZADD', p .. 'all', expires, lease)
-  extend(p .. 'all', ttl + GRACE)
   rescore(p, proxy, active + 1)
-  return {1, proxy, active + 1, expires, redis.call('ZCOUNT', p .. 'all', '(' .. now, '+inf')}
+  return {1, proxy, active + 1, expires}
 end

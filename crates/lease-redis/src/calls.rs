@@ -1,0 +1,301 @@
+//! The store's calls to Redis: a function of the library run on the store's keys within its
+//! budget, with `WAIT` behind a grant when the URL asks for it; a lease given back in the
+//! background; and the installation's acquires sent in batches (`gather.rs`,
+//! `lua/acquire_indexed.lua`).
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use egress_lease::{Clock, NoMatch, StoreError};
+use redis::Value;
+
+use crate::connection::Connection;
+use crate::functions::{Library, Op};
+use crate::gather::Batches;
+use crate::{CALL_BUDGET, EXPIRY_RUNS, INDEX_LOOK, WAIT_BUDGET, duration_millis, millis};
+
+/// What every call of one store shares: where Redis is and which keys are the store's.
+#[derive(Clone)]
+pub(crate) struct Calls {
+    pub(crate) connection: Connection,
+    /// The scripts, as Redis Functions.
+    pub(crate) library: Arc<Library>,
+    /// `{<prefix>}`: every key starts with it, and the braces make it the key's hash tag, so
+    /// that on a Redis Cluster all of them live in one slot and every script runs on one node.
+    pub(crate) tag: String,
+    /// The tests' clock; `None` in production: the scripts read Redis's own clock, so every
+    /// replica agrees on the time whatever its own says.
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) cooldown: Duration,
+    /// Ended leases kept reportable, at most.
+    pub(crate) max_ended: usize,
+    /// Where Redis is, without credentials (for messages).
+    pub(crate) shown: String,
+    /// Replicas that must have a grant before it is answered (the URL's `wait`); 0: none.
+    pub(crate) wait_replicas: usize,
+}
+
+/// An acquire from the installation's index, as one request of a batch.
+pub(crate) struct Indexed {
+    pub(crate) ttl: Duration,
+    /// The target's digest; empty for none.
+    pub(crate) target: String,
+    pub(crate) lease_id: String,
+}
+
+/// What an acquire script answered one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Granted {
+        lease_id: String,
+        proxy: String,
+        /// The proxy's active leases with this one.
+        active: usize,
+        /// Milliseconds since the epoch.
+        expires: u64,
+        /// All active leases.
+        total: i64,
+    },
+    NoMatch(NoMatch),
+    /// The lease id is taken: ask again with another.
+    Taken,
+    /// The index cannot answer: send the candidates.
+    Candidates,
+}
+
+impl Calls {
+    /// The arguments every script that ends leases takes: the cap and the retention.
+    pub(crate) fn ended_args(&self) -> [String; 2] {
+        [self.max_ended.to_string(), duration_millis(self.cooldown).to_string()]
+    }
+
+    /// The time the scripts get: the clock's in ms, or "" for Redis's own.
+    pub(crate) fn now(&self) -> String {
+        self.clock
+            .as_ref()
+            .map(|c| millis(c.now()).to_string())
+            .unwrap_or_default()
+    }
+
+    /// Runs the operation's function on the store's keys with `args` within [`CALL_BUDGET`].
+    pub(crate) async fn run<T: redis::FromRedisValue>(&self, op: Op, args: &[String]) -> Result<T, StoreError> {
+        let call = self.library.call(op, &self.tag, args);
+        let call = &call;
+        let answer = self
+            .library
+            .send(
+                &self.connection,
+                |mut live| async move { call.query_async(&mut live).await },
+            )
+            .await;
+        self.answered(answer)
+    }
+
+    /// A call's answer, or the [`StoreError`] that says why there is none.
+    pub(crate) fn answered<T>(&self, answer: Option<redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match answer {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(StoreError(format!("redis {}: {e}", self.shown))),
+            None => Err(StoreError(format!(
+                "redis {}: no answer within {}s",
+                self.shown,
+                CALL_BUDGET.as_secs()
+            ))),
+        }
+    }
+
+    /// Runs an acquire function and, with the URL's `wait`, `WAIT` for that many replicas (at
+    /// most [`WAIT_BUDGET`]) right behind it in one pipeline on the same connection: the
+    /// function's answer and how many replicas have its writes (0 without `wait`). One
+    /// pipeline, because `WAIT` counts only the writes sent on its own connection: sent
+    /// separately, it could go on a connection made again in between, which has written
+    /// nothing, and answer at once for a grant no replica has.
+    pub(crate) async fn run_acquire(&self, op: Op, args: &[String]) -> Result<(Vec<Value>, i64), StoreError> {
+        if self.wait_replicas == 0 {
+            return self.run(op, args).await.map(|answer| (answer, 0));
+        }
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.wait_replicas)
+            .arg(u64::try_from(WAIT_BUDGET.as_millis()).unwrap_or(u64::MAX));
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.library.call(op, &self.tag, args))
+            .add_command(wait);
+        let pipe = &pipe;
+        let answer = self
+            .library
+            .send(
+                &self.connection,
+                |mut live| async move { pipe.query_async(&mut live).await },
+            )
+            .await;
+        self.answered(answer)
+    }
+
+    /// With `wait`, whether that many replicas had the grants of a call (`replicated` of them,
+    /// by the `WAIT` behind it): a failover then cannot lose them and grant their slots again.
+    pub(crate) fn replicated(&self, replicated: i64) -> Result<(), StoreError> {
+        if self.wait_replicas == 0 || usize::try_from(replicated).is_ok_and(|n| n >= self.wait_replicas) {
+            return Ok(());
+        }
+        Err(StoreError(format!(
+            "redis {}: a grant reached {replicated} of {} replicas within {} ms; given back",
+            self.shown,
+            self.wait_replicas,
+            WAIT_BUDGET.as_millis()
+        )))
+    }
+
+    /// Releases `lease_id` in the background, trying for about a minute: the lease an acquire
+    /// may have granted without its answer arriving, or granted to a caller that left.
+    pub(crate) fn release_later(&self, lease_id: String) {
+        let (connection, library) = (self.connection.clone(), self.library.clone());
+        let [max_ended, retention] = self.ended_args();
+        let call = self
+            .library
+            .call(Op::Release, &self.tag, &[self.now(), lease_id, max_ended, retention]);
+        let shown = self.shown.clone();
+        tokio::spawn(async move {
+            let call = &call;
+            for attempt in 0..8u32 {
+                let done = library
+                    .send(&connection, |mut live| async move {
+                        call.query_async::<i64>(&mut live).await
+                    })
+                    .await;
+                if matches!(done, Some(Ok(_))) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500) * 2u32.pow(attempt.min(4))).await;
+            }
+            tracing::info!(redis = %shown, "a lease whose grant was not answered could not be given back; it ends at its expiry");
+        });
+    }
+
+    /// One run of the indexed acquire over `batch`; [`Answer::Candidates`] for each when
+    /// [`EXPIRY_RUNS`] runs did not move every expired lease (a mass expiry the sweep has not
+    /// caught up with; the candidates' own expired leases are then moved as they are looked
+    /// at).
+    async fn acquire_indexed(&self, batch: &[Indexed]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+        let [max_ended, retention] = self.ended_args();
+        let mut args = vec![String::new(), retention, max_ended, INDEX_LOOK.to_string()];
+        for r in batch {
+            args.push(duration_millis(r.ttl).to_string());
+            args.push(r.target.clone());
+            args.push(r.lease_id.clone());
+        }
+        for _ in 0..EXPIRY_RUNS {
+            args[0] = self.now();
+            let (answer, replicated) = self.run_acquire(Op::AcquireIndexed, &args).await?;
+            // More expired leases to move first; nothing was granted.
+            if matches!(answer.first(), Some(Value::Int(-1))) {
+                continue;
+            }
+            let total = int(answer.first())?;
+            if answer.len() != batch.len() + 1 {
+                return Err(unexpected(&answer));
+            }
+            let replication = self.replicated(replicated);
+            return Ok(batch
+                .iter()
+                .zip(&answer[1..])
+                .map(|(r, a)| {
+                    let Value::Array(a) = a else {
+                        return Err(unexpected(a));
+                    };
+                    let answer = parse(a, &r.lease_id, total)?;
+                    match (&answer, &replication) {
+                        // Not replicated in time: given back, and the acquire fails (503).
+                        (Answer::Granted { .. }, Err(e)) => Err(e.clone()),
+                        _ => Ok(answer),
+                    }
+                })
+                .collect());
+        }
+        Ok(batch.iter().map(|_| Ok(Answer::Candidates)).collect())
+    }
+}
+
+impl Batches for Calls {
+    type Request = Indexed;
+    type Answer = Answer;
+
+    async fn send(&self, batch: Vec<Indexed>) -> Vec<Result<Answer, StoreError>> {
+        match self.acquire_indexed(&batch).await {
+            Ok(answers) => {
+                for (r, a) in batch.iter().zip(&answers) {
+                    // Granted but not answered as such (no replica had it in time, or the
+                    // answer did not parse): given back.
+                    if a.is_err() {
+                        self.release_later(r.lease_id.clone());
+                    }
+                }
+                answers
+            }
+            Err(e) => {
+                // The script may have run and granted with its answer lost: those leases are
+                // given back, so retried requests do not find the slots taken.
+                for r in &batch {
+                    self.release_later(r.lease_id.clone());
+                }
+                batch.iter().map(|_| Err(e.clone())).collect()
+            }
+        }
+    }
+
+    fn orphan(&self, answer: Answer) {
+        if let Answer::Granted { lease_id, .. } = answer {
+            self.release_later(lease_id);
+        }
+    }
+}
+
+/// An acquire script's answer to one request: {0, considered, at capacity, in cooldown,
+/// unhealthy}, {1, proxy, its active leases, expires (ms)}, {2} or {3}. `total`: all active
+/// leases, as the script counted them.
+pub(crate) fn parse(answer: &[Value], lease_id: &str, total: i64) -> Result<Answer, StoreError> {
+    Ok(match int(answer.first())? {
+        0 => Answer::NoMatch(NoMatch {
+            considered: count(answer.get(1))?,
+            at_capacity: count(answer.get(2))?,
+            in_cooldown: count(answer.get(3))?,
+            unhealthy: count(answer.get(4))?,
+        }),
+        1 => Answer::Granted {
+            lease_id: lease_id.to_owned(),
+            proxy: text(answer.get(1))?,
+            active: count(answer.get(2))?,
+            expires: u64::try_from(int(answer.get(3))?).unwrap_or(0),
+            total,
+        },
+        2 => Answer::Taken,
+        3 => Answer::Candidates,
+        other => return Err(StoreError(format!("the acquire script answered {other}"))),
+    })
+}
+
+/// When a lease granted `expires` (ms since the epoch).
+pub(crate) fn expiry(expires: u64) -> std::time::SystemTime {
+    UNIX_EPOCH + Duration::from_millis(expires)
+}
+
+fn unexpected(v: &(impl std::fmt::Debug + ?Sized)) -> StoreError {
+    StoreError(format!("unexpected answer from the acquire script: {v:?}"))
+}
+
+pub(crate) fn int(v: Option<&Value>) -> Result<i64, StoreError> {
+    match v {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn text(v: Option<&Value>) -> Result<String, StoreError> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn count(v: Option<&Value>) -> Result<usize, StoreError> {
+    int(v).map(|n| usize::try_from(n).unwrap_or(0))
+}

@@ -1,0 +1,295 @@
+//! Calls gathered into batches: while [`IN_FLIGHT`] batches are on their way to Redis, the
+//! requests that arrive wait together, and the next batch carries up to [`MAX_BATCH`] of them
+//! in one call. A request that finds a batch free goes at once, so a quiet store sends each
+//! alone and a busy one sends fewer, larger calls.
+//!
+//! Why: Redis runs one call at a time, and part of what a call costs it does not depend on
+//! what the call carries (the call itself, reading the clock, moving due expiries, the TTL of
+//! the shared index, the count of all leases; the `WAIT` with the URL's `wait`). Gathered,
+//! those are paid once per batch; the choices stay those of the requests one after another.
+//!
+//! Bounds: at most [`MAX_WAITING`] requests wait (more are refused at once), and a request that
+//! waited [`MAX_WAIT`] without a batch taking it is answered with an error unsent. A caller
+//! that stops waiting (its own timeout) loses nothing to Redis: what it was granted is handed
+//! to [`Batches::orphan`], which gives it back.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use egress_lease::StoreError;
+use tokio::sync::oneshot;
+
+use crate::CALL_BUDGET;
+
+/// Batches on their way at once, at most: one that Redis runs while the next is sent.
+pub(crate) const IN_FLIGHT: usize = 2;
+/// Requests one batch carries, at most: a batch keeps Redis from every other client while it
+/// runs (about 20 µs a request on the bench machine, so well under a millisecond).
+pub(crate) const MAX_BATCH: usize = 32;
+/// Requests waiting for a batch, at most.
+pub(crate) const MAX_WAITING: usize = 4096;
+/// How long a request waits for a batch to take it, at most.
+pub(crate) const MAX_WAIT: Duration = CALL_BUDGET;
+
+/// What sends a batch and answers each of its requests.
+pub(crate) trait Batches: Send + Sync + 'static {
+    type Request: Send + 'static;
+    type Answer: Send + 'static;
+
+    /// Sends `batch`: one answer per request, in order.
+    fn send(&self, batch: Vec<Self::Request>) -> impl Future<Output = Vec<Result<Self::Answer, StoreError>>> + Send;
+
+    /// An answer nobody waits for any more (its caller gave up): undoes what it did.
+    fn orphan(&self, answer: Self::Answer);
+}
+
+/// A request waiting for a batch.
+struct Waiting<B: Batches> {
+    request: B::Request,
+    since: Instant,
+    answer: oneshot::Sender<Result<B::Answer, StoreError>>,
+}
+
+struct State<B: Batches> {
+    waiting: VecDeque<Waiting<B>>,
+    in_flight: usize,
+}
+
+/// Requests for `B`, gathered into batches.
+pub(crate) struct Gather<B: Batches> {
+    batches: Arc<B>,
+    state: Arc<Mutex<State<B>>>,
+    /// [`MAX_WAIT`], but in tests.
+    max_wait: Duration,
+}
+
+impl<B: Batches> Gather<B> {
+    pub(crate) fn new(batches: Arc<B>) -> Self {
+        Self {
+            batches,
+            state: Arc::new(Mutex::new(State {
+                waiting: VecDeque::new(),
+                in_flight: 0,
+            })),
+            max_wait: MAX_WAIT,
+        }
+    }
+
+    /// Sends `request` in the next batch with room and waits for its answer.
+    pub(crate) async fn call(&self, request: B::Request) -> Result<B::Answer, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let start = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.waiting.len() >= MAX_WAITING {
+                return Err(StoreError(format!("{MAX_WAITING} requests already wait for Redis")));
+            }
+            state.waiting.push_back(Waiting {
+                request,
+                since: Instant::now(),
+                answer,
+            });
+            let start = state.in_flight < IN_FLIGHT;
+            if start {
+                state.in_flight += 1;
+            }
+            start
+        };
+        if start {
+            tokio::spawn(drain(self.batches.clone(), self.state.clone(), self.max_wait));
+        }
+        answered
+            .await
+            .unwrap_or_else(|_| Err(StoreError("the call was dropped before it was answered".to_owned())))
+    }
+}
+
+/// Sends batches while requests wait; one of the [`IN_FLIGHT`] senders.
+async fn drain<B: Batches>(batches: Arc<B>, state: Arc<Mutex<State<B>>>, max_wait: Duration) {
+    loop {
+        let (batch, stale) = {
+            let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.waiting.is_empty() {
+                state.in_flight -= 1;
+                return;
+            }
+            let taken = state.waiting.len().min(MAX_BATCH);
+            let (batch, stale): (Vec<_>, Vec<_>) =
+                state.waiting.drain(..taken).partition(|w| w.since.elapsed() < max_wait);
+            (batch, stale)
+        };
+        for w in stale {
+            // Nothing was sent: there is nothing to undo whether or not anyone still waits.
+            let _ = w.answer.send(Err(StoreError(format!(
+                "redis: no batch had room within {} ms",
+                max_wait.as_millis()
+            ))));
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let (requests, senders): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| (w.request, w.answer)).unzip();
+        let answers = batches.send(requests).await;
+        for (sender, answer) in senders.into_iter().zip(answers) {
+            if let Err(Ok(answer)) = sender.send(answer) {
+                batches.orphan(answer);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// Answers each request with itself times ten, each batch only once `gate` lets it; records
+    /// the batches and the orphans.
+    struct Echo {
+        gate: Semaphore,
+        sent: Mutex<Vec<Vec<u32>>>,
+        orphans: Mutex<Vec<u32>>,
+        calls: AtomicUsize,
+    }
+
+    impl Batches for Echo {
+        type Request = u32;
+        type Answer = u32;
+
+        async fn send(&self, batch: Vec<u32>) -> Vec<Result<u32, StoreError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.gate.acquire().await.expect("the gate").forget();
+            self.sent.lock().unwrap().push(batch.clone());
+            batch.into_iter().map(|r| Ok(r * 10)).collect()
+        }
+
+        fn orphan(&self, answer: u32) {
+            self.orphans.lock().unwrap().push(answer);
+        }
+    }
+
+    fn echo() -> Arc<Echo> {
+        Arc::new(Echo {
+            gate: Semaphore::new(0),
+            sent: Mutex::new(Vec::new()),
+            orphans: Mutex::new(Vec::new()),
+            calls: AtomicUsize::new(0),
+        })
+    }
+
+    /// Waits until `n` batches have been handed to `send` (each then waits at the gate).
+    async fn until_sending(echo: &Echo, n: usize) {
+        while echo.calls.load(Ordering::SeqCst) < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn waiting(gather: &Gather<Echo>) -> usize {
+        gather.state.lock().unwrap().waiting.len()
+    }
+
+    #[tokio::test]
+    async fn requests_that_arrive_while_batches_are_out_go_together_in_order() {
+        let echo = echo();
+        let gather = Arc::new(Gather::new(echo.clone()));
+        let mut calls = Vec::new();
+        for r in 0..(IN_FLIGHT as u32 + 40) {
+            let gather = gather.clone();
+            calls.push(tokio::spawn(async move { gather.call(r).await }));
+            if (r as usize) < IN_FLIGHT {
+                until_sending(&echo, r as usize + 1).await;
+            }
+        }
+        while waiting(&gather) < 40 {
+            tokio::task::yield_now().await;
+        }
+        echo.gate.add_permits(1000);
+        for (r, call) in calls.into_iter().enumerate() {
+            assert_eq!(
+                call.await.unwrap(),
+                Ok(r as u32 * 10),
+                "each caller gets its own answer"
+            );
+        }
+        let sent = echo.sent.lock().unwrap().clone();
+        let mut sizes: Vec<usize> = sent.iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        // The first IN_FLIGHT went alone; the 40 that waited went as a full batch and the rest.
+        let mut expected = vec![1; IN_FLIGHT];
+        expected.extend([40 - MAX_BATCH, MAX_BATCH]);
+        assert_eq!(sizes, expected);
+        let mut all: Vec<u32> = sent.into_iter().flatten().collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..IN_FLIGHT as u32 + 40).collect::<Vec<_>>(),
+            "each request sent once"
+        );
+        assert_eq!(gather.state.lock().unwrap().in_flight, 0, "the senders stopped");
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_caller_gave_up_is_undone() {
+        let echo = echo();
+        let gather = Arc::new(Gather::new(echo.clone()));
+        let kept = tokio::spawn({
+            let gather = gather.clone();
+            async move { gather.call(1).await }
+        });
+        until_sending(&echo, 1).await;
+        let gone = tokio::spawn({
+            let gather = gather.clone();
+            async move { gather.call(2).await }
+        });
+        until_sending(&echo, 2).await;
+        gone.abort();
+        assert!(gone.await.unwrap_err().is_cancelled());
+        echo.gate.add_permits(2);
+        assert_eq!(kept.await.unwrap(), Ok(10));
+        while echo.orphans.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            *echo.orphans.lock().unwrap(),
+            [20],
+            "only the abandoned grant is undone"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once() {
+        let echo = echo();
+        let gather = Arc::new(Gather::new(echo.clone()));
+        for r in 0..IN_FLIGHT {
+            let gather = gather.clone();
+            tokio::spawn(async move { gather.call(r as u32).await });
+            until_sending(&echo, r + 1).await;
+        }
+        for r in 0..MAX_WAITING as u32 {
+            let gather = gather.clone();
+            tokio::spawn(async move { gather.call(r).await });
+        }
+        while waiting(&gather) < MAX_WAITING {
+            tokio::task::yield_now().await;
+        }
+        let refused = gather.call(u32::MAX).await.expect_err("no room");
+        assert!(refused.0.contains("already wait"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_request_that_waited_too_long_is_answered_unsent() {
+        let echo = echo();
+        let gather = Gather {
+            max_wait: Duration::ZERO,
+            ..Gather::new(echo.clone())
+        };
+        let late = gather.call(1).await.expect_err("waited too long");
+        assert!(late.0.contains("no batch had room"), "{late}");
+        assert!(echo.sent.lock().unwrap().is_empty(), "nothing was sent");
+        assert_eq!(gather.state.lock().unwrap().in_flight, 0, "the sender stopped");
+    }
+}
