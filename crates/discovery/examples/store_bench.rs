@@ -102,8 +102,10 @@ async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>) -> Fig
     }
 }
 
-/// Redis's own microseconds per call of each operation, from the slow log: `functions` names
-/// each operation's function.
+/// Redis's own microseconds per request of each operation, from the slow log: `functions`
+/// names each operation's function. An acquire from the index and a release carry a batch of
+/// requests in one call (`lua/acquire_indexed.lua`, `lua/release.lua` give the arguments), so
+/// a call's time is shared among its requests.
 async fn script_times(
     connection: &mut redis::aio::MultiplexedConnection,
     functions: &[(&'static str, String)],
@@ -114,7 +116,7 @@ async fn script_times(
         .query_async(connection)
         .await
         .expect("SLOWLOG GET");
-    let mut sums: HashMap<&'static str, (f64, u64)> = HashMap::new();
+    let mut sums: HashMap<&'static str, (f64, usize)> = HashMap::new();
     for entry in entries {
         let redis::Value::Array(fields) = entry else { continue };
         let (Some(redis::Value::Int(micros)), Some(redis::Value::Array(args))) = (fields.get(2), fields.get(3)) else {
@@ -125,12 +127,37 @@ async fn script_times(
         };
         let function = String::from_utf8_lossy(function);
         if let Some((name, _)) = functions.iter().find(|(_, f)| *f == function) {
+            // FCALL, the function, 1, the key, then the function's own arguments.
+            let own = arguments(args).saturating_sub(4);
+            let requests = match *name {
+                // now, retention, ended kept, cap, then ttl, target, lease id per request.
+                "acquire_indexed" => own.saturating_sub(4) / 3,
+                // now, ended kept, retention, then the lease ids.
+                "release" => own.saturating_sub(3),
+                _ => 1,
+            };
             let e = sums.entry(name).or_default();
             e.0 += *micros as f64;
-            e.1 += 1;
+            e.1 += requests.max(1);
         }
     }
     sums.into_iter().map(|(k, (sum, n))| (k, sum / n as f64)).collect()
+}
+
+/// How many arguments a slow log entry's call had: the log keeps 32, the last of them then
+/// saying how many more there were ("... (N more arguments)").
+fn arguments(args: &[redis::Value]) -> usize {
+    let more = match args.last() {
+        Some(redis::Value::BulkString(last)) => String::from_utf8_lossy(last)
+            .strip_prefix("... (")
+            .and_then(|rest| rest.strip_suffix(" more arguments)"))
+            .and_then(|n| n.parse::<usize>().ok()),
+        _ => None,
+    };
+    match more {
+        Some(n) => args.len() - 1 + n,
+        None => args.len(),
+    }
 }
 
 /// One Redis store's figures on `fleet`: a fresh key prefix (nothing of the last run is in the

@@ -1,7 +1,7 @@
 //! The store's calls to Redis: a function of the library run on the store's keys within its
 //! budget, with `WAIT` behind a grant when the URL asks for it; a lease given back in the
-//! background; and the installation's acquires sent in batches (`gather.rs`,
-//! `lua/acquire_indexed.lua`).
+//! background; and the installation's acquires and all releases sent in batches (`gather.rs`,
+//! `lua/acquire_indexed.lua`, `lua/release.lua`).
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -152,7 +152,7 @@ impl Calls {
         let [max_ended, retention] = self.ended_args();
         let call = self
             .library
-            .call(Op::Release, &self.tag, &[self.now(), lease_id, max_ended, retention]);
+            .call(Op::Release, &self.tag, &[self.now(), max_ended, retention, lease_id]);
         let shown = self.shown.clone();
         tokio::spawn(async move {
             let call = &call;
@@ -215,18 +215,22 @@ impl Calls {
     }
 }
 
-impl Batches for Calls {
+/// The installation's acquires, sent in batches (`lua/acquire_indexed.lua`).
+pub(crate) struct Acquires(pub(crate) Arc<Calls>);
+
+impl Batches for Acquires {
     type Request = Indexed;
     type Answer = Answer;
 
     async fn send(&self, batch: Vec<Indexed>) -> Vec<Result<Answer, StoreError>> {
-        match self.acquire_indexed(&batch).await {
+        let calls = &self.0;
+        match calls.acquire_indexed(&batch).await {
             Ok(answers) => {
                 for (r, a) in batch.iter().zip(&answers) {
                     // Granted but not answered as such (no replica had it in time, or the
                     // answer did not parse): given back.
                     if a.is_err() {
-                        self.release_later(r.lease_id.clone());
+                        calls.release_later(r.lease_id.clone());
                     }
                 }
                 answers
@@ -235,7 +239,7 @@ impl Batches for Calls {
                 // The script may have run and granted with its answer lost: those leases are
                 // given back, so retried requests do not find the slots taken.
                 for r in &batch {
-                    self.release_later(r.lease_id.clone());
+                    calls.release_later(r.lease_id.clone());
                 }
                 batch.iter().map(|_| Err(e.clone())).collect()
             }
@@ -244,9 +248,29 @@ impl Batches for Calls {
 
     fn orphan(&self, answer: Answer) {
         if let Answer::Granted { lease_id, .. } = answer {
-            self.release_later(lease_id);
+            self.0.release_later(lease_id);
         }
     }
+}
+
+/// Releases, sent in batches (`lua/release.lua`): each lease id answered with all active
+/// leases.
+pub(crate) struct Releases(pub(crate) Arc<Calls>);
+
+impl Batches for Releases {
+    type Request = String;
+    type Answer = i64;
+
+    async fn send(&self, batch: Vec<String>) -> Vec<Result<i64, StoreError>> {
+        let (calls, n) = (&self.0, batch.len());
+        let [max_ended, retention] = calls.ended_args();
+        let mut args = vec![calls.now(), max_ended, retention];
+        args.extend(batch);
+        vec![calls.run::<i64>(Op::Release, &args).await; n]
+    }
+
+    /// A release whose caller left has still ended its lease: nothing to undo.
+    fn orphan(&self, _total: i64) {}
 }
 
 /// An acquire script's answer to one request: {0, considered, at capacity, in cooldown,

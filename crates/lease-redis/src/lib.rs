@@ -52,7 +52,7 @@ use egress_lease::{
     StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
 
-use crate::calls::{Answer, Calls, Indexed, expiry, int, parse};
+use crate::calls::{Acquires, Answer, Calls, Indexed, Releases, expiry, int, parse};
 pub use crate::connection::shown_url;
 use crate::connection::{Connection, split_wait};
 use crate::functions::{Library, Op};
@@ -100,8 +100,9 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// one slot.
 pub struct RedisStore {
     calls: Arc<Calls>,
-    /// The installation's acquires, sent to Redis in batches.
-    gather: Gather<Calls>,
+    /// The installation's acquires and all releases, sent to Redis in batches.
+    acquires: Gather<Acquires>,
+    releases: Gather<Releases>,
     /// All active leases as of this replica's last call (the scrape-time gauge).
     last_total: AtomicUsize,
     /// Cooldowns this replica's reports dropped for [`MAX_COOLDOWN_TARGETS`].
@@ -151,7 +152,8 @@ impl RedisStore {
     fn on(calls: Calls) -> Self {
         let calls = Arc::new(calls);
         Self {
-            gather: Gather::new(calls.clone()),
+            acquires: Gather::new(Arc::new(Acquires(calls.clone()))),
+            releases: Gather::new(Arc::new(Releases(calls.clone()))),
             calls,
             last_total: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
@@ -256,7 +258,7 @@ impl RedisStore {
                 target: target.clone(),
                 lease_id: lease_id.clone(),
             };
-            match self.gather.call(request).await? {
+            match self.acquires.call(request).await? {
                 Answer::Taken => self.calls.release_later(lease_id),
                 answer => return Ok(self.answer(answer, req)),
             }
@@ -334,13 +336,7 @@ impl LeaseStore for RedisStore {
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        let [max_ended, retention] = self.calls.ended_args();
-        let total: i64 = self
-            .run(
-                Op::Release,
-                &[self.calls.now(), lease_id.to_owned(), max_ended, retention],
-            )
-            .await?;
+        let total = self.releases.call(lease_id.to_owned()).await?;
         self.remember_total(total);
         Ok(())
     }
