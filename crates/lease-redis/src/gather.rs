@@ -105,13 +105,32 @@ impl<B: Batches> Gather<B> {
     }
 }
 
+/// Counts a sender out if it ends by a panic, so that the next request starts another.
+struct Sender<B: Batches> {
+    state: Arc<Mutex<State<B>>>,
+    /// Counted out already, with the queue seen empty under the same lock (a request pushed
+    /// just after then starts a sender of its own).
+    stopped: bool,
+}
+
+impl<B: Batches> Drop for Sender<B> {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.state.lock().unwrap_or_else(PoisonError::into_inner).in_flight -= 1;
+        }
+    }
+}
+
 /// Sends batches while requests wait; one of the [`IN_FLIGHT`] senders.
 async fn drain<B: Batches>(batches: Arc<B>, state: Arc<Mutex<State<B>>>, max_wait: Duration) {
+    let mut sender = Sender { state, stopped: false };
     loop {
         let (batch, stale) = {
-            let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut state = sender.state.lock().unwrap_or_else(PoisonError::into_inner);
             if state.waiting.is_empty() {
                 state.in_flight -= 1;
+                drop(state);
+                sender.stopped = true;
                 return;
             }
             let taken = state.waiting.len().min(MAX_BATCH);
@@ -162,6 +181,7 @@ mod tests {
 
         async fn send(&self, batch: Vec<u32>) -> Vec<Result<u32, StoreError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            assert!(!batch.contains(&PANICS), "a sender's bug");
             self.gate.acquire().await.expect("the gate").forget();
             self.sent.lock().unwrap().push(batch.clone());
             batch.into_iter().map(|r| Ok(r * 10)).collect()
@@ -171,6 +191,9 @@ mod tests {
             self.orphans.lock().unwrap().push(answer);
         }
     }
+
+    /// A request whose batch panics in `send`.
+    const PANICS: u32 = 666;
 
     fn echo() -> Arc<Echo> {
         Arc::new(Echo {
@@ -278,6 +301,21 @@ mod tests {
         }
         let refused = gather.call(u32::MAX).await.expect_err("no room");
         assert!(refused.0.contains("already wait"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_sender_that_panics_leaves_the_next_request_its_own() {
+        let echo = echo();
+        let gather = Gather::new(echo.clone());
+        // As many as there are senders: without being counted out, they would leave none.
+        for _ in 0..IN_FLIGHT {
+            let lost = gather.call(PANICS).await.expect_err("its sender panicked");
+            assert!(lost.0.contains("dropped"), "{lost}");
+        }
+        assert_eq!(gather.state.lock().unwrap().in_flight, 0);
+        echo.gate.add_permits(1);
+        assert_eq!(gather.call(1).await, Ok(10));
+        assert_eq!(gather.state.lock().unwrap().in_flight, 0);
     }
 
     #[tokio::test]

@@ -606,6 +606,119 @@ async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
     assert_eq!(s.active_total().await.unwrap(), 0);
 }
 
+/// A value as text: integers and strings as they are, arrays in brackets.
+fn shown(v: &redis::Value) -> String {
+    match v {
+        redis::Value::Int(n) => n.to_string(),
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::Array(items) => format!("[{}]", items.iter().map(shown).collect::<Vec<_>>().join(" ")),
+        other => format!("{other:?}"),
+    }
+}
+
+/// One call carrying many acquires (as a replica gathers those that arrive together) grants
+/// them in turn, as if they came one after another; one carrying many releases ends each lease
+/// once, whatever it names twice or does not know.
+#[tokio::test]
+async fn a_call_of_many_requests_answers_each_as_if_they_came_in_turn() {
+    let Some(url) = redis_url() else { return };
+    let (prefix, clock) = (fresh_prefix(), ManualClock::new(suite::start()));
+    let s = on_clock(&url, &prefix, &clock);
+    s.publish_view(&[
+        entry("ns/a", true, 10, 1),
+        entry("ns/b", true, 20, 2),
+        entry("ns/sick", false, 1, 1),
+    ])
+    .await
+    .expect("publish");
+    let function: std::collections::HashMap<_, _> = s.function_names().into_iter().collect();
+    let (mut c, _) = keys_under(&url, &prefix).await;
+    let now = u64::try_from(
+        suite::start()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let retention = suite::COOLDOWN.as_millis().to_string();
+    // Five acquires: ttl, target, lease id each. The third reuses the second's id.
+    let mut acquires = redis::cmd("FCALL");
+    acquires
+        .arg(&function["acquire_indexed"])
+        .arg(1)
+        .arg(tag(&prefix))
+        .arg(now)
+        .arg(&retention)
+        .arg(100)
+        .arg(128);
+    for lease in ["l1", "l2", "l2", "l3", "l4"] {
+        acquires.arg(60_000).arg("").arg(lease);
+    }
+    let answer: redis::Value = acquires.query_async(&mut c).await.unwrap();
+    let t = now + 60_000;
+    assert_eq!(
+        shown(&answer),
+        format!("[3 [1 ns/a 1 {t}] [1 ns/b 1 {t}] [2] [1 ns/b 2 {t}] [0 3 2 0 1]]"),
+        "all active; then the fastest, the next with room, the id taken, the last slot, none left"
+    );
+    let total: i64 = redis::cmd("FCALL")
+        .arg(&function["release"])
+        .arg(1)
+        .arg(tag(&prefix))
+        .arg(now)
+        .arg(100)
+        .arg(&retention)
+        .arg(&["l1", "l1", "l3", "unknown"])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(total, 1, "l2 is left");
+    let ended: Vec<String> = redis::cmd("LRANGE")
+        .arg(format!("{}ended", tag(&prefix)))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(ended, ["l1", "l3"], "each ended once, in order");
+    assert_eq!(s.active_leases(&["ns/a", "ns/b"]).await.unwrap(), vec![0, 1]);
+    assert_eq!(scoped(&s, &[]).await.expect("ns/a is free again").proxy_id, "ns/a");
+}
+
+/// Many acquires at once on two replicas, each replica gathering those that arrive together:
+/// every slot is granted once, the fewest-leases order holds across the batches, and the rest
+/// are refused with the counts of one after another.
+#[tokio::test]
+async fn acquires_that_arrive_together_fill_the_fleet_evenly_and_exactly() {
+    let Some(url) = redis_url() else { return };
+    let (prefix, clock) = (fresh_prefix(), ManualClock::new(suite::start()));
+    let (a, b) = two_replicas(&url, &prefix, &clock);
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let view: Vec<_> = (0..8).map(|i| entry(&format!("ns/p{i}"), true, i * 10, 4)).collect();
+    a.publish_view(&view).await.expect("publish");
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+        calls.push(tokio::spawn(async move { scoped(&s, &[]).await }));
+    }
+    let (mut per_proxy, mut refused) = (std::collections::BTreeMap::new(), Vec::new());
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(grant) => *per_proxy.entry(grant.proxy_id).or_insert(0) += 1,
+            Err(no) => refused.push(no),
+        }
+    }
+    assert_eq!(per_proxy.len(), 8);
+    assert!(per_proxy.values().all(|&n| n == 4), "{per_proxy:?}");
+    let full = egress_lease::NoMatch {
+        considered: 8,
+        at_capacity: 8,
+        in_cooldown: 0,
+        unhealthy: 0,
+    };
+    assert_eq!(refused, vec![full; 8]);
+}
+
 /// A view of several chunks (`PUBLISH_CHUNK` proxies each) lands whole, with its counts and
 /// index; another replica's whole publication replaces it, removing every proxy of it in
 /// chunks too, and the first replica's next one, which can no longer be sent as changes, puts
