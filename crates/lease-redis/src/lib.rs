@@ -29,6 +29,10 @@
 //! each do a bounded amount of work whatever the fleet's size. Other selectors send their
 //! candidates (at most [`BATCH`] at first, every one when those are busy).
 //!
+//! Those installation-wide acquires, and all releases, go to Redis in batches (`gather.rs`):
+//! the requests that arrive while earlier calls of their kind are on their way share the next
+//! call, and its script answers each in turn, as if they had come one after another.
+//!
 //! The scripts need Redis 7.0 or later (Functions, `PEXPIRE` with `GT`/`NX`, `LPOP` with a count).
 //!
 //! When Redis cannot be reached every call fails with [`StoreError`] within
@@ -221,16 +225,20 @@ impl RedisStore {
         }
         for _ in 0..3 {
             args[3] = lease_id();
-            let answer = match self.calls.run_acquire(Op::Acquire, &args).await {
-                Ok((answer, replicated)) => {
-                    let total = if answer.len() > 4 { int(answer.get(4))? } else { 0 };
-                    parse(&answer, &args[3], total).and_then(|a| match a {
-                        Answer::Granted { .. } => self.calls.replicated(replicated).map(|()| a),
-                        a => Ok(a),
-                    })
-                }
-                Err(e) => Err(e),
-            };
+            let answer = self
+                .calls
+                .run_acquire(Op::Acquire, &args)
+                .await
+                .and_then(|(answer, replicated)| {
+                    // A grant carries all active leases last.
+                    let granted = matches!(answer.first(), Some(redis::Value::Int(1)));
+                    let total = if granted { int(answer.get(4))? } else { 0 };
+                    let parsed = parse(&answer, &args[3], total)?;
+                    if granted {
+                        self.calls.replicated(replicated)?;
+                    }
+                    Ok(parsed)
+                });
             match answer {
                 Ok(Answer::Taken) => self.calls.release_later(args[3].clone()),
                 Ok(answer) => return Ok(self.answer(answer, req)),
