@@ -546,19 +546,24 @@ async fn a_server_that_lost_the_functions_gets_them_again() {
 
 /// Leases recorded by the build before records were strings (a hash each) still report,
 /// release and expire after an upgrade.
+/// The suite's start time, in ms since the epoch (what the scripts get from a manual clock).
+fn start_millis() -> u64 {
+    u64::try_from(
+        suite::start()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
 #[tokio::test]
 async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
     let Some(url) = redis_url() else { return };
     let prefix = fresh_prefix();
     let clock = ManualClock::new(suite::start());
     let s = on_clock(&url, &prefix, &clock);
-    let now = u64::try_from(
-        suite::start()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap();
+    let now = start_millis();
     let (mut c, _) = keys_under(&url, &prefix).await;
     // What that build wrote: a live lease on ns/a and one on ns/b past its expiry.
     let t = tag(&prefix);
@@ -633,13 +638,7 @@ async fn a_call_of_many_requests_answers_each_as_if_they_came_in_turn() {
     .expect("publish");
     let function: std::collections::HashMap<_, _> = s.function_names().into_iter().collect();
     let (mut c, _) = keys_under(&url, &prefix).await;
-    let now = u64::try_from(
-        suite::start()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap();
+    let now = start_millis();
     let retention = suite::COOLDOWN.as_millis().to_string();
     // Five acquires: ttl, target, lease id each. The third reuses the second's id.
     let mut acquires = redis::cmd("FCALL");
