@@ -57,8 +57,12 @@ pub(crate) enum Answer {
         total: i64,
     },
     NoMatch(NoMatch),
-    /// The lease id is taken: ask again with another.
-    Taken,
+    /// The lease id is taken: most likely by this very request, granted by a run the client
+    /// library sent again after losing its answer. That lease is given back, and the caller
+    /// asks again with another id.
+    Taken {
+        lease_id: String,
+    },
     /// The index cannot answer: send the candidates.
     Candidates,
 }
@@ -247,7 +251,7 @@ impl Batches for Acquires {
     }
 
     fn orphan(&self, answer: Answer) {
-        if let Answer::Granted { lease_id, .. } = answer {
+        if let Answer::Granted { lease_id, .. } | Answer::Taken { lease_id } = answer {
             self.0.release_later(lease_id);
         }
     }
@@ -291,7 +295,9 @@ pub(crate) fn parse(answer: &[Value], lease_id: &str, total: i64) -> Result<Answ
             expires: u64::try_from(int(answer.get(3))?).unwrap_or(0),
             total,
         },
-        2 => Answer::Taken,
+        2 => Answer::Taken {
+            lease_id: lease_id.to_owned(),
+        },
         3 => Answer::Candidates,
         other => return Err(StoreError(format!("the acquire script answered {other}"))),
     })

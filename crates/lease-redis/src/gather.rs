@@ -9,9 +9,9 @@
 //! those are paid once per batch; the choices stay those of the requests one after another.
 //!
 //! Bounds: at most [`MAX_WAITING`] requests wait (more are refused at once), and a request that
-//! waited [`MAX_WAIT`] without a batch taking it is answered with an error unsent. A caller
-//! that stops waiting (its own timeout) loses nothing to Redis: what it was granted is handed
-//! to [`Batches::orphan`], which gives it back.
+//! a batch takes only after [`MAX_WAIT`] is answered with an error unsent. A caller that stops
+//! waiting (its own timeout) loses nothing to Redis: its request is not sent if it has not
+//! been, and what it was granted is handed to [`Batches::orphan`], which gives it back.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -26,7 +26,8 @@ use crate::CALL_BUDGET;
 /// Batches on their way at once, at most: one that Redis runs while the next is sent.
 pub(crate) const IN_FLIGHT: usize = 2;
 /// Requests one batch carries, at most: a batch keeps Redis from every other client while it
-/// runs (about 20 µs a request on the bench machine, so well under a millisecond).
+/// runs (about 30 µs an acquire on the bench machine, under a millisecond for a full batch;
+/// several when each request passes over many cooling proxies).
 pub(crate) const MAX_BATCH: usize = 32;
 /// Requests waiting for a batch, at most.
 pub(crate) const MAX_WAITING: usize = 4096;
@@ -77,7 +78,9 @@ impl<B: Batches> Gather<B> {
         }
     }
 
-    /// Sends `request` in the next batch with room and waits for its answer.
+    /// Sends `request` in the next batch with room and waits for its answer. Dropped while it
+    /// waits, it leaves nothing behind: a request not yet sent is not sent, and an answer that
+    /// comes after is handed to [`Batches::orphan`].
     pub(crate) async fn call(&self, request: B::Request) -> Result<B::Answer, StoreError> {
         let (answer, answered) = oneshot::channel();
         let start = {
@@ -96,34 +99,79 @@ impl<B: Batches> Gather<B> {
             }
             start
         };
+        let mut awaiting = Awaiting {
+            answered,
+            batches: self.batches.clone(),
+        };
         if start {
-            tokio::spawn(drain(self.batches.clone(), self.state.clone(), self.max_wait));
+            spawn_sender(Sender {
+                batches: self.batches.clone(),
+                state: self.state.clone(),
+                max_wait: self.max_wait,
+                stopped: false,
+            });
         }
-        answered
+        (&mut awaiting.answered)
             .await
             .unwrap_or_else(|_| Err(StoreError("the call was dropped before it was answered".to_owned())))
     }
 }
 
-/// Counts a sender out if it ends by a panic, so that the next request starts another.
+/// A caller's end of its answer. Dropped unanswered (the caller gave up), it closes, so a
+/// sender that has not answered yet finds it closed; an answer that came just before is
+/// handed to [`Batches::orphan`] here.
+struct Awaiting<B: Batches> {
+    answered: oneshot::Receiver<Result<B::Answer, StoreError>>,
+    batches: Arc<B>,
+}
+
+impl<B: Batches> Drop for Awaiting<B> {
+    fn drop(&mut self) {
+        self.answered.close();
+        if let Ok(Ok(answer)) = self.answered.try_recv() {
+            self.batches.orphan(answer);
+        }
+    }
+}
+
+/// One of the [`IN_FLIGHT`] senders, counted in `in_flight` from before its task starts.
 struct Sender<B: Batches> {
+    batches: Arc<B>,
     state: Arc<Mutex<State<B>>>,
+    max_wait: Duration,
     /// Counted out already, with the queue seen empty under the same lock (a request pushed
     /// just after then starts a sender of its own).
     stopped: bool,
 }
 
 impl<B: Batches> Drop for Sender<B> {
+    /// A sender that ends otherwise (its task dropped, as when the runtime shuts down) is
+    /// counted out here; one that panicked hands the requests still waiting to another.
     fn drop(&mut self) {
-        if !self.stopped {
-            self.state.lock().unwrap_or_else(PoisonError::into_inner).in_flight -= 1;
+        if self.stopped {
+            return;
         }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.waiting.is_empty() || !std::thread::panicking() || tokio::runtime::Handle::try_current().is_err() {
+            state.in_flight -= 1;
+            return;
+        }
+        drop(state);
+        spawn_sender(Sender {
+            batches: self.batches.clone(),
+            state: self.state.clone(),
+            max_wait: self.max_wait,
+            stopped: false,
+        });
     }
 }
 
-/// Sends batches while requests wait; one of the [`IN_FLIGHT`] senders.
-async fn drain<B: Batches>(batches: Arc<B>, state: Arc<Mutex<State<B>>>, max_wait: Duration) {
-    let mut sender = Sender { state, stopped: false };
+fn spawn_sender<B: Batches>(sender: Sender<B>) {
+    tokio::spawn(drain(sender));
+}
+
+/// Sends batches while requests wait.
+async fn drain<B: Batches>(mut sender: Sender<B>) {
     loop {
         let (batch, stale) = {
             let mut state = sender.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -134,25 +182,29 @@ async fn drain<B: Batches>(batches: Arc<B>, state: Arc<Mutex<State<B>>>, max_wai
                 return;
             }
             let taken = state.waiting.len().min(MAX_BATCH);
-            let (batch, stale): (Vec<_>, Vec<_>) =
-                state.waiting.drain(..taken).partition(|w| w.since.elapsed() < max_wait);
-            (batch, stale)
+            let taken: Vec<_> = state.waiting.drain(..taken).collect();
+            drop(state);
+            // A request whose caller left is not sent: nobody would have its answer.
+            taken
+                .into_iter()
+                .filter(|w| !w.answer.is_closed())
+                .partition::<Vec<_>, _>(|w| w.since.elapsed() < sender.max_wait)
         };
         for w in stale {
             // Nothing was sent: there is nothing to undo whether or not anyone still waits.
             let _ = w.answer.send(Err(StoreError(format!(
-                "redis: no batch had room within {} ms",
-                max_wait.as_millis()
+                "redis: no batch took the call within {} ms",
+                sender.max_wait.as_millis()
             ))));
         }
         if batch.is_empty() {
             continue;
         }
         let (requests, senders): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| (w.request, w.answer)).unzip();
-        let answers = batches.send(requests).await;
-        for (sender, answer) in senders.into_iter().zip(answers) {
-            if let Err(Ok(answer)) = sender.send(answer) {
-                batches.orphan(answer);
+        let answers = sender.batches.send(requests).await;
+        for (answer_to, answer) in senders.into_iter().zip(answers) {
+            if let Err(Ok(answer)) = answer_to.send(answer) {
+                sender.batches.orphan(answer);
             }
         }
     }
@@ -160,6 +212,7 @@ async fn drain<B: Batches>(batches: Arc<B>, state: Arc<Mutex<State<B>>>, max_wai
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use tokio::sync::Semaphore;
@@ -284,6 +337,55 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_whose_caller_left_before_its_batch_is_not_sent() {
+        let echo = echo();
+        let gather = Arc::new(Gather::new(echo.clone()));
+        let mut out = Vec::new();
+        for r in 0..IN_FLIGHT {
+            let gather = gather.clone();
+            out.push(tokio::spawn(async move { gather.call(r as u32).await }));
+            until_sending(&echo, r + 1).await;
+        }
+        let left = tokio::spawn({
+            let gather = gather.clone();
+            async move { gather.call(7).await }
+        });
+        while waiting(&gather) < 1 {
+            tokio::task::yield_now().await;
+        }
+        left.abort();
+        assert!(left.await.unwrap_err().is_cancelled());
+        echo.gate.add_permits(10);
+        for call in out {
+            call.await.unwrap().expect("answered");
+        }
+        while gather.state.lock().unwrap().in_flight > 0 {
+            tokio::task::yield_now().await;
+        }
+        let sent: Vec<u32> = echo.sent.lock().unwrap().iter().flatten().copied().collect();
+        assert!(!sent.contains(&7), "{sent:?}");
+        assert!(echo.orphans.lock().unwrap().is_empty(), "nothing was granted to undo");
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_arrived_but_was_never_read_is_undone() {
+        let echo = echo();
+        let gather = Gather::new(echo.clone());
+        let mut call = Box::pin(gather.call(1));
+        // Polled once: queued, and its sender started.
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
+        until_sending(&echo, 1).await;
+        echo.gate.add_permits(1);
+        while gather.state.lock().unwrap().in_flight > 0 {
+            tokio::task::yield_now().await;
+        }
+        // Answered, and the caller leaves without reading it.
+        drop(call);
+        assert_eq!(*echo.orphans.lock().unwrap(), [10]);
+    }
+
+    #[tokio::test]
     async fn a_full_queue_refuses_at_once() {
         let echo = echo();
         let gather = Arc::new(Gather::new(echo.clone()));
@@ -319,6 +421,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn requests_left_waiting_by_senders_that_panicked_are_still_sent() {
+        let echo = echo();
+        let gather = Arc::new(Gather::new(echo.clone()));
+        // All queued before the first sender runs: each sender's batch starts with a request
+        // that makes it panic, and one request is left over for neither.
+        let mut calls = Vec::new();
+        for r in 0..=(IN_FLIGHT * MAX_BATCH) as u32 {
+            let request = if (r as usize) < IN_FLIGHT * MAX_BATCH && (r as usize).is_multiple_of(MAX_BATCH) {
+                PANICS
+            } else {
+                r
+            };
+            let gather = gather.clone();
+            calls.push(tokio::spawn(async move { gather.call(request).await }));
+        }
+        echo.gate.add_permits(1);
+        let last = calls.pop().unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), last)
+            .await
+            .expect("a sender took the request left over")
+            .unwrap();
+        assert_eq!(answer, Ok((IN_FLIGHT * MAX_BATCH) as u32 * 10));
+        for call in calls {
+            assert!(call.await.unwrap().is_err(), "lost with its sender's batch");
+        }
+    }
+
+    #[tokio::test]
     async fn a_request_that_waited_too_long_is_answered_unsent() {
         let echo = echo();
         let gather = Gather {
@@ -326,7 +456,7 @@ mod tests {
             ..Gather::new(echo.clone())
         };
         let late = gather.call(1).await.expect_err("waited too long");
-        assert!(late.0.contains("no batch had room"), "{late}");
+        assert!(late.0.contains("no batch took the call"), "{late}");
         assert!(echo.sent.lock().unwrap().is_empty(), "nothing was sent");
         assert_eq!(gather.state.lock().unwrap().in_flight, 0, "the sender stopped");
     }

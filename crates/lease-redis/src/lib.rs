@@ -35,8 +35,9 @@
 //!
 //! The scripts need Redis 7.0 or later (Functions, `PEXPIRE` with `GT`/`NX`, `LPOP` with a count).
 //!
-//! When Redis cannot be reached every call fails with [`StoreError`] within
-//! [`CALL_BUDGET`] (the API answers 503) and nothing is granted; the connection is made again
+//! When Redis cannot be reached every call fails with [`StoreError`] within about two
+//! [`CALL_BUDGET`]s (one waiting for a batch, one for its own call; the API answers 503) and
+//! nothing is granted; the connection is made again
 //! by itself at the next call once Redis is back.
 
 mod calls;
@@ -240,7 +241,7 @@ impl RedisStore {
                     Ok(parsed)
                 });
             match answer {
-                Ok(Answer::Taken) => self.calls.release_later(args[3].clone()),
+                Ok(Answer::Taken { lease_id }) => self.calls.release_later(lease_id),
                 Ok(answer) => return Ok(self.answer(answer, req)),
                 Err(e) => {
                     // The script may have run and granted with its answer lost, or granted
@@ -260,14 +261,13 @@ impl RedisStore {
     async fn acquire_indexed(&self, req: &LeaseRequest) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
         let target = req.target.as_ref().map(Target::hex).unwrap_or_default();
         for _ in 0..3 {
-            let lease_id = lease_id();
             let request = Indexed {
                 ttl: req.ttl,
                 target: target.clone(),
-                lease_id: lease_id.clone(),
+                lease_id: lease_id(),
             };
             match self.acquires.call(request).await? {
-                Answer::Taken => self.calls.release_later(lease_id),
+                Answer::Taken { lease_id } => self.calls.release_later(lease_id),
                 answer => return Ok(self.answer(answer, req)),
             }
         }
@@ -295,7 +295,7 @@ impl RedisStore {
                 }))
             }
             Answer::NoMatch(n) => Some(Err(n)),
-            Answer::Candidates | Answer::Taken => None,
+            Answer::Candidates | Answer::Taken { .. } => None,
         }
     }
 

@@ -139,11 +139,11 @@ local function grant(p, proxy, active, lease, now, ttl, target, retention)
   if active == 0 then
     -- The proxy's first lease made its set: one call sets the TTL. (Were a set there behind the
     -- scripts' back, it may now end before its leases; their release or expiry then counts the
-    -- proxy afresh, see release.lua.)
+    -- proxy afresh, see release.lua.) Later leases only make it later; `extend` also gives a
+    -- TTL to a set made again behind the index's back (its score said leases it no longer had).
     redis.call('PEXPIRE', active_key, ttl + GRACE)
   else
-    -- The first lease gave the set a TTL: this one only makes it later.
-    redis.call('PEXPIRE', active_key, ttl + GRACE, 'GT')
+    extend(active_key, ttl + GRACE)
   end
   redis.call('ZADD', p .. 'all', expires, lease)
   rescore(p, proxy, active + 1)
