@@ -305,9 +305,8 @@ impl RedisStore {
     }
 }
 
-/// 128 random bits do not collide in practice: a taken id is most likely the call's own,
-/// granted by a run the client library sent again after losing its answer. That lease is given
-/// back before another id is tried; three in a row is a fault.
+/// Three lease ids in a row taken (see [`Answer::Taken`]): 128 random bits do not collide in
+/// practice, so that is a fault.
 fn taken() -> StoreError {
     StoreError("three lease ids in a row were taken".to_owned())
 }
