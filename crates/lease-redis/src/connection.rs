@@ -95,20 +95,7 @@ impl Connection {
     /// host:port[,host:port…]` (any nodes of the cluster; it finds the rest).
     pub(crate) fn open(url: &str) -> Result<Self, String> {
         if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
-            let (credentials, hosts) = match rest.rsplit_once('@') {
-                Some((c, h)) => (format!("{c}@"), h),
-                None => (String::new(), rest),
-            };
-            let nodes: Vec<String> = hosts
-                .split(',')
-                .map(str::trim)
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("redis://{credentials}{h}"))
-                .collect();
-            if nodes.is_empty() {
-                return Err("no cluster node named".to_owned());
-            }
-            let client = ClusterClientBuilder::new(nodes)
+            let client = ClusterClientBuilder::new(cluster_nodes(rest)?)
                 .retries(2)
                 .max_retry_wait(500)
                 .build()
@@ -155,6 +142,28 @@ impl Connection {
         }
         answer
     }
+}
+
+/// The URL of each node that `rest`, a cluster URL after its scheme, names:
+/// `[user:password@]host:port[,host:port…][/db][?query]`. The credentials and what follows the
+/// last host (the client library's parameters, such as `protocol`) go to every node: the client
+/// library refuses nodes that differ in them.
+fn cluster_nodes(rest: &str) -> Result<Vec<String>, String> {
+    let (credentials, hosts) = match rest.rsplit_once('@') {
+        Some((c, h)) => (format!("{c}@"), h),
+        None => (String::new(), rest),
+    };
+    let (hosts, tail) = hosts.find(['/', '?']).map_or((hosts, ""), |at| hosts.split_at(at));
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{credentials}{h}{tail}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err("no cluster node named".to_owned());
+    }
+    Ok(nodes)
 }
 
 /// `url` without a password.
@@ -210,6 +219,33 @@ mod tests {
             "redis://[credentials]@10.0.0.1:6379/0"
         );
         assert_eq!(shown_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn every_cluster_node_gets_the_credentials_and_the_parameters() {
+        assert_eq!(
+            cluster_nodes("u:pw@a:1, b:2?protocol=resp3"),
+            Ok(vec![
+                "redis://u:pw@a:1?protocol=resp3".to_owned(),
+                "redis://u:pw@b:2?protocol=resp3".to_owned(),
+            ])
+        );
+        assert_eq!(
+            cluster_nodes("a:1,b:2/0"),
+            Ok(vec!["redis://a:1/0".to_owned(), "redis://b:2/0".to_owned()])
+        );
+        assert_eq!(cluster_nodes("a:1"), Ok(vec!["redis://a:1".to_owned()]));
+        for none in ["", " , ", "?protocol=resp3", "u:pw@"] {
+            assert!(cluster_nodes(none).is_err(), "{none}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cluster_url_with_parameters_opens() {
+        // The client library refused nodes whose protocols differ, as when the query went to the
+        // last node alone.
+        let opened = Connection::open("redis+cluster://127.0.0.1:1,127.0.0.1:2?protocol=resp3");
+        assert!(opened.is_ok(), "{:?}", opened.err());
     }
 
     #[test]
