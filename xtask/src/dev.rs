@@ -565,6 +565,25 @@ fn kubectl() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// How many of the operator log's last lines a failure shows.
+const LOG_TAIL_LINES: usize = 40;
+
+/// The operator stopped under the run: the error carries its log's last lines, as CI keeps only
+/// what the run printed (the log holds no secret: the smoke run checks it).
+fn operator_exited(status: std::process::ExitStatus, layout: &Layout) -> anyhow::Error {
+    let path = layout.file("operator.log");
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..]
+        .iter()
+        .map(|l| format!("\n  | {}", l.chars().take(400).collect::<String>()))
+        .collect::<String>();
+    anyhow::anyhow!(
+        "the operator exited: {status}; the last lines of its log ({}):{tail}",
+        path.display()
+    )
+}
+
 /// Waits until every named Proxy is Ready, printing phase changes.
 async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_>) -> Result<()> {
     let started = Instant::now();
@@ -573,10 +592,7 @@ async fn wait_ready(api: &Api<Proxy>, names: &[String], running: &mut Running<'_
         if let Some(operator) = running.operator.as_mut()
             && let Some(status) = operator.0.try_wait()?
         {
-            bail!(
-                "the operator exited: {status}; its log: {}",
-                running.layout.file("operator.log").display()
-            );
+            return Err(operator_exited(status, running.layout));
         }
         let mut ready = 0;
         for p in api.list(&ListParams::default()).await?.items {
@@ -621,7 +637,7 @@ async fn wait_pools(api: &Api<ProxyPool>, names: &[String], running: &mut Runnin
             if let Some(operator) = running.operator.as_mut()
                 && let Some(status) = operator.0.try_wait()?
             {
-                bail!("the operator exited: {status}");
+                return Err(operator_exited(status, running.layout));
             }
             let pool = api.get(name).await?;
             let status = pool.status.clone().unwrap_or_default();

@@ -35,10 +35,10 @@ impl Drop for Killed {
     }
 }
 
-/// A loopback port free at the time of asking.
+/// A loopback port free at the time of asking, out of the kernel's way (see
+/// [`egress_testkit::try_free_port`]).
 pub(crate) fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    Ok(egress_testkit::try_free_port()?)
 }
 
 /// Waits until `server` (egress-kube-testserver) has written its kubeconfig.

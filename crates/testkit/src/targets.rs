@@ -164,14 +164,39 @@ pub async fn fault_proxy(fault: Fault) -> SocketAddr {
     addr
 }
 
-/// A free port on 127.0.0.1 (bound and released; another process may take it in between, which
-/// start() then reports).
+/// A free port on 127.0.0.1; panics when [`try_free_port`] finds none.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    try_free_port().unwrap()
+}
+
+/// The lowest port [`try_free_port`] picks from.
+const LOWEST_PICKED_PORT: u16 = 20_000;
+
+/// A port on 127.0.0.1 that nothing listens on as this returns, for a process started next to
+/// bind.
+///
+/// It is picked at random below the kernel's ephemeral range: a port from `bind(..:0)`, once
+/// released, is soon handed again to another socket's `bind(..:0)` or outgoing connection (the
+/// process about to use it makes such connections itself), which then holds it when the intended
+/// user binds. Below that range only a bind of that very port can take it in between. Where the
+/// range leaves no room below it, the kernel's pick is the answer.
+pub fn try_free_port() -> std::io::Result<u16> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_low.saturating_sub(LOWEST_PICKED_PORT);
+    if span >= 1_000 {
+        let random = std::hash::RandomState::new();
+        for attempt in 0..64_u32 {
+            let pick = std::hash::BuildHasher::hash_one(&random, (std::process::id(), attempt));
+            let port = LOWEST_PICKED_PORT + u16::try_from(pick % u64::from(span)).unwrap_or(0);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Connects to nothing: a port with no listener.
