@@ -58,8 +58,11 @@ pub struct Options {
     pub max_lease_ttl: Duration,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
     pub max_connections: usize,
-    /// `memory`, a `redis://` URL or a `redis+cluster://` URL.
+    /// `memory`, or a `redis://`, `redis+cluster://`, `rediss://` or `rediss+cluster://` URL.
     pub lease_store: String,
+    /// PEM file of the CA certificates a TLS lease store's certificate must chain to, instead
+    /// of the system's (empty: the system's).
+    pub lease_store_ca_file: String,
     pub lease_cooldown: Duration,
     pub health_workers: usize,
     pub trace_health_probes: bool,
@@ -93,6 +96,7 @@ impl Default for Options {
             max_lease_ttl: Duration::from_secs(3600),
             max_connections: 1024,
             lease_store: "memory".into(),
+            lease_store_ca_file: String::new(),
             lease_cooldown: Duration::from_secs(900),
             health_workers: 10,
             trace_health_probes: false,
@@ -239,7 +243,13 @@ const FLAGS: &[Flag] = &[
         name: "lease-store",
         kind: Kind::Text,
         default: "memory",
-        usage: "Where leases and cooldowns live: memory (this process; run one replica), redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts, or redis+cluster://[user:password@]host:port[,host:port...] for a Redis Cluster; add ?wait=N to answer each grant only once N replicas have it.",
+        usage: "Where leases and cooldowns live: memory (this process; run one replica), redis://[user:password@]host:port[/db] to share them between replicas and keep them over restarts, or redis+cluster://[user:password@]host:port[,host:port...] for a Redis Cluster; rediss:// and rediss+cluster:// for either over TLS; add ?wait=N to answer each grant only once N replicas have it.",
+    },
+    Flag {
+        name: "lease-store-ca-file",
+        kind: Kind::Text,
+        default: "",
+        usage: "PEM file of the CA certificates a rediss:// lease store's certificate must chain to, instead of the system's (read at start).",
     },
     Flag {
         name: "discovery-auth",
@@ -468,6 +478,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
                 .ok_or_else(|| "must be a whole number from 1 to 65536".to_string())?;
         }
         "lease-store" => o.lease_store = lease_store(value)?,
+        "lease-store-ca-file" => o.lease_store_ca_file = value.into(),
         // Zero is a window of no length, as Go's time arithmetic made it: nothing rests.
         "lease-cooldown" => o.lease_cooldown = parse_duration(value)?,
         "health-workers" => {
@@ -496,14 +507,12 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
 }
 
 fn lease_store(value: &str) -> Result<String, String> {
-    if value.starts_with("rediss://") {
-        return Err("TLS to Redis (rediss://) is not supported in this build; use redis://".to_owned());
-    }
     let names_a_host = |scheme: &str| value.strip_prefix(scheme).is_some_and(|rest| !rest.is_empty());
-    if value == "memory" || names_a_host("redis://") || names_a_host("redis+cluster://") {
+    let schemes = ["redis://", "redis+cluster://", "rediss://", "rediss+cluster://"];
+    if value == "memory" || schemes.into_iter().any(names_a_host) {
         Ok(value.to_owned())
     } else {
-        Err("must be memory, a redis:// URL or a redis+cluster:// URL".to_owned())
+        Err("must be memory, or a redis://, redis+cluster://, rediss:// or rediss+cluster:// URL".to_owned())
     }
 }
 
@@ -558,10 +567,19 @@ mod tests {
             "memory",
             "redis://127.0.0.1:6379",
             "redis+cluster://10.0.0.1:6379,10.0.0.2:6379?wait=1",
+            "rediss://redis.example:6380",
+            "rediss+cluster://10.0.0.1:6379,10.0.0.2:6379",
         ] {
             assert_eq!(lease_store(ok).as_deref(), Ok(ok));
         }
-        for bad in ["", "redis://", "redis+cluster://", "etcd://x", "rediss://h:1"] {
+        for bad in [
+            "",
+            "redis://",
+            "redis+cluster://",
+            "rediss://",
+            "rediss+cluster://",
+            "etcd://x",
+        ] {
             assert!(lease_store(bad).is_err(), "{bad:?}");
         }
     }

@@ -136,6 +136,10 @@ struct Replica {
 
 /// Step 2: what every replica runs, leader or not.
 async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &CancellationToken) -> Result<Replica, Fatal> {
+    // Leases live in this process (one replica) or in Redis (shared by every replica); the
+    // store and its sweep run on every replica. First, as it contacts nothing: a store that
+    // cannot be set up stops the start before anything else is made.
+    let store = lease_store(options)?;
     let (client, rest_metrics) = crate::kube_client(&options.kubeconfig)
         .await
         .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
@@ -161,9 +165,6 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     reconcile_metrics.register(&mut metrics);
     rest_metrics.register(&mut metrics);
     egress_controller::runtime_metrics::register_process(&mut metrics);
-    // Leases live in this process (one replica) or in Redis (shared by every replica); the
-    // store and its sweep run on every replica.
-    let store = lease_store(options)?;
     metrics.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
     metrics.register_collector(Box::new(egress_controller::metrics::CooldownsDropped(store.clone())));
     let metrics = Arc::new(Mutex::new(metrics));
@@ -511,19 +512,37 @@ fn identity() -> String {
 /// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
 /// calls answer 503 until it is up.
 fn lease_store(options: &Options) -> Result<Arc<dyn egress_lease::LeaseStore>, Fatal> {
+    let failed = |e| fatal("Failed to set up the lease store", e);
     if options.lease_store == "memory" {
+        if !options.lease_store_ca_file.is_empty() {
+            return Err(failed(
+                "--lease-store-ca-file is for a lease store reached over TLS (rediss://)".to_owned(),
+            ));
+        }
         return Ok(Arc::new(egress_lease::MemoryStore::new(
             Arc::new(egress_lease::SystemClock),
             options.lease_cooldown,
         )));
     }
+    let roots = match options.lease_store_ca_file.as_str() {
+        "" => egress_lease_redis::TlsRoots::System,
+        file => std::fs::read(file)
+            .map_err(|e| e.to_string())
+            .and_then(|pem| egress_lease_redis::TlsRoots::only(&pem))
+            .map_err(|e| Fatal {
+                message: "Failed to set up the lease store".into(),
+                error: Some(format!("--lease-store-ca-file: {e}")),
+                path: Some(file.to_owned()),
+            })?,
+    };
     // Two installations sharing one Redis keep apart by their installation id.
     let prefix = match options.installation_id.as_str() {
         "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
         id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
     };
-    let store = egress_lease_redis::RedisStore::new(&options.lease_store, &prefix, options.lease_cooldown)
-        .map_err(|e| fatal("Failed to set up the lease store", e))?;
+    let store =
+        egress_lease_redis::RedisStore::new_with_roots(&options.lease_store, &prefix, options.lease_cooldown, &roots)
+            .map_err(failed)?;
     tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
     Ok(Arc::new(store))
 }

@@ -379,6 +379,17 @@ async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
 /// decided there, and a Redis that goes away makes the lease API answer 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_keeps_leases_in_redis() {
+    keeps_leases_in_redis(false).await;
+}
+
+/// The same over TLS: `--lease-store=rediss://…` with `--lease-store-ca-file` naming the CA
+/// that signed the server's certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_keeps_leases_in_redis_over_tls() {
+    keeps_leases_in_redis(true).await;
+}
+
+async fn keeps_leases_in_redis(tls: bool) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     if egress_lease_redis::local::binary().is_none() {
         assert!(
@@ -388,25 +399,43 @@ async fn the_binary_keeps_leases_in_redis() {
         eprintln!("SKIPPED: no redis-server");
         return;
     }
-    let mut redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server");
     let Cluster {
         server,
         kubeconfig,
         providers_flag,
+        dir,
         ..
-    } = cluster("redis", "providers: []\n").await;
-    let store_flag = format!("--lease-store={}", redis.url());
+    } = cluster(if tls { "redis-tls" } else { "redis" }, "providers: []\n").await;
+    let mut flags = vec![
+        providers_flag,
+        "--installation-id=blue".to_owned(),
+        "--health-probe-bind-address=0".to_owned(),
+        "--metrics-bind-address=0".to_owned(),
+        "--zap-encoder=json".to_owned(),
+        "--discovery-addr=127.0.0.1:0".to_owned(),
+    ];
+    let mut redis = if tls {
+        let pki = egress_testkit::pki();
+        let redis = egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
+            cert_pem: pki.server_cert_pem.clone(),
+            key_pem: pki.server_key_pem.clone(),
+            ca_pem: pki.ca_pem.clone(),
+        })
+        .expect("redis-server with TLS");
+        let ca = dir.join("redis-ca.pem");
+        std::fs::write(&ca, &pki.ca_pem).unwrap();
+        flags.push(format!("--lease-store={}", redis.tls_url().expect("a TLS port")));
+        flags.push(format!("--lease-store-ca-file={}", ca.display()));
+        redis
+    } else {
+        let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server");
+        flags.push(format!("--lease-store={}", redis.url()));
+        redis
+    };
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut op = Operator::start(
         &operator_binary(),
-        &[
-            &providers_flag,
-            &store_flag,
-            "--installation-id=blue",
-            "--health-probe-bind-address=0",
-            "--metrics-bind-address=0",
-            "--zap-encoder=json",
-            "--discovery-addr=127.0.0.1:0",
-        ],
+        &flags,
         &[
             ("KUBECONFIG", kubeconfig.as_str()),
             ("DISCOVERY_TOKEN", "crawler-token"),

@@ -51,6 +51,11 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
     let garbage = dir.join("garbage.pem");
     std::fs::write(&garbage, "not a certificate\n").unwrap();
     let not_a_ca = format!("--health-check-ca-file={}", garbage.display());
+    let store_ca_file = dir.join("store-ca.pem");
+    std::fs::write(&store_ca_file, egress_testkit::pki().ca_pem).unwrap();
+    let store_ca = format!("--lease-store-ca-file={}", store_ca_file.display());
+    let missing_store_ca = format!("--lease-store-ca-file={}", dir.join("absent-ca.pem").display());
+    let not_a_store_ca = format!("--lease-store-ca-file={}", garbage.display());
 
     let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
         (
@@ -153,7 +158,45 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
         (
             vec!["--lease-store=etcd://x"],
             2,
-            vec!["must be memory, a redis:// URL or a redis+cluster:// URL"],
+            vec!["must be memory, or a redis://, redis+cluster://, rediss:// or rediss+cluster:// URL"],
+        ),
+        (
+            vec![&empty, &store_ca],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "--lease-store-ca-file is for a lease store reached over TLS",
+            ],
+        ),
+        (
+            vec![&empty, "--lease-store=redis://127.0.0.1:6379", &store_ca],
+            1,
+            vec!["Failed to set up the lease store", "for a Redis reached without TLS"],
+        ),
+        (
+            vec![&empty, "--lease-store=rediss://127.0.0.1:6379", &missing_store_ca],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "absent-ca.pem",
+                "--lease-store-ca-file",
+            ],
+        ),
+        (
+            vec![&empty, "--lease-store=rediss://127.0.0.1:6379", &not_a_store_ca],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "--lease-store-ca-file: no certificate",
+            ],
+        ),
+        (
+            vec![&empty, "--lease-store=rediss://127.0.0.1:6379/#insecure"],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "a TLS server's certificate is always checked",
+            ],
         ),
         (
             vec![&empty, &missing_ca],
@@ -179,9 +222,33 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
 
 #[test]
 fn a_lease_store_password_never_reaches_the_error_line() {
-    for url in ["rediss://:hunter2-pw@cache:6380", "redis:/user:hunter2-pw@cache"] {
+    for url in ["rediss:/:hunter2-pw@cache:6380", "redis:/user:hunter2-pw@cache"] {
         let (code, out) = run_to_exit(&operator_binary(), &[&format!("--lease-store={url}")]);
         assert_eq!(code, Some(2), "{out}");
+        assert!(!out.contains("hunter2-pw"), "{out}");
+    }
+}
+
+/// Nor does the start's error line, when the store refuses a URL of the right form.
+#[test]
+fn a_lease_store_password_never_reaches_the_start_error() {
+    let dir = egress_testkit::scratch_dir("store-password");
+    let config = dir.join("providers.yaml");
+    std::fs::write(&config, "providers: []\n").unwrap();
+    for url in [
+        "rediss://:hunter2-pw@cache:6380/#insecure",
+        "rediss+cluster://:hunter2-pw@a:1,b:2?wait=99",
+    ] {
+        let (code, out) = run_to_exit(
+            &operator_binary(),
+            &[
+                &format!("--providers-config={}", config.display()),
+                &format!("--lease-store={url}"),
+                "--zap-encoder=json",
+            ],
+        );
+        assert_eq!(code, Some(1), "{out}");
+        assert!(out.contains("Failed to set up the lease store"), "{out}");
         assert!(!out.contains("hunter2-pw"), "{out}");
     }
 }

@@ -1,5 +1,6 @@
-//! The connection under the store: to one Redis server, or to a Redis Cluster, made again when
-//! it stops answering; the store URL's own parameter (`wait`); the URL as logs may show it.
+//! The connection under the store: to one Redis server, or to a Redis Cluster, plain or over
+//! TLS, made again when it stops answering; the store URL's own parameter (`wait`); the URL as
+//! logs may show it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,8 +9,9 @@ use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::{ClientTlsConfig, TlsCertificates};
 
-use crate::{CALL_BUDGET, CLUSTER_SCHEME};
+use crate::{CALL_BUDGET, CLUSTER_SCHEME, TLS_CLUSTER_SCHEME, TlsRoots};
 
 /// A connection to one Redis server, or to a Redis Cluster (MOVED and ASK answers followed, the
 /// slot map refreshed after a failover, by the client library).
@@ -92,21 +94,33 @@ impl ClusterHandle {
 
 impl Connection {
     /// Connects lazily to what `url` names: `redis://…`, or `redis+cluster://[user:password@]
-    /// host:port[,host:port…]` (any nodes of the cluster; it finds the rest).
-    pub(crate) fn open(url: &str) -> Result<Self, String> {
-        if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
-            let client = ClusterClientBuilder::new(cluster_nodes(rest)?)
+    /// host:port[,host:port…]` (any nodes of the cluster; it finds the rest); over TLS with
+    /// `rediss://` and `rediss+cluster://`, the server's certificate checked against `roots`.
+    pub(crate) fn open(url: &str, roots: &TlsRoots) -> Result<Self, String> {
+        let certificates = tls_certificates(url, roots)?;
+        let cluster = url
+            .strip_prefix(CLUSTER_SCHEME)
+            .map(|rest| ("redis://", rest))
+            .or_else(|| url.strip_prefix(TLS_CLUSTER_SCHEME).map(|rest| ("rediss://", rest)));
+        if let Some((node_scheme, rest)) = cluster {
+            let mut builder = ClusterClientBuilder::new(cluster_nodes(node_scheme, rest)?)
                 .retries(2)
-                .max_retry_wait(500)
-                .build()
-                .map_err(|e| e.to_string())?;
+                .max_retry_wait(500);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            let client = builder.build().map_err(|e| e.to_string())?;
             let connection = ClusterHandle::connect(&client);
             return Ok(Self::Cluster(Arc::new(ClusterHandle {
                 client,
                 current: std::sync::Mutex::new((0, connection, std::time::Instant::now())),
             })));
         }
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let client = match certificates {
+            Some(certificates) => redis::Client::build_with_tls(url, certificates),
+            None => redis::Client::open(url),
+        }
+        .map_err(|e| e.to_string())?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CALL_BUDGET))
             .set_response_timeout(Some(CALL_BUDGET))
@@ -144,11 +158,36 @@ impl Connection {
     }
 }
 
+/// What the client library is given to check a TLS server with `roots` (`None`: the system's
+/// CA certificates, or no TLS). Refuses what would weaken or ignore the check: a URL fragment
+/// (the client library's `#insecure` turns it off) and CA certificates for a plain URL.
+fn tls_certificates(url: &str, roots: &TlsRoots) -> Result<Option<TlsCertificates>, String> {
+    // Any '#' starts the fragment for the client library's URL parser, one in a password too.
+    if url.contains('#') {
+        return Err(
+            "a URL fragment (such as #insecure) is not accepted: a TLS server's certificate is \
+                    always checked (a '#' in a password is written %23)"
+                .to_owned(),
+        );
+    }
+    let tls = url.starts_with("rediss://") || url.starts_with(TLS_CLUSTER_SCHEME);
+    match roots {
+        TlsRoots::System => Ok(None),
+        TlsRoots::Only(_) if !tls => Err(
+            "CA certificates are given for a Redis reached without TLS (use rediss:// or rediss+cluster://)".to_owned(),
+        ),
+        TlsRoots::Only(pem) => Ok(Some(TlsCertificates {
+            client_tls: None::<ClientTlsConfig>,
+            root_cert: Some(pem.clone()),
+        })),
+    }
+}
+
 /// The URL of each node that `rest`, a cluster URL after its scheme, names:
-/// `[user:password@]host:port[,host:port…][/db][?query]`. The credentials and what follows the
-/// last host (the client library's parameters, such as `protocol`) go to every node: the client
-/// library refuses nodes that differ in them.
-fn cluster_nodes(rest: &str) -> Result<Vec<String>, String> {
+/// `[user:password@]host:port[,host:port…][/db][?query]`, each with `node_scheme`. The
+/// credentials and what follows the last host (the client library's parameters, such as
+/// `protocol`) go to every node: the client library refuses nodes that differ in them.
+fn cluster_nodes(node_scheme: &str, rest: &str) -> Result<Vec<String>, String> {
     let (credentials, hosts) = match rest.rsplit_once('@') {
         Some((c, h)) => (format!("{c}@"), h),
         None => (String::new(), rest),
@@ -158,7 +197,7 @@ fn cluster_nodes(rest: &str) -> Result<Vec<String>, String> {
         .split(',')
         .map(str::trim)
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{credentials}{h}{tail}"))
+        .map(|h| format!("{node_scheme}{credentials}{h}{tail}"))
         .collect();
     if nodes.is_empty() {
         return Err("no cluster node named".to_owned());
@@ -224,19 +263,23 @@ mod tests {
     #[test]
     fn every_cluster_node_gets_the_credentials_and_the_parameters() {
         assert_eq!(
-            cluster_nodes("u:pw@a:1, b:2?protocol=resp3"),
+            cluster_nodes("redis://", "u:pw@a:1, b:2?protocol=resp3"),
             Ok(vec![
                 "redis://u:pw@a:1?protocol=resp3".to_owned(),
                 "redis://u:pw@b:2?protocol=resp3".to_owned(),
             ])
         );
         assert_eq!(
-            cluster_nodes("a:1,b:2/0"),
+            cluster_nodes("redis://", "a:1,b:2/0"),
             Ok(vec!["redis://a:1/0".to_owned(), "redis://b:2/0".to_owned()])
         );
-        assert_eq!(cluster_nodes("a:1"), Ok(vec!["redis://a:1".to_owned()]));
+        assert_eq!(cluster_nodes("redis://", "a:1"), Ok(vec!["redis://a:1".to_owned()]));
+        assert_eq!(
+            cluster_nodes("rediss://", ":pw@a:1,b:2"),
+            Ok(vec!["rediss://:pw@a:1".to_owned(), "rediss://:pw@b:2".to_owned()])
+        );
         for none in ["", " , ", "?protocol=resp3", "u:pw@"] {
-            assert!(cluster_nodes(none).is_err(), "{none}");
+            assert!(cluster_nodes("redis://", none).is_err(), "{none}");
         }
     }
 
@@ -244,9 +287,53 @@ mod tests {
     async fn a_cluster_url_with_parameters_opens() {
         // The client library refused nodes whose protocols differ, as when the query went to the
         // last node alone.
-        let opened = Connection::open("redis+cluster://127.0.0.1:1,127.0.0.1:2?protocol=resp3");
+        let opened = Connection::open(
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2?protocol=resp3",
+            &TlsRoots::System,
+        );
         assert!(opened.is_ok(), "{:?}", opened.err());
     }
+
+    #[tokio::test]
+    async fn tls_urls_open_and_nothing_turns_the_check_off() {
+        let ca = TlsRoots::Only(CA_PEM.as_bytes().to_vec());
+        for url in ["rediss://127.0.0.1:1", "rediss+cluster://127.0.0.1:1,127.0.0.1:2"] {
+            for roots in [&TlsRoots::System, &ca] {
+                let opened = Connection::open(url, roots);
+                assert!(opened.is_ok(), "{url}: {:?}", opened.err());
+            }
+        }
+        // The client library's switch that accepts any certificate, and CA certificates that
+        // a plain connection would never use: refused, naming neither URL nor password.
+        for (url, roots) in [
+            ("rediss://:s3cret@127.0.0.1:1/#insecure", &TlsRoots::System),
+            ("rediss+cluster://:s3cret@127.0.0.1:1#insecure", &ca),
+            ("redis://:s3cret@127.0.0.1:1", &ca),
+            ("redis+cluster://:s3cret@127.0.0.1:1", &ca),
+        ] {
+            let Err(e) = Connection::open(url, roots) else {
+                panic!("{url} opened");
+            };
+            assert!(!e.contains("s3cret") && !e.contains("127.0.0.1"), "{e}");
+        }
+        // A '#' in a password is written as the client library reads it.
+        assert!(Connection::open("rediss://:pa%23ss@127.0.0.1:1", &TlsRoots::System).is_ok());
+    }
+
+    /// A CA certificate, made once with `openssl req -x509` for these tests (no server here
+    /// holds a certificate it signed).
+    const CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBkzCCATmgAwIBAgIUD+88Ptbrr+T0qVAdoYrXCzeAZqwwCgYIKoZIzj0EAwIw
+HjEcMBoGA1UEAwwTZWdyZXNzIHVuaXQtdGVzdCBDQTAgFw0yNjEyMDUwMzQzNTJa
+GA8yMTI2MTExMTAzNDM1MlowHjEcMBoGA1UEAwwTZWdyZXNzIHVuaXQtdGVzdCBD
+QTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABL9v0aH5wxP/tGHLntFDJG11rU3W
+5/ZfbY/fSPy2hie2hBhvx4jvqWfosaVimkNBx2W4oqzZar3YEhSJDJJW6kajUzBR
+MB0GA1UdDgQWBBTQ6Kacz8wFz7IeA6JmxZs26BbNezAfBgNVHSMEGDAWgBTQ6Kac
+z8wFz7IeA6JmxZs26BbNezAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gA
+MEUCIC+0/EJetQEBnXgpQ0cHynS6NwYCTmP8wMBUr8+DjlcUAiEAlStoa+0sn+gW
+UTUlS5sMx7znXvbCSp+cEfSm/qzW/Nk=
+-----END CERTIFICATE-----
+";
 
     #[test]
     fn wait_is_read_from_the_url_and_other_parameters_kept() {

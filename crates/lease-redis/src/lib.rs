@@ -100,6 +100,50 @@ fn duration_millis(d: Duration) -> u64 {
 
 /// The scheme of a Redis Cluster's URL.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+/// The scheme of a Redis Cluster's URL over TLS.
+pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
+
+/// What the certificate of a Redis reached over TLS (`rediss://`, `rediss+cluster://`) must
+/// chain to. It is always checked, names included.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum TlsRoots {
+    /// The system's CA certificates.
+    #[default]
+    System,
+    /// These CA certificates only (PEM), such as a managed Redis's own CA.
+    Only(Vec<u8>),
+}
+
+impl TlsRoots {
+    /// The CA certificates of the PEM text `pem`, and no others.
+    ///
+    /// # Errors
+    /// `pem` holds no certificate, or one that is not a usable CA certificate.
+    pub fn only(pem: &[u8]) -> Result<Self, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject as _;
+        let mut roots = rustls::RootCertStore::empty();
+        for (i, cert) in CertificateDer::pem_slice_iter(pem).enumerate() {
+            let cert = cert.map_err(|e| format!("certificate {}: not PEM: {e}", i + 1))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("certificate {}: not a CA certificate: {e}", i + 1))?;
+        }
+        if roots.is_empty() {
+            return Err("no certificate in it".to_owned());
+        }
+        Ok(Self::Only(pem.to_vec()))
+    }
+}
+
+impl std::fmt::Debug for TlsRoots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::System => f.write_str("System"),
+            Self::Only(pem) => write!(f, "Only({} bytes of PEM)", pem.len()),
+        }
+    }
+}
 
 /// The lease store on one Redis server, or on a Redis Cluster: every key of one store lives in
 /// one slot.
@@ -128,7 +172,8 @@ impl std::fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// A store on the Redis at `url` (`redis://[user:password@]host:port[/db]`, or
-    /// `redis+cluster://[user:password@]host:port[,host:port…]` for a Redis Cluster), keys under
+    /// `redis+cluster://[user:password@]host:port[,host:port…]` for a Redis Cluster; `rediss`
+    /// for either over TLS, the server checked against the system's CA certificates), keys under
     /// `{<prefix>}`, with the cooldown window (and lease retention after expiry) `cooldown`,
     /// on Redis's clock. Connects lazily: a Redis that is down at start only makes calls fail
     /// until it is up. Must be called inside a tokio runtime.
@@ -136,12 +181,21 @@ impl RedisStore {
     /// # Errors
     /// The URL is not a Redis URL, or the prefix holds a brace (it would break the hash tag).
     pub fn new(url: &str, prefix: &str, cooldown: Duration) -> Result<Self, String> {
+        Self::new_with_roots(url, prefix, cooldown, &TlsRoots::System)
+    }
+
+    /// [`new`](Self::new), a TLS server's certificate checked against `roots`.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); also CA certificates given for a URL without TLS, and a URL
+    /// fragment (the client library's `#insecure` would turn the check off).
+    pub fn new_with_roots(url: &str, prefix: &str, cooldown: Duration, roots: &TlsRoots) -> Result<Self, String> {
         let shown = shown_url(url);
         if prefix.contains(['{', '}']) {
             return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
         }
         let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
-        let connection = Connection::open(&url).map_err(|e| format!("lease store {shown}: {e}"))?;
+        let connection = Connection::open(&url, roots).map_err(|e| format!("lease store {shown}: {e}"))?;
         Ok(Self::on(Calls {
             connection,
             library: Arc::new(Library::new()),
@@ -422,6 +476,21 @@ mod tests {
             ("redis+cluster://,", "p:", "no cluster node"),
         ] {
             let e = RedisStore::new(url, prefix, Duration::from_secs(1)).expect_err(why);
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn ca_certificates_are_checked_when_given() {
+        for (pem, why) in [
+            (&b""[..], "no certificate"),
+            (b"not a certificate\n", "no certificate"),
+            (
+                b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+                "certificate 1: not a CA certificate",
+            ),
+        ] {
+            let e = TlsRoots::only(pem).expect_err(why);
             assert!(e.contains(why), "{e}");
         }
     }

@@ -21,6 +21,37 @@ pub struct LocalRedis {
     extra: Vec<String>,
 }
 
+/// A server certificate, its key and the CA certificate that signed it (PEM files' text), for
+/// servers that also take TLS connections.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub ca_pem: String,
+}
+
+impl TlsFiles {
+    /// Writes the files into `dir` and picks a TLS port: redis-server's arguments for them.
+    /// Clients need no certificate of their own; a cluster's nodes talk TLS to each other too.
+    fn arguments(&self, dir: &Path, cluster: bool) -> Result<Vec<String>, String> {
+        let mut args = vec!["--tls-port".to_owned(), free_port()?.to_string()];
+        for (flag, name, text) in [
+            ("--tls-cert-file", "tls.crt", &self.cert_pem),
+            ("--tls-key-file", "tls.key", &self.key_pem),
+            ("--tls-ca-cert-file", "ca.crt", &self.ca_pem),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            args.extend([flag.to_owned(), path.display().to_string()]);
+        }
+        args.extend(["--tls-auth-clients".to_owned(), "no".to_owned()]);
+        if cluster {
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
+        }
+        Ok(args)
+    }
+}
+
 /// Where Debian puts redis-server, if it is there.
 pub fn binary() -> Option<PathBuf> {
     ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
@@ -73,6 +104,15 @@ impl LocalRedis {
         Self::start_with(appendfsync, |_| Ok(Vec::new()))
     }
 
+    /// [`start`](Self::start), also taking TLS connections with `tls`'s certificate on another
+    /// port ([`tls_url`](Self::tls_url)); [`url`](Self::url) stays plain, for tests to look in.
+    ///
+    /// # Errors
+    /// No redis-server binary, or it did not start.
+    pub fn start_tls(tls: &TlsFiles) -> Result<Self, String> {
+        Self::start_with("always", |dir| tls.arguments(dir, false))
+    }
+
     /// [`start_with_appendfsync`](Self::start_with_appendfsync) with more arguments, made from
     /// its directory.
     /// Tries five ports: one found free may be bound by another test's server before this one
@@ -107,6 +147,16 @@ impl LocalRedis {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:<TLS port>`, when it was started with [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port().map(|port| format!("rediss://127.0.0.1:{port}"))
+    }
+
+    fn tls_port(&self) -> Option<u16> {
+        let at = self.extra.iter().position(|a| a == "--tls-port")?;
+        self.extra.get(at + 1)?.parse().ok()
     }
 
     /// Its directory (the append-only file is there).
@@ -190,10 +240,29 @@ impl LocalCluster {
     /// # Errors
     /// No redis-server or redis-cli, or the cluster did not form.
     pub fn start(masters: usize, replicas: usize, appendfsync: &'static str) -> Result<Self, String> {
+        Self::start_with(masters, replicas, appendfsync, None)
+    }
+
+    /// [`start`](Self::start) with every node also taking TLS connections with `tls`'s
+    /// certificate ([`tls_url`](Self::tls_url)), and the nodes talking TLS to each other. A
+    /// client that comes over TLS is told the nodes' TLS ports.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_tls(masters: usize, replicas: usize, tls: &TlsFiles) -> Result<Self, String> {
+        Self::start_with(masters, replicas, "always", Some(tls))
+    }
+
+    fn start_with(
+        masters: usize,
+        replicas: usize,
+        appendfsync: &'static str,
+        tls: Option<&TlsFiles>,
+    ) -> Result<Self, String> {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
             nodes.push(LocalRedis::start_with(appendfsync, |dir| {
-                Ok(vec![
+                let mut args = vec![
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-port".into(),
@@ -202,7 +271,11 @@ impl LocalCluster {
                     dir.join("nodes.conf").display().to_string(),
                     "--cluster-node-timeout".into(),
                     NODE_TIMEOUT_MILLIS.to_string(),
-                ])
+                ];
+                if let Some(tls) = tls {
+                    args.extend(tls.arguments(dir, true)?);
+                }
+                Ok(args)
             })?);
         }
         let cluster = Self { nodes };
@@ -307,6 +380,17 @@ impl LocalCluster {
     /// `redis+cluster://127.0.0.1:<port>,…`, every node named.
     pub fn url(&self) -> String {
         format!("{}{}", crate::CLUSTER_SCHEME, self.addresses().join(","))
+    }
+
+    /// `rediss+cluster://127.0.0.1:<TLS port>,…`, every node named, when it was started with
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        let ports: Option<Vec<String>> = self
+            .nodes
+            .iter()
+            .map(|n| n.tls_port().map(|p| format!("127.0.0.1:{p}")))
+            .collect();
+        Some(format!("{}{}", crate::TLS_CLUSTER_SCHEME, ports?.join(",")))
     }
 
     /// `redis://` URLs of the nodes, one each (to read their figures).

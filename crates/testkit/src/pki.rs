@@ -9,6 +9,10 @@ pub struct Pki {
     /// The CA certificate as a PEM file's text.
     pub ca_pem: String,
     pub server: Arc<rustls::ServerConfig>,
+    /// The target certificate and its key as PEM files' text, for servers configured by file
+    /// (such as redis-server).
+    pub server_cert_pem: String,
+    pub server_key_pem: String,
 }
 
 /// [`pki_for`] `localhost` and 127.0.0.1.
@@ -40,20 +44,24 @@ pub fn pki_for(names: &[&str]) -> Pki {
             rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
         )
         .unwrap();
-    let b64 = data_encoding::BASE64.encode(ca.der());
+    Pki {
+        ca_der: ca.der().clone(),
+        ca_pem: pem("CERTIFICATE", ca.der()),
+        server: Arc::new(server),
+        server_cert_pem: pem("CERTIFICATE", leaf.der()),
+        server_key_pem: pem("PRIVATE KEY", &leaf_key.serialize_der()),
+    }
+}
+
+/// `der` as a PEM block labelled `label`.
+fn pem(label: &str, der: &[u8]) -> String {
+    let b64 = data_encoding::BASE64.encode(der);
     let lines: Vec<&str> = b64
         .as_bytes()
         .chunks(64)
         .map(|c| std::str::from_utf8(c).unwrap())
         .collect();
-    Pki {
-        ca_der: ca.der().clone(),
-        ca_pem: format!(
-            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
-            lines.join("\n")
-        ),
-        server: Arc::new(server),
-    }
+    format!("-----BEGIN {label}-----\n{}\n-----END {label}-----\n", lines.join("\n"))
 }
 
 impl Pki {

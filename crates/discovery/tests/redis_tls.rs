@@ -1,0 +1,141 @@
+//! The Redis lease store over TLS (`rediss://`, `rediss+cluster://`), against real
+//! redis-servers that take TLS connections with a certificate of a test CA: one server, and a
+//! three-master cluster whose nodes also talk TLS to each other. The store leases through them
+//! when given that CA, and finds unavailable a server it cannot trust: one whose CA it was not
+//! given, or whose certificate names another host. The servers still answer plain connections
+//! on another port, which these tests never give the store.
+//!
+//! Without redis-server the tests skip, unless `EGRESS_REAL_BACKENDS_REQUIRED=1` (`cargo xtask
+//! test`, CI).
+
+use std::time::Duration;
+
+use egress_lease::{Candidate, LeaseRequest, LeaseStore, Scope, StoreError, ViewEntry};
+use egress_lease_redis::local::{LocalCluster, LocalRedis, TlsFiles};
+use egress_lease_redis::{RedisStore, TlsRoots};
+use egress_testkit::Pki;
+
+/// In every URL of a store that must not reach Redis: no error may show it.
+const PASSWORD: &str = "tls-sentinel-password";
+
+fn redis_available() -> bool {
+    if egress_lease_redis::local::binary().is_some() {
+        return true;
+    }
+    assert!(
+        !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
+        "redis-server is required here (cargo xtask test installs it)"
+    );
+    eprintln!("SKIPPED: no redis-server");
+    false
+}
+
+fn files(pki: &Pki) -> TlsFiles {
+    TlsFiles {
+        cert_pem: pki.server_cert_pem.clone(),
+        key_pem: pki.server_key_pem.clone(),
+        ca_pem: pki.ca_pem.clone(),
+    }
+}
+
+fn roots(pki: &Pki) -> TlsRoots {
+    TlsRoots::only(pki.ca_pem.as_bytes()).expect("the test CA")
+}
+
+fn store(url: &str, roots: &TlsRoots) -> RedisStore {
+    // As the operator does at start.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let prefix = format!("tls-{}:", std::process::id());
+    RedisStore::new_with_roots(url, &prefix, Duration::from_secs(900), roots).expect("a store")
+}
+
+/// Publishes one proxy, leases it and gives the lease back.
+async fn lease_and_release(store: &RedisStore) -> Result<String, StoreError> {
+    let (id, latency_millis, max_leases) = ("crawl/p0", 5, 2);
+    store
+        .publish_view(&[ViewEntry {
+            id: id.to_owned(),
+            healthy: true,
+            latency_millis,
+            max_leases,
+            offered: true,
+        }])
+        .await?;
+    let mut candidates = [Candidate {
+        id,
+        healthy: true,
+        latency_millis,
+        max_leases,
+    }]
+    .into_iter();
+    let request = LeaseRequest {
+        ttl: Duration::from_secs(60),
+        target: None,
+        scope: Scope::Installation,
+    };
+    let grant = store.acquire(&mut candidates, &request).await?.expect("a free proxy");
+    store.release(&grant.lease_id).await?;
+    Ok(grant.proxy_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_over_tls_leases_with_the_ca_it_was_given() {
+    if !redis_available() {
+        return;
+    }
+    let pki = egress_testkit::pki();
+    let redis = LocalRedis::start_tls(&files(&pki)).expect("redis-server with TLS");
+    let url = redis.tls_url().expect("a TLS port");
+    let leased = lease_and_release(&store(&url, &roots(&pki))).await;
+    assert_eq!(leased.as_deref(), Ok("crawl/p0"), "{url}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_leases_with_the_ca_it_was_given() {
+    if !redis_available() {
+        return;
+    }
+    let pki = egress_testkit::pki();
+    let cluster = LocalCluster::start_tls(3, 0, &files(&pki)).expect("a Redis Cluster with TLS forms");
+    // Named by one node alone: the others, and the slot's master, are found over TLS.
+    let url = cluster.tls_url().expect("TLS ports");
+    let one_node = url.split(',').next().expect("a node").to_owned();
+    let leased = lease_and_release(&store(&one_node, &roots(&pki))).await;
+    assert_eq!(leased.as_deref(), Ok("crawl/p0"), "{one_node}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_the_store_cannot_trust_is_unavailable_and_the_password_stays_hidden() {
+    if !redis_available() {
+        return;
+    }
+    let pki = egress_testkit::pki();
+    let redis = LocalRedis::start_tls(&files(&pki)).expect("redis-server with TLS");
+    // A certificate for another host, from the CA the store is given.
+    let elsewhere = egress_testkit::pki_for(&["redis.example"]);
+    let misnamed = LocalRedis::start_tls(&files(&elsewhere)).expect("redis-server with TLS");
+    let with_password = |r: &LocalRedis| {
+        r.tls_url()
+            .expect("a TLS port")
+            .replace("rediss://", &format!("rediss://:{PASSWORD}@"))
+    };
+    let other_ca = egress_testkit::pki();
+    for (url, roots, why) in [
+        (with_password(&redis), roots(&other_ca), "a CA that did not sign it"),
+        (
+            with_password(&redis),
+            TlsRoots::System,
+            "the system's CAs, none of which signed it",
+        ),
+        (
+            with_password(&misnamed),
+            roots(&elsewhere),
+            "its certificate names another host",
+        ),
+    ] {
+        let Err(StoreError(e)) = lease_and_release(&store(&url, &roots)).await else {
+            panic!("leased through a server the store cannot trust: {why}");
+        };
+        assert!(!e.contains(PASSWORD), "{why}: {e}");
+    }
+}
