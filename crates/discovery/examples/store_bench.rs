@@ -2,9 +2,9 @@
 //! acquiring and releasing leases for 5 s on fleets of 1 000, 10 000 and 100 000 proxies, on the
 //! in-memory store, on a local redis-server and on a local three-master Redis Cluster with a
 //! replica each (append-only file, `appendfsync always`, for all), the cluster also with every
-//! grant waiting for its replica (`wait=1`), and Redis's own time per script call, read from the
-//! slow logs with every call recorded; then the single server again on a core of its own, the
-//! bench on the other. Prints a Markdown table.
+//! grant waiting for its replica (`wait=1`), a single server reached over TLS, and Redis's own
+//! time per script call, read from the slow logs with every call recorded; then the single
+//! server again on a core of its own, the bench on the other. Prints a Markdown table.
 //!
 //! Every proxy is healthy with room for 5 leases. Each acquire is what the discovery API sends
 //! for an empty selector: scoped to the installation, with the whole fleet as candidates in
@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_lease::{Candidate, LeaseRequest, LeaseStore, MemoryStore, Scope, SystemClock, ViewEntry};
+use egress_lease_redis::TlsRoots;
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 const TASKS: usize = 64;
@@ -165,6 +166,7 @@ fn arguments(args: &[redis::Value]) -> usize {
 /// logs of `nodes` (every node of a cluster: the store's slot lives on one of them).
 async fn redis_figures(
     url: &str,
+    roots: &TlsRoots,
     nodes: &mut [redis::aio::MultiplexedConnection],
     fleet: Arc<Vec<(String, i64)>>,
 ) -> (Figures, HashMap<&'static str, f64>) {
@@ -174,7 +176,8 @@ async fn redis_figures(
         fleet.len(),
         RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let store = egress_lease_redis::RedisStore::new(url, &prefix, Duration::from_secs(900)).expect("a Redis store");
+    let store = egress_lease_redis::RedisStore::new_with_roots(url, &prefix, Duration::from_secs(900), roots)
+        .expect("a Redis store");
     let functions = store.function_names();
     let view: Vec<ViewEntry> = fleet
         .iter()
@@ -249,7 +252,19 @@ fn row(n: usize, name: &str, r: &Figures, m: &Figures, times: &HashMap<&'static 
 
 #[tokio::main]
 async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
+    // The same over TLS, with a certificate of a test CA that the store is given.
+    let pki = egress_testkit::pki();
+    let tls_redis = egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
+        cert_pem: pki.server_cert_pem.clone(),
+        key_pem: pki.server_key_pem.clone(),
+        ca_pem: pki.ca_pem.clone(),
+    })
+    .expect("redis-server with TLS");
+    let tls_url = tls_redis.tls_url().expect("a TLS port");
+    let tls_roots = TlsRoots::only(pki.ca_pem.as_bytes()).expect("the test CA");
+    let mut tls_single = admin(&[tls_redis.url()]).await;
     let cluster = egress_lease_redis::local::LocalCluster::start(3, 1, "always")
         .expect("a Redis Cluster (apt-get install redis-server redis-tools)");
     let mut single = admin(&[redis.url()]).await;
@@ -279,15 +294,17 @@ async fn main() {
             ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
         ] {
             let admin = if url == redis.url() { &mut single } else { &mut nodes };
-            let (r, times) = redis_figures(&url, admin, fleet.clone()).await;
+            let (r, times) = redis_figures(&url, &TlsRoots::System, admin, fleet.clone()).await;
             row(n, name, &r, &m, &times);
         }
+        let (r, times) = redis_figures(&tls_url, &tls_roots, &mut tls_single, fleet.clone()).await;
+        row(n, "redis over TLS", &r, &m, &times);
         // Redis on a core of its own and the bench on the other, as Redis runs in production:
         // unpinned, the slow log's wall time also counts Redis waiting for a core.
         if let (Some(pid), true) = (redis.pid(), cores >= 2) {
             pin(std::process::id(), "0");
             pin(pid, "1");
-            let (r, times) = redis_figures(&redis.url(), &mut single, fleet.clone()).await;
+            let (r, times) = redis_figures(&redis.url(), &TlsRoots::System, &mut single, fleet.clone()).await;
             pin(std::process::id(), &every_core);
             pin(pid, &every_core);
             row(n, "redis on core 1, the bench on core 0", &r, &m, &times);
