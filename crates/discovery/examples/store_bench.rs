@@ -3,8 +3,9 @@
 //! in-memory store, on a local redis-server and on a local three-master Redis Cluster with a
 //! replica each (append-only file, `appendfsync always`, for all), the cluster also with every
 //! grant waiting for its replica (`wait=1`), a single server reached over TLS, and Redis's own
-//! time per script call, read from the slow logs with every call recorded; then the single
-//! server again on a core of its own, the bench on the other. Prints a Markdown table.
+//! time per script call, read from the slow logs with every call recorded (per acquire and per
+//! release) and from `INFO commandstats` (`FCALL`'s `usec`, per call and per request); then the
+//! single server again on a core of its own, the bench on the other. Prints a Markdown table.
 //!
 //! Every proxy is healthy with room for 5 leases. Each acquire is what the discovery API sends
 //! for an empty selector: scoped to the installation, with the whole fleet as candidates in
@@ -196,13 +197,45 @@ async fn redis_figures(
             .query_async(node)
             .await
             .expect("SLOWLOG RESET");
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(node)
+            .await
+            .expect("CONFIG RESETSTAT");
     }
     let figures = load(Arc::new(store), fleet).await;
     let mut times = HashMap::new();
+    let (mut calls, mut micros) = (0u64, 0u64);
     for node in nodes.iter_mut() {
         times.extend(script_times(node, &functions).await);
+        let (c, m) = fcall_stats(node).await;
+        (calls, micros) = (calls + c, micros + m);
     }
+    // Every FCALL of the load is an acquire batch or a release batch.
+    let requests = (figures.acquire.len() + figures.release.len()).max(1);
+    times.insert("fcall per call", micros as f64 / calls.max(1) as f64);
+    times.insert("fcall per request", micros as f64 / requests as f64);
     (figures, times)
+}
+
+/// `FCALL`'s calls and microseconds since the last `CONFIG RESETSTAT`, from `INFO
+/// commandstats` (its `cmdstat_fcall` line).
+async fn fcall_stats(connection: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(connection)
+        .await
+        .expect("INFO commandstats");
+    let Some(line) = info.lines().find_map(|l| l.strip_prefix("cmdstat_fcall:")) else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
 }
 
 /// Connections to `urls`, each set to log every call in its slow log.
@@ -237,7 +270,7 @@ fn pin(pid: u32, cores: &str) {
 fn row(n: usize, name: &str, r: &Figures, m: &Figures, times: &HashMap<&'static str, f64>) {
     let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
     println!(
-        "| {n} | {name} ({:.1} % of memory) | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {} / {} | {} |",
+        "| {n} | {name} ({:.1} % of memory) | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {} / {} | {} / {} | {} |",
         r.pairs_per_second / m.pairs_per_second * 100.0,
         r.pairs_per_second,
         quantile(&r.acquire, 0.5),
@@ -246,6 +279,8 @@ fn row(n: usize, name: &str, r: &Figures, m: &Figures, times: &HashMap<&'static 
         quantile(&r.release, 0.99),
         shown("acquire_indexed"),
         shown("release"),
+        shown("fcall per call"),
+        shown("fcall per request"),
         r.errors
     );
 }
@@ -272,15 +307,15 @@ async fn main() {
     let every_core = format!("0-{}", cores - 1);
     let mut nodes = admin(&cluster.node_urls()).await;
     println!(
-        "| proxies | store | pairs per second | acquire p50 / p99 (ms) | release p50 / p99 (ms) | Redis per acquire / release (µs) | calls unanswered |"
+        "| proxies | store | pairs per second | acquire p50 / p99 (ms) | release p50 / p99 (ms) | Redis per acquire / release (µs, slow log) | Redis per FCALL / per request (µs, INFO commandstats) | calls unanswered |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for n in SIZES {
         let fleet = fleet(n);
         let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
         let m = load(memory, fleet.clone()).await;
         println!(
-            "| {n} | memory | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | | {} |",
+            "| {n} | memory | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | | | {} |",
             m.pairs_per_second,
             quantile(&m.acquire, 0.5),
             quantile(&m.acquire, 0.99),
