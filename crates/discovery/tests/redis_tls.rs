@@ -2,8 +2,9 @@
 //! redis-servers that take TLS connections with a certificate of a test CA: one server, and a
 //! three-master cluster whose nodes also talk TLS to each other. The store leases through them
 //! when given that CA, and finds unavailable a server it cannot trust: one whose CA it was not
-//! given, or whose certificate names another host. The servers still answer plain connections
-//! on another port, which these tests never give the store.
+//! given, or whose certificate names another host, and an endpoint that takes the connection
+//! and never answers the handshake. The servers still answer plain connections on another
+//! port, which these tests never give the store.
 //!
 //! Without redis-server the tests skip, unless `EGRESS_REAL_BACKENDS_REQUIRED=1` (`cargo xtask
 //! test`, CI).
@@ -138,4 +139,27 @@ async fn a_server_the_store_cannot_trust_is_unavailable_and_the_password_stays_h
         };
         assert!(!e.contains(PASSWORD), "{why}: {e}");
     }
+}
+
+/// An endpoint that takes connections and never says a word: the TLS handshake gets no answer,
+/// and the store's call budget ends the wait (nextest's timeout fails a call that hangs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_endpoint_that_never_answers_fails_the_call() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a listener");
+    let address = listener.local_addr().expect("its address");
+    let (held_tx, mut held) = tokio::sync::mpsc::unbounded_channel();
+    let silent = tokio::spawn(async move {
+        while let Ok((connection, _)) = listener.accept().await {
+            // Kept open, never read from or written to.
+            let _ = held_tx.send(connection);
+        }
+    });
+    let pki = egress_testkit::pki();
+    let url = format!("rediss://:{PASSWORD}@{address}");
+    let Err(StoreError(e)) = lease_and_release(&store(&url, &roots(&pki))).await else {
+        panic!("leased through an endpoint that never answered");
+    };
+    assert!(!e.contains(PASSWORD), "{e}");
+    assert!(held.try_recv().is_ok(), "the store never connected: {e}");
+    silent.abort();
 }

@@ -184,7 +184,9 @@ impl RedisStore {
         Self::new_with_roots(url, prefix, cooldown, &TlsRoots::System)
     }
 
-    /// [`new`](Self::new), a TLS server's certificate checked against `roots`.
+    /// [`new`](Self::new), a TLS server's certificate checked against `roots`. TLS uses
+    /// rustls's process-wide crypto provider (the operator installs ring at start); a program
+    /// that builds in more than one provider installs one before its first call.
     ///
     /// # Errors
     /// As [`new`](Self::new); also CA certificates given for a URL without TLS, and a URL
