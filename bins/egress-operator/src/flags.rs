@@ -63,6 +63,10 @@ pub struct Options {
     /// PEM file of the CA certificates a TLS lease store's certificate must chain to, instead
     /// of the system's (empty: the system's).
     pub lease_store_ca_file: String,
+    /// PEM files of the certificate and the private key the store shows a TLS lease store that
+    /// asks for one (both or neither).
+    pub lease_store_client_cert_file: String,
+    pub lease_store_client_key_file: String,
     pub lease_cooldown: Duration,
     pub health_workers: usize,
     pub trace_health_probes: bool,
@@ -97,6 +101,8 @@ impl Default for Options {
             max_connections: 1024,
             lease_store: "memory".into(),
             lease_store_ca_file: String::new(),
+            lease_store_client_cert_file: String::new(),
+            lease_store_client_key_file: String::new(),
             lease_cooldown: Duration::from_secs(900),
             health_workers: 10,
             trace_health_probes: false,
@@ -250,6 +256,18 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "",
         usage: "PEM file of the CA certificates a rediss:// lease store's certificate must chain to, instead of the system's (read at start).",
+    },
+    Flag {
+        name: "lease-store-client-cert-file",
+        kind: Kind::Text,
+        default: "",
+        usage: "PEM file of the certificate (and its chain) shown to a rediss:// lease store that asks for one; needs --lease-store-client-key-file (read at start).",
+    },
+    Flag {
+        name: "lease-store-client-key-file",
+        kind: Kind::Text,
+        default: "",
+        usage: "PEM file of the private key of --lease-store-client-cert-file (read at start).",
     },
     Flag {
         name: "discovery-auth",
@@ -479,6 +497,8 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         }
         "lease-store" => o.lease_store = lease_store(value)?,
         "lease-store-ca-file" => o.lease_store_ca_file = value.into(),
+        "lease-store-client-cert-file" => o.lease_store_client_cert_file = value.into(),
+        "lease-store-client-key-file" => o.lease_store_client_key_file = value.into(),
         // Zero is a window of no length, as Go's time arithmetic made it: nothing rests.
         "lease-cooldown" => o.lease_cooldown = parse_duration(value)?,
         "health-workers" => {

@@ -514,37 +514,71 @@ fn identity() -> String {
 fn lease_store(options: &Options) -> Result<Arc<dyn egress_lease::LeaseStore>, Fatal> {
     let failed = |e| fatal("Failed to set up the lease store", e);
     if options.lease_store == "memory" {
-        if !options.lease_store_ca_file.is_empty() {
-            return Err(failed(
-                "--lease-store-ca-file is for a lease store reached over TLS (rediss://)".to_owned(),
-            ));
+        if let Some(flag) = [
+            ("lease-store-ca-file", &options.lease_store_ca_file),
+            ("lease-store-client-cert-file", &options.lease_store_client_cert_file),
+            ("lease-store-client-key-file", &options.lease_store_client_key_file),
+        ]
+        .into_iter()
+        .find_map(|(flag, file)| (!file.is_empty()).then_some(flag))
+        {
+            return Err(failed(format!(
+                "--{flag} is for a lease store reached over TLS (rediss://)"
+            )));
         }
         return Ok(Arc::new(egress_lease::MemoryStore::new(
             Arc::new(egress_lease::SystemClock),
             options.lease_cooldown,
         )));
     }
-    let roots = match options.lease_store_ca_file.as_str() {
-        "" => egress_lease_redis::TlsRoots::System,
-        file => std::fs::read(file)
-            .map_err(|e| e.to_string())
-            .and_then(|pem| egress_lease_redis::TlsRoots::only(&pem))
-            .map_err(|e| Fatal {
-                message: "Failed to set up the lease store".into(),
-                error: Some(format!("--lease-store-ca-file: {e}")),
-                path: Some(file.to_owned()),
-            })?,
-    };
+    let tls = lease_store_tls(options)?;
     // Two installations sharing one Redis keep apart by their installation id.
     let prefix = match options.installation_id.as_str() {
         "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
         id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
     };
     let store =
-        egress_lease_redis::RedisStore::new_with_roots(&options.lease_store, &prefix, options.lease_cooldown, &roots)
+        egress_lease_redis::RedisStore::new_with_tls(&options.lease_store, &prefix, options.lease_cooldown, &tls)
             .map_err(failed)?;
     tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
     Ok(Arc::new(store))
+}
+
+/// What the `--lease-store-*-file` flags give the store for TLS, read and checked. An error
+/// names the flag and its file, never what the files hold.
+fn lease_store_tls(options: &Options) -> Result<egress_lease_redis::Tls, Fatal> {
+    let unusable = |flag: &str, file: &str, e: String| Fatal {
+        message: "Failed to set up the lease store".into(),
+        error: Some(format!("--{flag}: {e}")),
+        path: Some(file.to_owned()),
+    };
+    let read = |flag: &str, file: &str| std::fs::read(file).map_err(|e| unusable(flag, file, e.to_string()));
+    let roots = match options.lease_store_ca_file.as_str() {
+        "" => egress_lease_redis::TlsRoots::System,
+        file => egress_lease_redis::TlsRoots::only(&read("lease-store-ca-file", file)?)
+            .map_err(|e| unusable("lease-store-ca-file", file, e))?,
+    };
+    let client = match (
+        options.lease_store_client_cert_file.as_str(),
+        options.lease_store_client_key_file.as_str(),
+    ) {
+        ("", "") => None,
+        (cert, key) if cert.is_empty() || key.is_empty() => {
+            return Err(fatal(
+                "Failed to set up the lease store",
+                "--lease-store-client-cert-file and --lease-store-client-key-file go together",
+            ));
+        }
+        (cert, key) => Some(
+            egress_lease_redis::ClientIdentity::from_pem(
+                &read("lease-store-client-cert-file", cert)?,
+                &read("lease-store-client-key-file", key)?,
+            )
+            // The message says which of the two files is wrong.
+            .map_err(|e| fatal("Failed to set up the lease store", format!("{e} ({cert}, {key})")))?,
+        ),
+    };
+    Ok(egress_lease_redis::Tls { roots, client })
 }
 
 /// Forgets ended leases and cooldowns every 30 s, until `shutdown`.

@@ -383,7 +383,7 @@ async fn the_binary_keeps_leases_in_redis() {
 }
 
 /// The same over TLS: `--lease-store=rediss://…` with `--lease-store-ca-file` naming the CA
-/// that signed the server's certificate.
+/// that signed the server's certificate, and a client certificate the server asks for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_keeps_leases_in_redis_over_tls() {
     keeps_leases_in_redis(true).await;
@@ -420,12 +420,20 @@ async fn keeps_leases_in_redis(tls: bool) {
             cert_pem: pki.server_cert_pem.clone(),
             key_pem: pki.server_key_pem.clone(),
             ca_pem: pki.ca_pem.clone(),
+            client_certificates_required: true,
         })
         .expect("redis-server with TLS");
-        let ca = dir.join("redis-ca.pem");
-        std::fs::write(&ca, &pki.ca_pem).unwrap();
         flags.push(format!("--lease-store={}", redis.tls_url().expect("a TLS port")));
-        flags.push(format!("--lease-store-ca-file={}", ca.display()));
+        // The server asks for a client certificate, as Redis does by default once TLS is on.
+        for (flag, file, text) in [
+            ("ca", "redis-ca.pem", &pki.ca_pem),
+            ("client-cert", "redis-client.pem", &pki.client_cert_pem),
+            ("client-key", "redis-client-key.pem", &pki.client_key_pem),
+        ] {
+            let path = dir.join(file);
+            std::fs::write(&path, text).unwrap();
+            flags.push(format!("--lease-store-{flag}-file={}", path.display()));
+        }
         redis
     } else {
         let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server");

@@ -56,6 +56,20 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
     let store_ca = format!("--lease-store-ca-file={}", store_ca_file.display());
     let missing_store_ca = format!("--lease-store-ca-file={}", dir.join("absent-ca.pem").display());
     let not_a_store_ca = format!("--lease-store-ca-file={}", garbage.display());
+    let client_pki = egress_testkit::pki();
+    let (client_cert_file, client_key_file) = (dir.join("client.pem"), dir.join("client-key.pem"));
+    std::fs::write(&client_cert_file, &client_pki.client_cert_pem).unwrap();
+    std::fs::write(&client_key_file, &client_pki.client_key_pem).unwrap();
+    let client_cert = format!("--lease-store-client-cert-file={}", client_cert_file.display());
+    let client_key = format!("--lease-store-client-key-file={}", client_key_file.display());
+    // A key file that is no key, holding a secret-looking line no message may repeat.
+    let bad_key_file = dir.join("not-a-key.pem");
+    std::fs::write(
+        &bad_key_file,
+        "-----BEGIN PRIVATE KEY-----\nkey-sentinel-7f3a\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let not_a_client_key = format!("--lease-store-client-key-file={}", bad_key_file.display());
 
     let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
         (
@@ -191,6 +205,42 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
             ],
         ),
         (
+            vec![&empty, "--lease-store=rediss://127.0.0.1:6379", &client_cert],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "--lease-store-client-cert-file and --lease-store-client-key-file go together",
+            ],
+        ),
+        (
+            vec![&empty, &client_cert, &client_key],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "--lease-store-client-cert-file is for a lease store reached over TLS",
+            ],
+        ),
+        (
+            vec![
+                &empty,
+                "--lease-store=rediss://127.0.0.1:6379",
+                &client_cert,
+                &not_a_client_key,
+            ],
+            1,
+            vec!["Failed to set up the lease store", "no private key"],
+        ),
+        (
+            vec![
+                &empty,
+                "--lease-store=redis://127.0.0.1:6379",
+                &client_cert,
+                &client_key,
+            ],
+            1,
+            vec!["Failed to set up the lease store", "for a Redis reached without TLS"],
+        ),
+        (
             vec![&empty, "--lease-store=rediss://127.0.0.1:6379/#insecure"],
             1,
             vec![
@@ -213,6 +263,10 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
         args.push("--zap-encoder=json");
         let (code, out) = run_to_exit(&operator_binary(), &args);
         assert_eq!(code, Some(want_code), "{args:?}:\n{out}");
+        assert!(
+            !out.contains("key-sentinel-7f3a"),
+            "{args:?}: a key file's text in\n{out}"
+        );
         for want in wants {
             let found = out.contains(want) || out.contains(&want.replace("\\\"", "\""));
             assert!(found, "{args:?}: {want:?} missing from\n{out}");

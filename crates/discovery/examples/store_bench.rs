@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_lease::{Candidate, LeaseRequest, LeaseStore, MemoryStore, Scope, SystemClock, ViewEntry};
-use egress_lease_redis::TlsRoots;
+use egress_lease_redis::{Tls, TlsRoots};
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 const TASKS: usize = 64;
@@ -167,7 +167,7 @@ fn arguments(args: &[redis::Value]) -> usize {
 /// logs of `nodes` (every node of a cluster: the store's slot lives on one of them).
 async fn redis_figures(
     url: &str,
-    roots: &TlsRoots,
+    tls: &Tls,
     nodes: &mut [redis::aio::MultiplexedConnection],
     fleet: Arc<Vec<(String, i64)>>,
 ) -> (Figures, HashMap<&'static str, f64>) {
@@ -177,7 +177,7 @@ async fn redis_figures(
         fleet.len(),
         RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let store = egress_lease_redis::RedisStore::new_with_roots(url, &prefix, Duration::from_secs(900), roots)
+    let store = egress_lease_redis::RedisStore::new_with_tls(url, &prefix, Duration::from_secs(900), tls)
         .expect("a Redis store");
     let functions = store.function_names();
     let view: Vec<ViewEntry> = fleet
@@ -295,10 +295,14 @@ async fn main() {
         cert_pem: pki.server_cert_pem.clone(),
         key_pem: pki.server_key_pem.clone(),
         ca_pem: pki.ca_pem.clone(),
+        client_certificates_required: false,
     })
     .expect("redis-server with TLS");
     let tls_url = tls_redis.tls_url().expect("a TLS port");
-    let tls_roots = TlsRoots::only(pki.ca_pem.as_bytes()).expect("the test CA");
+    let tls = Tls {
+        roots: TlsRoots::only(pki.ca_pem.as_bytes()).expect("the test CA"),
+        client: None,
+    };
     let mut tls_single = admin(&[tls_redis.url()]).await;
     let cluster = egress_lease_redis::local::LocalCluster::start(3, 1, "always")
         .expect("a Redis Cluster (apt-get install redis-server redis-tools)");
@@ -329,17 +333,17 @@ async fn main() {
             ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
         ] {
             let admin = if url == redis.url() { &mut single } else { &mut nodes };
-            let (r, times) = redis_figures(&url, &TlsRoots::System, admin, fleet.clone()).await;
+            let (r, times) = redis_figures(&url, &Tls::default(), admin, fleet.clone()).await;
             row(n, name, &r, &m, &times);
         }
-        let (r, times) = redis_figures(&tls_url, &tls_roots, &mut tls_single, fleet.clone()).await;
+        let (r, times) = redis_figures(&tls_url, &tls, &mut tls_single, fleet.clone()).await;
         row(n, "redis over TLS", &r, &m, &times);
         // Redis on a core of its own and the bench on the other, as Redis runs in production:
         // unpinned, the slow log's wall time also counts Redis waiting for a core.
         if let (Some(pid), true) = (redis.pid(), cores >= 2) {
             pin(std::process::id(), "0");
             pin(pid, "1");
-            let (r, times) = redis_figures(&redis.url(), &TlsRoots::System, &mut single, fleet.clone()).await;
+            let (r, times) = redis_figures(&redis.url(), &Tls::default(), &mut single, fleet.clone()).await;
             pin(std::process::id(), &every_core);
             pin(pid, &every_core);
             row(n, "redis on core 1, the bench on core 0", &r, &m, &times);

@@ -1,7 +1,8 @@
 //! The Redis lease store over TLS (`rediss://`, `rediss+cluster://`), against real
 //! redis-servers that take TLS connections with a certificate of a test CA: one server, and a
 //! three-master cluster whose nodes also talk TLS to each other. The store leases through them
-//! when given that CA, and finds unavailable a server it cannot trust: one whose CA it was not
+//! when given that CA (and, where the server asks for one, a client certificate the CA signed:
+//! without one, or with another CA's, no lease), and finds unavailable a server it cannot trust: one whose CA it was not
 //! given, or whose certificate names another host, and an endpoint that takes the connection
 //! and never answers the handshake. The servers still answer plain connections on another
 //! port, which these tests never give the store.
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use egress_lease::{Candidate, LeaseRequest, LeaseStore, Scope, StoreError, ViewEntry};
 use egress_lease_redis::local::{LocalCluster, LocalRedis, TlsFiles};
-use egress_lease_redis::{RedisStore, TlsRoots};
+use egress_lease_redis::{ClientIdentity, RedisStore, Tls, TlsRoots};
 use egress_testkit::Pki;
 
 /// In every URL of a store that must not reach Redis: no error may show it.
@@ -31,23 +32,29 @@ fn redis_available() -> bool {
     false
 }
 
-fn files(pki: &Pki) -> TlsFiles {
+/// A server with `pki`'s certificate, that asks clients for theirs or not.
+fn files(pki: &Pki, client_certificates_required: bool) -> TlsFiles {
     TlsFiles {
         cert_pem: pki.server_cert_pem.clone(),
         key_pem: pki.server_key_pem.clone(),
         ca_pem: pki.ca_pem.clone(),
+        client_certificates_required,
     }
 }
 
-fn roots(pki: &Pki) -> TlsRoots {
-    TlsRoots::only(pki.ca_pem.as_bytes()).expect("the test CA")
+/// Trusts `pki`'s CA only, and shows no certificate.
+fn roots(pki: &Pki) -> Tls {
+    Tls {
+        roots: TlsRoots::only(pki.ca_pem.as_bytes()).expect("the test CA"),
+        client: None,
+    }
 }
 
-fn store(url: &str, roots: &TlsRoots) -> RedisStore {
+fn store(url: &str, tls: &Tls) -> RedisStore {
     // As the operator does at start.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let prefix = format!("tls-{}:", std::process::id());
-    RedisStore::new_with_roots(url, &prefix, Duration::from_secs(900), roots).expect("a store")
+    RedisStore::new_with_tls(url, &prefix, Duration::from_secs(900), tls).expect("a store")
 }
 
 /// Publishes one proxy, leases it and gives the lease back.
@@ -85,7 +92,7 @@ async fn a_store_over_tls_leases_with_the_ca_it_was_given() {
         return;
     }
     let pki = egress_testkit::pki();
-    let redis = LocalRedis::start_tls(&files(&pki)).expect("redis-server with TLS");
+    let redis = LocalRedis::start_tls(&files(&pki, false)).expect("redis-server with TLS");
     let url = redis.tls_url().expect("a TLS port");
     let leased = lease_and_release(&store(&url, &roots(&pki))).await;
     assert_eq!(leased.as_deref(), Ok("crawl/p0"), "{url}");
@@ -97,12 +104,49 @@ async fn a_cluster_over_tls_leases_with_the_ca_it_was_given() {
         return;
     }
     let pki = egress_testkit::pki();
-    let cluster = LocalCluster::start_tls(3, 0, &files(&pki)).expect("a Redis Cluster with TLS forms");
+    let cluster = LocalCluster::start_tls(3, 0, &files(&pki, false)).expect("a Redis Cluster with TLS forms");
     // Named by one node alone: the others, and the slot's master, are found over TLS.
     let url = cluster.tls_url().expect("TLS ports");
     let one_node = url.split(',').next().expect("a node").to_owned();
     let leased = lease_and_release(&store(&one_node, &roots(&pki))).await;
     assert_eq!(leased.as_deref(), Ok("crawl/p0"), "{one_node}");
+}
+
+/// Redis asks for a client certificate by default once TLS is on (`tls-auth-clients yes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_asks_for_a_client_certificate_takes_the_one_the_store_shows() {
+    if !redis_available() {
+        return;
+    }
+    let pki = egress_testkit::pki();
+    let redis = LocalRedis::start_tls(&files(&pki, true)).expect("redis-server with TLS");
+    let url = redis.tls_url().expect("a TLS port");
+    let identity = |of: &Pki| {
+        ClientIdentity::from_pem(of.client_cert_pem.as_bytes(), of.client_key_pem.as_bytes())
+            .expect("a client identity")
+    };
+    let shown = Tls {
+        client: Some(identity(&pki)),
+        ..roots(&pki)
+    };
+    assert_eq!(lease_and_release(&store(&url, &shown)).await.as_deref(), Ok("crawl/p0"));
+    // Without one, or with one from a CA the server does not know: no lease.
+    let stranger = egress_testkit::pki();
+    for (tls, why) in [
+        (roots(&pki), "no client certificate"),
+        (
+            Tls {
+                client: Some(identity(&stranger)),
+                ..roots(&pki)
+            },
+            "a client certificate of another CA",
+        ),
+    ] {
+        assert!(
+            lease_and_release(&store(&url, &tls)).await.is_err(),
+            "leased with {why}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,21 +155,21 @@ async fn a_server_the_store_cannot_trust_is_unavailable_and_the_password_stays_h
         return;
     }
     let pki = egress_testkit::pki();
-    let redis = LocalRedis::start_tls(&files(&pki)).expect("redis-server with TLS");
+    let redis = LocalRedis::start_tls(&files(&pki, false)).expect("redis-server with TLS");
     // A certificate for another host, from the CA the store is given.
     let elsewhere = egress_testkit::pki_for(&["redis.example"]);
-    let misnamed = LocalRedis::start_tls(&files(&elsewhere)).expect("redis-server with TLS");
+    let misnamed = LocalRedis::start_tls(&files(&elsewhere, false)).expect("redis-server with TLS");
     let with_password = |r: &LocalRedis| {
         r.tls_url()
             .expect("a TLS port")
             .replace("rediss://", &format!("rediss://:{PASSWORD}@"))
     };
     let other_ca = egress_testkit::pki();
-    for (url, roots, why) in [
+    for (url, tls, why) in [
         (with_password(&redis), roots(&other_ca), "a CA that did not sign it"),
         (
             with_password(&redis),
-            TlsRoots::System,
+            Tls::default(),
             "the system's CAs, none of which signed it",
         ),
         (
@@ -134,7 +178,7 @@ async fn a_server_the_store_cannot_trust_is_unavailable_and_the_password_stays_h
             "its certificate names another host",
         ),
     ] {
-        let Err(StoreError(e)) = lease_and_release(&store(&url, &roots)).await else {
+        let Err(StoreError(e)) = lease_and_release(&store(&url, &tls)).await else {
             panic!("leased through a server the store cannot trust: {why}");
         };
         assert!(!e.contains(PASSWORD), "{why}: {e}");

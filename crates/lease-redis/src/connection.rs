@@ -9,9 +9,9 @@ use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{ClientTlsConfig, TlsCertificates};
 
-use crate::{CALL_BUDGET, CLUSTER_SCHEME, TLS_CLUSTER_SCHEME, TlsRoots};
+use crate::tls::{Tls, certificates};
+use crate::{CALL_BUDGET, CLUSTER_SCHEME, TLS_CLUSTER_SCHEME};
 
 /// A connection to one Redis server, or to a Redis Cluster (MOVED and ASK answers followed, the
 /// slot map refreshed after a failover, by the client library).
@@ -95,9 +95,9 @@ impl ClusterHandle {
 impl Connection {
     /// Connects lazily to what `url` names: `redis://…`, or `redis+cluster://[user:password@]
     /// host:port[,host:port…]` (any nodes of the cluster; it finds the rest); over TLS with
-    /// `rediss://` and `rediss+cluster://`, the server's certificate checked against `roots`.
-    pub(crate) fn open(url: &str, roots: &TlsRoots) -> Result<Self, String> {
-        let certificates = tls_certificates(url, roots)?;
+    /// `rediss://` and `rediss+cluster://`, as `tls` says.
+    pub(crate) fn open(url: &str, tls: &Tls) -> Result<Self, String> {
+        let certificates = certificates(url, tls)?;
         let cluster = url
             .strip_prefix(CLUSTER_SCHEME)
             .map(|rest| ("redis://", rest))
@@ -155,31 +155,6 @@ impl Connection {
             h.renew(generation);
         }
         answer
-    }
-}
-
-/// What the client library is given to check a TLS server with `roots` (`None`: the system's
-/// CA certificates, or no TLS). Refuses what would weaken or ignore the check: a URL fragment
-/// (the client library's `#insecure` turns it off) and CA certificates for a plain URL.
-fn tls_certificates(url: &str, roots: &TlsRoots) -> Result<Option<TlsCertificates>, String> {
-    // Any '#' starts the fragment for the client library's URL parser, one in a password too.
-    if url.contains('#') {
-        return Err(
-            "a URL fragment (such as #insecure) is not accepted: a TLS server's certificate is \
-                    always checked (a '#' in a password is written %23)"
-                .to_owned(),
-        );
-    }
-    let tls = url.starts_with("rediss://") || url.starts_with(TLS_CLUSTER_SCHEME);
-    match roots {
-        TlsRoots::System => Ok(None),
-        TlsRoots::Only(_) if !tls => Err(
-            "CA certificates are given for a Redis reached without TLS (use rediss:// or rediss+cluster://)".to_owned(),
-        ),
-        TlsRoots::Only(pem) => Ok(Some(TlsCertificates {
-            client_tls: None::<ClientTlsConfig>,
-            root_cert: Some(pem.clone()),
-        })),
     }
 }
 
@@ -289,51 +264,10 @@ mod tests {
         // last node alone.
         let opened = Connection::open(
             "redis+cluster://127.0.0.1:1,127.0.0.1:2?protocol=resp3",
-            &TlsRoots::System,
+            &Tls::default(),
         );
         assert!(opened.is_ok(), "{:?}", opened.err());
     }
-
-    #[tokio::test]
-    async fn tls_urls_open_and_nothing_turns_the_check_off() {
-        let ca = TlsRoots::Only(CA_PEM.as_bytes().to_vec());
-        for url in ["rediss://127.0.0.1:1", "rediss+cluster://127.0.0.1:1,127.0.0.1:2"] {
-            for roots in [&TlsRoots::System, &ca] {
-                let opened = Connection::open(url, roots);
-                assert!(opened.is_ok(), "{url}: {:?}", opened.err());
-            }
-        }
-        // The client library's switch that accepts any certificate, and CA certificates that
-        // a plain connection would never use: refused, naming neither URL nor password.
-        for (url, roots) in [
-            ("rediss://:s3cret@127.0.0.1:1/#insecure", &TlsRoots::System),
-            ("rediss+cluster://:s3cret@127.0.0.1:1#insecure", &ca),
-            ("redis://:s3cret@127.0.0.1:1", &ca),
-            ("redis+cluster://:s3cret@127.0.0.1:1", &ca),
-        ] {
-            let Err(e) = Connection::open(url, roots) else {
-                panic!("{url} opened");
-            };
-            assert!(!e.contains("s3cret") && !e.contains("127.0.0.1"), "{e}");
-        }
-        // A '#' in a password is written as the client library reads it.
-        assert!(Connection::open("rediss://:pa%23ss@127.0.0.1:1", &TlsRoots::System).is_ok());
-    }
-
-    /// A CA certificate, made once with `openssl req -x509` for these tests (no server here
-    /// holds a certificate it signed).
-    const CA_PEM: &str = "-----BEGIN CERTIFICATE-----
-MIIBkzCCATmgAwIBAgIUD+88Ptbrr+T0qVAdoYrXCzeAZqwwCgYIKoZIzj0EAwIw
-HjEcMBoGA1UEAwwTZWdyZXNzIHVuaXQtdGVzdCBDQTAgFw0yNjEyMDUwMzQzNTJa
-GA8yMTI2MTExMTAzNDM1MlowHjEcMBoGA1UEAwwTZWdyZXNzIHVuaXQtdGVzdCBD
-QTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABL9v0aH5wxP/tGHLntFDJG11rU3W
-5/ZfbY/fSPy2hie2hBhvx4jvqWfosaVimkNBx2W4oqzZar3YEhSJDJJW6kajUzBR
-MB0GA1UdDgQWBBTQ6Kacz8wFz7IeA6JmxZs26BbNezAfBgNVHSMEGDAWgBTQ6Kac
-z8wFz7IeA6JmxZs26BbNezAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gA
-MEUCIC+0/EJetQEBnXgpQ0cHynS6NwYCTmP8wMBUr8+DjlcUAiEAlStoa+0sn+gW
-UTUlS5sMx7znXvbCSp+cEfSm/qzW/Nk=
------END CERTIFICATE-----
-";
 
     #[test]
     fn wait_is_read_from_the_url_and_other_parameters_kept() {

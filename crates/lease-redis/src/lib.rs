@@ -47,6 +47,7 @@ mod gather;
 #[cfg(feature = "testing")]
 pub mod local;
 mod publish;
+mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -64,6 +65,7 @@ use crate::functions::{Library, Op};
 use crate::gather::Gather;
 pub use crate::publish::PUBLISH_CHUNK;
 use crate::publish::Published;
+pub use crate::tls::{ClientIdentity, Tls, TlsRoots};
 
 /// The key prefix unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "egress-proxy:";
@@ -103,48 +105,6 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// The scheme of a Redis Cluster's URL over TLS.
 pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 
-/// What the certificate of a Redis reached over TLS (`rediss://`, `rediss+cluster://`) must
-/// chain to. It is always checked, names included.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub enum TlsRoots {
-    /// The system's CA certificates.
-    #[default]
-    System,
-    /// These CA certificates only (PEM), such as a managed Redis's own CA.
-    Only(Vec<u8>),
-}
-
-impl TlsRoots {
-    /// The CA certificates of the PEM text `pem`, and no others.
-    ///
-    /// # Errors
-    /// `pem` holds no certificate, or one that is not a usable CA certificate.
-    pub fn only(pem: &[u8]) -> Result<Self, String> {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject as _;
-        let mut roots = rustls::RootCertStore::empty();
-        for (i, cert) in CertificateDer::pem_slice_iter(pem).enumerate() {
-            let cert = cert.map_err(|e| format!("certificate {}: not PEM: {e}", i + 1))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("certificate {}: not a CA certificate: {e}", i + 1))?;
-        }
-        if roots.is_empty() {
-            return Err("no certificate in it".to_owned());
-        }
-        Ok(Self::Only(pem.to_vec()))
-    }
-}
-
-impl std::fmt::Debug for TlsRoots {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::System => f.write_str("System"),
-            Self::Only(pem) => write!(f, "Only({} bytes of PEM)", pem.len()),
-        }
-    }
-}
-
 /// The lease store on one Redis server, or on a Redis Cluster: every key of one store lives in
 /// one slot.
 pub struct RedisStore {
@@ -181,23 +141,25 @@ impl RedisStore {
     /// # Errors
     /// The URL is not a Redis URL, or the prefix holds a brace (it would break the hash tag).
     pub fn new(url: &str, prefix: &str, cooldown: Duration) -> Result<Self, String> {
-        Self::new_with_roots(url, prefix, cooldown, &TlsRoots::System)
+        Self::new_with_tls(url, prefix, cooldown, &Tls::default())
     }
 
-    /// [`new`](Self::new), a TLS server's certificate checked against `roots`. TLS uses
-    /// rustls's process-wide crypto provider (the operator installs ring at start); a program
-    /// that builds in more than one provider installs one before its first call.
+    /// [`new`](Self::new), over TLS as `tls` says: what the server's certificate must chain
+    /// to, and the certificate the store shows it. TLS uses rustls's process-wide crypto
+    /// provider (the operator installs ring at start); a program that builds in more than one
+    /// provider installs one before its first call.
     ///
     /// # Errors
-    /// As [`new`](Self::new); also CA certificates given for a URL without TLS, and a URL
-    /// fragment (the client library's `#insecure` would turn the check off).
-    pub fn new_with_roots(url: &str, prefix: &str, cooldown: Duration, roots: &TlsRoots) -> Result<Self, String> {
+    /// As [`new`](Self::new); also CA certificates or a client certificate given for a URL
+    /// without TLS, and a URL fragment (the client library's `#insecure` would turn the check
+    /// off).
+    pub fn new_with_tls(url: &str, prefix: &str, cooldown: Duration, tls: &Tls) -> Result<Self, String> {
         let shown = shown_url(url);
         if prefix.contains(['{', '}']) {
             return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
         }
         let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
-        let connection = Connection::open(&url, roots).map_err(|e| format!("lease store {shown}: {e}"))?;
+        let connection = Connection::open(&url, tls).map_err(|e| format!("lease store {shown}: {e}"))?;
         Ok(Self::on(Calls {
             connection,
             library: Arc::new(Library::new()),
@@ -478,21 +440,6 @@ mod tests {
             ("redis+cluster://,", "p:", "no cluster node"),
         ] {
             let e = RedisStore::new(url, prefix, Duration::from_secs(1)).expect_err(why);
-            assert!(e.contains(why), "{e}");
-        }
-    }
-
-    #[test]
-    fn ca_certificates_are_checked_when_given() {
-        for (pem, why) in [
-            (&b""[..], "no certificate"),
-            (b"not a certificate\n", "no certificate"),
-            (
-                b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
-                "certificate 1: not a CA certificate",
-            ),
-        ] {
-            let e = TlsRoots::only(pem).expect_err(why);
             assert!(e.contains(why), "{e}");
         }
     }

@@ -28,11 +28,13 @@ pub struct TlsFiles {
     pub cert_pem: String,
     pub key_pem: String,
     pub ca_pem: String,
+    /// Whether a client must show a certificate the CA signed (`tls-auth-clients yes`).
+    pub client_certificates_required: bool,
 }
 
 impl TlsFiles {
     /// Writes the files into `dir` and picks a TLS port: redis-server's arguments for them.
-    /// Clients need no certificate of their own; a cluster's nodes talk TLS to each other too.
+    /// A cluster's nodes talk TLS to each other too.
     fn arguments(&self, dir: &Path, cluster: bool) -> Result<Vec<String>, String> {
         let mut args = vec!["--tls-port".to_owned(), free_port()?.to_string()];
         for (flag, name, text) in [
@@ -44,7 +46,8 @@ impl TlsFiles {
             std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
             args.extend([flag.to_owned(), path.display().to_string()]);
         }
-        args.extend(["--tls-auth-clients".to_owned(), "no".to_owned()]);
+        let required = if self.client_certificates_required { "yes" } else { "no" };
+        args.extend(["--tls-auth-clients".to_owned(), required.to_owned()]);
         if cluster {
             args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
         }

@@ -13,6 +13,9 @@ pub struct Pki {
     /// (such as redis-server).
     pub server_cert_pem: String,
     pub server_key_pem: String,
+    /// A client certificate the CA signed and its key, as PEM files' text (mutual TLS).
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
 }
 
 /// [`pki_for`] `localhost` and 127.0.0.1.
@@ -34,6 +37,12 @@ pub fn pki_for(names: &[&str]) -> Pki {
     let leaf_params =
         rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_string()).collect::<Vec<_>>()).unwrap();
     let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+    let client_key = rcgen::KeyPair::generate().unwrap();
+    let mut client_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "egress test client");
+    let client = client_params.signed_by(&client_key, &issuer).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let server = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -50,6 +59,8 @@ pub fn pki_for(names: &[&str]) -> Pki {
         server: Arc::new(server),
         server_cert_pem: pem("CERTIFICATE", leaf.der()),
         server_key_pem: pem("PRIVATE KEY", &leaf_key.serialize_der()),
+        client_cert_pem: pem("CERTIFICATE", client.der()),
+        client_key_pem: pem("PRIVATE KEY", &client_key.serialize_der()),
     }
 }
 
