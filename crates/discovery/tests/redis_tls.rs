@@ -132,6 +132,10 @@ async fn a_server_that_asks_for_a_client_certificate_takes_the_one_the_store_sho
     assert_eq!(lease_and_release(&store(&url, &shown)).await.as_deref(), Ok("crawl/p0"));
     // Without one, or with one from a CA the server does not know: no lease.
     let stranger = egress_testkit::pki();
+    // A key that is not the certificate's is refused when the identity is made.
+    let mismatched = ClientIdentity::from_pem(pki.client_cert_pem.as_bytes(), stranger.client_key_pem.as_bytes())
+        .expect_err("another certificate's key");
+    assert!(mismatched.contains("does not fit"), "{mismatched}");
     for (tls, why) in [
         (roots(&pki), "no client certificate"),
         (

@@ -71,21 +71,24 @@ impl ClientIdentity {
     /// The certificate chain of `cert_pem` (the client's own first) with the key of `key_pem`.
     ///
     /// # Errors
-    /// No certificate, a certificate that is not PEM, or no readable private key; the error
-    /// names which, never their contents.
+    /// No certificate, a certificate that is not PEM, no readable private key, or a key that
+    /// is not the certificate's; the error names which, never their contents.
     pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, String> {
-        let mut certificates = 0;
+        let mut chain = Vec::new();
         for (i, cert) in CertificateDer::pem_slice_iter(cert_pem).enumerate() {
             // The parser's message is about the framing, never the text.
-            cert.map_err(|e| format!("certificate {}: not PEM: {e}", i + 1))?;
-            certificates += 1;
+            chain.push(cert.map_err(|e| format!("certificate {}: not PEM: {e}", i + 1))?);
         }
-        if certificates == 0 {
+        if chain.is_empty() {
             return Err("no certificate in the client certificate file".to_owned());
         }
-        if PrivateKeyDer::from_pem_slice(key_pem).is_err() {
+        let Ok(key) = PrivateKeyDer::from_pem_slice(key_pem) else {
             return Err("no private key (PKCS#8, PKCS#1 or SEC1 PEM) in the client key file".to_owned());
-        }
+        };
+        // What the connection will do with them, now: load the key and match it to the
+        // certificate, so a wrong pair stops the start instead of failing every call.
+        rustls::sign::CertifiedKey::from_der(chain, key, &rustls::crypto::ring::default_provider())
+            .map_err(|e| format!("the client key does not fit the client certificate: {e}"))?;
         Ok(Self {
             cert_pem: cert_pem.to_vec(),
             key_pem: key_pem.to_vec(),
