@@ -42,6 +42,11 @@ fn files(pki: &Pki, client_certificates_required: bool) -> TlsFiles {
     }
 }
 
+/// A redis-server taking TLS with `pki`'s certificate (see [`files`]).
+fn tls_redis(pki: &Pki, client_certificates_required: bool) -> LocalRedis {
+    LocalRedis::start_tls(&files(pki, client_certificates_required)).expect("redis-server with TLS")
+}
+
 /// Trusts `pki`'s CA only, and shows no certificate.
 fn roots(pki: &Pki) -> Tls {
     Tls {
@@ -92,7 +97,7 @@ async fn a_store_over_tls_leases_with_the_ca_it_was_given() {
         return;
     }
     let pki = egress_testkit::pki();
-    let redis = LocalRedis::start_tls(&files(&pki, false)).expect("redis-server with TLS");
+    let redis = tls_redis(&pki, false);
     let url = redis.tls_url().expect("a TLS port");
     let leased = lease_and_release(&store(&url, &roots(&pki))).await;
     assert_eq!(leased.as_deref(), Ok("crawl/p0"), "{url}");
@@ -119,7 +124,7 @@ async fn a_server_that_asks_for_a_client_certificate_takes_the_one_the_store_sho
         return;
     }
     let pki = egress_testkit::pki();
-    let redis = LocalRedis::start_tls(&files(&pki, true)).expect("redis-server with TLS");
+    let redis = tls_redis(&pki, true);
     let url = redis.tls_url().expect("a TLS port");
     let identity = |of: &Pki| {
         ClientIdentity::from_pem(of.client_cert_pem.as_bytes(), of.client_key_pem.as_bytes())
@@ -159,10 +164,10 @@ async fn a_server_the_store_cannot_trust_is_unavailable_and_the_password_stays_h
         return;
     }
     let pki = egress_testkit::pki();
-    let redis = LocalRedis::start_tls(&files(&pki, false)).expect("redis-server with TLS");
+    let redis = tls_redis(&pki, false);
     // A certificate for another host, from the CA the store is given.
     let elsewhere = egress_testkit::pki_for(&["redis.example"]);
-    let misnamed = LocalRedis::start_tls(&files(&elsewhere, false)).expect("redis-server with TLS");
+    let misnamed = tls_redis(&elsewhere, false);
     let with_password = |r: &LocalRedis| {
         r.tls_url()
             .expect("a TLS port")
