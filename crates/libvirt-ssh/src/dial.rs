@@ -322,7 +322,7 @@ impl Dialer {
         let text = tokio::fs::read_to_string(&self.options.key_file)
             .await
             .map_err(read_error)?;
-        let key = russh::keys::decode_secret_key(&text, None).map_err(|e| DialCause::KeyParse {
+        let key = crate::key_file::decode_private_key(&text).map_err(|e| DialCause::KeyParse {
             path: path.clone(),
             reason: key_error_text(&e),
         })?;

@@ -21,6 +21,7 @@
 mod connection;
 mod dial;
 mod error;
+mod key_file;
 mod link;
 mod pool;
 mod pump;
@@ -34,6 +35,7 @@ pub use connection::{
 };
 pub use dial::{DialOptions, Dialer, HostKeys, HostTarget};
 pub use error::{CallError, DialCause, DialError, Stage};
+pub use key_file::decode_private_key;
 pub use link::Link;
 pub use pool::Pool;
 pub use remote::{RemoteHost, hosts_of};
