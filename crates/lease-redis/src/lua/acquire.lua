@@ -73,6 +73,7 @@ if not idle and not final then return {3} end
 if best == nil then return {0, considered, at_capacity, cooling_n, unhealthy} end
 local answer = grant(p, best, best_active, lease, now, ttl, target, retention)
 if answer[1] == 1 then
+  redis.call('ZADD', p .. 'all', answer[4], lease)
   extend(p .. 'all', ttl + GRACE)
   answer[5] = redis.call('ZCOUNT', p .. 'all', '(' .. now, '+inf')
 end

@@ -2,7 +2,8 @@
 -- in turn gets the head of `free` (see index.lua) that does not cool down for it, as if the
 -- requests had come one after another. A replica gathers the acquires that arrive while its
 -- earlier ones are on their way into one call (gather.rs), so what a call costs Redis whatever
--- it carries (the call, the clock, the due expiries, the TTL of `all`, the count) is paid once.
+-- it carries (the call, the clock, the due expiries, adding to `all` and its TTL, the count) is
+-- paid once.
 -- KEYS: prefix. ARGV: now (ms, or '' for Redis's clock), retention (ms), ended leases kept,
 --       cap (proxies looked at per request, at most), then per request: ttl (ms), target (its
 --       digest, '' for none), lease id.
@@ -50,14 +51,22 @@ local function choose(ttl, target, lease)
   return {0, considered, considered - unhealthy - looked, looked, unhealthy}
 end
 
-local out, longest = {0}, -1
+local out, longest, granted = {0}, -1, {}
 for b = 5, #ARGV, 3 do
   local ttl = tonumber(ARGV[b])
   local answer = choose(ttl, ARGV[b + 1], ARGV[b + 2])
-  if answer[1] == 1 and ttl > longest then longest = ttl end
+  if answer[1] == 1 then
+    if ttl > longest then longest = ttl end
+    granted[#granted + 1] = answer[4]
+    granted[#granted + 1] = ARGV[b + 2]
+  end
   out[#out + 1] = answer
 end
-if longest >= 0 then extend(p .. 'all', longest + GRACE) end
+-- No choice reads `all`, so the batch's grants join it in one call.
+if longest >= 0 then
+  call_in_runs('ZADD', {p .. 'all'}, granted)
+  extend(p .. 'all', longest + GRACE)
+end
 -- Every lease left in `all` is unexpired: the due ones were all moved above.
 out[1] = redis.call('ZCARD', p .. 'all')
 return out

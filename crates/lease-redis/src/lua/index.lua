@@ -54,19 +54,23 @@ end
 
 -- Moves the proxy up `free` after one of its leases ended: a proxy in `free` had room and still
 -- has, under the same view entry, one lease fewer (its score says how many it had). One that
--- was not there (full, say) is placed by `rescore`.
+-- was not there (full, say), or whose score said no lease at all, is placed by `rescore`.
 local function rescore_released(p, id)
-  local score = redis.call('ZSCORE', p .. 'free', id)
-  if score and tonumber(score) >= SHIFT then
-    redis.call('ZADD', p .. 'free', tonumber(score) - SHIFT, id)
-  else
-    rescore(p, id)
-  end
+  local score = redis.call('ZADD', p .. 'free', 'XX', 'INCR', -SHIFT, id)
+  if not score or tonumber(score) < 0 then rescore(p, id) end
 end
 
 -- How long a lease's record lives past its expiry (ms): a cooldown window, at least GRACE.
 local function kept(retention)
   return math.max(retention, GRACE)
+end
+
+-- A record's text "expires,target,proxy" as proxy, target digest and expiry (ms); nil when it
+-- is not one.
+local function parsed_record(text)
+  local expires, target, proxy = string.match(text, '^(%d+),(%x*),(.*)$')
+  if not expires then return nil end
+  return proxy, target, tonumber(expires)
 end
 
 -- The lease's record: its proxy, target digest and expiry (ms); nil when there is none.
@@ -81,9 +85,22 @@ local function record(p, lease)
     return h[1], h[2] or '', tonumber(h[3])
   end
   if not r then return nil end
-  local expires, target, proxy = string.match(r, '^(%d+),(%x*),(.*)$')
-  if not expires then return nil end
-  return proxy, target, tonumber(expires)
+  return parsed_record(r)
+end
+
+-- The records of `leases`, in their order, each as {proxy, target digest, expiry} ({} for
+-- none): read with `MGET` (1 000 at a time), and with `record` where that found no string (no
+-- record, or an older build's hash).
+local function records(p, leases)
+  local keys, out = record_keys(p, leases), {}
+  for first = 1, #keys, 1000 do
+    local found = redis.call('MGET', unpack(keys, first, math.min(first + 999, #keys)))
+    for i = first, math.min(first + 999, #keys) do
+      local text = found[i - first + 1]
+      if text then out[i] = {parsed_record(text)} else out[i] = {record(p, leases[i])} end
+    end
+  end
+  return out
 end
 
 -- Moves at most `limit` leases past their expiry out of the index of all leases and their
@@ -93,11 +110,13 @@ local function expire_due(p, now, max_ended, retention, limit)
   if #due == 0 then return 0 end
   local expired, last = {}, 0
   for i = 1, #due, 2 do
-    local lease = due[i]
-    expired[#expired + 1] = lease
+    expired[#expired + 1] = due[i]
     last = tonumber(due[i + 1])
-    redis.call('ZREM', p .. 'all', lease)
-    local proxy = record(p, lease)
+  end
+  call_in_runs('ZREM', {p .. 'all'}, expired)
+  local found = records(p, expired)
+  for i, lease in ipairs(expired) do
+    local proxy = found[i][1]
     if proxy then
       if redis.call('ZREM', p .. 'active:' .. proxy, lease) == 1 then
         rescore_released(p, proxy)
@@ -127,8 +146,8 @@ local function extend(key, ms)
 end
 
 -- Grants `lease` on `proxy`, which has `active` leases. Returns {2} when the lease id is taken,
--- else {1, proxy, its active leases, expires (ms)}. The caller makes `all` live past the
--- lease (`extend`): a batch of grants does that once.
+-- else {1, proxy, its active leases, expires (ms)}. The caller adds the lease to `all` and
+-- makes `all` live past it (`extend`): a batch of grants does both once.
 local function grant(p, proxy, active, lease, now, ttl, target, retention)
   local expires = now + ttl
   local made = redis.call('SET', p .. 'lease:' .. lease, expires .. ',' .. target .. ',' .. proxy,
@@ -145,7 +164,6 @@ local function grant(p, proxy, active, lease, now, ttl, target, retention)
   else
     extend(active_key, ttl + GRACE)
   end
-  redis.call('ZADD', p .. 'all', expires, lease)
   rescore(p, proxy, active + 1)
   return {1, proxy, active + 1, expires}
 end
