@@ -319,13 +319,21 @@ impl Dialer {
         {
             return Ok(cached.key.clone());
         }
-        let text = tokio::fs::read_to_string(&self.options.key_file)
+        let bytes = read_at_most(&self.options.key_file, KEY_FILE_LIMIT)
             .await
             .map_err(read_error)?;
-        let key = crate::key_file::decode_private_key(&text).map_err(|e| DialCause::KeyParse {
+        let parse_error = |reason: String| DialCause::KeyParse {
             path: path.clone(),
-            reason: key_error_text(&e),
-        })?;
+            reason,
+        };
+        let Some(bytes) = bytes else {
+            return Err(parse_error(format!(
+                "larger than {} KiB, which no private key is",
+                KEY_FILE_LIMIT / 1024
+            )));
+        };
+        let text = String::from_utf8(bytes).map_err(|_| parse_error("not text: not a private key".to_owned()))?;
+        let key = crate::key_file::decode_private_key(&text).map_err(|e| parse_error(key_error_text(&e)))?;
         let key = Arc::new(key);
         // NB: the stamp taken before the read: a file replaced between the two is read again
         // on the next dial rather than kept under the newer stamp.
@@ -335,6 +343,23 @@ impl Dialer {
         });
         Ok(key)
     }
+}
+
+/// The most a private key file is read: a 16 384-bit RSA key, the largest OpenSSH makes, is
+/// about 13 KiB in its format, and a file that never ends (a device, a pipe) must not take the
+/// memory.
+const KEY_FILE_LIMIT: u64 = 64 * 1024;
+
+/// The file's bytes, or `None` when it holds more than `limit`.
+async fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use tokio::io::AsyncReadExt;
+    let mut bytes = Vec::new();
+    tokio::fs::File::open(path)
+        .await?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .await?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
 /// What a key parse error says, without any of the file's content.

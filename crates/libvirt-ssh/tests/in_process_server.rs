@@ -293,6 +293,19 @@ async fn a_refused_missing_or_unparsable_key_says_so() {
         "the key's content leaked: {e}"
     );
 
+    // A file far larger than any key, and one that never ends, are refused after 64 KiB.
+    let huge = dir.join("huge");
+    std::fs::write(&huge, vec![b'A'; 64 * 1024 + 1]).unwrap();
+    for endless in [huge.as_path(), Path::new("/dev/zero")] {
+        let e = dial(endless, HostKeys::KnownHosts(known.clone()), &address).await;
+        assert!(matches!(e.cause, DialCause::KeyParse { .. }) && e.is_key_error(), "{e}");
+        assert!(e.to_string().contains("larger than 64 KiB"), "{e}");
+    }
+    let binary = dir.join("binary");
+    std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();
+    let e = dial(&binary, HostKeys::KnownHosts(known.clone()), &address).await;
+    assert!(matches!(e.cause, DialCause::KeyParse { .. }), "{e}");
+
     let garbage = dir.join("garbage");
     std::fs::write(&garbage, "not a key at all\n").unwrap();
     let e = dial(&garbage, HostKeys::KnownHosts(known), &address).await;
