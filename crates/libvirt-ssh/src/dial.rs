@@ -204,8 +204,9 @@ impl Dialer {
         let key = self.key().await?;
         let (host_name, port) = split_address(&host.address);
         let mut preferred = russh::Preferred::DEFAULT;
+        let mut known_hosts = None;
         if let HostKeys::KnownHosts(path) = &self.options.host_keys {
-            read_known_hosts(path).await?;
+            known_hosts = Some(read_known_hosts(path).await?);
             preferred.key = host_key_preference(&host_name, port, path);
         }
 
@@ -230,6 +231,7 @@ impl Dialer {
         let verdict = Arc::new(Mutex::new(None));
         let handler = ClientHandler {
             host_keys: self.options.host_keys.clone(),
+            known_hosts,
             host: host_name.clone(),
             port,
             verdict: verdict.clone(),
@@ -371,16 +373,36 @@ fn key_error_text(e: &russh::keys::Error) -> String {
     }
 }
 
-/// Checks the known_hosts file is readable, so its absence is reported as itself (russh's own
-/// lookup treats an unreadable file as "no entries").
-async fn read_known_hosts(path: &Path) -> Result<(), DialCause> {
-    tokio::fs::read(path)
+/// The most of a known_hosts file that is read: about 25 000 hashed ed25519 entries, or 5 000
+/// RSA ones. russh reads the file again itself, on the async runtime's thread, so that read
+/// too must be short and must end.
+const KNOWN_HOSTS_LIMIT: u64 = 4 * 1024 * 1024;
+
+/// Reads the known_hosts file, so its absence is reported as itself (russh's own lookup treats
+/// an unreadable file as "no entries"). Only a regular file of at most [`KNOWN_HOSTS_LIMIT`]
+/// bytes is taken: russh's later reads of a pipe or a device would never end.
+async fn read_known_hosts(path: &Path) -> Result<String, DialCause> {
+    let unreadable = |source| DialCause::KnownHostsRead {
+        path: path.display().to_string(),
+        source,
+    };
+    let unparsable = |reason: String| DialCause::KnownHostsParse {
+        path: path.display().to_string(),
+        reason,
+    };
+    let meta = tokio::fs::metadata(path).await.map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(unreadable(std::io::Error::other("not a regular file")));
+    }
+    let too_large = || unparsable(format!("larger than {} MiB", KNOWN_HOSTS_LIMIT / (1024 * 1024)));
+    if meta.len() > KNOWN_HOSTS_LIMIT {
+        return Err(too_large());
+    }
+    let bytes = read_at_most(path, KNOWN_HOSTS_LIMIT)
         .await
-        .map(drop)
-        .map_err(|source| DialCause::KnownHostsRead {
-            path: path.display().to_string(),
-            source,
-        })
+        .map_err(unreadable)?
+        .ok_or_else(too_large)?;
+    String::from_utf8(bytes).map_err(|_| unparsable("not text".to_owned()))
 }
 
 /// The host-key algorithms to offer, those known_hosts pins for the host first (review L3): a
@@ -444,6 +466,8 @@ fn split_address(address: &str) -> (String, u16) {
 
 struct ClientHandler {
     host_keys: HostKeys,
+    /// The known_hosts text read at the dial's start, when `host_keys` names a file.
+    known_hosts: Option<String>,
     host: String,
     port: u16,
     verdict: Arc<Mutex<Option<DialCause>>>,
@@ -470,9 +494,7 @@ impl client::Handler for ClientHandler {
         };
         // Review L2: russh's parser skips `@revoked` lines, so they are read here, first. A
         // revoked key is refused for every host, as OpenSSH refuses it.
-        if let Ok(text) = tokio::fs::read_to_string(path).await
-            && let Some(line) = revoked_line(&text, key)
-        {
+        if let Some(line) = self.known_hosts.as_deref().and_then(|text| revoked_line(text, key)) {
             *self.verdict.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some(DialCause::HostKeyRevoked { host: shown, line });
             return Ok(false);

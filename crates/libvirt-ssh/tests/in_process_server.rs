@@ -255,6 +255,36 @@ async fn host_keys_are_checked_against_known_hosts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A known_hosts that is not a regular file (a pipe nobody writes to, a directory) is refused
+/// before anything reads it, where reading would never end; one beyond 4 MiB is refused unread.
+#[tokio::test]
+async fn a_known_hosts_that_would_never_end_or_is_too_large_is_refused() {
+    let dir = egress_testkit::scratch_dir("russh-test-hostkeys-odd");
+    let (host_key, client) = (new_key(&dir, "host"), new_key(&dir, "client"));
+    let address = serve(&host_key, &client).await;
+
+    let pipe = dir.join("pipe");
+    let made = Command::new("mkfifo").arg(&pipe).status().expect("mkfifo (coreutils)");
+    assert!(made.success());
+    for odd in [pipe, dir.clone()] {
+        let e = dial(&client, HostKeys::KnownHosts(odd.clone()), &address).await;
+        assert!(matches!(e.cause, DialCause::KnownHostsRead { .. }), "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert_eq!(e.stage, Stage::Credentials, "{e}");
+    }
+
+    // The right entry, past 4 MiB of comments.
+    let large = dir.join("large");
+    let (h, port) = address.rsplit_once(':').unwrap();
+    let padding = "# padding\n".repeat(420 * 1024);
+    std::fs::write(&large, format!("{padding}[{h}]:{port} {}\n", public(&host_key))).unwrap();
+    let e = dial(&client, HostKeys::KnownHosts(large), &address).await;
+    assert!(matches!(e.cause, DialCause::KnownHostsParse { .. }), "{e}");
+    assert!(e.to_string().contains("larger than 4 MiB"), "{e}");
+    assert!(e.is_host_key_error(), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn a_refused_missing_or_unparsable_key_says_so() {
     let dir = egress_testkit::scratch_dir("russh-test-keys");
