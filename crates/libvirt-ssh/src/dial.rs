@@ -394,14 +394,10 @@ async fn read_known_hosts(path: &Path) -> Result<String, DialCause> {
     if !meta.is_file() {
         return Err(unreadable(std::io::Error::other("not a regular file")));
     }
-    let too_large = || unparsable(format!("larger than {} MiB", KNOWN_HOSTS_LIMIT / (1024 * 1024)));
-    if meta.len() > KNOWN_HOSTS_LIMIT {
-        return Err(too_large());
-    }
     let bytes = read_at_most(path, KNOWN_HOSTS_LIMIT)
         .await
         .map_err(unreadable)?
-        .ok_or_else(too_large)?;
+        .ok_or_else(|| unparsable(format!("larger than {} MiB", KNOWN_HOSTS_LIMIT / (1024 * 1024))))?;
     String::from_utf8(bytes).map_err(|_| unparsable("not text".to_owned()))
 }
 
