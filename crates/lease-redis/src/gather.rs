@@ -1,11 +1,12 @@
 //! Calls gathered into batches: while [`IN_FLIGHT`] batches are on their way to Redis, the
-//! requests that arrive wait together, and the next batch carries up to [`MAX_BATCH`] of them
-//! in one call. A request that finds a batch free goes at once, so a quiet store sends each
-//! alone and a busy one sends fewer, larger calls.
+//! requests that arrive wait together, and the next batch carries up to [`MAX_BATCH`] of them.
+//! A request that finds no batch on its way goes at once, so a quiet store sends each alone and
+//! a busy one sends fewer, larger batches.
 //!
 //! Why: Redis runs one call at a time, and part of what a call costs it does not depend on
 //! what the call carries (the call itself, reading the clock, moving due expiries, the TTL of
-//! the shared index, the count of all leases; the `WAIT` with the URL's `wait`). Gathered,
+//! the shared index, the count of all leases; the `WAIT` with the URL's `wait`; with
+//! `appendfsync always`, the sync of the append-only file that ends Redis's turn). Gathered,
 //! those are paid once per batch; the choices stay those of the requests one after another.
 //!
 //! Bounds: at most [`MAX_WAITING`] requests wait (more are refused at once), and a request that
@@ -23,12 +24,16 @@ use tokio::sync::oneshot;
 
 use crate::CALL_BUDGET;
 
-/// Batches on their way at once, at most: one that Redis runs while the next is sent.
-pub(crate) const IN_FLIGHT: usize = 2;
-/// Requests one batch carries, at most: a batch keeps Redis from every other client while it
-/// runs (about 30 µs an acquire on the bench machine, under a millisecond for a full batch;
-/// several when each request passes over many cooling proxies).
-pub(crate) const MAX_BATCH: usize = 32;
+/// Batches on their way at once, at most. One: a second batch sent while Redis runs the first
+/// reaches it during that turn and gets a turn, and a sync, of its own, so two on their way
+/// carry the same requests in smaller batches at a sync each. Measured (docs/discovery.md), one
+/// gave half the syncs and a lower p99 than two.
+pub(crate) const IN_FLIGHT: usize = 1;
+/// Requests one batch carries, at most: Redis runs a batch's calls in one turn, keeping every
+/// other client waiting meanwhile (about 25 µs an acquire on the bench machine, under 2 ms for
+/// a full batch; more when each request passes over many cooling proxies). 64: as many as the
+/// bench's clients, which a batch then never leaves behind.
+pub(crate) const MAX_BATCH: usize = 64;
 /// Requests waiting for a batch, at most.
 pub(crate) const MAX_WAITING: usize = 4096;
 /// How long a request waits for a batch to take it, at most.
@@ -273,14 +278,15 @@ mod tests {
         let echo = echo();
         let gather = Arc::new(Gather::new(echo.clone()));
         let mut calls = Vec::new();
-        for r in 0..(IN_FLIGHT as u32 + 40) {
+        let waited = MAX_BATCH + 8;
+        for r in 0..(IN_FLIGHT + waited) as u32 {
             let gather = gather.clone();
             calls.push(tokio::spawn(async move { gather.call(r).await }));
             if (r as usize) < IN_FLIGHT {
                 until_sending(&echo, r as usize + 1).await;
             }
         }
-        while waiting(&gather) < 40 {
+        while waiting(&gather) < waited {
             tokio::task::yield_now().await;
         }
         echo.gate.add_permits(1000);
@@ -294,15 +300,15 @@ mod tests {
         let sent = echo.sent.lock().unwrap().clone();
         let mut sizes: Vec<usize> = sent.iter().map(Vec::len).collect();
         sizes.sort_unstable();
-        // The first IN_FLIGHT went alone; the 40 that waited went as a full batch and the rest.
+        // The first IN_FLIGHT went alone; those that waited went as a full batch and the rest.
         let mut expected = vec![1; IN_FLIGHT];
-        expected.extend([40 - MAX_BATCH, MAX_BATCH]);
+        expected.extend([8, MAX_BATCH]);
         assert_eq!(sizes, expected);
         let mut all: Vec<u32> = sent.into_iter().flatten().collect();
         all.sort_unstable();
         assert_eq!(
             all,
-            (0..IN_FLIGHT as u32 + 40).collect::<Vec<_>>(),
+            (0..(IN_FLIGHT + waited) as u32).collect::<Vec<_>>(),
             "each request sent once"
         );
         assert_eq!(gather.state.lock().unwrap().in_flight, 0, "the senders stopped");
@@ -312,18 +318,17 @@ mod tests {
     async fn an_answer_whose_caller_gave_up_is_undone() {
         let echo = echo();
         let gather = Arc::new(Gather::new(echo.clone()));
-        let kept = tokio::spawn({
-            let gather = gather.clone();
-            async move { gather.call(1).await }
-        });
-        until_sending(&echo, 1).await;
         let gone = tokio::spawn({
             let gather = gather.clone();
             async move { gather.call(2).await }
         });
-        until_sending(&echo, 2).await;
+        until_sending(&echo, 1).await;
         gone.abort();
         assert!(gone.await.unwrap_err().is_cancelled());
+        let kept = tokio::spawn({
+            let gather = gather.clone();
+            async move { gather.call(1).await }
+        });
         echo.gate.add_permits(2);
         assert_eq!(kept.await.unwrap(), Ok(10));
         while echo.orphans.lock().unwrap().is_empty() {

@@ -29,9 +29,11 @@
 //! each do a bounded amount of work whatever the fleet's size. Other selectors send their
 //! candidates (at most [`BATCH`] at first, every one when those are busy).
 //!
-//! Those installation-wide acquires, and all releases, go to Redis in batches (`gather.rs`):
-//! the requests that arrive while earlier calls of their kind are on their way share the next
-//! call, and its script answers each in turn, as if they had come one after another.
+//! Those installation-wide acquires, and all releases, go to Redis in rounds (`gather.rs`,
+//! `calls::Rounds`): the requests that arrive while a round is on its way go together in the
+//! next, its releases in one call and its acquires in another, handed to Redis at once so that
+//! one sync of its append-only file covers both; each script answers its requests in turn, as
+//! if they had come one after another.
 //!
 //! The scripts need Redis 7.0 or later (Functions, `PEXPIRE` with `GT`/`NX`, `LPOP` with a count).
 //!
@@ -58,7 +60,7 @@ use egress_lease::{
     StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
 
-use crate::calls::{Acquires, Answer, Calls, Indexed, Releases, expiry, int, parse};
+use crate::calls::{Answer, Calls, Indexed, Reply, Request, Rounds, expiry, int, parse};
 pub use crate::connection::shown_url;
 use crate::connection::{Connection, split_wait};
 use crate::functions::{Library, Op};
@@ -109,9 +111,8 @@ pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 /// one slot.
 pub struct RedisStore {
     calls: Arc<Calls>,
-    /// The installation's acquires and all releases, sent to Redis in batches.
-    acquires: Gather<Acquires>,
-    releases: Gather<Releases>,
+    /// The installation's acquires and all releases, sent to Redis in rounds.
+    rounds: Gather<Rounds>,
     /// All active leases as of this replica's last call (the scrape-time gauge).
     last_total: AtomicUsize,
     /// Cooldowns this replica's reports dropped for [`MAX_COOLDOWN_TARGETS`].
@@ -175,8 +176,7 @@ impl RedisStore {
     fn on(calls: Calls) -> Self {
         let calls = Arc::new(calls);
         Self {
-            acquires: Gather::new(Arc::new(Acquires(calls.clone()))),
-            releases: Gather::new(Arc::new(Releases(calls.clone()))),
+            rounds: Gather::new(Arc::new(Rounds(calls.clone()))),
             calls,
             last_total: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
@@ -284,9 +284,10 @@ impl RedisStore {
                 target: target.clone(),
                 lease_id: lease_id(),
             };
-            match self.acquires.call(request).await? {
-                Answer::Taken { lease_id } => self.calls.release_later(lease_id),
-                answer => return Ok(self.answer(answer, req)),
+            match self.rounds.call(Request::Acquire(request)).await? {
+                Reply::Acquire(Answer::Taken { lease_id }) => self.calls.release_later(lease_id),
+                Reply::Acquire(answer) => return Ok(self.answer(answer, req)),
+                Reply::Release(_) => return Err(mixed_up()),
             }
         }
         Err(taken())
@@ -321,6 +322,11 @@ impl RedisStore {
         self.last_total
             .store(usize::try_from(total).unwrap_or(0), Ordering::Relaxed);
     }
+}
+
+/// A round answered a request with the other kind's answer: a fault of the round.
+fn mixed_up() -> StoreError {
+    StoreError("a round answered a request of another kind".to_owned())
 }
 
 /// Three lease ids in a row taken (see [`Answer::Taken`]): 128 random bits do not collide in
@@ -361,7 +367,9 @@ impl LeaseStore for RedisStore {
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        let total = self.releases.call(lease_id.to_owned()).await?;
+        let Reply::Release(total) = self.rounds.call(Request::Release(lease_id.to_owned())).await? else {
+            return Err(mixed_up());
+        };
         self.remember_total(total);
         Ok(())
     }

@@ -718,6 +718,74 @@ async fn acquires_that_arrive_together_fill_the_fleet_evenly_and_exactly() {
     assert_eq!(refused, vec![full; 8]);
 }
 
+/// Releases and acquires that arrive together go in one round, the releases first: on a full
+/// fleet, the acquires get the slots the releases free (an acquire run first would find none).
+/// All are queued before the round's sender first runs (the test's runtime has one thread).
+#[tokio::test]
+async fn releases_and_acquires_that_arrive_together_free_before_they_grant() {
+    let Some(url) = redis_url() else { return };
+    let (prefix, clock) = (fresh_prefix(), ManualClock::new(suite::start()));
+    let s = Arc::new(on_clock(&url, &prefix, &clock));
+    s.publish_view(&[entry("ns/a", true, 10, 2), entry("ns/b", true, 20, 2)])
+        .await
+        .expect("publish");
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(scoped(&s, &[]).await.expect("a free slot").lease_id);
+    }
+    scoped(&s, &[]).await.expect_err("the fleet is full");
+    let releases: Vec<_> = held
+        .into_iter()
+        .map(|id| {
+            let s = s.clone();
+            tokio::spawn(async move { s.release(&id).await })
+        })
+        .collect();
+    let acquires: Vec<_> = (0..4)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { scoped(&s, &[]).await })
+        })
+        .collect();
+    for release in releases {
+        release.await.unwrap().expect("released");
+    }
+    let mut granted = std::collections::BTreeMap::new();
+    for acquire in acquires {
+        let grant = acquire.await.unwrap().expect("a slot freed in the same round");
+        *granted.entry(grant.proxy_id).or_insert(0) += 1;
+    }
+    assert_eq!(granted, [("ns/a".to_owned(), 2), ("ns/b".to_owned(), 2)].into());
+    assert_eq!(s.active_total().await.unwrap(), 4);
+}
+
+/// More acquires at once than one call carries: a round sends them in several calls, and
+/// every caller gets its own answer, the fleet filled evenly and exactly.
+#[tokio::test]
+async fn a_round_of_more_acquires_than_a_call_carries_answers_each() {
+    let Some(url) = redis_url() else { return };
+    let (prefix, clock) = (fresh_prefix(), ManualClock::new(suite::start()));
+    let s = Arc::new(on_clock(&url, &prefix, &clock));
+    let view: Vec<_> = (0..4).map(|i| entry(&format!("ns/p{i}"), true, i * 10, 16)).collect();
+    s.publish_view(&view).await.expect("publish");
+    let calls: Vec<_> = (0..70)
+        .map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { scoped(&s, &[]).await })
+        })
+        .collect();
+    let (mut per_proxy, mut refused) = (std::collections::BTreeMap::new(), 0);
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(grant) => *per_proxy.entry(grant.proxy_id).or_insert(0) += 1,
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(per_proxy.len(), 4);
+    assert!(per_proxy.values().all(|&n| n == 16), "{per_proxy:?}");
+    assert_eq!(refused, 70 - 64);
+}
+
 /// A view of several chunks (`PUBLISH_CHUNK` proxies each) lands whole, with its counts and
 /// index; another replica's whole publication replaces it, removing every proxy of it in
 /// chunks too, and the first replica's next one, which can no longer be sent as changes, puts
