@@ -4,9 +4,10 @@
 //! clients against a trivial hyper handler measured in the same run (this machine's ceiling),
 //! and the same API on the Redis lease store (a local redis-server with the recommended
 //! append-only file, `appendfsync always`). Then the in-memory and the Redis runs again with the
-//! bench (clients and API) on one core and Redis on the other, as Redis runs in production on
-//! a machine of its own: unpinned, Redis and the API take turns on both cores and the store's
-//! ratio to the in-memory store also measures that sharing. Prints one `|`-separated row.
+//! bench (clients and API, on a runtime of one worker) on one core and Redis on the other, as
+//! Redis runs in production on a machine of its own: unpinned, Redis and the API take turns on
+//! both cores and the store's ratio to the in-memory store also measures that sharing. Prints
+//! one `|`-separated row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -205,11 +206,13 @@ async fn main() {
     // The bench on core 0, Redis on core 1; then the bench on every core again.
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let (memory_pinned, redis_pinned) = if cores >= 2 {
-        pin(std::process::id(), "0");
-        let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-        let m = api_run(fleet.clone(), memory).await;
-        let r = redis_run(fleet, "always", Some("1")).await;
-        pin(std::process::id(), &format!("0-{}", cores - 1));
+        let (m, r) = egress_lease_redis::local::on_one_worker("0", &format!("0-{}", cores - 1), async move {
+            let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
+            let m = api_run(fleet.clone(), memory).await;
+            let r = redis_run(fleet, "always", Some("1")).await;
+            (m, r)
+        })
+        .expect("the runs on core 0");
         (Some(m), Some(r))
     } else {
         (None, None)

@@ -5,7 +5,8 @@
 //! grant waiting for its replica (`wait=1`), a single server reached over TLS, and Redis's own
 //! time per script call, read from the slow logs with every call recorded (per acquire and per
 //! release) and from `INFO commandstats` (`FCALL`'s `usec`, per call and per request); then the
-//! single server again on a core of its own, the bench on the other. Prints a Markdown table.
+//! single server again on a core of its own, the bench on the other (on a runtime of one
+//! worker). Prints a Markdown table.
 //!
 //! Every proxy is healthy with room for 5 leases. Each acquire is what the discovery API sends
 //! for an empty selector: scoped to the installation, with the whole fleet as candidates in
@@ -341,10 +342,13 @@ async fn main() {
         // Redis on a core of its own and the bench on the other, as Redis runs in production:
         // unpinned, the slow log's wall time also counts Redis waiting for a core.
         if let (Some(pid), true) = (redis.pid(), cores >= 2) {
-            pin(std::process::id(), "0");
             pin(pid, "1");
-            let (r, times) = redis_figures(&redis.url(), &Tls::default(), &mut single, fleet.clone()).await;
-            pin(std::process::id(), &every_core);
+            let (r, times) = egress_lease_redis::local::on_one_worker(
+                "0",
+                &every_core,
+                redis_figures(&redis.url(), &Tls::default(), &mut single, fleet.clone()),
+            )
+            .expect("the run on core 0");
             pin(pid, &every_core);
             row(n, "redis on core 1, the bench on core 0", &r, &m, &times);
         }

@@ -465,3 +465,36 @@ pub fn pin(pid: u32, cores: &str) -> Result<(), String> {
         ))
     }
 }
+
+/// Runs `future` to its end on a runtime of one worker thread, with this process pinned to the
+/// cores `cores` names meanwhile and to `after` once it ends: what tokio would run on a machine
+/// of one core. Two workers taking turns on one core (a runtime sized before the pinning) stall
+/// each other by the kernel's time slices, a stall no machine of one core has. Called from a
+/// multi-thread runtime, whose worker it leaves meanwhile.
+///
+/// # Errors
+/// The runtime could not be built, `taskset` failed, or `future` panicked.
+pub fn on_one_worker<F>(cores: &str, after: &str, future: F) -> Result<F::Output, String>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    let ran = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(1)
+                        .enable_all()
+                        .build()
+                        .map_err(|e| format!("a runtime of one worker: {e}"))?;
+                    pin(std::process::id(), cores)?;
+                    Ok(runtime.block_on(future))
+                })
+                .join()
+                .unwrap_or_else(|_| Err("the run on one worker panicked".to_owned()))
+        })
+    });
+    pin(std::process::id(), after)?;
+    ran
+}
