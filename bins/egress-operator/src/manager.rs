@@ -90,7 +90,11 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
     let probe_tls = match (health, options.health_check_ca_file.as_str()) {
         (Health::Scripted { .. }, _) => None,
         (Health::Engine, "") => Some(egress_health::ProbeTls::system()),
-        (Health::Engine, file) => Some(egress_health::ProbeTls::system_and_file(std::path::Path::new(file))),
+        (Health::Engine, file) => Some(
+            read_pem_file(file)
+                .and_then(|pem| egress_health::ProbeTls::system_and_pem(&pem))
+                .map_err(|e| format!("{file}: {e}")),
+        ),
     }
     .transpose()
     .map_err(|e| fatal("Failed to load the health probes' CA roots", e))?;
@@ -552,7 +556,7 @@ fn lease_store_tls(options: &Options) -> Result<egress_lease_redis::Tls, Fatal> 
         error: Some(format!("--{flag}: {e}")),
         path: Some(file.to_owned()),
     };
-    let read = |flag: &str, file: &str| std::fs::read(file).map_err(|e| unusable(flag, file, e.to_string()));
+    let read = |flag: &str, file: &str| read_pem_file(file).map_err(|e| unusable(flag, file, e));
     let roots = match options.lease_store_ca_file.as_str() {
         "" => egress_lease_redis::TlsRoots::System,
         file => egress_lease_redis::TlsRoots::only(&read("lease-store-ca-file", file)?)
@@ -579,6 +583,31 @@ fn lease_store_tls(options: &Options) -> Result<egress_lease_redis::Tls, Fatal> 
         ),
     };
     Ok(egress_lease_redis::Tls { roots, client })
+}
+
+/// The most a PEM file a flag names (CA certificates, a client certificate or its key) may
+/// hold: a bundle of every public CA is about 200 KiB.
+const MAX_PEM_FILE: u64 = 1024 * 1024;
+
+/// The PEM file at `path`, read whole at start: a regular file (a pipe would stall the start
+/// until something writes to it, a device might never end) of at most [`MAX_PEM_FILE`] bytes.
+fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let metadata = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !metadata.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_PEM_FILE {
+        return Err(format!(
+            "larger than {} MiB, which no certificate or key file is",
+            MAX_PEM_FILE >> 20
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Forgets ended leases and cooldowns every 30 s, until `shutdown`.

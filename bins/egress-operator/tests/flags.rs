@@ -70,6 +70,21 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
     )
     .unwrap();
     let not_a_client_key = format!("--lease-store-client-key-file={}", bad_key_file.display());
+    // A pipe nobody writes to (read, it would stall the start for good), and a file larger than
+    // any certificate file.
+    let pipe = dir.join("pipe.pem");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let huge = dir.join("huge.pem");
+    std::fs::write(&huge, vec![b'#'; 1024 * 1024 + 1]).unwrap();
+    let pipe_ca = format!("--health-check-ca-file={}", pipe.display());
+    let huge_ca = format!("--health-check-ca-file={}", huge.display());
+    let pipe_store_ca = format!("--lease-store-ca-file={}", pipe.display());
+    let huge_store_ca = format!("--lease-store-ca-file={}", huge.display());
+    let pipe_client_key = format!("--lease-store-client-key-file={}", pipe.display());
 
     let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
         (
@@ -257,6 +272,51 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
             vec![&empty, &not_a_ca],
             1,
             vec!["Failed to load the health probes' CA roots", "no certificate"],
+        ),
+        (
+            vec![&empty, &pipe_ca],
+            1,
+            vec![
+                "Failed to load the health probes' CA roots",
+                "pipe.pem: not a regular file",
+            ],
+        ),
+        (
+            vec![&empty, &huge_ca],
+            1,
+            vec![
+                "Failed to load the health probes' CA roots",
+                "huge.pem: larger than 1 MiB",
+            ],
+        ),
+        (
+            vec![&empty, "--lease-store=rediss://127.0.0.1:6379", &pipe_store_ca],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "--lease-store-ca-file: not a regular file",
+            ],
+        ),
+        (
+            vec![&empty, "--lease-store=rediss://127.0.0.1:6379", &huge_store_ca],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "--lease-store-ca-file: larger than 1 MiB",
+            ],
+        ),
+        (
+            vec![
+                &empty,
+                "--lease-store=rediss://127.0.0.1:6379",
+                &client_cert,
+                &pipe_client_key,
+            ],
+            1,
+            vec![
+                "Failed to set up the lease store",
+                "--lease-store-client-key-file: not a regular file",
+            ],
         ),
     ];
     for (mut args, want_code, wants) in cases {

@@ -91,25 +91,25 @@ impl ProbeTls {
         Ok(Self::with_roots(roots))
     }
 
-    /// Trusts the system's roots and the certificates of a PEM file (a private target's CA).
+    /// Trusts the system's roots and the certificates of PEM text `pem` (a private target's CA,
+    /// as read from a file).
     ///
     /// # Errors
     ///
-    /// The file cannot be read, holds no certificate, or no root can be loaded at all.
-    pub fn system_and_file(pem: &std::path::Path) -> Result<Self, String> {
+    /// `pem` is not PEM, holds no certificate, or no root can be loaded at all.
+    pub fn system_and_pem(pem: &[u8]) -> Result<Self, String> {
         use rustls::pki_types::pem::PemObject as _;
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-        let extra = rustls::pki_types::CertificateDer::pem_file_iter(pem)
-            .map_err(|e| format!("reading {}: {e}", pem.display()))?
+        let extra = rustls::pki_types::CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("reading {}: {e}", pem.display()))?;
+            .map_err(|e| format!("not PEM: {e}"))?;
         if extra.is_empty() {
-            return Err(format!("{} holds no certificate", pem.display()));
+            return Err("no certificate in it".to_owned());
         }
         let (added, _) = roots.add_parsable_certificates(extra);
         if added == 0 {
-            return Err(format!("{} holds no usable CA certificate", pem.display()));
+            return Err("no usable CA certificate in it".to_owned());
         }
         Ok(Self::with_roots(roots))
     }
