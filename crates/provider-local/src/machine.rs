@@ -200,22 +200,12 @@ impl SystemMachine {
             Err(e) if vanished(&e) => return Ok(Liveness::Gone),
             Err(e) => return Err(e),
         };
-        let state = process_state(&stat);
         let cmdline = match tokio::fs::read(format!("/proc/{pid}/cmdline")).await {
             Ok(c) => c,
             Err(e) if vanished(&e) => return Ok(Liveness::Gone),
             Err(e) => return Err(e),
         };
-        // NB: pids are reused; only tinyproxy started with this instance's config file is this
-        // instance.
-        if !is_instance_cmdline(&cmdline, &self.config_path(name)) {
-            return Ok(Liveness::Gone);
-        }
-        Ok(match state {
-            Some('Z' | 'X' | 'x') | None => Liveness::Gone,
-            Some('T' | 't') => Liveness::Suspended,
-            Some(_) => Liveness::Starting,
-        })
+        Ok(liveness_of(&stat, &cmdline, &self.config_path(name)))
     }
 
     /// Terminates process `pid` of `name`, then kills it; gone or not ours is success.
@@ -461,6 +451,37 @@ impl Machine for SystemMachine {
     }
 }
 
+/// What a process is doing, by its `/proc/<pid>/stat` and `/proc/<pid>/cmdline`, for the
+/// instance whose config is `config` (listening aside).
+fn liveness_of(stat: &[u8], cmdline: &[u8], config: &Path) -> Liveness {
+    let state = process_state(stat);
+    if matches!(state, Some('Z' | 'X' | 'x') | None) {
+        return Liveness::Gone;
+    }
+    // NB: pids are reused; only tinyproxy started with this instance's config file is this
+    // instance. One exception: a process in the middle of its exec already has its new name but
+    // not yet its arguments (an empty cmdline), and the spawn returns to the provider by then; a
+    // look that soon after the launch (a loaded machine widens the moment) sees tinyproxy
+    // starting, not another program.
+    let execing_tinyproxy = cmdline.is_empty() && command_name(stat) == Some(b"tinyproxy".as_slice());
+    if !execing_tinyproxy && !is_instance_cmdline(cmdline, config) {
+        return Liveness::Gone;
+    }
+    if matches!(state, Some('T' | 't')) {
+        Liveness::Suspended
+    } else {
+        Liveness::Starting
+    }
+}
+
+/// The command name of a `/proc/<pid>/stat` line: what stands between the first `(` and the
+/// last `)` (the name may itself hold parentheses).
+fn command_name(stat: &[u8]) -> Option<&[u8]> {
+    let open = stat.iter().position(|b| *b == b'(')?;
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    stat.get(open + 1..close)
+}
+
 /// Whether a `/proc/<pid>/cmdline` is tinyproxy's, started with `-c <config>`.
 fn is_instance_cmdline(cmdline: &[u8], config: &Path) -> bool {
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
@@ -559,6 +580,31 @@ mod tests {
         assert_eq!(process_state(b"42 (tinyproxy) S 1 42 42 0"), Some('S'));
         assert_eq!(process_state(b"42 (a) b) Z 1"), Some('Z'));
         assert_eq!(process_state(b"42 (cut"), None);
+    }
+
+    #[test]
+    fn tinyproxy_seen_in_the_middle_of_its_exec_is_starting() {
+        let config = Path::new("/state/proxy-a/tinyproxy.conf");
+        let ours = b"/usr/bin/tinyproxy\0-d\0-c\0/state/proxy-a/tinyproxy.conf\0";
+        // As seen under load right after a launch: the new name, no arguments yet.
+        let execing = b"866 (tinyproxy) R 858 866 29958 0 -1 4194304 2 0 0 0 0 0 0 0 20 0 1 0 3268064 4096 0";
+        assert_eq!(liveness_of(execing, b"", config), Liveness::Starting);
+        assert_eq!(liveness_of(execing, ours, config), Liveness::Starting);
+        assert_eq!(liveness_of(b"866 (tinyproxy) T 858", ours, config), Liveness::Suspended);
+        // A zombie (its cmdline is empty too), another program, another instance.
+        assert_eq!(liveness_of(b"866 (tinyproxy) Z 858", b"", config), Liveness::Gone);
+        assert_eq!(liveness_of(b"866 (bash) R 858", b"", config), Liveness::Gone);
+        assert_eq!(liveness_of(b"866 (bash) R 858", b"bash\0", config), Liveness::Gone);
+        assert_eq!(
+            liveness_of(
+                b"866 (tinyproxy) S 1",
+                b"tinyproxy\0-c\0/state/proxy-b/tinyproxy.conf\0",
+                config
+            ),
+            Liveness::Gone
+        );
+        assert_eq!(command_name(b"42 (a) b) Z 1"), Some(b"a) b".as_slice()));
+        assert_eq!(command_name(b"42 cut"), None);
     }
 
     #[test]
