@@ -255,19 +255,19 @@ const FLAGS: &[Flag] = &[
         name: "lease-store-ca-file",
         kind: Kind::Text,
         default: "",
-        usage: "PEM file of the CA certificates a rediss:// lease store's certificate must chain to, instead of the system's (read at start).",
+        usage: "PEM file of the CA certificates a rediss:// lease store's certificate must chain to, instead of the system's (read at start and every 10s).",
     },
     Flag {
         name: "lease-store-client-cert-file",
         kind: Kind::Text,
         default: "",
-        usage: "PEM file of the certificate (and its chain) shown to a rediss:// lease store that asks for one; needs --lease-store-client-key-file (read at start).",
+        usage: "PEM file of the certificate (and its chain) shown to a rediss:// lease store that asks for one; needs --lease-store-client-key-file (read at start and every 10s).",
     },
     Flag {
         name: "lease-store-client-key-file",
         kind: Kind::Text,
         default: "",
-        usage: "PEM file of the private key of --lease-store-client-cert-file (read at start).",
+        usage: "PEM file of the private key of --lease-store-client-cert-file (read at start and every 10s).",
     },
     Flag {
         name: "discovery-auth",

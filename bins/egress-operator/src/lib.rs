@@ -13,6 +13,7 @@
 
 mod discovery_auth;
 pub mod flags;
+mod lease_store;
 pub mod logging;
 mod manager;
 mod rest_metrics;

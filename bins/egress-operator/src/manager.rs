@@ -3,8 +3,8 @@
 //! 1. [`load_providers`]: the providers file, built into providers, and the health probes'
 //!    TLS roots. Fails fast, before any connection.
 //! 2. [`start_replica`]: what every replica runs: the Kubernetes client, the Proxy and Secret
-//!    caches, the lease store and its sweep, the metrics registry, and the probe, metrics and
-//!    discovery servers.
+//!    caches, the lease store (`lease_store.rs`) with its sweep and, over TLS, the re-reading of
+//!    its TLS files, the metrics registry, and the probe, metrics and discovery servers.
 //! 3. [`lead`]: with `--leader-elect`, waiting for the Lease.
 //! 4. [`start_leader_tasks`]: the leader's work: the view it publishes to the lease store, the
 //!    health engine, the Proxy and ProxyPool controllers, the orphan GC and the provider-health
@@ -91,7 +91,7 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
         (Health::Scripted { .. }, _) => None,
         (Health::Engine, "") => Some(egress_health::ProbeTls::system()),
         (Health::Engine, file) => Some(
-            read_pem_file(file)
+            crate::lease_store::read_pem_file(file)
                 .and_then(|pem| egress_health::ProbeTls::system_and_pem(&pem))
                 .map_err(|e| format!("{file}: {e}")),
         ),
@@ -143,7 +143,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     // Leases live in this process (one replica) or in Redis (shared by every replica); the
     // store and its sweep run on every replica. First, as it contacts nothing: a store that
     // cannot be set up stops the start before anything else is made.
-    let store = lease_store(options)?;
+    let crate::lease_store::LeaseStore { store, follow_tls } = crate::lease_store::lease_store(options)?;
     let (client, rest_metrics) = crate::kube_client(&options.kubeconfig)
         .await
         .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
@@ -156,6 +156,9 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         egress_controller::credentials::credential_cache(client.clone(), namespace.as_deref(), shutdown.clone());
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
+    if let Some(follower) = follow_tls {
+        tasks.spawn(follower.run(discovery_auth::FILE_POLL, shutdown.clone()));
+    }
     tasks.spawn(keep_credentials);
     let mut metrics = prometheus_client::registry::Registry::default();
     loaded.provider_metrics.register(&mut metrics);
@@ -511,103 +514,6 @@ fn identity() -> String {
         .map(|u| u.trim().to_string())
         .unwrap_or_else(|_| format!("{}", std::process::id()));
     format!("{host}_{suffix}")
-}
-
-/// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
-/// calls answer 503 until it is up.
-fn lease_store(options: &Options) -> Result<Arc<dyn egress_lease::LeaseStore>, Fatal> {
-    let failed = |e| fatal("Failed to set up the lease store", e);
-    if options.lease_store == "memory" {
-        if let Some(flag) = [
-            ("lease-store-ca-file", &options.lease_store_ca_file),
-            ("lease-store-client-cert-file", &options.lease_store_client_cert_file),
-            ("lease-store-client-key-file", &options.lease_store_client_key_file),
-        ]
-        .into_iter()
-        .find_map(|(flag, file)| (!file.is_empty()).then_some(flag))
-        {
-            return Err(failed(format!(
-                "--{flag} is for a lease store reached over TLS (rediss://)"
-            )));
-        }
-        return Ok(Arc::new(egress_lease::MemoryStore::new(
-            Arc::new(egress_lease::SystemClock),
-            options.lease_cooldown,
-        )));
-    }
-    let tls = lease_store_tls(options)?;
-    // Two installations sharing one Redis keep apart by their installation id.
-    let prefix = match options.installation_id.as_str() {
-        "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
-        id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
-    };
-    let store =
-        egress_lease_redis::RedisStore::new_with_tls(&options.lease_store, &prefix, options.lease_cooldown, &tls)
-            .map_err(failed)?;
-    tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
-    Ok(Arc::new(store))
-}
-
-/// What the `--lease-store-*-file` flags give the store for TLS, read and checked. An error
-/// names the flag and its file, never what the files hold.
-fn lease_store_tls(options: &Options) -> Result<egress_lease_redis::Tls, Fatal> {
-    let unusable = |flag: &str, file: &str, e: String| Fatal {
-        message: "Failed to set up the lease store".into(),
-        error: Some(format!("--{flag}: {e}")),
-        path: Some(file.to_owned()),
-    };
-    let read = |flag: &str, file: &str| read_pem_file(file).map_err(|e| unusable(flag, file, e));
-    let roots = match options.lease_store_ca_file.as_str() {
-        "" => egress_lease_redis::TlsRoots::System,
-        file => egress_lease_redis::TlsRoots::only(&read("lease-store-ca-file", file)?)
-            .map_err(|e| unusable("lease-store-ca-file", file, e))?,
-    };
-    let client = match (
-        options.lease_store_client_cert_file.as_str(),
-        options.lease_store_client_key_file.as_str(),
-    ) {
-        ("", "") => None,
-        (cert, key) if cert.is_empty() || key.is_empty() => {
-            return Err(fatal(
-                "Failed to set up the lease store",
-                "--lease-store-client-cert-file and --lease-store-client-key-file go together",
-            ));
-        }
-        (cert, key) => Some(
-            egress_lease_redis::ClientIdentity::from_pem(
-                &read("lease-store-client-cert-file", cert)?,
-                &read("lease-store-client-key-file", key)?,
-            )
-            // The message says which of the two files is wrong.
-            .map_err(|e| fatal("Failed to set up the lease store", format!("{e} ({cert}, {key})")))?,
-        ),
-    };
-    Ok(egress_lease_redis::Tls { roots, client })
-}
-
-/// The most a PEM file a flag names (CA certificates, a client certificate or its key) may
-/// hold: a bundle of every public CA is about 200 KiB.
-const MAX_PEM_FILE: u64 = 1024 * 1024;
-
-/// The PEM file at `path`, read whole at start: a regular file (a pipe would stall the start
-/// until something writes to it, a device might never end) of at most [`MAX_PEM_FILE`] bytes.
-fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    let metadata = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if !metadata.is_file() {
-        return Err("not a regular file".to_owned());
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|file| file.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes))
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_PEM_FILE {
-        return Err(format!(
-            "larger than {} MiB, which no certificate or key file is",
-            MAX_PEM_FILE >> 20
-        ));
-    }
-    Ok(bytes)
 }
 
 /// Forgets ended leases and cooldowns every 30 s, until `shutdown`.

@@ -489,6 +489,132 @@ async fn keeps_leases_in_redis(tls: bool) {
     assert_eq!(status.code(), Some(0), "{}", op.output());
 }
 
+/// The lease store's TLS files are read again while the operator runs (every 10 s), as a
+/// Secret volume's files change in place when a CA is rotated or a client certificate renewed:
+/// started with a CA that did not sign the server's certificate, it leases once the file holds
+/// the right one; a change it cannot use (a key that is not the certificate's) is logged by
+/// flag and file, never by content, and the connection in use stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_follows_its_lease_store_tls_files() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if egress_lease_redis::local::binary().is_none() {
+        assert!(
+            !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
+            "redis-server is required here (cargo xtask test installs it)"
+        );
+        eprintln!("SKIPPED: no redis-server");
+        return;
+    }
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        dir,
+        ..
+    } = cluster("redis-tls-rotation", "providers: []\n").await;
+    let (pki, other) = (egress_testkit::pki(), egress_testkit::pki());
+    let redis = egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
+        cert_pem: pki.server_cert_pem.clone(),
+        key_pem: pki.server_key_pem.clone(),
+        ca_pem: pki.ca_pem.clone(),
+        client_certificates_required: true,
+    })
+    .expect("redis-server with TLS");
+    // Whole files at once, as a Secret volume swaps them.
+    let write = |file: &str, text: &str| {
+        let next = dir.join(format!(".{file}.next"));
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, dir.join(file)).unwrap();
+        dir.join(file).display().to_string()
+    };
+    let mut flags = vec![
+        providers_flag,
+        "--health-probe-bind-address=0".to_owned(),
+        "--metrics-bind-address=0".to_owned(),
+        "--zap-encoder=json".to_owned(),
+        "--discovery-addr=127.0.0.1:0".to_owned(),
+        format!("--lease-store={}", redis.tls_url().expect("a TLS port")),
+    ];
+    for (flag, file, text) in [
+        ("ca", "redis-ca.pem", &other.ca_pem),
+        ("client-cert", "redis-client.pem", &pki.client_cert_pem),
+        ("client-key", "redis-client-key.pem", &pki.client_key_pem),
+    ] {
+        flags.push(format!("--lease-store-{flag}-file={}", write(file, text)));
+    }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut op = Operator::start(
+        &operator_binary(),
+        &flags,
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("DISCOVERY_TOKEN", "crawler-token"),
+        ],
+    );
+    let discovery = served(&op.wait_msg("Serving the discovery API"));
+    op.wait_msg("Starting manager");
+    create_unreachable_external(&Api::namespaced(server.client().unwrap(), "default")).await;
+    // Until the Proxy is in the operator's cache the API may answer without asking the store.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
+        if status == 503 {
+            assert_eq!(answer["error"], "store_unavailable", "{answer}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline && status == 409,
+            "a server whose CA the operator was not given: {status} {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    write("redis-ca.pem", &pki.ca_pem);
+    let changed = op.wait_msg("Lease store TLS files changed; new calls to Redis use them");
+    assert!(
+        changed["files"].as_str().is_some_and(|f| f.contains("redis-ca.pem")),
+        "{changed}"
+    );
+    // The leader's view reaches Redis over the new connection; the one Proxy's probes fail.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
+        if status == 409 && answer["considered"] == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lease answer from Redis: {status} {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Another certificate's key: refused, by flag and file, and the connection in use stays.
+    write("redis-client-key.pem", &other.client_key_pem);
+    // Warnings carry the Go logger's prefix.
+    let refused = op.wait_msg("WARNING: Lease store TLS files cannot be used; the connection in use stays");
+    assert_eq!(
+        refused["flag"], "lease-store-client-cert-file and --lease-store-client-key-file",
+        "{refused}"
+    );
+    assert!(
+        refused["path"]
+            .as_str()
+            .is_some_and(|p| p.contains("redis-client-key.pem")),
+        "{refused}"
+    );
+    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
+    assert_eq!((status, answer["considered"].as_u64()), (409, Some(1)), "{answer}");
+    op.terminate();
+    let status = op.wait_exit();
+    assert_eq!(status.code(), Some(0), "{}", op.output());
+    // No key reached the log: neither the one in use nor the one refused.
+    let key_body = |pem: &str| pem.lines().nth(1).expect("a PEM body line").to_owned();
+    for key in [&pki.client_key_pem, &other.client_key_pem] {
+        assert!(!op.output().contains(&key_body(key)), "a key in the log");
+    }
+}
+
 /// Creates External Proxy `outside` at 127.0.0.1:1, where nothing listens: its probes fail.
 async fn create_unreachable_external(proxies: &Api<Proxy>) {
     let proxy = Proxy::new("outside", common::external_spec(1));

@@ -4,8 +4,10 @@
 //! when given that CA (and, where the server asks for one, a client certificate the CA signed:
 //! without one, or with another CA's, no lease), and finds unavailable a server it cannot trust: one whose CA it was not
 //! given, or whose certificate names another host, and an endpoint that takes the connection
-//! and never answers the handshake. The servers still answer plain connections on another
-//! port, which these tests never give the store.
+//! and never answers the handshake. A store given new TLS settings (what the operator does
+//! when its TLS files change) uses them from its next call. The servers still answer plain
+//! connections on another port, which these tests give the store only to see TLS settings
+//! refused for it.
 //!
 //! Without redis-server the tests skip, unless `EGRESS_REAL_BACKENDS_REQUIRED=1` (`cargo xtask
 //! test`, CI).
@@ -115,6 +117,54 @@ async fn a_cluster_over_tls_leases_with_the_ca_it_was_given() {
     let one_node = url.split(',').next().expect("a node").to_owned();
     let leased = lease_and_release(&store(&one_node, &roots(&pki))).await;
     assert_eq!(leased.as_deref(), Ok("crawl/p0"), "{one_node}");
+    // A store that trusted another CA leases once it is given the cluster's.
+    let rotated = store(&one_node, &roots(&egress_testkit::pki()));
+    assert!(lease_and_release(&rotated).await.is_err(), "trusted another CA");
+    rotated.use_tls(&roots(&pki)).expect("TLS settings for a TLS URL");
+    assert_eq!(lease_and_release(&rotated).await.as_deref(), Ok("crawl/p0"));
+}
+
+fn identity(of: &Pki) -> ClientIdentity {
+    ClientIdentity::from_pem(of.client_cert_pem.as_bytes(), of.client_key_pem.as_bytes()).expect("a client identity")
+}
+
+/// New TLS settings, as when a CA is rotated or a client certificate renewed: the store's next
+/// call goes over a connection made with them, whichever way that goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_given_new_tls_settings_uses_them_from_its_next_call() {
+    if !redis_available() {
+        return;
+    }
+    let pki = egress_testkit::pki();
+    let redis = tls_redis(&pki, true);
+    let url = redis.tls_url().expect("a TLS port");
+    let other = egress_testkit::pki();
+    let rotating = store(&url, &roots(&other));
+    assert!(lease_and_release(&rotating).await.is_err(), "trusted another CA");
+    let right = Tls {
+        client: Some(identity(&pki)),
+        ..roots(&pki)
+    };
+    rotating.use_tls(&right).expect("TLS settings for a TLS URL");
+    assert_eq!(lease_and_release(&rotating).await.as_deref(), Ok("crawl/p0"));
+    // A client certificate the server's CA did not sign: refused from the next call on.
+    rotating
+        .use_tls(&Tls {
+            client: Some(identity(&other)),
+            ..roots(&pki)
+        })
+        .expect("TLS settings for a TLS URL");
+    assert!(
+        lease_and_release(&rotating).await.is_err(),
+        "leased with a stranger's certificate"
+    );
+    rotating.use_tls(&right).expect("TLS settings for a TLS URL");
+    assert_eq!(lease_and_release(&rotating).await.as_deref(), Ok("crawl/p0"));
+    // TLS settings for a store reached without TLS are refused, and its connection stays.
+    let plain = store(&redis.url(), &Tls::default());
+    let refused = plain.use_tls(&roots(&pki)).expect_err("CA certificates for redis://");
+    assert!(refused.contains("without TLS"), "{refused}");
+    assert_eq!(lease_and_release(&plain).await.as_deref(), Ok("crawl/p0"));
 }
 
 /// Redis asks for a client certificate by default once TLS is on (`tls-auth-clients yes`).
@@ -126,10 +176,6 @@ async fn a_server_that_asks_for_a_client_certificate_takes_the_one_the_store_sho
     let pki = egress_testkit::pki();
     let redis = tls_redis(&pki, true);
     let url = redis.tls_url().expect("a TLS port");
-    let identity = |of: &Pki| {
-        ClientIdentity::from_pem(of.client_cert_pem.as_bytes(), of.client_key_pem.as_bytes())
-            .expect("a client identity")
-    };
     let shown = Tls {
         client: Some(identity(&pki)),
         ..roots(&pki)

@@ -9,7 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use egress_lease::{Clock, NoMatch, StoreError};
 use redis::Value;
 
-use crate::connection::Connection;
+use crate::connection::Current;
 use crate::functions::{Library, Op};
 use crate::gather::Batches;
 use crate::{CALL_BUDGET, EXPIRY_RUNS, INDEX_LOOK, WAIT_BUDGET, duration_millis, millis};
@@ -17,7 +17,7 @@ use crate::{CALL_BUDGET, EXPIRY_RUNS, INDEX_LOOK, WAIT_BUDGET, duration_millis, 
 /// What every call of one store shares: where Redis is and which keys are the store's.
 #[derive(Clone)]
 pub(crate) struct Calls {
-    pub(crate) connection: Connection,
+    pub(crate) connection: Arc<Current>,
     /// The scripts, as Redis Functions.
     pub(crate) library: Arc<Library>,
     /// `{<prefix>}`: every key starts with it, and the braces make it the key's hash tag, so
@@ -87,10 +87,9 @@ impl Calls {
         let call = &call;
         let answer = self
             .library
-            .send(
-                &self.connection,
-                |mut live| async move { call.query_async(&mut live).await },
-            )
+            .send(&self.connection.get(), |mut live| async move {
+                call.query_async(&mut live).await
+            })
             .await;
         self.answered(answer)
     }
@@ -127,10 +126,9 @@ impl Calls {
         let pipe = &pipe;
         let answer = self
             .library
-            .send(
-                &self.connection,
-                |mut live| async move { pipe.query_async(&mut live).await },
-            )
+            .send(&self.connection.get(), |mut live| async move {
+                pipe.query_async(&mut live).await
+            })
             .await;
         self.answered(answer)
     }
@@ -153,6 +151,7 @@ impl Calls {
     /// may have granted without its answer arriving, or granted to a caller that left.
     pub(crate) fn release_later(&self, lease_id: String) {
         let (connection, library) = (self.connection.clone(), self.library.clone());
+        // Each try on the connection in use then: TLS files may change within the minute.
         let [max_ended, retention] = self.ended_args();
         let call = self
             .library
@@ -162,7 +161,7 @@ impl Calls {
             let call = &call;
             for attempt in 0..8u32 {
                 let done = library
-                    .send(&connection, |mut live| async move {
+                    .send(&connection.get(), |mut live| async move {
                         call.query_async::<i64>(&mut live).await
                     })
                     .await;

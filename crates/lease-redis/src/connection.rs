@@ -1,6 +1,6 @@
 //! The connection under the store: to one Redis server, or to a Redis Cluster, plain or over
-//! TLS, made again when it stops answering; the store URL's own parameter (`wait`); the URL as
-//! logs may show it.
+//! TLS, made again when it stops answering, and replaced when the TLS files change; the store
+//! URL's own parameter (`wait`); the URL as logs may show it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +12,40 @@ use redis::cluster_async::ClusterConnection;
 
 use crate::tls::{Tls, certificates};
 use crate::{CALL_BUDGET, CLUSTER_SCHEME, TLS_CLUSTER_SCHEME};
+
+/// The connection a store's calls use, which new TLS settings replace (a client certificate
+/// renewed, a CA rotated): each call takes the one in use when it starts and ends on it.
+pub(crate) struct Current {
+    /// The URL without the store's own parameters: what a replacement connects to.
+    url: String,
+    in_use: std::sync::RwLock<Connection>,
+}
+
+impl Current {
+    /// Connects lazily to `url` as `tls` says (see [`Connection::open`]).
+    pub(crate) fn open(url: &str, tls: &Tls) -> Result<Self, String> {
+        Ok(Self {
+            url: url.to_owned(),
+            in_use: std::sync::RwLock::new(Connection::open(url, tls)?),
+        })
+    }
+
+    /// The connection in use.
+    pub(crate) fn get(&self) -> Connection {
+        self.in_use
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the connection in use with one made with `tls`. Calls on their way end on the
+    /// one they started on; the old connection closes when the last of them has.
+    pub(crate) fn replace(&self, tls: &Tls) -> Result<(), String> {
+        let renewed = Connection::open(&self.url, tls)?;
+        *self.in_use.write().unwrap_or_else(std::sync::PoisonError::into_inner) = renewed;
+        Ok(())
+    }
+}
 
 /// A connection to one Redis server, or to a Redis Cluster (MOVED and ASK answers followed, the
 /// slot map refreshed after a failover, by the client library).

@@ -62,7 +62,7 @@ use egress_lease::{
 
 use crate::calls::{Answer, Calls, Indexed, Reply, Request, Rounds, expiry, int, parse};
 pub use crate::connection::shown_url;
-use crate::connection::{Connection, split_wait};
+use crate::connection::{Current, split_wait};
 use crate::functions::{Library, Op};
 use crate::gather::Gather;
 pub use crate::publish::PUBLISH_CHUNK;
@@ -160,9 +160,9 @@ impl RedisStore {
             return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
         }
         let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
-        let connection = Connection::open(&url, tls).map_err(|e| format!("lease store {shown}: {e}"))?;
+        let connection = Current::open(&url, tls).map_err(|e| format!("lease store {shown}: {e}"))?;
         Ok(Self::on(Calls {
-            connection,
+            connection: Arc::new(connection),
             library: Arc::new(Library::new()),
             tag: format!("{{{prefix}}}"),
             clock: None,
@@ -171,6 +171,22 @@ impl RedisStore {
             shown,
             wait_replicas,
         }))
+    }
+
+    /// Makes the store's calls from now on go over a new connection made with `tls`: a renewed
+    /// client certificate or a rotated CA takes effect without a new store (the operator
+    /// re-reads its TLS files). Calls on their way end on the connection they started on;
+    /// leases and everything else in Redis are untouched. Every store made from this one
+    /// (`with_*`) shares its connection, and so the change.
+    ///
+    /// # Errors
+    /// As [`new_with_tls`](Self::new_with_tls) for the store's URL; the connection in use
+    /// then stays.
+    pub fn use_tls(&self, tls: &Tls) -> Result<(), String> {
+        self.calls
+            .connection
+            .replace(tls)
+            .map_err(|e| format!("lease store {}: {e}", self.calls.shown))
     }
 
     fn on(calls: Calls) -> Self {

@@ -161,6 +161,7 @@ impl RedisStore {
             let answer = self
                 .calls
                 .connection
+                .get()
                 .within(CALL_BUDGET, |mut live| async move {
                     scan.query_async::<(u64, Vec<String>)>(&mut live).await
                 })

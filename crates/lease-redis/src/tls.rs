@@ -1,7 +1,8 @@
 //! What the store is given to reach a Redis over TLS (`rediss://`, `rediss+cluster://`): the CA
 //! certificates the server's certificate must chain to, and the certificate the store shows the
-//! server when it asks for one (mutual TLS). Checked when the store is made, so a broken file
-//! stops the start with a clear error; the server's certificate is always checked.
+//! server when it asks for one (mutual TLS). Checked when they are made, so a broken file stops
+//! the start with a clear error (or, given to a running store with `RedisStore::use_tls`, is
+//! refused while the connection in use stays); the server's certificate is always checked.
 
 use redis::{ClientTlsConfig, TlsCertificates};
 use rustls::pki_types::pem::PemObject as _;

@@ -1,0 +1,382 @@
+//! The lease store `--lease-store` names, and its TLS files (`--lease-store-ca-file`,
+//! `--lease-store-client-cert-file`, `--lease-store-client-key-file`): read and checked at
+//! start, where a problem stops the start, then read again every
+//! [`FILE_POLL`](crate::discovery_auth::FILE_POLL), so a rotated CA or a renewed client
+//! certificate (a Secret volume's files change in place) reaches the store without a restart. A change that cannot be used is logged and the connection in use stays.
+//! No log line and no error shows what the files hold.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use egress_lease_redis::{ClientIdentity, RedisStore, Tls, TlsRoots};
+use tokio_util::sync::CancellationToken;
+
+use crate::flags::Options;
+use crate::{Fatal, fatal};
+
+/// The store, and for a Redis with TLS files the task that follows them (to run until
+/// shutdown).
+pub(crate) struct LeaseStore {
+    pub(crate) store: Arc<dyn egress_lease::LeaseStore>,
+    pub(crate) follow_tls: Option<TlsFollower>,
+}
+
+/// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
+/// calls answer 503 until it is up.
+pub(crate) fn lease_store(options: &Options) -> Result<LeaseStore, Fatal> {
+    let failed = |e| fatal("Failed to set up the lease store", e);
+    let files = TlsFiles::of(options);
+    if options.lease_store == "memory" {
+        if let Some(flag) = files.named().next().map(|(flag, _)| flag) {
+            return Err(failed(format!(
+                "--{flag} is for a lease store reached over TLS (rediss://)"
+            )));
+        }
+        return Ok(LeaseStore {
+            store: Arc::new(egress_lease::MemoryStore::new(
+                Arc::new(egress_lease::SystemClock),
+                options.lease_cooldown,
+            )),
+            follow_tls: None,
+        });
+    }
+    if let Some(unpaired) = files.unpaired() {
+        return Err(failed(unpaired.to_owned()));
+    }
+    let read = files.read().map_err(Unusable::fatal)?;
+    let tls = read.tls(&files).map_err(Unusable::fatal)?;
+    // Two installations sharing one Redis keep apart by their installation id.
+    let prefix = match options.installation_id.as_str() {
+        "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
+        id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
+    };
+    let store = Arc::new(
+        RedisStore::new_with_tls(&options.lease_store, &prefix, options.lease_cooldown, &tls).map_err(failed)?,
+    );
+    tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
+    let any_file = files.named().next().is_some();
+    let follow_tls = any_file.then(|| TlsFollower {
+        store: store.clone(),
+        shown: egress_lease_redis::shown_url(&options.lease_store),
+        files,
+        applied: read,
+    });
+    Ok(LeaseStore { store, follow_tls })
+}
+
+/// The paths the three flags give; empty for a flag not given.
+#[derive(Clone)]
+struct TlsFiles {
+    ca: String,
+    client_cert: String,
+    client_key: String,
+}
+
+/// What the files held when last read. The key is as secret here as in the store.
+#[derive(PartialEq, Eq)]
+struct TlsBytes {
+    ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Why the files cannot be used: the flag, the file (or files) and the reason, never what they
+/// hold.
+#[derive(Debug, PartialEq, Eq)]
+struct Unusable {
+    flag: &'static str,
+    path: String,
+    why: String,
+}
+
+impl Unusable {
+    fn fatal(self) -> Fatal {
+        Fatal {
+            message: "Failed to set up the lease store".into(),
+            error: Some(format!("--{}: {}", self.flag, self.why)),
+            path: Some(self.path),
+        }
+    }
+}
+
+impl TlsFiles {
+    fn of(options: &Options) -> Self {
+        Self {
+            ca: options.lease_store_ca_file.clone(),
+            client_cert: options.lease_store_client_cert_file.clone(),
+            client_key: options.lease_store_client_key_file.clone(),
+        }
+    }
+
+    /// The flags given, with their paths.
+    fn named(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("lease-store-ca-file", self.ca.as_str()),
+            ("lease-store-client-cert-file", self.client_cert.as_str()),
+            ("lease-store-client-key-file", self.client_key.as_str()),
+        ]
+        .into_iter()
+        .filter(|(_, path)| !path.is_empty())
+    }
+
+    /// Why the client certificate and key flags are not given together, when they are not.
+    fn unpaired(&self) -> Option<&'static str> {
+        (self.client_cert.is_empty() != self.client_key.is_empty())
+            .then_some("--lease-store-client-cert-file and --lease-store-client-key-file go together")
+    }
+
+    /// Each file given, read whole (see [`read_pem_file`]).
+    fn read(&self) -> Result<TlsBytes, Unusable> {
+        let read = |flag: &'static str, path: &str| {
+            read_pem_file(path).map_err(|why| Unusable {
+                flag,
+                path: path.to_owned(),
+                why,
+            })
+        };
+        let ca = match self.ca.as_str() {
+            "" => None,
+            path => Some(read("lease-store-ca-file", path)?),
+        };
+        let client = match (self.client_cert.as_str(), self.client_key.as_str()) {
+            ("", _) | (_, "") => None,
+            (cert, key) => Some((
+                read("lease-store-client-cert-file", cert)?,
+                read("lease-store-client-key-file", key)?,
+            )),
+        };
+        Ok(TlsBytes { ca, client })
+    }
+}
+
+impl TlsBytes {
+    /// The TLS settings the files give, checked: CA certificates that are CA certificates, a
+    /// client key that is the certificate's.
+    fn tls(&self, files: &TlsFiles) -> Result<Tls, Unusable> {
+        let roots = match &self.ca {
+            None => TlsRoots::System,
+            Some(pem) => TlsRoots::only(pem).map_err(|why| Unusable {
+                flag: "lease-store-ca-file",
+                path: files.ca.clone(),
+                why,
+            })?,
+        };
+        let client = match &self.client {
+            None => None,
+            // The message says which of the two files is wrong.
+            Some((cert, key)) => Some(ClientIdentity::from_pem(cert, key).map_err(|why| Unusable {
+                flag: "lease-store-client-cert-file and --lease-store-client-key-file",
+                path: format!("{}, {}", files.client_cert, files.client_key),
+                why,
+            })?),
+        };
+        Ok(Tls { roots, client })
+    }
+}
+
+/// Re-reads the TLS files and hands the store what changed.
+pub(crate) struct TlsFollower {
+    store: Arc<RedisStore>,
+    /// The store's URL as logs may show it.
+    shown: String,
+    files: TlsFiles,
+    /// What the store's connection was made with.
+    applied: TlsBytes,
+}
+
+impl TlsFollower {
+    /// Reads the files every `every` until `shutdown`. A change that reads and checks well
+    /// makes the store's next calls go over a connection made with it; one that does not is
+    /// logged (once until the problem changes) and the connection in use stays. A Secret
+    /// volume swaps its files at once; files changed one by one may show a new certificate
+    /// with the old key for a round, which the next round then finds whole.
+    pub(crate) async fn run(mut self, every: Duration, shutdown: CancellationToken) {
+        let mut last_problem: Option<Unusable> = None;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            match self.check() {
+                Ok(false) => last_problem = None,
+                Ok(true) => {
+                    last_problem = None;
+                    let paths: Vec<&str> = self.files.named().map(|(_, path)| path).collect();
+                    tracing::info!(files = %paths.join(", "), "Lease store TLS files changed; new calls to Redis use them");
+                }
+                Err(problem) if last_problem.as_ref() != Some(&problem) => {
+                    tracing::warn!(
+                        flag = problem.flag,
+                        path = %problem.path,
+                        problem = %problem.why,
+                        "Lease store TLS files cannot be used; the connection in use stays"
+                    );
+                    last_problem = Some(problem);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Reads the files and, when they changed, hands the store their settings: whether it did.
+    fn check(&mut self) -> Result<bool, Unusable> {
+        let read = self.files.read()?;
+        if read == self.applied {
+            return Ok(false);
+        }
+        let tls = read.tls(&self.files)?;
+        // Refused only for a URL without TLS, which the start already refused.
+        self.store.use_tls(&tls).map_err(|why| Unusable {
+            flag: "lease-store",
+            path: self.shown.clone(),
+            why,
+        })?;
+        self.applied = read;
+        Ok(true)
+    }
+}
+
+/// The most a PEM file a flag names (CA certificates, a client certificate or its key) may
+/// hold: a bundle of every public CA is about 200 KiB.
+const MAX_PEM_FILE: u64 = 1024 * 1024;
+
+/// The PEM file at `path`, read whole: a regular file (a pipe would stall the read until
+/// something writes to it, a device might never end) of at most [`MAX_PEM_FILE`] bytes.
+pub(crate) fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let metadata = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !metadata.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_PEM_FILE {
+        return Err(format!(
+            "larger than {} MiB, which no certificate or key file is",
+            MAX_PEM_FILE >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of this test's own, removed when dropped.
+    struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("egress-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+
+        /// Writes `text` to `file` as a Secret volume does: whole, at once.
+        fn write(&self, file: &str, text: &str) -> String {
+            let path = self.0.join(file);
+            let next = self.0.join(format!(".{file}.next"));
+            std::fs::write(&next, text).unwrap();
+            std::fs::rename(&next, &path).unwrap();
+            path.display().to_string()
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn follower(options: &Options) -> TlsFollower {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        lease_store(options)
+            .unwrap_or_else(|e| panic!("{:?}", e.error))
+            .follow_tls
+            .expect("TLS files to follow")
+    }
+
+    #[tokio::test]
+    async fn changed_tls_files_reach_the_store_and_unusable_ones_change_nothing() {
+        let dir = Dir::new("lease-store-tls");
+        let (pki, other) = (egress_testkit::pki(), egress_testkit::pki());
+        let options = Options {
+            // Nothing listens there: the store connects lazily and this test makes no call.
+            lease_store: "rediss://127.0.0.1:1".to_owned(),
+            lease_store_ca_file: dir.write("ca.pem", &pki.ca_pem),
+            lease_store_client_cert_file: dir.write("client.pem", &pki.client_cert_pem),
+            lease_store_client_key_file: dir.write("client-key.pem", &pki.client_key_pem),
+            ..Options::default()
+        };
+        let mut follower = follower(&options);
+        assert_eq!(follower.check(), Ok(false), "nothing changed");
+        // A rotated CA is handed over once.
+        dir.write("ca.pem", &format!("{}{}", other.ca_pem, pki.ca_pem));
+        assert_eq!(follower.check(), Ok(true));
+        assert_eq!(follower.check(), Ok(false));
+        // A new certificate with the old key: refused, and found whole once the key follows.
+        dir.write("client.pem", &other.client_cert_pem);
+        let mismatched = follower.check().expect_err("another certificate's key");
+        assert_eq!(
+            mismatched.flag,
+            "lease-store-client-cert-file and --lease-store-client-key-file"
+        );
+        assert!(mismatched.why.contains("does not fit"), "{mismatched:?}");
+        assert!(
+            !mismatched.why.contains("PRIVATE KEY") && !mismatched.why.contains(&pki.client_key_pem[40..80]),
+            "{mismatched:?}"
+        );
+        dir.write("client-key.pem", &other.client_key_pem);
+        assert_eq!(follower.check(), Ok(true));
+        // A CA file that is no CA, then none at all: each refused, and what was handed over
+        // stays what the next change is compared with.
+        dir.write("ca.pem", "not a certificate\n");
+        let garbage = follower.check().expect_err("no CA in it");
+        assert_eq!(
+            (garbage.flag, garbage.path.as_str()),
+            ("lease-store-ca-file", options.lease_store_ca_file.as_str())
+        );
+        assert!(garbage.why.contains("no certificate"), "{garbage:?}");
+        std::fs::remove_file(&options.lease_store_ca_file).unwrap();
+        assert_eq!(follower.check().expect_err("no file").flag, "lease-store-ca-file");
+        dir.write("ca.pem", &format!("{}{}", other.ca_pem, pki.ca_pem));
+        assert_eq!(follower.check(), Ok(false), "back to what the store has");
+    }
+
+    #[test]
+    fn the_start_names_the_flag_and_the_file() {
+        let dir = Dir::new("lease-store-tls-start");
+        let ca = dir.write("ca.pem", "not a certificate\n");
+        let options = Options {
+            lease_store: "rediss://127.0.0.1:1".to_owned(),
+            lease_store_ca_file: ca.clone(),
+            ..Options::default()
+        };
+        let Err(fatal) = lease_store(&options) else {
+            panic!("a CA file without a certificate was taken");
+        };
+        assert_eq!(fatal.message, "Failed to set up the lease store");
+        assert_eq!(fatal.path.as_deref(), Some(ca.as_str()));
+        assert!(
+            fatal
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("--lease-store-ca-file: no certificate")),
+            "{:?}",
+            fatal.error
+        );
+        let memory = Options {
+            lease_store: "memory".to_owned(),
+            ..options
+        };
+        assert!(
+            lease_store(&memory)
+                .err()
+                .and_then(|f| f.error)
+                .is_some_and(|e| e.contains("--lease-store-ca-file is for a lease store reached over TLS")),
+        );
+    }
+}
