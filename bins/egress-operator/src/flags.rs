@@ -327,7 +327,7 @@ const FLAGS: &[Flag] = &[
         name: "health-check-ca-file",
         kind: Kind::Text,
         default: "",
-        usage: "PEM file of CA certificates probes trust in addition to the system's (a private target).",
+        usage: "PEM file of CA certificates probes trust in addition to the system's (a private target; read at start and every 10s).",
     },
     Flag {
         name: "version",

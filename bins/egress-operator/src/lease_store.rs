@@ -1,18 +1,17 @@
 //! The lease store `--lease-store` names, and its TLS files (`--lease-store-ca-file`,
 //! `--lease-store-client-cert-file`, `--lease-store-client-key-file`): read and checked at
-//! start, where a problem stops the start, then read again every
-//! [`FILE_POLL`](crate::discovery_auth::FILE_POLL), so a rotated CA or a renewed client
-//! certificate (a Secret volume's files change in place) reaches the store without a restart. A change that cannot be used is logged and the connection in use stays.
-//! No log line and no error shows what the files hold.
+//! start, where a problem stops the start, then followed (`followed.rs`), so a rotated CA or a
+//! renewed client certificate reaches the store without a restart.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use egress_lease_redis::{ClientIdentity, RedisStore, Tls, TlsRoots};
-use tokio_util::sync::CancellationToken;
 
 use crate::flags::Options;
+use crate::followed::{Followed, Unusable, read_pem_file};
 use crate::{Fatal, fatal};
+
+const FAILED: &str = "Failed to set up the lease store";
 
 /// The store, and for a Redis with TLS files the task that follows them (to run until
 /// shutdown).
@@ -24,7 +23,7 @@ pub(crate) struct LeaseStore {
 /// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
 /// calls answer 503 until it is up.
 pub(crate) fn lease_store(options: &Options) -> Result<LeaseStore, Fatal> {
-    let failed = |e| fatal("Failed to set up the lease store", e);
+    let failed = |e| fatal(FAILED, e);
     let files = TlsFiles::of(options);
     if options.lease_store == "memory" {
         if let Some(flag) = files.named().next().map(|(flag, _)| flag) {
@@ -43,8 +42,8 @@ pub(crate) fn lease_store(options: &Options) -> Result<LeaseStore, Fatal> {
     if let Some(unpaired) = files.unpaired() {
         return Err(failed(unpaired.to_owned()));
     }
-    let read = files.read().map_err(Unusable::fatal)?;
-    let tls = read.tls(&files).map_err(Unusable::fatal)?;
+    let read = files.read().map_err(|u| u.fatal(FAILED))?;
+    let tls = read.tls(&files).map_err(|u| u.fatal(FAILED))?;
     // Two installations sharing one Redis keep apart by their installation id.
     let prefix = match options.installation_id.as_str() {
         "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
@@ -77,25 +76,6 @@ struct TlsFiles {
 struct TlsBytes {
     ca: Option<Vec<u8>>,
     client: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-/// Why the files cannot be used: the flag, the file (or files) and the reason, never what they
-/// hold.
-#[derive(Debug, PartialEq, Eq)]
-struct Unusable {
-    flag: &'static str,
-    path: String,
-    why: String,
-}
-
-impl Unusable {
-    fn fatal(self) -> Fatal {
-        Fatal {
-            message: "Failed to set up the lease store".into(),
-            error: Some(format!("--{}: {}", self.flag, self.why)),
-            path: Some(self.path),
-        }
-    }
 }
 
 impl TlsFiles {
@@ -183,41 +163,14 @@ pub(crate) struct TlsFollower {
     applied: TlsBytes,
 }
 
-impl TlsFollower {
-    /// Reads the files every `every` until `shutdown`. A change that reads and checks well
-    /// makes the store's next calls go over a connection made with it; one that does not is
-    /// logged (once until the problem changes) and the connection in use stays. A Secret
-    /// volume swaps its files at once; files changed one by one may show a new certificate
-    /// with the old key for a round, which the next round then finds whole.
-    pub(crate) async fn run(mut self, every: Duration, shutdown: CancellationToken) {
-        let mut last_problem: Option<Unusable> = None;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
-            }
-            match self.check() {
-                Ok(false) => last_problem = None,
-                Ok(true) => {
-                    last_problem = None;
-                    let paths: Vec<&str> = self.files.named().map(|(_, path)| path).collect();
-                    tracing::info!(files = %paths.join(", "), "Lease store TLS files changed; new calls to Redis use them");
-                }
-                Err(problem) if last_problem.as_ref() != Some(&problem) => {
-                    tracing::warn!(
-                        flag = problem.flag,
-                        path = %problem.path,
-                        problem = %problem.why,
-                        "Lease store TLS files cannot be used; the connection in use stays"
-                    );
-                    last_problem = Some(problem);
-                }
-                Err(_) => {}
-            }
-        }
-    }
+impl Followed for TlsFollower {
+    const CHANGED: &'static str = "Lease store TLS files changed; new calls to Redis use them";
+    const UNUSABLE: &'static str = "Lease store TLS files cannot be used; the connection in use stays";
 
-    /// Reads the files and, when they changed, hands the store their settings: whether it did.
+    /// Reads the files and, when they changed, hands the store their settings: the store's next
+    /// calls go over a connection made with them. A Secret volume swaps its files at once;
+    /// files changed one by one may show a new certificate with the old key for a round, which
+    /// the next round then finds whole.
     fn check(&mut self) -> Result<bool, Unusable> {
         let read = self.files.read()?;
         if read == self.applied {
@@ -233,63 +186,16 @@ impl TlsFollower {
         self.applied = read;
         Ok(true)
     }
-}
 
-/// The most a PEM file a flag names (CA certificates, a client certificate or its key) may
-/// hold: a bundle of every public CA is about 200 KiB.
-const MAX_PEM_FILE: u64 = 1024 * 1024;
-
-/// The PEM file at `path`, read whole: a regular file (a pipe would stall the read until
-/// something writes to it, a device might never end) of at most [`MAX_PEM_FILE`] bytes.
-pub(crate) fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    let metadata = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if !metadata.is_file() {
-        return Err("not a regular file".to_owned());
+    fn files(&self) -> String {
+        self.files.named().map(|(_, path)| path).collect::<Vec<_>>().join(", ")
     }
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|file| file.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes))
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_PEM_FILE {
-        return Err(format!(
-            "larger than {} MiB, which no certificate or key file is",
-            MAX_PEM_FILE >> 20
-        ));
-    }
-    Ok(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A directory of this test's own, removed when dropped.
-    struct Dir(std::path::PathBuf);
-
-    impl Dir {
-        fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("egress-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-
-        /// Writes `text` to `file` as a Secret volume does: whole, at once.
-        fn write(&self, file: &str, text: &str) -> String {
-            let path = self.0.join(file);
-            let next = self.0.join(format!(".{file}.next"));
-            std::fs::write(&next, text).unwrap();
-            std::fs::rename(&next, &path).unwrap();
-            path.display().to_string()
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::followed::tests::Dir;
 
     fn follower(options: &Options) -> TlsFollower {
         let _ = rustls::crypto::ring::default_provider().install_default();

@@ -13,9 +13,11 @@
 
 mod discovery_auth;
 pub mod flags;
+mod followed;
 mod lease_store;
 pub mod logging;
 mod manager;
+mod probe_tls;
 mod rest_metrics;
 pub mod serve;
 pub mod telemetry;

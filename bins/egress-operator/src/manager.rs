@@ -71,7 +71,7 @@ struct Loaded {
     /// The provider-health checks' schedule (`None`: checks are off).
     schedule: Option<Schedule>,
     /// The health engine's TLS roots (`None` with scripted verdicts).
-    probe_tls: Option<egress_health::ProbeTls>,
+    probe_roots: Option<crate::probe_tls::ProbeRoots>,
 }
 
 /// Step 1: the providers file, loaded and built (all or nothing), and the probes' TLS roots.
@@ -87,17 +87,10 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
         error: Some(e.message),
         path: Some(options.providers_config.clone()),
     })?;
-    let probe_tls = match (health, options.health_check_ca_file.as_str()) {
-        (Health::Scripted { .. }, _) => None,
-        (Health::Engine, "") => Some(egress_health::ProbeTls::system()),
-        (Health::Engine, file) => Some(
-            crate::lease_store::read_pem_file(file)
-                .and_then(|pem| egress_health::ProbeTls::system_and_pem(&pem))
-                .map_err(|e| format!("{file}: {e}")),
-        ),
-    }
-    .transpose()
-    .map_err(|e| fatal("Failed to load the health probes' CA roots", e))?;
+    let probe_roots = match health {
+        Health::Scripted { .. } => None,
+        Health::Engine => Some(crate::probe_tls::load(&options.health_check_ca_file)?),
+    };
     let provider_metrics = ProviderMetrics::new();
     let providers = Arc::new(
         registry
@@ -112,7 +105,7 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
         providers,
         provider_metrics,
         schedule,
-        probe_tls,
+        probe_roots,
     })
 }
 
@@ -157,7 +150,11 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
     if let Some(follower) = follow_tls {
-        tasks.spawn(follower.run(discovery_auth::FILE_POLL, shutdown.clone()));
+        tasks.spawn(crate::followed::follow(
+            follower,
+            crate::followed::FILE_POLL,
+            shutdown.clone(),
+        ));
     }
     tasks.spawn(keep_credentials);
     let mut metrics = prometheus_client::registry::Registry::default();
@@ -327,7 +324,7 @@ fn start_leader_tasks(
     let Loaded {
         providers,
         schedule,
-        probe_tls,
+        probe_roots,
         ..
     } = loaded;
     tracing::info!("Starting manager");
@@ -343,9 +340,19 @@ fn start_leader_tasks(
     ));
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
     let work = shutdown.child_token();
-    let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_tls) {
+    let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
         (Health::Scripted { verdicts, events }, _) => (verdicts, events),
-        (Health::Engine, tls) => {
+        (Health::Engine, roots) => {
+            let (prober, follower) = roots
+                .ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?
+                .prober();
+            if let Some(follower) = follower {
+                tasks.spawn(crate::followed::follow(
+                    follower,
+                    crate::followed::FILE_POLL,
+                    work.clone(),
+                ));
+            }
             let snapshot = egress_health::Snapshot::default();
             let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
             let engine = egress_health::Engine::new(
@@ -354,9 +361,7 @@ fn start_leader_tasks(
                     default_url: options.health_check_url.clone(),
                     credentials: credentials.clone(),
                 }),
-                egress_health::ConnectProber {
-                    tls: tls.ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?,
-                },
+                prober,
                 egress_health::EngineConfig {
                     workers: options.health_workers,
                     trace_probes: options.trace_health_probes,

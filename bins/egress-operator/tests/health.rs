@@ -86,3 +86,58 @@ async fn an_external_proxy_follows_its_real_proxy_up_down_and_up() {
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
 }
+
+/// `--health-check-ca-file` is read again every 10 s, as a ConfigMap or Secret volume's file
+/// changes in place when a CA is rotated: probes of a target whose CA the file did not hold
+/// fail, and pass once it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_follow_their_ca_file() {
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let (pki, other) = (support::pki(), support::pki());
+    let (target, _) = support::tls_target(&pki).await;
+    let tinyproxy = support::Tinyproxy::start(&[]);
+
+    let cluster = cluster("health-ca-rotation", "providers: []\n").await;
+    let health_url = format!("https://localhost:{}/204", target.port());
+    let (mut op, _) = start_probing(&cluster, &other.ca_pem, &health_url, &[], &[]);
+    let api: Api<Proxy> = Api::namespaced(cluster.server.client().unwrap(), "default");
+    let proxy = Proxy::new(
+        "tiny",
+        ProxySpec {
+            health_check: Some(HealthCheckSpec {
+                failure_threshold: Some(1),
+                ..Default::default()
+            }),
+            ..common::external_spec(tinyproxy.port)
+        },
+    );
+    api.create(&PostParams::default(), &proxy).await.unwrap();
+    let distrusted = wait_phase(&api, "tiny", Phase::Unhealthy).await;
+    assert_eq!(healthy(&distrusted).as_deref(), Some("False"));
+
+    // Whole, at once, as a volume swaps its files.
+    let (next, file) = (cluster.dir.join(".ca.pem.next"), cluster.dir.join("ca.pem"));
+    std::fs::write(&next, &pki.ca_pem).unwrap();
+    std::fs::rename(&next, &file).unwrap();
+    let changed = op.wait_msg("Health check CA file changed; new probes use it");
+    assert_eq!(changed["files"], file.display().to_string(), "{changed}");
+    let trusted = wait_phase(&api, "tiny", Phase::Ready).await;
+    assert_eq!(healthy(&trusted).as_deref(), Some("True"));
+
+    // A file that holds no certificate: refused by flag (the unit tests show the CA in use
+    // stays).
+    std::fs::write(&next, "not a certificate\n").unwrap();
+    std::fs::rename(&next, &file).unwrap();
+    let refused = op.wait_msg("WARNING: Health check CA file cannot be used; the CA certificates in use stay");
+    assert_eq!(refused["flag"], "health-check-ca-file", "{refused}");
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    let last = api.get("tiny").await.unwrap();
+    assert_eq!(
+        healthy(&last).as_deref(),
+        Some("True"),
+        "probes failed once the file broke"
+    );
+}

@@ -204,7 +204,7 @@ async fn main() {
     // Real TLS probes through the in-process proxy.
     let (tls_rate, tls_cpu, _) = run_engine(
         fleet(n, &proxy, &url),
-        ConnectProber { tls },
+        ConnectProber::new(tls),
         64,
         Duration::from_secs(3),
         Duration::from_secs(10),

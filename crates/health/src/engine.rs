@@ -100,15 +100,35 @@ pub trait Prober: Send + Sync + 'static {
     fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send;
 }
 
-/// The real probe ([`crate::probe::probe`]).
+/// The real probe ([`crate::probe::probe`]), with TLS settings that can be replaced while
+/// probes run (a CA file rotated): each probe uses the settings in force when it starts. Clones
+/// share the settings, so a clone kept outside the engine replaces them for it.
 #[derive(Debug, Clone)]
 pub struct ConnectProber {
-    pub tls: ProbeTls,
+    tls: Arc<RwLock<ProbeTls>>,
+}
+
+impl ConnectProber {
+    #[must_use]
+    pub fn new(tls: ProbeTls) -> Self {
+        Self {
+            tls: Arc::new(RwLock::new(tls)),
+        }
+    }
+
+    /// Probes that start from now on use `tls`; those running end with what they began with.
+    pub fn use_tls(&self, tls: ProbeTls) {
+        *self.tls.write().unwrap_or_else(std::sync::PoisonError::into_inner) = tls;
+    }
 }
 
 impl Prober for ConnectProber {
     fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
-        let tls = self.tls.clone();
+        let tls = self
+            .tls
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         async move { crate::probe::probe(&req, &tls).await }
     }
 }
