@@ -28,7 +28,7 @@ pub(crate) fn lease_store(options: &Options) -> Result<LeaseStore, Fatal> {
     if options.lease_store == "memory" {
         if let Some(flag) = files.named().next().map(|(flag, _)| flag) {
             return Err(failed(format!(
-                "--{flag} is for a lease store reached over TLS (rediss://)"
+                "{flag} is for a lease store reached over TLS (rediss://)"
             )));
         }
         return Ok(LeaseStore {
@@ -56,7 +56,6 @@ pub(crate) fn lease_store(options: &Options) -> Result<LeaseStore, Fatal> {
     let any_file = files.named().next().is_some();
     let follow_tls = any_file.then(|| TlsFollower {
         store: store.clone(),
-        shown: egress_lease_redis::shown_url(&options.lease_store),
         files,
         applied: read,
     });
@@ -71,7 +70,7 @@ struct TlsFiles {
     client_key: String,
 }
 
-/// What the files held when last read. The key is as secret here as in the store.
+/// What the files held when last read: the private key too, so no `Debug`, and never logged.
 #[derive(PartialEq, Eq)]
 struct TlsBytes {
     ca: Option<Vec<u8>>,
@@ -90,9 +89,9 @@ impl TlsFiles {
     /// The flags given, with their paths.
     fn named(&self) -> impl Iterator<Item = (&'static str, &str)> {
         [
-            ("lease-store-ca-file", self.ca.as_str()),
-            ("lease-store-client-cert-file", self.client_cert.as_str()),
-            ("lease-store-client-key-file", self.client_key.as_str()),
+            ("--lease-store-ca-file", self.ca.as_str()),
+            ("--lease-store-client-cert-file", self.client_cert.as_str()),
+            ("--lease-store-client-key-file", self.client_key.as_str()),
         ]
         .into_iter()
         .filter(|(_, path)| !path.is_empty())
@@ -115,13 +114,13 @@ impl TlsFiles {
         };
         let ca = match self.ca.as_str() {
             "" => None,
-            path => Some(read("lease-store-ca-file", path)?),
+            path => Some(read("--lease-store-ca-file", path)?),
         };
         let client = match (self.client_cert.as_str(), self.client_key.as_str()) {
             ("", _) | (_, "") => None,
             (cert, key) => Some((
-                read("lease-store-client-cert-file", cert)?,
-                read("lease-store-client-key-file", key)?,
+                read("--lease-store-client-cert-file", cert)?,
+                read("--lease-store-client-key-file", key)?,
             )),
         };
         Ok(TlsBytes { ca, client })
@@ -135,7 +134,7 @@ impl TlsBytes {
         let roots = match &self.ca {
             None => TlsRoots::System,
             Some(pem) => TlsRoots::only(pem).map_err(|why| Unusable {
-                flag: "lease-store-ca-file",
+                flag: "--lease-store-ca-file",
                 path: files.ca.clone(),
                 why,
             })?,
@@ -144,7 +143,7 @@ impl TlsBytes {
             None => None,
             // The message says which of the two files is wrong.
             Some((cert, key)) => Some(ClientIdentity::from_pem(cert, key).map_err(|why| Unusable {
-                flag: "lease-store-client-cert-file and --lease-store-client-key-file",
+                flag: "--lease-store-client-cert-file and --lease-store-client-key-file",
                 path: format!("{}, {}", files.client_cert, files.client_key),
                 why,
             })?),
@@ -156,8 +155,6 @@ impl TlsBytes {
 /// Re-reads the TLS files and hands the store what changed.
 pub(crate) struct TlsFollower {
     store: Arc<RedisStore>,
-    /// The store's URL as logs may show it.
-    shown: String,
     files: TlsFiles,
     /// What the store's connection was made with.
     applied: TlsBytes,
@@ -177,10 +174,11 @@ impl Followed for TlsFollower {
             return Ok(false);
         }
         let tls = read.tls(&self.files)?;
-        // Refused only for a URL without TLS, which the start already refused.
+        // Refused only for a URL without TLS, which the start already refused. The message
+        // names the store (without credentials).
         self.store.use_tls(&tls).map_err(|why| Unusable {
-            flag: "lease-store",
-            path: self.shown.clone(),
+            flag: "--lease-store",
+            path: self.files(),
             why,
         })?;
         self.applied = read;
@@ -228,7 +226,7 @@ mod tests {
         let mismatched = follower.check().expect_err("another certificate's key");
         assert_eq!(
             mismatched.flag,
-            "lease-store-client-cert-file and --lease-store-client-key-file"
+            "--lease-store-client-cert-file and --lease-store-client-key-file"
         );
         assert!(mismatched.why.contains("does not fit"), "{mismatched:?}");
         assert!(
@@ -243,11 +241,11 @@ mod tests {
         let garbage = follower.check().expect_err("no CA in it");
         assert_eq!(
             (garbage.flag, garbage.path.as_str()),
-            ("lease-store-ca-file", options.lease_store_ca_file.as_str())
+            ("--lease-store-ca-file", options.lease_store_ca_file.as_str())
         );
         assert!(garbage.why.contains("no certificate"), "{garbage:?}");
         std::fs::remove_file(&options.lease_store_ca_file).unwrap();
-        assert_eq!(follower.check().expect_err("no file").flag, "lease-store-ca-file");
+        assert_eq!(follower.check().expect_err("no file").flag, "--lease-store-ca-file");
         dir.write("ca.pem", &format!("{}{}", other.ca_pem, pki.ca_pem));
         assert_eq!(follower.check(), Ok(false), "back to what the store has");
     }

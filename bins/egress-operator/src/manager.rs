@@ -150,11 +150,8 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
     if let Some(follower) = follow_tls {
-        tasks.spawn(crate::followed::follow(
-            follower,
-            crate::followed::FILE_POLL,
-            shutdown.clone(),
-        ));
+        let following = crate::followed::Following::new(follower);
+        tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
     }
     tasks.spawn(keep_credentials);
     let mut metrics = prometheus_client::registry::Registry::default();
@@ -347,11 +344,11 @@ fn start_leader_tasks(
                 .ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?
                 .prober();
             if let Some(follower) = follower {
-                tasks.spawn(crate::followed::follow(
-                    follower,
-                    crate::followed::FILE_POLL,
-                    work.clone(),
-                ));
+                // This replica may have waited long for the Lease: the file as it is now, before
+                // the first probe.
+                let mut following = crate::followed::Following::new(follower);
+                following.check_now();
+                tasks.spawn(following.run(crate::followed::FILE_POLL, work.clone()));
             }
             let snapshot = egress_health::Snapshot::default();
             let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);

@@ -8,7 +8,7 @@ use egress_health::{ConnectProber, ProbeTls};
 use crate::followed::{Followed, Unusable, read_pem_file};
 use crate::{Fatal, fatal};
 
-const FLAG: &str = "health-check-ca-file";
+const FLAG: &str = "--health-check-ca-file";
 
 /// The probes' roots as read at start.
 pub(crate) struct ProbeRoots {

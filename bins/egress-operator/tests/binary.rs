@@ -594,7 +594,7 @@ async fn the_binary_follows_its_lease_store_tls_files() {
     // Warnings carry the Go logger's prefix.
     let refused = op.wait_msg("WARNING: Lease store TLS files cannot be used; the connection in use stays");
     assert_eq!(
-        refused["flag"], "lease-store-client-cert-file and --lease-store-client-key-file",
+        refused["flag"], "--lease-store-client-cert-file and --lease-store-client-key-file",
         "{refused}"
     );
     assert!(

@@ -99,18 +99,19 @@ impl ProbeTls {
     /// `pem` is not PEM, holds no certificate, or no root can be loaded at all.
     pub fn system_and_pem(pem: &[u8]) -> Result<Self, String> {
         use rustls::pki_types::pem::PemObject as _;
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        // The file first: an unusable one is refused without reading the system's store.
         let extra = rustls::pki_types::CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("not PEM: {e}"))?;
         if extra.is_empty() {
             return Err("no certificate in it".to_owned());
         }
+        let mut roots = rustls::RootCertStore::empty();
         let (added, _) = roots.add_parsable_certificates(extra);
         if added == 0 {
             return Err("no usable CA certificate in it".to_owned());
         }
+        roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
         Ok(Self::with_roots(roots))
     }
 
