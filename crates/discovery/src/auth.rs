@@ -162,11 +162,23 @@ pub enum FileTokens {
 pub async fn read_token_file(path: &std::path::Path) -> FileTokens {
     use tokio::io::AsyncReadExt as _;
     let unreadable = |e: std::io::Error| FileTokens::Unusable(format!("reading {}: {}", path.display(), e.kind()));
-    let file = match tokio::fs::File::open(path).await {
+    // Opened without waiting (a pipe in the file's place would otherwise hold the open, and
+    // every later reload, until something wrote to it), then looked at.
+    let file = match tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
+        .open(path)
+        .await
+    {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileTokens::Missing,
         Err(e) => return unreadable(e),
     };
+    match file.metadata().await {
+        Ok(metadata) if metadata.is_file() => {}
+        Ok(_) => return FileTokens::Unusable(format!("{} is not a regular file", path.display())),
+        Err(e) => return unreadable(e),
+    }
     // Read through the cap itself, so a file that grows while it is read stays bounded.
     let mut bytes = Vec::new();
     if let Err(e) = file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).await {
