@@ -389,14 +389,21 @@ async fn the_binary_keeps_leases_in_redis_over_tls() {
     keeps_leases_in_redis(true).await;
 }
 
+/// A redis-server taking TLS with `pki`'s server certificate, that asks clients for a
+/// certificate `pki`'s CA signed, as Redis does by default once TLS is on.
+fn tls_redis(pki: &egress_testkit::Pki) -> egress_lease_redis::local::LocalRedis {
+    egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
+        cert_pem: pki.server_cert_pem.clone(),
+        key_pem: pki.server_key_pem.clone(),
+        ca_pem: pki.ca_pem.clone(),
+        client_certificates_required: true,
+    })
+    .expect("redis-server with TLS")
+}
+
 async fn keeps_leases_in_redis(tls: bool) {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if egress_lease_redis::local::binary().is_none() {
-        assert!(
-            !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
-            "redis-server is required here (cargo xtask test installs it)"
-        );
-        eprintln!("SKIPPED: no redis-server");
+    if !egress_lease_redis::local::available_for_test() {
         return;
     }
     let Cluster {
@@ -416,13 +423,7 @@ async fn keeps_leases_in_redis(tls: bool) {
     ];
     let mut redis = if tls {
         let pki = egress_testkit::pki();
-        let redis = egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
-            cert_pem: pki.server_cert_pem.clone(),
-            key_pem: pki.server_key_pem.clone(),
-            ca_pem: pki.ca_pem.clone(),
-            client_certificates_required: true,
-        })
-        .expect("redis-server with TLS");
+        let redis = tls_redis(&pki);
         flags.push(format!("--lease-store={}", redis.tls_url().expect("a TLS port")));
         // The server asks for a client certificate, as Redis does by default once TLS is on.
         for (flag, file, text) in [
@@ -497,12 +498,7 @@ async fn keeps_leases_in_redis(tls: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_follows_its_lease_store_tls_files() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if egress_lease_redis::local::binary().is_none() {
-        assert!(
-            !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
-            "redis-server is required here (cargo xtask test installs it)"
-        );
-        eprintln!("SKIPPED: no redis-server");
+    if !egress_lease_redis::local::available_for_test() {
         return;
     }
     let Cluster {
@@ -513,13 +509,7 @@ async fn the_binary_follows_its_lease_store_tls_files() {
         ..
     } = cluster("redis-tls-rotation", "providers: []\n").await;
     let (pki, other) = (egress_testkit::pki(), egress_testkit::pki());
-    let redis = egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
-        cert_pem: pki.server_cert_pem.clone(),
-        key_pem: pki.server_key_pem.clone(),
-        ca_pem: pki.ca_pem.clone(),
-        client_certificates_required: true,
-    })
-    .expect("redis-server with TLS");
+    let redis = tls_redis(&pki);
     // Whole files at once, as a Secret volume swaps them.
     let write = |file: &str, text: &str| {
         let next = dir.join(format!(".{file}.next"));

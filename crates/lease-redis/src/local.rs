@@ -63,6 +63,22 @@ pub fn binary() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// Whether a test can use redis-server here. Without it, the test should skip (this says so
+/// on stderr), unless real backends are required (`EGRESS_REAL_BACKENDS_REQUIRED=1`, as
+/// `cargo xtask test` and CI set), where this panics instead.
+#[must_use]
+pub fn available_for_test() -> bool {
+    if binary().is_some() {
+        return true;
+    }
+    assert!(
+        !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
+        "redis-server is required here (cargo xtask test installs it)"
+    );
+    eprintln!("SKIPPED: no redis-server");
+    false
+}
+
 /// A port nothing listens on as this returns.
 fn free_port() -> Result<u16, String> {
     std::net::TcpListener::bind("127.0.0.1:0")
