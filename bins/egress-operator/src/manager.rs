@@ -7,8 +7,8 @@
 //!    its TLS files, the metrics registry, and the probe, metrics and discovery servers.
 //! 3. [`lead`]: with `--leader-elect`, waiting for the Lease.
 //! 4. [`start_leader_tasks`]: the leader's work: the view it publishes to the lease store, the
-//!    health engine, the Proxy and ProxyPool controllers, the orphan GC and the provider-health
-//!    monitor.
+//!    health engine (with its CA file read again first: the Lease may have come long after the
+//!    start), the Proxy and ProxyPool controllers, the orphan GC and the provider-health monitor.
 //! 5. [`supervise`]: running until shutdown, a lost Lease, or a part that ends before it should.
 
 use std::collections::HashSet;
