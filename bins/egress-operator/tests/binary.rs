@@ -543,21 +543,23 @@ async fn the_binary_follows_its_lease_store_tls_files() {
     );
     let discovery = served(&op.wait_msg("Serving the discovery API"));
     op.wait_msg("Starting manager");
-    create_unreachable_external(&Api::namespaced(server.client().unwrap(), "default")).await;
-    // Until the Proxy is in the operator's cache the API may answer without asking the store.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
-        if status == 503 {
-            assert_eq!(answer["error"], "store_unavailable", "{answer}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline && status == 409,
-            "a server whose CA the operator was not given: {status} {answer}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
+    create_unreachable_external(&proxies).await;
+    // Once the operator has written the Proxy's status, its cache, and so the API's directory,
+    // holds it: a lease is then asked of the store.
+    let observed = kube::runtime::wait::await_condition(proxies, "outside", |p: Option<&Proxy>| {
+        p.is_some_and(|p| p.status.is_some())
+    });
+    tokio::time::timeout(PATIENCE, observed)
+        .await
+        .expect("the operator never wrote a status")
+        .unwrap();
+    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (503, Some("store_unavailable")),
+        "a server whose CA the operator was not given: {answer}"
+    );
 
     write("redis-ca.pem", &pki.ca_pem);
     let changed = op.wait_msg("Lease store TLS files changed; new calls to Redis use them");
@@ -565,19 +567,10 @@ async fn the_binary_follows_its_lease_store_tls_files() {
         changed["files"].as_str().is_some_and(|f| f.contains("redis-ca.pem")),
         "{changed}"
     );
-    // The leader's view reaches Redis over the new connection; the one Proxy's probes fail.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
-        if status == 409 && answer["considered"] == 1 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no lease answer from Redis: {status} {answer}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The store's next call goes over a connection made with the new CA: Redis decides, and
+    // the one Proxy's probes fail.
+    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
+    assert_eq!((status, answer["considered"].as_u64()), (409, Some(1)), "{answer}");
 
     // Another certificate's key: refused, by flag and file, and the connection in use stays.
     write("redis-client-key.pem", &other.client_key_pem);
