@@ -133,33 +133,3 @@ pub(crate) fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
     }
     Ok(bytes)
 }
-
-#[cfg(test)]
-pub(crate) mod tests {
-    /// A directory of a test's own, removed when dropped.
-    pub(crate) struct Dir(std::path::PathBuf);
-
-    impl Dir {
-        pub(crate) fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("egress-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-
-        /// Writes `text` to `file` as a Secret volume does: whole, at once. Returns its path.
-        pub(crate) fn write(&self, file: &str, text: &str) -> String {
-            let path = self.0.join(file);
-            let next = self.0.join(format!(".{file}.next"));
-            std::fs::write(&next, text).unwrap();
-            std::fs::rename(&next, &path).unwrap();
-            path.display().to_string()
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}

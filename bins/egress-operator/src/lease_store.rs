@@ -193,7 +193,7 @@ impl Followed for TlsFollower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::followed::tests::Dir;
+    use egress_testkit::secret_volume::Volume;
 
     fn follower(options: &Options) -> TlsFollower {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -205,24 +205,31 @@ mod tests {
 
     #[tokio::test]
     async fn changed_tls_files_reach_the_store_and_unusable_ones_change_nothing() {
-        let dir = Dir::new("lease-store-tls");
         let (pki, other) = (egress_testkit::pki(), egress_testkit::pki());
+        let mut volume = Volume::with_keys(
+            "lease-store-tls",
+            &[
+                ("ca.pem", &pki.ca_pem),
+                ("client.pem", &pki.client_cert_pem),
+                ("client-key.pem", &pki.client_key_pem),
+            ],
+        );
         let options = Options {
             // Nothing listens there: the store connects lazily and this test makes no call.
             lease_store: "rediss://127.0.0.1:1".to_owned(),
-            lease_store_ca_file: dir.write("ca.pem", &pki.ca_pem),
-            lease_store_client_cert_file: dir.write("client.pem", &pki.client_cert_pem),
-            lease_store_client_key_file: dir.write("client-key.pem", &pki.client_key_pem),
+            lease_store_ca_file: volume.file("ca.pem").display().to_string(),
+            lease_store_client_cert_file: volume.file("client.pem").display().to_string(),
+            lease_store_client_key_file: volume.file("client-key.pem").display().to_string(),
             ..Options::default()
         };
         let mut follower = follower(&options);
         assert_eq!(follower.check(), Ok(false), "nothing changed");
         // A rotated CA is handed over once.
-        dir.write("ca.pem", &format!("{}{}", other.ca_pem, pki.ca_pem));
+        volume.update_keys(&[("ca.pem", &format!("{}{}", other.ca_pem, pki.ca_pem))]);
         assert_eq!(follower.check(), Ok(true));
         assert_eq!(follower.check(), Ok(false));
         // A new certificate with the old key: refused, and found whole once the key follows.
-        dir.write("client.pem", &other.client_cert_pem);
+        volume.update_keys(&[("client.pem", &other.client_cert_pem)]);
         let mismatched = follower.check().expect_err("another certificate's key");
         assert_eq!(
             mismatched.flag,
@@ -233,11 +240,11 @@ mod tests {
             !mismatched.why.contains("PRIVATE KEY") && !mismatched.why.contains(&pki.client_key_pem[40..80]),
             "{mismatched:?}"
         );
-        dir.write("client-key.pem", &other.client_key_pem);
+        volume.update_keys(&[("client-key.pem", &other.client_key_pem)]);
         assert_eq!(follower.check(), Ok(true));
         // A CA file that is no CA, then none at all: each refused, and what was handed over
         // stays what the next change is compared with.
-        dir.write("ca.pem", "not a certificate\n");
+        volume.update_keys(&[("ca.pem", "not a certificate\n")]);
         let garbage = follower.check().expect_err("no CA in it");
         assert_eq!(
             (garbage.flag, garbage.path.as_str()),
@@ -246,14 +253,14 @@ mod tests {
         assert!(garbage.why.contains("no certificate"), "{garbage:?}");
         std::fs::remove_file(&options.lease_store_ca_file).unwrap();
         assert_eq!(follower.check().expect_err("no file").flag, "--lease-store-ca-file");
-        dir.write("ca.pem", &format!("{}{}", other.ca_pem, pki.ca_pem));
+        volume.update_keys(&[("ca.pem", &format!("{}{}", other.ca_pem, pki.ca_pem))]);
         assert_eq!(follower.check(), Ok(false), "back to what the store has");
     }
 
     #[test]
     fn the_start_names_the_flag_and_the_file() {
-        let dir = Dir::new("lease-store-tls-start");
-        let ca = dir.write("ca.pem", "not a certificate\n");
+        let volume = Volume::with_keys("lease-store-tls-start", &[("ca.pem", "not a certificate\n")]);
+        let ca = volume.file("ca.pem").display().to_string();
         let options = Options {
             lease_store: "rediss://127.0.0.1:1".to_owned(),
             lease_store_ca_file: ca.clone(),

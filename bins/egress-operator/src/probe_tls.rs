@@ -82,27 +82,27 @@ impl Followed for CaFollower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::followed::tests::Dir;
+    use egress_testkit::secret_volume::Volume;
 
     #[test]
     fn a_changed_ca_file_reaches_the_prober_and_an_unusable_one_changes_nothing() {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = Dir::new("probe-ca");
         let (pki, other) = (egress_testkit::pki(), egress_testkit::pki());
-        let path = dir.write("ca.pem", &pki.ca_pem);
+        let mut volume = Volume::with_keys("probe-ca", &[("ca.pem", &pki.ca_pem)]);
+        let path = volume.file("ca.pem").display().to_string();
         let (_prober, follower) = load(&path).unwrap_or_else(|e| panic!("{:?}", e.error)).prober();
         let mut follower = follower.expect("a CA file to follow");
         assert_eq!(follower.check(), Ok(false), "nothing changed");
-        dir.write("ca.pem", &other.ca_pem);
+        volume.update_keys(&[("ca.pem", &other.ca_pem)]);
         assert_eq!(follower.check(), Ok(true));
         assert_eq!(follower.check(), Ok(false));
-        dir.write("ca.pem", "not a certificate\n");
+        volume.update_keys(&[("ca.pem", "not a certificate\n")]);
         let garbage = follower.check().expect_err("no CA in it");
         assert_eq!((garbage.flag, garbage.path.as_str()), (FLAG, path.as_str()));
         assert!(garbage.why.contains("no certificate"), "{garbage:?}");
         std::fs::remove_file(&path).unwrap();
         assert_eq!(follower.check().expect_err("no file").flag, FLAG);
-        dir.write("ca.pem", &other.ca_pem);
+        volume.update_keys(&[("ca.pem", &other.ca_pem)]);
         assert_eq!(follower.check(), Ok(false), "back to what the probes have");
         assert!(
             load("")

@@ -505,18 +505,19 @@ async fn the_binary_follows_its_lease_store_tls_files() {
         server,
         kubeconfig,
         providers_flag,
-        dir,
         ..
     } = cluster("redis-tls-rotation", "providers: []\n").await;
     let (pki, other) = (egress_testkit::pki(), egress_testkit::pki());
     let redis = tls_redis(&pki);
-    // Whole files at once, as a Secret volume swaps them.
-    let write = |file: &str, text: &str| {
-        let next = dir.join(format!(".{file}.next"));
-        std::fs::write(&next, text).unwrap();
-        std::fs::rename(&next, dir.join(file)).unwrap();
-        dir.join(file).display().to_string()
-    };
+    // The files as a Secret volume holds them, swapped whole on an update.
+    let mut volume = egress_testkit::secret_volume::Volume::with_keys(
+        "redis-tls-rotation",
+        &[
+            ("ca.crt", &other.ca_pem),
+            ("tls.crt", &pki.client_cert_pem),
+            ("tls.key", &pki.client_key_pem),
+        ],
+    );
     let mut flags = vec![
         providers_flag,
         "--health-probe-bind-address=0".to_owned(),
@@ -525,12 +526,8 @@ async fn the_binary_follows_its_lease_store_tls_files() {
         "--discovery-addr=127.0.0.1:0".to_owned(),
         format!("--lease-store={}", redis.tls_url().expect("a TLS port")),
     ];
-    for (flag, file, text) in [
-        ("ca", "redis-ca.pem", &other.ca_pem),
-        ("client-cert", "redis-client.pem", &pki.client_cert_pem),
-        ("client-key", "redis-client-key.pem", &pki.client_key_pem),
-    ] {
-        flags.push(format!("--lease-store-{flag}-file={}", write(file, text)));
+    for (flag, key) in [("ca", "ca.crt"), ("client-cert", "tls.crt"), ("client-key", "tls.key")] {
+        flags.push(format!("--lease-store-{flag}-file={}", volume.file(key).display()));
     }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut op = Operator::start(
@@ -547,13 +544,7 @@ async fn the_binary_follows_its_lease_store_tls_files() {
     create_unreachable_external(&proxies).await;
     // Once the operator has written the Proxy's status, its cache, and so the API's directory,
     // holds it: a lease is then asked of the store.
-    let observed = kube::runtime::wait::await_condition(proxies, "outside", |p: Option<&Proxy>| {
-        p.is_some_and(|p| p.status.is_some())
-    });
-    tokio::time::timeout(PATIENCE, observed)
-        .await
-        .expect("the operator never wrote a status")
-        .unwrap();
+    until_status_written(proxies).await;
     let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
     assert_eq!(
         (status, answer["error"].as_str()),
@@ -561,10 +552,10 @@ async fn the_binary_follows_its_lease_store_tls_files() {
         "a server whose CA the operator was not given: {answer}"
     );
 
-    write("redis-ca.pem", &pki.ca_pem);
+    volume.update_keys(&[("ca.crt", &pki.ca_pem)]);
     let changed = op.wait_msg("Lease store TLS files changed; new calls to Redis use them");
     assert!(
-        changed["files"].as_str().is_some_and(|f| f.contains("redis-ca.pem")),
+        changed["files"].as_str().is_some_and(|f| f.contains("ca.crt")),
         "{changed}"
     );
     // The store's next call goes over a connection made with the new CA: Redis decides, and
@@ -573,7 +564,7 @@ async fn the_binary_follows_its_lease_store_tls_files() {
     assert_eq!((status, answer["considered"].as_u64()), (409, Some(1)), "{answer}");
 
     // Another certificate's key: refused, by flag and file, and the connection in use stays.
-    write("redis-client-key.pem", &other.client_key_pem);
+    volume.update_keys(&[("tls.key", &other.client_key_pem)]);
     // Warnings carry the Go logger's prefix.
     let refused = op.wait_msg("WARNING: Lease store TLS files cannot be used; the connection in use stays");
     assert_eq!(
@@ -581,9 +572,7 @@ async fn the_binary_follows_its_lease_store_tls_files() {
         "{refused}"
     );
     assert!(
-        refused["path"]
-            .as_str()
-            .is_some_and(|p| p.contains("redis-client-key.pem")),
+        refused["path"].as_str().is_some_and(|p| p.contains("tls.key")),
         "{refused}"
     );
     let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
@@ -596,6 +585,17 @@ async fn the_binary_follows_its_lease_store_tls_files() {
     for key in [&pki.client_key_pem, &other.client_key_pem] {
         assert!(!op.output().contains(&key_body(key)), "a key in the log");
     }
+}
+
+/// Waits until the operator has written a status on Proxy `outside`.
+async fn until_status_written(proxies: Api<Proxy>) {
+    let observed = kube::runtime::wait::await_condition(proxies, "outside", |p: Option<&Proxy>| {
+        p.is_some_and(|p| p.status.is_some())
+    });
+    tokio::time::timeout(PATIENCE, observed)
+        .await
+        .expect("the operator never wrote a status")
+        .unwrap();
 }
 
 /// Creates External Proxy `outside` at 127.0.0.1:1, where nothing listens: its probes fail.
@@ -631,13 +631,7 @@ async fn the_kubeconfig_flag_names_the_cluster() {
     // It is serving the cluster the flag names: an External Proxy there gets a status.
     let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
     create_unreachable_external(&proxies).await;
-    let observed = kube::runtime::wait::await_condition(proxies, "outside", |p: Option<&Proxy>| {
-        p.is_some_and(|p| p.status.is_some())
-    });
-    tokio::time::timeout(PATIENCE, observed)
-        .await
-        .expect("the operator never wrote a status")
-        .unwrap();
+    until_status_written(proxies).await;
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
 

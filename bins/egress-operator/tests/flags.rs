@@ -73,11 +73,7 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
     // A pipe nobody writes to (read, it would stall the start for good), and a file larger than
     // any certificate file.
     let pipe = dir.join("pipe.pem");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&pipe)
-        .status()
-        .expect("mkfifo");
-    assert!(made.success());
+    egress_testkit::make_fifo(&pipe);
     let huge = dir.join("huge.pem");
     std::fs::write(&huge, vec![b'#'; 1024 * 1024 + 1]).unwrap();
     let pipe_ca = format!("--health-check-ca-file={}", pipe.display());

@@ -108,15 +108,9 @@ async fn an_empty_set_refuses_everything_and_a_missing_file_reads_as_missing() {
 /// a writer (nextest's timeout fails a read that hangs).
 #[tokio::test]
 async fn a_token_path_that_is_no_regular_file_is_unusable_at_once() {
-    let dir = std::env::temp_dir().join(format!("egress-token-fifo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let pipe = dir.join("token");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&pipe)
-        .status()
-        .expect("mkfifo (coreutils)");
-    assert!(made.success());
+    let scratch = egress_testkit::ScratchDir::new("token-fifo");
+    let (dir, pipe) = (scratch.path().to_owned(), scratch.path().join("token"));
+    egress_testkit::make_fifo(&pipe);
     for path in [&pipe, &dir] {
         let read = read_token_file(path).await;
         assert_eq!(
@@ -124,5 +118,4 @@ async fn a_token_path_that_is_no_regular_file_is_unusable_at_once() {
             FileTokens::Unusable(format!("{} is not a regular file", path.display()))
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

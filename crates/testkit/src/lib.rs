@@ -23,4 +23,4 @@ pub use targets::{
     try_free_port,
 };
 pub use tinyproxy::{Tinyproxy, tinyproxy_available};
-pub use tools::on_path;
+pub use tools::{make_fifo, on_path};

@@ -23,3 +23,16 @@ pub fn on_path(tool: &str, test: &str) -> Option<PathBuf> {
     }
     found
 }
+
+/// Makes a named pipe (FIFO) at `path`, with coreutils' `mkfifo`: what a file read by the
+/// code under test must not stall on.
+///
+/// # Panics
+/// When `mkfifo` is missing or fails.
+pub fn make_fifo(path: &std::path::Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo (coreutils)");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
