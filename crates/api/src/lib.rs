@@ -18,7 +18,8 @@ pub use proxy::{
     Placement, PoolMembership, PoolRole, Proxy, ProxySpec, ProxyStatus, SecretRef,
 };
 pub use proxy_pool::{
-    PoolAutoscale, PoolStrategy, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate, TemplateMetadata,
+    IntOrString, PoolAutoscale, PoolStrategy, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate,
+    TemplateMetadata,
 };
 
 /// The API group.

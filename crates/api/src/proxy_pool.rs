@@ -7,14 +7,18 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+pub use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{Condition, ProxySpec};
 
-/// A Go duration (`90s`, `1h30m`): what `maxAge` and `drainTimeout` take.
+/// A Go duration (`90s`, `1h30m`): what `maxAge`, `drainTimeout` and `startupGrace` take.
 const GO_DURATION: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$";
+/// A whole percentage from `0%` to `100%`: the string form of `maxUnhealthy`.
+const PERCENT: &str = r"^(100|[1-9]?[0-9])%$";
 
 /// The desired fleet.
 #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,6 +79,29 @@ pub struct ProxyPoolSpec {
     /// written by `kubectl scale` or an HPA is only its starting point (docs/pools.md#autoscale).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<PoolAutoscale>,
+    /// The most failed members the pool replaces: a count (`2`) or a share of its members
+    /// that are not draining (`"40%"`, rounded down but at least 1). Beyond it, failed members
+    /// are kept, nothing is made for them and the pool does not grow until enough recover: a
+    /// failure that hits most members at once (a probe target or a network down) is not the
+    /// members' to fix. Default `40%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "count_or_percent")]
+    pub max_unhealthy: Option<IntOrString>,
+    /// How long a new member may fail its probes, from when its instance first runs, before
+    /// it counts as failed; one that is not Ready by then is a failed creation, and failed
+    /// creations in a row delay the next replacement. Default `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = GO_DURATION))]
+    pub startup_grace: Option<String>,
+}
+
+/// `maxUnhealthy`'s schema: a whole number from 0, or a percentage such as `"40%"`.
+fn count_or_percent(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "minimum": 0,
+        "pattern": PERCENT,
+    })
 }
 
 fn default_replicas() -> i32 {
@@ -163,10 +190,24 @@ pub struct ProxyPoolStatus {
     /// The members' label selector, as a string (the scale subresource's).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub selector: String,
-    /// `Available`, `Progressing` and `ReplicaFailure`, keyed by type.
+    /// Members that are not draining and have failed (past their startup grace, or lost).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_members: i32,
+    /// Members in a row that never became Ready within their startup grace (0 once one does).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_creations: i32,
+    /// While failed creations delay replacements: when the next one may be made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::optional_date_time")]
+    pub next_replacement_time: Option<Time>,
+    /// `Available`, `Progressing`, `ReplicaFailure` and `RemediationAllowed`, keyed by type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -264,6 +264,63 @@ async fn malformed_proxies_are_refused_with_the_reason() {
 }
 
 #[tokio::test]
+async fn max_unhealthy_takes_a_count_or_a_percentage_and_startup_grace_a_duration() {
+    let s = server().await;
+    let pools = dynamic(&s, "ProxyPool", "proxypools");
+    let pool = |name: &str, extra: Value| -> DynamicObject {
+        let mut spec = json!({"template": {"spec": {"provider": "p"}}});
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
+    };
+    let accepted = [
+        json!({"maxUnhealthy": 2}),
+        json!({"maxUnhealthy": 0}),
+        json!({"maxUnhealthy": "40%"}),
+        json!({"maxUnhealthy": "100%"}),
+        json!({"startupGrace": "90s"}),
+    ];
+    for (i, extra) in accepted.into_iter().enumerate() {
+        let made = pools
+            .create(&PostParams::default(), &pool(&format!("ok-{i}"), extra.clone()))
+            .await;
+        assert!(made.is_ok(), "{extra}: {made:?}");
+    }
+    let refused = [
+        (
+            json!({"maxUnhealthy": -1}),
+            "spec.maxUnhealthy in body should be greater than or equal to 0",
+        ),
+        (json!({"maxUnhealthy": "40"}), "spec.maxUnhealthy in body should match"),
+        (
+            json!({"maxUnhealthy": "101%"}),
+            "spec.maxUnhealthy in body should match",
+        ),
+        (
+            json!({"startupGrace": "5 minutes"}),
+            "spec.startupGrace in body should match",
+        ),
+    ];
+    for (i, (extra, words)) in refused.into_iter().enumerate() {
+        match pools
+            .create(&PostParams::default(), &pool(&format!("bad-{i}"), extra.clone()))
+            .await
+        {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{extra}: {}", e.message);
+                assert!(
+                    e.message.contains(words),
+                    "{extra}: wanted \"{words}\" in \"{}\"",
+                    e.message
+                );
+            }
+            other => panic!("{extra} should be refused, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_provider_cannot_change() {
     let s = server().await;
     let api: Api<Proxy> = Api::namespaced(s.client().unwrap(), "default");

@@ -18,6 +18,7 @@ pub mod pool;
 pub mod pool_autoscale;
 pub mod pool_decide;
 mod pool_metrics;
+pub mod pool_remediation;
 pub mod pool_view;
 pub mod provider_health;
 pub mod proxy_cache;

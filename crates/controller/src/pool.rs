@@ -18,7 +18,7 @@
 //! the autoscaler's look and the status flush share the pass's context (the pure parts are in
 //! `pool_view`, `pool_decide` and `pool_autoscale`, the metrics in `pool_metrics`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,10 +39,14 @@ use tracing::Instrument;
 
 use crate::events::ProxyEvent;
 use crate::pool_autoscale::{Load, LowSince, Policy, recommend, scale};
-use crate::pool_decide::{Member, Plan, Step, plan};
+use crate::pool_decide::{Desired, Member, Plan, Step, plan};
 pub use crate::pool_metrics::PoolMetrics;
 use crate::pool_metrics::{CreateLabels, DrainLabels, PoolLabels, ScaleLabels};
-use crate::pool_view::{at_rest, counts, desired, drain_reason, member, new_member, set_conditions, template_hash};
+use crate::pool_remediation::{self, Backoff, DEFAULT_STARTUP_GRACE, Gate, share};
+use crate::pool_view::{
+    Look, at_rest, counts, desired, drain_reason, health, member, new_member, set_conditions, set_remediation,
+    template_hash,
+};
 use crate::proxy_cache::ProxyCache;
 use crate::reconciler::{FIELD_MANAGER, post_event, reconcile_id};
 
@@ -129,6 +133,8 @@ pub struct PoolContext {
     /// The last create that failed, per pool UID, until a create succeeds.
     create_failures: Mutex<HashMap<String, String>>,
     autoscale: Mutex<HashMap<String, AutoscaleMemory>>,
+    /// What this leader has seen of each pool's members' health, per pool UID.
+    watches: Mutex<HashMap<String, HealthWatch>>,
 }
 
 impl std::fmt::Debug for PoolContext {
@@ -155,6 +161,7 @@ impl PoolContext {
             expected: Mutex::default(),
             create_failures: Mutex::default(),
             autoscale: Mutex::default(),
+            watches: Mutex::default(),
         }
     }
 }
@@ -265,7 +272,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         namespace: namespace.clone(),
         pool: name.clone(),
     };
-    let (leases, leases_known) = match ctx.store.active_leases(&id_refs).await {
+    let (leases, leases_known): (Vec<usize>, bool) = match ctx.store.active_leases(&id_refs).await {
         Ok(l) => (l, true),
         Err(e) => {
             // Unknown leases: count one each, so no draining member goes before its timeout.
@@ -273,14 +280,15 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             (vec![1; ids.len()], false)
         }
     };
-    let members: Vec<(&Proxy, Member)> = live
-        .iter()
-        .zip(leases)
-        .filter_map(|(p, n)| {
-            let role = p.pool()?.role;
-            Some((*p, member(p, role, &hash, u32::try_from(n).unwrap_or(u32::MAX), now)))
-        })
-        .collect();
+    let policy = pool.spec.autoscale.as_ref().map(Policy::from_spec).transpose();
+    let asked = desired(&pool.spec, deleting).and_then(|d| policy.clone().map(|_| d));
+    let look = Look {
+        hash: &hash,
+        now,
+        grace: asked.as_ref().map_or(DEFAULT_STARTUP_GRACE, |d| d.startup_grace),
+    };
+    let watched = watch_members(ctx, pool, &live, &leases, &look);
+    let members = watched.members;
 
     let leased: i64 = members.iter().map(|(_, m)| i64::from(m.leases)).sum();
     if leases_known {
@@ -296,12 +304,12 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     let generation = pool.metadata.generation;
     let now_time = Time(now);
     let mut status = counts(&members);
+    status.failed_creations = i32::try_from(watched.backoff.failed_creations).unwrap_or(i32::MAX);
     status.observed_generation = generation;
     status.selector = format!("{LABEL_POOL}={name}");
     status.conditions = pool.status.clone().unwrap_or_default().conditions;
 
-    let policy = pool.spec.autoscale.as_ref().map(Policy::from_spec).transpose();
-    let mut desired = match desired(&pool.spec, deleting).and_then(|d| policy.clone().map(|_| d)) {
+    let mut desired = match asked {
         Ok(d) => d,
         Err(why) => {
             crate::status::set_condition(
@@ -336,6 +344,12 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     }
 
     let reference = kube::Resource::object_ref(pool, &());
+    let gate = gate(&desired, &members, &watched.backoff, now);
+    let mut events = watched.events;
+    events.extend(gate_event(ctx, &uid, &gate, &desired, &watched.backoff));
+    set_remediation(&mut status, &gate, &desired, &watched.backoff, generation, &now_time);
+    ctx.metrics
+        .record_remediation(&pool_labels, &gate, &watched.backoff, now);
     let mut wrote = Expected::default();
     let key = format!("{namespace}/{name}");
     let autoscaled = match policy {
@@ -344,7 +358,8 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
                 r.watch_pool(&key, &name, &pool.spec.template.spec.attributes);
             }
             // With the leases unknown there is nothing to go on: no look, and nothing forgotten.
-            leases_known
+            // While failed members are not replaced, the pool does not grow either.
+            (leases_known && gate.allows())
                 .then(|| autoscale(ctx, pool, &policy, &members, u64::try_from(leased).unwrap_or(0)))
                 .flatten()
         }
@@ -382,10 +397,19 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         desired.replicas = replicas;
     }
 
-    let decided: Plan = plan(&desired, &members.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>());
+    let mut decided: Plan = plan(
+        &desired,
+        &members.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>(),
+        gate.allows(),
+    );
+    if let Some(next) = watched.next_judgement {
+        decided.recheck = Some(decided.recheck.map_or(next, |r| r.min(next)));
+    }
+    if let Gate::BackingOff { wait, .. } = gate {
+        decided.recheck = Some(decided.recheck.map_or(wait, |r| r.min(wait)));
+    }
     span.record("pool.steps", decided.steps.len());
     let by_member: HashMap<&str, &Member> = members.iter().map(|(_, m)| (m.name.as_str(), m)).collect();
-    let mut events = Vec::new();
     let mut create_failed = false;
     for step in decided.steps.iter().take(MAX_WRITES) {
         match step {
@@ -541,6 +565,8 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             .unwrap_or_else(|p| p.into_inner())
             .remove(&uid);
         forget_autoscale(ctx, &uid, &key);
+        ctx.watches.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+        ctx.metrics.forget_remediation(&pool_labels);
         return Ok(Action::await_change());
     }
     let draining_with_leases = members
@@ -613,6 +639,134 @@ fn autoscale(
         scaled.replicas, load.leases, load.per_member, policy.target_utilization, load.refusals
     );
     Some((scaled.replicas, note))
+}
+
+/// What this leader has seen of one pool's members' health.
+#[derive(Debug, Default)]
+struct HealthWatch {
+    /// Members seen Ready: once proven, failing probes count against a member at once.
+    proven: HashSet<String>,
+    /// Members already counted as failed creations (each counts once).
+    counted: HashSet<String>,
+    backoff: Backoff,
+    /// The reason of the `RemediationAllowed` condition last announced with an Event.
+    announced: Option<String>,
+}
+
+impl HealthWatch {
+    /// A pool this leader has not looked at yet: its backoff and announced condition as its
+    /// status has them, so a new leader neither forgets a backoff nor announces it again.
+    fn from_status(status: Option<&ProxyPoolStatus>) -> Self {
+        let Some(status) = status else {
+            return Self::default();
+        };
+        Self {
+            backoff: Backoff {
+                failed_creations: u32::try_from(status.failed_creations).unwrap_or(0),
+                not_before: status.next_replacement_time.as_ref().map(|t| t.0),
+            },
+            announced: status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == pool_remediation::CONDITION)
+                .map(|c| c.reason.clone()),
+            ..Self::default()
+        }
+    }
+}
+
+/// A pass's members as judged, and what their health changed.
+struct Watched<'a> {
+    members: Vec<(&'a Proxy, Member)>,
+    backoff: Backoff,
+    /// When the soonest member failing within its grace comes to be judged.
+    next_judgement: Option<Duration>,
+    /// A Warning naming the members this pass found never Ready within their grace.
+    events: Vec<ProxyEvent>,
+}
+
+/// Judges the pool's `live` members (with their `leases`), remembers which have been Ready,
+/// and counts the ones that failed without ever being Ready into the pool's backoff; a
+/// member that becomes Ready ends the run. Members a new leader finds failed were counted by
+/// the one before it, if at all.
+fn watch_members<'a>(
+    ctx: &PoolContext,
+    pool: &ProxyPool,
+    live: &[&'a Proxy],
+    leases: &[usize],
+    look: &Look<'_>,
+) -> Watched<'a> {
+    let uid = pool.uid().unwrap_or_default();
+    let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
+    let first_sight = !watches.contains_key(&uid);
+    let watch = watches
+        .entry(uid)
+        .or_insert_with(|| HealthWatch::from_status(pool.status.as_ref()));
+    let mut members = Vec::with_capacity(live.len());
+    let mut healths = Vec::with_capacity(live.len());
+    let (mut newly_ready, mut never_ready) = (false, Vec::new());
+    for (p, n) in live.iter().zip(leases) {
+        let Some(membership) = p.pool() else { continue };
+        let name = p.name_any();
+        let proven = watch.proven.contains(&name);
+        let h = health(p, proven, look.now);
+        let m = member(p, membership.role, u32::try_from(*n).unwrap_or(u32::MAX), proven, look);
+        if m.ready && watch.proven.insert(name.clone()) {
+            newly_ready |= !first_sight;
+        }
+        let failed_creation = m.failed && !h.proven && m.role != PoolRole::Draining;
+        if failed_creation && watch.counted.insert(name.clone()) && !first_sight {
+            never_ready.push(name);
+        }
+        healths.push(h);
+        members.push((*p, m));
+    }
+    let names: HashSet<&str> = members.iter().map(|(_, m)| m.name.as_str()).collect();
+    watch.proven.retain(|n| names.contains(n.as_str()));
+    watch.counted.retain(|n| names.contains(n.as_str()));
+    let count = u32::try_from(never_ready.len()).unwrap_or(u32::MAX);
+    watch.backoff = watch.backoff.after(count, newly_ready, look.now);
+    let mut events = Vec::new();
+    if !never_ready.is_empty() {
+        events.push(warning(
+            "MemberNeverReady",
+            format!(
+                "{} never became Ready within startupGrace {}s; {} failed creations in a row: the next member is made after {}s",
+                never_ready.join(", "),
+                look.grace.as_secs(),
+                watch.backoff.failed_creations,
+                pool_remediation::delay(watch.backoff.failed_creations).as_secs()
+            ),
+        ));
+    }
+    Watched {
+        members,
+        backoff: watch.backoff,
+        next_judgement: pool_remediation::next_judgement(&healths, look.grace),
+        events,
+    }
+}
+
+/// Whether the pass may replace failed members and make new ones.
+fn gate(desired: &Desired, members: &[(&Proxy, Member)], backoff: &Backoff, now: Timestamp) -> Gate {
+    let list: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
+    Gate::of(share(desired.max_unhealthy, &list), backoff, now)
+}
+
+/// The Event of a change of the `RemediationAllowed` condition, once per change: a Warning when
+/// too many members have failed for any to be replaced, a Normal one when that ends. (A
+/// backoff is announced by its `MemberNeverReady` Warning.)
+fn gate_event(ctx: &PoolContext, uid: &str, gate: &Gate, desired: &Desired, backoff: &Backoff) -> Option<ProxyEvent> {
+    let (_, reason, message) = pool_remediation::condition(gate, desired.max_unhealthy, backoff, desired.startup_grace);
+    let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
+    let watch = watches.get_mut(uid)?;
+    let before = watch.announced.replace(reason.to_owned());
+    let was_stopped = before.as_deref() == Some("TooManyUnhealthy");
+    match gate {
+        Gate::TooManyUnhealthy(_) if !was_stopped => Some(warning("RemediationStopped", message)),
+        Gate::Allowed(_) if was_stopped => Some(normal("RemediationResumed", message)),
+        _ => None,
+    }
 }
 
 /// Forgets a pool's autoscale: its memory, and its refusals' count.

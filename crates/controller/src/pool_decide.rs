@@ -21,6 +21,11 @@
 //!
 //! The leasable count never drops below `replicas - maxUnavailable` because of a rollout, and no
 //! rule but a failure or the drain timeout ends a member that holds a lease.
+//!
+//! While the pool may not replace failed members (too many have failed at once, or failed
+//! creations in a row hold it back: [`crate::pool_remediation`]), failed members keep their
+//! place and role, and no member is made: rule 2 and every create wait, and so does a rollout's
+//! drain that would need one. Promotions, scale-down, deletes and drain ends go on.
 
 use std::time::Duration;
 
@@ -44,7 +49,8 @@ pub struct Member {
     pub age: Duration,
     /// Provisioned and Healthy.
     pub ready: bool,
-    /// Not Healthy past its thresholds, or its instance lost.
+    /// Judged failed: its instance lost or failed for good, or failing its probes once it has
+    /// been Ready or past its startup grace ([`crate::pool_remediation::judge`]).
     pub failed: bool,
     /// Its active leases.
     pub leases: u32,
@@ -62,6 +68,10 @@ pub struct Desired {
     pub max_surge: u32,
     pub max_unavailable: u32,
     pub paused: bool,
+    /// The most failed members replaced at once.
+    pub max_unhealthy: crate::pool_remediation::MaxUnhealthy,
+    /// How long a new member's failing probes do not count against it.
+    pub startup_grace: Duration,
 }
 
 /// One write the controller performs.
@@ -91,9 +101,12 @@ impl Plan {
     }
 }
 
-/// The steps that bring `members` towards `desired`.
-pub fn plan(desired: &Desired, members: &[Member]) -> Plan {
+/// The steps that bring `members` towards `desired`. With `may_replace` false, failed members
+/// stay as they are and nothing is made.
+pub fn plan(desired: &Desired, members: &[Member], may_replace: bool) -> Plan {
     let mut plan = Plan::default();
+    // A failed member the pool may not replace is kept where it is, as any other member.
+    let replaced = |m: &Member| m.failed && may_replace;
     let outdated = |m: &Member| !desired.paused && (!m.current || desired.max_age.is_some_and(|a| m.age >= a));
 
     // 1 and 2: members on their way out.
@@ -106,15 +119,18 @@ pub fn plan(desired: &Desired, members: &[Member]) -> Plan {
             }
             Role::Draining if m.leases == 0 => plan.recheck_in(DRAIN_SETTLE - m.draining_for),
             Role::Draining => plan.recheck_in(desired.drain_timeout - m.draining_for),
-            Role::Active if m.failed => plan.steps.push(Step::Drain(m.name.clone())),
-            Role::Standby if m.failed => plan.steps.push(Step::Delete(m.name.clone())),
+            Role::Active if replaced(m) => plan.steps.push(Step::Drain(m.name.clone())),
+            Role::Standby if replaced(m) => plan.steps.push(Step::Delete(m.name.clone())),
             Role::Active | Role::Standby => {}
         }
     }
-    let mut actives: Vec<&Member> = members.iter().filter(|m| m.role == Role::Active && !m.failed).collect();
+    let mut actives: Vec<&Member> = members
+        .iter()
+        .filter(|m| m.role == Role::Active && !replaced(m))
+        .collect();
     let mut standbys: Vec<&Member> = members
         .iter()
-        .filter(|m| m.role == Role::Standby && !m.failed)
+        .filter(|m| m.role == Role::Standby && !replaced(m))
         .collect();
     // Best standby to promote first: Ready, then of the current template, then the youngest.
     standbys.sort_by_key(|m| (!m.ready, outdated(m), m.age));
@@ -126,8 +142,10 @@ pub fn plan(desired: &Desired, members: &[Member]) -> Plan {
         plan.steps.push(Step::Promote(s.name.clone()));
         actives.push(s);
     }
-    for _ in actives.len()..replicas {
-        plan.steps.push(Step::Create(Role::Active));
+    if may_replace {
+        for _ in actives.len()..replicas {
+            plan.steps.push(Step::Create(Role::Active));
+        }
     }
 
     // 4: too many. Not Ready first, then outdated, then the fewest leases, then the oldest.
@@ -149,7 +167,7 @@ pub fn plan(desired: &Desired, members: &[Member]) -> Plan {
             let new = standbys.remove(i);
             plan.steps.push(Step::Promote(new.name.clone()));
             plan.steps.push(Step::Drain(old.name.clone()));
-        } else if !old.ready || ready_actives > floor {
+        } else if may_replace && (!old.ready || ready_actives > floor) {
             // Draining it leaves at least the floor leasable; its replacement is made now.
             ready_actives -= usize::from(old.ready);
             plan.steps.push(Step::Drain(old.name.clone()));
@@ -164,8 +182,10 @@ pub fn plan(desired: &Desired, members: &[Member]) -> Plan {
     let stale: Vec<&Member> = standbys.iter().copied().filter(|m| outdated(m)).collect();
     let surge = unswapped.min(desired.max_surge as usize);
     let wanted = desired.standby as usize + surge;
-    for _ in current.len()..wanted {
-        plan.steps.push(Step::Create(Role::Standby));
+    if may_replace {
+        for _ in current.len()..wanted {
+            plan.steps.push(Step::Create(Role::Standby));
+        }
     }
     let mut current = current;
     // Surplus: not Ready first, then the oldest.

@@ -11,6 +11,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::pool_remediation::{Backoff, Gate};
+use k8s_openapi::jiff::Timestamp;
+
 /// The pool controller's counters; the member gauges are read from the cache at scrape time
 /// ([`PoolMetrics::register`]).
 #[derive(Clone, Debug, Default)]
@@ -23,6 +26,12 @@ pub struct PoolMetrics {
     pub(crate) leases: Family<PoolLabels, Gauge>,
     /// The lease capacity of its active Ready members, as of its last pass.
     pub(crate) capacity: Family<PoolLabels, Gauge>,
+    /// 1 while the pool may replace failed members, 0 while it may not.
+    remediation_allowed: Family<PoolLabels, Gauge>,
+    /// Members in a row that never became Ready within their grace.
+    failed_creations: Family<PoolLabels, Gauge>,
+    /// How long the next replacement still waits for the backoff, in seconds.
+    replacement_delay: Family<PoolLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,6 +141,42 @@ impl PoolMetrics {
             "The lease capacity (maxLeases summed) of each ProxyPool's active Ready members, as of the pool's last pass.",
             self.capacity.clone(),
         );
+        registry.register(
+            "proxy_operator_pool_remediation_allowed",
+            "1 while a ProxyPool replaces its failed members, 0 while too many have failed or failed creations hold it back, as of its last pass.",
+            self.remediation_allowed.clone(),
+        );
+        registry.register(
+            "proxy_operator_pool_failed_creations",
+            "Members of each ProxyPool in a row that never became Ready within their startup grace, as of its last pass.",
+            self.failed_creations.clone(),
+        );
+        registry.register(
+            "proxy_operator_pool_replacement_delay_seconds",
+            "How long each ProxyPool's next new member still waits for the backoff of its failed creations, as of its last pass.",
+            self.replacement_delay.clone(),
+        );
         registry.register_collector(Box::new(MemberGauges(proxies)));
+    }
+
+    /// Sets a pass's remediation gauges.
+    pub(crate) fn record_remediation(&self, labels: &PoolLabels, gate: &Gate, backoff: &Backoff, now: Timestamp) {
+        let wait = backoff.remaining(now).unwrap_or_default();
+        self.remediation_allowed
+            .get_or_create(labels)
+            .set(i64::from(gate.allows()));
+        self.failed_creations
+            .get_or_create(labels)
+            .set(i64::from(backoff.failed_creations));
+        self.replacement_delay
+            .get_or_create(labels)
+            .set(i64::try_from(wait.as_secs()).unwrap_or(i64::MAX));
+    }
+
+    /// Drops a deleted pool's remediation series.
+    pub(crate) fn forget_remediation(&self, labels: &PoolLabels) {
+        self.remediation_allowed.remove(labels);
+        self.failed_creations.remove(labels);
+        self.replacement_delay.remove(labels);
     }
 }

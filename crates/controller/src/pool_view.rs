@@ -16,6 +16,9 @@ use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
 
 use crate::pool_decide::{Desired, Member};
+use crate::pool_remediation::{
+    Backoff, CONDITION, DEFAULT_MAX_UNHEALTHY, DEFAULT_STARTUP_GRACE, Gate, Health, MaxUnhealthy, condition, judge,
+};
 
 /// `drainTimeout` when the pool does not say.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -25,7 +28,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 ///
 /// # Errors
 ///
-/// A duration the schema let through that Go's parser refuses (an overflow), as `field: why`.
+/// A duration the schema let through that Go's parser refuses (an overflow), or a
+/// `maxUnhealthy` it should have refused, as `field: why`.
 pub fn desired(spec: &ProxyPoolSpec, deleting: bool) -> Result<Desired, String> {
     let duration = |field: &str, text: Option<&str>| {
         text.map(egress_go_decode::parse_duration)
@@ -34,6 +38,13 @@ pub fn desired(spec: &ProxyPoolSpec, deleting: bool) -> Result<Desired, String> 
     };
     let max_age = duration("maxAge", spec.max_age.as_deref())?;
     let drain_timeout = duration("drainTimeout", spec.drain_timeout.as_deref())?.unwrap_or(DEFAULT_DRAIN_TIMEOUT);
+    let startup_grace = duration("startupGrace", spec.startup_grace.as_deref())?.unwrap_or(DEFAULT_STARTUP_GRACE);
+    let max_unhealthy = spec
+        .max_unhealthy
+        .as_ref()
+        .map(MaxUnhealthy::parse)
+        .transpose()?
+        .unwrap_or(DEFAULT_MAX_UNHEALTHY);
     let strategy = spec.strategy.clone().unwrap_or_default();
     let count = |n: i32| u32::try_from(n).unwrap_or(0);
     Ok(Desired {
@@ -44,6 +55,8 @@ pub fn desired(spec: &ProxyPoolSpec, deleting: bool) -> Result<Desired, String> 
         max_surge: count(strategy.max_surge.unwrap_or(1)),
         max_unavailable: count(strategy.max_unavailable.unwrap_or(0)),
         paused: spec.paused || deleting,
+        max_unhealthy,
+        startup_grace,
     })
 }
 
@@ -89,15 +102,25 @@ pub fn new_member(pool: &ProxyPool, role: PoolRole, hash: &str) -> Proxy {
     }
 }
 
-/// Whether a member has failed: its proxy failed its probes past the thresholds, its
-/// instance is lost, or it failed for good.
-pub(crate) fn failed(proxy: &Proxy) -> bool {
-    let status = proxy.status.as_ref();
-    let phase = status.and_then(|s| s.phase);
-    let lost = proxy
-        .condition(conditions::PROVISIONED)
-        .is_some_and(|c| c.status == ConditionStatus::False && c.reason == reasons::INSTANCE_LOST);
-    matches!(phase, Some(Phase::Unhealthy | Phase::Failed)) || lost
+/// What a member's Proxy shows of its health at `now`, as the pool judges it; `proven` when
+/// it has been Ready while the pool watched it.
+pub fn health(proxy: &Proxy, proven: bool, now: Timestamp) -> Health {
+    let phase = proxy.status.as_ref().and_then(|s| s.phase);
+    let provisioned = proxy.condition(conditions::PROVISIONED);
+    let lost = provisioned.is_some_and(|c| c.status == ConditionStatus::False && c.reason == reasons::INSTANCE_LOST);
+    // Its instance first ran when `Provisioned` turned True; a Proxy failing its probes has
+    // one, so the creation time only stands in for an object written by hand.
+    let running_since = provisioned
+        .filter(|c| c.status == ConditionStatus::True)
+        .map(|c| c.last_transition_time.0)
+        .or_else(|| proxy.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or(now);
+    Health {
+        broken: lost || phase == Some(Phase::Failed),
+        failing_probes: phase == Some(Phase::Unhealthy),
+        proven: proven || phase == Some(Phase::Ready),
+        running_for: since(running_since, now),
+    }
 }
 
 /// Time between two instants of the API's clock, none if `later` is earlier.
@@ -105,8 +128,20 @@ fn since(earlier: Timestamp, later: Timestamp) -> Duration {
     Duration::try_from(later.duration_since(earlier)).unwrap_or_default()
 }
 
-/// One member as the decision sees it.
-pub fn member(proxy: &Proxy, role: PoolRole, hash: &str, leases: u32, now: Timestamp) -> Member {
+/// What every member of one pass is judged against.
+#[derive(Clone, Copy, Debug)]
+pub struct Look<'a> {
+    /// The current template's hash.
+    pub hash: &'a str,
+    pub now: Timestamp,
+    /// The pool's startup grace.
+    pub grace: Duration,
+}
+
+/// One member as the decision sees it, with its `leases`; `proven` when it has been Ready
+/// while the pool watched it.
+pub fn member(proxy: &Proxy, role: PoolRole, leases: u32, proven: bool, look: &Look<'_>) -> Member {
+    let now = look.now;
     let created = proxy.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
     let draining_since = proxy
         .annotations()
@@ -116,10 +151,10 @@ pub fn member(proxy: &Proxy, role: PoolRole, hash: &str, leases: u32, now: Times
     Member {
         name: proxy.name_any(),
         role,
-        current: proxy.labels().get(LABEL_POOL_TEMPLATE_HASH).map(String::as_str) == Some(hash),
+        current: proxy.labels().get(LABEL_POOL_TEMPLATE_HASH).map(String::as_str) == Some(look.hash),
         age: since(created, now),
         ready: proxy.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready),
-        failed: failed(proxy),
+        failed: judge(health(proxy, proven, now), look.grace).failed,
         leases,
         draining_for: since(draining_since, now),
     }
@@ -197,6 +232,22 @@ pub(crate) fn set_conditions(
     }
 }
 
+/// The pool's failed members, its backoff and the `RemediationAllowed` condition for `gate`.
+pub(crate) fn set_remediation(
+    status: &mut ProxyPoolStatus,
+    gate: &Gate,
+    desired: &Desired,
+    backoff: &Backoff,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    status.failed_members = i32::try_from(gate.share().failed).unwrap_or(i32::MAX);
+    status.failed_creations = i32::try_from(backoff.failed_creations).unwrap_or(i32::MAX);
+    status.next_replacement_time = backoff.remaining(now.0).and(backoff.not_before).map(Time);
+    let (s, reason, message) = condition(gate, desired.max_unhealthy, backoff, desired.startup_grace);
+    crate::status::set_condition(&mut status.conditions, CONDITION, s, reason, &message, generation, now);
+}
+
 /// Whether the pool is as asked: `replicas` active and `standby` standby members, all Ready
 /// and up to date, and none draining.
 pub(crate) fn at_rest(desired: &Desired, members: &[(&Proxy, Member)]) -> bool {
@@ -251,6 +302,10 @@ mod tests {
             ),
             (3, 1, None, DEFAULT_DRAIN_TIMEOUT, 1, 0, false)
         );
+        assert_eq!(
+            (d.max_unhealthy, d.startup_grace),
+            (DEFAULT_MAX_UNHEALTHY, DEFAULT_STARTUP_GRACE)
+        );
         let d = desired(&spec, true).unwrap();
         assert_eq!((d.replicas, d.standby, d.paused), (0, 0, true));
         let mut spec = spec;
@@ -262,6 +317,13 @@ mod tests {
             (Some(Duration::from_secs(5400)), Duration::from_secs(90))
         );
         // The schema's pattern lets an overflow through; Go's parser does not.
+        spec.max_unhealthy = Some(egress_api::IntOrString::Int(2));
+        spec.startup_grace = Some("45s".into());
+        let d = desired(&spec, false).unwrap();
+        assert_eq!(
+            (d.max_unhealthy, d.startup_grace),
+            (MaxUnhealthy::Count(2), Duration::from_secs(45))
+        );
         spec.max_age = Some("9999999999h".into());
         assert_eq!(
             desired(&spec, false).unwrap_err(),
@@ -327,20 +389,37 @@ mod tests {
     }
 
     #[test]
-    fn a_member_fails_on_its_verdict_a_lost_instance_or_a_permanent_error() {
+    fn a_member_fails_on_a_lost_instance_or_a_permanent_error_at_once_and_on_its_probes_after_its_grace() {
+        let t = |secs: i64| Time(Timestamp::from_second(secs).unwrap());
+        let grace = Duration::from_secs(300);
         let mut p = Proxy::new("m", ProxySpec::default());
+        p.metadata.creation_timestamp = Some(t(0));
         let phase = |p: &mut Proxy, ph: Phase| {
             p.status.get_or_insert_with(Default::default).phase = Some(ph);
         };
+        let failed = |p: &Proxy, proven: bool, now: i64| judge(health(p, proven, t(now).0), grace).failed;
+        // Its instance first ran at 100 s.
+        phase(&mut p, Phase::Running);
+        crate::status::set_condition(
+            &mut p.status.as_mut().unwrap().conditions,
+            conditions::PROVISIONED,
+            ConditionStatus::True,
+            reasons::RUNNING,
+            "running",
+            None,
+            &t(100),
+        );
+        assert!(!failed(&p, false, 1000));
+        phase(&mut p, Phase::Unhealthy);
+        assert!(!failed(&p, false, 399), "within the grace from its first run");
+        assert!(failed(&p, false, 400), "past it");
+        assert!(failed(&p, true, 150), "once proven, at once");
         phase(&mut p, Phase::Ready);
-        assert!(!failed(&p));
-        for bad in [Phase::Unhealthy, Phase::Failed] {
-            phase(&mut p, bad);
-            assert!(failed(&p), "{bad:?}");
-        }
+        assert!(!failed(&p, false, 1000));
+        assert!(health(&p, false, t(1000).0).proven, "Ready is proof");
+        phase(&mut p, Phase::Failed);
+        assert!(failed(&p, false, 100));
         phase(&mut p, Phase::Provisioning);
-        assert!(!failed(&p));
-        let now = Time(Timestamp::UNIX_EPOCH);
         crate::status::set_condition(
             &mut p.status.as_mut().unwrap().conditions,
             conditions::PROVISIONED,
@@ -348,9 +427,9 @@ mod tests {
             reasons::INSTANCE_LOST,
             "the instance is gone",
             None,
-            &now,
+            &t(120),
         );
-        assert!(failed(&p));
+        assert!(failed(&p, false, 120));
     }
 
     #[test]
