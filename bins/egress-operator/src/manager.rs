@@ -121,6 +121,8 @@ struct Replica {
     health_metrics: egress_health::HealthMetrics,
     reconcile_metrics: ReconcileMetrics,
     pool_metrics: egress_controller::pool::PoolMetrics,
+    /// The default probe target, fetched directly by the leader's health engine.
+    probe_target: egress_controller::probe_target::ProbeTarget,
     /// Lease requests this replica's discovery API refused, for the pool autoscaler (`None`
     /// when the API is not served).
     refusals: Option<Arc<egress_discovery::Refusals>>,
@@ -161,6 +163,8 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     egress_controller::metrics::register(&mut metrics, provider_health.clone(), cache.store());
     let pool_metrics = egress_controller::pool::PoolMetrics::new();
     pool_metrics.register(&mut metrics, cache.store());
+    let probe_target = egress_controller::probe_target::ProbeTarget::new(options.health_check_url.clone());
+    probe_target.register(&mut metrics);
     // controller-runtime's families, for dashboards built for the Go operator.
     let reconcile_metrics = ReconcileMetrics::new(ControllerConfig::default().concurrency);
     reconcile_metrics.register(&mut metrics);
@@ -243,6 +247,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         health_metrics,
         reconcile_metrics,
         pool_metrics,
+        probe_target,
         refusals,
         provider_health,
         tasks,
@@ -313,6 +318,7 @@ fn start_leader_tasks(
         health_metrics,
         reconcile_metrics,
         pool_metrics,
+        probe_target,
         refusals,
         provider_health,
         mut tasks,
@@ -337,12 +343,17 @@ fn start_leader_tasks(
     ));
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
     let work = shutdown.child_token();
+    let mut fetched_target = None;
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
         (Health::Scripted { verdicts, events }, _) => (verdicts, events),
         (Health::Engine, roots) => {
             let (prober, follower) = roots
                 .ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?
                 .prober();
+            // The default target is fetched directly too, so a pool that stops remediation can
+            // say whether the target or its members are down.
+            tasks.spawn(probe_target.clone().run(prober.clone(), work.clone()));
+            fetched_target = Some(probe_target);
             if let Some(follower) = follower {
                 // This replica may have waited long for the Lease: the file as it is now, before
                 // the first probe.
@@ -389,13 +400,12 @@ fn start_leader_tasks(
         .with_credentials(credentials)
         .with_metrics(reconcile_metrics),
     );
-    let pools = Arc::new(egress_controller::pool::PoolContext::new(
-        client.clone(),
-        cache.clone(),
-        store,
-        pool_metrics,
-        refusals,
-    ));
+    let mut pools =
+        egress_controller::pool::PoolContext::new(client.clone(), cache.clone(), store, pool_metrics, refusals);
+    if let Some(target) = fetched_target {
+        pools = pools.with_probe_target(target);
+    }
+    let pools = Arc::new(pools);
     essential.insert(
         tasks
             .spawn(egress_controller::pool::run(pools, namespace.clone(), work.clone()))

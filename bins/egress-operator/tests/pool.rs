@@ -194,6 +194,11 @@ async fn setup(name: &str) -> Setup {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let pki = support::pki();
     let (target, _) = support::tls_target(&pki).await;
+    setup_probing(name, pki, target).await
+}
+
+/// As [`setup`], probing through the TLS target at `target`, made with `pki`.
+async fn setup_probing(name: &str, pki: support::Pki, target: std::net::SocketAddr) -> Setup {
     let state = support::scratch_dir(&format!("operator-{name}-state")).join("state");
     let providers = format!(
         "providers:\n  - name: local\n    type: local\n    local:\n      stateDir: {}\n      connectPorts: [{}]\n",
@@ -657,6 +662,139 @@ async fn an_autoscaled_pool_wakes_on_demand_grows_with_its_leases_and_goes_back_
     assert!(changes("down") >= 1.0);
 
     pools.delete(AUTO, &DeleteParams::default()).await.unwrap();
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+}
+
+/// The pool whose probe target is down from its start.
+const DARK: &str = "dark";
+
+/// How long the pool with its probe target down is watched making nothing: the issue's "next
+/// two minutes". Its members' grace is 4 s, so a pool that replaced them would make new ones
+/// many times over in this window.
+const QUIET: Duration = Duration::from_secs(120);
+
+/// The pool's `RemediationAllowed` condition: (reason, message).
+fn remediation_message(p: &ProxyPool) -> (String, String) {
+    let c = p
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RemediationAllowed")
+        .unwrap();
+    (c.reason.clone(), c.message.clone())
+}
+
+/// The pool's `RemediationAllowed` condition: (status, reason).
+fn remediation(p: &ProxyPool) -> Option<(String, String)> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RemediationAllowed")?;
+    Some((format!("{:?}", c.status), c.reason.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_probe_target_is_down_stops_replacing_and_recovers_without_a_create() {
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pki = support::pki();
+    let mut target = support::StoppableTlsTarget::start(&pki).await;
+    let addr = target.addr();
+    target.stop().await;
+    let Setup {
+        mut op,
+        metrics,
+        client,
+        cluster: _cluster,
+        ..
+    } = setup_probing("pool-dark", pki, addr).await;
+    let mut events = PoolEvents::start(client.clone());
+    let pools: Api<ProxyPool> = Api::namespaced(client.clone(), "default");
+
+    // 5 + 1 with the target down from the start: every member fails its probes.
+    let pool: ProxyPool = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": DARK},
+        "spec": {
+            "replicas": 5, "standby": 1, "startupGrace": "4s",
+            "template": {"spec": {
+                "provider": "local",
+                "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 2}
+            }}
+        }
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let stopped = wait_pool_named(&pools, DARK, "holding its failed members", |p| {
+        remediation(p).is_some_and(|(_, reason)| reason == "TooManyUnhealthy")
+    })
+    .await;
+    let status = stopped.status.clone().unwrap();
+    assert!(status.failed_members > 2, "more than 40 % of 6: {status:?}");
+    let (_, said) = remediation_message(&stopped);
+    assert!(
+        said.contains("does not answer the operator directly either"),
+        "the operator fetched the target itself: {said}"
+    );
+    let made = count(&events.all(), "MemberCreated");
+    assert!(
+        made <= 5 + 1 + 1,
+        "at most replicas + standby + maxSurge: {:#?}",
+        events.all()
+    );
+    let scraped = scrape(&metrics).await;
+    let allowed = format!(r#"proxy_operator_pool_remediation_allowed{{namespace="default",pool="{DARK}"}}"#);
+    assert_eq!(metric(&scraped, &allowed), 0.0);
+    assert_eq!(metric(&scraped, "proxy_operator_probe_target_reachable "), 0.0);
+
+    // Nothing more is made while the target stays down.
+    let seen = events.seen.clone();
+    let more = tokio::time::timeout(
+        QUIET,
+        events
+            .changed
+            .wait_for(|_| count(&seen.lock().unwrap(), "MemberCreated") > made),
+    )
+    .await
+    .is_ok();
+    assert!(
+        !more,
+        "a member was made while the target was down: {:#?}",
+        events.all()
+    );
+    let all = events.all();
+    assert_eq!(
+        count(&all, "RemediationStopped"),
+        1,
+        "one Warning, not one per pass: {all:#?}"
+    );
+    let warning = all.iter().find(|(r, _)| r == "RemediationStopped").unwrap();
+    assert!(warning.1.contains("more than maxUnhealthy 40%"), "{warning:?}");
+
+    // The target comes back: the same members turn Ready, and none is replaced.
+    target.resume().await;
+    wait_pool_named(&pools, DARK, "Ready again with the same members", |p| {
+        p.status.as_ref().is_some_and(|s| {
+            (s.replicas, s.available_replicas, s.standby_ready) == (5, 5, 1)
+                && s.failed_members == 0
+                && remediation(p).is_some_and(|(status, _)| status == "True")
+        })
+    })
+    .await;
+    let all = events.all();
+    assert_eq!(count(&all, "MemberCreated"), made, "no replacement: {all:#?}");
+    assert_eq!(count(&all, "RemediationResumed"), 1, "{all:#?}");
+    let scraped = scrape(&metrics).await;
+    assert_eq!(metric(&scraped, &allowed), 1.0);
+
+    pools.delete(DARK, &DeleteParams::default()).await.unwrap();
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
 }

@@ -20,6 +20,7 @@ pub mod pool_decide;
 mod pool_metrics;
 pub mod pool_remediation;
 pub mod pool_view;
+pub mod probe_target;
 pub mod provider_health;
 pub mod proxy_cache;
 pub mod reconciler;

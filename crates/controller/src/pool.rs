@@ -18,7 +18,7 @@
 //! the autoscaler's look and the status flush share the pass's context (the pure parts are in
 //! `pool_view`, `pool_decide` and `pool_autoscale`, the metrics in `pool_metrics`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,11 +42,12 @@ use crate::pool_autoscale::{Load, LowSince, Policy, recommend, scale};
 use crate::pool_decide::{Desired, Member, Plan, Step, plan};
 pub use crate::pool_metrics::PoolMetrics;
 use crate::pool_metrics::{CreateLabels, DrainLabels, PoolLabels, ScaleLabels};
-use crate::pool_remediation::{self, Backoff, DEFAULT_STARTUP_GRACE, Gate, share};
+use crate::pool_remediation::{self, Backoff, DEFAULT_STARTUP_GRACE, Gate, Observed, Watch, share};
 use crate::pool_view::{
-    Look, at_rest, counts, desired, drain_reason, health, member, new_member, set_conditions, set_remediation,
-    template_hash,
+    Look, at_rest, counts, desired, drain_reason, health, member, new_member, remediation_condition, set_conditions,
+    set_remediation, template_hash,
 };
+use crate::probe_target::ProbeTarget;
 use crate::proxy_cache::ProxyCache;
 use crate::reconciler::{FIELD_MANAGER, post_event, reconcile_id};
 
@@ -135,6 +136,8 @@ pub struct PoolContext {
     autoscale: Mutex<HashMap<String, AutoscaleMemory>>,
     /// What this leader has seen of each pool's members' health, per pool UID.
     watches: Mutex<HashMap<String, HealthWatch>>,
+    /// The operator's probe target as it answers the operator directly, when it is fetched.
+    probe_target: Option<ProbeTarget>,
 }
 
 impl std::fmt::Debug for PoolContext {
@@ -162,7 +165,15 @@ impl PoolContext {
             create_failures: Mutex::default(),
             autoscale: Mutex::default(),
             watches: Mutex::default(),
+            probe_target: None,
         }
+    }
+
+    /// Tells pools that stop remediation what fetching `target` directly found.
+    #[must_use]
+    pub fn with_probe_target(mut self, target: ProbeTarget) -> Self {
+        self.probe_target = Some(target);
+        self
     }
 }
 
@@ -344,10 +355,11 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     }
 
     let reference = kube::Resource::object_ref(pool, &());
-    let gate = gate(&desired, &members, &watched.backoff, now);
+    let gate = gate(ctx, &uid, &desired, &members, now);
+    let condition = remediation_condition(&gate, &desired, &watched.backoff, probe_target_note(ctx, pool));
     let mut events = watched.events;
-    events.extend(gate_event(ctx, &uid, &gate, &desired, &watched.backoff));
-    set_remediation(&mut status, &gate, &desired, &watched.backoff, generation, &now_time);
+    events.extend(gate_event(ctx, &uid, &gate, &condition));
+    set_remediation(&mut status, &gate, &condition, &watched.backoff, generation, &now_time);
     ctx.metrics
         .record_remediation(&pool_labels, &gate, &watched.backoff, now);
     let mut wrote = Expected::default();
@@ -405,7 +417,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     if let Some(next) = watched.next_judgement {
         decided.recheck = Some(decided.recheck.map_or(next, |r| r.min(next)));
     }
-    if let Gate::BackingOff { wait, .. } = gate {
+    if let Some(wait) = gate.wait() {
         decided.recheck = Some(decided.recheck.map_or(wait, |r| r.min(wait)));
     }
     span.record("pool.steps", decided.steps.len());
@@ -641,14 +653,10 @@ fn autoscale(
     Some((scaled.replicas, note))
 }
 
-/// What this leader has seen of one pool's members' health.
+/// What this leader has seen of one pool's members' health, and announced of it.
 #[derive(Debug, Default)]
 struct HealthWatch {
-    /// Members seen Ready: once proven, failing probes count against a member at once.
-    proven: HashSet<String>,
-    /// Members already counted as failed creations (each counts once).
-    counted: HashSet<String>,
-    backoff: Backoff,
+    watch: Watch,
     /// The reason of the `RemediationAllowed` condition last announced with an Event.
     announced: Option<String>,
 }
@@ -660,17 +668,18 @@ impl HealthWatch {
         let Some(status) = status else {
             return Self::default();
         };
+        let announced = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == pool_remediation::CONDITION)
+            .map(|c| c.reason.clone());
+        let backoff = Backoff {
+            failed_creations: u32::try_from(status.failed_creations).unwrap_or(0),
+            not_before: status.next_replacement_time.as_ref().map(|t| t.0),
+        };
         Self {
-            backoff: Backoff {
-                failed_creations: u32::try_from(status.failed_creations).unwrap_or(0),
-                not_before: status.next_replacement_time.as_ref().map(|t| t.0),
-            },
-            announced: status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == pool_remediation::CONDITION)
-                .map(|c| c.reason.clone()),
-            ..Self::default()
+            watch: Watch::resuming(backoff, announced.as_deref() == Some("TooManyUnhealthy")),
+            announced,
         }
     }
 }
@@ -685,10 +694,9 @@ struct Watched<'a> {
     events: Vec<ProxyEvent>,
 }
 
-/// Judges the pool's `live` members (with their `leases`), remembers which have been Ready,
-/// and counts the ones that failed without ever being Ready into the pool's backoff; a
-/// member that becomes Ready ends the run. Members a new leader finds failed were counted by
-/// the one before it, if at all.
+/// Judges the pool's `live` members (with their `leases`) with what this leader remembers of
+/// them, and notes the pass in its [`Watch`]: the failed creations it counts lengthen the
+/// pool's backoff, and a member that becomes Ready ends it.
 fn watch_members<'a>(
     ctx: &PoolContext,
     pool: &ProxyPool,
@@ -698,34 +706,30 @@ fn watch_members<'a>(
 ) -> Watched<'a> {
     let uid = pool.uid().unwrap_or_default();
     let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
-    let first_sight = !watches.contains_key(&uid);
-    let watch = watches
+    let watch = &mut watches
         .entry(uid)
-        .or_insert_with(|| HealthWatch::from_status(pool.status.as_ref()));
+        .or_insert_with(|| HealthWatch::from_status(pool.status.as_ref()))
+        .watch;
     let mut members = Vec::with_capacity(live.len());
     let mut healths = Vec::with_capacity(live.len());
-    let (mut newly_ready, mut never_ready) = (false, Vec::new());
     for (p, n) in live.iter().zip(leases) {
         let Some(membership) = p.pool() else { continue };
-        let name = p.name_any();
-        let proven = watch.proven.contains(&name);
-        let h = health(p, proven, look.now);
+        let proven = watch.proven(&p.name_any());
+        healths.push(health(p, proven, look.now));
         let m = member(p, membership.role, u32::try_from(*n).unwrap_or(u32::MAX), proven, look);
-        if m.ready && watch.proven.insert(name.clone()) {
-            newly_ready |= !first_sight;
-        }
-        let failed_creation = m.failed && !h.proven && m.role != PoolRole::Draining;
-        if failed_creation && watch.counted.insert(name.clone()) && !first_sight {
-            never_ready.push(name);
-        }
-        healths.push(h);
         members.push((*p, m));
     }
-    let names: HashSet<&str> = members.iter().map(|(_, m)| m.name.as_str()).collect();
-    watch.proven.retain(|n| names.contains(n.as_str()));
-    watch.counted.retain(|n| names.contains(n.as_str()));
-    let count = u32::try_from(never_ready.len()).unwrap_or(u32::MAX);
-    watch.backoff = watch.backoff.after(count, newly_ready, look.now);
+    let observed: Vec<Observed<'_>> = members
+        .iter()
+        .zip(&healths)
+        .map(|((_, m), h)| Observed {
+            name: &m.name,
+            ready: m.ready,
+            failed_creation: m.failed && !h.proven && m.role != PoolRole::Draining,
+        })
+        .collect();
+    let never_ready = watch.observe(&observed, look.now);
+    let backoff = watch.backoff();
     let mut events = Vec::new();
     if !never_ready.is_empty() {
         events.push(warning(
@@ -734,34 +738,56 @@ fn watch_members<'a>(
                 "{} never became Ready within startupGrace {}s; {} failed creations in a row: the next member is made after {}s",
                 never_ready.join(", "),
                 look.grace.as_secs(),
-                watch.backoff.failed_creations,
-                pool_remediation::delay(watch.backoff.failed_creations).as_secs()
+                backoff.failed_creations,
+                pool_remediation::delay(backoff.failed_creations).as_secs()
             ),
         ));
     }
     Watched {
         members,
-        backoff: watch.backoff,
+        backoff,
         next_judgement: pool_remediation::next_judgement(&healths, look.grace),
         events,
     }
 }
 
 /// Whether the pass may replace failed members and make new ones.
-fn gate(desired: &Desired, members: &[(&Proxy, Member)], backoff: &Backoff, now: Timestamp) -> Gate {
+fn gate(ctx: &PoolContext, uid: &str, desired: &Desired, members: &[(&Proxy, Member)], now: Timestamp) -> Gate {
     let list: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
-    Gate::of(share(desired.max_unhealthy, &list), backoff, now)
+    let share = share(desired.max_unhealthy, &list);
+    let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
+    let watch = &mut watches.entry(uid.to_owned()).or_default().watch;
+    watch.gate(share, desired.startup_grace, now)
+}
+
+/// What fetching the probe target directly found, for a pool whose members probe it.
+fn probe_target_note(ctx: &PoolContext, pool: &ProxyPool) -> Option<String> {
+    let target = ctx.probe_target.as_ref()?;
+    let url = pool
+        .spec
+        .template
+        .spec
+        .health_check
+        .as_ref()
+        .and_then(|h| h.url.as_deref());
+    target.note_for(url.unwrap_or(target.url()))
 }
 
 /// The Event of a change of the `RemediationAllowed` condition, once per change: a Warning when
-/// too many members have failed for any to be replaced, a Normal one when that ends. (A
-/// backoff is announced by its `MemberNeverReady` Warning.)
-fn gate_event(ctx: &PoolContext, uid: &str, gate: &Gate, desired: &Desired, backoff: &Backoff) -> Option<ProxyEvent> {
-    let (_, reason, message) = pool_remediation::condition(gate, desired.max_unhealthy, backoff, desired.startup_grace);
+/// too many members have failed for any to be replaced, a Normal one when that and the
+/// recovery after it end. (A backoff is announced by its `MemberNeverReady` Warning.)
+fn gate_event(
+    ctx: &PoolContext,
+    uid: &str,
+    gate: &Gate,
+    (_, reason, message): &(ConditionStatus, &'static str, String),
+) -> Option<ProxyEvent> {
+    let message = message.clone();
     let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
     let watch = watches.get_mut(uid)?;
-    let before = watch.announced.replace(reason.to_owned());
-    let was_stopped = before.as_deref() == Some("TooManyUnhealthy");
+    let before = watch.announced.replace((*reason).to_owned());
+    // Stopped, and not yet announced as resumed (a recovery after it included).
+    let was_stopped = matches!(before.as_deref(), Some("TooManyUnhealthy" | "Recovering"));
     match gate {
         Gate::TooManyUnhealthy(_) if !was_stopped => Some(warning("RemediationStopped", message)),
         Gate::Allowed(_) if was_stopped => Some(normal("RemediationResumed", message)),

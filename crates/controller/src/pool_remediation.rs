@@ -177,10 +177,95 @@ impl Backoff {
 
     /// How long replacements still wait at `now` (none when they need not).
     pub fn remaining(&self, now: Timestamp) -> Option<Duration> {
-        let until = self.not_before?;
-        Duration::try_from(now.duration_until(until))
-            .ok()
-            .filter(|d| !d.is_zero())
+        wait_until(self.not_before, now)
+    }
+}
+
+/// How long from `now` until `until`, none when it has passed.
+fn wait_until(until: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
+    Duration::try_from(now.duration_until(until?))
+        .ok()
+        .filter(|d| !d.is_zero())
+}
+
+/// What a pool's controller remembers of its members' health between passes: which have been
+/// Ready (a proven member's failing probes count at once), which failed creations it counted
+/// (each counts once), and the backoff they make.
+#[derive(Clone, Debug, Default)]
+pub struct Watch {
+    proven: std::collections::HashSet<String>,
+    counted: std::collections::HashSet<String>,
+    backoff: Backoff,
+    /// Set by the first [`Watch::observe`]: what is seen then happened before this watch.
+    looked: bool,
+    /// The last gate found too many members failed.
+    stopped: bool,
+    /// Until when members recover from a widespread failure that ended.
+    recovered_by: Option<Timestamp>,
+}
+
+/// One member as [`Watch::observe`] needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    pub name: &'a str,
+    pub ready: bool,
+    /// Failed (judged) without ever having been Ready, and not draining.
+    pub failed_creation: bool,
+}
+
+impl Watch {
+    /// A watch that goes on from `backoff`, and from a widespread failure when `stopped` (a new
+    /// leader's, from the pool's status).
+    pub fn resuming(backoff: Backoff, stopped: bool) -> Self {
+        Self {
+            backoff,
+            stopped,
+            ..Self::default()
+        }
+    }
+
+    /// The gate for a pass with this `share`: when a widespread failure ends, the members it hit
+    /// get `grace` more to recover, as new members get it to start.
+    pub fn gate(&mut self, share: Share, grace: Duration, now: Timestamp) -> Gate {
+        let stopped = share.exceeded();
+        if std::mem::replace(&mut self.stopped, stopped) && !stopped {
+            self.recovered_by = now.checked_add(grace).ok();
+        }
+        Gate::of(share, self.recovered_by, &self.backoff, now)
+    }
+
+    /// Whether `name` has been seen Ready.
+    pub fn proven(&self, name: &str) -> bool {
+        self.proven.contains(name)
+    }
+
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// Notes a pass's `members` at `now`: a member newly Ready ends the backoff's run; each
+    /// newly failed creation lengthens it. Returns the names of those, sorted. On its first
+    /// look a watch counts nothing: what it finds then happened before it (and was counted, if
+    /// at all, by the leader before).
+    pub fn observe(&mut self, members: &[Observed<'_>], now: Timestamp) -> Vec<String> {
+        let first = !std::mem::replace(&mut self.looked, true);
+        let mut newly_ready = false;
+        let mut never_ready = Vec::new();
+        for m in members {
+            if m.ready && self.proven.insert(m.name.to_owned()) {
+                newly_ready |= !first;
+            }
+            if m.failed_creation && self.counted.insert(m.name.to_owned()) && !first {
+                never_ready.push(m.name.to_owned());
+            }
+        }
+        let names: std::collections::HashSet<&str> = members.iter().map(|m| m.name).collect();
+        self.proven.retain(|n| names.contains(n.as_str()));
+        self.counted.retain(|n| names.contains(n.as_str()));
+        let count = u32::try_from(never_ready.len()).unwrap_or(u32::MAX);
+        self.backoff = self.backoff.after(count, newly_ready, now);
+        never_ready.sort();
+        never_ready
     }
 }
 
@@ -190,6 +275,13 @@ pub enum Gate {
     Allowed(Share),
     /// More members have failed than `maxUnhealthy` allows.
     TooManyUnhealthy(Share),
+    /// A widespread failure ended lately: the members it hit recover for this long more before
+    /// any is replaced (they pass their probes one after another, and the last few would
+    /// otherwise be replaced as the share drops under `maxUnhealthy`).
+    Recovering {
+        share: Share,
+        wait: Duration,
+    },
     /// Failed creations in a row hold the next one back for this long.
     BackingOff {
         share: Share,
@@ -199,14 +291,25 @@ pub enum Gate {
 
 impl Gate {
     /// The gate for a pass: the share first (a widespread failure holds for as long as it
-    /// lasts), then the backoff.
-    pub fn of(share: Share, backoff: &Backoff, now: Timestamp) -> Self {
+    /// lasts), then the recovery after one (until `recovered_by`), then the backoff.
+    pub fn of(share: Share, recovered_by: Option<Timestamp>, backoff: &Backoff, now: Timestamp) -> Self {
         if share.exceeded() {
             return Self::TooManyUnhealthy(share);
+        }
+        if let Some(wait) = wait_until(recovered_by, now) {
+            return Self::Recovering { share, wait };
         }
         match backoff.remaining(now) {
             Some(wait) => Self::BackingOff { share, wait },
             None => Self::Allowed(share),
+        }
+    }
+
+    /// How long until the gate may open by itself (a recovery or a backoff ending).
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            Self::Recovering { wait, .. } | Self::BackingOff { wait, .. } => Some(*wait),
+            Self::Allowed(_) | Self::TooManyUnhealthy(_) => None,
         }
     }
 
@@ -217,7 +320,10 @@ impl Gate {
 
     pub fn share(&self) -> Share {
         match self {
-            Self::Allowed(s) | Self::TooManyUnhealthy(s) | Self::BackingOff { share: s, .. } => *s,
+            Self::Allowed(s)
+            | Self::TooManyUnhealthy(s)
+            | Self::Recovering { share: s, .. }
+            | Self::BackingOff { share: s, .. } => *s,
         }
     }
 }
@@ -258,6 +364,16 @@ pub fn condition(
             format!(
                 "{} of {} members failed, more than maxUnhealthy {max} allows ({}): failed members are kept and no member is made until enough recover",
                 s.failed, s.members, s.allowed
+            ),
+        ),
+        Gate::Recovering { wait, .. } => (
+            False,
+            "Recovering",
+            format!(
+                "{} of {} members failed; after a widespread failure, members have startupGrace {}s to recover before any is replaced",
+                s.failed,
+                s.members,
+                grace.as_secs().max(wait.as_secs())
             ),
         ),
         Gate::BackingOff { .. } => (
@@ -399,26 +515,89 @@ mod tests {
         };
         let max = MaxUnhealthy::Percent(40);
         let none = Backoff::default();
-        let (status, reason, message) = condition(&Gate::of(share, &none, now), max, &none, MIN);
+        let (status, reason, message) = condition(&Gate::of(share, None, &none, now), max, &none, MIN);
         assert_eq!((status, reason), (ConditionStatus::False, "TooManyUnhealthy"));
         assert_eq!(
             message,
             "6 of 6 members failed, more than maxUnhealthy 40% allows (2): failed members are kept and no member is made until enough recover"
         );
         let few = Share { failed: 1, ..share };
-        let (status, reason, message) = condition(&Gate::of(few, &none, now), max, &none, MIN);
+        let (status, reason, message) = condition(&Gate::of(few, None, &none, now), max, &none, MIN);
         assert_eq!((status, reason), (ConditionStatus::True, "WithinMaxUnhealthy"));
         assert_eq!(
             message,
             "1 of 6 members failed; up to 2 are replaced (maxUnhealthy 40%)"
         );
         let waiting = none.after(2, false, now);
-        let (status, reason, message) = condition(&Gate::of(few, &waiting, now), max, &waiting, MIN);
+        let (status, reason, message) = condition(&Gate::of(few, None, &waiting, now), max, &waiting, MIN);
         assert_eq!((status, reason), (ConditionStatus::False, "BackingOff"));
         assert_eq!(
             message,
             "2 members in a row never became Ready within startupGrace 60s; no member is made before 1970-01-01T00:01:00Z"
         );
+    }
+
+    #[test]
+    fn a_watch_counts_each_failed_creation_once_and_a_new_ready_member_resets_it() {
+        let at = |secs: i64| Timestamp::from_second(secs).unwrap();
+        let seen = |name, ready, failed_creation| Observed {
+            name,
+            ready,
+            failed_creation,
+        };
+        // A new leader finds one member failed and one Ready: neither counts.
+        let mut w = Watch::resuming(Backoff::default(), false);
+        let counted = w.observe(&[seen("old", false, true), seen("ok", true, false)], at(0));
+        assert_eq!((counted.len(), w.backoff().failed_creations), (0, 0));
+        assert!(w.proven("ok"));
+        // A new member fails without being Ready: one, and only once.
+        assert_eq!(
+            w.observe(&[seen("ok", true, false), seen("new", false, true)], at(10)),
+            ["new"]
+        );
+        assert_eq!(
+            w.observe(&[seen("ok", true, false), seen("new", false, true)], at(20)),
+            Vec::<String>::new()
+        );
+        assert_eq!(w.backoff().failed_creations, 1);
+        assert_eq!(w.backoff().not_before, Some(at(10 + 30)));
+        // Two more at once.
+        let counted = w.observe(&[seen("a", false, true), seen("b", false, true)], at(50));
+        assert_eq!(
+            (counted, w.backoff().failed_creations),
+            (vec!["a".to_owned(), "b".to_owned()], 3)
+        );
+        // Members that are gone are forgotten; one that turns Ready ends the run.
+        assert!(!w.proven("ok"));
+        w.observe(&[seen("c", true, false)], at(60));
+        assert_eq!(w.backoff(), Backoff::default());
+    }
+
+    #[test]
+    fn members_hit_by_a_widespread_failure_get_a_grace_to_recover_when_it_ends() {
+        let at = |secs: i64| Timestamp::from_second(secs).unwrap();
+        let share = |failed| Share {
+            failed,
+            members: 6,
+            allowed: 2,
+        };
+        let grace = Duration::from_secs(60);
+        let mut w = Watch::default();
+        assert_eq!(w.gate(share(1), grace, at(0)), Gate::Allowed(share(1)));
+        assert_eq!(w.gate(share(6), grace, at(10)), Gate::TooManyUnhealthy(share(6)));
+        // Four recover: the last two would be replaced at once, but they recover too.
+        assert_eq!(
+            w.gate(share(2), grace, at(20)),
+            Gate::Recovering {
+                share: share(2),
+                wait: grace
+            }
+        );
+        assert!(!w.gate(share(1), grace, at(79)).allows());
+        assert_eq!(w.gate(share(1), grace, at(80)), Gate::Allowed(share(1)));
+        // A new leader that finds the pool stopped does the same.
+        let mut w = Watch::resuming(Backoff::default(), true);
+        assert_eq!(w.gate(share(0), grace, at(0)).wait(), Some(grace));
     }
 
     #[test]
@@ -431,16 +610,16 @@ mod tests {
         };
         let many = Share { failed: 3, ..few };
         let waiting = Backoff::default().after(1, false, now);
-        assert_eq!(Gate::of(few, &Backoff::default(), now), Gate::Allowed(few));
-        assert_eq!(Gate::of(many, &waiting, now), Gate::TooManyUnhealthy(many));
+        assert_eq!(Gate::of(few, None, &Backoff::default(), now), Gate::Allowed(few));
+        assert_eq!(Gate::of(many, None, &waiting, now), Gate::TooManyUnhealthy(many));
         assert_eq!(
-            Gate::of(few, &waiting, now),
+            Gate::of(few, None, &waiting, now),
             Gate::BackingOff {
                 share: few,
                 wait: BACKOFF_BASE
             }
         );
-        assert!(Gate::of(few, &Backoff::default(), now).allows());
-        assert!(!Gate::of(few, &waiting, now).allows());
+        assert!(Gate::of(few, None, &Backoff::default(), now).allows());
+        assert!(!Gate::of(few, None, &waiting, now).allows());
     }
 }

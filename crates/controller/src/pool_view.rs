@@ -232,11 +232,12 @@ pub(crate) fn set_conditions(
     }
 }
 
-/// The pool's failed members, its backoff and the `RemediationAllowed` condition for `gate`.
+/// The pool's failed members, its backoff and the `RemediationAllowed` condition for `gate`
+/// (as [`remediation_condition`] words it).
 pub(crate) fn set_remediation(
     status: &mut ProxyPoolStatus,
     gate: &Gate,
-    desired: &Desired,
+    condition: &(ConditionStatus, &'static str, String),
     backoff: &Backoff,
     generation: Option<i64>,
     now: &Time,
@@ -244,8 +245,23 @@ pub(crate) fn set_remediation(
     status.failed_members = i32::try_from(gate.share().failed).unwrap_or(i32::MAX);
     status.failed_creations = i32::try_from(backoff.failed_creations).unwrap_or(i32::MAX);
     status.next_replacement_time = backoff.remaining(now.0).and(backoff.not_before).map(Time);
-    let (s, reason, message) = condition(gate, desired.max_unhealthy, backoff, desired.startup_grace);
-    crate::status::set_condition(&mut status.conditions, CONDITION, s, reason, &message, generation, now);
+    let (s, reason, message) = condition;
+    crate::status::set_condition(&mut status.conditions, CONDITION, *s, reason, message, generation, now);
+}
+
+/// The `RemediationAllowed` condition for `gate`, with `note` (what the operator found fetching
+/// the probe target itself) after a widespread failure's message.
+pub(crate) fn remediation_condition(
+    gate: &Gate,
+    desired: &Desired,
+    backoff: &Backoff,
+    note: Option<String>,
+) -> (ConditionStatus, &'static str, String) {
+    let (s, reason, mut message) = condition(gate, desired.max_unhealthy, backoff, desired.startup_grace);
+    if matches!(gate, Gate::TooManyUnhealthy(_)) {
+        message.push_str(&note.unwrap_or_default());
+    }
+    (s, reason, message)
 }
 
 /// Whether the pool is as asked: `replicas` active and `standby` standby members, all Ready

@@ -120,6 +120,17 @@ impl ConnectProber {
     pub fn use_tls(&self, tls: ProbeTls) {
         *self.tls.write().unwrap_or_else(std::sync::PoisonError::into_inner) = tls;
     }
+
+    /// Fetches `url` with no proxy ([`crate::probe::fetch_directly`]), trusting what probes
+    /// trust now.
+    pub async fn fetch_directly(&self, url: &str, expected_status: u16, timeout: Duration) -> ProbeOutcome {
+        let tls = self
+            .tls
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        crate::probe::fetch_directly(url, expected_status, timeout, &tls).await
+    }
 }
 
 impl Prober for ConnectProber {

@@ -338,6 +338,48 @@ pub async fn probe(req: &ProbeRequest, tls: &ProbeTls) -> ProbeOutcome {
     }
 }
 
+/// Fetches `url` straight from here, with no proxy, as a probe would fetch it through one:
+/// whether the target itself answers `expected_status` (so a person can tell a target that is
+/// down from proxies that are). Bounded by `timeout` as a probe is.
+pub async fn fetch_directly(url: &str, expected_status: u16, timeout: Duration, tls: &ProbeTls) -> ProbeOutcome {
+    let started = Instant::now();
+    let result = match tokio::time::timeout(timeout, fetch_inner(url, expected_status, tls)).await {
+        Ok(r) => r,
+        Err(_) => Err(ProbeError::Timeout(timeout)),
+    };
+    ProbeOutcome {
+        result,
+        latency: started.elapsed(),
+    }
+}
+
+async fn fetch_inner(url: &str, expected_status: u16, tls: &ProbeTls) -> Result<(), ProbeError> {
+    let target = target(url)?;
+    let tcp = TcpStream::connect((target.host.as_str(), target.port))
+        .await
+        .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let status = if target.tls {
+        let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+            .map_err(|e| ProbeError::BadUrl(e.to_string()))?;
+        let stream = tokio_rustls::TlsConnector::from(tls.0.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| ProbeError::Tls(e.to_string()))?;
+        get(stream, &target.path, &target.host_header, "").await?
+    } else {
+        get(tcp, &target.path, &target.host_header, "").await?
+    };
+    if status == expected_status {
+        Ok(())
+    } else {
+        Err(ProbeError::WrongStatus {
+            got: status,
+            expected: expected_status,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

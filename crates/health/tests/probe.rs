@@ -5,7 +5,7 @@ use egress_testkit as support;
 
 use std::time::Duration;
 
-use egress_health::{ProbeError, ProbeRequest, ProbeTls, probe};
+use egress_health::{ProbeError, ProbeRequest, ProbeTls, fetch_directly, probe};
 use support::{Fault, Tinyproxy, dead_address, fault_proxy, http_target, pki, tinyproxy_available, tls_target};
 
 fn request(proxy: &str, url: String, expected_status: u16) -> ProbeRequest {
@@ -256,5 +256,43 @@ async fn a_plain_http_probe_sends_the_credentials_to_the_proxy() {
             .iter()
             .all(|(_, names)| !names.iter().any(|n| n == "proxy-authorization")),
         "{heads:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_target_fetched_directly_answers_or_says_why_not() {
+    let pki = pki();
+    let tls = ProbeTls::with_roots(pki.roots());
+    let (target, seen) = tls_target(&pki).await;
+    let url = |path: &str| format!("https://localhost:{}{path}", target.port());
+    let timeout = Duration::from_secs(5);
+    assert_eq!(fetch_directly(&url("/204"), 204, timeout, &tls).await.result, Ok(()));
+    assert_eq!(
+        seen.lock().unwrap()[0].0,
+        "GET /204 HTTP/1.1",
+        "no proxy: the origin form"
+    );
+    assert_eq!(
+        fetch_directly(&url("/500"), 204, timeout, &tls).await.result,
+        Err(ProbeError::WrongStatus {
+            got: 500,
+            expected: 204
+        })
+    );
+    let (plain, _) = http_target().await;
+    let plain_url = format!("http://127.0.0.1:{}/204", plain.port());
+    assert_eq!(fetch_directly(&plain_url, 204, timeout, &tls).await.result, Ok(()));
+    let down = format!("https://{}/204", dead_address().await);
+    assert!(matches!(
+        fetch_directly(&down, 204, timeout, &tls).await.result,
+        Err(ProbeError::Unreachable(_))
+    ));
+    // A target that never answers is bounded by the timeout.
+    let silent = fault_proxy(Fault::Silent).await;
+    let silent_url = format!("http://{silent}/204");
+    let short = Duration::from_millis(300);
+    assert_eq!(
+        fetch_directly(&silent_url, 204, short, &tls).await.result,
+        Err(ProbeError::Timeout(short))
     );
 }

@@ -78,6 +78,80 @@ pub async fn tls_target_at(pki: &Pki, ip: &str) -> (SocketAddr, Seen) {
     (addr, seen)
 }
 
+/// A TLS target on 127.0.0.1 that can be stopped (its port then refuses connections) and started
+/// again on the same port: a probe target that goes down and comes back.
+pub struct StoppableTlsTarget {
+    addr: SocketAddr,
+    server: Arc<rustls::ServerConfig>,
+    seen: Seen,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for StoppableTlsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoppableTlsTarget")
+            .field("addr", &self.addr)
+            .field("serving", &self.serving.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoppableTlsTarget {
+    /// A target that serves from the start.
+    pub async fn start(pki: &Pki) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let mut target = Self {
+            addr: listener.local_addr().unwrap(),
+            server: pki.server.clone(),
+            seen: Arc::default(),
+            serving: None,
+        };
+        target.serve(listener);
+        target
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and closes the port; returns once it is closed.
+    pub async fn stop(&mut self) {
+        if let Some(task) = self.serving.take() {
+            task.abort();
+            // The listener is dropped with the aborted task: awaited, the port is closed.
+            let _ = task.await;
+        }
+    }
+
+    /// Serves again on the same port.
+    pub async fn resume(&mut self) {
+        if self.serving.is_none() {
+            let listener = TcpListener::bind(self.addr)
+                .await
+                .expect("the target's port is free again");
+            self.serve(listener);
+        }
+    }
+
+    fn serve(&mut self, listener: TcpListener) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.server.clone());
+        let seen = self.seen.clone();
+        self.serving = Some(tokio::spawn(async move {
+            let mut answering = tokio::task::JoinSet::new();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else { return };
+                let (acceptor, seen) = (acceptor.clone(), seen.clone());
+                answering.spawn(async move {
+                    if let Ok(tls) = acceptor.accept(tcp).await {
+                        answer(tls, seen).await;
+                    }
+                });
+                while answering.try_join_next().is_some() {}
+            }
+        }));
+    }
+}
+
 /// A plain HTTP target on 127.0.0.1.
 pub async fn http_target() -> (SocketAddr, Seen) {
     http_target_at("127.0.0.1").await
