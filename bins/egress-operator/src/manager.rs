@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egress_controller::create_budget::{CreateBudgets, SystemClock};
 use egress_controller::credentials::CredentialCache;
 use egress_controller::decide::Timings;
 use egress_controller::gc::OrphanGc;
@@ -68,6 +69,9 @@ pub(crate) async fn operate(
 struct Loaded {
     providers: Arc<Providers>,
     provider_metrics: ProviderMetrics,
+    /// Each entry's create budget (`createsPerMinute`): the leader's reconciler asks it before
+    /// every create, and every replica serves its metrics (a non-leader's read 0).
+    create_budgets: CreateBudgets,
     /// The provider-health checks' schedule (`None`: checks are off).
     schedule: Option<Schedule>,
     /// The health engine's TLS roots (`None` with scripted verdicts).
@@ -101,9 +105,11 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
         providers = ?providers.entries().iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
         "Providers ready"
     );
+    let create_budgets = CreateBudgets::for_providers(&providers, Arc::new(SystemClock));
     Ok(Loaded {
         providers,
         provider_metrics,
+        create_budgets,
         schedule,
         probe_roots,
     })
@@ -158,6 +164,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     tasks.spawn(keep_credentials);
     let mut metrics = prometheus_client::registry::Registry::default();
     loaded.provider_metrics.register(&mut metrics);
+    loaded.create_budgets.register(&mut metrics);
     let health_metrics = egress_health::HealthMetrics::new();
     health_metrics.register(&mut metrics);
     egress_controller::metrics::register(&mut metrics, provider_health.clone(), cache.store());
@@ -326,6 +333,7 @@ fn start_leader_tasks(
     } = replica;
     let Loaded {
         providers,
+        create_budgets,
         schedule,
         probe_roots,
         ..
@@ -398,7 +406,8 @@ fn start_leader_tasks(
             work.clone(),
         )
         .with_credentials(credentials)
-        .with_metrics(reconcile_metrics),
+        .with_metrics(reconcile_metrics)
+        .with_create_budgets(create_budgets),
     );
     let mut pools =
         egress_controller::pool::PoolContext::new(client.clone(), cache.clone(), store, pool_metrics, refusals);

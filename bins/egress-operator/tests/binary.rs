@@ -218,6 +218,10 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
         !scrape.contains("proxy_operator_provider_target_up"),
         "no providers, no targets:\n{scrape}"
     );
+    // The create budgets are registered: their gauge's family is served (no entry, so no series;
+    // the counter family, having none either, is left out of the scrape altogether).
+    let family = "# TYPE proxy_operator_provider_create_budget_waiting gauge";
+    assert!(scrape.lines().any(|l| l == family), "no {family:?}:\n{scrape}");
 
     op.terminate();
     let status = op.wait_exit();

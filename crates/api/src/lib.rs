@@ -95,6 +95,9 @@ pub mod reasons {
     pub const PROXY_AUTH_REQUIRED: &str = "ProxyAuthRequired";
     /// The credentials Secret of a Generated Proxy cannot be made or used.
     pub const CREDENTIALS_ERROR: &str = "CredentialsError";
+    /// The create waits for its provider entry's create budget (`createsPerMinute`). Not an
+    /// error: the create goes ahead when the budget has room again.
+    pub const CREATE_BUDGET: &str = "CreateBudget";
     pub const ALL_TARGETS_READY: &str = "AllTargetsReady";
     pub const TARGETS_NOT_READY: &str = "TargetsNotReady";
     pub const CHECKS_NOT_IMPLEMENTED: &str = "ChecksNotImplemented";

@@ -22,6 +22,7 @@ use egress_api::{
 use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId, ProxyCredentials};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::create_budget::Deferral;
 use crate::credentials::{Prepared, Serving};
 use crate::spec_hash::spec_hash;
 use crate::status::{InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, set_condition};
@@ -134,6 +135,8 @@ pub struct Facts {
     pub credentials_bound: Option<Result<(), SecretProblem>>,
     /// What the credentials Secret is to the running instance.
     pub credentials_checked: Option<Result<Serving, SecretProblem>>,
+    /// The create was not made: the provider entry's create budget had no room.
+    pub create_deferred: Option<Deferral>,
 }
 
 /// The next thing to do. Its `Debug` shows the cloud-init size only: it may hold secrets.
@@ -163,7 +166,8 @@ pub enum Action {
     BindCredentials(ProviderId),
     /// Read the credentials Secret: does it still serve this running instance?
     CheckCredentials(ProviderId),
-    /// Create the instance from the spec with this cloud-init and these credentials.
+    /// Create the instance from the spec with this cloud-init and these credentials, if the
+    /// provider entry's create budget has room (else the create is deferred).
     Create {
         cloud_init: Vec<u8>,
         credentials: Option<ProxyCredentials>,
@@ -219,6 +223,7 @@ impl std::fmt::Debug for Facts {
             .field("bound_instance", &self.bound_instance)
             .field("credentials_bound", &self.credentials_bound)
             .field("credentials_checked", &self.credentials_checked)
+            .field("create_deferred", &self.create_deferred)
             .finish()
     }
 }
@@ -719,6 +724,9 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
     } else {
         None
     };
+    if let Some(deferral) = &facts.create_deferred {
+        return create_deferred(input, status, deferral);
+    }
     match &facts.create {
         None => Next::Do(Action::Create {
             cloud_init: text,
@@ -743,6 +751,31 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
             booting(input, timings, status)
         }
     }
+}
+
+/// The create waits for the provider entry's create budget: nothing was asked of the provider,
+/// and the Proxy shows the wait and comes back when a token is due. Whatever was prepared for
+/// the create (credentials written to their Secret, the spec hash) stays: the next pass finds it
+/// and reuses it.
+fn create_deferred(input: &Input<'_>, mut status: ProxyStatus, deferral: &Deferral) -> Next {
+    let message = format!(
+        "waiting for provider entry \"{}\"'s create budget ({} per minute); about {}s",
+        input.proxy.spec.provider,
+        deferral.per_minute,
+        deferral.wait.as_secs() + u64::from(deferral.wait.subsec_nanos() > 0),
+    );
+    set_provisioned(
+        input,
+        &mut status,
+        ConditionStatus::False,
+        reasons::CREATE_BUDGET,
+        &message,
+    );
+    if status.ip.is_empty() {
+        // No instance, nothing probed: no health verdict either.
+        apply_verdict(&mut status, None, generation(input.proxy), &input.now);
+    }
+    finish(input, status, InstanceView::Unobserved, Requeue::After(deferral.wait))
 }
 
 /// What stands between a Generated Proxy and the credentials of its next create.

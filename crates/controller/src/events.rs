@@ -51,6 +51,10 @@ pub fn derive(
             r if r == reasons::QUOTA_EXCEEDED && was.map(|w| w.0) != Some(r) => {
                 events.push(warning("QuotaExceeded", format!("waiting for quota: {message}")));
             }
+            // Once when the wait starts: its message counts down from pass to pass.
+            r if r == reasons::CREATE_BUDGET && was.map(|w| w.0) != Some(r) => {
+                events.push(normal("CreateDelayed", message.to_string()));
+            }
             r if r == reasons::PERMANENT_ERROR => events.push(warning("Failed", message.to_string())),
             r if r == reasons::CLOUD_INIT_ERROR => events.push(warning("CloudInitError", message.to_string())),
             r if r == reasons::CREDENTIALS_ERROR => events.push(warning("CredentialsError", message.to_string())),
@@ -218,6 +222,23 @@ mod tests {
         let events = derive(&empty, &refused, None, &Requeue::Never, false);
         assert_eq!(reasons_of(&events), ["Unhealthy"]);
         assert!(events[0].note.contains("credentials"), "{:?}", events[0]);
+        let delayed = with(
+            reasons::CREATE_BUDGET,
+            "waiting for provider entry \"mem\"'s create budget (3 per minute); about 20s",
+            Some(Phase::Pending),
+        );
+        let e = derive(&empty, &delayed, None, &Requeue::Never, false);
+        assert_eq!((reasons_of(&e), e[0].warning), (vec!["CreateDelayed"], false));
+        assert!(e[0].note.contains("create budget"), "{:?}", e[0]);
+        let later = with(
+            reasons::CREATE_BUDGET,
+            "waiting for provider entry \"mem\"'s create budget (3 per minute); about 7s",
+            Some(Phase::Pending),
+        );
+        assert!(
+            derive(&delayed, &later, None, &Requeue::Never, false).is_empty(),
+            "one event per wait, not one per pass"
+        );
         let missing = with(
             reasons::PROVIDER_NOT_CONFIGURED,
             "provider \"x\" is not configured",

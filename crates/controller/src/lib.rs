@@ -5,6 +5,7 @@
 //! Proxy, they name the next action or the end of the pass. A thin layer performs the actions
 //! with kube and the provider and feeds the results back.
 
+pub mod create_budget;
 pub mod credentials;
 pub mod decide;
 pub mod discovery;

@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::create_budget::{CreateBudgets, SystemClock};
 use crate::decide::{
     Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next, replacing,
 };
@@ -86,6 +87,8 @@ pub struct Context {
     /// The credential Secrets as watched, when the operator keeps them: a running Generated
     /// instance whose Secret it shows serving it needs no read of the Secret.
     pub credentials: Option<crate::credentials::CredentialCache>,
+    /// Each provider entry's create budget, asked before every create.
+    pub create_budgets: CreateBudgets,
     /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
     instance: String,
     /// The configured entries' names, in config order.
@@ -115,6 +118,7 @@ impl Context {
     ) -> Self {
         let instance = std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.into());
         let provider_names = providers.entries().iter().map(|e| e.name.clone()).collect();
+        let create_budgets = CreateBudgets::for_providers(&providers, Arc::new(SystemClock));
         Self {
             client,
             provider_names,
@@ -124,6 +128,7 @@ impl Context {
             installation,
             shutdown,
             credentials: None,
+            create_budgets,
             metrics: ReconcileMetrics::new(ControllerConfig::default().concurrency),
             instance,
             failures: Mutex::default(),
@@ -135,6 +140,14 @@ impl Context {
     #[must_use]
     pub fn with_metrics(mut self, metrics: ReconcileMetrics) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Asks `budgets` before each create: the operator's, whose metrics it serves, or a test's
+    /// on a clock it moves. (`new` gives every configured entry its budget, unserved.)
+    #[must_use]
+    pub fn with_create_budgets(mut self, budgets: CreateBudgets) -> Self {
+        self.create_budgets = budgets;
         self
     }
 
@@ -570,6 +583,21 @@ impl Pass<'_> {
                 credentials,
             } => {
                 ensure_current(self.api, proxy, &proxy.name_any(), &mut self.rv).await?;
+                // NB: the budget is asked after the freshness check, so a pass on a stale copy
+                // (a 409 there) spends no token, and before the provider, so a create over the
+                // budget costs the backend nothing.
+                if let Err(deferral) = ctx
+                    .create_budgets
+                    .try_take(&proxy.spec.provider, &proxy.uid().unwrap_or_default())
+                {
+                    tracing::debug!(
+                        provider = %proxy.spec.provider,
+                        wait = ?deferral.wait,
+                        "create waits for the provider entry's create budget"
+                    );
+                    self.facts.create_deferred = Some(deferral);
+                    return Ok(());
+                }
                 let request = create_request(proxy, cloud_init, ctx.installation.clone(), credentials);
                 let answer = self
                     .provider()?

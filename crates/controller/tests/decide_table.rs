@@ -8,6 +8,7 @@ use egress_api::{
     ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, CloudInit, ConditionStatus, Endpoint, FINALIZER, Mode, Phase,
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
 };
+use egress_controller::create_budget::Deferral;
 use egress_controller::credentials::{Prepared, Serving};
 use egress_controller::decide::{
     Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next,
@@ -93,6 +94,8 @@ struct World {
     missing_since: Option<Time>,
     /// The reconciler's waits; the defaults when `None`.
     timings: Option<Timings>,
+    /// The create budget had no room: the create is deferred, not made.
+    deferred: Option<Deferral>,
 }
 
 fn world() -> World {
@@ -147,7 +150,10 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
                     }
                     Action::ReadSecret(_) => facts.secret = Some(w.secret.clone().expect("unexpected secret read")),
                     Action::Get(_) => facts.get = Some(w.get.clone().expect("unexpected Get")),
-                    Action::Create { .. } => facts.create = Some(w.create.clone().expect("unexpected Create")),
+                    Action::Create { .. } => match w.deferred {
+                        Some(deferral) => facts.create_deferred = Some(deferral),
+                        None => facts.create = Some(w.create.clone().expect("unexpected Create")),
+                    },
                     Action::Delete(_) => facts.delete = Some(w.delete.clone().expect("unexpected Delete")),
                     Action::PrepareCredentials { .. } => {
                         facts.credentials = Some(secret_reads.next().expect("unexpected PrepareCredentials").clone());
@@ -1873,4 +1879,125 @@ fn a_pool_members_lost_instance_is_reported_not_rebuilt() {
         let (actions, _, _) = run(&labelled, &w);
         assert_ne!(actions, ["Get"], "{message}");
     }
+}
+
+// ---- the create budget -----------------------------------------------------------------------
+
+fn deferred(wait: Duration) -> Option<Deferral> {
+    Some(Deferral { wait, per_minute: 3 })
+}
+
+#[test]
+fn a_create_over_the_budget_waits_for_a_token_and_says_so() {
+    let mut p = proxy();
+    p.status = None;
+    // The wait is shown in whole seconds, rounded up; the requeue is the wait itself.
+    let rows = [
+        (Duration::from_secs(20), "about 20s"),
+        (Duration::from_millis(11_200), "about 12s"),
+        (Duration::from_millis(1), "about 1s"),
+    ];
+    for (wait, shown) in rows {
+        let w = World {
+            deferred: deferred(wait),
+            ..world()
+        };
+        let (actions, _, o) = run(&p, &w);
+        assert_eq!(actions, ["Create"], "the create was asked for; the budget deferred it");
+        assert_eq!(
+            provisioned_in_full(&o),
+            (
+                ConditionStatus::False,
+                reasons::CREATE_BUDGET,
+                format!("waiting for provider entry \"kvm-home\"'s create budget (3 per minute); {shown}").as_str()
+            )
+        );
+        assert_eq!(o.requeue, Requeue::After(wait));
+        assert_eq!(o.status.phase, Some(Phase::Pending), "waiting is not failing");
+        assert!(o.status.provider_id.is_empty() && o.status.ip.is_empty());
+        assert_eq!(o.note, None);
+    }
+}
+
+#[test]
+fn a_deferred_create_is_never_latched() {
+    let mut p = proxy();
+    p.status = None;
+    let w = World {
+        deferred: deferred(Duration::from_secs(20)),
+        ..world()
+    };
+    let (_, _, waiting) = run(&p, &w);
+    // The next pass, on the status the wait wrote, with a token there: it creates.
+    p.status = Some(waiting.status);
+    let w = World {
+        create: Some(Ok(ProviderId::new("id-9"))),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["Create"]);
+    assert_eq!(o.status.provider_id, "id-9");
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::PROVISIONING.into()))
+    );
+    assert_eq!(o.status.phase, Some(Phase::Provisioning));
+}
+
+#[test]
+fn a_vanished_instance_whose_create_waits_is_forgotten_and_unprobed() {
+    let mut p = ready_proxy();
+    p.status.as_mut().unwrap().ip = "10.0.0.7".into();
+    let w = World {
+        get: Some(Err(fail(ErrorClass::NotFound, "gone"))),
+        deferred: deferred(Duration::from_secs(5)),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert_eq!(actions, ["Get", "Create"]);
+    assert_eq!(provisioned(&o).unwrap().1, reasons::CREATE_BUDGET);
+    // The gone instance is not kept: the next pass goes straight to the create.
+    assert!(
+        o.status.provider_id.is_empty() && o.status.ip.is_empty(),
+        "{:?}",
+        o.status
+    );
+    assert_eq!(healthy(&o), None, "no instance, no verdict");
+    assert_eq!(o.status.phase, Some(Phase::Pending));
+}
+
+#[test]
+fn generated_credentials_prepared_before_a_deferred_create_are_kept_for_the_next() {
+    let c = minted();
+    // The pass that waits: the credentials are prepared (written to their Secret), then the
+    // create is deferred; nothing is bound.
+    let w = World {
+        credentials: vec![Ok(Prepared::Ready(c.clone()))],
+        deferred: deferred(Duration::from_secs(20)),
+        ..world()
+    };
+    let (actions, _, waiting) = run(&generated(), &w);
+    assert_eq!(actions, ["PrepareCredentials", "Create"]);
+    assert_eq!(provisioned(&waiting).unwrap().1, reasons::CREATE_BUDGET);
+    // The pass after it: the Secret, still bound to no instance, is read again and its
+    // credentials reused (`credentials::plan` answers `Reuse`; its unit tests cover that), and
+    // the instance is made with them.
+    let mut p = generated();
+    p.status = Some(waiting.status);
+    let w = World {
+        credentials: vec![Ok(Prepared::Ready(c.clone()))],
+        create: Some(Ok(ProviderId::new("id-9"))),
+        bind: Some(Ok(())),
+        ..world()
+    };
+    let (actions, all, o) = run(&p, &w);
+    assert_eq!(actions, ["PrepareCredentials", "Create", "BindCredentials"]);
+    assert_eq!(
+        all[1],
+        Action::Create {
+            cloud_init: CLOUD_INIT.into(),
+            credentials: Some(c),
+        }
+    );
+    assert_eq!(o.status.provider_id, "id-9");
 }

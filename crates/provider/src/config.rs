@@ -53,7 +53,21 @@ pub struct ProviderConfig {
     /// the type that registered a block of that key), undecoded. The loader
     /// has already checked each one's shape.
     pub blocks: BTreeMap<String, Value>,
+    /// `createsPerMinute`: the most instance creates the whole operator asks of
+    /// this entry per minute, as a burst or spread out (`None`: the default,
+    /// [`DEFAULT_CREATES_PER_MINUTE`]). Read it with
+    /// [`ProviderConfig::creates_per_minute`].
+    pub creates_per_minute: Option<u32>,
 }
+
+/// The create budget of an entry that does not set `createsPerMinute`: a
+/// burst of a whole pool's worth of creates goes at once, while a loop that
+/// creates and deletes without end is held to one create a second.
+pub const DEFAULT_CREATES_PER_MINUTE: u32 = 60;
+
+/// The largest `createsPerMinute` accepted: beyond it the budget no longer
+/// guards anything, and a typo (an extra zero or three) is likelier than intent.
+pub const MAX_CREATES_PER_MINUTE: u32 = 10_000;
 
 /// The settings block of a provider type: its typed shape (decoded with the
 /// Go operator's rules, see `egress-go-decode`) and its rules.
@@ -78,7 +92,14 @@ impl ProviderConfig {
             name: name.into(),
             type_name: type_name.into(),
             blocks: BTreeMap::new(),
+            creates_per_minute: None,
         }
+    }
+
+    /// The entry's create budget per minute: `createsPerMinute`, or
+    /// [`DEFAULT_CREATES_PER_MINUTE`] when the file does not set it.
+    pub fn creates_per_minute(&self) -> u32 {
+        self.creates_per_minute.unwrap_or(DEFAULT_CREATES_PER_MINUTE)
     }
 
     /// This entry with `block` as the block named by its type, as a file would

@@ -201,6 +201,7 @@ impl Registry {
                 type_name: entry.type_name.clone(),
                 provider: decorate::decorate(&entry.name, raw, metrics),
                 checker,
+                creates_per_minute: entry.creates_per_minute(),
             });
         }
         Ok(Providers { entries })
@@ -230,6 +231,10 @@ pub struct BuiltProvider {
     pub provider: Arc<dyn Provider>,
     /// The undecorated provider's checker, if it has one.
     pub checker: Option<Arc<dyn Checker>>,
+    /// The entry's create budget: the most creates per minute the operator asks of it
+    /// (`createsPerMinute`, or its default). The controller keeps the budget; the provider
+    /// itself does not know it.
+    pub creates_per_minute: u32,
 }
 
 /// Every built entry, in config order.

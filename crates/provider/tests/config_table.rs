@@ -168,7 +168,7 @@ fn structural_rows() -> Vec<Bad> {
         bad("providers is a string", "providers: kubernetes\n", "`providers` must be a list of entries (got a string)"),
         bad("entry is a string", "providers:\n  - kubernetes\n", "providers[0]: an entry must be a mapping with `name` and `type` (got a string)"),
         bad("entry is null", "providers:\n  -\n", "providers[0]: an entry must be a mapping with `name` and `type` (got null)"),
-        bad("unknown key in an entry", "providers:\n  - {name: a, type: kubernetes, region: eu}\n", r#"providers[0] "a": region: unknown field `region`, expected one of `name`, `type`, `kubernetes`, `gcp`, `kvm`, `kvm2`"#),
+        bad("unknown key in an entry", "providers:\n  - {name: a, type: kubernetes, region: eu}\n", r#"providers[0] "a": region: unknown field `region`, expected one of `name`, `type`, `createsPerMinute`, `kubernetes`, `gcp`, `kvm`, `kvm2`"#),
         bad("unknown key in an unnamed entry", "providers:\n  - {type: kubernetes, nmae: a}\n", "providers[0]: nmae: unknown field `nmae`, expected one of `name`"),
         bad("unknown key in a kubernetes block", "providers:\n  - {name: k, type: kubernetes, kubernetes: {img: squid}}\n", r#"providers[0] "k": kubernetes.img: unknown field `img`, expected one of `namespace`, `image`, `resources`"#),
         bad("a kubernetes namespace that is no name", "providers:\n  - {name: k, type: kubernetes, kubernetes: {namespace: Crawl_1}}\n", r#"providers[0] "k": kubernetes.namespace must be a namespace name (a DNS-1123 label), got "Crawl_1""#),
@@ -220,6 +220,17 @@ fn entry_rows() -> Vec<Bad> {
         bad("local with a relative state directory", "providers:\n  - {name: l, type: local, local: {stateDir: state}}\n", r#"providers[0] "l": local.stateDir must be an absolute path (got "state")"#),
         bad("local with a quote in the state directory", "providers:\n  - {name: l, type: local, local: {stateDir: '/s\"x'}}\n", r#"providers[0] "l": local.stateDir must not contain a double quote or a line break (got "/s\"x")"#),
         bad("local with a relative tinyproxy", "providers:\n  - {name: l, type: local, local: {stateDir: /s, tinyproxyPath: tinyproxy}}\n", r#"providers[0] "l": local.tinyproxyPath must be an absolute path (got "tinyproxy")"#),
+        bad("createsPerMinute 0", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: 0}\n", r#"providers.yaml: providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got 0)"#),
+        bad("createsPerMinute negative", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: -5}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got -5)"#),
+        bad("createsPerMinute over the ceiling", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: 10001}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got 10001)"#),
+        bad("createsPerMinute past any integer", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: 99999999999999999999999}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got "#),
+        bad("createsPerMinute a word", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: fast}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got "fast")"#),
+        bad("createsPerMinute a fraction", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: 1.5}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got 1.5)"#),
+        bad("createsPerMinute a list", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: [60]}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got [60])"#),
+        bad("createsPerMinute a boolean", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: true}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got true)"#),
+        bad("createsPerMinute in any case, refused the same", "providers:\n  - {name: a, type: kubernetes, CREATESPERMINUTE: 0}\n", r#"providers[0] "a": createsPerMinute: must be a whole number from 1 to 10000 (got 0)"#),
+        bad("createsPerMinute twice, in two cases", "providers:\n  - {name: a, type: kubernetes, createsPerMinute: 5, CreatesPerMinute: 6}\n", r#"providers[0] "a": duplicate field `createsPerMinute`"#),
+        bad("createsPerMinute inside the block", "providers:\n  - {name: k, type: kubernetes, kubernetes: {createsPerMinute: 5}}\n", r#"providers[0] "k": kubernetes.createsPerMinute: unknown field `createsPerMinute`"#),
         bad("local with an unknown key", "providers:\n  - {name: l, type: local, local: {stateDir: /s, port: 1}}\n", r#"providers[0] "l": local.port: unknown field `port`, expected one of `stateDir`, `tinyproxyPath`, `connectPorts`"#),
     ];
     // Every wrong-block pair, including kvm<->kvm2 and gcp<->kubernetes.
@@ -346,6 +357,37 @@ fn only(config: &ProvidersConfig) -> &ProviderConfig {
 
 fn valid_rows() -> Vec<Good> {
     vec![
+        good(
+            "no createsPerMinute: the default budget",
+            "providers:\n  - {name: k, type: kubernetes}\n",
+            |c, _| {
+                assert_eq!(only(c).creates_per_minute, None);
+                assert_eq!(only(c).creates_per_minute(), 60);
+            },
+        ),
+        good(
+            "createsPerMinute set beside name and type",
+            "providers:\n  - {name: k, type: kubernetes, createsPerMinute: 3}\n",
+            |c, _| assert_eq!(only(c).creates_per_minute(), 3),
+        ),
+        good(
+            "createsPerMinute in any case",
+            "providers:\n  - {name: k, type: kubernetes, CreatesPerMinute: 120}\n",
+            |c, _| assert_eq!(only(c).creates_per_minute, Some(120)),
+        ),
+        good(
+            "createsPerMinute at its bounds",
+            "providers:\n  - {name: a, type: kubernetes, createsPerMinute: 1}\n  - {name: b, type: kubernetes, createsPerMinute: 10000}\n",
+            |c, _| {
+                let budgets: Vec<u32> = c.providers.iter().map(|p| p.creates_per_minute()).collect();
+                assert_eq!(budgets, [1, 10000]);
+            },
+        ),
+        good(
+            "createsPerMinute with no value is the default",
+            "providers:\n  - name: k\n    type: kubernetes\n    createsPerMinute:\n",
+            |c, _| assert_eq!(only(c).creates_per_minute(), 60),
+        ),
         good(
             "local with defaults",
             "providers:\n  - {name: dev, type: local, local: {stateDir: /var/lib/egress-local}}\n",

@@ -28,7 +28,7 @@ use serde_json::Value;
 use serde_saphyr::{DuplicateKeyPolicy, SnippetMode, UserMessageFormatter};
 
 use super::validate::{entry_prefix, go_quote, validate_entries};
-use super::{ProviderConfig, ProvidersConfig};
+use super::{MAX_CREATES_PER_MINUTE, ProviderConfig, ProvidersConfig};
 use crate::Registry;
 
 /// The largest file [`ProvidersConfig::load`] reads (1 MiB). A providers
@@ -178,8 +178,8 @@ fn top_level_entries(text: &str) -> Result<Vec<Value>, String> {
 /// Decodes one list element into an entry, naming the entry and the path
 /// inside it on failure.
 ///
-/// The keys an entry may have are `name`, `type` and the block key of each
-/// registered type that has a block; they match without regard to case, and
+/// The keys an entry may have are `name`, `type`, `createsPerMinute` and the
+/// block key of each registered type that has a block; they match without regard to case, and
 /// a key given `null` is as good as absent, as in Go. Each block's shape is
 /// checked here by its type (so every shape problem, in any entry, comes
 /// before any rule); the block itself is kept undecoded.
@@ -198,7 +198,7 @@ fn decode_entry(index: usize, value: &Value, registry: &Registry) -> Result<Prov
             kind(value)
         ));
     };
-    let mut fields = vec!["name", "type"];
+    let mut fields = vec!["name", "type", CREATES_PER_MINUTE];
     fields.extend(registry.block_keys());
     let mut entry = ProviderConfig::default();
     let mut seen = Vec::new();
@@ -215,6 +215,10 @@ fn decode_entry(index: usize, value: &Value, registry: &Registry) -> Result<Prov
         match field {
             "name" => entry.name = decode_block(value).map_err(at)?,
             "type" => entry.type_name = decode_block(value).map_err(at)?,
+            CREATES_PER_MINUTE => {
+                entry.creates_per_minute =
+                    Some(creates_per_minute(value).map_err(|m| format!("{prefix}: {field}: {m}"))?);
+            }
             block => {
                 if let Some(shape) = registry.get(block).and_then(|t| t.shape()) {
                     shape(value).map_err(at)?;
@@ -224,6 +228,28 @@ fn decode_entry(index: usize, value: &Value, registry: &Registry) -> Result<Prov
         }
     }
     Ok(entry)
+}
+
+/// The entry key of the create budget (beside `name` and `type`: it is the
+/// operator's rule for the entry, whatever its type).
+const CREATES_PER_MINUTE: &str = "createsPerMinute";
+
+/// `createsPerMinute`: a whole number from 1 to [`MAX_CREATES_PER_MINUTE`],
+/// read by the Go operator's rules as every number of the file is. Its range
+/// is checked here, with its shape, because the model keeps a `u32`: 0 would
+/// let no Proxy of the entry be created ever, and a negative is no count.
+fn creates_per_minute(value: &Value) -> Result<u32, String> {
+    let refused = || {
+        format!(
+            "must be a whole number from 1 to {MAX_CREATES_PER_MINUTE} (got {})",
+            one_line(&value.to_string())
+        )
+    };
+    let n: i64 = decode_block(value).map_err(|_| refused())?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_CREATES_PER_MINUTE).contains(n))
+        .ok_or_else(refused)
 }
 
 /// Decodes one value of the file as `T` by the Go operator's rules. On
