@@ -289,7 +289,12 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         return Ok(());
     }
     let providers = dir.join("providers.yaml");
-    std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n")?;
+    // The highest create budget: the bench measures the operator, not the guard against a
+    // runaway fleet (docs/configuration.md#the-create-budget).
+    std::fs::write(
+        &providers,
+        "providers:\n  - name: mem\n    type: reference\n    createsPerMinute: 10000\n",
+    )?;
     let (server, kubeconfig) = start_test_server(root, &bin, &dir)?;
 
     let runtime = tokio::runtime::Runtime::new()?;

@@ -86,7 +86,12 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     let dir = dir.join("pool");
     std::fs::create_dir_all(&dir)?;
     let providers = dir.join("providers.yaml");
-    std::fs::write(&providers, "providers:\n  - name: mem\n    type: reference\n")?;
+    // The highest create budget: the bench measures the operator, not the guard against a
+    // runaway fleet (docs/configuration.md#the-create-budget).
+    std::fs::write(
+        &providers,
+        "providers:\n  - name: mem\n    type: reference\n    createsPerMinute: 10000\n",
+    )?;
     let unhealthy = dir.join("unhealthy");
     std::fs::write(&unhealthy, "")?;
     let (_server, kubeconfig) = crate::bench::start_test_server(root, bin, &dir)?;

@@ -337,3 +337,90 @@ async fn the_create_budget_holds_across_the_proxies_of_an_entry_and_is_separate_
         ],
     );
 }
+
+#[tokio::test]
+async fn the_create_budget_holds_across_two_pools_on_one_entry() {
+    let server = TestServer::builder()
+        .custom_resource::<Proxy>()
+        .custom_resource::<egress_api::ProxyPool>()
+        .namespace(NS)
+        .start()
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    let shared = MemoryBackend::new();
+    let providers = providers(&[("shared", &shared, Some(3))]);
+    let clock = ManualClock::new();
+    let budgets = CreateBudgets::for_providers(&providers, Arc::new(clock.clone()));
+    let health = Arc::new(CountingHealth {
+        passes: tokio::sync::watch::channel(HashMap::new()).0,
+    });
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let ctx = Context::new(
+        client.clone(),
+        providers,
+        health.clone(),
+        common::fast_timings(),
+        None,
+        shutdown.clone(),
+    )
+    .with_create_budgets(budgets);
+    let (pokes, health_events) = futures::channel::mpsc::unbounded::<ObjectRef<Proxy>>();
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
+    tokio::spawn(keep_cache);
+    tokio::spawn(controller(
+        Arc::new(ctx),
+        ControllerConfig::default(),
+        cache.clone(),
+        health_events,
+        shutdown.clone(),
+    ));
+    let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
+        Arc::new(egress_lease::SystemClock),
+        Duration::from_secs(60),
+    ));
+    let pools_ctx = Arc::new(egress_controller::pool::PoolContext::new(
+        client.clone(),
+        cache,
+        store,
+        egress_controller::pool::PoolMetrics::new(),
+        None,
+    ));
+    tokio::spawn(egress_controller::pool::run(pools_ctx, None, shutdown.clone()));
+
+    // Two pools of 2 + 1 on the one entry: six members, a budget of three.
+    let pools: Api<egress_api::ProxyPool> = Api::namespaced(client.clone(), NS);
+    for name in ["east", "west"] {
+        let pool: egress_api::ProxyPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+            "metadata": {"name": name},
+            "spec": {"replicas": 2, "standby": 1, "template": {"spec": {"provider": "shared",
+                "placement": {"zone": "zone-a", "machineType": "small", "image": "debian-13"}}}}
+        }))
+        .unwrap();
+        pools.create(&PostParams::default(), &pool).await.unwrap();
+    }
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), NS);
+    let of_pool =
+        |ps: &[Arc<Proxy>], pool: &str| ps.iter().filter(|p| p.pool().is_some_and(|m| m.pool == pool)).count();
+    let state = wait_for_state(&proxies, "6 members, 3 created and 3 waiting", |ps| {
+        of_pool(ps, "east") == 3
+            && of_pool(ps, "west") == 3
+            && on(ps, "shared").filter(|p| created(p)).count() == 3
+            && on(ps, "shared").filter(|p| waiting(p)).count() == 3
+    })
+    .await;
+    assert_eq!(inserts(&shared).await, 3, "one budget for both pools");
+
+    // A minute on, the three waiting members are created.
+    clock.advance(Duration::from_secs(60));
+    for p in on(&state, "shared").filter(|p| waiting(p)) {
+        pokes.unbounded_send(ObjectRef::new(&p.name_any()).within(NS)).unwrap();
+    }
+    wait_for_state(&proxies, "all 6 created", |ps| {
+        on(ps, "shared").filter(|p| created(p)).count() == 6
+    })
+    .await;
+    assert_eq!(inserts(&shared).await, 6);
+}
