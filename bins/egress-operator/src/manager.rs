@@ -162,24 +162,14 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
     }
     tasks.spawn(keep_credentials);
-    let mut metrics = prometheus_client::registry::Registry::default();
-    loaded.provider_metrics.register(&mut metrics);
-    loaded.create_budgets.register(&mut metrics);
-    let health_metrics = egress_health::HealthMetrics::new();
-    health_metrics.register(&mut metrics);
-    egress_controller::metrics::register(&mut metrics, provider_health.clone(), cache.store());
-    let pool_metrics = egress_controller::pool::PoolMetrics::new();
-    pool_metrics.register(&mut metrics, cache.store());
-    let probe_target = egress_controller::probe_target::ProbeTarget::new(options.health_check_url.clone());
-    probe_target.register(&mut metrics);
-    // controller-runtime's families, for dashboards built for the Go operator.
-    let reconcile_metrics = ReconcileMetrics::new(ControllerConfig::default().concurrency);
-    reconcile_metrics.register(&mut metrics);
-    rest_metrics.register(&mut metrics);
-    egress_controller::runtime_metrics::register_process(&mut metrics);
-    metrics.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
-    metrics.register_collector(Box::new(egress_controller::metrics::CooldownsDropped(store.clone())));
-    let metrics = Arc::new(Mutex::new(metrics));
+    let Served {
+        registry,
+        health_metrics,
+        pool_metrics,
+        probe_target,
+        reconcile_metrics,
+    } = served(options, loaded, &rest_metrics, &provider_health, &cache, &store);
+    let metrics = Arc::new(Mutex::new(registry));
     let mut essential: HashSet<Id> = [cache_task, tasks.spawn(sweep(store.clone(), shutdown.clone())).id()].into();
 
     let limits = egress_http::Limits {
@@ -307,6 +297,50 @@ struct Running {
     essential: HashSet<Id>,
 }
 
+/// Every family the metrics server serves, and the parts of the manager that feed them.
+struct Served {
+    registry: prometheus_client::registry::Registry,
+    health_metrics: egress_health::HealthMetrics,
+    pool_metrics: egress_controller::pool::PoolMetrics,
+    probe_target: egress_controller::probe_target::ProbeTarget,
+    reconcile_metrics: ReconcileMetrics,
+}
+
+/// Registers every family a replica serves (a standby's too, so a scrape finds the same ones).
+fn served(
+    options: &Options,
+    loaded: &Loaded,
+    rest_metrics: &crate::rest_metrics::RestClientMetrics,
+    provider_health: &ProviderHealthSnapshot,
+    cache: &ProxyCache,
+    store: &Arc<dyn LeaseStore>,
+) -> Served {
+    let mut registry = prometheus_client::registry::Registry::default();
+    loaded.provider_metrics.register(&mut registry);
+    loaded.create_budgets.register(&mut registry);
+    let health_metrics = egress_health::HealthMetrics::new();
+    health_metrics.register(&mut registry);
+    egress_controller::metrics::register(&mut registry, provider_health.clone(), cache.store());
+    let pool_metrics = egress_controller::pool::PoolMetrics::new();
+    pool_metrics.register(&mut registry, cache.store());
+    let probe_target = egress_controller::probe_target::ProbeTarget::new(options.health_check_url.clone());
+    probe_target.register(&mut registry);
+    // controller-runtime's families, for dashboards built for the Go operator.
+    let reconcile_metrics = ReconcileMetrics::new(ControllerConfig::default().concurrency);
+    reconcile_metrics.register(&mut registry);
+    rest_metrics.register(&mut registry);
+    egress_controller::runtime_metrics::register_process(&mut registry);
+    registry.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
+    registry.register_collector(Box::new(egress_controller::metrics::CooldownsDropped(store.clone())));
+    Served {
+        registry,
+        health_metrics,
+        pool_metrics,
+        probe_target,
+        reconcile_metrics,
+    }
+}
+
 /// Step 4: the leader's work.
 fn start_leader_tasks(
     options: &Options,
@@ -355,42 +389,16 @@ fn start_leader_tasks(
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
         (Health::Scripted { verdicts, events }, _) => (verdicts, events),
         (Health::Engine, roots) => {
-            let (prober, follower) = roots
-                .ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?
-                .prober();
-            // The default target is fetched directly too, so a pool that stops remediation can
-            // say whether the target or its members are down.
-            tasks.spawn(probe_target.clone().run(prober.clone(), work.clone()));
+            let source = egress_controller::health::CachedProxies {
+                cache: cache.clone(),
+                default_url: options.health_check_url.clone(),
+                credentials: credentials.clone(),
+            };
+            let (verdicts, events, engine) =
+                start_health_engine(options, roots, source, health_metrics, &probe_target, &mut tasks, &work)?;
+            essential.insert(engine);
             fetched_target = Some(probe_target);
-            if let Some(follower) = follower {
-                // This replica may have waited long for the Lease: the file as it is now, before
-                // the first probe.
-                let mut following = crate::followed::Following::new(follower);
-                following.check_now();
-                tasks.spawn(following.run(crate::followed::FILE_POLL, work.clone()));
-            }
-            let snapshot = egress_health::Snapshot::default();
-            let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
-            let engine = egress_health::Engine::new(
-                Arc::new(egress_controller::health::CachedProxies {
-                    cache: cache.clone(),
-                    default_url: options.health_check_url.clone(),
-                    credentials: credentials.clone(),
-                }),
-                prober,
-                egress_health::EngineConfig {
-                    workers: options.health_workers,
-                    trace_probes: options.trace_health_probes,
-                    ..Default::default()
-                },
-                health_metrics,
-                snapshot.clone(),
-                tx,
-            );
-            essential.insert(tasks.spawn(engine.run(work.clone())).id());
-            let events =
-                tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| egress_controller::health::object_ref(&key));
-            (Arc::new(snapshot), Box::pin(events))
+            (verdicts, events)
         }
     };
     let ctx = Arc::new(
@@ -455,6 +463,48 @@ fn start_leader_tasks(
         .run(work),
     );
     Ok(Running { tasks, essential })
+}
+
+/// The leader's health engine over `source`, with its CA file followed and its default target
+/// also fetched directly (so a pool that stops remediation can say whether the target or its
+/// members are down): the verdicts and events the reconciler takes, and the engine's task.
+fn start_health_engine(
+    options: &Options,
+    roots: Option<crate::probe_tls::ProbeRoots>,
+    source: egress_controller::health::CachedProxies,
+    health_metrics: egress_health::HealthMetrics,
+    probe_target: &egress_controller::probe_target::ProbeTarget,
+    tasks: &mut JoinSet<()>,
+    work: &CancellationToken,
+) -> Result<(Arc<dyn HealthVerdicts>, HealthEvents, Id), Fatal> {
+    let (prober, follower) = roots
+        .ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?
+        .prober();
+    tasks.spawn(probe_target.clone().run(prober.clone(), work.clone()));
+    if let Some(follower) = follower {
+        // This replica may have waited long for the Lease: the file as it is now, before the
+        // first probe.
+        let mut following = crate::followed::Following::new(follower);
+        following.check_now();
+        tasks.spawn(following.run(crate::followed::FILE_POLL, work.clone()));
+    }
+    let snapshot = egress_health::Snapshot::default();
+    let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
+    let engine = egress_health::Engine::new(
+        Arc::new(source),
+        prober,
+        egress_health::EngineConfig {
+            workers: options.health_workers,
+            trace_probes: options.trace_health_probes,
+            ..Default::default()
+        },
+        health_metrics,
+        snapshot.clone(),
+        tx,
+    );
+    let id = tasks.spawn(engine.run(work.clone())).id();
+    let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| egress_controller::health::object_ref(&key));
+    Ok((Arc::new(snapshot), Box::pin(events), id))
 }
 
 /// Step 5: runs until shutdown, a lost Lease, or an essential part that ends.

@@ -355,11 +355,8 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     }
 
     let reference = kube::Resource::object_ref(pool, &());
-    let gate = gate(ctx, &uid, &desired, &members, now);
-    let condition = remediation_condition(&gate, &desired, &watched.backoff, probe_target_note(ctx, pool));
     let mut events = watched.events;
-    events.extend(gate_event(ctx, &uid, &gate, &condition));
-    set_remediation(&mut status, &gate, &condition, &watched.backoff, generation, &now_time);
+    let gate = gate(ctx, pool, &desired, &members, now, &mut status, &mut events);
     ctx.metrics
         .record_remediation(&pool_labels, &gate, &watched.backoff, now);
     let mut wrote = Expected::default();
@@ -414,113 +411,23 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         &members.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>(),
         gate.allows(),
     );
-    if let Some(next) = watched.next_judgement {
-        decided.recheck = Some(decided.recheck.map_or(next, |r| r.min(next)));
-    }
-    if let Some(wait) = gate.wait() {
-        decided.recheck = Some(decided.recheck.map_or(wait, |r| r.min(wait)));
+    // Look again when a member's grace ends, and when the gate may open by itself.
+    for after in [watched.next_judgement, gate.wait()].into_iter().flatten() {
+        decided.recheck_in(after);
     }
     span.record("pool.steps", decided.steps.len());
-    let by_member: HashMap<&str, &Member> = members.iter().map(|(_, m)| (m.name.as_str(), m)).collect();
-    let mut create_failed = false;
-    for step in decided.steps.iter().take(MAX_WRITES) {
-        match step {
-            Step::Create(role) => match proxies.create(&post_params(), &new_member(pool, *role, &hash)).await {
-                Ok(made) => {
-                    ctx.create_failures
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&uid);
-                    ctx.metrics
-                        .creates
-                        .get_or_create(&CreateLabels {
-                            namespace: namespace.clone(),
-                            pool: name.clone(),
-                            role: role.as_str(),
-                        })
-                        .inc();
-                    events.push(normal(
-                        "MemberCreated",
-                        format!("created {} member {}", role.as_str(), made.name_any()),
-                    ));
-                    wrote.created.push(made.name_any());
-                }
-                Err(e) => {
-                    // Kept for ReplicaFailure; the other steps go on (a promotion must not wait
-                    // for a create the API server refuses).
-                    let why = format!("creating a member: {e}");
-                    ctx.create_failures
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(uid.clone(), why.clone());
-                    if !create_failed {
-                        events.push(warning("MemberCreateFailed", why));
-                    }
-                    create_failed = true;
-                }
-            },
-            Step::Promote(member) => {
-                let patch = json!({"metadata": {
-                    "labels": {LABEL_POOL_ROLE: PoolRole::Active.as_str()},
-                    "annotations": {ANNOTATION_DRAINING_SINCE: null}}});
-                if patch_member(&proxies, member, patch).await? {
-                    ctx.metrics.promotions.get_or_create(&pool_labels).inc();
-                    events.push(normal("Promoted", format!("standby {member} now takes leases")));
-                    wrote.roles.push((member.clone(), PoolRole::Active));
-                }
-            }
-            Step::Drain(member) => {
-                let reason = by_member
-                    .get(member.as_str())
-                    .map_or("scale_down", |m| drain_reason(m, &desired, deleting));
-                let patch = json!({"metadata": {
-                    "labels": {LABEL_POOL_ROLE: PoolRole::Draining.as_str()},
-                    "annotations": {ANNOTATION_DRAINING_SINCE: now.to_string()}}});
-                if patch_member(&proxies, member, patch).await? {
-                    ctx.metrics
-                        .drains
-                        .get_or_create(&DrainLabels {
-                            namespace: namespace.clone(),
-                            pool: name.clone(),
-                            reason,
-                        })
-                        .inc();
-                    let note = format!(
-                        "{member} gets no new leases ({}); it goes when its leases end, at most {}s from now",
-                        reason.replace('_', " "),
-                        desired.drain_timeout.as_secs()
-                    );
-                    events.push(normal("Draining", note));
-                    wrote.roles.push((member.clone(), PoolRole::Draining));
-                }
-            }
-            Step::Delete(member) => {
-                match proxies.delete(member, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(source) => {
-                        return Err(PoolError::Kube {
-                            what: "a member's delete",
-                            source,
-                        });
-                    }
-                }
-                let why = by_member.get(member.as_str()).map_or("", |m| {
-                    if m.role == PoolRole::Draining {
-                        if m.leases == 0 {
-                            " (its leases ended)"
-                        } else {
-                            " (its drain timeout passed)"
-                        }
-                    } else {
-                        ""
-                    }
-                });
-                events.push(normal("MemberDeleted", format!("deleted member {member}{why}")));
-                wrote.deleted.push(member.clone());
-            }
-        }
-    }
+    let writer = Writer {
+        ctx,
+        pool,
+        proxies: &proxies,
+        hash: &hash,
+        labels: &pool_labels,
+        members: members.iter().map(|(_, m)| (m.name.as_str(), m)).collect(),
+        desired: &desired,
+        deleting,
+        now,
+    };
+    writer.perform(&decided.steps, &mut wrote, &mut events).await?;
     let more = decided.steps.len() > MAX_WRITES;
     let settled = decided.steps.is_empty() && at_rest(&desired, &members);
     if !decided.steps.is_empty() || wrote.pool_generation.is_some() {
@@ -595,6 +502,162 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         next = Duration::from_millis(200);
     }
     Ok(Action::requeue(next))
+}
+
+/// What a pass's steps are written with: each step is one write to the API server.
+struct Writer<'a> {
+    ctx: &'a PoolContext,
+    pool: &'a ProxyPool,
+    proxies: &'a Api<Proxy>,
+    hash: &'a str,
+    labels: &'a PoolLabels,
+    /// The members as planned on, by name.
+    members: HashMap<&'a str, &'a Member>,
+    desired: &'a Desired,
+    deleting: bool,
+    now: Timestamp,
+}
+
+impl Writer<'_> {
+    /// Performs the first [`MAX_WRITES`] of `steps`, noting in `wrote` what the cache should show
+    /// next and in `events` what happened. A create the API server refuses is kept for
+    /// `ReplicaFailure` and the other steps go on (a promotion must not wait for it).
+    async fn perform(
+        &self,
+        steps: &[Step],
+        wrote: &mut Expected,
+        events: &mut Vec<ProxyEvent>,
+    ) -> Result<(), PoolError> {
+        let mut create_failed = false;
+        for step in steps.iter().take(MAX_WRITES) {
+            match step {
+                Step::Create(role) => match self.create(*role).await {
+                    Ok((name, event)) => {
+                        events.push(event);
+                        wrote.created.push(name);
+                    }
+                    Err(why) => {
+                        if !create_failed {
+                            events.push(warning("MemberCreateFailed", why));
+                        }
+                        create_failed = true;
+                    }
+                },
+                Step::Promote(member) => {
+                    if let Some(event) = self.promote(member).await? {
+                        events.push(event);
+                        wrote.roles.push((member.clone(), PoolRole::Active));
+                    }
+                }
+                Step::Drain(member) => {
+                    if let Some(event) = self.drain(member).await? {
+                        events.push(event);
+                        wrote.roles.push((member.clone(), PoolRole::Draining));
+                    }
+                }
+                Step::Delete(member) => {
+                    events.push(self.delete(member).await?);
+                    wrote.deleted.push(member.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A new member in `role`: its name and Event, or why the API server refused it.
+    async fn create(&self, role: PoolRole) -> Result<(String, ProxyEvent), String> {
+        let uid = self.pool.uid().unwrap_or_default();
+        let failures = &self.ctx.create_failures;
+        match self
+            .proxies
+            .create(&post_params(), &new_member(self.pool, role, self.hash))
+            .await
+        {
+            Ok(made) => {
+                failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+                self.ctx
+                    .metrics
+                    .creates
+                    .get_or_create(&CreateLabels {
+                        namespace: self.labels.namespace.clone(),
+                        pool: self.labels.pool.clone(),
+                        role: role.as_str(),
+                    })
+                    .inc();
+                let note = format!("created {} member {}", role.as_str(), made.name_any());
+                Ok((made.name_any(), normal("MemberCreated", note)))
+            }
+            Err(e) => {
+                let why = format!("creating a member: {e}");
+                failures
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(uid, why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// A standby made active; its Event, none when it is gone already.
+    async fn promote(&self, member: &str) -> Result<Option<ProxyEvent>, PoolError> {
+        let patch = json!({"metadata": {
+            "labels": {LABEL_POOL_ROLE: PoolRole::Active.as_str()},
+            "annotations": {ANNOTATION_DRAINING_SINCE: null}}});
+        if !patch_member(self.proxies, member, patch).await? {
+            return Ok(None);
+        }
+        self.ctx.metrics.promotions.get_or_create(self.labels).inc();
+        Ok(Some(normal("Promoted", format!("standby {member} now takes leases"))))
+    }
+
+    /// A member drained; its Event, none when it is gone already.
+    async fn drain(&self, member: &str) -> Result<Option<ProxyEvent>, PoolError> {
+        let reason = self
+            .members
+            .get(member)
+            .map_or("scale_down", |m| drain_reason(m, self.desired, self.deleting));
+        let patch = json!({"metadata": {
+            "labels": {LABEL_POOL_ROLE: PoolRole::Draining.as_str()},
+            "annotations": {ANNOTATION_DRAINING_SINCE: self.now.to_string()}}});
+        if !patch_member(self.proxies, member, patch).await? {
+            return Ok(None);
+        }
+        self.ctx
+            .metrics
+            .drains
+            .get_or_create(&DrainLabels {
+                namespace: self.labels.namespace.clone(),
+                pool: self.labels.pool.clone(),
+                reason,
+            })
+            .inc();
+        let note = format!(
+            "{member} gets no new leases ({}); it goes when its leases end, at most {}s from now",
+            reason.replace('_', " "),
+            self.desired.drain_timeout.as_secs()
+        );
+        Ok(Some(normal("Draining", note)))
+    }
+
+    /// A member deleted (or gone already); its Event, with why a draining one went.
+    async fn delete(&self, member: &str) -> Result<ProxyEvent, PoolError> {
+        match self.proxies.delete(member, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(PoolError::Kube {
+                    what: "a member's delete",
+                    source,
+                });
+            }
+        }
+        let why = match self.members.get(member) {
+            Some(m) if m.role == PoolRole::Draining && m.leases == 0 => " (its leases ended)",
+            Some(m) if m.role == PoolRole::Draining => " (its drain timeout passed)",
+            _ => "",
+        };
+        Ok(normal("MemberDeleted", format!("deleted member {member}{why}")))
+    }
 }
 
 /// The autoscaler's look at a pool: the number of members its load wants now, and the Event's
@@ -722,11 +785,7 @@ fn watch_members<'a>(
     let observed: Vec<Observed<'_>> = members
         .iter()
         .zip(&healths)
-        .map(|((_, m), h)| Observed {
-            name: &m.name,
-            ready: m.ready,
-            failed_creation: m.failed && !h.proven && m.role != PoolRole::Draining,
-        })
+        .map(|((_, m), h)| Observed::of(m, h))
         .collect();
     let never_ready = watch.observe(&observed, look.now);
     let backoff = watch.backoff();
@@ -751,13 +810,36 @@ fn watch_members<'a>(
     }
 }
 
-/// Whether the pass may replace failed members and make new ones.
-fn gate(ctx: &PoolContext, uid: &str, desired: &Desired, members: &[(&Proxy, Member)], now: Timestamp) -> Gate {
+/// Whether the pass may replace failed members and make new ones: the gate, written into
+/// `status` (`RemediationAllowed` and the counts), with its Event when it changed.
+fn gate(
+    ctx: &PoolContext,
+    pool: &ProxyPool,
+    desired: &Desired,
+    members: &[(&Proxy, Member)],
+    now: Timestamp,
+    status: &mut ProxyPoolStatus,
+    events: &mut Vec<ProxyEvent>,
+) -> Gate {
+    let uid = pool.uid().unwrap_or_default();
     let list: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
     let share = share(desired.max_unhealthy, &list);
-    let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
-    let watch = &mut watches.entry(uid.to_owned()).or_default().watch;
-    watch.gate(share, desired.startup_grace, now)
+    let (gate, backoff) = {
+        let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
+        let watch = &mut watches.entry(uid.clone()).or_default().watch;
+        (watch.gate(share, desired.startup_grace, now), watch.backoff())
+    };
+    let condition = remediation_condition(&gate, desired, &backoff, probe_target_note(ctx, pool));
+    events.extend(gate_event(ctx, &uid, &gate, &condition));
+    set_remediation(
+        status,
+        &gate,
+        &condition,
+        &backoff,
+        pool.metadata.generation,
+        &Time(now),
+    );
+    gate
 }
 
 /// What fetching the probe target directly found, for a pool whose members probe it.

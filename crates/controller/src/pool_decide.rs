@@ -96,7 +96,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn recheck_in(&mut self, after: Duration) {
+    /// Looks again after `after` at the latest.
+    pub fn recheck_in(&mut self, after: Duration) {
         self.recheck = Some(self.recheck.map_or(after, |r| r.min(after)));
     }
 }
@@ -155,29 +156,37 @@ pub fn plan(desired: &Desired, members: &[Member], may_replace: bool) -> Plan {
         plan.steps.push(Step::Drain(m.name.clone()));
     }
 
-    // 5: rollout and rotation of the active members, the ones not Ready first, then the oldest.
-    let mut to_replace: Vec<&Member> = actives.iter().copied().filter(|m| outdated(m)).collect();
-    to_replace.sort_by_key(|m| (m.ready, std::cmp::Reverse(m.age)));
-    let mut ready_actives = actives.iter().filter(|m| m.ready).count();
-    let floor = replicas.saturating_sub(desired.max_unavailable as usize);
-    let mut unswapped = 0;
-    for old in to_replace {
-        let spare = standbys.iter().position(|s| s.ready && !outdated(s));
-        if let Some(i) = spare {
-            let new = standbys.remove(i);
-            plan.steps.push(Step::Promote(new.name.clone()));
-            plan.steps.push(Step::Drain(old.name.clone()));
-        } else if may_replace && (!old.ready || ready_actives > floor) {
-            // Draining it leaves at least the floor leasable; its replacement is made now.
-            ready_actives -= usize::from(old.ready);
-            plan.steps.push(Step::Drain(old.name.clone()));
-            plan.steps.push(Step::Create(Role::Active));
-        } else {
-            unswapped += 1;
+    // 5: rollout and rotation.
+    let unswapped = roll(&mut plan, desired, &actives, &mut standbys, &outdated, may_replace);
+
+    // 6: standbys.
+    keep_standbys(&mut plan, desired, &standbys, unswapped, &outdated, may_replace);
+
+    // Rotation: look again when the youngest member still in date comes of age.
+    if let Some(max_age) = desired.max_age.filter(|_| !desired.paused) {
+        let next = members
+            .iter()
+            .filter(|m| m.role != Role::Draining && m.age < max_age)
+            .map(|m| max_age - m.age)
+            .min();
+        if let Some(next) = next {
+            plan.recheck_in(next);
         }
     }
+    plan
+}
 
-    // 6: standbys. Current ones up to the target plus the surge the rollout needs.
+/// Rule 6: current standbys up to `standby` plus the surge `unswapped` outdated members need
+/// (made only when `may_replace`), a surplus deleted, not Ready first, then the oldest, and
+/// outdated ones deleted once enough current ones are Ready.
+fn keep_standbys(
+    plan: &mut Plan,
+    desired: &Desired,
+    standbys: &[&Member],
+    unswapped: usize,
+    outdated: &impl Fn(&Member) -> bool,
+    may_replace: bool,
+) {
     let current: Vec<&Member> = standbys.iter().copied().filter(|m| !outdated(m)).collect();
     let stale: Vec<&Member> = standbys.iter().copied().filter(|m| outdated(m)).collect();
     let surge = unswapped.min(desired.max_surge as usize);
@@ -200,17 +209,39 @@ pub fn plan(desired: &Desired, members: &[Member], may_replace: bool) -> Plan {
             plan.steps.push(Step::Delete(m.name.clone()));
         }
     }
+}
 
-    // Rotation: look again when the youngest member still in date comes of age.
-    if let Some(max_age) = desired.max_age.filter(|_| !desired.paused) {
-        let next = members
-            .iter()
-            .filter(|m| m.role != Role::Draining && m.age < max_age)
-            .map(|m| max_age - m.age)
-            .min();
-        if let Some(next) = next {
-            plan.recheck_in(next);
+/// Rule 5, rollout and rotation of the `actives` that are `outdated`, the ones not Ready first,
+/// then the oldest: each is swapped for a Ready standby of the current template (taken from
+/// `standbys`), or drained and made again while that leaves `replicas - maxUnavailable`
+/// leasable. Returns how many wait for a surge standby.
+fn roll<'a>(
+    plan: &mut Plan,
+    desired: &Desired,
+    actives: &[&'a Member],
+    standbys: &mut Vec<&'a Member>,
+    outdated: &impl Fn(&Member) -> bool,
+    may_replace: bool,
+) -> usize {
+    let mut to_replace: Vec<&Member> = actives.iter().copied().filter(|m| outdated(m)).collect();
+    to_replace.sort_by_key(|m| (m.ready, std::cmp::Reverse(m.age)));
+    let mut ready_actives = actives.iter().filter(|m| m.ready).count();
+    let floor = (desired.replicas as usize).saturating_sub(desired.max_unavailable as usize);
+    let mut unswapped = 0;
+    for old in to_replace {
+        let spare = standbys.iter().position(|s| s.ready && !outdated(s));
+        if let Some(i) = spare {
+            let new = standbys.remove(i);
+            plan.steps.push(Step::Promote(new.name.clone()));
+            plan.steps.push(Step::Drain(old.name.clone()));
+        } else if may_replace && (!old.ready || ready_actives > floor) {
+            // Draining it leaves at least the floor leasable; its replacement is made now.
+            ready_actives -= usize::from(old.ready);
+            plan.steps.push(Step::Drain(old.name.clone()));
+            plan.steps.push(Step::Create(Role::Active));
+        } else {
+            unswapped += 1;
         }
     }
-    plan
+    unswapped
 }

@@ -213,6 +213,17 @@ pub struct Observed<'a> {
     pub failed_creation: bool,
 }
 
+impl<'a> Observed<'a> {
+    /// The member `m` as judged, with what its Proxy showed (`h`).
+    pub fn of(m: &'a Member, h: &Health) -> Self {
+        Self {
+            name: &m.name,
+            ready: m.ready,
+            failed_creation: m.failed && !h.proven && m.role != Role::Draining,
+        }
+    }
+}
+
 impl Watch {
     /// A watch that goes on from `backoff`, and from a widespread failure when `stopped` (a new
     /// leader's, from the pool's status).

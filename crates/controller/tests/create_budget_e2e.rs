@@ -166,6 +166,56 @@ async fn password(secrets: &Api<Secret>, p: &Proxy) -> Vec<u8> {
     secret.data.unwrap()[egress_credentials::PASSWORD_KEY].0.clone()
 }
 
+/// The reconciler running on `providers` with create budgets on a frozen clock.
+struct Running {
+    clock: ManualClock,
+    /// The budgets' metrics.
+    metrics: prometheus_client::registry::Registry,
+    health: Arc<CountingHealth>,
+    /// Asks for a pass of a Proxy (as a health event does).
+    poke: Box<dyn Fn(&str)>,
+    cache: egress_controller::proxy_cache::ProxyCache,
+    shutdown: CancellationToken,
+}
+
+fn start(client: &kube::Client, providers: Arc<Providers>) -> Running {
+    let clock = ManualClock::new();
+    let budgets = CreateBudgets::for_providers(&providers, Arc::new(clock.clone()));
+    let mut metrics = prometheus_client::registry::Registry::default();
+    budgets.register(&mut metrics);
+    let health = Arc::new(CountingHealth {
+        passes: tokio::sync::watch::channel(HashMap::new()).0,
+    });
+    let shutdown = CancellationToken::new();
+    let ctx = Context::new(
+        client.clone(),
+        providers,
+        health.clone(),
+        common::fast_timings(),
+        None,
+        shutdown.clone(),
+    )
+    .with_create_budgets(budgets);
+    let (pokes, health_events) = futures::channel::mpsc::unbounded::<ObjectRef<Proxy>>();
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
+    tokio::spawn(keep_cache);
+    tokio::spawn(controller(
+        Arc::new(ctx),
+        ControllerConfig::default(),
+        cache.clone(),
+        health_events,
+        shutdown.clone(),
+    ));
+    Running {
+        clock,
+        metrics,
+        health,
+        poke: Box::new(move |name| pokes.unbounded_send(ObjectRef::new(name).within(NS)).unwrap()),
+        cache,
+        shutdown,
+    }
+}
+
 #[tokio::test]
 async fn the_create_budget_holds_across_the_proxies_of_an_entry_and_is_separate_per_entry() {
     let server = TestServer::builder()
@@ -177,36 +227,15 @@ async fn the_create_budget_holds_across_the_proxies_of_an_entry_and_is_separate_
     let client = server.client().unwrap();
     let (tight, roomy) = (MemoryBackend::new(), MemoryBackend::new());
     let providers = providers(&[("tight", &tight, Some(3)), ("roomy", &roomy, None)]);
-    let clock = ManualClock::new();
-    let budgets = CreateBudgets::for_providers(&providers, Arc::new(clock.clone()));
-    let mut metrics = prometheus_client::registry::Registry::default();
-    budgets.register(&mut metrics);
-    let health = Arc::new(CountingHealth {
-        passes: tokio::sync::watch::channel(HashMap::new()).0,
-    });
-    let shutdown = CancellationToken::new();
-    let _stop = shutdown.clone().drop_guard();
-    let ctx = Context::new(
-        client.clone(),
-        providers,
-        health.clone(),
-        common::fast_timings(),
-        None,
-        shutdown.clone(),
-    )
-    .with_create_budgets(budgets);
-    // Health events are how the test asks for a pass of a given Proxy.
-    let (pokes, health_events) = futures::channel::mpsc::unbounded::<ObjectRef<Proxy>>();
-    let poke = |name: &str| pokes.unbounded_send(ObjectRef::new(name).within(NS)).unwrap();
-    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
-    tokio::spawn(keep_cache);
-    tokio::spawn(controller(
-        Arc::new(ctx),
-        ControllerConfig::default(),
-        cache,
-        health_events,
-        shutdown.clone(),
-    ));
+    let Running {
+        clock,
+        metrics,
+        health,
+        poke,
+        shutdown,
+        ..
+    } = start(&client, providers);
+    let _stop = shutdown.drop_guard();
 
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), NS);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
@@ -350,32 +379,14 @@ async fn the_create_budget_holds_across_two_pools_on_one_entry() {
     let client = server.client().unwrap();
     let shared = MemoryBackend::new();
     let providers = providers(&[("shared", &shared, Some(3))]);
-    let clock = ManualClock::new();
-    let budgets = CreateBudgets::for_providers(&providers, Arc::new(clock.clone()));
-    let health = Arc::new(CountingHealth {
-        passes: tokio::sync::watch::channel(HashMap::new()).0,
-    });
-    let shutdown = CancellationToken::new();
+    let Running {
+        clock,
+        poke,
+        cache,
+        shutdown,
+        ..
+    } = start(&client, providers);
     let _stop = shutdown.clone().drop_guard();
-    let ctx = Context::new(
-        client.clone(),
-        providers,
-        health.clone(),
-        common::fast_timings(),
-        None,
-        shutdown.clone(),
-    )
-    .with_create_budgets(budgets);
-    let (pokes, health_events) = futures::channel::mpsc::unbounded::<ObjectRef<Proxy>>();
-    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
-    tokio::spawn(keep_cache);
-    tokio::spawn(controller(
-        Arc::new(ctx),
-        ControllerConfig::default(),
-        cache.clone(),
-        health_events,
-        shutdown.clone(),
-    ));
     let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
         Arc::new(egress_lease::SystemClock),
         Duration::from_secs(60),
@@ -416,7 +427,7 @@ async fn the_create_budget_holds_across_two_pools_on_one_entry() {
     // A minute on, the three waiting members are created.
     clock.advance(Duration::from_secs(60));
     for p in on(&state, "shared").filter(|p| waiting(p)) {
-        pokes.unbounded_send(ObjectRef::new(&p.name_any()).within(NS)).unwrap();
+        poke(&p.name_any());
     }
     wait_for_state(&proxies, "all 6 created", |ps| {
         on(ps, "shared").filter(|p| created(p)).count() == 6

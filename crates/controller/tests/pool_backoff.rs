@@ -5,6 +5,8 @@
 //! that counts failed creations, the gate, and the plan. Every create is a real call to the
 //! reference provider, counted there.
 
+mod common;
+
 use std::time::Duration;
 
 use egress_api::{
@@ -16,7 +18,7 @@ use egress_conformance::memory::{INSERT, MemoryBackend, MemoryProvider, MemoryTa
 use egress_controller::pool_decide::{Step, plan};
 use egress_controller::pool_remediation::{BACKOFF_CAP, Observed, Watch, delay, share};
 use egress_controller::pool_view::{Look, desired, health, member, new_member, template_hash};
-use egress_provider::{CreateRequest, OpCtx, Placement, Provider, ProviderId, name_from_uid};
+use egress_provider::{OpCtx, Provider, ProviderId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -49,22 +51,7 @@ async fn make(provider: &MemoryProvider, pool: &ProxyPool, role: PoolRole, n: us
     proxy.metadata.name = Some(format!("dud-{n}"));
     proxy.metadata.uid = Some(format!("uid-{n}"));
     proxy.metadata.creation_timestamp = Some(Time(now));
-    let request = CreateRequest {
-        name: name_from_uid(&format!("uid-{n}")),
-        uid: format!("uid-{n}"),
-        namespace: "crawl".into(),
-        proxy_name: format!("dud-{n}"),
-        placement: Placement {
-            zone: "zone-a".into(),
-            machine_type: "small".into(),
-            image: "debian-13".into(),
-            ..Default::default()
-        },
-        cloud_init: Vec::new(),
-        port: 3128,
-        installation: None,
-        credentials: None,
-    };
+    let request = common::mem_request(&format!("uid-{n}"), "crawl", &format!("dud-{n}"));
     let instance = provider.create(&OpCtx::background(), &request).await.unwrap();
     let mut status = ProxyStatus {
         phase: Some(Phase::Unhealthy),
@@ -109,14 +96,7 @@ async fn an_hour_of_passes() -> (Vec<i64>, usize) {
                 (member(&s.proxy, role, 0, proven, &look), health(&s.proxy, proven, now))
             })
             .collect();
-        let observed: Vec<Observed<'_>> = judged
-            .iter()
-            .map(|(m, h)| Observed {
-                name: &m.name,
-                ready: m.ready,
-                failed_creation: m.failed && !h.proven && m.role != PoolRole::Draining,
-            })
-            .collect();
+        let observed: Vec<Observed<'_>> = judged.iter().map(|(m, h)| Observed::of(m, h)).collect();
         watch.observe(&observed, now);
         let list: Vec<_> = judged.into_iter().map(|(m, _)| m).collect();
         let gate = watch.gate(share(wanted.max_unhealthy, &list), wanted.startup_grace, now);
