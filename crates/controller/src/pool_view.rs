@@ -345,6 +345,16 @@ mod tests {
             desired(&spec, false).unwrap_err(),
             "spec.maxAge: time: invalid duration \"9999999999h\""
         );
+        spec.max_age = None;
+        spec.startup_grace = Some("9999999999h".into());
+        assert_eq!(
+            desired(&spec, false).unwrap_err(),
+            "spec.startupGrace: time: invalid duration \"9999999999h\""
+        );
+        // A value the schema refuses, as an object that bypassed it would carry it.
+        spec.startup_grace = None;
+        spec.max_unhealthy = Some(egress_api::IntOrString::String("half".into()));
+        assert!(desired(&spec, false).unwrap_err().starts_with("spec.maxUnhealthy: "));
     }
 
     #[test]
