@@ -741,7 +741,12 @@ impl HealthWatch {
             not_before: status.next_replacement_time.as_ref().map(|t| t.0),
         };
         Self {
-            watch: Watch::resuming(backoff, announced.as_deref() == Some("TooManyUnhealthy")),
+            // Stopped, or recovering from it: the new leader's hold starts when it finds the
+            // failure over.
+            watch: Watch::resuming(
+                backoff,
+                matches!(announced.as_deref(), Some("TooManyUnhealthy" | "Recovering")),
+            ),
             announced,
         }
     }
@@ -1034,4 +1039,47 @@ pub async fn run(ctx: Arc<PoolContext>, namespace: Option<String>, shutdown: Can
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_api::Condition;
+
+    /// A status whose `RemediationAllowed` condition has `reason`.
+    fn status_with(reason: &str) -> ProxyPoolStatus {
+        ProxyPoolStatus {
+            conditions: vec![Condition {
+                type_: pool_remediation::CONDITION.into(),
+                status: ConditionStatus::False,
+                observed_generation: None,
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                reason: reason.into(),
+                message: String::new(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_new_leader_holds_a_recovery_it_finds_stopped_or_under_way() {
+        let grace = Duration::from_secs(60);
+        let within = pool_remediation::Share {
+            failed: 1,
+            members: 6,
+            allowed: 2,
+        };
+        let now = Timestamp::UNIX_EPOCH;
+        for (reason, holds) in [("TooManyUnhealthy", true), ("Recovering", true), ("BackingOff", false)] {
+            let mut watch = HealthWatch::from_status(Some(&status_with(reason))).watch;
+            let gate = watch.gate(within, grace, now);
+            assert_eq!(gate.wait().is_some(), holds, "{reason}: {gate:?}");
+            assert_eq!(
+                HealthWatch::from_status(Some(&status_with(reason)))
+                    .announced
+                    .as_deref(),
+                Some(reason)
+            );
+        }
+    }
 }
