@@ -122,6 +122,8 @@ struct Replica {
     namespace: Option<String>,
     cache: ProxyCache,
     credentials: CredentialCache,
+    /// The discovery API's view of the Proxies, which the leader publishes to a shared store.
+    directory: Arc<egress_controller::discovery::LiveDirectory>,
     store: Arc<dyn LeaseStore>,
     metrics: Arc<Mutex<prometheus_client::registry::Registry>>,
     health_metrics: egress_health::HealthMetrics,
@@ -155,6 +157,8 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         egress_controller::proxy_cache::proxy_cache(client.clone(), namespace.as_deref(), shutdown.clone());
     let (credentials, keep_credentials) =
         egress_controller::credentials::credential_cache(client.clone(), namespace.as_deref(), shutdown.clone());
+    // One directory for the API and the leader's view publisher, following both caches.
+    let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials);
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
     if let Some(follower) = follow_tls {
@@ -212,10 +216,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
         let auth = discovery_auth::start(options, &client, &own_namespace(&client), &mut tasks, shutdown).await;
         let api = egress_discovery::DiscoveryApi {
-            directory: Arc::new(egress_controller::discovery::CachedDirectory::new(
-                cache.clone(),
-                credentials.clone(),
-            )),
+            directory: directory.clone(),
             store: store.clone(),
             max_ttl: options.max_lease_ttl,
             auth,
@@ -239,6 +240,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         namespace,
         cache,
         credentials,
+        directory,
         store,
         metrics,
         health_metrics,
@@ -354,6 +356,7 @@ fn start_leader_tasks(
         namespace,
         cache,
         credentials,
+        directory,
         store,
         metrics: _,
         health_metrics,
@@ -376,10 +379,7 @@ fn start_leader_tasks(
     // The leader publishes the proxies it serves to a shared store, so every replica leases
     // with the same capacity, health and latency.
     tasks.spawn(egress_discovery::publish_view(
-        Arc::new(egress_controller::discovery::CachedDirectory::new(
-            cache.clone(),
-            credentials.clone(),
-        )),
+        directory,
         store.clone(),
         shutdown.clone(),
     ));

@@ -42,6 +42,7 @@ use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::decide::SecretProblem;
+use crate::observers::{Observer, Observers};
 
 /// The name of a Generated Proxy's credentials Secret: its instance name and `-credentials`
 /// (fits any Proxy name, and a new Proxy of an old name gets a new Secret).
@@ -309,6 +310,7 @@ pub async fn bind(client: &kube::Client, proxy: &Proxy, id: &ProviderId) -> Resu
 pub struct CredentialCache {
     store: Store<Secret>,
     generation: Arc<AtomicU64>,
+    observers: Observers<Secret>,
 }
 
 impl std::fmt::Debug for CredentialCache {
@@ -325,7 +327,26 @@ impl CredentialCache {
         Self {
             store,
             generation: Arc::default(),
+            observers: Observers::default(),
         }
+    }
+
+    /// Tells `observer` of every watch event the cache applies from now on, once the store
+    /// holds it.
+    pub fn observe(&self, observer: Observer<Secret>) {
+        self.observers.add(observer);
+    }
+
+    /// The Secret `proxy` takes its credentials from, as (namespace, name): its generated one,
+    /// the one its spec names, or none.
+    pub fn secret_of(proxy: &Proxy) -> Option<(String, String)> {
+        let spec = proxy.spec.credentials.as_ref()?;
+        let name = match spec.type_ {
+            CredentialsType::None => return None,
+            CredentialsType::Generated => secret_name(&proxy.uid().unwrap_or_default()),
+            CredentialsType::Secret => spec.secret_ref.as_ref()?.name.clone(),
+        };
+        Some((proxy.namespace().unwrap_or_default(), name))
     }
 
     /// Changes with every watch event the cache applies.
@@ -340,23 +361,20 @@ impl CredentialCache {
         let Some(spec) = proxy.spec.credentials.as_ref() else {
             return Lookup::NotNeeded;
         };
-        let namespace = proxy.namespace().unwrap_or_default();
-        let uid = proxy.uid().unwrap_or_default();
-        let get = |name: &str| self.store.get(&reflector::ObjectRef::new(name).within(&namespace));
+        let secret = Self::secret_of(proxy)
+            .and_then(|(namespace, name)| self.store.get(&reflector::ObjectRef::new(&name).within(&namespace)));
         let found = match spec.type_ {
             CredentialsType::None => return Lookup::NotNeeded,
             CredentialsType::Generated => {
+                let uid = proxy.uid().unwrap_or_default();
                 let id = ProviderId::new(proxy.status.as_ref().map(|s| s.provider_id.clone()).unwrap_or_default());
-                get(&secret_name(&uid))
+                secret
                     .filter(|s| serving(s, &uid, &id) == Serving::Yes)
                     .and_then(|s| Credentials::new(text(&s, USERNAME_KEY)?, text(&s, PASSWORD_KEY)?).ok())
             }
             // A user's Secret, never one the operator generated for some Proxy: an External Proxy
             // pointed at a host of its author's must not be handed another proxy's password.
-            CredentialsType::Secret => spec
-                .secret_ref
-                .as_ref()
-                .and_then(|r| get(&r.name))
+            CredentialsType::Secret => secret
                 .filter(|s| {
                     s.labels().get(LABEL_PROXY_CREDENTIALS).map(String::as_str) != Some(PROXY_CREDENTIALS_GENERATED)
                 })
@@ -400,14 +418,18 @@ pub fn credential_cache(
     let (store, writer) = reflector::store();
     let cache = CredentialCache::from_store(store);
     let generation = cache.generation.clone();
+    let observers = cache.observers.clone();
     let run = async move {
         let config = watcher::Config::default().labels(LABEL_PROXY_CREDENTIALS);
         let changes = watcher(api, config)
             .default_backoff()
             .modify(|s| s.metadata.managed_fields = None)
             .reflect(writer)
-            .inspect(move |_| {
+            .inspect(move |event| {
                 generation.fetch_add(1, Ordering::Release);
+                if let Ok(event) = event {
+                    observers.tell(event);
+                }
             })
             .applied_objects();
         let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));

@@ -1,14 +1,29 @@
 //! The seam between Proxies and the discovery API (which knows no Kubernetes): the proxies it
 //! lists and leases, from the operator's cache, Proxies being deleted left out.
+//!
+//! The directory follows the Proxy watch and the credential Secrets' watch change by change
+//! ([`LiveDirectory`]): a status write (a health verdict, a latency) recomputes that one Proxy's
+//! view, a Secret's change recomputes the Proxies that take their credentials from it, and only
+//! a re-list reads a whole store again. Requests never build or sort anything.
 
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, Weak};
 
+use arc_swap::ArcSwap;
 use egress_api::{Mode, PoolRole, Proxy};
-use egress_discovery::{ProxyDirectory, ProxyInfo};
+use egress_discovery::{Fleet, ProxyDirectory, ProxyInfo};
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 
 use crate::credentials::{CredentialCache, Lookup};
 use crate::proxy_cache::ProxyCache;
+
+/// A Proxy's id in the API: `<namespace>/<name>`.
+fn id_of(proxy: &Proxy) -> String {
+    format!("{}/{}", proxy.namespace().unwrap_or_default(), proxy.name_any())
+}
 
 /// A Proxy as the discovery API shows it, with the credentials it demands; `None` while it is
 /// being deleted. One that asks for credentials the cache cannot give is shown unhealthy, so
@@ -30,7 +45,7 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
     let verdict = crate::decide::last_verdict(&status);
     let role = proxy.pool().map(|m| m.role);
     Some(ProxyInfo {
-        id: format!("{}/{}", proxy.namespace().unwrap_or_default(), proxy.name_any()),
+        id: id_of(proxy),
         ip,
         port: u16::try_from(port).unwrap_or(0),
         attributes: proxy.spec.attributes.clone(),
@@ -44,50 +59,192 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
     })
 }
 
-/// The operator's Proxy cache as the discovery API's directory. The views are rebuilt only when
-/// the cache has changed since the last request, and kept in (latency, id) order.
-#[derive(Debug)]
-pub struct CachedDirectory {
-    cache: ProxyCache,
-    credentials: CredentialCache,
-    snapshot: Mutex<Option<(u64, Arc<Vec<ProxyInfo>>)>>,
+/// The fleet of every Proxy in `proxies`, built from nothing: what the live directory must
+/// always equal.
+pub fn built(proxies: &Store<Proxy>, credentials: &CredentialCache) -> Fleet {
+    proxies
+        .state()
+        .iter()
+        .filter_map(|p| info(p, credentials.lookup(p)))
+        .collect()
 }
 
-impl CachedDirectory {
-    pub fn new(cache: ProxyCache, credentials: CredentialCache) -> Self {
-        Self {
-            cache,
-            credentials,
-            snapshot: Mutex::default(),
+/// A credentials Secret, as (namespace, name).
+type SecretKey = (String, String);
+
+/// Which Proxies take their credentials from which Secret, so that a Secret's change reaches
+/// exactly those.
+#[derive(Default)]
+struct SecretUsers {
+    users: HashMap<SecretKey, BTreeSet<String>>,
+    uses: HashMap<String, SecretKey>,
+}
+
+impl SecretUsers {
+    /// Records that Proxy `id` uses `secret` (or none).
+    fn set(&mut self, id: &str, secret: Option<SecretKey>) {
+        if self.uses.get(id) == secret.as_ref() {
+            return;
         }
+        if let Some(old) = self.uses.remove(id)
+            && let Some(ids) = self.users.get_mut(&old)
+        {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.users.remove(&old);
+            }
+        }
+        if let Some(secret) = secret {
+            self.users.entry(secret.clone()).or_default().insert(id.to_owned());
+            self.uses.insert(id.to_owned(), secret);
+        }
+    }
+
+    fn of(&self, secret: &SecretKey) -> Vec<String> {
+        self.users.get(secret).map(|ids| ids.iter().cloned().collect()).unwrap_or_default()
     }
 }
 
-impl ProxyDirectory for CachedDirectory {
-    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
-        // Either cache changing changes the sum: a rotated password reaches the next lease.
-        let generation = self.cache.generation().wrapping_add(self.credentials.generation());
-        let mut snapshot = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((seen, views)) = snapshot.as_ref()
-            && *seen == generation
-        {
-            return Ok(views.clone());
+/// What only the writer touches: its working copy of the fleet, and the Secret index.
+#[derive(Default)]
+struct Writer {
+    fleet: Fleet,
+    users: SecretUsers,
+}
+
+/// The operator's Proxy cache as the discovery API's directory, kept up to date change by
+/// change. Readers take the current snapshot without a lock; the watches' observers apply each
+/// change to a working copy under the writer's lock and publish it when it changed.
+pub struct LiveDirectory {
+    current: ArcSwap<Fleet>,
+    writer: Mutex<Writer>,
+    proxies: Store<Proxy>,
+    credentials: CredentialCache,
+    /// Fires when a new snapshot is published.
+    changed: tokio::sync::watch::Sender<()>,
+}
+
+impl std::fmt::Debug for LiveDirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveDirectory")
+            .field("proxies", &self.current.load().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LiveDirectory {
+    /// A directory that follows both caches from now on.
+    pub fn following(cache: &ProxyCache, credentials: &CredentialCache) -> Arc<Self> {
+        let directory = Self::over(cache.store(), credentials.clone());
+        let weak = Arc::downgrade(&directory);
+        cache.observe(Arc::new(move |event| {
+            if let Some(d) = Weak::upgrade(&weak) {
+                d.on_proxy_event(event);
+            }
+        }));
+        let weak = Arc::downgrade(&directory);
+        credentials.observe(Arc::new(move |event| {
+            if let Some(d) = Weak::upgrade(&weak) {
+                d.on_secret_event(event);
+            }
+        }));
+        // Built after the observers are in: a change in between is applied twice, which
+        // changes nothing, rather than not at all.
+        directory.rebuild();
+        directory
+    }
+
+    /// A directory over the two stores, built once; its owner tells it of each event
+    /// ([`Self::on_proxy_event`], [`Self::on_secret_event`]).
+    pub fn over(proxies: Store<Proxy>, credentials: CredentialCache) -> Arc<Self> {
+        let directory = Arc::new(Self {
+            current: ArcSwap::from_pointee(Fleet::default()),
+            writer: Mutex::default(),
+            proxies,
+            credentials,
+            changed: tokio::sync::watch::Sender::new(()),
+        });
+        directory.rebuild();
+        directory
+    }
+
+    /// Applies a Proxy watch event the store already holds.
+    pub fn on_proxy_event(&self, event: &watcher::Event<Proxy>) {
+        match event {
+            watcher::Event::Apply(proxy) => self.change(|w| self.apply(w, &id_of(proxy), Some(proxy))),
+            watcher::Event::Delete(proxy) => self.change(|w| self.apply(w, &id_of(proxy), None)),
+            // A re-list is complete: anything may have come or gone meanwhile.
+            watcher::Event::InitDone => self.rebuild(),
+            // The store takes a re-list's objects only once it is complete.
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
-        let mut views: Vec<ProxyInfo> = self
-            .cache
-            .store()
-            .state()
-            .iter()
-            .filter_map(|p| info(p, self.credentials.lookup(p)))
-            .collect();
-        views.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
-        let views = Arc::new(views);
-        *snapshot = Some((generation, views.clone()));
-        Ok(views)
+    }
+
+    /// Applies a credentials Secret watch event the store already holds.
+    pub fn on_secret_event(&self, event: &watcher::Event<Secret>) {
+        let secret = match event {
+            watcher::Event::Apply(s) | watcher::Event::Delete(s) => s,
+            watcher::Event::InitDone => return self.rebuild(),
+            watcher::Event::Init | watcher::Event::InitApply(_) => return,
+        };
+        let key = (secret.namespace().unwrap_or_default(), secret.name_any());
+        self.change(|w| {
+            let mut changed = false;
+            for id in w.users.of(&key) {
+                let proxy = self.stored(&id);
+                changed |= self.apply(w, &id, proxy.as_deref());
+            }
+            changed
+        });
+    }
+
+    /// The Proxy with API id `id` in the store.
+    fn stored(&self, id: &str) -> Option<Arc<Proxy>> {
+        let (namespace, name) = id.split_once('/')?;
+        self.proxies.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// Puts `proxy`'s view (or its absence) in the working copy. Whether the fleet changed.
+    fn apply(&self, w: &mut Writer, id: &str, proxy: Option<&Proxy>) -> bool {
+        w.users.set(id, proxy.and_then(CredentialCache::secret_of));
+        match proxy.and_then(|p| info(p, self.credentials.lookup(p))) {
+            Some(view) => w.fleet.upsert(view),
+            None => w.fleet.remove(id),
+        }
+    }
+
+    /// Runs `f` on the working copy and publishes it when `f` says it changed.
+    fn change(&self, f: impl FnOnce(&mut Writer) -> bool) {
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if f(&mut writer) {
+            self.current.store(Arc::new(writer.fleet.clone()));
+            self.changed.send_replace(());
+        }
+    }
+
+    /// Builds the fleet and the Secret index from the stores.
+    fn rebuild(&self) {
+        self.change(|w| {
+            let mut users = SecretUsers::default();
+            for proxy in self.proxies.state() {
+                users.set(&id_of(&proxy), CredentialCache::secret_of(&proxy));
+            }
+            w.users = users;
+            let fleet = built(&self.proxies, &self.credentials);
+            let changed = fleet != w.fleet;
+            w.fleet = fleet;
+            changed
+        });
+    }
+}
+
+impl ProxyDirectory for LiveDirectory {
+    fn proxies(&self) -> Result<Arc<Fleet>, String> {
+        Ok(self.current.load_full())
     }
 
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
-        Some(self.cache.changes())
+        Some(self.changed.subscribe())
     }
 }
 

@@ -15,6 +15,7 @@ pub mod health;
 pub mod leader;
 pub mod merge;
 pub mod metrics;
+pub mod observers;
 pub mod pool;
 pub mod pool_autoscale;
 pub mod pool_decide;

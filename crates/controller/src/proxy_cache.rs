@@ -12,6 +12,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::observers::{Observer, Observers};
+
 /// Changed Proxies buffered per subscriber; a full buffer holds the watch back (nothing is lost).
 const BUFFER: usize = 1024;
 
@@ -25,6 +27,7 @@ pub struct ProxyCache {
     generation: Arc<std::sync::atomic::AtomicU64>,
     /// Fires with every watch event the cache applies.
     changed: Arc<tokio::sync::watch::Sender<()>>,
+    observers: Observers<Proxy>,
 }
 
 impl std::fmt::Debug for ProxyCache {
@@ -50,6 +53,12 @@ impl ProxyCache {
     /// change at once, rather than on its own schedule).
     pub fn changes(&self) -> tokio::sync::watch::Receiver<()> {
         self.changed.subscribe()
+    }
+
+    /// Tells `observer` of every watch event the cache applies from now on, once the store
+    /// holds it.
+    pub fn observe(&self, observer: Observer<Proxy>) {
+        self.observers.add(observer);
     }
 
     /// Every Proxy now in the cache, then every Proxy the watch changes from here on.
@@ -83,11 +92,13 @@ pub fn proxy_cache(
     let reader = store.clone();
     let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let changed = Arc::new(tokio::sync::watch::Sender::new(()));
+    let observers = Observers::default();
     let cache = ProxyCache {
         store,
         subscribers: subscribers.clone(),
         generation: generation.clone(),
         changed: changed.clone(),
+        observers: observers.clone(),
     };
     let run = async move {
         let changes = watcher(api, watcher::Config::default())
@@ -102,8 +113,11 @@ pub fn proxy_cache(
                 }
             })
             .reflect(writer)
-            .inspect(move |_| {
+            .inspect(move |event| {
                 generation.fetch_add(1, std::sync::atomic::Ordering::Release);
+                if let Ok(event) = event {
+                    observers.tell(event);
+                }
                 changed.send_replace(());
             });
         let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));
@@ -166,6 +180,7 @@ mod tests {
                 subscribers: Arc::default(),
                 generation: Arc::default(),
                 changed: Arc::new(tokio::sync::watch::Sender::new(())),
+                observers: Observers::default(),
             };
             Self { cache, writer }
         }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use egress_discovery::{DiscoveryApi, ProxyDirectory, ProxyInfo, serve};
+use egress_discovery::{DiscoveryApi, Fleet, ProxyDirectory, ProxyInfo, serve};
 use egress_lease::{LeaseStore, MemoryStore, SystemClock};
 use http_body_util::Full;
 use tokio_util::sync::CancellationToken;
@@ -23,10 +23,10 @@ const PROXIES: usize = 10_000;
 const CLIENTS: usize = 64;
 const MEASURE: Duration = Duration::from_secs(10);
 
-struct Fleet(Arc<Vec<ProxyInfo>>);
+struct FixedFleet(Arc<Fleet>);
 
-impl ProxyDirectory for Fleet {
-    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
+impl ProxyDirectory for FixedFleet {
+    fn proxies(&self) -> Result<Arc<Fleet>, String> {
         Ok(self.0.clone())
     }
 }
@@ -128,9 +128,9 @@ async fn load(base: String, lease_paths: bool) -> Figures {
 }
 
 /// The load on the API over `store`, served on loopback for the run.
-async fn api_run(fleet: Arc<Vec<ProxyInfo>>, store: Arc<dyn LeaseStore>) -> Figures {
+async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>) -> Figures {
     let api = DiscoveryApi {
-        directory: Arc::new(Fleet(fleet)),
+        directory: Arc::new(FixedFleet(fleet)),
         store,
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
@@ -152,7 +152,7 @@ async fn api_run(fleet: Arc<Vec<ProxyInfo>>, store: Arc<dyn LeaseStore>) -> Figu
 
 /// The same load on the Redis lease store: a local redis-server with the append-only file and
 /// `appendfsync` as given, on the cores `cores` names (`taskset`'s list) when it is given.
-async fn redis_run(fleet: Arc<Vec<ProxyInfo>>, appendfsync: &'static str, cores: Option<&str>) -> Figures {
+async fn redis_run(fleet: Arc<Fleet>, appendfsync: &'static str, cores: Option<&str>) -> Figures {
     let redis = egress_lease_redis::local::LocalRedis::start_with_appendfsync(appendfsync)
         .expect("redis-server (apt-get install redis-server)");
     if let Some(cores) = cores {
@@ -195,9 +195,7 @@ async fn main() {
             pool_role: None,
         })
         .collect();
-    let mut fleet = fleet;
-    fleet.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
-    let fleet = Arc::new(fleet);
+    let fleet = Arc::new(fleet.into_iter().collect::<Fleet>());
     let ceiling = load(format!("http://{}", trivial_server().await), false).await;
     let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
     let api = api_run(fleet.clone(), memory).await;

@@ -8,6 +8,8 @@ use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, Scope, Sto
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::fleet::Fleet;
+
 /// A proxy as the API shows it (the caller leaves out Proxies being deleted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyInfo {
@@ -36,14 +38,14 @@ pub struct ProxyInfo {
 
 /// Where the API reads proxies from.
 pub trait ProxyDirectory: Send + Sync + 'static {
-    /// Every proxy, or why they could not be listed: a shared snapshot, in ascending
-    /// (latency, id) order (the order leases are chosen in). Implementations keep one until
-    /// their proxies change.
+    /// Every proxy, or why they could not be listed: a shared, consistent snapshot.
+    /// Implementations hand out the same one until their proxies change, so a reader may tell
+    /// "unchanged" by `Arc::ptr_eq`.
     ///
     /// # Errors
     ///
     /// The list failed; the API answers `500 internal` and logs the reason.
-    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String>;
+    fn proxies(&self) -> Result<Arc<Fleet>, String>;
 
     /// A signal that fires when the proxies may have changed, for a publisher that must not
     /// wait for its next look (a standby promoted). `None`: the directory has none, and the
@@ -183,11 +185,10 @@ impl DiscoveryApi {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies"),
         };
-        let mut proxies: Vec<&ProxyInfo> = all
-            .iter()
+        let proxies: Vec<&ProxyInfo> = all
+            .in_id_order()
             .filter(|p| healthy.is_none_or(|h| p.healthy == h) && matches(p, &selector))
             .collect();
-        proxies.sort_by(|a, b| a.id.cmp(&b.id));
         let ids: Vec<&str> = proxies.iter().map(|p| p.id.as_str()).collect();
         let active = match self.store.active_leases(&ids).await {
             Ok(a) => a,
@@ -241,16 +242,12 @@ impl DiscoveryApi {
             .iter()
             .map(|(k, v)| (k.clone(), vec![v.clone()]))
             .collect();
-        debug_assert!(
-            proxies.is_sorted_by_key(|p| (p.latency_millis, p.id.as_str())),
-            "the directory must list proxies in (latency, id) order"
-        );
-        // Lazily, in the directory's (latency, id) order: the store stops at the first idle
-        // eligible proxy, so a lease costs the same with ten proxies or ten thousand. Standby
-        // and draining pool members are no candidates.
+        // Lazily, in (latency, id) order: the store stops at the first idle eligible proxy, so
+        // a lease costs the same with ten proxies or ten thousand. Standby and draining pool
+        // members are no candidates.
         let candidates = || {
             proxies
-                .iter()
+                .in_lease_order()
                 .filter(|p| p.offered && matches(p, &selector))
                 .map(|p| Candidate {
                     id: &p.id,
@@ -275,7 +272,7 @@ impl DiscoveryApi {
         // back (if that fails, it holds its slot until its expiry) and the choice made among
         // the proxies offered here.
         if let Ok(grant) = &acquired
-            && !proxies.iter().any(|p| p.offered && p.id == grant.proxy_id)
+            && !proxies.get(&grant.proxy_id).is_some_and(|p| p.offered)
         {
             if let Err(e) = self.store.release(&grant.lease_id).await {
                 return store_failed(&e, "giving back a lease on an unknown proxy");
@@ -301,8 +298,7 @@ impl DiscoveryApi {
                     ttl_seconds: u64,
                 }
                 let proxy = proxies
-                    .iter()
-                    .find(|p| p.id == grant.proxy_id)
+                    .get(&grant.proxy_id)
                     .map(|p| leased(p, grant.active_leases));
                 let expires_at = jiff::Timestamp::try_from(grant.expires_at)
                     .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())

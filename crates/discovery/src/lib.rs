@@ -26,12 +26,14 @@
 mod api;
 mod auth;
 pub mod client;
+mod fleet;
 pub mod openapi;
 pub mod refusals;
 mod server;
 pub mod view;
 
 pub use api::{DiscoveryApi, ProxyDirectory, ProxyInfo};
+pub use fleet::Fleet;
 pub use auth::{
     Auth, FileTokens, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet, follow_token_file, parse_tokens,
     read_token_file, tokens_in_force,

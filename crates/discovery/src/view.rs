@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use egress_lease::{LeaseStore, ViewEntry};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ProxyDirectory, ProxyInfo};
+use crate::api::ProxyDirectory;
+use crate::fleet::Fleet;
 
 /// How often the directory is looked at: a changed view is published within this.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(2);
@@ -17,10 +18,10 @@ pub const REPUBLISH_AFTER: Duration = Duration::from_secs(60);
 /// statuses change hundreds of times a second is compared ten times a second, not hundreds.
 pub const CHANGE_GAP: Duration = Duration::from_millis(100);
 
-/// The view entries of `proxies`.
-pub fn entries(proxies: &[ProxyInfo]) -> Vec<ViewEntry> {
+/// The view entries of `proxies`, in lease order.
+pub fn entries(proxies: &Fleet) -> Vec<ViewEntry> {
     proxies
-        .iter()
+        .in_lease_order()
         .map(|p| ViewEntry {
             id: p.id.clone(),
             healthy: p.healthy,
@@ -33,13 +34,11 @@ pub fn entries(proxies: &[ProxyInfo]) -> Vec<ViewEntry> {
 
 /// Whether the two views offer different proxies to leases: a promotion, a drain, a proxy
 /// added or gone. What cannot wait for the next scheduled look.
-fn offers_differ(a: &[ProxyInfo], b: &[ProxyInfo]) -> bool {
-    fn offered(v: &[ProxyInfo]) -> Vec<&str> {
-        let mut ids: Vec<&str> = v.iter().filter(|p| p.offered).map(|p| p.id.as_str()).collect();
-        ids.sort_unstable();
-        ids
+fn offers_differ(a: &Fleet, b: &Fleet) -> bool {
+    fn offered(v: &Fleet) -> impl Iterator<Item = &str> {
+        v.in_id_order().filter(|p| p.offered).map(|p| p.id.as_str())
     }
-    a.len() != b.len() || offered(a) != offered(b)
+    a.len() != b.len() || !offered(a).eq(offered(b))
 }
 
 /// Publishes `directory`'s proxies to `store` at once, then whenever they change (looked at
@@ -48,7 +47,7 @@ fn offers_differ(a: &[ProxyInfo], b: &[ProxyInfo]) -> bool {
 /// promoted, a member drained), the view is published at once, not at the next look. A store
 /// that cannot be reached is tried again at the next look.
 pub async fn publish_view(directory: Arc<dyn ProxyDirectory>, store: Arc<dyn LeaseStore>, shutdown: CancellationToken) {
-    let mut published: Option<(Arc<Vec<ProxyInfo>>, Instant)> = None;
+    let mut published: Option<(Arc<Fleet>, Instant)> = None;
     let mut changes = directory.changes();
     let mut schedule = tokio::time::interval(PUBLISH_EVERY);
     schedule.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -101,6 +100,7 @@ pub async fn publish_view(directory: Arc<dyn ProxyDirectory>, store: Arc<dyn Lea
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ProxyInfo;
 
     fn info(id: &str, offered: bool) -> ProxyInfo {
         ProxyInfo {
@@ -118,22 +118,26 @@ mod tests {
         }
     }
 
+    fn fleet(proxies: &[ProxyInfo]) -> Fleet {
+        proxies.iter().cloned().collect()
+    }
+
     #[test]
     fn only_a_change_in_what_is_offered_is_urgent() {
         let a = [info("ns/a", true), info("ns/b", false)];
         let mut latency = a.clone();
         latency[0].latency_millis = 50;
-        assert!(!offers_differ(&a, &latency), "latency waits for the schedule");
+        assert!(!offers_differ(&fleet(&a), &fleet(&latency)), "latency waits for the schedule");
         assert!(
-            offers_differ(&a, &[info("ns/a", true), info("ns/b", true)]),
+            offers_differ(&fleet(&a), &fleet(&[info("ns/a", true), info("ns/b", true)])),
             "a promotion"
         );
         assert!(
-            offers_differ(&a, &[info("ns/a", false), info("ns/b", false)]),
+            offers_differ(&fleet(&a), &fleet(&[info("ns/a", false), info("ns/b", false)])),
             "a drain"
         );
-        assert!(offers_differ(&a, &a[..1]), "a proxy gone");
+        assert!(offers_differ(&fleet(&a), &fleet(&a[..1])), "a proxy gone");
         let reordered = [info("ns/b", false), info("ns/a", true)];
-        assert!(!offers_differ(&a, &reordered));
+        assert!(!offers_differ(&fleet(&a), &fleet(&reordered)));
     }
 }

@@ -18,7 +18,7 @@ struct Directory {
 }
 
 impl ProxyDirectory for Directory {
-    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
+    fn proxies(&self) -> Result<Arc<egress_discovery::Fleet>, String> {
         if *self.broken.lock().unwrap() {
             return Err("the cache is gone".into());
         }

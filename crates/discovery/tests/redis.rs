@@ -63,7 +63,7 @@ fn store(url: &str, prefix: &str) -> Arc<dyn LeaseStore> {
 async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
     let store = store(url, prefix);
     store
-        .publish_view(&egress_discovery::view::entries(&fleet()))
+        .publish_view(&egress_discovery::view::entries(&fleet().into_iter().collect()))
         .await
         .expect("the view published");
     let api = DiscoveryApi {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use egress_discovery::{DiscoveryApi, ProxyDirectory, ProxyInfo, serve};
+use egress_discovery::{DiscoveryApi, Fleet, ProxyDirectory, ProxyInfo, serve};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// A proxy of the fleet (Ready when healthy, at 10.0.0.1:3128).
@@ -27,14 +27,13 @@ pub fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &st
     }
 }
 
-/// A snapshot in the order the API requires of a directory: (latency, id).
-pub fn snapshot(mut proxies: Vec<ProxyInfo>) -> Arc<Vec<ProxyInfo>> {
-    proxies.sort_by(|a, b| (a.latency_millis, &a.id).cmp(&(b.latency_millis, &b.id)));
-    Arc::new(proxies)
+/// A snapshot of `proxies`.
+pub fn snapshot(proxies: Vec<ProxyInfo>) -> Arc<Fleet> {
+    Arc::new(proxies.into_iter().collect())
 }
 
 /// A directory that never changes.
-pub struct Fixed(pub Arc<Vec<ProxyInfo>>);
+pub struct Fixed(pub Arc<Fleet>);
 
 impl Fixed {
     pub fn new(proxies: Vec<ProxyInfo>) -> Self {
@@ -43,7 +42,7 @@ impl Fixed {
 }
 
 impl ProxyDirectory for Fixed {
-    fn proxies(&self) -> Result<Arc<Vec<ProxyInfo>>, String> {
+    fn proxies(&self) -> Result<Arc<Fleet>, String> {
         Ok(self.0.clone())
     }
 }
