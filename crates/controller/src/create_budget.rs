@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use egress_http::TokenBucket;
 use egress_provider::Providers;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -38,10 +39,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-
-/// Float error in the refill must not turn "one token, exactly when it was promised" into
-/// "0.999999 tokens, come back in a nanosecond".
-const EPSILON: f64 = 1e-9;
 
 /// A waiter that has not asked again this long after it was due has gone (its Proxy deleted,
 /// or moved to another entry): it no longer counts as waiting, nor holds a place in the queue.
@@ -91,75 +88,6 @@ impl Clock for ManualClock {
     }
 }
 
-/// A token bucket of capacity `per_minute`, refilled at `per_minute` tokens a minute, starting
-/// full. Pure: every method takes the time.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenBucket {
-    per_minute: u32,
-    tokens: f64,
-    /// The time `tokens` was counted at. Never moves backwards: a clock that does leaves the
-    /// bucket as it was until the clock passes this again.
-    counted_at: Instant,
-}
-
-impl TokenBucket {
-    /// A full bucket. `per_minute` 0 is taken as 1 (the loader refuses 0; no bucket may be
-    /// one that never lets anything through).
-    pub fn full(per_minute: u32, now: Instant) -> Self {
-        let per_minute = per_minute.max(1);
-        Self {
-            per_minute,
-            tokens: f64::from(per_minute),
-            counted_at: now,
-        }
-    }
-
-    pub fn per_minute(&self) -> u32 {
-        self.per_minute
-    }
-
-    /// The tokens there at `now` (fractions included).
-    pub fn tokens(&self, now: Instant) -> f64 {
-        let elapsed = now.saturating_duration_since(self.counted_at).as_secs_f64();
-        let capacity = f64::from(self.per_minute);
-        (self.tokens + elapsed * capacity / 60.0).min(capacity)
-    }
-
-    /// Takes one token at `now`, or answers how long until one is there.
-    ///
-    /// # Errors
-    /// The wait until the next token, when there is none now.
-    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
-        self.refill(now);
-        if self.tokens + EPSILON < 1.0 {
-            return Err(self.wait_for(1.0, now));
-        }
-        self.tokens = (self.tokens - 1.0).max(0.0);
-        Ok(())
-    }
-
-    /// How long from `now` until `needed` tokens are there (zero if they are), to the nearest
-    /// nanosecond: coming back after it finds them, within [`EPSILON`] (rounding up instead
-    /// would turn float noise into a nanosecond more).
-    pub fn wait_for(&self, needed: f64, now: Instant) -> Duration {
-        let missing = needed - self.tokens(now);
-        if missing <= EPSILON {
-            return Duration::ZERO;
-        }
-        let nanos = (missing * 60e9 / f64::from(self.per_minute)).round();
-        // `needed` minutes at most: inside u64 nanoseconds for any count of waiters below
-        // millions (and the cast saturates beyond).
-        Duration::from_nanos(nanos as u64)
-    }
-
-    fn refill(&mut self, now: Instant) {
-        if now > self.counted_at {
-            self.tokens = self.tokens(now);
-            self.counted_at = now;
-        }
-    }
-}
-
 /// What an entry's budget answers a create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -174,6 +102,7 @@ pub enum Answer {
 /// Pure: every method takes the time.
 #[derive(Debug, Clone)]
 pub struct EntryBudget {
+    per_minute: u32,
     bucket: TokenBucket,
     waiting: HashMap<String, Instant>,
 }
@@ -181,13 +110,14 @@ pub struct EntryBudget {
 impl EntryBudget {
     pub fn new(per_minute: u32, now: Instant) -> Self {
         Self {
-            bucket: TokenBucket::full(per_minute, now),
+            per_minute: per_minute.max(1),
+            bucket: TokenBucket::per_minute(per_minute, now),
             waiting: HashMap::new(),
         }
     }
 
     pub fn per_minute(&self) -> u32 {
-        self.bucket.per_minute()
+        self.per_minute
     }
 
     /// A create for `waiter` (a Proxy's UID) at `now`: a token if there is one, else when to
@@ -379,90 +309,6 @@ mod tests {
 
     fn start() -> Instant {
         Instant::now()
-    }
-
-    #[test]
-    fn a_new_bucket_is_full() {
-        let t0 = start();
-        let bucket = TokenBucket::full(60, t0);
-        assert_eq!(bucket.tokens(t0), 60.0);
-        assert_eq!(bucket.wait_for(60.0, t0), Duration::ZERO);
-    }
-
-    #[test]
-    fn a_burst_up_to_the_capacity_goes_at_once_and_the_next_waits() {
-        let t0 = start();
-        let mut bucket = TokenBucket::full(3, t0);
-        for i in 0..3 {
-            assert_eq!(bucket.try_take(t0), Ok(()), "create {i}");
-        }
-        // 3 a minute: one token every 20 s.
-        assert_eq!(bucket.try_take(t0), Err(20 * SEC));
-    }
-
-    #[test]
-    fn tokens_come_back_at_the_rate_and_never_beyond_the_capacity() {
-        let t0 = start();
-        let mut bucket = TokenBucket::full(60, t0);
-        for _ in 0..60 {
-            bucket.try_take(t0).unwrap();
-        }
-        let rows = [
-            (Duration::ZERO, 0.0),
-            (Duration::from_millis(500), 0.5),
-            (SEC, 1.0),
-            (30 * SEC, 30.0),
-            (60 * SEC, 60.0),
-            (3600 * SEC, 60.0),
-        ];
-        for (after, want) in rows {
-            let got = bucket.tokens(t0 + after);
-            assert!((got - want).abs() < 1e-6, "after {after:?}: {got}, want {want}");
-        }
-        assert_eq!(
-            bucket.try_take(t0 + 999 * Duration::from_millis(1)),
-            Err(Duration::from_millis(1))
-        );
-        assert_eq!(bucket.try_take(t0 + SEC), Ok(()));
-    }
-
-    #[test]
-    fn the_wait_answered_is_until_the_next_token() {
-        let t0 = start();
-        let mut bucket = TokenBucket::full(6, t0);
-        for _ in 0..6 {
-            bucket.try_take(t0).unwrap();
-        }
-        // 6 a minute: one every 10 s; 4 s in, 6 s are left.
-        assert_eq!(bucket.try_take(t0 + 4 * SEC), Err(6 * SEC));
-        // Coming back exactly then finds the token.
-        assert_eq!(bucket.try_take(t0 + 10 * SEC), Ok(()));
-        assert_eq!(bucket.wait_for(3.0, t0 + 10 * SEC), 30 * SEC);
-    }
-
-    #[test]
-    fn a_clock_that_goes_backwards_adds_nothing_and_takes_nothing_away() {
-        let t0 = start() + 3600 * SEC;
-        let mut bucket = TokenBucket::full(2, t0);
-        bucket.try_take(t0).unwrap();
-        let earlier = t0 - 600 * SEC;
-        assert_eq!(bucket.tokens(earlier), 1.0);
-        assert_eq!(bucket.try_take(earlier), Ok(()));
-        assert_eq!(
-            bucket.try_take(earlier),
-            Err(30 * SEC),
-            "measured from where the bucket last counted"
-        );
-        // Time resumes from where the bucket last counted, not from the earlier reading.
-        assert_eq!(bucket.try_take(t0 + 30 * SEC), Ok(()));
-    }
-
-    #[test]
-    fn a_budget_of_zero_is_taken_as_one() {
-        let t0 = start();
-        let mut bucket = TokenBucket::full(0, t0);
-        assert_eq!(bucket.try_take(t0), Ok(()));
-        assert_eq!(bucket.try_take(t0), Err(60 * SEC));
     }
 
     #[test]

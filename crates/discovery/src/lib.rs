@@ -23,6 +23,8 @@
 //! Refused lease requests whose selector names a pool are counted in [`Refusals`], for the pool
 //! autoscaler.
 
+pub mod admission;
+mod admission_metrics;
 mod api;
 mod auth;
 pub mod client;
@@ -32,6 +34,8 @@ pub mod refusals;
 mod server;
 pub mod view;
 
+pub use admission::{Admission, Budget, Budgets};
+pub use admission_metrics::AdmissionMetrics;
 pub use api::{DiscoveryApi, ProxyDirectory, ProxyInfo};
 pub use fleet::Fleet;
 pub use auth::{

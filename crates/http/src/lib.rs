@@ -23,6 +23,7 @@
 
 mod body;
 mod io;
+mod token_bucket;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -40,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 pub use axum::Router;
 pub use axum::body::Body;
 pub use body::{BodyError, read_body};
+pub use token_bucket::TokenBucket;
 
 /// hyper's read buffer: a head larger than this gets hyper's own bare `431`. It is larger than
 /// [`Limits::max_header_bytes`] so that the common oversized head reaches our check and gets

@@ -1,0 +1,559 @@
+//! Admission: which request is served now, which waits its turn, and which is refused, so that
+//! work is shared between clients rather than connections.
+//!
+//! Each client (a name, see [`crate::Auth`]) has a [`Budget`]: a token bucket of requests
+//! (`requests_per_second`, `burst`) and a cap on its requests served at once (`concurrency`).
+//! Across clients the server serves at most `max_in_flight` requests at once.
+//!
+//! ```text
+//! request ─► bucket empty? ──yes──► 429 rate_limited, Retry-After: seconds until a token
+//!               │no
+//!               ▼
+//!          client under its cap and a slot free? ──yes──► served (a Permit; its drop frees the slot)
+//!               │no
+//!               ▼
+//!          waits in its client's queue (at most WAITING_PER_CLIENT, at most MAX_WAIT)
+//!               │ a slot frees: it goes to the waiting client with the fewest requests in
+//!               │ flight (ties: the one waiting longest), never to one at its cap
+//!               ▼
+//!          served, or after MAX_WAIT refused: 429 when its own cap held it, 503 overloaded
+//!          when the whole server was busy
+//! ```
+//!
+//! A client with 64 connections therefore has no more requests in flight than a client with
+//! 8 once both want more than their share; the other 56 wait without costing the server work.
+//! Which client to serve next is a pure function ([`next_client`]) of what is in flight and
+//! what waits.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use egress_http::TokenBucket;
+use tokio::sync::oneshot;
+
+use crate::admission_metrics::AdmissionMetrics;
+
+/// The longest a request waits for its turn.
+pub const MAX_WAIT: Duration = Duration::from_secs(5);
+/// Requests of one client waiting at once; one more is refused at once.
+pub const WAITING_PER_CLIENT: usize = 256;
+
+/// One client's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Requests a second, on average.
+    pub requests_per_second: u32,
+    /// Requests at once above the average (the bucket's capacity).
+    pub burst: u32,
+    /// Requests served at once; more wait their turn.
+    pub concurrency: u32,
+}
+
+/// Every client's budget: the default, and the clients that have their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budgets {
+    pub default: Budget,
+    pub clients: BTreeMap<String, Budget>,
+}
+
+impl Budgets {
+    /// Every client on `default`.
+    pub fn uniform(default: Budget) -> Self {
+        Self {
+            default,
+            clients: BTreeMap::new(),
+        }
+    }
+
+    /// The budget of `client`.
+    pub fn of(&self, client: &str) -> Budget {
+        self.clients.get(client).copied().unwrap_or(self.default)
+    }
+}
+
+/// Why a request was not served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its client is over its budget: `429 rate_limited`, come back after `retry_after`.
+    RateLimited { retry_after: Duration },
+    /// Its client has as many requests waiting as may wait, or its own cap held it for
+    /// [`MAX_WAIT`]: `429 rate_limited`.
+    TooManyAtOnce,
+    /// The whole server was busy for [`MAX_WAIT`]: `503 overloaded`.
+    Overloaded,
+}
+
+impl Refusal {
+    /// The metric label of the refusal.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::RateLimited { .. } => "rate",
+            Self::TooManyAtOnce => "concurrency",
+            Self::Overloaded => "overloaded",
+        }
+    }
+
+    /// `Retry-After`, in whole seconds, at least 1.
+    pub fn retry_after_seconds(self) -> u64 {
+        match self {
+            Self::RateLimited { retry_after } => retry_after.as_secs_f64().ceil().max(1.0) as u64,
+            Self::TooManyAtOnce | Self::Overloaded => 1,
+        }
+    }
+}
+
+/// A request being served; dropping it frees its slot for the next.
+#[must_use = "the slot is freed when the permit is dropped"]
+pub struct Permit {
+    admission: Admission,
+    client: Arc<str>,
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Permit({})", self.client)
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.admission.release(&self.client);
+    }
+}
+
+/// One client's state.
+struct Client {
+    budget: Budget,
+    bucket: TokenBucket,
+    in_flight: u32,
+    /// Tickets in arrival order, each with where to hand its slot.
+    waiting: VecDeque<(u64, oneshot::Sender<()>)>,
+}
+
+impl Client {
+    fn new(budget: Budget, now: Instant) -> Self {
+        Self {
+            budget,
+            bucket: TokenBucket::full(budget.burst, budget.requests_per_second, Duration::from_secs(1), now),
+            in_flight: 0,
+            waiting: VecDeque::new(),
+        }
+    }
+
+    fn under_cap(&self) -> bool {
+        self.in_flight < self.budget.concurrency.max(1)
+    }
+}
+
+/// What the scheduler knows of a client waiting for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting<'a> {
+    pub client: &'a str,
+    pub in_flight: u32,
+    /// Its cap on requests at once.
+    pub concurrency: u32,
+    /// Its longest-waiting request's ticket (smaller: waiting longer).
+    pub oldest_ticket: u64,
+}
+
+/// Which waiting client gets the next free slot: among those under their cap, the one with the
+/// fewest requests in flight; of those, the one waiting longest. `None`: nobody may take it.
+pub fn next_client<'a>(waiting: impl IntoIterator<Item = Waiting<'a>>) -> Option<&'a str> {
+    waiting
+        .into_iter()
+        .filter(|w| w.in_flight < w.concurrency.max(1))
+        .min_by_key(|w| (w.in_flight, w.oldest_ticket))
+        .map(|w| w.client)
+}
+
+struct State {
+    budgets: Arc<Budgets>,
+    clients: HashMap<Arc<str>, Client>,
+    in_flight: usize,
+    next_ticket: u64,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    max_in_flight: usize,
+    metrics: AdmissionMetrics,
+}
+
+/// The server's admission, shared by every connection.
+#[derive(Clone)]
+pub struct Admission(Arc<Inner>);
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("max_in_flight", &self.0.max_in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    /// Admission with these budgets, serving at most `max_in_flight` requests at once (at
+    /// least one).
+    pub fn new(budgets: Budgets, max_in_flight: usize, metrics: AdmissionMetrics) -> Self {
+        Self(Arc::new(Inner {
+            state: Mutex::new(State {
+                budgets: Arc::new(budgets),
+                clients: HashMap::new(),
+                in_flight: 0,
+                next_ticket: 0,
+            }),
+            max_in_flight: max_in_flight.max(1),
+            metrics,
+        }))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts `budgets` in force: a client whose budget changed starts again with a full bucket.
+    pub fn set_budgets(&self, budgets: Budgets) {
+        self.state().budgets = Arc::new(budgets);
+    }
+
+    /// The budgets in force.
+    pub fn budgets(&self) -> Arc<Budgets> {
+        self.state().budgets.clone()
+    }
+
+    /// The metrics it keeps.
+    pub fn metrics(&self) -> &AdmissionMetrics {
+        &self.0.metrics
+    }
+
+    /// Admits a request of `client`: at once, after its turn came, or not at all.
+    ///
+    /// # Errors
+    /// Why it is not served.
+    pub async fn admit(&self, client: &Arc<str>) -> Result<Permit, Refusal> {
+        let mut waiter = match self.enter(client, Instant::now()) {
+            Entry::Now => return Ok(self.permit(client)),
+            Entry::Refused(refusal) => return Err(self.refused(client, refusal)),
+            Entry::Wait(ticket, rx) => Waiter {
+                admission: self,
+                client,
+                ticket,
+                rx,
+            },
+        };
+        match tokio::time::timeout(MAX_WAIT, &mut waiter.rx).await {
+            Ok(Ok(())) => {
+                waiter.ticket = u64::MAX; // handed over: nothing to undo
+                Ok(self.permit(client))
+            }
+            // The sender is dropped only with its queue entry, which only this waiter removes.
+            Ok(Err(_)) | Err(_) => {
+                let refusal = waiter.give_up();
+                Err(self.refused(client, refusal))
+            }
+        }
+    }
+
+    fn permit(&self, client: &Arc<str>) -> Permit {
+        self.0.metrics.started(client);
+        Permit {
+            admission: self.clone(),
+            client: client.clone(),
+        }
+    }
+
+    fn refused(&self, client: &str, refusal: Refusal) -> Refusal {
+        self.0.metrics.refused(client, refusal);
+        refusal
+    }
+
+    /// The decision at arrival, under the lock.
+    fn enter(&self, name: &Arc<str>, now: Instant) -> Entry {
+        let mut state = self.state();
+        let budget = state.budgets.of(name);
+        let global_free = state.in_flight < self.0.max_in_flight;
+        let ticket = state.next_ticket;
+        let client = state
+            .clients
+            .entry(name.clone())
+            .or_insert_with(|| Client::new(budget, now));
+        if client.budget != budget {
+            *client = Client {
+                in_flight: client.in_flight,
+                waiting: std::mem::take(&mut client.waiting),
+                ..Client::new(budget, now)
+            };
+        }
+        if let Err(wait) = client.bucket.try_take(now) {
+            return Entry::Refused(Refusal::RateLimited { retry_after: wait });
+        }
+        // Nobody of this client waits ahead of it, and it may start: it starts.
+        if client.waiting.is_empty() && client.under_cap() && global_free {
+            client.in_flight += 1;
+            state.in_flight += 1;
+            return Entry::Now;
+        }
+        if client.waiting.len() >= WAITING_PER_CLIENT {
+            return Entry::Refused(Refusal::TooManyAtOnce);
+        }
+        let (tx, rx) = oneshot::channel();
+        client.waiting.push_back((ticket, tx));
+        state.next_ticket += 1;
+        Entry::Wait(ticket, rx)
+    }
+
+    /// Frees a slot of `name` and hands free slots to waiting clients.
+    fn release(&self, name: &str) {
+        let mut state = self.state();
+        if let Some(client) = state.clients.get_mut(name) {
+            client.in_flight = client.in_flight.saturating_sub(1);
+        }
+        state.in_flight = state.in_flight.saturating_sub(1);
+        self.0.metrics.finished(name);
+        self.hand_over(&mut state);
+    }
+
+    /// Gives each free slot to the client [`next_client`] picks, until none is free or none may
+    /// take one.
+    fn hand_over(&self, state: &mut State) {
+        while state.in_flight < self.0.max_in_flight {
+            let waiting = state.clients.iter().filter_map(|(name, c)| {
+                c.waiting.front().map(|(ticket, _)| Waiting {
+                    client: name,
+                    in_flight: c.in_flight,
+                    concurrency: c.budget.concurrency,
+                    oldest_ticket: *ticket,
+                })
+            });
+            let Some(next) = next_client(waiting).map(Arc::<str>::from) else {
+                return;
+            };
+            let Some(client) = state.clients.get_mut(&next) else {
+                return;
+            };
+            let Some((_, tx)) = client.waiting.pop_front() else {
+                return;
+            };
+            // Counted before it is handed over: the waiter owns the slot from the send on.
+            client.in_flight += 1;
+            state.in_flight += 1;
+            if tx.send(()).is_err() {
+                // Its waiter is gone (it gives up under this lock, so this cannot be).
+                client.in_flight -= 1;
+                state.in_flight -= 1;
+            }
+        }
+    }
+}
+
+/// What [`Admission::enter`] decided.
+enum Entry {
+    Now,
+    Refused(Refusal),
+    Wait(u64, oneshot::Receiver<()>),
+}
+
+/// A request waiting for its turn. Dropped before its turn came (its connection went), it
+/// leaves the queue; dropped after, it frees the slot it was handed.
+struct Waiter<'a> {
+    admission: &'a Admission,
+    client: &'a Arc<str>,
+    /// `u64::MAX` once it holds a permit.
+    ticket: u64,
+    rx: oneshot::Receiver<()>,
+}
+
+impl Waiter<'_> {
+    /// Leaves the queue after waiting too long, and says why it waited.
+    fn give_up(&mut self) -> Refusal {
+        let mut state = self.admission.state();
+        let handed = self.leave(&mut state);
+        let own_cap = state.clients.get(&**self.client).is_some_and(|c| !c.under_cap());
+        drop(state);
+        if handed {
+            // The turn came as the wait ended: the slot goes back.
+            self.admission.release(self.client);
+        }
+        self.ticket = u64::MAX;
+        if own_cap {
+            Refusal::TooManyAtOnce
+        } else {
+            Refusal::Overloaded
+        }
+    }
+
+    /// Removes its ticket from the queue; `true` when a slot had been handed to it instead.
+    fn leave(&mut self, state: &mut State) -> bool {
+        if let Some(client) = state.clients.get_mut(&**self.client)
+            && let Some(at) = client.waiting.iter().position(|(t, _)| *t == self.ticket)
+        {
+            client.waiting.remove(at);
+            return false;
+        }
+        self.rx.try_recv().is_ok()
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        if self.ticket == u64::MAX {
+            return;
+        }
+        let handed = {
+            let mut state = self.admission.state();
+            self.leave(&mut state)
+        };
+        if handed {
+            self.admission.release(self.client);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(client: &str, in_flight: u32, oldest_ticket: u64) -> Waiting<'_> {
+        Waiting {
+            client,
+            in_flight,
+            concurrency: 8,
+            oldest_ticket,
+        }
+    }
+
+    #[test]
+    fn the_next_slot_goes_to_the_waiting_client_with_the_fewest_in_flight() {
+        assert_eq!(next_client([w("abuser", 8, 1), w("polite", 3, 9)]), Some("polite"));
+        assert_eq!(next_client([w("a", 2, 7), w("b", 2, 4)]), Some("b"), "ties: waiting longest");
+        let at_cap = Waiting {
+            concurrency: 3,
+            ..w("polite", 3, 0)
+        };
+        assert_eq!(next_client([at_cap, w("other", 7, 5)]), Some("other"), "never past a cap");
+        assert_eq!(next_client([at_cap]), None);
+        assert_eq!(next_client(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_and_at_least_one() {
+        let rate = |ms| Refusal::RateLimited {
+            retry_after: Duration::from_millis(ms),
+        };
+        assert_eq!(rate(1).retry_after_seconds(), 1);
+        assert_eq!(rate(1000).retry_after_seconds(), 1);
+        assert_eq!(rate(1001).retry_after_seconds(), 2);
+        assert_eq!(Refusal::Overloaded.retry_after_seconds(), 1);
+    }
+
+    fn budget(requests_per_second: u32, burst: u32, concurrency: u32) -> Budget {
+        Budget {
+            requests_per_second,
+            burst,
+            concurrency,
+        }
+    }
+
+    fn admission(default: Budget, max_in_flight: usize) -> Admission {
+        Admission::new(Budgets::uniform(default), max_in_flight, AdmissionMetrics::default())
+    }
+
+    #[tokio::test]
+    async fn a_client_over_its_burst_is_refused_with_the_wait_for_a_token() {
+        let admission = admission(budget(1, 2, 10), 100);
+        let me: Arc<str> = Arc::from("team-a");
+        let first = admission.admit(&me).await.unwrap();
+        let second = admission.admit(&me).await.unwrap();
+        match admission.admit(&me).await {
+            Err(r @ Refusal::RateLimited { .. }) => assert_eq!(r.retry_after_seconds(), 1),
+            other => panic!("{other:?}"),
+        }
+        // Another client has its own bucket.
+        let other: Arc<str> = Arc::from("team-b");
+        drop(admission.admit(&other).await.unwrap());
+        drop((first, second));
+    }
+
+    #[tokio::test]
+    async fn a_client_at_its_cap_waits_and_takes_the_slot_its_own_request_frees() {
+        let admission = admission(budget(1000, 1000, 1), 100);
+        let me: Arc<str> = Arc::from("team-a");
+        let first = admission.admit(&me).await.unwrap();
+        let waiting = tokio::spawn({
+            let (admission, me) = (admission.clone(), me.clone());
+            async move { admission.admit(&me).await.map(drop) }
+        });
+        // The second waits until the first is done.
+        while admission.state().clients[&me].waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished());
+        drop(first);
+        assert_eq!(waiting.await.unwrap(), Ok(()));
+        assert_eq!(admission.state().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_client_with_fewer_in_flight_not_to_the_longest_queue() {
+        let admission = admission(budget(1000, 1000, 10), 2);
+        let (abuser, polite): (Arc<str>, Arc<str>) = (Arc::from("abuser"), Arc::from("polite"));
+        let held = [admission.admit(&abuser).await.unwrap(), admission.admit(&abuser).await.unwrap()];
+        let queue = |client: &Arc<str>| {
+            let (admission, client) = (admission.clone(), client.clone());
+            tokio::spawn(async move { admission.admit(&client).await })
+        };
+        let abusers: Vec<_> = (0..3).map(|_| queue(&abuser)).collect();
+        while admission.state().clients[&abuser].waiting.len() < 3 {
+            tokio::task::yield_now().await;
+        }
+        let mine = queue(&polite);
+        while !admission.state().clients.contains_key(&polite) {
+            tokio::task::yield_now().await;
+        }
+        let [one, two] = held;
+        drop(one);
+        let served = mine.await.unwrap().expect("the polite request is served first");
+        assert_eq!(admission.state().clients[&abuser].waiting.len(), 3);
+        drop((served, two));
+        for a in abusers {
+            drop(a.await.unwrap().unwrap());
+        }
+        assert_eq!(admission.state().in_flight, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_waits_too_long_is_refused_and_leaves_the_queue() {
+        let admission = admission(budget(1000, 1000, 1), 100);
+        let me: Arc<str> = Arc::from("team-a");
+        let held = admission.admit(&me).await.unwrap();
+        assert_eq!(admission.admit(&me).await.unwrap_err(), Refusal::TooManyAtOnce);
+        assert!(admission.state().clients[&me].waiting.is_empty());
+        // The whole server busy, not the client's cap: overloaded.
+        let everyone = self::admission(budget(1000, 1000, 10), 1);
+        let other: Arc<str> = Arc::from("team-b");
+        let busy = everyone.admit(&me).await.unwrap();
+        assert_eq!(everyone.admit(&other).await.unwrap_err(), Refusal::Overloaded);
+        drop((held, busy));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_whose_connection_went_gives_its_place_up() {
+        let admission = admission(budget(1000, 1000, 1), 100);
+        let me: Arc<str> = Arc::from("team-a");
+        let held = admission.admit(&me).await.unwrap();
+        let gone = tokio::spawn({
+            let (admission, me) = (admission.clone(), me.clone());
+            async move { admission.admit(&me).await.map(drop) }
+        });
+        while admission.state().clients[&me].waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        gone.abort();
+        let _ = gone.await;
+        assert!(admission.state().clients[&me].waiting.is_empty());
+        drop(held);
+        assert_eq!(admission.state().in_flight, 0);
+        drop(admission.admit(&me).await.unwrap());
+    }
+}
