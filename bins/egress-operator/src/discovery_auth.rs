@@ -1,6 +1,7 @@
-//! The discovery API's authentication as the flags ask for it: bearer tokens from the token file
-//! (the `discovery-token` Secret's volume, followed while the manager runs) and
-//! `DISCOVERY_TOKEN`; when neither has one, a token the manager makes and keeps in that Secret.
+//! The discovery API's authentication as the flags ask for it: clients and their bearer tokens
+//! from the token dir (the `discovery-token` Secret's volume, one key per client), the token file
+//! and `DISCOVERY_TOKEN` (both the client `default`'s), followed while the manager runs; when
+//! none gives a token, one the manager makes and keeps in that Secret, as the default client's.
 //! The API refuses everything until it has a token, and the manager never exits for want of one.
 
 use std::path::PathBuf;
@@ -8,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_controller::token_secret::{self, SECRET_NAME, TokenOrigin, TokenSecretError};
-use egress_discovery::{Auth, FileTokens, TokenSet};
+use egress_discovery::{Auth, ClientFiles, TokenSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::flags::{DiscoveryAuth, Options};
 
-/// How often the token file is read again.
+/// How often the token files are read again.
 pub(crate) const FILE_POLL: Duration = Duration::from_secs(10);
 /// One attempt at the Secret, and the longest pause between attempts.
 const SECRET_CALL_BUDGET: Duration = Duration::from_secs(10);
@@ -31,6 +32,18 @@ fn env_tokens() -> Vec<String> {
     })
 }
 
+/// The token sources the flags name; an empty flag names none.
+fn client_files(options: &Options) -> ClientFiles {
+    let mut files = ClientFiles::default().fixed_tokens(env_tokens());
+    if !options.discovery_token_file.is_empty() {
+        files = files.token_file(PathBuf::from(&options.discovery_token_file));
+    }
+    if !options.discovery_token_dir.is_empty() {
+        files = files.token_dir(PathBuf::from(&options.discovery_token_dir));
+    }
+    files
+}
+
 /// The API's [`Auth`], with the tasks that keep its tokens current spawned on `tasks`.
 pub(crate) async fn start(
     options: &Options,
@@ -42,32 +55,25 @@ pub(crate) async fn start(
     if options.discovery_auth == DiscoveryAuth::None {
         return Auth::None;
     }
-    let path = PathBuf::from(&options.discovery_token_file);
-    let fixed = env_tokens();
-    let file = egress_discovery::read_token_file(&path).await;
-    if let FileTokens::Unusable(why) = &file {
-        tracing::error!(problem = %why, "the discovery token file cannot be used");
-    }
-    let initial = egress_discovery::tokens_in_force(&file, &fixed).unwrap_or_else(|| fixed.clone());
-    let set = Arc::new(TokenSet::new(initial));
-    tasks.spawn(egress_discovery::follow_token_file(
-        path,
-        fixed,
-        set.clone(),
-        FILE_POLL,
-        shutdown.clone(),
-    ));
-    if set.is_empty() {
+    let set = Arc::new(TokenSet::default());
+    let mut files = client_files(options);
+    files.reload(&set).await;
+    tasks.spawn(files.follow(set.clone(), FILE_POLL, shutdown.clone()));
+    if set.is_configured() {
+        tracing::info!(
+            tokens = set.len(),
+            clients = set.clients(),
+            "Discovery API authentication: bearer tokens"
+        );
+    } else {
         let secrets = kube::Api::namespaced(client.clone(), namespace);
         tasks.spawn(bootstrap(secrets, namespace.to_owned(), set.clone(), shutdown.clone()));
-    } else {
-        tracing::info!(tokens = set.len(), "Discovery API authentication: bearer tokens");
     }
     Auth::Tokens(set)
 }
 
-/// Reads or makes the Secret's token until it has one (or shutdown), and serves with it unless
-/// the token file gave tokens meanwhile.
+/// Reads or makes the Secret's token until it has one (or shutdown), and serves with it as the
+/// default client's unless a token file gave tokens meanwhile.
 async fn bootstrap(
     secrets: kube::Api<k8s_openapi::api::core::v1::Secret>,
     namespace: String,
@@ -76,8 +82,8 @@ async fn bootstrap(
 ) {
     let mut pause = Duration::from_secs(1);
     loop {
-        // The token file may have given tokens meanwhile: then none is needed from here.
-        if !set.is_empty() {
+        // A token file may have given tokens meanwhile: then none is needed from here.
+        if set.is_configured() {
             return;
         }
         // One span per attempt, so its API calls are not root spans.
@@ -92,8 +98,8 @@ async fn bootstrap(
         };
         match outcome {
             Ok(Ok(origin)) => {
-                // Unless the token file gave tokens meanwhile, which then stay in force.
-                set.replace_if_empty(vec![origin.token().to_owned()]);
+                // Unless a token file gave tokens meanwhile, which then stay in force.
+                set.replace_if_unconfigured(vec![origin.token().to_owned()]);
                 let read = format!(
                     "kubectl -n {namespace} get secret {SECRET_NAME} -o jsonpath='{{.data.token}}' | base64 -d"
                 );

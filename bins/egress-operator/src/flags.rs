@@ -19,11 +19,14 @@ pub const DEFAULT_HEALTH_CHECK_URL: &str = "https://www.gstatic.com/generate_204
 
 /// Where the Deployment mounts the `discovery-token` Secret's key `token`.
 pub const DEFAULT_DISCOVERY_TOKEN_FILE: &str = "/etc/proxy-operator/discovery/token";
+/// Where the Deployment mounts the `discovery-token` Secret: one key, one file, per client.
+pub const DEFAULT_DISCOVERY_TOKEN_DIR: &str = "/etc/proxy-operator/discovery";
 
 /// How the discovery API authenticates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiscoveryAuth {
-    /// Bearer tokens from the token file (and `DISCOVERY_TOKEN`), or one the operator makes.
+    /// Bearer tokens of named clients from the token dir, of the client `default` from the token
+    /// file (and `DISCOVERY_TOKEN`), or one the operator makes.
     Token,
     /// Nobody is asked for anything: only for a network nobody else reaches (logged at start).
     None,
@@ -55,6 +58,8 @@ pub struct Options {
     pub discovery_auth: DiscoveryAuth,
     /// Where the discovery tokens are read from, one per line (the Secret volume's file).
     pub discovery_token_file: String,
+    /// The dir whose files are the discovery clients, each named as its file (the Secret volume).
+    pub discovery_token_dir: String,
     pub max_lease_ttl: Duration,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
     pub max_connections: usize,
@@ -97,6 +102,7 @@ impl Default for Options {
             discovery_addr: ":8090".into(),
             discovery_auth: DiscoveryAuth::Token,
             discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
+            discovery_token_dir: DEFAULT_DISCOVERY_TOKEN_DIR.into(),
             max_lease_ttl: Duration::from_secs(3600),
             max_connections: 1024,
             lease_store: "memory".into(),
@@ -273,13 +279,19 @@ const FLAGS: &[Flag] = &[
         name: "discovery-auth",
         kind: Kind::Text,
         default: "token",
-        usage: "How the discovery API authenticates: token (bearer tokens from --discovery-token-file and DISCOVERY_TOKEN; without any, the manager makes one and stores it in the Secret discovery-token of its namespace) or none (serves anyone who can reach it).",
+        usage: "How the discovery API authenticates: token (bearer tokens from --discovery-token-dir, --discovery-token-file and DISCOVERY_TOKEN; without any, the manager makes one and stores it in the Secret discovery-token of its namespace) or none (serves anyone who can reach it).",
     },
     Flag {
         name: "discovery-token-file",
         kind: Kind::Text,
         default: DEFAULT_DISCOVERY_TOKEN_FILE,
-        usage: "The discovery API's bearer tokens, one per line, re-read every 10s (a Secret volume's file rotates without a restart).",
+        usage: "The discovery API's bearer tokens of the client default, one per line, re-read every 10s (a Secret volume's file rotates without a restart).",
+    },
+    Flag {
+        name: "discovery-token-dir",
+        kind: Kind::Text,
+        default: DEFAULT_DISCOVERY_TOKEN_DIR,
+        usage: "The discovery API's named clients: each file is a client named as the file (a DNS label; at most 64 clients with default), holding its bearer tokens one per line, re-read every 10s. A missing dir has no clients; empty: none.",
     },
     Flag {
         name: "max-lease-ttl",
@@ -487,6 +499,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
             }
         }
         "discovery-token-file" => o.discovery_token_file = value.into(),
+        "discovery-token-dir" => o.discovery_token_dir = value.into(),
         "max-lease-ttl" => o.max_lease_ttl = positive(parse_duration(value)?)?,
         "max-connections" => {
             o.max_connections = value
@@ -743,6 +756,21 @@ mod tests {
             panic!("refused");
         };
         assert_eq!(o.lease_cooldown, Duration::ZERO);
+    }
+
+    #[test]
+    fn the_discovery_clients_are_read_where_the_deployment_mounts_the_token_secret() {
+        let o = run(&[]);
+        assert_eq!(o.discovery_token_dir, "/etc/proxy-operator/discovery");
+        assert!(
+            o.discovery_token_file
+                .starts_with(&format!("{}/", o.discovery_token_dir))
+        );
+        assert_eq!(run(&["--discovery-token-dir="]).discovery_token_dir, "");
+        assert_eq!(
+            run(&["--discovery-token-dir", "/run/clients"]).discovery_token_dir,
+            "/run/clients"
+        );
     }
 
     #[test]

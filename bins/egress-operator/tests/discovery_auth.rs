@@ -1,7 +1,8 @@
 //! The shipped binary's discovery authentication, started with the Deployment's arguments and
 //! its token volume laid out as the kubelet lays it out: strangers get 401 with the error
 //! envelope on every `/v1/` route, the file's token works, and a rotation of the Secret reaches
-//! the API without a restart. With tokens from the file the manager makes no Secret.
+//! the API without a restart. With tokens from the file the manager makes no Secret. Named
+//! clients' keys in the same volume are served, except a token two of them hold.
 
 mod common;
 
@@ -120,5 +121,68 @@ async fn strangers_get_401_and_a_rotated_token_file_is_followed() {
     assert!(
         !log.contains("first-token-value") && !log.contains("second-token-value"),
         "a token reached the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_in_two_clients_files_is_refused_for_both_with_a_warning_naming_them() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let Cluster {
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster("discovery-clients", "providers: []\n").await;
+    let volume = Volume::with_keys(
+        "operator-clients",
+        &[
+            ("token", "default-token-value\n"),
+            ("team-a", "team-a-token-value\nshared-token-value\n"),
+            ("team-b", "shared-token-value\nteam-b-token-value\n"),
+        ],
+    );
+    let token_file = volume.token_file();
+    let mut args = deployment_args(&providers_flag, &token_file.display().to_string());
+    args.push(format!(
+        "--discovery-token-dir={}",
+        token_file.parent().unwrap().display()
+    ));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut op = Operator::start(
+        &operator_binary(),
+        &args,
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("POD_NAMESPACE", "egress-proxies-operator-system"),
+        ],
+    );
+    let shared =
+        op.wait_msg("WARNING: a discovery token is in more than one client's file: it is refused for each of them");
+    assert_eq!(shared["clients"], "team-a, team-b", "{shared}");
+    let auth = op.wait_msg("Discovery API authentication: bearer tokens");
+    assert_eq!(
+        (auth["tokens"].as_u64(), auth["clients"].as_u64()),
+        (Some(3), Some(3)),
+        "{auth}"
+    );
+    let discovery = op.wait_msg("Serving the discovery API")["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let http = reqwest::Client::new();
+    let list = format!("http://{discovery}/v1/proxies");
+    let get = |token| status(&http, reqwest::Method::GET, &list, Some(token));
+    assert_eq!(get("shared-token-value").await.0, 401);
+    for token in ["team-a-token-value", "team-b-token-value", "default-token-value"] {
+        assert_eq!(get(token).await.0, 200, "{token}");
+    }
+
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    let log = op.output();
+    assert!(!log.contains("token-value"), "a token reached the log");
+    // The request log says whose each served request was.
+    assert!(
+        op.seen.iter().any(|l| l.contains(r#""client":"team-b""#)),
+        "no request logged as team-b's:\n{log}"
     );
 }

@@ -16,6 +16,12 @@
 //! `Content-Type` says (the documented `curl -d` examples send form encoding). Every error is
 //! `{"error": "<code>", "message": "<text>"}`; no client mistake is a 500.
 //!
+//! Auth also says who is calling: each token belongs to one named client ([`ClientName`]; one
+//! file per client in the token dir, followed by [`ClientFiles`]), and the name is put in the
+//! request's extensions for what runs after auth, and in the response's for the request log.
+//! A caller never sends its name: its token says it. With auth off, every caller is the client
+//! `default`.
+//!
 //! The API knows no Kubernetes: it reads proxies through [`ProxyDirectory`] and leases through
 //! [`egress_lease::LeaseStore`]. A store that lives elsewhere (Redis) and cannot be reached
 //! makes the lease routes and the list answer `503 store_unavailable`, having changed nothing;
@@ -39,8 +45,8 @@ pub use admission_metrics::AdmissionMetrics;
 pub use api::{DiscoveryApi, ProxyDirectory, ProxyInfo};
 pub use fleet::Fleet;
 pub use auth::{
-    Auth, FileTokens, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet, follow_token_file, parse_tokens,
-    read_token_file, tokens_in_force,
+    Auth, ClientFiles, ClientName, FileTokens, MAX_CLIENTS, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet,
+    parse_tokens, read_token_file,
 };
 pub use refusals::Refusals;
 pub use server::{MAX_BODY, router, serve};

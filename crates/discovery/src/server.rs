@@ -188,17 +188,24 @@ async fn body(req: Request<Body>) -> Result<Bytes, Answer> {
 }
 
 /// Every request but `GET /healthz` carries a configured bearer token, or is answered 401
-/// before its body is read.
-async fn authenticate(State(api): Shared, req: Request<Body>, next: Next) -> Response<Body> {
+/// before its body is read. The token's client goes into the request's extensions, for what
+/// runs after, and into the response's, for the request log outside.
+async fn authenticate(State(api): Shared, mut req: Request<Body>, next: Next) -> Response<Body> {
     let public = matches!(*req.method(), Method::GET | Method::HEAD) && req.uri().path() == "/healthz";
+    if public {
+        return next.run(req).await;
+    }
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
         .map(http::HeaderValue::as_bytes);
-    if !public && !api.auth.allows(authorization) {
+    let Some(client) = api.auth.client(authorization) else {
         return respond(error(401, "unauthorized", "missing or invalid bearer token"));
-    }
-    next.run(req).await
+    };
+    req.extensions_mut().insert(client.clone());
+    let mut response = next.run(req).await;
+    response.extensions_mut().insert(client);
+    response
 }
 
 /// Wraps the router's own bodiless error answers (405 with `Allow`) in the JSON envelope.
@@ -297,6 +304,7 @@ async fn observe(req: Request<Body>, next: Next) -> Response<Body> {
             method = %method,
             path = %path,
             status = response.status().as_u16(),
+            client = response.extensions().get::<crate::ClientName>().map(crate::ClientName::as_str),
             duration = %go_duration(started.elapsed()),
             "request"
         );
@@ -339,6 +347,63 @@ mod tests {
         ] {
             assert_eq!(go_duration(Duration::from_nanos(nanos)), text);
         }
+    }
+
+    struct NoProxies;
+
+    impl crate::ProxyDirectory for NoProxies {
+        fn proxies(&self) -> Result<Arc<Vec<crate::ProxyInfo>>, String> {
+            Ok(Arc::new(Vec::new()))
+        }
+    }
+
+    /// What a route behind `authenticate` learns of its caller: the client's name, or
+    /// `anonymous` when the request carries none.
+    async fn whose(auth: crate::Auth, authorization: Option<&str>) -> (u16, String, Option<crate::ClientName>) {
+        use http_body_util::BodyExt as _;
+        use tower::ServiceExt as _;
+        let api = Arc::new(DiscoveryApi {
+            directory: Arc::new(NoProxies),
+            store: Arc::new(egress_lease::MemoryStore::new(
+                Arc::new(egress_lease::SystemClock),
+                Duration::from_secs(60),
+            )),
+            max_ttl: Duration::from_secs(60),
+            auth,
+            refusals: None,
+        });
+        let routes = Router::new()
+            .route(
+                "/v1/proxies",
+                get(|req: Request<Body>| async move {
+                    let client = req.extensions().get::<crate::ClientName>();
+                    client.map_or_else(|| "anonymous".to_owned(), ToString::to_string)
+                }),
+            )
+            .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
+            .with_state(api);
+        let mut req = Request::get("/v1/proxies");
+        if let Some(value) = authorization {
+            req = req.header(header::AUTHORIZATION, value);
+        }
+        let response = routes.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+        let status = response.status().as_u16();
+        let logged = response.extensions().get::<crate::ClientName>().cloned();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned(), logged)
+    }
+
+    #[tokio::test]
+    async fn the_caller_s_client_reaches_the_route_and_the_request_log() {
+        let set = crate::TokenSet::new(vec!["t1".into()]);
+        let auth = crate::Auth::Tokens(Arc::new(set));
+        let (status, seen, logged) = whose(auth.clone(), Some("Bearer t1")).await;
+        assert_eq!((status, seen.as_str()), (200, "default"));
+        assert_eq!(logged, Some(crate::ClientName::default()));
+        let (status, _, logged) = whose(auth, Some("Bearer t2")).await;
+        assert_eq!((status, logged), (401, None));
+        let (status, seen, _) = whose(crate::Auth::None, None).await;
+        assert_eq!((status, seen.as_str()), (200, "default"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Token rotation through a Secret volume laid out as the kubelet lays it out: the key's file is
 //! a symlink through `..data`, itself a symlink to a timestamped directory that the kubelet
 //! swaps in whole (a rename over `..data`) when the Secret changes. The API follows it without a
-//! restart, through the same file-following task the operator runs.
+//! restart, through the same file-following task the operator runs. The same volume holds the
+//! named clients, one key each.
 
 mod common;
 use egress_testkit::secret_volume;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{info, serve_on_loopback};
-use egress_discovery::{Auth, DiscoveryApi, FileTokens, TokenSet, follow_token_file, read_token_file};
+use egress_discovery::{Auth, ClientFiles, ClientName, DiscoveryApi, FileTokens, TokenSet, read_token_file};
 use egress_lease::{MemoryStore, SystemClock};
 use secret_volume::Volume;
 use tokio_util::sync::CancellationToken;
@@ -57,19 +58,12 @@ async fn serve(set: Arc<TokenSet>) -> (String, tokio_util::sync::DropGuard) {
 async fn a_rotated_secret_volume_reaches_the_api_without_a_restart() {
     let mut volume = Volume::new("rotate", "old-token\n");
     let path = volume.token_file();
-    let FileTokens::Tokens(first) = read_token_file(&path).await else {
-        panic!("the token file reads");
-    };
-    let set = Arc::new(TokenSet::new(first));
+    let set = Arc::new(TokenSet::default());
+    let mut files = ClientFiles::default().token_file(path);
+    files.reload(&set).await;
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
-    tokio::spawn(follow_token_file(
-        path.clone(),
-        Vec::new(),
-        set.clone(),
-        Duration::from_millis(20),
-        shutdown.clone(),
-    ));
+    tokio::spawn(files.follow(set.clone(), Duration::from_millis(20), shutdown.clone()));
     let (url, _server) = serve(set.clone()).await;
     assert_eq!(status(&url, "old-token").await, 200);
     assert_eq!(status(&url, "new-token").await, 401);
@@ -84,7 +78,7 @@ async fn a_rotated_secret_volume_reaches_the_api_without_a_restart() {
     assert_eq!(status(&url, "new-token").await, 200);
 
     // The follower goes on past an empty and an unusable file (that they leave the tokens in
-    // force is tokens_in_force's unit test: a pass that changes nothing cannot be waited for).
+    // force is a unit test of the follower: a pass that changes nothing cannot be waited for).
     volume.update("\n");
     volume.update("two tokens on one line\n");
     volume.update("newest-token\n");
@@ -118,4 +112,65 @@ async fn a_token_path_that_is_no_regular_file_is_unusable_at_once() {
             FileTokens::Unusable(format!("{} is not a regular file", path.display()))
         );
     }
+}
+
+fn client_of(set: &TokenSet, token: &str) -> Option<String> {
+    set.client(token.as_bytes()).map(|c| c.to_string())
+}
+
+#[tokio::test]
+async fn clients_of_a_secret_volume_are_added_changed_and_a_shared_token_is_refused_for_both() {
+    let mut volume = Volume::with_keys(
+        "clients",
+        &[("token", "default-token\n"), ("team-a", "a1\n"), ("Team_C", "c1\n")],
+    );
+    let token_file = volume.token_file();
+    let dir = token_file.parent().unwrap().to_owned();
+    let set = Arc::new(TokenSet::default());
+    let mut files = ClientFiles::default().token_file(&token_file).token_dir(&dir);
+    files.reload(&set).await;
+    // The kubelet's `..data` and timestamped entries, and a key that is no DNS label, are no
+    // clients; the token file is the default client's, not a client `token`.
+    assert_eq!((set.clients(), set.len()), (2, 2), "{set:?}");
+    assert_eq!(client_of(&set, "default-token").as_deref(), Some(ClientName::DEFAULT));
+    assert_eq!(client_of(&set, "a1").as_deref(), Some("team-a"));
+    assert_eq!(client_of(&set, "c1"), None);
+
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    tokio::spawn(files.follow(set.clone(), Duration::from_millis(20), shutdown.clone()));
+    let (url, _server) = serve(set.clone()).await;
+    assert_eq!(status(&url, "a1").await, 200);
+    assert_eq!(status(&url, "c1").await, 401);
+
+    // A new key is a new client.
+    volume.update_keys(&[("team-b", "b1\nshared-token\n")]);
+    until_status(&url, "b1", 200).await;
+    assert_eq!(status(&url, "shared-token").await, 200, "one client holds it yet");
+    assert_eq!(client_of(&set, "b1").as_deref(), Some("team-b"));
+
+    // A changed key replaces that client's tokens.
+    volume.update_keys(&[("team-a", "a2\n")]);
+    until_status(&url, "a1", 401).await;
+    assert_eq!(status(&url, "a2").await, 200);
+    assert_eq!(client_of(&set, "a2").as_deref(), Some("team-a"));
+
+    // A token in two clients' keys is refused for both; their other tokens stay.
+    volume.update_keys(&[("team-a", "a2\nshared-token\n")]);
+    until_status(&url, "shared-token", 401).await;
+    for token in ["a2", "b1", "default-token"] {
+        assert_eq!(status(&url, token).await, 200, "{token}");
+    }
+    assert_eq!(set.clients(), 3);
+}
+
+#[tokio::test]
+async fn a_token_dir_that_does_not_exist_holds_no_client() {
+    let set = TokenSet::default();
+    let mut files = ClientFiles::default()
+        .token_dir("/nonexistent/egress/discovery")
+        .fixed_tokens(vec!["env-token".into()]);
+    assert!(files.reload(&set).await.is_some());
+    assert_eq!((set.clients(), set.len()), (1, 1));
+    assert_eq!(client_of(&set, "env-token").as_deref(), Some(ClientName::DEFAULT));
 }
