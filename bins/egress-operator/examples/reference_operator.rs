@@ -4,13 +4,15 @@
 //! run it, since the shipped binary has no backend that runs inside a test.
 //!
 //! With `REFERENCE_UNHEALTHY_FILE` set, the Proxies that file lists (`<namespace>/<name>`, one
-//! per line) are unhealthy: the file is read every 10 ms, and a Proxy whose verdict changed is
-//! reconciled at once, as a health event of the real engine makes it. The pool bench fails
-//! members this way.
+//! per line) are unhealthy, and those listed with a number after the name
+//! (`<namespace>/<name> 250`) healthy with that latency in milliseconds: the file is read every
+//! 10 ms, and a Proxy whose verdict changed is reconciled at once, as a health event of the real
+//! engine makes it. The pool bench fails members this way; the operator bench writes status
+//! changes through the API server this way.
 //!
 //! Not a product: instances live in this process's memory and vanish with it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,43 +26,61 @@ use egress_provider::config::{ProviderConfig, validators};
 use egress_provider::{Provider, ProviderType, Registry};
 use kube::runtime::reflector::ObjectRef;
 
-/// Every Proxy healthy, but those named in the unhealthy set.
+/// The latency of every Proxy the file does not list.
+const SCRIPTED_LATENCY: Duration = Duration::from_millis(7);
+
+/// What the file says of the Proxies it lists: `None` unhealthy, `Some(latency)` healthy.
+type Listed = HashMap<String, Option<Duration>>;
+
+/// Every Proxy healthy at [`SCRIPTED_LATENCY`], but those the file lists.
 #[derive(Default)]
 struct Scripted {
-    unhealthy: Arc<std::sync::RwLock<HashSet<String>>>,
+    listed: Arc<std::sync::RwLock<Listed>>,
 }
 
 impl HealthVerdicts for Scripted {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
         let listed = self
-            .unhealthy
+            .listed
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(&format!("{namespace}/{name}"));
+            .get(&format!("{namespace}/{name}"))
+            .copied();
         Some(Verdict {
-            healthy: !listed,
-            latency: std::time::Duration::from_millis(7),
+            healthy: !matches!(listed, Some(None)),
+            latency: listed.flatten().unwrap_or(SCRIPTED_LATENCY),
             auth_refused: false,
         })
     }
 }
 
-/// Follows `file` into `unhealthy`, and yields each Proxy whose verdict changed.
-fn follow(file: PathBuf, unhealthy: Arc<std::sync::RwLock<HashSet<String>>>) -> egress_operator::HealthEvents {
+/// The file's lines: a key alone, or a key and a latency in milliseconds.
+fn parse(text: &str) -> Listed {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let key = words.next()?.to_owned();
+            let latency = words.next().and_then(|ms| ms.parse().ok()).map(Duration::from_millis);
+            Some((key, latency))
+        })
+        .collect()
+}
+
+/// Follows `file` into `listed`, and yields each Proxy whose verdict changed.
+fn follow(file: PathBuf, listed: Arc<std::sync::RwLock<Listed>>) -> egress_operator::HealthEvents {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {
         loop {
-            let listed: HashSet<String> = std::fs::read_to_string(&file)
-                .unwrap_or_default()
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect();
+            let now = parse(&std::fs::read_to_string(&file).unwrap_or_default());
             let changed: Vec<String> = {
-                let mut now = unhealthy.write().unwrap_or_else(|p| p.into_inner());
-                let changed = now.symmetric_difference(&listed).cloned().collect();
-                *now = listed;
+                let mut before = listed.write().unwrap_or_else(|p| p.into_inner());
+                let mut changed: Vec<String> = before
+                    .iter()
+                    .filter(|(k, v)| now.get(*k) != Some(v))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                changed.extend(now.keys().filter(|k| !before.contains_key(*k)).cloned());
+                *before = now;
                 changed
             };
             for key in changed {
@@ -96,7 +116,7 @@ fn main() -> ExitCode {
         health: {
             let verdicts = Scripted::default();
             let events = match std::env::var_os("REFERENCE_UNHEALTHY_FILE") {
-                Some(file) => follow(file.into(), verdicts.unhealthy.clone()),
+                Some(file) => follow(file.into(), verdicts.listed.clone()),
                 None => Box::pin(futures::stream::pending()),
             };
             egress_operator::Health::Scripted {

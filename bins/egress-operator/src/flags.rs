@@ -60,6 +60,13 @@ pub struct Options {
     pub discovery_token_file: String,
     /// The dir whose files are the discovery clients, each named as its file (the Secret volume).
     pub discovery_token_dir: String,
+    /// Every discovery client's budget unless the clients config gives it another
+    /// (`--discovery-client-rate`, `--discovery-client-burst`, `--discovery-client-concurrency`).
+    pub discovery_budget: egress_discovery::Budget,
+    /// `--discovery-max-in-flight`: requests the discovery API serves at once, across clients.
+    pub discovery_max_in_flight: usize,
+    /// `--discovery-clients-config`: per-client budgets; empty: none.
+    pub discovery_clients_config: String,
     pub max_lease_ttl: Duration,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
     pub max_connections: usize,
@@ -103,6 +110,9 @@ impl Default for Options {
             discovery_auth: DiscoveryAuth::Token,
             discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
             discovery_token_dir: DEFAULT_DISCOVERY_TOKEN_DIR.into(),
+            discovery_budget: egress_discovery::admission::DEFAULT_BUDGET,
+            discovery_max_in_flight: egress_discovery::admission::DEFAULT_MAX_IN_FLIGHT,
+            discovery_clients_config: String::new(),
             max_lease_ttl: Duration::from_secs(3600),
             max_connections: 1024,
             lease_store: "memory".into(),
@@ -292,6 +302,36 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: DEFAULT_DISCOVERY_TOKEN_DIR,
         usage: "The discovery API's named clients: each file is a client named as the file (a DNS label; at most 64 clients with default), holding its bearer tokens one per line, re-read every 10s. A missing dir has no clients; empty: none.",
+    },
+    Flag {
+        name: "discovery-client-rate",
+        kind: Kind::Text,
+        default: "50000",
+        usage: "Requests a second each discovery client may make on average (1 to 1000000), unless --discovery-clients-config gives it another; beyond its budget a request gets 429 rate_limited with Retry-After.",
+    },
+    Flag {
+        name: "discovery-client-burst",
+        kind: Kind::Text,
+        default: "100000",
+        usage: "Requests each discovery client may make at once above its rate (1 to 1000000).",
+    },
+    Flag {
+        name: "discovery-client-concurrency",
+        kind: Kind::Text,
+        default: "16",
+        usage: "Requests of one discovery client served at once (1 to 1024); more wait their turn, at most 5s.",
+    },
+    Flag {
+        name: "discovery-max-in-flight",
+        kind: Kind::Text,
+        default: "16",
+        usage: "Requests the discovery API serves at once across clients (1 to 4096); a freed slot goes to the waiting client with the fewest requests in flight.",
+    },
+    Flag {
+        name: "discovery-clients-config",
+        kind: Kind::Text,
+        default: "",
+        usage: "A YAML file of per-client budgets (clients: <name>: requestsPerSecond, burst, concurrency), re-read every 10s; a file that cannot be used keeps the budgets in force. Empty: every client on the defaults.",
     },
     Flag {
         name: "max-lease-ttl",
@@ -500,6 +540,11 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         }
         "discovery-token-file" => o.discovery_token_file = value.into(),
         "discovery-token-dir" => o.discovery_token_dir = value.into(),
+        "discovery-client-rate" => o.discovery_budget.requests_per_second = whole(value, 1, 1_000_000)?,
+        "discovery-client-burst" => o.discovery_budget.burst = whole(value, 1, 1_000_000)?,
+        "discovery-client-concurrency" => o.discovery_budget.concurrency = whole(value, 1, 1024)?,
+        "discovery-max-in-flight" => o.discovery_max_in_flight = whole(value, 1, 4096)? as usize,
+        "discovery-clients-config" => o.discovery_clients_config = value.into(),
         "max-lease-ttl" => o.max_lease_ttl = positive(parse_duration(value)?)?,
         "max-connections" => {
             o.max_connections = value
@@ -537,6 +582,15 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         other => unreachable!("flag {other} is in FLAGS but has no setter"),
     }
     Ok(())
+}
+
+/// A whole number from `min` to `max`.
+fn whole(value: &str, min: u32, max: u32) -> Result<u32, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| format!("must be a whole number from {min} to {max}"))
 }
 
 fn lease_store(value: &str) -> Result<String, String> {
@@ -774,6 +828,30 @@ mod tests {
     }
 
     #[test]
+    fn the_discovery_budget_flags_default_to_the_documented_budget_and_are_bounded() {
+        // Each flag's shown default, set as given, is the default the options start from.
+        let mut o = Options::default();
+        for f in FLAGS.iter().filter(|f| f.name.starts_with("discovery-client-") || f.name == "discovery-max-in-flight") {
+            set(&mut o, f, f.default).unwrap();
+        }
+        assert_eq!(o.discovery_budget, egress_discovery::admission::DEFAULT_BUDGET);
+        assert_eq!(o.discovery_max_in_flight, egress_discovery::admission::DEFAULT_MAX_IN_FLIGHT);
+        assert_eq!(o, Options::default());
+        let o = run(&["--discovery-client-rate=5", "--discovery-client-burst=7", "--discovery-client-concurrency=2"]);
+        assert_eq!(
+            o.discovery_budget,
+            egress_discovery::Budget {
+                requests_per_second: 5,
+                burst: 7,
+                concurrency: 2
+            }
+        );
+        for bad in ["--discovery-client-rate=0", "--discovery-client-concurrency=1025", "--discovery-max-in-flight=x"] {
+            assert!(parse([bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn help_is_a_command_and_lists_every_flag() {
         assert_eq!(parse(["-h"]), Ok(Command::Help));
         assert_eq!(parse(["--help"]), Ok(Command::Help));
@@ -796,6 +874,7 @@ mod tests {
                 },
                 Kind::Text if f.default.ends_with('s') => "1m",
                 Kind::Text if f.name == "health-workers" || f.name == "max-connections" => "4",
+                Kind::Text if f.name.starts_with("discovery-client-") || f.name == "discovery-max-in-flight" => "4",
                 Kind::Text if f.name == "discovery-addr" => ":0",
                 Kind::Text if f.name == "discovery-auth" => "none",
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",

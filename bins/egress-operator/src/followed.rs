@@ -105,11 +105,17 @@ impl<F: Followed> Following<F> {
 /// hold: a bundle of every public CA is about 200 KiB.
 const MAX_PEM_FILE: u64 = 1024 * 1024;
 
-/// The PEM file at `path`, read whole: a regular file (a pipe would stall the read until
-/// something writes to it, a device might never end) of at most [`MAX_PEM_FILE`] bytes.
-/// Opened without waiting (a pipe opens at once that way) and then looked at, so a pipe put in
-/// the file's place between a look and the open cannot stall it either.
+/// The PEM file at `path`, read whole with [`read_regular_file`], at most [`MAX_PEM_FILE`].
 pub(crate) fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
+    read_regular_file(path, MAX_PEM_FILE, "which no certificate or key file is")
+}
+
+/// The file at `path`, read whole: a regular file (a pipe would stall the read until something
+/// writes to it, a device might never end) of at most `max` bytes; over it, the error says so
+/// and why that is too much (`beyond`). Opened without waiting (a pipe opens at once that way)
+/// and then looked at, so a pipe put in the file's place between a look and the open cannot
+/// stall it either.
+pub(crate) fn read_regular_file(path: &str, max: u64, beyond: &str) -> Result<Vec<u8>, String> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let file = std::fs::OpenOptions::new()
@@ -122,14 +128,14 @@ pub(crate) fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
     }
     // Reading a regular file never waits, whatever the flag says.
     let mut bytes = Vec::new();
-    file.take(MAX_PEM_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_PEM_FILE {
-        return Err(format!(
-            "larger than {} MiB, which no certificate or key file is",
-            MAX_PEM_FILE >> 20
-        ));
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > max {
+        let size = if max >= 1 << 20 {
+            format!("{} MiB", max >> 20)
+        } else {
+            format!("{} KiB", max >> 10)
+        };
+        return Err(format!("larger than {size}, {beyond}"));
     }
     Ok(bytes)
 }

@@ -11,6 +11,7 @@
 //! the health engine's seam. Tests and the bench call it with the conformance crate's reference
 //! provider and a scripted health verdict.
 
+mod clients_config;
 mod discovery_auth;
 pub mod flags;
 mod followed;

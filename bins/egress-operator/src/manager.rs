@@ -168,6 +168,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     tasks.spawn(keep_credentials);
     let Served {
         registry,
+        admission_metrics,
         health_metrics,
         pool_metrics,
         probe_target,
@@ -215,12 +216,17 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
             .local_addr()
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
         let auth = discovery_auth::start(options, &client, &own_namespace(&client), &mut tasks, shutdown).await;
+        let (admission, clients_config) = crate::clients_config::admission(options, admission_metrics)?;
+        if let Some(following) = clients_config {
+            tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
+        }
         let api = egress_discovery::DiscoveryApi {
             directory: directory.clone(),
             store: store.clone(),
             max_ttl: options.max_lease_ttl,
             auth,
             refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
+            admission,
         };
         refusals.clone_from(&api.refusals);
         essential.insert(
@@ -302,6 +308,7 @@ struct Running {
 /// Every family the metrics server serves, and the parts of the manager that feed them.
 struct Served {
     registry: prometheus_client::registry::Registry,
+    admission_metrics: egress_discovery::AdmissionMetrics,
     health_metrics: egress_health::HealthMetrics,
     pool_metrics: egress_controller::pool::PoolMetrics,
     probe_target: egress_controller::probe_target::ProbeTarget,
@@ -334,8 +341,11 @@ fn served(
     egress_controller::runtime_metrics::register_process(&mut registry);
     registry.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
     registry.register_collector(Box::new(egress_controller::metrics::CooldownsDropped(store.clone())));
+    let admission_metrics = egress_discovery::AdmissionMetrics::default();
+    admission_metrics.register(&mut registry);
     Served {
         registry,
+        admission_metrics,
         health_metrics,
         pool_metrics,
         probe_target,

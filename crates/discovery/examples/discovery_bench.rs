@@ -135,6 +135,7 @@ async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>) -> Figures {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        admission: egress_discovery::Admission::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

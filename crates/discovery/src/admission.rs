@@ -33,11 +33,25 @@ use egress_http::TokenBucket;
 use tokio::sync::oneshot;
 
 use crate::admission_metrics::AdmissionMetrics;
+use crate::auth::ClientName;
 
 /// The longest a request waits for its turn.
 pub const MAX_WAIT: Duration = Duration::from_secs(5);
 /// Requests of one client waiting at once; one more is refused at once.
 pub const WAITING_PER_CLIENT: usize = 256;
+
+/// A client's budget unless the clients config file gives it another (the flags' defaults).
+/// The rate is above what one replica serves on two cores, so by default a client is held to
+/// its share of the server ([`DEFAULT_MAX_IN_FLIGHT`], its concurrency), not to a rate; a
+/// rate for a team is set in the clients config file.
+pub const DEFAULT_BUDGET: Budget = Budget {
+    requests_per_second: 50_000,
+    burst: 100_000,
+    concurrency: 16,
+};
+
+/// Requests served at once across clients unless configured otherwise.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
 
 /// One client's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +121,7 @@ impl Refusal {
 #[must_use = "the slot is freed when the permit is dropped"]
 pub struct Permit {
     admission: Admission,
-    client: Arc<str>,
+    client: ClientName,
 }
 
 impl std::fmt::Debug for Permit {
@@ -169,7 +183,7 @@ pub fn next_client<'a>(waiting: impl IntoIterator<Item = Waiting<'a>>) -> Option
 
 struct State {
     budgets: Arc<Budgets>,
-    clients: HashMap<Arc<str>, Client>,
+    clients: HashMap<ClientName, Client>,
     in_flight: usize,
     next_ticket: u64,
 }
@@ -189,6 +203,17 @@ impl std::fmt::Debug for Admission {
         f.debug_struct("Admission")
             .field("max_in_flight", &self.0.max_in_flight)
             .finish_non_exhaustive()
+    }
+}
+
+impl Default for Admission {
+    /// Every client on [`DEFAULT_BUDGET`], [`DEFAULT_MAX_IN_FLIGHT`] at once.
+    fn default() -> Self {
+        Self::new(
+            Budgets::uniform(DEFAULT_BUDGET),
+            DEFAULT_MAX_IN_FLIGHT,
+            AdmissionMetrics::default(),
+        )
     }
 }
 
@@ -231,7 +256,7 @@ impl Admission {
     ///
     /// # Errors
     /// Why it is not served.
-    pub async fn admit(&self, client: &Arc<str>) -> Result<Permit, Refusal> {
+    pub async fn admit(&self, client: &ClientName) -> Result<Permit, Refusal> {
         let mut waiter = match self.enter(client, Instant::now()) {
             Entry::Now => return Ok(self.permit(client)),
             Entry::Refused(refusal) => return Err(self.refused(client, refusal)),
@@ -255,23 +280,23 @@ impl Admission {
         }
     }
 
-    fn permit(&self, client: &Arc<str>) -> Permit {
-        self.0.metrics.started(client);
+    fn permit(&self, client: &ClientName) -> Permit {
+        self.0.metrics.started(client.as_str());
         Permit {
             admission: self.clone(),
             client: client.clone(),
         }
     }
 
-    fn refused(&self, client: &str, refusal: Refusal) -> Refusal {
-        self.0.metrics.refused(client, refusal);
+    fn refused(&self, client: &ClientName, refusal: Refusal) -> Refusal {
+        self.0.metrics.refused(client.as_str(), refusal);
         refusal
     }
 
     /// The decision at arrival, under the lock.
-    fn enter(&self, name: &Arc<str>, now: Instant) -> Entry {
+    fn enter(&self, name: &ClientName, now: Instant) -> Entry {
         let mut state = self.state();
-        let budget = state.budgets.of(name);
+        let budget = state.budgets.of(name.as_str());
         let global_free = state.in_flight < self.0.max_in_flight;
         let ticket = state.next_ticket;
         let client = state
@@ -304,13 +329,13 @@ impl Admission {
     }
 
     /// Frees a slot of `name` and hands free slots to waiting clients.
-    fn release(&self, name: &str) {
+    fn release(&self, name: &ClientName) {
         let mut state = self.state();
         if let Some(client) = state.clients.get_mut(name) {
             client.in_flight = client.in_flight.saturating_sub(1);
         }
         state.in_flight = state.in_flight.saturating_sub(1);
-        self.0.metrics.finished(name);
+        self.0.metrics.finished(name.as_str());
         self.hand_over(&mut state);
     }
 
@@ -320,13 +345,13 @@ impl Admission {
         while state.in_flight < self.0.max_in_flight {
             let waiting = state.clients.iter().filter_map(|(name, c)| {
                 c.waiting.front().map(|(ticket, _)| Waiting {
-                    client: name,
+                    client: name.as_str(),
                     in_flight: c.in_flight,
                     concurrency: c.budget.concurrency,
                     oldest_ticket: *ticket,
                 })
             });
-            let Some(next) = next_client(waiting).map(Arc::<str>::from) else {
+            let Some(next) = next_client(waiting).and_then(ClientName::parse) else {
                 return;
             };
             let Some(client) = state.clients.get_mut(&next) else {
@@ -358,7 +383,7 @@ enum Entry {
 /// leaves the queue; dropped after, it frees the slot it was handed.
 struct Waiter<'a> {
     admission: &'a Admission,
-    client: &'a Arc<str>,
+    client: &'a ClientName,
     /// `u64::MAX` once it holds a permit.
     ticket: u64,
     rx: oneshot::Receiver<()>,
@@ -369,7 +394,7 @@ impl Waiter<'_> {
     fn give_up(&mut self) -> Refusal {
         let mut state = self.admission.state();
         let handed = self.leave(&mut state);
-        let own_cap = state.clients.get(&**self.client).is_some_and(|c| !c.under_cap());
+        let own_cap = state.clients.get(self.client).is_some_and(|c| !c.under_cap());
         drop(state);
         if handed {
             // The turn came as the wait ended: the slot goes back.
@@ -385,7 +410,7 @@ impl Waiter<'_> {
 
     /// Removes its ticket from the queue; `true` when a slot had been handed to it instead.
     fn leave(&mut self, state: &mut State) -> bool {
-        if let Some(client) = state.clients.get_mut(&**self.client)
+        if let Some(client) = state.clients.get_mut(self.client)
             && let Some(at) = client.waiting.iter().position(|(t, _)| *t == self.ticket)
         {
             client.waiting.remove(at);
@@ -447,6 +472,10 @@ mod tests {
         assert_eq!(Refusal::Overloaded.retry_after_seconds(), 1);
     }
 
+    fn name(n: &str) -> ClientName {
+        ClientName::parse(n).unwrap()
+    }
+
     fn budget(requests_per_second: u32, burst: u32, concurrency: u32) -> Budget {
         Budget {
             requests_per_second,
@@ -462,7 +491,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_over_its_burst_is_refused_with_the_wait_for_a_token() {
         let admission = admission(budget(1, 2, 10), 100);
-        let me: Arc<str> = Arc::from("team-a");
+        let me = name("team-a");
         let first = admission.admit(&me).await.unwrap();
         let second = admission.admit(&me).await.unwrap();
         match admission.admit(&me).await {
@@ -470,7 +499,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Another client has its own bucket.
-        let other: Arc<str> = Arc::from("team-b");
+        let other = name("team-b");
         drop(admission.admit(&other).await.unwrap());
         drop((first, second));
     }
@@ -478,7 +507,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_at_its_cap_waits_and_takes_the_slot_its_own_request_frees() {
         let admission = admission(budget(1000, 1000, 1), 100);
-        let me: Arc<str> = Arc::from("team-a");
+        let me = name("team-a");
         let first = admission.admit(&me).await.unwrap();
         let waiting = tokio::spawn({
             let (admission, me) = (admission.clone(), me.clone());
@@ -497,9 +526,9 @@ mod tests {
     #[tokio::test]
     async fn a_freed_slot_goes_to_the_client_with_fewer_in_flight_not_to_the_longest_queue() {
         let admission = admission(budget(1000, 1000, 10), 2);
-        let (abuser, polite): (Arc<str>, Arc<str>) = (Arc::from("abuser"), Arc::from("polite"));
+        let (abuser, polite) = (name("abuser"), name("polite"));
         let held = [admission.admit(&abuser).await.unwrap(), admission.admit(&abuser).await.unwrap()];
-        let queue = |client: &Arc<str>| {
+        let queue = |client: &ClientName| {
             let (admission, client) = (admission.clone(), client.clone());
             tokio::spawn(async move { admission.admit(&client).await })
         };
@@ -525,13 +554,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_request_that_waits_too_long_is_refused_and_leaves_the_queue() {
         let admission = admission(budget(1000, 1000, 1), 100);
-        let me: Arc<str> = Arc::from("team-a");
+        let me = name("team-a");
         let held = admission.admit(&me).await.unwrap();
         assert_eq!(admission.admit(&me).await.unwrap_err(), Refusal::TooManyAtOnce);
         assert!(admission.state().clients[&me].waiting.is_empty());
         // The whole server busy, not the client's cap: overloaded.
         let everyone = self::admission(budget(1000, 1000, 10), 1);
-        let other: Arc<str> = Arc::from("team-b");
+        let other = name("team-b");
         let busy = everyone.admit(&me).await.unwrap();
         assert_eq!(everyone.admit(&other).await.unwrap_err(), Refusal::Overloaded);
         drop((held, busy));
@@ -540,7 +569,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_whose_connection_went_gives_its_place_up() {
         let admission = admission(budget(1000, 1000, 1), 100);
-        let me: Arc<str> = Arc::from("team-a");
+        let me = name("team-a");
         let held = admission.admit(&me).await.unwrap();
         let gone = tokio::spawn({
             let (admission, me) = (admission.clone(), me.clone());

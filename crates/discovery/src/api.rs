@@ -65,6 +65,8 @@ pub struct DiscoveryApi {
     pub auth: crate::Auth,
     /// Where refused lease requests are counted for the pool autoscaler; `None`: nowhere.
     pub refusals: Option<Arc<crate::Refusals>>,
+    /// Which request is served when, per client ([`crate::admission`]).
+    pub admission: crate::Admission,
 }
 
 impl std::fmt::Debug for DiscoveryApi {
@@ -72,6 +74,7 @@ impl std::fmt::Debug for DiscoveryApi {
         f.debug_struct("DiscoveryApi")
             .field("max_ttl", &self.max_ttl)
             .field("auth", &self.auth)
+            .field("admission", &self.admission)
             .finish_non_exhaustive()
     }
 }

@@ -163,6 +163,10 @@ pub enum ClientError {
     /// The shared lease store cannot be reached; nothing was changed. Worth retrying.
     #[error("lease store unavailable: {0}")]
     StoreUnavailable(String),
+    /// The caller's client is over its budget (`429`), still after the retries the call's
+    /// budget allowed; `retry_after` is the server's `Retry-After`.
+    #[error("rate limited (retry after {retry_after:?}): {message}")]
+    RateLimited { message: String, retry_after: Duration },
     /// An answer outside the API's contract (a proxy in between, a wrong URL).
     #[error("unexpected answer {status}: {body}")]
     Unexpected { status: u16, body: String },
@@ -217,6 +221,10 @@ fn from_answer(status: u16, body: &str) -> ClientError {
         "headers_too_large" => ClientError::HeadersTooLarge(e.message),
         "internal" => ClientError::Internal(e.message),
         "store_unavailable" => ClientError::StoreUnavailable(e.message),
+        "rate_limited" => ClientError::RateLimited {
+            message: e.message,
+            retry_after: Duration::from_secs(1),
+        },
         _ => ClientError::Unexpected {
             status,
             body: body.chars().take(MAX_UNEXPECTED).collect(),
@@ -224,12 +232,44 @@ fn from_answer(status: u16, body: &str) -> ClientError {
     }
 }
 
-/// The client. Cheap to clone; every call is bounded (10 s by default).
+/// The most times one call is sent again after a `429` with `Retry-After`.
+pub const MAX_RETRIES: u32 = 3;
+
+/// What to do with a `429` answer: wait and send again, or give up with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterRateLimit {
+    Retry(Duration),
+    GiveUp,
+}
+
+/// Whether a call refused with `Retry-After: retry_after` after `retries` retries, `elapsed`
+/// into its budget of `budget`, is sent again: at most [`MAX_RETRIES`] times, and only when the
+/// wait ends inside the budget (a retry never takes the call past its own timeout).
+pub fn after_rate_limit(retry_after: Duration, retries: u32, elapsed: Duration, budget: Duration) -> AfterRateLimit {
+    if retries >= MAX_RETRIES || elapsed.saturating_add(retry_after) >= budget {
+        AfterRateLimit::GiveUp
+    } else {
+        AfterRateLimit::Retry(retry_after)
+    }
+}
+
+/// `Retry-After` as whole seconds (the API's form); anything else is taken as 1 s.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Duration {
+    let seconds = headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    Duration::from_secs(seconds.max(1))
+}
+
+/// The client. Cheap to clone; every call is bounded (10 s by default), retries included.
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for Client {
@@ -278,25 +318,56 @@ impl Client {
         // reqwest is built without a default crypto provider; ring is the workspace's.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
-            .timeout(timeout)
             .build()
             .map_err(|e| ClientError::Transport(e.to_string()))?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),
             token,
+            timeout,
         })
     }
 
+    /// Sends `req`, again after a `429` as [`after_rate_limit`] allows, all within the call's
+    /// budget. A `429` it gives up on is [`ClientError::RateLimited`].
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, String), ClientError> {
         let req = match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
         };
-        let r = req.send().await.map_err(|e| ClientError::Transport(e.to_string()))?;
-        let status = r.status().as_u16();
-        let body = r.text().await.map_err(|e| ClientError::Transport(e.to_string()))?;
-        Ok((status, body))
+        let started = std::time::Instant::now();
+        let mut retries = 0;
+        loop {
+            let left = self.timeout.saturating_sub(started.elapsed());
+            // Bodies here are bytes in memory: a request can always be sent again.
+            let attempt = req.try_clone().ok_or_else(|| ClientError::Transport("a request that cannot be sent again".into()))?;
+            let r = attempt
+                .timeout(left)
+                .send()
+                .await
+                .map_err(|e| ClientError::Transport(e.to_string()))?;
+            let status = r.status().as_u16();
+            let wait = retry_after(r.headers());
+            let body = r.text().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+            if status != 429 {
+                return Ok((status, body));
+            }
+            match after_rate_limit(wait, retries, started.elapsed(), self.timeout) {
+                AfterRateLimit::Retry(wait) => {
+                    retries += 1;
+                    tokio::time::sleep(wait).await;
+                }
+                AfterRateLimit::GiveUp => {
+                    return Err(match from_answer(status, &body) {
+                        ClientError::RateLimited { message, .. } => ClientError::RateLimited {
+                            message,
+                            retry_after: wait,
+                        },
+                        other => other,
+                    });
+                }
+            }
+        }
     }
 
     fn expect<T: serde::de::DeserializeOwned>(status: u16, want: u16, body: &str) -> Result<T, ClientError> {

@@ -34,6 +34,7 @@ mod admission_metrics;
 mod api;
 mod auth;
 pub mod client;
+mod clients_config;
 mod fleet;
 pub mod openapi;
 pub mod refusals;
@@ -42,6 +43,7 @@ pub mod view;
 
 pub use admission::{Admission, Budget, Budgets};
 pub use admission_metrics::AdmissionMetrics;
+pub use clients_config::{MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
 pub use api::{DiscoveryApi, ProxyDirectory, ProxyInfo};
 pub use fleet::Fleet;
 pub use auth::{

@@ -122,6 +122,7 @@ pub fn router(api: Arc<DiscoveryApi>) -> Router {
         .route("/v1/leases/{id}", delete(release))
         .route("/v1/leases/{id}/report", post(report))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
         .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
         .layer(axum::middleware::from_fn(observe))
         .with_state(api);
@@ -200,11 +201,58 @@ async fn authenticate(State(api): Shared, mut req: Request<Body>, next: Next) ->
         .get(header::AUTHORIZATION)
         .map(http::HeaderValue::as_bytes);
     let Some(client) = api.auth.client(authorization) else {
+        api.admission.metrics().answered("", 401);
         return respond(error(401, "unauthorized", "missing or invalid bearer token"));
     };
     req.extensions_mut().insert(client.clone());
     let mut response = next.run(req).await;
     response.extensions_mut().insert(client);
+    response
+}
+
+/// Admits every authenticated request before any byte of its body is read (see
+/// [`crate::admission`]): served now, after its turn, or refused with `Retry-After`. Every
+/// answer is counted by client and status code.
+async fn admit(State(api): Shared, req: Request<Body>, next: Next) -> Response<Body> {
+    let Some(client) = req.extensions().get::<crate::ClientName>().cloned() else {
+        // `GET /healthz`: neither authenticated nor admitted.
+        return next.run(req).await;
+    };
+    let response = match api.admission.admit(&client).await {
+        Ok(permit) => {
+            let response = next.run(req).await;
+            drop(permit);
+            response
+        }
+        Err(refusal) => refused(refusal, &req),
+    };
+    api.admission.metrics().answered(client.as_str(), response.status().as_u16());
+    response
+}
+
+/// The answer to a request admission refused: `429 rate_limited` (its client's budget) or
+/// `503 overloaded` (the whole server), with `Retry-After`. A request that announced a body
+/// leaves it unread, so on HTTP/1 its connection is closed after the answer, as the
+/// connection cap's `overloaded` does.
+fn refused(refusal: crate::admission::Refusal, req: &Request<Body>) -> Response<Body> {
+    use axum::body::HttpBody as _;
+    let mut response = match refusal {
+        crate::admission::Refusal::Overloaded => respond(error(
+            503,
+            "overloaded",
+            "the server has been busy too long to serve this request; try again after Retry-After",
+        )),
+        _ => respond(error(
+            429,
+            "rate_limited",
+            "this client is over its request budget; try again after Retry-After",
+        )),
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::RETRY_AFTER, http::HeaderValue::from(refusal.retry_after_seconds()));
+    if !req.body().is_end_stream() && req.version() < http::Version::HTTP_2 {
+        headers.insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
     response
 }
 
@@ -352,8 +400,8 @@ mod tests {
     struct NoProxies;
 
     impl crate::ProxyDirectory for NoProxies {
-        fn proxies(&self) -> Result<Arc<Vec<crate::ProxyInfo>>, String> {
-            Ok(Arc::new(Vec::new()))
+        fn proxies(&self) -> Result<Arc<crate::Fleet>, String> {
+            Ok(Arc::default())
         }
     }
 
@@ -371,6 +419,7 @@ mod tests {
             max_ttl: Duration::from_secs(60),
             auth,
             refusals: None,
+            admission: crate::Admission::default(),
         });
         let routes = Router::new()
             .route(
@@ -380,7 +429,8 @@ mod tests {
                     client.map_or_else(|| "anonymous".to_owned(), ToString::to_string)
                 }),
             )
-            .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
+            .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
             .with_state(api);
         let mut req = Request::get("/v1/proxies");
         if let Some(value) = authorization {

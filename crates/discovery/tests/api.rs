@@ -52,6 +52,7 @@ async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Serve
                 egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec![t.to_owned()])))
             }),
             refusals: Some(refusals.clone()),
+            admission: egress_discovery::Admission::default(),
         },
         limits,
     )

@@ -22,6 +22,7 @@ async fn start() -> (String, DropGuard) {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec!["tok".into()]))),
         refusals: None,
+        admission: egress_discovery::Admission::default(),
     })
     .await
 }
@@ -127,6 +128,7 @@ async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        admission: egress_discovery::Admission::default(),
     })
     .await;
     let api = Client::new(&url, None).unwrap();

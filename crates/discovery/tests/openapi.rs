@@ -29,6 +29,7 @@ async fn start() -> (String, DropGuard) {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        admission: egress_discovery::Admission::default(),
     })
     .await
 }
@@ -148,6 +149,7 @@ async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        admission: egress_discovery::Admission::default(),
     })
     .await;
     let doc = egress_discovery::openapi::document();

@@ -72,6 +72,8 @@ async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        // Up to 48 callers at once, all the client `default`: the failover is what is tested.
+        admission: common::roomy_admission(),
     };
     let (base, guard) = serve_on_loopback(api).await;
     (Client::new(&base, None).expect("a client"), guard)

@@ -61,3 +61,18 @@ pub async fn serve_on_loopback_within(api: DiscoveryApi, limits: egress_http::Li
     tokio::spawn(serve(listener, Arc::new(api), limits, stop.clone()));
     (url, stop.drop_guard())
 }
+
+/// Admission with room for every caller at once: for tests of the store, whose many callers
+/// (all the client `default` without auth) must not wait their turn.
+pub fn roomy_admission() -> egress_discovery::Admission {
+    let budget = egress_discovery::Budget {
+        requests_per_second: 1_000_000,
+        burst: 1_000_000,
+        concurrency: 1024,
+    };
+    egress_discovery::Admission::new(
+        egress_discovery::Budgets::uniform(budget),
+        1024,
+        egress_discovery::AdmissionMetrics::default(),
+    )
+}

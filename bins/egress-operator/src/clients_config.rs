@@ -1,0 +1,106 @@
+//! The discovery API's admission as the flags ask for it: the default budget
+//! (`--discovery-client-rate`, `--discovery-client-burst`, `--discovery-client-concurrency`),
+//! the requests served at once (`--discovery-max-in-flight`), and the per-client budgets of
+//! `--discovery-clients-config`, followed while the manager runs. A file that cannot be used
+//! stops the start; later, it is logged once and the budgets in force stay.
+
+use egress_discovery::{Admission, AdmissionMetrics, Budget, Budgets};
+
+use crate::Fatal;
+use crate::flags::Options;
+use crate::followed::{Followed, Following, Unusable, read_regular_file};
+
+const FLAG: &str = "--discovery-clients-config";
+
+/// The admission the flags ask for, and the follower of its file (`None` without one).
+pub(crate) fn admission(options: &Options, metrics: AdmissionMetrics) -> Result<(Admission, Option<Following<ClientsConfig>>), Fatal> {
+    let default = options.discovery_budget;
+    let admission = Admission::new(Budgets::uniform(default), options.discovery_max_in_flight, metrics);
+    if options.discovery_clients_config.is_empty() {
+        return Ok((admission, None));
+    }
+    let mut file = ClientsConfig {
+        path: options.discovery_clients_config.clone(),
+        default,
+        admission: admission.clone(),
+        applied: None,
+    };
+    file.check()
+        .map_err(|problem| problem.fatal("The discovery clients config cannot be used"))?;
+    tracing::info!(
+        path = %file.path,
+        clients = admission.budgets().clients.len(),
+        "Discovery clients config read"
+    );
+    Ok((admission, Some(Following::new(file))))
+}
+
+/// The clients config file and the admission its budgets go to.
+pub(crate) struct ClientsConfig {
+    path: String,
+    default: Budget,
+    admission: Admission,
+    /// The text last put in force.
+    applied: Option<Vec<u8>>,
+}
+
+impl Followed for ClientsConfig {
+    const CHANGED: &'static str = "Discovery clients config changed; the new budgets are in force";
+    const UNUSABLE: &'static str = "Discovery clients config cannot be used; the budgets in force stay";
+
+    fn check(&mut self) -> Result<bool, Unusable> {
+        let unusable = |why: String| Unusable {
+            flag: FLAG,
+            path: self.path.clone(),
+            why,
+        };
+        let max = egress_discovery::MAX_CLIENTS_CONFIG_BYTES as u64;
+        let text = read_regular_file(&self.path, max, "which no clients config is").map_err(unusable)?;
+        if self.applied.as_deref() == Some(&text) {
+            return Ok(false);
+        }
+        let readable = String::from_utf8(text.clone()).map_err(|_| unusable("not UTF-8 text".to_owned()))?;
+        let budgets = egress_discovery::parse_clients_config(&readable, self.default).map_err(unusable)?;
+        self.admission.set_budgets(budgets);
+        self.applied = Some(text);
+        Ok(true)
+    }
+
+    fn files(&self) -> String {
+        self.path.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn follower(dir: &std::path::Path) -> ClientsConfig {
+        let default = egress_discovery::admission::DEFAULT_BUDGET;
+        ClientsConfig {
+            path: dir.join("clients.yaml").display().to_string(),
+            default,
+            admission: Admission::new(Budgets::uniform(default), 16, AdmissionMetrics::default()),
+            applied: None,
+        }
+    }
+
+    #[test]
+    fn a_good_file_is_put_in_force_and_a_bad_one_keeps_the_last_good_one() {
+        let dir = egress_testkit::ScratchDir::new("clients-config");
+        let mut file = follower(dir.path());
+        let write = |text: &str| std::fs::write(dir.path().join("clients.yaml"), text).unwrap();
+        write("clients:\n  team-a:\n    requestsPerSecond: 10\n");
+        assert_eq!(file.check(), Ok(true));
+        assert_eq!(file.admission.budgets().of("team-a").requests_per_second, 10);
+        assert_eq!(file.check(), Ok(false), "unchanged");
+        write("clients:\n  team-a:\n    rate: 10\n");
+        let problem = file.check().unwrap_err();
+        assert_eq!(problem.flag, "--discovery-clients-config");
+        assert!(problem.why.contains("rate"), "{}", problem.why);
+        assert_eq!(file.admission.budgets().of("team-a").requests_per_second, 10, "kept");
+        std::fs::remove_file(dir.path().join("clients.yaml")).unwrap();
+        assert!(file.check().is_err(), "a missing file keeps the budgets too");
+        assert_eq!(file.admission.budgets().of("team-a").requests_per_second, 10);
+    }
+}
