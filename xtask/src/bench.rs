@@ -5,8 +5,8 @@
 //! (`examples/reference_operator.rs`, the same program as the shipped binary otherwise) and
 //! follows `proxy_operator_proxies{phase="Ready"}` on its metrics until every Proxy is Ready.
 //! Reports the time to Ready and the operator's resident memory (peak and after settling) next to
-//! the 128 MiB limit the manager Deployment ships with; then the abuse case against its discovery
-//! API (`bench_abuse.rs`). The pool bench (`bench_pool.rs`) runs the same program with a pool.
+//! the 128 MiB limit the manager Deployment ships with; then its lease API as crawlers meet it,
+//! beside the same API in one process (`bench_lease_api.rs`). The pool bench (`bench_pool.rs`) runs the same program with a pool.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -265,6 +265,10 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         "egress-operator",
         "--example",
         "reference_operator",
+        "-p",
+        "egress-discovery",
+        "--example",
+        "lease_api_bench",
     ]);
     if release {
         build.arg("--release");
@@ -334,8 +338,17 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         }
         anyhow::Ok(started.elapsed())
     })?;
-    eprintln!("bench: {count} Proxies created in {created:.1?}; starting the operator");
+    // The engine's speed first, on a quiet machine: the same load against the API served in
+    // one process from a fixed directory of as many proxies.
+    let load = bin.join("examples/lease_api_bench");
+    let tokens = crate::bench_lease_api::Tokens::random();
+    let clients = dir.join("clients");
+    tokens.write_dir(&clients)?;
+    eprintln!("bench: {count} Proxies created in {created:.1?}; the lease API in one process");
+    let engine = crate::bench_lease_api::load(&load, &["--in-process", &count.to_string()], &tokens)?;
+    eprintln!("bench: starting the operator");
 
+    let verdicts = dir.join("verdicts");
     let port = free_port()?;
     let metrics = format!("127.0.0.1:{port}");
     let discovery = format!("127.0.0.1:{}", free_port()?);
@@ -344,16 +357,18 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         .arg(format!("--providers-config={}", providers.display()))
         .arg(format!("--metrics-bind-address={metrics}"))
         .arg(format!("--discovery-addr={discovery}"))
+        // Authentication on, as deployed: the two clients' files, and no default client.
+        .arg(format!("--discovery-token-dir={}", clients.display()))
+        .arg(format!("--discovery-token-file={}", dir.join("no-default-client").display()))
         .args([
             "--metrics-secure=false",
             "--health-probe-bind-address=0",
-            // Only the abuse case calls the API: no token, no Secret calls in the measured run.
-            "--discovery-auth=none",
             "--provider-check-interval=0",
             "--zap-log-level=info",
             "--zap-encoder=json",
         ])
         .env("KUBECONFIG", &kubeconfig)
+        .env("REFERENCE_UNHEALTHY_FILE", &verdicts)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("operator.log"))?)
         .spawn()
@@ -390,7 +405,20 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     let peak = rss_kib(pid, "VmHWM:").unwrap_or(0);
     let settled = rss_kib(pid, "VmRSS:").unwrap_or(0);
     let server_rss = rss_kib(server.0.id(), "VmRSS:").unwrap_or(0);
-    let abuse = runtime.block_on(crate::bench_abuse::run(&format!("http://{discovery}"), pid))?;
+    let (manager, churn, rss) = runtime.block_on(async {
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig)?,
+            &Default::default(),
+        )
+        .await?;
+        let churn = crate::bench_lease_api::Churn::start(verdicts.clone(), count, "bench", kube::Client::try_from(config)?);
+        let sampler = crate::bench_lease_api::RssSampler::start(pid);
+        let load = load.clone();
+        let (tokens, url) = (tokens.clone(), format!("http://{discovery}"));
+        let manager = tokio::task::spawn_blocking(move || crate::bench_lease_api::load(&load, &["--url", &url], &tokens)).await??;
+        anyhow::Ok((manager, churn.stop(), sampler.stop().await))
+    })?;
+    let peak_after = rss_kib(pid, "VmHWM:").unwrap_or(0);
     drop(operator);
     drop(server);
 
@@ -424,6 +452,6 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         "| test server RSS (separate process, for reference) | {:.1} MiB |",
         mib(server_rss)
     );
-    crate::bench_abuse::print(&abuse, LIMIT_MIB);
+    crate::bench_lease_api::print(&manager, &engine, churn, &rss, mib(peak_after), LIMIT_MIB);
     Ok(())
 }

@@ -42,7 +42,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
-mod bench_abuse;
+mod bench_lease_api;
 mod bench_kvm2;
 mod bench_pool;
 mod crds;

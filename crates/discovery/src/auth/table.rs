@@ -129,6 +129,13 @@ impl TokenSet {
         set
     }
 
+    /// A set holding each client's tokens; a token two clients hold is refused for both.
+    pub fn of_clients(clients: &BTreeMap<ClientName, Vec<String>>) -> Self {
+        let set = Self::default();
+        set.put(Arc::new(Table::build(clients).0));
+        set
+    }
+
     /// The client whose token `given` is, if any.
     pub fn client(&self, given: &[u8]) -> Option<ClientName> {
         // No token in force is longer, and a token's length is no secret: spare the hash.

@@ -1,0 +1,276 @@
+//! The load of the operator bench's lease API case (`cargo xtask bench`, which runs this in a
+//! release build and prints its figures): two clients, `polite` (8 connections, one lease at a
+//! time, waiting as told on a 429) and `abuse` (64 connections acquiring with distinct 2 KiB
+//! targets, spamming reports, never waiting). The polite client is measured alone, then beside
+//! the abuse.
+//!
+//! ```text
+//! lease_api_bench --url http://127.0.0.1:8090     the running manager's API
+//! lease_api_bench --in-process 10000              this API served here from a fixed directory of
+//!                                                 that many Ready proxies, the in-memory store,
+//!                                                 the two clients' tokens and the default budgets
+//! ```
+//!
+//! The tokens come from `POLITE_TOKEN` and `ABUSE_TOKEN`. Prints one JSON object of figures.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use egress_discovery::{Auth, ClientName, DiscoveryApi, Fleet, ProxyDirectory, ProxyInfo, TokenSet, serve};
+use egress_lease::{MemoryStore, SystemClock};
+use tokio_util::sync::CancellationToken;
+
+const ABUSERS: usize = 64;
+const POLITE: usize = 8;
+const ALONE: Duration = Duration::from_secs(15);
+const ABUSE: Duration = Duration::from_secs(45);
+/// The target limit: every abusive target is exactly this long, and distinct.
+const TARGET_BYTES: usize = 2048;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// What one acquire+release gave.
+enum Pair {
+    Done,
+    /// No proxy was free.
+    NoMatch,
+    /// The client was over its budget.
+    RateLimited,
+}
+
+async fn pair(http: &reqwest::Client, base: &str, token: &str) -> Result<Pair, Error> {
+    let answer = http
+        .post(format!("{base}/v1/leases"))
+        .bearer_auth(token)
+        .body(r#"{"target": "example.com"}"#)
+        .send()
+        .await?;
+    match answer.status().as_u16() {
+        201 => {}
+        429 => return Ok(Pair::RateLimited),
+        409 => return Ok(Pair::NoMatch),
+        other => return Err(format!("acquire answered {other}: {}", answer.text().await.unwrap_or_default()).into()),
+    }
+    let grant: serde_json::Value = answer.json().await?;
+    let id = grant["leaseID"].as_str().unwrap_or_default().to_owned();
+    let release = http
+        .delete(format!("{base}/v1/leases/{id}"))
+        .bearer_auth(token)
+        .send()
+        .await?;
+    let status = release.status().as_u16();
+    release.bytes().await?;
+    Ok(if status == 429 { Pair::RateLimited } else { Pair::Done })
+}
+
+/// The polite client's pairs per second over `length`, and the 429s it got.
+async fn polite(base: &str, token: &str, length: Duration) -> Result<(f64, u64), Error> {
+    let started = Instant::now();
+    let pairs = Arc::new(AtomicU64::new(0));
+    let limited = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..POLITE {
+        let (base, token, pairs, limited, http) = (
+            base.to_owned(),
+            token.to_owned(),
+            pairs.clone(),
+            limited.clone(),
+            client(),
+        );
+        clients.push(tokio::spawn(async move {
+            while started.elapsed() < length {
+                match pair(&http, &base, &token).await? {
+                    Pair::Done => {
+                        pairs.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Pair::RateLimited => {
+                        limited.fetch_add(1, Ordering::Relaxed);
+                        // Well-behaved: it waits as told (the API says 1 s at least).
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Pair::NoMatch => {}
+                }
+            }
+            Ok::<(), Error>(())
+        }));
+    }
+    for c in clients {
+        c.await??;
+    }
+    let rate = pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    Ok((rate, limited.load(Ordering::Relaxed)))
+}
+
+/// A target nobody sent before, exactly [`TARGET_BYTES`] long.
+fn distinct_target(client: usize, n: u64, what: &str) -> String {
+    let head = format!("{what}-{client:02}-{n:012}.");
+    format!("{head}{}", "x".repeat(TARGET_BYTES - head.len()))
+}
+
+/// Counts of the abuse.
+#[derive(Default)]
+struct Abuse {
+    requests: AtomicU64,
+    limited: AtomicU64,
+}
+
+impl Abuse {
+    async fn send(&self, req: reqwest::RequestBuilder) -> Option<reqwest::Response> {
+        let answer = req.send().await.ok()?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if answer.status() == 429 {
+            self.limited.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(answer)
+    }
+}
+
+async fn abuser(i: usize, base: String, token: String, stop: Arc<AtomicBool>, abuse: Arc<Abuse>) {
+    let http = client();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let body = serde_json::json!({"target": distinct_target(i, n, "lease"), "ttlSeconds": 3600}).to_string();
+        let req = http.post(format!("{base}/v1/leases")).bearer_auth(&token).body(body);
+        let Some(answer) = abuse.send(req).await else {
+            continue;
+        };
+        if answer.status() != 201 {
+            let _ = answer.bytes().await;
+            continue;
+        }
+        let Ok(grant) = answer.json::<serde_json::Value>().await else {
+            continue;
+        };
+        let id = grant["leaseID"].as_str().unwrap_or_default().to_owned();
+        // Report spam: every result, each with a target never seen before.
+        for (k, result) in ["banned", "rate_limited", "ok"].into_iter().enumerate() {
+            let body = serde_json::json!({"result": result, "target": distinct_target(i, n * 4 + k as u64, "report")});
+            let req = http
+                .post(format!("{base}/v1/leases/{id}/report"))
+                .bearer_auth(&token)
+                .body(body.to_string());
+            if let Some(a) = abuse.send(req).await {
+                let _ = a.bytes().await;
+            }
+        }
+        let req = http.delete(format!("{base}/v1/leases/{id}")).bearer_auth(&token);
+        if let Some(a) = abuse.send(req).await {
+            let _ = a.bytes().await;
+        }
+    }
+}
+
+/// The polite client alone, then beside the abuse.
+async fn measure(base: &str, polite_token: &str, abuse_token: &str) -> Result<serde_json::Value, Error> {
+    let (alone, limited_alone) = polite(base, polite_token, ALONE).await?;
+    if alone == 0.0 {
+        return Err("no lease was granted without abuse: is the fleet healthy?".into());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let abuse = Arc::new(Abuse::default());
+    let abusers: Vec<_> = (0..ABUSERS)
+        .map(|i| {
+            tokio::spawn(abuser(
+                i,
+                base.to_owned(),
+                abuse_token.to_owned(),
+                stop.clone(),
+                abuse.clone(),
+            ))
+        })
+        .collect();
+    let started = Instant::now();
+    let (beside, limited_beside) = polite(base, polite_token, ABUSE).await?;
+    stop.store(true, Ordering::Relaxed);
+    let abusive = abuse.requests.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    for a in abusers {
+        let _ = a.await;
+    }
+    Ok(serde_json::json!({
+        "politeAlone": alone,
+        "politeBesideAbuse": beside,
+        "polite429Alone": limited_alone,
+        "polite429Beside": limited_beside,
+        "abusiveRequestsPerSecond": abusive,
+        "abuse429": abuse.limited.load(Ordering::Relaxed),
+    }))
+}
+
+struct Fixed(Arc<Fleet>);
+
+impl ProxyDirectory for Fixed {
+    fn proxies(&self) -> Result<Arc<Fleet>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+/// Serves the API here over `count` Ready proxies, as the manager's reference fleet shows them.
+async fn in_process(count: usize, polite_token: &str, abuse_token: &str) -> (String, CancellationToken) {
+    let fleet: Fleet = (0..count)
+        .map(|i| ProxyInfo {
+            id: format!("bench/p{i:05}"),
+            ip: format!("10.1.{}.{}", i / 256, i % 256),
+            port: 3128,
+            attributes: BTreeMap::new(),
+            phase: "Ready".into(),
+            healthy: true,
+            latency_millis: 7,
+            max_leases: 5,
+            credentials: None,
+            offered: true,
+            pool_role: None,
+        })
+        .collect();
+    let clients = BTreeMap::from([
+        (ClientName::parse("polite").expect("a name"), vec![polite_token.to_owned()]),
+        (ClientName::parse("abuse").expect("a name"), vec![abuse_token.to_owned()]),
+    ]);
+    let api = DiscoveryApi {
+        directory: Arc::new(Fixed(Arc::new(fleet))),
+        store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
+        max_ttl: Duration::from_secs(3600),
+        auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&clients))),
+        refusals: None,
+        admission: egress_discovery::Admission::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(
+        listener,
+        Arc::new(api),
+        egress_http::Limits::DEFAULT,
+        stop.clone(),
+    ));
+    (base, stop)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let polite_token = std::env::var("POLITE_TOKEN")?;
+    let abuse_token = std::env::var("ABUSE_TOKEN")?;
+    let figures = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["--url", url] => measure(url, &polite_token, &abuse_token).await?,
+        ["--in-process", count] => {
+            let (base, stop) = in_process(count.parse()?, &polite_token, &abuse_token).await;
+            let figures = measure(&base, &polite_token, &abuse_token).await?;
+            stop.cancel();
+            figures
+        }
+        _ => return Err("usage: lease_api_bench (--url URL | --in-process COUNT)".into()),
+    };
+    println!("{figures}");
+    Ok(())
+}

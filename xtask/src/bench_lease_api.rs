@@ -1,0 +1,230 @@
+//! The lease API as crawler teams meet it, in the operator bench: the running manager's
+//! discovery API at its fleet's size, with authentication on and the shipped default budgets,
+//! next to the same API served in one process from a fixed directory (the engine's speed).
+//! Both are loaded by the same release-built program (crates/discovery/examples/
+//! lease_api_bench.rs) with the same two clients, `polite` and `abuse`. While the manager is
+//! measured, Proxy status changes are written through the API server all along ([`Churn`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+
+use crate::bench::rss_kib;
+
+
+/// The two clients' tokens.
+#[derive(Clone)]
+pub(crate) struct Tokens {
+    pub(crate) polite: String,
+    pub(crate) abuse: String,
+}
+
+impl Tokens {
+    pub(crate) fn random() -> Self {
+        let token = || {
+            let bytes: [u8; 24] = rand::random();
+            data_encoding::BASE64URL_NOPAD.encode(&bytes)
+        };
+        Self {
+            polite: token(),
+            abuse: token(),
+        }
+    }
+
+    /// Writes the token dir the manager reads (one file per client).
+    pub(crate) fn write_dir(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("polite"), format!("{}\n", self.polite))?;
+        std::fs::write(dir.join("abuse"), format!("{}\n", self.abuse))?;
+        Ok(())
+    }
+}
+
+/// One server's figures.
+#[derive(Debug, Default)]
+pub(crate) struct Side {
+    pub(crate) polite_alone: f64,
+    pub(crate) polite_beside_abuse: f64,
+    pub(crate) abusive_requests_per_second: f64,
+    pub(crate) polite_429_alone: u64,
+    pub(crate) polite_429_beside: u64,
+    pub(crate) abuse_429: u64,
+}
+
+/// Runs the load program (`lease_api_bench`, a release build) with `args`, and reads its
+/// figures.
+pub(crate) fn load(program: &Path, args: &[&str], tokens: &Tokens) -> Result<Side> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .env("POLITE_TOKEN", &tokens.polite)
+        .env("ABUSE_TOKEN", &tokens.abuse)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running the lease API load")?;
+    if !out.status.success() {
+        bail!("the lease API load failed: {}", out.status);
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("the load's figures")?;
+    let float = |k: &str| v[k].as_f64().unwrap_or_default();
+    let whole = |k: &str| v[k].as_u64().unwrap_or_default();
+    Ok(Side {
+        polite_alone: float("politeAlone"),
+        polite_beside_abuse: float("politeBesideAbuse"),
+        abusive_requests_per_second: float("abusiveRequestsPerSecond"),
+        polite_429_alone: whole("polite429Alone"),
+        polite_429_beside: whole("polite429Beside"),
+        abuse_429: whole("abuse429"),
+    })
+}
+
+/// Samples a process's resident memory each second until stopped.
+pub(crate) struct RssSampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<f64>>,
+}
+
+impl RssSampler {
+    pub(crate) fn start(pid: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut samples = Vec::new();
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    samples.push(rss_kib(pid, "VmRSS:").map_or(0.0, |k| k as f64 / 1024.0));
+                }
+                samples
+            }
+        });
+        Self { stop, task }
+    }
+
+    pub(crate) async fn stop(self) -> Vec<f64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// Status changes written through the API server while it runs: every 50 ms the reference
+/// operator's verdict file (`REFERENCE_UNHEALTHY_FILE`) moves a window of unhealthy Proxies
+/// and a window of slow ones (250 ms, against the scripted 7 ms: a material change) along the
+/// fleet, so each tick flips [`STEP`] verdicts each way and moves [`STEP`] latencies each way.
+/// A watch on the namespace counts the writes that reach the API server.
+pub(crate) struct Churn {
+    started: Instant,
+    stop: Arc<AtomicBool>,
+    written: Arc<AtomicU64>,
+    writer: std::thread::JoinHandle<()>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+/// Proxies entering (and as many leaving) each window per tick.
+const STEP: usize = 4;
+const WINDOW: usize = 40;
+const TICK: Duration = Duration::from_millis(50);
+
+impl Churn {
+    /// The verdict file's text at tick `t` over a fleet of `count` Proxies named `p00000`...
+    pub(crate) fn verdicts(t: usize, count: usize, namespace: &str) -> String {
+        let name = |i: usize| format!("{namespace}/p{:05}", i % count);
+        let mut text = String::new();
+        for k in 0..WINDOW {
+            text.push_str(&name(t * STEP + k));
+            text.push('\n');
+            text.push_str(&format!("{} 250\n", name(count / 2 + t * STEP + k)));
+        }
+        text
+    }
+
+    /// Starts moving the windows in `file`, and counting `Proxy` writes in `namespace`.
+    pub(crate) fn start(file: PathBuf, count: usize, namespace: &str, client: kube::Client) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(0));
+        let writer = std::thread::spawn({
+            let (stop, namespace) = (stop.clone(), namespace.to_owned());
+            move || {
+                let mut t = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // Whole, by rename: the operator never reads half a file.
+                    let next = file.with_extension("next");
+                    if std::fs::write(&next, Self::verdicts(t, count, &namespace)).is_ok() {
+                        let _ = std::fs::rename(&next, &file);
+                    }
+                    t += 1;
+                    std::thread::sleep(TICK);
+                }
+            }
+        });
+        let watch = tokio::spawn({
+            let written = written.clone();
+            let api: kube::Api<egress_api::Proxy> = kube::Api::namespaced(client, namespace);
+            async move {
+                let events = kube::runtime::watcher(api, kube::runtime::watcher::Config::default());
+                let mut events = std::pin::pin!(events);
+                while let Some(event) = events.next().await {
+                    if let Ok(kube::runtime::watcher::Event::Apply(_)) = event {
+                        written.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        Self {
+            started: Instant::now(),
+            stop,
+            written,
+            writer,
+            watch,
+        }
+    }
+
+    /// Stops, and answers the writes a second it counted since it started.
+    pub(crate) fn stop(self) -> f64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.watch.abort();
+        let _ = self.writer.join();
+        self.written.load(Ordering::Relaxed) as f64 / self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// The case's rows of the bench table.
+pub(crate) fn print(manager: &Side, engine: &Side, churn: f64, rss: &[f64], peak_mib: f64, limit_mib: f64) {
+    let percent = |a: f64, b: f64| if b > 0.0 { a / b * 100.0 } else { 0.0 };
+    println!();
+    println!(
+        "| lease API, auth on, default budgets; clients `polite` (8 connections) and `abuse` (64) | running manager | in one process, fixed directory |"
+    );
+    println!("|---|---|---|");
+    println!("| Proxy status changes written per second through the API server while measured | {churn:.0} | none |");
+    println!(
+        "| polite pairs per second alone (goal: manager at least 80 % of in process) | {:.0} ({:.0} %) | {:.0} |",
+        manager.polite_alone,
+        percent(manager.polite_alone, engine.polite_alone),
+        engine.polite_alone
+    );
+    println!(
+        "| polite pairs per second beside the abuse (goal: at least 80 % of alone) | {:.0} ({:.0} %) | {:.0} ({:.0} %) |",
+        manager.polite_beside_abuse,
+        percent(manager.polite_beside_abuse, manager.polite_alone),
+        engine.polite_beside_abuse,
+        percent(engine.polite_beside_abuse, engine.polite_alone)
+    );
+    println!(
+        "| polite 429s alone / beside the abuse (goal: none alone) | {} / {} | {} / {} |",
+        manager.polite_429_alone, manager.polite_429_beside, engine.polite_429_alone, engine.polite_429_beside
+    );
+    println!(
+        "| abusive requests per second; 429s among them | {:.0}; {} | {:.0}; {} |",
+        manager.abusive_requests_per_second, manager.abuse_429, engine.abusive_requests_per_second, engine.abuse_429
+    );
+    let most = rss.iter().copied().fold(0.0, f64::max);
+    println!(
+        "| manager RSS, highest sample while measured; lifetime peak (VmHWM) | {most:.1} MiB; {peak_mib:.1} MiB ({} the {limit_mib:.0} MiB limit) | |",
+        if peak_mib < limit_mib { "under" } else { "OVER" }
+    );
+}
