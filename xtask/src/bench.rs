@@ -340,12 +340,17 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     })?;
     // The engine's speed first, on a quiet machine: the same load against the API served in
     // one process from a fixed directory of as many proxies.
-    let load = bin.join("examples/lease_api_bench");
-    let tokens = crate::bench_lease_api::Tokens::random();
+    let load = crate::bench_lease_api::Load {
+        program: bin.join("examples/lease_api_bench"),
+        tokens: crate::bench_lease_api::Tokens::random(),
+    };
     let clients = dir.join("clients");
-    tokens.write_dir(&clients)?;
-    eprintln!("bench: {count} Proxies created in {created:.1?}; the lease API in one process");
-    let engine = crate::bench_lease_api::load(&load, &["--in-process", &count.to_string()], &tokens)?;
+    load.tokens.write_dir(&clients)?;
+    eprintln!("bench: {count} Proxies created in {created:.1?}; the lease API over a fixed directory");
+    let engine = {
+        let (_server, url) = load.serve(count)?;
+        load.measure(&url)?
+    };
     eprintln!("bench: starting the operator");
 
     let verdicts = dir.join("verdicts");
@@ -411,11 +416,13 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
             &Default::default(),
         )
         .await?;
+        // The manager alone on core 1; the test API server (elsewhere in a cluster) with the load.
+        crate::bench_lease_api::pin(pid, "1")?;
+        crate::bench_lease_api::pin(server.0.id(), "0")?;
         let churn = crate::bench_lease_api::Churn::start(verdicts.clone(), count, "bench", kube::Client::try_from(config)?);
         let sampler = crate::bench_lease_api::RssSampler::start(pid);
-        let load = load.clone();
-        let (tokens, url) = (tokens.clone(), format!("http://{discovery}"));
-        let manager = tokio::task::spawn_blocking(move || crate::bench_lease_api::load(&load, &["--url", &url], &tokens)).await??;
+        let url = format!("http://{discovery}");
+        let manager = tokio::task::spawn_blocking(move || load.measure(&url)).await??;
         anyhow::Ok((manager, churn.stop(), sampler.stop().await))
     })?;
     let peak_after = rss_kib(pid, "VmHWM:").unwrap_or(0);

@@ -1,9 +1,17 @@
 //! The lease API as crawler teams meet it, in the operator bench: the running manager's
 //! discovery API at its fleet's size, with authentication on and the shipped default budgets,
-//! next to the same API served in one process from a fixed directory (the engine's speed).
-//! Both are loaded by the same release-built program (crates/discovery/examples/
-//! lease_api_bench.rs) with the same two clients, `polite` and `abuse`. While the manager is
-//! measured, Proxy status changes are written through the API server all along ([`Churn`]).
+//! next to the same API served from a fixed directory by a program of its own (the engine's
+//! speed). Both are loaded the same way (crates/discovery/examples/lease_api_bench.rs, a release
+//! build): the client `polite` alone, then beside the client `abuse`, each in a process of its
+//! own. While the manager is measured, Proxy status changes are written through the API server
+//! all along ([`Churn`]).
+//!
+//! Where each runs: the server measured (the manager or the engine's program) alone on core 1;
+//! the load and the test API server on core 0, the abuse at the lowest priority there. On a
+//! real install the teams' crawlers run on machines of their own: what one of them spends on
+//! its side must not come out of the other's, and only the server is shared. The abuse still
+//! takes core 0 whenever the polite client does not, and the server's share is decided by the
+//! server alone.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -55,30 +63,99 @@ pub(crate) struct Side {
     pub(crate) abuse_429: u64,
 }
 
-/// Runs the load program (`lease_api_bench`, a release build) with `args`, and reads its
-/// figures.
-pub(crate) fn load(program: &Path, args: &[&str], tokens: &Tokens) -> Result<Side> {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .env("POLITE_TOKEN", &tokens.polite)
-        .env("ABUSE_TOKEN", &tokens.abuse)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running the lease API load")?;
-    if !out.status.success() {
-        bail!("the lease API load failed: {}", out.status);
+/// How long the polite client runs alone, then beside the abuse.
+const ALONE: u64 = 15;
+const BESIDE: u64 = 45;
+/// The abuse starts this long before the polite client runs beside it.
+const ABUSE_LEAD: u64 = 2;
+
+/// The load program and the tokens it sends.
+pub(crate) struct Load {
+    pub(crate) program: PathBuf,
+    pub(crate) tokens: Tokens,
+}
+
+/// `program` with `args` on `core`, at the lowest priority when `low`.
+fn pinned(core: &str, low: bool, program: &Path, args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new("taskset");
+    cmd.args(["-c", core]);
+    if low {
+        cmd.args(["nice", "-n", "19"]);
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("the load's figures")?;
-    let float = |k: &str| v[k].as_f64().unwrap_or_default();
-    let whole = |k: &str| v[k].as_u64().unwrap_or_default();
-    Ok(Side {
-        polite_alone: float("politeAlone"),
-        polite_beside_abuse: float("politeBesideAbuse"),
-        abusive_requests_per_second: float("abusiveRequestsPerSecond"),
-        polite_429_alone: whole("polite429Alone"),
-        polite_429_beside: whole("polite429Beside"),
-        abuse_429: whole("abuse429"),
-    })
+    cmd.arg(program).args(args);
+    cmd
+}
+
+/// Moves every thread of process `pid` to `core`.
+pub(crate) fn pin(pid: u32, core: &str) -> Result<()> {
+    let status = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", core, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .context("running taskset")?;
+    if !status.success() {
+        bail!("taskset could not move process {pid} to core {core}");
+    }
+    Ok(())
+}
+
+impl Load {
+    fn command(&self, core: &str, low: bool, args: &[&str]) -> std::process::Command {
+        let mut cmd = pinned(core, low, &self.program, args);
+        cmd.env("POLITE_TOKEN", &self.tokens.polite)
+            .env("ABUSE_TOKEN", &self.tokens.abuse)
+            .stderr(std::process::Stdio::inherit());
+        cmd
+    }
+
+    fn figures(child: std::process::Child) -> Result<serde_json::Value> {
+        let out = child.wait_with_output().context("the load")?;
+        if !out.status.success() {
+            bail!("the lease API load failed: {}", out.status);
+        }
+        serde_json::from_slice(&out.stdout).context("the load's figures")
+    }
+
+    fn start(&self, core: &str, low: bool, args: &[&str]) -> Result<std::process::Child> {
+        self.command(core, low, args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting the lease API load")
+    }
+
+    /// Serves the API over a fixed directory of `count` proxies on core 1; its URL, and the
+    /// process (which stops when dropped).
+    pub(crate) fn serve(&self, count: usize) -> Result<(crate::procs::Killed, String)> {
+        use std::io::BufRead as _;
+        let mut child = self
+            .command("1", false, &["serve", &count.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting the engine's server")?;
+        let mut url = String::new();
+        std::io::BufReader::new(child.stdout.take().context("its output")?).read_line(&mut url)?;
+        Ok((crate::procs::Killed(child), url.trim().to_owned()))
+    }
+
+    /// The polite client alone, then beside the abuse, against `url`.
+    pub(crate) fn measure(&self, url: &str) -> Result<Side> {
+        let alone = Self::figures(self.start("0", false, &["polite", url, &ALONE.to_string()])?)?;
+        let abuse = self.start("0", true, &["abuse", url, &(BESIDE + 2 * ABUSE_LEAD).to_string()])?;
+        std::thread::sleep(Duration::from_secs(ABUSE_LEAD));
+        let beside = Self::figures(self.start("0", false, &["polite", url, &BESIDE.to_string()])?)?;
+        let abuse = Self::figures(abuse)?;
+        let float = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_default();
+        let whole = |v: &serde_json::Value| v["limited"].as_u64().unwrap_or_default();
+        Ok(Side {
+            polite_alone: float(&alone, "pairsPerSecond"),
+            polite_beside_abuse: float(&beside, "pairsPerSecond"),
+            abusive_requests_per_second: float(&abuse, "requestsPerSecond"),
+            polite_429_alone: whole(&alone),
+            polite_429_beside: whole(&beside),
+            abuse_429: whole(&abuse),
+        })
+    }
 }
 
 /// Samples a process's resident memory each second until stopped.
@@ -197,7 +274,7 @@ pub(crate) fn print(manager: &Side, engine: &Side, churn: f64, rss: &[f64], peak
     let percent = |a: f64, b: f64| if b > 0.0 { a / b * 100.0 } else { 0.0 };
     println!();
     println!(
-        "| lease API, auth on, default budgets; clients `polite` (8 connections) and `abuse` (64) | running manager | in one process, fixed directory |"
+        "| lease API, auth on, default budgets; clients `polite` (8 connections) and `abuse` (64, lowest priority); server on core 1, load on core 0 | running manager | fixed directory |"
     );
     println!("|---|---|---|");
     println!("| Proxy status changes written per second through the API server while measured | {churn:.0} | none |");

@@ -1,17 +1,20 @@
-//! The load of the operator bench's lease API case (`cargo xtask bench`, which runs this in a
-//! release build and prints its figures): two clients, `polite` (8 connections, one lease at a
-//! time, waiting as told on a 429) and `abuse` (64 connections acquiring with distinct 2 KiB
-//! targets, spamming reports, never waiting). The polite client is measured alone, then beside
-//! the abuse.
+//! The load of the operator bench's lease API case (`cargo xtask bench` runs it in a release
+//! build, places each process on a core and prints the figures). Two clients: `polite`, 8
+//! connections that acquire and release one lease at a time and wait as told on a 429; `abuse`,
+//! 64 connections that acquire with distinct 2 KiB targets, spam reports and never wait. Each
+//! runs in a process of its own, so that how the machine shares its cores between them is the
+//! kernel's business, not one runtime's.
 //!
 //! ```text
-//! lease_api_bench --url http://127.0.0.1:8090     the running manager's API
-//! lease_api_bench --in-process 10000              this API served here from a fixed directory of
-//!                                                 that many Ready proxies, the in-memory store,
-//!                                                 the two clients' tokens and the default budgets
+//! lease_api_bench serve COUNT          serves the API over a fixed directory of COUNT Ready
+//!                                      proxies, the in-memory store, the two clients' tokens and
+//!                                      the default budgets; prints its URL, then serves until
+//!                                      its standard input closes
+//! lease_api_bench polite URL SECONDS   the polite client; prints {"pairsPerSecond", "limited"}
+//! lease_api_bench abuse URL SECONDS    the abuse; prints {"requestsPerSecond", "limited"}
 //! ```
 //!
-//! The tokens come from `POLITE_TOKEN` and `ABUSE_TOKEN`. Prints one JSON object of figures.
+//! The tokens come from `POLITE_TOKEN` and `ABUSE_TOKEN`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,8 +27,6 @@ use tokio_util::sync::CancellationToken;
 
 const ABUSERS: usize = 64;
 const POLITE: usize = 8;
-const ALONE: Duration = Duration::from_secs(15);
-const ABUSE: Duration = Duration::from_secs(45);
 /// The target limit: every abusive target is exactly this long, and distinct.
 const TARGET_BYTES: usize = 2048;
 
@@ -107,6 +108,9 @@ async fn polite(base: &str, token: &str, length: Duration) -> Result<(f64, u64),
         c.await??;
     }
     let rate = pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    if rate == 0.0 {
+        return Err("no lease was granted: is the fleet healthy?".into());
+    }
     Ok((rate, limited.load(Ordering::Relaxed)))
 }
 
@@ -170,40 +174,21 @@ async fn abuser(i: usize, base: String, token: String, stop: Arc<AtomicBool>, ab
     }
 }
 
-/// The polite client alone, then beside the abuse.
-async fn measure(base: &str, polite_token: &str, abuse_token: &str) -> Result<serde_json::Value, Error> {
-    let (alone, limited_alone) = polite(base, polite_token, ALONE).await?;
-    if alone == 0.0 {
-        return Err("no lease was granted without abuse: is the fleet healthy?".into());
-    }
+/// The abuse for `length`: requests a second, and the 429s among them.
+async fn abuse(base: &str, token: &str, length: Duration) -> (f64, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let abuse = Arc::new(Abuse::default());
-    let abusers: Vec<_> = (0..ABUSERS)
-        .map(|i| {
-            tokio::spawn(abuser(
-                i,
-                base.to_owned(),
-                abuse_token.to_owned(),
-                stop.clone(),
-                abuse.clone(),
-            ))
-        })
-        .collect();
     let started = Instant::now();
-    let (beside, limited_beside) = polite(base, polite_token, ABUSE).await?;
+    let abusers: Vec<_> = (0..ABUSERS)
+        .map(|i| tokio::spawn(abuser(i, base.to_owned(), token.to_owned(), stop.clone(), abuse.clone())))
+        .collect();
+    tokio::time::sleep(length).await;
     stop.store(true, Ordering::Relaxed);
-    let abusive = abuse.requests.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    let rate = abuse.requests.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
     for a in abusers {
         let _ = a.await;
     }
-    Ok(serde_json::json!({
-        "politeAlone": alone,
-        "politeBesideAbuse": beside,
-        "polite429Alone": limited_alone,
-        "polite429Beside": limited_beside,
-        "abusiveRequestsPerSecond": abusive,
-        "abuse429": abuse.limited.load(Ordering::Relaxed),
-    }))
+    (rate, abuse.limited.load(Ordering::Relaxed))
 }
 
 struct Fixed(Arc<Fleet>);
@@ -261,16 +246,24 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let polite_token = std::env::var("POLITE_TOKEN")?;
     let abuse_token = std::env::var("ABUSE_TOKEN")?;
-    let figures = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["--url", url] => measure(url, &polite_token, &abuse_token).await?,
-        ["--in-process", count] => {
+    let seconds = |s: &str| s.parse().map(Duration::from_secs);
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["serve", count] => {
             let (base, stop) = in_process(count.parse()?, &polite_token, &abuse_token).await;
-            let figures = measure(&base, &polite_token, &abuse_token).await?;
+            println!("{base}");
+            // Until whoever started it closes its standard input.
+            tokio::task::spawn_blocking(|| std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())).await??;
             stop.cancel();
-            figures
         }
-        _ => return Err("usage: lease_api_bench (--url URL | --in-process COUNT)".into()),
-    };
-    println!("{figures}");
+        ["polite", url, length] => {
+            let (rate, limited) = polite(url, &polite_token, seconds(length)?).await?;
+            println!("{}", serde_json::json!({"pairsPerSecond": rate, "limited": limited}));
+        }
+        ["abuse", url, length] => {
+            let (rate, limited) = abuse(url, &abuse_token, seconds(length)?).await;
+            println!("{}", serde_json::json!({"requestsPerSecond": rate, "limited": limited}));
+        }
+        _ => return Err("usage: lease_api_bench (serve COUNT | polite URL SECONDS | abuse URL SECONDS)".into()),
+    }
     Ok(())
 }

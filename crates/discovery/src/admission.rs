@@ -325,6 +325,7 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         client.waiting.push_back((ticket, tx));
         state.next_ticket += 1;
+        self.0.metrics.queued(name.as_str());
         Entry::Wait(ticket, rx)
     }
 
@@ -360,6 +361,7 @@ impl Admission {
             let Some((_, tx)) = client.waiting.pop_front() else {
                 return;
             };
+            self.0.metrics.dequeued(next.as_str());
             // Counted before it is handed over: the waiter owns the slot from the send on.
             client.in_flight += 1;
             state.in_flight += 1;
@@ -414,6 +416,7 @@ impl Waiter<'_> {
             && let Some(at) = client.waiting.iter().position(|(t, _)| *t == self.ticket)
         {
             client.waiting.remove(at);
+            self.admission.0.metrics.dequeued(self.client.as_str());
             return false;
         }
         self.rx.try_recv().is_ok()

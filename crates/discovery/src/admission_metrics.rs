@@ -1,5 +1,5 @@
 //! The discovery API's metrics per client name (never per token): requests answered, by status
-//! code; requests refused by admission, by reason; requests being served. Client names come
+//! code; requests refused by admission, by reason; requests being served and waiting. Client names come
 //! from the token files, so the series are bounded by the clients configured (at most 64).
 
 use prometheus_client::metrics::counter::Counter;
@@ -17,6 +17,7 @@ pub struct AdmissionMetrics {
     requests: Family<Labels, Counter>,
     refusals: Family<Labels, Counter>,
     in_flight: Family<Labels, Gauge>,
+    waiting: Family<Labels, Gauge>,
 }
 
 impl std::fmt::Debug for AdmissionMetrics {
@@ -30,7 +31,7 @@ fn client(name: &str) -> Labels {
 }
 
 impl AdmissionMetrics {
-    /// Registers the three families.
+    /// Registers the four families.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "proxy_operator_discovery_requests",
@@ -46,6 +47,11 @@ impl AdmissionMetrics {
             "proxy_operator_discovery_requests_in_flight",
             "Discovery API requests being served, by client name.",
             self.in_flight.clone(),
+        );
+        registry.register(
+            "proxy_operator_discovery_requests_waiting",
+            "Discovery API requests waiting for their turn, by client name.",
+            self.waiting.clone(),
         );
     }
 
@@ -68,6 +74,24 @@ impl AdmissionMetrics {
 
     pub(crate) fn finished(&self, name: &str) {
         self.in_flight.get_or_create(&client(name)).dec();
+    }
+
+    pub(crate) fn queued(&self, name: &str) {
+        self.waiting.get_or_create(&client(name)).inc();
+    }
+
+    pub(crate) fn dequeued(&self, name: &str) {
+        self.waiting.get_or_create(&client(name)).dec();
+    }
+
+    /// Requests of `name` waiting for their turn now.
+    pub fn waiting(&self, name: &str) -> i64 {
+        self.waiting.get(&client(name)).map_or(0, |g| g.get())
+    }
+
+    /// Requests of `name` being served now.
+    pub fn in_flight(&self, name: &str) -> i64 {
+        self.in_flight.get(&client(name)).map_or(0, |g| g.get())
     }
 
     /// The count of answers `name` got with `code` (tests and benches read it).

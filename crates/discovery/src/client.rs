@@ -500,6 +500,30 @@ mod tests {
     }
 
     #[test]
+    fn a_429_is_retried_only_within_the_retries_and_the_call_s_budget() {
+        let s = Duration::from_secs;
+        assert_eq!(after_rate_limit(s(1), 0, s(0), s(10)), AfterRateLimit::Retry(s(1)));
+        assert_eq!(after_rate_limit(s(1), 2, s(2), s(10)), AfterRateLimit::Retry(s(1)));
+        assert_eq!(after_rate_limit(s(1), 3, s(3), s(10)), AfterRateLimit::GiveUp, "three retries at most");
+        assert_eq!(after_rate_limit(s(5), 0, s(6), s(10)), AfterRateLimit::GiveUp, "the wait would end past the budget");
+        assert_eq!(after_rate_limit(s(4), 0, s(6), s(10)), AfterRateLimit::GiveUp, "nor exactly at it");
+        assert_eq!(after_rate_limit(s(3), 1, s(6), s(10)), AfterRateLimit::Retry(s(3)));
+    }
+
+    #[test]
+    fn retry_after_is_read_as_whole_seconds() {
+        let headers = |v: &str| {
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(reqwest::header::RETRY_AFTER, v.parse().unwrap());
+            h
+        };
+        assert_eq!(retry_after(&headers("7")), Duration::from_secs(7));
+        assert_eq!(retry_after(&headers("0")), Duration::from_secs(1), "at least 1 s");
+        assert_eq!(retry_after(&headers("Wed, 21 Oct 2026 07:28:00 GMT")), Duration::from_secs(1));
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new()), Duration::from_secs(1));
+    }
+
+    #[test]
     fn a_success_that_cannot_be_read_keeps_none_of_its_body() {
         let body = r#"{"leaseID":"l","proxy":{"id":"ns/p","password":"SENTINEL-pw","port":"not a number"}}"#;
         let e = Client::expect::<Lease>(200, 200, body).unwrap_err();

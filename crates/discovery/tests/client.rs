@@ -147,3 +147,63 @@ async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
     assert_eq!((open.proxy.username.as_ref(), open.proxy.url.as_ref()), (None, None));
     assert_eq!(open.proxy.proxy_url(), "http://10.0.0.1:3128");
 }
+
+/// A server that answers every request `429 rate_limited` with `Retry-After: <retry_after>`
+/// until it has refused `refusals` of them, then lists no proxy. Counts the requests.
+async fn refusing(refusals: usize, retry_after: u64) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    let app = axum::Router::new().fallback(move || {
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n < refusals {
+                (
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    [("retry-after", retry_after.to_string())],
+                    r#"{"error":"rate_limited","message":"over budget"}"#,
+                )
+                    .into_response()
+            } else {
+                r#"{"count":0,"proxies":[]}"#.into_response()
+            }
+        }
+    });
+    use axum::response::IntoResponse as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn a_429_is_sent_again_after_retry_after_at_most_three_times() {
+    use std::sync::atomic::Ordering;
+    // Two refusals, then an answer: the call succeeds on its third request.
+    let (url, seen) = refusing(2, 1).await;
+    let client = Client::new(&url, Some("tok".into())).unwrap();
+    assert_eq!(client.list(&ListFilter::default()).await, Ok(Vec::new()));
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+    // Refused for good: the first request and three more, then the refusal.
+    let (url, seen) = refusing(usize::MAX, 1).await;
+    let client = Client::new(&url, Some("tok".into())).unwrap();
+    match client.list(&ListFilter::default()).await {
+        Err(ClientError::RateLimited { retry_after, message }) => {
+            assert_eq!((retry_after, message.as_str()), (Duration::from_secs(1), "over budget"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_call_s_budget_is_not_waited_for() {
+    use std::sync::atomic::Ordering;
+    let (url, seen) = refusing(usize::MAX, 30).await;
+    let client = Client::with_timeout(&url, Some("tok".into()), Duration::from_secs(10)).unwrap();
+    match client.list(&ListFilter::default()).await {
+        Err(ClientError::RateLimited { retry_after, .. }) => assert_eq!(retry_after, Duration::from_secs(30)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "waiting 30 s would pass the 10 s budget");
+}

@@ -168,3 +168,56 @@ async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
         assert!(!documented.is_null(), "{method} {path} does not document its 503");
     }
 }
+
+#[tokio::test]
+async fn a_client_over_its_budget_gets_the_documented_429_on_every_authenticated_route() {
+    // Each request is its own budget's only one: burst 1, a token a second.
+    let one = egress_discovery::Budget {
+        requests_per_second: 1,
+        burst: 1,
+        concurrency: 16,
+    };
+    let doc = egress_discovery::openapi::document();
+    let error = validator(doc, "Error");
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            if operation["security"] == json!([]) {
+                continue; // /healthz: neither authenticated nor admitted
+            }
+            let (url, _stop) = serve_on_loopback(DiscoveryApi {
+                directory: Arc::new(Fixed::new(vec![info("ns/a", true, 12, 1, &[])])),
+                store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
+                max_ttl: Duration::from_secs(3600),
+                auth: egress_discovery::Auth::None,
+                refusals: None,
+                admission: egress_discovery::Admission::new(
+                    egress_discovery::Budgets::uniform(one),
+                    16,
+                    egress_discovery::AdmissionMetrics::default(),
+                ),
+            })
+            .await;
+            let path = path.replace("{id}", "L");
+            let method = method.to_uppercase();
+            let _ = call(&url, &method, &path, Some("{}")).await;
+            let client = reqwest::Client::new();
+            let refused = client
+                .request(method.parse().unwrap(), format!("{url}{path}"))
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(refused.status(), 429, "{method} {path}");
+            let retry_after = refused.headers()["retry-after"].to_str().unwrap().to_owned();
+            let header = jsonschema::validator_for(&doc["components"]["headers"]["RetryAfter"]["schema"]).unwrap();
+            assert!(header.is_valid(&json!(retry_after)), "Retry-After {retry_after:?}");
+            let answer: Value = refused.json().await.unwrap();
+            assert_eq!(answer["error"], "rate_limited");
+            assert!(error.is_valid(&answer), "{answer}");
+            assert_eq!(
+                operation["responses"]["429"]["$ref"], "#/components/responses/RateLimited",
+                "{method} {path} does not document its 429"
+            );
+        }
+    }
+}
