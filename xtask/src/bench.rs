@@ -410,7 +410,7 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     let peak = rss_kib(pid, "VmHWM:").unwrap_or(0);
     let settled = rss_kib(pid, "VmRSS:").unwrap_or(0);
     let server_rss = rss_kib(server.0.id(), "VmRSS:").unwrap_or(0);
-    let (manager, churn, rss) = runtime.block_on(async {
+    let (manager, churn, idle_cpu, rss) = runtime.block_on(async {
         let config = kube::Config::from_custom_kubeconfig(
             kube::config::Kubeconfig::read_from(&kubeconfig)?,
             &Default::default(),
@@ -419,11 +419,14 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         // The manager alone on core 1; the test API server (elsewhere in a cluster) with the load.
         crate::bench_lease_api::pin(pid, "1")?;
         crate::bench_lease_api::pin(server.0.id(), "0")?;
+        let sample = Duration::from_secs(10);
+        let at_rest = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
         let churn = crate::bench_lease_api::Churn::start(verdicts.clone(), count, "bench", kube::Client::try_from(config)?);
+        let churning = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
         let sampler = crate::bench_lease_api::RssSampler::start(pid);
         let url = format!("http://{discovery}");
         let manager = tokio::task::spawn_blocking(move || load.measure(&url)).await??;
-        anyhow::Ok((manager, churn.stop(), sampler.stop().await))
+        anyhow::Ok((manager, churn.stop(), (at_rest, churning), sampler.stop().await))
     })?;
     let peak_after = rss_kib(pid, "VmHWM:").unwrap_or(0);
     drop(operator);
@@ -459,6 +462,6 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         "| test server RSS (separate process, for reference) | {:.1} MiB |",
         mib(server_rss)
     );
-    crate::bench_lease_api::print(&manager, &engine, churn, &rss, mib(peak_after), LIMIT_MIB);
+    crate::bench_lease_api::print(&manager, &engine, churn, idle_cpu, &rss, mib(peak_after), LIMIT_MIB);
     Ok(())
 }

@@ -158,6 +158,22 @@ impl Load {
     }
 }
 
+/// The CPU time process `pid` has used, in seconds (utime and stime of /proc/PID/stat).
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the name (which may hold spaces) comes field 3; utime and stime are fields 14, 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or_default();
+    (ticks(11) + ticks(12)) / rustix::param::clock_ticks_per_second() as f64
+}
+
+/// The share of one core process `pid` used over `length`, measured from now.
+pub(crate) fn cpu_share(pid: u32, length: Duration) -> f64 {
+    let before = cpu_seconds(pid);
+    std::thread::sleep(length);
+    (cpu_seconds(pid) - before) / length.as_secs_f64()
+}
+
 /// Samples a process's resident memory each second until stopped.
 pub(crate) struct RssSampler {
     stop: Arc<AtomicBool>,
@@ -270,7 +286,7 @@ impl Churn {
 }
 
 /// The case's rows of the bench table.
-pub(crate) fn print(manager: &Side, engine: &Side, churn: f64, rss: &[f64], peak_mib: f64, limit_mib: f64) {
+pub(crate) fn print(manager: &Side, engine: &Side, churn: f64, idle_cpu: (f64, f64), rss: &[f64], peak_mib: f64, limit_mib: f64) {
     let percent = |a: f64, b: f64| if b > 0.0 { a / b * 100.0 } else { 0.0 };
     println!();
     println!(
@@ -278,6 +294,11 @@ pub(crate) fn print(manager: &Side, engine: &Side, churn: f64, rss: &[f64], peak
     );
     println!("|---|---|---|");
     println!("| Proxy status changes written per second through the API server while measured | {churn:.0} | none |");
+    println!(
+        "| manager CPU without API load, share of its core: at rest / with those status changes | {:.0} % / {:.0} % | |",
+        idle_cpu.0 * 100.0,
+        idle_cpu.1 * 100.0
+    );
     println!(
         "| polite pairs per second alone (goal: manager at least 80 % of in process) | {:.0} ({:.0} %) | {:.0} |",
         manager.polite_alone,

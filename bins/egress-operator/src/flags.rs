@@ -306,13 +306,13 @@ const FLAGS: &[Flag] = &[
     Flag {
         name: "discovery-client-rate",
         kind: Kind::Text,
-        default: "50000",
+        default: "200000",
         usage: "Requests a second each discovery client may make on average (1 to 1000000), unless --discovery-clients-config gives it another; beyond its budget a request gets 429 rate_limited with Retry-After.",
     },
     Flag {
         name: "discovery-client-burst",
         kind: Kind::Text,
-        default: "100000",
+        default: "200000",
         usage: "Requests each discovery client may make at once above its rate (1 to 1000000).",
     },
     Flag {
