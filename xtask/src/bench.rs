@@ -348,8 +348,8 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     load.tokens.write_dir(&clients)?;
     eprintln!("bench: {count} Proxies created in {created:.1?}; the lease API over a fixed directory");
     let engine = {
-        let (_server, url) = load.serve(count)?;
-        load.measure(&url)?
+        let (server, url) = load.serve(count)?;
+        load.measure(&url, server.0.id())?
     };
     eprintln!("bench: starting the operator");
 
@@ -419,13 +419,14 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         // The manager alone on core 1; the test API server (elsewhere in a cluster) with the load.
         crate::bench_lease_api::pin(pid, "1")?;
         crate::bench_lease_api::pin(server.0.id(), "0")?;
+        crate::bench_lease_api::lowest_priority(server.0.id())?;
         let sample = Duration::from_secs(10);
         let at_rest = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
         let churn = crate::bench_lease_api::Churn::start(verdicts.clone(), count, "bench", kube::Client::try_from(config)?);
         let churning = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
         let sampler = crate::bench_lease_api::RssSampler::start(pid);
         let url = format!("http://{discovery}");
-        let manager = tokio::task::spawn_blocking(move || load.measure(&url)).await??;
+        let manager = tokio::task::spawn_blocking(move || load.measure(&url, pid)).await??;
         anyhow::Ok((manager, churn.stop(), (at_rest, churning), sampler.stop().await))
     })?;
     let peak_after = rss_kib(pid, "VmHWM:").unwrap_or(0);

@@ -7,7 +7,8 @@
 //! all along ([`Churn`]).
 //!
 //! Where each runs: the server measured (the manager or the engine's program) alone on core 1;
-//! the load and the test API server on core 0, the abuse at the lowest priority there. On a
+//! the load and the test API server on core 0, the abuse and the test API server at the lowest
+//! priority there (a cluster's API server runs elsewhere too). On a
 //! real install the teams' crawlers run on machines of their own: what one of them spends on
 //! its side must not come out of the other's, and only the server is shared. The abuse still
 //! takes core 0 whenever the polite client does not, and the server's share is decided by the
@@ -61,6 +62,9 @@ pub(crate) struct Side {
     pub(crate) polite_429_alone: u64,
     pub(crate) polite_429_beside: u64,
     pub(crate) abuse_429: u64,
+    /// The server's CPU while the polite client ran alone, and beside the abuse: a share of
+    /// its core.
+    pub(crate) server_cpu: (f64, f64),
 }
 
 /// How long the polite client runs alone, then beside the abuse.
@@ -95,6 +99,23 @@ pub(crate) fn pin(pid: u32, core: &str) -> Result<()> {
         .context("running taskset")?;
     if !status.success() {
         bail!("taskset could not move process {pid} to core {core}");
+    }
+    Ok(())
+}
+
+/// Gives every thread of process `pid` the lowest priority.
+pub(crate) fn lowest_priority(pid: u32) -> Result<()> {
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).context("the process's threads")?;
+    for thread in threads.flatten() {
+        let status = std::process::Command::new("renice")
+            .args(["-n", "19", "-p"])
+            .arg(thread.file_name())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .context("running renice")?;
+        if !status.success() {
+            bail!("renice could not lower thread {:?} of process {pid}", thread.file_name());
+        }
     }
     Ok(())
 }
@@ -139,11 +160,18 @@ impl Load {
     }
 
     /// The polite client alone, then beside the abuse, against `url`.
-    pub(crate) fn measure(&self, url: &str) -> Result<Side> {
+    /// The polite client alone, then beside the abuse, against `url`, served by process
+    /// `server`.
+    pub(crate) fn measure(&self, url: &str, server: u32) -> Result<Side> {
+        let cpu = cpu_seconds(server);
+        let started = std::time::Instant::now();
         let alone = Self::figures(self.start("0", false, &["polite", url, &ALONE.to_string()])?)?;
+        let cpu_alone = (cpu_seconds(server) - cpu) / started.elapsed().as_secs_f64();
         let abuse = self.start("0", true, &["abuse", url, &(BESIDE + 2 * ABUSE_LEAD).to_string()])?;
         std::thread::sleep(Duration::from_secs(ABUSE_LEAD));
+        let (cpu, started) = (cpu_seconds(server), std::time::Instant::now());
         let beside = Self::figures(self.start("0", false, &["polite", url, &BESIDE.to_string()])?)?;
+        let cpu_beside = (cpu_seconds(server) - cpu) / started.elapsed().as_secs_f64();
         let abuse = Self::figures(abuse)?;
         let float = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_default();
         let whole = |v: &serde_json::Value| v["limited"].as_u64().unwrap_or_default();
@@ -154,6 +182,7 @@ impl Load {
             polite_429_alone: whole(&alone),
             polite_429_beside: whole(&beside),
             abuse_429: whole(&abuse),
+            server_cpu: (cpu_alone, cpu_beside),
         })
     }
 }
@@ -319,6 +348,13 @@ pub(crate) fn print(manager: &Side, engine: &Side, churn: f64, idle_cpu: (f64, f
     println!(
         "| abusive requests per second; 429s among them | {:.0}; {} | {:.0}; {} |",
         manager.abusive_requests_per_second, manager.abuse_429, engine.abusive_requests_per_second, engine.abuse_429
+    );
+    println!(
+        "| the server's CPU, share of its core: polite alone / beside the abuse | {:.0} % / {:.0} % | {:.0} % / {:.0} % |",
+        manager.server_cpu.0 * 100.0,
+        manager.server_cpu.1 * 100.0,
+        engine.server_cpu.0 * 100.0,
+        engine.server_cpu.1 * 100.0
     );
     let most = rss.iter().copied().fold(0.0, f64::max);
     println!(
