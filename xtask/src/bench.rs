@@ -265,8 +265,6 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         "egress-operator",
         "--example",
         "reference_operator",
-        "-p",
-        "egress-discovery",
         "--example",
         "lease_api_bench",
     ]);
@@ -348,7 +346,7 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     load.tokens.write_dir(&clients)?;
     eprintln!("bench: {count} Proxies created in {created:.1?}; the lease API over a fixed directory");
     let engine = {
-        let (server, url) = load.serve(count)?;
+        let (server, url) = load.serve(count, &dir.join("engine.log"))?;
         load.measure(&url, server.0.id())?
     };
     eprintln!("bench: starting the operator");
@@ -419,7 +417,6 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         // The manager alone on core 1; the test API server (elsewhere in a cluster) with the load.
         crate::bench_lease_api::pin(pid, "1")?;
         crate::bench_lease_api::pin(server.0.id(), "0")?;
-        crate::bench_lease_api::lowest_priority(server.0.id())?;
         let sample = Duration::from_secs(10);
         let at_rest = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
         let churn = crate::bench_lease_api::Churn::start(verdicts.clone(), count, "bench", kube::Client::try_from(config)?);

@@ -130,6 +130,13 @@ pub fn main_with(extensions: Extensions) -> ExitCode {
     code
 }
 
+/// Installs the operator's logger as `options` ask for it, without span export: for a program
+/// that serves part of the operator alone and must log as the manager does (the bench's API
+/// over a fixed directory writes the same request lines).
+pub fn install_logger(options: &Options) {
+    install_logging(options, None);
+}
+
 /// Installs the logger (and the span exporter when the environment asks for one).
 fn install_logging(options: &Options, tracer: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
     let config = options.log.resolve();

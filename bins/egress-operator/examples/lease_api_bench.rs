@@ -7,9 +7,11 @@
 //!
 //! ```text
 //! lease_api_bench serve COUNT          serves the API over a fixed directory of COUNT Ready
-//!                                      proxies, the in-memory store, the two clients' tokens and
-//!                                      the default budgets; prints its URL, then serves until
-//!                                      its standard input closes
+//!                                      proxies, the in-memory store, the two clients' tokens,
+//!                                      the default budgets and the manager's logger (the bench's
+//!                                      flags: JSON at info, so every request is logged as the
+//!                                      manager logs it); prints its URL, then serves until its
+//!                                      standard input closes
 //! lease_api_bench polite URL SECONDS   the polite client; prints {"pairsPerSecond", "limited"}
 //! lease_api_bench abuse URL SECONDS    the abuse; prints {"requestsPerSecond", "limited"}
 //! ```
@@ -249,6 +251,10 @@ async fn main() -> Result<(), Error> {
     let seconds = |s: &str| s.parse().map(Duration::from_secs);
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["serve", count] => {
+            match egress_operator::flags::parse(["--zap-log-level=info", "--zap-encoder=json"])? {
+                egress_operator::flags::Command::Run(options) => egress_operator::install_logger(&options),
+                egress_operator::flags::Command::Help => {}
+            }
             let (base, stop) = in_process(count.parse()?, &polite_token, &abuse_token).await;
             println!("{base}");
             // Until whoever started it closes its standard input.
