@@ -362,7 +362,10 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         .arg(format!("--discovery-addr={discovery}"))
         // Authentication on, as deployed: the two clients' files, and no default client.
         .arg(format!("--discovery-token-dir={}", clients.display()))
-        .arg(format!("--discovery-token-file={}", dir.join("no-default-client").display()))
+        .arg(format!(
+            "--discovery-token-file={}",
+            dir.join("no-default-client").display()
+        ))
         .args([
             "--metrics-secure=false",
             "--health-probe-bind-address=0",
@@ -419,7 +422,8 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
         crate::bench_lease_api::pin(server.0.id(), "0")?;
         let sample = Duration::from_secs(10);
         let at_rest = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
-        let churn = crate::bench_lease_api::Churn::start(verdicts.clone(), count, "bench", kube::Client::try_from(config)?);
+        let churn =
+            crate::bench_lease_api::Churn::start(verdicts.clone(), count, "bench", kube::Client::try_from(config)?);
         let churning = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
         let sampler = crate::bench_lease_api::RssSampler::start(pid);
         let url = format!("http://{discovery}");

@@ -24,7 +24,6 @@ use futures::StreamExt;
 
 use crate::bench::rss_kib;
 
-
 /// The two clients' tokens.
 #[derive(Clone)]
 pub(crate) struct Tokens {
@@ -175,7 +174,11 @@ impl Load {
 pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // After the name (which may hold spaces) comes field 3; utime and stime are fields 14, 15.
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or_default();
     (ticks(11) + ticks(12)) / rustix::param::clock_ticks_per_second() as f64
 }
@@ -299,7 +302,15 @@ impl Churn {
 }
 
 /// The case's rows of the bench table.
-pub(crate) fn print(manager: &Side, engine: &Side, churn: f64, idle_cpu: (f64, f64), rss: &[f64], peak_mib: f64, limit_mib: f64) {
+pub(crate) fn print(
+    manager: &Side,
+    engine: &Side,
+    churn: f64,
+    idle_cpu: (f64, f64),
+    rss: &[f64],
+    peak_mib: f64,
+    limit_mib: f64,
+) {
     let percent = |a: f64, b: f64| if b > 0.0 { a / b * 100.0 } else { 0.0 };
     println!();
     println!(

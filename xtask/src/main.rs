@@ -42,8 +42,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
-mod bench_lease_api;
 mod bench_kvm2;
+mod bench_lease_api;
 mod bench_pool;
 mod crds;
 mod dev;

@@ -182,7 +182,15 @@ async fn abuse(base: &str, token: &str, length: Duration) -> (f64, u64) {
     let abuse = Arc::new(Abuse::default());
     let started = Instant::now();
     let abusers: Vec<_> = (0..ABUSERS)
-        .map(|i| tokio::spawn(abuser(i, base.to_owned(), token.to_owned(), stop.clone(), abuse.clone())))
+        .map(|i| {
+            tokio::spawn(abuser(
+                i,
+                base.to_owned(),
+                token.to_owned(),
+                stop.clone(),
+                abuse.clone(),
+            ))
+        })
         .collect();
     tokio::time::sleep(length).await;
     stop.store(true, Ordering::Relaxed);
@@ -219,8 +227,14 @@ async fn in_process(count: usize, polite_token: &str, abuse_token: &str) -> (Str
         })
         .collect();
     let clients = BTreeMap::from([
-        (ClientName::parse("polite").expect("a name"), vec![polite_token.to_owned()]),
-        (ClientName::parse("abuse").expect("a name"), vec![abuse_token.to_owned()]),
+        (
+            ClientName::parse("polite").expect("a name"),
+            vec![polite_token.to_owned()],
+        ),
+        (
+            ClientName::parse("abuse").expect("a name"),
+            vec![abuse_token.to_owned()],
+        ),
     ]);
     let api = DiscoveryApi {
         directory: Arc::new(Fixed(Arc::new(fleet))),
@@ -258,7 +272,8 @@ async fn main() -> Result<(), Error> {
             let (base, stop) = in_process(count.parse()?, &polite_token, &abuse_token).await;
             println!("{base}");
             // Until whoever started it closes its standard input.
-            tokio::task::spawn_blocking(|| std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())).await??;
+            tokio::task::spawn_blocking(|| std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new()))
+                .await??;
             stop.cancel();
         }
         ["polite", url, length] => {

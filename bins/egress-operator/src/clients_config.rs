@@ -13,9 +13,12 @@ use crate::followed::{Followed, Following, Unusable, read_regular_file};
 const FLAG: &str = "--discovery-clients-config";
 
 /// The admission the flags ask for, and the follower of its file (`None` without one).
-pub(crate) fn admission(options: &Options, metrics: AdmissionMetrics) -> Result<(Admission, Option<Following<ClientsConfig>>), Fatal> {
-    let default = options.discovery_budget;
-    let admission = Admission::new(Budgets::uniform(default), options.discovery_max_in_flight, metrics);
+pub(crate) fn admission(
+    options: &Options,
+    metrics: AdmissionMetrics,
+) -> Result<(Admission, Option<Following<ClientsConfig>>), Fatal> {
+    let (default, at_once) = budget(options);
+    let admission = Admission::new(Budgets::uniform(default), at_once, metrics);
     if options.discovery_clients_config.is_empty() {
         return Ok((admission, None));
     }
@@ -33,6 +36,21 @@ pub(crate) fn admission(options: &Options, metrics: AdmissionMetrics) -> Result<
         "Discovery clients config read"
     );
     Ok((admission, Some(Following::new(file))))
+}
+
+/// The default budget and the requests served at once the flags ask for: a concurrency or a
+/// count at once of 0 is the lease store's default.
+fn budget(options: &Options) -> (Budget, usize) {
+    let (store_budget, store_at_once) = egress_discovery::admission::defaults(options.lease_store != "memory");
+    let mut budget = options.discovery_budget;
+    if budget.concurrency == 0 {
+        budget.concurrency = store_budget.concurrency;
+    }
+    let at_once = match options.discovery_max_in_flight {
+        0 => store_at_once,
+        n => n,
+    };
+    (budget, at_once)
 }
 
 /// The clients config file and the admission its budgets go to.
@@ -83,6 +101,18 @@ mod tests {
             admission: Admission::new(Budgets::uniform(default), 16, AdmissionMetrics::default()),
             applied: None,
         }
+    }
+
+    #[test]
+    fn concurrency_and_requests_at_once_default_by_store_unless_given() {
+        let mut o = Options::default();
+        assert_eq!(budget(&o).1, 16);
+        assert_eq!(budget(&o).0.concurrency, 16);
+        o.lease_store = "redis://127.0.0.1:6379".into();
+        assert_eq!((budget(&o).0.concurrency, budget(&o).1), (64, 64));
+        o.discovery_budget.concurrency = 3;
+        o.discovery_max_in_flight = 5;
+        assert_eq!((budget(&o).0.concurrency, budget(&o).1), (3, 5));
     }
 
     #[test]

@@ -61,9 +61,11 @@ pub struct Options {
     /// The dir whose files are the discovery clients, each named as its file (the Secret volume).
     pub discovery_token_dir: String,
     /// Every discovery client's budget unless the clients config gives it another
-    /// (`--discovery-client-rate`, `--discovery-client-burst`, `--discovery-client-concurrency`).
+    /// (`--discovery-client-rate`, `--discovery-client-burst`, `--discovery-client-concurrency`;
+    /// a concurrency of 0: the store's default).
     pub discovery_budget: egress_discovery::Budget,
-    /// `--discovery-max-in-flight`: requests the discovery API serves at once, across clients.
+    /// `--discovery-max-in-flight`: requests the discovery API serves at once, across clients;
+    /// 0: the store's default.
     pub discovery_max_in_flight: usize,
     /// `--discovery-clients-config`: per-client budgets; empty: none.
     pub discovery_clients_config: String,
@@ -110,8 +112,11 @@ impl Default for Options {
             discovery_auth: DiscoveryAuth::Token,
             discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
             discovery_token_dir: DEFAULT_DISCOVERY_TOKEN_DIR.into(),
-            discovery_budget: egress_discovery::admission::DEFAULT_BUDGET,
-            discovery_max_in_flight: egress_discovery::admission::DEFAULT_MAX_IN_FLIGHT,
+            discovery_budget: egress_discovery::Budget {
+                concurrency: 0,
+                ..egress_discovery::admission::DEFAULT_BUDGET
+            },
+            discovery_max_in_flight: 0,
             discovery_clients_config: String::new(),
             max_lease_ttl: Duration::from_secs(3600),
             max_connections: 1024,
@@ -318,14 +323,14 @@ const FLAGS: &[Flag] = &[
     Flag {
         name: "discovery-client-concurrency",
         kind: Kind::Text,
-        default: "16",
-        usage: "Requests of one discovery client served at once (1 to 1024); more wait their turn, at most 5s.",
+        default: "0",
+        usage: "Requests of one discovery client served at once (1 to 1024); more wait their turn, at most 5s. 0: 16 with the in-memory lease store, 64 with Redis.",
     },
     Flag {
         name: "discovery-max-in-flight",
         kind: Kind::Text,
-        default: "16",
-        usage: "Requests the discovery API serves at once across clients (1 to 4096); a freed slot goes to the waiting client with the fewest requests in flight.",
+        default: "0",
+        usage: "Requests the discovery API serves at once across clients (1 to 4096); a freed slot goes to the waiting client with the fewest requests in flight. 0: 16 with the in-memory lease store, 64 with Redis.",
     },
     Flag {
         name: "discovery-clients-config",
@@ -542,8 +547,8 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         "discovery-token-dir" => o.discovery_token_dir = value.into(),
         "discovery-client-rate" => o.discovery_budget.requests_per_second = whole(value, 1, 1_000_000)?,
         "discovery-client-burst" => o.discovery_budget.burst = whole(value, 1, 1_000_000)?,
-        "discovery-client-concurrency" => o.discovery_budget.concurrency = whole(value, 1, 1024)?,
-        "discovery-max-in-flight" => o.discovery_max_in_flight = whole(value, 1, 4096)? as usize,
+        "discovery-client-concurrency" => o.discovery_budget.concurrency = whole(value, 0, 1024)?,
+        "discovery-max-in-flight" => o.discovery_max_in_flight = whole(value, 0, 4096)? as usize,
         "discovery-clients-config" => o.discovery_clients_config = value.into(),
         "max-lease-ttl" => o.max_lease_ttl = positive(parse_duration(value)?)?,
         "max-connections" => {
@@ -831,13 +836,23 @@ mod tests {
     fn the_discovery_budget_flags_default_to_the_documented_budget_and_are_bounded() {
         // Each flag's shown default, set as given, is the default the options start from.
         let mut o = Options::default();
-        for f in FLAGS.iter().filter(|f| f.name.starts_with("discovery-client-") || f.name == "discovery-max-in-flight") {
+        for f in FLAGS
+            .iter()
+            .filter(|f| f.name.starts_with("discovery-client-") || f.name == "discovery-max-in-flight")
+        {
             set(&mut o, f, f.default).unwrap();
         }
-        assert_eq!(o.discovery_budget, egress_discovery::admission::DEFAULT_BUDGET);
-        assert_eq!(o.discovery_max_in_flight, egress_discovery::admission::DEFAULT_MAX_IN_FLIGHT);
+        let (rate, burst) = (o.discovery_budget.requests_per_second, o.discovery_budget.burst);
+        let default = egress_discovery::admission::DEFAULT_BUDGET;
+        assert_eq!((rate, burst), (default.requests_per_second, default.burst));
+        // Concurrency and requests at once: the store's defaults.
+        assert_eq!((o.discovery_budget.concurrency, o.discovery_max_in_flight), (0, 0));
         assert_eq!(o, Options::default());
-        let o = run(&["--discovery-client-rate=5", "--discovery-client-burst=7", "--discovery-client-concurrency=2"]);
+        let o = run(&[
+            "--discovery-client-rate=5",
+            "--discovery-client-burst=7",
+            "--discovery-client-concurrency=2",
+        ]);
         assert_eq!(
             o.discovery_budget,
             egress_discovery::Budget {
@@ -846,7 +861,12 @@ mod tests {
                 concurrency: 2
             }
         );
-        for bad in ["--discovery-client-rate=0", "--discovery-client-concurrency=1025", "--discovery-max-in-flight=x"] {
+        for bad in [
+            "--discovery-client-rate=0",
+            "--discovery-client-concurrency=1025",
+            "--discovery-max-in-flight=x",
+            "--discovery-max-in-flight=4097",
+        ] {
             assert!(parse([bad]).is_err(), "{bad}");
         }
     }

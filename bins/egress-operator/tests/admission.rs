@@ -23,13 +23,21 @@ async fn list(http: &reqwest::Client, base: &str, token: &str) -> (u16, Option<S
         .send()
         .await
         .unwrap();
-    let header = |name| r.headers().get(name).map(|v: &reqwest::header::HeaderValue| v.to_str().unwrap().to_owned());
+    let header = |name| {
+        r.headers()
+            .get(name)
+            .map(|v: &reqwest::header::HeaderValue| v.to_str().unwrap().to_owned())
+    };
     let (retry_after, connection) = (header("retry-after"), header("connection"));
     (r.status().as_u16(), retry_after, connection, r.text().await.unwrap())
 }
 
 /// The answers `token`'s list calls get until one is refused (the budget is small).
-async fn until_refused(http: &reqwest::Client, base: &str, token: &str) -> (u16, Option<String>, Option<String>, String) {
+async fn until_refused(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+) -> (u16, Option<String>, Option<String>, String) {
     for _ in 0..100 {
         let answer = list(http, base, token).await;
         if answer.0 != 200 {
@@ -54,14 +62,20 @@ async fn a_client_over_its_budget_gets_429_while_another_is_served() {
     // One request a second, two at once: a third in a row is over.
     let mut config = Volume::with_keys(
         "admission-config",
-        &[("clients.yaml", "clients:\n  team-a:\n    requestsPerSecond: 1\n    burst: 2\n")],
+        &[(
+            "clients.yaml",
+            "clients:\n  team-a:\n    requestsPerSecond: 1\n    burst: 2\n",
+        )],
     );
     let args = [
         "--health-probe-bind-address=0".to_owned(),
         providers_flag,
         "--zap-encoder=json".into(),
         "--discovery-addr=127.0.0.1:0".into(),
-        format!("--discovery-token-dir={}", tokens.file("team-a").parent().unwrap().display()),
+        format!(
+            "--discovery-token-dir={}",
+            tokens.file("team-a").parent().unwrap().display()
+        ),
         format!("--discovery-token-file={}", tokens.token_file().display()),
         format!("--discovery-clients-config={}", config.file("clients.yaml").display()),
     ];
@@ -107,7 +121,10 @@ async fn a_client_over_its_budget_gets_429_while_another_is_served() {
     // counted in crates/discovery/tests/client.rs against a scripted server).
     let _ = until_refused(&http, &base, TEAM_A).await;
     let client = Client::new(&base, Some(TEAM_A.into())).unwrap();
-    client.list(&ListFilter::default()).await.expect("served after Retry-After");
+    client
+        .list(&ListFilter::default())
+        .await
+        .expect("served after Retry-After");
 
     // A changed config is followed: team-a's budget grows.
     config.update_keys(&[("clients.yaml", "clients:\n  team-a:\n    requestsPerSecond: 1000\n")]);
@@ -133,5 +150,9 @@ async fn a_client_over_its_budget_gets_429_while_another_is_served() {
         .filter(|l| l.contains(r#""client":"team-a""#) && l.contains(r#""status":429"#))
         .count();
     assert!(refused >= 4, "{refused} refusals of team-a logged:\n{}", op.output());
-    assert!(!op.seen.iter().any(|l| l.contains(r#""client":"team-b""#) && l.contains(r#""status":429"#)));
+    assert!(
+        !op.seen
+            .iter()
+            .any(|l| l.contains(r#""client":"team-b""#) && l.contains(r#""status":429"#))
+    );
 }

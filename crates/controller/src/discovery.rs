@@ -101,7 +101,10 @@ impl SecretUsers {
     }
 
     fn of(&self, secret: &SecretKey) -> Vec<String> {
-        self.users.get(secret).map(|ids| ids.iter().cloned().collect()).unwrap_or_default()
+        self.users
+            .get(secret)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use egress_api::{
-    ANNOTATION_CREDENTIALS_INSTANCE, Condition, ConditionStatus, Credentials, CredentialsSecretRef, CredentialsType, Endpoint,
-    LABEL_POOL, LABEL_POOL_ROLE, LABEL_PROXY_CREDENTIALS, Mode, PROXY_CREDENTIALS_GENERATED, Proxy, ProxySpec,
-    ProxyStatus,
+    ANNOTATION_CREDENTIALS_INSTANCE, Condition, ConditionStatus, Credentials, CredentialsSecretRef, CredentialsType,
+    Endpoint, LABEL_POOL, LABEL_POOL_ROLE, LABEL_PROXY_CREDENTIALS, Mode, PROXY_CREDENTIALS_GENERATED, Proxy,
+    ProxySpec, ProxyStatus,
 };
 use egress_controller::credentials::{CredentialCache, secret_name};
 use egress_controller::discovery::{LiveDirectory, built};
@@ -176,9 +176,8 @@ fn secret(s: &SecretShape) -> Secret {
                     LABEL_PROXY_CREDENTIALS.to_owned(),
                     PROXY_CREDENTIALS_GENERATED.to_owned(),
                 )])),
-                annotations: instance.map(|i| {
-                    BTreeMap::from([(ANNOTATION_CREDENTIALS_INSTANCE.to_owned(), format!("instance-{i}"))])
-                }),
+                annotations: instance
+                    .map(|i| BTreeMap::from([(ANNOTATION_CREDENTIALS_INSTANCE.to_owned(), format!("instance-{i}"))])),
                 owner_references: Some(vec![OwnerReference {
                     api_version: egress_api::API_VERSION.into(),
                     kind: "Proxy".into(),

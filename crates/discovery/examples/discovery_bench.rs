@@ -128,14 +128,18 @@ async fn load(base: String, lease_paths: bool) -> Figures {
 }
 
 /// The load on the API over `store`, served on loopback for the run.
-async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>) -> Figures {
+/// The API over `fleet` and `store`, with the defaults the manager takes for that store.
+async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>, shared_store: bool) -> Figures {
     let api = DiscoveryApi {
         directory: Arc::new(FixedFleet(fleet)),
         store,
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
-        admission: egress_discovery::Admission::default(),
+        admission: egress_discovery::Admission::with_defaults(
+            shared_store,
+            egress_discovery::AdmissionMetrics::default(),
+        ),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -170,7 +174,7 @@ async fn redis_run(fleet: Arc<Fleet>, appendfsync: &'static str, cores: Option<&
         .publish_view(&egress_discovery::view::entries(&fleet))
         .await
         .expect("the view published");
-    api_run(fleet, Arc::new(store)).await
+    api_run(fleet, Arc::new(store), true).await
 }
 
 /// Pins every thread of process `pid` to `cores` (`taskset` of util-linux).
@@ -199,7 +203,7 @@ async fn main() {
     let fleet = Arc::new(fleet.into_iter().collect::<Fleet>());
     let ceiling = load(format!("http://{}", trivial_server().await), false).await;
     let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-    let api = api_run(fleet.clone(), memory).await;
+    let api = api_run(fleet.clone(), memory, false).await;
     let on_redis = redis_run(fleet.clone(), "always", None).await;
     let on_redis_everysec = redis_run(fleet.clone(), "everysec", None).await;
     // The bench on core 0, Redis on core 1; then the bench on every core again.
@@ -207,7 +211,7 @@ async fn main() {
     let (memory_pinned, redis_pinned) = if cores >= 2 {
         let (m, r) = egress_lease_redis::local::on_one_worker("0", &format!("0-{}", cores - 1), async move {
             let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-            let m = api_run(fleet.clone(), memory).await;
+            let m = api_run(fleet.clone(), memory, false).await;
             let r = redis_run(fleet, "always", Some("1")).await;
             (m, r)
         })

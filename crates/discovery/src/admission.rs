@@ -51,8 +51,27 @@ pub const DEFAULT_BUDGET: Budget = Budget {
     concurrency: 16,
 };
 
-/// Requests served at once across clients unless configured otherwise.
+/// Requests served at once across clients unless configured otherwise, with the in-memory
+/// store: its requests are all work for the core, and few at once keep it busy.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+
+/// Requests served at once, across clients and by one client, unless configured otherwise, with
+/// a shared store (Redis): its requests mostly wait for the store's rounds of up to 64 calls,
+/// which fewer requests at once would leave part empty (16 halved the pair rate on Redis).
+pub const SHARED_STORE_AT_ONCE: u32 = 64;
+
+/// The default budget and requests served at once for the store: shared (Redis) or not.
+pub fn defaults(shared_store: bool) -> (Budget, usize) {
+    if shared_store {
+        let budget = Budget {
+            concurrency: SHARED_STORE_AT_ONCE,
+            ..DEFAULT_BUDGET
+        };
+        (budget, SHARED_STORE_AT_ONCE as usize)
+    } else {
+        (DEFAULT_BUDGET, DEFAULT_MAX_IN_FLIGHT)
+    }
+}
 
 /// One client's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,17 +227,21 @@ impl std::fmt::Debug for Admission {
 }
 
 impl Default for Admission {
-    /// Every client on [`DEFAULT_BUDGET`], [`DEFAULT_MAX_IN_FLIGHT`] at once.
+    /// The defaults with the in-memory store.
     fn default() -> Self {
-        Self::new(
-            Budgets::uniform(DEFAULT_BUDGET),
-            DEFAULT_MAX_IN_FLIGHT,
-            AdmissionMetrics::default(),
-        )
+        Self::with_defaults(false, AdmissionMetrics::default())
     }
 }
 
 impl Admission {
+    /// Every client on the default budget, with the default requests at once for the store:
+    /// [`DEFAULT_BUDGET`] and [`DEFAULT_MAX_IN_FLIGHT`], or [`SHARED_STORE_AT_ONCE`] for both
+    /// with a shared store.
+    pub fn with_defaults(shared_store: bool, metrics: AdmissionMetrics) -> Self {
+        let (budget, at_once) = defaults(shared_store);
+        Self::new(Budgets::uniform(budget), at_once, metrics)
+    }
+
     /// Admission with these budgets, serving at most `max_in_flight` requests at once (at
     /// least one).
     pub fn new(budgets: Budgets, max_in_flight: usize, metrics: AdmissionMetrics) -> Self {
@@ -459,12 +482,20 @@ mod tests {
     #[test]
     fn the_next_slot_goes_to_the_waiting_client_with_the_fewest_in_flight() {
         assert_eq!(next_client([w("abuser", 8, 1), w("polite", 3, 9)]), Some("polite"));
-        assert_eq!(next_client([w("a", 2, 7), w("b", 2, 4)]), Some("b"), "ties: waiting longest");
+        assert_eq!(
+            next_client([w("a", 2, 7), w("b", 2, 4)]),
+            Some("b"),
+            "ties: waiting longest"
+        );
         let at_cap = Waiting {
             concurrency: 3,
             ..w("polite", 3, 0)
         };
-        assert_eq!(next_client([at_cap, w("other", 7, 5)]), Some("other"), "never past a cap");
+        assert_eq!(
+            next_client([at_cap, w("other", 7, 5)]),
+            Some("other"),
+            "never past a cap"
+        );
         assert_eq!(next_client([at_cap]), None);
         assert_eq!(next_client(std::iter::empty::<Waiting<&str>>()), None);
     }
@@ -535,7 +566,10 @@ mod tests {
     async fn a_freed_slot_goes_to_the_client_with_fewer_in_flight_not_to_the_longest_queue() {
         let admission = admission(budget(1000, 1000, 10), 2);
         let (abuser, polite) = (name("abuser"), name("polite"));
-        let held = [admission.admit(&abuser).await.unwrap(), admission.admit(&abuser).await.unwrap()];
+        let held = [
+            admission.admit(&abuser).await.unwrap(),
+            admission.admit(&abuser).await.unwrap(),
+        ];
         let queue = |client: &ClientName| {
             let (admission, client) = (admission.clone(), client.clone());
             tokio::spawn(async move { admission.admit(&client).await })

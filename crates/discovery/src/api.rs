@@ -300,9 +300,7 @@ impl DiscoveryApi {
                     expires_at: String,
                     ttl_seconds: u64,
                 }
-                let proxy = proxies
-                    .get(&grant.proxy_id)
-                    .map(|p| leased(p, grant.active_leases));
+                let proxy = proxies.get(&grant.proxy_id).map(|p| leased(p, grant.active_leases));
                 let expires_at = jiff::Timestamp::try_from(grant.expires_at)
                     .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
                     .unwrap_or_default();

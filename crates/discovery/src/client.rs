@@ -340,7 +340,9 @@ impl Client {
         loop {
             let left = self.timeout.saturating_sub(started.elapsed());
             // Bodies here are bytes in memory: a request can always be sent again.
-            let attempt = req.try_clone().ok_or_else(|| ClientError::Transport("a request that cannot be sent again".into()))?;
+            let attempt = req
+                .try_clone()
+                .ok_or_else(|| ClientError::Transport("a request that cannot be sent again".into()))?;
             let r = attempt
                 .timeout(left)
                 .send()
@@ -504,9 +506,21 @@ mod tests {
         let s = Duration::from_secs;
         assert_eq!(after_rate_limit(s(1), 0, s(0), s(10)), AfterRateLimit::Retry(s(1)));
         assert_eq!(after_rate_limit(s(1), 2, s(2), s(10)), AfterRateLimit::Retry(s(1)));
-        assert_eq!(after_rate_limit(s(1), 3, s(3), s(10)), AfterRateLimit::GiveUp, "three retries at most");
-        assert_eq!(after_rate_limit(s(5), 0, s(6), s(10)), AfterRateLimit::GiveUp, "the wait would end past the budget");
-        assert_eq!(after_rate_limit(s(4), 0, s(6), s(10)), AfterRateLimit::GiveUp, "nor exactly at it");
+        assert_eq!(
+            after_rate_limit(s(1), 3, s(3), s(10)),
+            AfterRateLimit::GiveUp,
+            "three retries at most"
+        );
+        assert_eq!(
+            after_rate_limit(s(5), 0, s(6), s(10)),
+            AfterRateLimit::GiveUp,
+            "the wait would end past the budget"
+        );
+        assert_eq!(
+            after_rate_limit(s(4), 0, s(6), s(10)),
+            AfterRateLimit::GiveUp,
+            "nor exactly at it"
+        );
         assert_eq!(after_rate_limit(s(3), 1, s(6), s(10)), AfterRateLimit::Retry(s(3)));
     }
 
@@ -519,7 +533,10 @@ mod tests {
         };
         assert_eq!(retry_after(&headers("7")), Duration::from_secs(7));
         assert_eq!(retry_after(&headers("0")), Duration::from_secs(1), "at least 1 s");
-        assert_eq!(retry_after(&headers("Wed, 21 Oct 2026 07:28:00 GMT")), Duration::from_secs(1));
+        assert_eq!(
+            retry_after(&headers("Wed, 21 Oct 2026 07:28:00 GMT")),
+            Duration::from_secs(1)
+        );
         assert_eq!(retry_after(&reqwest::header::HeaderMap::new()), Duration::from_secs(1));
     }
 

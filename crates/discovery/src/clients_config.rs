@@ -64,7 +64,10 @@ pub fn parse_clients_config(text: &str, default: Budget) -> Result<Budgets, Stri
     })?;
     let entries = file.and_then(|f| f.clients).unwrap_or_default();
     if entries.len() > MAX_CLIENTS {
-        return Err(format!("{} clients are named; at most {MAX_CLIENTS} may be", entries.len()));
+        return Err(format!(
+            "{} clients are named; at most {MAX_CLIENTS} may be",
+            entries.len()
+        ));
     }
     let mut clients = BTreeMap::new();
     for (name, entry) in entries {
@@ -92,7 +95,9 @@ fn budget(entry: &Entry, default: Budget) -> Result<Budget, String> {
         requests_per_second: rate.unwrap_or(default.requests_per_second),
         // A client given a rate of its own and no burst gets a burst in proportion to it,
         // not the default's (which may be far larger).
-        burst: burst.or(rate.map(|r| r.saturating_mul(2).min(MAX_RATE))).unwrap_or(default.burst),
+        burst: burst
+            .or(rate.map(|r| r.saturating_mul(2).min(MAX_RATE)))
+            .unwrap_or(default.burst),
         concurrency: concurrency.unwrap_or(default.concurrency),
     })
 }
@@ -128,7 +133,11 @@ mod tests {
     #[test]
     fn an_empty_file_gives_everyone_the_default() {
         for text in ["", "# nothing yet\n", "clients:\n", "clients: {}\n"] {
-            assert_eq!(parse_clients_config(text, DEFAULT), Ok(Budgets::uniform(DEFAULT)), "{text:?}");
+            assert_eq!(
+                parse_clients_config(text, DEFAULT),
+                Ok(Budgets::uniform(DEFAULT)),
+                "{text:?}"
+            );
         }
     }
 
@@ -136,13 +145,22 @@ mod tests {
     fn bad_files_are_refused_with_what_is_wrong() {
         let refused = |text: &str| parse_clients_config(text, DEFAULT).unwrap_err();
         assert!(refused("clients: [a, b]\n").starts_with("invalid YAML"));
-        assert!(refused("client:\n  a: {}\n").contains("client"), "an unknown top-level key");
-        assert!(refused("clients:\n  a:\n    rate: 5\n").contains("rate"), "an unknown field");
+        assert!(
+            refused("client:\n  a: {}\n").contains("client"),
+            "an unknown top-level key"
+        );
+        assert!(
+            refused("clients:\n  a:\n    rate: 5\n").contains("rate"),
+            "an unknown field"
+        );
         assert!(refused("clients:\n  Team_A: {}\n").contains("not a client name"));
         assert!(refused("clients:\n  a:\n    concurrency: 0\n").contains("concurrency must be between 1 and 1024"));
         assert!(refused("clients:\n  a:\n    burst: 2000000\n").contains("burst must be between"));
         assert!(refused("clients:\n  a:\n    requestsPerSecond: -1\n").starts_with("invalid YAML"));
-        assert!(refused("clients:\n  a: {}\n  a: {}\n").starts_with("invalid YAML"), "a name twice");
+        assert!(
+            refused("clients:\n  a: {}\n  a: {}\n").starts_with("invalid YAML"),
+            "a name twice"
+        );
         let many: String = (0..=MAX_CLIENTS).map(|i| format!("  c{i}: {{}}\n")).collect();
         assert!(refused(&format!("clients:\n{many}")).contains("at most 64"));
         assert!(refused(&"#".repeat(MAX_FILE_BYTES + 1)).contains("over"));

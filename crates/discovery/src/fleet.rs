@@ -122,7 +122,9 @@ mod tests {
 
     #[test]
     fn both_orders_follow_every_change() {
-        let mut fleet: Fleet = [proxy("ns/b", 5), proxy("ns/a", 9), proxy("ns/c", 5)].into_iter().collect();
+        let mut fleet: Fleet = [proxy("ns/b", 5), proxy("ns/a", 9), proxy("ns/c", 5)]
+            .into_iter()
+            .collect();
         assert_eq!(ids(fleet.in_lease_order()), ["ns/b", "ns/c", "ns/a"]);
         assert_eq!(ids(fleet.in_id_order()), ["ns/a", "ns/b", "ns/c"]);
         // A latency change moves the proxy in lease order only.
@@ -145,6 +147,9 @@ mod tests {
         unhealthy.healthy = false;
         assert!(fleet.upsert(unhealthy));
         assert_ne!(fleet, before);
-        assert!(before.get("ns/a").is_some_and(|p| p.healthy), "the old snapshot is untouched");
+        assert!(
+            before.get("ns/a").is_some_and(|p| p.healthy),
+            "the old snapshot is untouched"
+        );
     }
 }

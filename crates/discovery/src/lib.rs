@@ -43,13 +43,13 @@ pub mod view;
 
 pub use admission::{Admission, Budget, Budgets};
 pub use admission_metrics::AdmissionMetrics;
-pub use clients_config::{MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
 pub use api::{DiscoveryApi, ProxyDirectory, ProxyInfo};
-pub use fleet::Fleet;
 pub use auth::{
     Auth, ClientFiles, ClientName, FileTokens, MAX_CLIENTS, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet,
     parse_tokens, read_token_file,
 };
+pub use clients_config::{MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
+pub use fleet::Fleet;
 pub use refusals::Refusals;
 pub use server::{MAX_BODY, router, serve};
 pub use view::publish_view;

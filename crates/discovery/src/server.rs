@@ -226,7 +226,9 @@ async fn admit(State(api): Shared, req: Request<Body>, next: Next) -> Response<B
         }
         Err(refusal) => refused(refusal, &req),
     };
-    api.admission.metrics().answered(client.as_str(), response.status().as_u16());
+    api.admission
+        .metrics()
+        .answered(client.as_str(), response.status().as_u16());
     response
 }
 
@@ -249,7 +251,10 @@ fn refused(refusal: crate::admission::Refusal, req: &Request<Body>) -> Response<
         )),
     };
     let headers = response.headers_mut();
-    headers.insert(header::RETRY_AFTER, http::HeaderValue::from(refusal.retry_after_seconds()));
+    headers.insert(
+        header::RETRY_AFTER,
+        http::HeaderValue::from(refusal.retry_after_seconds()),
+    );
     if !req.body().is_end_stream() && req.version() < http::Version::HTTP_2 {
         headers.insert(header::CONNECTION, http::HeaderValue::from_static("close"));
     }
@@ -430,7 +435,7 @@ mod tests {
                 }),
             )
             .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
-        .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
+            .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
             .with_state(api);
         let mut req = Request::get("/v1/proxies");
         if let Some(value) = authorization {

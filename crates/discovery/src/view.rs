@@ -127,7 +127,10 @@ mod tests {
         let a = [info("ns/a", true), info("ns/b", false)];
         let mut latency = a.clone();
         latency[0].latency_millis = 50;
-        assert!(!offers_differ(&fleet(&a), &fleet(&latency)), "latency waits for the schedule");
+        assert!(
+            !offers_differ(&fleet(&a), &fleet(&latency)),
+            "latency waits for the schedule"
+        );
         assert!(
             offers_differ(&fleet(&a), &fleet(&[info("ns/a", true), info("ns/b", true)])),
             "a promotion"

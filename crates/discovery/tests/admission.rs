@@ -140,7 +140,11 @@ async fn a_freed_slot_goes_to_the_client_with_fewer_requests_not_to_the_longest_
     // One slot frees: it goes to the client with none in flight.
     store.gate.add_permits(1);
     until(&mut arrivals, |n| *n == 3).await;
-    assert_eq!(store.calls.lock().unwrap()[2], ["ns/b"], "the polite request is served third");
+    assert_eq!(
+        store.calls.lock().unwrap()[2],
+        ["ns/b"],
+        "the polite request is served third"
+    );
     store.gate.add_permits(100);
     assert_eq!(polite.await.unwrap().unwrap(), 200);
     for a in abusive {
@@ -187,7 +191,9 @@ async fn over_its_budget_a_client_is_refused_before_its_body_is_read_and_others_
     let head = format!(
         "POST /v1/leases HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer a-token\r\nContent-Length: 1000\r\n\r\n"
     );
-    tokio::io::AsyncWriteExt::write_all(&mut raw, head.as_bytes()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut raw, head.as_bytes())
+        .await
+        .unwrap();
     let mut answer = String::new();
     tokio::time::timeout(PATIENCE, tokio::io::AsyncReadExt::read_to_string(&mut raw, &mut answer))
         .await
@@ -202,7 +208,11 @@ async fn over_its_budget_a_client_is_refused_before_its_body_is_read_and_others_
     assert_eq!(acquire("b-token", "{}").await.unwrap().status(), 201);
     assert_eq!(metrics.refusals("team-a", "rate"), 1);
     assert_eq!(
-        (metrics.answers("team-a", 201), metrics.answers("team-a", 429), metrics.answers("team-b", 201)),
+        (
+            metrics.answers("team-a", 201),
+            metrics.answers("team-a", 429),
+            metrics.answers("team-b", 201)
+        ),
         (1, 1, 1)
     );
 }

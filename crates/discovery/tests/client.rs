@@ -205,5 +205,9 @@ async fn a_retry_after_beyond_the_call_s_budget_is_not_waited_for() {
         Err(ClientError::RateLimited { retry_after, .. }) => assert_eq!(retry_after, Duration::from_secs(30)),
         other => panic!("{other:?}"),
     }
-    assert_eq!(seen.load(Ordering::SeqCst), 1, "waiting 30 s would pass the 10 s budget");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        1,
+        "waiting 30 s would pass the 10 s budget"
+    );
 }
