@@ -324,7 +324,7 @@ pub(crate) fn print(
         idle_cpu.1 * 100.0
     );
     println!(
-        "| polite pairs per second alone (goal: manager at least 80 % of in process) | {:.0} ({:.0} %) | {:.0} |",
+        "| polite pairs per second alone (goal: manager at least 80 % of the fixed directory) | {:.0} ({:.0} %) | {:.0} |",
         manager.polite_alone,
         percent(manager.polite_alone, engine.polite_alone),
         engine.polite_alone
