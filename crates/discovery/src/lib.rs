@@ -12,7 +12,9 @@
 //! It is served by the shared stack of `egress-http` (connection cap, header, body, write and
 //! idle budgets, drain at shutdown). Every request passes, outermost first: recover (a panic is
 //! a 500, never a dead server) → request log → bearer auth (before any byte of the body is
-//! read; on by default, see [`Auth`]) → body cap (64 KiB) → the route. Bodies are JSON whatever their
+//! read; on by default, see [`Auth`]) → admission per client (see [`admission`]: served now,
+//! after its turn, or 429 with `Retry-After`, still before the body is read) → body cap
+//! (64 KiB) → the route. Bodies are JSON whatever their
 //! `Content-Type` says (the documented `curl -d` examples send form encoding). Every error is
 //! `{"error": "<code>", "message": "<text>"}`; no client mistake is a 500.
 //!
@@ -22,7 +24,8 @@
 //! A caller never sends its name: its token says it. With auth off, every caller is the client
 //! `default`.
 //!
-//! The API knows no Kubernetes: it reads proxies through [`ProxyDirectory`] and leases through
+//! The API knows no Kubernetes: it reads proxies through [`ProxyDirectory`] (a [`Fleet`]
+//! snapshot) and leases through
 //! [`egress_lease::LeaseStore`]. A store that lives elsewhere (Redis) and cannot be reached
 //! makes the lease routes and the list answer `503 store_unavailable`, having changed nothing;
 //! [`publish_view`] shares this replica's proxies with the other replicas through such a store.
