@@ -282,21 +282,31 @@ async fn lead(options: &Options, replica: &Replica, shutdown: &CancellationToken
     )
     .map_err(|e| fatal("Failed to set up leader election", e))?;
     tracing::info!(lease = %format!("{namespace}/{LEASE_NAME}"), "Attempting to acquire leader lease");
-    let (_task, mut rx) = elector.run(shutdown.clone());
+    let (_task, rx) = elector.run(shutdown.clone());
     egress_controller::runtime_metrics::register_leader(
         &mut replica.metrics.lock().unwrap_or_else(|p| p.into_inner()),
         LEASE_NAME,
         rx.clone(),
     );
+    until_led(rx, shutdown).await
+}
+
+/// Waits until the campaign behind `leading` wins, or shutdown comes first.
+async fn until_led(mut leading: watch::Receiver<bool>, shutdown: &CancellationToken) -> Result<Leadership, Fatal> {
     tokio::select! {
         _ = shutdown.cancelled() => return Ok(Leadership::Stopping),
         // Only whether it was won is kept: the watch's read guard must not live across the
         // other arm's await, or this future could not be sent to another thread.
-        won = rx.wait_for(|l| *l).map(|r| r.is_ok()) => if !won {
+        won = leading.wait_for(|l| *l).map(|r| r.is_ok()) => if !won {
+            // Shutdown ends the campaign too, so this arm may be the one seen: a standby
+            // replica told to stop stops cleanly.
+            if shutdown.is_cancelled() {
+                return Ok(Leadership::Stopping);
+            }
             return Err(fatal_plain("leader election ended before this replica led"));
         },
     }
-    Ok(Leadership::Leading(Some(rx)))
+    Ok(Leadership::Leading(Some(leading)))
 }
 
 /// The running tasks, for [`supervise`].
@@ -619,4 +629,31 @@ async fn stop(mut tasks: tokio::task::JoinSet<()>) -> Result<(), Fatal> {
     }
     tracing::info!("Stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shutdown ends the campaign as it ends the wait, so both are ready together; whichever
+    /// the wait sees, a standby told to stop stops cleanly (tried often: the pick is random).
+    #[tokio::test]
+    async fn a_standby_told_to_stop_stops_cleanly() {
+        for _ in 0..64 {
+            let shutdown = CancellationToken::new();
+            let (campaign, leading) = watch::channel(false);
+            shutdown.cancel();
+            drop(campaign);
+            let outcome = until_led(leading, &shutdown).await;
+            let why = outcome.as_ref().err().map(|f| f.message.clone());
+            assert!(matches!(outcome, Ok(Leadership::Stopping)), "{why:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_campaign_that_ends_unwon_without_shutdown_is_fatal() {
+        let (campaign, leading) = watch::channel(false);
+        drop(campaign);
+        assert!(until_led(leading, &CancellationToken::new()).await.is_err());
+    }
 }

@@ -50,7 +50,9 @@ async fn until_refused(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_over_its_budget_gets_429_while_another_is_served() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Bound, not left to `..`: the server must live as long as the test.
     let Cluster {
+        server: _server,
         kubeconfig,
         providers_flag,
         ..

@@ -379,6 +379,49 @@ async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_replica_stops_with_exit_0_on_sigterm() {
+    let Cluster {
+        server,
+        kubeconfig,
+        providers_flag,
+        ..
+    } = cluster("standby", "providers: []\n").await;
+    // Another replica leads, for long enough that this one stays a standby.
+    let leases: Api<Lease> = Api::namespaced(server.client().unwrap(), "egress-proxies-operator-system");
+    let mut lease = Lease::default();
+    lease.metadata.name = Some("b47711d1.example.com".into());
+    lease.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+        holder_identity: Some("another-replica".into()),
+        lease_duration_seconds: Some(3600),
+        renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        )),
+        ..Default::default()
+    });
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let mut op = Operator::start(
+        &operator_binary(),
+        &[
+            &providers_flag,
+            "--leader-elect",
+            "--health-probe-bind-address=0",
+            "--zap-encoder=json",
+            "--discovery-addr=127.0.0.1:0",
+        ],
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("POD_NAMESPACE", "egress-proxies-operator-system"),
+        ],
+    );
+    op.wait_msg("Attempting to acquire leader lease");
+    op.terminate();
+    let status = op.wait_exit();
+    // A rolling update stops standbys this way; a failure exit would page someone.
+    assert_eq!(status.code(), Some(0), "{}", op.output());
+    assert!(!op.output().contains("\"msg\":\"Starting manager\""), "{}", op.output());
+}
+
 /// With `--lease-store=redis://…`: the leader publishes its proxies to Redis, leases are
 /// decided there, and a Redis that goes away makes the lease API answer 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -127,7 +127,9 @@ async fn strangers_get_401_and_a_rotated_token_file_is_followed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_in_two_clients_files_is_refused_for_both_with_a_warning_naming_them() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Bound, not left to `..`: the server must live as long as the test.
     let Cluster {
+        server: _server,
         kubeconfig,
         providers_flag,
         ..
