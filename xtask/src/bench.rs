@@ -417,9 +417,11 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
             &Default::default(),
         )
         .await?;
-        // The manager alone on core 1; the test API server (elsewhere in a cluster) with the load.
+        // The manager alone on core 1; the test API server (elsewhere in a cluster) with the load,
+        // and so is this process, which writes the verdicts and counts the status changes.
         crate::bench_lease_api::pin(pid, "1")?;
         crate::bench_lease_api::pin(server.0.id(), "0")?;
+        crate::bench_lease_api::pin(std::process::id(), "0")?;
         let sample = Duration::from_secs(10);
         let at_rest = tokio::task::spawn_blocking(move || crate::bench_lease_api::cpu_share(pid, sample)).await?;
         let churn =

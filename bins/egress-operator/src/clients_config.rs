@@ -106,8 +106,8 @@ mod tests {
     #[test]
     fn concurrency_and_requests_at_once_default_by_store_unless_given() {
         let mut o = Options::default();
-        assert_eq!(budget(&o).1, 16);
-        assert_eq!(budget(&o).0.concurrency, 16);
+        assert_eq!(budget(&o).1, 4);
+        assert_eq!(budget(&o).0.concurrency, 4);
         o.lease_store = "redis://127.0.0.1:6379".into();
         assert_eq!((budget(&o).0.concurrency, budget(&o).1), (64, 64));
         o.discovery_budget.concurrency = 3;

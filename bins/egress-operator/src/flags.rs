@@ -324,13 +324,13 @@ const FLAGS: &[Flag] = &[
         name: "discovery-client-concurrency",
         kind: Kind::Text,
         default: "0",
-        usage: "Requests of one discovery client served at once (1 to 1024); more wait their turn, at most 5s. 0: 16 with the in-memory lease store, 64 with Redis.",
+        usage: "Requests of one discovery client served at once (1 to 1024); more wait their turn, at most 5s. 0: 4 with the in-memory lease store, 64 with Redis.",
     },
     Flag {
         name: "discovery-max-in-flight",
         kind: Kind::Text,
         default: "0",
-        usage: "Requests the discovery API serves at once across clients (1 to 4096); a freed slot goes to the waiting client with the fewest requests in flight. 0: 16 with the in-memory lease store, 64 with Redis.",
+        usage: "Requests the discovery API serves at once across clients (1 to 4096); a freed slot goes to the waiting client with the fewest requests in flight. 0: 4 with the in-memory lease store, 64 with Redis.",
     },
     Flag {
         name: "discovery-clients-config",
