@@ -56,13 +56,8 @@ pub struct ProxyAccess {
 impl ProxyAccess {
     pub const DEFAULT_CONNECT_PORTS: &'static [u16] = &[443];
     pub const DEFAULT_HTTP_PORTS: &'static [u16] = &[80];
-    pub const DEFAULT_DENIED_DESTINATIONS: &'static [&'static str] = &[
-        "10.0.0.0/8",
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "100.64.0.0/10",
-        "fc00::/7",
-    ];
+    /// The private ranges of the one list of internal destinations.
+    pub const DEFAULT_DENIED_DESTINATIONS: &'static [&'static str] = egress_netguard::PRIVATE;
 
     /// The `CONNECT` ports after defaults.
     pub fn effective_connect_ports(&self) -> Vec<u16> {
@@ -96,37 +91,7 @@ impl ProxyAccess {
 /// Not an address, a prefix longer than the address, or host bits set below the prefix (a
 /// typo that would otherwise mean another range than the one meant).
 pub fn canonical_range(text: &str) -> Result<String, String> {
-    use std::net::IpAddr;
-    let (address, prefix) = match text.split_once('/') {
-        Some((a, p)) => (a, Some(p)),
-        None => (text, None),
-    };
-    let address: IpAddr = address
-        .parse()
-        .map_err(|_| format!("{text:?} is not an address or address/prefix range"))?;
-    let bits: u8 = if address.is_ipv4() { 32 } else { 128 };
-    let prefix = match prefix {
-        None => bits,
-        Some(p) => p
-            .parse::<u8>()
-            .ok()
-            .filter(|p| *p <= bits)
-            .ok_or_else(|| format!("{text:?}: the prefix must be a number from 0 to {bits}"))?,
-    };
-    let value = match address {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    };
-    let host_bits = u32::from(bits - prefix);
-    let host_mask = if host_bits == 128 {
-        u128::MAX
-    } else {
-        (1u128 << host_bits) - 1
-    };
-    if value & host_mask != 0 {
-        return Err(format!("{text:?} has bits set below its /{prefix} prefix"));
-    }
-    Ok(format!("{address}/{prefix}"))
+    egress_netguard::Range::parse(text).map(|r| r.to_string())
 }
 
 /// `kubernetes.resources`: Kubernetes quantities (`100m`, `64Mi`) by resource name (`cpu`,
@@ -240,30 +205,6 @@ fn access_rules(access: &ProxyAccess) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ranges_are_canonical_and_typos_are_refused() {
-        for (input, want) in [
-            ("10.0.0.0/8", "10.0.0.0/8"),
-            ("10.1.2.3", "10.1.2.3/32"),
-            ("fd00::/8", "fd00::/8"),
-            ("FD00:0::1", "fd00::1/128"),
-            ("0.0.0.0/0", "0.0.0.0/0"),
-        ] {
-            assert_eq!(canonical_range(input).as_deref(), Ok(want), "{input}");
-        }
-        for bad in [
-            "",
-            "10.0.0.0/33",
-            "10.0.0.1/8",
-            "fd00::/129",
-            "host/8",
-            "10.0.0.0/x",
-            "10.0.0.0/8/1",
-        ] {
-            assert!(canonical_range(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn access_rules_refuse_what_would_lock_out_or_open_up() {

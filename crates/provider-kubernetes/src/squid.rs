@@ -20,6 +20,9 @@
 
 use std::fmt::Write as _;
 
+// Always refused, from the one list of internal destinations the operator keeps.
+use egress_netguard::{LINK_LOCAL, LOCALHOST, METADATA_ADDRESSES, METADATA_NAMES, TRANSLATED};
+
 use crate::config::{ProxyAccess, canonical_range};
 
 /// The cap on Squid's descriptors. Squid sizes per-descriptor tables from its open-file limit,
@@ -32,25 +35,6 @@ pub const BASIC_NCSA_AUTH: &str = "/usr/lib/squid/basic_ncsa_auth";
 
 /// The access-log annotation that names the rule that refused a request.
 pub const DENY_NOTE: &str = "egress-deny";
-
-/// Loopback and unspecified addresses: always refused (`0.0.0.0` reaches the local host too).
-const LOCALHOST: &[&str] = &["127.0.0.0/8", "0.0.0.0/8", "::1/128", "::/128"];
-/// Link-local addresses, where the cloud metadata servers live: always refused.
-const LINK_LOCAL: &[&str] = &["169.254.0.0/16", "fe80::/10"];
-/// IPv6 ranges that embed an IPv4 address a gateway forwards to: the NAT64 prefixes (RFC 6052,
-/// RFC 8215) and 6to4 (RFC 3056). Always refused: `[64:ff9b::a9fe:a9fe]` is 169.254.169.254 on
-/// a network with NAT64.
-const TRANSLATED: &[&str] = &["64:ff9b::/96", "64:ff9b:1::/48", "2002::/16"];
-/// Metadata services by name (a leading dot takes the subdomains too): always refused.
-const METADATA_NAMES: &[&str] = &[
-    ".metadata.google.internal",
-    ".metadata.goog",
-    "metadata",
-    "instance-data",
-    ".instance-data.ec2.internal",
-];
-/// Metadata services outside link-local: Alibaba Cloud's and EC2's IPv6 one.
-const METADATA_ADDRESSES: &[&str] = &["100.100.100.200/32", "fd00:ec2::254/128"];
 
 /// The entry's rules with defaults applied and ranges in canonical form.
 #[derive(Clone, Debug, PartialEq, Eq)]
