@@ -199,6 +199,8 @@ async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) ->
                 "--leader-elect=false",
                 "--metrics-bind-address=0",
                 "--health-probe-bind-address=0",
+                // An External Proxy tried here points at a tinyproxy on this machine.
+                "--allowed-internal-destinations=127.0.0.0/8,localhost",
             ])
             .env("KUBECONFIG", &kubeconfig)
             .stdin(Stdio::null())

@@ -53,6 +53,12 @@ pub struct Options {
     /// replaced; `None` (flag value 0) never.
     pub provisioning_timeout: Option<Duration>,
     pub installation_id: String,
+    /// `--cluster-cidrs`: the cluster's Pod and Service ranges, refused to External Proxies
+    /// beside the fixed list of internal destinations.
+    pub cluster_cidrs: Vec<String>,
+    /// `--allowed-internal-destinations`: hosts, addresses or ranges External Proxies may point
+    /// at although internal (tests and development setups on 127.0.0.1).
+    pub allowed_internal_destinations: Vec<String>,
     pub discovery_addr: String,
     /// `--discovery-auth`: bearer tokens (the default) or none.
     pub discovery_auth: DiscoveryAuth,
@@ -108,6 +114,8 @@ impl Default for Options {
             gc_min_age: Duration::from_secs(600),
             provisioning_timeout: Some(egress_controller::decide::DEFAULT_ADDRESS_BUDGET),
             installation_id: String::new(),
+            cluster_cidrs: Vec::new(),
+            allowed_internal_destinations: Vec::new(),
             discovery_addr: ":8090".into(),
             discovery_auth: DiscoveryAuth::Token,
             discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
@@ -259,6 +267,18 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "",
         usage: "Marks new instances with this installation, and lets orphan GC collect only instances carrying it (two operators sharing a backend).",
+    },
+    Flag {
+        name: "cluster-cidrs",
+        kind: Kind::Text,
+        default: "",
+        usage: "The cluster's Pod and Service ranges, comma-separated (10.244.0.0/16,10.96.0.0/12): External Proxies may not point at them, as at any other internal destination.",
+    },
+    Flag {
+        name: "allowed-internal-destinations",
+        kind: Kind::Text,
+        default: "",
+        usage: "Hosts, addresses or ranges, comma-separated, that External Proxies may point at although internal (127.0.0.1 for proxies on this machine in development).",
     },
     Flag {
         name: "discovery-addr",
@@ -535,6 +555,8 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
             o.provisioning_timeout = (!d.is_zero()).then_some(d);
         }
         "installation-id" => o.installation_id = installation_id(value)?,
+        "cluster-cidrs" => o.cluster_cidrs = cluster_cidrs(value)?,
+        "allowed-internal-destinations" => o.allowed_internal_destinations = allowed_destinations(value)?,
         "discovery-addr" => o.discovery_addr = value.into(),
         "discovery-auth" => {
             o.discovery_auth = match value {
@@ -621,6 +643,36 @@ fn installation_id(value: &str) -> Result<String, String> {
     } else {
         Err("must be at most 63 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit (it becomes a label value on every backend)".to_owned())
     }
+}
+
+/// A comma-separated list, its items trimmed, empty ones dropped.
+fn list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn cluster_cidrs(value: &str) -> Result<Vec<String>, String> {
+    let ranges = list(value);
+    for r in &ranges {
+        egress_netguard::Range::parse(r)?;
+    }
+    Ok(ranges)
+}
+
+fn allowed_destinations(value: &str) -> Result<Vec<String>, String> {
+    let items = list(value);
+    for i in &items {
+        if i.contains('/') {
+            egress_netguard::Range::parse(i)?;
+        } else if i.contains(char::is_whitespace) {
+            return Err(format!("{i:?} is not a host, an address or a range"));
+        }
+    }
+    Ok(items)
 }
 
 fn positive(d: Duration) -> Result<Duration, String> {
@@ -784,6 +836,28 @@ mod tests {
     }
 
     #[test]
+    fn destination_lists_are_trimmed_and_ranges_must_parse() {
+        let Ok(Command::Run(o)) = parse([
+            "--cluster-cidrs= 10.96.0.0/12, fd00:10::/64,",
+            "--allowed-internal-destinations=127.0.0.1, proxy.lan ,10.8.0.0/16",
+        ]) else {
+            panic!("refused");
+        };
+        assert_eq!(o.cluster_cidrs, ["10.96.0.0/12", "fd00:10::/64"]);
+        assert_eq!(
+            o.allowed_internal_destinations,
+            ["127.0.0.1", "proxy.lan", "10.8.0.0/16"]
+        );
+        for bad in [
+            "--cluster-cidrs=10.96.0.1/12",
+            "--cluster-cidrs=cluster.local",
+            "--allowed-internal-destinations=10.8.0.0/33",
+        ] {
+            assert!(parse([bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn an_installation_id_is_a_label_value_every_backend_takes() {
         for ok in ["", "blue", "prod_eu-1", &"a".repeat(63)] {
             let Ok(Command::Run(o)) = parse([format!("--installation-id={ok}")]) else {
@@ -899,6 +973,7 @@ mod tests {
                 Kind::Text if f.name == "discovery-auth" => "none",
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",
                 Kind::Text if f.name == "lease-store" => "redis://127.0.0.1:6379",
+                Kind::Text if f.name == "cluster-cidrs" => "10.96.0.0/12",
                 Kind::Text => "x",
             };
             set(&mut Options::default(), f, value).unwrap_or_else(|e| panic!("{}: {e}", f.name));

@@ -404,6 +404,11 @@ fn start_leader_tasks(
         shutdown.clone(),
     ));
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
+    // Both lists were checked as the flags were read.
+    let destinations = Arc::new(
+        egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
+            .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?,
+    );
     let work = shutdown.child_token();
     let mut fetched_target = None;
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
@@ -413,6 +418,7 @@ fn start_leader_tasks(
                 cache: cache.clone(),
                 default_url: options.health_check_url.clone(),
                 credentials: credentials.clone(),
+                destinations: destinations.clone(),
             };
             let (verdicts, events, engine) =
                 start_health_engine(options, roots, source, health_metrics, &probe_target, &mut tasks, &work)?;
@@ -434,6 +440,7 @@ fn start_leader_tasks(
             work.clone(),
         )
         .with_credentials(credentials)
+        .with_destinations(destinations)
         .with_metrics(reconcile_metrics)
         .with_create_budgets(create_budgets),
     );

@@ -98,6 +98,10 @@ pub mod reasons {
     /// The create waits for its provider entry's create budget (`createsPerMinute`). Not an
     /// error: the create goes ahead when the budget has room again.
     pub const CREATE_BUDGET: &str = "CreateBudget";
+    /// An External Proxy points at an internal destination (its endpoint, or its health-check
+    /// URL): nothing is dialled, and it is not offered. Not latched: an allowlist given after a
+    /// restart accepts it.
+    pub const DESTINATION_REFUSED: &str = "DestinationRefused";
     pub const ALL_TARGETS_READY: &str = "AllTargetsReady";
     pub const TARGETS_NOT_READY: &str = "TargetsNotReady";
     pub const CHECKS_NOT_IMPLEMENTED: &str = "ChecksNotImplemented";

@@ -101,6 +101,9 @@ pub struct Input<'a> {
     /// Since when the passes before this one have found the Proxy's instance without an
     /// address (kept in memory by the reconciler); `None` when the last one found it with one.
     pub address_missing_since: Option<Time>,
+    /// Why an External Proxy's endpoint or health-check URL is refused as an internal
+    /// destination ([`crate::destinations::refusal`]); `None` when it is not.
+    pub destination_refused: Option<String>,
     pub now: Time,
 }
 
@@ -482,6 +485,23 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
         return outcome(input, status, InstanceView::Unobserved, Requeue::Never);
     };
     status.ip = endpoint.host.clone();
+    if let Some(message) = &input.destination_refused {
+        // Never probed, so no verdict, old or new: not Ready, never offered.
+        set_provisioned(
+            input,
+            &mut status,
+            ConditionStatus::False,
+            reasons::DESTINATION_REFUSED,
+            message,
+        );
+        apply_verdict(&mut status, None, generation(input.proxy), &input.now);
+        status.phase = Some(egress_api::Phase::Failed);
+        return Outcome {
+            status,
+            requeue: Requeue::Never,
+            note: None,
+        };
+    }
     // Health events drive External proxies; no periodic requeue.
     outcome(input, status, InstanceView::Unobserved, Requeue::Never)
 }

@@ -58,6 +58,9 @@ pub fn derive(
             r if r == reasons::PERMANENT_ERROR => events.push(warning("Failed", message.to_string())),
             r if r == reasons::CLOUD_INIT_ERROR => events.push(warning("CloudInitError", message.to_string())),
             r if r == reasons::CREDENTIALS_ERROR => events.push(warning("CredentialsError", message.to_string())),
+            r if r == reasons::DESTINATION_REFUSED => {
+                events.push(warning("DestinationRefused", message.to_string()));
+            }
             r if r == reasons::PROVIDER_NOT_CONFIGURED => {
                 events.push(warning("ProviderNotConfigured", message.to_string()));
             }

@@ -32,6 +32,8 @@ pub struct CachedProxies {
     pub default_url: String,
     /// Where the credentials of Proxies that have them are read.
     pub credentials: crate::credentials::CredentialCache,
+    /// The internal destinations External Proxies may not point at, nor resolve to.
+    pub destinations: std::sync::Arc<egress_netguard::Guard>,
 }
 
 impl std::fmt::Debug for CachedProxies {
@@ -93,9 +95,25 @@ pub fn view(proxy: &Proxy, default_url: &str, credentials: Lookup) -> Option<Pro
             timeout: check.timeout,
             success_threshold: check.success_threshold,
             failure_threshold: check.failure_threshold,
+            destinations: None,
         },
         known: proxy.status.as_ref().and_then(crate::decide::last_verdict),
     })
+}
+
+/// `view` of an External Proxy within `guard`: pruned (nothing dialled) when its endpoint or
+/// health-check URL is internal, else probed with the guard, so that a name resolving to an
+/// internal address is refused at the dial. Managed Proxies live on internal addresses by design.
+pub fn guarded(proxy: &Proxy, mut view: ProxyView, guard: &std::sync::Arc<egress_netguard::Guard>) -> ProxyView {
+    if proxy.spec.mode != Mode::External {
+        return view;
+    }
+    if crate::destinations::refusal(&proxy.spec, guard).is_some() {
+        view.host.clear();
+    } else {
+        view.settings.destinations = Some(guard.clone());
+    }
+    view
 }
 
 impl ProxySource for CachedProxies {
@@ -104,7 +122,10 @@ impl ProxySource for CachedProxies {
             .store()
             .state()
             .iter()
-            .filter_map(|p| view(p, &self.default_url, self.credentials.lookup(p)))
+            .filter_map(|p| {
+                let v = view(p, &self.default_url, self.credentials.lookup(p))?;
+                Some(guarded(p, v, &self.destinations))
+            })
             .collect()
     }
 
@@ -177,6 +198,35 @@ mod tests {
             None,
             "a Proxy being deleted is not probed"
         );
+    }
+
+    #[test]
+    fn an_external_proxy_pointing_inside_is_pruned_and_others_carry_the_guard() {
+        let guard = std::sync::Arc::new(egress_netguard::Guard::default());
+        let mut external = proxy(Mode::External);
+        let at = |host: &str| {
+            Some(Endpoint {
+                host: host.into(),
+                port: Some(3128),
+            })
+        };
+        external.spec.endpoint = at("169.254.169.254");
+        let v = guarded(&external, view(&external, "u", Lookup::NotNeeded).unwrap(), &guard);
+        assert_eq!((v.host.as_str(), v.settings.destinations), ("", None), "pruned");
+        external.spec.endpoint = at("proxy.example");
+        let v = guarded(&external, view(&external, "u", Lookup::NotNeeded).unwrap(), &guard);
+        assert_eq!(
+            (v.host.as_str(), v.settings.destinations),
+            ("proxy.example", Some(guard.clone()))
+        );
+
+        let mut managed = proxy(Mode::Managed);
+        managed.status = Some(ProxyStatus {
+            ip: "10.0.0.5".into(),
+            ..Default::default()
+        });
+        let v = guarded(&managed, view(&managed, "u", Lookup::NotNeeded).unwrap(), &guard);
+        assert_eq!((v.host.as_str(), v.settings.destinations), ("10.0.0.5", None));
     }
 
     #[test]

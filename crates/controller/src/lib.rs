@@ -8,6 +8,7 @@
 pub mod create_budget;
 pub mod credentials;
 pub mod decide;
+pub mod destinations;
 pub mod discovery;
 pub mod events;
 pub mod gc;

@@ -89,6 +89,8 @@ pub struct Context {
     pub credentials: Option<crate::credentials::CredentialCache>,
     /// Each provider entry's create budget, asked before every create.
     pub create_budgets: CreateBudgets,
+    /// The internal destinations External Proxies may not point at.
+    pub destinations: Arc<egress_netguard::Guard>,
     /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
     instance: String,
     /// The configured entries' names, in config order.
@@ -129,6 +131,7 @@ impl Context {
             shutdown,
             credentials: None,
             create_budgets,
+            destinations: Arc::default(),
             metrics: ReconcileMetrics::new(ControllerConfig::default().concurrency),
             instance,
             failures: Mutex::default(),
@@ -148,6 +151,14 @@ impl Context {
     #[must_use]
     pub fn with_create_budgets(mut self, budgets: CreateBudgets) -> Self {
         self.create_budgets = budgets;
+        self
+    }
+
+    /// Refuses External Proxies that point at what `guard` calls internal (`new` refuses every
+    /// internal destination, with no allowlist and no cluster ranges).
+    #[must_use]
+    pub fn with_destinations(mut self, guard: Arc<egress_netguard::Guard>) -> Self {
+        self.destinations = guard;
         self
     }
 
@@ -449,6 +460,7 @@ async fn run_pass(
             .as_ref()
             .is_some_and(|c| matches!(c.lookup(proxy), crate::credentials::Lookup::Found(_))),
         address_missing_since: ctx.address_missing_since(&uid),
+        destination_refused: crate::destinations::refusal(&proxy.spec, &ctx.destinations),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let mut pass = Pass {

@@ -94,6 +94,8 @@ struct World {
     missing_since: Option<Time>,
     /// The reconciler's waits; the defaults when `None`.
     timings: Option<Timings>,
+    /// Why an External Proxy's destination is refused, as the reconciler found.
+    refused: Option<String>,
     /// The create budget had no room: the create is deferred, not made.
     deferred: Option<Deferral>,
 }
@@ -131,6 +133,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         verdict: w.verdict,
         credentials_cached: w.cached,
         address_missing_since: w.missing_since.clone(),
+        destination_refused: w.refused.clone(),
         now: at(1000),
     };
     let mut facts = Facts::default();
@@ -866,6 +869,42 @@ fn an_external_proxy_reflects_its_verdict_without_provider_calls() {
     p.spec.endpoint = None;
     let (_, _, o) = run(&p, &world());
     assert_eq!(o.status.phase, Some(Phase::Failed));
+}
+
+#[test]
+fn an_external_proxy_at_an_internal_destination_is_failed_without_its_old_verdict() {
+    let mut p = proxy();
+    p.spec = ProxySpec {
+        mode: Mode::External,
+        endpoint: Some(Endpoint {
+            host: "169.254.169.254".into(),
+            port: None,
+        }),
+        ..Default::default()
+    };
+    // It was Ready before the operator refused internal destinations.
+    let ready = World {
+        verdict: Some(Verdict {
+            healthy: true,
+            latency: std::time::Duration::from_millis(3),
+            auth_refused: false,
+        }),
+        ..world()
+    };
+    let (_, _, before) = run(&p, &ready);
+    p.status = Some(before.status);
+    let w = World {
+        refused: Some("spec.endpoint.host names \"169.254.169.254\", a link-local address".into()),
+        ..ready
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert!(actions.is_empty(), "nothing is dialled or called");
+    assert_eq!(o.status.phase, Some(Phase::Failed));
+    assert_eq!(healthy(&o), None, "no verdict stands");
+    let (status, reason, message) = provisioned_in_full(&o);
+    assert_eq!((status, reason), (ConditionStatus::False, reasons::DESTINATION_REFUSED));
+    assert!(message.contains("169.254.169.254"), "{message}");
+    assert_eq!(o.requeue, Requeue::Never);
 }
 
 // ---- delete path ---------------------------------------------------------------------------

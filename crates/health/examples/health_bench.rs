@@ -50,6 +50,7 @@ fn fleet(n: usize, proxy: &str, url: &str) -> Arc<Fleet> {
                     timeout: Duration::from_secs(5),
                     success_threshold: 2,
                     failure_threshold: 3,
+                    destinations: None,
                 },
                 known: None,
             })

@@ -66,6 +66,9 @@ pub struct ProbeSettings {
     pub timeout: Duration,
     pub success_threshold: u32,
     pub failure_threshold: u32,
+    /// Internal addresses the proxy's host must not resolve to (External proxies); see
+    /// [`ProbeRequest::destinations`](crate::probe::ProbeRequest::destinations).
+    pub destinations: Option<std::sync::Arc<egress_netguard::Guard>>,
 }
 
 /// A proxy as the engine sees it.
@@ -604,6 +607,7 @@ fn request(host: &str, port: u16, settings: &ProbeSettings) -> ProbeRequest {
         expected_status: settings.expected_status,
         timeout: settings.timeout,
         credentials: settings.credentials.clone(),
+        destinations: settings.destinations.clone(),
     }
 }
 

@@ -20,5 +20,5 @@ pub use engine::{
     ConnectProber, Engine, EngineConfig, ProbeSettings, Prober, ProxyKey, ProxySource, ProxyView, Snapshot,
 };
 pub use metrics::HealthMetrics;
-pub use probe::{ProbeError, ProbeOutcome, ProbeRequest, ProbeTls, check_url, fetch_directly, probe};
+pub use probe::{ProbeError, ProbeOutcome, ProbeRequest, ProbeTls, check_url, fetch_directly, probe, target_host};
 pub use state::Verdict;

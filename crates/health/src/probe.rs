@@ -46,6 +46,10 @@ pub enum ProbeError {
     Malformed(String),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The proxy's address is an internal one, and the probe was told to refuse those (External
+    /// proxies): nothing was dialled.
+    #[error("the proxy's address {0}; internal destinations are not dialled")]
+    Internal(String),
 }
 
 /// What one probe found.
@@ -143,6 +147,17 @@ pub struct ProbeRequest {
     pub timeout: Duration,
     /// Sent to the proxy as `Proxy-Authorization: Basic ...` when given.
     pub credentials: Option<egress_credentials::Credentials>,
+    /// When given (External proxies), the proxy's host is resolved first, and the probe is
+    /// refused, with no connection made, when any address it resolves to is internal.
+    pub destinations: Option<std::sync::Arc<egress_netguard::Guard>>,
+}
+
+/// The host of target `url` as the probe reads it (brackets of an IPv6 literal removed).
+///
+/// # Errors
+/// What the probe would refuse: another scheme, no host, credentials in the URL.
+pub fn target_host(url: &str) -> Result<String, ProbeError> {
+    target(url).map(|t| t.host)
 }
 
 /// Whether a probe can use `url` as its target (for flags and validation at start).
@@ -275,11 +290,27 @@ async fn get<S: AsyncRead + AsyncWrite + Unpin>(
     read_status(&mut stream).await
 }
 
+/// Connects to the proxy at `proxy` (`host:port`). With `guard`, the addresses the host resolves
+/// to are checked first: one internal address refuses them all (a name may answer with several,
+/// and which one a connection takes is not ours to choose).
+async fn connect_proxy(proxy: &str, guard: Option<&egress_netguard::Guard>) -> Result<TcpStream, ProbeError> {
+    let unreachable = |e: std::io::Error| ProbeError::Unreachable(e.to_string());
+    let Some(guard) = guard else {
+        return TcpStream::connect(proxy).await.map_err(unreachable);
+    };
+    let addresses: Vec<std::net::SocketAddr> = tokio::net::lookup_host(proxy).await.map_err(unreachable)?.collect();
+    if let Some((address, why)) = addresses
+        .iter()
+        .find_map(|a| guard.address(a.ip()).map(|why| (a.ip(), why)))
+    {
+        return Err(ProbeError::Internal(format!("{address} is {}", why.describe())));
+    }
+    TcpStream::connect(&addresses[..]).await.map_err(unreachable)
+}
+
 async fn probe_inner(req: &ProbeRequest, tls: &ProbeTls) -> Result<(), ProbeError> {
     let target = target(&req.url)?;
-    let tcp = TcpStream::connect(&req.proxy)
-        .await
-        .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+    let tcp = connect_proxy(&req.proxy, req.destinations.as_deref()).await?;
     let _ = tcp.set_nodelay(true);
     let status = if target.tls {
         let mut conn = BufReader::new(tcp);

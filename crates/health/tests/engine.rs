@@ -38,6 +38,7 @@ fn settings(interval_ms: u64) -> ProbeSettings {
         timeout: Duration::from_secs(5),
         success_threshold: 2,
         failure_threshold: 3,
+        destinations: None,
     }
 }
 

@@ -15,6 +15,7 @@ fn request(proxy: &str, url: String, expected_status: u16) -> ProbeRequest {
         expected_status,
         timeout: Duration::from_secs(5),
         credentials: None,
+        destinations: None,
     }
 }
 
@@ -295,4 +296,41 @@ async fn the_target_fetched_directly_answers_or_says_why_not() {
         fetch_directly(&silent_url, 204, short, &tls).await.result,
         Err(ProbeError::Timeout(short))
     );
+}
+
+/// With a guard (External proxies), a proxy whose host is or resolves to an internal address is
+/// refused before any connection: a listener there sees none. The same proxy allowlisted is
+/// dialled as usual.
+#[tokio::test]
+async fn a_guarded_probe_never_dials_an_internal_proxy() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (target, _) = http_target().await;
+    let url = format!("http://127.0.0.1:{}/", target.port());
+    let tls = ProbeTls::with_roots(pki().roots());
+    let guard = std::sync::Arc::new(egress_netguard::Guard::default());
+    for host in ["127.0.0.1", "localhost"] {
+        let req = ProbeRequest {
+            destinations: Some(guard.clone()),
+            ..request(&format!("{host}:{port}"), url.clone(), 204)
+        };
+        let outcome = probe(&req, &tls).await;
+        let Err(ProbeError::Internal(why)) = &outcome.result else {
+            panic!("{host}: {:?}", outcome.result);
+        };
+        assert!(why.contains("loopback"), "{why}");
+    }
+    // Had a probe connected, its connection would be the first one waiting; it is ours.
+    let ours = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (_, first) = listener.accept().await.unwrap();
+    assert_eq!(first, ours.local_addr().unwrap(), "the guarded probe dialled the proxy");
+
+    let allowed = std::sync::Arc::new(egress_netguard::Guard::new(&[], &["127.0.0.1".into()]).unwrap());
+    let req = ProbeRequest {
+        destinations: Some(allowed),
+        ..request(&format!("127.0.0.1:{port}"), url, 204)
+    };
+    let probing = tokio::spawn(async move { probe(&req, &tls).await });
+    let (_dialled, _) = listener.accept().await.expect("the allowlisted proxy is dialled");
+    probing.abort();
 }

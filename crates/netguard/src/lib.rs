@@ -93,7 +93,7 @@ fn fixed_ranges() -> impl Iterator<Item = (Range, Internal)> {
 }
 
 /// Decides what is internal: the fixed lists, the cluster's ranges, minus an allowlist.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Guard {
     cluster: Vec<Range>,
     allowed_ranges: Vec<Range>,

@@ -67,6 +67,9 @@ pub async fn cluster(name: &str, providers: &str) -> Cluster {
     }
 }
 
+/// What the tests' External Proxies point at: proxies and targets on this machine.
+pub const LOCAL_DESTINATIONS: &str = "127.0.0.1,localhost";
+
 /// An operator on `cluster` whose health probes trust the CA `ca_pem` and go to `health_url`,
 /// serving the discovery API on a free port for the token `crawler-token`, with `extra_flags`
 /// and `extra_env` on top. Returned once it leads, with the discovery API's address.
@@ -86,6 +89,8 @@ pub fn start_probing(
         "--health-probe-bind-address=0".to_owned(),
         "--zap-encoder=json".to_owned(),
         "--discovery-addr=127.0.0.1:0".to_owned(),
+        // The tests' proxies and targets listen on this machine.
+        format!("--allowed-internal-destinations={LOCAL_DESTINATIONS}"),
     ];
     flags.extend(extra_flags.iter().map(|f| (*f).to_owned()));
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
