@@ -23,9 +23,11 @@ use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId, ProxyCred
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::create_budget::Deferral;
-use crate::credentials::{Prepared, Serving};
+use crate::credentials::{Prepared, Refusal, Serving};
 use crate::spec_hash::spec_hash;
-use crate::status::{InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, set_condition};
+use crate::status::{
+    InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, remove_condition, set_condition,
+};
 
 /// The reconciler's waits (spec/core.md §3.2). Tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +100,10 @@ pub struct Input<'a> {
     /// instance its status records; when it does not, the running instance's Secret is read
     /// from the API server before the instance is trusted.
     pub credentials_cached: bool,
+    /// Why the user's credentials Secret of an External Proxy may not serve it (it does not
+    /// name the Proxy, say), as the credential cache decides; `None` when it may, or when the
+    /// cache does not have it.
+    pub credentials_refused: Option<Refusal>,
     /// Since when the passes before this one have found the Proxy's instance without an
     /// address (kept in memory by the reconciler); `None` when the last one found it with one.
     pub address_missing_since: Option<Time>,
@@ -482,6 +488,32 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
         return outcome(input, status, InstanceView::Unobserved, Requeue::Never);
     };
     status.ip = endpoint.host.clone();
+    let refused_before = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::PROVISIONED && c.reason == reasons::CREDENTIALS_ERROR);
+    if let Some(refusal) = &input.credentials_refused {
+        // Neither probed nor leased while refused: no verdict stands, not even the last one.
+        set_provisioned(
+            input,
+            &mut status,
+            ConditionStatus::False,
+            reasons::CREDENTIALS_ERROR,
+            &refusal.to_string(),
+        );
+        apply_verdict(&mut status, None, generation(input.proxy), &input.now);
+        status.phase = Some(egress_api::Phase::Failed);
+        // A change of the Secret enqueues the Proxy again.
+        return Outcome {
+            status,
+            requeue: Requeue::Never,
+            note: None,
+        };
+    }
+    if refused_before {
+        // The Secret names it now: back to what an External Proxy shows.
+        remove_condition(&mut status.conditions, conditions::PROVISIONED);
+    }
     // Health events drive External proxies; no periodic requeue.
     outcome(input, status, InstanceView::Unobserved, Requeue::Never)
 }

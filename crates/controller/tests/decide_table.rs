@@ -9,7 +9,7 @@ use egress_api::{
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
 };
 use egress_controller::create_budget::Deferral;
-use egress_controller::credentials::{Prepared, Serving};
+use egress_controller::credentials::{Prepared, Refusal, Serving};
 use egress_controller::decide::{
     Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next,
 };
@@ -88,6 +88,8 @@ struct World {
     bind: Option<Result<(), SecretProblem>>,
     /// Whether the credential cache shows the Secret serving the recorded instance.
     cached: bool,
+    /// Why the cache refuses an External Proxy's user Secret, if it does.
+    refused: Option<Refusal>,
     /// The answer of the running instance's credentials check.
     check: Option<Result<Serving, SecretProblem>>,
     /// Since when earlier passes found the instance without an address.
@@ -130,6 +132,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         configured_providers: &w.names,
         verdict: w.verdict,
         credentials_cached: w.cached,
+        credentials_refused: w.refused.clone(),
         address_missing_since: w.missing_since.clone(),
         now: at(1000),
     };
@@ -866,6 +869,67 @@ fn an_external_proxy_reflects_its_verdict_without_provider_calls() {
     p.spec.endpoint = None;
     let (_, _, o) = run(&p, &world());
     assert_eq!(o.status.phase, Some(Phase::Failed));
+}
+
+#[test]
+fn an_external_proxy_whose_secret_does_not_name_it_is_refused_until_it_does() {
+    let mut p = proxy();
+    p.spec = ProxySpec {
+        mode: Mode::External,
+        endpoint: Some(Endpoint {
+            host: "10.1.1.1".into(),
+            port: None,
+        }),
+        ..Default::default()
+    };
+    p.status = None;
+    let refusal = Refusal::NotNamed {
+        secret: "vendor".into(),
+        proxy: "p".into(),
+    };
+    // Even a passing probe (from before the refusal) does not make it Ready.
+    let passing = Some(Verdict {
+        healthy: true,
+        latency: std::time::Duration::from_millis(3),
+        auth_refused: false,
+    });
+    let w = World {
+        verdict: passing,
+        refused: Some(refusal.clone()),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert!(actions.is_empty());
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::CREDENTIALS_ERROR.into()))
+    );
+    let message = &o
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Provisioned")
+        .unwrap()
+        .message;
+    assert_eq!(message, &refusal.to_string());
+    assert!(
+        message.contains("crawl.example.com/proxies") && message.contains("\"vendor\""),
+        "{message}"
+    );
+    assert_eq!((o.status.phase, healthy(&o)), (Some(Phase::Failed), None));
+    assert_eq!(o.requeue, Requeue::Never, "the Secret's change enqueues it");
+    // The Secret names it now: the refusal goes, and the verdict counts again.
+    p.status = Some(o.status);
+    let w = World {
+        verdict: passing,
+        ..world()
+    };
+    let (_, _, o) = run(&p, &w);
+    assert_eq!(provisioned(&o), None, "External proxies have no Provisioned condition");
+    assert_eq!(
+        (o.status.phase, healthy(&o)),
+        (Some(Phase::Ready), Some(ConditionStatus::True))
+    );
 }
 
 // ---- delete path ---------------------------------------------------------------------------
