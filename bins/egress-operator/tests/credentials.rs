@@ -9,6 +9,11 @@
 //!   encoding of either, appears in the operator's log (at debug level, JSON), in the spans it
 //!   exports (OTLP, probe spans on), in the Proxy's status, in its Events, in the metrics or in
 //!   any answer of the list route.
+//! - A Secret that does not name the Proxy in `crawl.example.com/proxies` (another team's, say)
+//!   is refused: the Proxy gets `Provisioned=False/CredentialsError` naming the annotation and
+//!   the Secret, and a `CredentialsError` event, and no lease is granted on it; once the
+//!   Secret's annotation names it (nothing restarts), it is probed with the credentials, Ready,
+//!   and leased with them; taken off the list, it is refused again.
 
 mod common;
 
@@ -31,13 +36,35 @@ fn healthy_reason(p: &Proxy) -> Option<String> {
         .map(|c| c.reason.clone())
 }
 
+/// The Provisioned condition's reason and message.
+fn provisioned(p: &Proxy) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Provisioned")
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+/// The user's labelled Secret `tiny-credentials`, naming the Proxy `tiny`.
 fn user_secret(username: &str, password: &str) -> Secret {
+    let mut secret = secret_naming(username, password, "tiny");
+    secret.metadata.name = Some("tiny-credentials".into());
+    secret
+}
+
+/// The labelled Secret `vendor-credentials`, naming `proxies` in its annotation.
+fn secret_naming(username: &str, password: &str, proxies: &str) -> Secret {
     Secret {
         metadata: ObjectMeta {
-            name: Some("tiny-credentials".into()),
+            name: Some("vendor-credentials".into()),
             labels: Some(BTreeMap::from([(
                 egress_api::LABEL_PROXY_CREDENTIALS.to_owned(),
                 "true".to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([(
+                egress_api::ANNOTATION_CREDENTIALS_PROXIES.to_owned(),
+                proxies.to_owned(),
             )])),
             ..ObjectMeta::default()
         },
@@ -192,4 +219,142 @@ async fn an_external_proxy_with_credentials_is_probed_with_them_and_leased_with_
         }
     }
     assert!(!list.contains("username"), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_proxy_whose_secret_does_not_name_it_is_refused_until_the_secret_does() {
+    if !support::tinyproxy_available() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pki = support::pki();
+    let (target, _) = support::tls_target(&pki).await;
+    let login = egress_credentials::Credentials::generate();
+    let tinyproxy = support::Tinyproxy::start_with(&[], Some((login.username(), login.password())));
+    let cluster = cluster("credentials-bound", "providers: []\n").await;
+    let health_url = format!("https://localhost:{}/204", target.port());
+    let (mut op, discovery) = start_probing(&cluster, &pki.ca_pem, &health_url, &[], &[]);
+
+    let client = cluster.server.client().unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    // Another team's vendor login, labelled as before the upgrade, naming only its own Proxy.
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret_naming(login.username(), login.password(), "team-b"),
+        )
+        .await
+        .unwrap();
+    let api: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let proxy = Proxy::new(
+        "tiny",
+        ProxySpec {
+            credentials: Some(Credentials {
+                type_: CredentialsType::Secret,
+                secret_ref: Some(CredentialsSecretRef {
+                    name: "vendor-credentials".into(),
+                }),
+            }),
+            ..common::external_spec(tinyproxy.port)
+        },
+    );
+    api.create(&PostParams::default(), &proxy).await.unwrap();
+
+    // Refused, and said so: the annotation and the Secret are named.
+    let refused = wait_for_proxy(&api, "tiny", "refused", PATIENCE, |p| {
+        provisioned(p).is_some_and(|(reason, _)| reason == egress_api::reasons::CREDENTIALS_ERROR)
+    })
+    .await;
+    let (_, message) = provisioned(&refused).unwrap();
+    assert!(
+        message.contains("crawl.example.com/proxies") && message.contains("\"vendor-credentials\""),
+        "{message}"
+    );
+    let status = refused.status.as_ref().unwrap();
+    assert_eq!(status.phase, Some(Phase::Failed));
+    assert_eq!(healthy_reason(&refused), None, "not probed, so no verdict");
+    // The discovery API reads the same cache the refusal came from: no lease on it.
+    let (code, answer) = common::lease(&discovery, "crawler-token", r#"{"target": "example.com"}"#).await;
+    assert_eq!((code, &answer["considered"]), (409, &serde_json::json!(0)), "{answer}");
+    // An event says it too (published after the status write, so waited for).
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), "default");
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let event = loop {
+        let listed = events.list(&ListParams::default()).await.unwrap().items;
+        if let Some(e) = listed.into_iter().find(|e| {
+            e.reason.as_deref() == Some("CredentialsError")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("tiny")
+        }) {
+            break e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no CredentialsError event within {PATIENCE:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(
+        event
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("crawl.example.com/proxies"),
+        "{event:?}"
+    );
+    let shown = serde_json::to_string(&(status, &event)).unwrap();
+    assert!(!shown.contains(login.password()), "{shown}");
+
+    // The Secret's owner names this Proxy too: accepted, probed with the login, leased.
+    secrets
+        .patch(
+            "vendor-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {egress_api::ANNOTATION_CREDENTIALS_PROXIES: "team-b, tiny"}}
+            })),
+        )
+        .await
+        .unwrap();
+    let ready = wait_for_proxy(&api, "tiny", "Ready", PATIENCE, |p| {
+        p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
+    })
+    .await;
+    assert_eq!(provisioned(&ready), None, "the refusal is gone");
+    assert_eq!(
+        healthy_reason(&ready).as_deref(),
+        Some(egress_api::reasons::PROBE_SUCCEEDED)
+    );
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let grant = loop {
+        let (code, answer) = common::lease(&discovery, "crawler-token", r#"{"target": "example.com"}"#).await;
+        if code == 201 {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lease within {PATIENCE:?}: {answer}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(grant["proxy"]["id"], "default/tiny", "{grant}");
+    assert_eq!(grant["proxy"]["username"], login.username(), "{grant}");
+    assert_eq!(grant["proxy"]["password"], login.password());
+
+    // Taken off the list again: refused again, without anything else happening to the Proxy.
+    secrets
+        .patch(
+            "vendor-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {egress_api::ANNOTATION_CREDENTIALS_PROXIES: "team-b"}}
+            })),
+        )
+        .await
+        .unwrap();
+    wait_for_proxy(&api, "tiny", "refused again", PATIENCE, |p| {
+        provisioned(p).is_some_and(|(reason, _)| reason == egress_api::reasons::CREDENTIALS_ERROR)
+    })
+    .await;
+    op.terminate();
+    assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
 }

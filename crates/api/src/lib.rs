@@ -46,6 +46,13 @@ pub const LABEL_CLOUD_INIT: &str = "crawl.example.com/cloud-init";
 pub const LABEL_PROXY_CREDENTIALS: &str = "crawl.example.com/proxy-credentials";
 /// The value of that label on the operator's own credential Secrets.
 pub const PROXY_CREDENTIALS_GENERATED: &str = "generated";
+/// On a user's credentials Secret: the Proxies of its namespace that may take their credentials
+/// from it, as a comma-separated list of names (at most [`MAX_CREDENTIALS_PROXIES`]). An
+/// External Proxy whose Secret does not name it is refused, so naming another team's Secret in
+/// `secretRef` hands out nothing.
+pub const ANNOTATION_CREDENTIALS_PROXIES: &str = "crawl.example.com/proxies";
+/// The most Proxies one credentials Secret may name; a longer list makes the Secret unusable.
+pub const MAX_CREDENTIALS_PROXIES: usize = 64;
 /// On a generated credentials Secret: the provider ID of the instance that was created with
 /// them. Credentials that served an instance are never given to the next one.
 pub const ANNOTATION_CREDENTIALS_INSTANCE: &str = "crawl.example.com/credentials-instance";

@@ -110,7 +110,8 @@ pub struct Credentials {
     #[serde(rename = "type", default)]
     pub type_: CredentialsType,
     /// For `Secret`: a Secret in the Proxy's namespace with the keys `username` and `password`,
-    /// labelled `crawl.example.com/proxy-credentials: "true"`.
+    /// labelled `crawl.example.com/proxy-credentials: "true"` and naming this Proxy in its
+    /// annotation `crawl.example.com/proxies` (comma-separated names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<CredentialsSecretRef>,
 }

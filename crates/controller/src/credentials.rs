@@ -15,8 +15,13 @@
 //!   password; when it does not (deleted, or emptied by hand), the instance is replaced, since
 //!   nobody can use it any more.
 //! - **Secret.** An External proxy's credentials are in the user's Secret (`secretRef`), which
-//!   must carry the label `crawl.example.com/proxy-credentials` too: only labelled Secrets are
-//!   watched.
+//!   must carry the label `crawl.example.com/proxy-credentials` too (only labelled Secrets are
+//!   watched), and must name the Proxy in its annotation [`ANNOTATION_CREDENTIALS_PROXIES`]
+//!   ([`may_serve`] decides). Whoever may write a Proxy but not read Secrets could otherwise
+//!   point an External Proxy at a host of theirs and name another team's Secret: the probe
+//!   would send them that login and lease answers would hand it out. A Secret that does not
+//!   name the Proxy is [`Lookup::Refused`]: the Proxy is neither probed nor leased, and its
+//!   status says why.
 //!
 //! The password is in the Secret and in lease answers, nowhere else: not in the Proxy's status,
 //! events, logs, spans or metrics, and never in an error message from here.
@@ -26,8 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use egress_api::{
-    ANNOTATION_CREDENTIALS_INSTANCE, CredentialsType, LABEL_MANAGED_BY, LABEL_PROXY_CREDENTIALS, MANAGED_BY,
-    PROXY_CREDENTIALS_GENERATED, Proxy,
+    ANNOTATION_CREDENTIALS_INSTANCE, ANNOTATION_CREDENTIALS_PROXIES, CredentialsType, LABEL_MANAGED_BY,
+    LABEL_PROXY_CREDENTIALS, MANAGED_BY, MAX_CREDENTIALS_PROXIES, PROXY_CREDENTIALS_GENERATED, Proxy,
 };
 use egress_credentials::{Credentials, HTPASSWD_KEY, PASSWORD_KEY, USERNAME_KEY};
 use egress_provider::{ProviderId, ProxyCredentials};
@@ -102,6 +107,11 @@ fn bound_instance(secret: &Secret) -> Option<ProviderId> {
         .map(|v| ProviderId::new(v.clone()))
 }
 
+/// The Secret's user and password, when both are there.
+fn user_and_password(secret: &Secret) -> Option<Credentials> {
+    Credentials::new(text(secret, USERNAME_KEY)?, text(secret, PASSWORD_KEY)?).ok()
+}
+
 /// The Secret's credentials, when all three keys are there and agree with each other.
 fn usable(secret: &Secret) -> Option<ProxyCredentials> {
     let credentials = Credentials::new(text(secret, USERNAME_KEY)?, text(secret, PASSWORD_KEY)?).ok()?;
@@ -163,6 +173,120 @@ pub fn serving(secret: &Secret, proxy_uid: &str, id: &ProviderId) -> Serving {
         None if usable(secret).is_some() => Serving::Unbound,
         _ => Serving::No,
     }
+}
+
+/// Why a user's credentials Secret may not serve a Proxy. Its `Display` is the message the
+/// Proxy's condition and event show: it names the Secret and the annotation, never anything of
+/// the Secret's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A Secret the operator generated for a Managed Proxy: its credentials belong to that
+    /// Proxy's instance, whatever its annotations say.
+    Generated { secret: String },
+    /// The Secret names no Proxy: it lacks the annotation, or its value is empty.
+    NoneNamed { secret: String, proxy: String },
+    /// The Secret names other Proxies.
+    NotNamed { secret: String, proxy: String },
+    /// The annotation's value is not a list the operator accepts (too long, or a name that is
+    /// not one): the Secret serves no Proxy until it is fixed.
+    Malformed { secret: String, why: String },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = ANNOTATION_CREDENTIALS_PROXIES;
+        match self {
+            Self::Generated { secret } => write!(
+                f,
+                "Secret \"{secret}\" holds credentials the operator generated for a Managed Proxy; an External Proxy cannot use it"
+            ),
+            Self::NoneNamed { secret, proxy } => write!(
+                f,
+                "Secret \"{secret}\" names no Proxy in its annotation {key}, so its credentials are not used; annotate it with {key}: {proxy} (comma-separated, for several Proxies) to let this Proxy use them"
+            ),
+            Self::NotNamed { secret, proxy } => write!(
+                f,
+                "Secret \"{secret}\" does not name this Proxy in its annotation {key}, so its credentials are not used; add \"{proxy}\" to that comma-separated list to let this Proxy use them"
+            ),
+            Self::Malformed { secret, why } => write!(
+                f,
+                "the annotation {key} on Secret \"{secret}\" {why}, so the Secret serves no Proxy; list at most {MAX_CREDENTIALS_PROXIES} Proxy names, separated by commas"
+            ),
+        }
+    }
+}
+
+/// The Proxy names an annotation [`ANNOTATION_CREDENTIALS_PROXIES`] value lists: separated by
+/// commas, whitespace around each ignored; an empty (or blank) value lists none.
+///
+/// # Errors
+/// What is wrong with the value, as the end of a sentence about it: more than
+/// [`MAX_CREDENTIALS_PROXIES`] names, or one that is not a Kubernetes object name (an empty one
+/// between two commas included).
+pub fn named_proxies(value: &str) -> Result<Vec<&str>, String> {
+    if value.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    // NB: an annotation may be large; a list too long is refused without reading it all.
+    let names: Vec<&str> = value
+        .split(',')
+        .take(MAX_CREDENTIALS_PROXIES + 1)
+        .map(str::trim)
+        .collect();
+    if names.len() > MAX_CREDENTIALS_PROXIES {
+        let count = value.split(',').count();
+        return Err(format!("lists {count} names, more than {MAX_CREDENTIALS_PROXIES}"));
+    }
+    if let Some(bad) = names.iter().find(|n| !egress_provider::is_dns1123_subdomain(n)) {
+        if bad.is_empty() {
+            return Err("lists an empty name (two commas in a row, or one at an end)".into());
+        }
+        // An annotation is no secret, but may be long: enough of the name to find it.
+        let mut shown: String = bad.chars().take(64).collect();
+        if shown.len() < bad.len() {
+            shown.push_str("...");
+        }
+        return Err(format!(
+            "lists {shown:?}, which is not a valid Kubernetes object name (lower-case letters, digits, '-' and '.')"
+        ));
+    }
+    Ok(names)
+}
+
+/// Whether the user's credentials Secret `secret` may serve the Proxy named `proxy` (of its
+/// namespace): the one decision every reader of a user's credentials goes through
+/// ([`CredentialCache::lookup`]). Only for `spec.credentials.type: Secret`; a Generated Proxy's
+/// own Secret is bound to it by its owner reference instead ([`serving`]).
+///
+/// # Errors
+/// Why not: the operator's own generated Secret, no Proxy named, not this one, or an
+/// annotation the operator does not accept.
+pub fn may_serve(secret: &Secret, proxy: &str) -> Result<(), Refusal> {
+    let name = secret.name_any();
+    if secret.labels().get(LABEL_PROXY_CREDENTIALS).map(String::as_str) == Some(PROXY_CREDENTIALS_GENERATED) {
+        return Err(Refusal::Generated { secret: name });
+    }
+    let value = secret
+        .annotations()
+        .get(ANNOTATION_CREDENTIALS_PROXIES)
+        .map_or("", String::as_str);
+    let names = named_proxies(value).map_err(|why| Refusal::Malformed {
+        secret: name.clone(),
+        why,
+    })?;
+    if names.is_empty() {
+        return Err(Refusal::NoneNamed {
+            secret: name,
+            proxy: proxy.to_owned(),
+        });
+    }
+    if !names.contains(&proxy) {
+        return Err(Refusal::NotNamed {
+            secret: name,
+            proxy: proxy.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// The Secret that holds `credentials` for `proxy`: labelled, owned by the Proxy (not blocking
@@ -370,15 +494,18 @@ impl CredentialCache {
                 let id = ProviderId::new(proxy.status.as_ref().map(|s| s.provider_id.clone()).unwrap_or_default());
                 secret
                     .filter(|s| serving(s, &uid, &id) == Serving::Yes)
-                    .and_then(|s| Credentials::new(text(&s, USERNAME_KEY)?, text(&s, PASSWORD_KEY)?).ok())
+                    .and_then(|s| user_and_password(&s))
             }
-            // A user's Secret, never one the operator generated for some Proxy: an External Proxy
-            // pointed at a host of its author's must not be handed another proxy's password.
-            CredentialsType::Secret => secret
-                .filter(|s| {
-                    s.labels().get(LABEL_PROXY_CREDENTIALS).map(String::as_str) != Some(PROXY_CREDENTIALS_GENERATED)
-                })
-                .and_then(|s| Credentials::new(text(&s, USERNAME_KEY)?, text(&s, PASSWORD_KEY)?).ok()),
+            // A user's Secret that names this Proxy, never one the operator generated for some
+            // Proxy: an External Proxy pointed at a host of its author's must not be handed
+            // another proxy's password.
+            CredentialsType::Secret => match secret {
+                Some(s) => match may_serve(&s, &proxy.name_any()) {
+                    Err(refusal) => return Lookup::Refused(refusal),
+                    Ok(()) => user_and_password(&s),
+                },
+                None => None,
+            },
         };
         found.map_or(Lookup::Missing, Lookup::Found)
     }
@@ -387,7 +514,7 @@ impl CredentialCache {
     pub fn for_proxy(&self, proxy: &Proxy) -> Option<Credentials> {
         match self.lookup(proxy) {
             Lookup::Found(c) => Some(c),
-            Lookup::NotNeeded | Lookup::Missing => None,
+            Lookup::NotNeeded | Lookup::Missing | Lookup::Refused(_) => None,
         }
     }
 }
@@ -398,10 +525,13 @@ pub enum Lookup {
     /// The Proxy takes clients without credentials.
     NotNeeded,
     Found(Credentials),
-    /// It asks for credentials the cache cannot give: its Secret is missing, incomplete, not
-    /// (yet) bound to its instance, or not one it may use. It is neither probed nor leased
-    /// meanwhile.
+    /// It asks for credentials the cache cannot give: its Secret is missing, incomplete, or not
+    /// (yet) bound to its instance. It is never leased meanwhile (and a Generated Proxy is not
+    /// probed either).
     Missing,
+    /// Its Secret is there but may not serve it ([`may_serve`]): its credentials are never used
+    /// for it, and it is neither probed nor leased until the Secret names it.
+    Refused(Refusal),
 }
 
 /// The cache and the future that keeps it (run on every replica until `shutdown`).
@@ -573,6 +703,156 @@ mod tests {
         assert_eq!(serving(&keyless, "uid-1", &x), Serving::No);
     }
 
+    /// A user's Secret, labelled, with `proxies` as its annotation (`None`: without one).
+    fn vendor(proxies: Option<&str>) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("vendor".into()),
+                namespace: Some("crawl".into()),
+                labels: Some(BTreeMap::from([(
+                    LABEL_PROXY_CREDENTIALS.to_owned(),
+                    "true".to_owned(),
+                )])),
+                annotations: proxies
+                    .map(|v| BTreeMap::from([(ANNOTATION_CREDENTIALS_PROXIES.to_owned(), v.to_owned())])),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([
+                (USERNAME_KEY.to_owned(), ByteString(b"vendor-user".to_vec())),
+                (PASSWORD_KEY.to_owned(), ByteString(b"SENTINEL-vendor-pw".to_vec())),
+            ])),
+            ..Secret::default()
+        }
+    }
+
+    fn refusal(proxies: Option<&str>, proxy: &str) -> Refusal {
+        may_serve(&vendor(proxies), proxy).expect_err("not refused")
+    }
+
+    #[test]
+    fn a_user_secret_serves_the_proxies_it_names_and_no_other() {
+        assert_eq!(may_serve(&vendor(Some("eu-1")), "eu-1"), Ok(()));
+        assert_eq!(
+            may_serve(&vendor(Some("a,eu-1,b")), "eu-1"),
+            Ok(()),
+            "one login, several Proxies"
+        );
+        assert_eq!(
+            may_serve(&vendor(Some(" a ,\teu-1 , b")), "eu-1"),
+            Ok(()),
+            "spaces around names"
+        );
+        assert_eq!(may_serve(&vendor(Some("a.b")), "a.b"), Ok(()), "a name with dots");
+        assert_eq!(
+            refusal(Some("a,b"), "eu-1"),
+            Refusal::NotNamed {
+                secret: "vendor".into(),
+                proxy: "eu-1".into()
+            }
+        );
+        // Names are whole: neither a prefix nor a longer name counts.
+        for value in ["eu", "eu-10", "eu-1x", "eu-1.x"] {
+            assert!(
+                matches!(refusal(Some(value), "eu-1"), Refusal::NotNamed { .. }),
+                "{value}"
+            );
+        }
+        for missing in [None, Some(""), Some("  ")] {
+            assert!(
+                matches!(refusal(missing, "eu-1"), Refusal::NoneNamed { .. }),
+                "{missing:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_list_of_64_names_is_taken_and_one_of_65_makes_the_secret_serve_none() {
+        let names = |n: usize| (1..=n).map(|i| format!("p-{i}")).collect::<Vec<_>>().join(",");
+        assert_eq!(named_proxies(&names(64)).map(|v| v.len()), Ok(64));
+        assert_eq!(may_serve(&vendor(Some(&names(64))), "p-64"), Ok(()));
+        let why = refusal(Some(&names(65)), "p-1").to_string();
+        assert!(why.contains("lists 65 names, more than 64"), "{why}");
+        assert!(why.contains("serves no Proxy"), "{why}");
+        // A huge value is refused the same way, without reading all of it.
+        let why = named_proxies(&",".repeat(100_000)).unwrap_err();
+        assert!(why.contains("more than 64"), "{why}");
+    }
+
+    #[test]
+    fn a_name_that_is_no_object_name_makes_the_secret_serve_none() {
+        for value in ["eu-1,Bad_Name", "eu-1,EU-1", "eu-1,,b", "eu-1,", "-eu,eu-1", "eu-1,a b"] {
+            let Refusal::Malformed { why, .. } = refusal(Some(value), "eu-1") else {
+                panic!("{value:?} taken")
+            };
+            assert!(
+                why.contains("not a valid Kubernetes object name") || why.contains("empty name"),
+                "{value:?}: {why}"
+            );
+        }
+        // A long bad name is cut short in the message.
+        let why = refusal(Some(&"X".repeat(1000)), "eu-1").to_string();
+        assert!(why.len() < 500, "{why}");
+    }
+
+    #[test]
+    fn refusal_messages_name_the_secret_and_the_annotation_and_nothing_of_its_data() {
+        let mut generated = vendor(Some("eu-1"));
+        generated
+            .labels_mut()
+            .insert(LABEL_PROXY_CREDENTIALS.into(), PROXY_CREDENTIALS_GENERATED.into());
+        let refusals = [
+            refusal(None, "eu-1"),
+            refusal(Some("a"), "eu-1"),
+            refusal(Some("a,B"), "eu-1"),
+            may_serve(&generated, "eu-1").expect_err("a generated Secret served a user's Proxy"),
+        ];
+        for r in refusals {
+            let message = r.to_string();
+            assert!(message.contains("Secret \"vendor\""), "{message}");
+            assert!(
+                matches!(r, Refusal::Generated { .. }) || message.contains(ANNOTATION_CREDENTIALS_PROXIES),
+                "{message}"
+            );
+            assert!(
+                !message.contains("SENTINEL") && !message.contains("vendor-user"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cache_gives_a_user_secret_only_to_the_proxies_it_names() {
+        let external = |name: &str| {
+            let mut p = proxy();
+            p.metadata.name = Some(name.into());
+            p.spec.credentials = Some(egress_api::Credentials {
+                type_: CredentialsType::Secret,
+                secret_ref: Some(egress_api::CredentialsSecretRef { name: "vendor".into() }),
+            });
+            p
+        };
+        let cache = |secret: Secret| {
+            let (store, mut writer) = reflector::store::<Secret>();
+            writer.apply_watcher_event(&watcher::Event::Apply(secret));
+            CredentialCache::from_store(store)
+        };
+        let named = cache(vendor(Some("eu-1, eu-2")));
+        let found = Lookup::Found(Credentials::new("vendor-user", "SENTINEL-vendor-pw").unwrap());
+        assert_eq!(named.lookup(&external("eu-1")), found);
+        assert_eq!(named.lookup(&external("eu-2")), found);
+        assert!(matches!(
+            named.lookup(&external("eu-3")),
+            Lookup::Refused(Refusal::NotNamed { .. })
+        ));
+        assert_eq!(named.for_proxy(&external("eu-3")), None);
+        let unannotated = cache(vendor(None));
+        assert!(matches!(
+            unannotated.lookup(&external("eu-1")),
+            Lookup::Refused(Refusal::NoneNamed { .. })
+        ));
+        assert_eq!(unannotated.for_proxy(&external("eu-1")), None);
+    }
+
     #[test]
     fn refusals_that_will_not_change_are_unusable_and_the_rest_retried() {
         let api =
@@ -600,6 +880,10 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("mine".into()),
                 namespace: Some("crawl".into()),
+                annotations: Some(BTreeMap::from([(
+                    ANNOTATION_CREDENTIALS_PROXIES.to_owned(),
+                    "eu-1".to_owned(),
+                )])),
                 ..ObjectMeta::default()
             },
             data: Some(BTreeMap::from([

@@ -23,9 +23,11 @@ use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId, ProxyCred
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::create_budget::Deferral;
-use crate::credentials::{Prepared, Serving};
+use crate::credentials::{Prepared, Refusal, Serving};
 use crate::spec_hash::spec_hash;
-use crate::status::{InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, set_condition};
+use crate::status::{
+    InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, remove_condition, set_condition,
+};
 
 /// The reconciler's waits (spec/core.md §3.2). Tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +100,10 @@ pub struct Input<'a> {
     /// instance its status records; when it does not, the running instance's Secret is read
     /// from the API server before the instance is trusted.
     pub credentials_cached: bool,
+    /// Why the user's credentials Secret of an External Proxy may not serve it (it does not
+    /// name the Proxy, say), as the credential cache decides; `None` when it may, or when the
+    /// cache does not have it.
+    pub credentials_refused: Option<Refusal>,
     /// Since when the passes before this one have found the Proxy's instance without an
     /// address (kept in memory by the reconciler); `None` when the last one found it with one.
     pub address_missing_since: Option<Time>,
@@ -485,15 +491,21 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
         return outcome(input, status, InstanceView::Unobserved, Requeue::Never);
     };
     status.ip = endpoint.host.clone();
-    if let Some(message) = &input.destination_refused {
-        // Never probed, so no verdict, old or new: not Ready, never offered.
-        set_provisioned(
-            input,
-            &mut status,
-            ConditionStatus::False,
-            reasons::DESTINATION_REFUSED,
-            message,
-        );
+    // Refused for where it points, or for whose credentials it uses: neither probed nor leased,
+    // so no verdict stands, not even the last one. A change of the flags (after a restart) or
+    // of the Secret (it enqueues the Proxy) lifts it.
+    let refusal = input
+        .destination_refused
+        .as_ref()
+        .map(|m| (reasons::DESTINATION_REFUSED, m.clone()))
+        .or_else(|| {
+            input
+                .credentials_refused
+                .as_ref()
+                .map(|r| (reasons::CREDENTIALS_ERROR, r.to_string()))
+        });
+    if let Some((reason, message)) = refusal {
+        set_provisioned(input, &mut status, ConditionStatus::False, reason, &message);
         apply_verdict(&mut status, None, generation(input.proxy), &input.now);
         status.phase = Some(egress_api::Phase::Failed);
         return Outcome {
@@ -501,6 +513,14 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
             requeue: Requeue::Never,
             note: None,
         };
+    }
+    let refused_before = status.conditions.iter().any(|c| {
+        c.type_ == conditions::PROVISIONED
+            && (c.reason == reasons::CREDENTIALS_ERROR || c.reason == reasons::DESTINATION_REFUSED)
+    });
+    if refused_before {
+        // Accepted now: back to what an External Proxy shows.
+        remove_condition(&mut status.conditions, conditions::PROVISIONED);
     }
     // Health events drive External proxies; no periodic requeue.
     outcome(input, status, InstanceView::Unobserved, Requeue::Never)

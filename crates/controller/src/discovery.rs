@@ -27,15 +27,17 @@ fn id_of(proxy: &Proxy) -> String {
 
 /// A Proxy as the discovery API shows it, with the credentials it demands; `None` while it is
 /// being deleted. One that asks for credentials the cache cannot give is shown unhealthy, so
-/// it is never leased: a lease without them would be refused by the proxy.
+/// it is never leased: a lease without them would be refused by the proxy. One whose Secret
+/// does not name it is not offered at all (no lease candidate), whatever its last verdict.
 pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
     if proxy.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let (credentials, usable) = match credentials {
-        Lookup::Found(c) => (Some(c), true),
-        Lookup::NotNeeded => (None, true),
-        Lookup::Missing => (None, false),
+    let (credentials, usable, refused) = match credentials {
+        Lookup::Found(c) => (Some(c), true, false),
+        Lookup::NotNeeded => (None, true, false),
+        Lookup::Missing => (None, false, false),
+        Lookup::Refused(_) => (None, false, true),
     };
     let status = proxy.status.clone().unwrap_or_default();
     let (ip, port) = match proxy.spec.mode {
@@ -54,7 +56,7 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
         latency_millis: status.latency_millis.unwrap_or(0),
         max_leases: proxy.spec.effective_max_leases(),
         credentials,
-        offered: role.is_none_or(PoolRole::offered),
+        offered: !refused && role.is_none_or(PoolRole::offered),
         pool_role: role.map(PoolRole::as_str),
     })
 }

@@ -50,7 +50,8 @@ impl std::fmt::Debug for CachedProxies {
 /// A Generated Proxy whose credentials the cache cannot give (its Secret not yet bound to the
 /// new instance, or lost) is pruned too: a probe without them would only be refused, and count
 /// against an instance that works. An External Proxy whose user Secret is missing is probed
-/// without: the refusal (`ProxyAuthRequired`) is what its author needs to see.
+/// without: the refusal (`ProxyAuthRequired`) is what its author needs to see. One whose Secret
+/// does not name it ([`Lookup::Refused`]) is pruned: it is refused, and its status says why.
 pub fn view(proxy: &Proxy, default_url: &str, credentials: Lookup) -> Option<ProxyView> {
     if proxy.metadata.deletion_timestamp.is_some() {
         return None;
@@ -60,6 +61,7 @@ pub fn view(proxy: &Proxy, default_url: &str, credentials: Lookup) -> Option<Pro
         Lookup::Found(c) => (Some(c), false),
         Lookup::NotNeeded => (None, false),
         Lookup::Missing => (None, generated),
+        Lookup::Refused(_) => (None, true),
     };
     let (host, port) = match proxy.spec.mode {
         Mode::External => proxy.spec.external_address().unwrap_or_default(),

@@ -85,7 +85,9 @@ pub struct Context {
     /// controller-runtime's reconcile families (register them to serve them).
     pub metrics: ReconcileMetrics,
     /// The credential Secrets as watched, when the operator keeps them: a running Generated
-    /// instance whose Secret it shows serving it needs no read of the Secret.
+    /// instance whose Secret it shows serving it needs no read of the Secret, and an External
+    /// Proxy whose Secret does not name it is refused. Its changes enqueue the External Proxies
+    /// that name the changed Secret ([`controller`]).
     pub credentials: Option<crate::credentials::CredentialCache>,
     /// Each provider entry's create budget, asked before every create.
     pub create_budgets: CreateBudgets,
@@ -450,15 +452,17 @@ async fn run_pass(
 ) -> Result<Outcome, ReconcileError> {
     let provider: Option<Arc<dyn Provider>> = ctx.providers.get(&proxy.spec.provider).cloned();
     let uid = proxy.uid().unwrap_or_default();
+    let lookup = ctx.credentials.as_ref().map(|c| c.lookup(proxy));
     let input = Input {
         proxy,
         provider_configured: provider.is_some(),
         configured_providers: &ctx.provider_names,
         verdict: ctx.health.verdict_for(proxy),
-        credentials_cached: ctx
-            .credentials
-            .as_ref()
-            .is_some_and(|c| matches!(c.lookup(proxy), crate::credentials::Lookup::Found(_))),
+        credentials_cached: matches!(lookup, Some(crate::credentials::Lookup::Found(_))),
+        credentials_refused: match lookup {
+            Some(crate::credentials::Lookup::Refused(refusal)) => Some(refusal),
+            _ => None,
+        },
         address_missing_since: ctx.address_missing_since(&uid),
         destination_refused: crate::destinations::refusal(&proxy.spec, &ctx.destinations),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
@@ -768,11 +772,35 @@ impl Default for ControllerConfig {
     }
 }
 
+/// The External Proxies in `proxies` a credentials Secret watch event concerns: those whose
+/// `secretRef` names that Secret, or, after a re-list (anything may have changed meanwhile),
+/// all of those with a `secretRef`.
+fn credential_users(
+    proxies: &kube::runtime::reflector::Store<Proxy>,
+    event: &kube::runtime::watcher::Event<Secret>,
+) -> Vec<kube::runtime::reflector::ObjectRef<Proxy>> {
+    use kube::runtime::watcher::Event;
+    let secret = match event {
+        Event::Apply(s) | Event::Delete(s) => Some((s.namespace().unwrap_or_default(), s.name_any())),
+        Event::InitDone => None,
+        Event::Init | Event::InitApply(_) => return Vec::new(),
+    };
+    proxies
+        .state()
+        .iter()
+        .filter(|p| p.spec.credentials_type() == egress_api::CredentialsType::Secret)
+        .filter(|p| secret.is_none() || crate::credentials::CredentialCache::secret_of(p) == secret)
+        .map(|p| kube::runtime::reflector::ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
 /// The Proxy controller: takes Proxies from the shared cache, watches cloud-init Secrets (a
 /// changed Secret enqueues the Proxies in its namespace that reference it, so a content change
-/// replaces their instances without waiting for the drift poll), and takes health events (a Proxy
-/// whose verdict changed). Returns the future that runs it until `shutdown`; the cache must be
-/// kept running beside it.
+/// replaces their instances without waiting for the drift poll), follows the credential cache
+/// (a changed credentials Secret, its annotations included, enqueues the External Proxies that
+/// name it, so a refusal starts or ends at once), and takes health events (a Proxy whose verdict
+/// changed). Returns the future that runs it until `shutdown`; the caches must be kept running
+/// beside it.
 pub fn controller(
     ctx: Arc<Context>,
     config: ControllerConfig,
@@ -791,13 +819,28 @@ pub fn controller(
     let lookup = cache.store();
     // Every trigger puts its Proxy on the queue, as the queue metrics count it.
     let queue = ctx.metrics.queue().clone();
-    let (on_change, on_secret, on_health, on_gone) = (queue.clone(), queue.clone(), queue.clone(), queue);
+    let (on_change, on_secret, on_health, on_credentials, on_gone) =
+        (queue.clone(), queue.clone(), queue.clone(), queue.clone(), queue);
     let changes = cache.subscribe().inspect(move |p| {
         if let Ok(p) = p {
             on_change.added(&queue_key(p));
         }
     });
     let health_events = health_events.inspect(move |r| on_health.added(&ref_key(r)));
+    // The credential cache tells of each Secret change once its store holds it, so the pass it
+    // triggers sees the change. Without a cache the sender is dropped and the stream ends.
+    let (tell, credential_events) = futures::channel::mpsc::unbounded();
+    if let Some(credentials) = &ctx.credentials {
+        let proxies = cache.store();
+        credentials.observe(Arc::new(move |event| {
+            for r in credential_users(&proxies, event) {
+                // Fails only once the controller is gone.
+                let _ = tell.unbounded_send(r);
+            }
+        }));
+    }
+    let credential_events = credential_events.inspect(move |r| on_credentials.added(&ref_key(r)));
+    let triggers = futures::stream::select(health_events, credential_events);
     let controller = Controller::for_stream(changes, cache.store());
     let labelled = watcher::Config::default().labels(&format!("{LABEL_CLOUD_INIT}=true"));
     controller
@@ -819,7 +862,7 @@ pub fn controller(
                 .inspect(|r| on_secret.added(&ref_key(r)))
                 .collect::<Vec<_>>()
         })
-        .reconcile_on(health_events)
+        .reconcile_on(triggers)
         .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)

@@ -9,7 +9,7 @@ use egress_api::{
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
 };
 use egress_controller::create_budget::Deferral;
-use egress_controller::credentials::{Prepared, Serving};
+use egress_controller::credentials::{Prepared, Refusal, Serving};
 use egress_controller::decide::{
     Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next,
 };
@@ -88,6 +88,8 @@ struct World {
     bind: Option<Result<(), SecretProblem>>,
     /// Whether the credential cache shows the Secret serving the recorded instance.
     cached: bool,
+    /// Why the cache refuses an External Proxy's user Secret, if it does.
+    refused: Option<Refusal>,
     /// The answer of the running instance's credentials check.
     check: Option<Result<Serving, SecretProblem>>,
     /// Since when earlier passes found the instance without an address.
@@ -95,7 +97,7 @@ struct World {
     /// The reconciler's waits; the defaults when `None`.
     timings: Option<Timings>,
     /// Why an External Proxy's destination is refused, as the reconciler found.
-    refused: Option<String>,
+    destination_refused: Option<String>,
     /// The create budget had no room: the create is deferred, not made.
     deferred: Option<Deferral>,
 }
@@ -132,8 +134,9 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         configured_providers: &w.names,
         verdict: w.verdict,
         credentials_cached: w.cached,
+        credentials_refused: w.refused.clone(),
         address_missing_since: w.missing_since.clone(),
-        destination_refused: w.refused.clone(),
+        destination_refused: w.destination_refused.clone(),
         now: at(1000),
     };
     let mut facts = Facts::default();
@@ -894,8 +897,8 @@ fn an_external_proxy_at_an_internal_destination_is_failed_without_its_old_verdic
     let (_, _, before) = run(&p, &ready);
     p.status = Some(before.status);
     let w = World {
-        refused: Some("spec.endpoint.host names \"169.254.169.254\", a link-local address".into()),
-        ..ready
+        destination_refused: Some("spec.endpoint.host names \"169.254.169.254\", a link-local address".into()),
+        ..ready.clone()
     };
     let (actions, _, o) = run(&p, &w);
     assert!(actions.is_empty(), "nothing is dialled or called");
@@ -905,6 +908,72 @@ fn an_external_proxy_at_an_internal_destination_is_failed_without_its_old_verdic
     assert_eq!((status, reason), (ConditionStatus::False, reasons::DESTINATION_REFUSED));
     assert!(message.contains("169.254.169.254"), "{message}");
     assert_eq!(o.requeue, Requeue::Never);
+    // Allowlisted after a restart: the refusal goes, and the verdict counts again.
+    p.status = Some(o.status);
+    let (_, _, o) = run(&p, &ready);
+    assert_eq!(provisioned(&o), None, "External proxies have no Provisioned condition");
+    assert_eq!(o.status.phase, Some(Phase::Ready));
+}
+
+#[test]
+fn an_external_proxy_whose_secret_does_not_name_it_is_refused_until_it_does() {
+    let mut p = proxy();
+    p.spec = ProxySpec {
+        mode: Mode::External,
+        endpoint: Some(Endpoint {
+            host: "10.1.1.1".into(),
+            port: None,
+        }),
+        ..Default::default()
+    };
+    p.status = None;
+    let refusal = Refusal::NotNamed {
+        secret: "vendor".into(),
+        proxy: "p".into(),
+    };
+    // Even a passing probe (from before the refusal) does not make it Ready.
+    let passing = Some(Verdict {
+        healthy: true,
+        latency: std::time::Duration::from_millis(3),
+        auth_refused: false,
+    });
+    let w = World {
+        verdict: passing,
+        refused: Some(refusal.clone()),
+        ..world()
+    };
+    let (actions, _, o) = run(&p, &w);
+    assert!(actions.is_empty());
+    assert_eq!(
+        provisioned(&o),
+        Some((ConditionStatus::False, reasons::CREDENTIALS_ERROR.into()))
+    );
+    let message = &o
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Provisioned")
+        .unwrap()
+        .message;
+    assert_eq!(message, &refusal.to_string());
+    assert!(
+        message.contains("crawl.example.com/proxies") && message.contains("\"vendor\""),
+        "{message}"
+    );
+    assert_eq!((o.status.phase, healthy(&o)), (Some(Phase::Failed), None));
+    assert_eq!(o.requeue, Requeue::Never, "the Secret's change enqueues it");
+    // The Secret names it now: the refusal goes, and the verdict counts again.
+    p.status = Some(o.status);
+    let w = World {
+        verdict: passing,
+        ..world()
+    };
+    let (_, _, o) = run(&p, &w);
+    assert_eq!(provisioned(&o), None, "External proxies have no Provisioned condition");
+    assert_eq!(
+        (o.status.phase, healthy(&o)),
+        (Some(Phase::Ready), Some(ConditionStatus::True))
+    );
 }
 
 // ---- delete path ---------------------------------------------------------------------------

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use egress_api::{
-    ANNOTATION_CREDENTIALS_INSTANCE, Condition, ConditionStatus, Credentials, CredentialsSecretRef, CredentialsType,
-    Endpoint, LABEL_POOL, LABEL_POOL_ROLE, LABEL_PROXY_CREDENTIALS, Mode, PROXY_CREDENTIALS_GENERATED, Proxy,
-    ProxySpec, ProxyStatus,
+    ANNOTATION_CREDENTIALS_INSTANCE, ANNOTATION_CREDENTIALS_PROXIES, Condition, ConditionStatus, Credentials,
+    CredentialsSecretRef, CredentialsType, Endpoint, LABEL_POOL, LABEL_POOL_ROLE, LABEL_PROXY_CREDENTIALS, Mode,
+    PROXY_CREDENTIALS_GENERATED, Proxy, ProxySpec, ProxyStatus,
 };
 use egress_controller::credentials::{CredentialCache, secret_name};
 use egress_controller::discovery::{LiveDirectory, built};
@@ -59,6 +59,9 @@ enum SecretShape {
         /// Labelled as an operator-generated one (never handed to a user's Proxy).
         generated_label: bool,
         password: u8,
+        /// The Proxies it names (`crawl.example.com/proxies`): 0 no annotation, 1 every name
+        /// the shapes use, 2 two of them, 3 a list the operator refuses.
+        names: u8,
     },
 }
 
@@ -196,6 +199,7 @@ fn secret(s: &SecretShape) -> Secret {
             k,
             generated_label,
             password,
+            names,
         } => Secret {
             metadata: ObjectMeta {
                 name: Some(format!("vendor-{k}")),
@@ -209,6 +213,13 @@ fn secret(s: &SecretShape) -> Secret {
                     }
                     .to_owned(),
                 )])),
+                annotations: match names {
+                    0 => None,
+                    1 => Some("p0,p1,p2,p3,p4"),
+                    2 => Some(" p1 , p3 "),
+                    _ => Some("p1,Not_A_Name"),
+                }
+                .map(|v| BTreeMap::from([(ANNOTATION_CREDENTIALS_PROXIES.to_owned(), v.to_owned())])),
                 ..Default::default()
             },
             data: data("vendor", format!("secret-{password}"), true),
@@ -252,14 +263,15 @@ fn secret_shape() -> impl Strategy<Value = SecretShape> {
                 complete,
             }
         }),
-        (0..2usize, 0..2u8, prop::bool::weighted(0.2), 0..3u8).prop_map(|(ns, k, generated_label, password)| {
-            SecretShape::User {
+        (0..2usize, 0..2u8, prop::bool::weighted(0.2), 0..3u8, 0..4u8).prop_map(
+            |(ns, k, generated_label, password, names)| SecretShape::User {
                 ns,
                 k,
                 generated_label,
                 password,
+                names,
             }
-        }),
+        ),
     ]
 }
 

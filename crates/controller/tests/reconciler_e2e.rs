@@ -579,3 +579,115 @@ async fn a_restart_in_the_middle_of_a_create_makes_no_duplicate() {
     );
     assert_eq!(live_instances(&h2).await, 1);
 }
+
+/// The Provisioned condition's reason, once `name` has one.
+fn provisioned_reason(p: Option<&Proxy>) -> Option<String> {
+    p?.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Provisioned")
+        .map(|c| c.reason.clone())
+}
+
+/// Nothing but the credential cache drives these passes (no health event, an hour's drift
+/// poll, and an External Proxy is never requeued by itself): a change of the Secret's
+/// `crawl.example.com/proxies` annotation alone refuses the Proxy and accepts it again.
+#[tokio::test]
+async fn an_external_proxy_follows_its_credentials_secrets_annotation_alone() {
+    use k8s_openapi::api::core::v1::Secret;
+    let server = TestServer::builder()
+        .custom_resource::<Proxy>()
+        .namespace(NS)
+        .start()
+        .await
+        .unwrap();
+    let client = server.client().unwrap();
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let backend = MemoryBackend::new();
+    let (credentials, keep_credentials) =
+        egress_controller::credentials::credential_cache(client.clone(), None, shutdown.clone());
+    tokio::spawn(keep_credentials);
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            common::memory_providers_with_budget(&[("mem", &backend)], CALL_BUDGET),
+            Arc::new(ScriptedHealth::default()),
+            event_driven(),
+            None,
+            shutdown.clone(),
+        )
+        .with_credentials(credentials),
+    );
+    // Kept open and silent: no health event ever comes.
+    let (_silent, health_events) = futures::channel::mpsc::unbounded::<ObjectRef<Proxy>>();
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
+    tokio::spawn(keep_cache);
+    tokio::spawn(controller(
+        ctx,
+        ControllerConfig::default(),
+        cache,
+        health_events,
+        shutdown.clone(),
+    ));
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let naming = |proxies: &str| {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": "vendor",
+                "labels": {egress_api::LABEL_PROXY_CREDENTIALS: "true"},
+                "annotations": {egress_api::ANNOTATION_CREDENTIALS_PROXIES: proxies},
+            },
+            "stringData": {"username": "u", "password": "SENTINEL-pw"},
+        })
+    };
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(naming("team-b")).unwrap(),
+        )
+        .await
+        .unwrap();
+    let external: Proxy = serde_json::from_value(json!({
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": "ext", "namespace": NS},
+        "spec": {
+            "mode": "External",
+            "endpoint": {"host": "vendor.example", "port": 8080},
+            "credentials": {"type": "Secret", "secretRef": {"name": "vendor"}},
+        },
+    }))
+    .unwrap();
+    let api: Api<Proxy> = Api::namespaced(client, NS);
+    api.create(&PostParams::default(), &external).await.unwrap();
+    let wait = |what: &'static str, cond: fn(Option<String>) -> bool| {
+        let api = api.clone();
+        async move {
+            tokio::time::timeout(
+                LIVENESS,
+                await_condition(api, "ext", move |p: Option<&Proxy>| cond(provisioned_reason(p))),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("ext not {what}"))
+            .unwrap();
+        }
+    };
+    let refused = |r: Option<String>| r.as_deref() == Some(egress_api::reasons::CREDENTIALS_ERROR);
+    wait("refused", refused).await;
+    let patch = |proxies: &str| Patch::Merge(naming(proxies));
+    secrets
+        .patch("vendor", &PatchParams::default(), &patch("team-b, ext"))
+        .await
+        .unwrap();
+    wait("accepted", |r| r.is_none()).await;
+    secrets
+        .patch("vendor", &PatchParams::default(), &patch("team-b"))
+        .await
+        .unwrap();
+    wait("refused again", refused).await;
+}
