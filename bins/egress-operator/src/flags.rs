@@ -59,6 +59,9 @@ pub struct Options {
     /// `--allowed-internal-destinations`: hosts, addresses or ranges External Proxies may point
     /// at although internal (tests and development setups on 127.0.0.1).
     pub allowed_internal_destinations: Vec<String>,
+    /// `--external-proxy-namespaces`: where External Proxies are accepted; empty: the
+    /// operator's own namespace; `["*"]`: every namespace it serves.
+    pub external_proxy_namespaces: Vec<String>,
     pub discovery_addr: String,
     /// `--discovery-auth`: bearer tokens (the default) or none.
     pub discovery_auth: DiscoveryAuth,
@@ -116,6 +119,7 @@ impl Default for Options {
             installation_id: String::new(),
             cluster_cidrs: Vec::new(),
             allowed_internal_destinations: Vec::new(),
+            external_proxy_namespaces: Vec::new(),
             discovery_addr: ":8090".into(),
             discovery_auth: DiscoveryAuth::Token,
             discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
@@ -279,6 +283,12 @@ const FLAGS: &[Flag] = &[
         kind: Kind::Text,
         default: "",
         usage: "Hosts, addresses or ranges, comma-separated, that External Proxies may point at although internal (127.0.0.1 for proxies on this machine in development).",
+    },
+    Flag {
+        name: "external-proxy-namespaces",
+        kind: Kind::Text,
+        default: "",
+        usage: "Namespaces, comma-separated (at most 32), where External Proxies are accepted; empty: the operator's own namespace; *: every namespace it serves.",
     },
     Flag {
         name: "discovery-addr",
@@ -557,6 +567,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         "installation-id" => o.installation_id = installation_id(value)?,
         "cluster-cidrs" => o.cluster_cidrs = cluster_cidrs(value)?,
         "allowed-internal-destinations" => o.allowed_internal_destinations = allowed_destinations(value)?,
+        "external-proxy-namespaces" => o.external_proxy_namespaces = external_namespaces(value)?,
         "discovery-addr" => o.discovery_addr = value.into(),
         "discovery-auth" => {
             o.discovery_auth = match value {
@@ -673,6 +684,32 @@ fn allowed_destinations(value: &str) -> Result<Vec<String>, String> {
         }
     }
     Ok(items)
+}
+
+/// At most this many namespaces in `--external-proxy-namespaces`.
+const MAX_EXTERNAL_NAMESPACES: usize = 32;
+
+fn external_namespaces(value: &str) -> Result<Vec<String>, String> {
+    let names = list(value);
+    if names == ["*"] {
+        return Ok(names);
+    }
+    if names.len() > MAX_EXTERNAL_NAMESPACES {
+        return Err(format!("at most {MAX_EXTERNAL_NAMESPACES} namespaces"));
+    }
+    let label = |n: &str| {
+        n.len() <= 63
+            && n.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+            && !n.starts_with('-')
+            && !n.ends_with('-')
+    };
+    match names.iter().find(|n| !label(n)) {
+        Some(bad) => Err(format!(
+            "{bad:?} is not a namespace name (or * alone, for every namespace)"
+        )),
+        None => Ok(names),
+    }
 }
 
 fn positive(d: Duration) -> Result<Duration, String> {
@@ -832,6 +869,26 @@ mod tests {
         for (args, message) in cases {
             let err = parse(args.iter().copied()).expect_err(message);
             assert_eq!(err.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn external_proxy_namespaces_are_names_or_a_lone_star() {
+        let Ok(Command::Run(o)) = parse(["--external-proxy-namespaces=crawlers, team-b"]) else {
+            panic!("refused");
+        };
+        assert_eq!(o.external_proxy_namespaces, ["crawlers", "team-b"]);
+        let Ok(Command::Run(o)) = parse(["--external-proxy-namespaces=*"]) else {
+            panic!("refused");
+        };
+        assert_eq!(o.external_proxy_namespaces, ["*"]);
+        let many: Vec<String> = (0..33).map(|i| format!("ns{i}")).collect();
+        for bad in [
+            "--external-proxy-namespaces=*,crawlers".to_owned(),
+            "--external-proxy-namespaces=Crawlers".to_owned(),
+            format!("--external-proxy-namespaces={}", many.join(",")),
+        ] {
+            assert!(parse([bad.as_str()]).is_err(), "{bad}");
         }
     }
 

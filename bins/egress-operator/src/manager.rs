@@ -404,11 +404,7 @@ fn start_leader_tasks(
         shutdown.clone(),
     ));
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
-    // Both lists were checked as the flags were read.
-    let destinations = Arc::new(
-        egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
-            .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?,
-    );
+    let external = Arc::new(external_rules(options, &client)?);
     let work = shutdown.child_token();
     let mut fetched_target = None;
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
@@ -418,7 +414,7 @@ fn start_leader_tasks(
                 cache: cache.clone(),
                 default_url: options.health_check_url.clone(),
                 credentials: credentials.clone(),
-                destinations: destinations.clone(),
+                external: external.clone(),
             };
             let (verdicts, events, engine) =
                 start_health_engine(options, roots, source, health_metrics, &probe_target, &mut tasks, &work)?;
@@ -440,7 +436,7 @@ fn start_leader_tasks(
             work.clone(),
         )
         .with_credentials(credentials)
-        .with_destinations(destinations)
+        .with_external_rules(external)
         .with_metrics(reconcile_metrics)
         .with_create_budgets(create_budgets),
     );
@@ -582,6 +578,27 @@ async fn supervise(
             }
         }
     }
+}
+
+/// Where External Proxies are accepted (by default only in the operator's own namespace) and
+/// what they may not point at.
+fn external_rules(
+    options: &Options,
+    client: &kube::Client,
+) -> Result<egress_controller::destinations::ExternalRules, Fatal> {
+    use egress_controller::destinations::{ExternalNamespaces, ExternalRules};
+    // Both lists were checked as the flags were read.
+    let guard = egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
+        .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?;
+    let namespaces = match options.external_proxy_namespaces.as_slice() {
+        [all] if all == "*" => ExternalNamespaces::All,
+        [] => ExternalNamespaces::Only([own_namespace(client)].into()),
+        names => ExternalNamespaces::Only(names.iter().cloned().collect()),
+    };
+    Ok(ExternalRules {
+        namespaces,
+        guard: Arc::new(guard),
+    })
 }
 
 /// The namespace the leader Lease lives in: the pod's own (downward API or service account), or

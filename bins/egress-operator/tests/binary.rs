@@ -76,6 +76,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
             "--discovery-addr=127.0.0.1:0",
             "--zap-time-encoding=rfc3339",
             &format!("--allowed-internal-destinations={}", common::LOCAL_DESTINATIONS),
+            "--external-proxy-namespaces=default",
         ],
         &[
             ("KUBECONFIG", kubeconfig.as_str()),

@@ -2,7 +2,8 @@
 //! `Provisioned=False/DestinationRefused`, phase `Failed` and a Warning event, nothing is
 //! dialled (a listener at the loopback one sees no connection; the others are never reached
 //! because the check comes before any dial), and none is offered for a lease. Named in
-//! `--allowed-internal-destinations`, the loopback one is probed as usual.
+//! `--allowed-internal-destinations`, the loopback one is probed as usual. An External Proxy
+//! outside `--external-proxy-namespaces` is refused alike (`ExternalNotAllowed`).
 
 mod common;
 
@@ -56,6 +57,22 @@ async fn external_proxies_at_internal_destinations_are_refused_and_never_dialled
             .await
             .unwrap();
     }
+    // A public proxy, but in a namespace where External Proxies are not accepted.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(cluster.server.client().unwrap());
+    let mut team_b = k8s_openapi::api::core::v1::Namespace::default();
+    team_b.metadata.name = Some("team-b".into());
+    namespaces.create(&PostParams::default(), &team_b).await.unwrap();
+    let elsewhere: Api<Proxy> = Api::namespaced(cluster.server.client().unwrap(), "team-b");
+    let vendor = external_at("proxy.vendor.example", 3128);
+    elsewhere
+        .create(&PostParams::default(), &Proxy::new("vendor", vendor))
+        .await
+        .unwrap();
+    let p = wait_for_proxy(&elsewhere, "vendor", "refused", PATIENCE, |p| {
+        refused_reason(p).is_some()
+    })
+    .await;
+    assert_eq!(refused_reason(&p).as_deref(), Some(reasons::EXTERNAL_NOT_ALLOWED));
     for (name, _) in &proxies {
         let p = wait_for_proxy(&api, name, "refused", PATIENCE, |p| refused_reason(p).is_some()).await;
         assert_eq!(
@@ -87,7 +104,7 @@ async fn external_proxies_at_internal_destinations_are_refused_and_never_dialled
     );
     let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
     let unhealthy = answer["unhealthy"].as_u64();
-    assert_eq!((status, unhealthy), (409, Some(proxies.len() as u64)), "{answer}");
+    assert_eq!((status, unhealthy), (409, Some(proxies.len() as u64 + 1)), "{answer}");
     // Had the operator dialled the loopback proxy, its connection would be waiting first.
     let ours = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
         .await

@@ -109,6 +109,9 @@ pub mod reasons {
     /// URL): nothing is dialled, and it is not offered. Not latched: an allowlist given after a
     /// restart accepts it.
     pub const DESTINATION_REFUSED: &str = "DestinationRefused";
+    /// An External Proxy in a namespace where External Proxies are not accepted
+    /// (`--external-proxy-namespaces`): nothing is dialled, and it is not offered.
+    pub const EXTERNAL_NOT_ALLOWED: &str = "ExternalNotAllowed";
     pub const ALL_TARGETS_READY: &str = "AllTargetsReady";
     pub const TARGETS_NOT_READY: &str = "TargetsNotReady";
     pub const CHECKS_NOT_IMPLEMENTED: &str = "ChecksNotImplemented";

@@ -107,9 +107,9 @@ pub struct Input<'a> {
     /// Since when the passes before this one have found the Proxy's instance without an
     /// address (kept in memory by the reconciler); `None` when the last one found it with one.
     pub address_missing_since: Option<Time>,
-    /// Why an External Proxy's endpoint or health-check URL is refused as an internal
-    /// destination ([`crate::destinations::refusal`]); `None` when it is not.
-    pub destination_refused: Option<String>,
+    /// Why an External Proxy is refused: its namespace, or an internal destination
+    /// ([`crate::destinations::ExternalRules::refusal`]); `None` when it is not.
+    pub external_refused: Option<crate::destinations::Refused>,
     pub now: Time,
 }
 
@@ -491,13 +491,13 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
         return outcome(input, status, InstanceView::Unobserved, Requeue::Never);
     };
     status.ip = endpoint.host.clone();
-    // Refused for where it points, or for whose credentials it uses: neither probed nor leased,
+    // Refused for where it is or points, or for whose credentials it uses: neither probed nor leased,
     // so no verdict stands, not even the last one. A change of the flags (after a restart) or
     // of the Secret (it enqueues the Proxy) lifts it.
     let refusal = input
-        .destination_refused
+        .external_refused
         .as_ref()
-        .map(|m| (reasons::DESTINATION_REFUSED, m.clone()))
+        .map(|r| (r.reason(), r.message().to_owned()))
         .or_else(|| {
             input
                 .credentials_refused
@@ -516,7 +516,12 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
     }
     let refused_before = status.conditions.iter().any(|c| {
         c.type_ == conditions::PROVISIONED
-            && (c.reason == reasons::CREDENTIALS_ERROR || c.reason == reasons::DESTINATION_REFUSED)
+            && [
+                reasons::CREDENTIALS_ERROR,
+                reasons::DESTINATION_REFUSED,
+                reasons::EXTERNAL_NOT_ALLOWED,
+            ]
+            .contains(&c.reason.as_str())
     });
     if refused_before {
         // Accepted now: back to what an External Proxy shows.

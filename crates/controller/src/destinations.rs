@@ -2,8 +2,72 @@
 //! internal destinations (the one list in `egress-netguard`), or the manager would dial, and
 //! report on, any address its own network position reaches.
 
-use egress_api::{Mode, ProxySpec};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use egress_api::{Mode, Proxy, ProxySpec, reasons};
 use egress_netguard::Guard;
+use kube::ResourceExt;
+
+/// The namespaces whose External Proxies are accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ExternalNamespaces {
+    /// Every namespace the operator serves.
+    #[default]
+    All,
+    Only(BTreeSet<String>),
+}
+
+/// Why an External Proxy is refused: its reason and message, for its condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// It is in a namespace where External Proxies are not accepted.
+    Namespace(String),
+    /// It points at an internal destination.
+    Destination(String),
+}
+
+impl Refused {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Namespace(_) => reasons::EXTERNAL_NOT_ALLOWED,
+            Self::Destination(_) => reasons::DESTINATION_REFUSED,
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Namespace(m) | Self::Destination(m) => m,
+        }
+    }
+}
+
+/// What External Proxies must keep to: where they may be, and what they may not point at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExternalRules {
+    pub namespaces: ExternalNamespaces,
+    pub guard: Arc<Guard>,
+}
+
+impl ExternalRules {
+    /// Why `proxy` is refused; `None` when it is accepted, or not External.
+    pub fn refusal(&self, proxy: &Proxy) -> Option<Refused> {
+        if proxy.spec.mode != Mode::External {
+            return None;
+        }
+        if let ExternalNamespaces::Only(allowed) = &self.namespaces {
+            let namespace = proxy.namespace().unwrap_or_default();
+            if !allowed.contains(&namespace) {
+                let listed: Vec<&str> = allowed.iter().map(String::as_str).collect();
+                return Some(Refused::Namespace(format!(
+                    "External Proxies are accepted only in {} (--external-proxy-namespaces), not in {namespace}",
+                    listed.join(", ")
+                )));
+            }
+        }
+        refusal(&proxy.spec, &self.guard).map(Refused::Destination)
+    }
+}
 
 /// Why the External Proxy with `spec` is refused, for its condition; `None` when it may be
 /// dialled, or when it is not External. Names are judged as written; what a name resolves to is
@@ -72,6 +136,38 @@ mod tests {
             assert!(message.starts_with(field), "{message}");
             assert!(message.contains("--allowed-internal-destinations"), "{message}");
         }
+    }
+
+    #[test]
+    fn external_proxies_are_accepted_only_in_the_namespaces_named() {
+        let rules = ExternalRules {
+            namespaces: ExternalNamespaces::Only(["crawlers".to_owned()].into()),
+            ..Default::default()
+        };
+        let in_ns = |ns: &str, spec: ProxySpec| {
+            let mut p = Proxy::new("p", spec);
+            p.metadata.namespace = Some(ns.into());
+            p
+        };
+        let public = external("proxy.vendor.example", None);
+        assert_eq!(rules.refusal(&in_ns("crawlers", public.clone())), None);
+        let elsewhere = rules.refusal(&in_ns("team-b", public.clone())).expect("refused");
+        assert_eq!(elsewhere.reason(), reasons::EXTERNAL_NOT_ALLOWED);
+        assert!(elsewhere.message().contains("crawlers") && elsewhere.message().contains("team-b"));
+        let inside = rules
+            .refusal(&in_ns("crawlers", external("10.0.0.1", None)))
+            .expect("refused");
+        assert_eq!(inside.reason(), reasons::DESTINATION_REFUSED);
+        let managed = ProxySpec {
+            mode: Mode::Managed,
+            ..public
+        };
+        assert_eq!(rules.refusal(&in_ns("team-b", managed)), None);
+        let all = ExternalRules::default();
+        assert_eq!(
+            all.refusal(&in_ns("team-b", external("proxy.vendor.example", None))),
+            None
+        );
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub fn derive(
             r if r == reasons::DESTINATION_REFUSED => {
                 events.push(warning("DestinationRefused", message.to_string()));
             }
+            r if r == reasons::EXTERNAL_NOT_ALLOWED => {
+                events.push(warning("ExternalNotAllowed", message.to_string()));
+            }
             r if r == reasons::PROVIDER_NOT_CONFIGURED => {
                 events.push(warning("ProviderNotConfigured", message.to_string()));
             }

@@ -32,8 +32,9 @@ pub struct CachedProxies {
     pub default_url: String,
     /// Where the credentials of Proxies that have them are read.
     pub credentials: crate::credentials::CredentialCache,
-    /// The internal destinations External Proxies may not point at, nor resolve to.
-    pub destinations: std::sync::Arc<egress_netguard::Guard>,
+    /// Where External Proxies are accepted, and the internal destinations they may not point
+    /// at nor resolve to.
+    pub external: std::sync::Arc<crate::destinations::ExternalRules>,
 }
 
 impl std::fmt::Debug for CachedProxies {
@@ -103,17 +104,17 @@ pub fn view(proxy: &Proxy, default_url: &str, credentials: Lookup) -> Option<Pro
     })
 }
 
-/// `view` of an External Proxy within `guard`: pruned (nothing dialled) when its endpoint or
-/// health-check URL is internal, else probed with the guard, so that a name resolving to an
-/// internal address is refused at the dial. Managed Proxies live on internal addresses by design.
-pub fn guarded(proxy: &Proxy, mut view: ProxyView, guard: &std::sync::Arc<egress_netguard::Guard>) -> ProxyView {
+/// `view` of an External Proxy within `rules`: pruned (nothing dialled) when it is refused, else
+/// probed with the guard, so that a name resolving to an internal address is refused at the
+/// dial. Managed Proxies live on internal addresses by design.
+pub fn guarded(proxy: &Proxy, mut view: ProxyView, rules: &crate::destinations::ExternalRules) -> ProxyView {
     if proxy.spec.mode != Mode::External {
         return view;
     }
-    if crate::destinations::refusal(&proxy.spec, guard).is_some() {
+    if rules.refusal(proxy).is_some() {
         view.host.clear();
     } else {
-        view.settings.destinations = Some(guard.clone());
+        view.settings.destinations = Some(rules.guard.clone());
     }
     view
 }
@@ -126,7 +127,7 @@ impl ProxySource for CachedProxies {
             .iter()
             .filter_map(|p| {
                 let v = view(p, &self.default_url, self.credentials.lookup(p))?;
-                Some(guarded(p, v, &self.destinations))
+                Some(guarded(p, v, &self.external))
             })
             .collect()
     }
@@ -204,7 +205,8 @@ mod tests {
 
     #[test]
     fn an_external_proxy_pointing_inside_is_pruned_and_others_carry_the_guard() {
-        let guard = std::sync::Arc::new(egress_netguard::Guard::default());
+        let rules = crate::destinations::ExternalRules::default();
+        let guard = rules.guard.clone();
         let mut external = proxy(Mode::External);
         let at = |host: &str| {
             Some(Endpoint {
@@ -213,10 +215,10 @@ mod tests {
             })
         };
         external.spec.endpoint = at("169.254.169.254");
-        let v = guarded(&external, view(&external, "u", Lookup::NotNeeded).unwrap(), &guard);
+        let v = guarded(&external, view(&external, "u", Lookup::NotNeeded).unwrap(), &rules);
         assert_eq!((v.host.as_str(), v.settings.destinations), ("", None), "pruned");
         external.spec.endpoint = at("proxy.example");
-        let v = guarded(&external, view(&external, "u", Lookup::NotNeeded).unwrap(), &guard);
+        let v = guarded(&external, view(&external, "u", Lookup::NotNeeded).unwrap(), &rules);
         assert_eq!(
             (v.host.as_str(), v.settings.destinations),
             ("proxy.example", Some(guard.clone()))
@@ -227,7 +229,7 @@ mod tests {
             ip: "10.0.0.5".into(),
             ..Default::default()
         });
-        let v = guarded(&managed, view(&managed, "u", Lookup::NotNeeded).unwrap(), &guard);
+        let v = guarded(&managed, view(&managed, "u", Lookup::NotNeeded).unwrap(), &rules);
         assert_eq!((v.host.as_str(), v.settings.destinations), ("10.0.0.5", None));
     }
 

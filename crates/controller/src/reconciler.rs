@@ -91,8 +91,8 @@ pub struct Context {
     pub credentials: Option<crate::credentials::CredentialCache>,
     /// Each provider entry's create budget, asked before every create.
     pub create_budgets: CreateBudgets,
-    /// The internal destinations External Proxies may not point at.
-    pub destinations: Arc<egress_netguard::Guard>,
+    /// Where External Proxies are accepted and what they may not point at.
+    pub external: Arc<crate::destinations::ExternalRules>,
     /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
     instance: String,
     /// The configured entries' names, in config order.
@@ -133,7 +133,7 @@ impl Context {
             shutdown,
             credentials: None,
             create_budgets,
-            destinations: Arc::default(),
+            external: Arc::default(),
             metrics: ReconcileMetrics::new(ControllerConfig::default().concurrency),
             instance,
             failures: Mutex::default(),
@@ -156,11 +156,11 @@ impl Context {
         self
     }
 
-    /// Refuses External Proxies that point at what `guard` calls internal (`new` refuses every
-    /// internal destination, with no allowlist and no cluster ranges).
+    /// Refuses External Proxies outside `rules` (`new` accepts them in every namespace and
+    /// refuses every internal destination, with no allowlist and no cluster ranges).
     #[must_use]
-    pub fn with_destinations(mut self, guard: Arc<egress_netguard::Guard>) -> Self {
-        self.destinations = guard;
+    pub fn with_external_rules(mut self, rules: Arc<crate::destinations::ExternalRules>) -> Self {
+        self.external = rules;
         self
     }
 
@@ -464,7 +464,7 @@ async fn run_pass(
             _ => None,
         },
         address_missing_since: ctx.address_missing_since(&uid),
-        destination_refused: crate::destinations::refusal(&proxy.spec, &ctx.destinations),
+        external_refused: ctx.external.refusal(proxy),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let mut pass = Pass {

@@ -96,8 +96,8 @@ struct World {
     missing_since: Option<Time>,
     /// The reconciler's waits; the defaults when `None`.
     timings: Option<Timings>,
-    /// Why an External Proxy's destination is refused, as the reconciler found.
-    destination_refused: Option<String>,
+    /// Why an External Proxy is refused (namespace or destination), as the reconciler found.
+    external_refused: Option<egress_controller::destinations::Refused>,
     /// The create budget had no room: the create is deferred, not made.
     deferred: Option<Deferral>,
 }
@@ -136,7 +136,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         credentials_cached: w.cached,
         credentials_refused: w.refused.clone(),
         address_missing_since: w.missing_since.clone(),
-        destination_refused: w.destination_refused.clone(),
+        external_refused: w.external_refused.clone(),
         now: at(1000),
     };
     let mut facts = Facts::default();
@@ -897,7 +897,9 @@ fn an_external_proxy_at_an_internal_destination_is_failed_without_its_old_verdic
     let (_, _, before) = run(&p, &ready);
     p.status = Some(before.status);
     let w = World {
-        destination_refused: Some("spec.endpoint.host names \"169.254.169.254\", a link-local address".into()),
+        external_refused: Some(egress_controller::destinations::Refused::Destination(
+            "spec.endpoint.host names \"169.254.169.254\", a link-local address".into(),
+        )),
         ..ready.clone()
     };
     let (actions, _, o) = run(&p, &w);

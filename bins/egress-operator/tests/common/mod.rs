@@ -89,8 +89,9 @@ pub fn start_probing(
         "--health-probe-bind-address=0".to_owned(),
         "--zap-encoder=json".to_owned(),
         "--discovery-addr=127.0.0.1:0".to_owned(),
-        // The tests' proxies and targets listen on this machine.
+        // The tests' proxies and targets listen on this machine; their Proxies are in `default`.
         format!("--allowed-internal-destinations={LOCAL_DESTINATIONS}"),
+        "--external-proxy-namespaces=default".to_owned(),
     ];
     flags.extend(extra_flags.iter().map(|f| (*f).to_owned()));
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
