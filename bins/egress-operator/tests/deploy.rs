@@ -522,6 +522,10 @@ fn the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace()
     let deployment = namespaced.iter().find(|v| v["kind"] == "Deployment").unwrap();
     let args = strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(args.contains(&"--proxy-namespace=crawlers".to_owned()), "{args:?}");
+    assert!(
+        args.contains(&"--external-proxy-namespaces=crawlers".to_owned()),
+        "{args:?}"
+    );
     let config_map = namespaced.iter().find(|v| v["kind"] == "ConfigMap").unwrap();
     let config = load(config_map["data"]["providers.yaml"].as_str().unwrap());
     let kubernetes = config.providers.iter().find(|p| p.type_name == "kubernetes").unwrap();

@@ -491,9 +491,9 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
         return outcome(input, status, InstanceView::Unobserved, Requeue::Never);
     };
     status.ip = endpoint.host.clone();
-    // Refused for where it is or points, or for whose credentials it uses: neither probed nor leased,
-    // so no verdict stands, not even the last one. A change of the flags (after a restart) or
-    // of the Secret (it enqueues the Proxy) lifts it.
+    // Refused for where it is or points, or for whose credentials it uses: neither probed nor
+    // leased, so no verdict stands, not even the last one. A change of the flags (after a
+    // restart) or of the Secret (it enqueues the Proxy) lifts it.
     let refusal = input
         .external_refused
         .as_ref()
