@@ -125,10 +125,13 @@ pub(crate) fn run_counting(cmd: &mut Command) -> Result<(ExitStatus, Counts)> {
     let stderr = child.stderr.take().context("cargo's stderr")?;
     // stderr carries cargo's own lines (compiling, `Running`, the rerun hints); each stream is
     // forwarded on a thread of its own so neither can fill up and stall the other.
+    // A line that cannot be written (a full disk under a redirected stream) is dropped, not
+    // fatal: `eprintln!` would panic the thread and lose the counts.
     let errors = std::thread::spawn(move || {
         let mut reading = Reading::default();
+        let mut err = std::io::stderr();
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
+            let _ = writeln!(err, "{line}");
             reading.take(&line);
         }
         reading
