@@ -44,7 +44,9 @@ pub struct Options {
     /// A kubeconfig file to reach the API server with; empty: as kube infers it (`KUBECONFIG`
     /// or `~/.kube/config`, else the in-cluster service account).
     pub kubeconfig: String,
-    pub proxy_namespace: String,
+    /// `--proxy-namespace`: the namespaces served; empty: the operator's own; `["*"]`: every
+    /// namespace.
+    pub proxy_namespaces: Vec<String>,
     pub provider_check_interval: Duration,
     pub provider_check_timeout: Duration,
     pub gc_interval: Duration,
@@ -110,7 +112,7 @@ impl Default for Options {
             leader_elect: false,
             providers_config: String::new(),
             kubeconfig: String::new(),
-            proxy_namespace: String::new(),
+            proxy_namespaces: Vec::new(),
             provider_check_interval: Duration::from_secs(60),
             provider_check_timeout: Duration::ZERO,
             gc_interval: Duration::from_secs(600),
@@ -234,7 +236,7 @@ const FLAGS: &[Flag] = &[
         name: "proxy-namespace",
         kind: Kind::Text,
         default: "",
-        usage: "Watch Proxies and cloud-init Secrets in this namespace only; empty watches all.",
+        usage: "Namespaces, comma-separated (at most 32), whose Proxies and pools the operator serves; empty: its own namespace; *: every namespace (needs deploy/cluster-wide's grants).",
     },
     Flag {
         name: "provider-check-interval",
@@ -544,7 +546,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         "leader-elect" => o.leader_elect = parse_bool(value)?,
         "providers-config" => o.providers_config = value.into(),
         "kubeconfig" => o.kubeconfig = value.into(),
-        "proxy-namespace" => o.proxy_namespace = value.into(),
+        "proxy-namespace" => o.proxy_namespaces = namespaces(value)?,
         "provider-check-interval" => o.provider_check_interval = parse_duration(value)?,
         "provider-check-timeout" => o.provider_check_timeout = parse_duration(value)?,
         "gc-interval" => {
@@ -567,7 +569,7 @@ fn set(o: &mut Options, flag: &Flag, value: &str) -> Result<(), String> {
         "installation-id" => o.installation_id = installation_id(value)?,
         "cluster-cidrs" => o.cluster_cidrs = cluster_cidrs(value)?,
         "allowed-internal-destinations" => o.allowed_internal_destinations = allowed_destinations(value)?,
-        "external-proxy-namespaces" => o.external_proxy_namespaces = external_namespaces(value)?,
+        "external-proxy-namespaces" => o.external_proxy_namespaces = namespaces(value)?,
         "discovery-addr" => o.discovery_addr = value.into(),
         "discovery-auth" => {
             o.discovery_auth = match value {
@@ -686,16 +688,15 @@ fn allowed_destinations(value: &str) -> Result<Vec<String>, String> {
     Ok(items)
 }
 
-/// At most this many namespaces in `--external-proxy-namespaces`.
-const MAX_EXTERNAL_NAMESPACES: usize = 32;
-
-fn external_namespaces(value: &str) -> Result<Vec<String>, String> {
+/// A list of namespaces (`--proxy-namespace`, `--external-proxy-namespaces`): names, or `*`
+/// alone for every namespace.
+fn namespaces(value: &str) -> Result<Vec<String>, String> {
     let names = list(value);
     if names == ["*"] {
         return Ok(names);
     }
-    if names.len() > MAX_EXTERNAL_NAMESPACES {
-        return Err(format!("at most {MAX_EXTERNAL_NAMESPACES} namespaces"));
+    if names.len() > egress_api::served::MAX_NAMESPACES {
+        return Err(format!("at most {} namespaces", egress_api::served::MAX_NAMESPACES));
     }
     let label = |n: &str| {
         n.len() <= 63
@@ -873,22 +874,28 @@ mod tests {
     }
 
     #[test]
-    fn external_proxy_namespaces_are_names_or_a_lone_star() {
-        let Ok(Command::Run(o)) = parse(["--external-proxy-namespaces=crawlers, team-b"]) else {
-            panic!("refused");
+    fn namespace_lists_are_names_or_a_lone_star() {
+        let pick = |o: &Options, flag: &str| match flag {
+            "proxy-namespace" => o.proxy_namespaces.clone(),
+            _ => o.external_proxy_namespaces.clone(),
         };
-        assert_eq!(o.external_proxy_namespaces, ["crawlers", "team-b"]);
-        let Ok(Command::Run(o)) = parse(["--external-proxy-namespaces=*"]) else {
-            panic!("refused");
-        };
-        assert_eq!(o.external_proxy_namespaces, ["*"]);
-        let many: Vec<String> = (0..33).map(|i| format!("ns{i}")).collect();
-        for bad in [
-            "--external-proxy-namespaces=*,crawlers".to_owned(),
-            "--external-proxy-namespaces=Crawlers".to_owned(),
-            format!("--external-proxy-namespaces={}", many.join(",")),
-        ] {
-            assert!(parse([bad.as_str()]).is_err(), "{bad}");
+        for flag in ["proxy-namespace", "external-proxy-namespaces"] {
+            let Ok(Command::Run(o)) = parse([format!("--{flag}=crawlers, team-b").as_str()]) else {
+                panic!("refused");
+            };
+            assert_eq!(pick(&o, flag), ["crawlers", "team-b"]);
+            let Ok(Command::Run(o)) = parse([format!("--{flag}=*").as_str()]) else {
+                panic!("refused");
+            };
+            assert_eq!(pick(&o, flag), ["*"]);
+            let Ok(Command::Run(o)) = parse([format!("--{flag}=").as_str()]) else {
+                panic!("refused");
+            };
+            assert!(pick(&o, flag).is_empty(), "empty: the default");
+            let many: Vec<String> = (0..33).map(|i| format!("ns{i}")).collect();
+            for bad in ["*,crawlers".to_owned(), "Crawlers".to_owned(), many.join(",")] {
+                assert!(parse([format!("--{flag}={bad}").as_str()]).is_err(), "{flag}={bad}");
+            }
         }
     }
 

@@ -49,10 +49,12 @@ const STOP_BUDGET: Duration = Duration::from_secs(5);
 const FLUSH_BUDGET: Duration = Duration::from_secs(10);
 
 /// Flags the composition root defines for provider types, handed to the registry builder.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProviderFlags {
     /// `--gcp-wire-log-full-payloads`.
     pub gcp_wire_log_full_payloads: bool,
+    /// The namespaces the operator serves (`--proxy-namespace`, resolved); `None`: every one.
+    pub proxy_namespaces: Option<Vec<String>>,
 }
 
 /// Builds the registry of provider types once the command line is parsed.
@@ -238,16 +240,20 @@ struct Fatal {
 /// The API client, its requests counted as client-go counted them: from `--kubeconfig` when
 /// given (the Go operator's flag, from controller-runtime), else as kube infers it
 /// (`KUBECONFIG`, `~/.kube/config`, in-cluster).
+/// The client settings `--kubeconfig` (or, empty, kube's inference) gives. Contacts nothing.
+async fn kube_config(kubeconfig: &str) -> Result<kube::Config, String> {
+    if kubeconfig.is_empty() {
+        return kube::Config::infer().await.map_err(|e| e.to_string());
+    }
+    let file =
+        kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?;
+    kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))
+}
+
 async fn kube_client(kubeconfig: &str) -> Result<(kube::Client, rest_metrics::RestClientMetrics), String> {
-    let config = if kubeconfig.is_empty() {
-        kube::Config::infer().await.map_err(|e| e.to_string())?
-    } else {
-        let file =
-            kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?;
-        kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| format!("--kubeconfig {kubeconfig}: {e}"))?
-    };
+    let config = kube_config(kubeconfig).await?;
     let host = config
         .cluster_url
         .authority()

@@ -9,7 +9,9 @@ fn main() -> ExitCode {
             // The order is the one the loader names keys and blocks in its messages
             // (`expected one of ...`, `a <block> block is set`), as the Go operator's did.
             egress_provider::Registry::new()
-                .with(egress_provider_kubernetes::provider_type())
+                .with(egress_provider_kubernetes::provider_type_serving(
+                    flags.proxy_namespaces.clone(),
+                ))
                 .with(egress_provider_gcp::provider_type(egress_provider_gcp::WireOptions {
                     full_payloads: flags.gcp_wire_log_full_payloads,
                 }))

@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egress_api::served::Namespaces;
 use egress_controller::create_budget::{CreateBudgets, SystemClock};
 use egress_controller::credentials::CredentialCache;
 use egress_controller::decide::Timings;
@@ -49,14 +50,27 @@ pub(crate) async fn operate(
         health,
         notice,
     } = extensions;
+    // Where the operator runs (contacts nothing), and so which namespaces it serves.
+    let own_namespace = own_namespace(&options.kubeconfig).await;
+    let served = served_namespaces(&options, &own_namespace);
     let registry = registry(&ProviderFlags {
         gcp_wire_log_full_payloads: options.gcp_wire_log_full_payloads,
+        proxy_namespaces: served.names().map(|n| n.iter().cloned().collect()),
     });
     let loaded = load_providers(&options, &registry, &health)?;
     if let Some(notice) = notice {
         tracing::warn!("{notice}");
     }
-    let replica = start_replica(&options, &loaded, &shutdown).await?;
+    let replica = start_replica(
+        &options,
+        &loaded,
+        Namespaced {
+            own: own_namespace,
+            served,
+        },
+        &shutdown,
+    )
+    .await?;
     let leading = match lead(&options, &replica, &shutdown).await? {
         Leadership::Stopping => return stop(replica.tasks).await,
         Leadership::Leading(leading) => leading,
@@ -118,8 +132,7 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
 /// What every replica runs, and the handles the leader's tasks share.
 struct Replica {
     client: kube::Client,
-    /// `--proxy-namespace`, when set.
-    namespace: Option<String>,
+    namespaces: Namespaced,
     cache: ProxyCache,
     credentials: CredentialCache,
     /// The discovery API's view of the Proxies, which the leader publishes to a shared store.
@@ -142,7 +155,12 @@ struct Replica {
 }
 
 /// Step 2: what every replica runs, leader or not.
-async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &CancellationToken) -> Result<Replica, Fatal> {
+async fn start_replica(
+    options: &Options,
+    loaded: &Loaded,
+    namespaces: Namespaced,
+    shutdown: &CancellationToken,
+) -> Result<Replica, Fatal> {
     // Leases live in this process (one replica) or in Redis (shared by every replica); the
     // store and its sweep run on every replica. First, as it contacts nothing: a store that
     // cannot be set up stops the start before anything else is made.
@@ -152,11 +170,11 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
 
     let provider_health = ProviderHealthSnapshot::default();
-    let namespace = Some(options.proxy_namespace.clone()).filter(|n| !n.is_empty());
+    tracing::info!(namespaces = %namespaces.served, "Serving the Proxies of these namespaces");
     let (cache, keep_cache) =
-        egress_controller::proxy_cache::proxy_cache(client.clone(), namespace.as_deref(), shutdown.clone());
+        egress_controller::proxy_cache::proxy_cache(client.clone(), &namespaces.served, shutdown.clone());
     let (credentials, keep_credentials) =
-        egress_controller::credentials::credential_cache(client.clone(), namespace.as_deref(), shutdown.clone());
+        egress_controller::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
     // One directory for the API and the leader's view publisher, following both caches.
     let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials);
     let mut tasks = JoinSet::new();
@@ -215,7 +233,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
         let bound = listener
             .local_addr()
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
-        let auth = discovery_auth::start(options, &client, &own_namespace(&client), &mut tasks, shutdown).await;
+        let auth = discovery_auth::start(options, &client, &namespaces.own, &mut tasks, shutdown).await;
         let (admission, clients_config) = crate::clients_config::admission(options, admission_metrics)?;
         if let Some(following) = clients_config {
             tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
@@ -243,7 +261,7 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
     }
     Ok(Replica {
         client,
-        namespace,
+        namespaces,
         cache,
         credentials,
         directory,
@@ -273,9 +291,9 @@ async fn lead(options: &Options, replica: &Replica, shutdown: &CancellationToken
     if !options.leader_elect {
         return Ok(Leadership::Leading(None));
     }
-    let namespace = own_namespace(&replica.client);
+    let namespace = &replica.namespaces.own;
     let elector = Elector::new(
-        kube::Api::namespaced(replica.client.clone(), &namespace),
+        kube::Api::namespaced(replica.client.clone(), namespace),
         LEASE_NAME,
         &identity(),
         ElectionTimings::default(),
@@ -373,7 +391,7 @@ fn start_leader_tasks(
 ) -> Result<Running, Fatal> {
     let Replica {
         client,
-        namespace,
+        namespaces,
         cache,
         credentials,
         directory,
@@ -404,7 +422,7 @@ fn start_leader_tasks(
         shutdown.clone(),
     ));
     let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
-    let external = Arc::new(external_rules(options, &client)?);
+    let external = Arc::new(external_rules(options, &namespaces.own)?);
     let work = shutdown.child_token();
     let mut fetched_target = None;
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
@@ -448,11 +466,15 @@ fn start_leader_tasks(
     let pools = Arc::new(pools);
     essential.insert(
         tasks
-            .spawn(egress_controller::pool::run(pools, namespace.clone(), work.clone()))
+            .spawn(egress_controller::pool::run(
+                pools,
+                namespaces.served.clone(),
+                work.clone(),
+            ))
             .id(),
     );
     let config = ControllerConfig {
-        namespace,
+        namespaces: namespaces.served,
         ..Default::default()
     };
     // These run until shutdown; one that ends before is a failure of the manager. (The monitor
@@ -584,16 +606,16 @@ async fn supervise(
 /// what they may not point at.
 fn external_rules(
     options: &Options,
-    client: &kube::Client,
+    own_namespace: &str,
 ) -> Result<egress_controller::destinations::ExternalRules, Fatal> {
-    use egress_controller::destinations::{ExternalNamespaces, ExternalRules};
+    use egress_controller::destinations::ExternalRules;
     // Both lists were checked as the flags were read.
     let guard = egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
         .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?;
     let namespaces = match options.external_proxy_namespaces.as_slice() {
-        [all] if all == "*" => ExternalNamespaces::All,
-        [] => ExternalNamespaces::Only([own_namespace(client)].into()),
-        names => ExternalNamespaces::Only(names.iter().cloned().collect()),
+        [all] if all == "*" => Namespaces::All,
+        [] => Namespaces::one(own_namespace),
+        names => Namespaces::Only(names.iter().cloned().collect()),
     };
     Ok(ExternalRules {
         namespaces,
@@ -601,10 +623,31 @@ fn external_rules(
     })
 }
 
-/// The namespace the leader Lease lives in: the pod's own (downward API or service account), or
-/// the kubeconfig's when run outside a cluster.
-fn own_namespace(client: &kube::Client) -> String {
-    std::env::var("POD_NAMESPACE")
+/// The operator's own namespace and the namespaces it serves.
+#[derive(Debug, Clone)]
+struct Namespaced {
+    /// Where the operator runs: its leader Lease, token Secret, and by default the only
+    /// namespace it serves and takes External Proxies in.
+    own: String,
+    /// `--proxy-namespace`: the Proxies, pools and Secrets it watches and serves.
+    served: Namespaces,
+}
+
+/// The namespaces `--proxy-namespace` names: its list, every namespace for `*`, or by default
+/// only the operator's own.
+fn served_namespaces(options: &Options, own_namespace: &str) -> Namespaces {
+    match options.proxy_namespaces.as_slice() {
+        [all] if all == "*" => Namespaces::All,
+        [] => Namespaces::one(own_namespace),
+        names => Namespaces::Only(names.iter().cloned().collect()),
+    }
+}
+
+/// The pod's own namespace (downward API or service account), or the kubeconfig's when run
+/// outside a cluster, else `default` (a start without any kubeconfig fails later, building its
+/// client, with the reason).
+async fn own_namespace(kubeconfig: &str) -> String {
+    let from_pod = std::env::var("POD_NAMESPACE")
         .ok()
         .filter(|n| !n.is_empty())
         .or_else(|| {
@@ -612,8 +655,13 @@ fn own_namespace(client: &kube::Client) -> String {
                 .ok()
                 .map(|n| n.trim().to_string())
                 .filter(|n| !n.is_empty())
-        })
-        .unwrap_or_else(|| client.default_namespace().to_string())
+        });
+    match from_pod {
+        Some(namespace) => namespace,
+        None => crate::kube_config(kubeconfig)
+            .await
+            .map_or_else(|_| "default".to_owned(), |c| c.default_namespace),
+    }
 }
 
 /// This replica's name in the Lease: the pod (or host) name plus a random suffix, as

@@ -77,6 +77,8 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
             "--zap-time-encoding=rfc3339",
             &format!("--allowed-internal-destinations={}", common::LOCAL_DESTINATIONS),
             "--external-proxy-namespaces=default",
+            // The Proxies are in `default`, not in the operator's own namespace.
+            "--proxy-namespace=default",
         ],
         &[
             ("KUBECONFIG", kubeconfig.as_str()),

@@ -449,25 +449,20 @@ fn grants(rendered: &[Value]) -> Vec<(Option<String>, String, String)> {
     out
 }
 
-/// The default install serves every namespace, so its Secret and Pod rules are cluster-wide
-/// (documented in their files); the namespace-scoped install has them only in its namespace.
-#[test]
-fn the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace() {
-    let test = "the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace";
-    let (Some(default), Some(namespaced)) = (render("default", test), render("namespaced", test)) else {
-        return;
-    };
-    let sensitive = |grants: Vec<(Option<String>, String, String)>| {
-        let mut v: Vec<_> = grants
-            .into_iter()
-            .filter(|(_, resource, _)| resource == "secrets" || resource == "pods")
-            .collect();
-        v.sort();
-        v
-    };
-    let cluster = |r: &str, v: &str| (None, r.to_owned(), v.to_owned());
-    let in_crawlers = |r: &str, v: &str| (Some("crawlers".to_owned()), r.to_owned(), v.to_owned());
-    // Default: cluster-wide Secret reads and Pods, plus the one token Secret in its own namespace.
+/// The Secret and Pod rules a rendered install grants, sorted.
+fn sensitive(rendered: &[Value]) -> Vec<(Option<String>, String, String)> {
+    let mut v: Vec<_> = grants(rendered)
+        .into_iter()
+        .filter(|(_, resource, _)| resource == "secrets" || resource == "pods")
+        .collect();
+    v.sort();
+    v
+}
+
+/// Each Secret and Pod verb the manager's work needs, granted in `namespace` (`None`:
+/// cluster-wide), plus the token Secret's two in its own namespace.
+fn manager_grants(namespace: Option<&str>) -> Vec<(Option<String>, String, String)> {
+    let at = |r: &str, v: &str| (namespace.map(str::to_owned), r.to_owned(), v.to_owned());
     let own = |v: &str| {
         (
             Some("egress-proxies-operator-system".to_owned()),
@@ -475,36 +470,70 @@ fn the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace()
             v.to_owned(),
         )
     };
-    let mut want = vec![
-        cluster("pods", "create"),
-        cluster("pods", "delete"),
-        cluster("pods", "get"),
-        cluster("pods", "list"),
-        cluster("secrets", "create"),
-        cluster("secrets", "get"),
-        cluster("secrets", "list"),
-        cluster("secrets", "patch"),
-        cluster("secrets", "watch"),
-        own("create"),
-        own("get"),
-    ];
+    let mut want = vec![own("create"), own("get")];
+    want.extend(["create", "delete", "get", "list"].map(|v| at("pods", v)));
+    want.extend(["create", "get", "list", "patch", "watch"].map(|v| at("secrets", v)));
     want.sort();
-    assert_eq!(sensitive(grants(&default)), want);
-    let mut want = vec![
-        in_crawlers("pods", "create"),
-        in_crawlers("pods", "delete"),
-        in_crawlers("pods", "get"),
-        in_crawlers("pods", "list"),
-        in_crawlers("secrets", "create"),
-        in_crawlers("secrets", "get"),
-        in_crawlers("secrets", "list"),
-        in_crawlers("secrets", "patch"),
-        in_crawlers("secrets", "watch"),
-        own("create"),
-        own("get"),
-    ];
-    want.sort();
-    assert_eq!(sensitive(grants(&namespaced)), want, "nothing cluster-wide");
+    want
+}
+
+/// The default install serves only its own namespace: no ClusterRole on Secrets or Pods.
+#[test]
+fn the_default_install_grants_secrets_and_pods_only_in_its_own_namespace() {
+    let Some(default) = render(
+        "default",
+        "the_default_install_grants_secrets_and_pods_only_in_its_own_namespace",
+    ) else {
+        return;
+    };
+    assert_eq!(
+        sensitive(&default),
+        manager_grants(Some("egress-proxies-operator-system"))
+    );
+    let deployment = default.iter().find(|v| v["kind"] == "Deployment").unwrap();
+    let args = strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--proxy-namespace")),
+        "the default, its own namespace: {args:?}"
+    );
+}
+
+/// The cluster-wide overlay, chosen knowingly, serves every namespace with cluster-wide grants.
+#[test]
+fn the_cluster_wide_install_serves_every_namespace() {
+    let Some(rendered) = render("cluster-wide", "the_cluster_wide_install_serves_every_namespace") else {
+        return;
+    };
+    assert_eq!(sensitive(&rendered), manager_grants(None));
+    let account = rendered.iter().find(|v| v["kind"] == "ServiceAccount").unwrap();
+    for binding in rendered.iter().filter(|v| v["kind"] == "ClusterRoleBinding") {
+        assert_eq!(binding["subjects"][0]["name"], account["metadata"]["name"]);
+        assert_eq!(binding["subjects"][0]["namespace"], account["metadata"]["namespace"]);
+        let role = &binding["roleRef"]["name"];
+        assert!(
+            rendered
+                .iter()
+                .any(|v| v["kind"] == "ClusterRole" && &v["metadata"]["name"] == role),
+            "{role} is rendered"
+        );
+    }
+    let deployment = rendered.iter().find(|v| v["kind"] == "Deployment").unwrap();
+    let args = strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(args.contains(&"--proxy-namespace=*".to_owned()), "{args:?}");
+}
+
+/// The namespace-scoped install has them only in the namespace it serves.
+#[test]
+fn the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace() {
+    let test = "the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace";
+    let Some(namespaced) = render("namespaced", test) else {
+        return;
+    };
+    assert_eq!(
+        sensitive(&namespaced),
+        manager_grants(Some("crawlers")),
+        "nothing cluster-wide"
+    );
     // The Role is bound to the manager's ServiceAccount.
     let binding = namespaced
         .iter()
@@ -538,6 +567,16 @@ fn the_namespaced_install_reads_secrets_and_manages_pods_only_in_its_namespace()
     );
 }
 
+/// `kubectl apply -k deploy/samples` puts them where the default install serves.
+#[test]
+fn the_samples_go_to_the_namespace_the_default_install_serves() {
+    let served = yaml("default/kustomization.yaml")["namespace"].clone();
+    assert_eq!(served, "egress-proxies-operator-system");
+    for dir in ["samples", "samples/other-providers"] {
+        assert_eq!(yaml(&format!("{dir}/kustomization.yaml"))["namespace"], served, "{dir}");
+    }
+}
+
 #[test]
 fn the_kustomizations_name_files_that_exist() {
     for dir in [
@@ -546,13 +585,19 @@ fn the_kustomizations_name_files_that_exist() {
         "network-policy",
         "proxy-network-policy",
         "namespaced",
+        "cluster-wide",
         "manager",
         "samples",
         "samples/other-providers",
         "default",
     ] {
         let k = yaml(&format!("{dir}/kustomization.yaml"));
-        for r in strings(&k["resources"]) {
+        let components = if k["components"].is_array() {
+            strings(&k["components"])
+        } else {
+            Vec::new()
+        };
+        for r in strings(&k["resources"]).into_iter().chain(components) {
             assert!(
                 deploy(dir).join(&r).exists(),
                 "{dir}/kustomization.yaml lists missing {r}"

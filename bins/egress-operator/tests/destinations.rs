@@ -41,7 +41,7 @@ async fn external_proxies_at_internal_destinations_are_refused_and_never_dialled
         &cluster,
         &pki.ca_pem,
         "https://www.example.com/",
-        &["--allowed-internal-destinations="],
+        &["--allowed-internal-destinations=", "--proxy-namespace=default,team-b"],
         &[],
     );
     let api: Api<Proxy> = Api::namespaced(cluster.server.client().unwrap(), "default");

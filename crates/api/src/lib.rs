@@ -10,6 +10,7 @@ mod condition;
 mod provider_health;
 mod proxy;
 mod proxy_pool;
+pub mod served;
 
 pub use condition::{Condition, ConditionStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthFields, ProviderHealthStatus, ProviderTarget};

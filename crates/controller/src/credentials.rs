@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use egress_api::served::{self, Namespaces};
 use egress_api::{
     ANNOTATION_CREDENTIALS_INSTANCE, ANNOTATION_CREDENTIALS_PROXIES, CredentialsType, LABEL_MANAGED_BY,
     LABEL_PROXY_CREDENTIALS, MANAGED_BY, MAX_CREDENTIALS_PROXIES, PROXY_CREDENTIALS_GENERATED, Proxy,
@@ -535,33 +536,30 @@ pub enum Lookup {
 }
 
 /// The cache and the future that keeps it (run on every replica until `shutdown`).
-/// `namespace` restricts it as `--proxy-namespace` does.
+/// It holds the labelled Secrets of `namespaces` (`--proxy-namespace`).
 pub fn credential_cache(
     client: kube::Client,
-    namespace: Option<&str>,
+    namespaces: &Namespaces,
     shutdown: CancellationToken,
 ) -> (CredentialCache, impl Future<Output = ()> + Send + 'static) {
-    let api: Api<Secret> = match namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
-    };
+    let namespaces = namespaces.clone();
     let (store, writer) = reflector::store();
     let cache = CredentialCache::from_store(store);
     let generation = cache.generation.clone();
     let observers = cache.observers.clone();
     let run = async move {
         let config = watcher::Config::default().labels(LABEL_PROXY_CREDENTIALS);
-        let changes = watcher(api, config)
-            .default_backoff()
-            .modify(|s| s.metadata.managed_fields = None)
-            .reflect(writer)
-            .inspect(move |event| {
-                generation.fetch_add(1, Ordering::Release);
-                if let Ok(event) = event {
-                    observers.tell(event);
-                }
-            })
-            .applied_objects();
+        let changes = served::watch(client, &namespaces, config, |s: &mut Secret| {
+            s.metadata.managed_fields = None
+        })
+        .reflect(writer)
+        .inspect(move |event| {
+            generation.fetch_add(1, Ordering::Release);
+            if let Ok(event) = event {
+                observers.tell(event);
+            }
+        })
+        .applied_objects();
         let mut changes = std::pin::pin!(changes.take_until(shutdown.cancelled_owned()));
         while let Some(change) = changes.next().await {
             if let Err(e) = change {

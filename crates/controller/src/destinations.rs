@@ -2,21 +2,12 @@
 //! internal destinations (the one list in `egress-netguard`), or the manager would dial, and
 //! report on, any address its own network position reaches.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use egress_api::served::Namespaces;
 use egress_api::{Mode, Proxy, ProxySpec, reasons};
 use egress_netguard::Guard;
 use kube::ResourceExt;
-
-/// The namespaces whose External Proxies are accepted.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum ExternalNamespaces {
-    /// Every namespace the operator serves.
-    #[default]
-    All,
-    Only(BTreeSet<String>),
-}
 
 /// Why an External Proxy is refused: its reason and message, for its condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +36,8 @@ impl Refused {
 /// What External Proxies must keep to: where they may be, and what they may not point at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExternalRules {
-    pub namespaces: ExternalNamespaces,
+    /// Where External Proxies are accepted (`All`: every namespace the operator serves).
+    pub namespaces: Namespaces,
     pub guard: Arc<Guard>,
 }
 
@@ -55,15 +47,12 @@ impl ExternalRules {
         if proxy.spec.mode != Mode::External {
             return None;
         }
-        if let ExternalNamespaces::Only(allowed) = &self.namespaces {
-            let namespace = proxy.namespace().unwrap_or_default();
-            if !allowed.contains(&namespace) {
-                let listed: Vec<&str> = allowed.iter().map(String::as_str).collect();
-                return Some(Refused::Namespace(format!(
-                    "External Proxies are accepted only in {} (--external-proxy-namespaces), not in {namespace}",
-                    listed.join(", ")
-                )));
-            }
+        let namespace = proxy.namespace().unwrap_or_default();
+        if !self.namespaces.contains(&namespace) {
+            return Some(Refused::Namespace(format!(
+                "External Proxies are accepted only in {} (--external-proxy-namespaces), not in {namespace}",
+                self.namespaces
+            )));
         }
         refusal(&proxy.spec, &self.guard).map(Refused::Destination)
     }
@@ -141,7 +130,7 @@ mod tests {
     #[test]
     fn external_proxies_are_accepted_only_in_the_namespaces_named() {
         let rules = ExternalRules {
-            namespaces: ExternalNamespaces::Only(["crawlers".to_owned()].into()),
+            namespaces: Namespaces::Only(["crawlers".to_owned()].into()),
             ..Default::default()
         };
         let in_ns = |ns: &str, spec: ProxySpec| {

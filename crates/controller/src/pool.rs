@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use egress_api::served::Namespaces;
 use egress_api::{
     ANNOTATION_DRAINING_SINCE, ConditionStatus, FINALIZER, LABEL_POOL, LABEL_POOL_ROLE, PoolRole, Proxy, ProxyPool,
     ProxyPoolStatus,
@@ -976,16 +977,17 @@ pub fn error_policy(pool: Arc<ProxyPool>, error: &PoolError, _: Arc<PoolContext>
     Action::requeue(Duration::from_secs(1))
 }
 
-/// The ProxyPool controller: watches pools (in `namespace`, or all) and takes their members'
+/// The ProxyPool controller: watches the pools of `namespaces` and takes their members'
 /// changes from the shared Proxy cache, so a member's failure reaches its pool with no watch of
 /// its own. Returns the future that runs it until `shutdown`. When the ProxyPool resource is
 /// not installed (a cluster that did not apply the new CRD), it says so once and runs nothing.
-pub async fn run(ctx: Arc<PoolContext>, namespace: Option<String>, shutdown: CancellationToken) {
+pub async fn run(ctx: Arc<PoolContext>, namespaces: Namespaces, shutdown: CancellationToken) {
     use futures::StreamExt;
-    use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::{Controller, watcher};
+    use kube::runtime::reflector::{self, ObjectRef};
+    use kube::runtime::{Controller, WatchStreamExt, watcher};
 
-    let pools: Api<ProxyPool> = match &namespace {
+    // Whether the resource is installed is asked where the operator may list pools.
+    let pools: Api<ProxyPool> = match namespaces.names().and_then(|n| n.first()) {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
@@ -1025,7 +1027,11 @@ pub async fn run(ctx: Arc<PoolContext>, namespace: Option<String>, shutdown: Can
         Some((futures::stream::iter(pools), Some((rx, refusals, true))))
     })
     .flatten();
-    Controller::new(pools, watcher::Config::default())
+    let (reader, writer) = reflector::store();
+    let watched = egress_api::served::watch(ctx.client.clone(), &namespaces, watcher::Config::default(), |_| {})
+        .reflect(writer)
+        .applied_objects();
+    Controller::for_stream(watched, reader)
         .owns_stream(members)
         .reconcile_on(refused)
         .with_config(kube::runtime::controller::Config::default().concurrency(2))

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use egress_api::Proxy;
+use egress_api::served::{self, Namespaces};
 use futures::StreamExt;
-use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
@@ -77,16 +77,13 @@ impl ProxyCache {
 }
 
 /// The cache and the future that keeps it (run it on every replica until `shutdown`).
-/// `namespace` restricts it as `--proxy-namespace` does.
+/// It holds the Proxies of `namespaces` (`--proxy-namespace`).
 pub fn proxy_cache(
     client: kube::Client,
-    namespace: Option<&str>,
+    namespaces: &Namespaces,
     shutdown: CancellationToken,
 ) -> (ProxyCache, impl Future<Output = ()> + Send + 'static) {
-    let api: Api<Proxy> = match namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
-    };
+    let namespaces = namespaces.clone();
     let (store, writer) = reflector::store();
     let subscribers: Subscribers = Arc::default();
     let reader = store.clone();
@@ -101,17 +98,7 @@ pub fn proxy_cache(
         observers: observers.clone(),
     };
     let run = async move {
-        let changes = watcher(api, watcher::Config::default())
-            .default_backoff()
-            // NB: managedFields and kubectl's last-applied copy are most of a Proxy's size and
-            // nothing here reads them; dropping them keeps a large fleet within the manager's
-            // memory. (Writes are merge patches computed from this copy, which never touch them.)
-            .modify(|p| {
-                p.metadata.managed_fields = None;
-                if let Some(a) = p.metadata.annotations.as_mut() {
-                    a.remove("kubectl.kubernetes.io/last-applied-configuration");
-                }
-            })
+        let changes = served::watch(client, &namespaces, watcher::Config::default(), trim)
             .reflect(writer)
             .inspect(move |event| {
                 generation.fetch_add(1, std::sync::atomic::Ordering::Release);
@@ -152,6 +139,16 @@ async fn pass_on(event: &watcher::Event<Proxy>, store: &Store<Proxy>, subscriber
                 break;
             }
         }
+    }
+}
+
+/// Drops what nothing here reads from a Proxy as it arrives: managedFields and kubectl's
+/// last-applied copy are most of its size, and dropping them keeps a large fleet within the
+/// manager's memory. (Writes are merge patches computed from this copy, which never touch them.)
+fn trim(proxy: &mut Proxy) {
+    proxy.metadata.managed_fields = None;
+    if let Some(a) = proxy.metadata.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
 }
 

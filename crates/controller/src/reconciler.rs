@@ -756,8 +756,9 @@ pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>
 /// How the Proxy controller is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControllerConfig {
-    /// Restrict the watched Proxies and Secrets to one namespace (`--proxy-namespace`).
-    pub namespace: Option<String>,
+    /// The namespaces whose cloud-init Secrets are watched (`--proxy-namespace`): those of the
+    /// Proxies the cache holds.
+    pub namespaces: egress_api::served::Namespaces,
     /// Proxies reconciled at once (3, as the Go operator); one key is never reconciled twice at
     /// the same time.
     pub concurrency: u16,
@@ -766,7 +767,7 @@ pub struct ControllerConfig {
 impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
-            namespace: None,
+            namespaces: egress_api::served::Namespaces::All,
             concurrency: 3,
         }
     }
@@ -810,12 +811,8 @@ pub fn controller(
 ) -> impl std::future::Future<Output = ()> + Send {
     use futures::StreamExt;
     use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::{Controller, watcher};
+    use kube::runtime::{Controller, WatchStreamExt, watcher};
 
-    let secrets: Api<Secret> = match &config.namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
     let lookup = cache.store();
     // Every trigger puts its Proxy on the queue, as the queue metrics count it.
     let queue = ctx.metrics.queue().clone();
@@ -843,8 +840,10 @@ pub fn controller(
     let triggers = futures::stream::select(health_events, credential_events);
     let controller = Controller::for_stream(changes, cache.store());
     let labelled = watcher::Config::default().labels(&format!("{LABEL_CLOUD_INIT}=true"));
+    let secrets = egress_api::served::watch(ctx.client.clone(), &config.namespaces, labelled, |_: &mut Secret| {})
+        .touched_objects();
     controller
-        .watches(secrets, labelled, move |secret: Secret| {
+        .watches_stream(secrets, move |secret: Secret| {
             let namespace = secret.namespace();
             let name = secret.name_any();
             lookup

@@ -197,7 +197,11 @@ fn start(client: &kube::Client, providers: Arc<Providers>) -> Running {
     )
     .with_create_budgets(budgets);
     let (pokes, health_events) = futures::channel::mpsc::unbounded::<ObjectRef<Proxy>>();
-    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(
+        client.clone(),
+        &egress_api::served::Namespaces::All,
+        shutdown.clone(),
+    );
     tokio::spawn(keep_cache);
     tokio::spawn(controller(
         Arc::new(ctx),
@@ -398,7 +402,11 @@ async fn the_create_budget_holds_across_two_pools_on_one_entry() {
         egress_controller::pool::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::run(pools_ctx, None, shutdown.clone()));
+    tokio::spawn(egress_controller::pool::run(
+        pools_ctx,
+        egress_api::served::Namespaces::All,
+        shutdown.clone(),
+    ));
 
     // Two pools of 2 + 1 on the one entry: six members, a budget of three.
     let pools: Api<egress_api::ProxyPool> = Api::namespaced(client.clone(), NS);

@@ -1,10 +1,12 @@
 //! The RBAC in deploy/rbac grants exactly what the operator's code does: every component runs
-//! its paths against egress-kube-testserver through a client named "operator", and the requests
-//! it made (by verb and resource) must equal the rules granted.
+//! its paths against egress-kube-testserver through a client named "operator", serving one
+//! namespace as the default install does, and the requests it made (by verb and resource) must
+//! equal the rules granted; a request made across namespaces must be one a ClusterRole grants
+//! (the test API server does not authorize, so this is where a Role's limit is checked).
 
 mod common;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -18,7 +20,7 @@ use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
 use egress_controller::provider_health::{Monitor, ProviderHealthSnapshot, Schedule};
 use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::status::Verdict;
-use egress_kube_testserver::TestServer;
+use egress_kube_testserver::{HookVerdict, HookedRequest, TestServer};
 use egress_provider::OpCtx;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -39,10 +41,11 @@ impl HealthVerdicts for Verdicts {
     }
 }
 
-/// (apiGroup, resource, verb) for every rule of the manifests.
-fn granted() -> BTreeSet<(String, String, String)> {
+/// (apiGroup, resource, verb) for every rule of the manifests, and whether some ClusterRole
+/// grants it (else only Roles do: in one namespace).
+fn granted() -> BTreeMap<(String, String, String), bool> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/rbac");
-    let mut out = BTreeSet::new();
+    let mut out = BTreeMap::new();
     for file in [
         "role.yaml",
         "proxy_secrets_role.yaml",
@@ -51,21 +54,37 @@ fn granted() -> BTreeSet<(String, String, String)> {
     ] {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let role: Value = serde_saphyr::from_str(&text).unwrap();
+        let cluster_wide = role["kind"] == "ClusterRole";
         for rule in role["rules"].as_array().unwrap() {
             for g in rule["apiGroups"].as_array().unwrap() {
                 for r in rule["resources"].as_array().unwrap() {
                     for v in rule["verbs"].as_array().unwrap() {
-                        out.insert((
+                        let key = (
                             g.as_str().unwrap().into(),
                             r.as_str().unwrap().into(),
                             v.as_str().unwrap().into(),
-                        ));
+                        );
+                        *out.entry(key).or_default() |= cluster_wide;
                     }
                 }
             }
         }
     }
     out
+}
+
+/// (verb, resource) of every request the client "operator" made across namespaces (a list or
+/// watch of every namespace, or a cluster-scoped resource), recorded as they are served.
+fn record_cluster_wide(server: &TestServer) -> Arc<Mutex<BTreeSet<(String, String)>>> {
+    let seen: Arc<Mutex<BTreeSet<(String, String)>>> = Arc::default();
+    let record = seen.clone();
+    server.faults().set_hook(Some(Arc::new(move |r: HookedRequest| {
+        if r.client.as_deref() == Some("operator") && r.namespace.is_none() {
+            record.lock().unwrap().insert((r.verb.as_str().to_owned(), r.resource));
+        }
+        Box::pin(async { HookVerdict::Serve })
+    })));
+    seen
 }
 
 fn group_of(resource: &str) -> &'static str {
@@ -99,6 +118,9 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         .unwrap();
     let me = server.client().unwrap();
     let operator = server.client_named("operator").unwrap();
+    let cluster_wide = record_cluster_wide(&server);
+    // It serves NS alone, as the default install serves its own namespace.
+    let served = egress_api::served::Namespaces::one(NS);
     let backend = MemoryBackend::new();
     let providers = common::memory_providers(&[("mem", &backend)]);
     let shutdown = CancellationToken::new();
@@ -133,18 +155,16 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         shutdown.clone(),
     ));
     let (events, health_events) = futures::channel::mpsc::unbounded();
-    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(operator.clone(), None, shutdown.clone());
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(operator.clone(), &served, shutdown.clone());
     tokio::spawn(keep_cache);
     let (credentials, keep_credentials) =
-        egress_controller::credentials::credential_cache(operator.clone(), None, shutdown.clone());
+        egress_controller::credentials::credential_cache(operator.clone(), &served, shutdown.clone());
     tokio::spawn(keep_credentials);
-    let run = controller(
-        ctx,
-        ControllerConfig::default(),
-        cache.clone(),
-        health_events,
-        shutdown.clone(),
-    );
+    let config = ControllerConfig {
+        namespaces: served.clone(),
+        ..Default::default()
+    };
+    let run = controller(ctx, config, cache.clone(), health_events, shutdown.clone());
     tokio::spawn(run);
     let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
         Arc::new(egress_lease::SystemClock),
@@ -157,7 +177,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         egress_controller::pool::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::run(pools_ctx, None, shutdown.clone()));
+    tokio::spawn(egress_controller::pool::run(pools_ctx, served, shutdown.clone()));
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
         "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n"}}))
@@ -347,7 +367,8 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
             )
         })
         .collect();
-    let granted = granted();
+    let grants = granted();
+    let granted: BTreeSet<_> = grants.keys().cloned().collect();
     let missing: Vec<_> = used.difference(&granted).collect();
     let unused: Vec<_> = granted.difference(&used).collect();
     assert!(
@@ -358,4 +379,16 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         unused.is_empty(),
         "the RBAC grants verbs the code never uses: {unused:?}"
     );
+    let across: Vec<_> = cluster_wide
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(verb, resource)| (group_of(resource).to_owned(), resource.clone(), verb.clone()))
+        .filter(|grant| grants.get(grant) != Some(&true))
+        .collect();
+    assert!(
+        across.is_empty(),
+        "the code asks across namespaces for what only Roles grant: {across:?}"
+    );
+    assert!(!cluster_wide.lock().unwrap().is_empty(), "the recording saw requests");
 }

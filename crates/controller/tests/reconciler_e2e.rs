@@ -137,7 +137,11 @@ async fn start_on(server: Arc<TestServer>, backend: MemoryBackend, timings: Timi
         shutdown.clone(),
     ));
     let (events, health_events) = futures::channel::mpsc::unbounded();
-    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(
+        client.clone(),
+        &egress_api::served::Namespaces::All,
+        shutdown.clone(),
+    );
     tokio::spawn(keep_cache);
     let run = controller(ctx, ControllerConfig::default(), cache, health_events, shutdown.clone());
     tokio::spawn(run);
@@ -606,8 +610,11 @@ async fn an_external_proxy_follows_its_credentials_secrets_annotation_alone() {
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let backend = MemoryBackend::new();
-    let (credentials, keep_credentials) =
-        egress_controller::credentials::credential_cache(client.clone(), None, shutdown.clone());
+    let (credentials, keep_credentials) = egress_controller::credentials::credential_cache(
+        client.clone(),
+        &egress_api::served::Namespaces::All,
+        shutdown.clone(),
+    );
     tokio::spawn(keep_credentials);
     let ctx = Arc::new(
         Context::new(
@@ -622,7 +629,11 @@ async fn an_external_proxy_follows_its_credentials_secrets_annotation_alone() {
     );
     // Kept open and silent: no health event ever comes.
     let (_silent, health_events) = futures::channel::mpsc::unbounded::<ObjectRef<Proxy>>();
-    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(client.clone(), None, shutdown.clone());
+    let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(
+        client.clone(),
+        &egress_api::served::Namespaces::All,
+        shutdown.clone(),
+    );
     tokio::spawn(keep_cache);
     tokio::spawn(controller(
         ctx,

@@ -1,6 +1,7 @@
 //! The kubernetes provider (spec/providers.md §4): one Squid Pod per Proxy, in the Proxy's
 //! namespace of the operator's own cluster (or only in `kubernetes.namespace`, when the entry
-//! names one: Proxies elsewhere are refused and Pods are listed there alone).
+//! names one: Proxies elsewhere are refused and Pods are listed there alone; else, in an
+//! operator that serves some namespaces only, Pods are placed and listed in those alone).
 //!
 //! - [`squid`], [`pod`]: the Squid config and the Pod, pure functions of the request;
 //! - [`id`], [`state`], [`classify`]: providerIDs, what a Pod's phase means, what an API answer
@@ -28,9 +29,17 @@ pub use provider::KubernetesProvider;
 /// The `type:` value.
 pub const TYPE_NAME: &str = "kubernetes";
 
-/// The `kubernetes` provider type for the operator's registry.
+/// The `kubernetes` provider type, serving every namespace.
 pub fn provider_type() -> ProviderType {
-    ProviderType::with_block::<KubernetesConfig>(TYPE_NAME, construct)
+    provider_type_serving(None)
+}
+
+/// The `kubernetes` provider type of an operator that serves only `namespaces` (`None`: every
+/// namespace): an entry without `kubernetes.namespace` places and lists Pods only there.
+pub fn provider_type_serving(namespaces: Option<Vec<String>>) -> ProviderType {
+    ProviderType::with_block::<KubernetesConfig>(TYPE_NAME, move |entry| {
+        Ok(Arc::new(built(entry)?.serving(namespaces.clone())))
+    })
 }
 
 /// Builds a provider from a `kubernetes` entry with a client of its own (uncached, independent
@@ -40,6 +49,10 @@ pub fn provider_type() -> ProviderType {
 /// # Errors
 /// No config can be found, or the client cannot be built.
 pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
+    Ok(Arc::new(built(entry)?))
+}
+
+fn built(entry: &ProviderConfig) -> Result<KubernetesProvider, BoxError> {
     let block: KubernetesConfig = entry.block()?.unwrap_or_default();
     let name = &entry.name;
     let runtime = tokio::runtime::Handle::try_current()
@@ -55,5 +68,5 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
         resources: block.resources.map(|r| pod::requirements(&r.requests, &r.limits)),
         access: squid::AccessRules::from_config(block.access.as_ref()),
     };
-    Ok(Arc::new(KubernetesProvider::new(name, client, api_host, settings)))
+    Ok(KubernetesProvider::new(name, client, api_host, settings))
 }

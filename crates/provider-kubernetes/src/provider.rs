@@ -32,6 +32,9 @@ pub struct KubernetesProvider {
     /// The API server's URL, as the health check reports it.
     api_host: String,
     settings: PodSettings,
+    /// Where Pods may be when the entry names no namespace: the namespaces the operator serves
+    /// (`None`: every namespace).
+    served: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for KubernetesProvider {
@@ -95,7 +98,16 @@ impl KubernetesProvider {
             client,
             api_host: api_host.into(),
             settings,
+            served: None,
         }
+    }
+
+    /// Restricted to the namespaces the operator serves (`None`: every one), for an entry that
+    /// names no namespace of its own: Pods elsewhere are refused, and listed in those alone.
+    #[must_use]
+    pub fn serving(mut self, namespaces: Option<Vec<String>>) -> Self {
+        self.served = namespaces;
+        self
     }
 
     /// Runs one API call within [`CALL_BUDGET`] and the caller's context.
@@ -129,23 +141,37 @@ impl KubernetesProvider {
         ProviderError::new(ErrorClass::Permanent, op, &self.entry, id).with_message(message)
     }
 
-    /// Refuses a Pod outside `kubernetes.namespace`, when the entry names one.
+    /// Refuses a Pod outside `kubernetes.namespace`, when the entry names one, else outside
+    /// the namespaces the operator serves.
     fn in_scope(&self, op: Op, id: &str, namespace: &str) -> Result<(), ProviderError> {
-        match &self.settings.namespace {
-            Some(only) if only != namespace => Err(self.permanent(
+        match (&self.settings.namespace, &self.served) {
+            (Some(only), _) if only != namespace => Err(self.permanent(
                 op,
                 id,
                 format!("this kubernetes entry places Pods only in namespace {only}, not {namespace}"),
+            )),
+            (None, Some(served)) if !served.iter().any(|s| s == namespace) => Err(self.permanent(
+                op,
+                id,
+                format!(
+                    "the operator serves only the namespaces {} (--proxy-namespace), not {namespace}",
+                    served.join(", ")
+                ),
             )),
             _ => Ok(()),
         }
     }
 
-    /// The Pods this entry may see: those of `kubernetes.namespace`, or of every namespace.
-    fn scoped_pods(&self) -> Api<Pod> {
-        match &self.settings.namespace {
-            Some(only) => Api::namespaced(self.client.clone(), only),
-            None => Api::all(self.client.clone()),
+    /// The Pods this entry may see, one list per namespace: those of `kubernetes.namespace`,
+    /// else of each namespace served, else of every namespace at once.
+    fn scoped_pods(&self) -> Vec<Api<Pod>> {
+        match (&self.settings.namespace, &self.served) {
+            (Some(only), _) => vec![Api::namespaced(self.client.clone(), only)],
+            (None, Some(served)) => served
+                .iter()
+                .map(|ns| Api::namespaced(self.client.clone(), ns))
+                .collect(),
+            (None, None) => vec![Api::all(self.client.clone())],
         }
     }
 }
@@ -255,13 +281,16 @@ impl Provider for KubernetesProvider {
     }
 
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
-        let pods = self.scoped_pods();
         let params = ListParams::default().labels(&format!("{LABEL_MANAGED}=true"));
-        let list = self
-            .call(cx, "listing managed pods", pods.list(&params))
-            .await
-            .map_err(|f| self.error(Op::List, "", &f))?;
-        let found: Vec<Instance> = list.items.iter().map(instance_of).collect();
+        let mut found = Vec::new();
+        // A namespace that cannot be listed fails the whole list: GC must never act on part.
+        for pods in self.scoped_pods() {
+            let list = self
+                .call(cx, "listing managed pods", pods.list(&params))
+                .await
+                .map_err(|f| self.error(Op::List, "", &f))?;
+            found.extend(list.items.iter().map(instance_of));
+        }
         tracing::debug!(provider = %self.entry, managed = found.len(), "kubernetes pods listed");
         Ok(found)
     }
@@ -290,9 +319,18 @@ fn check_reason(f: &Failed, round_over: bool) -> &'static str {
 impl Checker for KubernetesProvider {
     async fn check(&self, cx: &OpCtx) -> Vec<TargetStatus> {
         let started = Instant::now();
-        let pods = self.scoped_pods();
         let params = ListParams::default().labels(&format!("{LABEL_MANAGED}=true")).limit(1);
-        let listed = self.call(cx, "listing managed pods", pods.list(&params)).await;
+        // Every namespace is asked, so a grant missing in one of them shows.
+        let mut listed = Ok(());
+        for pods in self.scoped_pods() {
+            listed = self
+                .call(cx, "listing managed pods", pods.list(&params))
+                .await
+                .map(drop);
+            if listed.is_err() {
+                break;
+            }
+        }
         let latency = started.elapsed().max(Duration::from_nanos(1));
         let mut status = match listed {
             Ok(_) => TargetStatus::reachable(TARGET, &self.api_host, latency),

@@ -241,3 +241,89 @@ async fn an_entry_with_a_namespace_stays_in_it() {
     // The foreign Pod is still there.
     assert!(provider(&s).get(&cx, &foreign).await.is_ok());
 }
+
+/// An operator that serves some namespaces only: an entry without a namespace of its own places
+/// Pods only in those, and lists them one namespace at a time (its RBAC is a Role in each).
+#[tokio::test]
+async fn an_entry_of_an_operator_serving_some_namespaces_stays_in_them() {
+    let s = TestServer::builder()
+        .namespace("crawl")
+        .namespace("team-b")
+        .namespace("other")
+        .start()
+        .await
+        .expect("test server");
+    let cx = OpCtx::background();
+    let mut elsewhere = request("u-elsewhere");
+    elsewhere.namespace = "other".into();
+    let foreign = provider(&s).create(&cx, &elsewhere).await.unwrap();
+    let served = provider(&s).serving(Some(vec!["crawl".into(), "team-b".into()]));
+    let e = served.create(&cx, &elsewhere).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    assert!(
+        e.to_string()
+            .contains("serves only the namespaces crawl, team-b (--proxy-namespace), not other"),
+        "{e}"
+    );
+    assert_eq!(
+        served.delete(&cx, &foreign).await.unwrap_err().class(),
+        ErrorClass::Permanent
+    );
+    let mut in_b = request("u-b");
+    in_b.namespace = "team-b".into();
+    let mut own = vec![
+        served.create(&cx, &request("u-own")).await.unwrap(),
+        served.create(&cx, &in_b).await.unwrap(),
+    ];
+    own.sort();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    s.faults().set_hook(Some(std::sync::Arc::new(
+        move |r: egress_kube_testserver::HookedRequest| {
+            kept.lock().unwrap().push(r);
+            Box::pin(async { egress_kube_testserver::HookVerdict::Serve })
+        },
+    )));
+    let mut listed: Vec<ProviderId> = served
+        .list_by_tag(&cx)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, own, "only the namespaces served are listed");
+    let status = served.checker().unwrap().check(&cx).await;
+    assert!(status[0].ready, "{status:?}");
+    let lists: Vec<Option<String>> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.verb == Verb::List)
+        .map(|r| r.namespace.clone())
+        .collect();
+    let served_ns = [Some("crawl".to_owned()), Some("team-b".to_owned())];
+    assert_eq!(
+        lists,
+        [served_ns.clone(), served_ns].concat(),
+        "never across namespaces"
+    );
+    // A namespace that cannot be listed (the second) fails the whole list.
+    s.faults()
+        .set_hook(Some(std::sync::Arc::new(|r: egress_kube_testserver::HookedRequest| {
+            let forbidden = r.verb == Verb::List && r.namespace.as_deref() == Some("team-b");
+            Box::pin(async move {
+                if forbidden {
+                    egress_kube_testserver::HookVerdict::Fail {
+                        code: 403,
+                        reason: None,
+                        message: "pods is forbidden".into(),
+                    }
+                } else {
+                    egress_kube_testserver::HookVerdict::Serve
+                }
+            })
+        })));
+    let e = served.list_by_tag(&cx).await.unwrap_err();
+    assert!(e.to_string().contains("forbidden"), "{e}");
+}
