@@ -272,7 +272,7 @@ const FLAGS: &[Flag] = &[
         name: "installation-id",
         kind: Kind::Text,
         default: "",
-        usage: "Marks new instances with this installation, and lets orphan GC collect only instances carrying it (two operators sharing a backend).",
+        usage: "Marks new instances with this installation, lets orphan GC collect only instances carrying it (two operators sharing a backend), and prefixes the Redis keys; empty: derived from the cluster's kube-system namespace and the operator's namespace.",
     },
     Flag {
         name: "cluster-cidrs",

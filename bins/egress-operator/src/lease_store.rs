@@ -20,46 +20,84 @@ pub(crate) struct LeaseStore {
     pub(crate) follow_tls: Option<TlsFollower>,
 }
 
-/// The store `--lease-store` names. Contacts nothing: a Redis that is down only makes lease
-/// calls answer 503 until it is up.
-pub(crate) fn lease_store(options: &Options) -> Result<LeaseStore, Fatal> {
-    let failed = |e| fatal(FAILED, e);
+/// What `--lease-store` and its TLS files say, read and checked: everything but the key
+/// prefix, which needs the installation id.
+pub(crate) struct Prepared(Settings);
+
+enum Settings {
+    Memory,
+    Redis(Box<RedisSettings>),
+}
+
+struct RedisSettings {
+    /// Made under the default prefix, which [`Prepared::open`] replaces: making it checks the
+    /// URL and the TLS settings, and contacts nothing.
+    store: RedisStore,
+    files: TlsFiles,
+    read: TlsBytes,
+}
+
+/// Reads and checks the store's settings and files. Contacts nothing, so a problem stops the
+/// start before anything else is made.
+pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
     let files = TlsFiles::of(options);
     if options.lease_store == "memory" {
         if let Some(flag) = files.named().next().map(|(flag, _)| flag) {
-            return Err(failed(format!(
-                "{flag} is for a lease store reached over TLS (rediss://)"
-            )));
+            return Err(fatal(
+                FAILED,
+                format!("{flag} is for a lease store reached over TLS (rediss://)"),
+            ));
         }
-        return Ok(LeaseStore {
-            store: Arc::new(egress_lease::MemoryStore::new(
-                Arc::new(egress_lease::SystemClock),
-                options.lease_cooldown,
-            )),
-            follow_tls: None,
-        });
+        return Ok(Prepared(Settings::Memory));
     }
     if let Some(unpaired) = files.unpaired() {
-        return Err(failed(unpaired.to_owned()));
+        return Err(fatal(FAILED, unpaired.to_owned()));
     }
     let read = files.read().map_err(|u| u.fatal(FAILED))?;
     let tls = read.tls(&files).map_err(|u| u.fatal(FAILED))?;
-    // Two installations sharing one Redis keep apart by their installation id.
-    let prefix = match options.installation_id.as_str() {
-        "" => egress_lease_redis::DEFAULT_PREFIX.to_owned(),
-        id => format!("{}{id}:", egress_lease_redis::DEFAULT_PREFIX),
-    };
-    let store = Arc::new(
-        RedisStore::new_with_tls(&options.lease_store, &prefix, options.lease_cooldown, &tls).map_err(failed)?,
-    );
-    tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
-    let any_file = files.named().next().is_some();
-    let follow_tls = any_file.then(|| TlsFollower {
-        store: store.clone(),
+    let store = RedisStore::new_with_tls(
+        &options.lease_store,
+        egress_lease_redis::DEFAULT_PREFIX,
+        options.lease_cooldown,
+        &tls,
+    )
+    .map_err(|e| fatal(FAILED, e))?;
+    Ok(Prepared(Settings::Redis(Box::new(RedisSettings {
+        store,
         files,
-        applied: read,
-    });
-    Ok(LeaseStore { store, follow_tls })
+        read,
+    }))))
+}
+
+impl Prepared {
+    /// The store, its Redis keys under the installation's own prefix (two installations
+    /// sharing one Redis keep apart). Contacts nothing: a Redis that is down only makes lease
+    /// calls answer 503 until it is up.
+    pub(crate) fn open(self, options: &Options, installation: &str) -> Result<LeaseStore, Fatal> {
+        let redis = match self.0 {
+            Settings::Memory => {
+                return Ok(LeaseStore {
+                    store: Arc::new(egress_lease::MemoryStore::new(
+                        Arc::new(egress_lease::SystemClock),
+                        options.lease_cooldown,
+                    )),
+                    follow_tls: None,
+                });
+            }
+            Settings::Redis(redis) => *redis,
+        };
+        let RedisSettings { store, files, read } = redis;
+        let prefix = format!("{}{installation}:", egress_lease_redis::DEFAULT_PREFIX);
+        let store = Arc::new(store.with_prefix(&prefix).map_err(|e| fatal(FAILED, e))?);
+        tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
+        let any_file = files.named().next().is_some();
+        let follow_tls = any_file.then(|| TlsFollower {
+            store: store.clone(),
+            files,
+            applied: read,
+        });
+        Ok(LeaseStore { store, follow_tls })
+    }
 }
 
 /// The paths the three flags give; empty for a flag not given.
@@ -197,7 +235,8 @@ mod tests {
 
     fn follower(options: &Options) -> TlsFollower {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        lease_store(options)
+        prepare(options)
+            .and_then(|p| p.open(options, "test"))
             .unwrap_or_else(|e| panic!("{:?}", e.error))
             .follow_tls
             .expect("TLS files to follow")
@@ -266,7 +305,7 @@ mod tests {
             lease_store_ca_file: ca.clone(),
             ..Options::default()
         };
-        let Err(fatal) = lease_store(&options) else {
+        let Err(fatal) = prepare(&options) else {
             panic!("a CA file without a certificate was taken");
         };
         assert_eq!(fatal.message, "Failed to set up the lease store");
@@ -284,7 +323,7 @@ mod tests {
             ..options
         };
         assert!(
-            lease_store(&memory)
+            prepare(&memory)
                 .err()
                 .and_then(|f| f.error)
                 .is_some_and(|e| e.contains("--lease-store-ca-file is for a lease store reached over TLS")),

@@ -133,6 +133,8 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
 struct Replica {
     client: kube::Client,
     namespaces: Namespaced,
+    /// `--installation-id`, or the one derived from the cluster and the namespace.
+    installation: String,
     cache: ProxyCache,
     credentials: CredentialCache,
     /// The discovery API's view of the Proxies, which the leader publishes to a shared store.
@@ -164,10 +166,12 @@ async fn start_replica(
     // Leases live in this process (one replica) or in Redis (shared by every replica); the
     // store and its sweep run on every replica. First, as it contacts nothing: a store that
     // cannot be set up stops the start before anything else is made.
-    let crate::lease_store::LeaseStore { store, follow_tls } = crate::lease_store::lease_store(options)?;
+    let prepared = crate::lease_store::prepare(options)?;
     let (client, rest_metrics) = crate::kube_client(&options.kubeconfig)
         .await
         .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
+    let installation = installation_id(options, &client, &namespaces.own).await?;
+    let crate::lease_store::LeaseStore { store, follow_tls } = prepared.open(options, &installation)?;
 
     let provider_health = ProviderHealthSnapshot::default();
     tracing::info!(namespaces = %namespaces.served, "Serving the Proxies of these namespaces");
@@ -262,6 +266,7 @@ async fn start_replica(
     Ok(Replica {
         client,
         namespaces,
+        installation,
         cache,
         credentials,
         directory,
@@ -392,6 +397,7 @@ fn start_leader_tasks(
     let Replica {
         client,
         namespaces,
+        installation,
         cache,
         credentials,
         directory,
@@ -421,7 +427,7 @@ fn start_leader_tasks(
         store.clone(),
         shutdown.clone(),
     ));
-    let installation = Some(options.installation_id.clone()).filter(|i| !i.is_empty());
+    let installation = Some(installation);
     let external = Arc::new(external_rules(options, &namespaces.own)?);
     let work = shutdown.child_token();
     let mut fetched_target = None;
@@ -621,6 +627,49 @@ fn external_rules(
         namespaces,
         guard: Arc::new(guard),
     })
+}
+
+/// How long the start waits for the cluster to say who it is, when it does not answer.
+const INSTALLATION_BUDGET: Duration = Duration::from_secs(30);
+
+/// The installation id: `--installation-id`, or derived from the cluster and the operator's
+/// namespace (`egress_controller::installation`). A cluster that does not answer is asked again
+/// for [`INSTALLATION_BUDGET`]; one that refuses (no grant to read `kube-system`) stops the
+/// start at once, saying what to grant or set.
+async fn installation_id(options: &Options, client: &kube::Client, own_namespace: &str) -> Result<String, Fatal> {
+    use egress_controller::installation::{CLUSTER_NAMESPACE, cluster_uid, derive};
+    if !options.installation_id.is_empty() {
+        tracing::info!(installation = %options.installation_id, "Installation id set by --installation-id");
+        return Ok(options.installation_id.clone());
+    }
+    let deadline = tokio::time::Instant::now() + INSTALLATION_BUDGET;
+    let uid = loop {
+        match cluster_uid(client).await {
+            Ok(uid) => break uid,
+            Err(kube::Error::Api(s)) if (400..500).contains(&s.code) => {
+                return Err(fatal(
+                    "Failed to derive the installation id",
+                    format!(
+                        "reading namespace {CLUSTER_NAMESPACE}: {} ({}); grant get on it (deploy/rbac/role.yaml) or set --installation-id",
+                        s.message, s.code
+                    ),
+                ));
+            }
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(fatal(
+                    "Failed to derive the installation id",
+                    format!("reading namespace {CLUSTER_NAMESPACE}: {e}"),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading namespace {CLUSTER_NAMESPACE} for the installation id failed; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    };
+    let id = derive(&uid, own_namespace);
+    tracing::info!(installation = %id, namespace = own_namespace, "Installation id derived from the cluster and the namespace");
+    Ok(id)
 }
 
 /// The operator's own namespace and the namespaces it serves.

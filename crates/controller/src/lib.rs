@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod events;
 pub mod gc;
 pub mod health;
+pub mod installation;
 pub mod leader;
 pub mod merge;
 pub mod metrics;

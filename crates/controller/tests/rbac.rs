@@ -92,7 +92,7 @@ fn group_of(resource: &str) -> &'static str {
         "proxies" | "providerhealths" | "proxypools" => "crawl.example.com",
         "leases" => "coordination.k8s.io",
         "events" => "events.k8s.io",
-        "secrets" => "",
+        "secrets" | "namespaces" => "",
         other => panic!("the operator touched an unexpected resource: {other}"),
     }
 }
@@ -331,6 +331,10 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     assert_eq!(monitor.cleanup().await.unwrap(), 1);
     monitor.round(&schedule, &shutdown).await;
     monitor.round(&schedule, &shutdown).await;
+
+    // The installation id, derived at start from the cluster's kube-system namespace.
+    let uid = egress_controller::installation::cluster_uid(&operator).await.unwrap();
+    assert!(!uid.is_empty());
 
     // The discovery token's Secret in the manager's namespace: made once, then read.
     let own: Api<Secret> = Api::namespaced(operator.clone(), "system");

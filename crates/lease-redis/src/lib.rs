@@ -156,15 +156,13 @@ impl RedisStore {
     /// off).
     pub fn new_with_tls(url: &str, prefix: &str, cooldown: Duration, tls: &Tls) -> Result<Self, String> {
         let shown = shown_url(url);
-        if prefix.contains(['{', '}']) {
-            return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
-        }
+        let tag = tag(prefix)?;
         let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
         let connection = Current::open(&url, tls).map_err(|e| format!("lease store {shown}: {e}"))?;
         Ok(Self::on(Calls {
             connection: Arc::new(connection),
             library: Arc::new(Library::new()),
-            tag: format!("{{{prefix}}}"),
+            tag,
             clock: None,
             cooldown,
             max_ended: MAX_ENDED,
@@ -217,6 +215,19 @@ impl RedisStore {
             max_ended,
             ..(*self.calls).clone()
         })
+    }
+
+    /// The same store (and connection) with its keys under `prefix`: a caller that checks the
+    /// URL and TLS settings before it knows the prefix (the operator, before it has asked the
+    /// cluster for its installation id).
+    ///
+    /// # Errors
+    /// The prefix holds a brace (it would break the hash tag).
+    pub fn with_prefix(self, prefix: &str) -> Result<Self, String> {
+        Ok(Self::on(Calls {
+            tag: tag(prefix)?,
+            ..(*self.calls).clone()
+        }))
     }
 
     /// The same store on `clock` instead of Redis's (tests that move time by hand).
@@ -453,6 +464,14 @@ impl LeaseStore for RedisStore {
     }
 }
 
+/// The hash tag of `prefix`'s keys, `{<prefix>}`.
+fn tag(prefix: &str) -> Result<String, String> {
+    if prefix.contains(['{', '}']) {
+        return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
+    }
+    Ok(format!("{{{prefix}}}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,6 +485,14 @@ mod tests {
             let e = RedisStore::new(url, prefix, Duration::from_secs(1)).expect_err(why);
             assert!(e.contains(why), "{e}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_prefix_given_later_is_checked_alike() {
+        // Contacts nothing: the connection is made on the first call.
+        let store = RedisStore::new("redis://h:1", DEFAULT_PREFIX, Duration::from_secs(1)).unwrap();
+        let e = store.with_prefix("a{b}:").err().expect("braces");
+        assert!(e.contains("braces"), "{e}");
     }
 
     #[test]
