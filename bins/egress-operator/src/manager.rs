@@ -216,8 +216,8 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
             .local_addr()
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
         let auth = discovery_auth::start(options, &client, &own_namespace(&client), &mut tasks, shutdown).await;
-        let (admission, clients_config) = crate::clients_config::admission(options, admission_metrics)?;
-        if let Some(following) = clients_config {
+        let clients = crate::clients_config::clients(options, admission_metrics)?;
+        if let Some(following) = clients.following {
             tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
         }
         let api = egress_discovery::DiscoveryApi {
@@ -226,7 +226,8 @@ async fn start_replica(options: &Options, loaded: &Loaded, shutdown: &Cancellati
             max_ttl: options.max_lease_ttl,
             auth,
             refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
-            admission,
+            admission: clients.admission,
+            scopes: clients.scopes,
         };
         refusals.clone_from(&api.refusals);
         essential.insert(
