@@ -283,6 +283,7 @@ async fn in_process(count: usize, polite_token: &str, abuse_token: &str) -> (Str
             credentials: None,
             offered: true,
             pool_role: None,
+            pool: None,
         })
         .collect();
     let clients = BTreeMap::from([
@@ -301,6 +302,7 @@ async fn in_process(count: usize, polite_token: &str, abuse_token: &str) -> (Str
         max_ttl: Duration::from_secs(3600),
         auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&clients))),
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: egress_discovery::Admission::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");

@@ -1,10 +1,11 @@
-//! The discovery API's admission as the flags ask for it: the default budget
-//! (`--discovery-client-rate`, `--discovery-client-burst`, `--discovery-client-concurrency`),
-//! the requests served at once (`--discovery-max-in-flight`), and the per-client budgets of
-//! `--discovery-clients-config`, followed while the manager runs. A file that cannot be used
-//! stops the start; later, it is logged once and the budgets in force stay.
+//! The discovery API's admission and client scopes as the flags ask for them: the default
+//! budget (`--discovery-client-rate`, `--discovery-client-burst`,
+//! `--discovery-client-concurrency`), the requests served at once (`--discovery-max-in-flight`),
+//! and the per-client budgets and scopes of `--discovery-clients-config`, followed while the
+//! manager runs. A file that cannot be used stops the start; later, it is logged once and the
+//! budgets and scopes in force stay.
 
-use egress_discovery::{Admission, AdmissionMetrics, Budget, Budgets};
+use egress_discovery::{Admission, AdmissionMetrics, Budget, Budgets, Scopes};
 
 use crate::Fatal;
 use crate::flags::Options;
@@ -12,20 +13,31 @@ use crate::followed::{Followed, Following, Unusable, read_regular_file};
 
 const FLAG: &str = "--discovery-clients-config";
 
-/// The admission the flags ask for, and the follower of its file (`None` without one).
-pub(crate) fn admission(
-    options: &Options,
-    metrics: AdmissionMetrics,
-) -> Result<(Admission, Option<Following<ClientsConfig>>), Fatal> {
+/// What the API takes from the flags and the clients config file, and the follower of that file
+/// (`None` without one).
+pub(crate) struct Clients {
+    pub(crate) admission: Admission,
+    pub(crate) scopes: Scopes,
+    pub(crate) following: Option<Following<ClientsConfig>>,
+}
+
+/// The admission and scopes the flags ask for.
+pub(crate) fn clients(options: &Options, metrics: AdmissionMetrics) -> Result<Clients, Fatal> {
     let (default, at_once) = budget(options);
     let admission = Admission::new(Budgets::uniform(default), at_once, metrics);
+    let scopes = Scopes::default();
     if options.discovery_clients_config.is_empty() {
-        return Ok((admission, None));
+        return Ok(Clients {
+            admission,
+            scopes,
+            following: None,
+        });
     }
     let mut file = ClientsConfig {
         path: options.discovery_clients_config.clone(),
         default,
         admission: admission.clone(),
+        scopes: scopes.clone(),
         applied: None,
     };
     file.check()
@@ -33,9 +45,14 @@ pub(crate) fn admission(
     tracing::info!(
         path = %file.path,
         clients = admission.budgets().clients.len(),
+        scoped = scopes.table().len(),
         "Discovery clients config read"
     );
-    Ok((admission, Some(Following::new(file))))
+    Ok(Clients {
+        admission,
+        scopes,
+        following: Some(Following::new(file)),
+    })
 }
 
 /// The default budget and the requests served at once the flags ask for: a concurrency or a
@@ -53,18 +70,19 @@ fn budget(options: &Options) -> (Budget, usize) {
     (budget, at_once)
 }
 
-/// The clients config file and the admission its budgets go to.
+/// The clients config file, and the admission and scopes its budgets and scopes go to.
 pub(crate) struct ClientsConfig {
     path: String,
     default: Budget,
     admission: Admission,
+    scopes: Scopes,
     /// The text last put in force.
     applied: Option<Vec<u8>>,
 }
 
 impl Followed for ClientsConfig {
-    const CHANGED: &'static str = "Discovery clients config changed; the new budgets are in force";
-    const UNUSABLE: &'static str = "Discovery clients config cannot be used; the budgets in force stay";
+    const CHANGED: &'static str = "Discovery clients config changed; the new budgets and scopes are in force";
+    const UNUSABLE: &'static str = "Discovery clients config cannot be used; the budgets and scopes in force stay";
 
     fn check(&mut self) -> Result<bool, Unusable> {
         let unusable = |why: String| Unusable {
@@ -78,8 +96,9 @@ impl Followed for ClientsConfig {
             return Ok(false);
         }
         let readable = String::from_utf8(text.clone()).map_err(|_| unusable("not UTF-8 text".to_owned()))?;
-        let budgets = egress_discovery::parse_clients_config(&readable, self.default).map_err(unusable)?;
-        self.admission.set_budgets(budgets);
+        let parsed = egress_discovery::parse_clients_config(&readable, self.default).map_err(unusable)?;
+        self.admission.set_budgets(parsed.budgets);
+        self.scopes.set(parsed.scopes);
         self.applied = Some(text);
         Ok(true)
     }
@@ -99,6 +118,7 @@ mod tests {
             path: dir.join("clients.yaml").display().to_string(),
             default,
             admission: Admission::new(Budgets::uniform(default), 16, AdmissionMetrics::default()),
+            scopes: Scopes::default(),
             applied: None,
         }
     }
@@ -120,17 +140,39 @@ mod tests {
         let dir = egress_testkit::ScratchDir::new("clients-config");
         let mut file = follower(dir.path());
         let write = |text: &str| std::fs::write(dir.path().join("clients.yaml"), text).unwrap();
-        write("clients:\n  team-a:\n    requestsPerSecond: 10\n");
+        write("clients:\n  team-a:\n    requestsPerSecond: 10\n    scope: {pools: [eu]}\n");
         assert_eq!(file.check(), Ok(true));
         assert_eq!(file.admission.budgets().of("team-a").requests_per_second, 10);
+        let eu_only = file.scopes.of("team-a").expect("team-a is scoped");
+        assert!(eu_only.allows_pool("crawlers/eu") && !eu_only.allows_pool("crawlers/us"));
         assert_eq!(file.check(), Ok(false), "unchanged");
         write("clients:\n  team-a:\n    rate: 10\n");
         let problem = file.check().unwrap_err();
         assert_eq!(problem.flag, "--discovery-clients-config");
         assert!(problem.why.contains("rate"), "{}", problem.why);
         assert_eq!(file.admission.budgets().of("team-a").requests_per_second, 10, "kept");
+        write("clients:\n  team-a:\n    requestsPerSecond: 20\n    scope: {pools: []}\n");
+        let problem = file.check().unwrap_err();
+        assert!(
+            problem.why.contains("client \"team-a\": scope.pools is empty"),
+            "{}",
+            problem.why
+        );
+        assert_eq!(file.scopes.of("team-a"), Some(eu_only.clone()), "the scope is kept");
+        assert_eq!(
+            file.admission.budgets().of("team-a").requests_per_second,
+            10,
+            "and the budget"
+        );
         std::fs::remove_file(dir.path().join("clients.yaml")).unwrap();
         assert!(file.check().is_err(), "a missing file keeps the budgets too");
         assert_eq!(file.admission.budgets().of("team-a").requests_per_second, 10);
+        assert_eq!(file.scopes.of("team-a"), Some(eu_only));
+        write("clients:\n  team-a:\n    scope: {pools: [us]}\n");
+        assert_eq!(file.check(), Ok(true));
+        assert!(file.scopes.of("team-a").is_some_and(|s| s.allows_pool("crawlers/us")));
+        write("clients:\n  team-a: {}\n");
+        assert_eq!(file.check(), Ok(true));
+        assert_eq!(file.scopes.of("team-a"), None, "a scope taken out: every proxy");
     }
 }

@@ -78,7 +78,7 @@ pub struct Options {
     /// `--discovery-max-in-flight`: requests the discovery API serves at once, across clients;
     /// 0: the store's default.
     pub discovery_max_in_flight: usize,
-    /// `--discovery-clients-config`: per-client budgets; empty: none.
+    /// `--discovery-clients-config`: per-client budgets and scopes; empty: none.
     pub discovery_clients_config: String,
     pub max_lease_ttl: Duration,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
@@ -368,7 +368,7 @@ const FLAGS: &[Flag] = &[
         name: "discovery-clients-config",
         kind: Kind::Text,
         default: "",
-        usage: "A YAML file of per-client budgets (clients: <name>: requestsPerSecond, burst, concurrency), re-read every 10s; a file that cannot be used keeps the budgets in force. Empty: every client on the defaults.",
+        usage: "A YAML file of per-client budgets and scopes (clients: <name>: requestsPerSecond, burst, concurrency, scope: {namespaces, pools}), re-read every 10s; a file that cannot be used keeps the budgets and scopes in force. Empty: every client on the defaults, seeing every proxy.",
     },
     Flag {
         name: "max-lease-ttl",

@@ -238,8 +238,8 @@ async fn start_replica(
             .local_addr()
             .map_err(|e| fatal("Failed to start the discovery server", e))?;
         let auth = discovery_auth::start(options, &client, &namespaces.own, &mut tasks, shutdown).await;
-        let (admission, clients_config) = crate::clients_config::admission(options, admission_metrics)?;
-        if let Some(following) = clients_config {
+        let clients = crate::clients_config::clients(options, admission_metrics)?;
+        if let Some(following) = clients.following {
             tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
         }
         let api = egress_discovery::DiscoveryApi {
@@ -248,7 +248,8 @@ async fn start_replica(
             max_ttl: options.max_lease_ttl,
             auth,
             refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
-            admission,
+            admission: clients.admission,
+            scopes: clients.scopes,
         };
         refusals.clone_from(&api.refusals);
         essential.insert(

@@ -3,7 +3,7 @@
 //! get 429 `rate_limited` with `Retry-After` before their bodies are read (and a request that
 //! announced a body has its connection closed), while the other client is served; the Rust
 //! client waits as told and gets its answer; a changed config is followed, and one that cannot
-//! be used keeps the budgets in force.
+//! be used keeps the budgets (and scopes) in force.
 
 mod common;
 
@@ -130,13 +130,13 @@ async fn a_client_over_its_budget_gets_429_while_another_is_served() {
 
     // A changed config is followed: team-a's budget grows.
     config.update_keys(&[("clients.yaml", "clients:\n  team-a:\n    requestsPerSecond: 1000\n")]);
-    op.wait_msg("Discovery clients config changed; the new budgets are in force");
+    op.wait_msg("Discovery clients config changed; the new budgets and scopes are in force");
     for _ in 0..20 {
         assert_eq!(list(&http, &base, TEAM_A).await.0, 200);
     }
     // One that cannot be used keeps it.
     config.update_keys(&[("clients.yaml", "clients:\n  team-a:\n    rate: 1\n")]);
-    let kept = op.wait_msg("WARNING: Discovery clients config cannot be used; the budgets in force stay");
+    let kept = op.wait_msg("WARNING: Discovery clients config cannot be used; the budgets and scopes in force stay");
     assert_eq!(kept["flag"], "--discovery-clients-config", "{kept}");
     for _ in 0..20 {
         assert_eq!(list(&http, &base, TEAM_A).await.0, 200);

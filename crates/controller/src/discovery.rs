@@ -45,7 +45,8 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
         Mode::Managed => (status.ip.clone(), proxy.spec.port),
     };
     let verdict = crate::decide::last_verdict(&status);
-    let role = proxy.pool().map(|m| m.role);
+    let membership = proxy.pool();
+    let role = membership.map(|m| m.role);
     Some(ProxyInfo {
         id: id_of(proxy),
         ip,
@@ -58,6 +59,7 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
         credentials,
         offered: !refused && role.is_none_or(PoolRole::offered),
         pool_role: role.map(PoolRole::as_str),
+        pool: membership.map(|m| m.pool.to_owned()),
     })
 }
 
@@ -313,5 +315,38 @@ mod tests {
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
         assert_eq!(info(&p, Lookup::NotNeeded), None);
+    }
+
+    #[test]
+    fn a_proxy_is_in_a_pool_by_its_owner_not_by_its_attribute() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let mut p = Proxy::new(
+            "eu-1",
+            ProxySpec {
+                attributes: [(egress_api::ATTRIBUTE_POOL.to_string(), "eu".to_string())].into(),
+                ..Default::default()
+            },
+        );
+        p.metadata.namespace = Some("ns".into());
+        let v = info(&p, Lookup::NotNeeded).unwrap();
+        assert_eq!(
+            (v.pool, v.pool_role),
+            (None, None),
+            "the attribute alone makes no member"
+        );
+        p.metadata.labels = Some([(egress_api::LABEL_POOL.to_string(), "eu".to_string())].into());
+        let owner = |name: &str| OwnerReference {
+            api_version: egress_api::API_VERSION.into(),
+            kind: "ProxyPool".into(),
+            name: name.into(),
+            uid: "uid-1".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        p.metadata.owner_references = Some(vec![owner("other")]);
+        assert_eq!(info(&p, Lookup::NotNeeded).unwrap().pool, None, "owned by another pool");
+        p.metadata.owner_references = Some(vec![owner("eu")]);
+        let v = info(&p, Lookup::NotNeeded).unwrap();
+        assert_eq!((v.pool.as_deref(), v.pool_role), (Some("eu"), Some("standby")));
     }
 }

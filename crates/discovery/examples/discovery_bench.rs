@@ -136,6 +136,7 @@ async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>, shared_store: bo
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: egress_discovery::Admission::with_defaults(
             shared_store,
             egress_discovery::AdmissionMetrics::default(),
@@ -198,6 +199,7 @@ async fn main() {
             credentials: None,
             offered: true,
             pool_role: None,
+            pool: None,
         })
         .collect();
     let fleet = Arc::new(fleet.into_iter().collect::<Fleet>());

@@ -4,11 +4,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use egress_lease::{Candidate, LeaseRequest, LeaseStore, ReportResult, Scope, StoreError, Target, effective_ttl};
+use egress_lease::{
+    Candidate, Grant, LeaseRequest, LeaseStore, NoMatch, ReportResult, Scope, StoreError, Target, effective_ttl,
+};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::fleet::Fleet;
+use crate::scope::ClientScope;
 
 /// A proxy as the API shows it (the caller leaves out Proxies being deleted).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +37,10 @@ pub struct ProxyInfo {
     /// A pool member's role (`active`, `standby`, `draining`), shown as `poolRole` in the list;
     /// `None` for a proxy in no pool.
     pub pool_role: Option<&'static str>,
+    /// The name of the ProxyPool that owns it (in its namespace); `None` for a proxy in no
+    /// pool. Membership is the owner, not the `pool` attribute any Proxy may carry: what a
+    /// client scope's pools match ([`crate::ClientScope`]).
+    pub pool: Option<String>,
 }
 
 /// Where the API reads proxies from.
@@ -67,6 +74,9 @@ pub struct DiscoveryApi {
     pub refusals: Option<Arc<crate::Refusals>>,
     /// Which request is served when, per client ([`crate::admission`]).
     pub admission: crate::Admission,
+    /// What each client may see and lease ([`crate::scope`]); a client without a scope sees
+    /// every proxy.
+    pub scopes: crate::Scopes,
 }
 
 impl std::fmt::Debug for DiscoveryApi {
@@ -75,6 +85,7 @@ impl std::fmt::Debug for DiscoveryApi {
             .field("max_ttl", &self.max_ttl)
             .field("auth", &self.auth)
             .field("admission", &self.admission)
+            .field("scopes", &self.scopes)
             .finish_non_exhaustive()
     }
 }
@@ -146,7 +157,10 @@ fn leased(p: &ProxyInfo, active: usize) -> Leased<'_> {
     }
 }
 
-fn matches(p: &ProxyInfo, selector: &BTreeMap<String, Vec<String>>) -> bool {
+/// A selector: every key's values must all be the proxy's attribute.
+type Selector = BTreeMap<String, Vec<String>>;
+
+fn matches(p: &ProxyInfo, selector: &Selector) -> bool {
     selector
         .iter()
         .all(|(k, values)| values.iter().all(|v| p.attributes.get(k) == Some(v)))
@@ -167,30 +181,88 @@ fn list_failed(e: &str, what: &str) -> Answer {
     error(500, "internal", "listing proxies failed")
 }
 
-impl DiscoveryApi {
-    /// `GET /v1/proxies?healthy=&attr.<k>=`.
-    pub(crate) async fn list(&self, query: Option<&str>) -> Answer {
-        let mut healthy = None;
-        let mut selector: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (k, v) in form_pairs(query.unwrap_or_default()) {
-            if k == "healthy" {
-                healthy = match v.as_str() {
-                    "" => None,
-                    "true" => Some(true),
-                    "false" => Some(false),
-                    _ => return error(400, "invalid_query", "healthy must be true or false"),
-                };
-            } else if let Some(attr) = k.strip_prefix("attr.") {
-                selector.entry(attr.to_string()).or_default().push(v);
-            }
+/// Whether `p` is one the caller may see and lease: any, for a caller without a scope.
+fn in_scope(scope: Option<&ClientScope>, p: &ProxyInfo) -> bool {
+    scope.is_none_or(|s| s.allows(p))
+}
+
+/// The list's query: `healthy` and the `attr.<k>` selector.
+fn list_query(query: Option<&str>) -> Result<(Option<bool>, Selector), Answer> {
+    let mut healthy = None;
+    let mut selector = Selector::new();
+    for (k, v) in form_pairs(query.unwrap_or_default()) {
+        if k == "healthy" {
+            healthy = match v.as_str() {
+                "" => None,
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => return Err(error(400, "invalid_query", "healthy must be true or false")),
+            };
+        } else if let Some(attr) = k.strip_prefix("attr.") {
+            selector.entry(attr.to_string()).or_default().push(v);
         }
+    }
+    Ok((healthy, selector))
+}
+
+/// The lease candidates among `proxies`, lazily, in (latency, id) order: the store stops at the
+/// first idle eligible proxy, so a lease costs the same with ten proxies or ten thousand.
+/// Standby and draining pool members, and proxies outside the caller's scope, are none.
+fn candidates<'a>(
+    proxies: &'a Fleet,
+    selector: &'a Selector,
+    scope: Option<&'a ClientScope>,
+) -> impl Iterator<Item = Candidate<'a>> + Send + 'a {
+    proxies
+        .in_lease_order()
+        .filter(move |p| p.offered && matches(p, selector) && in_scope(scope, p))
+        .map(|p| Candidate {
+            id: &p.id,
+            healthy: p.healthy,
+            latency_millis: p.latency_millis,
+            max_leases: p.max_leases,
+        })
+}
+
+/// Which proxies the store may choose from. An empty selector is every offered proxy: a shared
+/// store answers it from its index of the installation. The index knows no client scopes, so a
+/// scoped caller's candidates are always the listed ones.
+fn lease_scope(selector_is_empty: bool, scope: Option<&ClientScope>) -> Scope {
+    if selector_is_empty && scope.is_none() {
+        Scope::Installation
+    } else {
+        Scope::Listed
+    }
+}
+
+/// What `POST /v1/leases` sends.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct AcquireBody {
+    #[serde(default)]
+    selector: BTreeMap<String, String>,
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
+    #[serde(default)]
+    target: Option<String>,
+}
+
+type Acquired = Result<Grant, NoMatch>;
+
+impl DiscoveryApi {
+    /// `GET /v1/proxies?healthy=&attr.<k>=`: the proxies the caller may see (its scope's).
+    pub(crate) async fn list(&self, scope: Option<&ClientScope>, query: Option<&str>) -> Answer {
+        let (healthy, selector) = match list_query(query) {
+            Ok(q) => q,
+            Err(answer) => return answer,
+        };
         let all = match self.directory.proxies() {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies"),
         };
         let proxies: Vec<&ProxyInfo> = all
             .in_id_order()
-            .filter(|p| healthy.is_none_or(|h| p.healthy == h) && matches(p, &selector))
+            .filter(|p| healthy.is_none_or(|h| p.healthy == h) && matches(p, &selector) && in_scope(scope, p))
             .collect();
         let ids: Vec<&str> = proxies.iter().map(|p| p.id.as_str()).collect();
         let active = match self.store.active_leases(&ids).await {
@@ -212,19 +284,9 @@ impl DiscoveryApi {
         )
     }
 
-    /// `POST /v1/leases`.
-    pub(crate) async fn acquire(&self, body: &[u8]) -> Answer {
-        #[derive(Deserialize, Default)]
-        #[serde(rename_all = "camelCase")]
-        struct Body {
-            #[serde(default)]
-            selector: BTreeMap<String, String>,
-            #[serde(default)]
-            ttl_seconds: Option<i64>,
-            #[serde(default)]
-            target: Option<String>,
-        }
-        let body: Body = match decode(body) {
+    /// `POST /v1/leases`, choosing among the proxies the caller may lease (its scope's).
+    pub(crate) async fn acquire(&self, scope: Option<&ClientScope>, body: &[u8]) -> Answer {
+        let body: AcquireBody = match decode(body) {
             Ok(b) => b,
             Err(answer) => return answer,
         };
@@ -240,96 +302,81 @@ impl DiscoveryApi {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies for lease"),
         };
-        let selector: BTreeMap<String, Vec<String>> = body
+        let selector: Selector = body
             .selector
             .iter()
             .map(|(k, v)| (k.clone(), vec![v.clone()]))
             .collect();
-        // Lazily, in (latency, id) order: the store stops at the first idle eligible proxy, so
-        // a lease costs the same with ten proxies or ten thousand. Standby and draining pool
-        // members are no candidates.
-        let candidates = || {
-            proxies
-                .in_lease_order()
-                .filter(|p| p.offered && matches(p, &selector))
-                .map(|p| Candidate {
-                    id: &p.id,
-                    healthy: p.healthy,
-                    latency_millis: p.latency_millis,
-                    max_leases: p.max_leases,
-                })
+        let req = LeaseRequest {
+            ttl,
+            target,
+            scope: lease_scope(body.selector.is_empty(), scope),
         };
-        // An empty selector is every offered proxy: a shared store answers it from its index.
-        let scope = if body.selector.is_empty() {
-            Scope::Installation
-        } else {
-            Scope::Listed
-        };
-        let req = LeaseRequest { ttl, target, scope };
-        let mut acquired = match self.store.acquire(&mut candidates(), &req).await {
+        let acquired = match self
+            .store
+            .acquire(&mut candidates(&proxies, &selector, scope), &req)
+            .await
+        {
             Ok(a) => a,
             Err(e) => return store_failed(&e, "acquiring a lease"),
         };
-        // From its index, a shared store may grant a proxy this replica does not offer yet (or
-        // any more): the leader's view is newer or older than its cache. That lease is given
-        // back (if that fails, it holds its slot until its expiry) and the choice made among
-        // the proxies offered here.
-        if let Ok(grant) = &acquired
-            && !proxies.get(&grant.proxy_id).is_some_and(|p| p.offered)
-        {
-            if let Err(e) = self.store.release(&grant.lease_id).await {
-                return store_failed(&e, "giving back a lease on an unknown proxy");
-            }
-            let listed = LeaseRequest {
-                scope: Scope::Listed,
-                ..req
-            };
-            acquired = match self.store.acquire(&mut candidates(), &listed).await {
-                Ok(a) => a,
-                Err(e) => return store_failed(&e, "acquiring a lease"),
-            };
-        }
+        let acquired = match self.among_own(acquired, &proxies, &selector, scope, req).await {
+            Ok(a) => a,
+            Err(answer) => return answer,
+        };
         match acquired {
-            Ok(grant) => {
-                #[derive(serde::Serialize)]
-                #[serde(rename_all = "camelCase")]
-                struct Granted<'a> {
-                    #[serde(rename = "leaseID")]
-                    lease_id: &'a str,
-                    proxy: Option<Leased<'a>>,
-                    expires_at: String,
-                    ttl_seconds: u64,
-                }
-                let proxy = proxies.get(&grant.proxy_id).map(|p| leased(p, grant.active_leases));
-                let expires_at = jiff::Timestamp::try_from(grant.expires_at)
-                    .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-                    .unwrap_or_default();
-                (
-                    201,
-                    encoded(&Granted {
-                        lease_id: &grant.lease_id,
-                        proxy,
-                        expires_at,
-                        ttl_seconds: grant.ttl.as_secs(),
-                    }),
-                )
-            }
+            Ok(grant) => granted(&proxies, &grant),
             Err(n) => {
-                if let Some(refusals) = &self.refusals {
-                    refusals.record(&body.selector);
-                }
-                (
-                    409,
-                    encoded(&json!({
-                        "error": "no_match",
-                        "message": "no healthy proxy with free capacity matched the selector",
-                        "considered": n.considered,
-                        "atCapacity": n.at_capacity,
-                        "inCooldown": n.in_cooldown,
-                        "unhealthy": n.unhealthy,
-                    })),
-                )
+                self.record_refusal(scope, &body.selector);
+                no_match(&n)
             }
+        }
+    }
+
+    /// From its index, a shared store may grant a proxy this replica does not offer yet (or
+    /// any more): the leader's view is newer or older than its cache. That lease is given back
+    /// (if that fails, it holds its slot until its expiry) and the choice made among the
+    /// proxies offered here. A grant outside the caller's scope (which the listed candidates
+    /// never give) would be handled the same: a lease answer never carries such a proxy.
+    async fn among_own(
+        &self,
+        acquired: Acquired,
+        proxies: &Fleet,
+        selector: &Selector,
+        scope: Option<&ClientScope>,
+        req: LeaseRequest,
+    ) -> Result<Acquired, Answer> {
+        let Ok(grant) = &acquired else {
+            return Ok(acquired);
+        };
+        if proxies
+            .get(&grant.proxy_id)
+            .is_some_and(|p| p.offered && in_scope(scope, p))
+        {
+            return Ok(acquired);
+        }
+        if let Err(e) = self.store.release(&grant.lease_id).await {
+            return Err(store_failed(&e, "giving back a lease on an unknown proxy"));
+        }
+        let listed = LeaseRequest {
+            scope: Scope::Listed,
+            ..req
+        };
+        self.store
+            .acquire(&mut candidates(proxies, selector, scope), &listed)
+            .await
+            .map_err(|e| store_failed(&e, "acquiring a lease"))
+    }
+
+    /// Counts a refused request for the pools it named, for their autoscalers; a scoped
+    /// caller's only for the pools in its scope, so that no client grows another's pool.
+    fn record_refusal(&self, scope: Option<&ClientScope>, selector: &BTreeMap<String, String>) {
+        let Some(refusals) = &self.refusals else {
+            return;
+        };
+        match scope {
+            None => refusals.record(selector),
+            Some(scope) => refusals.record_where(selector, |pool| scope.allows_pool(pool)),
         }
     }
 
@@ -367,6 +414,48 @@ impl DiscoveryApi {
             Err(e) => store_failed(&e, "recording a report"),
         }
     }
+}
+
+/// `201` with the lease and its proxy.
+fn granted(proxies: &Fleet, grant: &Grant) -> Answer {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Granted<'a> {
+        #[serde(rename = "leaseID")]
+        lease_id: &'a str,
+        proxy: Option<Leased<'a>>,
+        expires_at: String,
+        ttl_seconds: u64,
+    }
+    let proxy = proxies.get(&grant.proxy_id).map(|p| leased(p, grant.active_leases));
+    let expires_at = jiff::Timestamp::try_from(grant.expires_at)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default();
+    (
+        201,
+        encoded(&Granted {
+            lease_id: &grant.lease_id,
+            proxy,
+            expires_at,
+            ttl_seconds: grant.ttl.as_secs(),
+        }),
+    )
+}
+
+/// `409 no_match` with the counts of the candidates considered (only those the caller may
+/// lease: a refusal reveals nothing outside its scope).
+fn no_match(n: &NoMatch) -> Answer {
+    (
+        409,
+        encoded(&json!({
+            "error": "no_match",
+            "message": "no healthy proxy with free capacity matched the selector",
+            "considered": n.considered,
+            "atCapacity": n.at_capacity,
+            "inCooldown": n.in_cooldown,
+            "unhealthy": n.unhealthy,
+        })),
+    )
 }
 
 /// A request's `target`, reduced to `host[:port]`; over 2 KiB is `400 invalid_target`.
@@ -409,6 +498,19 @@ fn form_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_unscoped_caller_s_empty_selector_is_answered_from_the_installation_s_index() {
+        let scope = ClientScope::new(None, Some(vec!["eu".into()])).unwrap();
+        assert_eq!(lease_scope(true, None), Scope::Installation);
+        assert_eq!(lease_scope(false, None), Scope::Listed);
+        assert_eq!(
+            lease_scope(true, Some(&scope)),
+            Scope::Listed,
+            "the index knows no scopes"
+        );
+        assert_eq!(lease_scope(false, Some(&scope)), Scope::Listed);
+    }
 
     #[test]
     fn queries_decode_as_forms() {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 pub use follow::{ClientFiles, MAX_CLIENTS};
 pub use name::ClientName;
+pub(crate) use name::is_dns_label;
 pub use table::TokenSet;
 pub use token_file::{FileTokens, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, parse_tokens, read_token_file};
 

@@ -113,6 +113,7 @@ mod tests {
             credentials: None,
             offered: true,
             pool_role: None,
+            pool: None,
         }
     }
 

@@ -22,7 +22,8 @@
 //! file per client in the token dir, followed by [`ClientFiles`]), and the name is put in the
 //! request's extensions for what runs after auth, and in the response's for the request log.
 //! A caller never sends its name: its token says it. With auth off, every caller is the client
-//! `default`.
+//! `default`. A client's scope ([`scope`], from the clients config file) narrows the proxies it
+//! lists and leases; a client without one (`default` among them) sees every proxy.
 //!
 //! The API knows no Kubernetes: it reads proxies through [`ProxyDirectory`] (a [`Fleet`]
 //! snapshot) and leases through
@@ -41,6 +42,7 @@ mod clients_config;
 mod fleet;
 pub mod openapi;
 pub mod refusals;
+pub mod scope;
 mod server;
 pub mod view;
 
@@ -51,8 +53,9 @@ pub use auth::{
     Auth, ClientFiles, ClientName, FileTokens, MAX_CLIENTS, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet,
     parse_tokens, read_token_file,
 };
-pub use clients_config::{MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
+pub use clients_config::{ClientsFile, MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
 pub use fleet::Fleet;
 pub use refusals::Refusals;
+pub use scope::{ClientScope, ScopeTable, Scopes};
 pub use server::{MAX_BODY, router, serve};
 pub use view::publish_view;

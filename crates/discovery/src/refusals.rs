@@ -164,7 +164,13 @@ impl Refusals {
 
     /// Notes that a request with `selector` was refused (`409 no_match`).
     pub fn record(&self, selector: &Selector) {
-        self.record_at(selector, Instant::now());
+        self.record_at(selector, Instant::now(), |_| true);
+    }
+
+    /// As [`Refusals::record`], counting only for the watched pools whose key `counts` accepts
+    /// (a scoped client's refusal counts for the pools in its scope only).
+    pub fn record_where(&self, selector: &Selector, counts: impl Fn(&str) -> bool) {
+        self.record_at(selector, Instant::now(), counts);
     }
 
     /// How many refusals for the pool `key` came after `since`, counted in whole seconds:
@@ -194,7 +200,7 @@ impl Refusals {
         at.saturating_duration_since(self.epoch).as_secs()
     }
 
-    fn record_at(&self, selector: &Selector, now: Instant) {
+    fn record_at(&self, selector: &Selector, now: Instant, counts: impl Fn(&str) -> bool) {
         let Some(name) = selector.get(&self.attribute) else {
             return;
         };
@@ -204,7 +210,7 @@ impl Refusals {
             let Inner { by_name, refused, .. } = &mut *inner;
             let mut counted = false;
             for w in by_name.get_mut(name).into_iter().flatten() {
-                if concerns(&self.attribute, name, &w.attributes, selector) {
+                if concerns(&self.attribute, name, &w.attributes, selector) && counts(&w.key) {
                     w.counts.add(second);
                     refused.insert(w.key.clone());
                     counted = true;
@@ -273,12 +279,12 @@ mod tests {
         r.watch_pool("other/a", "a", &Selector::new());
         r.watch_pool("ns/b", "b", &Selector::new());
         for s in [0, 0, 5, 9] {
-            r.record_at(&selector(&[("pool", "a")]), at(s));
+            r.record_at(&selector(&[("pool", "a")]), at(s), |_| true);
         }
         // Only ns/a's members have geo=eu; nobody watches c; no pool named: nothing.
-        r.record_at(&selector(&[("pool", "a"), ("geo", "eu")]), at(9));
-        r.record_at(&selector(&[("pool", "c")]), at(9));
-        r.record_at(&selector(&[("geo", "eu")]), at(9));
+        r.record_at(&selector(&[("pool", "a"), ("geo", "eu")]), at(9), |_| true);
+        r.record_at(&selector(&[("pool", "c")]), at(9), |_| true);
+        r.record_at(&selector(&[("geo", "eu")]), at(9), |_| true);
         assert_eq!(r.take_refused(), ["ns/a", "other/a"]);
         assert_eq!(r.take_refused(), Vec::<String>::new());
 
@@ -297,8 +303,8 @@ mod tests {
         assert_eq!(r.count_at("ns/a", start, at(68)), 2);
         assert_eq!(r.count_at("ns/a", start, at(69)), 0);
         // A refusal recorded after `now` was read does not stretch the window back.
-        r.record_at(&selector(&[("pool", "b")]), at(3));
-        r.record_at(&selector(&[("pool", "b")]), at(70));
+        r.record_at(&selector(&[("pool", "b")]), at(3), |_| true);
+        r.record_at(&selector(&[("pool", "b")]), at(70), |_| true);
         assert_eq!(r.count_at("ns/b", start, at(69)), 0);
     }
 
@@ -308,12 +314,12 @@ mod tests {
         let at = |s: u64| r.epoch + Duration::from_secs(s);
         r.watch_pool("ns/a", "a", &Selector::new());
         let a = selector(&[("pool", "a")]);
-        r.record_at(&a, at(3));
-        r.record_at(&a, at(3));
+        r.record_at(&a, at(3), |_| true);
+        r.record_at(&a, at(3), |_| true);
         // Second 63 shares second 3's slot; second 200 is minutes later.
-        r.record_at(&a, at(63));
+        r.record_at(&a, at(63), |_| true);
         assert_eq!(r.count_at("ns/a", at(0), at(63)), 1);
-        r.record_at(&a, at(200));
+        r.record_at(&a, at(200), |_| true);
         assert_eq!(r.count_at("ns/a", at(0), at(200)), 1);
         assert_eq!(r.count_at("ns/a", at(0), at(201)), 1);
     }
@@ -323,13 +329,13 @@ mod tests {
         let r = Refusals::new("pool");
         let at = |s: u64| r.epoch + Duration::from_secs(s);
         r.watch_pool("ns/a", "a", &Selector::new());
-        r.record_at(&selector(&[("pool", "a")]), at(1));
+        r.record_at(&selector(&[("pool", "a")]), at(1), |_| true);
         // The template changed: the counts stay, the attributes follow.
         r.watch_pool("ns/a", "a", &selector(&[("geo", "us")]));
-        r.record_at(&selector(&[("pool", "a"), ("geo", "us")]), at(2));
+        r.record_at(&selector(&[("pool", "a"), ("geo", "us")]), at(2), |_| true);
         assert_eq!(r.count_at("ns/a", at(0), at(2)), 2);
         r.forget_pool("ns/a");
-        r.record_at(&selector(&[("pool", "a")]), at(3));
+        r.record_at(&selector(&[("pool", "a")]), at(3), |_| true);
         assert_eq!(r.count_at("ns/a", at(0), at(3)), 0);
         assert_eq!(r.lock().watched, 0);
         assert!(r.lock().by_name.is_empty());
@@ -337,8 +343,29 @@ mod tests {
             r.watch_pool(&format!("ns/p{i}"), &format!("p{i}"), &Selector::new());
         }
         assert_eq!(r.lock().watched, MAX_POOLS);
-        r.record_at(&selector(&[("pool", &format!("p{}", MAX_POOLS + 1))]), at(4));
+        r.record_at(&selector(&[("pool", &format!("p{}", MAX_POOLS + 1))]), at(4), |_| true);
         assert_eq!(r.take_refused(), Vec::<String>::new(), "not watched, not counted");
+    }
+
+    #[test]
+    fn a_refusal_counts_only_for_the_pools_its_filter_accepts() {
+        let r = Refusals::new("pool");
+        let at = |s: u64| r.epoch + Duration::from_secs(s);
+        r.watch_pool("crawlers/a", "a", &Selector::new());
+        r.watch_pool("team-b/a", "a", &Selector::new());
+        // A client scoped to the namespace crawlers asks for a pool named a.
+        r.record_at(&selector(&[("pool", "a")]), at(1), |key| key.starts_with("crawlers/"));
+        let start = r.epoch.checked_sub(Duration::from_secs(1)).unwrap();
+        assert_eq!(r.count_at("crawlers/a", start, at(1)), 1);
+        assert_eq!(
+            r.count_at("team-b/a", start, at(1)),
+            0,
+            "another team's pool is not grown"
+        );
+        assert_eq!(r.take_refused(), ["crawlers/a"]);
+        let rx = r.subscribe();
+        r.record_at(&selector(&[("pool", "a")]), at(2), |_| false);
+        assert!(!rx.has_changed().unwrap(), "nothing counted: nobody told");
     }
 
     #[test]
@@ -346,12 +373,12 @@ mod tests {
         let r = Refusals::new("pool");
         r.watch_pool("ns/a", "a", &Selector::new());
         let mut rx = r.subscribe();
-        r.record_at(&selector(&[("pool", "b")]), r.epoch);
+        r.record_at(&selector(&[("pool", "b")]), r.epoch, |_| true);
         assert!(!rx.has_changed().unwrap(), "no watched pool: not told");
-        r.record_at(&selector(&[("pool", "a")]), r.epoch);
+        r.record_at(&selector(&[("pool", "a")]), r.epoch, |_| true);
         assert!(rx.has_changed().unwrap());
         rx.mark_unchanged();
-        r.record_at(&selector(&[("pool", "a")]), r.epoch);
+        r.record_at(&selector(&[("pool", "a")]), r.epoch, |_| true);
         assert!(rx.has_changed().unwrap());
     }
 }

@@ -143,13 +143,23 @@ async fn openapi() -> Response<Body> {
     respond((200, Some(crate::openapi::TEXT.as_bytes().to_vec())))
 }
 
+/// The scope of the request's client (put there by `authenticate`); `None`: it sees every
+/// proxy. Release and report need none: a lease id is 128 random bits only its holder was told,
+/// and a scoped client is granted leases in its scope only.
+fn scope(api: &DiscoveryApi, req: &Request<Body>) -> Option<Arc<crate::ClientScope>> {
+    let client = req.extensions().get::<crate::ClientName>()?;
+    api.scopes.of(client.as_str())
+}
+
 async fn list(State(api): Shared, req: Request<Body>) -> Response<Body> {
-    respond(api.list(req.uri().query()).await)
+    let scope = scope(&api, &req);
+    respond(api.list(scope.as_deref(), req.uri().query()).await)
 }
 
 async fn acquire(State(api): Shared, req: Request<Body>) -> Response<Body> {
+    let scope = scope(&api, &req);
     match body(req).await {
-        Ok(body) => respond(api.acquire(&body).await),
+        Ok(body) => respond(api.acquire(scope.as_deref(), &body).await),
         Err(answer) => respond(answer),
     }
 }
@@ -425,6 +435,7 @@ mod tests {
             auth,
             refusals: None,
             admission: crate::Admission::default(),
+            scopes: crate::Scopes::default(),
         });
         let routes = Router::new()
             .route(

@@ -115,6 +115,7 @@ mod tests {
             credentials: None,
             offered,
             pool_role: None,
+            pool: None,
         }
     }
 

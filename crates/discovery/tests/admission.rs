@@ -116,6 +116,7 @@ async fn a_freed_slot_goes_to_the_client_with_fewer_requests_not_to_the_longest_
         max_ttl: Duration::from_secs(3600),
         auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&clients))),
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: Admission::new(Budgets::uniform(budget), 2, metrics.clone()),
     })
     .await;
@@ -173,6 +174,7 @@ async fn over_its_budget_a_client_is_refused_before_its_body_is_read_and_others_
         max_ttl: Duration::from_secs(3600),
         auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&clients))),
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: Admission::new(Budgets::uniform(small), 16, metrics.clone()),
     })
     .await;

@@ -53,6 +53,7 @@ async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Serve
             }),
             refusals: Some(refusals.clone()),
             admission: egress_discovery::Admission::default(),
+            scopes: egress_discovery::Scopes::default(),
         },
         limits,
     )
@@ -294,6 +295,7 @@ fn member(id: &str, latency: i64, role: &'static str) -> ProxyInfo {
     ProxyInfo {
         offered: role == "active",
         pool_role: Some(role),
+        pool: Some("eu".into()),
         ..info(id, true, latency, 1, &[("pool", "eu")])
     }
 }
@@ -728,6 +730,7 @@ async fn a_lease_carries_the_proxys_credentials_and_the_list_never_does() {
             credentials: Some(c.clone()),
             offered: true,
             pool_role: None,
+            pool: None,
             ..info("ns/a", true, 10, 2, &[("geo", "eu")])
         },
         open,

@@ -50,6 +50,7 @@ async fn serve(set: Arc<TokenSet>) -> (String, tokio_util::sync::DropGuard) {
         max_ttl: Duration::from_secs(3600),
         auth: Auth::Tokens(set),
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: egress_discovery::Admission::default(),
     })
     .await

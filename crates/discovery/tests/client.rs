@@ -22,6 +22,7 @@ async fn start() -> (String, DropGuard) {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec!["tok".into()]))),
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: egress_discovery::Admission::default(),
     })
     .await
@@ -120,6 +121,7 @@ async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
                 credentials: Some(c.clone()),
                 offered: true,
                 pool_role: None,
+                pool: None,
                 ..info("ns/locked", true, 5, 1, &[("geo", "eu")])
             },
             info("ns/open", true, 6, 1, &[("geo", "us")]),
@@ -128,6 +130,7 @@ async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: egress_discovery::Admission::default(),
     })
     .await;

@@ -21,6 +21,7 @@ async fn start() -> (String, DropGuard) {
                 credentials: Some(egress_credentials::Credentials::generate()),
                 offered: true,
                 pool_role: None,
+                pool: None,
                 ..info("ns/a", true, 12, 1, &[("geo", "eu")])
             },
             info("ns/b", false, 12, 1, &[]),
@@ -29,6 +30,7 @@ async fn start() -> (String, DropGuard) {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: egress_discovery::Admission::default(),
     })
     .await
@@ -149,6 +151,7 @@ async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
         max_ttl: Duration::from_secs(3600),
         auth: egress_discovery::Auth::None,
         refusals: None,
+        scopes: egress_discovery::Scopes::default(),
         admission: egress_discovery::Admission::default(),
     })
     .await;
@@ -190,6 +193,7 @@ async fn a_client_over_its_budget_gets_the_documented_429_on_every_authenticated
                 max_ttl: Duration::from_secs(3600),
                 auth: egress_discovery::Auth::None,
                 refusals: None,
+                scopes: egress_discovery::Scopes::default(),
                 admission: egress_discovery::Admission::new(
                     egress_discovery::Budgets::uniform(one),
                     16,

@@ -74,6 +74,7 @@ async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
         refusals: None,
         // Up to 48 callers at once, all the client `default`: the failover is what is tested.
         admission: common::roomy_admission(),
+        scopes: egress_discovery::Scopes::default(),
     };
     let (base, guard) = serve_on_loopback(api).await;
     (Client::new(&base, None).expect("a client"), guard)
@@ -414,4 +415,67 @@ async fn a_cluster_master_killed_under_load_grants_no_slot_twice() {
         "503s for calls begun after both servers had found the slot's new master"
     );
     drop(cluster);
+}
+
+/// A client scoped to pool `a`, on a store whose index holds the whole installation (the view
+/// published) with pool `b`'s members at its head: with an empty selector it is granted only
+/// pool `a`'s members (crates/discovery/tests/scopes.rs shows it never asks the index), and
+/// refused with the counts of those alone; an unscoped client still gets the index's head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_client_is_granted_only_proxies_of_its_scope_though_the_index_holds_every_one() {
+    use egress_discovery::{Auth, ClientName, ClientScope, Scopes, TokenSet};
+    let Some(redis) = local_redis() else { return };
+    let fleet: Vec<ProxyInfo> = ["a", "a", "b", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, pool)| ProxyInfo {
+            pool_role: Some("active"),
+            pool: Some((*pool).into()),
+            ..info(
+                &format!("crawl/{pool}{i}"),
+                true,
+                if *pool == "b" { 0 } else { 10 },
+                CAPACITY,
+                &[("pool", pool)],
+            )
+        })
+        .collect();
+    let store = store(&redis.url(), "scoped:");
+    store
+        .publish_view(&egress_discovery::view::entries(&fleet.iter().cloned().collect()))
+        .await
+        .expect("the view published");
+    let scopes = Scopes::default();
+    let pool_a = ClientScope::new(None, Some(vec!["a".into()])).unwrap();
+    scopes.set([("team-a".to_owned(), Arc::new(pool_a))].into());
+    let tokens = [
+        (ClientName::parse("team-a").unwrap(), vec!["team-a-token".to_owned()]),
+        (ClientName::default(), vec!["default-token".to_owned()]),
+    ];
+    let api = DiscoveryApi {
+        directory: Arc::new(Fixed::new(fleet)),
+        store,
+        max_ttl: Duration::from_secs(3600),
+        auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&tokens.into()))),
+        refusals: None,
+        admission: egress_discovery::Admission::default(),
+        scopes,
+    };
+    let (base, _guard) = serve_on_loopback(api).await;
+    let team_a = Client::new(&base, Some("team-a-token".into())).unwrap();
+    for _ in 0..2 * CAPACITY {
+        let lease = team_a.acquire(&AcquireRequest::default()).await.expect("a lease");
+        assert!(lease.proxy.id.starts_with("crawl/a"), "{}", lease.proxy.id);
+    }
+    match team_a.acquire(&AcquireRequest::default()).await {
+        Err(ClientError::NoMatch {
+            considered,
+            at_capacity,
+            ..
+        }) => assert_eq!((considered, at_capacity), (2, 2)),
+        other => panic!("{other:?}"),
+    }
+    let unscoped = Client::new(&base, Some("default-token".into())).unwrap();
+    let lease = unscoped.acquire(&AcquireRequest::default()).await.expect("a lease");
+    assert!(lease.proxy.id.starts_with("crawl/b"), "{}", lease.proxy.id);
 }

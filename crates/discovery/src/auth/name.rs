@@ -50,7 +50,9 @@ impl fmt::Debug for ClientName {
     }
 }
 
-fn is_dns_label(name: &str) -> bool {
+/// Whether `name` is a DNS label (RFC 1123): 1 to 63 of `a-z`, `0-9` and `-`, starting and
+/// ending with a letter or digit.
+pub(crate) fn is_dns_label(name: &str) -> bool {
     let bytes = name.as_bytes();
     let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
     let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());

@@ -24,6 +24,7 @@ pub fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &st
         credentials: None,
         offered: true,
         pool_role: None,
+        pool: None,
     }
 }
 
