@@ -15,6 +15,7 @@ mod clients_config;
 mod discovery_auth;
 pub mod flags;
 mod followed;
+mod install;
 mod lease_store;
 pub mod logging;
 mod manager;

@@ -15,7 +15,6 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use egress_api::served::Namespaces;
 use egress_controller::create_budget::{CreateBudgets, SystemClock};
 use egress_controller::credentials::CredentialCache;
 use egress_controller::decide::Timings;
@@ -35,6 +34,7 @@ use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::flags::Options;
+use crate::install::Namespaced;
 use crate::{
     Extensions, Fatal, Health, HealthEvents, ProviderFlags, STOP_BUDGET, discovery_auth, fatal, fatal_plain, serve,
 };
@@ -51,8 +51,8 @@ pub(crate) async fn operate(
         notice,
     } = extensions;
     // Where the operator runs (contacts nothing), and so which namespaces it serves.
-    let own_namespace = own_namespace(&options.kubeconfig).await;
-    let served = served_namespaces(&options, &own_namespace);
+    let own_namespace = crate::install::own_namespace(&options.kubeconfig).await;
+    let served = crate::install::namespaces(&options.proxy_namespaces, &own_namespace);
     let registry = registry(&ProviderFlags {
         gcp_wire_log_full_payloads: options.gcp_wire_log_full_payloads,
         proxy_namespaces: served.names().map(|n| n.iter().cloned().collect()),
@@ -170,7 +170,7 @@ async fn start_replica(
     let (client, rest_metrics) = crate::kube_client(&options.kubeconfig)
         .await
         .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
-    let installation = installation_id(options, &client, &namespaces.own).await?;
+    let installation = crate::install::installation_id(options, &client, &namespaces.own).await?;
     let crate::lease_store::LeaseStore { store, follow_tls } = prepared.open(options, &installation)?;
 
     let provider_health = ProviderHealthSnapshot::default();
@@ -619,99 +619,10 @@ fn external_rules(
     // Both lists were checked as the flags were read.
     let guard = egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
         .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?;
-    let namespaces = match options.external_proxy_namespaces.as_slice() {
-        [all] if all == "*" => Namespaces::All,
-        [] => Namespaces::one(own_namespace),
-        names => Namespaces::Only(names.iter().cloned().collect()),
-    };
     Ok(ExternalRules {
-        namespaces,
+        namespaces: crate::install::namespaces(&options.external_proxy_namespaces, own_namespace),
         guard: Arc::new(guard),
     })
-}
-
-/// How long the start waits for the cluster to say who it is, when it does not answer.
-const INSTALLATION_BUDGET: Duration = Duration::from_secs(30);
-
-/// The installation id: `--installation-id`, or derived from the cluster and the operator's
-/// namespace (`egress_controller::installation`). A cluster that does not answer is asked again
-/// for [`INSTALLATION_BUDGET`]; one that refuses (no grant to read `kube-system`) stops the
-/// start at once, saying what to grant or set.
-async fn installation_id(options: &Options, client: &kube::Client, own_namespace: &str) -> Result<String, Fatal> {
-    use egress_controller::installation::{CLUSTER_NAMESPACE, cluster_uid, derive};
-    if !options.installation_id.is_empty() {
-        tracing::info!(installation = %options.installation_id, "Installation id set by --installation-id");
-        return Ok(options.installation_id.clone());
-    }
-    let deadline = tokio::time::Instant::now() + INSTALLATION_BUDGET;
-    let uid = loop {
-        match cluster_uid(client).await {
-            Ok(uid) => break uid,
-            Err(kube::Error::Api(s)) if (400..500).contains(&s.code) => {
-                return Err(fatal(
-                    "Failed to derive the installation id",
-                    format!(
-                        "reading namespace {CLUSTER_NAMESPACE}: {} ({}); grant get on it (deploy/rbac/role.yaml) or set --installation-id",
-                        s.message, s.code
-                    ),
-                ));
-            }
-            Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(fatal(
-                    "Failed to derive the installation id",
-                    format!("reading namespace {CLUSTER_NAMESPACE}: {e}"),
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "reading namespace {CLUSTER_NAMESPACE} for the installation id failed; retrying");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-        }
-    };
-    let id = derive(&uid, own_namespace);
-    tracing::info!(installation = %id, namespace = own_namespace, "Installation id derived from the cluster and the namespace");
-    Ok(id)
-}
-
-/// The operator's own namespace and the namespaces it serves.
-#[derive(Debug, Clone)]
-struct Namespaced {
-    /// Where the operator runs: its leader Lease, token Secret, and by default the only
-    /// namespace it serves and takes External Proxies in.
-    own: String,
-    /// `--proxy-namespace`: the Proxies, pools and Secrets it watches and serves.
-    served: Namespaces,
-}
-
-/// The namespaces `--proxy-namespace` names: its list, every namespace for `*`, or by default
-/// only the operator's own.
-fn served_namespaces(options: &Options, own_namespace: &str) -> Namespaces {
-    match options.proxy_namespaces.as_slice() {
-        [all] if all == "*" => Namespaces::All,
-        [] => Namespaces::one(own_namespace),
-        names => Namespaces::Only(names.iter().cloned().collect()),
-    }
-}
-
-/// The pod's own namespace (downward API or service account), or the kubeconfig's when run
-/// outside a cluster, else `default` (a start without any kubeconfig fails later, building its
-/// client, with the reason).
-async fn own_namespace(kubeconfig: &str) -> String {
-    let from_pod = std::env::var("POD_NAMESPACE")
-        .ok()
-        .filter(|n| !n.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-                .ok()
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-        });
-    match from_pod {
-        Some(namespace) => namespace,
-        None => crate::kube_config(kubeconfig)
-            .await
-            .map_or_else(|_| "default".to_owned(), |c| c.default_namespace),
-    }
 }
 
 /// This replica's name in the Lease: the pod (or host) name plus a random suffix, as
