@@ -49,6 +49,7 @@ mod crds;
 mod dev;
 mod gcp_real;
 mod hypervisor;
+mod map;
 mod procs;
 mod system;
 mod tally;
@@ -111,6 +112,12 @@ enum Cmd {
     Deny,
     /// Write deploy/crds/*.yaml from the Rust types (`--check`: fail if they are stale).
     Crds {
+        #[arg(long)]
+        check: bool,
+    },
+    /// Write the dependency table of docs/architecture.md from the manifests (`--check`: fail
+    /// if it differs).
+    Map {
         #[arg(long)]
         check: bool,
     },
@@ -190,12 +197,14 @@ fn run(cli: Cli) -> Result<()> {
             HypervisorAction::Status => hypervisor::status(),
         },
         Cmd::Crds { check } => crds::run(&root, check),
+        Cmd::Map { check } => map::run(&root, check),
         Cmd::Bench { proxies, debug, only } => bench::run(&root, proxies, !debug, &only),
         Cmd::Packages => system::ensure_packages(system::APT_PACKAGES),
         Cmd::Ci => {
             system::ensure_packages(system::APT_PACKAGES)?;
             cargo(&root, &["fmt", "--all", "--check"])?;
             crds::run(&root, true)?;
+            map::run(&root, true)?;
             cargo(&root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
             test(&root, &TestSelection::everything())
         }

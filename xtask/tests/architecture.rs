@@ -155,3 +155,21 @@ fn the_non_kubernetes_providers_pull_in_no_kubernetes_crate() {
     let deps = normal_dependencies("egress-provider-kubernetes");
     assert!(deps.iter().any(|d| d == "kube") && deps.iter().any(|d| d == "k8s-openapi"));
 }
+
+/// The dependency table in docs/architecture.md is the manifests' (`cargo xtask map --check`,
+/// which CI also runs on its own): an edge added or removed in a Cargo.toml without the table
+/// fails here.
+#[test]
+fn the_dependency_table_matches_the_manifests() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .current_dir(root())
+        .args(["map", "--check"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
