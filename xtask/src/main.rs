@@ -53,6 +53,7 @@ mod map;
 mod procs;
 mod system;
 mod tally;
+mod unused;
 
 #[derive(Parser)]
 #[command(about = "Automation for the egress-proxy operator workspace")]
@@ -121,6 +122,9 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Fail on a dependency a manifest declares and its crate does not use (cargo-machete at a
+    /// pinned version, installed when missing).
+    Unused,
     /// The benchmarks (a release build by default): the health engine, the discovery API, the
     /// operator's memory and time to Ready with many Proxies, and kvm2 on the local hypervisor.
     Bench {
@@ -198,6 +202,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         Cmd::Crds { check } => crds::run(&root, check),
         Cmd::Map { check } => map::run(&root, check),
+        Cmd::Unused => unused::run(&root),
         Cmd::Bench { proxies, debug, only } => bench::run(&root, proxies, !debug, &only),
         Cmd::Packages => system::ensure_packages(system::APT_PACKAGES),
         Cmd::Ci => {
@@ -205,6 +210,7 @@ fn run(cli: Cli) -> Result<()> {
             cargo(&root, &["fmt", "--all", "--check"])?;
             crds::run(&root, true)?;
             map::run(&root, true)?;
+            unused::run(&root)?;
             cargo(&root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
             test(&root, &TestSelection::everything())
         }

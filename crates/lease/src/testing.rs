@@ -17,6 +17,10 @@ use crate::{
 };
 use proptest::prelude::*;
 
+/// For [`lease_store_suite`](crate::lease_store_suite)'s expansion, so its callers need not
+/// depend on proptest themselves.
+pub use proptest;
+
 mod indexed;
 pub use indexed::Indexed;
 
@@ -576,8 +580,8 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
 }
 
 /// One `#[tokio::test]` per case over `$backend` (an expression implementing [`Backend`]). The
-/// calling crate needs `tokio` (with `macros`, `rt-multi-thread`) and `proptest` among its
-/// dev-dependencies: the expansion names them.
+/// calling crate needs `tokio` (with `macros`, `rt-multi-thread`) among its dev-dependencies:
+/// the expansion names it (proptest comes through this module).
 #[macro_export]
 macro_rules! lease_store_suite {
     ($backend:expr) => {
@@ -610,11 +614,11 @@ macro_rules! lease_store_suite {
             $crate::testing::sixty_four_clients_never_exceed_any_capacity(store, clock).await;
         }
 
-        proptest::proptest! {
-            #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        $crate::testing::proptest::proptest! {
+            #![proptest_config($crate::testing::proptest::prelude::ProptestConfig::with_cases(200))]
 
             #[test]
-            fn invariants_hold_for_any_sequence(ops in proptest::collection::vec($crate::testing::op(), 1..80)) {
+            fn invariants_hold_for_any_sequence(ops in $crate::testing::proptest::collection::vec($crate::testing::op(), 1..80)) {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
                 // A store may need the runtime from its first moment (a lazy connection).
                 let _inside = runtime.enter();
