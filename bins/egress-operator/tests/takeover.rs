@@ -168,6 +168,9 @@ impl Provider for Counted {
         self.calls.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list_by_tag(cx).await
     }
+    async fn mark_installation(&self, cx: &OpCtx, id: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        self.inner.mark_installation(cx, id, installation).await
+    }
     fn checker(&self) -> Option<Arc<dyn Checker>> {
         self.inner.checker()
     }
