@@ -471,7 +471,7 @@ fn manager_grants(namespace: Option<&str>) -> Vec<(Option<String>, String, Strin
         )
     };
     let mut want = vec![own("create"), own("get")];
-    want.extend(["create", "delete", "get", "list"].map(|v| at("pods", v)));
+    want.extend(["create", "delete", "get", "list", "patch"].map(|v| at("pods", v)));
     want.extend(["create", "get", "list", "patch", "watch"].map(|v| at("secrets", v)));
     want.sort();
     want

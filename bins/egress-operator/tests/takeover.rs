@@ -9,6 +9,8 @@
 //! - no provider create or delete is made, and no backend is asked to make or remove anything;
 //! - every Proxy is adopted (an `Adopted` event, this operator's hash, Go's kept) and is Ready
 //!   with the IP and providerID Go recorded;
+//! - every Go instance, which carries no installation mark, is marked with the operator's
+//!   installation (an `InstallationMarked` event), in the form each backend keeps marks;
 //! - each Proxy can be leased at once, at its old IP;
 //! - the ProviderHealth objects of configured entries are kept and updated, the stale one
 //!   removed;
@@ -60,6 +62,8 @@ static GO_TIME: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     jiff::Timestamp::from_second(day_ago.as_second()).unwrap().to_string()
 });
 const TOKEN: &str = "crawler-token-for-the-takeover-test";
+/// The installation the operator runs as.
+const INSTALLATION: &str = "takeover-test";
 /// The Go kvm provider's pool, and the image key its cached base was named after.
 const POOL: &str = "default";
 
@@ -134,6 +138,8 @@ struct Calls {
     gets: AtomicUsize,
     /// Lists, to know the orphan collector has swept (it lists, then deletes).
     lists: AtomicUsize,
+    /// Installation marks written on the Go instances.
+    marks: AtomicUsize,
 }
 
 impl Calls {
@@ -167,6 +173,10 @@ impl Provider for Counted {
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
         self.calls.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list_by_tag(cx).await
+    }
+    async fn mark_installation(&self, cx: &OpCtx, id: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        self.calls.marks.fetch_add(1, Ordering::SeqCst);
+        self.inner.mark_installation(cx, id, installation).await
     }
     fn checker(&self) -> Option<Arc<dyn Checker>> {
         self.inner.checker()
@@ -426,6 +436,64 @@ async fn lease(http: &reqwest::Client, discovery: &str, backend: &str) -> Value 
     }
 }
 
+/// The installation mark each backend holds for the Go instance of `m`'s Proxy `uid`.
+async fn mark_of(backends: &Backends, pods: &Api<Pod>, m: &Member, uid: &str) -> Option<String> {
+    let name = egress_provider::name_from_uid(uid);
+    match m.backend {
+        "reference" => {
+            let inventory = backends.memory.inventory().await.unwrap();
+            inventory
+                .into_iter()
+                .find(|o| o.kind == "instance" && o.owner == name)
+                .and_then(|o| o.marks.get(egress_provider::LABEL_INSTALLATION).cloned())
+        }
+        "kvm" => {
+            let element = backends.host.domains()[&name]
+                .metadata
+                .get(egress_libvirt::KVM_NAMESPACE)
+                .cloned()?;
+            egress_libvirt::Mark::parse(&element).ok()?.installation
+        }
+        _ => pods
+            .get(&name)
+            .await
+            .unwrap()
+            .labels()
+            .get(egress_provider::LABEL_INSTALLATION)
+            .cloned(),
+    }
+}
+
+/// Waits until every Go instance carries the installation's mark and each Proxy has its
+/// `InstallationMarked` event, once the entry's provider was asked to mark.
+async fn wait_for_marks(backends: &Backends, proxies: &Api<Proxy>, pods: &Api<Pod>, events: &Api<Event>) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    for m in &members() {
+        let uid = proxies.get(m.proxy).await.unwrap().uid().unwrap();
+        loop {
+            let said = events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("InstallationMarked"))
+                .any(|e| e.regarding.and_then(|r| r.name).as_deref() == Some(m.proxy));
+            let mark = mark_of(backends, pods, m, &uid).await;
+            if said && mark.as_deref() == Some(INSTALLATION) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: mark {mark:?}, event {said}",
+                m.proxy
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(backends.calls[m.entry].marks.load(Ordering::SeqCst) > 0, "{}", m.entry);
+    }
+}
+
 /// RPCs of the libvirt fake that make, change or remove a domain or a volume.
 const LIBVIRT_WRITES: &[&str] = &[
     "DomainDefineXML",
@@ -542,9 +610,10 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         "--metrics-bind-address=0".into(),
         "--provider-check-interval=10s".into(),
         // The orphan collector sweeps during the test, and would take the Go instances at any
-        // age: only their marks (read as Go wrote them) keep them.
+        // age: only their marks (read as Go wrote them, then this installation's) keep them.
         "--gc-interval=1s".into(),
         "--gc-min-age=0s".into(),
+        format!("--installation-id={INSTALLATION}"),
     ];
     let egress_operator::flags::Command::Run(options) = egress_operator::flags::parse(args).unwrap() else {
         panic!("the flags are a run");
@@ -631,6 +700,9 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // Every Go instance marked with the installation, where its backend keeps marks, and said.
+    wait_for_marks(&backends, &proxies, &pods, &events).await;
 
     // The monitor has run a round: Go's objects of configured entries kept and updated, the
     // retired entry's removed.

@@ -1,7 +1,7 @@
 //! The shared conformance suite every egress-proxy provider must pass.
 //!
 //! Each contract rule of spec/providers.md §1 is proved by a case
-//! (CT-A01 ... CT-L02) written once here as a public async function over a
+//! (CT-A01 ... CT-M05) written once here as a public async function over a
 //! [`ConformanceTarget`]. A provider crate runs all of them with one line:
 //!
 //! ```no_run
@@ -58,6 +58,8 @@ pub const SENTINEL_CRED: &str = "SENTINEL-credential-91bc";
 /// The configured entry name providers are built with (unlike any type name,
 /// so a hard-coded name is caught).
 pub const ENTRY_NAME: &str = "conformance-entry";
+/// The installation the mark cases (CT-M) write when the target's requests carry none.
+pub const INSTALLATION: &str = "conformance-installation";
 /// The span every case runs in.
 pub const PARENT_SPAN: &str = "conformance.parent";
 /// Set to `1` to fail, not skip, when the real backend is not configured.
@@ -143,6 +145,11 @@ macro_rules! __with_cases {
             ct_k02_create_delete_race_converges
             ct_l01_full_lifecycle
             ct_l02_check_against_real_backend
+            ct_m01_mark_is_written_and_read_back
+            ct_m02_marking_again_is_harmless
+            ct_m03_marking_a_gone_instance_is_notfound
+            ct_m04_another_installations_mark_is_kept
+            ct_m05_malformed_id_is_permanent
         }
     };
 }

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use egress_provider::{BoxError, CreateRequest, ErrorClass, Placement, Provider, ProviderId, name_from_uid};
 
 pub use backend::{
-    BackendError, DEFAULT_ZONE, INITIAL_TOKEN, INSERT, InstanceView, LIST, LOOKUP, MemoryBackend, REMOVE, ZONES,
+    BackendError, DEFAULT_ZONE, INITIAL_TOKEN, INSERT, InstanceView, LABEL, LIST, LOOKUP, MemoryBackend, REMOVE, ZONES,
     native, unix_seconds,
 };
 pub use provider::{Defect, MemoryConfig, MemoryProvider, classify, parse_id};

@@ -64,3 +64,13 @@ caught!(
     Defect::RunningWithoutIp,
     cases::ct_c04_running_requires_ip
 );
+caught!(
+    a_mark_that_is_never_written_is_caught,
+    Defect::MarkNotWritten,
+    cases::ct_m01_mark_is_written_and_read_back
+);
+caught!(
+    a_mark_written_without_reading_the_instance_is_caught,
+    Defect::MarksWithoutLooking,
+    cases::ct_m04_another_installations_mark_is_kept
+);

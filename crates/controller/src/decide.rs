@@ -110,6 +110,9 @@ pub struct Input<'a> {
     /// Why an External Proxy is refused: its namespace, or an internal destination
     /// ([`crate::destinations::ExternalRules::refusal`]); `None` when it is not.
     pub external_refused: Option<crate::destinations::Refused>,
+    /// The installation the operator runs as, if any: the Proxy's running instance that carries
+    /// no installation mark is marked as this one's ([`Action::MarkInstallation`]).
+    pub installation: Option<&'a str>,
     pub now: Time,
 }
 
@@ -146,6 +149,8 @@ pub struct Facts {
     pub credentials_checked: Option<Result<Serving, SecretProblem>>,
     /// The create was not made: the provider entry's create budget had no room.
     pub create_deferred: Option<Deferral>,
+    /// What the provider answered to marking the instance with the installation.
+    pub marked: Option<Result<(), ProviderFailure>>,
 }
 
 /// The next thing to do. Its `Debug` shows the cloud-init size only: it may hold secrets.
@@ -182,6 +187,12 @@ pub enum Action {
         credentials: Option<ProxyCredentials>,
     },
     Delete(ProviderId),
+    /// Write the installation mark on the instance, which carries none: so this installation's
+    /// orphan GC may collect it once its Proxy is gone.
+    MarkInstallation {
+        id: ProviderId,
+        installation: String,
+    },
 }
 
 impl std::fmt::Debug for Action {
@@ -210,6 +221,11 @@ impl std::fmt::Debug for Action {
                 cloud_init.len()
             ),
             Self::Delete(id) => f.debug_tuple("Delete").field(id).finish(),
+            Self::MarkInstallation { id, installation } => f
+                .debug_struct("MarkInstallation")
+                .field("id", id)
+                .field("installation", installation)
+                .finish(),
         }
     }
 }
@@ -233,6 +249,7 @@ impl std::fmt::Debug for Facts {
             .field("credentials_bound", &self.credentials_bound)
             .field("credentials_checked", &self.credentials_checked)
             .field("create_deferred", &self.create_deferred)
+            .field("marked", &self.marked)
             .finish()
     }
 }
@@ -268,6 +285,15 @@ pub struct Outcome {
     pub status: ProxyStatus,
     pub requeue: Requeue,
     pub note: Option<Note>,
+    /// The instance this pass marked with the installation, if it did (an event says so).
+    pub marked: Option<Marked>,
+}
+
+/// An instance a pass marked with the operator's installation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marked {
+    pub provider_id: String,
+    pub installation: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -349,18 +375,56 @@ pub fn next(input: &Input<'_>, facts: &Facts, timings: &Timings) -> Next {
     let facts = &owned_facts(proxy, facts);
     match proxy.spec.mode {
         Mode::External => Next::Done(external_path(input, status)),
-        Mode::Managed => match (managed_path(input, facts, timings, status), &facts.adopted_from) {
-            // The pass that adopted says so, whatever it went on to find.
-            (Next::Done(mut outcome), Some(previous)) if outcome.note.is_none() => {
-                outcome.note = Some(Note::Adopted {
-                    provider_id: proxy.status.as_ref().map(|s| s.provider_id.clone()).unwrap_or_default(),
-                    previous: previous.clone(),
-                });
-                Next::Done(outcome)
-            }
-            (next, _) => next,
-        },
+        Mode::Managed => said(input, facts, managed_path(input, facts, timings, status)),
     }
+}
+
+/// The end of a managed pass with what it did on the way that its status does not show, so
+/// its events say it whatever it went on to find: an adoption (its note) and an installation
+/// mark written.
+fn said(input: &Input<'_>, facts: &Facts, next: Next) -> Next {
+    let Next::Done(mut outcome) = next else {
+        return next;
+    };
+    let recorded = || {
+        input
+            .proxy
+            .status
+            .as_ref()
+            .map(|s| s.provider_id.clone())
+            .unwrap_or_default()
+    };
+    if let (Some(previous), None) = (&facts.adopted_from, &outcome.note) {
+        outcome.note = Some(Note::Adopted {
+            provider_id: recorded(),
+            previous: previous.clone(),
+        });
+    }
+    if let (Some(Ok(())), Some(installation)) = (&facts.marked, input.installation) {
+        outcome.marked = Some(Marked {
+            provider_id: recorded(),
+            installation: installation.to_owned(),
+        });
+    }
+    Next::Done(outcome)
+}
+
+/// The installation mark for the Proxy's recorded instance, as found by this pass's `Get`, when
+/// it needs one (issue 51): the operator runs with an installation, the instance runs and
+/// carries no installation mark, and this pass has not asked yet. Only an instance without a
+/// mark is this installation's to mark: one carrying another installation's mark is that
+/// installation's, and is never changed. One that does not run yet waits for a later pass (a
+/// create of this operator wrote the mark already, and a provider may not read it back before
+/// the instance exists). A failure is not this pass's concern: the next pass asks again.
+fn installation_mark(input: &Input<'_>, facts: &Facts, status: &ProxyStatus, instance: &Instance) -> Option<Action> {
+    let installation = input.installation?;
+    let unmarked = instance.installation.as_deref().is_none_or(str::is_empty);
+    let asked = facts.marked.is_some();
+    (unmarked && !asked && instance.state == InstanceState::Running).then(|| Action::MarkInstallation {
+        // The id as recorded in the status, which is what the provider is promised.
+        id: ProviderId::new(status.provider_id.clone()),
+        installation: installation.to_owned(),
+    })
 }
 
 /// Whether the status shows that the instance it records was built from the current spec: its
@@ -461,6 +525,7 @@ fn outcome(input: &Input<'_>, mut status: ProxyStatus, instance: InstanceView, r
         status,
         requeue,
         note: None,
+        marked: None,
     }
 }
 
@@ -512,6 +577,7 @@ fn external_path(input: &Input<'_>, mut status: ProxyStatus) -> Outcome {
             status,
             requeue: Requeue::Never,
             note: None,
+            marked: None,
         };
     }
     let refused_before = status.conditions.iter().any(|c| {
@@ -594,6 +660,7 @@ fn provider_failure(
             status: input.proxy.status.clone().unwrap_or_default(),
             requeue: Requeue::Error(failure.message.clone()),
             note: None,
+            marked: None,
         }),
     }
 }
@@ -662,6 +729,7 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
                 status,
                 requeue: Requeue::Error(why),
                 note: None,
+                marked: None,
             });
         }
         Ok(Ok(text)) => text,
@@ -718,7 +786,12 @@ fn managed_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status:
                     // It vanished (or, in a replacement, the old one is gone): build it again.
                 }
                 Some(Err(f)) => return provider_failure(input, timings, status, InstanceView::Unobserved, f),
-                Some(Ok(instance)) => return observed(input, facts, timings, status, instance),
+                Some(Ok(instance)) => {
+                    if let Some(mark) = installation_mark(input, facts, &status, instance) {
+                        return Next::Do(mark);
+                    }
+                    return observed(input, facts, timings, status, instance);
+                }
             },
         }
         // The recorded instance is gone.
@@ -869,6 +942,7 @@ fn unavailable(input: &Input<'_>, why: &str) -> Next {
         status: input.proxy.status.clone().unwrap_or_default(),
         requeue: Requeue::Error(why.to_owned()),
         note: None,
+        marked: None,
     })
 }
 
@@ -1059,20 +1133,28 @@ fn deletion_failure(timings: &Timings, status: ProxyStatus, message: String, cla
         status,
         requeue,
         note: None,
+        marked: None,
     }
 }
 
 fn delete_path(input: &Input<'_>, facts: &Facts, timings: &Timings, mut status: ProxyStatus) -> Next {
     let proxy = input.proxy;
     status.phase = Some(egress_api::Phase::Deleting);
-    let done =
-        |status: ProxyStatus, requeue: Requeue, note: Option<Note>| Next::Done(Outcome { status, requeue, note });
+    let done = |status: ProxyStatus, requeue: Requeue, note: Option<Note>| {
+        Next::Done(Outcome {
+            status,
+            requeue,
+            note,
+            marked: None,
+        })
+    };
     let release = |status: ProxyStatus, note: Option<Note>| {
         if facts.finalizer_removed {
             Next::Done(Outcome {
                 status,
                 requeue: Requeue::Never,
                 note,
+                marked: None,
             })
         } else {
             Next::Do(Action::RemoveFinalizer)

@@ -3,7 +3,7 @@
 
 use egress_api::{Phase, ProxyStatus, conditions, reasons};
 
-use crate::decide::{Note, Requeue};
+use crate::decide::{Marked, Note, Requeue};
 
 /// One event: Normal or Warning, a CamelCase reason and a note.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +117,19 @@ pub fn derive(
         events.push(warning("CleanupFailed", message.clone()));
     }
     events
+}
+
+/// The event of a pass that marked the Proxy's instance with the operator's installation: from
+/// then on this installation's orphan GC may collect the instance once its Proxy is gone.
+pub fn installation_marked(marked: &Marked) -> ProxyEvent {
+    ProxyEvent {
+        warning: false,
+        reason: "InstallationMarked",
+        note: format!(
+            "marked instance {} with installation {}: its orphan GC may collect it once the Proxy is gone",
+            marked.provider_id, marked.installation
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -253,6 +266,20 @@ mod tests {
         assert_eq!(
             reasons_of(&derive(&empty, &missing, None, &Requeue::Never, false)),
             ["ProviderNotConfigured"]
+        );
+    }
+
+    #[test]
+    fn a_marked_instance_is_a_normal_event_naming_it_and_the_installation() {
+        let e = installation_marked(&Marked {
+            provider_id: "zones/zone-a/instances/proxy-x".into(),
+            installation: "blue".into(),
+        });
+        assert_eq!((e.warning, e.reason), (false, "InstallationMarked"));
+        assert!(
+            e.note.contains("zones/zone-a/instances/proxy-x") && e.note.contains("installation blue"),
+            "{}",
+            e.note
         );
     }
 

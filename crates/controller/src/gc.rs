@@ -17,7 +17,9 @@ use tracing::Instrument;
 pub enum Fate {
     /// No UID mark: its owner cannot be told, so it is never collected.
     KeepUnmarked,
-    /// Another installation's instance (it carries a different installation mark).
+    /// Not this installation's (the operator runs with one): the instance carries another
+    /// installation's mark, or none, so whose it is cannot be told. The reconciler marks its own
+    /// Proxies' running instances that carry none, so those are collectable once orphaned.
     KeepForeign,
     /// Its Proxy exists (a Proxy being deleted counts: its own reconciler cleans up).
     KeepLive,

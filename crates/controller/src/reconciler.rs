@@ -78,7 +78,8 @@ pub struct Context {
     pub providers: Arc<Providers>,
     pub health: Arc<dyn HealthVerdicts>,
     pub timings: Timings,
-    /// The installation mark providers write at create, when the operator runs with one.
+    /// The installation the operator runs as, if any: the mark providers write at create, and
+    /// the one a pass writes on its Proxy's running instance that carries none.
     pub installation: Option<String>,
     /// Cancelled at shutdown: provider calls in flight return promptly.
     pub shutdown: CancellationToken,
@@ -465,6 +466,7 @@ async fn run_pass(
         },
         address_missing_since: ctx.address_missing_since(&uid),
         external_refused: ctx.external.refusal(proxy),
+        installation: ctx.installation.as_deref(),
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     };
     let mut pass = Pass {
@@ -626,8 +628,29 @@ impl Pass<'_> {
                 let answer = self.provider()?.delete(&self.cx, &id).await.map_err(|e| failure(&e));
                 self.facts.delete = Some(answer);
             }
+            Action::MarkInstallation { id, installation } => {
+                let answer = self
+                    .provider()?
+                    .mark_installation(&self.cx, &id, &installation)
+                    .await
+                    .map_err(|e| failure(&e));
+                log_mark(&id, &installation, &answer);
+                self.facts.marked = Some(answer);
+            }
         }
         Ok(())
+    }
+}
+
+/// Logs how marking instance `id` with `installation` went. A failure is a warning and nothing
+/// more: the Proxy goes on as it would have, and its next pass marks again.
+fn log_mark(id: &egress_provider::ProviderId, installation: &str, answer: &Result<(), ProviderFailure>) {
+    match answer {
+        Ok(()) => tracing::debug!(providerID = %id, installation, "marked the instance with the installation"),
+        Err(f) => tracing::warn!(
+            providerID = %id, installation, class = f.class.label(), error = %f.message,
+            "marking the instance with the installation failed; the next pass tries again"
+        ),
     }
 }
 
@@ -659,13 +682,14 @@ fn truncate_bytes(text: &str, max: usize) -> String {
 async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
     let before = proxy.status.clone().unwrap_or_default();
     let deleting = proxy.metadata.deletion_timestamp.is_some();
-    let events = crate::events::derive(
+    let mut events = crate::events::derive(
         &before,
         &outcome.status,
         outcome.note.as_ref(),
         &outcome.requeue,
         deleting,
     );
+    events.extend(outcome.marked.as_ref().map(crate::events::installation_marked));
     if events.is_empty() {
         return;
     }

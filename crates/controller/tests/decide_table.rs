@@ -11,7 +11,7 @@ use egress_api::{
 use egress_controller::create_budget::Deferral;
 use egress_controller::credentials::{Prepared, Refusal, Serving};
 use egress_controller::decide::{
-    Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next,
+    Action, Facts, Input, Marked, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next,
 };
 use egress_controller::spec_hash::spec_hash;
 use egress_controller::status::{Verdict, set_condition};
@@ -100,6 +100,10 @@ struct World {
     external_refused: Option<egress_controller::destinations::Refused>,
     /// The create budget had no room: the create is deferred, not made.
     deferred: Option<Deferral>,
+    /// The installation the operator runs as.
+    installation: Option<&'static str>,
+    /// The provider's answer to marking the instance with the installation.
+    mark: Option<Result<(), ProviderFailure>>,
 }
 
 fn world() -> World {
@@ -123,6 +127,7 @@ fn short(a: &Action) -> &'static str {
         Action::GetBound(_) => "GetBound",
         Action::BindCredentials(_) => "BindCredentials",
         Action::CheckCredentials(_) => "CheckCredentials",
+        Action::MarkInstallation { .. } => "MarkInstallation",
     }
 }
 
@@ -137,6 +142,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         credentials_refused: w.refused.clone(),
         address_missing_since: w.missing_since.clone(),
         external_refused: w.external_refused.clone(),
+        installation: w.installation,
         now: at(1000),
     };
     let mut facts = Facts::default();
@@ -172,6 +178,9 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
                     }
                     Action::CheckCredentials(_) => {
                         facts.credentials_checked = Some(w.check.clone().expect("unexpected CheckCredentials"));
+                    }
+                    Action::MarkInstallation { .. } => {
+                        facts.marked = Some(w.mark.clone().expect("unexpected MarkInstallation"));
                     }
                 }
                 actions.push(a);
@@ -2110,4 +2119,135 @@ fn generated_credentials_prepared_before_a_deferred_create_are_kept_for_the_next
         }
     );
     assert_eq!(o.status.provider_id, "id-9");
+}
+
+// ---- the installation mark (issue 51) -----------------------------------------------------
+
+/// What marking `id-1` with installation `blue` asks of the provider.
+fn mark_blue() -> Action {
+    Action::MarkInstallation {
+        id: ProviderId::new("id-1"),
+        installation: "blue".into(),
+    }
+}
+
+fn marked_blue() -> Option<Marked> {
+    Some(Marked {
+        provider_id: "id-1".into(),
+        installation: "blue".into(),
+    })
+}
+
+/// An operator running as `blue`, its Proxy's instance running with the mark `mark`, and the
+/// provider answering a mark with `answer`.
+fn as_blue(mark: Option<&str>, answer: Option<Result<(), ProviderFailure>>) -> World {
+    World {
+        installation: Some("blue"),
+        get: Some(Ok(Instance {
+            installation: mark.map(str::to_owned),
+            ..instance(InstanceState::Running)
+        })),
+        mark: answer,
+        ..world()
+    }
+}
+
+#[test]
+fn an_unmarked_running_instance_is_marked_once_and_the_pass_ends_as_without_the_mark() {
+    let (actions, all, o) = run(&proxy(), &as_blue(None, Some(Ok(()))));
+    assert_eq!(actions, ["Get", "MarkInstallation"]);
+    assert_eq!(all[1], mark_blue());
+    assert_eq!(o.marked, marked_blue());
+    let unmarking = World {
+        installation: None,
+        ..as_blue(None, None)
+    };
+    let (actions, _, plain) = run(&proxy(), &unmarking);
+    assert_eq!(actions, ["Get"], "an operator without an installation marks nothing");
+    assert_eq!(plain.marked, None);
+    assert_eq!(
+        (o.status, o.requeue),
+        (plain.status, plain.requeue),
+        "marking changed the pass's end"
+    );
+}
+
+#[test]
+fn an_instance_carrying_a_mark_is_left_alone_whoever_it_names() {
+    // Another installation's instance is that installation's: never marked again.
+    for mark in ["blue", "green"] {
+        let (actions, _, o) = run(&proxy(), &as_blue(Some(mark), None));
+        assert_eq!(actions, ["Get"], "{mark}");
+        assert_eq!(o.marked, None, "{mark}");
+        assert_eq!(o.status.phase, Some(Phase::Running), "{mark}");
+    }
+    // An empty mark is no mark.
+    let (actions, _, _) = run(&proxy(), &as_blue(Some(""), Some(Ok(()))));
+    assert_eq!(actions, ["Get", "MarkInstallation"]);
+}
+
+#[test]
+fn a_failed_mark_blocks_nothing_and_the_next_pass_asks_again() {
+    let (_, _, plain) = run(&proxy(), &as_blue(None, Some(Ok(()))));
+    for class in [ErrorClass::Transient, ErrorClass::Permanent, ErrorClass::NotFound] {
+        let (actions, _, o) = run(&proxy(), &as_blue(None, Some(Err(fail(class, "denied")))));
+        assert_eq!(actions, ["Get", "MarkInstallation"], "{class:?}");
+        assert_eq!(o.marked, None, "{class:?}: said to be marked");
+        assert_eq!(
+            (&o.status, &o.requeue),
+            (&plain.status, &plain.requeue),
+            "{class:?}: the failure changed the pass"
+        );
+        // The next pass knows nothing of this one: it asks again.
+        let (again, _, _) = run(&proxy(), &as_blue(None, Some(Ok(()))));
+        assert_eq!(again, ["Get", "MarkInstallation"], "{class:?}");
+    }
+}
+
+#[test]
+fn only_a_running_instance_of_this_proxy_is_marked() {
+    for state in [
+        InstanceState::Provisioning,
+        InstanceState::Stopped,
+        InstanceState::Terminated,
+    ] {
+        let w = World {
+            get: Some(Ok(instance(state))),
+            delete: Some(Ok(())),
+            ..as_blue(None, None)
+        };
+        let (actions, _, o) = run(&proxy(), &w);
+        assert!(!actions.contains(&"MarkInstallation"), "{state:?}: {actions:?}");
+        assert_eq!(o.marked, None);
+    }
+    // Another Proxy's instance (review M2) is not this Proxy's to mark either.
+    let w = World {
+        get: Some(Ok(Instance {
+            uid: "uid-2".into(),
+            ..instance(InstanceState::Running)
+        })),
+        ..as_blue(None, None)
+    };
+    assert_eq!(run(&proxy(), &w).0, ["Get"]);
+    // Nor is an instance being deleted with its Proxy, nor one being replaced.
+    let w = World {
+        delete: Some(Ok(())),
+        ..as_blue(None, None)
+    };
+    assert_eq!(run(&deleting(), &w).0, ["Get", "Delete"]);
+    assert_eq!(run(&changed_spec(), &w).0, ["Get", "Delete"]);
+}
+
+#[test]
+fn an_adopted_instance_is_marked_in_the_same_pass_and_both_are_said() {
+    let (actions, _, o) = run(&foreign(3, Some(3)), &as_blue(None, Some(Ok(()))));
+    assert_eq!(actions, ["AdoptInstance", "Get", "MarkInstallation"]);
+    assert_eq!(
+        o.note,
+        Some(Note::Adopted {
+            provider_id: "id-1".into(),
+            previous: GO_HASH.into()
+        })
+    );
+    assert_eq!(o.marked, marked_blue());
 }

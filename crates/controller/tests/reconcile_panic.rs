@@ -35,6 +35,9 @@ impl Provider for Panicking {
     async fn list_by_tag(&self, _: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
         Ok(vec![])
     }
+    async fn mark_installation(&self, _: &OpCtx, _: &ProviderId, _: &str) -> Result<(), ProviderError> {
+        unreachable!("nothing was created")
+    }
 }
 
 #[tokio::test]

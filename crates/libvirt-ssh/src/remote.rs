@@ -130,6 +130,9 @@ fn call_error(e: &CallError) -> LibvirtError {
 
 /// Metadata kind "element" (`VIR_DOMAIN_METADATA_ELEMENT`).
 const METADATA_ELEMENT: i32 = 2;
+/// The prefix an element set through `virDomainSetMetadata` is written with (libvirt needs one;
+/// readers go by the namespace, and the mark by local names).
+const METADATA_PREFIX: &str = "egress";
 /// `VIR_CONNECT_LIST_DOMAINS_ACTIVE | VIR_CONNECT_LIST_DOMAINS_INACTIVE`.
 const LIST_ALL: u32 = 1 | 2;
 
@@ -211,6 +214,29 @@ impl Host for RemoteHost {
                 Err(e) if not_found_metadata(&e) => Ok(None),
                 Err(e) => Err(e),
             }
+        })
+        .await
+    }
+
+    async fn set_domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str, element: &str) -> LvResult<()> {
+        let (domain, namespace, element) = (domain.to_owned(), namespace.to_owned(), element.to_owned());
+        self.run(cx, "DomainSetMetadata", RPC_BUDGET, move |c| {
+            let dom = c.lookup_domain_by_name(&domain)?;
+            // The persistent definition always, so a restart keeps the element; the live one too
+            // while the domain runs, since a read (flags 0) then shows the live one. A domain
+            // that stops in between fails the call (the live definition is gone): retried.
+            let flags = if dom.is_active()? {
+                virt::sys::VIR_DOMAIN_AFFECT_LIVE | virt::sys::VIR_DOMAIN_AFFECT_CONFIG
+            } else {
+                virt::sys::VIR_DOMAIN_AFFECT_CONFIG
+            };
+            dom.set_metadata(
+                METADATA_ELEMENT,
+                Some(&element),
+                Some(METADATA_PREFIX),
+                Some(&namespace),
+                flags,
+            )
         })
         .await
     }

@@ -1,7 +1,8 @@
 //! One behavioural table for the `Host` seam, run against the in-memory fake and against the real
 //! libvirtd over SSH (`RemoteHost`), so the fake the providers' suites run on answers what the
 //! real daemon answers: the error numbers of missing domains, pools and volumes, an existing
-//! volume, a second start, a destroy of a stopped domain; metadata scoped by namespace; volume
+//! volume, a second start, a destroy of a stopped domain; metadata scoped by namespace, and
+//! rewritten live and persistently; volume
 //! bytes through upload and download; a failing upload source; a dedicated connection.
 //!
 //! The real run needs `cargo xtask hypervisor up` (skips without it; fails under
@@ -62,6 +63,12 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
             .is(code::NO_DOMAIN)
     );
     assert!(host.domain_state(&cx, &missing).await.unwrap_err().is(code::NO_DOMAIN));
+    assert!(
+        host.set_domain_metadata(&cx, &missing, KVM2_NAMESPACE, "<instance/>")
+            .await
+            .unwrap_err()
+            .is(code::NO_DOMAIN)
+    );
     assert!(host.start_domain(&cx, &missing).await.unwrap_err().is(code::NO_DOMAIN));
     assert!(
         host.destroy_domain(&cx, &missing)
@@ -187,6 +194,13 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
         .expect("our mark");
     assert_eq!(Mark::parse(&element).unwrap().uid, "u-seam");
     assert_eq!(host.domain_metadata(&cx, &name, KVM_NAMESPACE).await.unwrap(), None);
+    // The mark rewritten in place with an installation, in its namespace alone.
+    let installation = |i: &str| Mark {
+        installation: Some(i.to_owned()),
+        ..mark.clone()
+    };
+    set_and_read_mark(host, &name, &installation("seam-config")).await;
+    assert_eq!(host.domain_metadata(&cx, &name, KVM_NAMESPACE).await.unwrap(), None);
     assert!(host.domain_names(&cx).await.unwrap().contains(&name));
     assert_eq!(host.domain_state(&cx, &name).await.unwrap(), DomainState::Shutoff);
     assert!(
@@ -205,6 +219,9 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
     // Started twice, destroyed, undefined with the NVRAM.
     host.start_domain(&cx, &name).await.unwrap();
     assert!(host.domain_state(&cx, &name).await.unwrap().is_active());
+    // Rewritten while it runs: read at once, and kept once it stops (the persistent definition
+    // was written too).
+    set_and_read_mark(host, &name, &installation("seam-live")).await;
     assert!(
         host.start_domain(&cx, &name)
             .await
@@ -219,6 +236,7 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
     );
     host.destroy_domain(&cx, &name).await.unwrap();
     assert_eq!(host.domain_state(&cx, &name).await.unwrap(), DomainState::Shutoff);
+    assert_eq!(read_mark(host, &name).await.installation.as_deref(), Some("seam-live"));
     host.undefine_domain(&cx, &name, UNDEFINE_FLAGS).await.unwrap();
     assert!(host.domain_state(&cx, &name).await.unwrap_err().is(code::NO_DOMAIN));
     host.delete_volume(&cx, pool, &disk).await.unwrap();
@@ -227,6 +245,29 @@ async fn behaviours(host: &dyn Host, pool: &str, bridge: &str, domain_type: &str
     // A connection of its own answers too.
     let own = host.dedicated(&cx).await.unwrap();
     assert_eq!(own.version(&cx).await.unwrap().0, lib);
+}
+
+/// The mark of `name` in the kvm2 namespace.
+async fn read_mark(host: &dyn Host, name: &str) -> Mark {
+    let element = host
+        .domain_metadata(&OpCtx::background(), name, KVM2_NAMESPACE)
+        .await
+        .unwrap()
+        .expect("our mark");
+    Mark::parse(&element).unwrap()
+}
+
+/// Sets `mark` on `name` as the providers do, and reads it back.
+async fn set_and_read_mark(host: &dyn Host, name: &str, mark: &Mark) {
+    let cx = OpCtx::background();
+    host.set_domain_metadata(&cx, name, KVM2_NAMESPACE, &mark.to_metadata_xml().unwrap())
+        .await
+        .unwrap();
+    let read = read_mark(host, name).await;
+    assert_eq!(
+        (read.managed, read.uid.as_str(), read.installation.as_deref()),
+        (true, mark.uid.as_str(), mark.installation.as_deref())
+    );
 }
 
 /// The test hypervisor as the providers reach it: over SSH, through the pool.

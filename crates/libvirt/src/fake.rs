@@ -391,6 +391,29 @@ fn no_volume(name: &str) -> LibvirtError {
     )
 }
 
+/// A metadata element as `virDomainSetMetadata` takes it: well-formed XML, one root element.
+fn check_element(element: &str) -> LvResult<()> {
+    let invalid = |why: &str| LibvirtError::daemon(code::INVALID_ARG, format!("XML error: {why}"));
+    let mut reader = quick_xml::Reader::from_str(element);
+    let (mut depth, mut roots) = (0usize, 0usize);
+    loop {
+        match reader.read_event().map_err(|e| invalid(&e.to_string()))? {
+            Event::Start(_) => {
+                roots += usize::from(depth == 0);
+                depth += 1;
+            }
+            Event::Empty(_) => roots += usize::from(depth == 0),
+            Event::End(_) => depth = depth.saturating_sub(1),
+            Event::Text(t) if depth == 0 && !t.trim().is_empty() => {
+                return Err(invalid("text outside the element"));
+            }
+            Event::Eof if depth == 0 && roots == 1 => return Ok(()),
+            Event::Eof => return Err(invalid("want exactly one element")),
+            _ => {}
+        }
+    }
+}
+
 /// The name and the metadata elements (by namespace) of a domain document.
 fn read_domain(xml: &str) -> LvResult<(String, BTreeMap<String, String>)> {
     let invalid = |why: String| LibvirtError::daemon(code::INVALID_ARG, format!("XML error: {why}"));
@@ -514,6 +537,18 @@ impl Host for FakeHost {
         let st = self.lock();
         let d = st.domains.get(domain).ok_or_else(|| no_domain(domain))?;
         Ok(d.metadata.get(namespace).cloned())
+    }
+
+    async fn set_domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str, element: &str) -> LvResult<()> {
+        self.enter(cx, "DomainSetMetadata", domain, code::NO_DOMAIN).await?;
+        check_element(element)?;
+        let mut st = self.lock();
+        let d = st.domains.get_mut(domain).ok_or_else(|| no_domain(domain))?;
+        // NB: one set of metadata per domain: the live and persistent definitions are not told
+        // apart, so a write that reached only one of them cannot be caught here (the seam table
+        // checks it against the real daemon).
+        d.metadata.insert(namespace.to_owned(), element.trim().to_owned());
+        Ok(())
     }
 
     async fn domain_state(&self, cx: &OpCtx, domain: &str) -> LvResult<DomainState> {

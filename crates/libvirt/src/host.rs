@@ -328,6 +328,15 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// [`code::NO_DOMAIN`] when the domain does not exist.
     async fn domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str) -> LvResult<Option<String>>;
 
+    /// Replaces the metadata element of `domain` in `namespace` with `element` (given without a
+    /// namespace declaration: it and its children are put in `namespace`), in the domain's
+    /// persistent definition and, while it runs, in its live one too, so a read sees it at once
+    /// and a restart keeps it (`virDomainSetMetadata`).
+    ///
+    /// # Errors
+    /// [`code::NO_DOMAIN`] when the domain does not exist.
+    async fn set_domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str, element: &str) -> LvResult<()>;
+
     /// The state of `domain`.
     async fn domain_state(&self, cx: &OpCtx, domain: &str) -> LvResult<DomainState>;
 

@@ -40,8 +40,12 @@ impl Mark {
 
     /// The `<instance xmlns="namespace">` element as it goes inside `<metadata>`.
     pub(crate) fn element(&self, namespace: &str) -> Element {
-        let element = Element::new("instance")
-            .attr("xmlns", namespace)
+        self.body(Element::new("instance").attr("xmlns", namespace))
+    }
+
+    /// `instance` with the mark's children.
+    fn body(&self, instance: Element) -> Element {
+        let element = instance
             .child(Element::new("managed").text(if self.managed { "true" } else { "false" }))
             .child(Element::new("uid").text(&self.uid))
             .child(Element::new("createdAt").text(self.created_at.map(rfc3339).unwrap_or_default()));
@@ -51,12 +55,21 @@ impl Mark {
         }
     }
 
-    /// The element alone, as `virDomainSetMetadata` takes it.
+    /// The element alone, with its namespace declared, as a domain document holds it.
     ///
     /// # Errors
     /// Never in practice (writing to memory).
     pub fn to_xml(&self, namespace: &str) -> Result<String, XmlError> {
         self.element(namespace).to_string_compact()
+    }
+
+    /// The element without a namespace declaration, as `virDomainSetMetadata` takes it (the
+    /// call names the namespace, and libvirt puts the element and its children in it).
+    ///
+    /// # Errors
+    /// Never in practice (writing to memory).
+    pub fn to_metadata_xml(&self) -> Result<String, XmlError> {
+        self.body(Element::new("instance")).to_string_compact()
     }
 
     /// Parses what `virDomainGetMetadata` returns: the `<instance>` element, with a default
@@ -241,6 +254,16 @@ mod tests {
             xml.ends_with("<installation>prod-eu</installation></instance>"),
             "{xml}"
         );
+        assert_eq!(Mark::parse(&xml).unwrap(), mark);
+    }
+
+    #[test]
+    fn the_metadata_form_has_no_namespace_and_parses_to_the_same_mark() {
+        let mut mark = Mark::new("u-1", at("2026-09-16T12:00:00Z"));
+        mark.installation = Some("prod-eu".into());
+        let xml = mark.to_metadata_xml().unwrap();
+        assert!(xml.starts_with("<instance><managed>true</managed>"), "{xml}");
+        assert!(!xml.contains("xmlns"), "{xml}");
         assert_eq!(Mark::parse(&xml).unwrap(), mark);
     }
 

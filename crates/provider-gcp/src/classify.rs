@@ -21,13 +21,15 @@ pub enum Call {
     List,
     /// `zoneOperations.get`.
     Operation,
+    /// `instances.setLabels`.
+    SetLabels,
 }
 
 impl Call {
     /// The HTTP method of the call.
     pub fn method(self) -> reqwest::Method {
         match self {
-            Self::Insert => reqwest::Method::POST,
+            Self::Insert | Self::SetLabels => reqwest::Method::POST,
             Self::Delete => reqwest::Method::DELETE,
             Self::Get | Self::List | Self::Operation => reqwest::Method::GET,
         }
@@ -41,6 +43,7 @@ impl Call {
             Self::Delete => "delete",
             Self::List => "aggregatedList",
             Self::Operation => "operation",
+            Self::SetLabels => "setLabels",
         }
     }
 }
@@ -299,6 +302,12 @@ mod tests {
             (api(503, &[]), Call::Insert, Transient),
             (api(409, &["alreadyExists"]), Call::Delete, Transient),
             (api(412, &["conditionNotMet"]), Call::Delete, Transient),
+            // setLabels: a stale label fingerprint (the labels changed since the read) is read
+            // again and retried; an instance gone since is NotFound; a bad label is Permanent.
+            (api(412, &["conditionNotMet"]), Call::SetLabels, Transient),
+            (api(404, &["notFound"]), Call::SetLabels, NotFound),
+            (api(400, &["invalid"]), Call::SetLabels, Permanent),
+            (api(400, &["resourceNotReady"]), Call::SetLabels, Transient),
         ] {
             assert_eq!(classify(&f, call), want, "{f} in {call:?}");
         }

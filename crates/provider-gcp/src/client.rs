@@ -135,8 +135,8 @@ impl Client {
     }
 
     /// Sends one call and reads its JSON answer. Reads (get, list, operation) are tried up to
-    /// [`READ_ATTEMPTS`] times on a 5xx or a connection failure, with jittered backoff; insert
-    /// and delete are sent once (the reconciler retries them, and a retried insert is
+    /// [`READ_ATTEMPTS`] times on a 5xx or a connection failure, with jittered backoff; insert,
+    /// delete and setLabels are sent once (the reconciler retries them, and a retried insert is
     /// recognised by its requestId). A 401 drops the cached token and the call is sent once more
     /// with a fresh one. `sent_secret` (an insert's cloud-init) is scrubbed from the wire log of
     /// the answer. The caller bounds the whole.
@@ -154,7 +154,7 @@ impl Client {
         let url = self.url(path, query)?;
         let attempts = match call {
             Call::Get | Call::List | Call::Operation => READ_ATTEMPTS,
-            Call::Insert | Call::Delete => 1,
+            Call::Insert | Call::Delete | Call::SetLabels => 1,
         };
         let mut attempt = 1;
         let mut refreshed = false;

@@ -1,6 +1,7 @@
 //! The gcp provider (spec/providers.md §5, §6.2): create submits an insert and returns, get
 //! reads the instance (and the insert's operation while the instance is not there yet),
-//! delete submits a delete, list reads every zone at once, the check lists at most one.
+//! delete submits a delete, list reads every zone at once, mark sets the labels (`mark.rs`), the
+//! check lists at most one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,6 +21,10 @@ use crate::client::Client;
 use crate::id;
 use crate::settings::{Settings, placement};
 use crate::state::ApiInstance;
+
+mod mark;
+
+pub use mark::{OPERATION_POLL, set_labels_body};
 
 /// The budget of one create, get or delete, all its requests together (a token refresh and a
 /// read's retries included), and of each page of a list.
@@ -74,7 +79,7 @@ impl std::fmt::Debug for GcpProvider {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Operation {
     #[serde(default)]
@@ -510,6 +515,10 @@ impl Provider for GcpProvider {
         }
         Err(ProviderError::new(ErrorClass::Transient, op, &self.inner.entry, "")
             .with_message(format!("aggregatedList: more than {MAX_LIST_PAGES} pages")))
+    }
+
+    async fn mark_installation(&self, cx: &OpCtx, pid: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        self.mark(cx, pid, installation).await
     }
 
     fn checker(&self) -> Option<Arc<dyn Checker>> {

@@ -28,6 +28,9 @@ pub struct ApiInstance {
     /// Labels (the marks).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The fingerprint of `labels`, which `setLabels` must send back (a stale one is refused).
+    #[serde(default)]
+    pub label_fingerprint: String,
     /// RFC 3339 with an offset.
     #[serde(default)]
     pub creation_timestamp: Option<String>,

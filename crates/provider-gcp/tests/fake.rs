@@ -259,3 +259,52 @@ async fn token_and_metadata_requests_are_in_the_call_log_without_their_bodies() 
     let kinds: Vec<&str> = api.fake.interceptor().call_log().iter().map(|c| c.kind.0).collect();
     assert_eq!(kinds, ["metadata"]);
 }
+
+#[tokio::test]
+async fn set_labels_needs_the_current_fingerprint_and_changes_the_labels_once_its_operation_is_done() {
+    let api = Api::new().await;
+    // Operations take a minute on the fake's clock, so the labels are seen before and after.
+    api.fake.set_operation_time(Duration::from_secs(60));
+    let zone = ZONES[0];
+    assert_eq!(api.insert(zone, "proxy-labelled").await.0, 200);
+    api.fake.advance(Duration::from_secs(60));
+    let instance = format!("zones/{zone}/instances/proxy-labelled");
+    let (_, before) = api.call(reqwest::Method::GET, instance.clone(), None).await;
+    let fingerprint = before["labelFingerprint"].as_str().expect("a fingerprint").to_owned();
+    let set = |labels: Value, fingerprint: &str| {
+        api.call(
+            reqwest::Method::POST,
+            format!("{instance}/setLabels"),
+            Some(json!({"labels": labels, "labelFingerprint": fingerprint})),
+        )
+    };
+    let labels = json!({"proxy-operator-managed": "true", "proxy-operator-installation": "blue"});
+
+    let (status, stale) = set(labels.clone(), "AAAAAAAAAAA=").await;
+    let expected = fixture_json("errors/412-conditionNotMet.json");
+    assert_eq!((status, shape(&stale)), (412, shape(&expected)), "{stale}");
+    assert_eq!(stale["error"]["errors"][0]["reason"], "conditionNotMet");
+
+    let (status, op) = set(labels.clone(), &fingerprint).await;
+    assert_eq!(status, 200, "{op}");
+    assert_eq!(
+        shape(&op),
+        shape(&fixture_json("operation.json")),
+        "a running operation"
+    );
+    assert_eq!(op["operationType"], "setLabels");
+    let (_, during) = api.call(reqwest::Method::GET, instance.clone(), None).await;
+    assert_eq!(
+        during["labels"], before["labels"],
+        "labels changed before the operation was done"
+    );
+
+    api.fake.advance(Duration::from_secs(60));
+    let (_, done) = api.call(reqwest::Method::GET, operation_path(&op), None).await;
+    assert_eq!(done["status"], "DONE");
+    let (_, after) = api.call(reqwest::Method::GET, instance.clone(), None).await;
+    assert_eq!(after["labels"], labels, "setLabels replaces every label");
+    assert_ne!(after["labelFingerprint"], before["labelFingerprint"]);
+    // The fingerprint read before is stale now.
+    assert_eq!(set(labels, &fingerprint).await.0, 412);
+}

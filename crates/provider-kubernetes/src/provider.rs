@@ -1,5 +1,5 @@
 //! The kubernetes provider over a `kube::Client` (spec/providers.md §4, §6.1): create, get,
-//! delete and list Pods, and the health check's one list call. Every call has its own budget.
+//! delete, list and mark (label) Pods, and the health check's one list call. Every call has its own budget.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,13 +7,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use egress_provider::{
-    Checker, CreateRequest, ErrorClass, Instance, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Op, OpCtx, Provider,
-    ProviderError, ProviderId, REASON_API_ERROR, REASON_FORBIDDEN, REASON_TIMEOUT, REASON_UNAUTHORIZED,
-    REASON_UNREACHABLE, TargetStatus, redact, scrub,
+    Checker, CreateRequest, ErrorClass, Instance, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID,
+    Marking, Op, OpCtx, Provider, ProviderError, ProviderId, REASON_API_ERROR, REASON_FORBIDDEN, REASON_TIMEOUT,
+    REASON_UNAUTHORIZED, REASON_UNREACHABLE, TargetStatus, marking, redact, scrub,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::classify::{CallFailure, classify, is_already_exists};
 use crate::pod::{PodSettings, build_pod};
@@ -293,6 +293,55 @@ impl Provider for KubernetesProvider {
         }
         tracing::debug!(provider = %self.entry, managed = found.len(), "kubernetes pods listed");
         Ok(found)
+    }
+
+    async fn mark_installation(&self, cx: &OpCtx, pid: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        let op = Op::Mark;
+        let (namespace, name) = id::parse(pid.as_str()).map_err(|m| self.permanent(op, pid.as_str(), m))?;
+        self.in_scope(op, pid.as_str(), namespace)?;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pod = self
+            .call(cx, "reading the pod", pods.get(name))
+            .await
+            .map_err(|f| self.error(op, pid.as_str(), &f))?;
+        let label = |key: &str| {
+            pod.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(key))
+                .map(String::as_str)
+        };
+        let managed = label(LABEL_MANAGED) == Some(LABEL_MANAGED_YES);
+        match marking(pid.as_str(), managed, label(LABEL_INSTALLATION), installation) {
+            Marking::AlreadyMarked => {
+                tracing::debug!(provider = %self.entry, namespace, name, installation, "kubernetes pod already marked");
+                return Ok(());
+            }
+            Marking::Refused(why) => return Err(self.permanent(op, pid.as_str(), why)),
+            Marking::Write => {}
+        }
+        // The patch names the resourceVersion read above: a Pod changed since (a mark written by
+        // someone else, say) answers 409 Conflict, Transient, and the next call reads it again.
+        let patch = Pod {
+            metadata: ObjectMeta {
+                resource_version: pod.metadata.resource_version.clone(),
+                labels: Some(BTreeMap::from([(
+                    LABEL_INSTALLATION.to_owned(),
+                    installation.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        };
+        self.call(
+            cx,
+            "labelling the pod",
+            pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        .map_err(|f| self.error(op, pid.as_str(), &f))?;
+        tracing::debug!(provider = %self.entry, namespace, name, installation, "kubernetes pod marked");
+        Ok(())
     }
 
     fn checker(&self) -> Option<Arc<dyn Checker>> {

@@ -327,3 +327,81 @@ async fn an_entry_of_an_operator_serving_some_namespaces_stays_in_them() {
     let e = served.list_by_tag(&cx).await.unwrap_err();
     assert!(e.to_string().contains("forbidden"), "{e}");
 }
+
+/// A hook that, on the provider's first patch of a Pod, writes `label=value` on Pod `name`
+/// through another client before the patch is served: someone labelling the Pod between the
+/// provider's read and its write.
+fn label_before_the_first_patch(s: &TestServer, name: &str, label: &'static str, value: &'static str) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (meddled, other, name) = (
+        Arc::new(AtomicBool::new(false)),
+        s.client_named("other").unwrap(),
+        name.to_owned(),
+    );
+    s.faults()
+        .set_hook(Some(Arc::new(move |r: egress_kube_testserver::HookedRequest| {
+            let (meddled, other, name) = (meddled.clone(), other.clone(), name.clone());
+            Box::pin(async move {
+                if r.verb == Verb::Patch && r.client.is_none() && !meddled.swap(true, Ordering::SeqCst) {
+                    let pods: Api<Pod> = Api::namespaced(other, "crawl");
+                    let labels = serde_json::json!({"metadata": {"labels": {label: value}}});
+                    pods.patch(&name, &PatchParams::default(), &Patch::Merge(&labels))
+                        .await
+                        .expect("the other client's label");
+                }
+                egress_kube_testserver::HookVerdict::Serve
+            })
+        })));
+}
+
+fn label_of(pod: &Pod, key: &str) -> Option<String> {
+    pod.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned()
+}
+
+#[tokio::test]
+async fn a_mark_is_one_label_patch_on_the_version_read_and_a_second_mark_sends_none() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    let req = request("u-mark");
+    let id = p.create(&cx, &req).await.unwrap();
+    p.mark_installation(&cx, &id, "blue").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client().unwrap(), "crawl");
+    let pod = pods.get(&req.name).await.unwrap();
+    assert_eq!(
+        label_of(&pod, egress_provider::LABEL_INSTALLATION).as_deref(),
+        Some("blue")
+    );
+    assert_eq!(label_of(&pod, egress_provider::LABEL_UID).as_deref(), Some("u-mark"));
+    assert_eq!(p.get(&cx, &id).await.unwrap().installation.as_deref(), Some("blue"));
+    let patches = s.requests().count(Verb::Patch, "pods");
+    assert_eq!(patches, 1);
+    p.mark_installation(&cx, &id, "blue").await.unwrap();
+    assert_eq!(
+        s.requests().count(Verb::Patch, "pods"),
+        patches,
+        "a second mark patched"
+    );
+}
+
+#[tokio::test]
+async fn a_label_written_between_the_read_and_the_patch_fails_the_mark_and_is_kept() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    let req = request("u-race");
+    let id = p.create(&cx, &req).await.unwrap();
+    label_before_the_first_patch(&s, &req.name, egress_provider::LABEL_INSTALLATION, "green");
+    let e = p.mark_installation(&cx, &id, "blue").await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Transient, "{e}");
+    // Read again, the Pod is another installation's: refused, and left as it is.
+    let e = p.mark_installation(&cx, &id, "blue").await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    let pods: Api<Pod> = Api::namespaced(s.client().unwrap(), "crawl");
+    let pod = pods.get(&req.name).await.unwrap();
+    assert_eq!(
+        label_of(&pod, egress_provider::LABEL_INSTALLATION).as_deref(),
+        Some("green")
+    );
+}

@@ -3,21 +3,21 @@
 //! by this workspace's builders: the `.../kvm` metadata namespace, the compact domain document
 //! with `<clock>` and `<boot>`, `<name>.qcow2` backed by `base-<key>.qcow2` with its `.sha256`
 //! marker uploaded to the stream's end, `<name>-seed.iso`) are read, listed, adopted without a
-//! change, and deleted by this provider; a new Proxy reuses the cached base without a download;
-//! the base stays. Over the libvirt fake, and against the local hypervisor with a guest that
-//! really boots from them.
+//! change, marked for an installation in Go's namespace, and deleted by this provider; a new
+//! Proxy reuses the cached base without a download; the base stays. Over the libvirt fake, and
+//! against the local hypervisor with a guest that really boots from them.
 
 use egress_libvirt_ssh::testing as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_libvirt::HypervisorEnv;
 use egress_libvirt::config::{KvmConfig, KvmImage};
 use egress_libvirt::engine::Generation;
 use egress_libvirt::fake::GoKvmDomain;
 use egress_libvirt::host::Host;
 use egress_libvirt::seed::{seed_iso, vendor_data};
+use egress_libvirt::{HypervisorEnv, KVM_NAMESPACE};
 use egress_provider::config::ProviderConfig;
 use egress_provider::{InstanceState, OpCtx, Provider, ProviderId, name_from_uid};
 use support::{FakeBackend, POOL, request_in};
@@ -180,6 +180,30 @@ async fn exercise(
     assert_eq!(p.create(&cx, &req).await.unwrap(), id);
     assert_eq!(host.volume_names(&cx, pool).await.unwrap(), volumes);
     assert_eq!(p.get(&cx, &id).await.unwrap().created_at, Some(go_created));
+    // Marked for an installation: the mark gains the child in Go's namespace, its UID and
+    // creation time kept; the domain keeps running; a second mark changes nothing.
+    p.mark_installation(&cx, &id, "prod-eu").await.unwrap();
+    let marked = p.get(&cx, &id).await.unwrap();
+    assert_eq!(
+        (
+            marked.installation.as_deref(),
+            marked.uid.as_str(),
+            marked.created_at,
+            marked.state
+        ),
+        (Some("prod-eu"), uid, Some(go_created), InstanceState::Running)
+    );
+    let element = host
+        .domain_metadata(&cx, name, KVM_NAMESPACE)
+        .await
+        .unwrap()
+        .expect("Go's mark");
+    assert!(element.contains("prod-eu"), "{element}");
+    p.mark_installation(&cx, &id, "prod-eu").await.unwrap();
+    assert!(
+        p.mark_installation(&cx, &id, "prod-us").await.unwrap_err().class() == egress_provider::ErrorClass::Permanent,
+        "another installation's mark was replaced"
+    );
     // A new Proxy on the same image uses Go's cached base (the image URL is never asked).
     let other = request_in(&format!("{uid}-new"), host.name());
     let other = egress_provider::CreateRequest {

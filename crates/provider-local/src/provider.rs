@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 use async_trait::async_trait;
 use egress_provider::{
     Checker, CreateRequest, ErrorClass, ErrorScope, Instance, InstanceState, LABEL_INSTALLATION, LABEL_MANAGED,
-    LABEL_MANAGED_YES, LABEL_UID, Op, OpCtx, Provider, ProviderError, ProviderId, REASON_API_ERROR, REASON_FORBIDDEN,
-    REASON_TIMEOUT, REASON_UNREACHABLE, TargetStatus, redact,
+    LABEL_MANAGED_YES, LABEL_UID, Marking, Op, OpCtx, Provider, ProviderError, ProviderId, REASON_API_ERROR,
+    REASON_FORBIDDEN, REASON_TIMEOUT, REASON_UNREACHABLE, TargetStatus, marking, redact,
 };
 use tracing::Instrument;
 
@@ -471,6 +471,38 @@ impl Provider for LocalProvider {
         }
         tracing::debug!(count = out.len(), "Listed managed instances");
         Ok(out)
+    }
+
+    async fn mark_installation(&self, cx: &OpCtx, id: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        let scope = self.scope(Op::Mark, id.as_str());
+        let name = match self.parse(&scope, id)? {
+            ParsedId::Here(name) => name,
+            ParsedId::Elsewhere(location) => {
+                return Err(scope.permanent(format!("location {location:?} is not this provider's ({LOCATION:?})")));
+            }
+        };
+        // The record is read and written back under the name's lock, which create and delete
+        // take too: neither can remove or rewrite it in between.
+        let lock = self.name_lock(&name);
+        let _held = cx.run(lock.lock()).await.map_err(|why| scope.interrupted(why))?;
+        let Some(mut record) = self.read_record(cx, &scope, &name).await? else {
+            return Err(scope.not_found(format!("no record for {name}")));
+        };
+        let current = record.marks.get(LABEL_INSTALLATION).map(String::as_str);
+        match marking(&name, record.is_managed(), current, installation) {
+            Marking::AlreadyMarked => {
+                tracing::debug!(id = %id, installation, "Installation mark already there");
+                return Ok(());
+            }
+            Marking::Refused(why) => return Err(scope.permanent(why)),
+            Marking::Write => {}
+        }
+        record
+            .marks
+            .insert(LABEL_INSTALLATION.to_owned(), installation.to_owned());
+        self.write_record(cx, &scope, &record).await?;
+        tracing::debug!(id = %id, installation, "Installation mark written");
+        Ok(())
     }
 
     fn checker(&self) -> Option<Arc<dyn Checker>> {

@@ -65,19 +65,22 @@ pub enum Op {
     Delete,
     /// `Provider::list_by_tag`
     List,
+    /// `Provider::mark_installation`
+    Mark,
 }
 
 impl Op {
     /// Every operation, in a fixed order.
-    pub const ALL: [Op; 4] = [Self::Create, Self::Get, Self::Delete, Self::List];
+    pub const ALL: [Op; 5] = [Self::Create, Self::Get, Self::Delete, Self::List, Self::Mark];
 
-    /// `create`, `get`, `delete` or `list`: the metric and span label.
+    /// `create`, `get`, `delete`, `list` or `mark`: the metric and span label.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Create => "create",
             Self::Get => "get",
             Self::Delete => "delete",
             Self::List => "list",
+            Self::Mark => "mark",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The provider contract of the egress-proxy operator.
 //!
 //! Every compute backend (Kubernetes pods, Compute Engine VMs, libvirt
-//! domains, local processes) is a [`Provider`]: four operations over an
+//! domains, local processes) is a [`Provider`]: five operations over an
 //! instance addressed by an opaque [`ProviderId`], and an optional
 //! [`Checker`]. This crate owns that contract and what every provider and
 //! every caller shares:
@@ -9,7 +9,8 @@
 //! - the types ([`CreateRequest`], [`Placement`], [`Instance`],
 //!   [`InstanceState`]) and the call context [`OpCtx`];
 //! - [`ProviderError`] and its four classes; callers branch on the class only;
-//! - instance naming ([`name_from_uid`]) and the GC marks;
+//! - instance naming ([`name_from_uid`]) and the GC marks, with the rule for marking an
+//!   instance with an installation after its create ([`marking`]);
 //! - the providers config file ([`config`]) and the [`Registry`] of provider
 //!   types that both validates and constructs entries;
 //! - the metrics and tracing decorators ([`decorate`]).
@@ -40,8 +41,8 @@ pub use ctx::{Interrupted, OpCtx};
 pub use egress_credentials::Credentials;
 pub use error::{BoxError, ErrorClass, ErrorScope, Message, Op, ProviderError, class_of, result_label};
 pub use naming::{
-    LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, NAME_PREFIX, is_dns1123_label,
-    is_dns1123_subdomain, is_identifier, name_from_uid, uuid_text,
+    LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, Marking, NAME_PREFIX, is_dns1123_label,
+    is_dns1123_subdomain, is_identifier, marking, name_from_uid, uuid_text,
 };
 pub use provider::{
     Checker, Provider, REASON_API_ERROR, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT, REASON_UNAUTHORIZED,

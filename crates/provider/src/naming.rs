@@ -9,10 +9,41 @@ pub const LABEL_MANAGED: &str = "proxy-operator-managed";
 pub const LABEL_MANAGED_YES: &str = "true";
 /// Mark key holding the owning Proxy's UID.
 pub const LABEL_UID: &str = "proxy-operator-uid";
-/// Optional mark key naming the operator installation that created the
-/// instance, so two installations sharing a backend can tell their
-/// instances apart.
+/// Optional mark key naming the operator installation the instance belongs to, so two
+/// installations sharing a backend can tell their instances apart: written at create, or
+/// afterwards on an instance that has none by [`Provider::mark_installation`](crate::Provider::mark_installation).
+/// Never changed once written.
 pub const LABEL_INSTALLATION: &str = "proxy-operator-installation";
+
+/// What `mark_installation` does with one instance, decided from the marks it carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Marking {
+    /// It carries the wanted mark already: nothing to write.
+    AlreadyMarked,
+    /// It carries none (or an empty one): write the wanted mark.
+    Write,
+    /// It is not this operator's to mark (Permanent, nothing written): why.
+    Refused(String),
+}
+
+/// The [`Marking`] of an instance named `name` whose managed mark is `managed` and whose
+/// installation mark is `current`, asked to carry `wanted`. Another installation's mark is never
+/// overwritten: that installation's orphan GC owns the instance. An instance without the managed
+/// mark is not this operator's at all.
+pub fn marking(name: &str, managed: bool, current: Option<&str>, wanted: &str) -> Marking {
+    match current.filter(|c| !c.is_empty()) {
+        _ if !managed => Marking::Refused(format!(
+            "instance {name} is not managed by this operator (no {LABEL_MANAGED}={LABEL_MANAGED_YES} mark); \
+             its installation mark is left alone"
+        )),
+        Some(c) if c == wanted => Marking::AlreadyMarked,
+        Some(other) => Marking::Refused(format!(
+            "instance {name} carries installation {other:?}'s mark, not {wanted:?}: another installation's \
+             instance is never marked again"
+        )),
+        None => Marking::Write,
+    }
+}
 
 /// Prefix of every instance name.
 pub const NAME_PREFIX: &str = "proxy-";
@@ -115,6 +146,21 @@ mod tests {
                 prop_assert!(!s.starts_with('.'));
             }
         }
+    }
+
+    #[test]
+    fn only_a_managed_instance_without_a_mark_is_marked() {
+        assert_eq!(marking("p", true, None, "blue"), Marking::Write);
+        assert_eq!(marking("p", true, Some(""), "blue"), Marking::Write);
+        assert_eq!(marking("p", true, Some("blue"), "blue"), Marking::AlreadyMarked);
+        let Marking::Refused(why) = marking("p", true, Some("green"), "blue") else {
+            panic!("another installation's instance was marked");
+        };
+        assert!(why.contains("\"green\"") && why.contains("\"blue\""), "{why}");
+        let Marking::Refused(why) = marking("p", false, None, "blue") else {
+            panic!("an unmanaged instance was marked");
+        };
+        assert!(why.contains("not managed"), "{why}");
     }
 
     #[test]

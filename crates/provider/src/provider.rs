@@ -1,4 +1,4 @@
-//! The provider contract: four operations over an instance addressed by an
+//! The provider contract: five operations over an instance addressed by an
 //! opaque id, and an optional health checker.
 
 use std::collections::BTreeMap;
@@ -68,6 +68,24 @@ pub trait Provider: Send + Sync + fmt::Debug + 'static {
     /// provider cannot account for: an error, never a partial list.
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError>;
 
+    /// Writes the installation mark `installation` on an existing instance that carries none,
+    /// read back by `get` and `list_by_tag` from then on. It is how an instance made without
+    /// one (by an operator run without an installation, or by the Go operator, then adopted)
+    /// becomes one that this installation's orphan GC may collect.
+    ///
+    /// Idempotent: an instance already carrying `installation` is success, and nothing is
+    /// written. An instance carrying another installation's mark is never changed (that
+    /// installation's GC owns it), nor is one without the managed mark. The read and the write
+    /// are one conditional change where the backend has one, so a concurrent change of the
+    /// instance fails the call rather than being overwritten.
+    ///
+    /// # Errors
+    /// NotFound when the instance is gone, as `get` says it; Permanent for a malformed id (before
+    /// any backend call), an id in a location the entry no longer configures, an instance
+    /// without the managed mark or carrying another installation's mark (nothing written);
+    /// Transient when the backend fails or the instance changed between the read and the write.
+    async fn mark_installation(&self, cx: &OpCtx, id: &ProviderId, installation: &str) -> Result<(), ProviderError>;
+
     /// The backend's health checker, if it has one. Decorators return `None`:
     /// the composition root takes checkers from undecorated providers.
     fn checker(&self) -> Option<Arc<dyn Checker>> {
@@ -95,7 +113,7 @@ pub struct TargetStatus {
     pub name: String,
     /// What the check talked to, for humans.
     pub address: String,
-    /// Whether the target can serve create, get, delete and list.
+    /// Whether the target can serve create, get, delete, list and mark.
     pub ready: bool,
     /// [`REASON_REACHABLE`] when ready, otherwise why not (CamelCase).
     pub reason: String,

@@ -196,7 +196,8 @@ pub struct Instance {
     /// When the backend says the instance was created. `None` when missing or
     /// unparsable, which GC treats as very old; never "now".
     pub created_at: Option<SystemTime>,
-    /// The installation mark as stored on the backend, if any.
+    /// The installation mark as stored on the backend, if any (written at create, or later by
+    /// `mark_installation`).
     pub installation: Option<String>,
 }
 

@@ -8,7 +8,7 @@ use egress_provider::{ErrorClass, Op, ProviderError};
 use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::{Fault, Times};
 use crate::target::ConformanceTarget;
-use crate::{ENTRY_NAME, SENTINEL_CRED};
+use crate::{ENTRY_NAME, INSTALLATION, SENTINEL_CRED};
 
 use super::{expect_err, expect_ok, uid};
 
@@ -56,7 +56,14 @@ pub async fn ct_f01_every_error_is_wrapped_with_configured_name<T: ConformanceTa
         assert_wrapped("get malformed", &e, Op::Get, bad.as_str());
         let e = expect_err("delete malformed", p.delete(&cx, &bad).await);
         assert_wrapped("delete malformed", &e, Op::Delete, bad.as_str());
+        let e = expect_err("mark malformed", p.mark_installation(&cx, &bad, INSTALLATION).await);
+        assert_wrapped("mark malformed", &e, Op::Mark, bad.as_str());
     }
+    let e = expect_err(
+        "mark of a missing id",
+        p.mark_installation(&cx, &missing, INSTALLATION).await,
+    );
+    assert_wrapped("mark missing", &e, Op::Mark, missing.as_str());
     s.hooks()
         .fail(s.fixtures.calls.list, Fault::Server5xx, Times::Always)
         .await?;

@@ -10,6 +10,7 @@ use crate::hooks::{Fault, Times};
 use crate::target::ConformanceTarget;
 use crate::{SENTINEL_CI, SENTINEL_CRED};
 
+use super::mark::{mark_soon, own_mark};
 use super::{expect_ok, uid};
 
 /// Fails the case when `sentinel` appears in the error's text, debug form or source chain.
@@ -86,6 +87,8 @@ pub async fn ct_h02_credential_sentinel_never_leaks<T: ConformanceTarget>(s: Sce
     let req = s.request(&uid("h02"));
     let id = expect_ok("create", p.create(&cx, &req).await);
     expect_ok("get", p.get(&cx, &id).await);
+    let own = own_mark(&s);
+    mark_soon(&s, p.as_ref(), &id, &own).await;
     expect_ok("list", p.list_by_tag(&cx).await);
     if let Some(c) = p.checker() {
         let _ = c.check(&cx).await;
@@ -105,6 +108,7 @@ pub async fn ct_h02_credential_sentinel_never_leaks<T: ConformanceTarget>(s: Sce
             p.get(&cx, &id).await.map(|_| ()),
             p.delete(&cx, &id).await,
             p.list_by_tag(&cx).await.map(|_| ()),
+            p.mark_installation(&cx, &id, &own).await,
         ] {
             if let Err(e) = r {
                 assert_error_clean(&e, SENTINEL_CRED);

@@ -6,10 +6,10 @@ use std::time::Duration;
 use egress_provider::{ErrorClass, Op, OpCtx, ProviderError};
 use futures::FutureExt;
 
-use crate::PROMPT;
 use crate::harness::{CaseResult, Scenario, require};
 use crate::hooks::{CallKind, Gate};
 use crate::target::{ConformanceTarget, Timeouts};
+use crate::{INSTALLATION, PROMPT};
 
 use super::{assert_class, expect_err, expect_ok, owned, promptly, uid, within};
 
@@ -54,6 +54,13 @@ pub async fn ct_g01_cancel_returns_promptly<T: ConformanceTarget>(s: Scenario<T>
     let p4 = s.provider();
     let gate = s.hooks().freeze(calls.list).await?;
     cancel_at_gate(&gate, Op::List, |cx| async move { p4.list_by_tag(&cx).await }).await;
+    // Every provider reads the instance before it marks it, with get's first call.
+    let (p5, id5) = (s.provider(), s.id_for(&egress_provider::name_from_uid(&uid("g01m"))));
+    let gate = s.hooks().freeze(calls.get[0]).await?;
+    cancel_at_gate(&gate, Op::Mark, |cx| async move {
+        p5.mark_installation(&cx, &id5, INSTALLATION).await
+    })
+    .await;
     Ok(())
 }
 
@@ -75,10 +82,15 @@ pub async fn ct_g02_pre_cancelled_does_nothing<T: ConformanceTarget>(s: Scenario
             "list",
             promptly("pre-cancelled list", p.list_by_tag(&cx)).await.map(|_| ()),
         ),
+        (
+            "mark",
+            promptly("pre-cancelled mark", p.mark_installation(&cx, &id, INSTALLATION)).await,
+        ),
     ] {
         if let Err(e) = r {
             assert!(
-                e.class() == ErrorClass::Transient || (what == "get" && e.class() == ErrorClass::NotFound),
+                e.class() == ErrorClass::Transient
+                    || (matches!(what, "get" | "mark") && e.class() == ErrorClass::NotFound),
                 "pre-cancelled {what} gave {e}"
             );
         }

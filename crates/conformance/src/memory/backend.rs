@@ -27,6 +27,8 @@ pub const LOOKUP: CallKind = CallKind("lookup");
 pub const REMOVE: CallKind = CallKind("remove");
 /// Lists instance names in a zone, optionally filtered by a label.
 pub const LIST: CallKind = CallKind("list");
+/// Adds one label to an instance, unless the key holds another value.
+pub const LABEL: CallKind = CallKind("label");
 
 /// The zone a request lands in when the suite does not name one.
 pub const DEFAULT_ZONE: &str = "zone-a";
@@ -308,6 +310,43 @@ impl MemoryBackend {
             Some(o) if o.view.state == native::DELETING => Ok(()),
             Some(_) => {
                 st.objects.remove(&key);
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds label `key=value` to an instance whose `key` label is absent (or already `value`):
+    /// one conditional write, as the real APIs' fingerprinted or versioned writes are, so a
+    /// caller that read the labels before cannot overwrite a value written since.
+    ///
+    /// # Errors
+    /// `NotFound`, `Busy` while locked, `AlreadyExists` when `key` holds another value.
+    pub async fn add_label(
+        &self,
+        token: &str,
+        zone: &str,
+        name: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), BackendError> {
+        self.enter(LABEL, zone, name, token).await?;
+        let mut st = self.lock();
+        let Some(obj) = st.objects.get_mut(&(zone.to_owned(), name.to_owned())) else {
+            return Err(BackendError::new(
+                Fault::NotFound,
+                format!("404 Not Found: instance {zone}/{name}"),
+            ));
+        };
+        if obj.locked {
+            return Err(BackendError::new(Fault::Busy, format!("409 instance {name} is busy")));
+        }
+        match obj.view.labels.get(key) {
+            Some(held) if held != value => Err(BackendError::new(
+                Fault::AlreadyExists,
+                format!("409 Conflict: label {key} of instance {zone}/{name} is already set"),
+            )),
+            _ => {
+                obj.view.labels.insert(key.to_owned(), value.to_owned());
                 Ok(())
             }
         }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use egress_provider::{
     Checker, CreateRequest, ErrorClass, ErrorScope, Instance, InstanceState, LABEL_INSTALLATION, LABEL_MANAGED,
-    LABEL_MANAGED_YES, LABEL_UID, Op, OpCtx, Provider, ProviderError, ProviderId, REASON_API_ERROR, REASON_FORBIDDEN,
-    REASON_TIMEOUT, REASON_UNAUTHORIZED, REASON_UNREACHABLE, TargetStatus, redact,
+    LABEL_MANAGED_YES, LABEL_UID, Marking, Op, OpCtx, Provider, ProviderError, ProviderId, REASON_API_ERROR,
+    REASON_FORBIDDEN, REASON_TIMEOUT, REASON_UNAUTHORIZED, REASON_UNREACHABLE, TargetStatus, marking, redact,
 };
 use tracing::Instrument;
 
@@ -36,6 +36,10 @@ pub enum Defect {
     IgnoresCancellation,
     /// Reports Running without an address.
     RunningWithoutIp,
+    /// Answers a mark with success without writing it.
+    MarkNotWritten,
+    /// Writes the mark without reading what the instance carries.
+    MarksWithoutLooking,
 }
 
 /// The reference entry's settings.
@@ -209,6 +213,30 @@ impl MemoryProvider {
     ) -> Result<Result<InstanceView, BackendError>, ProviderError> {
         let span = tracing::debug_span!("memory.lookup", zone, name);
         self.call(cx, scope, span, self.backend.lookup(token, zone, name)).await
+    }
+
+    /// Whether instance `name` of `zone` is to be marked as `installation`'s, read from the
+    /// backend: `false` when it carries that mark already; Permanent when it is not this
+    /// operator's to mark ([`marking`]).
+    async fn needs_mark(
+        &self,
+        cx: &OpCtx,
+        scope: &ErrorScope,
+        token: &str,
+        (zone, name): (&str, &str),
+        installation: &str,
+    ) -> Result<bool, ProviderError> {
+        let view = self
+            .lookup(cx, scope, token, zone, name)
+            .await?
+            .map_err(|e| self.wrap(scope, &e))?;
+        let managed = view.labels.get(LABEL_MANAGED).is_some_and(|v| v == LABEL_MANAGED_YES);
+        let current = view.labels.get(LABEL_INSTALLATION).map(String::as_str);
+        match marking(name, managed, current, installation) {
+            Marking::AlreadyMarked => Ok(false),
+            Marking::Write => Ok(true),
+            Marking::Refused(why) => Err(scope.permanent(why)),
+        }
     }
 
     /// Adoption guard: only an instance marked with this request's UID is
@@ -385,6 +413,41 @@ impl Provider for MemoryProvider {
         }
         tracing::debug!(count = out.len(), "Listed managed instances");
         Ok(out)
+    }
+
+    async fn mark_installation(&self, cx: &OpCtx, id: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        let scope = self.scope(Op::Mark, id.as_str());
+        let (zone, name) = self.parse_id(&scope, id)?;
+        if !self.zone_configured(&zone) {
+            return Err(scope.permanent(format!("zone {zone:?} is not configured for this provider")));
+        }
+        let token = self.token(&scope)?;
+        if self.has(Defect::MarkNotWritten) {
+            return Ok(());
+        }
+        let write = self.has(Defect::MarksWithoutLooking)
+            || self
+                .needs_mark(cx, &scope, &token, (&zone, &name), installation)
+                .await?;
+        if !write {
+            tracing::debug!(id = %id, installation, "Installation mark already there");
+            return Ok(());
+        }
+        // NB: the backend adds the label only while the key is still absent, so a mark written
+        // since the lookup is never overwritten: the conflict is Transient, and the next call
+        // reads it.
+        let span = tracing::debug_span!("memory.label", zone = %zone, name = %name);
+        self.call(
+            cx,
+            &scope,
+            span,
+            self.backend
+                .add_label(&token, &zone, &name, LABEL_INSTALLATION, installation),
+        )
+        .await?
+        .map_err(|e| self.wrap(&scope, &e))?;
+        tracing::debug!(id = %id, installation, "Installation mark written");
+        Ok(())
     }
 
     fn checker(&self) -> Option<Arc<dyn Checker>> {

@@ -111,6 +111,11 @@ pub struct MemWorld {
 }
 
 pub async fn mem_world(ns: &str) -> MemWorld {
+    mem_world_as(ns, None).await
+}
+
+/// [`mem_world`] for an operator that runs as `installation`.
+pub async fn mem_world_as(ns: &str, installation: Option<&str>) -> MemWorld {
     let server = egress_kube_testserver::TestServer::builder()
         .custom_resource::<egress_api::Proxy>()
         .namespace(ns)
@@ -124,7 +129,7 @@ pub async fn mem_world(ns: &str) -> MemWorld {
         memory_providers(&[("mem", &backend)]),
         Arc::new(NoVerdicts),
         Timings::default(),
-        None,
+        installation.map(str::to_owned),
         tokio_util::sync::CancellationToken::new(),
     ));
     MemWorld {

@@ -1,7 +1,8 @@
-//! A libvirt provider (kvm or kvm2) over the [`Host`] seam: create, get, delete, list and the health check of
-//! spec/kvm.md §7 and §10, with the review's fixes (each named where it lands).
+//! A libvirt provider (kvm or kvm2) over the [`Host`] seam: create, get, delete, list, mark (in
+//! `provider/mark.rs`) and the health check of spec/kvm.md §7 and §10, with the review's fixes
+//! (each named where it lands).
 //!
-//! Long file: the four operations and the health check of one provider share their helpers
+//! Long file: the five operations and the health check of one provider share their helpers
 //! (placement, marks, error mapping) and the fixes that span them.
 
 use std::collections::BTreeMap;
@@ -26,6 +27,8 @@ use super::locks::KeyedLocks;
 use super::placement::{self, Resolved};
 use super::traced::{Traced, error_name};
 use super::{check, id, names, observe, ops};
+
+mod mark;
 
 /// Bytes kept free for the seed in the pool-space check.
 const SEED_RESERVE: u64 = 16 << 20;
@@ -760,6 +763,10 @@ impl Provider for LibvirtProvider {
             self.generation().label()
         );
         Ok(all)
+    }
+
+    async fn mark_installation(&self, cx: &OpCtx, pid: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        self.mark(cx, pid, installation).await
     }
 
     fn checker(&self) -> Option<Arc<dyn Checker>> {

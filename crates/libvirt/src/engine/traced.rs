@@ -166,6 +166,16 @@ impl Host for Traced<dyn Host> {
         observed!(self, "DomainGetMetadata", {domain: domain}, self.inner.domain_metadata(cx, domain, namespace))
     }
 
+    async fn set_domain_metadata(&self, cx: &OpCtx, domain: &str, namespace: &str, element: &str) -> LvResult<()> {
+        tracing::trace!(element, "setting domain metadata");
+        observed!(
+            self,
+            "DomainSetMetadata",
+            {domain: domain},
+            self.inner.set_domain_metadata(cx, domain, namespace, element)
+        )
+    }
+
     async fn domain_state(&self, cx: &OpCtx, domain: &str) -> LvResult<DomainState> {
         observed!(self, "DomainGetState", {domain: domain}, self.inner.domain_state(cx, domain))
     }

@@ -1,5 +1,5 @@
-//! A fake Compute Engine API on loopback: the four instance calls and zonal operations of
-//! `compute/v1`, an OAuth token endpoint and a metadata server, with the real API's status
+//! A fake Compute Engine API on loopback: the five instance calls (insert, get, delete,
+//! aggregatedList, setLabels) and zonal operations of `compute/v1`, an OAuth token endpoint and a metadata server, with the real API's status
 //! codes, error JSON and pagination, and response shapes taken from `fixtures/gcp/`.
 //!
 //! What it follows (each shape's API reference section is cited in `fixtures/gcp/README.md`):
@@ -13,6 +13,10 @@
 //!   has passed it is gone with its auto-delete boot disk; a second delete while the first
 //!   runs gets 400 `resourceNotReady`;
 //! - a repeated insert with a seen `requestId` answers the first operation and creates nothing;
+//! - every instance has a `labelFingerprint`, which changes whenever its labels do; a setLabels
+//!   must send the current one (else 412 `conditionNotMet`), replaces every label with those it
+//!   sends (checked as insert checks them, at most 64), and answers an operation: the labels
+//!   change, with a new fingerprint, once the operation time has passed;
 //! - aggregatedList filters on a label, pages with `maxResults`/`pageToken`, puts a
 //!   `NO_RESULTS_ON_PAGE` warning in zones without results and, under `returnPartialSuccess`,
 //!   names unreachable zones both in `unreachables` and with an `UNREACHABLE` warning;
@@ -27,7 +31,10 @@
 //!
 //! What it does not cover: quotas and capacity (only injected), images beyond a prefix check,
 //! firewall rules, IAM beyond "a valid token", and real instance boot times (an operation takes
-//! the configured time, 20 ms unless a test sets another).
+//! the configured time, 20 ms unless a test sets another). Of setLabels: the `requestId` query
+//! (not read), how the API answers a setLabels sent while another one still runs with the same
+//! fingerprint (accepted here; the last to finish wins), and the real fingerprint's derivation
+//! (an opaque 8-byte value here, new on every change).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -103,6 +110,8 @@ pub struct Vm {
     /// `creationTimestamp`, as the API shows it; empty leaves the field out (which no real
     /// instance does: the suite's C10 seeds it, with garbage too).
     pub created: String,
+    /// `labelFingerprint`: new whenever `labels` change.
+    pub label_fingerprint: String,
     /// Metadata items.
     pub metadata: BTreeMap<String, String>,
     pub machine_type: String,
@@ -132,6 +141,8 @@ struct Op {
     fails: Option<(String, String, u16)>,
     /// The instance an insert makes when it completes (a stalled or failing insert).
     vm: Option<Vm>,
+    /// The labels a setLabels gives instance (zone, name) when it completes.
+    relabel: Option<((String, String), BTreeMap<String, String>)>,
 }
 
 #[derive(Debug, Default)]
@@ -212,6 +223,11 @@ impl std::fmt::Debug for FakeCompute {
 fn pem_der(pem: &str) -> Vec<u8> {
     let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
     data_encoding::BASE64.decode(b64.as_bytes()).expect("a PEM body")
+}
+
+/// A label fingerprint: opaque, 8 bytes in base64, as the API shows it.
+fn fingerprint(serial: u64) -> String {
+    data_encoding::BASE64.encode(&(serial ^ 0x7c3e_a5d1_0b2f_9e44).to_be_bytes())
 }
 
 fn now_rfc3339() -> String {
@@ -460,6 +476,7 @@ impl WorldView<'_> {
             nat_ip: None,
             labels: BTreeMap::new(),
             created: now_rfc3339(),
+            label_fingerprint: fingerprint(self.0.serial),
             metadata: BTreeMap::new(),
             machine_type: "e2-micro".to_owned(),
             image: "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64".to_owned(),
@@ -471,6 +488,14 @@ impl WorldView<'_> {
             deleting: false,
             hold_delete: false,
             unreadable: false,
+        }
+    }
+    /// Labels of `name` changed out of band (a hook): a new fingerprint, as the API gives.
+    pub fn relabelled(&mut self, name: &str) {
+        self.0.serial += 1;
+        let next = fingerprint(self.0.serial);
+        if let Some(vm) = self.vm(name) {
+            vm.label_fingerprint = next;
         }
     }
     pub fn next_ip(&mut self) -> String {
@@ -615,6 +640,7 @@ impl World {
         }
         let stall = self.stall_inserts;
         let mut made = Vec::new();
+        let mut relabelled = Vec::new();
         for op in self.operations.values_mut() {
             if op.body["status"] == "DONE" || (stall && op.body["operationType"] == "insert") || now < op.started + time
             {
@@ -634,10 +660,21 @@ impl World {
             } else if let Some(mut vm) = op.vm.take() {
                 vm.since = now;
                 made.push(vm);
+            } else if let Some(relabel) = op.relabel.take() {
+                relabelled.push(relabel);
             }
         }
         for vm in made {
             WorldView(self).seed(vm);
+        }
+        for (key, labels) in relabelled {
+            self.serial += 1;
+            let next = fingerprint(self.serial);
+            // An instance deleted meanwhile keeps nothing.
+            if let Some(vm) = self.instances.get_mut(&key) {
+                vm.labels = labels;
+                vm.label_fingerprint = next;
+            }
         }
     }
 }
@@ -817,6 +854,7 @@ impl Shared {
             ("POST", ["zones", zone, "instances"]) => ("insert", *zone, None),
             ("GET", ["zones", zone, "instances", name]) => ("get", *zone, Some(*name)),
             ("DELETE", ["zones", zone, "instances", name]) => ("delete", *zone, Some(*name)),
+            ("POST", ["zones", zone, "instances", name, "setLabels"]) => ("setLabels", *zone, Some(*name)),
             ("GET", ["aggregated", "instances"]) => ("aggregatedList", "", None),
             ("GET", ["zones", zone, "operations", op]) => ("operation", *zone, Some(*op)),
             _ => return Some(error_fixture("404-notFound", rest)),
@@ -867,6 +905,7 @@ impl Shared {
             "insert" => insert(&mut w, zone, query, parsed),
             "get" => get(&w, zone, name.unwrap_or_default()),
             "delete" => delete(&mut w, zone, name.unwrap_or_default()),
+            "setLabels" => set_labels(&mut w, zone, name.unwrap_or_default(), parsed),
             "operation" => match w.operations.get(name.unwrap_or_default()) {
                 Some(op)
                     if op.body["zone"]
@@ -1037,6 +1076,7 @@ fn insert(w: &mut World, zone: &str, query: &BTreeMap<String, String>, body: Opt
             started,
             fails,
             vm: later,
+            relabel: None,
         },
     );
     if let Some(rid) = query.get("requestId") {
@@ -1158,6 +1198,7 @@ pub fn instance_json(vm: &Vm) -> Value {
     }
     v["selfLink"] = json!(format!("{zone_url}/instances/{}", vm.name));
     v["labels"] = json!(vm.labels);
+    v["labelFingerprint"] = json!(vm.label_fingerprint);
     if vm.unreadable {
         v["status"] = json!(7);
     }
@@ -1202,6 +1243,56 @@ fn delete(w: &mut World, zone: &str, name: &str) -> (u16, Value) {
             started,
             fails: None,
             vm: None,
+            relabel: None,
+        },
+    );
+    (200, op)
+}
+
+/// `instances.setLabels`: the labels sent replace every label of the instance once the
+/// operation completes, if the fingerprint sent is the instance's current one (else 412
+/// `conditionNotMet`). Labels are checked as insert checks them.
+fn set_labels(w: &mut World, zone: &str, name: &str, body: Option<Value>) -> (u16, Value) {
+    let resource = format!("projects/{PROJECT}/zones/{zone}/instances/{name}");
+    let Some(body) = body else {
+        return invalid("Invalid JSON payload received.");
+    };
+    if w.locked.contains(name) {
+        return error_fixture("400-resourceNotReady", &resource);
+    }
+    let Some(vm) = w.instances.get(&(zone.to_owned(), name.to_owned())) else {
+        return error_fixture("404-notFound", &resource);
+    };
+    if vm.deleting {
+        return error_fixture("400-resourceNotReady", &resource);
+    }
+    if body["labelFingerprint"].as_str() != Some(vm.label_fingerprint.as_str()) {
+        return error_fixture("412-conditionNotMet", &resource);
+    }
+    let id = vm.id;
+    let mut labels = BTreeMap::new();
+    for (k, v) in body["labels"].as_object().cloned().unwrap_or_default() {
+        let v = v.as_str().unwrap_or_default().to_owned();
+        if !valid_label(&k, &v) {
+            return invalid(&format!(
+                "Invalid value for field 'labels': '{k}'. Label keys and values must be lowercase letters, digits, '-' or '_', at most 63 characters."
+            ));
+        }
+        labels.insert(k, v);
+    }
+    if labels.len() > 64 {
+        return invalid("Invalid value for field 'labels': at most 64 labels are allowed.");
+    }
+    let op = operation(w, zone, "setLabels", name, id);
+    let started = w.now();
+    w.operations.insert(
+        op["name"].as_str().unwrap_or_default().to_owned(),
+        Op {
+            body: op.clone(),
+            started,
+            fails: None,
+            vm: None,
+            relabel: Some(((zone.to_owned(), name.to_owned()), labels)),
         },
     );
     (200, op)

@@ -171,6 +171,7 @@ impl BackendHooks for GcpBackend {
             Some(vm) => {
                 vm.labels.insert(LABEL_UID.to_owned(), uid.to_owned());
                 vm.created = created;
+                w.relabelled(name);
                 Ok(())
             }
             None => Err(Unsupported("H04 on an instance the fake does not hold")),
@@ -182,6 +183,7 @@ impl BackendHooks for GcpBackend {
             Some(vm) => {
                 vm.labels.remove(LABEL_MANAGED);
                 vm.labels.remove(LABEL_UID);
+                w.relabelled(name);
                 Ok(())
             }
             None => Err(Unsupported("H04 on an instance the fake does not hold")),
@@ -362,6 +364,16 @@ impl ConformanceTarget for GcpTarget {
                 "404 notFound in delete",
                 api_row("404-notFound", Call::Delete),
                 ErrorClass::NotFound,
+            ),
+            (
+                "404 notFound in setLabels (gone since the read)",
+                api_row("404-notFound", Call::SetLabels),
+                ErrorClass::NotFound,
+            ),
+            (
+                "412 conditionNotMet in setLabels (labels changed since the read)",
+                api_row("412-conditionNotMet", Call::SetLabels),
+                ErrorClass::Transient,
             ),
             (
                 "404 notFound in insert (an image, a zone)",

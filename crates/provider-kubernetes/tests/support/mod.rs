@@ -133,6 +133,7 @@ fn kind_of(r: &HookedRequest) -> Option<&'static str> {
         Verb::Get => "get",
         Verb::Delete => "delete",
         Verb::List => "list",
+        Verb::Patch => "patch",
         _ => return None,
     })
 }

@@ -12,7 +12,7 @@ use crate::error::result_label;
 use crate::{CreateRequest, Instance, Op, OpCtx, Provider, ProviderError, ProviderId};
 
 /// Labels of the request counter. Every value is bounded: the configured
-/// entry name, one of four ops, one of five results.
+/// entry name, one of five ops, one of five results.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     provider: String,
@@ -99,5 +99,9 @@ impl Provider for MeteredProvider {
 
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
         self.record(Op::List, self.inner.list_by_tag(cx).await)
+    }
+
+    async fn mark_installation(&self, cx: &OpCtx, id: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        self.record(Op::Mark, self.inner.mark_installation(cx, id, installation).await)
     }
 }

@@ -1,4 +1,4 @@
-//! One client span per provider call: `provider.create|get|delete|list`.
+//! One client span per provider call: `provider.create|get|delete|list|mark`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,6 +40,7 @@ fn span_for(op: Op, name: &str) -> Span {
         Op::Get => span!("provider.get"),
         Op::Delete => span!("provider.delete"),
         Op::List => span!("provider.list"),
+        Op::Mark => span!("provider.mark"),
     }
 }
 
@@ -104,5 +105,10 @@ impl Provider for TracedProvider {
 
     async fn list_by_tag(&self, cx: &OpCtx) -> Result<Vec<Instance>, ProviderError> {
         self.traced(Op::List, None, self.inner.list_by_tag(cx), |_| None).await
+    }
+
+    async fn mark_installation(&self, cx: &OpCtx, id: &ProviderId, installation: &str) -> Result<(), ProviderError> {
+        let call = self.inner.mark_installation(cx, id, installation);
+        self.traced(Op::Mark, Some(id), call, |_| None).await
     }
 }
