@@ -46,8 +46,9 @@ pub struct KvmConfig {
     #[serde(default)]
     pub images: BTreeMap<String, KvmImage>,
     /// The hosts a Proxy's `placement.image` URL may name (review M12). Absent: any host but a
-    /// link-local address (as Go). Empty: URL images are off for this entry. Catalogue URLs
-    /// (`images`) are the operator's own and are not restricted.
+    /// link-local or cloud metadata address (as Go refused link-local ones). Empty: URL images
+    /// are off for this entry. Catalogue URLs (`images`) are the operator's own and are not
+    /// restricted.
     #[serde(default)]
     pub image_url_hosts: Option<Vec<String>>,
     /// Machine catalogue for `placement.machineType`.

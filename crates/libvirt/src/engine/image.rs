@@ -30,7 +30,7 @@ use super::failure::{Context as _, OpFailure};
 use super::fence::{self, Lease};
 use super::locks::KeyedLocks;
 use super::placement::Image;
-use super::url_host::{host_listed, is_link_local_host};
+use super::url_host::{host_listed, is_metadata_host};
 use super::{Generation, names};
 
 /// The precheck's HEAD (or GET) budget, and the download's until its headers arrive.
@@ -103,7 +103,7 @@ impl<'a> Cached<'a> {
 
 /// The HTTP client of the image downloads: no overall timeout (each request carries its own),
 /// identity encoding (a decompressed body would hide `Content-Length`), and redirects that stay
-/// on http(s), never downgrade from https and never lead to a link-local address (a cloud
+/// on http(s), never downgrade from https and never lead to a link-local or cloud metadata address (a cloud
 /// metadata service). With `allowed` (an entry's `imageUrlHosts`, for the URLs Proxies give),
 /// a redirect must also stay on a listed host.
 ///
@@ -138,7 +138,7 @@ fn redirect_refusal(from: Option<&reqwest::Url>, to: &reqwest::Url, allowed: Opt
             Some(format!("redirect to {host}, a host not in imageUrlHosts, refused"))
         }
         Some(_) => None,
-        None if is_link_local_host(host) => Some("redirect to a link-local address refused".to_owned()),
+        None if is_metadata_host(host) => Some("redirect to a link-local or cloud metadata address refused".to_owned()),
         None => None,
     }
 }
@@ -1090,6 +1090,15 @@ mod tests {
         );
         assert!(redirect_refusal(None, &u("https://elsewhere.example/y"), Some(&listed)).is_some());
         assert!(redirect_refusal(None, &u("https://mirror.example/y"), Some(&[])).is_some());
-        assert!(!is_link_local_host("192.168.1.10") && !is_link_local_host("mirror.example"));
+        assert!(!is_metadata_host("192.168.1.10") && !is_metadata_host("mirror.example"));
+        for other_spelling in [
+            "2852039166",
+            "0xa9fea9fe",
+            "169.254.169.254.",
+            "[::ffff:169.254.169.254]",
+            "metadata.google.internal",
+        ] {
+            assert!(is_metadata_host(other_spelling), "{other_spelling}");
+        }
     }
 }

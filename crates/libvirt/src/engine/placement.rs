@@ -75,8 +75,8 @@ fn url_refusal(block: &str, allowed: Option<&[String]>, raw: &str) -> Option<Str
         )),
         // Listed hosts are the operator's word, link-local ones included.
         Some(_) => None,
-        None if super::url_host::is_link_local_host(&host) => Some(format!(
-            "placement.image {raw:?} points at a link-local address; the operator does not fetch from there"
+        None if super::url_host::is_metadata_host(&host) => Some(format!(
+            "placement.image {raw:?} points at a link-local or cloud metadata address; the operator does not fetch from there"
         )),
         None => None,
     }
@@ -119,7 +119,7 @@ pub fn resolve<'a>(generation: Generation, cfg: &'a KvmConfig, placement: &Place
             from_url: false,
         },
         // Review M12: an image URL comes from the Proxy, not the operator's config. It may not
-        // send the operator to a link-local address (a cloud metadata service), nor, where the
+        // send the operator to a link-local or metadata address (a cloud metadata service), nor, where the
         // entry lists the hosts URL images may come from, anywhere else.
         None if is_http_url(&placement.image) => {
             if let Some(refusal) = url_refusal(block, cfg.image_url_hosts.as_deref(), &placement.image) {
@@ -288,11 +288,11 @@ mod tests {
             ),
             (
                 placement("nuc", "small", "http://169.254.169.254/latest/meta-data/x.qcow2"),
-                "placement.image \"http://169.254.169.254/latest/meta-data/x.qcow2\" points at a link-local address; the operator does not fetch from there",
+                "placement.image \"http://169.254.169.254/latest/meta-data/x.qcow2\" points at a link-local or cloud metadata address; the operator does not fetch from there",
             ),
             (
                 placement("nuc", "small", "http://[fe80::1]:80/x.qcow2"),
-                "placement.image \"http://[fe80::1]:80/x.qcow2\" points at a link-local address; the operator does not fetch from there",
+                "placement.image \"http://[fe80::1]:80/x.qcow2\" points at a link-local or cloud metadata address; the operator does not fetch from there",
             ),
             (
                 placement("nuc", "small", "https:///x.qcow2"),

@@ -1,8 +1,6 @@
 //! Checks on the host part of an image URL, shared by placement (a URL a Proxy gives) and the
 //! download (where a redirect leads).
 
-use std::net::IpAddr;
-
 /// Whether URL host `host` is one of `list` (case-insensitive; IPv6 with or without brackets).
 pub fn host_listed(list: &[String], host: &str) -> bool {
     let bare = |h: &str| h.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
@@ -10,12 +8,14 @@ pub fn host_listed(list: &[String], host: &str) -> bool {
     list.iter().any(|l| bare(l) == host)
 }
 
-/// Whether `host` (a URL's host part) is a link-local address literal (169.254.0.0/16,
-/// fe80::/10): where cloud metadata services answer.
-pub fn is_link_local_host(host: &str) -> bool {
-    match host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-        Ok(IpAddr::V4(v4)) => v4.is_link_local(),
-        Ok(IpAddr::V6(v6)) => (v6.segments()[0] & 0xffc0) == 0xfe80,
-        Err(_) => false,
-    }
+/// Whether `host` (a URL's host part) is where cloud metadata services answer: a link-local
+/// address (169.254.0.0/16, fe80::/10) or a metadata name or address, judged by the one list of
+/// internal destinations (`egress-netguard`), so its other spellings (`2852039166`,
+/// `0xa9fea9fe`, `[::ffff:169.254.169.254]`, `metadata.google.internal`) count too.
+pub fn is_metadata_host(host: &str) -> bool {
+    use egress_netguard::{Guard, Internal};
+    matches!(
+        Guard::default().host(host),
+        Some(Internal::LinkLocal | Internal::Metadata)
+    )
 }
