@@ -13,7 +13,8 @@ pub(crate) const BUILD_PACKAGES: &[&str] = &["ca-certificates", "libvirt-dev", "
 /// (the libvirt C bindings build against them); tinyproxy (the real forward proxy of the health
 /// probes and the local provider); the OpenSSH client (test keys); redis-server and redis-tools'
 /// `redis-cli` (the shared lease store's tests, on one server and on a cluster); Squid (the kubernetes provider's generated config, run for real) with
-/// iproute2 and util-linux's `unshare` (the Squid test's own network namespace). The
+/// iproute2 and util-linux's `unshare` (the Squid test's own network namespace); strace (the
+/// record of where the binary sends packets, in the test of refused destinations). The
 /// hypervisor's own packages are `cargo xtask hypervisor up`'s.
 pub(crate) const APT_PACKAGES: &[&str] = &[
     "ca-certificates",
@@ -26,6 +27,7 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     "squid",
     "iproute2",
     "util-linux",
+    "strace",
 ];
 
 /// Packages whose install starts a system service the tests do not want: Debian's squid

@@ -2,6 +2,8 @@
 //! lines (JSON, one per line) as they come.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod trace;
+
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -80,6 +82,28 @@ pub fn start_probing(
     extra_flags: &[&str],
     extra_env: &[(&str, &str)],
 ) -> (Operator, String) {
+    start_probing_as(cluster, ca_pem, health_url, extra_flags, extra_env, None)
+}
+
+/// [`start_probing`], run under strace writing to `trace_file` (see [`trace`]).
+pub fn start_probing_traced(
+    cluster: &Cluster,
+    ca_pem: &str,
+    health_url: &str,
+    extra_flags: &[&str],
+    trace_file: &Path,
+) -> (Operator, String) {
+    start_probing_as(cluster, ca_pem, health_url, extra_flags, &[], Some(trace_file))
+}
+
+fn start_probing_as(
+    cluster: &Cluster,
+    ca_pem: &str,
+    health_url: &str,
+    extra_flags: &[&str],
+    extra_env: &[(&str, &str)],
+    trace_file: Option<&Path>,
+) -> (Operator, String) {
     let ca = cluster.dir.join("ca.pem");
     std::fs::write(&ca, ca_pem).unwrap();
     let mut flags = vec![
@@ -100,7 +124,10 @@ pub fn start_probing(
         ("DISCOVERY_TOKEN", "crawler-token"),
     ];
     env.extend_from_slice(extra_env);
-    let mut op = Operator::start(&operator_binary(), &args, &env);
+    let mut op = match trace_file {
+        Some(file) => Operator::start_traced(&operator_binary(), &args, &env, file),
+        None => Operator::start(&operator_binary(), &args, &env),
+    };
     let discovery = op.wait_msg("Serving the discovery API")["address"]
         .as_str()
         .unwrap()
@@ -111,6 +138,8 @@ pub fn start_probing(
 
 pub struct Operator {
     child: Child,
+    /// Whether `child` is strace running the operator rather than the operator itself.
+    traced: bool,
     lines: mpsc::Receiver<String>,
     pub seen: Vec<String>,
 }
@@ -119,7 +148,16 @@ impl Operator {
     /// Starts `binary` with `args` and the given environment on top of a clean one (no OTEL_*
     /// variable leaks in from the test's own environment).
     pub fn start(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new(binary);
+        Self::spawn(Command::new(binary), false, args, env)
+    }
+
+    /// Like [`Operator::start`], with every destination the binary names written to
+    /// `trace_file` (see [`trace`]).
+    pub fn start_traced(binary: &Path, args: &[&str], env: &[(&str, &str)], trace_file: &Path) -> Self {
+        Self::spawn(trace::traced(binary, trace_file), true, args, env)
+    }
+
+    fn spawn(mut cmd: Command, traced: bool, args: &[&str], env: &[(&str, &str)]) -> Self {
         cmd.args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -148,6 +186,7 @@ impl Operator {
         });
         Self {
             child,
+            traced,
             lines: rx,
             seen: Vec::new(),
         }
@@ -191,10 +230,23 @@ impl Operator {
     /// Sends SIGTERM, as the kubelet does.
     pub fn terminate(&self) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-TERM", &self.operator_pid()])
             .status()
             .expect("kill");
         assert!(status.success());
+    }
+
+    /// The operator's process id: the child's own, or under strace, strace's one child.
+    fn operator_pid(&self) -> String {
+        let id = self.child.id();
+        if !self.traced {
+            return id.to_string();
+        }
+        let children = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).expect("strace is running");
+        let mut pids = children.split_whitespace();
+        let pid = pids.next().expect("strace runs the operator").to_owned();
+        assert_eq!(pids.next(), None, "strace has one child");
+        pid
     }
 
     /// Waits for the process to exit, collecting the rest of its output.
@@ -224,6 +276,10 @@ impl Operator {
 
 impl Drop for Operator {
     fn drop(&mut self) {
+        if self.traced && self.child.try_wait().is_ok_and(|s| s.is_none()) {
+            // Killing strace would leave the operator running, detached.
+            let _ = Command::new("kill").args(["-KILL", &self.operator_pid()]).status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
