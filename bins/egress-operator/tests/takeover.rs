@@ -10,7 +10,9 @@
 //! - every Proxy is adopted (an `Adopted` event, this operator's hash, Go's kept) and is Ready
 //!   with the IP and providerID Go recorded;
 //! - every Go instance, which carries no installation mark, is marked with the operator's
-//!   installation (an `InstallationMarked` event), in the form each backend keeps marks;
+//!   installation (an `InstallationMarked` event), in the form each backend keeps marks; the
+//!   operator runs with the default installation id, derived from the cluster and its namespace,
+//!   as someone switching without the flag would;
 //! - each Proxy can be leased at once, at its old IP;
 //! - the ProviderHealth objects of configured entries are kept and updated, the stale one
 //!   removed;
@@ -62,8 +64,6 @@ static GO_TIME: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     jiff::Timestamp::from_second(day_ago.as_second()).unwrap().to_string()
 });
 const TOKEN: &str = "crawler-token-for-the-takeover-test";
-/// The installation the operator runs as.
-const INSTALLATION: &str = "takeover-test";
 /// The Go kvm provider's pool, and the image key its cached base was named after.
 const POOL: &str = "default";
 
@@ -466,7 +466,13 @@ async fn mark_of(backends: &Backends, pods: &Api<Pod>, m: &Member, uid: &str) ->
 
 /// Waits until every Go instance carries the installation's mark and each Proxy has its
 /// `InstallationMarked` event, once the entry's provider was asked to mark.
-async fn wait_for_marks(backends: &Backends, proxies: &Api<Proxy>, pods: &Api<Pod>, events: &Api<Event>) {
+async fn wait_for_marks(
+    backends: &Backends,
+    proxies: &Api<Proxy>,
+    pods: &Api<Pod>,
+    events: &Api<Event>,
+    installation: &str,
+) {
     let deadline = std::time::Instant::now() + PATIENCE;
     for m in &members() {
         let uid = proxies.get(m.proxy).await.unwrap().uid().unwrap();
@@ -480,7 +486,7 @@ async fn wait_for_marks(backends: &Backends, proxies: &Api<Proxy>, pods: &Api<Po
                 .filter(|e| e.reason.as_deref() == Some("InstallationMarked"))
                 .any(|e| e.regarding.and_then(|r| r.name).as_deref() == Some(m.proxy));
             let mark = mark_of(backends, pods, m, &uid).await;
-            if said && mark.as_deref() == Some(INSTALLATION) {
+            if said && mark.as_deref() == Some(installation) {
                 break;
             }
             assert!(
@@ -613,7 +619,6 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         // age: only their marks (read as Go wrote them, then this installation's) keep them.
         "--gc-interval=1s".into(),
         "--gc-min-age=0s".into(),
-        format!("--installation-id={INSTALLATION}"),
     ];
     let egress_operator::flags::Command::Run(options) = egress_operator::flags::parse(args).unwrap() else {
         panic!("the flags are a run");
@@ -702,7 +707,10 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
     }
 
     // Every Go instance marked with the installation, where its backend keeps marks, and said.
-    wait_for_marks(&backends, &proxies, &pods, &events).await;
+    // No `--installation-id`: the id the operator derives, in `NS` (its kubeconfig's namespace).
+    let uid = egress_controller::installation::cluster_uid(&client).await.unwrap();
+    let installation = egress_controller::installation::derive(&uid, NS);
+    wait_for_marks(&backends, &proxies, &pods, &events, &installation).await;
 
     // The monitor has run a round: Go's objects of configured entries kept and updated, the
     // retired entry's removed.
