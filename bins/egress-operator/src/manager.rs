@@ -143,7 +143,7 @@ struct Replica {
     metrics: Arc<Mutex<prometheus_client::registry::Registry>>,
     health_metrics: egress_health::HealthMetrics,
     reconcile_metrics: ReconcileMetrics,
-    pool_metrics: egress_controller::pool::PoolMetrics,
+    pool_metrics: egress_controller::pool::metrics::PoolMetrics,
     /// The default probe target, fetched directly by the leader's health engine.
     probe_target: egress_controller::probe_target::ProbeTarget,
     /// Lease requests this replica's discovery API refused, for the pool autoscaler (`None`
@@ -344,7 +344,7 @@ struct Served {
     registry: prometheus_client::registry::Registry,
     admission_metrics: egress_discovery::AdmissionMetrics,
     health_metrics: egress_health::HealthMetrics,
-    pool_metrics: egress_controller::pool::PoolMetrics,
+    pool_metrics: egress_controller::pool::metrics::PoolMetrics,
     probe_target: egress_controller::probe_target::ProbeTarget,
     reconcile_metrics: ReconcileMetrics,
 }
@@ -364,7 +364,7 @@ fn served(
     let health_metrics = egress_health::HealthMetrics::new();
     health_metrics.register(&mut registry);
     egress_controller::metrics::register(&mut registry, provider_health.clone(), cache.store());
-    let pool_metrics = egress_controller::pool::PoolMetrics::new();
+    let pool_metrics = egress_controller::pool::metrics::PoolMetrics::new();
     pool_metrics.register(&mut registry, cache.store());
     let probe_target = egress_controller::probe_target::ProbeTarget::new(options.health_check_url.clone());
     probe_target.register(&mut registry);
@@ -466,14 +466,14 @@ fn start_leader_tasks(
         .with_create_budgets(create_budgets),
     );
     let mut pools =
-        egress_controller::pool::PoolContext::new(client.clone(), cache.clone(), store, pool_metrics, refusals);
+        egress_controller::pool::pass::PoolContext::new(client.clone(), cache.clone(), store, pool_metrics, refusals);
     if let Some(target) = fetched_target {
         pools = pools.with_probe_target(target);
     }
     let pools = Arc::new(pools);
     essential.insert(
         tasks
-            .spawn(egress_controller::pool::run(
+            .spawn(egress_controller::pool::pass::run(
                 pools,
                 namespaces.served.clone(),
                 work.clone(),

@@ -395,14 +395,14 @@ async fn the_create_budget_holds_across_two_pools_on_one_entry() {
         Arc::new(egress_lease::SystemClock),
         Duration::from_secs(60),
     ));
-    let pools_ctx = Arc::new(egress_controller::pool::PoolContext::new(
+    let pools_ctx = Arc::new(egress_controller::pool::pass::PoolContext::new(
         client.clone(),
         cache,
         store,
-        egress_controller::pool::PoolMetrics::new(),
+        egress_controller::pool::metrics::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::run(
+    tokio::spawn(egress_controller::pool::pass::run(
         pools_ctx,
         egress_api::served::Namespaces::All,
         shutdown.clone(),

@@ -170,14 +170,14 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         Arc::new(egress_lease::SystemClock),
         Duration::from_secs(60),
     ));
-    let pools_ctx = Arc::new(egress_controller::pool::PoolContext::new(
+    let pools_ctx = Arc::new(egress_controller::pool::pass::PoolContext::new(
         operator.clone(),
         cache,
         store,
-        egress_controller::pool::PoolMetrics::new(),
+        egress_controller::pool::metrics::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::run(pools_ctx, served, shutdown.clone()));
+    tokio::spawn(egress_controller::pool::pass::run(pools_ctx, served, shutdown.clone()));
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
         "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n"}}))

@@ -15,8 +15,9 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
 
-use crate::pool_decide::{Desired, Member};
-use crate::pool_remediation::{
+use crate::pool::decide::Desired;
+use crate::pool::member::Member;
+use crate::pool::remediation::{
     Backoff, CONDITION, DEFAULT_MAX_UNHEALTHY, DEFAULT_STARTUP_GRACE, Gate, Health, MaxUnhealthy, condition, judge,
 };
 
