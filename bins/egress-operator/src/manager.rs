@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egress_controller::create_budget::{CreateBudgets, SystemClock};
-use egress_controller::credentials::CredentialCache;
-use egress_controller::decide::Timings;
 use egress_controller::gc::OrphanGc;
 use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
 use egress_controller::provider_health::{self, Monitor, ProviderHealthSnapshot, Schedule};
+use egress_controller::proxy::credentials::CredentialCache;
+use egress_controller::proxy::decide::Timings;
+use egress_controller::proxy::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::proxy_cache::ProxyCache;
-use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::runtime_metrics::ReconcileMetrics;
 use egress_lease::LeaseStore;
 use egress_provider::Providers;
@@ -178,7 +178,7 @@ async fn start_replica(
     let (cache, keep_cache) =
         egress_controller::proxy_cache::proxy_cache(client.clone(), &namespaces.served, shutdown.clone());
     let (credentials, keep_credentials) =
-        egress_controller::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
+        egress_controller::proxy::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
     // One directory for the API and the leader's view publisher, following both caches.
     let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials);
     let mut tasks = JoinSet::new();
@@ -435,7 +435,7 @@ fn start_leader_tasks(
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
         (Health::Scripted { verdicts, events }, _) => (verdicts, events),
         (Health::Engine, roots) => {
-            let source = egress_controller::health::CachedProxies {
+            let source = egress_controller::proxy::health::CachedProxies {
                 cache: cache.clone(),
                 default_url: options.health_check_url.clone(),
                 credentials: credentials.clone(),
@@ -523,7 +523,7 @@ fn start_leader_tasks(
 fn start_health_engine(
     options: &Options,
     roots: Option<crate::probe_tls::ProbeRoots>,
-    source: egress_controller::health::CachedProxies,
+    source: egress_controller::proxy::health::CachedProxies,
     health_metrics: egress_health::HealthMetrics,
     probe_target: &egress_controller::probe_target::ProbeTarget,
     tasks: &mut JoinSet<()>,
@@ -555,7 +555,8 @@ fn start_health_engine(
         tx,
     );
     let id = tasks.spawn(engine.run(work.clone())).id();
-    let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| egress_controller::health::object_ref(&key));
+    let events =
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| egress_controller::proxy::health::object_ref(&key));
     Ok((Arc::new(snapshot), Box::pin(events), id))
 }
 
@@ -614,8 +615,8 @@ async fn supervise(
 fn external_rules(
     options: &Options,
     own_namespace: &str,
-) -> Result<egress_controller::destinations::ExternalRules, Fatal> {
-    use egress_controller::destinations::ExternalRules;
+) -> Result<egress_controller::proxy::destinations::ExternalRules, Fatal> {
+    use egress_controller::proxy::destinations::ExternalRules;
     // Both lists were checked as the flags were read.
     let guard = egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
         .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?;

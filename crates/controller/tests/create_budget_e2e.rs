@@ -14,8 +14,8 @@ use egress_api::{ANNOTATION_CREDENTIALS_INSTANCE, CredentialsType, Phase, Proxy,
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{INSERT, MemoryBackend, MemoryProvider, MemoryTarget};
 use egress_controller::create_budget::{CreateBudgets, ManualClock};
-use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
-use egress_controller::status::Verdict;
+use egress_controller::proxy::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
+use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::TestServer;
 use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
 use egress_provider::decorate::ProviderMetrics;
@@ -161,7 +161,7 @@ fn assert_lines(text: &str, lines: &[&str]) {
 
 /// The password in Proxy `p`'s credentials Secret.
 async fn password(secrets: &Api<Secret>, p: &Proxy) -> Vec<u8> {
-    let name = egress_controller::credentials::secret_name(&p.uid().unwrap());
+    let name = egress_controller::proxy::credentials::secret_name(&p.uid().unwrap());
     let secret = secrets.get(&name).await.unwrap();
     secret.data.unwrap()[egress_credentials::PASSWORD_KEY].0.clone()
 }
@@ -343,7 +343,7 @@ async fn the_create_budget_holds_across_the_proxies_of_an_entry_and_is_separate_
     assert_eq!(inserts(&tight).await, 5);
     for (p, before) in waiters.iter().zip(&kept) {
         let now = state.iter().find(|s| s.name_any() == p.name_any()).unwrap();
-        let name = egress_controller::credentials::secret_name(&now.uid().unwrap());
+        let name = egress_controller::proxy::credentials::secret_name(&now.uid().unwrap());
         let bound = secrets
             .get(&name)
             .await

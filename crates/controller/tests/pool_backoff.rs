@@ -58,7 +58,7 @@ async fn make(provider: &MemoryProvider, pool: &ProxyPool, role: PoolRole, n: us
         provider_id: instance.to_string(),
         ..Default::default()
     };
-    egress_controller::status::set_condition(
+    egress_controller::conditions::set_condition(
         &mut status.conditions,
         conditions::PROVISIONED,
         ConditionStatus::True,

@@ -11,9 +11,9 @@ use std::time::Duration;
 use egress_api::{ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, FINALIZER, Phase, Placement, Proxy, ProxySpec};
 use egress_conformance::BackendHooks;
 use egress_conformance::memory::{CALL_BUDGET, MemoryBackend, MemoryProvider, MemoryTarget};
-use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
-use egress_controller::status::Verdict;
+use egress_controller::proxy::decide::Timings;
+use egress_controller::proxy::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
+use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::TestServer;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -610,7 +610,7 @@ async fn an_external_proxy_follows_its_credentials_secrets_annotation_alone() {
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let backend = MemoryBackend::new();
-    let (credentials, keep_credentials) = egress_controller::credentials::credential_cache(
+    let (credentials, keep_credentials) = egress_controller::proxy::credentials::credential_cache(
         client.clone(),
         &egress_api::served::Namespaces::All,
         shutdown.clone(),

@@ -38,7 +38,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::events::ProxyEvent;
+use crate::events::{self, Event};
+use crate::identity::{FIELD_MANAGER, reconcile_id, reporting_instance};
 use crate::pool::autoscale::{Load, LowSince, Policy, recommend, scale};
 use crate::pool::decide::{Desired, Plan, Step, plan};
 use crate::pool::member::Member;
@@ -50,7 +51,6 @@ use crate::pool::view::{
 };
 use crate::probe_target::ProbeTarget;
 use crate::proxy_cache::ProxyCache;
-use crate::reconciler::{FIELD_MANAGER, post_event, reconcile_id};
 
 /// A draining member's leases end when it is not told: while one has leases, its pool is
 /// looked at again this often.
@@ -161,7 +161,7 @@ impl PoolContext {
             store,
             metrics,
             refusals,
-            instance: std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.into()),
+            instance: reporting_instance(),
             expected: Mutex::default(),
             create_failures: Mutex::default(),
             autoscale: Mutex::default(),
@@ -324,7 +324,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     let mut desired = match asked {
         Ok(d) => d,
         Err(why) => {
-            crate::status::set_condition(
+            crate::conditions::set_condition(
                 &mut status.conditions,
                 "ReplicaFailure",
                 ConditionStatus::True,
@@ -342,7 +342,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             "the pool's name is {} characters; a member carries it as a label value, at most {MAX_LABEL_VALUE}",
             name.len()
         );
-        crate::status::set_condition(
+        crate::conditions::set_condition(
             &mut status.conditions,
             "ReplicaFailure",
             ConditionStatus::True,
@@ -396,12 +396,12 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             })
             .inc();
         // Posted now: a later step that fails must not lose the record of a write made.
-        post_event(
+        events::post(
             &ctx.client,
             &ctx.instance,
             &reference,
             &namespace,
-            &normal("Scaled", note),
+            &Event::normal("Scaled", note),
         )
         .await;
         desired.replicas = replicas;
@@ -439,7 +439,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
             .insert(uid.clone(), wrote);
     }
     for e in &events {
-        post_event(&ctx.client, &ctx.instance, &reference, &namespace, e).await;
+        events::post(&ctx.client, &ctx.instance, &reference, &namespace, e).await;
     }
 
     let failure = ctx
@@ -523,12 +523,7 @@ impl Writer<'_> {
     /// Performs the first [`MAX_WRITES`] of `steps`, noting in `wrote` what the cache should show
     /// next and in `events` what happened. A create the API server refuses is kept for
     /// `ReplicaFailure` and the other steps go on (a promotion must not wait for it).
-    async fn perform(
-        &self,
-        steps: &[Step],
-        wrote: &mut Expected,
-        events: &mut Vec<ProxyEvent>,
-    ) -> Result<(), PoolError> {
+    async fn perform(&self, steps: &[Step], wrote: &mut Expected, events: &mut Vec<Event>) -> Result<(), PoolError> {
         let mut create_failed = false;
         for step in steps.iter().take(MAX_WRITES) {
             match step {
@@ -539,7 +534,7 @@ impl Writer<'_> {
                     }
                     Err(why) => {
                         if !create_failed {
-                            events.push(warning("MemberCreateFailed", why));
+                            events.push(Event::warning("MemberCreateFailed", why));
                         }
                         create_failed = true;
                     }
@@ -566,7 +561,7 @@ impl Writer<'_> {
     }
 
     /// A new member in `role`: its name and Event, or why the API server refused it.
-    async fn create(&self, role: PoolRole) -> Result<(String, ProxyEvent), String> {
+    async fn create(&self, role: PoolRole) -> Result<(String, Event), String> {
         let uid = self.pool.uid().unwrap_or_default();
         let failures = &self.ctx.create_failures;
         match self
@@ -586,7 +581,7 @@ impl Writer<'_> {
                     })
                     .inc();
                 let note = format!("created {} member {}", role.as_str(), made.name_any());
-                Ok((made.name_any(), normal("MemberCreated", note)))
+                Ok((made.name_any(), Event::normal("MemberCreated", note)))
             }
             Err(e) => {
                 let why = format!("creating a member: {e}");
@@ -600,7 +595,7 @@ impl Writer<'_> {
     }
 
     /// A standby made active; its Event, none when it is gone already.
-    async fn promote(&self, member: &str) -> Result<Option<ProxyEvent>, PoolError> {
+    async fn promote(&self, member: &str) -> Result<Option<Event>, PoolError> {
         let patch = json!({"metadata": {
             "labels": {LABEL_POOL_ROLE: PoolRole::Active.as_str()},
             "annotations": {ANNOTATION_DRAINING_SINCE: null}}});
@@ -608,11 +603,14 @@ impl Writer<'_> {
             return Ok(None);
         }
         self.ctx.metrics.promotions.get_or_create(self.labels).inc();
-        Ok(Some(normal("Promoted", format!("standby {member} now takes leases"))))
+        Ok(Some(Event::normal(
+            "Promoted",
+            format!("standby {member} now takes leases"),
+        )))
     }
 
     /// A member drained; its Event, none when it is gone already.
-    async fn drain(&self, member: &str) -> Result<Option<ProxyEvent>, PoolError> {
+    async fn drain(&self, member: &str) -> Result<Option<Event>, PoolError> {
         let reason = self
             .members
             .get(member)
@@ -637,11 +635,11 @@ impl Writer<'_> {
             reason.replace('_', " "),
             self.desired.drain_timeout.as_secs()
         );
-        Ok(Some(normal("Draining", note)))
+        Ok(Some(Event::normal("Draining", note)))
     }
 
     /// A member deleted (or gone already); its Event, with why a draining one went.
-    async fn delete(&self, member: &str) -> Result<ProxyEvent, PoolError> {
+    async fn delete(&self, member: &str) -> Result<Event, PoolError> {
         match self.proxies.delete(member, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -657,7 +655,7 @@ impl Writer<'_> {
             Some(m) if m.role == PoolRole::Draining => " (its drain timeout passed)",
             _ => "",
         };
-        Ok(normal("MemberDeleted", format!("deleted member {member}{why}")))
+        Ok(Event::normal("MemberDeleted", format!("deleted member {member}{why}")))
     }
 }
 
@@ -760,7 +758,7 @@ struct Watched<'a> {
     /// When the soonest member failing within its grace comes to be judged.
     next_judgement: Option<Duration>,
     /// A Warning naming the members this pass found never Ready within their grace.
-    events: Vec<ProxyEvent>,
+    events: Vec<Event>,
 }
 
 /// Judges the pool's `live` members (with their `leases`) with what this leader remembers of
@@ -797,7 +795,7 @@ fn watch_members<'a>(
     let backoff = watch.backoff();
     let mut events = Vec::new();
     if !never_ready.is_empty() {
-        events.push(warning(
+        events.push(Event::warning(
             "MemberNeverReady",
             format!(
                 "{} never became Ready within startupGrace {}s; {} failed creations in a row: the next member is made after {}s",
@@ -825,7 +823,7 @@ fn gate(
     members: &[(&Proxy, Member)],
     now: Timestamp,
     status: &mut ProxyPoolStatus,
-    events: &mut Vec<ProxyEvent>,
+    events: &mut Vec<Event>,
 ) -> Gate {
     let uid = pool.uid().unwrap_or_default();
     let list: Vec<Member> = members.iter().map(|(_, m)| m.clone()).collect();
@@ -869,7 +867,7 @@ fn gate_event(
     uid: &str,
     gate: &Gate,
     (_, reason, message): &(ConditionStatus, &'static str, String),
-) -> Option<ProxyEvent> {
+) -> Option<Event> {
     let message = message.clone();
     let mut watches = ctx.watches.lock().unwrap_or_else(|p| p.into_inner());
     let watch = watches.get_mut(uid)?;
@@ -877,8 +875,8 @@ fn gate_event(
     // Stopped, and not yet announced as resumed (a recovery after it included).
     let was_stopped = matches!(before.as_deref(), Some("TooManyUnhealthy" | "Recovering"));
     match gate {
-        Gate::TooManyUnhealthy(_) if !was_stopped => Some(warning("RemediationStopped", message)),
-        Gate::Allowed(_) if was_stopped => Some(normal("RemediationResumed", message)),
+        Gate::TooManyUnhealthy(_) if !was_stopped => Some(Event::warning("RemediationStopped", message)),
+        Gate::Allowed(_) if was_stopped => Some(Event::normal("RemediationResumed", message)),
         _ => None,
     }
 }
@@ -913,22 +911,6 @@ fn post_params() -> PostParams {
     PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
-    }
-}
-
-fn normal(reason: &'static str, note: String) -> ProxyEvent {
-    ProxyEvent {
-        warning: false,
-        reason,
-        note,
-    }
-}
-
-fn warning(reason: &'static str, note: String) -> ProxyEvent {
-    ProxyEvent {
-        warning: true,
-        reason,
-        note,
     }
 }
 

@@ -1,4 +1,4 @@
-//! The Proxy reconciler's I/O shell: it runs the pure decision of [`crate::decide`], performs
+//! The Proxy reconciler's I/O shell: it runs the pure decision of [`super::decide`], performs
 //! each action with kube or the provider, and flushes the status when it changed.
 //!
 //! Long file: it is the one I/O shell of the decision in `decide`: the execution of every action
@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, LABEL_CLOUD_INIT, Proxy, SecretRef};
+use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, LABEL_CLOUD_INIT, Proxy};
 use egress_provider::{
     CreateRequest, InstanceState, OpCtx, Placement, Provider, ProviderError, Providers, name_from_uid,
 };
@@ -22,15 +22,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::create_budget::{CreateBudgets, SystemClock};
-use crate::decide::{
-    Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next, replacing,
-};
+use crate::identity::{FIELD_MANAGER, reconcile_id, reporting_instance};
 use crate::merge;
+use crate::proxy::decide::{
+    Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, Timings, next, replacing,
+};
+use crate::proxy::status::Verdict;
 use crate::runtime_metrics::{ReconcileMetrics, ReconcileResult};
-use crate::status::Verdict;
-
-/// The field manager of the operator's writes.
-pub const FIELD_MANAGER: &str = "egress-proxies-operator";
 
 /// The most steps one pass may take; a pass needs at most a handful.
 const MAX_STEPS: usize = 16;
@@ -89,11 +87,11 @@ pub struct Context {
     /// instance whose Secret it shows serving it needs no read of the Secret, and an External
     /// Proxy whose Secret does not name it is refused. Its changes enqueue the External Proxies
     /// that name the changed Secret ([`controller`]).
-    pub credentials: Option<crate::credentials::CredentialCache>,
+    pub credentials: Option<crate::proxy::credentials::CredentialCache>,
     /// Each provider entry's create budget, asked before every create.
     pub create_budgets: CreateBudgets,
     /// Where External Proxies are accepted and what they may not point at.
-    pub external: Arc<crate::destinations::ExternalRules>,
+    pub external: Arc<crate::proxy::destinations::ExternalRules>,
     /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
     instance: String,
     /// The configured entries' names, in config order.
@@ -121,7 +119,7 @@ impl Context {
         installation: Option<String>,
         shutdown: CancellationToken,
     ) -> Self {
-        let instance = std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.into());
+        let instance = reporting_instance();
         let provider_names = providers.entries().iter().map(|e| e.name.clone()).collect();
         let create_budgets = CreateBudgets::for_providers(&providers, Arc::new(SystemClock));
         Self {
@@ -160,14 +158,14 @@ impl Context {
     /// Refuses External Proxies outside `rules` (`new` accepts them in every namespace and
     /// refuses every internal destination, with no allowlist and no cluster ranges).
     #[must_use]
-    pub fn with_external_rules(mut self, rules: Arc<crate::destinations::ExternalRules>) -> Self {
+    pub fn with_external_rules(mut self, rules: Arc<crate::proxy::destinations::ExternalRules>) -> Self {
         self.external = rules;
         self
     }
 
     /// Reads credentials from `cache` where it can, sparing the API server.
     #[must_use]
-    pub fn with_credentials(mut self, cache: crate::credentials::CredentialCache) -> Self {
+    pub fn with_credentials(mut self, cache: crate::proxy::credentials::CredentialCache) -> Self {
         self.credentials = Some(cache);
         self
     }
@@ -256,39 +254,6 @@ fn create_request(
     }
 }
 
-/// Reads a cloud-init Secret as the labelled-Secret cache would: an unlabelled Secret is
-/// invisible. The value is taken as bytes (gzip user-data is not text). The error names the
-/// Secret and key, never the content.
-async fn read_secret(client: &Client, namespace: &str, r: &SecretRef) -> Result<Vec<u8>, SecretProblem> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let missing = || {
-        SecretProblem::Unusable(format!(
-            "Secret \"{}\" with label {LABEL_CLOUD_INIT}=true and key \"{}\" not found in namespace {namespace}",
-            r.name, r.key
-        ))
-    };
-    let secret = match api.get_opt(&r.name).await {
-        Ok(Some(s)) => s,
-        Ok(None) => return Err(missing()),
-        Err(e) => {
-            return Err(SecretProblem::Unavailable(format!(
-                "reading Secret \"{}\": {e}",
-                r.name
-            )));
-        }
-    };
-    let labelled = secret.labels().get(LABEL_CLOUD_INIT).is_some_and(|v| v == "true");
-    if !labelled {
-        return Err(missing());
-    }
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(&r.key))
-        .map(|b| b.0.clone())
-        .ok_or_else(missing)
-}
-
 /// Writes metadata with a merge patch conditioned on the resourceVersion the pass started from
 /// (an optimistic update), and returns the new resourceVersion.
 async fn write_metadata(
@@ -314,11 +279,6 @@ async fn write_metadata(
 /// The name of every reconcile's root span; the log formatter recognises it to write
 /// controller-runtime's keys on the lines inside it.
 pub const RECONCILE_SPAN: &str = "Reconcile Proxy";
-
-/// A random (version 4) UUID, as controller-runtime gives each reconcile.
-pub fn reconcile_id() -> String {
-    egress_provider::uuid_text(rand::random(), 4)
-}
 
 /// One reconcile of one Proxy, in its `Reconcile Proxy` span (spec/core.md §9.3).
 pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_, ReconcileError> {
@@ -459,9 +419,9 @@ async fn run_pass(
         provider_configured: provider.is_some(),
         configured_providers: &ctx.provider_names,
         verdict: ctx.health.verdict_for(proxy),
-        credentials_cached: matches!(lookup, Some(crate::credentials::Lookup::Found(_))),
+        credentials_cached: matches!(lookup, Some(crate::proxy::credentials::Lookup::Found(_))),
         credentials_refused: match lookup {
-            Some(crate::credentials::Lookup::Refused(refusal)) => Some(refusal),
+            Some(crate::proxy::credentials::Lookup::Refused(refusal)) => Some(refusal),
             _ => None,
         },
         address_missing_since: ctx.address_missing_since(&uid),
@@ -574,7 +534,7 @@ impl Pass<'_> {
             }
             Action::ReadSecret(r) => {
                 let namespace = proxy.namespace().unwrap_or_default();
-                self.facts.secret = Some(read_secret(&ctx.client, &namespace, &r).await);
+                self.facts.secret = Some(crate::proxy::secret::read_cloud_init(&ctx.client, &namespace, &r).await);
             }
             Action::Get(id) => {
                 let answer = self.provider()?.get(&self.cx, &id).await.map_err(|e| failure(&e));
@@ -584,17 +544,18 @@ impl Pass<'_> {
                 // Before a create, and like it on a proven-current copy: a pass on a stale copy
                 // would rotate the credentials of the instance a previous pass just made.
                 ensure_current(self.api, proxy, &proxy.name_any(), &mut self.rv).await?;
-                self.facts.credentials = Some(crate::credentials::prepare(&ctx.client, proxy, gone.as_ref()).await);
+                self.facts.credentials =
+                    Some(crate::proxy::credentials::prepare(&ctx.client, proxy, gone.as_ref()).await);
             }
             Action::GetBound(id) => {
                 let answer = self.provider()?.get(&self.cx, &id).await.map_err(|e| failure(&e));
                 self.facts.bound_instance = Some((id, answer));
             }
             Action::BindCredentials(id) => {
-                self.facts.credentials_bound = Some(crate::credentials::bind(&ctx.client, proxy, &id).await);
+                self.facts.credentials_bound = Some(crate::proxy::credentials::bind(&ctx.client, proxy, &id).await);
             }
             Action::CheckCredentials(id) => {
-                self.facts.credentials_checked = Some(crate::credentials::check(&ctx.client, proxy, &id).await);
+                self.facts.credentials_checked = Some(crate::proxy::credentials::check(&ctx.client, proxy, &id).await);
             }
             Action::Create {
                 cloud_init,
@@ -666,78 +627,25 @@ async fn ensure_current(api: &Api<Proxy>, proxy: &Proxy, name: &str, rv: &mut St
     Ok(())
 }
 
-/// Cuts text to at most `max` bytes, at a character boundary (an Event note's limit is in bytes).
-fn truncate_bytes(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    text[..cut].to_string()
-}
-
 /// Publishes the pass's Events. A failure to publish is logged; it never fails the reconcile.
 async fn publish_events(ctx: &Context, proxy: &Proxy, outcome: &Outcome) {
     let before = proxy.status.clone().unwrap_or_default();
     let deleting = proxy.metadata.deletion_timestamp.is_some();
-    let mut events = crate::events::derive(
+    let mut events = crate::proxy::events::derive(
         &before,
         &outcome.status,
         outcome.note.as_ref(),
         &outcome.requeue,
         deleting,
     );
-    events.extend(outcome.marked.as_ref().map(crate::events::installation_marked));
+    events.extend(outcome.marked.as_ref().map(crate::proxy::events::installation_marked));
     if events.is_empty() {
         return;
     }
     let reference = kube::Resource::object_ref(proxy, &());
     let namespace = proxy.namespace().unwrap_or_else(|| "default".into());
     for e in events {
-        post_event(&ctx.client, &ctx.instance, &reference, &namespace, &e).await;
-    }
-}
-
-/// Publishes one Event (events.k8s.io/v1) about the object `regarding`, in `namespace`. A
-/// failure to publish is logged at debug; it never fails the caller.
-pub(crate) async fn post_event(
-    client: &Client,
-    instance: &str,
-    regarding: &k8s_openapi::api::core::v1::ObjectReference,
-    namespace: &str,
-    e: &crate::events::ProxyEvent,
-) {
-    use k8s_openapi::api::events::v1::Event as K8sEvent;
-    use kube::api::PostParams;
-    let api: Api<K8sEvent> = Api::namespaced(client.clone(), namespace);
-    let now = k8s_openapi::jiff::Timestamp::now();
-    // NB: one Event object per occurrence, no aggregation cache: events follow transitions, so
-    // repeats are rare, and a cache (kube's Recorder keeps six minutes of them) would grow with
-    // the fleet.
-    let event = K8sEvent {
-        metadata: kube::api::ObjectMeta {
-            name: Some(format!(
-                "{}.{:x}",
-                regarding.name.as_deref().unwrap_or_default(),
-                now.as_nanosecond()
-            )),
-            namespace: Some(namespace.to_owned()),
-            ..Default::default()
-        },
-        event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now)),
-        type_: Some(if e.warning { "Warning" } else { "Normal" }.into()),
-        reason: Some(e.reason.into()),
-        note: Some(truncate_bytes(&e.note, 1024)),
-        action: Some("Reconcile".into()),
-        regarding: Some(regarding.clone()),
-        reporting_controller: Some(FIELD_MANAGER.into()),
-        reporting_instance: Some(instance.to_owned()),
-        ..Default::default()
-    };
-    if let Err(err) = api.create(&PostParams::default(), &event).await {
-        tracing::debug!(error = %err, reason = e.reason, "publishing an Event failed");
+        crate::events::post(&ctx.client, &ctx.instance, &reference, &namespace, &e).await;
     }
 }
 
@@ -814,7 +722,7 @@ fn credential_users(
         .state()
         .iter()
         .filter(|p| p.spec.credentials_type() == egress_api::CredentialsType::Secret)
-        .filter(|p| secret.is_none() || crate::credentials::CredentialCache::secret_of(p) == secret)
+        .filter(|p| secret.is_none() || crate::proxy::credentials::CredentialCache::secret_of(p) == secret)
         .map(|p| kube::runtime::reflector::ObjectRef::from_obj(p.as_ref()))
         .collect()
 }
@@ -903,25 +811,4 @@ pub fn controller(
                 }
             }
         })
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_reconcile_id_is_a_random_version_4_uuid() {
-        let id = super::reconcile_id();
-        let groups: Vec<&str> = id.split('-').collect();
-        assert_eq!(
-            groups.iter().map(|g| g.len()).collect::<Vec<_>>(),
-            [8, 4, 4, 4, 12],
-            "{id}"
-        );
-        assert!(
-            id.bytes()
-                .all(|b| b == b'-' || b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        );
-        assert!(groups[2].starts_with('4'), "version 4: {id}");
-        assert!("89ab".contains(&groups[3][..1]), "RFC 4122 variant: {id}");
-        assert_ne!(super::reconcile_id(), id);
-    }
 }

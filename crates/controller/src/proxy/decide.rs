@@ -22,12 +22,12 @@ use egress_api::{
 use egress_provider::{ErrorClass, Instance, InstanceState, ProviderId, ProxyCredentials};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::conditions::{remove_condition, set_condition};
 use crate::create_budget::Deferral;
-use crate::credentials::{Prepared, Refusal, Serving};
-use crate::spec_hash::spec_hash;
-use crate::status::{
-    InstanceView, Verdict, apply_verdict, latched, phase, provider_missing, remove_condition, set_condition,
-};
+use crate::proxy::credentials::{Prepared, Refusal, Serving};
+use crate::proxy::secret::SecretProblem;
+use crate::proxy::spec_hash::spec_hash;
+use crate::proxy::status::{InstanceView, Verdict, apply_verdict, last_verdict, latched, phase, provider_missing};
 
 /// The reconciler's waits (spec/core.md §3.2). Tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,21 +108,12 @@ pub struct Input<'a> {
     /// address (kept in memory by the reconciler); `None` when the last one found it with one.
     pub address_missing_since: Option<Time>,
     /// Why an External Proxy is refused: its namespace, or an internal destination
-    /// ([`crate::destinations::ExternalRules::refusal`]); `None` when it is not.
-    pub external_refused: Option<crate::destinations::Refused>,
+    /// ([`crate::proxy::destinations::ExternalRules::refusal`]); `None` when it is not.
+    pub external_refused: Option<crate::proxy::destinations::Refused>,
     /// The installation the operator runs as, if any: the Proxy's running instance that carries
     /// no installation mark is marked as this one's ([`Action::MarkInstallation`]).
     pub installation: Option<&'a str>,
     pub now: Time,
-}
-
-/// Why the cloud-init Secret gave no text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecretProblem {
-    /// Missing, unlabelled, without the key, or not text: a `CloudInitError` on the Proxy.
-    Unusable(String),
-    /// The API server did not answer: retried with backoff, the status left as it was.
-    Unavailable(String),
 }
 
 /// What this pass has done and learned so far. Its `Debug` shows the cloud-init size only.
@@ -463,10 +454,10 @@ pub fn built_from_current_spec(proxy: &Proxy) -> bool {
 /// ([`built_from_current_spec`]). A spec edited since (during the switch, say), or a replacement
 /// the other operator had begun, is replaced, as the other operator would have done.
 pub fn adoptable(proxy: &Proxy, recorded: &str, hash: &str) -> bool {
-    if crate::spec_hash::is_own(recorded) {
+    if crate::proxy::spec_hash::is_own(recorded) {
         return false;
     }
-    hash.strip_prefix(crate::spec_hash::VERSION_PREFIX) == Some(recorded) || built_from_current_spec(proxy)
+    hash.strip_prefix(crate::proxy::spec_hash::VERSION_PREFIX) == Some(recorded) || built_from_current_spec(proxy)
 }
 
 fn has_finalizer(proxy: &Proxy) -> bool {
@@ -479,21 +470,6 @@ fn has_finalizer(proxy: &Proxy) -> bool {
 
 fn generation(proxy: &Proxy) -> Option<i64> {
     proxy.metadata.generation
-}
-
-/// The verdict the status records (its `Healthy` condition and latency), if any.
-pub fn last_verdict(status: &ProxyStatus) -> Option<Verdict> {
-    let healthy_condition = status.conditions.iter().find(|c| c.type_ == conditions::HEALTHY)?;
-    let healthy = match healthy_condition.status {
-        ConditionStatus::True => true,
-        ConditionStatus::False => false,
-        ConditionStatus::Unknown => return None,
-    };
-    Some(Verdict {
-        healthy,
-        latency: Duration::from_millis(status.latency_millis.and_then(|m| u64::try_from(m).ok()).unwrap_or(0)),
-        auth_refused: !healthy && healthy_condition.reason == reasons::PROXY_AUTH_REQUIRED,
-    })
 }
 
 /// Ends the pass, with the health verdict and the phase filled in.
