@@ -473,7 +473,7 @@ fn start_leader_tasks(
     let pools = Arc::new(pools);
     essential.insert(
         tasks
-            .spawn(egress_controller::pool::pass::run(
+            .spawn(egress_controller::pool::controller::run(
                 pools,
                 namespaces.served.clone(),
                 work.clone(),

@@ -402,7 +402,7 @@ async fn the_create_budget_holds_across_two_pools_on_one_entry() {
         egress_controller::pool::metrics::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::pass::run(
+    tokio::spawn(egress_controller::pool::controller::run(
         pools_ctx,
         egress_api::served::Namespaces::All,
         shutdown.clone(),

@@ -177,7 +177,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         egress_controller::pool::metrics::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::pass::run(pools_ctx, served, shutdown.clone()));
+    tokio::spawn(egress_controller::pool::controller::run(pools_ctx, served, shutdown.clone()));
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
         "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n"}}))
