@@ -18,7 +18,7 @@ use common::{PATIENCE, wait_for_proxy};
 use egress_api::{Phase, Proxy};
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{DEFAULT_ZONE, MemoryBackend, MemoryProvider, MemoryTarget, REMOVE};
-use egress_controller::proxy::reconciler::HealthVerdicts;
+use egress_controller::proxy::health::HealthVerdicts;
 use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::TestServer;
 use egress_provider::config::{ProviderConfig, validators};

@@ -36,7 +36,7 @@ use common::{PATIENCE, wait_for_proxy};
 use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, Phase, ProviderHealth, Proxy};
 use egress_conformance::memory::{INSERT, LOOKUP, MemoryBackend, MemoryProvider, MemoryTarget, REMOVE};
 use egress_conformance::{BackendHooks as _, SeedSpec};
-use egress_controller::proxy::reconciler::HealthVerdicts;
+use egress_controller::proxy::health::HealthVerdicts;
 use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::Verb;
 use egress_libvirt::fake::{FakeHost, FakeVolume, GoKvmDomain};

@@ -8,11 +8,14 @@
 //!  Outcome ─► status (merge patch, only on change) and events
 //! ```
 //!
-//! [`decide`] is the pure decision; [`reconciler`] its I/O shell. What they share: the Proxy's
+//! [`decide`] is the pure decision; [`reconciler`] its I/O shell, with the [`context`] every
+//! reconcile shares, and [`controller`] the loop that runs it for each Proxy that changed. What they share: the Proxy's
 //! [`status`], its [`spec_hash`], the [`secret`] and [`credentials`] it reads, the
 //! [`destinations`] an External Proxy may not point at. [`events`] says what a pass tells a
 //! person, and [`health`] is the seam to the health engine, whose verdicts the pass reads.
 
+pub mod context;
+pub mod controller;
 pub mod credentials;
 pub mod decide;
 pub mod destinations;

@@ -14,7 +14,9 @@ use egress_api::{ANNOTATION_CREDENTIALS_INSTANCE, CredentialsType, Phase, Proxy,
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{INSERT, MemoryBackend, MemoryProvider, MemoryTarget};
 use egress_controller::create_budget::{CreateBudgets, ManualClock};
-use egress_controller::proxy::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::controller::{self, ControllerConfig};
+use egress_controller::proxy::health::HealthVerdicts;
 use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::TestServer;
 use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
@@ -203,7 +205,7 @@ fn start(client: &kube::Client, providers: Arc<Providers>) -> Running {
         shutdown.clone(),
     );
     tokio::spawn(keep_cache);
-    tokio::spawn(controller(
+    tokio::spawn(controller::run(
         Arc::new(ctx),
         ControllerConfig::default(),
         cache.clone(),

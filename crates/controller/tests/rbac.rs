@@ -17,8 +17,10 @@ use egress_conformance::{BackendHooks, SeedSpec, SeedTime};
 use egress_controller::gc::OrphanGc;
 use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
 use egress_controller::provider_health::{Monitor, ProviderHealthSnapshot, Schedule};
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::controller::{self, ControllerConfig};
 use egress_controller::proxy::decide::Timings;
-use egress_controller::proxy::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
+use egress_controller::proxy::health::HealthVerdicts;
 use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::{HookVerdict, HookedRequest, TestServer};
 use egress_provider::OpCtx;
@@ -164,7 +166,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         namespaces: served.clone(),
         ..Default::default()
     };
-    let run = controller(ctx, config, cache.clone(), health_events, shutdown.clone());
+    let run = controller::run(ctx, config, cache.clone(), health_events, shutdown.clone());
     tokio::spawn(run);
     let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
         Arc::new(egress_lease::SystemClock),
@@ -177,7 +179,11 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         egress_controller::pool::metrics::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::controller::run(pools_ctx, served, shutdown.clone()));
+    tokio::spawn(egress_controller::pool::controller::run(
+        pools_ctx,
+        served,
+        shutdown.clone(),
+    ));
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
         "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n"}}))

@@ -9,8 +9,18 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::proxy::credentials::Lookup;
-use crate::proxy::reconciler::HealthVerdicts;
 use crate::proxy::status::Verdict;
+
+/// Where the reconciler reads health verdicts: the health engine's snapshot.
+pub trait HealthVerdicts: Send + Sync + 'static {
+    fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict>;
+
+    /// The verdict for this very Proxy: a source that knows which object and address it probed
+    /// refuses a verdict about an earlier Proxy of the same name, or an earlier address.
+    fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
+        self.verdict(&proxy.namespace().unwrap_or_default(), &proxy.name_any())
+    }
+}
 
 impl HealthVerdicts for Snapshot {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {

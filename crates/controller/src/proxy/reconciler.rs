@@ -1,48 +1,26 @@
 //! The Proxy reconciler's I/O shell: it runs the pure decision of [`super::decide`], performs
-//! each action with kube or the provider, and flushes the status when it changed.
-//!
-//! Long file: it is the one I/O shell of the decision in `decide`: the execution of every action
-//! and the status flush, which share the pass's context.
+//! each action with kube or the provider, and flushes the status when it changed. What every
+//! reconcile shares is its [`Context`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, LABEL_CLOUD_INIT, Proxy};
-use egress_provider::{
-    CreateRequest, InstanceState, OpCtx, Placement, Provider, ProviderError, Providers, name_from_uid,
-};
-use k8s_openapi::api::core::v1::Secret;
+use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, Proxy};
+use egress_provider::{CreateRequest, OpCtx, Placement, Provider, ProviderError, name_from_uid};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action as Requeue_;
-use kube::{Client, ResourceExt};
+use kube::runtime::controller::Action as ControllerAction;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::create_budget::{CreateBudgets, SystemClock};
-use crate::identity::{FIELD_MANAGER, reconcile_id, reporting_instance};
+use crate::identity::{FIELD_MANAGER, reconcile_id};
 use crate::merge;
-use crate::proxy::decide::{
-    Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, Timings, next, replacing,
-};
-use crate::proxy::status::Verdict;
-use crate::runtime_metrics::{ReconcileMetrics, ReconcileResult};
+use crate::proxy::context::Context;
+use crate::proxy::decide::{Action, Facts, Input, Next, Note, Outcome, ProviderFailure, Requeue, next, replacing};
+use crate::runtime_metrics::ReconcileResult;
 
 /// The most steps one pass may take; a pass needs at most a handful.
 const MAX_STEPS: usize = 16;
-
-/// Where the reconciler reads health verdicts: the health engine's snapshot.
-pub trait HealthVerdicts: Send + Sync + 'static {
-    fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict>;
-
-    /// The verdict for this very Proxy: a source that knows which object and address it probed
-    /// refuses a verdict about an earlier Proxy of the same name, or an earlier address.
-    fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
-        self.verdict(&proxy.namespace().unwrap_or_default(), &proxy.name_any())
-    }
-}
 
 /// A reconcile that failed; the workqueue retries it with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -70,155 +48,13 @@ pub enum ReconcileError {
     Panicked(String),
 }
 
-/// What every reconcile shares.
-pub struct Context {
-    pub client: Client,
-    pub providers: Arc<Providers>,
-    pub health: Arc<dyn HealthVerdicts>,
-    pub timings: Timings,
-    /// The installation the operator runs as, if any: the mark providers write at create, and
-    /// the one a pass writes on its Proxy's running instance that carries none.
-    pub installation: Option<String>,
-    /// Cancelled at shutdown: provider calls in flight return promptly.
-    pub shutdown: CancellationToken,
-    /// controller-runtime's reconcile families (register them to serve them).
-    pub metrics: ReconcileMetrics,
-    /// The credential Secrets as watched, when the operator keeps them: a running Generated
-    /// instance whose Secret it shows serving it needs no read of the Secret, and an External
-    /// Proxy whose Secret does not name it is refused. Its changes enqueue the External Proxies
-    /// that name the changed Secret ([`controller`]).
-    pub credentials: Option<crate::proxy::credentials::CredentialCache>,
-    /// Each provider entry's create budget, asked before every create.
-    pub create_budgets: CreateBudgets,
-    /// Where External Proxies are accepted and what they may not point at.
-    pub external: Arc<crate::proxy::destinations::ExternalRules>,
-    /// The reporting instance of the Events it publishes on Proxies (events.k8s.io/v1).
-    instance: String,
-    /// The configured entries' names, in config order.
-    provider_names: Vec<String>,
-    failures: Mutex<HashMap<(String, String), u32>>,
-    /// Per Proxy UID: since when its instance has answered without an address (item 54). An
-    /// entry goes when a Get answers anything else, so it holds at most one per Proxy.
-    address_missing: Mutex<HashMap<String, Time>>,
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
-            .field("timings", &self.timings)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Context {
-    pub fn new(
-        client: Client,
-        providers: Arc<Providers>,
-        health: Arc<dyn HealthVerdicts>,
-        timings: Timings,
-        installation: Option<String>,
-        shutdown: CancellationToken,
-    ) -> Self {
-        let instance = reporting_instance();
-        let provider_names = providers.entries().iter().map(|e| e.name.clone()).collect();
-        let create_budgets = CreateBudgets::for_providers(&providers, Arc::new(SystemClock));
-        Self {
-            client,
-            provider_names,
-            providers,
-            health,
-            timings,
-            installation,
-            shutdown,
-            credentials: None,
-            create_budgets,
-            external: Arc::default(),
-            metrics: ReconcileMetrics::new(ControllerConfig::default().concurrency),
-            instance,
-            failures: Mutex::default(),
-            address_missing: Mutex::default(),
-        }
-    }
-
-    /// Counts reconciles in `metrics` (the ones the operator serves).
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: ReconcileMetrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// Asks `budgets` before each create: the operator's, whose metrics it serves, or a test's
-    /// on a clock it moves. (`new` gives every configured entry its budget, unserved.)
-    #[must_use]
-    pub fn with_create_budgets(mut self, budgets: CreateBudgets) -> Self {
-        self.create_budgets = budgets;
-        self
-    }
-
-    /// Refuses External Proxies outside `rules` (`new` accepts them in every namespace and
-    /// refuses every internal destination, with no allowlist and no cluster ranges).
-    #[must_use]
-    pub fn with_external_rules(mut self, rules: Arc<crate::proxy::destinations::ExternalRules>) -> Self {
-        self.external = rules;
-        self
-    }
-
-    /// Reads credentials from `cache` where it can, sparing the API server.
-    #[must_use]
-    pub fn with_credentials(mut self, cache: crate::proxy::credentials::CredentialCache) -> Self {
-        self.credentials = Some(cache);
-        self
-    }
-
-    /// The workqueue's backoff for a failing Proxy: 5 ms doubling per failure, at most 1000 s
-    /// (client-go's default rate limiter).
-    fn backoff(&self, key: (String, String)) -> Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = failures.entry(key).or_insert(0);
-        *n = n.saturating_add(1);
-        let millis = 5u64.saturating_mul(1u64 << (*n - 1).min(30));
-        Duration::from_millis(millis).min(Duration::from_secs(1000))
-    }
-
-    fn succeeded(&self, key: &(String, String)) {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
-    }
-
-    /// Since when the Proxy `uid`'s instance has answered without an address, if it has.
-    fn address_missing_since(&self, uid: &str) -> Option<Time> {
-        self.address_missing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(uid)
-            .cloned()
-    }
-
-    /// Notes what this pass's Get said about the address of Proxy `uid`'s instance.
-    fn saw_instance(&self, uid: &str, get: Option<&Result<egress_provider::Instance, ProviderFailure>>, now: &Time) {
-        let Some(answer) = get else { return };
-        let mut missing = self.address_missing.lock().unwrap_or_else(|p| p.into_inner());
-        match answer {
-            Ok(i) if matches!(i.state, InstanceState::Provisioning | InstanceState::Running) && i.ip.is_none() => {
-                missing.entry(uid.to_owned()).or_insert_with(|| now.clone());
-            }
-            _ => {
-                missing.remove(uid);
-            }
-        }
-    }
-}
-
-fn key(proxy: &Proxy) -> (String, String) {
+pub(crate) fn key(proxy: &Proxy) -> (String, String) {
     (proxy.namespace().unwrap_or_default(), proxy.name_any())
 }
 
 /// The reconcile queue's key of a Proxy, as the queue metrics track it.
-fn queue_key(proxy: &Proxy) -> String {
+pub(crate) fn queue_key(proxy: &Proxy) -> String {
     format!("{}/{}", proxy.namespace().unwrap_or_default(), proxy.name_any())
-}
-
-fn ref_key<K: kube::runtime::reflector::Lookup>(r: &kube::runtime::reflector::ObjectRef<K>) -> String {
-    format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name)
 }
 
 fn failure(e: &ProviderError) -> ProviderFailure {
@@ -281,7 +117,7 @@ async fn write_metadata(
 pub const RECONCILE_SPAN: &str = "Reconcile Proxy";
 
 /// One reconcile of one Proxy, in its `Reconcile Proxy` span (spec/core.md §9.3).
-pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_, ReconcileError> {
+pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<ControllerAction, ReconcileError> {
     let span = tracing::info_span!(
         "Reconcile Proxy",
         otel.kind = "internal",
@@ -331,8 +167,8 @@ pub async fn reconcile(proxy: Arc<Proxy>, ctx: Arc<Context>) -> Result<Requeue_,
         }
     }
     let result = result.and_then(|requeue| match requeue {
-        Requeue::After(d) => Ok(Requeue_::requeue(d)),
-        Requeue::Never => Ok(Requeue_::await_change()),
+        Requeue::After(d) => Ok(ControllerAction::requeue(d)),
+        Requeue::Never => Ok(ControllerAction::await_change()),
         Requeue::Error(why) => Err(ReconcileError::Backoff {
             why,
             status_write: None,
@@ -505,19 +341,7 @@ impl Pass<'_> {
                 self.write(json!({"finalizers": self.finalizers}), "finalizer").await?;
                 self.facts.finalizer_added = true;
             }
-            Action::RemoveFinalizer => {
-                self.finalizers.retain(|f| f != FINALIZER);
-                match self.write(json!({"finalizers": self.finalizers}), "finalizer").await {
-                    Ok(()) => {}
-                    // Removing the last finalizer may have let the object go already.
-                    Err(ReconcileError::Kube {
-                        source: kube::Error::Api(s),
-                        ..
-                    }) if s.code == 404 => {}
-                    Err(e) => return Err(e),
-                }
-                self.facts.finalizer_removed = true;
-            }
+            Action::RemoveFinalizer => self.remove_finalizer().await?,
             Action::WriteSpecHash(hash) => {
                 // A value kept from an adoption describes an instance this one replaces: gone too.
                 let annotations = json!({ANNOTATION_SPEC_HASH: hash, ANNOTATION_PREVIOUS_SPEC_HASH: null});
@@ -560,31 +384,7 @@ impl Pass<'_> {
             Action::Create {
                 cloud_init,
                 credentials,
-            } => {
-                ensure_current(self.api, proxy, &proxy.name_any(), &mut self.rv).await?;
-                // NB: the budget is asked after the freshness check, so a pass on a stale copy
-                // (a 409 there) spends no token, and before the provider, so a create over the
-                // budget costs the backend nothing.
-                if let Err(deferral) = ctx
-                    .create_budgets
-                    .try_take(&proxy.spec.provider, &proxy.uid().unwrap_or_default())
-                {
-                    tracing::debug!(
-                        provider = %proxy.spec.provider,
-                        wait = ?deferral.wait,
-                        "create waits for the provider entry's create budget"
-                    );
-                    self.facts.create_deferred = Some(deferral);
-                    return Ok(());
-                }
-                let request = create_request(proxy, cloud_init, ctx.installation.clone(), credentials);
-                let answer = self
-                    .provider()?
-                    .create(&self.cx, &request)
-                    .await
-                    .map_err(|e| failure(&e));
-                self.facts.create = Some(answer);
-            }
+            } => self.create(cloud_init, credentials).await?,
             Action::Delete(id) => {
                 let answer = self.provider()?.delete(&self.cx, &id).await.map_err(|e| failure(&e));
                 self.facts.delete = Some(answer);
@@ -599,6 +399,56 @@ impl Pass<'_> {
                 self.facts.marked = Some(answer);
             }
         }
+        Ok(())
+    }
+
+    /// Removes the finalizer; the Proxy may be gone already once it was the last.
+    async fn remove_finalizer(&mut self) -> Result<(), ReconcileError> {
+        self.finalizers.retain(|f| f != FINALIZER);
+        match self.write(json!({"finalizers": self.finalizers}), "finalizer").await {
+            Ok(()) => {}
+            // Removing the last finalizer may have let the object go already.
+            Err(ReconcileError::Kube {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        self.facts.finalizer_removed = true;
+        Ok(())
+    }
+
+    /// Creates the instance on a proven-current copy of the Proxy, if the provider entry's
+    /// create budget has room; else the create is deferred.
+    async fn create(
+        &mut self,
+        cloud_init: Vec<u8>,
+        credentials: Option<egress_provider::ProxyCredentials>,
+    ) -> Result<(), ReconcileError> {
+        let (proxy, ctx) = (self.proxy, self.ctx);
+        ensure_current(self.api, proxy, &proxy.name_any(), &mut self.rv).await?;
+        // NB: the budget is asked after the freshness check, so a pass on a stale copy
+        // (a 409 there) spends no token, and before the provider, so a create over the
+        // budget costs the backend nothing.
+        if let Err(deferral) = ctx
+            .create_budgets
+            .try_take(&proxy.spec.provider, &proxy.uid().unwrap_or_default())
+        {
+            tracing::debug!(
+                provider = %proxy.spec.provider,
+                wait = ?deferral.wait,
+                "create waits for the provider entry's create budget"
+            );
+            self.facts.create_deferred = Some(deferral);
+            return Ok(());
+        }
+        let request = create_request(proxy, cloud_init, ctx.installation.clone(), credentials);
+        let answer = self
+            .provider()?
+            .create(&self.cx, &request)
+            .await
+            .map_err(|e| failure(&e));
+        self.facts.create = Some(answer);
         Ok(())
     }
 }
@@ -671,7 +521,7 @@ async fn flush_status(api: &Api<Proxy>, base: &Proxy, status: &egress_api::Proxy
 }
 
 /// The workqueue's answer to a failed reconcile: exponential backoff per Proxy.
-pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>) -> Requeue_ {
+pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>) -> ControllerAction {
     let delay = ctx.backoff(key(&proxy));
     ctx.metrics.queue().retried(&queue_key(&proxy), delay);
     let conflict = matches!(error, ReconcileError::Kube { source: kube::Error::Api(s), .. } if s.code == 409);
@@ -682,133 +532,5 @@ pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>
     } else {
         tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?delay, "reconcile failed");
     }
-    Requeue_::requeue(delay)
-}
-
-/// How the Proxy controller is set up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ControllerConfig {
-    /// The namespaces whose cloud-init Secrets are watched (`--proxy-namespace`): those of the
-    /// Proxies the cache holds.
-    pub namespaces: egress_api::served::Namespaces,
-    /// Proxies reconciled at once (3, as the Go operator); one key is never reconciled twice at
-    /// the same time.
-    pub concurrency: u16,
-}
-
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        Self {
-            namespaces: egress_api::served::Namespaces::All,
-            concurrency: 3,
-        }
-    }
-}
-
-/// The External Proxies in `proxies` a credentials Secret watch event concerns: those whose
-/// `secretRef` names that Secret, or, after a re-list (anything may have changed meanwhile),
-/// all of those with a `secretRef`.
-fn credential_users(
-    proxies: &kube::runtime::reflector::Store<Proxy>,
-    event: &kube::runtime::watcher::Event<Secret>,
-) -> Vec<kube::runtime::reflector::ObjectRef<Proxy>> {
-    use kube::runtime::watcher::Event;
-    let secret = match event {
-        Event::Apply(s) | Event::Delete(s) => Some((s.namespace().unwrap_or_default(), s.name_any())),
-        Event::InitDone => None,
-        Event::Init | Event::InitApply(_) => return Vec::new(),
-    };
-    proxies
-        .state()
-        .iter()
-        .filter(|p| p.spec.credentials_type() == egress_api::CredentialsType::Secret)
-        .filter(|p| secret.is_none() || crate::proxy::credentials::CredentialCache::secret_of(p) == secret)
-        .map(|p| kube::runtime::reflector::ObjectRef::from_obj(p.as_ref()))
-        .collect()
-}
-
-/// The Proxy controller: takes Proxies from the shared cache, watches cloud-init Secrets (a
-/// changed Secret enqueues the Proxies in its namespace that reference it, so a content change
-/// replaces their instances without waiting for the drift poll), follows the credential cache
-/// (a changed credentials Secret, its annotations included, enqueues the External Proxies that
-/// name it, so a refusal starts or ends at once), and takes health events (a Proxy whose verdict
-/// changed). Returns the future that runs it until `shutdown`; the caches must be kept running
-/// beside it.
-pub fn controller(
-    ctx: Arc<Context>,
-    config: ControllerConfig,
-    cache: crate::proxy_cache::ProxyCache,
-    health_events: impl futures::Stream<Item = kube::runtime::reflector::ObjectRef<Proxy>> + Send + 'static,
-    shutdown: CancellationToken,
-) -> impl std::future::Future<Output = ()> + Send {
-    use futures::StreamExt;
-    use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::{Controller, WatchStreamExt, watcher};
-
-    let lookup = cache.store();
-    // Every trigger puts its Proxy on the queue, as the queue metrics count it.
-    let queue = ctx.metrics.queue().clone();
-    let (on_change, on_secret, on_health, on_credentials, on_gone) =
-        (queue.clone(), queue.clone(), queue.clone(), queue.clone(), queue);
-    let changes = cache.subscribe().inspect(move |p| {
-        if let Ok(p) = p {
-            on_change.added(&queue_key(p));
-        }
-    });
-    let health_events = health_events.inspect(move |r| on_health.added(&ref_key(r)));
-    // The credential cache tells of each Secret change once its store holds it, so the pass it
-    // triggers sees the change. Without a cache the sender is dropped and the stream ends.
-    let (tell, credential_events) = futures::channel::mpsc::unbounded();
-    if let Some(credentials) = &ctx.credentials {
-        let proxies = cache.store();
-        credentials.observe(Arc::new(move |event| {
-            for r in credential_users(&proxies, event) {
-                // Fails only once the controller is gone.
-                let _ = tell.unbounded_send(r);
-            }
-        }));
-    }
-    let credential_events = credential_events.inspect(move |r| on_credentials.added(&ref_key(r)));
-    let triggers = futures::stream::select(health_events, credential_events);
-    let controller = Controller::for_stream(changes, cache.store());
-    let labelled = watcher::Config::default().labels(&format!("{LABEL_CLOUD_INIT}=true"));
-    let secrets = egress_api::served::watch(ctx.client.clone(), &config.namespaces, labelled, |_: &mut Secret| {})
-        .touched_objects();
-    controller
-        .watches_stream(secrets, move |secret: Secret| {
-            let namespace = secret.namespace();
-            let name = secret.name_any();
-            lookup
-                .state()
-                .into_iter()
-                .filter(|p| p.namespace() == namespace)
-                .filter(|p| {
-                    p.spec
-                        .cloud_init
-                        .as_ref()
-                        .and_then(|c| c.secret_ref.as_ref())
-                        .is_some_and(|r| r.name == name)
-                })
-                .map(|p| ObjectRef::from_obj(p.as_ref()))
-                .inspect(|r| on_secret.added(&ref_key(r)))
-                .collect::<Vec<_>>()
-        })
-        .reconcile_on(triggers)
-        .with_config(kube::runtime::controller::Config::default().concurrency(config.concurrency))
-        .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(move |result| {
-            let on_gone = on_gone.clone();
-            async move {
-                use kube::runtime::controller::Error;
-                match result {
-                    // A Proxy gone when its turn came leaves the queue without a reconcile.
-                    Err(Error::ObjectNotFound(r)) => on_gone.forget(&ref_key(&r)),
-                    // Failed reconciles are logged by error_policy.
-                    Ok(_) | Err(Error::ReconcilerFailed(..)) => {}
-                    // A failing watch (of Secrets, say, when RBAC forbids it) must be visible.
-                    Err(e) => tracing::warn!(error = %e, "Proxy controller error"),
-                }
-            }
-        })
+    ControllerAction::requeue(delay)
 }

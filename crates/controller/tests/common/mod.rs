@@ -95,7 +95,7 @@ pub fn fast_timings() -> Timings {
 /// Health verdicts that never have one: a pass decides from the Proxy and the provider alone.
 pub struct NoVerdicts;
 
-impl egress_controller::proxy::reconciler::HealthVerdicts for NoVerdicts {
+impl egress_controller::proxy::health::HealthVerdicts for NoVerdicts {
     fn verdict(&self, _: &str, _: &str) -> Option<egress_controller::proxy::status::Verdict> {
         None
     }
@@ -107,7 +107,7 @@ pub struct MemWorld {
     pub server: egress_kube_testserver::TestServer,
     pub client: kube::Client,
     pub backend: MemoryBackend,
-    pub ctx: Arc<egress_controller::proxy::reconciler::Context>,
+    pub ctx: Arc<egress_controller::proxy::context::Context>,
 }
 
 pub async fn mem_world(ns: &str) -> MemWorld {
@@ -124,7 +124,7 @@ pub async fn mem_world_as(ns: &str, installation: Option<&str>) -> MemWorld {
         .unwrap();
     let client = server.client().unwrap();
     let backend = MemoryBackend::new();
-    let ctx = Arc::new(egress_controller::proxy::reconciler::Context::new(
+    let ctx = Arc::new(egress_controller::proxy::context::Context::new(
         client.clone(),
         memory_providers(&[("mem", &backend)]),
         Arc::new(NoVerdicts),
