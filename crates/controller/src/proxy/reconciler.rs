@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, Proxy};
-use egress_provider::{CreateRequest, OpCtx, Placement, Provider, ProviderError, name_from_uid};
+use egress_provider::{CreateRequest, Interrupted, OpCtx, Placement, Provider, ProviderError, name_from_uid};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -275,29 +275,13 @@ async fn run_pass(
         rv: proxy.resource_version().unwrap_or_default(),
         finalizers: proxy.finalizers().to_vec(),
     };
-    let mut replace_span: Option<tracing::Span> = None;
-    for _ in 0..MAX_STEPS {
-        let action = match next(&input, &pass.facts, &ctx.timings) {
-            Next::Done(o) => {
-                ctx.saw_instance(&uid, pass.facts.get.as_ref(), &input.now);
-                return Ok(o);
-            }
-            Next::Do(a) => a,
-        };
-        // The steps of a replacement share one `reconcile.replaceInstance` span, a sibling of
-        // `reconcile.managed` under `Reconcile Proxy`.
-        let step_span = if replacing(&input, &pass.facts) {
-            replace_span
-                .get_or_insert_with(
-                    || tracing::info_span!(parent: root, "reconcile.replaceInstance", otel.kind = "internal"),
-                )
-                .clone()
-        } else {
-            tracing::Span::current()
-        };
-        pass.perform(action).instrument(step_span).await?;
+    let ended = pass.steps(&input, root).await;
+    // The pass outlived its deadline: a provider call was cut short by it, or would have been
+    // (a reconcile timeout, as controller-runtime counts one).
+    if pass.cx.interrupted() == Some(Interrupted::DeadlineExceeded) {
+        ctx.metrics.timed_out();
     }
-    Err(ReconcileError::Runaway)
+    ended
 }
 
 /// One pass over one Proxy: what it acts with, and what it has learned and written so far.
@@ -319,6 +303,36 @@ struct Pass<'a> {
 }
 
 impl Pass<'_> {
+    /// The steps of the pass until the decision ends it, each action performed as the decision
+    /// names it.
+    async fn steps(&mut self, input: &Input<'_>, root: &tracing::Span) -> Result<Outcome, ReconcileError> {
+        let ctx = self.ctx;
+        let mut replace_span: Option<tracing::Span> = None;
+        for _ in 0..MAX_STEPS {
+            let action = match next(input, &self.facts, &ctx.timings) {
+                Next::Done(o) => {
+                    let uid = self.proxy.uid().unwrap_or_default();
+                    ctx.saw_instance(&uid, self.facts.get.as_ref(), &input.now);
+                    return Ok(o);
+                }
+                Next::Do(a) => a,
+            };
+            // The steps of a replacement share one `reconcile.replaceInstance` span, a sibling of
+            // `reconcile.managed` under `Reconcile Proxy`.
+            let step_span = if replacing(input, &self.facts) {
+                replace_span
+                    .get_or_insert_with(
+                        || tracing::info_span!(parent: root, "reconcile.replaceInstance", otel.kind = "internal"),
+                    )
+                    .clone()
+            } else {
+                tracing::Span::current()
+            };
+            self.perform(action).instrument(step_span).await?;
+        }
+        Err(ReconcileError::Runaway)
+    }
+
     /// The provider to call. The decision asks for a call only when the entry exists.
     fn provider(&self) -> Result<&Arc<dyn Provider>, ReconcileError> {
         self.provider.as_ref().ok_or_else(|| ReconcileError::NotConfigured {
