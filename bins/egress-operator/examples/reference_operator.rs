@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use egress_api::Proxy;
 use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
-use egress_controller::reconciler::HealthVerdicts;
-use egress_controller::status::Verdict;
+use egress_controller::proxy::health::HealthVerdicts;
+use egress_controller::proxy::status::Verdict;
 use egress_provider::config::{ProviderConfig, validators};
 use egress_provider::{Provider, ProviderType, Registry};
 use kube::runtime::reflector::ObjectRef;

@@ -117,7 +117,7 @@ impl Default for Options {
             provider_check_timeout: Duration::ZERO,
             gc_interval: Duration::from_secs(600),
             gc_min_age: Duration::from_secs(600),
-            provisioning_timeout: Some(egress_controller::decide::DEFAULT_ADDRESS_BUDGET),
+            provisioning_timeout: Some(egress_controller::proxy::decide::DEFAULT_ADDRESS_BUDGET),
             installation_id: String::new(),
             cluster_cidrs: Vec::new(),
             allowed_internal_destinations: Vec::new(),

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_api::Proxy;
-use egress_controller::reconciler::HealthVerdicts;
+use egress_controller::proxy::health::HealthVerdicts;
 use egress_provider::Registry;
 use futures::Stream;
 use kube::runtime::reflector::ObjectRef;

@@ -282,7 +282,7 @@ where
                     && let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(stored)
                 {
                     let map = map.into_iter().filter(|(k, _)| !k.starts_with("otel.")).collect();
-                    if span.name() == egress_controller::reconciler::RECONCILE_SPAN {
+                    if span.name() == egress_controller::proxy::reconciler::RECONCILE_SPAN {
                         values.extend(controller_runtime_keys(map));
                     } else {
                         values.extend(map);

@@ -16,14 +16,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egress_controller::create_budget::{CreateBudgets, SystemClock};
-use egress_controller::credentials::CredentialCache;
-use egress_controller::decide::Timings;
 use egress_controller::gc::OrphanGc;
 use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
 use egress_controller::provider_health::{self, Monitor, ProviderHealthSnapshot, Schedule};
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::controller::ControllerConfig;
+use egress_controller::proxy::credentials::CredentialCache;
+use egress_controller::proxy::decide::Timings;
+use egress_controller::proxy::health::HealthVerdicts;
 use egress_controller::proxy_cache::ProxyCache;
-use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
 use egress_controller::runtime_metrics::ReconcileMetrics;
+use egress_controller::{pool, proxy};
 use egress_lease::LeaseStore;
 use egress_provider::Providers;
 use egress_provider::config::ProvidersConfig;
@@ -143,7 +146,7 @@ struct Replica {
     metrics: Arc<Mutex<prometheus_client::registry::Registry>>,
     health_metrics: egress_health::HealthMetrics,
     reconcile_metrics: ReconcileMetrics,
-    pool_metrics: egress_controller::pool::PoolMetrics,
+    pool_metrics: pool::metrics::PoolMetrics,
     /// The default probe target, fetched directly by the leader's health engine.
     probe_target: egress_controller::probe_target::ProbeTarget,
     /// Lease requests this replica's discovery API refused, for the pool autoscaler (`None`
@@ -178,7 +181,7 @@ async fn start_replica(
     let (cache, keep_cache) =
         egress_controller::proxy_cache::proxy_cache(client.clone(), &namespaces.served, shutdown.clone());
     let (credentials, keep_credentials) =
-        egress_controller::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
+        proxy::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
     // One directory for the API and the leader's view publisher, following both caches.
     let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials);
     let mut tasks = JoinSet::new();
@@ -344,7 +347,7 @@ struct Served {
     registry: prometheus_client::registry::Registry,
     admission_metrics: egress_discovery::AdmissionMetrics,
     health_metrics: egress_health::HealthMetrics,
-    pool_metrics: egress_controller::pool::PoolMetrics,
+    pool_metrics: pool::metrics::PoolMetrics,
     probe_target: egress_controller::probe_target::ProbeTarget,
     reconcile_metrics: ReconcileMetrics,
 }
@@ -364,7 +367,7 @@ fn served(
     let health_metrics = egress_health::HealthMetrics::new();
     health_metrics.register(&mut registry);
     egress_controller::metrics::register(&mut registry, provider_health.clone(), cache.store());
-    let pool_metrics = egress_controller::pool::PoolMetrics::new();
+    let pool_metrics = pool::metrics::PoolMetrics::new();
     pool_metrics.register(&mut registry, cache.store());
     let probe_target = egress_controller::probe_target::ProbeTarget::new(options.health_check_url.clone());
     probe_target.register(&mut registry);
@@ -435,7 +438,7 @@ fn start_leader_tasks(
     let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
         (Health::Scripted { verdicts, events }, _) => (verdicts, events),
         (Health::Engine, roots) => {
-            let source = egress_controller::health::CachedProxies {
+            let source = proxy::health::CachedProxies {
                 cache: cache.clone(),
                 default_url: options.health_check_url.clone(),
                 credentials: credentials.clone(),
@@ -465,19 +468,14 @@ fn start_leader_tasks(
         .with_metrics(reconcile_metrics)
         .with_create_budgets(create_budgets),
     );
-    let mut pools =
-        egress_controller::pool::PoolContext::new(client.clone(), cache.clone(), store, pool_metrics, refusals);
+    let mut pools = pool::pass::PoolContext::new(client.clone(), cache.clone(), store, pool_metrics, refusals);
     if let Some(target) = fetched_target {
         pools = pools.with_probe_target(target);
     }
     let pools = Arc::new(pools);
     essential.insert(
         tasks
-            .spawn(egress_controller::pool::run(
-                pools,
-                namespaces.served.clone(),
-                work.clone(),
-            ))
+            .spawn(pool::controller::run(pools, namespaces.served.clone(), work.clone()))
             .id(),
     );
     let config = ControllerConfig {
@@ -488,7 +486,7 @@ fn start_leader_tasks(
     // may end early by design: with checks off it only cleans up.)
     essential.insert(
         tasks
-            .spawn(controller(ctx, config, cache, health_events, work.clone()))
+            .spawn(proxy::controller::run(ctx, config, cache, health_events, work.clone()))
             .id(),
     );
     essential.insert(
@@ -523,7 +521,7 @@ fn start_leader_tasks(
 fn start_health_engine(
     options: &Options,
     roots: Option<crate::probe_tls::ProbeRoots>,
-    source: egress_controller::health::CachedProxies,
+    source: proxy::health::CachedProxies,
     health_metrics: egress_health::HealthMetrics,
     probe_target: &egress_controller::probe_target::ProbeTarget,
     tasks: &mut JoinSet<()>,
@@ -555,7 +553,7 @@ fn start_health_engine(
         tx,
     );
     let id = tasks.spawn(engine.run(work.clone())).id();
-    let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| egress_controller::health::object_ref(&key));
+    let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| proxy::health::object_ref(&key));
     Ok((Arc::new(snapshot), Box::pin(events), id))
 }
 
@@ -611,11 +609,8 @@ async fn supervise(
 
 /// Where External Proxies are accepted (by default only in the operator's own namespace) and
 /// what they may not point at.
-fn external_rules(
-    options: &Options,
-    own_namespace: &str,
-) -> Result<egress_controller::destinations::ExternalRules, Fatal> {
-    use egress_controller::destinations::ExternalRules;
+fn external_rules(options: &Options, own_namespace: &str) -> Result<proxy::destinations::ExternalRules, Fatal> {
+    use proxy::destinations::ExternalRules;
     // Both lists were checked as the flags were read.
     let guard = egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
         .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?;

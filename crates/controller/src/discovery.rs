@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use crate::credentials::{CredentialCache, Lookup};
+use crate::proxy::credentials::{CredentialCache, Lookup};
 use crate::proxy_cache::ProxyCache;
 
 /// A Proxy's id in the API: `<namespace>/<name>`.
@@ -44,7 +44,7 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
         Mode::External => proxy.spec.external_address().unwrap_or_default(),
         Mode::Managed => (status.ip.clone(), proxy.spec.port),
     };
-    let verdict = crate::decide::last_verdict(&status);
+    let verdict = crate::proxy::status::last_verdict(&status);
     let membership = proxy.pool();
     let role = membership.map(|m| m.role);
     Some(ProxyInfo {

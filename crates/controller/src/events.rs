@@ -1,306 +1,82 @@
-//! Kubernetes Events on a Proxy, for `kubectl describe`: what a person wants to know, derived
-//! purely from what a pass changed. Emitted on transitions only, so a steady Proxy emits none.
+//! Kubernetes Events (events.k8s.io/v1), as both controllers publish them: what one says, and
+//! how it is posted. Which Events a Proxy's pass raises is [`crate::proxy::events`]'s to say;
+//! the pool's pass raises its own.
 
-use egress_api::{Phase, ProxyStatus, conditions, reasons};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::decide::{Marked, Note, Requeue};
+use crate::identity::FIELD_MANAGER;
 
 /// One event: Normal or Warning, a CamelCase reason and a note.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProxyEvent {
+pub struct Event {
     pub warning: bool,
     pub reason: &'static str,
     pub note: String,
 }
 
-fn provisioned(status: &ProxyStatus) -> Option<(&str, &str)> {
-    status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::PROVISIONED)
-        .map(|c| (c.reason.as_str(), c.message.as_str()))
-}
-
-/// The events of one pass, from the status before and after it, its note and its end.
-pub fn derive(
-    before: &ProxyStatus,
-    after: &ProxyStatus,
-    note: Option<&Note>,
-    requeue: &Requeue,
-    deleting: bool,
-) -> Vec<ProxyEvent> {
-    let mut events = Vec::new();
-    let normal = |reason, note: String| ProxyEvent {
-        warning: false,
-        reason,
-        note,
-    };
-    let warning = |reason, note: String| ProxyEvent {
-        warning: true,
-        reason,
-        note,
-    };
-    if !after.provider_id.is_empty() && after.provider_id != before.provider_id {
-        events.push(normal("Created", format!("created instance {}", after.provider_id)));
-    }
-    let (was, now) = (provisioned(before), provisioned(after));
-    if now != was
-        && let Some((reason, message)) = now
-    {
-        match reason {
-            r if r == reasons::QUOTA_EXCEEDED && was.map(|w| w.0) != Some(r) => {
-                events.push(warning("QuotaExceeded", format!("waiting for quota: {message}")));
-            }
-            // Once when the wait starts: its message counts down from pass to pass.
-            r if r == reasons::CREATE_BUDGET && was.map(|w| w.0) != Some(r) => {
-                events.push(normal("CreateDelayed", message.to_string()));
-            }
-            r if r == reasons::PERMANENT_ERROR => events.push(warning("Failed", message.to_string())),
-            r if r == reasons::CLOUD_INIT_ERROR => events.push(warning("CloudInitError", message.to_string())),
-            r if r == reasons::CREDENTIALS_ERROR => events.push(warning("CredentialsError", message.to_string())),
-            r if r == reasons::DESTINATION_REFUSED => {
-                events.push(warning("DestinationRefused", message.to_string()));
-            }
-            r if r == reasons::EXTERNAL_NOT_ALLOWED => {
-                events.push(warning("ExternalNotAllowed", message.to_string()));
-            }
-            r if r == reasons::PROVIDER_NOT_CONFIGURED => {
-                events.push(warning("ProviderNotConfigured", message.to_string()));
-            }
-            r if r == reasons::PROVISIONING && message != crate::decide::WAITING_TO_RUN => {
-                events.push(normal("Replacing", message.to_string()));
-            }
-            _ => {}
-        }
-    }
-    if after.phase != before.phase {
-        match after.phase {
-            Some(Phase::Ready) => events.push(normal("Ready", format!("the proxy at {} carries traffic", after.ip))),
-            Some(Phase::Unhealthy) => {
-                let refused = after
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == conditions::HEALTHY && c.reason == reasons::PROXY_AUTH_REQUIRED);
-                let note = if refused {
-                    "the proxy refused the probe's credentials (407)"
-                } else {
-                    "the proxy failed its health probes"
-                };
-                events.push(warning("Unhealthy", note.into()));
-            }
-            _ => {}
-        }
-    }
-    match note {
-        Some(Note::SkipCleanup { provider_id }) => events.push(normal(
-            "SkipCleanup",
-            format!("skip-cleanup annotation set; instance {provider_id} was abandoned, not deleted"),
-        )),
-        Some(Note::UnreachableButCleaned { provider_id, .. }) => events.push(normal(
-            "CleanedUp",
-            format!("instance {provider_id} was unreachable but its delete succeeded"),
-        )),
-        Some(Note::LeftToItsOwner { provider_id, owner }) => events.push(warning(
-            "LeftToItsOwner",
-            format!("instance {provider_id} is marked as Proxy UID {owner}'s; it was left in place, not deleted"),
-        )),
-        Some(Note::Adopted { provider_id, .. }) => events.push(normal(
-            "Adopted",
-            format!(
-                "adopted instance {provider_id}: its spec-hash annotation was written by another operator (kept in {}); not replaced",
-                egress_api::ANNOTATION_PREVIOUS_SPEC_HASH
-            ),
-        )),
-        None => {}
-    }
-    if deleting && let Requeue::Error(message) = requeue {
-        events.push(warning("CleanupFailed", message.clone()));
-    }
-    events
-}
-
-/// The event of a pass that marked the Proxy's instance with the operator's installation: from
-/// then on this installation's orphan GC may collect the instance once its Proxy is gone.
-pub fn installation_marked(marked: &Marked) -> ProxyEvent {
-    ProxyEvent {
-        warning: false,
-        reason: "InstallationMarked",
-        note: format!(
-            "marked instance {} with installation {}: its orphan GC may collect it once the Proxy is gone",
-            marked.provider_id, marked.installation
-        ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::status::set_condition;
-    use egress_api::ConditionStatus;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-    fn with(reason: &str, message: &str, phase: Option<Phase>) -> ProxyStatus {
-        let mut s = ProxyStatus {
-            phase,
-            ..Default::default()
-        };
-        let t = Time(k8s_openapi::jiff::Timestamp::from_second(0).unwrap());
-        set_condition(
-            &mut s.conditions,
-            conditions::PROVISIONED,
-            ConditionStatus::False,
+impl Event {
+    pub fn normal(reason: &'static str, note: String) -> Self {
+        Self {
+            warning: false,
             reason,
-            message,
-            Some(1),
-            &t,
-        );
-        s
+            note,
+        }
     }
 
-    fn reasons_of(events: &[ProxyEvent]) -> Vec<&'static str> {
-        events.iter().map(|e| e.reason).collect()
+    pub fn warning(reason: &'static str, note: String) -> Self {
+        Self {
+            warning: true,
+            reason,
+            note,
+        }
     }
+}
 
-    #[test]
-    fn transitions_make_events_and_steady_state_none() {
-        let empty = ProxyStatus::default();
-        let created = ProxyStatus {
-            provider_id: "id".into(),
-            ..with(
-                reasons::PROVISIONING,
-                crate::decide::WAITING_TO_RUN,
-                Some(Phase::Provisioning),
-            )
-        };
-        assert_eq!(
-            reasons_of(&derive(&empty, &created, None, &Requeue::Never, false)),
-            ["Created"]
-        );
-        assert!(
-            derive(&created, &created, None, &Requeue::Never, false).is_empty(),
-            "nothing changed, nothing said"
-        );
-        let ready = ProxyStatus {
-            phase: Some(Phase::Ready),
-            ip: "10.0.0.1".into(),
-            ..created.clone()
-        };
-        assert_eq!(
-            reasons_of(&derive(&created, &ready, None, &Requeue::Never, false)),
-            ["Ready"]
-        );
-        let sick = ProxyStatus {
-            phase: Some(Phase::Unhealthy),
-            ..ready.clone()
-        };
-        let e = derive(&ready, &sick, None, &Requeue::Never, false);
-        assert_eq!((reasons_of(&e), e[0].warning), (vec!["Unhealthy"], true));
-        let quota = with(reasons::QUOTA_EXCEEDED, "no CPUs", Some(Phase::Pending));
-        assert_eq!(
-            reasons_of(&derive(&empty, &quota, None, &Requeue::Never, false)),
-            ["QuotaExceeded"]
-        );
-        let replacing = with(
-            reasons::PROVISIONING,
-            "replacing the instance after a spec change",
-            Some(Phase::Provisioning),
-        );
-        assert_eq!(
-            reasons_of(&derive(&ready, &replacing, None, &Requeue::Never, false)),
-            ["Replacing"]
-        );
-        let failed = with(reasons::PERMANENT_ERROR, "no such image", Some(Phase::Failed));
-        assert_eq!(
-            reasons_of(&derive(&empty, &failed, None, &Requeue::Never, false)),
-            ["Failed"]
-        );
-        let cloud = with(reasons::CLOUD_INIT_ERROR, "Secret missing", Some(Phase::Pending));
-        assert_eq!(
-            reasons_of(&derive(&empty, &cloud, None, &Requeue::Never, false)),
-            ["CloudInitError"]
-        );
-        let credentials = with(reasons::CREDENTIALS_ERROR, "Secret taken", Some(Phase::Pending));
-        assert_eq!(
-            reasons_of(&derive(&empty, &credentials, None, &Requeue::Never, false)),
-            ["CredentialsError"]
-        );
-        let mut refused = ProxyStatus {
-            phase: Some(Phase::Unhealthy),
+/// Cuts text to at most `max` bytes, at a character boundary (an Event note's limit is in bytes).
+fn truncate_bytes(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].to_string()
+}
+
+/// Publishes one Event about the object `regarding`, in `namespace`, reported by `instance`. A
+/// failure to publish is logged at debug; it never fails the caller.
+pub(crate) async fn post(client: &Client, instance: &str, regarding: &ObjectReference, namespace: &str, e: &Event) {
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), namespace);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    // NB: one Event object per occurrence, no aggregation cache: events follow transitions, so
+    // repeats are rare, and a cache (kube's Recorder keeps six minutes of them) would grow with
+    // the fleet.
+    let event = K8sEvent {
+        metadata: ObjectMeta {
+            name: Some(format!(
+                "{}.{:x}",
+                regarding.name.as_deref().unwrap_or_default(),
+                now.as_nanosecond()
+            )),
+            namespace: Some(namespace.to_owned()),
             ..Default::default()
-        };
-        let t = Time(k8s_openapi::jiff::Timestamp::from_second(0).unwrap());
-        set_condition(
-            &mut refused.conditions,
-            conditions::HEALTHY,
-            ConditionStatus::False,
-            reasons::PROXY_AUTH_REQUIRED,
-            "refused",
-            Some(1),
-            &t,
-        );
-        let events = derive(&empty, &refused, None, &Requeue::Never, false);
-        assert_eq!(reasons_of(&events), ["Unhealthy"]);
-        assert!(events[0].note.contains("credentials"), "{:?}", events[0]);
-        let delayed = with(
-            reasons::CREATE_BUDGET,
-            "waiting for provider entry \"mem\"'s create budget (3 per minute); about 20s",
-            Some(Phase::Pending),
-        );
-        let e = derive(&empty, &delayed, None, &Requeue::Never, false);
-        assert_eq!((reasons_of(&e), e[0].warning), (vec!["CreateDelayed"], false));
-        assert!(e[0].note.contains("create budget"), "{:?}", e[0]);
-        let later = with(
-            reasons::CREATE_BUDGET,
-            "waiting for provider entry \"mem\"'s create budget (3 per minute); about 7s",
-            Some(Phase::Pending),
-        );
-        assert!(
-            derive(&delayed, &later, None, &Requeue::Never, false).is_empty(),
-            "one event per wait, not one per pass"
-        );
-        let missing = with(
-            reasons::PROVIDER_NOT_CONFIGURED,
-            "provider \"x\" is not configured",
-            Some(Phase::Failed),
-        );
-        assert_eq!(
-            reasons_of(&derive(&empty, &missing, None, &Requeue::Never, false)),
-            ["ProviderNotConfigured"]
-        );
-    }
-
-    #[test]
-    fn a_marked_instance_is_a_normal_event_naming_it_and_the_installation() {
-        let e = installation_marked(&Marked {
-            provider_id: "zones/zone-a/instances/proxy-x".into(),
-            installation: "blue".into(),
-        });
-        assert_eq!((e.warning, e.reason), (false, "InstallationMarked"));
-        assert!(
-            e.note.contains("zones/zone-a/instances/proxy-x") && e.note.contains("installation blue"),
-            "{}",
-            e.note
-        );
-    }
-
-    #[test]
-    fn deletion_events() {
-        let s = ProxyStatus::default();
-        let skip = Note::SkipCleanup {
-            provider_id: "id".into(),
-        };
-        assert_eq!(
-            reasons_of(&derive(&s, &s, Some(&skip), &Requeue::Never, true)),
-            ["SkipCleanup"]
-        );
-        let failed = derive(&s, &s, None, &Requeue::Error("denied".into()), true);
-        assert_eq!(
-            (reasons_of(&failed), failed[0].note.as_str()),
-            (vec!["CleanupFailed"], "denied")
-        );
-        assert!(
-            derive(&s, &s, None, &Requeue::Error("timeout".into()), false).is_empty(),
-            "transient errors outside deletion are logged, not evented"
-        );
+        },
+        event_time: Some(MicroTime(now)),
+        type_: Some(if e.warning { "Warning" } else { "Normal" }.into()),
+        reason: Some(e.reason.into()),
+        note: Some(truncate_bytes(&e.note, 1024)),
+        action: Some("Reconcile".into()),
+        regarding: Some(regarding.clone()),
+        reporting_controller: Some(FIELD_MANAGER.into()),
+        reporting_instance: Some(instance.to_owned()),
+        ..Default::default()
+    };
+    if let Err(err) = api.create(&PostParams::default(), &event).await {
+        tracing::debug!(error = %err, reason = e.reason, "publishing an Event failed");
     }
 }

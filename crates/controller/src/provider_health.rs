@@ -9,7 +9,7 @@ use egress_api::{ConditionStatus, MAX_TARGET_MESSAGE, ProviderHealthStatus, Prov
 use egress_provider::TargetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::status::set_condition;
+use crate::conditions::set_condition;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -379,7 +379,7 @@ impl Monitor {
         let after = serde_json::to_value(&status).unwrap_or_default();
         let patch = serde_json::json!({"status": crate::merge::diff(&before, &after)});
         let params = kube::api::PatchParams {
-            field_manager: Some(crate::reconciler::FIELD_MANAGER.into()),
+            field_manager: Some(crate::identity::FIELD_MANAGER.into()),
             ..Default::default()
         };
         api.patch_status(&result.name, &params, &kube::api::Patch::Merge(patch))

@@ -9,10 +9,15 @@
 //!   with backoff), panics included.
 //! - `controller_runtime_reconcile_panics_total{controller}`: reconciles that panicked; the
 //!   panic is caught, logged as a failed reconcile and retried, as controller-runtime does.
-//! - `controller_runtime_terminal_reconcile_errors_total{controller}`: always 0. A latched
-//!   `PermanentError` is a status this reconciler writes, not an error it returns.
-//! - `controller_runtime_reconcile_timeouts_total{controller}`: always 0: no reconcile-wide
-//!   timeout is set (every provider call has its own budget).
+//! - `controller_runtime_reconcile_timeouts_total{controller}`: passes that outlived their
+//!   deadline (`Timings::pass_deadline`, 25 minutes for all of a pass's provider calls): a call
+//!   in flight then was cut short, and the Proxy is retried with backoff.
+//!
+//! controller-runtime's `controller_runtime_terminal_reconcile_errors_total` is not served. It
+//! counts errors a controller will not retry, and this one has none: every failed reconcile is
+//! retried with backoff ([`crate::proxy::reconciler::error_policy`]), and what waits for a change
+//! instead (a latched `PermanentError`, a refused External Proxy) is a status, not an error
+//! (docs/migrating-from-go.md).
 //! - `controller_runtime_reconcile_time_seconds{controller}`: how long each reconcile took.
 //! - `controller_runtime_max_concurrent_reconciles{controller}`: the worker count (3).
 //! - `controller_runtime_active_workers{controller}`: reconciles running now.
@@ -95,7 +100,6 @@ fn reconcile_time_histogram() -> Histogram {
 pub struct ReconcileMetrics {
     total: Family<ResultLabels, Counter>,
     errors: Family<ControllerLabel, Counter>,
-    terminal_errors: Family<ControllerLabel, Counter>,
     panics: Family<ControllerLabel, Counter>,
     timeouts: Family<ControllerLabel, Counter>,
     time: Family<ControllerLabel, Histogram, fn() -> Histogram>,
@@ -112,7 +116,6 @@ impl ReconcileMetrics {
         let metrics = Self {
             total: Family::default(),
             errors: Family::default(),
-            terminal_errors: Family::default(),
             panics: Family::default(),
             timeouts: Family::default(),
             time: Family::new_with_constructor(reconcile_time_histogram),
@@ -127,12 +130,7 @@ impl ReconcileMetrics {
                 result: result.to_owned(),
             });
         }
-        for family in [
-            &metrics.errors,
-            &metrics.terminal_errors,
-            &metrics.panics,
-            &metrics.timeouts,
-        ] {
+        for family in [&metrics.errors, &metrics.panics, &metrics.timeouts] {
             let _ = family.get_or_create(&controller());
         }
         metrics
@@ -157,18 +155,13 @@ impl ReconcileMetrics {
             self.errors.clone(),
         );
         registry.register(
-            "controller_runtime_terminal_reconcile_errors",
-            "Reconciles that failed for good, by controller (none here)",
-            self.terminal_errors.clone(),
-        );
-        registry.register(
             "controller_runtime_reconcile_panics",
             "Reconciles that panicked (caught and retried), by controller",
             self.panics.clone(),
         );
         registry.register(
             "controller_runtime_reconcile_timeouts",
-            "Reconciles cut off by a reconcile-wide timeout, by controller (none here)",
+            "Reconciles whose pass outlived its deadline, by controller",
             self.timeouts.clone(),
         );
         registry.register(
@@ -216,6 +209,11 @@ impl ReconcileMetrics {
         if panicked {
             self.panics.get_or_create(&controller()).inc();
         }
+    }
+
+    /// Records a pass that outlived its deadline (it also ends as the reconcile it belongs to).
+    pub fn timed_out(&self) {
+        self.timeouts.get_or_create(&controller()).inc();
     }
 }
 
@@ -608,7 +606,6 @@ mod tests {
             r#"controller_runtime_reconcile_total{controller="proxy",result="success"} 0"#,
             r#"controller_runtime_reconcile_total{controller="proxy",result="requeue"} 0"#,
             r#"controller_runtime_reconcile_errors_total{controller="proxy"} 0"#,
-            r#"controller_runtime_terminal_reconcile_errors_total{controller="proxy"} 0"#,
             r#"controller_runtime_reconcile_panics_total{controller="proxy"} 0"#,
             r#"controller_runtime_reconcile_timeouts_total{controller="proxy"} 0"#,
             r#"controller_runtime_max_concurrent_reconciles{controller="proxy"} 3"#,
@@ -635,6 +632,19 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_pass_past_its_deadline_is_a_timeout_and_no_terminal_family_is_served() {
+        let metrics = ReconcileMetrics::new(3);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let text = scrape(&registry);
+        assert!(!text.contains("controller_runtime_terminal_reconcile_errors"), "{text}");
+        metrics.timed_out();
+        let text = scrape(&registry);
+        let line = r#"controller_runtime_reconcile_timeouts_total{controller="proxy"} 1"#;
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
     }
 
     #[test]

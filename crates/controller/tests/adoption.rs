@@ -11,7 +11,7 @@ use std::sync::Arc;
 use egress_api::{ANNOTATION_PREVIOUS_SPEC_HASH, ANNOTATION_SPEC_HASH, FINALIZER, Phase, Proxy};
 use egress_conformance::memory::{INSERT, REMOVE};
 use egress_conformance::{BackendHooks as _, SeedSpec};
-use egress_controller::reconciler::reconcile;
+use egress_controller::proxy::reconciler::reconcile;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -72,7 +72,7 @@ async fn a_proxy_another_operator_made_is_adopted_and_a_later_spec_change_replac
         !calls.iter().any(|c| c.kind == INSERT || c.kind == REMOVE),
         "a provider create or delete: {calls:?}"
     );
-    let own = egress_controller::spec_hash::spec_hash(&adopted.spec, b"");
+    let own = egress_controller::proxy::spec_hash::spec_hash(&adopted.spec, b"");
     assert_eq!(adopted.annotations()[ANNOTATION_SPEC_HASH], own);
     assert_eq!(adopted.annotations()[ANNOTATION_PREVIOUS_SPEC_HASH], GO_HASH);
     let status = adopted.status.clone().unwrap();

@@ -14,8 +14,10 @@ use egress_api::{ANNOTATION_CREDENTIALS_INSTANCE, CredentialsType, Phase, Proxy,
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{INSERT, MemoryBackend, MemoryProvider, MemoryTarget};
 use egress_controller::create_budget::{CreateBudgets, ManualClock};
-use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
-use egress_controller::status::Verdict;
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::controller::{self, ControllerConfig};
+use egress_controller::proxy::health::HealthVerdicts;
+use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::TestServer;
 use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
 use egress_provider::decorate::ProviderMetrics;
@@ -161,7 +163,7 @@ fn assert_lines(text: &str, lines: &[&str]) {
 
 /// The password in Proxy `p`'s credentials Secret.
 async fn password(secrets: &Api<Secret>, p: &Proxy) -> Vec<u8> {
-    let name = egress_controller::credentials::secret_name(&p.uid().unwrap());
+    let name = egress_controller::proxy::credentials::secret_name(&p.uid().unwrap());
     let secret = secrets.get(&name).await.unwrap();
     secret.data.unwrap()[egress_credentials::PASSWORD_KEY].0.clone()
 }
@@ -203,7 +205,7 @@ fn start(client: &kube::Client, providers: Arc<Providers>) -> Running {
         shutdown.clone(),
     );
     tokio::spawn(keep_cache);
-    tokio::spawn(controller(
+    tokio::spawn(controller::run(
         Arc::new(ctx),
         ControllerConfig::default(),
         cache.clone(),
@@ -343,7 +345,7 @@ async fn the_create_budget_holds_across_the_proxies_of_an_entry_and_is_separate_
     assert_eq!(inserts(&tight).await, 5);
     for (p, before) in waiters.iter().zip(&kept) {
         let now = state.iter().find(|s| s.name_any() == p.name_any()).unwrap();
-        let name = egress_controller::credentials::secret_name(&now.uid().unwrap());
+        let name = egress_controller::proxy::credentials::secret_name(&now.uid().unwrap());
         let bound = secrets
             .get(&name)
             .await
@@ -395,14 +397,14 @@ async fn the_create_budget_holds_across_two_pools_on_one_entry() {
         Arc::new(egress_lease::SystemClock),
         Duration::from_secs(60),
     ));
-    let pools_ctx = Arc::new(egress_controller::pool::PoolContext::new(
+    let pools_ctx = Arc::new(egress_controller::pool::pass::PoolContext::new(
         client.clone(),
         cache,
         store,
-        egress_controller::pool::PoolMetrics::new(),
+        egress_controller::pool::metrics::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::run(
+    tokio::spawn(egress_controller::pool::controller::run(
         pools_ctx,
         egress_api::served::Namespaces::All,
         shutdown.clone(),

@@ -10,8 +10,8 @@ use egress_api::{
     ANNOTATION_CREDENTIALS_PROXIES, Condition, ConditionStatus, Credentials, CredentialsSecretRef, CredentialsType,
     Endpoint, LABEL_PROXY_CREDENTIALS, Mode, Proxy, ProxySpec, ProxyStatus,
 };
-use egress_controller::credentials::{CredentialCache, Lookup};
 use egress_controller::discovery::LiveDirectory;
+use egress_controller::proxy::credentials::{CredentialCache, Lookup};
 use egress_discovery::ProxyDirectory;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -104,7 +104,7 @@ fn neither_the_probe_nor_the_directory_gets_the_credentials_of_a_proxy_its_secre
         proxy_store
             .state()
             .iter()
-            .filter_map(|p| egress_controller::health::view(p, "https://target.test/204", credentials.lookup(p)))
+            .filter_map(|p| egress_controller::proxy::health::view(p, "https://target.test/204", credentials.lookup(p)))
             .map(|v| (v.key.name.clone(), v))
             .collect::<BTreeMap<_, _>>()
     };

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use egress_api::{ANNOTATION_CREDENTIALS_INSTANCE, Phase, Proxy, ProxySpec, conditions};
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{INSERT, MemoryBackend, REMOVE};
-use egress_controller::reconciler::{Context, reconcile};
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::reconciler::reconcile;
 use egress_kube_testserver::TestServer;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -68,7 +69,7 @@ impl World {
     }
 
     async fn secret(&self, proxy: &Proxy) -> Option<Secret> {
-        let name = egress_controller::credentials::secret_name(&proxy.uid().unwrap());
+        let name = egress_controller::proxy::credentials::secret_name(&proxy.uid().unwrap());
         self.secrets.get_opt(&name).await.unwrap()
     }
 

@@ -8,13 +8,15 @@ use egress_api::{
     ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, CloudInit, ConditionStatus, Endpoint, FINALIZER, Mode, Phase,
     Placement, Proxy, ProxySpec, ProxyStatus, SecretRef, conditions, reasons,
 };
+use egress_controller::conditions::set_condition;
 use egress_controller::create_budget::Deferral;
-use egress_controller::credentials::{Prepared, Refusal, Serving};
-use egress_controller::decide::{
-    Action, Facts, Input, Marked, Next, Note, Outcome, ProviderFailure, Requeue, SecretProblem, Timings, next,
+use egress_controller::proxy::credentials::{Prepared, Refusal, Serving};
+use egress_controller::proxy::decide::{
+    Action, Facts, Input, Marked, Next, Note, Outcome, ProviderFailure, Requeue, Timings, next,
 };
-use egress_controller::spec_hash::spec_hash;
-use egress_controller::status::{Verdict, set_condition};
+use egress_controller::proxy::secret::SecretProblem;
+use egress_controller::proxy::spec_hash::spec_hash;
+use egress_controller::proxy::status::Verdict;
 use egress_provider::{Credentials, ErrorClass, Instance, InstanceState, ProviderId, ProxyCredentials};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -97,7 +99,7 @@ struct World {
     /// The reconciler's waits; the defaults when `None`.
     timings: Option<Timings>,
     /// Why an External Proxy is refused (namespace or destination), as the reconciler found.
-    external_refused: Option<egress_controller::destinations::Refused>,
+    external_refused: Option<egress_controller::proxy::destinations::Refused>,
     /// The create budget had no room: the create is deferred, not made.
     deferred: Option<Deferral>,
     /// The installation the operator runs as.
@@ -762,7 +764,7 @@ fn another_operators_instance_booting_after_its_create_is_adopted() {
         conditions::PROVISIONED,
         ConditionStatus::False,
         reasons::PROVISIONING,
-        egress_controller::decide::WAITING_TO_RUN,
+        egress_controller::proxy::decide::WAITING_TO_RUN,
         Some(3),
         &at(20),
     );
@@ -906,7 +908,7 @@ fn an_external_proxy_at_an_internal_destination_is_failed_without_its_old_verdic
     let (_, _, before) = run(&p, &ready);
     p.status = Some(before.status);
     let w = World {
-        external_refused: Some(egress_controller::destinations::Refused::Destination(
+        external_refused: Some(egress_controller::proxy::destinations::Refused::Destination(
             "spec.endpoint.host names \"169.254.169.254\", a link-local address".into(),
         )),
         ..ready.clone()
@@ -1919,7 +1921,7 @@ fn a_refusal_of_the_probes_credentials_is_its_own_healthy_reason() {
         (ConditionStatus::False, reasons::PROXY_AUTH_REQUIRED)
     );
     // Read back from the status (a new leader), it is the same verdict.
-    let back = egress_controller::decide::last_verdict(&o.status).unwrap();
+    let back = egress_controller::proxy::status::last_verdict(&o.status).unwrap();
     assert!(back.auth_refused && !back.healthy);
 }
 

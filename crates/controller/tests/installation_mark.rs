@@ -13,7 +13,7 @@ use egress_api::{ANNOTATION_SPEC_HASH, FINALIZER, Phase, Proxy};
 use egress_conformance::memory::{DEFAULT_ZONE, INITIAL_TOKEN, LABEL, MemoryBackend};
 use egress_conformance::{BackendHooks as _, SeedSpec};
 use egress_controller::gc::OrphanGc;
-use egress_controller::reconciler::reconcile;
+use egress_controller::proxy::reconciler::reconcile;
 use egress_provider::{LABEL_INSTALLATION, OpCtx, name_from_uid};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -46,7 +46,7 @@ async fn running_proxy(proxies: &Api<Proxy>, backend: &MemoryBackend, name: &str
             .unwrap();
     }
     // The hash of the spec as the server keeps it (defaults applied), as the reconciler reads it.
-    let hash = egress_controller::spec_hash::spec_hash(&created.spec, b"");
+    let hash = egress_controller::proxy::spec_hash::spec_hash(&created.spec, b"");
     let params = PatchParams::default();
     let annotations = json!({"metadata": {"annotations": {ANNOTATION_SPEC_HASH: hash}}});
     proxies.patch(name, &params, &Patch::Merge(annotations)).await.unwrap();

@@ -10,8 +10,8 @@ use egress_api::{
     CredentialsSecretRef, CredentialsType, Endpoint, LABEL_POOL, LABEL_POOL_ROLE, LABEL_PROXY_CREDENTIALS, Mode,
     PROXY_CREDENTIALS_GENERATED, Proxy, ProxySpec, ProxyStatus,
 };
-use egress_controller::credentials::{CredentialCache, secret_name};
 use egress_controller::discovery::{LiveDirectory, built};
+use egress_controller::proxy::credentials::{CredentialCache, secret_name};
 use egress_discovery::{Fleet, ProxyDirectory};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;

@@ -1,7 +1,7 @@
 //! Failed creations slow a pool down (docs/pools.md#when-failures-are-widespread): a pool of 1
 //! on the in-memory reference provider whose every instance runs but never passes a probe, run
 //! pass by pass for an hour on a clock the test moves (a pass a second), through the same pure
-//! parts the controller's pass composes: each member judged (`pool_view::member`), the watch
+//! parts the controller's pass composes: each member judged (`pool::view::member`), the watch
 //! that counts failed creations, the gate, and the plan. Every create is a real call to the
 //! reference provider, counted there.
 
@@ -15,9 +15,9 @@ use egress_api::{
 };
 use egress_conformance::BackendHooks as _;
 use egress_conformance::memory::{INSERT, MemoryBackend, MemoryProvider, MemoryTarget};
-use egress_controller::pool_decide::{Step, plan};
-use egress_controller::pool_remediation::{BACKOFF_CAP, Observed, Watch, delay, share};
-use egress_controller::pool_view::{Look, desired, health, member, new_member, template_hash};
+use egress_controller::pool::decide::{Step, plan};
+use egress_controller::pool::remediation::{BACKOFF_CAP, Observed, Watch, delay, share};
+use egress_controller::pool::view::{Look, desired, health, member, new_member, template_hash};
 use egress_provider::{OpCtx, Provider, ProviderId};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -58,7 +58,7 @@ async fn make(provider: &MemoryProvider, pool: &ProxyPool, role: PoolRole, n: us
         provider_id: instance.to_string(),
         ..Default::default()
     };
-    egress_controller::status::set_condition(
+    egress_controller::conditions::set_condition(
         &mut status.conditions,
         conditions::PROVISIONED,
         ConditionStatus::True,

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use egress_controller::pool_decide::{DRAIN_SETTLE, Desired, Member, Plan, Role, Step, plan};
-use egress_controller::pool_remediation::MaxUnhealthy;
+use egress_controller::pool::decide::{DRAIN_SETTLE, Desired, Plan, Step, plan};
+use egress_controller::pool::member::{Member, Role};
+use egress_controller::pool::remediation::MaxUnhealthy;
 
 const MIN: Duration = Duration::from_secs(60);
 

@@ -14,12 +14,14 @@ use std::time::{Duration, SystemTime};
 use egress_api::{CloudInit, Phase, ProviderHealth, Proxy, ProxySpec, SecretRef};
 use egress_conformance::memory::MemoryBackend;
 use egress_conformance::{BackendHooks, SeedSpec, SeedTime};
-use egress_controller::decide::Timings;
 use egress_controller::gc::OrphanGc;
 use egress_controller::leader::{ElectionTimings, Elector, LEASE_NAME};
 use egress_controller::provider_health::{Monitor, ProviderHealthSnapshot, Schedule};
-use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
-use egress_controller::status::Verdict;
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::controller::{self, ControllerConfig};
+use egress_controller::proxy::decide::Timings;
+use egress_controller::proxy::health::HealthVerdicts;
+use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::{HookVerdict, HookedRequest, TestServer};
 use egress_provider::OpCtx;
 use k8s_openapi::api::core::v1::Secret;
@@ -158,26 +160,30 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
     let (cache, keep_cache) = egress_controller::proxy_cache::proxy_cache(operator.clone(), &served, shutdown.clone());
     tokio::spawn(keep_cache);
     let (credentials, keep_credentials) =
-        egress_controller::credentials::credential_cache(operator.clone(), &served, shutdown.clone());
+        egress_controller::proxy::credentials::credential_cache(operator.clone(), &served, shutdown.clone());
     tokio::spawn(keep_credentials);
     let config = ControllerConfig {
         namespaces: served.clone(),
         ..Default::default()
     };
-    let run = controller(ctx, config, cache.clone(), health_events, shutdown.clone());
+    let run = controller::run(ctx, config, cache.clone(), health_events, shutdown.clone());
     tokio::spawn(run);
     let store: Arc<dyn egress_lease::LeaseStore> = Arc::new(egress_lease::MemoryStore::new(
         Arc::new(egress_lease::SystemClock),
         Duration::from_secs(60),
     ));
-    let pools_ctx = Arc::new(egress_controller::pool::PoolContext::new(
+    let pools_ctx = Arc::new(egress_controller::pool::pass::PoolContext::new(
         operator.clone(),
         cache,
         store,
-        egress_controller::pool::PoolMetrics::new(),
+        egress_controller::pool::metrics::PoolMetrics::new(),
         None,
     ));
-    tokio::spawn(egress_controller::pool::run(pools_ctx, served, shutdown.clone()));
+    tokio::spawn(egress_controller::pool::controller::run(
+        pools_ctx,
+        served,
+        shutdown.clone(),
+    ));
     let secrets: Api<Secret> = Api::namespaced(me.clone(), NS);
     let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "ud",
         "labels": {"crawl.example.com/cloud-init": "true"}}, "stringData": {"userdata": "#cloud-config\n"}}))
@@ -205,7 +211,7 @@ async fn the_manager_role_grants_exactly_what_the_code_uses() {
         .unwrap();
     wait_phase(&proxies, "p", Phase::Running).await;
     let first = proxies.get("p").await.unwrap();
-    let credentials_secret = egress_controller::credentials::secret_name(&first.uid().unwrap());
+    let credentials_secret = egress_controller::proxy::credentials::secret_name(&first.uid().unwrap());
     let cached = |p: &Proxy| credentials.for_proxy(p);
     let deadline = tokio::time::Instant::now() + LIVENESS;
     while cached(&first).is_none() {

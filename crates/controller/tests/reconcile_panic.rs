@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use egress_api::{FINALIZER, Placement, Proxy, ProxySpec};
-use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, ReconcileError, reconcile};
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::decide::Timings;
+use egress_controller::proxy::reconciler::{ReconcileError, reconcile};
 use egress_controller::runtime_metrics::ReconcileMetrics;
 use egress_kube_testserver::TestServer;
 use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};

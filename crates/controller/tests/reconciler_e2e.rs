@@ -11,9 +11,11 @@ use std::time::Duration;
 use egress_api::{ANNOTATION_SKIP_CLEANUP, ANNOTATION_SPEC_HASH, FINALIZER, Phase, Placement, Proxy, ProxySpec};
 use egress_conformance::BackendHooks;
 use egress_conformance::memory::{CALL_BUDGET, MemoryBackend, MemoryProvider, MemoryTarget};
-use egress_controller::decide::Timings;
-use egress_controller::reconciler::{Context, ControllerConfig, HealthVerdicts, controller};
-use egress_controller::status::Verdict;
+use egress_controller::proxy::context::Context;
+use egress_controller::proxy::controller::{self, ControllerConfig};
+use egress_controller::proxy::decide::Timings;
+use egress_controller::proxy::health::HealthVerdicts;
+use egress_controller::proxy::status::Verdict;
 use egress_kube_testserver::TestServer;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -143,7 +145,7 @@ async fn start_on(server: Arc<TestServer>, backend: MemoryBackend, timings: Timi
         shutdown.clone(),
     );
     tokio::spawn(keep_cache);
-    let run = controller(ctx, ControllerConfig::default(), cache, health_events, shutdown.clone());
+    let run = controller::run(ctx, ControllerConfig::default(), cache, health_events, shutdown.clone());
     tokio::spawn(run);
     Harness {
         server,
@@ -610,7 +612,7 @@ async fn an_external_proxy_follows_its_credentials_secrets_annotation_alone() {
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let backend = MemoryBackend::new();
-    let (credentials, keep_credentials) = egress_controller::credentials::credential_cache(
+    let (credentials, keep_credentials) = egress_controller::proxy::credentials::credential_cache(
         client.clone(),
         &egress_api::served::Namespaces::All,
         shutdown.clone(),
@@ -635,7 +637,7 @@ async fn an_external_proxy_follows_its_credentials_secrets_annotation_alone() {
         shutdown.clone(),
     );
     tokio::spawn(keep_cache);
-    tokio::spawn(controller(
+    tokio::spawn(controller::run(
         ctx,
         ControllerConfig::default(),
         cache,

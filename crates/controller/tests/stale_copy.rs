@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use egress_api::{Proxy, ProxySpec};
 use egress_conformance::BackendHooks as _;
-use egress_controller::reconciler::{ReconcileError, reconcile};
+use egress_controller::proxy::reconciler::{ReconcileError, reconcile};
 use kube::api::{Api, PostParams};
 
 const NS: &str = "crawl";
@@ -65,7 +65,7 @@ async fn stale_pass(generated: bool) {
     stale.status = None;
     stale.metadata.resource_version = before_create.metadata.resource_version.clone();
 
-    let secret_name = egress_controller::credentials::secret_name(&recorded.metadata.uid.clone().unwrap());
+    let secret_name = egress_controller::proxy::credentials::secret_name(&recorded.metadata.uid.clone().unwrap());
     let credentials_before = secrets.get_opt(&secret_name).await.unwrap().map(|s| s.data);
     assert_eq!(credentials_before.is_some(), generated);
     let calls_before = backend.call_log().await.unwrap().len();

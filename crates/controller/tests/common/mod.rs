@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_conformance::memory::{MemoryBackend, MemoryProvider, MemoryTarget};
-use egress_controller::decide::Timings;
+use egress_controller::proxy::decide::Timings;
 use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
 use egress_provider::decorate::ProviderMetrics;
 use egress_provider::{ProviderType, Providers, Registry};
@@ -95,8 +95,8 @@ pub fn fast_timings() -> Timings {
 /// Health verdicts that never have one: a pass decides from the Proxy and the provider alone.
 pub struct NoVerdicts;
 
-impl egress_controller::reconciler::HealthVerdicts for NoVerdicts {
-    fn verdict(&self, _: &str, _: &str) -> Option<egress_controller::status::Verdict> {
+impl egress_controller::proxy::health::HealthVerdicts for NoVerdicts {
+    fn verdict(&self, _: &str, _: &str) -> Option<egress_controller::proxy::status::Verdict> {
         None
     }
 }
@@ -107,7 +107,7 @@ pub struct MemWorld {
     pub server: egress_kube_testserver::TestServer,
     pub client: kube::Client,
     pub backend: MemoryBackend,
-    pub ctx: Arc<egress_controller::reconciler::Context>,
+    pub ctx: Arc<egress_controller::proxy::context::Context>,
 }
 
 pub async fn mem_world(ns: &str) -> MemWorld {
@@ -124,7 +124,7 @@ pub async fn mem_world_as(ns: &str, installation: Option<&str>) -> MemWorld {
         .unwrap();
     let client = server.client().unwrap();
     let backend = MemoryBackend::new();
-    let ctx = Arc::new(egress_controller::reconciler::Context::new(
+    let ctx = Arc::new(egress_controller::proxy::context::Context::new(
         client.clone(),
         memory_providers(&[("mem", &backend)]),
         Arc::new(NoVerdicts),

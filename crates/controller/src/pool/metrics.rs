@@ -11,7 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::pool_remediation::{Backoff, Gate};
+use crate::pool::remediation::{Backoff, Gate};
 use k8s_openapi::jiff::Timestamp;
 
 /// The pool controller's counters; the member gauges are read from the cache at scrape time

@@ -47,8 +47,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::decide::SecretProblem;
 use crate::observers::{Observer, Observers};
+use crate::proxy::secret::SecretProblem;
 
 /// The name of a Generated Proxy's credentials Secret: its instance name and `-credentials`
 /// (fits any Proxy name, and a new Proxy of an old name gets a new Secret).

@@ -23,40 +23,19 @@
 //! rule but a failure or the drain timeout ends a member that holds a lease.
 //!
 //! While the pool may not replace failed members (too many have failed at once, or failed
-//! creations in a row hold it back: [`crate::pool_remediation`]), failed members keep their
+//! creations in a row hold it back: [`crate::pool::remediation`]), failed members keep their
 //! place and role, and no member is made: rule 2 and every create wait, and so does a rollout's
 //! drain that would need one. Promotions, scale-down, deletes and drain ends go on.
 
 use std::time::Duration;
+
+use crate::pool::member::{Member, Role};
 
 /// How long a draining member waits, even with no lease, before it is deleted: long enough for
 /// every replica serving leases to see it is draining (the leader publishes a change of what is
 /// offered within 100 ms; a replica reads that view on its next acquire), so no replica whose
 /// copy still shows it active can grant a lease on a member about to go.
 pub const DRAIN_SETTLE: Duration = Duration::from_secs(3);
-
-/// What a member is to the pool: its role label.
-pub use egress_api::PoolRole as Role;
-
-/// One member as the decision needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Member {
-    pub name: String,
-    pub role: Role,
-    /// Made from the pool's current template.
-    pub current: bool,
-    /// Since the member was created.
-    pub age: Duration,
-    /// Provisioned and Healthy.
-    pub ready: bool,
-    /// Judged failed: its instance lost or failed for good, or failing its probes once it has
-    /// been Ready or past its startup grace ([`crate::pool_remediation::judge`]).
-    pub failed: bool,
-    /// Its active leases.
-    pub leases: u32,
-    /// How long it has been draining (draining members only).
-    pub draining_for: Duration,
-}
 
 /// What the pool asks for, with every default applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +48,7 @@ pub struct Desired {
     pub max_unavailable: u32,
     pub paused: bool,
     /// The most failed members replaced at once.
-    pub max_unhealthy: crate::pool_remediation::MaxUnhealthy,
+    pub max_unhealthy: crate::pool::remediation::MaxUnhealthy,
     /// How long a new member's failing probes do not count against it.
     pub startup_grace: Duration,
 }

@@ -1,8 +1,12 @@
-//! Status building blocks: conditions with standard semantics, the permanent-error latch, the
-//! health verdict and phase derivation (spec/core.md §1.7, §3.11). All pure.
+//! A Proxy's status building blocks: the permanent-error latch, the health verdict (and the
+//! last one a status records), and phase derivation (spec/core.md §1.7, §3.11). All pure.
 
-use egress_api::{Condition, ConditionStatus, Mode, Phase, ProxyStatus, conditions, reasons};
+use std::time::Duration;
+
+use egress_api::{ConditionStatus, Mode, Phase, ProxyStatus, conditions, reasons};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::conditions::{remove_condition, set_condition};
 
 /// The health engine's verdict for one Proxy, the one type of it the workspace has: unhealthy
 /// with `auth_refused` gets the reason `ProxyAuthRequired`.
@@ -11,42 +15,6 @@ pub use egress_health::Verdict;
 /// A verdict's latency as `status.latencyMillis` records it: whole milliseconds.
 pub fn latency_millis(verdict: &Verdict) -> i64 {
     i64::try_from(verdict.latency.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// Sets a condition as `meta.SetStatusCondition` does: `lastTransitionTime` moves only when the
-/// status changes; reason, message and observedGeneration always follow.
-pub fn set_condition(
-    list: &mut Vec<Condition>,
-    type_: &str,
-    status: ConditionStatus,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: &Time,
-) {
-    match list.iter_mut().find(|c| c.type_ == type_) {
-        Some(c) => {
-            if c.status != status {
-                c.status = status;
-                c.last_transition_time = now.clone();
-            }
-            c.reason = reason.into();
-            c.message = message.into();
-            c.observed_generation = generation;
-        }
-        None => list.push(Condition {
-            type_: type_.into(),
-            status,
-            observed_generation: generation,
-            last_transition_time: now.clone(),
-            reason: reason.into(),
-            message: message.into(),
-        }),
-    }
-}
-
-pub fn remove_condition(list: &mut Vec<Condition>, type_: &str) {
-    list.retain(|c| c.type_ != type_);
 }
 
 /// Whether a permanent error is latched for this generation: `Provisioned=False` with reason
@@ -143,26 +111,27 @@ pub fn apply_verdict(status: &mut ProxyStatus, verdict: Option<Verdict>, generat
     }
 }
 
+/// The verdict the status records (its `Healthy` condition and latency), if any.
+pub fn last_verdict(status: &ProxyStatus) -> Option<Verdict> {
+    let healthy_condition = status.conditions.iter().find(|c| c.type_ == conditions::HEALTHY)?;
+    let healthy = match healthy_condition.status {
+        ConditionStatus::True => true,
+        ConditionStatus::False => false,
+        ConditionStatus::Unknown => return None,
+    };
+    Some(Verdict {
+        healthy,
+        latency: Duration::from_millis(status.latency_millis.and_then(|m| u64::try_from(m).ok()).unwrap_or(0)),
+        auth_refused: !healthy && healthy_condition.reason == reasons::PROXY_AUTH_REQUIRED,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn at(s: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
-    }
-
-    #[test]
-    fn transition_time_moves_only_with_the_status() {
-        let mut list = Vec::new();
-        set_condition(&mut list, "Healthy", ConditionStatus::True, "A", "m", Some(1), &at(1));
-        set_condition(&mut list, "Healthy", ConditionStatus::True, "B", "n", Some(2), &at(2));
-        assert_eq!(
-            (list[0].last_transition_time.clone(), list[0].reason.as_str()),
-            (at(1), "B")
-        );
-        set_condition(&mut list, "Healthy", ConditionStatus::False, "C", "o", Some(2), &at(3));
-        assert_eq!(list[0].last_transition_time, at(3));
-        assert_eq!(list.len(), 1);
     }
 
     #[test]

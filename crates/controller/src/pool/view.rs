@@ -15,8 +15,9 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
 
-use crate::pool_decide::{Desired, Member};
-use crate::pool_remediation::{
+use crate::pool::decide::Desired;
+use crate::pool::member::Member;
+use crate::pool::remediation::{
     Backoff, CONDITION, DEFAULT_MAX_UNHEALTHY, DEFAULT_STARTUP_GRACE, Gate, Health, MaxUnhealthy, condition, judge,
 };
 
@@ -186,7 +187,7 @@ pub(crate) fn set_conditions(
     generation: Option<i64>,
     now: &Time,
 ) {
-    use crate::status::set_condition;
+    use crate::conditions::set_condition;
     let floor = i32::try_from(desired.replicas.saturating_sub(desired.max_unavailable)).unwrap_or(i32::MAX);
     let leasable = status.available_replicas;
     let list = &mut status.conditions;
@@ -246,7 +247,7 @@ pub(crate) fn set_remediation(
     status.failed_creations = i32::try_from(backoff.failed_creations).unwrap_or(i32::MAX);
     status.next_replacement_time = backoff.remaining(now.0).and(backoff.not_before).map(Time);
     let (s, reason, message) = condition;
-    crate::status::set_condition(&mut status.conditions, CONDITION, *s, reason, message, generation, now);
+    crate::conditions::set_condition(&mut status.conditions, CONDITION, *s, reason, message, generation, now);
 }
 
 /// The `RemediationAllowed` condition for `gate`, with `note` (what the operator found fetching
@@ -426,7 +427,7 @@ mod tests {
         let failed = |p: &Proxy, proven: bool, now: i64| judge(health(p, proven, t(now).0), grace).failed;
         // Its instance first ran at 100 s.
         phase(&mut p, Phase::Running);
-        crate::status::set_condition(
+        crate::conditions::set_condition(
             &mut p.status.as_mut().unwrap().conditions,
             conditions::PROVISIONED,
             ConditionStatus::True,
@@ -446,7 +447,7 @@ mod tests {
         phase(&mut p, Phase::Failed);
         assert!(failed(&p, false, 100));
         phase(&mut p, Phase::Provisioning);
-        crate::status::set_condition(
+        crate::conditions::set_condition(
             &mut p.status.as_mut().unwrap().conditions,
             conditions::PROVISIONED,
             ConditionStatus::False,

@@ -8,9 +8,19 @@ use egress_health::{ProbeSettings, ProxyKey, ProxySource, ProxyView, Snapshot};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::credentials::Lookup;
-use crate::reconciler::HealthVerdicts;
-use crate::status::Verdict;
+use crate::proxy::credentials::Lookup;
+use crate::proxy::status::Verdict;
+
+/// Where the reconciler reads health verdicts: the health engine's snapshot.
+pub trait HealthVerdicts: Send + Sync + 'static {
+    fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict>;
+
+    /// The verdict for this very Proxy: a source that knows which object and address it probed
+    /// refuses a verdict about an earlier Proxy of the same name, or an earlier address.
+    fn verdict_for(&self, proxy: &Proxy) -> Option<Verdict> {
+        self.verdict(&proxy.namespace().unwrap_or_default(), &proxy.name_any())
+    }
+}
 
 impl HealthVerdicts for Snapshot {
     fn verdict(&self, namespace: &str, name: &str) -> Option<Verdict> {
@@ -31,10 +41,10 @@ pub struct CachedProxies {
     /// The target when a Proxy's `spec.healthCheck.url` is unset (`--health-check-url`).
     pub default_url: String,
     /// Where the credentials of Proxies that have them are read.
-    pub credentials: crate::credentials::CredentialCache,
+    pub credentials: crate::proxy::credentials::CredentialCache,
     /// Where External Proxies are accepted, and the internal destinations they may not point
     /// at nor resolve to.
-    pub external: std::sync::Arc<crate::destinations::ExternalRules>,
+    pub external: std::sync::Arc<crate::proxy::destinations::ExternalRules>,
 }
 
 impl std::fmt::Debug for CachedProxies {
@@ -100,14 +110,14 @@ pub fn view(proxy: &Proxy, default_url: &str, credentials: Lookup) -> Option<Pro
             failure_threshold: check.failure_threshold,
             destinations: None,
         },
-        known: proxy.status.as_ref().and_then(crate::decide::last_verdict),
+        known: proxy.status.as_ref().and_then(crate::proxy::status::last_verdict),
     })
 }
 
 /// `view` of an External Proxy within `rules`: pruned (nothing dialled) when it is refused, else
 /// probed with the guard, so that a name resolving to an internal address is refused at the
 /// dial. Managed Proxies live on internal addresses by design.
-pub fn guarded(proxy: &Proxy, mut view: ProxyView, rules: &crate::destinations::ExternalRules) -> ProxyView {
+pub fn guarded(proxy: &Proxy, mut view: ProxyView, rules: &crate::proxy::destinations::ExternalRules) -> ProxyView {
     if proxy.spec.mode != Mode::External {
         return view;
     }
@@ -205,7 +215,7 @@ mod tests {
 
     #[test]
     fn an_external_proxy_pointing_inside_is_pruned_and_others_carry_the_guard() {
-        let rules = crate::destinations::ExternalRules::default();
+        let rules = crate::proxy::destinations::ExternalRules::default();
         let guard = rules.guard.clone();
         let mut external = proxy(Mode::External);
         let at = |host: &str| {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::pool_decide::{Member, Role};
+use crate::pool::member::{Member, Role};
 
 /// `maxUnhealthy` when the pool does not say: Cluster API's MachineHealthCheck documents 40 %
 /// as the usual setting, and it keeps a pool of 5 + 1 replacing up to 2 members at once.
