@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::squid::{AccessRules, SquidFiles, squid_conf};
+use crate::squid::{AccessRules, CREDENTIALS_DIR, SquidFiles, squid_conf};
 
 /// The Squid image when none is configured.
 pub const DEFAULT_IMAGE: &str = "ubuntu/squid:6.6-24.04_edge";
@@ -28,8 +28,6 @@ pub const SCRATCH: [(&str, &str); 3] = [("tmp", "/tmp"), ("spool", "/var/spool/s
 pub const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
 /// The Proxy kind.
 pub const PROXY_KIND: &str = "Proxy";
-/// Where the credentials Secret's htpasswd key is mounted (read-only).
-pub const CREDENTIALS_DIR: &str = "/etc/squid/egress-auth";
 /// The name of that volume.
 pub const CREDENTIALS_VOLUME: &str = "credentials";
 
