@@ -12,6 +12,7 @@
 //! - [`engine`]: the provider itself, which `egress-provider-kvm` and `egress-provider-kvm2` run
 //!   as its two generations: create, get, delete, list and the health check over [`Host`], the
 //!   base-image cache (which downloads images over HTTP) and the per-name locks;
+//! - [`names`]: the names of the volumes in a host's pool (overlay, seed, cached base, marker);
 //! - [`hypervisor_env`]: reading the file that describes a test hypervisor (`EGRESS_HV_ENV`), for
 //!   the conformance runs against a real one.
 //!
@@ -28,6 +29,7 @@ pub mod generation;
 pub mod host;
 pub mod hypervisor_env;
 pub mod mark;
+pub mod names;
 pub mod seed;
 pub mod volume;
 mod xml;

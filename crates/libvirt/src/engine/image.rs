@@ -31,7 +31,8 @@ use super::fence::{self, Lease};
 use super::locks::KeyedLocks;
 use super::placement::Image;
 use super::url_host::{host_listed, is_metadata_host};
-use super::{Generation, names};
+use crate::generation::Generation;
+use crate::names;
 
 /// The precheck's HEAD (or GET) budget, and the download's until its headers arrive.
 pub const PROBE_BUDGET: Duration = Duration::from_secs(30);

@@ -20,13 +20,14 @@ use egress_provider::{
 };
 use futures::StreamExt as _;
 
-use super::Generation;
+use crate::generation::Generation;
 use super::failure::{self, Context as _, OpFailure};
 use super::image::{self, Cached};
 use super::locks::KeyedLocks;
 use super::placement::{self, Resolved};
 use super::traced::{Traced, error_name};
-use super::{check, id, names, observe, ops};
+use super::{check, id, observe, ops};
+use crate::names;
 
 mod mark;
 
