@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use egress_provider::OpCtx;
 
-use crate::dial::Bridge;
+use crate::bridge::Bridge;
 use crate::error::CallError;
 use crate::link::Link;
 

@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use egress_provider::OpCtx;
 use russh::client;
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg};
-use tokio::net::{TcpStream, UnixListener};
+use tokio::net::TcpStream;
 use tracing::Instrument;
 
+use crate::bridge::Bridge;
 use crate::connection::Connection;
 use crate::error::{DialCause, DialError, Stage};
 use crate::link::Link;
-use crate::pump::pump;
 
 /// One hypervisor, as a provider's config names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -211,6 +211,43 @@ impl Dialer {
         }
 
         *stage = Stage::Tcp;
+        let tcp = self.tcp(host, link).await?;
+
+        *stage = Stage::Ssh;
+        let handler = ClientHandler {
+            host_keys: self.options.host_keys.clone(),
+            known_hosts,
+            host: host_name,
+            port,
+            verdict: Arc::new(Mutex::new(None)),
+            link: link.clone(),
+        };
+        let handle = self.ssh(host, tcp, handler, preferred, key).await?;
+
+        *stage = Stage::Socket;
+        let first = handle
+            .channel_open_direct_streamlocal(host.socket.clone())
+            .await
+            .map_err(|e| DialCause::ChannelRejected {
+                socket: host.socket.clone(),
+                reason: e.to_string(),
+            })?;
+        let bridge = Bridge::start(handle, first, host.socket.clone(), link.clone(), self.stall_limit())
+            .map_err(DialCause::Io)?;
+
+        *stage = Stage::Libvirt;
+        let uri = format!("qemu+unix:///system?socket={}", bridge.path.display());
+        let open = tokio::task::spawn_blocking(move || virt::connect::Connect::open(Some(&uri)));
+        // NB: if this dial is abandoned while the handshake runs, the link's kill closes the
+        // TCP connection, the bridge ends, and the C call returns; its result is then dropped
+        // on the blocking thread (see Connection's drop).
+        let opened = open.await.map_err(|e| DialCause::Libvirt(e.to_string()))?;
+        let conn = opened.map_err(|e| DialCause::Libvirt(e.message().to_owned()))?;
+        Ok(Connection::new(host.name.clone(), conn, link.clone(), bridge))
+    }
+
+    /// The TCP connection to `host`, whose shutdown `link`'s kill is from now on.
+    async fn tcp(&self, host: &HostTarget, link: &Link) -> Result<TcpStream, DialCause> {
         let tcp = TcpStream::connect(&host.address).await.map_err(DialCause::Io)?;
         let _ = tcp.set_nodelay(true);
         // A second handle on the socket: shutting it down wakes every reader and writer of the
@@ -226,17 +263,20 @@ impl Dialer {
         link.on_kill(move || {
             let _ = killer.shutdown(std::net::Shutdown::Both);
         });
+        Ok(tcp)
+    }
 
-        *stage = Stage::Ssh;
-        let verdict = Arc::new(Mutex::new(None));
-        let handler = ClientHandler {
-            host_keys: self.options.host_keys.clone(),
-            known_hosts,
-            host: host_name.clone(),
-            port,
-            verdict: verdict.clone(),
-            link: link.clone(),
-        };
+    /// The SSH session over `tcp`: the host key checked by `handler`, then `key` offered for
+    /// the host's user.
+    async fn ssh(
+        &self,
+        host: &HostTarget,
+        tcp: TcpStream,
+        handler: ClientHandler,
+        preferred: russh::Preferred,
+        key: Arc<PrivateKey>,
+    ) -> Result<client::Handle<ClientHandler>, DialCause> {
+        let verdict = handler.verdict.clone();
         let config = Arc::new(client::Config {
             preferred,
             // Review L1: a zero interval would probe without pause; the default instead.
@@ -270,27 +310,7 @@ impl Dialer {
                 user: host.user.clone(),
             });
         }
-
-        *stage = Stage::Socket;
-        let first = handle
-            .channel_open_direct_streamlocal(host.socket.clone())
-            .await
-            .map_err(|e| DialCause::ChannelRejected {
-                socket: host.socket.clone(),
-                reason: e.to_string(),
-            })?;
-        let bridge = Bridge::start(handle, first, host.socket.clone(), link.clone(), self.stall_limit())
-            .map_err(DialCause::Io)?;
-
-        *stage = Stage::Libvirt;
-        let uri = format!("qemu+unix:///system?socket={}", bridge.path.display());
-        let open = tokio::task::spawn_blocking(move || virt::connect::Connect::open(Some(&uri)));
-        // NB: if this dial is abandoned while the handshake runs, the link's kill closes the
-        // TCP connection, the bridge ends, and the C call returns; its result is then dropped
-        // on the blocking thread (see Connection's drop).
-        let opened = open.await.map_err(|e| DialCause::Libvirt(e.to_string()))?;
-        let conn = opened.map_err(|e| DialCause::Libvirt(e.message().to_owned()))?;
-        Ok(Connection::new(host.name.clone(), conn, link.clone(), bridge))
+        Ok(handle)
     }
 
     /// The configured stall limit; a zero one (which would take every write for a stall)
@@ -527,124 +547,6 @@ impl client::Handler for ClientHandler {
             client::DisconnectReason::ReceivedDisconnect(_) => Ok(()),
             client::DisconnectReason::Error(e) => Err(e),
         }
-    }
-}
-
-/// A private unix socket whose every connection is carried to the host's libvirt socket over
-/// its own streamlocal channel.
-pub(crate) struct Bridge {
-    pub(crate) path: PathBuf,
-    dir: PathBuf,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl std::fmt::Debug for Bridge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bridge").field("path", &self.path).finish()
-    }
-}
-
-static BRIDGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-impl Bridge {
-    fn start(
-        handle: client::Handle<ClientHandler>,
-        first: russh::Channel<client::Msg>,
-        socket: String,
-        link: Link,
-        stall_limit: Duration,
-    ) -> std::io::Result<Self> {
-        let dir = private_dir()?;
-        let path = dir.join("libvirt.sock");
-        let listener = match UnixListener::bind(&path) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let task = tokio::spawn(async move {
-            let mut first = Some(first);
-            loop {
-                let accepted = tokio::select! {
-                    a = listener.accept() => a,
-                    () = link.dead() => return,
-                };
-                let Ok((mut local, _)) = accepted else { return };
-                let channel = match first.take() {
-                    Some(c) => c,
-                    None => match handle.channel_open_direct_streamlocal(socket.clone()).await {
-                        Ok(c) => c,
-                        Err(e) => {
-                            tracing::debug!(socket = %socket, error = %e, "opening another libvirt channel failed");
-                            continue;
-                        }
-                    },
-                };
-                let link = link.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        r = pump(&mut local, channel.into_stream(), stall_limit) => {
-                            // Either way the libvirt connection over this channel is over: a
-                            // daemon that closed its end (restarted, say) is noticed now, and
-                            // the next caller redials instead of failing one call first.
-                            link.mark_dead(match r {
-                                Ok(()) => "libvirt closed its end of the connection".to_owned(),
-                                Err(e) => format!("libvirt socket: {e}"),
-                            });
-                        }
-                        () = link.dead() => {}
-                    }
-                    // Closed only now, after the link has its reason: a C call failing on the
-                    // closed socket (a broken pipe) is then reported with why it was closed.
-                    drop(local);
-                });
-            }
-        });
-        Ok(Self { path, dir, task })
-    }
-}
-
-#[cfg(test)]
-impl Bridge {
-    /// A bridge with no socket behind it, for connections that reach libvirt another way.
-    pub(crate) fn idle() -> Self {
-        let dir = private_dir().expect("a private directory");
-        Self {
-            path: dir.join("libvirt.sock"),
-            dir,
-            task: tokio::spawn(async {}),
-        }
-    }
-}
-
-/// A new directory under the temp dir that only this user can enter: created with mode 0700
-/// in one step, and never one that already exists (someone else's could hold a socket of
-/// theirs). Anyone who can connect to the bridge's socket has libvirt on the host.
-fn private_dir() -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    for _ in 0..64 {
-        let n = BRIDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("egress-libvirt-{}-{seed:08x}-{n}", std::process::id()));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::new(
-        std::io::ErrorKind::AlreadyExists,
-        "no fresh directory for the libvirt bridge socket",
-    ))
-}
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        self.task.abort();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -18,6 +18,7 @@
 //! Errors keep their cause ([`DialError`], [`CallError`]) so each provider classifies them, and
 //! each checker maps them to its reasons, by its own policy.
 
+mod bridge;
 mod connection;
 mod dial;
 mod error;

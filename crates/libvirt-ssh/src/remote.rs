@@ -14,14 +14,14 @@ use egress_provider::OpCtx;
 use crate::connection::{
     Connection, DOMAIN_CREATE_BUDGET, RPC_BUDGET, SMALL_UPLOAD_BUDGET, SMALL_UPLOAD_BYTES, TRANSFER_BUDGET,
 };
-use crate::dial::HostTarget;
+use crate::dial::{DialOptions, Dialer, HostTarget};
 use crate::error::{CallError, DialCause, DialError, Stage};
 use crate::pool::Pool;
 
 /// One [`RemoteHost`] per host of a libvirt provider's config block, sharing one connection
 /// pool dialled with `options`.
-pub fn hosts_of(cfg: &egress_libvirt::config::KvmConfig, options: crate::DialOptions) -> Vec<Box<dyn Host>> {
-    let pool = Arc::new(Pool::new(Arc::new(crate::Dialer::new(options))));
+pub fn hosts_of(cfg: &egress_libvirt::config::KvmConfig, options: DialOptions) -> Vec<Box<dyn Host>> {
+    let pool = Arc::new(Pool::new(Arc::new(Dialer::new(options))));
     cfg.hosts
         .iter()
         .map(|h| {

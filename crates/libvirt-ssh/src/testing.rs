@@ -1,589 +1,353 @@
-//! A libvirt provider (kvm2, or kvm: the test files choose the generation) as a conformance
-//! target: over the in-memory libvirt fake (two hosts sharing
-//! one call log and fault table, a DHCP that gives started guests an address, the SSH key file
-//! read on every call as a dial would), with the base image served by a local HTTP server.
+//! A libvirt provider (kvm2 or kvm) against the local hypervisor (`cargo xtask hypervisor up`):
+//! built by the production constructor from a config entry, over this crate's SSH transport to a
+//! real libvirtd with QEMU, booting the test guest from an image this process serves over HTTP.
+//! The profile, fixtures and requests are those of the fake target (`egress_libvirt::testing`);
+//! this module adds what only the real transport can reach.
 //!
-//! What the fake does not cover: libvirt's own behaviour (checked against the real daemon by
-//! `egress-libvirt-ssh`'s `tests/seam.rs`), the SSH transport and its per-call budgets (its own
-//! tests), a guest that really boots (the real-mode run).
+//! Cases run one at a time here (a real pool refuses a refresh while an upload runs, and every
+//! guest costs CPU on a small machine), and each case's domains and volumes are removed when
+//! its backend goes away. The hooks libvirt cannot honour from outside (seeding marks, faults,
+//! gates) answer Unsupported, and their cases skip.
 //!
 //! Behind the `testing` feature, for the tests of `egress-provider-kvm` and
-//! `egress-provider-kvm2`.
+//! `egress-provider-kvm2`; never in a production build.
 
-pub use egress_testkit::image_server;
-pub mod real;
-
-use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::ThreadId;
+use std::time::Duration;
 
+use crate::dial::{DialOptions, Dialer, HostKeys, HostTarget};
+use crate::pool::Pool;
+use crate::remote::RemoteHost;
 use async_trait::async_trait;
-use egress_conformance::hooks::{BackendObject, HookResult, SeedManaged, SeedTime};
-use egress_conformance::target::{
-    AsyncOps, CallKinds, ChildSpans, ClassifyCase, CreateReturn, Credentials, DeleteReturn, GcMark, ListPartial,
-    Logging, ProvisioningState, Quota, Timeouts,
-};
+use egress_conformance::hooks::{BackendObject, HookResult};
 use egress_conformance::{
-    BackendHooks, BuildOptions, CallKind, ConformanceTarget, Fault, Fixtures, Interceptor, NativeState, NotConfigured,
-    Profile, SeedSpec, Unsupported,
+    BackendHooks, BuildOptions, ConformanceTarget, Fixtures, NativeState, NotConfigured, Profile, Unsupported,
 };
+use egress_libvirt::Generation;
 use egress_libvirt::config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
-use egress_libvirt::engine::failure::OpFailure;
-use egress_libvirt::engine::{Generation, LibvirtProvider};
-use egress_libvirt::fake::FakeHost;
-use egress_libvirt::host::{Address, AddressSource, DomainState, Host, Interface, LibvirtError};
+use egress_libvirt::host::Host;
 use egress_libvirt::seed::read_seed_file;
-use egress_libvirt::{DomainSpec, Mark, rfc3339};
-use egress_provider::{
-    BoxError, CreateRequest, ErrorClass, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_UID, Op, Placement, Provider,
-    ProviderId, name_from_uid,
-};
+use egress_libvirt::testing::{IMAGE_KEY, fixtures, marks_of, profile, request_in, sha256_hex, volume_object};
+use egress_libvirt::{HypervisorEnv, Mark};
+use egress_provider::config::ProviderConfig;
+use egress_provider::{BoxError, CreateRequest, OpCtx, Provider, ProviderId};
 use egress_testkit::ScratchDir;
 use egress_testkit::image_server::ImageServer;
-use sha2::{Digest as _, Sha256};
 
-/// The hosts of the fake entry; the first is the default location.
-pub const HOSTS: [&str; 2] = ["hv-a", "hv-b"];
-/// The pool on every host.
-pub const POOL: &str = "default";
-/// The image key of the entry.
-pub const IMAGE_KEY: &str = "test-image";
-/// What each fake pool holds: room for a few overlays.
-pub const POOL_BYTES: u64 = 200 << 30;
+/// The one host of the real entry.
+pub const HOST: &str = "hv";
 
-/// A small stand-in image (its bytes only matter to the digest).
-pub fn image_bytes() -> Vec<u8> {
-    (0..256 * 1024u32).map(|i| (i % 251) as u8).collect()
+/// The guest image, served for the whole test process (each case has its own runtime, so the
+/// server runs on a thread of its own).
+fn served_image(env: &HypervisorEnv) -> &'static (String, String) {
+    static SERVED: OnceLock<(String, String)> = OnceLock::new();
+    SERVED.get_or_init(|| {
+        let image = std::fs::read(&env.guest_image).expect("the test guest image");
+        let digest = sha256_hex(&image);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let server = ImageServer::start(image, "127.0.0.1:0").await;
+                tx.send(server.url()).unwrap();
+                std::future::pending::<()>().await;
+            });
+        });
+        (rx.recv().unwrap(), digest)
+    })
 }
 
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+/// One case at a time on the real host; re-entrant for the thread holding it (a case may ask
+/// for a second backend).
+struct Turn {
+    holder: Mutex<(Option<ThreadId>, usize)>,
+    free: Condvar,
 }
 
-/// A key file the fake accepts.
-pub const FAKE_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nZmFrZQ==\n-----END OPENSSH PRIVATE KEY-----\n";
+static TURN: Turn = Turn {
+    holder: Mutex::new((None, 0)),
+    free: Condvar::new(),
+};
 
-/// The entry's block: every host of `hosts`, the image at `url` with its digest.
-pub fn config(hosts: &[&str], url: &str, sha256: Option<String>, files: &ScratchDir) -> KvmConfig {
+impl Turn {
+    fn take(&'static self) -> TurnGuard {
+        let me = std::thread::current().id();
+        let mut h = self.holder.lock().unwrap_or_else(|p| p.into_inner());
+        while h.0.is_some_and(|t| t != me) {
+            h = self.free.wait(h).unwrap_or_else(|p| p.into_inner());
+        }
+        h.0 = Some(me);
+        h.1 += 1;
+        TurnGuard
+    }
+}
+
+struct TurnGuard;
+
+impl Drop for TurnGuard {
+    fn drop(&mut self) {
+        let mut h = TURN.holder.lock().unwrap_or_else(|p| p.into_inner());
+        h.1 -= 1;
+        if h.1 == 0 {
+            h.0 = None;
+            TURN.free.notify_all();
+        }
+    }
+}
+
+/// The marker in every UID the suite makes in this process (`<tag>-<pid:08x>-<n>`).
+fn this_process() -> String {
+    format!("-{:08x}-", std::process::id())
+}
+
+/// The real hypervisor, for one case.
+pub struct RealBackend {
+    generation: Generation,
+    env: HypervisorEnv,
+    files: Arc<ScratchDir>,
+    url: String,
+    sha256: String,
+    /// Released after the sweep (fields drop after `Drop::drop`).
+    _turn: TurnGuard,
+}
+
+impl std::fmt::Debug for RealBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealBackend")
+            .field("env", &self.env)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RealBackend {
+    fn key_file(&self) -> PathBuf {
+        self.files.path().join("id_ed25519")
+    }
+
+    /// The entry's block.
+    pub fn config(&self, insecure: bool) -> KvmConfig {
+        KvmConfig {
+            ssh_key_file: self.key_file().display().to_string(),
+            insecure_ignore_host_key: insecure,
+            ..block(&self.env, &self.url, &self.sha256)
+        }
+    }
+
+    fn host(&self) -> RemoteHost {
+        host_of(&self.env)
+    }
+}
+
+/// A block for the one host `env` describes, with the environment's own key, the image
+/// [`IMAGE_KEY`] at `url` (checked against `sha256` unless it is empty) and one machine type,
+/// `small`.
+pub fn block(env: &HypervisorEnv, url: &str, sha256: &str) -> KvmConfig {
     KvmConfig {
-        ssh_key_file: files.path().join("id_ed25519").display().to_string(),
-        known_hosts_file: files.path().join("known_hosts").display().to_string(),
-        domain_type: Some("qemu".to_owned()),
-        images: BTreeMap::from([(
+        ssh_key_file: env.ssh_key.display().to_string(),
+        known_hosts_file: env.known_hosts.display().to_string(),
+        disk_size_gb: 1,
+        domain_type: Some(env.domain_type.clone()),
+        images: [(
             IMAGE_KEY.to_owned(),
             KvmImage {
                 url: url.to_owned(),
-                sha256: sha256.unwrap_or_default(),
+                sha256: sha256.to_owned(),
                 ..KvmImage::default()
             },
-        )]),
-        machine_types: BTreeMap::from([(
+        )]
+        .into(),
+        machine_types: [(
             "small".to_owned(),
             KvmMachineType {
                 vcpus: 1,
-                memory_mib: 1024,
+                memory_mib: 256,
             },
-        )]),
-        hosts: hosts
-            .iter()
-            .map(|h| KvmHost {
-                name: (*h).to_owned(),
-                address: format!("{h}:22"),
-                user: "virt".to_owned(),
-                bridge: "br0".to_owned(),
-                ..KvmHost::default()
-            })
-            .collect(),
+        )]
+        .into(),
+        hosts: vec![KvmHost {
+            name: HOST.to_owned(),
+            address: env.ssh_address.clone(),
+            user: env.ssh_user.clone(),
+            socket: env.libvirt_socket.clone(),
+            pool: env.pool.clone(),
+            bridge: env.bridge.clone(),
+        }],
         ..KvmConfig::default()
     }
 }
 
-/// The fake hypervisors and the image mirror.
-#[derive(Clone, Debug)]
-pub struct FakeBackend {
-    pub generation: Generation,
-    pub hosts: Vec<FakeHost>,
-    pub interceptor: Interceptor,
-    pub server: Arc<ImageServer>,
-    pub files: Arc<ScratchDir>,
+/// A seam host of its own over SSH, with the environment's own key (for hooks, sweeps and a
+/// test's own look at the pool).
+pub fn host_of(env: &HypervisorEnv) -> RemoteHost {
+    let options = DialOptions::new(&env.ssh_key, HostKeys::KnownHosts(env.known_hosts.clone()));
+    RemoteHost::new(
+        HostTarget {
+            name: HOST.to_owned(),
+            address: env.ssh_address.clone(),
+            user: env.ssh_user.clone(),
+            socket: env.libvirt_socket.clone(),
+        },
+        Arc::new(Pool::new(Arc::new(Dialer::new(options)))),
+    )
 }
 
-impl FakeBackend {
-    /// Two empty hosts, a key file, and the image served, for a `generation` provider.
-    pub async fn new(generation: Generation) -> Self {
-        let interceptor = Interceptor::new();
-        let files = Arc::new(ScratchDir::new("kvm2-fake"));
-        std::fs::write(files.path().join("id_ed25519"), FAKE_KEY).unwrap();
-        std::fs::write(files.path().join("known_hosts"), "hv-a ssh-ed25519 AAAA\n").unwrap();
-        let hosts: Vec<FakeHost> = HOSTS
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let host = FakeHost::sharing(h, POOL, POOL_BYTES, interceptor.clone());
-                host.set_dhcp(Some([10, 20, u8::try_from(i).unwrap()]));
-                host.require_key_file(Some(files.path().join("id_ed25519")));
-                host
-            })
-            .collect();
-        let server = Arc::new(ImageServer::start(image_bytes(), "127.0.0.1:0").await);
-        Self {
-            generation,
-            hosts,
-            interceptor,
-            server,
-            files,
-        }
-    }
-
-    /// The block a provider over this backend uses.
-    pub fn config(&self, insecure: bool) -> KvmConfig {
-        let mut cfg = config(
-            &HOSTS,
-            &self.server.url(),
-            Some(sha256_hex(&image_bytes())),
-            &self.files,
-        );
-        cfg.insecure_ignore_host_key = insecure;
-        cfg
-    }
-
-    /// A provider of entry `entry` over this backend.
-    pub fn provider(&self, entry: &str, cfg: KvmConfig) -> Result<LibvirtProvider, BoxError> {
-        let hosts = self
-            .hosts
-            .iter()
-            .map(|h| Box::new(h.clone()) as Box<dyn Host>)
-            .collect();
-        LibvirtProvider::new(self.generation, entry, cfg, hosts)
-    }
-
-    /// The provider's metadata namespace.
-    fn namespace(&self) -> &'static str {
-        self.generation.namespace()
-    }
-
-    /// The host named `location` (the first when `None`).
-    pub fn host(&self, location: Option<&str>) -> HookResult<&FakeHost> {
-        let name = location.unwrap_or(HOSTS[0]);
-        self.hosts
-            .iter()
-            .find(|h| h.name() == name)
-            .ok_or(Unsupported("a location this backend does not have"))
-    }
-
-    /// The host holding domain `name`.
-    fn holder(&self, name: &str) -> HookResult<&FakeHost> {
-        self.hosts
-            .iter()
-            .find(|h| h.domains().contains_key(name))
-            .ok_or(Unsupported("an instance this backend does not hold"))
-    }
-}
-
-fn eth0(ip: IpAddr) -> Vec<Interface> {
-    vec![Interface {
-        name: "eth0".to_owned(),
-        hwaddr: "52:54:00:00:00:01".to_owned(),
-        addresses: vec![Address {
-            kind: 0,
-            text: ip.to_string(),
-        }],
-    }]
-}
-
-fn native(state: &NativeState) -> DomainState {
-    match state {
-        NativeState::Pending => DomainState::NoState,
-        NativeState::Running => DomainState::Running,
-        NativeState::Stopped => DomainState::Shutoff,
-        NativeState::Terminated => DomainState::Crashed,
-        NativeState::Unknown(_) => DomainState::Other(99),
-    }
-}
-
-/// The metadata element a seed asks for, written by hand so any part can be missing or odd.
-fn seeded_mark(spec: &SeedSpec, namespace: &str) -> String {
-    let mut out = format!("<instance xmlns=\"{namespace}\">");
-    match &spec.managed {
-        SeedManaged::Yes => out.push_str("<managed>true</managed>"),
-        SeedManaged::No => {}
-        SeedManaged::Other(v) => out.push_str(&format!("<managed>{v}</managed>")),
-    }
-    if let Some(uid) = &spec.uid {
-        out.push_str(&format!("<uid>{uid}</uid>"));
-    }
-    match &spec.created_at {
-        SeedTime::Valid(at) => out.push_str(&format!("<createdAt>{}</createdAt>", rfc3339(*at))),
-        SeedTime::Missing => {}
-        SeedTime::Garbage => out.push_str("<createdAt>garbage</createdAt>"),
-    }
-    out.push_str("</instance>");
-    out
-}
-
-/// The marks of a domain as the inventory shows them.
-pub fn marks_of(metadata: Option<&String>) -> BTreeMap<String, String> {
-    let mut marks = BTreeMap::new();
-    if let Some(mark) = metadata.and_then(|m| Mark::parse(m).ok()) {
-        if mark.managed {
-            marks.insert(LABEL_MANAGED.to_owned(), "true".to_owned());
-        }
-        if !mark.uid.is_empty() {
-            marks.insert(LABEL_UID.to_owned(), mark.uid);
-        }
-        if let Some(at) = mark.created_at {
-            marks.insert("createdAt".to_owned(), rfc3339(at));
-        }
-        if let Some(i) = mark.installation {
-            marks.insert(LABEL_INSTALLATION.to_owned(), i);
-        }
-    }
-    marks
-}
-
-/// A volume as the inventory shows it: an overlay or seed belongs to its domain; base images
-/// and their markers are shared.
-pub fn volume_object(name: &str) -> BackendObject {
-    let (kind, owner) = if let Some(owner) = name.strip_suffix("-seed.iso") {
-        ("seed", owner.to_owned())
-    } else if name.starts_with("base-") {
-        ("image", String::new())
-    } else if let Some(owner) = name.strip_suffix(".qcow2") {
-        ("overlay", owner.to_owned())
-    } else {
-        ("volume", String::new())
+/// Removes every domain (with its overlay and seed) whose kvm2 mark names a UID this test
+/// process made: what the finished case left. The shared base image stays.
+async fn sweep(env: &HypervisorEnv, generation: Generation) {
+    let host = host_of(env);
+    let cx = OpCtx::background().with_timeout(Duration::from_secs(120));
+    let Ok(names) = host.domain_names(&cx).await else {
+        return;
     };
-    BackendObject {
-        kind: kind.to_owned(),
-        owner,
-        marks: BTreeMap::new(),
-        user_data: None,
+    let ours = this_process();
+    for name in names {
+        let Ok(Some(element)) = host.domain_metadata(&cx, &name, generation.namespace()).await else {
+            continue;
+        };
+        if Mark::parse(&element).is_ok_and(|m| m.uid.contains(&ours)) {
+            let _ = egress_libvirt::engine::ops::remove(&cx, &host, &env.pool, &name).await;
+        }
+    }
+}
+
+impl Drop for RealBackend {
+    fn drop(&mut self) {
+        // Only the case's last backend sweeps: another one may still be in use.
+        if TURN.holder.lock().unwrap_or_else(|p| p.into_inner()).1 > 1 {
+            return;
+        }
+        // Async work from a destructor: on a thread of its own, with a runtime of its own,
+        // before the turn passes to the next case.
+        let (env, generation) = (self.env.clone(), self.generation);
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(sweep(&env, generation));
+        })
+        .join();
     }
 }
 
 #[async_trait]
-impl BackendHooks for FakeBackend {
-    fn interceptor(&self) -> Option<&Interceptor> {
-        Some(&self.interceptor)
-    }
-
-    async fn seed(&self, spec: SeedSpec) -> HookResult {
-        let host = self.host(spec.location.as_deref())?;
-        let xml = DomainSpec {
-            name: spec.name.clone(),
-            memory_mib: 1024,
-            vcpus: 1,
-            mark: Mark::default(),
-            firmware: "uefi".to_owned(),
-            domain_type: "qemu".to_owned(),
-            cpu_mode: None,
-            disk_path: format!("/fake/{POOL}/{}.qcow2", spec.name),
-            disk_format: "qcow2".to_owned(),
-            seed_path: format!("/fake/{POOL}/{}-seed.iso", spec.name),
-            bridge: "br0".to_owned(),
-            mac: None,
-        }
-        .to_xml(self.generation)
-        .expect("a seeded domain document");
-        // Straight into the fake, past its call log and faults.
-        host.define_directly(&xml);
-        host.set_metadata(&spec.name, self.namespace(), Some(seeded_mark(&spec, self.namespace())));
-        host.set_state(&spec.name, native(&spec.state));
-        if let Some(ip) = spec.ip {
-            host.set_addresses(&spec.name, AddressSource::Agent, Ok(eth0(ip)));
-        }
-        Ok(())
-    }
-
+impl BackendHooks for RealBackend {
     async fn set_native_state(&self, name: &str, state: NativeState) -> HookResult {
-        self.holder(name)?.set_state(name, native(&state));
-        Ok(())
-    }
-
-    async fn set_address(&self, name: &str, ip: Option<IpAddr>) -> HookResult {
-        let host = self.holder(name)?;
-        host.set_addresses(name, AddressSource::Agent, Ok(ip.map(eth0).unwrap_or_default()));
-        host.set_addresses(name, AddressSource::Arp, Ok(Vec::new()));
-        Ok(())
-    }
-
-    async fn rewrite_marks(&self, name: &str, uid: &str, created_at: SystemTime) -> HookResult {
-        let host = self.holder(name)?;
-        let old = host.domains()[name].metadata.get(self.namespace()).cloned();
-        let mut mark = old.and_then(|m| Mark::parse(&m).ok()).unwrap_or_default();
-        mark.managed = true;
-        mark.uid = uid.to_owned();
-        mark.created_at = Some(created_at);
-        host.set_metadata(name, self.namespace(), Some(mark.to_xml(self.namespace()).unwrap()));
-        Ok(())
-    }
-
-    async fn strip_marks(&self, name: &str) -> HookResult {
-        self.holder(name)?.set_metadata(name, self.namespace(), None);
-        Ok(())
+        let cx = OpCtx::background();
+        let host = self.host();
+        let done = match state {
+            NativeState::Stopped => host.destroy_domain(&cx, name).await,
+            NativeState::Running => host.start_domain(&cx, name).await,
+            _ => return Err(Unsupported("H02 set_native_state (a state libvirt cannot be put in)")),
+        };
+        done.map_err(|_| Unsupported("H02 set_native_state (libvirt refused)"))
     }
 
     async fn inventory(&self) -> HookResult<Vec<BackendObject>> {
+        let cx = OpCtx::background();
+        let host = self.host();
+        let pool = &self.env.pool;
         let mut out = Vec::new();
-        for host in &self.hosts {
-            let volumes = host.volumes(POOL);
-            for (name, domain) in host.domains() {
-                let user_data = volumes
-                    .get(&format!("{name}-seed.iso"))
-                    .and_then(|v| read_seed_file(&v.bytes, "user-data"));
-                out.push(BackendObject {
-                    kind: "instance".to_owned(),
-                    owner: name.clone(),
-                    marks: marks_of(domain.metadata.get(self.namespace())),
-                    user_data,
-                });
-            }
-            out.extend(volumes.keys().map(|v| volume_object(v)));
+        let names = host
+            .domain_names(&cx)
+            .await
+            .map_err(|_| Unsupported("H05 inventory (listing failed)"))?;
+        for name in names {
+            let namespace = self.generation.namespace();
+            let mark = match host.domain_metadata(&cx, &name, namespace).await {
+                Ok(Some(element)) => Mark::parse(&element).ok(),
+                _ => None,
+            };
+            let seed = egress_libvirt::names::seed(&name);
+            let user_data = match host.download(&cx, pool, &seed, 4 << 20).await {
+                Ok(iso) => read_seed_file(&iso, "user-data"),
+                Err(_) => None,
+            };
+            out.push(BackendObject {
+                kind: "instance".to_owned(),
+                owner: name.clone(),
+                marks: marks_of(mark.and_then(|m| m.to_xml(namespace).ok()).as_ref()),
+                user_data,
+            });
         }
+        let volumes = host
+            .volume_names(&cx, pool)
+            .await
+            .map_err(|_| Unsupported("H05 inventory (listing volumes failed)"))?;
+        out.extend(volumes.into_iter().map(|v| volume_object(&v)));
         Ok(out)
     }
 
-    async fn make_unreadable(&self, name: &str) -> HookResult {
-        self.holder(name)?
-            .set_metadata(name, self.namespace(), Some("<instance><uid>".to_owned()));
-        Ok(())
-    }
-
-    async fn make_scope_unreachable(&self, location: &str) -> HookResult {
-        self.host(Some(location))?.set_down(true);
-        Ok(())
-    }
-
-    async fn begin_backend_delete(&self, _name: &str) -> HookResult {
-        // Delete waits until everything is gone: there is no deleting state to hold.
-        Ok(())
-    }
-
-    async fn finish_delete(&self, _name: &str) -> HookResult {
-        Ok(())
-    }
-
     async fn credential_path(&self) -> HookResult<PathBuf> {
-        Ok(self.files.path().join("id_ed25519"))
-    }
-
-    async fn valid_credential(&self, sentinel: &str) -> HookResult<String> {
-        Ok(format!(
-            "-----BEGIN OPENSSH PRIVATE KEY-----\n{sentinel}\n-----END OPENSSH PRIVATE KEY-----\n"
-        ))
+        Ok(self.key_file())
     }
 }
 
-/// A libvirt provider over the fake.
+/// A libvirt provider against the local hypervisor, built by `construct` (the provider crate's
+/// own) as the operator builds it.
 #[derive(Clone, Copy, Debug)]
-pub struct FakeTarget(pub Generation);
-
-/// The profile of a libvirt provider, whatever the backend.
-pub fn profile(generation: Generation) -> Profile {
-    Profile {
-        create_return: CreateReturn::Blocking,
-        delete_return: DeleteReturn::Waits,
-        gc_mark: GcMark::WrittenMetadata,
-        list_partial: ListPartial::FailWhole,
-        // libvirt reports no quota through a call's error (a full disk is an I/O error, which
-        // the table retries); the pool-space precheck's QuotaExceeded is covered in
-        // tests/provider.rs.
-        quota: Quota::Absent(ErrorClass::Transient),
-        async_ops: AsyncOps::None,
-        provisioning_state: ProvisioningState::CreateBlocks,
-        timeouts: Timeouts::PerCall,
-        logging: Logging::Tiered,
-        // kvm has no child spans (as the Go provider had none).
-        child_spans: match generation {
-            Generation::Kvm => ChildSpans::None,
-            Generation::Kvm2 => ChildSpans::SpanDecorator,
-        },
-        // kvm keeps the key once it loaded (a rotated Secret needs a restart); kvm2 reads it
-        // on every connection.
-        credentials: Credentials::MountedFiles {
-            rereads: generation == Generation::Kvm2,
-        },
-        ip_discovered: true,
-        delivers_cloud_init: true,
-        adoption_guard: true,
-        key_value_marks: true,
-        create_not_found_class: ErrorClass::Transient,
-        readiness_budget: Duration::from_secs(10),
-        delete_budget: Duration::from_secs(10),
-    }
-}
-
-/// A request for Proxy `uid` on host `location`.
-pub fn request_in(uid: &str, location: &str) -> CreateRequest {
-    CreateRequest {
-        name: name_from_uid(uid),
-        uid: uid.to_owned(),
-        namespace: "crawl".to_owned(),
-        proxy_name: format!("proxy-for-{uid}"),
-        placement: Placement {
-            region: String::new(),
-            zone: location.to_owned(),
-            machine_type: "small".to_owned(),
-            image: IMAGE_KEY.to_owned(),
-        },
-        cloud_init: b"#cloud-config\nruncmd: [echo kvm2]\n".to_vec(),
-        port: 3128,
-        installation: None,
-        credentials: None,
-    }
-}
-
-/// The fixtures of `generation` for hosts `hosts` (the first is the default location).
-pub fn fixtures(generation: Generation, hosts: &[&str]) -> Fixtures {
-    let with = |f: &dyn Fn(&mut Placement)| {
-        let mut p = request_in("fixture", hosts[0]).placement;
-        f(&mut p);
-        p
-    };
-    let daemon = |n: i32| LibvirtError::daemon(n, "x");
-    let classify = |e: &LibvirtError, op: Op| generation.classify(e, op);
-    // Where the two tables part: 84 (operation unsupported) is Permanent for kvm only.
-    let unsupported = match generation {
-        Generation::Kvm => ErrorClass::Permanent,
-        Generation::Kvm2 => ErrorClass::Transient,
-    };
-    let mut classify_cases = ClassifyCase::rows([
-        ("42 in get", classify(&daemon(42), Op::Get), ErrorClass::NotFound),
-        ("42 in create", classify(&daemon(42), Op::Create), ErrorClass::Transient),
-        ("50 in delete", classify(&daemon(50), Op::Delete), ErrorClass::NotFound),
-        ("49", classify(&daemon(49), Op::Get), ErrorClass::Permanent),
-        ("27", classify(&daemon(27), Op::Create), ErrorClass::Permanent),
-        ("88", classify(&daemon(88), Op::Get), ErrorClass::Permanent),
-        ("67 in create", classify(&daemon(67), Op::Create), ErrorClass::Permanent),
-        ("84", classify(&daemon(84), Op::Get), unsupported),
-        ("55", classify(&daemon(55), Op::Get), ErrorClass::Transient),
-        ("1", classify(&daemon(1), Op::Get), ErrorClass::Transient),
-        (
-            "a dropped connection",
-            classify(&LibvirtError::transport("connection reset"), Op::Get),
-            ErrorClass::Transient,
-        ),
-        (
-            "the pool-space precheck short of room",
-            OpFailure::quota("storage pool default has 1 bytes available, 2 needed").class(Op::Create),
-            ErrorClass::QuotaExceeded,
-        ),
-    ]);
-    classify_cases.push(ClassifyCase::not_a_backend_error(
-        "a bare error, not from libvirt",
-        &std::fmt::Error,
-    ));
-    let first = hosts[0];
-    Fixtures {
-        malformed_ids: [
-            "",
-            "proxy-x",
-            "beelink/proxy-x",
-            "hosts/beelink/proxy-x",
-            "hosts//domains/x",
-            "hosts/beelink/domains/",
-            "hosts/beelink/domains/x/y",
-            "nodes/beelink/domains/x",
-        ]
-        .into_iter()
-        .map(ProviderId::from)
-        .collect(),
-        id_in_unconfigured_location: Some((
-            ProviderId::new("hosts/elsewhere/domains/proxy-aaaaaaaaaaaaaaaa"),
-            "elsewhere".to_owned(),
-        )),
-        invalid_placements: vec![
-            (with(&|p| p.zone = "elsewhere".into()), "zone", "elsewhere".into()),
-            (with(&|p| p.machine_type = "huge".into()), "machineType", "huge".into()),
-            (with(&|p| p.image = "windows".into()), "image", "windows".into()),
-        ],
-        classify_cases,
-        check_targets: hosts.iter().map(|h| (*h).to_owned()).collect(),
-        check_faults: {
-            use egress_libvirt::engine::check::REASON_LIBVIRT_ERROR;
-            let (denied, failed) = match generation {
-                Generation::Kvm => (REASON_LIBVIRT_ERROR, REASON_LIBVIRT_ERROR),
-                Generation::Kvm2 => (egress_provider::REASON_FORBIDDEN, egress_provider::REASON_API_ERROR),
-            };
-            vec![
-                (Fault::PermissionDenied, first.into(), denied),
-                (Fault::Timeout, first.into(), egress_provider::REASON_TIMEOUT),
-                (Fault::Server5xx, first.into(), failed),
-                (
-                    Fault::ConnectionReset,
-                    first.into(),
-                    egress_provider::REASON_UNREACHABLE,
-                ),
-            ]
-        },
-        locations: hosts.iter().map(|h| (*h).to_owned()).collect(),
-        secondary_kinds: vec!["overlay".to_owned(), "seed".to_owned()],
-        shared_kinds: vec!["image".to_owned()],
-        calls: CallKinds {
-            create_steps: [
-                "DomainGetMetadata",
-                "StorageVolGetPath",
-                "StoragePoolRefresh",
-                "StoragePoolGetInfo",
-                "StorageVolCreateXML",
-                "StorageVolDelete",
-                "StorageVolUpload",
-                "DomainDefineXML",
-                "DomainGetState",
-                "DomainCreate",
-            ]
-            .into_iter()
-            .map(CallKind)
-            .collect(),
-            create_instance: CallKind("DomainDefineXML"),
-            get: ["DomainGetMetadata", "DomainGetState", "DomainInterfaceAddresses"]
-                .into_iter()
-                .map(CallKind)
-                .collect(),
-            get_discovery: vec![CallKind("DomainInterfaceAddresses")],
-            delete_frees_name: CallKind("DomainUndefineFlags"),
-            delete: [
-                "DomainGetMetadata",
-                "DomainDestroy",
-                "DomainUndefineFlags",
-                "StorageVolDelete",
-            ]
-            .into_iter()
-            .map(CallKind)
-            .collect(),
-            list: CallKind("ConnectListAllDomains"),
-            probe: Some(CallKind("ConnectGetLibVersion")),
-        },
-        // The per-call budgets are the SSH transport's (tests in egress-libvirt-ssh); the fake
-        // has none.
-        budgets: None,
-        insecure_switch: Some("insecureIgnoreHostKey"),
-    }
+pub struct RealTarget {
+    /// Which provider.
+    pub generation: Generation,
+    /// Its crate's constructor.
+    pub construct: fn(&ProviderConfig) -> Result<Arc<dyn Provider>, BoxError>,
 }
 
 #[async_trait]
-impl ConformanceTarget for FakeTarget {
-    type Backend = FakeBackend;
+impl ConformanceTarget for RealTarget {
+    type Backend = RealBackend;
 
-    async fn backend(&self) -> Result<FakeBackend, NotConfigured> {
-        Ok(FakeBackend::new(self.0).await)
+    async fn backend(&self) -> Result<RealBackend, NotConfigured> {
+        let env = match HypervisorEnv::load() {
+            Ok(Some(env)) => env,
+            Ok(None) => {
+                return Err(NotConfigured(format!(
+                    "no test hypervisor ({} is missing; run cargo xtask hypervisor up)",
+                    HypervisorEnv::file().display()
+                )));
+            }
+            Err(e) => return Err(NotConfigured(e)),
+        };
+        let turn = TURN.take();
+        let (url, sha256) = served_image(&env).clone();
+        let files = Arc::new(ScratchDir::new("kvm2-real"));
+        let key = std::fs::read(&env.ssh_key).map_err(|e| NotConfigured(format!("{}: {e}", env.ssh_key.display())))?;
+        std::fs::write(files.path().join("id_ed25519"), key).unwrap();
+        Ok(RealBackend {
+            generation: self.generation,
+            env,
+            files,
+            url,
+            sha256,
+            _turn: turn,
+        })
     }
 
-    fn build(&self, backend: &FakeBackend, options: &BuildOptions) -> Result<Arc<dyn Provider>, BoxError> {
-        Ok(Arc::new(
-            backend.provider(&options.entry_name, backend.config(options.insecure))?,
-        ))
+    fn build(&self, backend: &RealBackend, options: &BuildOptions) -> Result<Arc<dyn Provider>, BoxError> {
+        let type_name = match self.generation {
+            Generation::Kvm => "kvm",
+            Generation::Kvm2 => "kvm2",
+        };
+        let entry = ProviderConfig::new(&options.entry_name, type_name).with_block(&backend.config(options.insecure));
+        (self.construct)(&entry)
     }
 
     fn profile(&self) -> Profile {
-        profile(self.0)
+        Profile {
+            // A software-emulated guest boots in about half a minute.
+            readiness_budget: Duration::from_secs(150),
+            delete_budget: Duration::from_secs(60),
+            ..profile(self.generation)
+        }
     }
 
     fn valid_request(&self, uid: &str) -> CreateRequest {
-        request_in(uid, HOSTS[0])
+        request_in(uid, HOST)
     }
 
     fn request_in(&self, uid: &str, location: &str) -> CreateRequest {
@@ -591,10 +355,14 @@ impl ConformanceTarget for FakeTarget {
     }
 
     fn id_for(&self, name: &str) -> ProviderId {
-        ProviderId::new(egress_libvirt::engine::id::format(HOSTS[0], name))
+        ProviderId::new(egress_libvirt::engine::id::format(HOST, name))
     }
 
     fn fixtures(&self) -> Fixtures {
-        fixtures(self.0, &HOSTS)
+        fixtures(self.generation, &[HOST])
+    }
+
+    fn is_real(&self) -> bool {
+        true
     }
 }

@@ -7,7 +7,7 @@
 //! sources that carry a path), a bridge NIC, a serial console, the guest-agent channel and a
 //! virtio RNG, and the GC mark inside `<metadata>`.
 
-use crate::Generation;
+use crate::generation::Generation;
 use crate::mark::Mark;
 use crate::xml::{Element, XmlError};
 

@@ -11,7 +11,6 @@ pub mod fence;
 pub mod id;
 pub mod image;
 pub mod locks;
-pub mod names;
 pub mod observe;
 pub mod ops;
 pub mod placement;
@@ -40,22 +39,6 @@ impl Generation {
         match self {
             Self::Kvm => "KVM",
             Self::Kvm2 => "kvm2",
-        }
-    }
-
-    /// The cached base image of catalogue key `key` (or a URL key) for entry `entry`.
-    pub fn base_name(self, entry: &str, key: &str, format: &str) -> String {
-        match self {
-            Self::Kvm => names::base_kvm(key, format),
-            Self::Kvm2 => names::base(entry, key, format),
-        }
-    }
-
-    /// The key of an image given by URL.
-    pub fn url_key(self, url: &str) -> String {
-        match self {
-            Self::Kvm => names::url_key_kvm(url),
-            Self::Kvm2 => names::url_key(url),
         }
     }
 

@@ -7,8 +7,9 @@
 //! What it answers is checked against the real daemon by `egress-libvirt-ssh`'s
 //! `tests/seam.rs`, which runs one behavioural table against both.
 //!
-//! Long file: one fake hypervisor behind one trait; every `Host` call sits beside the others, so
-//! the fake reads against the real daemon's behaviour table in one place.
+//! The `Host` calls sit side by side here, so the fake reads against the real daemon's behaviour
+//! table in one place; what it reads from the documents it is given is in `fake/documents.rs`,
+//! and the Go operator's own domain document in `fake/go_kvm.rs`.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -17,58 +18,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use egress_conformance::{Fault, Interceptor};
 use egress_provider::OpCtx;
-use quick_xml::events::Event;
 
 use crate::host::{
     AddressSource, DomainState, Host, Interface, LibvirtError, LvResult, POOL_RUNNING, PoolInfo, UploadSource, code,
 };
 
-/// A domain document as the Go operator's kvm provider wrote it, for tests that lay down what a
-/// Go fleet left on a host: its `.../kvm` metadata namespace with the managed mark, the UID and
-/// the creation time, and the compact form of Go's encoder (empty elements as start and end
-/// tags, `<clock>` and `<boot>`). Written out literally rather than by this workspace's
-/// builders, so a change to those cannot hide a difference from Go.
-#[derive(Clone, Copy, Debug)]
-pub struct GoKvmDomain<'a> {
-    /// The domain's name (`proxy-<uid prefix>`).
-    pub name: &'a str,
-    /// The owning Proxy's UID.
-    pub uid: &'a str,
-    /// The creation time Go wrote (RFC 3339).
-    pub created_at: &'a str,
-    /// The overlay's path.
-    pub disk: &'a str,
-    /// The seed ISO's path.
-    pub seed: &'a str,
-    /// The bridge of its one interface.
-    pub bridge: &'a str,
-    /// `kvm` (with a host-passthrough CPU) or `qemu`.
-    pub domain_type: &'a str,
-}
+mod documents;
+mod go_kvm;
 
-impl GoKvmDomain<'_> {
-    /// The document.
-    pub fn xml(&self) -> String {
-        let Self {
-            name,
-            uid,
-            created_at,
-            disk,
-            seed,
-            bridge,
-            domain_type,
-        } = *self;
-        // Go left the CPU element out on a host without KVM.
-        let cpu = if domain_type == "kvm" {
-            "<cpu mode=\"host-passthrough\"></cpu>"
-        } else {
-            ""
-        };
-        format!(
-            "<domain type=\"{domain_type}\"><name>{name}</name><metadata><instance xmlns=\"https://gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/kvm\"><managed>true</managed><uid>{uid}</uid><createdAt>{created_at}</createdAt></instance></metadata><memory unit=\"MiB\">256</memory><vcpu>1</vcpu><os firmware=\"efi\"><type arch=\"x86_64\" machine=\"q35\">hvm</type><firmware><feature enabled=\"no\" name=\"secure-boot\"></feature></firmware><boot dev=\"hd\"></boot></os><features><acpi></acpi><apic></apic></features>{cpu}<clock offset=\"utc\"></clock><on_poweroff>destroy</on_poweroff><on_reboot>restart</on_reboot><on_crash>destroy</on_crash><devices><disk type=\"file\" device=\"disk\"><driver name=\"qemu\" type=\"qcow2\"></driver><source file=\"{disk}\"></source><target dev=\"vda\" bus=\"virtio\"></target></disk><disk type=\"file\" device=\"cdrom\"><driver name=\"qemu\" type=\"raw\"></driver><source file=\"{seed}\"></source><target dev=\"sda\" bus=\"sata\"></target><readonly></readonly></disk><interface type=\"bridge\"><source bridge=\"{bridge}\"></source><model type=\"virtio\"></model></interface><serial type=\"pty\"><target port=\"0\"></target></serial><console type=\"pty\"><target type=\"serial\" port=\"0\"></target></console><channel type=\"unix\"><target type=\"virtio\" name=\"org.qemu.guest_agent.0\"></target></channel><rng model=\"virtio\"><backend model=\"random\">/dev/urandom</backend></rng></devices></domain>"
-        )
-    }
-}
+use documents::{check_element, read_domain, read_volume};
+pub use go_kvm::GoKvmDomain;
 
 /// A domain as the fake keeps it.
 #[derive(Clone, Debug)]
@@ -389,130 +348,6 @@ fn no_volume(name: &str) -> LibvirtError {
         code::NO_STORAGE_VOL,
         format!("Storage volume not found: no storage vol with matching name '{name}'"),
     )
-}
-
-/// A metadata element as `virDomainSetMetadata` takes it: well-formed XML, one root element.
-fn check_element(element: &str) -> LvResult<()> {
-    let invalid = |why: &str| LibvirtError::daemon(code::INVALID_ARG, format!("XML error: {why}"));
-    let mut reader = quick_xml::Reader::from_str(element);
-    let (mut depth, mut roots) = (0usize, 0usize);
-    loop {
-        match reader.read_event().map_err(|e| invalid(&e.to_string()))? {
-            Event::Start(_) => {
-                roots += usize::from(depth == 0);
-                depth += 1;
-            }
-            Event::Empty(_) => roots += usize::from(depth == 0),
-            Event::End(_) => depth = depth.saturating_sub(1),
-            Event::Text(t) if depth == 0 && !t.trim().is_empty() => {
-                return Err(invalid("text outside the element"));
-            }
-            Event::Eof if depth == 0 && roots == 1 => return Ok(()),
-            Event::Eof => return Err(invalid("want exactly one element")),
-            _ => {}
-        }
-    }
-}
-
-/// The name and the metadata elements (by namespace) of a domain document.
-fn read_domain(xml: &str) -> LvResult<(String, BTreeMap<String, String>)> {
-    let invalid = |why: String| LibvirtError::daemon(code::INVALID_ARG, format!("XML error: {why}"));
-    let mut reader = quick_xml::Reader::from_str(xml);
-    let mut path: Vec<String> = Vec::new();
-    let mut name = String::new();
-    let mut metadata = BTreeMap::new();
-    loop {
-        let before = usize::try_from(reader.buffer_position()).unwrap_or(0);
-        match reader.read_event().map_err(|e| invalid(e.to_string()))? {
-            Event::Start(e) => {
-                let local = e.local_name().into_inner().to_owned();
-                if path == ["domain", "metadata"] {
-                    // The whole element, as written, up to its end tag.
-                    let ns = e
-                        .attributes()
-                        .flatten()
-                        .find(|a| a.key.as_ref() == "xmlns" || a.key.as_ref().starts_with("xmlns:"))
-                        .map(|a| a.value.to_string())
-                        .unwrap_or_default();
-                    let end = e.to_end().into_owned();
-                    reader.read_to_end(end.name()).map_err(|e| invalid(e.to_string()))?;
-                    let after = usize::try_from(reader.buffer_position()).unwrap_or(0);
-                    metadata.insert(ns, xml[before..after].trim().to_owned());
-                    continue;
-                }
-                path.push(local);
-            }
-            Event::End(_) => {
-                path.pop();
-            }
-            Event::Text(t) if path == ["domain", "name"] => {
-                name.push_str(&t.into_inner());
-            }
-            Event::Eof => break,
-            _ => {}
-        }
-    }
-    if name.trim().is_empty() {
-        return Err(invalid("missing domain name".to_owned()));
-    }
-    Ok((name.trim().to_owned(), metadata))
-}
-
-/// The `type` attribute of an element.
-fn type_of(e: &quick_xml::events::BytesStart<'_>) -> String {
-    e.attributes()
-        .flatten()
-        .find(|a| a.key.as_ref() == "type")
-        .map(|a| a.value.to_string())
-        .unwrap_or_default()
-}
-
-/// Name, capacity, format and backing path of a volume document.
-fn read_volume(xml: &str) -> LvResult<(String, u64, String, Option<String>)> {
-    let invalid = |why: String| LibvirtError::daemon(code::INVALID_ARG, format!("XML error: {why}"));
-    let mut reader = quick_xml::Reader::from_str(xml);
-    let mut path: Vec<String> = Vec::new();
-    let (mut name, mut capacity, mut format, mut backing) = (String::new(), String::new(), String::new(), None);
-    loop {
-        match reader.read_event().map_err(|e| invalid(e.to_string()))? {
-            // `<format type="qcow2"/>`, or `<format type="qcow2"></format>` as Go's encoder wrote it.
-            Event::Empty(e) if e.local_name().into_inner() == "format" && path == ["volume", "target"] => {
-                format = type_of(&e);
-            }
-            Event::Start(e) if e.local_name().into_inner() == "format" && path == ["volume", "target"] => {
-                format = type_of(&e);
-                path.push("format".to_owned());
-            }
-            Event::Start(e) => path.push(e.local_name().into_inner().to_owned()),
-            Event::End(_) => {
-                path.pop();
-            }
-            Event::Text(t) => {
-                let text = t.into_inner().into_owned();
-                match path.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-                    ["volume", "name"] => name.push_str(&text),
-                    ["volume", "capacity"] => capacity.push_str(&text),
-                    ["volume", "backingStore", "path"] => backing = Some(text),
-                    _ => {}
-                }
-            }
-            Event::Eof => break,
-            _ => {}
-        }
-    }
-    let capacity = capacity
-        .trim()
-        .parse()
-        .map_err(|_| invalid(format!("capacity {capacity:?}")))?;
-    if name.is_empty() {
-        return Err(invalid("missing volume name".to_owned()));
-    }
-    Ok((
-        name,
-        capacity,
-        if format.is_empty() { "raw".to_owned() } else { format },
-        backing,
-    ))
 }
 
 #[async_trait]

@@ -2,6 +2,7 @@
 //! form and metadata namespace) and the engine's behaviour (names, address sources, labels).
 
 use crate::mark::{KVM_NAMESPACE, KVM2_NAMESPACE};
+use crate::names;
 
 /// Which provider's behaviour and documents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -21,6 +22,22 @@ impl Generation {
         match self {
             Self::Kvm => KVM_NAMESPACE,
             Self::Kvm2 => KVM2_NAMESPACE,
+        }
+    }
+
+    /// The cached base image of catalogue key `key` (or a URL key) for entry `entry`.
+    pub fn base_name(self, entry: &str, key: &str, format: &str) -> String {
+        match self {
+            Self::Kvm => names::base_kvm(key, format),
+            Self::Kvm2 => names::base(entry, key, format),
+        }
+    }
+
+    /// The key of an image given by URL.
+    pub fn url_key(self, url: &str) -> String {
+        match self {
+            Self::Kvm => names::url_key_kvm(url),
+            Self::Kvm2 => names::url_key(url),
         }
     }
 }

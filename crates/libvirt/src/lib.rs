@@ -12,8 +12,11 @@
 //! - [`engine`]: the provider itself, which `egress-provider-kvm` and `egress-provider-kvm2` run
 //!   as its two generations: create, get, delete, list and the health check over [`Host`], the
 //!   base-image cache (which downloads images over HTTP) and the per-name locks;
+//! - [`names`]: the names of the volumes in a host's pool (overlay, seed, cached base, marker);
 //! - [`hypervisor_env`]: reading the file that describes a test hypervisor (`EGRESS_HV_ENV`), for
-//!   the conformance runs against a real one.
+//!   the conformance runs against a real one;
+//! - `testing` (feature `testing`): both providers as conformance targets over [`fake`], with
+//!   the profile and fixtures every libvirt target shares.
 //!
 //! The documents, the mark and the seed are pure (no libvirt call, no I/O). The engine does I/O
 //! only through [`Host`] and its HTTP client for images, so it runs the same over the fake.
@@ -28,7 +31,10 @@ pub mod generation;
 pub mod host;
 pub mod hypervisor_env;
 pub mod mark;
+pub mod names;
 pub mod seed;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod volume;
 mod xml;
 

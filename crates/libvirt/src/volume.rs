@@ -1,7 +1,7 @@
 //! The volume document passed to `virStorageVolCreateXML`: capacity always in bytes (so libvirt's
 //! `G` versus `GB` cannot bite), a format, and for an overlay the base volume it is backed by.
 
-use crate::Generation;
+use crate::generation::Generation;
 use crate::xml::{Element, XmlError};
 
 /// One volume to create.

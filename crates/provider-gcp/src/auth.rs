@@ -20,6 +20,7 @@ use serde::Deserialize;
 use tokio::sync::Mutex;
 
 use crate::classify::RequestFailure;
+use crate::transport::{read_capped, transport_text};
 
 /// The scope every token asks for.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
@@ -321,14 +322,12 @@ impl Tokens {
         url: &str,
     ) -> Result<(AccessToken, Duration), RequestFailure> {
         let endpoint = url.split('?').next().unwrap_or(url);
-        let response = request.send().await.map_err(|e| {
-            transient(format!(
-                "token endpoint {endpoint}: {}",
-                crate::client::transport_text(&e)
-            ))
-        })?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| transient(format!("token endpoint {endpoint}: {}", transport_text(&e))))?;
         let status = response.status().as_u16();
-        let body = crate::client::read_capped(response, MAX_DOCUMENT)
+        let body = read_capped(response, MAX_DOCUMENT)
             .await
             .map_err(|e| transient(format!("token endpoint {endpoint}: {e}")))?;
         if !(200..300).contains(&status) {

@@ -1,6 +1,7 @@
 //! The thin Compute client: one request at a time, with transport timeouts, a bearer token,
 //! the wire log, a client span per request when the caller has a span, internal retries for
-//! reads, and every failure turned into a [`RequestFailure`] that classify reads.
+//! reads, and every failure turned into a [`RequestFailure`] that classify reads (transport
+//! failures by [`crate::transport`], which the token source shares).
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use tracing::Instrument;
 
 use crate::auth::Tokens;
 use crate::classify::{ApiError, Call, RequestFailure};
+use crate::transport::{read_capped, transport};
 use crate::wire::{self, WireOptions};
 
 /// Google's Compute API.
@@ -37,42 +39,6 @@ pub fn http_client() -> Result<reqwest::Client, reqwest::Error> {
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("egress-proxies-operator/", env!("CARGO_PKG_VERSION")))
         .build()
-}
-
-/// A transport error as text: what failed, never a credential.
-pub fn transport_text(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    egress_provider::redact(&text)
-}
-
-/// A transport error as a [`RequestFailure`], telling a timeout apart.
-pub fn transport(e: &reqwest::Error) -> RequestFailure {
-    RequestFailure::Transport {
-        message: transport_text(e),
-        timed_out: e.is_timeout(),
-    }
-}
-
-/// The body of `response`, refusing more than `limit` bytes.
-///
-/// # Errors
-/// The body broke off or timed out ([`RequestFailure::Transport`]), or is too large
-/// ([`RequestFailure::Undecodable`]).
-pub async fn read_capped(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, RequestFailure> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| transport(&e))? {
-        if body.len() + chunk.len() > limit {
-            return Err(RequestFailure::Undecodable(format!("answer over {limit} bytes")));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// One project's Compute API.

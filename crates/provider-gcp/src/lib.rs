@@ -7,6 +7,8 @@
 //!   payloads);
 //! - [`auth`]: access tokens by Application Default Credentials;
 //! - [`client`]: the HTTP client (timeouts, retries of reads, spans, the wire log);
+//! - [`transport`]: what the client and the token source share: transport errors as text, and
+//!   answers read with a cap;
 //! - [`provider`]: create, get, delete, list and the health check;
 //! - [`suite_run`]: a conformance run against a real project: its settings and its janitor.
 //!
@@ -23,6 +25,7 @@ pub mod provider;
 pub mod settings;
 pub mod state;
 pub mod suite_run;
+pub mod transport;
 pub mod wire;
 
 use std::sync::Arc;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::squid::{AccessRules, SquidFiles, squid_conf};
+use crate::squid::{AccessRules, CREDENTIALS_DIR, SquidFiles, squid_conf};
 
 /// The Squid image when none is configured.
 pub const DEFAULT_IMAGE: &str = "ubuntu/squid:6.6-24.04_edge";
@@ -28,8 +28,6 @@ pub const SCRATCH: [(&str, &str); 3] = [("tmp", "/tmp"), ("spool", "/var/spool/s
 pub const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
 /// The Proxy kind.
 pub const PROXY_KIND: &str = "Proxy";
-/// Where the credentials Secret's htpasswd key is mounted (read-only).
-pub const CREDENTIALS_DIR: &str = "/etc/squid/egress-auth";
 /// The name of that volume.
 pub const CREDENTIALS_VOLUME: &str = "credentials";
 
@@ -71,6 +69,36 @@ pub fn requirements(requests: &BTreeMap<String, String>, limits: &BTreeMap<Strin
 /// the Proxy owns the Pod (not blocking its deletion), so a Pod whose Proxy is gone without its
 /// finalizer is still collected.
 pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(req.name.clone()),
+            namespace: Some(req.namespace.clone()),
+            labels: Some(marks(req)),
+            owner_references: owner(req),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![squid_container(req, settings)],
+            // Squid never calls the API: a token in the Pod would only be there to be stolen
+            // through it.
+            automount_service_account_token: Some(false),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            volumes: Some(volumes(req)),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+/// The GC marks as labels: managed, the UID, and the installation when there is one.
+fn marks(req: &CreateRequest) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::from([
         (LABEL_MANAGED.to_owned(), LABEL_MANAGED_YES.to_owned()),
         (LABEL_UID.to_owned(), req.uid.clone()),
@@ -78,7 +106,12 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
     if let Some(installation) = &req.installation {
         labels.insert(LABEL_INSTALLATION.to_owned(), installation.clone());
     }
-    let owner = (!req.proxy_name.is_empty() && !req.uid.is_empty()).then(|| {
+    labels
+}
+
+/// The Proxy as the Pod's controller (not blocking its deletion); none without a Proxy to name.
+fn owner(req: &CreateRequest) -> Option<Vec<OwnerReference>> {
+    (!req.proxy_name.is_empty() && !req.uid.is_empty()).then(|| {
         vec![OwnerReference {
             api_version: PROXY_API_VERSION.to_owned(),
             kind: PROXY_KIND.to_owned(),
@@ -87,8 +120,12 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
             controller: Some(true),
             block_owner_deletion: Some(false),
         }]
-    });
-    let container = Container {
+    })
+}
+
+/// Squid, started on the config passed in `SQUID_CONF`, as a non-root user on a read-only root.
+fn squid_container(req: &CreateRequest, settings: &PodSettings) -> Container {
+    Container {
         name: CONTAINER.to_owned(),
         image: Some(settings.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.to_owned())),
         command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
@@ -122,74 +159,55 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
             }),
             ..SecurityContext::default()
         }),
-        volume_mounts: Some(
-            SCRATCH
-                .iter()
-                .map(|(name, path)| VolumeMount {
-                    name: (*name).to_owned(),
-                    mount_path: (*path).to_owned(),
-                    ..VolumeMount::default()
-                })
-                .chain(req.credentials.as_ref().map(|_| VolumeMount {
-                    name: CREDENTIALS_VOLUME.to_owned(),
-                    mount_path: CREDENTIALS_DIR.to_owned(),
-                    read_only: Some(true),
-                    ..VolumeMount::default()
-                }))
-                .collect(),
-        ),
+        volume_mounts: Some(volume_mounts(req)),
         ..Container::default()
-    };
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(req.name.clone()),
-            namespace: Some(req.namespace.clone()),
-            labels: Some(labels),
-            owner_references: owner,
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![container],
-            // Squid never calls the API: a token in the Pod would only be there to be stolen
-            // through it.
-            automount_service_account_token: Some(false),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".to_owned(),
-                    ..SeccompProfile::default()
-                }),
-                ..PodSecurityContext::default()
-            }),
-            volumes: Some(
-                SCRATCH
-                    .iter()
-                    .map(|(name, _)| Volume {
-                        name: (*name).to_owned(),
-                        empty_dir: Some(EmptyDirVolumeSource::default()),
-                        ..Volume::default()
-                    })
-                    .chain(req.credentials.as_ref().map(|c| Volume {
-                        name: CREDENTIALS_VOLUME.to_owned(),
-                        // Only the salted hash: the password stays in the Secret.
-                        secret: Some(SecretVolumeSource {
-                            secret_name: Some(c.secret_name.clone()),
-                            items: Some(vec![KeyToPath {
-                                key: egress_credentials::HTPASSWD_KEY.to_owned(),
-                                path: egress_credentials::HTPASSWD_KEY.to_owned(),
-                                mode: None,
-                            }]),
-                            default_mode: Some(0o444),
-                            optional: Some(false),
-                        }),
-                        ..Volume::default()
-                    }))
-                    .collect(),
-            ),
-            ..PodSpec::default()
-        }),
-        ..Pod::default()
     }
+}
+
+/// The scratch places, and the credentials read-only when the Proxy has some.
+fn volume_mounts(req: &CreateRequest) -> Vec<VolumeMount> {
+    SCRATCH
+        .iter()
+        .map(|(name, path)| VolumeMount {
+            name: (*name).to_owned(),
+            mount_path: (*path).to_owned(),
+            ..VolumeMount::default()
+        })
+        .chain(req.credentials.as_ref().map(|_| VolumeMount {
+            name: CREDENTIALS_VOLUME.to_owned(),
+            mount_path: CREDENTIALS_DIR.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }))
+        .collect()
+}
+
+/// An `emptyDir` per scratch place, and the credentials Secret's htpasswd key when the Proxy
+/// has credentials.
+fn volumes(req: &CreateRequest) -> Vec<Volume> {
+    SCRATCH
+        .iter()
+        .map(|(name, _)| Volume {
+            name: (*name).to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        })
+        .chain(req.credentials.as_ref().map(|c| Volume {
+            name: CREDENTIALS_VOLUME.to_owned(),
+            // Only the salted hash: the password stays in the Secret.
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(c.secret_name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: egress_credentials::HTPASSWD_KEY.to_owned(),
+                    path: egress_credentials::HTPASSWD_KEY.to_owned(),
+                    mode: None,
+                }]),
+                default_mode: Some(0o444),
+                optional: Some(false),
+            }),
+            ..Volume::default()
+        }))
+        .collect()
 }
 
 #[cfg(test)]

@@ -71,6 +71,10 @@ impl AccessRules {
     }
 }
 
+/// Where Squid reads the htpasswd file in the Pod: the Pod mounts its credentials Secret's
+/// htpasswd key here (read-only).
+pub const CREDENTIALS_DIR: &str = "/etc/squid/egress-auth";
+
 /// Where Squid's files are. The Pod's are [`SquidFiles::POD`]; tests run Squid elsewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SquidFiles {
@@ -88,7 +92,7 @@ impl SquidFiles {
     /// read-only), the htpasswd file from the mounted Secret.
     pub fn pod() -> Self {
         Self {
-            htpasswd: format!("{}/{}", crate::pod::CREDENTIALS_DIR, egress_credentials::HTPASSWD_KEY),
+            htpasswd: format!("{CREDENTIALS_DIR}/{}", egress_credentials::HTPASSWD_KEY),
             access_log: "stdio:/dev/stdout".into(),
             cache_log: "/dev/stderr".into(),
             pid: "none".into(),

@@ -3,7 +3,7 @@
 //! configured `sha256`, and a base under a marker is never deleted or fetched over, since the Go
 //! operator's overlays may use it.
 
-use egress_libvirt_ssh::testing as support;
+use egress_libvirt::testing as support;
 
 use egress_libvirt::engine::Generation;
 use egress_libvirt::fake::FakeVolume;

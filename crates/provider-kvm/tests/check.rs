@@ -2,7 +2,7 @@
 //! round ends is abandoned (not cut off: the connection stays for the calls sharing it), and
 //! until it returns the next rounds say so instead of stacking probes.
 
-use egress_libvirt_ssh::testing as support;
+use egress_libvirt::testing as support;
 
 use std::time::Duration;
 

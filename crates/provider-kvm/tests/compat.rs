@@ -7,7 +7,7 @@
 //! Proxy reuses the cached base without a download; the base stays. Over the libvirt fake, and
 //! against the local hypervisor with a guest that really boots from them.
 
-use egress_libvirt_ssh::testing as support;
+use egress_libvirt::testing as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

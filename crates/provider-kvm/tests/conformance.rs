@@ -1,6 +1,6 @@
-//! The conformance suite against the in-memory libvirt fake, with every hook (the support is
-//! the kvm2 crate's, run with the first generation).
+//! The conformance suite against the in-memory libvirt fake, with every hook (the target is
+//! `egress-libvirt`'s, shared with kvm2, run with the first generation).
 
-use egress_libvirt_ssh::testing as support;
+use egress_libvirt::testing as support;
 
-egress_conformance::conformance_suite!(support::FakeTarget(egress_libvirt::engine::Generation::Kvm));
+egress_conformance::conformance_suite!(support::FakeTarget(egress_libvirt::Generation::Kvm));

@@ -4,7 +4,7 @@
 
 use egress_libvirt_ssh::testing as support;
 
-egress_conformance::conformance_suite!(support::real::RealTarget {
-    generation: egress_libvirt::engine::Generation::Kvm,
+egress_conformance::conformance_suite!(support::RealTarget {
+    generation: egress_libvirt::Generation::Kvm,
     construct: egress_provider_kvm::construct,
 });

@@ -6,7 +6,7 @@
 //! [`egress_libvirt::Host`] per configured host (the SSH one of `egress-libvirt-ssh`, or the
 //! in-memory fake), and [`construct`] builds it from a config entry as the operator does. The
 //! engine is `egress_libvirt::engine`, shared with the first-generation `kvm` provider; its
-//! modules are re-exported here:
+//! modules (and the volume names, `egress_libvirt::names`) are re-exported here:
 //!
 //! - [`placement`], [`id`], [`names`]: what a request and an id resolve to;
 //! - [`image`], [`fence`]: the base-image cache, its HTTP download, and the fill leases that fence it;
@@ -21,9 +21,10 @@ use std::sync::Arc;
 use egress_libvirt::Host;
 use egress_libvirt::config::KvmConfig;
 pub use egress_libvirt::engine::{
-    Generation, LibvirtProvider, check, classify, failure, fence, id, image, locks, names, observe, ops, placement,
-    provider, traced,
+    Generation, LibvirtProvider, check, classify, failure, fence, id, image, locks, observe, ops, placement, provider,
+    traced,
 };
+pub use egress_libvirt::names;
 use egress_libvirt_ssh::{DialOptions, HostKeys, HostTarget};
 use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, Provider, ProviderType};

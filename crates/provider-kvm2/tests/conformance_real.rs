@@ -4,7 +4,7 @@
 
 use egress_libvirt_ssh::testing as support;
 
-egress_conformance::conformance_suite!(support::real::RealTarget {
-    generation: egress_libvirt::engine::Generation::Kvm2,
+egress_conformance::conformance_suite!(support::RealTarget {
+    generation: egress_libvirt::Generation::Kvm2,
     construct: egress_provider_kvm2::construct,
 });

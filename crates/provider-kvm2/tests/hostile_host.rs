@@ -25,11 +25,11 @@ use std::time::Duration;
 
 use egress_conformance::capture::Capture;
 use egress_libvirt::config::KvmConfig;
-use egress_libvirt::engine::names;
 use egress_libvirt::host::{Host, UNDEFINE_FLAGS};
+use egress_libvirt::names;
+use egress_libvirt::testing::IMAGE_KEY;
 use egress_libvirt::{DomainSpec, Generation, HypervisorEnv, Mark, VolumeSpec};
-use egress_libvirt_ssh::testing::IMAGE_KEY;
-use egress_libvirt_ssh::testing::real::{self, HOST};
+use egress_libvirt_ssh::testing::{self as real, HOST};
 use egress_provider::config::ProviderConfig;
 use egress_provider::{CreateRequest, ErrorClass, OpCtx, Placement, name_from_uid};
 use egress_testkit::freeze::{Frozen, uid_of};

@@ -2,7 +2,7 @@
 //! cache (spec/kvm.md §6), the pool-space precheck, the adoption guard, and the review's
 //! findings (§13) that concern kvm2, each named where it is tested.
 
-use egress_libvirt_ssh::testing as support;
+use egress_libvirt::testing as support;
 
 use std::time::{Duration, SystemTime};
 
@@ -12,7 +12,7 @@ use egress_libvirt::host::{DomainState, Host, PauseReason};
 use egress_libvirt::{DomainSpec, Generation, KVM_NAMESPACE, KVM2_NAMESPACE, Mark};
 use egress_provider::{ErrorClass, InstanceState, OpCtx, Provider, ProviderError, ProviderId};
 use egress_provider_kvm2::Kvm2Provider;
-use support::image_server::Serve;
+use egress_testkit::image_server::Serve;
 use support::{FakeBackend, HOSTS, IMAGE_KEY, POOL, image_bytes, request_in, sha256_hex};
 
 const ENTRY: &str = "kvm2-home";
@@ -26,7 +26,7 @@ fn marker() -> String {
 }
 
 async fn backend() -> (FakeBackend, Kvm2Provider) {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let p = b.provider(ENTRY, b.config(false)).unwrap();
     (b, p)
 }
@@ -124,7 +124,7 @@ async fn h4_a_cached_digest_that_differs_from_the_config_is_refused_untouched() 
 
 #[tokio::test]
 async fn h4_an_entry_name_that_cannot_name_a_volume_is_refused() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let e = b.provider("kvm2/home", b.config(false)).unwrap_err().to_string();
     assert!(e.contains("\"kvm2/home\"") && e.contains("letters, digits"), "{e}");
 }
@@ -337,7 +337,7 @@ async fn failed_downloads_are_classified_and_leave_no_base() {
 
 #[tokio::test]
 async fn a_digest_mismatch_is_permanent_and_discards_the_download() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let mut cfg = b.config(false);
     cfg.images.get_mut(IMAGE_KEY).unwrap().sha256 = "ab".repeat(32);
     let p = b.provider(ENTRY, cfg).unwrap();
@@ -360,7 +360,7 @@ async fn m9_a_head_without_a_usable_length_falls_back_to_get() {
 
 #[tokio::test]
 async fn the_pool_space_precheck_is_a_quota_and_creates_nothing() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     // Room for the image and the seed, not for a 10 GiB overlay.
     let small = FakeHost::sharing(HOSTS[0], POOL, 1 << 30, b.interceptor.clone());
     let p = egress_provider_kvm2::new(
@@ -382,7 +382,7 @@ async fn the_pool_space_precheck_is_a_quota_and_creates_nothing() {
 
 #[tokio::test]
 async fn m11_the_downloads_own_length_is_checked_against_the_pool() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let mut cfg = b.config(false);
     cfg.disk_size_gb = 1;
     // HEAD says small (the precheck passes); GET's real length does not fit.
@@ -605,7 +605,7 @@ async fn m12_a_link_local_image_url_is_refused_before_any_request() {
 
 #[tokio::test]
 async fn m12_with_url_images_off_a_url_placement_fails_before_any_request() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let mut cfg = b.config(false);
     cfg.image_url_hosts = Some(Vec::new());
     let p = b.provider(ENTRY, cfg).unwrap();
@@ -624,7 +624,7 @@ async fn m12_with_url_images_off_a_url_placement_fails_before_any_request() {
 
 #[tokio::test]
 async fn m12_url_images_come_only_from_listed_hosts_and_redirects_stay_on_them() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let cx = OpCtx::background();
     // The same mirror under two names: 127.0.0.1 is listed, localhost is not.
     let elsewhere = b.server.url().replace("127.0.0.1", "localhost");
@@ -643,7 +643,7 @@ async fn m12_url_images_come_only_from_listed_hosts_and_redirects_stay_on_them()
     assert_eq!(b.server.requests(), 0, "no HTTP request");
 
     // A listed mirror that redirects to an unlisted host: refused, nothing fetched or made.
-    let redirector = support::image_server::ImageServer::start(image_bytes(), "127.0.0.1:0").await;
+    let redirector = egress_testkit::image_server::ImageServer::start(image_bytes(), "127.0.0.1:0").await;
     redirector.serve(Serve::Redirect(elsewhere));
     let mut redirected = request_in("m12-redirect", HOSTS[0]);
     redirected.placement.image = redirector.url();
@@ -701,7 +701,7 @@ async fn l18_l19_the_check_covers_every_host_and_bounds_what_it_reports() {
 /// and base, each download its own). The stuck create ends when its host answers again.
 #[tokio::test]
 async fn a_host_stuck_mid_upload_holds_up_no_other_host() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     // Hosts of their own, each with its own interceptor, so only the first is held.
     let stuck = FakeHost::new(HOSTS[0], POOL, 1 << 40);
     let other = FakeHost::new(HOSTS[1], POOL, 1 << 40);
@@ -732,7 +732,7 @@ async fn a_host_stuck_mid_upload_holds_up_no_other_host() {
 
 #[tokio::test]
 async fn l19_at_most_eight_hosts_are_checked_at_once() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let names: Vec<String> = (0..20).map(|i| format!("hv-{i:02}")).collect();
     let listed: Vec<&str> = names.iter().map(String::as_str).collect();
     let cfg = support::config(&listed, &b.server.url(), None, &b.files);
@@ -841,7 +841,7 @@ fn put(b: &FakeBackend, name: &str, capacity: u64, bytes: Vec<u8>) {
 
 #[tokio::test]
 async fn m5_an_image_larger_than_the_overlay_is_refused_and_a_short_overlay_made_again() {
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     // A cached base whose virtual size is 3 GiB.
     put(&b, &base(), 3 << 30, image_bytes());
     put(&b, &marker(), 64, sha256_hex(&image_bytes()).into_bytes());
@@ -895,7 +895,7 @@ async fn m11_an_image_over_the_size_limit_is_refused_before_any_volume() {
 #[tokio::test]
 async fn m17_a_plain_http_image_without_a_digest_is_warned_about_at_construction() {
     let (capture, _guard) = egress_conformance::capture::Capture::start();
-    let b = FakeBackend::new(egress_libvirt::engine::Generation::Kvm2).await;
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
     let mut cfg = b.config(false);
     cfg.images.get_mut(IMAGE_KEY).unwrap().sha256.clear();
     let _p = b.provider(ENTRY, cfg).unwrap();
@@ -913,7 +913,7 @@ async fn l7_a_url_images_format_is_read_from_its_first_bytes() {
     let cx = OpCtx::background();
     let mut qcow2 = b"QFI\xfb".to_vec();
     qcow2.extend_from_slice(&image_bytes());
-    let qcow2_mirror = support::image_server::ImageServer::start(qcow2, "127.0.0.1:0").await;
+    let qcow2_mirror = egress_testkit::image_server::ImageServer::start(qcow2, "127.0.0.1:0").await;
     for (url, want) in [(b.server.url(), "raw"), (qcow2_mirror.url(), "qcow2")] {
         let mut req = request_in(&format!("l7-{want}"), HOSTS[0]);
         req.placement.image = url.clone();

@@ -4,6 +4,7 @@
 use egress_provider::config::go_quote;
 
 use super::{KvmConfig, KvmHost, KvmImage};
+use crate::generation::Generation;
 
 /// One name an entry's image cache may give a base volume on one pool.
 struct CacheName<'a> {
@@ -51,7 +52,6 @@ fn url_name_matches(prefix: &str, hex: usize, base: &str) -> bool {
 /// # Errors
 /// The later entry of the first clash, with the message tail.
 pub fn shared_pools(entries: &[(usize, &egress_provider::config::ProviderConfig)]) -> Result<(), (usize, String)> {
-    use crate::engine::Generation;
     let mut names: Vec<CacheName<'_>> = Vec::new();
     let blocks: Vec<(usize, &str, Generation, KvmConfig)> = entries
         .iter()

@@ -7,7 +7,7 @@ use std::fmt;
 use crate::host::LibvirtError;
 use egress_provider::{ErrorClass, Op, ProviderError, redact};
 
-use super::Generation;
+use crate::generation::Generation;
 
 /// Why an operation failed.
 #[derive(Clone, Debug)]

@@ -81,12 +81,14 @@ impl KeyedLocks {
         })
     }
 
-    /// How many keys are held or waited for (for tests).
+    /// How many keys are held or waited for.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.table.lock().unwrap_or_else(|p| p.into_inner()).entries.len()
     }
 
     /// Whether no key is held or waited for.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

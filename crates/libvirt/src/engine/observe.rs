@@ -7,7 +7,8 @@ use crate::host::{DomainState, Host, Interface, code, first_ipv4};
 use egress_provider::{InstanceState, OpCtx};
 
 use super::failure::OpFailure;
-use super::{Generation, names};
+use crate::generation::Generation;
+use crate::names;
 
 /// The reconciler's state for a libvirt state and whether an address was found.
 ///

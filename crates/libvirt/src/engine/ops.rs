@@ -5,7 +5,8 @@ use crate::Mark;
 use crate::host::{Host, LibvirtError, UNDEFINE_FLAGS, code};
 use egress_provider::{Instance, InstanceState, OpCtx};
 
-use super::{id, names};
+use super::id;
+use crate::names;
 
 /// Removes domain `name` and its overlay and seed from `pool`. Everything already gone is
 /// success (a domain not running, undefined, a pool or volume missing); the shared base image

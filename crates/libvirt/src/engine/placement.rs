@@ -6,7 +6,7 @@
 use crate::config::{KvmConfig, KvmHost};
 use egress_provider::Placement;
 
-use super::Generation;
+use crate::generation::Generation;
 
 /// The image a placement asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,7 +215,7 @@ mod tests {
         let url = "https://mirror.example.org/img/x.qcow2";
         let r = resolve(Generation::Kvm2, &cfg, &placement("", "small", url)).unwrap();
         assert_eq!(r.host.name, "beelink");
-        assert_eq!(r.image.key, crate::engine::names::url_key(url));
+        assert_eq!(r.image.key, crate::names::url_key(url));
         assert_eq!(r.image.url, url);
         assert_eq!(r.image.sha256, None);
         assert_eq!((r.image.format.as_str(), r.image.firmware.as_str()), ("qcow2", "uefi"));

@@ -17,8 +17,8 @@ use async_trait::async_trait;
 use egress_provider::OpCtx;
 use tracing::Instrument;
 
-use super::Generation;
 use super::failure::shown_here;
+use crate::generation::Generation;
 use tracing::field::Empty;
 
 /// A [`Host`] whose calls are observed.
