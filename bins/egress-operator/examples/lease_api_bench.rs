@@ -327,7 +327,9 @@ async fn main() -> Result<(), Error> {
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["serve", count] => {
             match egress_operator::flags::parse(["--zap-log-level=info", "--zap-encoder=json"])? {
-                egress_operator::flags::Command::Run(options) => egress_operator::install_logger(&options),
+                egress_operator::flags::Command::Run(options) => {
+                    egress_runtime::logging::install(&options.log, None, egress_operator::PROGRAM.span_keys);
+                }
                 egress_operator::flags::Command::Help => {}
             }
             let (base, stop) = in_process(count.parse()?, &polite_token, &abuse_token).await;

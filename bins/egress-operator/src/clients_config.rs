@@ -7,9 +7,9 @@
 
 use egress_discovery::{Admission, AdmissionMetrics, Budget, Budgets, Scopes};
 
-use crate::Fatal;
 use crate::flags::Options;
 use crate::followed::{Followed, Following, Unusable, read_regular_file};
+use egress_runtime::Fatal;
 
 const FLAG: &str = "--discovery-clients-config";
 

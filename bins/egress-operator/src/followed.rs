@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::Fatal;
+use egress_runtime::Fatal;
 
 pub(crate) use crate::discovery_auth::FILE_POLL;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use egress_api::served::Namespaces;
 
 use crate::flags::Options;
-use crate::{Fatal, fatal};
+use egress_runtime::Fatal;
 
 /// How long the start waits for the cluster to say who it is, when it does not answer.
 const INSTALLATION_BUDGET: Duration = Duration::from_secs(30);
@@ -30,7 +30,7 @@ pub(crate) async fn installation_id(
         match cluster_uid(client).await {
             Ok(uid) => break uid,
             Err(kube::Error::Api(s)) if (400..500).contains(&s.code) => {
-                return Err(fatal(
+                return Err(Fatal::new(
                     "Failed to derive the installation id",
                     format!(
                         "reading namespace {CLUSTER_NAMESPACE}: {} ({}); grant get on it (deploy/rbac/role.yaml) or set --installation-id",
@@ -39,7 +39,7 @@ pub(crate) async fn installation_id(
                 ));
             }
             Err(e) if tokio::time::Instant::now() >= deadline => {
-                return Err(fatal(
+                return Err(Fatal::new(
                     "Failed to derive the installation id",
                     format!("reading namespace {CLUSTER_NAMESPACE}: {e}"),
                 ));

@@ -9,7 +9,7 @@ use egress_lease_redis::{ClientIdentity, RedisStore, Tls, TlsRoots};
 
 use crate::flags::Options;
 use crate::followed::{Followed, Unusable, read_pem_file};
-use crate::{Fatal, fatal};
+use egress_runtime::Fatal;
 
 const FAILED: &str = "Failed to set up the lease store";
 
@@ -43,7 +43,7 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
     let files = TlsFiles::of(options);
     if options.lease_store == "memory" {
         if let Some(flag) = files.named().next().map(|(flag, _)| flag) {
-            return Err(fatal(
+            return Err(Fatal::new(
                 FAILED,
                 format!("{flag} is for a lease store reached over TLS (rediss://)"),
             ));
@@ -51,7 +51,7 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
         return Ok(Prepared(Settings::Memory));
     }
     if let Some(unpaired) = files.unpaired() {
-        return Err(fatal(FAILED, unpaired.to_owned()));
+        return Err(Fatal::new(FAILED, unpaired.to_owned()));
     }
     let read = files.read().map_err(|u| u.fatal(FAILED))?;
     let tls = read.tls(&files).map_err(|u| u.fatal(FAILED))?;
@@ -61,7 +61,7 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
         options.lease_cooldown,
         &tls,
     )
-    .map_err(|e| fatal(FAILED, e))?;
+    .map_err(|e| Fatal::new(FAILED, e))?;
     Ok(Prepared(Settings::Redis(Box::new(RedisSettings {
         store,
         files,
@@ -88,7 +88,7 @@ impl Prepared {
         };
         let RedisSettings { store, files, read } = redis;
         let prefix = format!("{}{installation}:", egress_lease_redis::DEFAULT_PREFIX);
-        let store = Arc::new(store.with_prefix(&prefix).map_err(|e| fatal(FAILED, e))?);
+        let store = Arc::new(store.with_prefix(&prefix).map_err(|e| Fatal::new(FAILED, e))?);
         tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
         let any_file = files.named().next().is_some();
         let follow_tls = any_file.then(|| TlsFollower {

@@ -38,9 +38,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::flags::Options;
 use crate::install::Namespaced;
-use crate::{
-    Extensions, Fatal, Health, HealthEvents, ProviderFlags, STOP_BUDGET, discovery_auth, fatal, fatal_plain, serve,
-};
+use crate::{Extensions, Health, HealthEvents, ProviderFlags, STOP_BUDGET, discovery_auth, serve};
+use egress_runtime::Fatal;
 
 /// Runs the operator until shutdown (or a failure), step by step.
 pub(crate) async fn operate(
@@ -98,10 +97,10 @@ struct Loaded {
 /// Step 1: the providers file, loaded and built (all or nothing), and the probes' TLS roots.
 fn load_providers(options: &Options, registry: &egress_provider::Registry, health: &Health) -> Result<Loaded, Fatal> {
     if options.providers_config.is_empty() {
-        return Err(fatal_plain("--providers-config is required"));
+        return Err(Fatal::plain("--providers-config is required"));
     }
     let schedule = provider_health::schedule(options.provider_check_interval, options.provider_check_timeout)
-        .map_err(|e| fatal("Invalid provider check flags", e))?;
+        .map_err(|e| Fatal::new("Invalid provider check flags", e))?;
     let path = std::path::Path::new(&options.providers_config);
     let config = ProvidersConfig::load(path, registry).map_err(|e| Fatal {
         message: "Failed to load providers config".into(),
@@ -116,7 +115,7 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
     let providers = Arc::new(
         registry
             .build(&config, &provider_metrics)
-            .map_err(|e| fatal("Failed to build providers", e))?,
+            .map_err(|e| Fatal::new("Failed to build providers", e))?,
     );
     tracing::info!(
         providers = ?providers.entries().iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
@@ -172,7 +171,7 @@ async fn start_replica(
     let prepared = crate::lease_store::prepare(options)?;
     let (client, rest_metrics) = crate::kube_client(&options.kubeconfig)
         .await
-        .map_err(|e| fatal("Failed to create the Kubernetes client", e))?;
+        .map_err(|e| Fatal::new("Failed to create the Kubernetes client", e))?;
     let installation = crate::install::installation_id(options, &client, &namespaces.own).await?;
     let crate::lease_store::LeaseStore { store, follow_tls } = prepared.open(options, &installation)?;
 
@@ -208,15 +207,15 @@ async fn start_replica(
     };
     if options.health_probe_bind_address != "0" {
         let addr = serve::bind_address("health-probe-bind-address", &options.health_probe_bind_address)
-            .map_err(|e| fatal("Failed to start the health probe server", e))?;
+            .map_err(|e| Fatal::new("Failed to start the health probe server", e))?;
         let bound = serve::probes(addr, limits, shutdown.clone())
             .await
-            .map_err(|e| fatal("Failed to start the health probe server", e))?;
+            .map_err(|e| Fatal::new("Failed to start the health probe server", e))?;
         tracing::info!(address = %bound, "Serving health probes");
     }
     if options.metrics_bind_address != "0" {
         let addr = serve::bind_address("metrics-bind-address", &options.metrics_bind_address)
-            .map_err(|e| fatal("Failed to start the metrics server", e))?;
+            .map_err(|e| Fatal::new("Failed to start the metrics server", e))?;
         let guard = options.metrics_secure.then(|| serve::Guard::new(client.clone()));
         let bound = serve::metrics(
             addr,
@@ -227,19 +226,19 @@ async fn start_replica(
             shutdown.clone(),
         )
         .await
-        .map_err(|e| fatal("Failed to start the metrics server", e))?;
+        .map_err(|e| Fatal::new("Failed to start the metrics server", e))?;
         tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
     }
     let mut refusals = None;
     if options.discovery_addr != "0" {
         let addr = serve::bind_address("discovery-addr", &options.discovery_addr)
-            .map_err(|e| fatal("Failed to start the discovery server", e))?;
+            .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
         let listener = serve::listen(addr)
             .await
-            .map_err(|e| fatal("Failed to start the discovery server", format!("binding {addr}: {e}")))?;
+            .map_err(|e| Fatal::new("Failed to start the discovery server", format!("binding {addr}: {e}")))?;
         let bound = listener
             .local_addr()
-            .map_err(|e| fatal("Failed to start the discovery server", e))?;
+            .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
         let auth = discovery_auth::start(options, &client, &namespaces.own, &mut tasks, shutdown).await;
         let clients = crate::clients_config::clients(options, admission_metrics)?;
         if let Some(following) = clients.following {
@@ -307,7 +306,7 @@ async fn lead(options: &Options, replica: &Replica, shutdown: &CancellationToken
         &identity(),
         ElectionTimings::default(),
     )
-    .map_err(|e| fatal("Failed to set up leader election", e))?;
+    .map_err(|e| Fatal::new("Failed to set up leader election", e))?;
     tracing::info!(lease = %format!("{namespace}/{LEASE_NAME}"), "Attempting to acquire leader lease");
     let (_task, rx) = elector.run(shutdown.clone());
     egress_controller::runtime_metrics::register_leader(
@@ -330,7 +329,7 @@ async fn until_led(mut leading: watch::Receiver<bool>, shutdown: &CancellationTo
             if shutdown.is_cancelled() {
                 return Ok(Leadership::Stopping);
             }
-            return Err(fatal_plain("leader election ended before this replica led"));
+            return Err(Fatal::plain("leader election ended before this replica led"));
         },
     }
     Ok(Leadership::Leading(Some(leading)))
@@ -528,7 +527,7 @@ fn start_health_engine(
     work: &CancellationToken,
 ) -> Result<(Arc<dyn HealthVerdicts>, HealthEvents, Id), Fatal> {
     let (prober, follower) = roots
-        .ok_or_else(|| fatal_plain("the health engine has no TLS settings (a bug)"))?
+        .ok_or_else(|| Fatal::plain("the health engine has no TLS settings (a bug)"))?
         .prober();
     tasks.spawn(probe_target.clone().run(prober.clone(), work.clone()));
     if let Some(follower) = follower {
@@ -586,7 +585,7 @@ async fn supervise(
                 // candidate.
                 tasks.abort_all();
                 shutdown.cancel();
-                return Err(fatal_plain("leader election lost"));
+                return Err(Fatal::plain("leader election lost"));
             }
             Some(ended) = tasks.join_next_with_id() => {
                 if shutdown.is_cancelled() {
@@ -601,7 +600,7 @@ async fn supervise(
                 };
                 shutdown.cancel();
                 let _ = stop(tasks).await;
-                return Err(fatal("Failed to run manager", failure));
+                return Err(Fatal::new("Failed to run manager", failure));
             }
         }
     }
@@ -613,7 +612,7 @@ fn external_rules(options: &Options, own_namespace: &str) -> Result<proxy::desti
     use proxy::destinations::ExternalRules;
     // Both lists were checked as the flags were read.
     let guard = egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
-        .map_err(|e| fatal_plain(format!("invalid --cluster-cidrs: {e}")))?;
+        .map_err(|e| Fatal::plain(format!("invalid --cluster-cidrs: {e}")))?;
     Ok(ExternalRules {
         namespaces: crate::install::namespaces(&options.external_proxy_namespaces, own_namespace),
         guard: Arc::new(guard),

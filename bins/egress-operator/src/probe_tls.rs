@@ -6,7 +6,7 @@
 use egress_health::{ConnectProber, ProbeTls};
 
 use crate::followed::{Followed, Unusable, read_pem_file};
-use crate::{Fatal, fatal};
+use egress_runtime::Fatal;
 
 const FLAG: &str = "--health-check-ca-file";
 
@@ -19,7 +19,7 @@ pub(crate) struct ProbeRoots {
 
 /// The system's roots, and those of `file` when it is not empty.
 pub(crate) fn load(file: &str) -> Result<ProbeRoots, Fatal> {
-    let failed = |e| fatal("Failed to load the health probes' CA roots", e);
+    let failed = |e| Fatal::new("Failed to load the health probes' CA roots", e);
     if file.is_empty() {
         return Ok(ProbeRoots {
             tls: ProbeTls::system().map_err(failed)?,

@@ -11,9 +11,13 @@
 //! The keys of the Kubernetes Secret that holds a Proxy's credentials are named here too, so the
 //! operator that writes it and the providers that read it agree.
 
+mod redact;
+
 use std::fmt;
 
 use sha_crypt::{PasswordHasher as _, ShaCrypt};
+
+pub use redact::redact;
 
 /// The Secret key of the user name.
 pub const USERNAME_KEY: &str = "username";

@@ -39,6 +39,7 @@ pub mod decorate;
 
 pub use ctx::{Interrupted, OpCtx};
 pub use egress_credentials::Credentials;
+pub use egress_credentials::redact;
 pub use error::{BoxError, ErrorClass, ErrorScope, Message, Op, ProviderError, class_of, result_label};
 pub use naming::{
     LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID, Marking, NAME_PREFIX, is_dns1123_label,
@@ -48,7 +49,7 @@ pub use provider::{
     Checker, Provider, REASON_API_ERROR, REASON_FORBIDDEN, REASON_REACHABLE, REASON_TIMEOUT, REASON_UNAUTHORIZED,
     REASON_UNREACHABLE, TargetStatus,
 };
-pub use redact::{redact, scrub};
+pub use redact::scrub;
 pub use registry::{
     BuildError, BuiltProvider, Constructor, ProviderType, Providers, Registry, ShapeCheck, SharedCheck, Validator,
 };

@@ -17,10 +17,6 @@ use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, SdkTracerProvider, SpanData, SpanExporter};
 
-/// The service name spans carry unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` say
-/// otherwise.
-pub const SERVICE_NAME: &str = "egress-proxies-operator";
-
 /// Spans waiting for export are capped, so a slow collector costs bounded memory.
 const MAX_QUEUE: usize = 512;
 
@@ -81,7 +77,7 @@ pub fn mode(env: impl Fn(&str) -> Option<String>) -> Result<Mode, String> {
 /// # Errors
 ///
 /// The exporter could not be built (for example a malformed endpoint).
-pub fn provider(mode: Mode, version: &str) -> Result<Option<SdkTracerProvider>, String> {
+pub fn provider(mode: Mode, service: &str, version: &str) -> Result<Option<SdkTracerProvider>, String> {
     let exporter: Box<dyn ExportAny> = match mode {
         Mode::Off => return Ok(None),
         Mode::Console => Box::new(Console),
@@ -116,7 +112,7 @@ pub fn provider(mode: Mode, version: &str) -> Result<Option<SdkTracerProvider>, 
     // `unknown_service:<exe>` over ours.)
     let mut resource = Resource::builder_empty()
         .with_attributes([
-            KeyValue::new("service.name", SERVICE_NAME),
+            KeyValue::new("service.name", service.to_owned()),
             KeyValue::new("service.version", version.to_string()),
         ])
         .with_detector(Box::new(opentelemetry_sdk::resource::EnvResourceDetector::new()));

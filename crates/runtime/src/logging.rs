@@ -15,8 +15,10 @@ use std::sync::OnceLock;
 
 use tracing::field::{Field, Visit};
 use tracing::{Dispatch, Event, Level, Subscriber};
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
 
 /// The `--zap-*` flags as given; unset ones follow `--zap-devel`.
@@ -243,10 +245,21 @@ pub fn enable_trace_ids(dispatch: &Dispatch) {
     let _ = TRACE_DISPATCH.set(dispatch.downgrade());
 }
 
+/// The keys a program puts on the lines inside one kind of span, in place of that span's own
+/// fields: the operator gives a reconcile's lines the keys controller-runtime gave them.
+#[derive(Debug, Clone, Copy)]
+pub struct SpanKeys {
+    /// The span's name.
+    pub span: &'static str,
+    /// The keys, from the span's fields.
+    pub keys: fn(serde_json::Map<String, serde_json::Value>) -> serde_json::Map<String, serde_json::Value>,
+}
+
 /// The zap-shaped line formatter.
 #[derive(Debug, Clone)]
 pub struct ZapFormat {
     pub config: LogConfig,
+    pub span_keys: &'static [SpanKeys],
 }
 
 impl<S, N> FormatEvent<S, N> for ZapFormat
@@ -282,10 +295,9 @@ where
                     && let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(stored)
                 {
                     let map = map.into_iter().filter(|(k, _)| !k.starts_with("otel.")).collect();
-                    if span.name() == egress_controller::proxy::reconciler::RECONCILE_SPAN {
-                        values.extend(controller_runtime_keys(map));
-                    } else {
-                        values.extend(map);
+                    match self.span_keys.iter().find(|k| k.span == span.name()) {
+                        Some(rekey) => values.extend((rekey.keys)(map)),
+                        None => values.extend(map),
                     }
                 }
             }
@@ -351,7 +363,7 @@ fn stacktrace() -> String {
     }
     frames
         .into_iter()
-        .filter(|f| f.contains("egress") && !f.contains("egress_operator::logging"))
+        .filter(|f| f.contains("egress") && !f.contains("egress_runtime::logging"))
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -451,58 +463,57 @@ impl Visit for Fields {
     }
 }
 
-/// The keys controller-runtime put on every line of a reconcile, from the fields of the
-/// `Reconcile Proxy` span (whose OTel names stay on the exported span): `controller`,
-/// `controllerGroup`, `controllerKind`, `Proxy` (`{"name","namespace"}`), `namespace`, `name`,
-/// `reconcileID`. Log queries written for the Go operator keep matching.
-fn controller_runtime_keys(
-    mut span: serde_json::Map<String, serde_json::Value>,
-) -> serde_json::Map<String, serde_json::Value> {
-    let namespace = span.remove("k8s.namespace.name").unwrap_or_default();
-    let name = span.remove("k8s.object.name").unwrap_or_default();
-    let mut keys = serde_json::Map::new();
-    keys.insert("controller".into(), "proxy".into());
-    keys.insert("controllerGroup".into(), egress_api::GROUP.into());
-    keys.insert("controllerKind".into(), "Proxy".into());
-    keys.insert(
-        "Proxy".into(),
-        serde_json::json!({"name": name.clone(), "namespace": namespace.clone()}),
-    );
-    keys.insert("namespace".into(), namespace);
-    keys.insert("name".into(), name);
-    if let Some(id) = span.remove("reconcile.id") {
-        keys.insert("reconcileID".into(), id);
-    }
-    keys.extend(span);
-    keys
-}
-
 /// Span fields are stored as JSON objects, so the formatter can merge them into lines.
 pub fn span_fields() -> JsonFields {
     JsonFields::new()
 }
 
+/// Installs the logger `options` ask for as the global one, with spans exported through
+/// `tracer` when there is one, and the lines inside the spans `span_keys` names keyed as it says.
+pub fn install(
+    options: &LogOptions,
+    tracer: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
+    span_keys: &'static [SpanKeys],
+) {
+    let config = options.resolve();
+    let filter = tracing_subscriber::filter::filter_fn(move |meta| {
+        // Spans of our crates always reach the formatter, so their fields are on every line
+        // inside them whatever the level.
+        (meta.is_span() && meta.target().starts_with("egress")) || config.enabled(meta.target(), *meta.level())
+    });
+    let fmt = tracing_subscriber::fmt::layer()
+        .fmt_fields(span_fields())
+        .event_format(ZapFormat { config, span_keys })
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let otel = tracer.map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(crate::telemetry::tracer(provider))
+            .with_location(false)
+            .with_threads(false)
+            .with_level(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|meta, cx| {
+                // Only spans (no span events), and only ours, plus Kubernetes API calls made
+                // inside one of ours: watches, lease renewals and other background calls never
+                // start a trace.
+                meta.is_span()
+                    && (meta.target().starts_with("egress")
+                        || (meta.target().starts_with("kube_client") && cx.lookup_current().is_some()))
+            }))
+    });
+    let subscriber = tracing_subscriber::registry().with(fmt).with(otel);
+    let dispatch = Dispatch::new(subscriber);
+    if tracer.is_some() {
+        enable_trace_ids(&dispatch);
+    }
+    let _ = tracing::dispatcher::set_global_default(dispatch);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reconcile_lines_carry_controller_runtimes_keys() {
-        let span = serde_json::json!({"k8s.namespace.name": "crawl", "k8s.object.name": "p",
-            "reconcile.id": "0b6b1c1e-8e0f-4f2a-9d3c-5a1f2e3d4c5b", "reconcile.requeue_after": 120.0});
-        let serde_json::Value::Object(span) = span else {
-            unreachable!()
-        };
-        let keys = controller_runtime_keys(span);
-        assert_eq!(
-            serde_json::Value::Object(keys),
-            serde_json::json!({
-                "controller": "proxy", "controllerGroup": "crawl.example.com", "controllerKind": "Proxy",
-                "Proxy": {"name": "p", "namespace": "crawl"}, "namespace": "crawl", "name": "p",
-                "reconcileID": "0b6b1c1e-8e0f-4f2a-9d3c-5a1f2e3d4c5b", "reconcile.requeue_after": 120.0,
-            })
-        );
-    }
 
     #[test]
     fn devel_and_production_defaults_as_controller_runtime_has_them() {

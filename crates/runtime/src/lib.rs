@@ -1,0 +1,20 @@
+//! What every binary of the project shares, so that each one is composition:
+//!
+//! - [`flags`]: command lines parsed as Go's `flag` package parses them, from one table per
+//!   program, and the `--zap-*` flags every binary takes;
+//! - [`logging`]: log lines shaped like the Go operator's (zap through controller-runtime);
+//! - [`telemetry`]: span export, switched by the standard OpenTelemetry environment variables;
+//! - [`serve`]: the probe server (`/healthz`, `/readyz`) and the metrics server (plain, or HTTPS
+//!   for callers the API server authorises);
+//! - [`process`]: a program's life from its command line to its exit code, with SIGTERM and
+//!   SIGINT asking it to stop.
+//!
+//! `examples/minimal.rs` is a whole program on it.
+
+pub mod flags;
+pub mod logging;
+pub mod process;
+pub mod serve;
+pub mod telemetry;
+
+pub use process::{Fatal, Program, ProgramOptions};
