@@ -31,7 +31,8 @@ use egress_provider::OpCtx;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::procs::{Killed, free_port, wait_for_file};
+use crate::procs::{Killed, free_port};
+use crate::test_server::wait_for_kubeconfig as wait_for_file;
 use crate::system;
 
 /// The namespace the samples go to.
