@@ -90,14 +90,9 @@ pub(crate) fn run(root: &Path, extra: &[(String, String)]) -> Result<()> {
     after
 }
 
-/// What CI checks of the command: without credentials it stops at once with the message; with
-/// the fake Compute server as the project it runs the suite, and the janitor leaves none of the
-/// runs' instances (an earlier "killed" run's included) and every other instance.
-///
-/// # Errors
-/// Any of those does not hold.
-pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
-    let scratch = egress_testkit::ScratchDir::new("xtask-gcp-real");
+/// Step 1 of [`check_against_fake`]: run as a user runs it, with no credentials, the command
+/// is refused, naming what is missing.
+fn refused_without_credentials(root: &Path, scratch: &Path) -> Result<()> {
     // 1. No credentials: a fresh HOME, no key file, no metadata host. Run as a user runs it,
     // through cargo (this very binary may have been rebuilt by the tests since it started);
     // cargo and rustup keep their own homes.
@@ -118,7 +113,7 @@ pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
         ])
         .env("CARGO_HOME", keep("CARGO_HOME", ".cargo"))
         .env("RUSTUP_HOME", keep("RUSTUP_HOME", ".rustup"))
-        .env("HOME", scratch.path())
+        .env("HOME", scratch)
         .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
         .env_remove("GCE_METADATA_HOST")
         .env_remove(suite_run::PROJECT_VAR)
@@ -140,6 +135,18 @@ pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
         "without credentials the command did not say {expected:?}: {stderr}"
     );
     println!("xtask: without credentials: refused, as it should be");
+    Ok(())
+}
+
+/// What CI checks of the command: without credentials it stops at once with the message; with
+/// the fake Compute server as the project it runs the suite, and the janitor leaves none of the
+/// runs' instances (an earlier "killed" run's included) and every other instance.
+///
+/// # Errors
+/// Any of those does not hold.
+pub(crate) fn check_against_fake(root: &Path) -> Result<()> {
+    let scratch = egress_testkit::ScratchDir::new("xtask-gcp-real");
+    refused_without_credentials(root, scratch.path())?;
 
     // 2. The fake as the project, with instances an earlier run and another installation left.
     let fake = Command::new(cargo_bin())

@@ -42,9 +42,6 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
-mod bench_kvm2;
-mod bench_lease_api;
-mod bench_pool;
 mod crds;
 mod dev;
 mod gcp_real;
@@ -53,6 +50,7 @@ mod map;
 mod procs;
 mod system;
 mod tally;
+mod test_server;
 mod unused;
 
 #[derive(Parser)]
@@ -474,6 +472,11 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
 
 pub(crate) fn cargo_bin() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+/// Cargo's target directory for the workspace at `root` (`CARGO_TARGET_DIR` when set).
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
 fn workspace_root() -> PathBuf {

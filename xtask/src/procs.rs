@@ -1,5 +1,5 @@
-//! Child processes of xtask commands: killed on drop, stopped gracefully on request, and the
-//! small waits around starting them.
+//! Child processes of xtask commands: killed on drop, stopped gracefully on request, a free
+//! port to give them, their memory, and the Redis servers the tests use.
 
 use std::path::Path;
 use std::process::Child;
@@ -41,19 +41,14 @@ pub(crate) fn free_port() -> Result<u16> {
     Ok(egress_testkit::try_free_port()?)
 }
 
-/// Waits until `server` (egress-kube-testserver) has written its kubeconfig.
-pub(crate) fn wait_for_file(path: &Path, server: &mut Child) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !path.exists() {
-        if let Some(status) = server.try_wait()? {
-            bail!("egress-kube-testserver exited: {status}");
-        }
-        if Instant::now() > deadline {
-            bail!("egress-kube-testserver wrote no kubeconfig within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
+/// A value of `key` (`VmRSS:`, `VmHWM:`) in /proc/`pid`/status, in KiB.
+pub(crate) fn rss_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
 }
 
 /// A redis-server of this run's own: on a free loopback port, without persistence, its files

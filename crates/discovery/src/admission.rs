@@ -360,7 +360,7 @@ impl Admission {
     }
 
     fn refused(&self, client: &ClientName, refusal: Refusal) -> Refusal {
-        self.0.metrics.refused(client.as_str(), refusal);
+        self.0.metrics.refused(client.as_str(), refusal.reason());
         refusal
     }
 

@@ -7,8 +7,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::admission::Refusal;
-
 type Labels = Vec<(&'static str, String)>;
 
 /// The families; clones share the series.
@@ -62,9 +60,11 @@ impl AdmissionMetrics {
         self.requests.get_or_create(&labels).inc();
     }
 
-    pub(crate) fn refused(&self, name: &str, refusal: Refusal) {
+    /// A request of `name` was refused for `reason` (a `Refusal`'s bounded reason: the metrics
+    /// take its label, not the admission's type, so they stay below admission).
+    pub(crate) fn refused(&self, name: &str, reason: &str) {
         let mut labels = client(name);
-        labels.push(("reason", refusal.reason().to_owned()));
+        labels.push(("reason", reason.to_owned()));
         self.refusals.get_or_create(&labels).inc();
     }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use imbl::OrdMap;
 
-use crate::api::ProxyInfo;
+use crate::proxy::ProxyInfo;
 
 /// One snapshot of the fleet. Cloning is cheap (the maps are shared until one is changed).
 #[derive(Clone, Default)]

@@ -41,6 +41,7 @@ pub mod client;
 mod clients_config;
 mod fleet;
 pub mod openapi;
+mod proxy;
 pub mod refusals;
 pub mod scope;
 mod server;
@@ -48,13 +49,14 @@ pub mod view;
 
 pub use admission::{Admission, Budget, Budgets};
 pub use admission_metrics::AdmissionMetrics;
-pub use api::{DiscoveryApi, ProxyDirectory, ProxyInfo};
+pub use api::{DiscoveryApi, ProxyDirectory};
 pub use auth::{
     Auth, ClientFiles, ClientName, FileTokens, MAX_CLIENTS, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet,
     parse_tokens, read_token_file,
 };
 pub use clients_config::{ClientsFile, MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
 pub use fleet::Fleet;
+pub use proxy::ProxyInfo;
 pub use refusals::Refusals;
 pub use scope::{ClientScope, ScopeTable, Scopes};
 pub use server::{MAX_BODY, router, serve};

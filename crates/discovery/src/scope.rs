@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::api::ProxyInfo;
 use crate::auth::is_dns_label;
+use crate::proxy::ProxyInfo;
 
 /// The most namespaces a scope lists.
 pub const MAX_NAMESPACES: usize = 32;

@@ -100,7 +100,7 @@ pub async fn publish_view(directory: Arc<dyn ProxyDirectory>, store: Arc<dyn Lea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::ProxyInfo;
+    use crate::proxy::ProxyInfo;
 
     fn info(id: &str, offered: bool) -> ProxyInfo {
         ProxyInfo {

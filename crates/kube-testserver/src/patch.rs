@@ -102,28 +102,7 @@ pub(crate) fn strategic_merge(doc: &mut Value, patch: &Value) {
             continue;
         }
         match (target.get_mut(key), value) {
-            (Some(Value::Array(existing)), Value::Array(incoming)) => {
-                // A `{"$patch": "replace"}` item: the list becomes the patch's, directives aside.
-                if incoming.iter().any(|i| directive(i) == Some("replace")) {
-                    *existing = without_directives(incoming);
-                } else {
-                    match list_merge(key) {
-                        Some(ListMerge::ByKey(k))
-                            if incoming.iter().all(|i| directive(i).is_some() || i.get(k).is_some()) =>
-                        {
-                            merge_list(existing, incoming, k)
-                        }
-                        Some(ListMerge::Union) => {
-                            for item in incoming {
-                                if !existing.contains(item) {
-                                    existing.push(item.clone());
-                                }
-                            }
-                        }
-                        _ => *existing = without_directives(incoming),
-                    }
-                }
-            }
+            (Some(Value::Array(existing)), Value::Array(incoming)) => merge_field_list(key, existing, incoming),
             (Some(existing @ Value::Object(_)), Value::Object(_)) => strategic_merge(existing, value),
             (_, Value::Array(incoming)) => {
                 target.insert(key.clone(), Value::Array(without_directives(incoming)));
@@ -141,31 +120,60 @@ pub(crate) fn strategic_merge(doc: &mut Value, patch: &Value) {
         .filter_map(|(k, v)| k.strip_prefix("$setElementOrder/").zip(v.as_array()))
     {
         if let Some(Value::Array(list)) = target.get_mut(key) {
-            let merge_key = match list_merge(key) {
-                Some(ListMerge::ByKey(k)) => Some(k),
-                _ => None,
-            };
-            let id = |v: &Value| match merge_key {
-                Some(k) => v.get(k).cloned(),
-                None => Some(v.clone()),
-            };
-            let mut ordered = Vec::with_capacity(list.len());
-            for wanted in order {
-                if let Some(pos) = list
-                    .iter()
-                    .position(|item| id(item).is_some() && id(item) == id(wanted))
-                {
-                    ordered.push(list.remove(pos));
-                }
-            }
-            ordered.append(list);
-            *list = ordered;
+            set_element_order(key, list, order);
         }
     }
     // `$retainKeys`: the fields not listed go (a union type switching its member).
     if let Some(keys) = retain {
         target.retain(|k, _| keys.contains(k));
     }
+}
+
+/// The list field `key` of a strategic merge: a `{"$patch": "replace"}` item makes it the
+/// patch's list; a keyed list merges by its key, a union list gains what it lacks; any other
+/// list is replaced (directives left out).
+fn merge_field_list(key: &str, existing: &mut Vec<Value>, incoming: &[Value]) {
+    if incoming.iter().any(|i| directive(i) == Some("replace")) {
+        *existing = without_directives(incoming);
+        return;
+    }
+    match list_merge(key) {
+        Some(ListMerge::ByKey(k)) if incoming.iter().all(|i| directive(i).is_some() || i.get(k).is_some()) => {
+            merge_list(existing, incoming, k)
+        }
+        Some(ListMerge::Union) => {
+            for item in incoming {
+                if !existing.contains(item) {
+                    existing.push(item.clone());
+                }
+            }
+        }
+        _ => *existing = without_directives(incoming),
+    }
+}
+
+/// `$setElementOrder/<key>`: the items of `list` that `order` names come first, in its order
+/// (a keyed list's items named by their key); the others keep theirs after them.
+fn set_element_order(key: &str, list: &mut Vec<Value>, order: &[Value]) {
+    let merge_key = match list_merge(key) {
+        Some(ListMerge::ByKey(k)) => Some(k),
+        _ => None,
+    };
+    let id = |v: &Value| match merge_key {
+        Some(k) => v.get(k).cloned(),
+        None => Some(v.clone()),
+    };
+    let mut ordered = Vec::with_capacity(list.len());
+    for wanted in order {
+        if let Some(pos) = list
+            .iter()
+            .position(|item| id(item).is_some() && id(item) == id(wanted))
+        {
+            ordered.push(list.remove(pos));
+        }
+    }
+    ordered.append(list);
+    *list = ordered;
 }
 
 /// The `$patch` directive of an object in a patch, if it has one.

@@ -1,6 +1,7 @@
 //! Network parts the probe tests talk to: TLS and plain HTTP targets that answer the status a
 //! request's path ends with and record what they saw, and a scripted proxy for the faults a
-//! real one cannot be made to do on demand.
+//! real one cannot be made to do on demand. Also the greeting target `cargo xtask dev` runs its
+//! whole system against, so the dev run and the tests share one PKI and one target.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -14,27 +15,55 @@ use crate::Pki;
 /// Request heads a target received: (request line, header names lowercased).
 pub type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
 
-/// Answers every request with the status its path ends with (`/204`, `/generate_204`, `/500`), 404
-/// otherwise.
-async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, seen: Seen) {
-    let mut stream = BufReader::new(stream);
-    let mut line = String::new();
-    if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
-        return;
-    }
-    let request_line = line.trim_end().to_string();
-    let mut names = Vec::new();
-    loop {
-        let mut h = String::new();
-        if stream.read_line(&mut h).await.unwrap_or(0) == 0 || h == "\r\n" || h == "\n" {
-            break;
+/// What a target answers a request with.
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    /// The status the request's path ends with (`/204`, `/generate_204`, `/500`), 404 otherwise.
+    StatusInPath,
+    /// `204` to the health probe's `GET /generate_204`, `200` with this text (and a line end)
+    /// to anything else: a page a person or a smoke check can read through a proxy.
+    Greeting(&'static str),
+}
+
+/// The longest request head a greeting target reads before it answers anyway.
+const GREETING_HEAD_LIMIT: usize = 16 * 1024;
+/// How long a greeting target gives one connection.
+const GREETING_CONNECTION_BUDGET: Duration = Duration::from_secs(30);
+
+impl Reply {
+    /// The most bytes of a request head read before answering.
+    fn head_limit(self) -> usize {
+        match self {
+            Self::StatusInPath => usize::MAX,
+            Self::Greeting(_) => GREETING_HEAD_LIMIT,
         }
-        if let Some((name, _)) = h.split_once(':') {
-            names.push(name.trim().to_ascii_lowercase());
+    }
+
+    /// The whole response to a request whose first line is `request_line`.
+    fn response(self, request_line: &str) -> String {
+        match self {
+            Self::StatusInPath => {
+                let code = status_in_path(request_line);
+                format!("HTTP/1.1 {code} Test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            }
+            Self::Greeting(_) if request_line.starts_with("GET /generate_204 ") => {
+                "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n".to_owned()
+            }
+            Self::Greeting(greeting) => {
+                let body = format!("{greeting}\n");
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            }
         }
     }
-    let path = request_line.split(' ').nth(1).unwrap_or_default().to_string();
-    // The status is the number the path ends with (`/204`, `/generate_204`).
+}
+
+/// The status a request line's path ends with (`/204`, `/generate_204`), 404 when it ends with
+/// no status.
+fn status_in_path(request_line: &str) -> u16 {
+    let path = request_line.split(' ').nth(1).unwrap_or_default();
     let digits: String = path
         .chars()
         .rev()
@@ -43,13 +72,70 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, seen: Seen) {
         .into_iter()
         .rev()
         .collect();
-    let code: u16 = digits.parse().ok().filter(|c| (100..600).contains(c)).unwrap_or(404);
+    digits.parse().ok().filter(|c| (100..600).contains(c)).unwrap_or(404)
+}
+
+/// A request's head: its first line and its header names lowercased; `None` when the
+/// connection closed before a line. Stops reading once `limit` bytes are read.
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut BufReader<S>, limit: usize) -> Option<(String, Vec<String>)> {
+    let mut line = String::new();
+    let mut read = stream.read_line(&mut line).await.unwrap_or(0);
+    if read == 0 {
+        return None;
+    }
+    let request_line = line.trim_end().to_string();
+    let mut names = Vec::new();
+    while read < limit {
+        let mut h = String::new();
+        let n = stream.read_line(&mut h).await.unwrap_or(0);
+        if n == 0 || h == "\r\n" || h == "\n" {
+            break;
+        }
+        read += n;
+        if let Some((name, _)) = h.split_once(':') {
+            names.push(name.trim().to_ascii_lowercase());
+        }
+    }
+    Some((request_line, names))
+}
+
+/// Reads one request, records its head in `seen` and answers it as `reply` says.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(stream: S, seen: Seen, reply: Reply) {
+    let mut stream = BufReader::new(stream);
+    let Some((request_line, names)) = read_head(&mut stream, reply.head_limit()).await else {
+        return;
+    };
+    let response = reply.response(&request_line);
     seen.lock().unwrap().push((request_line, names));
-    let _ = stream
-        .write_all(format!("HTTP/1.1 {code} Test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes())
-        .await;
+    let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.flush().await;
     let _ = stream.shutdown().await;
+}
+
+/// Serves TLS on `listener` from a task of its own: each connection answered as `reply` says,
+/// within `budget` when one is given.
+fn serve_tls(listener: TcpListener, pki: &Pki, seen: Seen, reply: Reply, budget: Option<Duration>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let answered = async {
+                    if let Ok(tls) = acceptor.accept(tcp).await {
+                        answer(tls, seen, reply).await;
+                    }
+                };
+                match budget {
+                    // NB: bounded, so a client that never finishes its request holds no task.
+                    Some(budget) => {
+                        let _ = tokio::time::timeout(budget, answered).await;
+                    }
+                    None => answered.await,
+                }
+            });
+        }
+    });
 }
 
 /// A TLS target on 127.0.0.1; returns its address and what it saw.
@@ -62,20 +148,23 @@ pub async fn tls_target_at(pki: &Pki, ip: &str) -> (SocketAddr, Seen) {
     let listener = TcpListener::bind((ip, 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Seen = Arc::default();
-    let acceptor = tokio_rustls::TlsAcceptor::from(pki.server.clone());
-    let kept = seen.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else { return };
-            let (acceptor, seen) = (acceptor.clone(), kept.clone());
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(tcp).await {
-                    answer(tls, seen).await;
-                }
-            });
-        }
-    });
+    serve_tls(listener, pki, seen.clone(), Reply::StatusInPath, None);
     (addr, seen)
+}
+
+/// A TLS target on 127.0.0.1 for a whole system run by hand (`cargo xtask dev`): `204` to the
+/// health probe's `GET /generate_204`, `200` with `greeting` to anything else. It reads at most
+/// 16 KiB of a request's head and gives a connection 30 s.
+///
+/// # Errors
+///
+/// No port could be bound on 127.0.0.1.
+pub async fn tls_greeting_target(pki: &Pki, greeting: &'static str) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+    let addr = listener.local_addr()?;
+    let reply = Reply::Greeting(greeting);
+    serve_tls(listener, pki, Seen::default(), reply, Some(GREETING_CONNECTION_BUDGET));
+    Ok(addr)
 }
 
 /// A TLS target on 127.0.0.1 that can be stopped (its port then refuses connections) and started
@@ -143,7 +232,7 @@ impl StoppableTlsTarget {
                 let (acceptor, seen) = (acceptor.clone(), seen.clone());
                 answering.spawn(async move {
                     if let Ok(tls) = acceptor.accept(tcp).await {
-                        answer(tls, seen).await;
+                        answer(tls, seen, Reply::StatusInPath).await;
                     }
                 });
                 while answering.try_join_next().is_some() {}
@@ -166,7 +255,7 @@ pub async fn http_target_at(ip: &str) -> (SocketAddr, Seen) {
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else { return };
-            tokio::spawn(answer(tcp, kept.clone()));
+            tokio::spawn(answer(tcp, kept.clone(), Reply::StatusInPath));
         }
     });
     (addr, seen)
@@ -284,4 +373,36 @@ pub async fn dead_address() -> SocketAddr {
 /// A connection to `addr`.
 pub async fn connect(addr: SocketAddr) -> TcpStream {
     TcpStream::connect(addr).await.unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_target_answers_the_status_its_path_ends_with() {
+        assert_eq!(status_in_path("GET /generate_204 HTTP/1.1"), 204);
+        assert_eq!(status_in_path("GET /500 HTTP/1.1"), 500);
+        assert_eq!(status_in_path("GET / HTTP/1.1"), 404);
+        assert_eq!(status_in_path("GET /999 HTTP/1.1"), 404, "not a status");
+        assert_eq!(status_in_path("garbage"), 404);
+    }
+
+    #[test]
+    fn a_greeting_target_answers_the_probe_with_204_and_anything_else_with_its_greeting() {
+        let reply = Reply::Greeting("hello");
+        assert!(
+            reply
+                .response("GET /generate_204 HTTP/1.1")
+                .starts_with("HTTP/1.1 204 ")
+        );
+        let page = reply.response("GET / HTTP/1.1");
+        assert!(page.starts_with("HTTP/1.1 200 OK\r\n"));
+        assert!(page.contains("Content-Length: 6\r\n") && page.ends_with("\r\n\r\nhello\n"));
+        assert!(
+            reply
+                .response("HEAD /generate_204 HTTP/1.1")
+                .starts_with("HTTP/1.1 200 ")
+        );
+    }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 
-use crate::bench::rss_kib;
+use crate::procs::{Killed, rss_kib};
 
 /// The two clients' tokens.
 #[derive(Clone)]
@@ -128,7 +128,7 @@ impl Load {
 
     /// Serves the API over a fixed directory of `count` proxies on core 1, logging to `log`;
     /// its URL, and the process (which stops when dropped).
-    pub(crate) fn serve(&self, count: usize, log: &Path) -> Result<(crate::procs::Killed, String)> {
+    pub(crate) fn serve(&self, count: usize, log: &Path) -> Result<(Killed, String)> {
         use std::io::BufRead as _;
         let mut child = self
             .command("1", false, &["serve", &count.to_string()])
@@ -139,7 +139,7 @@ impl Load {
             .context("starting the engine's server")?;
         let mut url = String::new();
         std::io::BufReader::new(child.stdout.take().context("its output")?).read_line(&mut url)?;
-        Ok((crate::procs::Killed(child), url.trim().to_owned()))
+        Ok((Killed(child), url.trim().to_owned()))
     }
 
     /// The polite client alone, then beside the abuse, against `url`.

@@ -24,6 +24,7 @@ use egress_api::ProxyPool;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use crate::procs::{Killed, free_port};
+use crate::test_server;
 
 const POOL: &str = "bench-pool";
 const REPLICAS: usize = 100;
@@ -82,7 +83,7 @@ fn percentile(samples: &[Duration], p: f64) -> Duration {
     samples[rank.clamp(1, samples.len()) - 1]
 }
 
-pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
+pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     let dir = dir.join("pool");
     std::fs::create_dir_all(&dir)?;
     let providers = dir.join("providers.yaml");
@@ -94,7 +95,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     )?;
     let unhealthy = dir.join("unhealthy");
     std::fs::write(&unhealthy, "")?;
-    let (_server, kubeconfig) = crate::bench::start_test_server(root, bin, &dir)?;
+    let (_server, kubeconfig) = test_server::start(root, bin, "bench", &dir)?;
     let discovery = format!("http://127.0.0.1:{}", free_port()?);
     let _operator = Killed(
         Command::new(bin.join("examples/reference_operator"))
@@ -116,12 +117,7 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     );
     let runtime = tokio::runtime::Runtime::new()?;
     let (failover, rotation) = runtime.block_on(async {
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig)?,
-            &Default::default(),
-        )
-        .await?;
-        let pools: Api<ProxyPool> = Api::namespaced(kube::Client::try_from(config)?, "bench");
+        let pools: Api<ProxyPool> = Api::namespaced(test_server::client(&kubeconfig).await?, "bench");
         let pool: ProxyPool = serde_json::from_value(serde_json::json!({
             "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
             "metadata": {"name": POOL},

@@ -20,8 +20,8 @@ use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, Prox
 use kube::api::{Api, DeleteParams, PostParams};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::dev::{Pki, tls_target_at};
 use crate::procs::{Killed, free_port};
+use crate::test_server;
 
 /// The size of the image whose upload is measured.
 const BIG_IMAGE: u64 = 512 << 20;
@@ -115,7 +115,7 @@ async fn serve_files(files: BTreeMap<String, PathBuf>) -> Result<std::net::Socke
 }
 
 fn rss_kib(pid: u32, key: &str) -> u64 {
-    crate::bench::rss_kib(pid, key).unwrap_or(0)
+    crate::procs::rss_kib(pid, key).unwrap_or(0)
 }
 
 fn virsh(args: &[&str]) -> bool {
@@ -245,50 +245,61 @@ async fn frozen_to_transient(
     Ok(figure)
 }
 
-/// Runs the kvm2 bench with the binaries in `bin` and scratch space `dir`; prints its table.
-pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
-    let Some(hv) = hypervisor_settings()? else {
-        println!("\nkvm2 bench skipped: no test hypervisor (run `cargo xtask hypervisor up` first)");
-        return Ok(());
-    };
-    let get = |k: &str| {
-        hv.get(&format!("EGRESS_HV_{k}"))
-            .cloned()
-            .with_context(|| format!("EGRESS_HV_{k} missing from the hypervisor settings"))
-    };
-    let (gateway, pool, user) = (get("GATEWAY")?, get("POOL")?, get("SSH_USER")?);
-    let dir = dir.join("kvm2");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let big = dir.join("big.raw");
-    write_big_image(&big, BIG_IMAGE)?;
-    let entry = format!(
+/// The test hypervisor, as `cargo xtask hypervisor up` described it.
+struct Hypervisor {
+    /// The bridge's host address: where the guests reach this machine.
+    gateway: String,
+    pool: String,
+    user: String,
+    ssh_key: String,
+    known_hosts: String,
+    domain_type: String,
+    ssh_address: String,
+    socket: String,
+    bridge: String,
+    guest_image: String,
+}
+
+impl Hypervisor {
+    /// The settings' `EGRESS_HV_*` values; an error names the first one missing.
+    fn from_settings(settings: &BTreeMap<String, String>) -> Result<Self> {
+        let get = |k: &str| {
+            settings
+                .get(&format!("EGRESS_HV_{k}"))
+                .cloned()
+                .with_context(|| format!("EGRESS_HV_{k} missing from the hypervisor settings"))
+        };
+        Ok(Self {
+            gateway: get("GATEWAY")?,
+            pool: get("POOL")?,
+            user: get("SSH_USER")?,
+            ssh_key: get("SSH_KEY")?,
+            known_hosts: get("KNOWN_HOSTS")?,
+            domain_type: get("DOMAIN_TYPE")?,
+            ssh_address: get("SSH_ADDRESS")?,
+            socket: get("LIBVIRT_SOCKET")?,
+            bridge: get("BRIDGE")?,
+            guest_image: get("GUEST_IMAGE")?,
+        })
+    }
+}
+
+/// The kvm2 entry's name: new each run, so its image cache starts cold.
+fn entry_name() -> String {
+    format!(
         "kvm2-bench-{}",
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs()
-    );
-    let runtime = tokio::runtime::Runtime::new()?;
-    let _guard = runtime.enter();
-    let pki = Pki::for_names(&[gateway.as_str()])?;
-    let ca = dir.join("ca.pem");
-    std::fs::write(&ca, &pki.ca_pem)?;
-    let probe_target = runtime.block_on(tls_target_at(pki.server.clone(), &gateway))?;
-    let held_image = runtime.block_on(egress_testkit::image_server::ImageServer::start(
-        std::fs::read(&big)?,
-        "127.0.0.1:0",
-    ));
-    held_image.serve(egress_testkit::image_server::Serve::PauseAfter(FROZEN_AT));
-    let mirror = runtime.block_on(serve_files(BTreeMap::from([
-        ("/guest.qcow2".to_owned(), PathBuf::from(get("GUEST_IMAGE")?)),
-        ("/big.raw".to_owned(), big.clone()),
-    ])))?;
-    let providers = dir.join("providers.yaml");
-    std::fs::write(
-        &providers,
-        format!(
-            "providers:
+    )
+}
+
+/// The providers file: one kvm2 entry `entry` on `hv`, its images from `mirror` and (the one
+/// frozen mid-upload) `held`.
+fn providers_yaml(entry: &str, hv: &Hypervisor, mirror: std::net::SocketAddr, held: &str) -> String {
+    format!(
+        "providers:
   - name: {entry}
     type: kvm2
     kvm2:
@@ -305,83 +316,118 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
       hosts:
         - {{name: hv, address: '{address}', user: {user}, socket: {socket}, pool: {pool}, bridge: {bridge}}}
 ",
-            key = get("SSH_KEY")?,
-            known = get("KNOWN_HOSTS")?,
-            domain_type = get("DOMAIN_TYPE")?,
-            address = get("SSH_ADDRESS")?,
-            user = get("SSH_USER")?,
-            socket = get("LIBVIRT_SOCKET")?,
-            bridge = get("BRIDGE")?,
-            held = held_image.url(),
-        ),
-    )?;
+        key = hv.ssh_key,
+        known = hv.known_hosts,
+        domain_type = hv.domain_type,
+        address = hv.ssh_address,
+        user = hv.user,
+        socket = hv.socket,
+        pool = hv.pool,
+        bridge = hv.bridge,
+    )
+}
 
-    let (server, kubeconfig) = crate::bench::start_test_server(root, bin, &dir)?;
-    let log = dir.join("operator.log");
-    let operator = Killed(
-        Command::new(bin.join("egress-operator"))
-            .arg(format!("--providers-config={}", providers.display()))
-            .arg(format!("--health-check-ca-file={}", ca.display()))
-            .arg(format!(
-                "--health-check-url=https://{gateway}:{}/generate_204",
-                probe_target.port()
-            ))
-            .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()?))
-            .args([
-                "--metrics-secure=false",
-                "--health-probe-bind-address=0",
-                "--discovery-addr=127.0.0.1:0",
-                "--zap-encoder=json",
-            ])
-            .env("KUBECONFIG", &kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting the operator")?,
-    );
-    let pid = operator.0.id();
+/// Starts the shipped operator with `providers`, probing the target on the gateway's `port`
+/// (its CA in `ca`), logging JSON to `log`.
+fn start_operator(
+    bin: &Path,
+    providers: &Path,
+    ca: &Path,
+    probe: (&str, u16),
+    kubeconfig: &Path,
+    log: &Path,
+) -> Result<Killed> {
+    let (gateway, port) = probe;
+    let operator = Command::new(bin.join("egress-operator"))
+        .arg(format!("--providers-config={}", providers.display()))
+        .arg(format!("--health-check-ca-file={}", ca.display()))
+        .arg(format!("--health-check-url=https://{gateway}:{port}/generate_204"))
+        .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()?))
+        .args([
+            "--metrics-secure=false",
+            "--health-probe-bind-address=0",
+            "--discovery-addr=127.0.0.1:0",
+            "--zap-encoder=json",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .context("starting the operator")?;
+    Ok(Killed(operator))
+}
 
-    let figures = runtime.block_on(async {
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig)?,
-            &Default::default(),
-        )
+/// The bench's figures.
+struct Figures {
+    cold: Duration,
+    warm: Duration,
+    upload: Duration,
+    /// The operator's peak RSS before and after the big upload, in KiB.
+    before: u64,
+    after: u64,
+    frozen: Duration,
+}
+
+/// Creates the 512 MiB image's Proxy and waits until its base volume is cached; returns the
+/// time that took.
+async fn big_upload(api: &Api<Proxy>, entry: &str, pool: &str) -> Result<Duration> {
+    let marker = format!("base-{entry}-big.raw.sha256");
+    let started = Instant::now();
+    api.create(&PostParams::default(), &Proxy::new("big", proxy(entry, "big")))
         .await?;
-        let api: Api<Proxy> = Api::namespaced(kube::Client::try_from(config)?, "bench");
-        let measured = async {
-            let cold = time_to_ready(&api, "cold", proxy(&entry, "guest")).await?;
-            let warm = time_to_ready(&api, "warm", proxy(&entry, "guest")).await?;
-            let before = rss_kib(pid, "VmHWM:");
-            let marker = format!("base-{entry}-big.raw.sha256");
-            let started = Instant::now();
-            api.create(&PostParams::default(), &Proxy::new("big", proxy(&entry, "big")))
-                .await?;
-            while !virsh(&["vol-info", "--pool", &pool, &marker]) {
-                if started.elapsed() > READY_BUDGET {
-                    bail!("the 512 MiB image was not cached within {READY_BUDGET:?}");
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let upload = started.elapsed();
-            let after = rss_kib(pid, "VmHWM:");
-            let frozen = frozen_to_transient(&api, &held_image, &entry, &pool, &user, &log).await?;
-            anyhow::Ok((cold, warm, upload, before, after, frozen))
+    while !virsh(&["vol-info", "--pool", pool, &marker]) {
+        if started.elapsed() > READY_BUDGET {
+            bail!("the 512 MiB image was not cached within {READY_BUDGET:?}");
         }
-        .await;
-        let cleaned = delete_all(&api, &["cold", "warm", "big", "frozen"]).await;
-        let figures = measured?;
-        cleaned?;
-        anyhow::Ok(figures)
-    });
-    drop(operator);
-    drop(server);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(started.elapsed())
+}
+
+/// Takes the figures from the operator (process `pid`, logging to `log`) with entry `entry`,
+/// then deletes every Proxy it made, whatever happened.
+async fn measure(
+    kubeconfig: &Path,
+    (entry, hv): (&str, &Hypervisor),
+    pid: u32,
+    held_image: &egress_testkit::image_server::ImageServer,
+    log: &Path,
+) -> Result<Figures> {
+    let api: Api<Proxy> = Api::namespaced(test_server::client(kubeconfig).await?, "bench");
+    let measured = async {
+        let cold = time_to_ready(&api, "cold", proxy(entry, "guest")).await?;
+        let warm = time_to_ready(&api, "warm", proxy(entry, "guest")).await?;
+        let before = rss_kib(pid, "VmHWM:");
+        let upload = big_upload(&api, entry, &hv.pool).await?;
+        let after = rss_kib(pid, "VmHWM:");
+        let frozen = frozen_to_transient(&api, held_image, entry, &hv.pool, &hv.user, log).await?;
+        anyhow::Ok(Figures {
+            cold,
+            warm,
+            upload,
+            before,
+            after,
+            frozen,
+        })
+    }
+    .await;
+    let cleaned = delete_all(&api, &["cold", "warm", "big", "frozen"]).await;
+    let figures = measured?;
+    cleaned?;
+    Ok(figures)
+}
+
+/// Removes the base images the entry `entry` cached in `pool`, and their markers.
+fn remove_cached_images(pool: &str, entry: &str) {
     for volume in ["guest.qcow2", "big.raw", "big-frozen.raw"] {
         let base = format!("base-{entry}-{volume}");
-        virsh(&["vol-delete", "--pool", &pool, &format!("{base}.sha256")]);
-        virsh(&["vol-delete", "--pool", &pool, &base]);
+        virsh(&["vol-delete", "--pool", pool, &format!("{base}.sha256")]);
+        virsh(&["vol-delete", "--pool", pool, &base]);
     }
-    let _ = std::fs::remove_file(&big);
-    let (cold, warm, upload, before, after, frozen) = figures?;
+}
+
+fn print_table(f: &Figures) {
+    let (cold, warm, upload, frozen) = (f.cold, f.warm, f.upload, f.frozen);
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!();
     println!("| kvm2 on the local hypervisor (software-emulated guests) | figure |");
@@ -391,11 +437,53 @@ pub(crate) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     println!("| 512 MiB image: Proxy created to base cached (download, SHA-256, upload over SSH) | {upload:.1?} |");
     println!(
         "| operator peak RSS before / after that upload (limit 128 MiB) | {:.1} MiB / {:.1} MiB |",
-        mib(before),
-        mib(after)
+        mib(f.before),
+        mib(f.after)
     );
     println!(
         "| a host frozen mid-upload (its SSH user's processes stopped): freeze to the create's Transient error (stall limit 30 s) | {frozen:.1?} |"
     );
+}
+
+/// Runs the kvm2 bench with the binaries in `bin` and scratch space `dir`; prints its table.
+pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
+    let Some(settings) = hypervisor_settings()? else {
+        println!("\nkvm2 bench skipped: no test hypervisor (run `cargo xtask hypervisor up` first)");
+        return Ok(());
+    };
+    let hv = Hypervisor::from_settings(&settings)?;
+    let dir = dir.join("kvm2");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let big = dir.join("big.raw");
+    write_big_image(&big, BIG_IMAGE)?;
+    let entry = entry_name();
+    let runtime = tokio::runtime::Runtime::new()?;
+    let _guard = runtime.enter();
+    let pki = egress_testkit::pki_for(&[hv.gateway.as_str()]);
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem)?;
+    let (probe_target, _) = runtime.block_on(egress_testkit::tls_target_at(&pki, &hv.gateway));
+    let held_image = runtime.block_on(egress_testkit::image_server::ImageServer::start(
+        std::fs::read(&big)?,
+        "127.0.0.1:0",
+    ));
+    held_image.serve(egress_testkit::image_server::Serve::PauseAfter(FROZEN_AT));
+    let mirror = runtime.block_on(serve_files(BTreeMap::from([
+        ("/guest.qcow2".to_owned(), PathBuf::from(&hv.guest_image)),
+        ("/big.raw".to_owned(), big.clone()),
+    ])))?;
+    let providers = dir.join("providers.yaml");
+    std::fs::write(&providers, providers_yaml(&entry, &hv, mirror, &held_image.url()))?;
+    let (server, kubeconfig) = test_server::start(root, bin, "bench", &dir)?;
+    let log = dir.join("operator.log");
+    let probe = (hv.gateway.as_str(), probe_target.port());
+    let operator = start_operator(bin, &providers, &ca, probe, &kubeconfig, &log)?;
+    let figures = runtime.block_on(measure(&kubeconfig, (&entry, &hv), operator.0.id(), &held_image, &log));
+    drop(operator);
+    drop(server);
+    remove_cached_images(&hv.pool, &entry);
+    let _ = std::fs::remove_file(&big);
+    print_table(&figures?);
     Ok(())
 }

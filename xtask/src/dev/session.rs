@@ -1,0 +1,176 @@
+//! One run's session: the target, the test server and the operator started, the system used
+//! (by a person, or by the smoke check), and always torn down, in order, even on Ctrl-C.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result};
+use egress_api::{Proxy, ProxyPool};
+use kube::api::Api;
+
+use super::layout::{Discovery, ENTRY, Layout, NAMESPACE, discovery_token};
+use super::running::Running;
+use super::smoke::TARGET_GREETING;
+use super::{guide, samples, smoke};
+use crate::procs::{Killed, free_port};
+use crate::test_server;
+
+/// What `cargo xtask dev` was asked for.
+pub(crate) struct Options {
+    /// Run through once without a person: lease, send a request, tear down.
+    pub(crate) smoke: bool,
+    /// Use a release build.
+    pub(crate) release: bool,
+    /// The discovery API's port (0: any free one).
+    pub(crate) discovery_port: u16,
+    /// The smoke run's `kubectl describe` check fails, rather than skips, without kubectl
+    /// (under `cargo xtask test`, as for the tests).
+    pub(crate) require_kubectl: bool,
+}
+
+/// Starts the test server from `bin` in a process group of its own, and waits for its
+/// kubeconfig.
+fn start_test_server(root: &Path, bin: &Path, layout: &Layout) -> Result<Killed> {
+    let kubeconfig = layout.file("kubeconfig");
+    let mut server = Killed(
+        test_server::command(root, bin, NAMESPACE, &kubeconfig, &layout.file("testserver.log"))?
+            .process_group(0)
+            .spawn()
+            .context("starting egress-kube-testserver")?,
+    );
+    layout.remember_pid(server.0.id())?;
+    test_server::wait_for_kubeconfig(&kubeconfig, &mut server.0)?;
+    Ok(server)
+}
+
+/// The providers file: the local entry, its state in the run's directory, allowed to connect
+/// to the target's port and 443.
+fn providers_yaml(state: &Path, target_port: u16) -> String {
+    format!(
+        "providers:\n  - name: {ENTRY}\n    type: local\n    local:\n      stateDir: {}\n      \
+         # the local target, and the public one the guide's curl line names\n      \
+         connectPorts: [{}, 443]\n",
+        state.display(),
+        target_port
+    )
+}
+
+/// Starts the operator from `bin` in a process group of its own, with the run's files, its
+/// discovery API on `discovery_port` and its health probe aimed at the target on `target_port`.
+fn start_operator(bin: &Path, layout: &Layout, discovery_port: u16, target_port: u16) -> Result<Killed> {
+    let operator = Killed(
+        Command::new(bin.join("egress-operator"))
+            .arg(format!(
+                "--providers-config={}",
+                layout.file("providers.yaml").display()
+            ))
+            .arg(format!("--discovery-addr=127.0.0.1:{discovery_port}"))
+            .arg(format!(
+                "--discovery-token-file={}",
+                layout.file("discovery-token").display()
+            ))
+            .arg(format!(
+                "--health-check-url=https://127.0.0.1:{target_port}/generate_204"
+            ))
+            .arg(format!("--health-check-ca-file={}", layout.file("ca.pem").display()))
+            .args([
+                "--leader-elect=false",
+                "--metrics-bind-address=0",
+                "--health-probe-bind-address=0",
+                // An External Proxy tried here points at a tinyproxy on this machine.
+                "--allowed-internal-destinations=127.0.0.0/8,localhost",
+            ])
+            .env("KUBECONFIG", layout.file("kubeconfig"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(layout.file("operator.log"))?)
+            .process_group(0)
+            .spawn()
+            .context("starting egress-operator")?,
+    );
+    layout.remember_pid(operator.0.id())?;
+    Ok(operator)
+}
+
+/// The running system: started, used, and always torn down.
+pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) -> Result<()> {
+    // From here on Ctrl-C no longer kills this process: it starts the teardown (and a second
+    // one hurries it), so nothing started below is left behind.
+    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let pki = egress_testkit::pki();
+    std::fs::write(layout.file("ca.pem"), &pki.ca_pem)?;
+    let target = egress_testkit::tls_greeting_target(&pki, TARGET_GREETING).await?;
+    let discovery_port = if options.discovery_port == 0 {
+        free_port()?
+    } else {
+        options.discovery_port
+    };
+    let discovery = format!("http://127.0.0.1:{discovery_port}");
+    let server = start_test_server(root, bin, layout)?;
+    std::fs::write(
+        layout.file("providers.yaml"),
+        providers_yaml(&layout.state(), target.port()),
+    )?;
+    // The discovery API asks for a token, as installed: one made for this run, in a file the
+    // operator follows (as it follows the Secret volume in a cluster).
+    let token = discovery_token();
+    std::fs::write(layout.file("discovery-token"), format!("{token}\n"))?;
+    let operator = start_operator(bin, layout, discovery_port, target.port())?;
+    let mut running = Running::new(layout, server, operator);
+    let api = Discovery {
+        url: &discovery,
+        token: &token,
+    };
+    let used = tokio::select! {
+        used = use_it(&mut running, root, &api, target, options) => used,
+        _ = interrupts.recv() => {
+            println!("\ndev: interrupted (Ctrl-C again to stop at once)");
+            Ok(())
+        }
+    };
+    let torn_down = tokio::select! {
+        t = running.tear_down() => t,
+        _ = interrupts.recv() => {
+            println!("\ndev: stopping at once");
+            running.kill_now().await
+        }
+    };
+    match (used, torn_down) {
+        (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
+    }
+}
+
+/// Applies the samples, waits for Ready, then prints the guide and waits for Ctrl-C, or (smoke)
+/// leases a proxy and sends a request through it.
+async fn use_it(
+    running: &mut Running<'_>,
+    root: &Path,
+    discovery: &Discovery<'_>,
+    target: std::net::SocketAddr,
+    options: &Options,
+) -> Result<()> {
+    let kubeconfig: PathBuf = running.layout.file("kubeconfig");
+    let client = test_server::client(&kubeconfig).await?;
+    let api: Api<Proxy> = Api::namespaced(client.clone(), NAMESPACE);
+    let pools: Api<ProxyPool> = Api::namespaced(client, NAMESPACE);
+    running.api = Some(api.clone());
+    running.pools = Some(pools.clone());
+    let applied = samples::apply(root, &api, &pools).await?;
+    println!(
+        "dev: applied {} sample Proxies ({}) and the pool {}; waiting until they are Ready",
+        applied.proxies.len(),
+        applied.proxies.join(", "),
+        applied.pools.join(", ")
+    );
+    samples::wait_ready(&api, &applied.proxies, running).await?;
+    samples::wait_pools(&pools, &applied.pools, running).await?;
+    guide::print(running.layout, &kubeconfig, discovery, target, &applied.proxies);
+    if !options.smoke {
+        println!("Press Ctrl-C to stop everything.");
+        std::future::pending::<()>().await;
+    }
+    let first = applied.proxies.first();
+    smoke::run(running.layout, api, discovery, target, first, options.require_kubectl).await
+}
