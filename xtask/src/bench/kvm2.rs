@@ -340,6 +340,8 @@ fn start_operator(
     let (gateway, port) = probe;
     let operator = Command::new(bin.join("egress-operator"))
         .arg(format!("--providers-config={}", providers.display()))
+        // The bench's Proxies are in `bench`; the operator otherwise serves its own namespace.
+        .arg("--proxy-namespace=bench")
         .arg(format!("--health-check-ca-file={}", ca.display()))
         .arg(format!("--health-check-url=https://{gateway}:{port}/generate_204"))
         .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()?))

@@ -125,6 +125,8 @@ struct Setup<'a> {
 fn start_operator(setup: &Setup<'_>) -> Result<Killed> {
     let operator = Command::new(setup.bin.join("examples/reference_operator"))
         .arg(format!("--providers-config={}", setup.providers.display()))
+        // The bench's Proxies are in `bench`; the operator otherwise serves its own namespace.
+        .arg("--proxy-namespace=bench")
         .arg(format!("--metrics-bind-address={}", setup.metrics))
         .arg(format!("--discovery-addr={}", setup.discovery))
         // Authentication on, as deployed: the two clients' files, and no default client.

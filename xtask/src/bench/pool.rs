@@ -100,6 +100,8 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     let _operator = Killed(
         Command::new(bin.join("examples/reference_operator"))
             .arg(format!("--providers-config={}", providers.display()))
+            // The bench's pools are in `bench`; the operator otherwise serves its own namespace.
+            .arg("--proxy-namespace=bench")
             .arg(format!("--discovery-addr={}", discovery.trim_start_matches("http://")))
             .args([
                 "--metrics-bind-address=0",
