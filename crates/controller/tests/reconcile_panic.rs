@@ -13,9 +13,7 @@ use egress_controller::proxy::decide::Timings;
 use egress_controller::proxy::reconciler::{ReconcileError, reconcile};
 use egress_controller::runtime_metrics::ReconcileMetrics;
 use egress_kube_testserver::TestServer;
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
-use egress_provider::decorate::ProviderMetrics;
-use egress_provider::{CreateRequest, Instance, OpCtx, Provider, ProviderError, ProviderId, ProviderType, Registry};
+use egress_provider::{CreateRequest, Instance, OpCtx, Provider, ProviderError, ProviderId};
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
@@ -50,19 +48,7 @@ async fn a_panicking_reconcile_is_a_counted_failure() {
         .await
         .unwrap();
     let client = server.client().unwrap();
-    let registry = Registry::new().with(ProviderType::new(
-        "panicking",
-        validators::none,
-        |_: &ProviderConfig| Ok(Arc::new(Panicking) as Arc<dyn Provider>),
-    ));
-    let config = ProvidersConfig {
-        providers: vec![ProviderConfig {
-            name: "bug".into(),
-            type_name: "panicking".into(),
-            ..Default::default()
-        }],
-    };
-    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let providers = common::one_provider("bug", Arc::new(Panicking));
     let metrics = ReconcileMetrics::new(3);
     let mut exposed = prometheus_client::registry::Registry::default();
     metrics.register(&mut exposed);

@@ -15,11 +15,7 @@ use egress_controller::proxy::decide::Timings;
 use egress_controller::proxy::reconciler::{ReconcileError, reconcile};
 use egress_controller::runtime_metrics::ReconcileMetrics;
 use egress_kube_testserver::TestServer;
-use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
-use egress_provider::decorate::ProviderMetrics;
-use egress_provider::{
-    CreateRequest, ErrorScope, Instance, Op, OpCtx, Provider, ProviderError, ProviderId, ProviderType, Registry,
-};
+use egress_provider::{CreateRequest, ErrorScope, Instance, Op, OpCtx, Provider, ProviderError, ProviderId};
 use kube::api::{Api, PostParams};
 use tokio_util::sync::CancellationToken;
 
@@ -65,17 +61,7 @@ async fn a_pass_that_outlives_its_deadline_is_counted_as_a_reconcile_timeout() {
         .await
         .unwrap();
     let client = server.client().unwrap();
-    let registry = Registry::new().with(ProviderType::new("hanging", validators::none, |_: &ProviderConfig| {
-        Ok(Arc::new(Hanging) as Arc<dyn Provider>)
-    }));
-    let config = ProvidersConfig {
-        providers: vec![ProviderConfig {
-            name: "slow".into(),
-            type_name: "hanging".into(),
-            ..Default::default()
-        }],
-    };
-    let providers = Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap());
+    let providers = common::one_provider("slow", Arc::new(Hanging));
     let metrics = ReconcileMetrics::new(3);
     let mut exposed = prometheus_client::registry::Registry::default();
     metrics.register(&mut exposed);

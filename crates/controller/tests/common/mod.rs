@@ -11,6 +11,24 @@ use egress_provider::config::{ProviderConfig, ProvidersConfig, validators};
 use egress_provider::decorate::ProviderMetrics;
 use egress_provider::{ProviderType, Providers, Registry};
 
+/// One configured entry `entry` of a type made for the test, whose every instance is `provider`,
+/// built through the registry (so it is decorated as in the operator).
+pub fn one_provider(entry: &str, provider: Arc<dyn egress_provider::Provider>) -> Arc<Providers> {
+    let registry = Registry::new().with(ProviderType::new(
+        "test",
+        validators::none,
+        move |_: &ProviderConfig| Ok(provider.clone()),
+    ));
+    let config = ProvidersConfig {
+        providers: vec![ProviderConfig {
+            name: entry.into(),
+            type_name: "test".into(),
+            ..Default::default()
+        }],
+    };
+    Arc::new(registry.build(&config, &ProviderMetrics::new()).unwrap())
+}
+
 /// Configured providers, each a reference provider on its own backend, built through the
 /// registry (so they are decorated as in the operator).
 pub fn memory_providers(entries: &[(&str, &MemoryBackend)]) -> Arc<Providers> {
