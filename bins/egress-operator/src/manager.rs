@@ -205,6 +205,48 @@ async fn start_replica(
         max_connections: options.max_connections,
         ..egress_http::Limits::DEFAULT
     };
+    serve_probes_and_metrics(options, &client, &metrics, limits, shutdown).await?;
+    let mut refusals = None;
+    if options.discovery_addr != "0" {
+        let api = DiscoveryParts {
+            directory: &directory,
+            store: &store,
+            admission_metrics,
+            client: &client,
+            own_namespace: &namespaces.own,
+        };
+        let (serving, api_refusals) = serve_discovery(options, api, limits, &mut tasks, shutdown).await?;
+        essential.insert(serving);
+        refusals = api_refusals;
+    }
+    Ok(Replica {
+        client,
+        namespaces,
+        installation,
+        cache,
+        credentials,
+        directory,
+        store,
+        metrics,
+        health_metrics,
+        reconcile_metrics,
+        pool_metrics,
+        probe_target,
+        refusals,
+        provider_health,
+        tasks,
+        essential,
+    })
+}
+
+/// The probe server and the metrics server, each unless its address is `0`.
+async fn serve_probes_and_metrics(
+    options: &Options,
+    client: &kube::Client,
+    metrics: &Arc<Mutex<prometheus_client::registry::Registry>>,
+    limits: egress_http::Limits,
+    shutdown: &CancellationToken,
+) -> Result<(), Fatal> {
     if options.health_probe_bind_address != "0" {
         let addr = serve::bind_address("health-probe-bind-address", &options.health_probe_bind_address)
             .map_err(|e| Fatal::new("Failed to start the health probe server", e))?;
@@ -229,61 +271,58 @@ async fn start_replica(
         .map_err(|e| Fatal::new("Failed to start the metrics server", e))?;
         tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
     }
-    let mut refusals = None;
-    if options.discovery_addr != "0" {
-        let addr = serve::bind_address("discovery-addr", &options.discovery_addr)
-            .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
-        let listener = serve::listen(addr)
-            .await
-            .map_err(|e| Fatal::new("Failed to start the discovery server", format!("binding {addr}: {e}")))?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
-        let auth = discovery_auth::start(options, &client, &namespaces.own, &mut tasks, shutdown).await;
-        let clients = crate::clients_config::clients(options, admission_metrics)?;
-        if let Some(following) = clients.following {
-            tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
-        }
-        let api = egress_discovery::DiscoveryApi {
-            directory: directory.clone(),
-            store: store.clone(),
-            max_ttl: options.max_lease_ttl,
-            auth,
-            refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
-            admission: clients.admission,
-            scopes: clients.scopes,
-        };
-        refusals.clone_from(&api.refusals);
-        essential.insert(
-            tasks
-                .spawn(egress_discovery::serve(
-                    listener,
-                    Arc::new(api),
-                    limits,
-                    shutdown.clone(),
-                ))
-                .id(),
-        );
-        tracing::info!(address = %bound, "Serving the discovery API");
+    Ok(())
+}
+
+/// What the discovery API is made of, from the replica being started.
+struct DiscoveryParts<'a> {
+    directory: &'a Arc<egress_controller::discovery::LiveDirectory>,
+    store: &'a Arc<dyn egress_lease::LeaseStore>,
+    admission_metrics: egress_discovery::AdmissionMetrics,
+    client: &'a kube::Client,
+    own_namespace: &'a str,
+}
+
+/// The discovery API on `--discovery-addr`, with its token and clients files followed: the
+/// serving task, and the refusals it records for the pool autoscaler.
+async fn serve_discovery(
+    options: &Options,
+    parts: DiscoveryParts<'_>,
+    limits: egress_http::Limits,
+    tasks: &mut JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<(Id, Option<Arc<egress_discovery::Refusals>>), Fatal> {
+    let addr = serve::bind_address("discovery-addr", &options.discovery_addr)
+        .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
+    let listener = serve::listen(addr)
+        .await
+        .map_err(|e| Fatal::new("Failed to start the discovery server", format!("binding {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
+    let auth = discovery_auth::start(options, parts.client, parts.own_namespace, tasks, shutdown).await;
+    let clients = crate::clients_config::clients(options, parts.admission_metrics)?;
+    if let Some(following) = clients.following {
+        tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
     }
-    Ok(Replica {
-        client,
-        namespaces,
-        installation,
-        cache,
-        credentials,
-        directory,
-        store,
-        metrics,
-        health_metrics,
-        reconcile_metrics,
-        pool_metrics,
-        probe_target,
-        refusals,
-        provider_health,
-        tasks,
-        essential,
-    })
+    let api = egress_discovery::DiscoveryApi {
+        directory: parts.directory.clone(),
+        store: parts.store.clone(),
+        max_ttl: options.max_lease_ttl,
+        auth,
+        refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
+        admission: clients.admission,
+        scopes: clients.scopes,
+    };
+    let refusals = api.refusals.clone();
+    let serving = tasks.spawn(egress_discovery::serve(
+        listener,
+        Arc::new(api),
+        limits,
+        shutdown.clone(),
+    ));
+    tracing::info!(address = %bound, "Serving the discovery API");
+    Ok((serving.id(), refusals))
 }
 
 /// Whether this replica goes on to lead.
