@@ -21,6 +21,7 @@ mod log_keys;
 mod manager;
 mod probe_tls;
 mod rest_metrics;
+mod servers;
 
 use std::pin::Pin;
 use std::process::ExitCode;

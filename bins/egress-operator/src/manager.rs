@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::flags::Options;
 use crate::install::Namespaced;
-use crate::{Extensions, Health, HealthEvents, ProviderFlags, STOP_BUDGET, discovery_auth, serve};
+use crate::{Extensions, Health, HealthEvents, ProviderFlags, STOP_BUDGET};
 use egress_runtime::Fatal;
 
 /// Runs the operator until shutdown (or a failure), step by step.
@@ -205,17 +205,18 @@ async fn start_replica(
         max_connections: options.max_connections,
         ..egress_http::Limits::DEFAULT
     };
-    serve_probes_and_metrics(options, &client, &metrics, limits, shutdown).await?;
+    crate::servers::serve_probes_and_metrics(options, &client, &metrics, limits, shutdown).await?;
     let mut refusals = None;
     if options.discovery_addr != "0" {
-        let api = DiscoveryParts {
+        let api = crate::servers::DiscoveryParts {
             directory: &directory,
             store: &store,
             admission_metrics,
             client: &client,
             own_namespace: &namespaces.own,
         };
-        let (serving, api_refusals) = serve_discovery(options, api, limits, &mut tasks, shutdown).await?;
+        let (serving, api_refusals) =
+            crate::servers::serve_discovery(options, api, limits, &mut tasks, shutdown).await?;
         essential.insert(serving);
         refusals = api_refusals;
     }
@@ -237,92 +238,6 @@ async fn start_replica(
         tasks,
         essential,
     })
-}
-
-/// The probe server and the metrics server, each unless its address is `0`.
-async fn serve_probes_and_metrics(
-    options: &Options,
-    client: &kube::Client,
-    metrics: &Arc<Mutex<prometheus_client::registry::Registry>>,
-    limits: egress_http::Limits,
-    shutdown: &CancellationToken,
-) -> Result<(), Fatal> {
-    if options.health_probe_bind_address != "0" {
-        let addr = serve::bind_address("health-probe-bind-address", &options.health_probe_bind_address)
-            .map_err(|e| Fatal::new("Failed to start the health probe server", e))?;
-        let bound = serve::probes(addr, limits, shutdown.clone())
-            .await
-            .map_err(|e| Fatal::new("Failed to start the health probe server", e))?;
-        tracing::info!(address = %bound, "Serving health probes");
-    }
-    if options.metrics_bind_address != "0" {
-        let addr = serve::bind_address("metrics-bind-address", &options.metrics_bind_address)
-            .map_err(|e| Fatal::new("Failed to start the metrics server", e))?;
-        let guard = options.metrics_secure.then(|| serve::Guard::new(client.clone()));
-        let bound = serve::metrics(
-            addr,
-            metrics.clone(),
-            guard,
-            options.enable_http2,
-            limits,
-            shutdown.clone(),
-        )
-        .await
-        .map_err(|e| Fatal::new("Failed to start the metrics server", e))?;
-        tracing::info!(address = %bound, secure = options.metrics_secure, "Serving metrics");
-    }
-    Ok(())
-}
-
-/// What the discovery API is made of, from the replica being started.
-struct DiscoveryParts<'a> {
-    directory: &'a Arc<egress_controller::discovery::LiveDirectory>,
-    store: &'a Arc<dyn egress_lease::LeaseStore>,
-    admission_metrics: egress_discovery::AdmissionMetrics,
-    client: &'a kube::Client,
-    own_namespace: &'a str,
-}
-
-/// The discovery API on `--discovery-addr`, with its token and clients files followed: the
-/// serving task, and the refusals it records for the pool autoscaler.
-async fn serve_discovery(
-    options: &Options,
-    parts: DiscoveryParts<'_>,
-    limits: egress_http::Limits,
-    tasks: &mut JoinSet<()>,
-    shutdown: &CancellationToken,
-) -> Result<(Id, Option<Arc<egress_discovery::Refusals>>), Fatal> {
-    let addr = serve::bind_address("discovery-addr", &options.discovery_addr)
-        .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
-    let listener = serve::listen(addr)
-        .await
-        .map_err(|e| Fatal::new("Failed to start the discovery server", format!("binding {addr}: {e}")))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
-    let auth = discovery_auth::start(options, parts.client, parts.own_namespace, tasks, shutdown).await;
-    let clients = crate::clients_config::clients(options, parts.admission_metrics)?;
-    if let Some(following) = clients.following {
-        tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
-    }
-    let api = egress_discovery::DiscoveryApi {
-        directory: parts.directory.clone(),
-        store: parts.store.clone(),
-        max_ttl: options.max_lease_ttl,
-        auth,
-        refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
-        admission: clients.admission,
-        scopes: clients.scopes,
-    };
-    let refusals = api.refusals.clone();
-    let serving = tasks.spawn(egress_discovery::serve(
-        listener,
-        Arc::new(api),
-        limits,
-        shutdown.clone(),
-    ));
-    tracing::info!(address = %bound, "Serving the discovery API");
-    Ok((serving.id(), refusals))
 }
 
 /// Whether this replica goes on to lead.
