@@ -46,6 +46,8 @@ fn build_programs(root: &Path, release: bool) -> Result<PathBuf> {
         "egress-kube-testserver",
         "-p",
         "egress-operator",
+        "-p",
+        "egress-e2e",
         "--bin",
         "egress-kube-testserver",
         "--bin",

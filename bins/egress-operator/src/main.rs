@@ -1,10 +1,10 @@
 //! The egress-proxy operator. Everything but the choice of provider types lives in the library
-//! (`egress_operator::main_with`).
+//! (`egress_manager::main_with`).
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    egress_operator::main_with(egress_operator::Extensions {
+    egress_manager::main_with(egress_manager::Extensions {
         registry: Box::new(|flags| {
             // The order is the one the loader names keys and blocks in its messages
             // (`expected one of ...`, `a <block> block is set`), as the Go operator's did.
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
                 .with(egress_provider_kvm2::provider_type())
                 .with(egress_provider_local::provider_type())
         }),
-        health: egress_operator::Health::Engine,
+        health: egress_manager::Health::Engine,
         notice: None,
     })
 }

@@ -1,7 +1,7 @@
 //! The lease API as crawler teams meet it, in the operator bench: the running manager's
 //! discovery API at its fleet's size, with authentication on and the shipped default budgets,
 //! next to the same API served from a fixed directory by a program of its own (the engine's
-//! speed). Both are loaded the same way (bins/egress-operator/examples/lease_api_bench.rs, a release
+//! speed). Both are loaded the same way (crates/e2e/examples/lease_api_bench.rs, a release
 //! build): the client `polite` alone, then beside the client `abuse`, each in a process of its
 //! own. While the manager is measured, Proxy status changes are written through the API server
 //! all along ([`Churn`]).

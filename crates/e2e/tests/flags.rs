@@ -8,7 +8,7 @@ use common::{operator_binary, run_to_exit};
 fn version_prints_the_commit_and_exits_zero() {
     let (code, out) = run_to_exit(&operator_binary(), &["--version"]);
     assert_eq!(code, Some(0));
-    assert_eq!(out.trim(), egress_operator::COMMIT);
+    assert_eq!(out.trim(), egress_manager::COMMIT);
     assert!(!out.contains("msg"), "written before any logger exists: {out}");
 }
 

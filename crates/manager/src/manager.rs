@@ -295,6 +295,14 @@ struct Running {
     essential: HashSet<Id>,
 }
 
+impl Running {
+    /// Spawns a part that runs until shutdown: one that ends before is a failure of the manager.
+    fn spawn_essential(&mut self, part: impl std::future::Future<Output = ()> + Send + 'static) {
+        let id = self.tasks.spawn(part).id();
+        self.essential.insert(id);
+    }
+}
+
 /// Every family the metrics server serves, and the parts of the manager that feed them.
 struct Served {
     registry: prometheus_client::registry::Registry,
@@ -351,64 +359,38 @@ fn start_leader_tasks(
     health: Health,
     shutdown: &CancellationToken,
 ) -> Result<Running, Fatal> {
-    let Replica {
-        client,
-        namespaces,
-        installation,
-        cache,
-        credentials,
-        directory,
-        store,
-        metrics: _,
-        health_metrics,
-        reconcile_metrics,
-        pool_metrics,
-        probe_target,
-        refusals,
-        provider_health,
-        mut tasks,
-        mut essential,
-    } = replica;
-    let Loaded {
-        providers,
-        create_budgets,
-        schedule,
-        probe_roots,
-        ..
-    } = loaded;
     tracing::info!("Starting manager");
+    let mut running = Running {
+        tasks: replica.tasks,
+        essential: replica.essential,
+    };
     // The leader publishes the proxies it serves to a shared store, so every replica leases
     // with the same capacity, health and latency.
-    tasks.spawn(egress_discovery::publish_view(
-        directory,
-        store.clone(),
+    running.tasks.spawn(egress_discovery::publish_view(
+        replica.directory,
+        replica.store.clone(),
         shutdown.clone(),
     ));
-    let installation = Some(installation);
-    let external = Arc::new(external_rules(options, &namespaces.own)?);
+    let installation = Some(replica.installation);
+    let external = Arc::new(external_rules(options, &replica.namespaces.own)?);
     let work = shutdown.child_token();
-    let mut fetched_target = None;
-    let (verdicts, health_events): (Arc<dyn HealthVerdicts>, HealthEvents) = match (health, probe_roots) {
-        (Health::Scripted { verdicts, events }, _) => (verdicts, events),
-        (Health::Engine, roots) => {
-            let source = proxy::health::CachedProxies {
-                cache: cache.clone(),
-                default_url: options.health_check_url.clone(),
-                credentials: credentials.clone(),
-                external: external.clone(),
-            };
-            let (verdicts, events, engine) =
-                start_health_engine(options, roots, source, health_metrics, &probe_target, &mut tasks, &work)?;
-            essential.insert(engine);
-            fetched_target = Some(probe_target);
-            (verdicts, events)
-        }
+    let engine = EngineParts {
+        roots: loaded.probe_roots,
+        source: proxy::health::CachedProxies {
+            cache: replica.cache.clone(),
+            default_url: options.health_check_url.clone(),
+            credentials: replica.credentials.clone(),
+            external: external.clone(),
+        },
+        metrics: replica.health_metrics,
+        target: replica.probe_target,
     };
+    let verdicts = leader_verdicts(options, health, engine, &mut running, &work)?;
     let ctx = Arc::new(
         Context::new(
-            client.clone(),
-            providers.clone(),
-            verdicts,
+            replica.client.clone(),
+            loaded.providers.clone(),
+            verdicts.verdicts,
             Timings {
                 address_budget: options.provisioning_timeout,
                 ..Timings::default()
@@ -416,98 +398,140 @@ fn start_leader_tasks(
             installation.clone(),
             work.clone(),
         )
-        .with_credentials(credentials)
+        .with_credentials(replica.credentials)
         .with_external_rules(external)
-        .with_metrics(reconcile_metrics)
-        .with_create_budgets(create_budgets),
+        .with_metrics(replica.reconcile_metrics)
+        .with_create_budgets(loaded.create_budgets),
     );
-    let mut pools = pool::pass::PoolContext::new(client.clone(), cache.clone(), store, pool_metrics, refusals);
-    if let Some(target) = fetched_target {
+    let mut pools = pool::pass::PoolContext::new(
+        replica.client.clone(),
+        replica.cache.clone(),
+        replica.store,
+        replica.pool_metrics,
+        replica.refusals,
+    );
+    if let Some(target) = verdicts.fetched_target {
         pools = pools.with_probe_target(target);
     }
-    let pools = Arc::new(pools);
-    essential.insert(
-        tasks
-            .spawn(pool::controller::run(pools, namespaces.served.clone(), work.clone()))
-            .id(),
-    );
+    running.spawn_essential(pool::controller::run(
+        Arc::new(pools),
+        replica.namespaces.served.clone(),
+        work.clone(),
+    ));
     let config = ControllerConfig {
-        namespaces: namespaces.served,
+        namespaces: replica.namespaces.served,
         ..Default::default()
     };
-    // These run until shutdown; one that ends before is a failure of the manager. (The monitor
-    // may end early by design: with checks off it only cleans up.)
-    essential.insert(
-        tasks
-            .spawn(proxy::controller::run(ctx, config, cache, health_events, work.clone()))
-            .id(),
-    );
-    essential.insert(
-        tasks
-            .spawn(
-                OrphanGc {
-                    client: client.clone(),
-                    providers: providers.clone(),
-                    interval: options.gc_interval,
-                    min_age: options.gc_min_age,
-                    installation,
-                }
-                .run(work.clone()),
-            )
-            .id(),
-    );
-    tasks.spawn(
+    running.spawn_essential(proxy::controller::run(
+        ctx,
+        config,
+        replica.cache,
+        verdicts.events,
+        work.clone(),
+    ));
+    let gc = OrphanGc {
+        client: replica.client.clone(),
+        providers: loaded.providers.clone(),
+        interval: options.gc_interval,
+        min_age: options.gc_min_age,
+        installation,
+    };
+    running.spawn_essential(gc.run(work.clone()));
+    // Not essential: with checks off the monitor only cleans up and ends.
+    running.tasks.spawn(
         Monitor {
-            client,
-            providers,
-            schedule,
-            snapshot: provider_health,
+            client: replica.client,
+            providers: loaded.providers,
+            schedule: loaded.schedule,
+            snapshot: replica.provider_health,
         }
         .run(work),
     );
-    Ok(Running { tasks, essential })
+    Ok(running)
 }
 
-/// The leader's health engine over `source`, with its CA file followed and its default target
-/// also fetched directly (so a pool that stops remediation can say whether the target or its
-/// members are down): the verdicts and events the reconciler takes, and the engine's task.
-fn start_health_engine(
-    options: &Options,
+/// What the leader's own health engine probes with and counts in.
+struct EngineParts {
     roots: Option<crate::probe_tls::ProbeRoots>,
     source: proxy::health::CachedProxies,
-    health_metrics: egress_health::HealthMetrics,
-    probe_target: &egress_controller::probe_target::ProbeTarget,
-    tasks: &mut JoinSet<()>,
+    metrics: egress_health::HealthMetrics,
+    target: egress_controller::probe_target::ProbeTarget,
+}
+
+/// The verdicts and change events the reconciler takes, and the probe target when the engine
+/// also fetches it directly (so a pool can tell a dead target from dead members).
+struct LeaderVerdicts {
+    verdicts: Arc<dyn HealthVerdicts>,
+    events: HealthEvents,
+    fetched_target: Option<egress_controller::probe_target::ProbeTarget>,
+}
+
+/// Verdicts from the caller's script, or from a health engine started here.
+fn leader_verdicts(
+    options: &Options,
+    health: Health,
+    engine: EngineParts,
+    running: &mut Running,
     work: &CancellationToken,
-) -> Result<(Arc<dyn HealthVerdicts>, HealthEvents, Id), Fatal> {
-    let (prober, follower) = roots
+) -> Result<LeaderVerdicts, Fatal> {
+    match health {
+        Health::Scripted { verdicts, events } => Ok(LeaderVerdicts {
+            verdicts,
+            events,
+            fetched_target: None,
+        }),
+        Health::Engine => {
+            let target = engine.target.clone();
+            let (verdicts, events) = start_health_engine(options, engine, running, work)?;
+            Ok(LeaderVerdicts {
+                verdicts,
+                events,
+                fetched_target: Some(target),
+            })
+        }
+    }
+}
+
+/// The leader's health engine over `parts.source`, with its CA file followed and its default
+/// target also fetched directly: the verdicts and events the reconciler takes. The engine is an
+/// essential part.
+fn start_health_engine(
+    options: &Options,
+    parts: EngineParts,
+    running: &mut Running,
+    work: &CancellationToken,
+) -> Result<(Arc<dyn HealthVerdicts>, HealthEvents), Fatal> {
+    let (prober, follower) = parts
+        .roots
         .ok_or_else(|| Fatal::plain("the health engine has no TLS settings (a bug)"))?
         .prober();
-    tasks.spawn(probe_target.clone().run(prober.clone(), work.clone()));
+    running.tasks.spawn(parts.target.run(prober.clone(), work.clone()));
     if let Some(follower) = follower {
         // This replica may have waited long for the Lease: the file as it is now, before the
         // first probe.
         let mut following = crate::followed::Following::new(follower);
         following.check_now();
-        tasks.spawn(following.run(crate::followed::FILE_POLL, work.clone()));
+        running
+            .tasks
+            .spawn(following.run(crate::followed::FILE_POLL, work.clone()));
     }
     let snapshot = egress_health::Snapshot::default();
     let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
     let engine = egress_health::Engine::new(
-        Arc::new(source),
+        Arc::new(parts.source),
         prober,
         egress_health::EngineConfig {
             workers: options.health_workers,
             trace_probes: options.trace_health_probes,
             ..Default::default()
         },
-        health_metrics,
+        parts.metrics,
         snapshot.clone(),
         tx,
     );
-    let id = tasks.spawn(engine.run(work.clone())).id();
+    running.spawn_essential(engine.run(work.clone()));
     let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| proxy::health::object_ref(&key));
-    Ok((Arc::new(snapshot), Box::pin(events), id))
+    Ok((Arc::new(snapshot), Box::pin(events)))
 }
 
 /// Step 5: runs until shutdown, a lost Lease, or an essential part that ends.

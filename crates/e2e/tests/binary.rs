@@ -86,7 +86,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
         ],
     );
     let start = op.wait_msg("Starting egress-proxies-operator");
-    assert_eq!(start["commit"], egress_operator::COMMIT);
+    assert_eq!(start["commit"], egress_manager::COMMIT);
     assert!(start["ts"].as_str().is_some_and(|t| t.ends_with('Z')), "{start}");
     op.wait_msg("tracing disabled");
     op.wait_line("no-providers warning", |l| {

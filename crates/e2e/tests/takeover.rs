@@ -620,19 +620,19 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         "--gc-interval=1s".into(),
         "--gc-min-age=0s".into(),
     ];
-    let egress_operator::flags::Command::Run(options) = egress_operator::flags::parse(args).unwrap() else {
+    let egress_manager::flags::Command::Run(options) = egress_manager::flags::parse(args).unwrap() else {
         panic!("the flags are a run");
     };
     let registry = backends.registry();
-    let extensions = egress_operator::Extensions {
+    let extensions = egress_manager::Extensions {
         registry: Box::new(move |_| registry),
-        health: egress_operator::Health::Scripted {
+        health: egress_manager::Health::Scripted {
             verdicts: Arc::new(AllHealthy),
             events: Box::pin(futures::stream::pending()),
         },
         notice: None,
     };
-    let operator = tokio::spawn(egress_operator::run(*options, extensions));
+    let operator = tokio::spawn(egress_manager::run(*options, extensions));
     let discovery = tokio::time::timeout(PATIENCE, address_rx)
         .await
         .expect("the discovery API is served")

@@ -67,7 +67,7 @@ fn parse(text: &str) -> Listed {
 }
 
 /// Follows `file` into `listed`, and yields each Proxy whose verdict changed.
-fn follow(file: PathBuf, listed: Arc<std::sync::RwLock<Listed>>) -> egress_operator::HealthEvents {
+fn follow(file: PathBuf, listed: Arc<std::sync::RwLock<Listed>>) -> egress_manager::HealthEvents {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {
         loop {
@@ -111,7 +111,7 @@ fn main() -> ExitCode {
             Ok(p)
         },
     ));
-    egress_operator::main_with(egress_operator::Extensions {
+    egress_manager::main_with(egress_manager::Extensions {
         registry: Box::new(move |_| registry),
         health: {
             let verdicts = Scripted::default();
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
                 Some(file) => follow(file.into(), verdicts.listed.clone()),
                 None => Box::pin(futures::stream::pending()),
             };
-            egress_operator::Health::Scripted {
+            egress_manager::Health::Scripted {
                 verdicts: Arc::new(verdicts),
                 events,
             }

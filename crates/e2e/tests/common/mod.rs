@@ -16,9 +16,10 @@ use egress_kube_testserver::TestServer;
 /// How long any one step may take before the test fails (a liveness bound, not a speed check).
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
-/// The shipped binary.
+/// The shipped binary: bins/egress-operator/src/main.rs, built by this package under another
+/// name (see Cargo.toml), so every test run builds it fresh.
 pub fn operator_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_egress-operator"))
+    PathBuf::from(env!("CARGO_BIN_EXE_egress-operator-under-test"))
 }
 
 /// The operator with the reference provider (examples/reference_operator.rs), which cargo builds

@@ -326,11 +326,11 @@ async fn main() -> Result<(), Error> {
     let seconds = |s: &str| s.parse().map(Duration::from_secs);
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["serve", count] => {
-            match egress_operator::flags::parse(["--zap-log-level=info", "--zap-encoder=json"])? {
-                egress_operator::flags::Command::Run(options) => {
-                    egress_runtime::logging::install(&options.log, None, egress_operator::PROGRAM.span_keys);
+            match egress_manager::flags::parse(["--zap-log-level=info", "--zap-encoder=json"])? {
+                egress_manager::flags::Command::Run(options) => {
+                    egress_runtime::logging::install(&options.log, None, egress_manager::PROGRAM.span_keys);
                 }
-                egress_operator::flags::Command::Help => {}
+                egress_manager::flags::Command::Help => {}
             }
             let (base, stop) = in_process(count.parse()?, &polite_token, &abuse_token).await;
             println!("{base}");

@@ -77,7 +77,7 @@ fn start(
         "--gc-interval=1s".into(),
         "--gc-min-age=0s".into(),
     ];
-    let egress_operator::flags::Command::Run(options) = egress_operator::flags::parse(args).unwrap() else {
+    let egress_manager::flags::Command::Run(options) = egress_manager::flags::parse(args).unwrap() else {
         panic!("the flags are a run");
     };
     let shared = backend.clone();
@@ -86,15 +86,15 @@ fn start(
         validators::none,
         move |_: &ProviderConfig| Ok(Arc::new(provider(&shared)) as Arc<dyn Provider>),
     ));
-    let extensions = egress_operator::Extensions {
+    let extensions = egress_manager::Extensions {
         registry: Box::new(move |_| registry),
-        health: egress_operator::Health::Scripted {
+        health: egress_manager::Health::Scripted {
             verdicts: Arc::new(AllHealthy),
             events: Box::pin(futures::stream::pending()),
         },
         notice: None,
     };
-    tokio::spawn(egress_operator::run(*options, extensions))
+    tokio::spawn(egress_manager::run(*options, extensions))
 }
 
 /// The id an operator in `namespace` of `server`'s cluster derives.

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use egress_operator::flags::{self, Command};
+use egress_manager::flags::{self, Command};
 use serde_json::Value;
 
 fn deploy(file: &str) -> PathBuf {
