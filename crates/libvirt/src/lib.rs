@@ -13,8 +13,8 @@
 //!   as its two generations: create, get, delete, list and the health check over [`Host`], the
 //!   base-image cache (which downloads images over HTTP) and the per-name locks;
 //! - [`names`]: the names of the volumes in a host's pool (overlay, seed, cached base, marker);
-//! - [`hypervisor_env`]: reading the file that describes a test hypervisor (`EGRESS_HV_ENV`), for
-//!   the conformance runs against a real one;
+//! - `hypervisor_env` (feature `testing`): reading the file that describes a test hypervisor
+//!   (`EGRESS_HV_ENV`), for the tests and conformance runs against a real one;
 //! - `testing` (feature `testing`): both providers as conformance targets over [`fake`], with
 //!   the profile and fixtures every libvirt target shares.
 //!
@@ -29,6 +29,7 @@ pub mod engine;
 pub mod fake;
 pub mod generation;
 pub mod host;
+#[cfg(any(test, feature = "testing"))]
 pub mod hypervisor_env;
 pub mod mark;
 pub mod names;
@@ -43,6 +44,7 @@ pub use config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 pub use domain::{DomainError, DomainSpec};
 pub use generation::Generation;
 pub use host::{DialFailure, Host, LibvirtError, LvResult};
+#[cfg(any(test, feature = "testing"))]
 pub use hypervisor_env::HypervisorEnv;
 pub use mark::{KVM_NAMESPACE, KVM2_NAMESPACE, Mark, MarkError, rfc3339};
 pub use volume::{VolumeError, VolumeSpec};

@@ -10,7 +10,8 @@
 //! - [`transport`]: what the client and the token source share: transport errors as text, and
 //!   answers read with a cap;
 //! - [`provider`]: create, get, delete, list and the health check;
-//! - [`suite_run`]: a conformance run against a real project: its settings and its janitor.
+//! - `suite_run` (feature `testing`): a conformance run against a real project: its settings and
+//!   its janitor, for the tests and `cargo xtask conformance --provider gcp --real`.
 //!
 //! [`construct`] builds it from a config entry as the operator does.
 
@@ -24,6 +25,7 @@ pub mod names;
 pub mod provider;
 pub mod settings;
 pub mod state;
+#[cfg(feature = "testing")]
 pub mod suite_run;
 pub mod transport;
 pub mod wire;
