@@ -8,12 +8,17 @@
 //!
 //! The last three run the shipped programs (the operator, or the operator built with the
 //! reference provider, and `egress-kube-testserver`) as processes of their own, built here first.
+//!
+//! `health`, `operator`, `kvm2` and `pool` each print their result as its guide shows it: a line
+//! of the conditions (the bench's counts and durations, the build, the commit, the machine) and
+//! one Markdown table ([`report`]), so updating a guide's figures is a copy.
 
 mod examples;
 mod kvm2;
 mod lease_api;
 mod operator;
 mod pool;
+mod report;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,11 +78,12 @@ fn profile(release: bool) -> &'static str {
 pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> Result<()> {
     let wanted = chosen(only)?;
     let wanted = |name: &str| wanted.contains(&name);
+    let conditions = report::Conditions::here(root, release);
     // Before anything compiles; the discovery and lease-store benches run local redis-servers
     // (a cluster with redis-cli).
     system::require_packages(&[system::BUILD_PACKAGES, &["redis-server", "redis-tools"]].concat())?;
     if wanted("health") {
-        examples::health(root, release)?;
+        examples::health(root, release, &conditions)?;
     }
     if wanted("discovery") {
         examples::discovery(root, release)?;
@@ -93,13 +99,13 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     if wanted("kvm2") {
-        kvm2::run(root, &bin, &dir)?;
+        kvm2::run(root, &bin, &dir, &conditions)?;
     }
     if wanted("pool") {
-        pool::run(root, &bin, &dir)?;
+        pool::run(root, &bin, &dir, &conditions)?;
     }
     if wanted("operator") {
-        operator::run(root, &bin, &dir, count, profile(release))?;
+        operator::run(root, &bin, &dir, count, &conditions)?;
     }
     Ok(())
 }

@@ -27,9 +27,12 @@
 //! - `crds [--check]`: writes `deploy/crds/*.yaml` from the `egress-api` types;
 //!   `--check` fails when the files are stale (CI runs it).
 //!
-//! - `bench [--proxies N] [--debug]`: tables of figures: the health engine at 1 000 and
-//!   10 000 proxies, the discovery API under 64 clients, and the operator's resident memory and
-//!   time to Ready with N Proxies (default 10 000).
+//! - `bench [--proxies N] [--debug] [--only NAME]`: tables of figures: the health engine at
+//!   1 000 and 10 000 proxies, the discovery API under 64 clients and the lease stores, the
+//!   operator's resident memory and time to Ready with N Proxies (default 10 000) and its lease
+//!   API, kvm2 on the local hypervisor, a ProxyPool's failover and rotation. The health,
+//!   operator, kvm2 and pool benches print a line of their conditions and one Markdown table,
+//!   as their guides show them.
 //!
 //! - `hypervisor up|down|status`: a real libvirtd with QEMU, reached over a
 //!   real sshd on 127.0.0.1, a storage pool, a NAT network and the test
@@ -124,14 +127,16 @@ enum Cmd {
     /// pinned version, installed when missing).
     Unused,
     /// The benchmarks (a release build by default): the health engine, the discovery API, the
-    /// operator's memory and time to Ready with many Proxies, and kvm2 on the local hypervisor.
+    /// lease stores, the operator's memory and time to Ready with many Proxies, kvm2 on the local
+    /// hypervisor, a ProxyPool's failover and rotation.
     Bench {
         #[arg(long, default_value_t = 10_000)]
         proxies: usize,
         /// Measure a debug build (faster to build, not representative of the image).
         #[arg(long)]
         debug: bool,
-        /// Run only these benches (health, discovery, operator, kvm2, pool); all by default.
+        /// Run only these benches (health, discovery, lease-store, operator, kvm2, pool); all by
+        /// default.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },

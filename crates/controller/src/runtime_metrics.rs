@@ -31,9 +31,6 @@
 //!
 //! `controller` is `proxy`, the name controller-runtime gives a controller built for the
 //! `Proxy` kind.
-//!
-//! Long file: controller-runtime's families, the workqueue's and the process collector are one
-//! compatibility surface, each family beside the definition of what it measures here.
 
 use std::time::Duration;
 

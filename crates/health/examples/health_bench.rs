@@ -6,7 +6,9 @@
 //! - probes per second sustained with real TLS probes through an in-process CONNECT proxy to an
 //!   in-process TLS target (both on loopback, in this process, so they share its CPU).
 //!
-//! Prints one Markdown table. Not a test: it asserts nothing.
+//! Prints its figures for one fleet size (`--proxies N`) as one line of `|`-separated cells;
+//! `cargo xtask bench --only health` runs it per size and prints the guide's table. Not a test: it
+//! asserts nothing.
 
 // The probe tests' TLS target (a test CA, answering the status its path ends with).
 use egress_testkit as support;

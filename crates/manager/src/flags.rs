@@ -1,8 +1,5 @@
 //! The operator's command line: every flag's Go name, default, help and setter in one table,
 //! parsed as Go's `flag` package parses it (`egress_runtime::flags`).
-//!
-//! Long file: every flag is one table entry with its checks, and the tests of those checks sit
-//! beside it; split up, each flag would be described in two places.
 
 use std::time::Duration;
 

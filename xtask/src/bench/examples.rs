@@ -1,11 +1,14 @@
 //! The benches that are example programs of their crates, each run with `cargo run --example`
 //! and printing one line of figures (or, for the lease stores, its own table): the health
-//! engine, the discovery API, the lease stores.
+//! engine (printed here as its guide's table, [`super::report`]), the discovery API, the lease
+//! stores.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
+
+use super::report::{self, Conditions, Table};
 
 /// `cargo run --quiet -p <package> --example <example>` in `root`, a release build when `release`.
 fn example(root: &Path, package: &str, example: &str, release: bool) -> Command {
@@ -18,10 +21,14 @@ fn example(root: &Path, package: &str, example: &str, release: bool) -> Command 
     cmd
 }
 
-/// The health engine's figures: one process per fleet size (examples/health_bench.rs).
-pub(super) fn health(root: &Path, release: bool) -> Result<()> {
-    let mut rows = Vec::new();
-    for n in [1_000, 10_000] {
+/// The fleet sizes of the health bench, one process each.
+const HEALTH_FLEETS: [u64; 2] = [1_000, 10_000];
+
+/// The health engine's figures: one process per fleet size (examples/health_bench.rs), each
+/// printing one line of `|`-separated cells; printed as one table, a column per size.
+pub(super) fn health(root: &Path, release: bool, conditions: &Conditions) -> Result<()> {
+    let mut columns = Vec::new();
+    for n in HEALTH_FLEETS {
         let out = example(root, "egress-health", "health_bench", release)
             .args(["--", "--proxies", &n.to_string()])
             .stderr(Stdio::inherit())
@@ -31,34 +38,36 @@ pub(super) fn health(root: &Path, release: bool) -> Result<()> {
             bail!("the health bench failed for {n} proxies");
         }
         let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        rows.push(line.split('|').map(str::to_string).collect::<Vec<_>>());
+        columns.push(line.split('|').map(str::to_string).collect::<Vec<_>>());
     }
-    let cell = |i: usize| {
-        rows.iter()
-            .map(|r| r.get(i).cloned().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join(" | ")
-    };
-    println!();
-    println!("| health engine, proxies probed once a second | {} |", cell(0));
-    println!("|---|---|---|");
-    println!("| no-op probes per second | {} |", cell(1));
-    println!(
-        "| scheduler CPU with no-op probes (share of one core; target < 5 %) | {} |",
-        cell(2)
-    );
-    println!(
-        "| state per proxy (resident memory growth / proxies; target < 2 KiB) | {} |",
-        cell(3)
-    );
-    println!(
-        "| TLS probes per second sustained (64 workers; proxy and target in the same process) | {} |",
-        cell(4)
-    );
-    println!(
-        "| CPU while probing with TLS (share of one core, proxy and target included) | {} |",
-        cell(5)
-    );
+    let header: Vec<String> = HEALTH_FLEETS
+        .iter()
+        .map(|&n| format!("{} proxies", report::count(n)))
+        .collect();
+    let mut table = Table::new(&["Figure", &header[0], &header[1]]);
+    for (cell, figure) in [
+        (1, "no-op probes per second"),
+        (2, "scheduler CPU with a no-op probe (share of one core; target < 5 %)"),
+        (3, "state per proxy (resident memory growth / proxies; target < 2 KiB)"),
+        (
+            4,
+            "TLS probes per second through an in-process proxy to an in-process target",
+        ),
+        (
+            5,
+            "CPU while probing with TLS (share of one core, proxy and target included)",
+        ),
+    ] {
+        let values = columns.iter().map(|c| c.get(cell).cloned().unwrap_or_default());
+        table.row(std::iter::once(figure.to_owned()).chain(values));
+    }
+    table.print(&conditions.line(
+        "health",
+        "the health engine with 64 workers, every proxy probed once a second, at 1 000 and at \
+         10 000 proxies (a process each); each figure over 10 s after 3 s of warm-up, first with a \
+         probe that does nothing, then with TLS probes through a CONNECT proxy to a TLS target, \
+         both on loopback in the bench's process",
+    ));
     Ok(())
 }
 

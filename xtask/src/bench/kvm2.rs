@@ -20,6 +20,7 @@ use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, Prox
 use kube::api::{Api, DeleteParams, PostParams};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use super::report::{self, Conditions, Table};
 use crate::procs::{Killed, free_port};
 use crate::test_server;
 
@@ -188,7 +189,7 @@ const FROZEN_AT: usize = 64 << 20;
 /// lets the body go on; returns the time from the freeze to the operator's `reconcile failed`
 /// line for the create's Transient failure (the entry's stall limit is the default 30 s, the
 /// keepalive's 15 s interval times its count about as long; the reconciler logs the failure as
-/// the create returns). The host is thawed before this returns.
+/// the create returns), and what noticed it. The host is thawed before this returns.
 async fn frozen_to_transient(
     api: &Api<Proxy>,
     held_image: &egress_testkit::image_server::ImageServer,
@@ -196,7 +197,7 @@ async fn frozen_to_transient(
     pool: &str,
     user: &str,
     log: &Path,
-) -> Result<Duration> {
+) -> Result<(Duration, &'static str)> {
     let base = format!("base-{entry}-big-frozen.raw");
     api.create(
         &PostParams::default(),
@@ -217,7 +218,7 @@ async fn frozen_to_transient(
     let frozen = egress_testkit::freeze::Frozen::freeze(egress_testkit::freeze::uid_of(user));
     let froze = Instant::now();
     held_image.resume();
-    loop {
+    let noticed = loop {
         let text = std::fs::read_to_string(log)?;
         // The stall limit or russh's keepalive, whichever notices first (the keepalive does
         // when the buffers on the way never filled, so the pump never had bytes waiting).
@@ -225,24 +226,22 @@ async fn frozen_to_transient(
             .lines()
             .find(|l| l.contains("reconcile failed") && l.contains("\"proxy\":\"frozen\"") && l.contains("transient"))
         {
-            let why = if line.contains("accepted no byte") {
-                "stall limit"
+            break if line.contains("accepted no byte") {
+                "the stall limit noticed"
             } else if line.contains("Keepalive") {
-                "keepalive"
+                "the keepalive noticed"
             } else {
-                "other"
+                "noticed by neither the stall limit nor the keepalive"
             };
-            println!("xtask: the frozen host was noticed by the {why}");
-            break;
         }
         if froze.elapsed() > READY_BUDGET {
             bail!("no Transient failure within {READY_BUDGET:?} of the freeze");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
     let figure = froze.elapsed();
     drop(frozen);
-    Ok(figure)
+    Ok((figure, noticed))
 }
 
 /// The test hypervisor, as `cargo xtask hypervisor up` described it.
@@ -367,7 +366,8 @@ struct Figures {
     /// The operator's peak RSS before and after the big upload, in KiB.
     before: u64,
     after: u64,
-    frozen: Duration,
+    /// Freeze to Transient failure, and what noticed the frozen host.
+    frozen: (Duration, &'static str),
 }
 
 /// Creates the 512 MiB image's Proxy and waits until its base volume is cached; returns the
@@ -428,27 +428,36 @@ fn remove_cached_images(pool: &str, entry: &str) {
     }
 }
 
-fn print_table(f: &Figures) {
-    let (cold, warm, upload, frozen) = (f.cold, f.warm, f.upload, f.frozen);
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    println!();
-    println!("| kvm2 on the local hypervisor (software-emulated guests) | figure |");
-    println!("|---|---|");
-    println!("| Proxy created to Ready, cold image cache (13 MB qcow2 downloaded and uploaded first) | {cold:.1?} |");
-    println!("| Proxy created to Ready, warm image cache | {warm:.1?} |");
-    println!("| 512 MiB image: Proxy created to base cached (download, SHA-256, upload over SSH) | {upload:.1?} |");
-    println!(
-        "| operator peak RSS before / after that upload (limit 128 MiB) | {:.1} MiB / {:.1} MiB |",
-        mib(f.before),
-        mib(f.after)
-    );
-    println!(
-        "| a host frozen mid-upload (its SSH user's processes stopped): freeze to the create's Transient error (stall limit 30 s) | {frozen:.1?} |"
-    );
+fn print_table(f: &Figures, conditions: &str) {
+    let mut table = Table::new(&["Figure", "Value"]);
+    table
+        .row([
+            "Proxy created to Ready, cold image cache (the 13 MB test image downloaded and uploaded first)".to_owned(),
+            report::seconds(f.cold),
+        ])
+        .row([
+            "Proxy created to Ready, warm image cache".to_owned(),
+            report::seconds(f.warm),
+        ])
+        .row([
+            "a 512 MiB image: Proxy created to base cached (download, SHA-256, upload over SSH)".to_owned(),
+            report::seconds(f.upload),
+        ])
+        .row([
+            "operator peak RSS before / after that upload (the manager's limit is 128 MiB)".to_owned(),
+            format!("{} / {}", report::mib(f.before), report::mib(f.after)),
+        ])
+        .row([
+            "a host frozen in the middle of a 512 MiB upload (every process of its SSH user stopped): \
+             freeze to the create's Transient failure in the operator's log, default 30 s stall limit"
+                .to_owned(),
+            format!("{} ({})", report::seconds(f.frozen.0), f.frozen.1),
+        ]);
+    table.print(conditions);
 }
 
 /// Runs the kvm2 bench with the binaries in `bin` and scratch space `dir`; prints its table.
-pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
+pub(super) fn run(root: &Path, bin: &Path, dir: &Path, conditions: &Conditions) -> Result<()> {
     let Some(settings) = hypervisor_settings()? else {
         println!("\nkvm2 bench skipped: no test hypervisor (run `cargo xtask hypervisor up` first)");
         return Ok(());
@@ -486,6 +495,16 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
     drop(server);
     remove_cached_images(&hv.pool, &entry);
     let _ = std::fs::remove_file(&big);
-    print_table(&figures?);
+    let setup = format!(
+        "the shipped operator on egress-kube-testserver with one kvm2 entry, named anew so its \
+         image cache starts cold, on the local hypervisor (`cargo xtask hypervisor up`; guests of \
+         `domainType: {}`, 1 vCPU and 256 MiB), its images served by the bench: a Proxy of the test \
+         image with the cache cold, another with it warm, one of a 512 MiB image, then one of \
+         another 512 MiB image whose host is frozen mid-upload (its download held at {} MiB until \
+         then)",
+        hv.domain_type,
+        FROZEN_AT >> 20
+    );
+    print_table(&figures?, &conditions.line("kvm2", &setup));
     Ok(())
 }

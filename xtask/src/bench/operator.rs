@@ -18,6 +18,7 @@ use futures::StreamExt;
 use kube::api::{Api, PostParams};
 
 use super::lease_api::{self, Churn, Load, RssSampler, Side, Tokens};
+use super::report::{self, Conditions, Table};
 use crate::procs::{Killed, free_port, rss_kib};
 use crate::test_server;
 
@@ -221,8 +222,7 @@ async fn under_load(
 }
 
 /// The operator's figures, for the table.
-struct Figures<'a> {
-    profile: &'a str,
+struct Figures {
     count: usize,
     created: Duration,
     first_ready: Option<Duration>,
@@ -235,46 +235,55 @@ struct Figures<'a> {
     server_rss: u64,
 }
 
-fn print_table(f: &Figures<'_>) {
-    let profile = f.profile;
-    let count = f.count;
-    let created = f.created;
-    let all_ready = f.all_ready;
-    println!();
-    println!("| egress-operator bench ({profile} build)               | figure |");
-    println!("|---------------------------------------------------|--------|");
-    println!("| Proxies                                           | {count} |");
-    println!("| creating them in the test server                  | {created:.1?} |");
-    println!(
-        "| operator start to first Ready                     | {:.1?} |",
-        f.first_ready.unwrap_or_default()
-    );
-    println!("| operator start to all Ready                       | {all_ready:.1?} |");
-    println!(
-        "| operator peak RSS (VmHWM) at all Ready            | {:.1} MiB |",
-        mib(f.peak_at_ready)
-    );
-    println!(
-        "| operator peak RSS after 30 s of steady state      | {:.1} MiB |",
-        mib(f.peak)
-    );
-    println!(
-        "| operator RSS after 30 s of steady state           | {:.1} MiB |",
-        mib(f.settled)
-    );
-    println!(
-        "| manager memory limit                              | {LIMIT_MIB:.0} MiB ({}) |",
-        if mib(f.peak) < LIMIT_MIB { "under" } else { "OVER" }
-    );
-    println!(
-        "| test server RSS (separate process, for reference) | {:.1} MiB |",
-        mib(f.server_rss)
-    );
+fn print_table(f: &Figures, conditions: &Conditions) {
+    let limit = if mib(f.peak) < LIMIT_MIB { "under it" } else { "OVER it" };
+    let mut table = Table::new(&["Figure", "Value"]);
+    table
+        .row([
+            "creating the Proxies in the test server".to_owned(),
+            report::seconds(f.created),
+        ])
+        .row([
+            "operator start to first Ready".to_owned(),
+            report::seconds(f.first_ready.unwrap_or(f.all_ready)),
+        ])
+        .row(["operator start to all Ready".to_owned(), report::seconds(f.all_ready)])
+        .row([
+            "operator peak RSS (VmHWM) at all Ready".to_owned(),
+            report::mib(f.peak_at_ready),
+        ])
+        .row([
+            format!("operator peak RSS after {} s of steady state", STEADY.as_secs()),
+            report::mib(f.peak),
+        ])
+        .row([
+            format!("operator RSS after {} s of steady state", STEADY.as_secs()),
+            report::mib(f.settled),
+        ])
+        .row([
+            "the manager Deployment's memory limit".to_owned(),
+            format!("{LIMIT_MIB:.0} MiB (the peak {limit})"),
+        ])
+        .row([
+            "test server RSS (a process of its own, for reference)".to_owned(),
+            report::mib(f.server_rss),
+        ]);
+    table.print(&conditions.line(
+        "operator",
+        &format!(
+            "{} Managed Proxies of the reference provider (every verdict healthy) created in \
+             egress-kube-testserver, 32 at a time, before the operator built with it starts; its \
+             Ready count read from its metrics every 0.5 s; memory read at all Ready and again after \
+             {} s of steady state",
+            report::count(f.count as u64),
+            STEADY.as_secs()
+        ),
+    ));
 }
 
 /// Runs the operator bench with `count` Proxies, the programs in `bin` (a `profile` build) and
 /// scratch space `dir`; prints its tables.
-pub(super) fn run(root: &Path, bin: &Path, dir: &Path, count: usize, profile: &str) -> Result<()> {
+pub(super) fn run(root: &Path, bin: &Path, dir: &Path, count: usize, conditions: &Conditions) -> Result<()> {
     let providers = write_providers(dir)?;
     let (server, kubeconfig) = test_server::start(root, bin, "bench", dir)?;
     let runtime = tokio::runtime::Runtime::new()?;
@@ -315,7 +324,6 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path, count: usize, profile: &s
     // A while of steady state (drift polls), then the figures again.
     std::thread::sleep(STEADY);
     let figures = Figures {
-        profile,
         count,
         created,
         first_ready,
@@ -336,7 +344,7 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path, count: usize, profile: &s
     let peak_after = rss_kib(pid, "VmHWM:").unwrap_or(0);
     drop(operator);
     drop(server);
-    print_table(&figures);
+    print_table(&figures, conditions);
     lease_api::print(
         &loaded.manager,
         &engine,

@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use egress_api::ProxyPool;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
+use super::report::{self, Conditions, Table};
 use crate::procs::{Killed, free_port};
 use crate::test_server;
 
@@ -83,7 +84,7 @@ fn percentile(samples: &[Duration], p: f64) -> Duration {
     samples[rank.clamp(1, samples.len()) - 1]
 }
 
-pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
+pub(super) fn run(root: &Path, bin: &Path, dir: &Path, conditions: &Conditions) -> Result<()> {
     let dir = dir.join("pool");
     std::fs::create_dir_all(&dir)?;
     let providers = dir.join("providers.yaml");
@@ -118,7 +119,7 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
             .context("starting the reference operator")?,
     );
     let runtime = tokio::runtime::Runtime::new()?;
-    let (failover, rotation) = runtime.block_on(async {
+    let (settled, failover, rotation) = runtime.block_on(async {
         let pools: Api<ProxyPool> = Api::namespaced(test_server::client(&kubeconfig).await?, "bench");
         let pool: ProxyPool = serde_json::from_value(serde_json::json!({
             "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
@@ -131,36 +132,65 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path) -> Result<()> {
         let started = Instant::now();
         pools.create(&PostParams::default(), &pool).await?;
         wait_settled(&pools).await?;
-        eprintln!(
-            "bench: pool of {REPLICAS} + {STANDBY} settled in {:.1?}",
-            started.elapsed()
-        );
+        let settled = started.elapsed();
+        eprintln!("bench: pool of {REPLICAS} + {STANDBY} settled in {settled:.1?}");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
         let failover = failover(&http, &discovery, &pools, &unhealthy).await?;
         let rotation = rotation(&http, &discovery, &pools).await?;
-        anyhow::Ok((failover, rotation))
+        anyhow::Ok((settled, failover, rotation))
     })?;
     let mut samples = failover;
     samples.sort();
-    println!();
-    println!("| ProxyPool bench (reference provider, {REPLICAS} members + {STANDBY} standbys) | figure |");
-    println!("|---|---|");
-    println!(
-        "| failover: verdict to 100 leasable again, p50 / p99 / max of {} rounds | {:.0?} / {:.0?} / {:.0?} |",
-        samples.len(),
-        percentile(&samples, 50.0),
-        percentile(&samples, 99.0),
-        samples[samples.len() - 1]
-    );
-    println!(
-        "| rotation: every member replaced (maxSurge {MAX_SURGE}), under {CLIENTS} clients | {:.1?} |",
-        rotation.took
-    );
-    println!(
-        "| rotation: leases granted (and released) / refused | {} / {} |",
-        rotation.granted, rotation.refused
-    );
+    print_table(settled, &samples, &rotation, conditions);
     Ok(())
+}
+
+/// The bench's table, under its conditions; `samples` sorted.
+fn print_table(settled: Duration, samples: &[Duration], rotation: &Rotation, conditions: &Conditions) {
+    let mut table = Table::new(&["Figure", "Value", "Goal"]);
+    table
+        .row([
+            format!("pool of {REPLICAS} + {STANDBY} made and settled"),
+            report::seconds(settled),
+            String::new(),
+        ])
+        .row([
+            format!(
+                "failover: a member's verdict to {REPLICAS} leasable again, p50 / p99 / max of {} rounds",
+                samples.len()
+            ),
+            format!(
+                "{} / {} / {}",
+                report::millis(percentile(samples, 50.0)),
+                report::millis(percentile(samples, 99.0)),
+                report::millis(samples[samples.len() - 1])
+            ),
+            "p99 under 1 s".to_owned(),
+        ])
+        .row([
+            format!("a full rotation (a template change, `maxSurge: {MAX_SURGE}`) under {CLIENTS} clients"),
+            report::seconds(rotation.took),
+            String::new(),
+        ])
+        .row([
+            "leases granted (and released) / refused during it".to_owned(),
+            format!(
+                "{} / {}",
+                report::count(rotation.granted),
+                report::count(rotation.refused)
+            ),
+            "0 refused".to_owned(),
+        ]);
+    table.print(&conditions.line(
+        "pool",
+        &format!(
+            "a ProxyPool of {REPLICAS} members and {STANDBY} standbys of the reference provider on \
+             egress-kube-testserver, its verdicts scripted through a file the operator reads every \
+             10 ms (so each failover sample includes up to 10 ms of that); {ROUNDS} failover rounds, \
+             one member failed at a time and the pool settled again between rounds; then every member \
+             replaced while {CLIENTS} clients take and release leases naming the pool"
+        ),
+    ));
 }
 
 /// The failover rounds: one sample each.
