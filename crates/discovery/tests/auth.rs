@@ -62,7 +62,7 @@ async fn a_rotated_secret_volume_reaches_the_api_without_a_restart() {
     let path = volume.token_file();
     let set = Arc::new(TokenSet::default());
     let mut files = ClientFiles::default().token_file(path);
-    files.reload(&set).await;
+    files.reload(&set);
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     tokio::spawn(files.follow(set.clone(), Duration::from_millis(20), shutdown.clone()));
@@ -95,7 +95,7 @@ async fn an_empty_set_refuses_everything_and_a_missing_file_reads_as_missing() {
     assert_eq!(status(&url, "").await, 401);
     assert_eq!(status(&url, "anything").await, 401);
     assert_eq!(
-        read_token_file(Path::new("/nonexistent/egress/token")).await,
+        read_token_file(Path::new("/nonexistent/egress/token")),
         FileTokens::Missing
     );
 }
@@ -108,7 +108,7 @@ async fn a_token_path_that_is_no_regular_file_is_unusable_at_once() {
     let (dir, pipe) = (scratch.path().to_owned(), scratch.path().join("token"));
     egress_testkit::make_fifo(&pipe);
     for path in [&pipe, &dir] {
-        let read = read_token_file(path).await;
+        let read = read_token_file(path);
         assert_eq!(
             read,
             FileTokens::Unusable(format!("{} is not a regular file", path.display()))
@@ -130,7 +130,7 @@ async fn clients_of_a_secret_volume_are_added_changed_and_a_shared_token_is_refu
     let dir = token_file.parent().unwrap().to_owned();
     let set = Arc::new(TokenSet::default());
     let mut files = ClientFiles::default().token_file(&token_file).token_dir(&dir);
-    files.reload(&set).await;
+    files.reload(&set);
     // The kubelet's `..data` and timestamped entries, and a key that is no DNS label, are no
     // clients; the token file is the default client's, not a client `token`.
     assert_eq!((set.clients(), set.len()), (2, 2), "{set:?}");
@@ -172,7 +172,7 @@ async fn a_token_dir_that_does_not_exist_holds_no_client() {
     let mut files = ClientFiles::default()
         .token_dir("/nonexistent/egress/discovery")
         .fixed_tokens(vec!["env-token".into()]);
-    assert!(files.reload(&set).await.is_some());
+    assert!(files.reload(&set).is_some());
     assert_eq!((set.clients(), set.len()), (1, 1));
     assert_eq!(client_of(&set, "env-token").as_deref(), Some(ClientName::DEFAULT));
 }

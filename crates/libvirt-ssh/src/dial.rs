@@ -341,19 +341,21 @@ impl Dialer {
         {
             return Ok(cached.key.clone());
         }
-        let bytes = read_at_most(&self.options.key_file, KEY_FILE_LIMIT)
-            .await
-            .map_err(read_error)?;
         let parse_error = |reason: String| DialCause::KeyParse {
             path: path.clone(),
             reason,
         };
-        let Some(bytes) = bytes else {
-            return Err(parse_error(format!(
-                "larger than {} KiB, which no private key is",
-                KEY_FILE_LIMIT / 1024
-            )));
-        };
+        // A file that cannot hold a key (a device, a pipe, a directory; one over the cap) is
+        // the key's problem, as an unparsable one is; one that cannot be read may yet be.
+        let bytes = egress_files::read_regular_file_async(&self.options.key_file, KEY_FILE_LIMIT)
+            .await
+            .map_err(|e| match e.problem {
+                egress_files::Problem::Io(source) => read_error(source),
+                egress_files::Problem::NotRegular => parse_error(e.problem.to_string()),
+                egress_files::Problem::TooLarge { .. } => {
+                    parse_error(format!("{}, which no private key is", e.problem))
+                }
+            })?;
         let text = String::from_utf8(bytes).map_err(|_| parse_error("not text: not a private key".to_owned()))?;
         let key = crate::key_file::decode_private_key(&text).map_err(|e| parse_error(key_error_text(&e)))?;
         let key = Arc::new(key);
@@ -372,18 +374,6 @@ impl Dialer {
 /// memory.
 const KEY_FILE_LIMIT: u64 = 64 * 1024;
 
-/// The file's bytes, or `None` when it holds more than `limit`.
-async fn read_at_most(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
-    use tokio::io::AsyncReadExt;
-    let mut bytes = Vec::new();
-    tokio::fs::File::open(path)
-        .await?
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
-        .await?;
-    Ok((bytes.len() as u64 <= limit).then_some(bytes))
-}
-
 /// What a key parse error says, without any of the file's content.
 fn key_error_text(e: &russh::keys::Error) -> String {
     match e {
@@ -400,7 +390,8 @@ const KNOWN_HOSTS_LIMIT: u64 = 4 * 1024 * 1024;
 
 /// Reads the known_hosts file, so its absence is reported as itself (russh's own lookup treats
 /// an unreadable file as "no entries"). Only a regular file of at most [`KNOWN_HOSTS_LIMIT`]
-/// bytes is taken: russh's later reads of a pipe or a device would never end.
+/// bytes is taken (the one bounded read, [`egress_files::read_regular_file`]): russh's later
+/// reads of a pipe or a device would never end.
 async fn read_known_hosts(path: &Path) -> Result<String, DialCause> {
     let unreadable = |source| DialCause::KnownHostsRead {
         path: path.display().to_string(),
@@ -410,14 +401,13 @@ async fn read_known_hosts(path: &Path) -> Result<String, DialCause> {
         path: path.display().to_string(),
         reason,
     };
-    let meta = tokio::fs::metadata(path).await.map_err(unreadable)?;
-    if !meta.is_file() {
-        return Err(unreadable(std::io::Error::other("not a regular file")));
-    }
-    let bytes = read_at_most(path, KNOWN_HOSTS_LIMIT)
+    let bytes = egress_files::read_regular_file_async(path, KNOWN_HOSTS_LIMIT)
         .await
-        .map_err(unreadable)?
-        .ok_or_else(|| unparsable(format!("larger than {} MiB", KNOWN_HOSTS_LIMIT / (1024 * 1024))))?;
+        .map_err(|e| match e.problem {
+            egress_files::Problem::Io(source) => unreadable(source),
+            egress_files::Problem::NotRegular => unreadable(std::io::Error::other(e.problem.to_string())),
+            egress_files::Problem::TooLarge { .. } => unparsable(e.problem.to_string()),
+        })?;
     String::from_utf8(bytes).map_err(|_| unparsable("not text".to_owned()))
 }
 

@@ -322,13 +322,19 @@ async fn a_refused_missing_or_unparsable_key_says_so() {
         "the key's content leaked: {e}"
     );
 
-    // A file far larger than any key, and one that never ends, are refused after 64 KiB.
+    // A file far larger than any key is refused after 64 KiB; one that never ends (a device)
+    // or a pipe nobody writes to is refused unread, as no regular file.
     let huge = dir.join("huge");
     std::fs::write(&huge, vec![b'A'; 64 * 1024 + 1]).unwrap();
-    for endless in [huge.as_path(), Path::new("/dev/zero")] {
+    let e = dial(&huge, HostKeys::KnownHosts(known.clone()), &address).await;
+    assert!(matches!(e.cause, DialCause::KeyParse { .. }) && e.is_key_error(), "{e}");
+    assert!(e.to_string().contains("larger than 64 KiB"), "{e}");
+    let pipe = dir.join("pipe");
+    egress_testkit::make_fifo(&pipe);
+    for endless in [Path::new("/dev/zero"), pipe.as_path()] {
         let e = dial(endless, HostKeys::KnownHosts(known.clone()), &address).await;
         assert!(matches!(e.cause, DialCause::KeyParse { .. }) && e.is_key_error(), "{e}");
-        assert!(e.to_string().contains("larger than 64 KiB"), "{e}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
     let binary = dir.join("binary");
     std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();

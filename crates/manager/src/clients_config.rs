@@ -8,7 +8,7 @@
 use egress_discovery::{Admission, AdmissionMetrics, Budget, Budgets, Scopes};
 
 use crate::flags::Options;
-use crate::followed::{Followed, Following, Unusable, read_regular_file};
+use crate::followed::{Followed, Following, Unusable, read_flag_file};
 use egress_runtime::Fatal;
 
 const FLAG: &str = "--discovery-clients-config";
@@ -91,7 +91,7 @@ impl Followed for ClientsConfig {
             why,
         };
         let max = egress_discovery::MAX_CLIENTS_CONFIG_BYTES as u64;
-        let text = read_regular_file(&self.path, max, "which no clients config is").map_err(unusable)?;
+        let text = read_flag_file(&self.path, max, "which no clients config is").map_err(unusable)?;
         if self.applied.as_deref() == Some(&text) {
             return Ok(false);
         }

@@ -57,7 +57,7 @@ pub(crate) async fn start(
     }
     let set = Arc::new(TokenSet::default());
     let mut files = client_files(options);
-    files.reload(&set).await;
+    files.reload(&set);
     tasks.spawn(files.follow(set.clone(), FILE_POLL, shutdown.clone()));
     if set.is_configured() {
         tracing::info!(

@@ -1,15 +1,17 @@
-//! Files the operator reads again while it runs, every [`FILE_POLL`]: a Secret or ConfigMap
-//! volume's files change in place when a CA is rotated or a certificate renewed, and the change
-//! reaches what uses them without a restart. The PEM files of flags are read by
-//! [`read_pem_file`], bounded. A change that reads and checks well is applied and logged; one
-//! that does not is logged once (until the problem changes) as a warning, naming the flag and
-//! the file but never what the files hold, and what is in use stays.
+//! Files the operator reads again while it runs, every [`FILE_POLL`], with the one file
+//! follower of `egress-files` (through `egress-runtime`): a Secret or ConfigMap volume's files
+//! change in place when a CA is rotated or a certificate renewed, and the change reaches what
+//! uses them without a restart. The PEM files of flags are read by [`read_pem_file`], bounded.
+//! A change that reads and checks well is applied and logged; one that does not is logged once
+//! (until the problem changes) as a warning, naming the flag and the file but never what the
+//! files hold, and what is in use stays.
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use egress_runtime::Fatal;
+use egress_runtime::files;
 
 pub(crate) use crate::discovery_auth::FILE_POLL;
 
@@ -49,55 +51,43 @@ impl Unusable {
     }
 }
 
-/// Files followed, and the problem last logged for them.
-pub(crate) struct Following<F> {
-    followed: F,
-    last_problem: Option<Unusable>,
-}
+/// Files followed by the one follower ([`egress_runtime::files::Follower`]), with the
+/// operator's log lines.
+pub(crate) struct Following<F: Followed>(files::Follower<Logged<F>>);
 
 impl<F: Followed> Following<F> {
     pub(crate) fn new(followed: F) -> Self {
-        Self {
-            followed,
-            last_problem: None,
-        }
+        Self(files::Follower::new(Logged(followed)))
     }
 
     /// Checks the files now, and logs what it found. Blocking (see [`Followed::check`]).
     pub(crate) fn check_now(&mut self) {
-        match self.followed.check() {
-            Ok(false) => self.last_problem = None,
-            Ok(true) => {
-                self.last_problem = None;
-                tracing::info!(files = %self.followed.files(), "{}", F::CHANGED);
-            }
-            Err(problem) if self.last_problem.as_ref() != Some(&problem) => {
-                tracing::warn!(flag = problem.flag, path = %problem.path, problem = %problem.why, "{}", F::UNUSABLE);
-                self.last_problem = Some(problem);
-            }
-            Err(_) => {}
-        }
+        self.0.check_now();
     }
 
     /// Checks the files every `every` until `shutdown`, each time on a thread that may block.
-    pub(crate) async fn run(mut self, every: Duration, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(every) => {}
-            }
-            self = match tokio::task::spawn_blocking(move || {
-                self.check_now();
-                self
-            })
-            .await
-            {
-                Ok(following) => following,
-                // A check that panicked: a bug, logged by the panic hook; nothing is followed
-                // from then on, and what is in use stays.
-                Err(_) => return,
-            };
-        }
+    pub(crate) async fn run(self, every: Duration, shutdown: CancellationToken) {
+        self.0.run(every, shutdown).await;
+    }
+}
+
+/// Followed files as the one follower takes them: a change and a new problem logged.
+struct Logged<F>(F);
+
+impl<F: Followed> files::Followed for Logged<F> {
+    type Change = ();
+    type Problem = Unusable;
+
+    fn check(&mut self) -> Result<Option<()>, Unusable> {
+        self.0.check().map(|changed| changed.then_some(()))
+    }
+
+    fn changed(&self, (): &()) {
+        tracing::info!(files = %self.0.files(), "{}", F::CHANGED);
+    }
+
+    fn unusable(&self, problem: &Unusable) {
+        tracing::warn!(flag = problem.flag, path = %problem.path, problem = %problem.why, "{}", F::UNUSABLE);
     }
 }
 
@@ -105,37 +95,18 @@ impl<F: Followed> Following<F> {
 /// hold: a bundle of every public CA is about 200 KiB.
 const MAX_PEM_FILE: u64 = 1024 * 1024;
 
-/// The PEM file at `path`, read whole with [`read_regular_file`], at most [`MAX_PEM_FILE`].
+/// The PEM file at `path`, read whole with [`read_flag_file`], at most [`MAX_PEM_FILE`].
 pub(crate) fn read_pem_file(path: &str) -> Result<Vec<u8>, String> {
-    read_regular_file(path, MAX_PEM_FILE, "which no certificate or key file is")
+    read_flag_file(path, MAX_PEM_FILE, "which no certificate or key file is")
 }
 
-/// The file at `path`, read whole: a regular file (a pipe would stall the read until something
-/// writes to it, a device might never end) of at most `max` bytes; over it, the error says so
-/// and why that is too much (`beyond`). Opened without waiting (a pipe opens at once that way)
-/// and then looked at, so a pipe put in the file's place between a look and the open cannot
-/// stall it either.
-pub(crate) fn read_regular_file(path: &str, max: u64, beyond: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    if !file.metadata().map_err(|e| e.to_string())?.is_file() {
-        return Err("not a regular file".to_owned());
-    }
-    // Reading a regular file never waits, whatever the flag says.
-    let mut bytes = Vec::new();
-    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > max {
-        let size = if max >= 1 << 20 {
-            format!("{} MiB", max >> 20)
-        } else {
-            format!("{} KiB", max >> 10)
-        };
-        return Err(format!("larger than {size}, {beyond}"));
-    }
-    Ok(bytes)
+/// The file at `path`, read whole with the one bounded read
+/// ([`egress_runtime::files::read_regular_file`]: a regular file, opened without waiting, of at
+/// most `max` bytes); over it, the error says so and why that is too much (`beyond`). The error
+/// leaves out the path, which the caller names with its flag.
+pub(crate) fn read_flag_file(path: &str, max: u64, beyond: &str) -> Result<Vec<u8>, String> {
+    files::read_regular_file(path, max).map_err(|e| match e.problem {
+        files::Problem::TooLarge { .. } => format!("{}, {beyond}", e.problem),
+        problem => problem.to_string(),
+    })
 }

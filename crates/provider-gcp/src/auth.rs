@@ -233,17 +233,24 @@ impl Tokens {
 
     async fn fetch_from_key_file(&self, path: &Path) -> Result<(AccessToken, Duration), RequestFailure> {
         let shown = path.display();
-        let text = match tokio::fs::read(path).await {
-            Ok(bytes) if bytes.len() > MAX_DOCUMENT => {
-                return Err(permanent(format!(
-                    "credential file {shown} is over {MAX_DOCUMENT} bytes"
-                )));
-            }
+        // The one bounded read: never more than the cap (the file is not read whole first), and
+        // a pipe or a device in the file's place is refused rather than waited on.
+        let text = match egress_files::read_regular_file_async(path, MAX_DOCUMENT as u64).await {
             Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if e.is_not_found() => {
                 return Err(transient(format!("credential file {shown} does not exist (yet)")));
             }
-            Err(e) => return Err(transient(format!("reading credential file {shown}: {}", e.kind()))),
+            Err(e) => {
+                return Err(match e.problem {
+                    egress_files::Problem::TooLarge { .. } => {
+                        permanent(format!("credential file {shown} is over {MAX_DOCUMENT} bytes"))
+                    }
+                    egress_files::Problem::NotRegular => {
+                        permanent(format!("credential file {shown} is not a regular file"))
+                    }
+                    egress_files::Problem::Io(e) => transient(format!("reading credential file {shown}: {}", e.kind())),
+                });
+            }
         };
         // serde's message could quote the content: say only what kind of file it is, by its
         // `type` (not a secret) when it has one.
@@ -443,6 +450,54 @@ mod tests {
         let t = AccessToken("ya29.secret".into());
         assert!(!format!("{t:?}").contains("secret"));
         assert_eq!(t.bearer(), "Bearer ya29.secret");
+    }
+
+    /// What fetching a token from the key file at `path` failed with: the message and whether
+    /// it is permanent.
+    async fn key_file_failure(path: &Path) -> (String, bool) {
+        let http = crate::client::http_client().expect("an HTTP client");
+        let tokens = Tokens::new(CredentialSource::KeyFile(path.to_owned()), http);
+        match tokens.token().await {
+            Err(RequestFailure::Token { message, permanent }) => (message, permanent),
+            other => panic!("{}: {other:?}", path.display()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_file_is_read_bounded_and_only_when_it_is_a_regular_file() {
+        let dir = egress_testkit::ScratchDir::new("gcp-key-file");
+        let (huge, pipe) = (dir.path().join("huge.json"), dir.path().join("pipe.json"));
+        let padding = "SENTINEL".repeat(MAX_DOCUMENT / 8 + 1);
+        std::fs::write(
+            &huge,
+            format!("{{\"type\": \"service_account\", \"pad\": \"{padding}\"}}"),
+        )
+        .unwrap();
+        egress_testkit::make_fifo(&pipe);
+        let (message, permanent) = key_file_failure(&huge).await;
+        assert_eq!(
+            (message.as_str(), permanent),
+            (
+                format!("credential file {} is over {MAX_DOCUMENT} bytes", huge.display()).as_str(),
+                true
+            )
+        );
+        // Nothing writes to the pipe: a read that waited would hang here.
+        for odd in [pipe.as_path(), dir.path()] {
+            let (message, permanent) = key_file_failure(odd).await;
+            assert_eq!(
+                message,
+                format!("credential file {} is not a regular file", odd.display())
+            );
+            assert!(permanent, "{message}");
+        }
+        let missing = dir.path().join("missing.json");
+        let (message, permanent) = key_file_failure(&missing).await;
+        assert_eq!(
+            message,
+            format!("credential file {} does not exist (yet)", missing.display())
+        );
+        assert!(!permanent, "it may appear");
     }
 
     #[test]

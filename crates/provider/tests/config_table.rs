@@ -664,6 +664,27 @@ fn config_load_of_a_missing_file_names_the_path() {
     assert!(shown.contains("os error 2"), "{shown}");
 }
 
+/// A pipe nobody writes to at `--providers-config` would hang the start; it is refused at once
+/// (nextest's timeout fails a load that waits), as a directory is.
+#[test]
+fn config_load_refuses_a_pipe_or_a_directory_at_once() {
+    let dir = egress_testkit::ScratchDir::new("providers-config-odd");
+    let pipe = dir.path().join("providers.yaml");
+    egress_testkit::make_fifo(&pipe);
+    for odd in [pipe.as_path(), dir.path()] {
+        let shown = ProvidersConfig::load(odd, &registry())
+            .expect_err("no regular file")
+            .to_string();
+        assert_eq!(
+            shown,
+            format!(
+                "{}: cannot read the providers config: not a regular file",
+                odd.display()
+            )
+        );
+    }
+}
+
 #[test]
 fn config_load_refuses_a_file_over_one_mib() {
     let path = temp_path("huge");

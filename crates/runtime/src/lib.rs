@@ -7,7 +7,9 @@
 //! - [`serve`]: the probe server (`/healthz`, `/readyz`) and the metrics server (plain, or HTTPS
 //!   for callers the API server authorises);
 //! - [`process`]: a program's life from its command line to its exit code, with SIGTERM and
-//!   SIGINT asking it to stop.
+//!   SIGINT asking it to stop;
+//! - [`files`]: followed files, and the one bounded read of a file from a path (the
+//!   `egress-files` crate, which the crates below the runtime use directly).
 //!
 //! `examples/minimal.rs` is a whole program on it.
 
@@ -17,4 +19,6 @@ pub mod process;
 pub mod serve;
 pub mod telemetry;
 
+/// Files read from a path and followed: the `egress-files` crate, for binaries.
+pub use egress_files as files;
 pub use process::{Fatal, Program, ProgramOptions};

@@ -1,6 +1,8 @@
 //! The clients' token files, followed while the API serves: `--discovery-token-file` and the
-//! token dir's files are read again every few seconds, and what they give is put in force when
-//! it changed. Problems are logged once each, naming files and clients, never a token.
+//! token dir's files are read again every few seconds by the one file follower
+//! ([`egress_files::Follower`]), and what they give is put in force when it changed. Each file
+//! keeps what it last gave ([`egress_files::Kept`]). Problems are logged once each, naming files
+//! and clients, never a token.
 //!
 //! ```text
 //!  --discovery-token-file ─┐
@@ -16,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use egress_files::{Follower, Kept};
 use tokio_util::sync::CancellationToken;
 
 use super::name::{ClientName, Entry, entry};
@@ -28,30 +31,22 @@ pub const MAX_CLIENTS: usize = 64;
 /// One file as followed: the tokens it last gave, which stay in force while it is missing,
 /// empty or unusable, and the problem last logged about it.
 #[derive(Default)]
-struct Followed {
-    kept: Vec<String>,
-    problem: Option<String>,
-}
+struct Followed(Kept<Vec<String>, String>);
 
 impl Followed {
+    /// The tokens kept (none before the file gave any).
+    fn kept(&self) -> &[String] {
+        self.0.value().map_or(&[], Vec::as_slice)
+    }
+
     /// Takes what the file gave now; answers the problem to log, when it is a new one.
     fn take(&mut self, read: FileTokens) -> Option<String> {
-        match read {
-            FileTokens::Tokens(tokens) if !tokens.is_empty() => {
-                self.kept = tokens;
-                self.problem = None;
-                None
-            }
-            FileTokens::Tokens(_) | FileTokens::Missing => {
-                self.problem = None;
-                None
-            }
-            FileTokens::Unusable(why) if self.problem.as_ref() == Some(&why) => None,
-            FileTokens::Unusable(why) => {
-                self.problem = Some(why.clone());
-                Some(why)
-            }
-        }
+        let look = match read {
+            FileTokens::Tokens(tokens) if !tokens.is_empty() => Ok(Some(tokens)),
+            FileTokens::Tokens(_) | FileTokens::Missing => Ok(None),
+            FileTokens::Unusable(why) => Err(why),
+        };
+        self.0.take(look).cloned()
     }
 }
 
@@ -173,13 +168,9 @@ impl ClientFiles {
 
     /// Reads every file once and puts what they give in `set` when it differs from what this
     /// follower put there last. Answers the clients whose tokens changed when it did (possibly
-    /// none: every token given was refused).
-    ///
-    /// # Cancellation
-    ///
-    /// Dropped midway, it loses nothing: the next pass puts in force what this one would have.
-    pub async fn reload(&mut self, set: &TokenSet) -> Option<Vec<ClientName>> {
-        self.read_files().await;
+    /// none: every token given was refused). Blocking: it lists the token dir and reads files.
+    pub fn reload(&mut self, set: &TokenSet) -> Option<Vec<ClientName>> {
+        self.read_files();
         let (table, shared) = Table::build(&self.clients());
         self.log_shared(shared);
         if table == *self.last {
@@ -193,67 +184,51 @@ impl ClientFiles {
     }
 
     /// Reads the token file, then the files the token dir lists that are served.
-    async fn read_files(&mut self) {
+    fn read_files(&mut self) {
         if let Some(path) = &self.token_file {
-            let problem = self.from_token_file.take(read_token_file(path).await);
+            let problem = self.from_token_file.take(read_token_file(path));
             unusable(problem, &ClientName::default());
         }
-        let listing = self.list_dir().await;
+        let listing = self.list_dir();
         let served = self.serve_within_cap(&listing.clients);
         let Some(dir) = &self.dir else { return };
         if listing.default {
             let problem = self
                 .from_default_file
-                .take(read_token_file(&dir.join(ClientName::DEFAULT)).await);
+                .take(read_token_file(&dir.join(ClientName::DEFAULT)));
             unusable(problem, &ClientName::default());
         }
         for name in served.iter().filter(|n| listing.clients.contains(*n)) {
-            let read = read_token_file(&dir.join(name.as_str())).await;
+            let read = read_token_file(&dir.join(name.as_str()));
             unusable(self.named.entry(name.clone()).or_default().take(read), name);
         }
     }
 
-    /// Reloads every `every` until `shutdown`, logging each change by count and client name:
-    /// a rotation or a new client reaches the API without a restart.
-    pub async fn follow(mut self, set: Arc<TokenSet>, every: Duration, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(every) => {}
-            }
-            if let Some(changed) = self.reload(&set).await {
-                tracing::info!(
-                    target: "discovery",
-                    tokens = set.len(),
-                    clients = set.clients(),
-                    changed = %joined(&changed),
-                    "discovery tokens reloaded"
-                );
-            }
-        }
+    /// Reloads every `every` until `shutdown` (with the one follower, each pass on a thread that
+    /// may block), logging each change by count and client name: a rotation or a new client
+    /// reaches the API without a restart.
+    pub async fn follow(self, set: Arc<TokenSet>, every: Duration, shutdown: CancellationToken) {
+        Follower::new(Following { files: self, set }).run(every, shutdown).await;
     }
 
     /// The name of `--discovery-token-file` when it lies in the token dir. The dirs are
     /// compared resolved when they exist, so `./secret/token` lies in `secret`: were it taken
     /// for a client of its own, the default client's tokens would be refused as shared.
-    async fn own_name(&self) -> Option<OsString> {
+    fn own_name(&self) -> Option<OsString> {
         let (file, dir) = (self.token_file.as_deref()?, self.dir.as_deref()?);
         let parent = file.parent()?;
-        let resolved = |p: &Path| {
-            let p = p.to_owned();
-            async move { tokio::fs::canonicalize(&p).await.unwrap_or(p) }
-        };
-        let same = parent == dir || resolved(parent).await == resolved(dir).await;
+        let resolved = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+        let same = parent == dir || resolved(parent) == resolved(dir);
         same.then(|| file.file_name().map(OsStr::to_owned)).flatten()
     }
 
     /// The token dir's entries, sorted out; nothing when it is missing or cannot be listed
     /// (then the clients read before stay).
-    async fn list_dir(&mut self) -> Listing {
+    fn list_dir(&mut self) -> Listing {
         let Some(dir) = self.dir.clone() else {
             return Listing::default();
         };
-        let names = match read_names(&dir).await {
+        let names = match read_names(&dir) {
             Ok(names) => names,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => {
@@ -266,7 +241,7 @@ impl ClientFiles {
             }
         };
         self.logged.dir_problem = None;
-        let listing = sort_entries(names, self.own_name().await.as_deref());
+        let listing = sort_entries(names, self.own_name().as_deref());
         for name in listing.not_labels.difference(&self.logged.not_labels) {
             tracing::warn!(
                 target: "discovery",
@@ -281,7 +256,7 @@ impl ClientFiles {
     /// The named clients to serve: those listed now and those served before whose file went
     /// away (their tokens stay), within the cap in name order. Forgets the others.
     fn serve_within_cap(&mut self, listed: &BTreeSet<ClientName>) -> Vec<ClientName> {
-        let before = self.named.iter().filter(|(_, f)| !f.kept.is_empty()).map(|(n, _)| n);
+        let before = self.named.iter().filter(|(_, f)| !f.kept().is_empty()).map(|(n, _)| n);
         let (served, skipped) = within_cap(listed.iter().chain(before).cloned().collect());
         if skipped != self.logged.over_cap && !skipped.is_empty() {
             tracing::warn!(
@@ -297,8 +272,11 @@ impl ClientFiles {
 
     /// Every client's tokens, before shared ones are refused.
     fn clients(&self) -> BTreeMap<ClientName, Vec<String>> {
-        let default = default_tokens(&[&self.from_token_file.kept, &self.from_default_file.kept], &self.fixed);
-        let named = self.named.iter().map(|(name, f)| (name.clone(), f.kept.clone()));
+        let default = default_tokens(
+            &[self.from_token_file.kept(), self.from_default_file.kept()],
+            &self.fixed,
+        );
+        let named = self.named.iter().map(|(name, f)| (name.clone(), f.kept().to_vec()));
         std::iter::once((ClientName::default(), default))
             .chain(named)
             .filter(|(_, tokens)| !tokens.is_empty())
@@ -317,6 +295,36 @@ impl ClientFiles {
     }
 }
 
+/// The client files as the one follower follows them. A pass never fails as a whole: each
+/// file's problem is logged by the pass, naming its client, and that file's tokens stay.
+struct Following {
+    files: ClientFiles,
+    set: Arc<TokenSet>,
+}
+
+impl egress_files::Followed for Following {
+    type Change = Vec<ClientName>;
+    type Problem = std::convert::Infallible;
+
+    fn check(&mut self) -> Result<Option<Vec<ClientName>>, Self::Problem> {
+        Ok(self.files.reload(&self.set))
+    }
+
+    fn changed(&self, changed: &Vec<ClientName>) {
+        tracing::info!(
+            target: "discovery",
+            tokens = self.set.len(),
+            clients = self.set.clients(),
+            changed = %joined(changed),
+            "discovery tokens reloaded"
+        );
+    }
+
+    fn unusable(&self, problem: &Self::Problem) {
+        match *problem {}
+    }
+}
+
 /// Logs a token file's new problem.
 fn unusable(problem: Option<String>, client: &ClientName) {
     if let Some(why) = problem {
@@ -325,13 +333,10 @@ fn unusable(problem: Option<String>, client: &ClientName) {
 }
 
 /// The names in `dir`.
-async fn read_names(dir: &Path) -> std::io::Result<Vec<OsString>> {
-    let mut entries = tokio::fs::read_dir(dir).await?;
-    let mut names = Vec::new();
-    while let Some(entry) = entries.next_entry().await? {
-        names.push(entry.file_name());
-    }
-    Ok(names)
+fn read_names(dir: &Path) -> std::io::Result<Vec<OsString>> {
+    std::fs::read_dir(dir)?
+        .map(|entry| entry.map(|e| e.file_name()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -352,13 +357,13 @@ mod tests {
         assert_eq!(file.take(FileTokens::Tokens(tokens(&["f1"]))), None);
         assert_eq!(file.take(FileTokens::Tokens(Vec::new())), None);
         assert_eq!(file.take(FileTokens::Missing), None);
-        assert_eq!(file.kept, tokens(&["f1"]));
+        assert_eq!(file.kept(), tokens(&["f1"]));
         assert_eq!(file.take(FileTokens::Unusable("bad".into())), Some("bad".into()));
         assert_eq!(file.take(FileTokens::Unusable("bad".into())), None, "logged once");
         assert_eq!(file.take(FileTokens::Unusable("worse".into())), Some("worse".into()));
-        assert_eq!(file.kept, tokens(&["f1"]));
+        assert_eq!(file.kept(), tokens(&["f1"]));
         assert_eq!(file.take(FileTokens::Tokens(tokens(&["f2"]))), None);
-        assert_eq!(file.kept, tokens(&["f2"]));
+        assert_eq!(file.kept(), tokens(&["f2"]));
         assert_eq!(
             file.take(FileTokens::Unusable("bad".into())),
             Some("bad".into()),
@@ -419,20 +424,20 @@ mod tests {
         assert!(sort_entries(names, None).clients.contains(&name("token")));
     }
 
-    #[tokio::test]
-    async fn the_token_file_is_the_default_client_s_only_when_it_lies_in_the_dir() {
-        async fn own(file: impl Into<PathBuf>, dir: impl Into<PathBuf>) -> Option<String> {
+    #[test]
+    fn the_token_file_is_the_default_client_s_only_when_it_lies_in_the_dir() {
+        fn own(file: impl Into<PathBuf>, dir: impl Into<PathBuf>) -> Option<String> {
             let files = ClientFiles::default().token_file(file).token_dir(dir);
-            files.own_name().await.map(|n| n.to_string_lossy().into_owned())
+            files.own_name().map(|n| n.to_string_lossy().into_owned())
         }
-        assert_eq!(own("/etc/d/token", "/etc/d").await.as_deref(), Some("token"));
-        assert_eq!(own("/etc/d/token", "/etc/d/").await.as_deref(), Some("token"));
-        assert_eq!(own("/etc/other/token", "/etc/d").await, None);
-        assert_eq!(own("/etc/d/sub/token", "/etc/d").await, None);
+        assert_eq!(own("/etc/d/token", "/etc/d").as_deref(), Some("token"));
+        assert_eq!(own("/etc/d/token", "/etc/d/").as_deref(), Some("token"));
+        assert_eq!(own("/etc/other/token", "/etc/d"), None);
+        assert_eq!(own("/etc/d/sub/token", "/etc/d"), None);
         // The same dir written two ways, resolved.
         let here = std::env::current_dir().unwrap();
-        assert_eq!(own("./token", &here).await.as_deref(), Some("token"));
-        assert_eq!(own(here.join("token"), ".").await.as_deref(), Some("token"));
+        assert_eq!(own("./token", &here).as_deref(), Some("token"));
+        assert_eq!(own(here.join("token"), ".").as_deref(), Some("token"));
     }
 
     #[test]
@@ -442,10 +447,7 @@ mod tests {
             .fixed_tokens(tokens(&["sentinel-fixed-token"]));
         files.named.insert(
             name("team-a"),
-            Followed {
-                kept: tokens(&["sentinel-team-token"]),
-                problem: None,
-            },
+            Followed(Kept::holding(tokens(&["sentinel-team-token"]))),
         );
         let (table, _) = Table::build(&files.clients());
         let shown = format!("{files:?} {table:?}");

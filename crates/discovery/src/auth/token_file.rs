@@ -55,36 +55,23 @@ pub enum FileTokens {
     Unusable(String),
 }
 
-/// Reads the token file at `path`, following symlinks (a Secret volume's file is one, through
-/// `..data`, which the kubelet swaps whole on an update).
-pub async fn read_token_file(path: &std::path::Path) -> FileTokens {
-    use tokio::io::AsyncReadExt as _;
-    let unreadable = |e: std::io::Error| FileTokens::Unusable(format!("reading {}: {}", path.display(), e.kind()));
-    // Opened without waiting (a pipe in the file's place would otherwise hold the open, and
-    // every later reload, until something wrote to it), then looked at.
-    let file = match tokio::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits().cast_signed())
-        .open(path)
-        .await
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileTokens::Missing,
-        Err(e) => return unreadable(e),
+/// Reads the token file at `path` with the one bounded read ([`egress_files::read_regular_file`]):
+/// symlinks are followed (a Secret volume's file is one, through `..data`, which the kubelet
+/// swaps whole on an update), and a pipe or a directory in the file's place is refused without
+/// waiting. Blocking.
+pub fn read_token_file(path: &std::path::Path) -> FileTokens {
+    use egress_files::Problem;
+    let bytes = match egress_files::read_regular_file(path, MAX_FILE_BYTES) {
+        Ok(bytes) => bytes,
+        Err(e) if e.is_not_found() => return FileTokens::Missing,
+        Err(e) => {
+            return FileTokens::Unusable(match e.problem {
+                Problem::NotRegular => format!("{} is not a regular file", path.display()),
+                Problem::TooLarge { .. } => format!("{} is over {MAX_FILE_BYTES} bytes", path.display()),
+                Problem::Io(e) => format!("reading {}: {}", path.display(), e.kind()),
+            });
+        }
     };
-    match file.metadata().await {
-        Ok(metadata) if metadata.is_file() => {}
-        Ok(_) => return FileTokens::Unusable(format!("{} is not a regular file", path.display())),
-        Err(e) => return unreadable(e),
-    }
-    // Read through the cap itself, so a file that grows while it is read stays bounded.
-    let mut bytes = Vec::new();
-    if let Err(e) = file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).await {
-        return unreadable(e);
-    }
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return FileTokens::Unusable(format!("{} is over {MAX_FILE_BYTES} bytes", path.display()));
-    }
     let Ok(text) = String::from_utf8(bytes) else {
         return FileTokens::Unusable(format!("{} is not UTF-8 text", path.display()));
     };

@@ -19,8 +19,6 @@
 //!
 //! Then [`validate`](super::validate) applies the per-entry rules.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
@@ -107,20 +105,17 @@ impl ProvidersConfig {
     }
 }
 
-/// Reads at most [`MAX_FILE_BYTES`] (plus one byte, to tell "exactly at the
-/// limit" from "over it"), so a huge file is never buffered whole.
+/// Reads the file with the one bounded read ([`egress_files::read_regular_file`]): at most
+/// [`MAX_FILE_BYTES`], so a huge file is never buffered whole, and only a regular file, so a pipe
+/// at the path (which would hang the start until something wrote to it) or a directory is
+/// refused at once.
 fn read_capped(path: &Path) -> Result<String, String> {
-    let cannot_read = |e: std::io::Error| format!("cannot read the providers config: {e}");
-    let file = File::open(path).map_err(cannot_read)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(cannot_read)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!(
-            "the file is larger than the {MAX_FILE_BYTES}-byte (1 MiB) limit for a providers config"
-        ));
-    }
+    let bytes = egress_files::read_regular_file(path, MAX_FILE_BYTES).map_err(|e| match e.problem {
+        egress_files::Problem::TooLarge { .. } => {
+            format!("the file is larger than the {MAX_FILE_BYTES}-byte (1 MiB) limit for a providers config")
+        }
+        problem => format!("cannot read the providers config: {problem}"),
+    })?;
     String::from_utf8(bytes).map_err(|e| format!("the file is not valid UTF-8: {e}"))
 }
 
