@@ -220,7 +220,7 @@ async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &req
     lease
         .proxy
         .password
-        .clone()
+        .map(std::borrow::Cow::into_owned)
         .context("the lease carries a URL with credentials but no password")
 }
 
