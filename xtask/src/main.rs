@@ -319,10 +319,17 @@ impl std::fmt::Display for Failure {
 
 /// Runs the selection with the services it needs; returns the counts and the first failure.
 fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::Counts, Option<Failure>)> {
-    // The shared lease store's tests run against a real redis-server of this run's own.
-    let redis = procs::start_redis()?;
-    // And against a Redis Cluster of three masters.
-    let redis_cluster = procs::start_redis_cluster()?;
+    // The shared lease store's tests run against a real redis-server of this run's own (its
+    // file never synced: nothing is crashed here)...
+    let redis = egress_testkit::redis::LocalRedis::start_with_appendfsync("no")
+        .map_err(anyhow::Error::msg)
+        .context("starting a redis-server for the lease store tests")?;
+    println!("xtask: redis-server on {}", redis.url());
+    // ... and against a Redis Cluster of three masters.
+    let redis_cluster = egress_testkit::redis::LocalCluster::steady(3)
+        .map_err(anyhow::Error::msg)
+        .context("starting a Redis Cluster for the lease store tests")?;
+    println!("xtask: Redis Cluster of three masters at {}", redis_cluster.url());
     let mut total = tally::Counts::default();
     let mut failure = None;
     for run in 1..=selection.repeat {

@@ -21,13 +21,26 @@ use egress_discovery::client::{AcquireRequest, Client, ClientError, ListFilter, 
 use egress_discovery::{DiscoveryApi, ProxyInfo};
 use egress_lease::LeaseStore;
 use egress_lease_redis::RedisStore;
-use egress_lease_redis::local::{LocalCluster, LocalRedis};
+use egress_testkit::redis::{LocalCluster, LocalRedis};
 use tokio_util::sync::DropGuard;
 
 const CAPACITY: i32 = 3;
 
+#[test]
+fn the_test_clusters_are_named_in_the_store_s_url_syntax() {
+    // testkit links no workspace crate, so it spells the schemes out; these are the store's.
+    assert_eq!(
+        egress_testkit::redis::CLUSTER_SCHEME,
+        egress_lease_redis::CLUSTER_SCHEME
+    );
+    assert_eq!(
+        egress_testkit::redis::TLS_CLUSTER_SCHEME,
+        egress_lease_redis::TLS_CLUSTER_SCHEME
+    );
+}
+
 fn local_redis() -> Option<LocalRedis> {
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return None;
     }
     Some(LocalRedis::start().expect("redis-server starts"))

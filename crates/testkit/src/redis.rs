@@ -1,7 +1,8 @@
 //! A redis-server of a test's or bench's own, on a free loopback port, with its files in a
 //! scratch directory: started, killed (as a crash would) and started again on the same port
 //! and files. Persistence is what docs/operations.md recommends: an append-only file written
-//! before each answer (`appendfsync always`), so a crash loses no acknowledged lease.
+//! before each answer (`appendfsync always`), so a crash loses no acknowledged lease. And a
+//! Redis Cluster of such servers, named by the URL the lease store takes.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -239,8 +240,17 @@ impl Drop for LocalRedis {
     }
 }
 
+/// The scheme of a Redis Cluster's URL in the lease store's syntax
+/// (`egress_lease_redis::CLUSTER_SCHEME`; a test in crates/discovery holds the two together,
+/// since this crate links no workspace crate).
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+/// The same over TLS (`egress_lease_redis::TLS_CLUSTER_SCHEME`).
+pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
+
 /// How long a cluster node goes unanswered before the others take it for failed.
 pub const NODE_TIMEOUT_MILLIS: u64 = 2000;
+/// Redis's own `cluster-node-timeout`, for a [`LocalCluster::steady`] cluster.
+pub const STEADY_NODE_TIMEOUT_MILLIS: u64 = 15_000;
 
 /// A Redis Cluster of local servers (each a [`LocalRedis`] with `cluster-enabled`), its slots
 /// spread evenly over the masters by `redis-cli --cluster create`, each master with its
@@ -259,7 +269,18 @@ impl LocalCluster {
     /// # Errors
     /// No redis-server or redis-cli, or the cluster did not form.
     pub fn start(masters: usize, replicas: usize, appendfsync: &'static str) -> Result<Self, String> {
-        Self::start_with(masters, replicas, appendfsync, None)
+        Self::start_with(masters, replicas, appendfsync, None, NODE_TIMEOUT_MILLIS)
+    }
+
+    /// `masters` masters without replicas, syncing no file (`appendfsync no`), and with
+    /// Redis's own node timeout ([`STEADY_NODE_TIMEOUT_MILLIS`]): a cluster a whole test run
+    /// shares on a busy machine, where no node is killed and none may be taken for failed for
+    /// answering late (without a replica to take over, its slots would be down meanwhile).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn steady(masters: usize) -> Result<Self, String> {
+        Self::start_with(masters, 0, "no", None, STEADY_NODE_TIMEOUT_MILLIS)
     }
 
     /// [`start`](Self::start) with every node also taking TLS connections with `tls`'s
@@ -269,7 +290,7 @@ impl LocalCluster {
     /// # Errors
     /// As [`start`](Self::start).
     pub fn start_tls(masters: usize, replicas: usize, tls: &TlsFiles) -> Result<Self, String> {
-        Self::start_with(masters, replicas, "always", Some(tls))
+        Self::start_with(masters, replicas, "always", Some(tls), NODE_TIMEOUT_MILLIS)
     }
 
     fn start_with(
@@ -277,6 +298,7 @@ impl LocalCluster {
         replicas: usize,
         appendfsync: &'static str,
         tls: Option<&TlsFiles>,
+        node_timeout_millis: u64,
     ) -> Result<Self, String> {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
@@ -289,7 +311,7 @@ impl LocalCluster {
                     "--cluster-config-file".into(),
                     dir.join("nodes.conf").display().to_string(),
                     "--cluster-node-timeout".into(),
-                    NODE_TIMEOUT_MILLIS.to_string(),
+                    node_timeout_millis.to_string(),
                 ];
                 if let Some(tls) = tls {
                     args.extend(tls.arguments(dir, true)?);
@@ -398,7 +420,7 @@ impl LocalCluster {
 
     /// `redis+cluster://127.0.0.1:<port>,…`, every node named.
     pub fn url(&self) -> String {
-        format!("{}{}", crate::CLUSTER_SCHEME, self.addresses().join(","))
+        format!("{CLUSTER_SCHEME}{}", self.addresses().join(","))
     }
 
     /// `rediss+cluster://127.0.0.1:<TLS port>,…`, every node named, when it was started with
@@ -409,7 +431,7 @@ impl LocalCluster {
             .iter()
             .map(|n| n.tls_port().map(|p| format!("127.0.0.1:{p}")))
             .collect();
-        Some(format!("{}{}", crate::TLS_CLUSTER_SCHEME, ports?.join(",")))
+        Some(format!("{TLS_CLUSTER_SCHEME}{}", ports?.join(",")))
     }
 
     /// `redis://` URLs of the nodes, one each (to read their figures).
