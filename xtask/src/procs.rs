@@ -1,10 +1,8 @@
-//! Child processes of xtask commands: killed on drop, stopped gracefully on request, a free
-//! port to give them, their memory.
+//! Child processes of xtask commands: killed on drop, stopped gracefully on request, their
+//! memory. (A free port to give them is `egress_testkit::try_free_port`.)
 
 use std::process::Child;
 use std::time::{Duration, Instant};
-
-use anyhow::Result;
 
 /// A child process killed (and reaped) when dropped.
 pub(crate) struct Killed(pub(crate) Child);
@@ -32,12 +30,6 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A loopback port free at the time of asking, out of the kernel's way (see
-/// [`egress_testkit::try_free_port`]).
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(egress_testkit::try_free_port()?)
 }
 
 /// A value of `key` (`VmRSS:`, `VmHWM:`) in /proc/`pid`/status, in KiB.

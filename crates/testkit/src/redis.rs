@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::try_free_port;
+
 /// A local redis-server. Killed, and its files removed, when dropped.
 #[derive(Debug)]
 pub struct LocalRedis {
@@ -37,7 +39,10 @@ impl TlsFiles {
     /// Writes the files into `dir` and picks a TLS port: redis-server's arguments for them.
     /// A cluster's nodes talk TLS to each other too.
     fn arguments(&self, dir: &Path, cluster: bool) -> Result<Vec<String>, String> {
-        let mut args = vec!["--tls-port".to_owned(), free_port()?.to_string()];
+        let mut args = vec![
+            "--tls-port".to_owned(),
+            try_free_port().map_err(|e| format!("no free port: {e}"))?.to_string(),
+        ];
         for (flag, name, text) in [
             ("--tls-cert-file", "tls.crt", &self.cert_pem),
             ("--tls-key-file", "tls.key", &self.key_pem),
@@ -78,14 +83,6 @@ pub fn available_for_test() -> bool {
     );
     eprintln!("SKIPPED: no redis-server");
     false
-}
-
-/// A port nothing listens on as this returns.
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
 }
 
 /// The process id of the redis-server answering on `port`.
@@ -144,7 +141,7 @@ impl LocalRedis {
         let binary = binary().ok_or("redis-server is not installed (apt-get install redis-server)")?;
         let mut failed = String::new();
         for _ in 0..5 {
-            let port = free_port()?;
+            let port = try_free_port().map_err(|e| format!("no free port: {e}"))?;
             let dir = std::env::temp_dir().join(format!("egress-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let mut redis = Self {
@@ -307,7 +304,7 @@ impl LocalCluster {
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-port".into(),
-                    free_port()?.to_string(),
+                    try_free_port().map_err(|e| format!("no free port: {e}"))?.to_string(),
                     "--cluster-config-file".into(),
                     dir.join("nodes.conf").display().to_string(),
                     "--cluster-node-timeout".into(),

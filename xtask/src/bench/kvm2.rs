@@ -20,7 +20,7 @@ use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, Prox
 use kube::api::{Api, DeleteParams, PostParams};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::procs::{Killed, free_port};
+use crate::procs::Killed;
 use crate::test_server;
 
 /// The size of the image whose upload is measured.
@@ -344,7 +344,10 @@ fn start_operator(
         .arg("--proxy-namespace=bench")
         .arg(format!("--health-check-ca-file={}", ca.display()))
         .arg(format!("--health-check-url=https://{gateway}:{port}/generate_204"))
-        .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()?))
+        .arg(format!(
+            "--metrics-bind-address=127.0.0.1:{}",
+            egress_testkit::try_free_port()?
+        ))
         .args([
             "--metrics-secure=false",
             "--health-probe-bind-address=0",
