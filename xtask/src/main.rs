@@ -339,11 +339,10 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
         let mut cmd = Command::new(cargo_bin());
         cmd.args(selection.cargo_args())
             .current_dir(root)
-            // Under this command a real backend that is not configured is a
-            // failure, not a skip: CI must run the real-backend cases.
-            .env("EGRESS_CONFORMANCE_REQUIRED", "1")
-            // Tests that need a real component (tinyproxy, ...) fail instead of skipping.
-            .env("EGRESS_REAL_BACKENDS_REQUIRED", "1")
+            // Under this command a test that needs a real backend or component (a configured
+            // conformance backend, tinyproxy, redis-server, ...) fails instead of skipping: CI
+            // must run them.
+            .env(egress_testkit::real::REQUIRED_ENV, "1")
             .env("EGRESS_TEST_REDIS_URL", redis.url())
             .env("EGRESS_TEST_REDIS_CLUSTER_URL", redis_cluster.url());
         let (status, counts) = tally::run_counting(&mut cmd).context("running cargo test")?;
@@ -455,7 +454,7 @@ fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
     cmd.current_dir(root)
         .args(["test", "-p", package, "--test", test, "--", "--nocapture"]);
     if real {
-        cmd.env("EGRESS_CONFORMANCE_REQUIRED", "1");
+        cmd.env(egress_testkit::real::REQUIRED_ENV, "1");
     }
     let status = cmd.status().context("running cargo test")?;
     if !status.success() {

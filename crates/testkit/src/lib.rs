@@ -10,6 +10,7 @@ pub mod freeze;
 pub mod image_server;
 mod libvirtd;
 mod pki;
+pub mod real;
 pub mod redis;
 mod scratch;
 pub mod secret_volume;

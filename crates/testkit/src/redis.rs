@@ -69,19 +69,18 @@ pub fn binary() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// Whether a test can use redis-server here. Without it, the test should skip (this says so
-/// on stderr), unless real backends are required (`EGRESS_REAL_BACKENDS_REQUIRED=1`, as
-/// `cargo xtask test` and CI set), where this panics instead.
+/// Whether a test can use redis-server here. Without it, the test should skip (this says so),
+/// unless real backends are required, as under `cargo xtask test`, where this panics instead
+/// ([`crate::real::skip_or_fail`]).
 #[must_use]
 pub fn available_for_test() -> bool {
     if binary().is_some() {
         return true;
     }
-    assert!(
-        !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
-        "redis-server is required here (cargo xtask test installs it)"
+    crate::real::skip_or_fail(
+        "a test of a real redis-server",
+        "redis-server is not installed (cargo xtask test installs it)",
     );
-    eprintln!("SKIPPED: no redis-server");
     false
 }
 
