@@ -62,7 +62,7 @@ pub(crate) fn run(root: &Path, extra: &[(String, String)]) -> Result<()> {
             .args(args)
             .envs(extra.iter().map(|(k, v)| (k, v)))
             .env(suite_run::RUN_VAR, &run)
-            .env("EGRESS_CONFORMANCE_REQUIRED", "1");
+            .env(egress_testkit::real::REQUIRED_ENV, "1");
         cmd
     };
     // Before: every run's instances (what a killed run left); after: this run's only.

@@ -324,10 +324,17 @@ impl std::fmt::Display for Failure {
 
 /// Runs the selection with the services it needs; returns the counts and the first failure.
 fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::Counts, Option<Failure>)> {
-    // The shared lease store's tests run against a real redis-server of this run's own.
-    let redis = procs::start_redis()?;
-    // And against a Redis Cluster of three masters.
-    let redis_cluster = procs::start_redis_cluster()?;
+    // The shared lease store's tests run against a real redis-server of this run's own (its
+    // file never synced: nothing is crashed here)...
+    let redis = egress_testkit::redis::LocalRedis::start_with_appendfsync("no")
+        .map_err(anyhow::Error::msg)
+        .context("starting a redis-server for the lease store tests")?;
+    println!("xtask: redis-server on {}", redis.url());
+    // ... and against a Redis Cluster of three masters.
+    let redis_cluster = egress_testkit::redis::LocalCluster::steady(3)
+        .map_err(anyhow::Error::msg)
+        .context("starting a Redis Cluster for the lease store tests")?;
+    println!("xtask: Redis Cluster of three masters at {}", redis_cluster.url());
     let mut total = tally::Counts::default();
     let mut failure = None;
     for run in 1..=selection.repeat {
@@ -337,11 +344,10 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
         let mut cmd = Command::new(cargo_bin());
         cmd.args(selection.cargo_args())
             .current_dir(root)
-            // Under this command a real backend that is not configured is a
-            // failure, not a skip: CI must run the real-backend cases.
-            .env("EGRESS_CONFORMANCE_REQUIRED", "1")
-            // Tests that need a real component (tinyproxy, ...) fail instead of skipping.
-            .env("EGRESS_REAL_BACKENDS_REQUIRED", "1")
+            // Under this command a test that needs a real backend or component (a configured
+            // conformance backend, tinyproxy, redis-server, ...) fails instead of skipping: CI
+            // must run them.
+            .env(egress_testkit::real::REQUIRED_ENV, "1")
             .env("EGRESS_TEST_REDIS_URL", redis.url())
             .env("EGRESS_TEST_REDIS_CLUSTER_URL", redis_cluster.url());
         let (status, counts) = tally::run_counting(&mut cmd).context("running cargo test")?;
@@ -453,7 +459,7 @@ fn conformance(root: &Path, provider: &str, real: bool) -> Result<()> {
     cmd.current_dir(root)
         .args(["test", "-p", package, "--test", test, "--", "--nocapture"]);
     if real {
-        cmd.env("EGRESS_CONFORMANCE_REQUIRED", "1");
+        cmd.env(egress_testkit::real::REQUIRED_ENV, "1");
     }
     let status = cmd.status().context("running cargo test")?;
     if !status.success() {

@@ -10,10 +10,10 @@ use egress_provider::{CreateRequest, OpCtx, Provider, ProviderId};
 use futures::FutureExt;
 use tracing::Instrument;
 
+use crate::ENTRY_NAME;
 use crate::capture::Capture;
 use crate::hooks::Unsupported;
 use crate::target::{BuildOptions, ConformanceTarget, Fixtures, Profile};
-use crate::{ENTRY_NAME, REQUIRED_ENV};
 
 /// Why a case did not run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,7 +132,8 @@ impl<T: ConformanceTarget> Scenario<T> {
 /// every event captured and the case inside a `conformance.parent` span.
 ///
 /// A skip prints its reason; a skip because the real backend is not
-/// configured panics when `EGRESS_CONFORMANCE_REQUIRED=1`.
+/// configured panics when real backends are required
+/// ([`egress_testkit::real::skip_or_fail`]).
 ///
 /// # Panics
 /// When the case fails, or must not skip.
@@ -144,13 +145,8 @@ where
 {
     match outcome(target, case) {
         Ok(Ok(())) => {}
-        Ok(Err(skip)) => {
-            let required = std::env::var(REQUIRED_ENV).is_ok_and(|v| v == "1");
-            if required && matches!(skip, Skip::NotConfigured(_)) {
-                panic!("{name}: the real backend is required ({REQUIRED_ENV}=1) but not configured: {skip:?}");
-            }
-            println!("SKIPPED {name}: {skip:?}");
-        }
+        Ok(Err(skip @ Skip::NotConfigured(_))) => egress_testkit::real::skip_or_fail(name, &format!("{skip:?}")),
+        Ok(Err(skip)) => println!("SKIPPED {name}: {skip:?}"),
         Err(message) => panic!("{name} failed: {message}"),
     }
 }

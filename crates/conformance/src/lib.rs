@@ -22,8 +22,9 @@
 //!
 //! Backends offer test hooks ([`BackendHooks`]); a hook a backend lacks
 //! skips exactly the cases that need it, and says so. A real backend that is
-//! not configured skips every case with a printed reason, unless
-//! `EGRESS_CONFORMANCE_REQUIRED=1`, which turns that skip into a failure.
+//! not configured skips every case with a printed reason, unless the run
+//! requires real backends (`EGRESS_REAL_BACKENDS_REQUIRED=1`, the one rule of
+//! [`egress_testkit::real`]), which turns that skip into a failure.
 //!
 //! The crate also holds an in-memory reference provider ([`memory`]) that
 //! passes the whole suite, and its deliberately broken variants, which prove
@@ -62,8 +63,6 @@ pub const ENTRY_NAME: &str = "conformance-entry";
 pub const INSTALLATION: &str = "conformance-installation";
 /// The span every case runs in.
 pub const PARENT_SPAN: &str = "conformance.parent";
-/// Set to `1` to fail, not skip, when the real backend is not configured.
-pub const REQUIRED_ENV: &str = "EGRESS_CONFORMANCE_REQUIRED";
 
 /// Calls `$callback!` with the name of every case, in order. The single list
 /// of cases: the suite macro and [`CASES`] both come from it.

@@ -32,7 +32,8 @@ pub trait ConformanceTarget: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`NotConfigured`] when a real backend is wanted but not configured:
-    /// the case is skipped, or fails under `EGRESS_CONFORMANCE_REQUIRED=1`.
+    /// the case is skipped, or fails when real backends are required
+    /// (`EGRESS_REAL_BACKENDS_REQUIRED=1`, [`egress_testkit::real`]).
     async fn backend(&self) -> Result<Self::Backend, NotConfigured>;
 
     /// Builds a provider over `backend`, as the production constructor would.

@@ -159,7 +159,7 @@ async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>, shared_store: bo
 /// The same load on the Redis lease store: a local redis-server with the append-only file and
 /// `appendfsync` as given, on the cores `cores` names (`taskset`'s list) when it is given.
 async fn redis_run(fleet: Arc<Fleet>, appendfsync: &'static str, cores: Option<&str>) -> Figures {
-    let redis = egress_lease_redis::local::LocalRedis::start_with_appendfsync(appendfsync)
+    let redis = egress_testkit::redis::LocalRedis::start_with_appendfsync(appendfsync)
         .expect("redis-server (apt-get install redis-server)");
     if let Some(cores) = cores {
         pin(redis.pid().expect("redis-server runs"), cores);
@@ -180,7 +180,7 @@ async fn redis_run(fleet: Arc<Fleet>, appendfsync: &'static str, cores: Option<&
 
 /// Pins every thread of process `pid` to `cores` (`taskset` of util-linux).
 fn pin(pid: u32, cores: &str) {
-    egress_lease_redis::local::pin(pid, cores).expect("taskset (util-linux)");
+    egress_testkit::redis::pin(pid, cores).expect("taskset (util-linux)");
 }
 
 #[tokio::main]
@@ -211,7 +211,7 @@ async fn main() {
     // The bench on core 0, Redis on core 1; then the bench on every core again.
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let (memory_pinned, redis_pinned) = if cores >= 2 {
-        let (m, r) = egress_lease_redis::local::on_one_worker("0", &format!("0-{}", cores - 1), async move {
+        let (m, r) = egress_testkit::redis::on_one_worker("0", &format!("0-{}", cores - 1), async move {
             let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
             let m = api_run(fleet.clone(), memory, false).await;
             let r = redis_run(fleet, "always", Some("1")).await;

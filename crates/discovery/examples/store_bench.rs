@@ -264,7 +264,7 @@ async fn admin(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
 
 /// Pins every thread of process `pid` to `cores` (`taskset` of util-linux).
 fn pin(pid: u32, cores: &str) {
-    egress_lease_redis::local::pin(pid, cores).expect("taskset (util-linux)");
+    egress_testkit::redis::pin(pid, cores).expect("taskset (util-linux)");
 }
 
 /// One store's row of the table; `m`: the memory store's figures on the same fleet.
@@ -289,10 +289,10 @@ fn row(n: usize, name: &str, r: &Figures, m: &Figures, times: &HashMap<&'static 
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
+    let redis = egress_testkit::redis::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
     // The same over TLS, with a certificate of a test CA that the store is given.
     let pki = egress_testkit::pki();
-    let tls_redis = egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
+    let tls_redis = egress_testkit::redis::LocalRedis::start_tls(&egress_testkit::redis::TlsFiles {
         cert_pem: pki.server_cert_pem.clone(),
         key_pem: pki.server_key_pem.clone(),
         ca_pem: pki.ca_pem.clone(),
@@ -305,7 +305,7 @@ async fn main() {
         client: None,
     };
     let mut tls_single = admin(&[tls_redis.url()]).await;
-    let cluster = egress_lease_redis::local::LocalCluster::start(3, 1, "always")
+    let cluster = egress_testkit::redis::LocalCluster::start(3, 1, "always")
         .expect("a Redis Cluster (apt-get install redis-server redis-tools)");
     let mut single = admin(&[redis.url()]).await;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -343,7 +343,7 @@ async fn main() {
         // unpinned, the slow log's wall time also counts Redis waiting for a core.
         if let (Some(pid), true) = (redis.pid(), cores >= 2) {
             pin(pid, "1");
-            let (r, times) = egress_lease_redis::local::on_one_worker(
+            let (r, times) = egress_testkit::redis::on_one_worker(
                 "0",
                 &every_core,
                 redis_figures(&redis.url(), &Tls::default(), &mut single, fleet.clone()),

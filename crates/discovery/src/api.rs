@@ -1,5 +1,6 @@
 //! The routes: what each answers, as pure functions of the request, the proxies and the store.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use serde_json::json;
 use crate::fleet::Fleet;
 use crate::proxy::ProxyInfo;
 use crate::scope::ClientScope;
+use crate::wire::{Lease, LeasedProxy, ProxyList, ProxyView};
 
 /// Where the API reads proxies from.
 pub trait ProxyDirectory: Send + Sync + 'static {
@@ -72,59 +74,30 @@ pub(crate) fn error(status: u16, code: &str, message: &str) -> Answer {
     (status, encoded(&json!({"error": code, "message": message})))
 }
 
-/// The proxy view of §5.5, encoded straight from the directory's data.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct View<'a> {
-    id: &'a str,
-    ip: &'a str,
-    port: u16,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    attributes: &'a BTreeMap<String, String>,
-    phase: &'a str,
-    healthy: bool,
-    latency_millis: i64,
-    active_leases: usize,
-    max_leases: i32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pool_role: Option<&'static str>,
-}
-
-fn view(p: &ProxyInfo, active: usize) -> View<'_> {
-    View {
-        id: &p.id,
-        ip: &p.ip,
+/// The proxy view of §5.5, lending the directory's data: encoded without a copy.
+fn view(p: &ProxyInfo, active: usize) -> ProxyView<'_> {
+    ProxyView {
+        id: Cow::Borrowed(&p.id),
+        ip: Cow::Borrowed(&p.ip),
         port: p.port,
-        attributes: &p.attributes,
-        phase: &p.phase,
+        attributes: Cow::Borrowed(&p.attributes),
+        phase: Cow::Borrowed(&p.phase),
         healthy: p.healthy,
         latency_millis: p.latency_millis,
-        active_leases: active,
-        max_leases: p.max_leases,
-        pool_role: p.pool_role,
+        active_leases: u64::try_from(active).unwrap_or(u64::MAX),
+        max_leases: i64::from(p.max_leases),
+        pool_role: p.pool_role.map(Cow::Borrowed),
     }
 }
 
 /// The view of a leased proxy: the list's, and its credentials when it has them.
-#[derive(serde::Serialize)]
-struct Leased<'a> {
-    #[serde(flatten)]
-    view: View<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    username: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    password: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    url: Option<String>,
-}
-
-fn leased(p: &ProxyInfo, active: usize) -> Leased<'_> {
+fn leased(p: &ProxyInfo, active: usize) -> LeasedProxy<'_> {
     let c = p.credentials.as_ref();
-    Leased {
+    LeasedProxy {
         view: view(p, active),
-        username: c.map(egress_credentials::Credentials::username),
-        password: c.map(egress_credentials::Credentials::password),
-        url: c.map(|c| c.proxy_url(&p.ip, p.port)),
+        username: c.map(|c| Cow::Borrowed(c.username())),
+        password: c.map(|c| Cow::Borrowed(c.password())),
+        url: c.map(|c| Cow::Owned(c.proxy_url(&p.ip, p.port))),
     }
 }
 
@@ -240,16 +213,11 @@ impl DiscoveryApi {
             Ok(a) => a,
             Err(e) => return store_failed(&e, "reading active leases"),
         };
-        let views: Vec<View<'_>> = proxies.iter().zip(active).map(|(p, n)| view(p, n)).collect();
-        #[derive(serde::Serialize)]
-        struct List<'a> {
-            count: usize,
-            proxies: Vec<View<'a>>,
-        }
+        let views: Vec<ProxyView<'_>> = proxies.iter().zip(active).map(|(p, n)| view(p, n)).collect();
         (
             200,
-            encoded(&List {
-                count: views.len(),
+            encoded(&ProxyList {
+                count: views.len() as u64,
                 proxies: views,
             }),
         )
@@ -389,25 +357,23 @@ impl DiscoveryApi {
 
 /// `201` with the lease and its proxy.
 fn granted(proxies: &Fleet, grant: &Grant) -> Answer {
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Granted<'a> {
-        #[serde(rename = "leaseID")]
-        lease_id: &'a str,
-        proxy: Option<Leased<'a>>,
-        expires_at: String,
-        ttl_seconds: u64,
-    }
-    let proxy = proxies.get(&grant.proxy_id).map(|p| leased(p, grant.active_leases));
+    // NB: the store grants only among the candidates it was given, which come from `proxies`
+    // (`among_own` makes sure of it for a grant from the store's index), so the proxy is there.
+    // Were it not, the answer could not be the documented one: a 500, not a lease without its
+    // proxy.
+    let Some(proxy) = proxies.get(&grant.proxy_id) else {
+        tracing::error!(proxy = %grant.proxy_id, "A lease was granted on a proxy that is not listed");
+        return error(500, "internal", "the leased proxy is not listed");
+    };
     let expires_at = jiff::Timestamp::try_from(grant.expires_at)
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
         .unwrap_or_default();
     (
         201,
-        encoded(&Granted {
-            lease_id: &grant.lease_id,
-            proxy,
-            expires_at,
+        encoded(&Lease {
+            lease_id: Cow::Borrowed(&grant.lease_id),
+            proxy: leased(proxy, grant.active_leases),
+            expires_at: Cow::Owned(expires_at),
             ttl_seconds: grant.ttl.as_secs(),
         }),
     )

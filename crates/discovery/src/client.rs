@@ -22,82 +22,15 @@ use serde::{Deserialize, Serialize};
 
 pub use egress_lease::ReportResult;
 
-/// A proxy as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProxyView {
-    pub id: String,
-    pub ip: String,
-    pub port: u16,
-    #[serde(default)]
-    pub attributes: BTreeMap<String, String>,
-    pub phase: String,
-    pub healthy: bool,
-    pub latency_millis: i64,
-    pub active_leases: u64,
-    pub max_leases: i64,
-}
+use crate::wire;
 
-/// A leased proxy: the list's view and, when the proxy demands them, its credentials. `Debug`
-/// never shows the password or the URL that holds it.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LeasedProxy {
-    #[serde(flatten)]
-    pub view: ProxyView,
-    #[serde(default)]
-    pub username: Option<String>,
-    #[serde(default)]
-    pub password: Option<String>,
-    /// `http://user:password@ip:port`.
-    #[serde(default)]
-    pub url: Option<String>,
-}
-
-impl std::fmt::Debug for LeasedProxy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeasedProxy")
-            .field("view", &self.view)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("url", &self.url.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
-}
-
-impl std::ops::Deref for LeasedProxy {
-    type Target = ProxyView;
-
-    fn deref(&self) -> &ProxyView {
-        &self.view
-    }
-}
-
-impl LeasedProxy {
-    /// What an HTTP client takes as its proxy: the answer's `url` (with the credentials), or
-    /// `http://ip:port` for a proxy that demands none.
-    pub fn proxy_url(&self) -> String {
-        self.url.clone().unwrap_or_else(|| {
-            if self.view.ip.contains(':') {
-                format!("http://[{}]:{}", self.view.ip, self.view.port)
-            } else {
-                format!("http://{}:{}", self.view.ip, self.view.port)
-            }
-        })
-    }
-}
-
-/// A lease granted.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Lease {
-    #[serde(rename = "leaseID")]
-    pub lease_id: String,
-    pub proxy: LeasedProxy,
-    /// RFC 3339, UTC.
-    pub expires_at: String,
-    pub ttl_seconds: u64,
-}
+/// A proxy as the list shows it: the API's [`wire::ProxyView`], owned.
+pub type ProxyView = wire::ProxyView<'static>;
+/// A leased proxy: the API's [`wire::LeasedProxy`], owned. Its `Debug` never shows the password
+/// or the URL that holds it; [`wire::LeasedProxy::proxy_url`] is what an HTTP client takes.
+pub type LeasedProxy = wire::LeasedProxy<'static>;
+/// A lease granted: the API's [`wire::Lease`], owned.
+pub type Lease = wire::Lease<'static>;
 
 /// What to borrow.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -390,10 +323,6 @@ impl Client {
     ///
     /// The API's error, or a transport failure.
     pub async fn list(&self, filter: &ListFilter) -> Result<Vec<ProxyView>, ClientError> {
-        #[derive(Deserialize)]
-        struct List {
-            proxies: Vec<ProxyView>,
-        }
         let mut query: Vec<String> = filter
             .attributes
             .iter()
@@ -404,7 +333,7 @@ impl Client {
         }
         let url = format!("{}/v1/proxies?{}", self.base, query.join("&"));
         let (status, body) = self.send(self.http.get(url)).await?;
-        Self::expect::<List>(status, 200, &body).map(|l| l.proxies)
+        Self::expect::<wire::ProxyList<'static>>(status, 200, &body).map(|l| l.proxies)
     }
 
     /// `POST /v1/leases`.

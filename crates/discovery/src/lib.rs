@@ -18,6 +18,10 @@
 //! `Content-Type` says (the documented `curl -d` examples send form encoding). Every error is
 //! `{"error": "<code>", "message": "<text>"}`; no client mistake is a 500.
 //!
+//! The answers are encoded from the types of [`wire`], lending the directory's strings; the
+//! typed [`client`] decodes them into the same types, owned, and the document of [`openapi`]
+//! describes their fields (its tests hold the three together).
+//!
 //! Auth also says who is calling: each token belongs to one named client ([`ClientName`]; one
 //! file per client in the token dir, followed by [`ClientFiles`]), and the name is put in the
 //! request's extensions for what runs after auth, and in the response's for the request log.
@@ -46,6 +50,7 @@ pub mod refusals;
 pub mod scope;
 mod server;
 pub mod view;
+pub mod wire;
 
 pub use admission::{Admission, Budget, Budgets};
 pub use admission_metrics::AdmissionMetrics;

@@ -41,7 +41,7 @@ async fn a_crawler_lists_borrows_reports_and_gives_back() {
         })
         .await
         .unwrap();
-    assert_eq!(eu.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["ns/eu"]);
+    assert_eq!(eu.iter().map(|p| &*p.id).collect::<Vec<_>>(), ["ns/eu"]);
 
     let lease = api
         .acquire(&AcquireRequest {
@@ -52,7 +52,7 @@ async fn a_crawler_lists_borrows_reports_and_gives_back() {
         .await
         .unwrap();
     assert_eq!(
-        (lease.proxy.id.as_str(), lease.ttl_seconds, lease.proxy.active_leases),
+        (&*lease.proxy.id, lease.ttl_seconds, lease.proxy.active_leases),
         ("ns/eu", 60, 1)
     );
     let Err(ClientError::NoMatch {
@@ -213,4 +213,72 @@ async fn a_retry_after_beyond_the_call_s_budget_is_not_waited_for() {
         1,
         "waiting 30 s would pass the 10 s budget"
     );
+}
+
+/// The keys of a JSON object, sorted.
+fn fields(object: &serde_json::Value) -> Vec<String> {
+    let mut keys: Vec<String> = object.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+#[tokio::test]
+async fn the_server_s_answers_round_trip_through_the_client_s_types_whole() {
+    // A proxy with every optional field: attributes, a pool role, credentials.
+    let c = egress_credentials::Credentials::generate();
+    let (url, _stop) = serve_on_loopback(DiscoveryApi {
+        directory: Arc::new(Fixed::new(vec![egress_discovery::ProxyInfo {
+            credentials: Some(c.clone()),
+            offered: true,
+            pool_role: Some("active"),
+            pool: Some("eu-pool".into()),
+            ..info("ns/full", true, 7, 3, &[("geo", "eu"), ("tier", "gold")])
+        }])),
+        store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
+        max_ttl: Duration::from_secs(3600),
+        auth: egress_discovery::Auth::None,
+        refusals: None,
+        scopes: egress_discovery::Scopes::default(),
+        admission: egress_discovery::Admission::default(),
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let lease: serde_json::Value = http
+        .post(format!("{url}/v1/leases"))
+        .body(r#"{"target": "example.com"}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let list: serde_json::Value = http
+        .get(format!("{url}/v1/proxies"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    // Each answer carries every field the API has, so that none can be lost unseen below.
+    let doc = egress_discovery::openapi::document();
+    let documented = |schema: &str| fields(&doc["components"]["schemas"][schema]["properties"]);
+    assert_eq!(fields(&lease["proxy"]), documented("LeasedProxy"), "{lease}");
+    assert_eq!(fields(&list["proxies"][0]), documented("Proxy"), "{list}");
+
+    // Through the client's types and back: the same JSON, nothing dropped or changed.
+    let read: egress_discovery::client::Lease = serde_json::from_value(lease.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&read).unwrap(), lease);
+    assert_eq!(read.proxy.pool_role.as_deref(), Some("active"));
+    assert_eq!(read.proxy.password.as_deref(), Some(c.password()));
+    let read: egress_discovery::wire::ProxyList<'static> = serde_json::from_value(list.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&read).unwrap(), list);
+
+    // And the client's calls return the same values.
+    let api = Client::new(&url, None).unwrap();
+    let listed = api.list(&ListFilter::default()).await.unwrap();
+    assert_eq!(listed, read.proxies);
+    assert_eq!(listed[0].pool_role.as_deref(), Some("active"));
+    assert_eq!(listed[0].attributes.len(), 2);
 }

@@ -225,3 +225,78 @@ async fn a_client_over_its_budget_gets_the_documented_429_on_every_authenticated
         }
     }
 }
+
+/// `value` as JSON.
+fn encoded(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).unwrap()
+}
+
+/// The keys of a JSON object, sorted.
+fn keys(object: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = object.as_object().unwrap().keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+/// The wire types and the document's schemas name the same fields: one with every optional
+/// field set encodes every documented property, one with none set exactly the required ones.
+#[test]
+fn the_wire_types_have_the_documented_fields() {
+    use egress_discovery::wire::{Lease, LeasedProxy, ProxyList, ProxyView};
+    let doc = egress_discovery::openapi::document();
+    let schema = |name: &str| &doc["components"]["schemas"][name];
+    let required = |name: &str| {
+        let mut r: Vec<String> = schema(name)["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect();
+        r.sort();
+        r
+    };
+    let bare = ProxyView {
+        id: "ns/a".into(),
+        ip: "10.0.0.1".into(),
+        port: 3128,
+        attributes: Default::default(),
+        phase: "Ready".into(),
+        healthy: true,
+        latency_millis: 1,
+        active_leases: 0,
+        max_leases: 5,
+        pool_role: None,
+    };
+    let full = ProxyView {
+        attributes: std::borrow::Cow::Owned([("geo".to_owned(), "eu".to_owned())].into()),
+        pool_role: Some("active".into()),
+        ..bare.clone()
+    };
+    assert_eq!(keys(&encoded(&full)), keys(&schema("Proxy")["properties"]));
+    assert_eq!(keys(&encoded(&bare)), required("Proxy"));
+    let leased = |view: ProxyView<'static>, with_credentials: bool| LeasedProxy {
+        view,
+        username: with_credentials.then(|| "u".into()),
+        password: with_credentials.then(|| "p".into()),
+        url: with_credentials.then(|| "http://u:p@10.0.0.1:3128".into()),
+    };
+    assert_eq!(
+        keys(&encoded(&leased(full.clone(), true))),
+        keys(&schema("LeasedProxy")["properties"])
+    );
+    assert_eq!(keys(&encoded(&leased(bare.clone(), false))), required("LeasedProxy"));
+    let list = ProxyList {
+        count: 1,
+        proxies: vec![full.clone()],
+    };
+    assert_eq!(keys(&encoded(&list)), keys(&schema("ProxyList")["properties"]));
+    assert_eq!(keys(&encoded(&list)), required("ProxyList"));
+    let lease = Lease {
+        lease_id: "L".into(),
+        proxy: leased(full, true),
+        expires_at: "2026-01-01T00:00:00Z".into(),
+        ttl_seconds: 300,
+    };
+    assert_eq!(keys(&encoded(&lease)), keys(&schema("Lease")["properties"]));
+    assert_eq!(keys(&encoded(&lease)), required("Lease"));
+}

@@ -21,13 +21,26 @@ use egress_discovery::client::{AcquireRequest, Client, ClientError, ListFilter, 
 use egress_discovery::{DiscoveryApi, ProxyInfo};
 use egress_lease::LeaseStore;
 use egress_lease_redis::RedisStore;
-use egress_lease_redis::local::{LocalCluster, LocalRedis};
+use egress_testkit::redis::{LocalCluster, LocalRedis};
 use tokio_util::sync::DropGuard;
 
 const CAPACITY: i32 = 3;
 
+#[test]
+fn the_test_clusters_are_named_in_the_store_s_url_syntax() {
+    // testkit links no workspace crate, so it spells the schemes out; these are the store's.
+    assert_eq!(
+        egress_testkit::redis::CLUSTER_SCHEME,
+        egress_lease_redis::CLUSTER_SCHEME
+    );
+    assert_eq!(
+        egress_testkit::redis::TLS_CLUSTER_SCHEME,
+        egress_lease_redis::TLS_CLUSTER_SCHEME
+    );
+}
+
 fn local_redis() -> Option<LocalRedis> {
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return None;
     }
     Some(LocalRedis::start().expect("redis-server starts"))
@@ -241,14 +254,14 @@ async fn a_redis_crash_gives_503s_then_service_and_never_a_double_grant() {
     // Each replica finds Redis again by itself; the leases from before the crash are still held.
     let mut held: HashMap<String, u64> = HashMap::new();
     for lease in &kept {
-        *held.entry(lease.proxy.id.clone()).or_default() += 1;
+        *held.entry(lease.proxy.id.to_string()).or_default() += 1;
     }
     for client in [&a, &b] {
         let listed = listed_once_served(client, Duration::from_secs(10))
             .await
             .expect("the replica recovered within 10 s");
         for p in &listed {
-            assert_eq!(p.active_leases, held.get(&p.id).copied().unwrap_or(0), "{p:?}");
+            assert_eq!(p.active_leases, held.get(&*p.id).copied().unwrap_or(0), "{p:?}");
         }
     }
     // The rest of the slots, and not one more.
@@ -257,7 +270,7 @@ async fn a_redis_crash_gives_503s_then_service_and_never_a_double_grant() {
         let client = if more % 2 == 0 { &a } else { &b };
         match client.acquire(&AcquireRequest::default()).await {
             Ok(lease) => {
-                *held.entry(lease.proxy.id.clone()).or_default() += 1;
+                *held.entry(lease.proxy.id.to_string()).or_default() += 1;
                 more += 1;
             }
             Err(ClientError::NoMatch { at_capacity: 8, .. }) => break,

@@ -15,9 +15,9 @@
 use std::time::Duration;
 
 use egress_lease::{Candidate, LeaseRequest, LeaseStore, Scope, StoreError, ViewEntry};
-use egress_lease_redis::local::{LocalCluster, LocalRedis, TlsFiles};
 use egress_lease_redis::{ClientIdentity, RedisStore, Tls, TlsRoots};
 use egress_testkit::Pki;
+use egress_testkit::redis::{LocalCluster, LocalRedis, TlsFiles};
 
 /// In every URL of a store that must not reach Redis: no error may show it.
 const PASSWORD: &str = "tls-sentinel-password";
@@ -83,7 +83,7 @@ async fn lease_and_release(store: &RedisStore) -> Result<String, StoreError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_over_tls_leases_with_the_ca_it_was_given() {
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return;
     }
     let pki = egress_testkit::pki();
@@ -95,7 +95,7 @@ async fn a_store_over_tls_leases_with_the_ca_it_was_given() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_over_tls_leases_with_the_ca_it_was_given() {
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return;
     }
     let pki = egress_testkit::pki();
@@ -120,7 +120,7 @@ fn identity(of: &Pki) -> ClientIdentity {
 /// call goes over a connection made with them, whichever way that goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_given_new_tls_settings_uses_them_from_its_next_call() {
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return;
     }
     let pki = egress_testkit::pki();
@@ -158,7 +158,7 @@ async fn a_store_given_new_tls_settings_uses_them_from_its_next_call() {
 /// Redis asks for a client certificate by default once TLS is on (`tls-auth-clients yes`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_asks_for_a_client_certificate_takes_the_one_the_store_shows() {
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return;
     }
     let pki = egress_testkit::pki();
@@ -194,7 +194,7 @@ async fn a_server_that_asks_for_a_client_certificate_takes_the_one_the_store_sho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_the_store_cannot_trust_is_unavailable_and_the_password_stays_hidden() {
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return;
     }
     let pki = egress_testkit::pki();

@@ -446,8 +446,8 @@ async fn the_binary_keeps_leases_in_redis_over_tls() {
 
 /// A redis-server taking TLS with `pki`'s server certificate, that asks clients for a
 /// certificate `pki`'s CA signed, as Redis does by default once TLS is on.
-fn tls_redis(pki: &egress_testkit::Pki) -> egress_lease_redis::local::LocalRedis {
-    egress_lease_redis::local::LocalRedis::start_tls(&egress_lease_redis::local::TlsFiles {
+fn tls_redis(pki: &egress_testkit::Pki) -> egress_testkit::redis::LocalRedis {
+    egress_testkit::redis::LocalRedis::start_tls(&egress_testkit::redis::TlsFiles {
         cert_pem: pki.server_cert_pem.clone(),
         key_pem: pki.server_key_pem.clone(),
         ca_pem: pki.ca_pem.clone(),
@@ -458,7 +458,7 @@ fn tls_redis(pki: &egress_testkit::Pki) -> egress_lease_redis::local::LocalRedis
 
 async fn keeps_leases_in_redis(tls: bool) {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return;
     }
     let Cluster {
@@ -492,7 +492,7 @@ async fn keeps_leases_in_redis(tls: bool) {
         }
         redis
     } else {
-        let redis = egress_lease_redis::local::LocalRedis::start().expect("redis-server");
+        let redis = egress_testkit::redis::LocalRedis::start().expect("redis-server");
         flags.push(format!("--lease-store={}", redis.url()));
         redis
     };
@@ -553,7 +553,7 @@ async fn keeps_leases_in_redis(tls: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_follows_its_lease_store_tls_files() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if !egress_lease_redis::local::available_for_test() {
+    if !egress_testkit::redis::available_for_test() {
         return;
     }
     let Cluster {

@@ -46,8 +46,6 @@ mod calls;
 mod connection;
 mod functions;
 mod gather;
-#[cfg(feature = "testing")]
-pub mod local;
 mod publish;
 mod tls;
 

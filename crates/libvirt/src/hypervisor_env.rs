@@ -86,24 +86,23 @@ impl HypervisorEnv {
     }
 
     /// The settings for a test that needs the hypervisor: `None` (the test skips, saying so)
-    /// when it is not up.
+    /// when it is not up, unless real backends are required
+    /// ([`egress_testkit::real::skip_or_fail`]; `cargo xtask test` brings it up as root). For
+    /// tests only (feature `testing`).
     ///
     /// # Panics
-    /// When it is not up under `EGRESS_REAL_BACKENDS_REQUIRED` (as `cargo xtask test` runs,
-    /// having brought it up), or when the file is incomplete.
+    /// When it is not up and real backends are required, or when the file is incomplete.
+    #[cfg(feature = "testing")]
     pub fn for_test() -> Option<Self> {
         match Self::load() {
             Ok(Some(env)) => Some(env),
             Ok(None) => {
-                let file = Self::file();
-                assert!(
-                    std::env::var_os("EGRESS_REAL_BACKENDS_REQUIRED").is_none(),
-                    "the hypervisor is required: {} is missing (cargo xtask test brings it up as root)",
-                    file.display()
-                );
-                println!(
-                    "SKIPPED: no hypervisor ({} is missing; run cargo xtask hypervisor up as root)",
-                    file.display()
+                egress_testkit::real::skip_or_fail(
+                    "a test on the test hypervisor",
+                    &format!(
+                        "{} is missing (cargo xtask hypervisor up, as root, brings it up)",
+                        Self::file().display()
+                    ),
                 );
                 None
             }

@@ -29,7 +29,7 @@ pub mod engine;
 pub mod fake;
 pub mod generation;
 pub mod host;
-#[cfg(any(test, feature = "testing"))]
+#[cfg(feature = "testing")]
 pub mod hypervisor_env;
 pub mod mark;
 pub mod names;
@@ -44,7 +44,7 @@ pub use config::{KvmConfig, KvmHost, KvmImage, KvmMachineType};
 pub use domain::{DomainError, DomainSpec};
 pub use generation::Generation;
 pub use host::{DialFailure, Host, LibvirtError, LvResult};
-#[cfg(any(test, feature = "testing"))]
+#[cfg(feature = "testing")]
 pub use hypervisor_env::HypervisorEnv;
 pub use mark::{KVM_NAMESPACE, KVM2_NAMESPACE, Mark, MarkError, rfc3339};
 pub use volume::{VolumeError, VolumeSpec};

@@ -9,8 +9,9 @@
 //!
 //! Which rule refused a request is read from the access log's `egress-deny` note.
 //!
-//! Needs root (for the namespace) and Squid; skips with a reason without them, and fails under
-//! `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1), which runs as root and installs Squid.
+//! Needs root (for the namespace) and Squid; skips with a reason without them, and fails when
+//! real backends are required (`egress_testkit::real`), as under `cargo xtask test`, which runs
+//! as root and installs Squid.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 use egress_credentials::Credentials;
 use egress_provider_kubernetes::squid::{AccessRules, SquidFiles, squid_conf};
 use egress_testkit::ScratchDir;
+use egress_testkit::real::skip_or_fail;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
@@ -40,22 +42,16 @@ const BUDGET: Duration = Duration::from_secs(30);
 /// Bounds the whole run inside the namespace.
 const OUTER_BUDGET: Duration = Duration::from_secs(300);
 
-fn required() -> bool {
-    std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1")
-}
-
-fn skip(why: &str) {
-    assert!(!required(), "{why} (EGRESS_REAL_BACKENDS_REQUIRED is set)");
-    eprintln!("SKIP: {why}");
-}
-
 #[test]
 fn generated_squid_config_enforces_credentials_and_every_access_rule() {
     if std::env::var_os(IN_NAMESPACE).is_some() {
         return in_namespace();
     }
     if !Path::new(SQUID).exists() {
-        return skip("Squid is not installed (apt-get install squid; cargo xtask test installs it)");
+        return skip_or_fail(
+            "the Squid access test",
+            "Squid is not installed (apt-get install squid; cargo xtask test installs it)",
+        );
     }
     // The same test binary, this test only, inside a new network namespace.
     let exe = std::env::current_exe().unwrap();
@@ -80,10 +76,10 @@ fn generated_squid_config_enforces_credentials_and_every_access_rule() {
         .expect("running unshare");
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() && stderr.contains("unshare failed") {
-        return skip(&format!(
-            "cannot make a network namespace (root is needed): {}",
-            stderr.trim()
-        ));
+        return skip_or_fail(
+            "the Squid access test",
+            &format!("cannot make a network namespace (root is needed): {}", stderr.trim()),
+        );
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_ne!(
@@ -569,7 +565,10 @@ fn the_vm_samples_carry_the_generated_rules_and_squid_reads_them() {
             Some(&"http_access allow all")
         );
         if !Path::new(SQUID).exists() {
-            skip("Squid is not installed, so the samples' configs are not parsed");
+            skip_or_fail(
+                "parsing the samples' configs with Squid",
+                "Squid is not installed (cargo xtask test installs it)",
+            );
             continue;
         }
         // Squid itself reads it (basic_ncsa_auth is where the sample says, as on the VM).

@@ -270,17 +270,7 @@ async fn a_go_kvm_domain_on_the_fake_is_read_listed_adopted_and_deleted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_kvm_domain_on_the_local_hypervisor_is_read_listed_adopted_and_deleted() {
-    let env = match HypervisorEnv::load() {
-        Ok(Some(env)) => env,
-        Ok(None) if std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1") => {
-            panic!(
-                "the test hypervisor is required but {} is missing",
-                HypervisorEnv::file().display()
-            )
-        }
-        Ok(None) => return println!("SKIPPED: no test hypervisor (cargo xtask hypervisor up)"),
-        Err(e) => panic!("{e}"),
-    };
+    let Some(env) = HypervisorEnv::for_test() else { return };
     let image = std::fs::read(&env.guest_image).unwrap();
     // Nothing listens there: a download attempt would fail the create.
     let url = "http://127.0.0.1:9/never-fetched.qcow2";

@@ -17,15 +17,15 @@ pub struct Tinyproxy {
 }
 
 /// Whether tinyproxy is installed; tests that need it skip with a reason otherwise, and fail
-/// under `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1), which installs it.
+/// when real backends are required ([`crate::real::skip_or_fail`]), as under `cargo xtask test`,
+/// which installs it.
 pub fn tinyproxy_available() -> bool {
     let found = Command::new("tinyproxy").arg("-v").output().is_ok();
     if !found {
-        assert!(
-            std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_err(),
-            "tinyproxy is required (cargo xtask test installs it)"
+        crate::real::skip_or_fail(
+            "a test of real tinyproxy",
+            "tinyproxy is not installed (cargo xtask test installs it)",
         );
-        eprintln!("SKIP: tinyproxy is not installed");
     }
     found
 }

@@ -2,12 +2,12 @@
 
 use std::path::PathBuf;
 
-/// `tool` on `PATH`. `None` (the caller skips `test`, and says so) only when real components are
-/// not required: under `EGRESS_REAL_BACKENDS_REQUIRED` (as `cargo xtask test` runs) a missing tool
-/// fails the test.
+/// `tool` on `PATH`. `None` (the caller skips `test`, and this says so) only when real backends
+/// are not required ([`crate::real::skip_or_fail`]): under `cargo xtask test` a missing tool fails
+/// the test.
 ///
 /// # Panics
-/// When `tool` is missing and real components are required.
+/// When `tool` is missing and real backends are required.
 pub fn on_path(tool: &str, test: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
@@ -15,11 +15,7 @@ pub fn on_path(tool: &str, test: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        assert!(
-            std::env::var_os("EGRESS_REAL_BACKENDS_REQUIRED").is_none(),
-            "{tool} is needed on PATH for {test} (EGRESS_REAL_BACKENDS_REQUIRED is set)"
-        );
-        println!("SKIPPED: no {tool} on PATH; {test} did not run");
+        crate::real::skip_or_fail(test, &format!("no {tool} on PATH"));
     }
     found
 }

@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::report::{self, Conditions, Table};
-use crate::procs::{Killed, free_port};
+use crate::procs::Killed;
 use crate::test_server;
 
 /// The size of the image whose upload is measured.
@@ -343,7 +343,10 @@ fn start_operator(
         .arg("--proxy-namespace=bench")
         .arg(format!("--health-check-ca-file={}", ca.display()))
         .arg(format!("--health-check-url=https://{gateway}:{port}/generate_204"))
-        .arg(format!("--metrics-bind-address=127.0.0.1:{}", free_port()?))
+        .arg(format!(
+            "--metrics-bind-address=127.0.0.1:{}",
+            egress_testkit::try_free_port()?
+        ))
         .args([
             "--metrics-secure=false",
             "--health-probe-bind-address=0",

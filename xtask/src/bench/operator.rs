@@ -19,7 +19,7 @@ use kube::api::{Api, PostParams};
 
 use super::lease_api::{self, Churn, Load, RssSampler, Side, Tokens};
 use super::report::{self, Conditions, Table};
-use crate::procs::{Killed, free_port, rss_kib};
+use crate::procs::{Killed, rss_kib};
 use crate::test_server;
 
 /// The manager Deployment's memory limit.
@@ -303,8 +303,8 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path, count: usize, conditions:
     };
     eprintln!("bench: starting the operator");
     let verdicts = dir.join("verdicts");
-    let metrics = format!("127.0.0.1:{}", free_port()?);
-    let discovery = format!("127.0.0.1:{}", free_port()?);
+    let metrics = format!("127.0.0.1:{}", egress_testkit::try_free_port()?);
+    let discovery = format!("127.0.0.1:{}", egress_testkit::try_free_port()?);
     let setup = Setup {
         bin,
         dir,

@@ -24,7 +24,7 @@ use egress_api::ProxyPool;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use super::report::{self, Conditions, Table};
-use crate::procs::{Killed, free_port};
+use crate::procs::Killed;
 use crate::test_server;
 
 const POOL: &str = "bench-pool";
@@ -97,7 +97,7 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path, conditions: &Conditions) 
     let unhealthy = dir.join("unhealthy");
     std::fs::write(&unhealthy, "")?;
     let (_server, kubeconfig) = test_server::start(root, bin, "bench", &dir)?;
-    let discovery = format!("http://127.0.0.1:{}", free_port()?);
+    let discovery = format!("http://127.0.0.1:{}", egress_testkit::try_free_port()?);
     let _operator = Killed(
         Command::new(bin.join("examples/reference_operator"))
             .arg(format!("--providers-config={}", providers.display()))

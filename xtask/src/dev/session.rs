@@ -13,7 +13,7 @@ use super::layout::{Discovery, ENTRY, Layout, NAMESPACE, discovery_token};
 use super::running::Running;
 use super::smoke::TARGET_GREETING;
 use super::{guide, samples, smoke};
-use crate::procs::{Killed, free_port};
+use crate::procs::Killed;
 use crate::test_server;
 
 /// What `cargo xtask dev` was asked for.
@@ -102,7 +102,7 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
     std::fs::write(layout.file("ca.pem"), &pki.ca_pem)?;
     let target = egress_testkit::tls_greeting_target(&pki, TARGET_GREETING).await?;
     let discovery_port = if options.discovery_port == 0 {
-        free_port()?
+        egress_testkit::try_free_port()?
     } else {
         options.discovery_port
     };

@@ -12,19 +12,19 @@ use std::process::Command;
 /// its destination in any of the send calls.
 const CALLS: &str = "trace=connect,sendto,sendmsg,sendmmsg";
 
-/// Whether strace can run here; without it a test skips the trace with a reason, and fails under
-/// `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1), which installs it.
+/// Whether strace can run here; without it a test skips the trace with a reason, and fails when
+/// real backends are required (`egress_testkit::real`, as under `cargo xtask test`, which
+/// installs it).
 pub fn strace_available() -> bool {
     let found = Command::new("strace")
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
-        assert!(
-            std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_err(),
-            "strace is required (cargo xtask test installs it)"
+        egress_testkit::real::skip_or_fail(
+            "tracing the packets",
+            "strace is not installed (cargo xtask test installs it)",
         );
-        eprintln!("SKIP: strace is not installed, so the packets are not traced");
     }
     found
 }

@@ -1,13 +1,16 @@
 //! A redis-server of a test's or bench's own, on a free loopback port, with its files in a
 //! scratch directory: started, killed (as a crash would) and started again on the same port
 //! and files. Persistence is what docs/operations.md recommends: an append-only file written
-//! before each answer (`appendfsync always`), so a crash loses no acknowledged lease.
+//! before each answer (`appendfsync always`), so a crash loses no acknowledged lease. And a
+//! Redis Cluster of such servers, named by the URL the lease store takes.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::try_free_port;
 
 /// A local redis-server. Killed, and its files removed, when dropped.
 #[derive(Debug)]
@@ -36,7 +39,10 @@ impl TlsFiles {
     /// Writes the files into `dir` and picks a TLS port: redis-server's arguments for them.
     /// A cluster's nodes talk TLS to each other too.
     fn arguments(&self, dir: &Path, cluster: bool) -> Result<Vec<String>, String> {
-        let mut args = vec!["--tls-port".to_owned(), free_port()?.to_string()];
+        let mut args = vec![
+            "--tls-port".to_owned(),
+            try_free_port().map_err(|e| format!("no free port: {e}"))?.to_string(),
+        ];
         for (flag, name, text) in [
             ("--tls-cert-file", "tls.crt", &self.cert_pem),
             ("--tls-key-file", "tls.key", &self.key_pem),
@@ -63,28 +69,19 @@ pub fn binary() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// Whether a test can use redis-server here. Without it, the test should skip (this says so
-/// on stderr), unless real backends are required (`EGRESS_REAL_BACKENDS_REQUIRED=1`, as
-/// `cargo xtask test` and CI set), where this panics instead.
+/// Whether a test can use redis-server here. Without it, the test should skip (this says so),
+/// unless real backends are required, as under `cargo xtask test`, where this panics instead
+/// ([`crate::real::skip_or_fail`]).
 #[must_use]
 pub fn available_for_test() -> bool {
     if binary().is_some() {
         return true;
     }
-    assert!(
-        !std::env::var("EGRESS_REAL_BACKENDS_REQUIRED").is_ok_and(|v| v == "1"),
-        "redis-server is required here (cargo xtask test installs it)"
+    crate::real::skip_or_fail(
+        "a test of a real redis-server",
+        "redis-server is not installed (cargo xtask test installs it)",
     );
-    eprintln!("SKIPPED: no redis-server");
     false
-}
-
-/// A port nothing listens on as this returns.
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
 }
 
 /// The process id of the redis-server answering on `port`.
@@ -143,7 +140,7 @@ impl LocalRedis {
         let binary = binary().ok_or("redis-server is not installed (apt-get install redis-server)")?;
         let mut failed = String::new();
         for _ in 0..5 {
-            let port = free_port()?;
+            let port = try_free_port().map_err(|e| format!("no free port: {e}"))?;
             let dir = std::env::temp_dir().join(format!("egress-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let mut redis = Self {
@@ -239,8 +236,17 @@ impl Drop for LocalRedis {
     }
 }
 
+/// The scheme of a Redis Cluster's URL in the lease store's syntax
+/// (`egress_lease_redis::CLUSTER_SCHEME`; a test in crates/discovery holds the two together,
+/// since this crate links no workspace crate).
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+/// The same over TLS (`egress_lease_redis::TLS_CLUSTER_SCHEME`).
+pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
+
 /// How long a cluster node goes unanswered before the others take it for failed.
 pub const NODE_TIMEOUT_MILLIS: u64 = 2000;
+/// Redis's own `cluster-node-timeout`, for a [`LocalCluster::steady`] cluster.
+pub const STEADY_NODE_TIMEOUT_MILLIS: u64 = 15_000;
 
 /// A Redis Cluster of local servers (each a [`LocalRedis`] with `cluster-enabled`), its slots
 /// spread evenly over the masters by `redis-cli --cluster create`, each master with its
@@ -259,7 +265,18 @@ impl LocalCluster {
     /// # Errors
     /// No redis-server or redis-cli, or the cluster did not form.
     pub fn start(masters: usize, replicas: usize, appendfsync: &'static str) -> Result<Self, String> {
-        Self::start_with(masters, replicas, appendfsync, None)
+        Self::start_with(masters, replicas, appendfsync, None, NODE_TIMEOUT_MILLIS)
+    }
+
+    /// `masters` masters without replicas, syncing no file (`appendfsync no`), and with
+    /// Redis's own node timeout ([`STEADY_NODE_TIMEOUT_MILLIS`]): a cluster a whole test run
+    /// shares on a busy machine, where no node is killed and none may be taken for failed for
+    /// answering late (without a replica to take over, its slots would be down meanwhile).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn steady(masters: usize) -> Result<Self, String> {
+        Self::start_with(masters, 0, "no", None, STEADY_NODE_TIMEOUT_MILLIS)
     }
 
     /// [`start`](Self::start) with every node also taking TLS connections with `tls`'s
@@ -269,7 +286,7 @@ impl LocalCluster {
     /// # Errors
     /// As [`start`](Self::start).
     pub fn start_tls(masters: usize, replicas: usize, tls: &TlsFiles) -> Result<Self, String> {
-        Self::start_with(masters, replicas, "always", Some(tls))
+        Self::start_with(masters, replicas, "always", Some(tls), NODE_TIMEOUT_MILLIS)
     }
 
     fn start_with(
@@ -277,6 +294,7 @@ impl LocalCluster {
         replicas: usize,
         appendfsync: &'static str,
         tls: Option<&TlsFiles>,
+        node_timeout_millis: u64,
     ) -> Result<Self, String> {
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
@@ -285,11 +303,11 @@ impl LocalCluster {
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-port".into(),
-                    free_port()?.to_string(),
+                    try_free_port().map_err(|e| format!("no free port: {e}"))?.to_string(),
                     "--cluster-config-file".into(),
                     dir.join("nodes.conf").display().to_string(),
                     "--cluster-node-timeout".into(),
-                    NODE_TIMEOUT_MILLIS.to_string(),
+                    node_timeout_millis.to_string(),
                 ];
                 if let Some(tls) = tls {
                     args.extend(tls.arguments(dir, true)?);
@@ -398,7 +416,7 @@ impl LocalCluster {
 
     /// `redis+cluster://127.0.0.1:<port>,…`, every node named.
     pub fn url(&self) -> String {
-        format!("{}{}", crate::CLUSTER_SCHEME, self.addresses().join(","))
+        format!("{CLUSTER_SCHEME}{}", self.addresses().join(","))
     }
 
     /// `rediss+cluster://127.0.0.1:<TLS port>,…`, every node named, when it was started with
@@ -409,7 +427,7 @@ impl LocalCluster {
             .iter()
             .map(|n| n.tls_port().map(|p| format!("127.0.0.1:{p}")))
             .collect();
-        Some(format!("{}{}", crate::TLS_CLUSTER_SCHEME, ports?.join(",")))
+        Some(format!("{TLS_CLUSTER_SCHEME}{}", ports?.join(",")))
     }
 
     /// `redis://` URLs of the nodes, one each (to read their figures).

@@ -1,0 +1,106 @@
+//! The API's answers as they travel: one set of types that the server encodes, the Rust client
+//! ([`crate::client`]) decodes, and docs/discovery-openapi.json describes (its schemas `Proxy`,
+//! `LeasedProxy`, `ProxyList` and `Lease`; the OpenAPI tests hold the types and the schemas to
+//! the same fields).
+//!
+//! Each type takes a lifetime: the server lends it the strings of its directory snapshot
+//! (`Cow::Borrowed`, nothing copied per request), the client owns what it read (`'static`, the
+//! client's aliases).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A proxy as the list shows it (schema `Proxy`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyView<'a> {
+    /// `<namespace>/<name>`.
+    pub id: Cow<'a, str>,
+    /// Where to send traffic; empty until a Managed instance is up.
+    pub ip: Cow<'a, str>,
+    pub port: u16,
+    /// Left out when empty.
+    #[serde(default, skip_serializing_if = "no_attributes")]
+    pub attributes: Cow<'a, BTreeMap<String, String>>,
+    pub phase: Cow<'a, str>,
+    pub healthy: bool,
+    pub latency_millis: i64,
+    /// Unexpired, unreleased leases on it now.
+    pub active_leases: u64,
+    /// Effective capacity (0: never leased).
+    pub max_leases: i64,
+    /// A pool member's role (`active`, `standby`, `draining`); left out for a proxy in no pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_role: Option<Cow<'a, str>>,
+}
+
+fn no_attributes(attributes: &BTreeMap<String, String>) -> bool {
+    attributes.is_empty()
+}
+
+/// A leased proxy (schema `LeasedProxy`): the list's view and, when the proxy demands them, its
+/// credentials. `Debug` never shows the password or the URL that holds it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeasedProxy<'a> {
+    #[serde(flatten)]
+    pub view: ProxyView<'a>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<Cow<'a, str>>,
+    /// `http://user:password@ip:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<Cow<'a, str>>,
+}
+
+impl std::fmt::Debug for LeasedProxy<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeasedProxy")
+            .field("view", &self.view)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("url", &self.url.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl<'a> std::ops::Deref for LeasedProxy<'a> {
+    type Target = ProxyView<'a>;
+
+    fn deref(&self) -> &ProxyView<'a> {
+        &self.view
+    }
+}
+
+impl LeasedProxy<'_> {
+    /// What an HTTP client takes as its proxy: the answer's `url` (with the credentials), or
+    /// `http://ip:port` for a proxy that demands none.
+    pub fn proxy_url(&self) -> String {
+        match &self.url {
+            Some(url) => url.clone().into_owned(),
+            None if self.view.ip.contains(':') => format!("http://[{}]:{}", self.view.ip, self.view.port),
+            None => format!("http://{}:{}", self.view.ip, self.view.port),
+        }
+    }
+}
+
+/// `GET /v1/proxies`' answer (schema `ProxyList`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyList<'a> {
+    pub count: u64,
+    pub proxies: Vec<ProxyView<'a>>,
+}
+
+/// A lease granted (schema `Lease`): `POST /v1/leases`' answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease<'a> {
+    #[serde(rename = "leaseID")]
+    pub lease_id: Cow<'a, str>,
+    pub proxy: LeasedProxy<'a>,
+    /// RFC 3339, UTC.
+    pub expires_at: Cow<'a, str>,
+    pub ttl_seconds: u64,
+}
