@@ -8,13 +8,11 @@ use std::time::Duration;
 use egress_lease::{
     Candidate, Grant, LeaseRequest, LeaseStore, NoMatch, ReportResult, Scope, StoreError, Target, effective_ttl,
 };
-use serde::Deserialize;
-use serde_json::json;
 
 use crate::fleet::Fleet;
 use crate::proxy::ProxyInfo;
 use crate::scope::ClientScope;
-use crate::wire::{Lease, LeasedProxy, ProxyList, ProxyView};
+use crate::wire::{self, ErrorBody, Lease, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Report};
 
 /// Where the API reads proxies from.
 pub trait ProxyDirectory: Send + Sync + 'static {
@@ -71,7 +69,12 @@ fn encoded(value: &impl serde::Serialize) -> Option<Vec<u8>> {
 }
 
 pub(crate) fn error(status: u16, code: &str, message: &str) -> Answer {
-    (status, encoded(&json!({"error": code, "message": message})))
+    let body = ErrorBody {
+        error: Cow::Borrowed(code),
+        message: Cow::Borrowed(message),
+        no_match: None,
+    };
+    (status, encoded(&body))
 }
 
 /// The proxy view of §5.5, lending the directory's data: encoded without a copy.
@@ -179,18 +182,6 @@ fn lease_scope(selector_is_empty: bool, scope: Option<&ClientScope>) -> Scope {
     }
 }
 
-/// What `POST /v1/leases` sends.
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct AcquireBody {
-    #[serde(default)]
-    selector: BTreeMap<String, String>,
-    #[serde(default)]
-    ttl_seconds: Option<i64>,
-    #[serde(default)]
-    target: Option<String>,
-}
-
 type Acquired = Result<Grant, NoMatch>;
 
 impl DiscoveryApi {
@@ -225,7 +216,7 @@ impl DiscoveryApi {
 
     /// `POST /v1/leases`, choosing among the proxies the caller may lease (its scope's).
     pub(crate) async fn acquire(&self, scope: Option<&ClientScope>, body: &[u8]) -> Answer {
-        let body: AcquireBody = match decode(body) {
+        let body: wire::LeaseRequest = match decode(body) {
             Ok(b) => b,
             Err(answer) => return answer,
         };
@@ -329,18 +320,11 @@ impl DiscoveryApi {
 
     /// `POST /v1/leases/{id}/report`.
     pub(crate) async fn report(&self, id: &str, body: &[u8]) -> Answer {
-        #[derive(Deserialize, Default)]
-        struct Body {
-            #[serde(default)]
-            result: Option<String>,
-            #[serde(default)]
-            target: Option<String>,
-        }
-        let body: Body = match decode(body) {
+        let body: Report = match decode(body) {
             Ok(b) => b,
             Err(answer) => return answer,
         };
-        let Some(result) = body.result.as_deref().and_then(|r| r.parse::<ReportResult>().ok()) else {
+        let Ok(result) = body.result.parse::<ReportResult>() else {
             return error(400, "invalid_result", "result must be ok, rate_limited or banned");
         };
         let target = match target(body.target.as_deref()) {
@@ -384,14 +368,16 @@ fn granted(proxies: &Fleet, grant: &Grant) -> Answer {
 fn no_match(n: &NoMatch) -> Answer {
     (
         409,
-        encoded(&json!({
-            "error": "no_match",
-            "message": "no healthy proxy with free capacity matched the selector",
-            "considered": n.considered,
-            "atCapacity": n.at_capacity,
-            "inCooldown": n.in_cooldown,
-            "unhealthy": n.unhealthy,
-        })),
+        encoded(&ErrorBody {
+            error: Cow::Borrowed("no_match"),
+            message: Cow::Borrowed("no healthy proxy with free capacity matched the selector"),
+            no_match: Some(NoMatchCounts {
+                considered: n.considered as u64,
+                at_capacity: n.at_capacity as u64,
+                in_cooldown: n.in_cooldown as u64,
+                unhealthy: n.unhealthy as u64,
+            }),
+        }),
     )
 }
 

@@ -18,8 +18,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 pub use egress_lease::ReportResult;
 
 use crate::wire;
@@ -32,18 +30,8 @@ pub type LeasedProxy = wire::LeasedProxy<'static>;
 /// A lease granted: the API's [`wire::Lease`], owned.
 pub type Lease = wire::Lease<'static>;
 
-/// What to borrow.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AcquireRequest {
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub selector: BTreeMap<String, String>,
-    /// `None`: the server's default (300 s).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttl_seconds: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub target: Option<String>,
-}
+/// What to borrow: the API's [`wire::LeaseRequest`].
+pub type AcquireRequest = wire::LeaseRequest;
 
 /// Which proxies to list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -112,50 +100,39 @@ pub enum ClientError {
 const MAX_UNEXPECTED: usize = 512;
 
 fn from_answer(status: u16, body: &str) -> ClientError {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Envelope {
-        error: String,
-        #[serde(default)]
-        message: String,
-        #[serde(default)]
-        considered: u64,
-        #[serde(default)]
-        at_capacity: u64,
-        #[serde(default)]
-        in_cooldown: u64,
-        #[serde(default)]
-        unhealthy: u64,
-    }
-    let Ok(e) = serde_json::from_str::<Envelope>(body) else {
+    let Ok(e) = serde_json::from_str::<wire::ErrorBody<'static>>(body) else {
         return ClientError::Unexpected {
             status,
             body: body.chars().take(MAX_UNEXPECTED).collect(),
         };
     };
-    match e.error.as_str() {
-        "unauthorized" => ClientError::Unauthorized(e.message),
-        "invalid_query" => ClientError::InvalidQuery(e.message),
-        "invalid_body" => ClientError::InvalidBody(e.message),
-        "invalid_ttl" => ClientError::InvalidTtl(e.message),
-        "invalid_result" => ClientError::InvalidResult(e.message),
-        "invalid_target" => ClientError::InvalidTarget(e.message),
-        "no_match" => ClientError::NoMatch {
-            message: e.message,
-            considered: e.considered,
-            at_capacity: e.at_capacity,
-            in_cooldown: e.in_cooldown,
-            unhealthy: e.unhealthy,
-        },
-        "unknown_lease" => ClientError::UnknownLease(e.message),
-        "not_found" => ClientError::NotFound(e.message),
-        "method_not_allowed" => ClientError::MethodNotAllowed(e.message),
-        "overloaded" => ClientError::Overloaded(e.message),
-        "headers_too_large" => ClientError::HeadersTooLarge(e.message),
-        "internal" => ClientError::Internal(e.message),
-        "store_unavailable" => ClientError::StoreUnavailable(e.message),
+    let message = e.message.into_owned();
+    match &*e.error {
+        "unauthorized" => ClientError::Unauthorized(message),
+        "invalid_query" => ClientError::InvalidQuery(message),
+        "invalid_body" => ClientError::InvalidBody(message),
+        "invalid_ttl" => ClientError::InvalidTtl(message),
+        "invalid_result" => ClientError::InvalidResult(message),
+        "invalid_target" => ClientError::InvalidTarget(message),
+        "no_match" => {
+            let counts = e.no_match.unwrap_or_default();
+            ClientError::NoMatch {
+                message,
+                considered: counts.considered,
+                at_capacity: counts.at_capacity,
+                in_cooldown: counts.in_cooldown,
+                unhealthy: counts.unhealthy,
+            }
+        }
+        "unknown_lease" => ClientError::UnknownLease(message),
+        "not_found" => ClientError::NotFound(message),
+        "method_not_allowed" => ClientError::MethodNotAllowed(message),
+        "overloaded" => ClientError::Overloaded(message),
+        "headers_too_large" => ClientError::HeadersTooLarge(message),
+        "internal" => ClientError::Internal(message),
+        "store_unavailable" => ClientError::StoreUnavailable(message),
         "rate_limited" => ClientError::RateLimited {
-            message: e.message,
+            message,
             retry_after: Duration::from_secs(1),
         },
         _ => ClientError::Unexpected {
@@ -376,15 +353,16 @@ impl Client {
             ReportResult::RateLimited => "rate_limited",
             ReportResult::Banned => "banned",
         };
-        let mut body = serde_json::json!({"result": result});
-        if let Some(t) = target {
-            body["target"] = t.into();
-        }
+        let body = wire::Report {
+            result: result.to_owned(),
+            target: target.map(str::to_owned),
+        };
+        let body = serde_json::to_string(&body).map_err(|e| ClientError::InvalidBody(e.to_string()))?;
         let request = self
             .http
             .post(format!("{}/v1/leases/{}/report", self.base, segment(lease_id)))
             .header("content-type", "application/json")
-            .body(body.to_string());
+            .body(body);
         match self.send(request).await? {
             (204, _) => Ok(()),
             (status, body) => Err(from_answer(status, &body)),

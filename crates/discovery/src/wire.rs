@@ -1,11 +1,12 @@
-//! The API's answers as they travel: one set of types that the server encodes, the Rust client
-//! ([`crate::client`]) decodes, and docs/discovery-openapi.json describes (its schemas `Proxy`,
-//! `LeasedProxy`, `ProxyList` and `Lease`; the OpenAPI tests hold the types and the schemas to
-//! the same fields).
+//! The API's bodies as they travel: one set of types that the server encodes or decodes, the
+//! Rust client ([`crate::client`]) decodes or sends, and docs/discovery-openapi.json describes
+//! (its schemas `Proxy`, `LeasedProxy`, `ProxyList`, `Lease`, `LeaseRequest`, `Report`, `Error`
+//! and `NoMatch`; the OpenAPI tests hold the types and the schemas to the same fields).
 //!
-//! Each type takes a lifetime: the server lends it the strings of its directory snapshot
+//! Each answer type takes a lifetime: the server lends it the strings of its directory snapshot
 //! (`Cow::Borrowed`, nothing copied per request), the client owns what it read (`'static`, the
-//! client's aliases).
+//! client's aliases). The request bodies are owned: the server decodes them by the Go operator's
+//! rules (keys in any case, `null` as absent), so each field has a default.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -103,4 +104,52 @@ pub struct Lease<'a> {
     /// RFC 3339, UTC.
     pub expires_at: Cow<'a, str>,
     pub ttl_seconds: u64,
+}
+
+/// `POST /v1/leases`' body (schema `LeaseRequest`): what to borrow.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseRequest {
+    /// Attributes the proxy must have, and `pool`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    /// `None` or 0: the server's default (300 s). Signed, so the server can answer a negative
+    /// one with `invalid_ttl` rather than a body it cannot read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<i64>,
+    /// The site to be crawled, which scopes cooldowns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// `POST /v1/leases/{id}/report`'s body (schema `Report`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// `ok`, `rate_limited` or `banned`; anything else (or nothing) is `invalid_result`.
+    #[serde(default)]
+    pub result: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// Every error answer (schemas `Error` and, for `no_match`, `NoMatch`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody<'a> {
+    /// The code (`no_match`, `invalid_ttl`, ...).
+    pub error: Cow<'a, str>,
+    #[serde(default)]
+    pub message: Cow<'a, str>,
+    /// `no_match` only: how the candidates the caller may lease fell short.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub no_match: Option<NoMatchCounts>,
+}
+
+/// The candidates of a `no_match`, by why each was passed over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NoMatchCounts {
+    pub considered: u64,
+    pub at_capacity: u64,
+    pub in_cooldown: u64,
+    pub unhealthy: u64,
 }

@@ -242,7 +242,9 @@ fn keys(object: &Value) -> Vec<String> {
 /// field set encodes every documented property, one with none set exactly the required ones.
 #[test]
 fn the_wire_types_have_the_documented_fields() {
-    use egress_discovery::wire::{Lease, LeasedProxy, ProxyList, ProxyView};
+    use egress_discovery::wire::{
+        ErrorBody, Lease, LeaseRequest, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Report,
+    };
     let doc = egress_discovery::openapi::document();
     let schema = |name: &str| &doc["components"]["schemas"][name];
     let required = |name: &str| {
@@ -299,4 +301,37 @@ fn the_wire_types_have_the_documented_fields() {
     };
     assert_eq!(keys(&encoded(&lease)), keys(&schema("Lease")["properties"]));
     assert_eq!(keys(&encoded(&lease)), required("Lease"));
+    // The request bodies: every field optional but the report's result.
+    let request = LeaseRequest {
+        selector: [("pool".to_owned(), "eu".to_owned())].into(),
+        ttl_seconds: Some(60),
+        target: Some("example.com".into()),
+    };
+    assert_eq!(keys(&encoded(&request)), keys(&schema("LeaseRequest")["properties"]));
+    assert!(keys(&encoded(&LeaseRequest::default())).is_empty());
+    let report = Report {
+        result: "banned".into(),
+        target: Some("example.com".into()),
+    };
+    assert_eq!(keys(&encoded(&report)), keys(&schema("Report")["properties"]));
+    let bare_report = Report {
+        result: "ok".into(),
+        target: None,
+    };
+    assert_eq!(keys(&encoded(&bare_report)), required("Report"));
+    // The error envelope, and no_match's with its counts.
+    let error = ErrorBody {
+        error: "invalid_ttl".into(),
+        message: "m".into(),
+        no_match: None,
+    };
+    assert_eq!(keys(&encoded(&error)), keys(&schema("Error")["properties"]));
+    assert_eq!(keys(&encoded(&error)), required("Error"));
+    let no_match = ErrorBody {
+        error: "no_match".into(),
+        no_match: Some(NoMatchCounts::default()),
+        ..error
+    };
+    assert_eq!(keys(&encoded(&no_match)), keys(&schema("NoMatch")["properties"]));
+    assert_eq!(keys(&encoded(&no_match)), required("NoMatch"));
 }

@@ -283,7 +283,8 @@ async fn the_target_fetched_directly_answers_or_says_why_not() {
     let (plain, _) = http_target().await;
     let plain_url = format!("http://127.0.0.1:{}/204", plain.port());
     assert_eq!(fetch_directly(&plain_url, 204, timeout, &tls).await.result, Ok(()));
-    let down = format!("https://{}/204", dead_address().await);
+    let dead = dead_address().await;
+    let down = format!("https://{dead}/204");
     assert!(matches!(
         fetch_directly(&down, 204, timeout, &tls).await.result,
         Err(ProbeError::Unreachable(_))

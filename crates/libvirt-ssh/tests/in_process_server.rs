@@ -422,11 +422,9 @@ async fn the_key_file_is_read_again_when_it_changes_unless_kept() {
 
 #[tokio::test]
 async fn a_refused_port_is_a_network_error_at_the_tcp_stage() {
-    // A port nobody listens on.
-    let address = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
+    // A port nobody listens on (held refusing until the test ends).
+    let dead = egress_testkit::dead_address().await;
+    let address = dead.to_string();
     let dir = egress_testkit::scratch_dir("russh-test-refused");
     let client = new_key(&dir, "client");
     let e = dial(&client, HostKeys::AcceptAny, &address).await;
@@ -495,10 +493,8 @@ async fn the_seam_says_what_stopped_a_connection() {
     let bad_known = dir.join("bad_known");
     let (h, port) = address.rsplit_once(':').unwrap();
     std::fs::write(&bad_known, format!("[{h}]:{port} ssh-ed25519 !!!not-base64!!!\n")).unwrap();
-    let refused = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
+    let dead = egress_testkit::dead_address().await;
+    let refused = dead.to_string();
     let cases = [
         (
             dir.join("missing"),

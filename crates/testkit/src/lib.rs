@@ -22,8 +22,8 @@ pub use libvirtd::restart_libvirtd;
 pub use pki::{Pki, pki, pki_for};
 pub use scratch::{ScratchDir, scratch_dir};
 pub use targets::{
-    Fault, Seen, StoppableTlsTarget, connect, dead_address, fault_proxy, free_port, http_target, http_target_at,
-    tls_greeting_target, tls_target, tls_target_at, try_free_port,
+    DeadAddress, Fault, Seen, StoppableTlsTarget, connect, dead_address, fault_proxy, free_port, http_target,
+    http_target_at, tls_greeting_target, tls_target, tls_target_at, try_free_port,
 };
 pub use tinyproxy::{Tinyproxy, tinyproxy_available};
 pub use tools::{make_fifo, on_path};

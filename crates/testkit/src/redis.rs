@@ -481,7 +481,7 @@ fn serves(port: u16, slot: u16) -> bool {
 }
 
 /// Pins every thread of process `pid` to the cores `cores` names (`taskset`'s list, such as
-/// `0` or `0-1`), for benches that give Redis a core of its own as it has in production.
+/// `0` or `0-1`), for benches that give a process (Redis, the operator) a core of its own.
 ///
 /// # Errors
 /// `taskset` (util-linux) is missing or refused.

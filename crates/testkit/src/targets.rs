@@ -362,12 +362,38 @@ pub fn try_free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Connects to nothing: a port with no listener.
-pub async fn dead_address() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
-    addr
+/// An address on 127.0.0.1 that refuses every connection for as long as this value lives.
+///
+/// Its socket is bound and never listens: a connection gets a reset (refused), and no other
+/// socket can take the port meanwhile. (A port freed by a dropped listener can be handed out
+/// again at once, to an outgoing connection of the very test that expects a refusal.) Keep the
+/// value until the last connection attempt.
+#[derive(Debug)]
+pub struct DeadAddress {
+    addr: SocketAddr,
+    _held: tokio::net::TcpSocket,
+}
+
+impl DeadAddress {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl std::fmt::Display for DeadAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
+/// Connects to nothing: see [`DeadAddress`].
+pub async fn dead_address() -> DeadAddress {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    DeadAddress {
+        addr: socket.local_addr().unwrap(),
+        _held: socket,
+    }
 }
 
 /// A connection to `addr`.

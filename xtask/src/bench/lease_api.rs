@@ -89,19 +89,6 @@ fn pinned(core: &str, low: bool, program: &Path, args: &[&str]) -> std::process:
     cmd
 }
 
-/// Moves every thread of process `pid` to `core`.
-pub(crate) fn pin(pid: u32, core: &str) -> Result<()> {
-    let status = std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", core, &pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .context("running taskset")?;
-    if !status.success() {
-        bail!("taskset could not move process {pid} to core {core}");
-    }
-    Ok(())
-}
-
 impl Load {
     fn command(&self, core: &str, low: bool, args: &[&str]) -> std::process::Command {
         let mut cmd = pinned(core, low, &self.program, args);

@@ -203,9 +203,9 @@ async fn under_load(
     let client = test_server::client(kubeconfig).await?;
     // The manager alone on core 1; the test API server (elsewhere in a cluster) with the load,
     // and so is this process, which writes the verdicts and counts the status changes.
-    lease_api::pin(pid, "1")?;
-    lease_api::pin(server, "0")?;
-    lease_api::pin(std::process::id(), "0")?;
+    for (process, core) in [(pid, "1"), (server, "0"), (std::process::id(), "0")] {
+        egress_testkit::redis::pin(process, core).map_err(anyhow::Error::msg)?;
+    }
     let sample = Duration::from_secs(10);
     let at_rest = tokio::task::spawn_blocking(move || lease_api::cpu_share(pid, sample)).await?;
     let churn = Churn::start(verdicts, count, "bench", client);
