@@ -354,38 +354,54 @@ fn served(
 /// Step 4: the leader's work.
 fn start_leader_tasks(
     options: &Options,
-    replica: Replica,
-    loaded: Loaded,
+    mut replica: Replica,
+    mut loaded: Loaded,
     health: Health,
     shutdown: &CancellationToken,
 ) -> Result<Running, Fatal> {
     tracing::info!("Starting manager");
     let mut running = Running {
-        tasks: replica.tasks,
-        essential: replica.essential,
+        tasks: std::mem::take(&mut replica.tasks),
+        essential: std::mem::take(&mut replica.essential),
     };
     // The leader publishes the proxies it serves to a shared store, so every replica leases
     // with the same capacity, health and latency.
     running.tasks.spawn(egress_discovery::publish_view(
-        replica.directory,
+        replica.directory.clone(),
         replica.store.clone(),
         shutdown.clone(),
     ));
-    let installation = Some(replica.installation);
     let external = Arc::new(external_rules(options, &replica.namespaces.own)?);
     let work = shutdown.child_token();
     let engine = EngineParts {
-        roots: loaded.probe_roots,
+        roots: loaded.probe_roots.take(),
         source: proxy::health::CachedProxies {
             cache: replica.cache.clone(),
             default_url: options.health_check_url.clone(),
             credentials: replica.credentials.clone(),
             external: external.clone(),
         },
-        metrics: replica.health_metrics,
-        target: replica.probe_target,
+        metrics: replica.health_metrics.clone(),
+        target: replica.probe_target.clone(),
     };
     let verdicts = leader_verdicts(options, health, engine, &mut running, &work)?;
+    spawn_controllers(options, replica, loaded, verdicts, external, &mut running, &work);
+    Ok(running)
+}
+
+/// The leader's controllers on `verdicts`: the Proxy and ProxyPool controllers and the orphan
+/// GC, which run until shutdown, and the provider-health monitor (with checks off it only cleans
+/// up and ends, so it is not essential).
+fn spawn_controllers(
+    options: &Options,
+    replica: Replica,
+    loaded: Loaded,
+    verdicts: LeaderVerdicts,
+    external: Arc<proxy::destinations::ExternalRules>,
+    running: &mut Running,
+    work: &CancellationToken,
+) {
+    let installation = Some(replica.installation);
     let ctx = Arc::new(
         Context::new(
             replica.client.clone(),
@@ -437,17 +453,13 @@ fn start_leader_tasks(
         installation,
     };
     running.spawn_essential(gc.run(work.clone()));
-    // Not essential: with checks off the monitor only cleans up and ends.
-    running.tasks.spawn(
-        Monitor {
-            client: replica.client,
-            providers: loaded.providers,
-            schedule: loaded.schedule,
-            snapshot: replica.provider_health,
-        }
-        .run(work),
-    );
-    Ok(running)
+    let monitor = Monitor {
+        client: replica.client,
+        providers: loaded.providers,
+        schedule: loaded.schedule,
+        snapshot: replica.provider_health,
+    };
+    running.tasks.spawn(monitor.run(work.clone()));
 }
 
 /// What the leader's own health engine probes with and counts in.
