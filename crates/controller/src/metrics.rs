@@ -164,6 +164,33 @@ impl Collector for CooldownsDropped {
     }
 }
 
+/// `proxy_operator_lease_sessions{client}`: each client's live sticky sessions, read from the
+/// lease store at each scrape (exact for the in-memory store; for a shared one as of this
+/// replica's last session call or sweep).
+pub struct LeaseSessions(pub std::sync::Arc<dyn egress_lease::LeaseStore>);
+
+impl std::fmt::Debug for LeaseSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseSessions").finish_non_exhaustive()
+    }
+}
+
+impl Collector for LeaseSessions {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "proxy_operator_lease_sessions",
+            "Live sticky sessions of each discovery client.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (client, n) in self.0.sessions_now() {
+            let labels: Labels = vec![("client".to_string(), client)];
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Registers the controller's scrape-time metrics.
 pub fn register(registry: &mut Registry, snapshot: ProviderHealthSnapshot, proxies: Store<Proxy>) {
     registry.register_collector(Box::new(ProviderTargetGauges(snapshot)));

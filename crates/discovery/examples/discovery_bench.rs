@@ -137,6 +137,7 @@ async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>, shared_store: bo
         auth: egress_discovery::Auth::None,
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::with_defaults(
             shared_store,
             egress_discovery::AdmissionMetrics::default(),

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_lease::{
-    Candidate, Grant, LeaseRequest, LeaseStore, NoMatch, ReportResult, Scope, StoreError, Target, effective_ttl,
+    Candidate, Grant, LeaseRequest, LeaseStore, NoMatch, NotRenewed, ReportResult, Scope, Session, SessionName,
+    SessionRefused, StoreError, Target, effective_ttl,
 };
 
 use crate::fleet::Fleet;
@@ -33,6 +34,11 @@ pub trait ProxyDirectory: Send + Sync + 'static {
     }
 }
 
+/// Live sessions one client may hold unless told otherwise (`--max-sessions-per-client`): a
+/// session per crawler login, say, for a thousand at once; every session is also a lease, so
+/// the fleet's capacity bounds them all.
+pub const DEFAULT_MAX_SESSIONS: usize = 1000;
+
 /// What the routes share.
 pub struct DiscoveryApi {
     pub directory: Arc<dyn ProxyDirectory>,
@@ -48,6 +54,8 @@ pub struct DiscoveryApi {
     /// What each client may see and lease ([`crate::scope`]); a client without a scope sees
     /// every proxy.
     pub scopes: crate::Scopes,
+    /// Live sessions one client may hold (`--max-sessions-per-client`).
+    pub max_sessions: usize,
 }
 
 impl std::fmt::Debug for DiscoveryApi {
@@ -57,6 +65,7 @@ impl std::fmt::Debug for DiscoveryApi {
             .field("auth", &self.auth)
             .field("admission", &self.admission)
             .field("scopes", &self.scopes)
+            .field("max_sessions", &self.max_sessions)
             .finish_non_exhaustive()
     }
 }
@@ -162,13 +171,22 @@ fn candidates<'a>(
 ) -> impl Iterator<Item = Candidate<'a>> + Send + 'a {
     proxies
         .in_lease_order()
-        .filter(move |p| p.offered && matches(p, selector) && in_scope(scope, p))
-        .map(|p| Candidate {
-            id: &p.id,
-            healthy: p.healthy,
-            latency_millis: p.latency_millis,
-            max_leases: p.max_leases,
-        })
+        .filter(move |p| leasable(p, selector, scope))
+        .map(candidate)
+}
+
+/// Whether `p` is one of the caller's lease candidates for `selector`.
+fn leasable(p: &ProxyInfo, selector: &Selector, scope: Option<&ClientScope>) -> bool {
+    p.offered && matches(p, selector) && in_scope(scope, p)
+}
+
+fn candidate(p: &ProxyInfo) -> Candidate<'_> {
+    Candidate {
+        id: &p.id,
+        healthy: p.healthy,
+        latency_millis: p.latency_millis,
+        max_leases: p.max_leases,
+    }
 }
 
 /// Which proxies the store may choose from. An empty selector is every offered proxy: a shared
@@ -215,7 +233,7 @@ impl DiscoveryApi {
     }
 
     /// `POST /v1/leases`, choosing among the proxies the caller may lease (its scope's).
-    pub(crate) async fn acquire(&self, scope: Option<&ClientScope>, body: &[u8]) -> Answer {
+    pub(crate) async fn acquire(&self, client: &crate::ClientName, scope: Option<&ClientScope>, body: &[u8]) -> Answer {
         let body: wire::LeaseRequest = match decode(body) {
             Ok(b) => b,
             Err(answer) => return answer,
@@ -228,6 +246,10 @@ impl DiscoveryApi {
             Ok(t) => t,
             Err(answer) => return answer,
         };
+        let session = match body.session.as_deref().map(SessionName::parse).transpose() {
+            Ok(s) => s,
+            Err(e) => return error(400, "invalid_session", &e.to_string()),
+        };
         let proxies = match self.directory.proxies() {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies for lease"),
@@ -237,6 +259,21 @@ impl DiscoveryApi {
             .iter()
             .map(|(k, v)| (k.clone(), vec![v.clone()]))
             .collect();
+        if let Some(name) = &session {
+            let session = Session {
+                client: client.as_str(),
+                name,
+                cap: self.max_sessions,
+            };
+            let req = LeaseRequest {
+                ttl,
+                target,
+                scope: Scope::Listed,
+            };
+            return self
+                .acquire_in_session(&proxies, &selector, scope, &req, &session, &body.selector)
+                .await;
+        }
         let req = LeaseRequest {
             ttl,
             target,
@@ -260,6 +297,68 @@ impl DiscoveryApi {
                 self.record_refusal(scope, &body.selector);
                 no_match(&n)
             }
+        }
+    }
+
+    /// `POST /v1/leases` naming a session: the session's lease (`200`) while its proxy is one of
+    /// the caller's candidates, healthy and not cooling down for the target; else a new one
+    /// (`201`), which the session names from then on.
+    async fn acquire_in_session(
+        &self,
+        proxies: &Fleet,
+        selector: &Selector,
+        scope: Option<&ClientScope>,
+        req: &LeaseRequest,
+        session: &Session<'_>,
+        asked: &BTreeMap<String, String>,
+    ) -> Answer {
+        let member = |id: &str| proxies.get(id).filter(|p| leasable(p, selector, scope)).map(candidate);
+        let acquired = self
+            .store
+            .acquire_session(&mut candidates(proxies, selector, scope), &member, req, session)
+            .await;
+        match acquired {
+            Ok(Ok(grant)) => granted(proxies, &grant),
+            Ok(Err(SessionRefused::NoMatch(n))) => {
+                self.record_refusal(scope, asked);
+                no_match(&n)
+            }
+            Ok(Err(SessionRefused::TooMany { held, cap })) => error(
+                409,
+                "too_many_sessions",
+                &format!(
+                    "this client holds {held} live sessions, its most ({cap}); release a session's lease or let one expire"
+                ),
+            ),
+            Err(e) => store_failed(&e, "acquiring a lease in a session"),
+        }
+    }
+
+    /// `POST /v1/leases/{id}/renew`: the lease extended to the TTL asked for from now (never
+    /// shortened), while its proxy is offered and healthy.
+    pub(crate) async fn renew(&self, id: &str, body: &[u8]) -> Answer {
+        let body: wire::Renewal = match decode(body) {
+            Ok(b) => b,
+            Err(answer) => return answer,
+        };
+        let ttl = match effective_ttl(body.ttl_seconds, self.max_ttl) {
+            Ok(t) => t,
+            Err(e) => return error(400, "invalid_ttl", &e.to_string()),
+        };
+        let proxies = match self.directory.proxies() {
+            Ok(p) => p,
+            Err(e) => return list_failed(&e, "listing proxies for a renewal"),
+        };
+        let fit = |id: &str| proxies.get(id).is_some_and(|p| p.offered && p.healthy);
+        match self.store.renew(id, ttl, &fit).await {
+            Ok(Ok(grant)) => granted(&proxies, &grant),
+            Ok(Err(NotRenewed::Ended)) => error(404, "unknown_lease", "no such active lease"),
+            Ok(Err(NotRenewed::Unfit { .. })) => error(
+                409,
+                "not_renewable",
+                "the lease's proxy is draining, a standby, gone or unhealthy: the lease runs to its expiry; acquire another",
+            ),
+            Err(e) => store_failed(&e, "renewing a lease"),
         }
     }
 
@@ -339,7 +438,8 @@ impl DiscoveryApi {
     }
 }
 
-/// `201` with the lease and its proxy.
+/// The lease and its proxy: `201` for a new lease, `200` for one extended (a session's, or a
+/// renewal).
 fn granted(proxies: &Fleet, grant: &Grant) -> Answer {
     // NB: the store grants only among the candidates it was given, which come from `proxies`
     // (`among_own` makes sure of it for a grant from the store's index), so the proxy is there.
@@ -353,7 +453,7 @@ fn granted(proxies: &Fleet, grant: &Grant) -> Answer {
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
         .unwrap_or_default();
     (
-        201,
+        if grant.resumed { 200 } else { 201 },
         encoded(&Lease {
             lease_id: Cow::Borrowed(&grant.lease_id),
             proxy: leased(proxy, grant.active_leases),

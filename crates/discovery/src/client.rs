@@ -1,5 +1,6 @@
-//! A typed client of the API, for crawler code: list, acquire, release, report, with the error
-//! envelope mapped to [`ClientError`]. It needs nothing of the operator.
+//! A typed client of the API, for crawler code: list, acquire (in a sticky session, too),
+//! renew, release, report, with the error envelope mapped to [`ClientError`]. It needs nothing
+//! of the operator.
 //!
 //! ```no_run
 //! # async fn crawl() -> Result<(), egress_discovery::client::ClientError> {
@@ -57,6 +58,16 @@ pub enum ClientError {
     /// A target over 2 KiB.
     #[error("invalid target: {0}")]
     InvalidTarget(String),
+    /// A session name outside 1 to 64 of `A-Za-z0-9_-`.
+    #[error("invalid session: {0}")]
+    InvalidSession(String),
+    /// Starting the session would pass the client's cap of live sessions.
+    #[error("too many sessions: {0}")]
+    TooManySessions(String),
+    /// The lease's proxy is draining, a standby, gone or unhealthy: the lease runs to its
+    /// expiry as it was; acquire another.
+    #[error("not renewable: {0}")]
+    NotRenewable(String),
     #[error(
         "no match: {message} ({considered} considered: {unhealthy} unhealthy, {at_capacity} at capacity, {in_cooldown} in cooldown)"
     )]
@@ -114,6 +125,9 @@ fn from_answer(status: u16, body: &str) -> ClientError {
         "invalid_ttl" => ClientError::InvalidTtl(message),
         "invalid_result" => ClientError::InvalidResult(message),
         "invalid_target" => ClientError::InvalidTarget(message),
+        "invalid_session" => ClientError::InvalidSession(message),
+        "too_many_sessions" => ClientError::TooManySessions(message),
+        "not_renewable" => ClientError::NotRenewable(message),
         "no_match" => {
             let counts = e.no_match.unwrap_or_default();
             ClientError::NoMatch {
@@ -282,8 +296,8 @@ impl Client {
         }
     }
 
-    fn expect<T: serde::de::DeserializeOwned>(status: u16, want: u16, body: &str) -> Result<T, ClientError> {
-        if status != want {
+    fn expect<T: serde::de::DeserializeOwned>(status: u16, want: &[u16], body: &str) -> Result<T, ClientError> {
+        if !want.contains(&status) {
             return Err(from_answer(status, body));
         }
         // A success the client cannot read keeps no part of the body: a lease answer holds the
@@ -310,14 +324,16 @@ impl Client {
         }
         let url = format!("{}/v1/proxies?{}", self.base, query.join("&"));
         let (status, body) = self.send(self.http.get(url)).await?;
-        Self::expect::<wire::ProxyList<'static>>(status, 200, &body).map(|l| l.proxies)
+        Self::expect::<wire::ProxyList<'static>>(status, &[200], &body).map(|l| l.proxies)
     }
 
-    /// `POST /v1/leases`.
+    /// `POST /v1/leases`. With `req.session`, the session's lease again (same id, extended)
+    /// while its proxy stays fit, else its new one.
     ///
     /// # Errors
     ///
-    /// [`ClientError::NoMatch`] when no proxy is eligible; the API's other errors; transport.
+    /// [`ClientError::NoMatch`] when no proxy is eligible, [`ClientError::TooManySessions`]
+    /// when a new session would pass the client's cap; the API's other errors; transport.
     pub async fn acquire(&self, req: &AcquireRequest) -> Result<Lease, ClientError> {
         let body = serde_json::to_string(req).map_err(|e| ClientError::InvalidBody(e.to_string()))?;
         let request = self
@@ -326,7 +342,28 @@ impl Client {
             .header("content-type", "application/json")
             .body(body);
         let (status, body) = self.send(request).await?;
-        Self::expect(status, 201, &body)
+        Self::expect(status, &[201, 200], &body)
+    }
+
+    /// `POST /v1/leases/{id}/renew`: the lease extended to `ttl` from now (never shortened;
+    /// `None`: the server's default, 300 s).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::UnknownLease`] once the lease has ended, [`ClientError::NotRenewable`]
+    /// when its proxy may no longer be leased; the API's other errors; transport.
+    pub async fn renew(&self, lease_id: &str, ttl: Option<Duration>) -> Result<Lease, ClientError> {
+        let body = wire::Renewal {
+            ttl_seconds: ttl.map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX)),
+        };
+        let body = serde_json::to_string(&body).map_err(|e| ClientError::InvalidBody(e.to_string()))?;
+        let request = self
+            .http
+            .post(format!("{}/v1/leases/{}/renew", self.base, segment(lease_id)))
+            .header("content-type", "application/json")
+            .body(body);
+        let (status, body) = self.send(request).await?;
+        Self::expect(status, &[200], &body)
     }
 
     /// `DELETE /v1/leases/{id}` (idempotent).
@@ -450,7 +487,7 @@ mod tests {
     #[test]
     fn a_success_that_cannot_be_read_keeps_none_of_its_body() {
         let body = r#"{"leaseID":"l","proxy":{"id":"ns/p","password":"SENTINEL-pw","port":"not a number"}}"#;
-        let e = Client::expect::<Lease>(200, 200, body).unwrap_err();
+        let e = Client::expect::<Lease>(200, &[200], body).unwrap_err();
         let shown = format!("{e} {e:?}");
         assert!(matches!(e, ClientError::Unexpected { status: 200, .. }), "{shown}");
         assert!(!shown.contains("SENTINEL"), "{shown}");

@@ -54,7 +54,7 @@ pub mod wire;
 
 pub use admission::{Admission, Budget, Budgets};
 pub use admission_metrics::AdmissionMetrics;
-pub use api::{DiscoveryApi, ProxyDirectory};
+pub use api::{DEFAULT_MAX_SESSIONS, DiscoveryApi, ProxyDirectory};
 pub use auth::{
     Auth, ClientFiles, ClientName, FileTokens, MAX_CLIENTS, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet,
     parse_tokens, read_token_file,

@@ -90,6 +90,7 @@ fn pattern(method: &Method, path: &str) -> String {
         ["v1", "leases"] => "/v1/leases",
         ["v1", "leases", _] => "/v1/leases/{id}",
         ["v1", "leases", _, "report"] => "/v1/leases/{id}/report",
+        ["v1", "leases", _, "renew"] => "/v1/leases/{id}/renew",
         _ => "unmatched",
     };
     format!("{method} {route}")
@@ -121,6 +122,7 @@ pub fn router(api: Arc<DiscoveryApi>) -> Router {
         .route("/v1/leases", post(acquire))
         .route("/v1/leases/{id}", delete(release))
         .route("/v1/leases/{id}/report", post(report))
+        .route("/v1/leases/{id}/renew", post(renew))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
         .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
@@ -158,8 +160,10 @@ async fn list(State(api): Shared, req: Request<Body>) -> Response<Body> {
 
 async fn acquire(State(api): Shared, req: Request<Body>) -> Response<Body> {
     let scope = scope(&api, &req);
+    // Sessions are the client's: without authentication every caller is `default`.
+    let client = req.extensions().get::<crate::ClientName>().cloned().unwrap_or_default();
     match body(req).await {
-        Ok(body) => respond(api.acquire(scope.as_deref(), &body).await),
+        Ok(body) => respond(api.acquire(&client, scope.as_deref(), &body).await),
         Err(answer) => respond(answer),
     }
 }
@@ -176,11 +180,19 @@ async fn report(State(api): Shared, req: Request<Body>) -> Response<Body> {
     }
 }
 
+async fn renew(State(api): Shared, req: Request<Body>) -> Response<Body> {
+    let id = lease_id(&req).to_owned();
+    match body(req).await {
+        Ok(body) => respond(api.renew(&id, &body).await),
+        Err(answer) => respond(answer),
+    }
+}
+
 async fn not_found() -> Response<Body> {
     respond(error(404, "not_found", "no such endpoint"))
 }
 
-/// The `{id}` of `/v1/leases/{id}[/report]`, as sent (lease ids need no escaping; one that
+/// The `{id}` of `/v1/leases/{id}[/report|/renew]`, as sent (lease ids need no escaping; one that
 /// does names no lease).
 fn lease_id<B>(req: &Request<B>) -> &str {
     req.uri().path().split('/').nth(3).unwrap_or_default()
@@ -436,6 +448,7 @@ mod tests {
             refusals: None,
             admission: crate::Admission::default(),
             scopes: crate::Scopes::default(),
+            max_sessions: crate::DEFAULT_MAX_SESSIONS,
         });
         let routes = Router::new()
             .route(

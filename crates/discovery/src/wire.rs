@@ -1,7 +1,7 @@
 //! The API's bodies as they travel: one set of types that the server encodes or decodes, the
 //! Rust client ([`crate::client`]) decodes or sends, and docs/discovery-openapi.json describes
-//! (its schemas `Proxy`, `LeasedProxy`, `ProxyList`, `Lease`, `LeaseRequest`, `Report`, `Error`
-//! and `NoMatch`; the OpenAPI tests hold the types and the schemas to the same fields).
+//! (its schemas `Proxy`, `LeasedProxy`, `ProxyList`, `Lease`, `LeaseRequest`, `Renewal`,
+//! `Report`, `Error` and `NoMatch`; the OpenAPI tests hold the types and the schemas to the same fields).
 //!
 //! Each answer type takes a lifetime: the server lends it the strings of its directory snapshot
 //! (`Cow::Borrowed`, nothing copied per request), the client owns what it read (`'static`, the
@@ -120,6 +120,20 @@ pub struct LeaseRequest {
     /// The site to be crawled, which scopes cooldowns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// A sticky session of the caller's client (1 to 64 of `A-Za-z0-9_-`): while its lease
+    /// lives and its proxy stays fit, the same lease is answered again, extended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+/// `POST /v1/leases/{id}/renew`'s body (schema `Renewal`): how long from now the lease should
+/// live.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Renewal {
+    /// `None` or 0: the server's default (300 s); at most its `--max-lease-ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<i64>,
 }
 
 /// `POST /v1/leases/{id}/report`'s body (schema `Report`).

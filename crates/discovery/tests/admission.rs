@@ -35,6 +35,26 @@ impl LeaseStore for Gated {
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
         self.inner.acquire(candidates, req).await
     }
+    async fn acquire_session<'c>(
+        &self,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
+        member: &egress_lease::Member<'c>,
+        req: &LeaseRequest,
+        session: &egress_lease::Session<'_>,
+    ) -> Result<Result<Grant, egress_lease::SessionRefused>, StoreError> {
+        self.inner.acquire_session(candidates, member, req, session).await
+    }
+    async fn renew(
+        &self,
+        lease_id: &str,
+        ttl: std::time::Duration,
+        fit: &egress_lease::Fit<'_>,
+    ) -> Result<Result<Grant, egress_lease::NotRenewed>, StoreError> {
+        self.inner.renew(lease_id, ttl, fit).await
+    }
+    fn sessions_now(&self) -> Vec<(String, usize)> {
+        self.inner.sessions_now()
+    }
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
         self.inner.release(lease_id).await
     }
@@ -117,6 +137,7 @@ async fn a_freed_slot_goes_to_the_client_with_fewer_requests_not_to_the_longest_
         auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&clients))),
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: Admission::new(Budgets::uniform(budget), 2, metrics.clone()),
     })
     .await;
@@ -175,6 +196,7 @@ async fn over_its_budget_a_client_is_refused_before_its_body_is_read_and_others_
         auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&clients))),
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: Admission::new(Budgets::uniform(small), 16, metrics.clone()),
     })
     .await;

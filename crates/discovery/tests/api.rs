@@ -2,33 +2,17 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::{info, serve_on_loopback_within, snapshot};
-use egress_discovery::{DiscoveryApi, MAX_BODY, ProxyDirectory, ProxyInfo};
+use common::{Changing, info, serve_on_loopback_within};
+use egress_discovery::{DiscoveryApi, MAX_BODY, ProxyInfo};
 use egress_lease::{ManualClock, MemoryStore};
 use serde_json::{Value, json};
 
-/// A directory the test changes, or breaks.
-#[derive(Default)]
-struct Directory {
-    proxies: Mutex<Vec<ProxyInfo>>,
-    broken: Mutex<bool>,
-}
-
-impl ProxyDirectory for Directory {
-    fn proxies(&self) -> Result<Arc<egress_discovery::Fleet>, String> {
-        if *self.broken.lock().unwrap() {
-            return Err("the cache is gone".into());
-        }
-        Ok(snapshot(self.proxies.lock().unwrap().clone()))
-    }
-}
-
 struct Server {
     url: String,
-    directory: Arc<Directory>,
+    directory: Arc<Changing>,
     refusals: Arc<egress_discovery::Refusals>,
     clock: ManualClock,
     http: reqwest::Client,
@@ -40,7 +24,7 @@ async fn start(token: Option<&str>) -> Server {
 }
 
 async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Server {
-    let directory = Arc::new(Directory::default());
+    let directory = Arc::new(Changing::default());
     let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
     let refusals = Arc::new(egress_discovery::Refusals::new("pool"));
     let (url, stop) = serve_on_loopback_within(
@@ -54,6 +38,7 @@ async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Serve
             refusals: Some(refusals.clone()),
             admission: egress_discovery::Admission::default(),
             scopes: egress_discovery::Scopes::default(),
+            max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         },
         limits,
     )
@@ -73,7 +58,7 @@ async fn start_within(token: Option<&str>, limits: egress_http::Limits) -> Serve
 
 impl Server {
     fn set(&self, proxies: Vec<ProxyInfo>) {
-        *self.directory.proxies.lock().unwrap() = proxies;
+        self.directory.set(proxies);
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<&str>) -> (u16, Value) {

@@ -51,6 +51,7 @@ async fn serve(set: Arc<TokenSet>) -> (String, tokio_util::sync::DropGuard) {
         auth: Auth::Tokens(set),
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::default(),
     })
     .await

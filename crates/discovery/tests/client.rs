@@ -23,6 +23,7 @@ async fn start() -> (String, DropGuard) {
         auth: egress_discovery::Auth::Tokens(Arc::new(egress_discovery::TokenSet::new(vec!["tok".into()]))),
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::default(),
     })
     .await
@@ -131,6 +132,7 @@ async fn a_lease_hands_over_the_credentials_and_debug_hides_them() {
         auth: egress_discovery::Auth::None,
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::default(),
     })
     .await;
@@ -239,6 +241,7 @@ async fn the_server_s_answers_round_trip_through_the_client_s_types_whole() {
         auth: egress_discovery::Auth::None,
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::default(),
     })
     .await;

@@ -31,6 +31,7 @@ async fn start() -> (String, DropGuard) {
         auth: egress_discovery::Auth::None,
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::default(),
     })
     .await
@@ -125,12 +126,32 @@ async fn real_answers_validate_against_the_documented_schemas() {
     let (status, refused) = call(&url, "POST", "/v1/leases", Some("{}")).await;
     assert_eq!(status, 409);
     check("NoMatch", &refused);
+    // The lease renewed, then a session's lease granted and answered again: each a Lease.
+    let id = lease["leaseID"].as_str().unwrap();
+    let (status, renewed) = call(
+        &url,
+        "POST",
+        &format!("/v1/leases/{id}/renew"),
+        Some(r#"{"ttlSeconds": 600}"#),
+    )
+    .await;
+    assert_eq!((status, &renewed["leaseID"]), (200, &lease["leaseID"]), "{renewed}");
+    check("Lease", &renewed);
+    call(&url, "DELETE", &format!("/v1/leases/{id}"), None).await;
+    for expected in [201, 200] {
+        let (status, sticky) = call(&url, "POST", "/v1/leases", Some(r#"{"session": "login-1"}"#)).await;
+        assert_eq!(status, expected, "{sticky}");
+        check("Lease", &sticky);
+    }
     for (method, path, body) in [
         ("GET", "/v1/proxies?healthy=maybe", None),
         ("POST", "/v1/leases", Some("{")),
         ("POST", "/v1/leases", Some(r#"{"ttlSeconds": 99999}"#)),
         ("POST", "/v1/leases/X/report", Some(r#"{"result": "meh"}"#)),
         ("POST", "/v1/leases/X/report", Some(r#"{"result": "ok"}"#)),
+        ("POST", "/v1/leases", Some(r#"{"session": "a b"}"#)),
+        ("POST", "/v1/leases/X/renew", Some("{}")),
+        ("POST", "/v1/leases/X/renew", Some(r#"{"ttlSeconds": -1}"#)),
         ("GET", "/nowhere", None),
         ("PUT", "/v1/leases", None),
     ] {
@@ -152,6 +173,7 @@ async fn a_store_that_cannot_be_reached_answers_the_documented_503() {
         auth: egress_discovery::Auth::None,
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::default(),
     })
     .await;
@@ -194,6 +216,7 @@ async fn a_client_over_its_budget_gets_the_documented_429_on_every_authenticated
                 auth: egress_discovery::Auth::None,
                 refusals: None,
                 scopes: egress_discovery::Scopes::default(),
+                max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
                 admission: egress_discovery::Admission::new(
                     egress_discovery::Budgets::uniform(one),
                     16,
@@ -243,7 +266,7 @@ fn keys(object: &Value) -> Vec<String> {
 #[test]
 fn the_wire_types_have_the_documented_fields() {
     use egress_discovery::wire::{
-        ErrorBody, Lease, LeaseRequest, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Report,
+        ErrorBody, Lease, LeaseRequest, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Renewal, Report,
     };
     let doc = egress_discovery::openapi::document();
     let schema = |name: &str| &doc["components"]["schemas"][name];
@@ -306,9 +329,13 @@ fn the_wire_types_have_the_documented_fields() {
         selector: [("pool".to_owned(), "eu".to_owned())].into(),
         ttl_seconds: Some(60),
         target: Some("example.com".into()),
+        session: Some("login-1".into()),
     };
     assert_eq!(keys(&encoded(&request)), keys(&schema("LeaseRequest")["properties"]));
     assert!(keys(&encoded(&LeaseRequest::default())).is_empty());
+    let renewal = Renewal { ttl_seconds: Some(60) };
+    assert_eq!(keys(&encoded(&renewal)), keys(&schema("Renewal")["properties"]));
+    assert!(keys(&encoded(&Renewal::default())).is_empty());
     let report = Report {
         result: "banned".into(),
         target: Some("example.com".into()),

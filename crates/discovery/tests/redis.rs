@@ -88,6 +88,7 @@ async fn replica(url: &str, prefix: &str) -> (Client, DropGuard) {
         // Up to 48 callers at once, all the client `default`: the failover is what is tested.
         admission: common::roomy_admission(),
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
     };
     let (base, guard) = serve_on_loopback(api).await;
     (Client::new(&base, None).expect("a client"), guard)
@@ -473,6 +474,7 @@ async fn a_scoped_client_is_granted_only_proxies_of_its_scope_though_the_index_h
         refusals: None,
         admission: egress_discovery::Admission::default(),
         scopes,
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
     };
     let (base, _guard) = serve_on_loopback(api).await;
     let team_a = Client::new(&base, Some("team-a-token".into())).unwrap();

@@ -82,6 +82,26 @@ impl LeaseStore for Recording {
         }
         self.inner.acquire(candidates, req).await
     }
+    async fn acquire_session<'c>(
+        &self,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
+        member: &egress_lease::Member<'c>,
+        req: &LeaseRequest,
+        session: &egress_lease::Session<'_>,
+    ) -> Result<Result<Grant, egress_lease::SessionRefused>, StoreError> {
+        self.inner.acquire_session(candidates, member, req, session).await
+    }
+    async fn renew(
+        &self,
+        lease_id: &str,
+        ttl: std::time::Duration,
+        fit: &egress_lease::Fit<'_>,
+    ) -> Result<Result<Grant, egress_lease::NotRenewed>, StoreError> {
+        self.inner.renew(lease_id, ttl, fit).await
+    }
+    fn sessions_now(&self) -> Vec<(String, usize)> {
+        self.inner.sessions_now()
+    }
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
         self.inner.release(lease_id).await
     }
@@ -149,6 +169,7 @@ async fn start(auth: bool) -> Server {
         refusals: Some(refusals.clone()),
         admission: egress_discovery::Admission::default(),
         scopes: scopes.clone(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
     })
     .await;
     Server {

@@ -303,6 +303,7 @@ async fn in_process(count: usize, polite_token: &str, abuse_token: &str) -> (Str
         auth: Auth::Tokens(Arc::new(TokenSet::of_clients(&clients))),
         refusals: None,
         scopes: egress_discovery::Scopes::default(),
+        max_sessions: egress_discovery::DEFAULT_MAX_SESSIONS,
         admission: egress_discovery::Admission::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");

@@ -55,6 +55,8 @@ pub(crate) enum Answer {
         expires: u64,
         /// All active leases.
         total: i64,
+        /// In a session: the client's live sessions, this one included.
+        sessions: Option<usize>,
     },
     NoMatch(NoMatch),
     /// The lease id is taken: most likely by this very request, granted by a run the client
@@ -65,6 +67,12 @@ pub(crate) enum Answer {
     },
     /// The index cannot answer: send the candidates.
     Candidates,
+    /// In a session: it has a lease again since it was read (another replica's); read it again.
+    SessionChanged,
+    /// In a session: the client holds `held` live sessions, its cap.
+    TooManySessions {
+        held: usize,
+    },
 }
 
 impl Calls {
@@ -90,6 +98,19 @@ impl Calls {
             .send(&self.connection.get(), |mut live| async move {
                 call.query_async(&mut live).await
             })
+            .await;
+        self.answered(answer)
+    }
+
+    /// Sends a plain command (no function) within [`CALL_BUDGET`].
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let answer = self
+            .connection
+            .get()
+            .within(
+                CALL_BUDGET,
+                |mut live| async move { cmd.query_async::<T>(&mut live).await },
+            )
             .await;
         self.answered(answer)
     }
@@ -329,8 +350,9 @@ impl Batches for Rounds {
 }
 
 /// An acquire script's answer to one request: {0, considered, at capacity, in cooldown,
-/// unhealthy}, {1, proxy, its active leases, expires (ms)}, {2} or {3}. `total`: all active
-/// leases, as the script counted them.
+/// unhealthy}, {1, proxy, its active leases, expires (ms), [all active, client's sessions]},
+/// {2}, {3}, {4} or {5, client's sessions}. `total`: all active leases, as the script counted
+/// them.
 pub(crate) fn parse(answer: &[Value], lease_id: &str, total: i64) -> Result<Answer, StoreError> {
     Ok(match int(answer.first())? {
         0 => Answer::NoMatch(NoMatch {
@@ -345,11 +367,16 @@ pub(crate) fn parse(answer: &[Value], lease_id: &str, total: i64) -> Result<Answ
             active: count(answer.get(2))?,
             expires: u64::try_from(int(answer.get(3))?).unwrap_or(0),
             total,
+            sessions: answer.get(5).map(|n| count(Some(n))).transpose()?,
         },
         2 => Answer::Taken {
             lease_id: lease_id.to_owned(),
         },
         3 => Answer::Candidates,
+        4 => Answer::SessionChanged,
+        5 => Answer::TooManySessions {
+            held: count(answer.get(1))?,
+        },
         other => return Err(StoreError(format!("the acquire script answered {other}"))),
     })
 }
@@ -370,13 +397,13 @@ pub(crate) fn int(v: Option<&Value>) -> Result<i64, StoreError> {
     }
 }
 
-fn text(v: Option<&Value>) -> Result<String, StoreError> {
+pub(crate) fn text(v: Option<&Value>) -> Result<String, StoreError> {
     match v {
         Some(Value::BulkString(b)) => Ok(String::from_utf8_lossy(b).into_owned()),
         other => Err(unexpected(&other)),
     }
 }
 
-fn count(v: Option<&Value>) -> Result<usize, StoreError> {
+pub(crate) fn count(v: Option<&Value>) -> Result<usize, StoreError> {
     int(v).map(|n| usize::try_from(n).unwrap_or(0))
 }

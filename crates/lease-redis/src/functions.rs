@@ -28,10 +28,12 @@ pub(crate) enum Op {
     Active,
     Sweep,
     Publish,
+    Session,
+    Renew,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 7] = [
+    pub(crate) const ALL: [Op; 9] = [
         Op::Acquire,
         Op::AcquireIndexed,
         Op::Release,
@@ -39,6 +41,8 @@ impl Op {
         Op::Active,
         Op::Sweep,
         Op::Publish,
+        Op::Session,
+        Op::Renew,
     ];
 
     /// The function's name within the library, and what a person reading figures calls it.
@@ -51,6 +55,8 @@ impl Op {
             Op::Active => "active",
             Op::Sweep => "sweep",
             Op::Publish => "publish",
+            Op::Session => "session",
+            Op::Renew => "renew",
         }
     }
 
@@ -63,6 +69,8 @@ impl Op {
             Op::Active => include_str!("lua/active.lua"),
             Op::Sweep => include_str!("lua/sweep.lua"),
             Op::Publish => include_str!("lua/publish.lua"),
+            Op::Session => include_str!("lua/session.lua"),
+            Op::Renew => include_str!("lua/renew.lua"),
         }
     }
 }

@@ -21,6 +21,10 @@
 //! | `view` | hash | `healthy,latency,max,offered` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
 //! | `count` | hash | the view's offered and unhealthy proxies, and its publication's token | as the view |
 //! | `free` | sorted set | the index: the view's offered, healthy proxies with room, by (active leases, latency, id) | as the view |
+//! | `session:<client>/<name>` | string | `<lease>,<proxy>`: the session's lease | [`EXPIRY_GRACE`] past its lease's expiry, or until the lease is released |
+//! | `lsess:<lease>` | string | the session (`<client>/<name>`) the lease is of | as the lease's record |
+//! | `sessions:<client>` | sorted set | the client's sessions by their lease's expiry; at most its cap live | [`EXPIRY_GRACE`] past the last lease's expiry |
+//! | `session-clients` | set | the clients with sessions (the sweep counts each one's) | as the longest-lived `sessions:` |
 //!
 //! An acquire scoped to the installation ([`Scope::Installation`], an empty selector) is
 //! answered from `free`: its head, passing over at most [`INDEX_LOOK`] proxies that cool down
@@ -35,6 +39,9 @@
 //! one sync of its append-only file covers both; each script answers its requests in turn, as
 //! if they had come one after another.
 //!
+//! Sessions and renewal (`session.rs`) extend a lease in place: its expiry in `all`, in its
+//! proxy's set, in its record and in its session's keys.
+//!
 //! The scripts need Redis 7.0 or later (Functions, `PEXPIRE` with `GT`/`NX`, `LPOP` with a count).
 //!
 //! When Redis cannot be reached every call fails with [`StoreError`] within about two
@@ -47,18 +54,19 @@ mod connection;
 mod functions;
 mod gather;
 mod publish;
+mod session;
 mod tls;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use egress_lease::{
-    Candidate, Clock, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, NoMatch, ReportResult, Scope,
-    StoreError, Target, UnknownLease, ViewEntry, lease_id,
+    Candidate, Clock, Fit, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, Member, NoMatch,
+    NotRenewed, ReportResult, Scope, Session, SessionRefused, StoreError, Target, UnknownLease, ViewEntry, lease_id,
 };
 
-use crate::calls::{Answer, Calls, Indexed, Reply, Request, Rounds, expiry, int, parse};
+use crate::calls::{Answer, Calls, Indexed, Reply, Request, Rounds, count, expiry, int, parse, text};
 pub use crate::connection::shown_url;
 use crate::connection::{Current, split_wait};
 use crate::functions::{Library, Op};
@@ -115,6 +123,8 @@ pub struct RedisStore {
     last_total: AtomicUsize,
     /// Cooldowns this replica's reports dropped for [`MAX_COOLDOWN_TARGETS`].
     dropped: AtomicU64,
+    /// Live sessions by client, as of this replica's last session call or sweep.
+    sessions: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
     /// This replica's last publication of the view, while it is known to be the one in Redis.
     published: tokio::sync::Mutex<Option<Published>>,
 }
@@ -192,6 +202,7 @@ impl RedisStore {
             calls,
             last_total: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
+            sessions: std::sync::Mutex::default(),
             published: tokio::sync::Mutex::new(None),
         }
     }
@@ -243,14 +254,26 @@ impl RedisStore {
     }
 
     /// One run of the acquire script over `batch`; `None` when the batch had no idle eligible
-    /// proxy and was not `last` (the caller then sends every candidate). Tried with a new lease
-    /// id when the last was taken (three tries).
+    /// proxy and was not `last` (the caller then sends every candidate).
     async fn acquire_listed(
         &self,
         batch: &[Candidate<'_>],
         last: bool,
         req: &LeaseRequest,
     ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
+        let answer = self.run_listed(batch, last, req, None).await?;
+        Ok(self.answer(answer, req))
+    }
+
+    /// One run of the acquire script over `batch`, in the session `session` (its key and the
+    /// client's cap) if any. Tried with a new lease id when the last was taken (three tries).
+    async fn run_listed(
+        &self,
+        batch: &[Candidate<'_>],
+        last: bool,
+        req: &LeaseRequest,
+        session: Option<(&str, usize)>,
+    ) -> Result<Answer, StoreError> {
         let mut args = vec![
             self.calls.now(),
             duration_millis(req.ttl).to_string(),
@@ -260,6 +283,8 @@ impl RedisStore {
             batch.len().to_string(),
             if last { "1" } else { "0" }.to_owned(),
             self.calls.max_ended.to_string(),
+            session.map(|(key, _)| key.to_owned()).unwrap_or_default(),
+            session.map_or(0, |(_, cap)| cap).to_string(),
         ];
         for c in batch {
             args.push(c.id.to_owned());
@@ -274,7 +299,7 @@ impl RedisStore {
                 .run_acquire(Op::Acquire, &args)
                 .await
                 .and_then(|(answer, replicated)| {
-                    // A grant carries all active leases last.
+                    // A grant carries all active leases after its lease.
                     let granted = matches!(answer.first(), Some(redis::Value::Int(1)));
                     let total = if granted { int(answer.get(4))? } else { 0 };
                     let parsed = parse(&answer, &args[3], total)?;
@@ -285,7 +310,7 @@ impl RedisStore {
                 });
             match answer {
                 Ok(Answer::Taken { lease_id }) => self.calls.release_later(lease_id),
-                Ok(answer) => return Ok(self.answer(answer, req)),
+                Ok(answer) => return Ok(answer),
                 Err(e) => {
                     // The script may have run and granted with its answer lost, or granted
                     // what no replica had in time: that lease is given back, so a retried
@@ -328,6 +353,7 @@ impl RedisStore {
                 active,
                 expires,
                 total,
+                sessions: _,
             } => {
                 self.remember_total(total);
                 Some(Ok(Grant {
@@ -336,10 +362,12 @@ impl RedisStore {
                     expires_at: expiry(expires),
                     ttl: req.ttl,
                     active_leases: active,
+                    resumed: false,
                 }))
             }
             Answer::NoMatch(n) => Some(Err(n)),
-            Answer::Candidates | Answer::Taken { .. } => None,
+            // The last two only answer a request in a session (`session.rs`).
+            Answer::Candidates | Answer::Taken { .. } | Answer::SessionChanged | Answer::TooManySessions { .. } => None,
         }
     }
 
@@ -389,6 +417,30 @@ impl LeaseStore for RedisStore {
             }
         };
         Ok(answer)
+    }
+
+    async fn acquire_session<'c>(
+        &self,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
+        member: &Member<'c>,
+        req: &LeaseRequest,
+        session: &Session<'_>,
+    ) -> Result<Result<Grant, SessionRefused>, StoreError> {
+        self.in_session(candidates, member, req, session).await
+    }
+
+    async fn renew(
+        &self,
+        lease_id: &str,
+        ttl: Duration,
+        fit: &Fit<'_>,
+    ) -> Result<Result<Grant, NotRenewed>, StoreError> {
+        self.renew_lease(lease_id, ttl, fit).await
+    }
+
+    fn sessions_now(&self) -> Vec<(String, usize)> {
+        let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        sessions.iter().map(|(client, n)| (client.clone(), *n)).collect()
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
@@ -452,8 +504,13 @@ impl LeaseStore for RedisStore {
 
     async fn sweep(&self) -> Result<(), StoreError> {
         let [max_ended, retention] = self.calls.ended_args();
-        let total: i64 = self.run(Op::Sweep, &[self.calls.now(), max_ended, retention]).await?;
-        self.remember_total(total);
+        let answer: Vec<redis::Value> = self.run(Op::Sweep, &[self.calls.now(), max_ended, retention]).await?;
+        self.remember_total(int(answer.first())?);
+        let mut sessions = std::collections::BTreeMap::new();
+        for pair in answer.get(1..).unwrap_or_default().chunks(2) {
+            sessions.insert(text(pair.first())?, count(pair.get(1))?);
+        }
+        *self.sessions.lock().unwrap_or_else(PoisonError::into_inner) = sessions;
         Ok(())
     }
 

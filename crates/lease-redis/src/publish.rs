@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use egress_lease::{StoreError, ViewEntry, lease_id};
 
 use crate::functions::Op;
-use crate::{CALL_BUDGET, RedisStore, VIEW_LIFETIME, duration_millis};
+use crate::{RedisStore, VIEW_LIFETIME, duration_millis};
 
 /// The most proxies (set or removed) one publication run carries.
 pub const PUBLISH_CHUNK: usize = 1000;
@@ -157,16 +157,7 @@ impl RedisStore {
         for _ in 0..MAX_SCAN_ROUNDS {
             let mut scan = redis::cmd("HSCAN");
             scan.arg(&key).arg(cursor).arg("COUNT").arg(PUBLISH_CHUNK);
-            let scan = &scan;
-            let answer = self
-                .calls
-                .connection
-                .get()
-                .within(CALL_BUDGET, |mut live| async move {
-                    scan.query_async::<(u64, Vec<String>)>(&mut live).await
-                })
-                .await;
-            let (next, pairs) = self.calls.answered(answer)?;
+            let (next, pairs): (u64, Vec<String>) = self.calls.query(&scan).await?;
             ids.extend(pairs.into_iter().step_by(2));
             if next == 0 {
                 return Ok(ids);

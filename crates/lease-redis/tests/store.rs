@@ -51,15 +51,29 @@ pub fn fresh_prefix() -> String {
 
 struct Redis;
 
+/// A suite store on `url` under `prefix`.
+fn suite_store(url: &str, prefix: &str, clock: &ManualClock, cooldown: Duration) -> Arc<dyn LeaseStore> {
+    Arc::new(
+        RedisStore::new(url, prefix, cooldown)
+            .expect("a store")
+            .with_clock(Arc::new(clock.clone()))
+            .with_max_ended(suite::MAX_ENDED),
+    )
+}
+
+/// Two stores on the same keys, each with its own connection: two replicas of the API.
+fn suite_replicas(url: &str, clock: &ManualClock) -> [Arc<dyn LeaseStore>; 2] {
+    let prefix = fresh_prefix();
+    [0, 1].map(|_| suite_store(url, &prefix, clock, suite::COOLDOWN))
+}
+
 impl suite::Backend for Redis {
     fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
-        let url = redis_url()?;
-        Some(Arc::new(
-            RedisStore::new(&url, &fresh_prefix(), cooldown)
-                .expect("a store")
-                .with_clock(Arc::new(clock))
-                .with_max_ended(suite::MAX_ENDED),
-        ))
+        Some(suite_store(&redis_url()?, &fresh_prefix(), &clock, cooldown))
+    }
+
+    fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
+        Some(suite_replicas(&redis_url()?, &clock))
     }
 }
 
@@ -70,13 +84,11 @@ struct RedisCluster;
 
 impl suite::Backend for RedisCluster {
     fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
-        let url = cluster_url()?;
-        Some(Arc::new(
-            RedisStore::new(&url, &fresh_prefix(), cooldown)
-                .expect("a store")
-                .with_clock(Arc::new(clock))
-                .with_max_ended(suite::MAX_ENDED),
-        ))
+        Some(suite_store(&cluster_url()?, &fresh_prefix(), &clock, cooldown))
+    }
+
+    fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
+        Some(suite_replicas(&cluster_url()?, &clock))
     }
 }
 
@@ -250,6 +262,9 @@ async fn every_key_has_a_ttl_of_its_kind() {
         .expect("known");
     let ended = suite::acquire(&s, &fleet, &suite::req(None)).await.expect("a lease");
     s.release(&ended.lease_id).await.expect("answers");
+    suite::in_session(&s, &fleet, &suite::req(None), "team-a", "login", 10)
+        .await
+        .expect("a session's lease");
     s.publish_view(&[egress_lease::ViewEntry {
         id: "ns/p".into(),
         healthy: true,
@@ -269,8 +284,8 @@ async fn every_key_has_a_ttl_of_its_kind() {
         let left: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut c).await.unwrap();
         let kind = key[tag(&prefix).len()..].split(':').next().unwrap().to_owned();
         let most = match kind.as_str() {
-            "lease" => ttl + window.max(grace),
-            "active" | "all" => ttl + grace,
+            "lease" | "lsess" => ttl + window.max(grace),
+            "active" | "all" | "session" | "sessions" | "session-clients" => ttl + grace,
             "cool" => window,
             // As long as the longest-lived record it names.
             "ended" => ttl + window.max(grace),
@@ -281,7 +296,10 @@ async fn every_key_has_a_ttl_of_its_kind() {
         assert!(left > 0 && left <= most, "{key}: {left} ms left, at most {most}");
         // A lease's traces outlive its expiry: its proxy goes back into the index only when an
         // acquire or the sweep reads them.
-        if matches!(kind.as_str(), "lease" | "active" | "all") {
+        if matches!(
+            kind.as_str(),
+            "lease" | "active" | "all" | "session" | "lsess" | "sessions" | "session-clients"
+        ) {
             assert!(
                 left > ttl,
                 "{key}: {left} ms left, gone before its lease's expiry is noticed"
@@ -293,7 +311,20 @@ async fn every_key_has_a_ttl_of_its_kind() {
     kinds.dedup();
     assert_eq!(
         kinds,
-        ["active", "all", "cool", "count", "ended", "free", "lease", "view"]
+        [
+            "active",
+            "all",
+            "cool",
+            "count",
+            "ended",
+            "free",
+            "lease",
+            "lsess",
+            "session",
+            "session-clients",
+            "sessions",
+            "view"
+        ]
     );
 }
 
@@ -356,6 +387,75 @@ async fn what_abuse_leaves_in_redis_is_bounded() {
         assert!(size < 64 * 1024, "{key} holds {size} bytes");
     }
     assert!(s.cooldowns_dropped() > 0, "the cap was never reached");
+}
+
+/// Abuse of sessions: a thousand names, a third of their leases never released, renewals of
+/// every lease. Each client's set holds at most its cap, a released session leaves no key, and
+/// every key has a TTL (an expired session's keys go six minutes after its lease's expiry, in
+/// Redis's time: this test's clock moves only the scripts').
+#[tokio::test]
+async fn what_session_abuse_leaves_in_redis_is_bounded() {
+    const CAP: usize = 30;
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let clock = ManualClock::new(suite::start());
+    let s = on_clock(&url, &prefix, &clock);
+    let fleet: Vec<suite::P> = (0..4).map(|i| suite::proxy(&format!("ns/p{i}"), i, 50)).collect();
+    let (mut refused, mut kept) = (0, std::collections::HashSet::new());
+    for round in 0..1_000u32 {
+        match suite::in_session(&s, &fleet, &suite::req(None), "team-a", &format!("s{round}"), CAP).await {
+            Ok(g) => {
+                s.renew(&g.lease_id, Duration::from_secs(300), &|_: &str| true)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                if round % 3 == 0 {
+                    kept.insert(g.lease_id);
+                } else {
+                    s.release(&g.lease_id).await.unwrap();
+                }
+            }
+            Err(egress_lease::SessionRefused::TooMany { held, cap }) => {
+                assert_eq!((held, cap), (CAP, CAP));
+                refused += 1;
+            }
+            Err(other) => panic!("round {round}: {other:?}"),
+        }
+        if round % 20 == 0 {
+            clock.advance(Duration::from_secs(60));
+            s.sweep().await.unwrap();
+        }
+    }
+    assert!(refused > 0, "the cap was never reached");
+    let (mut c, keys) = keys_under(&url, &prefix).await;
+    let held: usize = redis::cmd("ZCARD")
+        .arg(format!("{}sessions:team-a", tag(&prefix)))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(held <= CAP, "{held} sessions");
+    let of_kind = |kind: &str| {
+        keys.iter()
+            .filter(|k| k.starts_with(&format!("{}{kind}:", tag(&prefix))))
+            .count()
+    };
+    for key in keys
+        .iter()
+        .filter(|k| k.starts_with(&format!("{}session:", tag(&prefix))))
+    {
+        let held: String = redis::cmd("GET").arg(key).query_async(&mut c).await.unwrap();
+        let lease = held.split(',').next().unwrap();
+        assert!(kept.contains(lease), "{key} names {lease}, which was released");
+    }
+    assert!(
+        of_kind("lsess") <= of_kind("lease"),
+        "a note outlived its lease's record"
+    );
+    for key in &keys {
+        let left: i64 = redis::cmd("PTTL").arg(key).query_async(&mut c).await.unwrap();
+        assert!(left > 0, "{key} has no TTL");
+    }
+    assert_eq!(s.sessions_now().len(), 1, "one client with sessions");
 }
 
 /// An acquire scoped to the installation, with `fleet` as its candidates.

@@ -6,8 +6,10 @@
 //! limited or banned through a proxy reports it, and the proxy then cools down for that target
 //! (or for everything, when no target is known) for one cooldown window.
 //!
-//! - [`store`]: the [`LeaseStore`] trait and the in-memory store (one mutex; selection and the
-//!   new lease are one atomic step, so concurrent acquisitions never exceed a capacity).
+//! - [`store`]: the [`LeaseStore`] trait and what it takes and answers.
+//! - [`memory`]: the in-memory store (one mutex; selection and the new lease are one atomic
+//!   step, so concurrent acquisitions never exceed a capacity).
+//! - [`session`]: sticky sessions and renewal.
 //! - [`target`]: a target reduced to `host[:port]` and kept as a digest.
 //! - [`clock`]: the injectable clock.
 //! - [`ttl`]: the TTL rule of lease requests.
@@ -16,6 +18,8 @@
 //! ([`Candidate`]s), and the discovery API serves the store.
 
 pub mod clock;
+pub mod memory;
+pub mod session;
 pub mod store;
 pub mod target;
 #[cfg(feature = "testing")]
@@ -23,8 +27,10 @@ pub mod testing;
 pub mod ttl;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use memory::MemoryStore;
+pub use session::{InvalidSession, MAX_SESSION_NAME, NotRenewed, Session, SessionName, SessionRefused};
 pub use store::{
-    Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, MemoryStore, NoMatch, ReportResult,
+    Candidate, Fit, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, Member, NoMatch, ReportResult,
     Scope, StoreError, UnknownLease, ViewEntry, lease_id,
 };
 pub use target::{MAX_TARGET_BYTES, Target, TargetTooLong, host_port};

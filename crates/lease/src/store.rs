@@ -24,12 +24,12 @@
 //! - A proxy cools down for at most [`MAX_COOLDOWN_TARGETS`] targets at once, beside its global
 //!   cooldown; a report for one more drops the cooldown that ends soonest, counted by
 //!   [`LeaseStore::cooldowns_dropped`].
+//! - Sessions ([`crate::session`]) are at most the active leases, and each client's at most its
+//!   cap.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use crate::clock::Clock;
+use crate::session::{NotRenewed, Session, SessionRefused};
 use crate::target::Target;
 
 /// Ended leases kept reportable, at most (the newest). About 5 MiB in memory: small enough that
@@ -57,6 +57,14 @@ impl Candidate<'_> {
         (self.latency_millis, self.id).cmp(&(other.latency_millis, other.id))
     }
 }
+
+/// Whether a proxy is one of an acquire's candidates, and as which: how a store checks that a
+/// session's proxy still matches the request without reading every candidate.
+pub type Member<'c> = dyn for<'p> Fn(&'p str) -> Option<Candidate<'c>> + Send + Sync + 'c;
+
+/// Whether a lease's proxy may still be leased (offered and healthy): how a store checks a
+/// renewal.
+pub type Fit<'f> = dyn for<'p> Fn(&'p str) -> bool + Send + Sync + 'f;
 
 /// What a client asks for, once validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,9 +95,12 @@ pub struct Grant {
     pub lease_id: String,
     pub proxy_id: String,
     pub expires_at: SystemTime,
+    /// How long from the answer the lease lives.
     pub ttl: Duration,
     /// The proxy's active leases, this one included.
     pub active_leases: usize,
+    /// The session's lease as it was, extended (no new lease, no capacity taken).
+    pub resumed: bool,
 }
 
 /// Why no lease was granted: the proxies considered, and why each was skipped.
@@ -168,6 +179,43 @@ pub trait LeaseStore: Send + Sync + 'static {
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError>;
 
+    /// Grants a lease in a session ([`crate::session`]): the session's lease, extended, while
+    /// its proxy is fit for the request; else, as [`acquire`](Self::acquire) does, a new one on
+    /// the best eligible candidate, which the session then names. `member` tells whether a
+    /// proxy is one of the request's candidates (the session's proxy need not be among the
+    /// first the store reads).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable; inside, [`SessionRefused`] when nothing
+    /// was granted.
+    async fn acquire_session<'c>(
+        &self,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
+        member: &Member<'c>,
+        req: &LeaseRequest,
+        session: &Session<'_>,
+    ) -> Result<Result<Grant, SessionRefused>, StoreError>;
+
+    /// Extends an active lease to `ttl` from now (never shortening it) while `fit` says its
+    /// proxy may still be leased.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable; inside, [`NotRenewed`] when the lease has
+    /// ended or its proxy is unfit.
+    async fn renew(
+        &self,
+        lease_id: &str,
+        ttl: Duration,
+        fit: &Fit<'_>,
+    ) -> Result<Result<Grant, NotRenewed>, StoreError>;
+
+    /// Live sessions by client name, as last known, without waiting (read at scrape time):
+    /// exact for the in-memory store, as of this replica's last session call or sweep for a
+    /// shared one. Clients without a session are left out.
+    fn sessions_now(&self) -> Vec<(String, usize)>;
+
     /// Ends a lease now. Unknown, expired or already released ids are fine.
     ///
     /// # Errors
@@ -235,364 +283,6 @@ pub trait LeaseStore: Send + Sync + 'static {
 pub fn lease_id() -> String {
     let bytes: [u8; 16] = rand::random();
     data_encoding::BASE32_NOPAD.encode(&bytes)
-}
-
-#[derive(Debug, Clone)]
-struct Lease {
-    proxy: String,
-    target: Option<Target>,
-    expires_at: SystemTime,
-}
-
-/// One proxy's cooldowns: their ends, global and by target.
-#[derive(Debug, Default)]
-struct Cooldowns {
-    global: Option<SystemTime>,
-    targets: HashMap<Target, SystemTime>,
-}
-
-impl Cooldowns {
-    fn blocks(&self, target: Option<Target>, now: SystemTime) -> bool {
-        self.global.is_some_and(|end| end > now)
-            || target.is_some_and(|t| self.targets.get(&t).is_some_and(|end| *end > now))
-    }
-
-    /// Starts or extends a cooldown until `end`; `true` when another had to be dropped for it.
-    fn start(&mut self, target: Option<Target>, end: SystemTime, now: SystemTime) -> bool {
-        let Some(target) = target else {
-            self.global = Some(self.global.map_or(end, |e| e.max(end)));
-            return false;
-        };
-        if let Some(slot) = self.targets.get_mut(&target) {
-            *slot = (*slot).max(end);
-            return false;
-        }
-        let mut dropped = false;
-        if self.targets.len() >= MAX_COOLDOWN_TARGETS {
-            self.targets.retain(|_, e| *e > now);
-        }
-        if self.targets.len() >= MAX_COOLDOWN_TARGETS
-            && let Some(soonest) = self.targets.iter().min_by_key(|(_, e)| **e).map(|(t, _)| *t)
-        {
-            self.targets.remove(&soonest);
-            dropped = true;
-        }
-        self.targets.insert(target, end);
-        dropped
-    }
-
-    fn forget_ended(&mut self, now: SystemTime) -> bool {
-        self.global = self.global.filter(|e| *e > now);
-        self.targets.retain(|_, e| *e > now);
-        self.global.is_some() || !self.targets.is_empty()
-    }
-}
-
-#[derive(Debug, Default)]
-struct State {
-    /// Every lease not yet forgotten (reports need them after their end).
-    leases: HashMap<String, Lease>,
-    /// The unreleased leases of each proxy, with their expiry. Released ones leave at once and
-    /// expired ones whenever the proxy is next considered (or at the sweep), so these lists
-    /// stay as short as the capacities.
-    active: HashMap<String, Vec<(SystemTime, String)>>,
-    /// Ended leases, oldest first; beyond `max_ended` the oldest are forgotten.
-    ended: VecDeque<String>,
-    cooldowns: HashMap<String, Cooldowns>,
-    dropped: u64,
-    /// [`MemoryStore::with_max_ended`], or [`MAX_ENDED`].
-    max_ended: usize,
-}
-
-impl State {
-    /// The proxy's active leases, having moved its expired ones to the ended.
-    fn active(&mut self, proxy: &str, now: SystemTime) -> usize {
-        let Some(list) = self.active.get_mut(proxy) else {
-            return 0;
-        };
-        if list.iter().any(|(expires, _)| *expires <= now) {
-            let (live, expired): (Vec<_>, Vec<_>) = list.drain(..).partition(|(expires, _)| *expires > now);
-            *list = live;
-            let n = list.len();
-            if n == 0 {
-                self.active.remove(proxy);
-            }
-            for (_, id) in expired {
-                self.ended(id);
-            }
-            return n;
-        }
-        list.len()
-    }
-
-    fn cooling(&self, proxy: &str, target: Option<Target>, now: SystemTime) -> bool {
-        self.cooldowns.get(proxy).is_some_and(|c| c.blocks(target, now))
-    }
-
-    /// Records that a lease ended; forgets the oldest ended ones beyond [`MAX_ENDED`].
-    fn ended(&mut self, lease_id: String) {
-        self.ended.push_back(lease_id);
-        while self.ended.len() > self.max_ended {
-            if let Some(oldest) = self.ended.pop_front() {
-                self.leases.remove(&oldest);
-            }
-        }
-    }
-}
-
-/// The in-memory store: all state behind one mutex.
-pub struct MemoryStore {
-    state: Mutex<State>,
-    clock: Arc<dyn Clock>,
-    cooldown: Duration,
-    max_ended: usize,
-}
-
-impl std::fmt::Debug for MemoryStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryStore")
-            .field("cooldown", &self.cooldown)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MemoryStore {
-    /// A store whose cooldown window (and lease retention after expiry) is `cooldown`.
-    pub fn new(clock: Arc<dyn Clock>, cooldown: Duration) -> Self {
-        Self {
-            state: Mutex::default(),
-            clock,
-            cooldown,
-            max_ended: MAX_ENDED,
-        }
-    }
-
-    /// The same store keeping at most `max_ended` ended leases reportable (tests of the bound).
-    #[must_use]
-    pub fn with_max_ended(mut self, max_ended: usize) -> Self {
-        self.max_ended = max_ended;
-        self
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.max_ended = self.max_ended;
-        state
-    }
-
-    /// Whether `proxy` is cooling down for a request naming `target` (tests and the API's views).
-    pub fn cooling(&self, proxy: &str, target: Option<Target>) -> bool {
-        self.lock().cooling(proxy, target, self.clock.now())
-    }
-
-    /// Leases remembered, active or ended, and cooldowns held (tests of the bounds).
-    pub fn held(&self) -> (usize, usize) {
-        let state = self.lock();
-        let cooldowns = state
-            .cooldowns
-            .values()
-            .map(|c| c.targets.len() + usize::from(c.global.is_some()))
-            .sum();
-        (state.leases.len(), cooldowns)
-    }
-}
-
-impl MemoryStore {
-    fn acquire_now<'c>(
-        &self,
-        candidates: &mut dyn Iterator<Item = Candidate<'c>>,
-        req: &LeaseRequest,
-    ) -> Result<Grant, NoMatch> {
-        let now = self.clock.now();
-        let target = req.target;
-        // Made before the lock is taken: the critical section stays short under many clients.
-        let mut lease_id = lease_id();
-        let mut state = self.lock();
-        let mut refused = NoMatch::default();
-        let mut best: Option<(usize, i64, &'c str)> = None;
-        for c in candidates {
-            refused.considered += 1;
-            if !c.healthy {
-                refused.unhealthy += 1;
-                continue;
-            }
-            let active = state.active(c.id, now);
-            if i64::try_from(active).unwrap_or(i64::MAX) >= i64::from(c.max_leases) {
-                refused.at_capacity += 1;
-                continue;
-            }
-            if state.cooling(c.id, target, now) {
-                refused.in_cooldown += 1;
-                continue;
-            }
-            if best.is_none_or(|b| (active, c.latency_millis, c.id) < b) {
-                best = Some((active, c.latency_millis, c.id));
-            }
-            if active == 0 {
-                // In (latency, id) order, the first idle eligible proxy cannot be beaten.
-                break;
-            }
-        }
-        let Some((active, _, proxy)) = best else {
-            return Err(refused);
-        };
-        let proxy = proxy.to_string();
-        // 128 random bits do not collide in practice; checked all the same.
-        while state.leases.contains_key(&lease_id) {
-            lease_id = self::lease_id();
-        }
-        let expires_at = now + req.ttl;
-        state.leases.insert(
-            lease_id.clone(),
-            Lease {
-                proxy: proxy.clone(),
-                target,
-                expires_at,
-            },
-        );
-        state
-            .active
-            .entry(proxy.clone())
-            .or_default()
-            .push((expires_at, lease_id.clone()));
-        Ok(Grant {
-            lease_id,
-            proxy_id: proxy,
-            expires_at,
-            ttl: req.ttl,
-            active_leases: active + 1,
-        })
-    }
-
-    fn release_now(&self, lease_id: &str) {
-        let mut state = self.lock();
-        let Some(proxy) = state.leases.get(lease_id).map(|l| l.proxy.clone()) else {
-            return;
-        };
-        let Some(leases) = state.active.get_mut(&proxy) else {
-            return;
-        };
-        let before = leases.len();
-        leases.retain(|(_, id)| id != lease_id);
-        let released = leases.len() < before;
-        if leases.is_empty() {
-            state.active.remove(&proxy);
-        }
-        if released {
-            state.ended(lease_id.to_owned());
-        }
-    }
-
-    fn report_now(&self, lease_id: &str, result: ReportResult, target: Option<Target>) -> Result<(), UnknownLease> {
-        let now = self.clock.now();
-        let mut state = self.lock();
-        let lease = state.leases.get(lease_id).ok_or(UnknownLease)?;
-        // Forgotten one window after expiry, whether or not the sweep has run yet.
-        if lease.expires_at + self.cooldown <= now {
-            return Err(UnknownLease);
-        }
-        // A zero window (`--lease-cooldown=0`) rests nothing, so there is nothing to record.
-        if result == ReportResult::Ok || self.cooldown.is_zero() {
-            return Ok(());
-        }
-        let resolved = target.or(lease.target);
-        let proxy = lease.proxy.clone();
-        let end = now + self.cooldown;
-        if state.cooldowns.entry(proxy).or_default().start(resolved, end, now) {
-            state.dropped += 1;
-        }
-        Ok(())
-    }
-
-    fn active_leases_now(&self, proxies: &[&str]) -> Vec<usize> {
-        let now = self.clock.now();
-        let mut state = self.lock();
-        proxies.iter().map(|p| state.active(p, now)).collect()
-    }
-
-    fn total_now(&self) -> usize {
-        let now = self.clock.now();
-        self.lock()
-            .active
-            .values()
-            .map(|leases| leases.iter().filter(|(expires, _)| *expires > now).count())
-            .sum()
-    }
-
-    fn sweep_now(&self) {
-        let now = self.clock.now();
-        let cooldown = self.cooldown;
-        let mut state = self.lock();
-        let mut expired = Vec::new();
-        state.active.retain(|_, list| {
-            list.retain(|(expires, id)| {
-                let live = *expires > now;
-                if !live {
-                    expired.push(id.clone());
-                }
-                live
-            });
-            !list.is_empty()
-        });
-        for id in expired {
-            state.ended(id);
-        }
-        let State {
-            leases,
-            ended,
-            cooldowns,
-            ..
-        } = &mut *state;
-        leases.retain(|_, l| l.expires_at + cooldown > now);
-        ended.retain(|id| leases.contains_key(id));
-        cooldowns.retain(|_, c| c.forget_ended(now));
-    }
-}
-
-#[async_trait::async_trait]
-impl LeaseStore for MemoryStore {
-    async fn acquire<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        req: &LeaseRequest,
-    ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        Ok(self.acquire_now(candidates, req))
-    }
-
-    async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        self.release_now(lease_id);
-        Ok(())
-    }
-
-    async fn report(
-        &self,
-        lease_id: &str,
-        result: ReportResult,
-        target: Option<Target>,
-    ) -> Result<Result<(), UnknownLease>, StoreError> {
-        Ok(self.report_now(lease_id, result, target))
-    }
-
-    fn cooldowns_dropped(&self) -> u64 {
-        self.lock().dropped
-    }
-
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
-        Ok(self.active_leases_now(proxies))
-    }
-
-    async fn active_total(&self) -> Result<usize, StoreError> {
-        Ok(self.total_now())
-    }
-
-    fn active_total_now(&self) -> usize {
-        self.total_now()
-    }
-
-    async fn sweep(&self) -> Result<(), StoreError> {
-        self.sweep_now();
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The lease store's behaviour, written once and run against every backend (the in-memory
 //! store here, Redis in `egress-lease-redis`): selection, capacity, release, expiry, cooldowns,
-//! retention, the sweep, 64 concurrent clients, and invariants under random operation
-//! sequences.
+//! retention, the sweep, 64 concurrent clients, sessions and renewal (two replicas asking for
+//! one session at once included), and invariants under random operation sequences.
 //!
 //! A backend supplies [`Backend::store_with_cooldown`]: a fresh, empty store over the given
 //! clock, keeping at most [`MAX_ENDED`] ended leases reportable. Use
@@ -22,7 +22,9 @@ use proptest::prelude::*;
 pub use proptest;
 
 mod indexed;
+mod sessions;
 pub use indexed::Indexed;
+pub use sessions::*;
 
 pub const COOLDOWN: Duration = Duration::from_secs(900);
 /// The ended leases a suite store keeps reportable (small, so the bound is reached quickly).
@@ -41,6 +43,13 @@ pub trait Backend: Send + Sync + 'static {
     /// A fresh, empty store on `clock` with the cooldown window [`COOLDOWN`].
     fn store(&self, clock: ManualClock) -> Option<Arc<dyn LeaseStore>> {
         self.store_with_cooldown(clock, COOLDOWN)
+    }
+
+    /// Two replicas of one fresh, empty store: for a shared store two stores on the same state,
+    /// each as a replica of the API has it; for one that serves a single replica, itself twice.
+    fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
+        let one = self.store(clock)?;
+        Some([one.clone(), one])
     }
 }
 
@@ -600,6 +609,11 @@ macro_rules! lease_store_suite {
             a_target_names_a_site_whatever_its_spelling,
             a_proxy_cools_down_for_at_most_64_targets,
             only_the_newest_ended_leases_stay_reportable,
+            a_session_keeps_its_lease_and_extends_it,
+            a_session_moves_when_its_proxy_is_unfit,
+            a_session_ends_with_its_lease,
+            a_client_s_sessions_are_capped_but_resuming_never_is,
+            a_held_lease_is_renewed_while_its_proxy_is_fit,
         );
 
         #[tokio::test]
@@ -612,6 +626,13 @@ macro_rules! lease_store_suite {
             let clock = $crate::ManualClock::new($crate::testing::start());
             let Some(store) = $crate::testing::Backend::store(&$backend, clock.clone()) else { return };
             $crate::testing::sixty_four_clients_never_exceed_any_capacity(store, clock).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn two_replicas_asking_for_one_session_get_one_lease() {
+            let clock = $crate::ManualClock::new($crate::testing::start());
+            let Some(replicas) = $crate::testing::Backend::replicas(&$backend, clock) else { return };
+            $crate::testing::two_replicas_asking_for_one_session_get_one_lease(replicas).await;
         }
 
         $crate::testing::proptest::proptest! {

@@ -77,6 +77,8 @@ pub struct Options {
     /// `--discovery-clients-config`: per-client budgets and scopes; empty: none.
     pub discovery_clients_config: String,
     pub max_lease_ttl: Duration,
+    /// `--max-sessions-per-client`: live sessions one discovery client may hold.
+    pub max_sessions_per_client: usize,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
     pub max_connections: usize,
     /// `memory`, or a `redis://`, `redis+cluster://`, `rediss://` or `rediss+cluster://` URL.
@@ -129,6 +131,7 @@ impl Default for Options {
             discovery_max_in_flight: 0,
             discovery_clients_config: String::new(),
             max_lease_ttl: Duration::from_secs(3600),
+            max_sessions_per_client: egress_discovery::DEFAULT_MAX_SESSIONS,
             max_connections: 1024,
             lease_store: "memory".into(),
             lease_store_ca_file: String::new(),
@@ -481,6 +484,20 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
         "The longest lease a client may ask for (ttlSeconds).",
         |o, value| {
                 o.max_lease_ttl = positive(parse_duration(value)?)?;
+                Ok(())
+            },
+    ),
+    Flag::new(
+        "max-sessions-per-client",
+        Kind::Text,
+        "1000",
+        "Live sticky sessions (an acquire's session) one discovery client may hold; starting one more is answered 409 too_many_sessions.",
+        |o, value| {
+                o.max_sessions_per_client = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1_000_000).contains(n))
+                    .ok_or_else(|| "must be a whole number from 1 to 1000000".to_string())?;
                 Ok(())
             },
     ),
@@ -985,7 +1002,13 @@ mod tests {
                     "zap-stacktrace-level" => "error",
                     _ => "rfc3339",
                 },
-                Kind::Text if f.name == "health-workers" || f.name == "max-connections" => "4",
+                Kind::Text
+                    if f.name == "health-workers"
+                        || f.name == "max-connections"
+                        || f.name == "max-sessions-per-client" =>
+                {
+                    "4"
+                }
                 Kind::Text if f.name.starts_with("discovery-client-") || f.name == "discovery-max-in-flight" => "4",
                 Kind::Text if f.name == "discovery-addr" => ":0",
                 Kind::Text if f.name == "discovery-auth" => "none",

@@ -339,6 +339,7 @@ fn served(
     egress_controller::runtime_metrics::register_process(&mut registry);
     registry.register_collector(Box::new(egress_controller::metrics::LeasesActive(store.clone())));
     registry.register_collector(Box::new(egress_controller::metrics::CooldownsDropped(store.clone())));
+    registry.register_collector(Box::new(egress_controller::metrics::LeaseSessions(store.clone())));
     let admission_metrics = egress_discovery::AdmissionMetrics::default();
     admission_metrics.register(&mut registry);
     Served {

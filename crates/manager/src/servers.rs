@@ -84,6 +84,7 @@ pub(crate) async fn serve_discovery(
         refusals: Some(Arc::new(egress_discovery::Refusals::new(egress_api::ATTRIBUTE_POOL))),
         admission: clients.admission,
         scopes: clients.scopes,
+        max_sessions: options.max_sessions_per_client,
     };
     let refusals = api.refusals.clone();
     let serving = tasks.spawn(egress_discovery::serve(

@@ -171,7 +171,7 @@ async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &req
         .acquire(&AcquireRequest {
             selector: BTreeMap::from([("geo".to_owned(), "eu".to_owned())]),
             ttl_seconds: Some(60),
-            target: None,
+            ..Default::default()
         })
         .await
         .map_err(|e| anyhow::anyhow!("acquiring a lease: {e}"))?;
@@ -233,7 +233,7 @@ async fn smoke_pool(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca:
         .acquire(&AcquireRequest {
             selector: BTreeMap::from([("pool".to_owned(), "local-pool".to_owned())]),
             ttl_seconds: Some(60),
-            target: None,
+            ..Default::default()
         })
         .await
         .map_err(|e| anyhow::anyhow!("acquiring a lease from the pool: {e}"))?;

@@ -1,8 +1,9 @@
-//! Shared by the discovery API's tests: proxies, a fixed directory, and the server on loopback.
+//! Shared by the discovery API's tests: proxies, a fixed and a changing directory, and the
+//! server on loopback.
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use egress_discovery::{DiscoveryApi, Fleet, ProxyDirectory, ProxyInfo, serve};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -45,6 +46,28 @@ impl Fixed {
 impl ProxyDirectory for Fixed {
     fn proxies(&self) -> Result<Arc<Fleet>, String> {
         Ok(self.0.clone())
+    }
+}
+
+/// A directory the test changes, or breaks.
+#[derive(Default)]
+pub struct Changing {
+    pub proxies: Mutex<Vec<ProxyInfo>>,
+    pub broken: Mutex<bool>,
+}
+
+impl Changing {
+    pub fn set(&self, proxies: Vec<ProxyInfo>) {
+        *self.proxies.lock().unwrap() = proxies;
+    }
+}
+
+impl ProxyDirectory for Changing {
+    fn proxies(&self) -> Result<Arc<Fleet>, String> {
+        if *self.broken.lock().unwrap() {
+            return Err("the cache is gone".into());
+        }
+        Ok(snapshot(self.proxies.lock().unwrap().clone()))
     }
 }
 

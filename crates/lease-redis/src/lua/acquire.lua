@@ -2,7 +2,12 @@
 -- step (the candidates of a selector no index serves).
 -- KEYS: prefix. ARGV: now (ms, or '' for Redis's clock), ttl (ms), target (its digest, '' for
 --       none), lease id, retention (ms), n, final ('1': the last batch), ended leases kept,
---       then n times: id, healthy ('1'/'0'), latency (ms), max leases.
+--       session key (client/name, '' for none), the client's cap of sessions, then n times:
+--       id, healthy ('1'/'0'), latency (ms), max leases.
+-- In a session (after session.lua found it without a live lease): {4} when the session has
+-- a lease again (another replica's), {5, sessions} when the client holds its cap of them;
+-- else the grant becomes the session's lease, and its answer carries the client's sessions
+-- last.
 -- A candidate's expired leases leave its active set and the index of all leases as it is
 -- considered, and count as ended.
 -- The published view wins over the caller's values; a candidate it marks not offered (a
@@ -16,7 +21,14 @@
 
 local p, now, ttl, target, lease = KEYS[1], clock(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local retention, n, final = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7] == '1'
-local max_ended = tonumber(ARGV[8])
+local max_ended, session, cap = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local client = session ~= '' and session_parts(session)
+
+if client then
+  if redis.call('EXISTS', p .. 'session:' .. session) == 1 then return {4} end
+  local held = sessions_held(p, client, now)
+  if held >= cap then return {5, held} end
+end
 
 -- Byte order, as the in-memory store compares ids (Lua's < follows the server's locale).
 local function before(a, b)
@@ -31,7 +43,7 @@ local considered, at_capacity, cooling_n, unhealthy = 0, 0, 0, 0
 local best, best_active, best_latency
 local idle = false
 for i = 0, n - 1 do
-  local b = 9 + i * 4
+  local b = 11 + i * 4
   local id, healthy, latency, max = ARGV[b], ARGV[b + 1] == '1', tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   local offered = true
   local h, l, m, o = view_entry(p, id)
@@ -76,5 +88,9 @@ if answer[1] == 1 then
   redis.call('ZADD', p .. 'all', answer[4], lease)
   extend(p .. 'all', ttl + GRACE)
   answer[5] = redis.call('ZCOUNT', p .. 'all', '(' .. now, '+inf')
+  if client then
+    bind_session(p, session, lease, best, answer[4], now, retention)
+    answer[6] = sessions_held(p, client, now)
+  end
 end
 return answer

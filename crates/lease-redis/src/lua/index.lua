@@ -167,3 +167,135 @@ local function grant(p, proxy, active, lease, now, ttl, target, retention)
   rescore(p, proxy, active + 1)
   return {1, proxy, active + 1, expires}
 end
+
+-- Sessions (sticky leases; see session.lua):
+--
+--   <p>session:<client>/<name>  STRING  "lease,proxy": the session's lease, while it is
+--   <p>lsess:<lease>            STRING  "<client>/<name>": the session a lease is of
+--   <p>sessions:<client>        ZSET    the client's sessions by their lease's expiry
+--   <p>session-clients          SET     clients with sessions (what the sweep counts)
+
+-- The client and name of a session key "client/name" (a client name holds no '/').
+local function session_parts(key)
+  return string.match(key, '^([^/]+)/(.+)$')
+end
+
+-- The session's lease and proxy; nil when it has none.
+local function session_lease(p, key)
+  local held = redis.call('GET', p .. 'session:' .. key)
+  if not held then return nil end
+  return string.match(held, '^([^,]+),(.+)$')
+end
+
+-- The client's live sessions, having forgotten those whose lease expired.
+local function sessions_held(p, client, now)
+  local key = p .. 'sessions:' .. client
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return redis.call('ZCARD', key)
+end
+
+-- Makes the session `key` last as its lease `lease` does, until `expires` (ms): the session's
+-- key, the lease's note of its session and the client's set.
+local function session_lives(p, key, lease, expires, now, retention)
+  local client, name = session_parts(key)
+  local lives = expires - now
+  redis.call('PEXPIRE', p .. 'session:' .. key, lives + GRACE)
+  redis.call('PEXPIRE', p .. 'lsess:' .. lease, lives + kept(retention))
+  redis.call('ZADD', p .. 'sessions:' .. client, expires, name)
+  extend(p .. 'sessions:' .. client, lives + GRACE)
+  redis.call('SADD', p .. 'session-clients', client)
+  extend(p .. 'session-clients', lives + GRACE)
+end
+
+-- Makes `lease`, granted on `proxy` until `expires`, the lease of the session `key`.
+local function bind_session(p, key, lease, proxy, expires, now, retention)
+  redis.call('SET', p .. 'session:' .. key, lease .. ',' .. proxy)
+  redis.call('SET', p .. 'lsess:' .. lease, key)
+  session_lives(p, key, lease, expires, now, retention)
+end
+
+-- Ends the sessions whose leases `leases` (just ended) still are.
+local function end_sessions(p, leases)
+  if #leases == 0 then return end
+  local keys = {}
+  for i, lease in ipairs(leases) do keys[i] = p .. 'lsess:' .. lease end
+  local found = {}
+  for first = 1, #keys, 1000 do
+    local part = redis.call('MGET', unpack(keys, first, math.min(first + 999, #keys)))
+    for i = 1, #part do found[first + i - 1] = part[i] end
+  end
+  for i, lease in ipairs(leases) do
+    local key = found[i]
+    if key then
+      redis.call('DEL', keys[i])
+      if session_lease(p, key) == lease then
+        local client, name = session_parts(key)
+        redis.call('DEL', p .. 'session:' .. key)
+        redis.call('ZREM', p .. 'sessions:' .. client, name)
+      end
+    end
+  end
+end
+
+-- Ends the leases `leases` now, in order; unknown or ended ids are fine. Returns nothing.
+local function release_leases(p, leases, now, max_ended, retention)
+  local gone, lives = {}, 0
+  if #leases > 0 then
+    local scores = redis.call('ZMSCORE', p .. 'all', unpack(leases))
+    local found = records(p, leases)
+    local seen = {}
+    for i, lease in ipairs(leases) do
+      local proxy, _, expires = unpack(found[i])
+      -- An id twice in one batch is ended by the first.
+      local active = scores[i] and not seen[lease]
+      seen[lease] = true
+      local held = proxy and redis.call('ZREM', p .. 'active:' .. proxy, lease) == 1
+      if held then
+        rescore_released(p, proxy)
+      elseif active and proxy then
+        -- Active, yet not in its proxy's set: the set went behind the scripts' back (its TTL,
+        -- an eviction), so the proxy's place in the index is counted afresh.
+        rescore(p, proxy)
+      end
+      if active then
+        gone[#gone + 1] = lease
+        lives = math.max(lives, (expires or now) + kept(retention) - now)
+      end
+    end
+    if #gone > 0 then redis.call('ZREM', p .. 'all', unpack(gone)) end
+  end
+  end_sessions(p, gone)
+  ended(p, gone, max_ended, lives, retention)
+end
+
+-- The proxy of `lease` while it is active (unreleased, unexpired); nil otherwise.
+local function live_proxy(p, lease, now)
+  local score = redis.call('ZSCORE', p .. 'all', lease)
+  if not score or tonumber(score) <= now then return nil end
+  local proxy = record(p, lease)
+  if not proxy or not redis.call('ZSCORE', p .. 'active:' .. proxy, lease) then return nil end
+  return proxy
+end
+
+-- Extends the active lease `lease` on `proxy` to `ttl` from now, never shortening it: its
+-- expiry in `all`, in its proxy's set, in its record and in its session. Returns the expiry and
+-- the proxy's active leases.
+local function extend_lease(p, lease, proxy, now, ttl, retention)
+  local was = tonumber(redis.call('ZSCORE', p .. 'all', lease))
+  local expires = math.max(was, now + ttl)
+  if expires > was then
+    local lives = expires - now
+    redis.call('ZADD', p .. 'all', 'XX', expires, lease)
+    extend(p .. 'all', lives + GRACE)
+    redis.call('ZADD', p .. 'active:' .. proxy, 'XX', expires, lease)
+    extend(p .. 'active:' .. proxy, lives + GRACE)
+    local _, target = record(p, lease)
+    redis.call('SET', p .. 'lease:' .. lease, expires .. ',' .. (target or '') .. ',' .. proxy,
+      'PX', lives + kept(retention))
+    local key = redis.call('GET', p .. 'lsess:' .. lease)
+    if key and session_lease(p, key) == lease then
+      session_lives(p, key, lease, expires, now, retention)
+    end
+  end
+  return expires, redis.call('ZCOUNT', p .. 'active:' .. proxy, '(' .. now, '+inf')
+end

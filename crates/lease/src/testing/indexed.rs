@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::Backend;
 use crate::{
-    Candidate, Grant, LeaseRequest, LeaseStore, ManualClock, NoMatch, ReportResult, StoreError, Target, UnknownLease,
-    ViewEntry,
+    Candidate, Fit, Grant, LeaseRequest, LeaseStore, ManualClock, Member, NoMatch, NotRenewed, ReportResult, Session,
+    SessionRefused, StoreError, Target, UnknownLease, ViewEntry,
 };
 
 /// `B`'s stores as the discovery API uses them for an empty selector: before each acquire the
@@ -18,11 +18,48 @@ pub struct Indexed<B>(pub B);
 
 impl<B: Backend> Backend for Indexed<B> {
     fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
-        let inner = self.0.store_with_cooldown(clock, cooldown)?;
-        Some(Arc::new(IndexedStore {
+        Some(IndexedStore::on(self.0.store_with_cooldown(clock, cooldown)?))
+    }
+
+    fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
+        Some(self.0.replicas(clock)?.map(IndexedStore::on))
+    }
+}
+
+/// The request scoped to the installation, as the API scopes an empty selector's.
+fn installation(req: &LeaseRequest) -> LeaseRequest {
+    LeaseRequest {
+        scope: crate::Scope::Installation,
+        ..req.clone()
+    }
+}
+
+impl IndexedStore {
+    fn on(inner: Arc<dyn LeaseStore>) -> Arc<dyn LeaseStore> {
+        Arc::new(Self {
             inner,
             published: tokio::sync::Mutex::new(None),
-        }))
+        })
+    }
+
+    /// Publishes the candidates as the view, when they changed.
+    async fn publish(&self, listed: &[Candidate<'_>]) -> Result<(), StoreError> {
+        let view: Vec<ViewEntry> = listed
+            .iter()
+            .map(|c| ViewEntry {
+                id: c.id.to_owned(),
+                healthy: c.healthy,
+                latency_millis: c.latency_millis,
+                max_leases: c.max_leases,
+                offered: true,
+            })
+            .collect();
+        let mut published = self.published.lock().await;
+        if published.as_ref() != Some(&view) {
+            self.inner.publish_view(&view).await?;
+            *published = Some(view);
+        }
+        Ok(())
     }
 }
 
@@ -41,28 +78,35 @@ impl LeaseStore for IndexedStore {
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
         let listed: Vec<Candidate<'c>> = candidates.collect();
-        let view: Vec<ViewEntry> = listed
-            .iter()
-            .map(|c| ViewEntry {
-                id: c.id.to_owned(),
-                healthy: c.healthy,
-                latency_millis: c.latency_millis,
-                max_leases: c.max_leases,
-                offered: true,
-            })
-            .collect();
-        {
-            let mut published = self.published.lock().await;
-            if published.as_ref() != Some(&view) {
-                self.inner.publish_view(&view).await?;
-                *published = Some(view);
-            }
-        }
-        let scoped = LeaseRequest {
-            scope: crate::Scope::Installation,
-            ..req.clone()
-        };
-        self.inner.acquire(&mut listed.into_iter(), &scoped).await
+        self.publish(&listed).await?;
+        self.inner.acquire(&mut listed.into_iter(), &installation(req)).await
+    }
+
+    async fn acquire_session<'c>(
+        &self,
+        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
+        member: &Member<'c>,
+        req: &LeaseRequest,
+        session: &Session<'_>,
+    ) -> Result<Result<Grant, SessionRefused>, StoreError> {
+        let listed: Vec<Candidate<'c>> = candidates.collect();
+        self.publish(&listed).await?;
+        self.inner
+            .acquire_session(&mut listed.into_iter(), member, &installation(req), session)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        lease_id: &str,
+        ttl: Duration,
+        fit: &Fit<'_>,
+    ) -> Result<Result<Grant, NotRenewed>, StoreError> {
+        self.inner.renew(lease_id, ttl, fit).await
+    }
+
+    fn sessions_now(&self) -> Vec<(String, usize)> {
+        self.inner.sessions_now()
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
