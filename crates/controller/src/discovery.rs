@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use arc_swap::ArcSwap;
 use egress_api::{Mode, PoolRole, Proxy};
-use egress_discovery::{Fleet, ProxyDirectory, ProxyInfo};
+use egress_discovery::{Fleet, IndexedKeys, ProxyDirectory, ProxyInfo};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -65,12 +65,10 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
 
 /// The fleet of every Proxy in `proxies`, built from nothing: what the live directory must
 /// always equal.
-pub fn built(proxies: &Store<Proxy>, credentials: &CredentialCache) -> Fleet {
-    proxies
-        .state()
-        .iter()
-        .filter_map(|p| info(p, credentials.lookup(p)))
-        .collect()
+pub fn built(proxies: &Store<Proxy>, credentials: &CredentialCache, keys: &IndexedKeys) -> Fleet {
+    let mut fleet = Fleet::indexing(keys.clone());
+    fleet.extend(proxies.state().iter().filter_map(|p| info(p, credentials.lookup(p))));
+    fleet
 }
 
 /// A credentials Secret, as (namespace, name).
@@ -113,7 +111,6 @@ impl SecretUsers {
 }
 
 /// What only the writer touches: its working copy of the fleet, and the Secret index.
-#[derive(Default)]
 struct Writer {
     fleet: Fleet,
     users: SecretUsers,
@@ -127,6 +124,8 @@ pub struct LiveDirectory {
     writer: Mutex<Writer>,
     proxies: Store<Proxy>,
     credentials: CredentialCache,
+    /// The attribute keys whose values the fleet indexes.
+    keys: IndexedKeys,
     /// Fires when a new snapshot is published.
     changed: tokio::sync::watch::Sender<()>,
 }
@@ -140,9 +139,9 @@ impl std::fmt::Debug for LiveDirectory {
 }
 
 impl LiveDirectory {
-    /// A directory that follows both caches from now on.
-    pub fn following(cache: &ProxyCache, credentials: &CredentialCache) -> Arc<Self> {
-        let directory = Self::over(cache.store(), credentials.clone());
+    /// A directory that follows both caches from now on, indexing the values of `keys`.
+    pub fn following(cache: &ProxyCache, credentials: &CredentialCache, keys: IndexedKeys) -> Arc<Self> {
+        let directory = Self::over(cache.store(), credentials.clone(), keys);
         let weak = Arc::downgrade(&directory);
         cache.observe(Arc::new(move |event| {
             if let Some(d) = Weak::upgrade(&weak) {
@@ -163,12 +162,16 @@ impl LiveDirectory {
 
     /// A directory over the two stores, built once; its owner tells it of each event
     /// ([`Self::on_proxy_event`], [`Self::on_secret_event`]).
-    pub fn over(proxies: Store<Proxy>, credentials: CredentialCache) -> Arc<Self> {
+    pub fn over(proxies: Store<Proxy>, credentials: CredentialCache, keys: IndexedKeys) -> Arc<Self> {
         let directory = Arc::new(Self {
-            current: ArcSwap::from_pointee(Fleet::default()),
-            writer: Mutex::default(),
+            current: ArcSwap::from_pointee(Fleet::indexing(keys.clone())),
+            writer: Mutex::new(Writer {
+                fleet: Fleet::indexing(keys.clone()),
+                users: SecretUsers::default(),
+            }),
             proxies,
             credentials,
+            keys,
             changed: tokio::sync::watch::Sender::new(()),
         });
         directory.rebuild();
@@ -237,7 +240,7 @@ impl LiveDirectory {
                 users.set(&id_of(&proxy), CredentialCache::secret_of(&proxy));
             }
             w.users = users;
-            let fleet = built(&self.proxies, &self.credentials);
+            let fleet = built(&self.proxies, &self.credentials, &self.keys);
             let changed = fleet != w.fleet;
             w.fleet = fleet;
             changed

@@ -83,7 +83,11 @@ fn neither_the_probe_nor_the_directory_gets_the_credentials_of_a_proxy_its_secre
     let (proxy_store, mut proxies) = reflector::store::<Proxy>();
     let (secret_store, mut secrets) = reflector::store::<Secret>();
     let credentials = CredentialCache::from_store(secret_store);
-    let directory = LiveDirectory::over(proxy_store.clone(), credentials.clone());
+    let directory = LiveDirectory::over(
+        proxy_store.clone(),
+        credentials.clone(),
+        egress_discovery::IndexedKeys::default(),
+    );
     let apply_proxy = |proxies: &mut reflector::store::Writer<Proxy>, p: Proxy| {
         let event = Event::Apply(p);
         proxies.apply_watcher_event(&event);

@@ -301,7 +301,11 @@ impl World {
         let (proxy_store, proxies) = reflector::store();
         let (secret_store, secrets) = reflector::store();
         let credentials = CredentialCache::from_store(secret_store);
-        let directory = LiveDirectory::over(proxy_store.clone(), credentials.clone());
+        let directory = LiveDirectory::over(
+            proxy_store.clone(),
+            credentials.clone(),
+            egress_discovery::IndexedKeys::default(),
+        );
         Self {
             proxies,
             secrets,
@@ -354,7 +358,11 @@ impl World {
     }
 
     fn rebuilt(&self) -> Fleet {
-        built(&self.proxy_store, &self.credentials)
+        built(
+            &self.proxy_store,
+            &self.credentials,
+            &egress_discovery::IndexedKeys::default(),
+        )
     }
 }
 

@@ -6,8 +6,10 @@
 //! append-only file, `appendfsync always`). Then the in-memory and the Redis runs again with the
 //! bench (clients and API, on a runtime of one worker) on one core and Redis on the other, as
 //! Redis runs in production on a machine of its own: unpinned, Redis and the API take turns on
-//! both cores and the store's ratio to the in-memory store also measures that sharing. Prints
-//! one `|`-separated row.
+//! both cores and the store's ratio to the in-memory store also measures that sharing. Then
+//! the in-memory and the Redis (`appendfsync always`) runs with a selector on an indexed
+//! attribute: `{"pool": "pool-07"}` (a sixteenth of the fleet) and `{"geo": "eu"}` (half).
+//! Prints one `|`-separated row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -71,8 +73,13 @@ fn quantile(sorted: &[Duration], q: f64) -> f64 {
     sorted.get(i).copied().unwrap_or_default().as_secs_f64() * 1e3
 }
 
-/// 64 clients doing acquire+release pairs for MEASURE.
-async fn load(base: String, lease_paths: bool) -> Figures {
+/// The acquire bodies of the runs: no selector, a pool's, a region's.
+const ANY: &str = "{}";
+const POOL: &str = r#"{"selector": {"pool": "pool-07"}}"#;
+const GEO: &str = r#"{"selector": {"geo": "eu"}}"#;
+
+/// 64 clients doing acquire+release pairs for MEASURE, each acquire with `body`.
+async fn load(base: String, lease_paths: bool, body: &'static str) -> Figures {
     let started = Instant::now();
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
@@ -85,7 +92,7 @@ async fn load(base: String, lease_paths: bool) -> Figures {
             let mut latencies = Vec::new();
             while started.elapsed() < MEASURE {
                 let t = Instant::now();
-                let grant = http.post(format!("{base}/v1/leases")).body("{}").send().await.unwrap();
+                let grant = http.post(format!("{base}/v1/leases")).body(body).send().await.unwrap();
                 let id = if lease_paths {
                     let v: serde_json::Value = grant.json().await.unwrap();
                     v["leaseID"].as_str().unwrap_or("none").to_string()
@@ -129,7 +136,7 @@ async fn load(base: String, lease_paths: bool) -> Figures {
 
 /// The load on the API over `store`, served on loopback for the run.
 /// The API over `fleet` and `store`, with the defaults the manager takes for that store.
-async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>, shared_store: bool) -> Figures {
+async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>, shared_store: bool, body: &'static str) -> Figures {
     let api = DiscoveryApi {
         directory: Arc::new(FixedFleet(fleet)),
         store,
@@ -152,14 +159,14 @@ async fn api_run(fleet: Arc<Fleet>, store: Arc<dyn LeaseStore>, shared_store: bo
         egress_http::Limits::DEFAULT,
         stop.clone(),
     ));
-    let figures = load(base, true).await;
+    let figures = load(base, true, body).await;
     stop.cancel();
     figures
 }
 
 /// The same load on the Redis lease store: a local redis-server with the append-only file and
 /// `appendfsync` as given, on the cores `cores` names (`taskset`'s list) when it is given.
-async fn redis_run(fleet: Arc<Fleet>, appendfsync: &'static str, cores: Option<&str>) -> Figures {
+async fn redis_run(fleet: Arc<Fleet>, appendfsync: &'static str, cores: Option<&str>, body: &'static str) -> Figures {
     let redis = egress_testkit::redis::LocalRedis::start_with_appendfsync(appendfsync)
         .expect("redis-server (apt-get install redis-server)");
     if let Some(cores) = cores {
@@ -171,12 +178,12 @@ async fn redis_run(fleet: Arc<Fleet>, appendfsync: &'static str, cores: Option<&
         Duration::from_secs(900),
     )
     .expect("a Redis store");
-    // What the leader's publisher does first: the index of the view answers empty selectors.
+    // What the leader's publisher does first: the indexes of the view answer the selectors.
     store
         .publish_view(&egress_discovery::view::entries(&fleet))
         .await
         .expect("the view published");
-    api_run(fleet, Arc::new(store), true).await
+    api_run(fleet, Arc::new(store), true, body).await
 }
 
 /// Pins every thread of process `pid` to `cores` (`taskset` of util-linux).
@@ -192,7 +199,10 @@ async fn main() {
             id: format!("bench/p{i:05}"),
             ip: format!("10.1.{}.{}", i / 256, i % 256),
             port: 3128,
-            attributes: BTreeMap::from([("geo".to_string(), if i % 2 == 0 { "eu" } else { "us" }.to_string())]),
+            attributes: BTreeMap::from([
+                ("geo".to_string(), if i % 2 == 0 { "eu" } else { "us" }.to_string()),
+                ("pool".to_string(), format!("pool-{:02}", i % 16)),
+            ]),
             phase: "Ready".into(),
             healthy: true,
             latency_millis: (i % 97) as i64,
@@ -204,18 +214,24 @@ async fn main() {
         })
         .collect();
     let fleet = Arc::new(fleet.into_iter().collect::<Fleet>());
-    let ceiling = load(format!("http://{}", trivial_server().await), false).await;
-    let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-    let api = api_run(fleet.clone(), memory, false).await;
-    let on_redis = redis_run(fleet.clone(), "always", None).await;
-    let on_redis_everysec = redis_run(fleet.clone(), "everysec", None).await;
+    let ceiling = load(format!("http://{}", trivial_server().await), false, ANY).await;
+    let memory = || Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
+    let api = api_run(fleet.clone(), memory(), false, ANY).await;
+    let on_redis = redis_run(fleet.clone(), "always", None, ANY).await;
+    let on_redis_everysec = redis_run(fleet.clone(), "everysec", None, ANY).await;
+    let mut selected = Vec::new();
+    for body in [POOL, GEO] {
+        let m = api_run(fleet.clone(), memory(), false, body).await;
+        let r = redis_run(fleet.clone(), "always", None, body).await;
+        selected.push((m, r));
+    }
     // The bench on core 0, Redis on core 1; then the bench on every core again.
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let (memory_pinned, redis_pinned) = if cores >= 2 {
         let (m, r) = egress_testkit::redis::on_one_worker("0", &format!("0-{}", cores - 1), async move {
             let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-            let m = api_run(fleet.clone(), memory, false).await;
-            let r = redis_run(fleet, "always", Some("1")).await;
+            let m = api_run(fleet.clone(), memory, false, ANY).await;
+            let r = redis_run(fleet, "always", Some("1"), ANY).await;
             (m, r)
         })
         .expect("the runs on core 0");
@@ -256,5 +272,15 @@ async fn main() {
         pinned(&redis_pinned, &|r| format!("{:.2}", quantile(&r.acquire, 0.5))),
         pinned(&redis_pinned, &|r| format!("{:.2}", quantile(&r.acquire, 0.99))),
     ];
+    let mut cells = cells.to_vec();
+    for (m, r) in &selected {
+        cells.extend([
+            format!("{:.0}", m.pairs_per_second),
+            format!("{:.0}", r.pairs_per_second),
+            format!("{:.0} %", r.pairs_per_second / m.pairs_per_second * 100.0),
+            format!("{:.2}", quantile(&r.acquire, 0.5)),
+            format!("{:.2}", quantile(&r.acquire, 0.99)),
+        ]);
+    }
     println!("{}", cells.join("|"));
 }

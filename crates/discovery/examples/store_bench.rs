@@ -8,16 +8,20 @@
 //! single server again on a core of its own, the bench on the other (on a runtime of one
 //! worker). Prints a Markdown table.
 //!
-//! Every proxy is healthy with room for 5 leases. Each acquire is what the discovery API sends
-//! for an empty selector: scoped to the installation, with the whole fleet as candidates in
-//! (latency, id) order. The Redis store has the fleet published as its view first (the
-//! leader's publisher does that in production) and answers from its index of it.
+//! Every proxy is healthy with room for 5 leases, in one of 16 pools (`pool=pool-00` to
+//! `pool-15`) and one of 4 regions (`geo=eu`, ...). Each acquire is what the discovery API sends
+//! for its selector: for an empty one scoped to the installation, with the whole fleet as
+//! candidates in (latency, id) order; for `pool=pool-07` (a sixteenth of the fleet) or `geo=eu`
+//! (a quarter) scoped to that index, with its proxies as candidates (what each replica's own
+//! index of the fleet reads). The Redis store has the fleet published as its view first, each
+//! proxy with its indexes (the leader's publisher does that in production), and answers from its
+//! indexes of it. The selector rows run on the memory store and one Redis.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use egress_lease::{Candidate, LeaseRequest, LeaseStore, MemoryStore, Scope, SystemClock, ViewEntry};
+use egress_lease::{Candidate, LeaseRequest, LeaseStore, MemoryStore, Scope, SystemClock, ViewEntry, index_name};
 use egress_lease_redis::{Tls, TlsRoots};
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
@@ -40,14 +44,77 @@ fn quantile(sorted: &[Duration], q: f64) -> f64 {
     sorted.get(i).copied().unwrap_or_default().as_secs_f64() * 1e3
 }
 
+/// A proxy of the bench's fleet.
+struct Proxy {
+    id: String,
+    latency: i64,
+    /// `pool=pool-NN` and `geo=<region>`.
+    indexes: [String; 2],
+}
+
+const REGIONS: [&str; 4] = ["eu", "us", "ap", "sa"];
+
 /// `n` proxies in (latency, id) order.
-fn fleet(n: usize) -> Arc<Vec<(String, i64)>> {
-    let mut fleet: Vec<(String, i64)> = (0..n).map(|i| (format!("bench/p{i:06}"), (i % 97) as i64)).collect();
-    fleet.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+fn fleet(n: usize) -> Arc<Vec<Proxy>> {
+    let mut fleet: Vec<Proxy> = (0..n)
+        .map(|i| Proxy {
+            id: format!("bench/p{i:06}"),
+            latency: (i % 97) as i64,
+            indexes: [
+                index_name("pool", &format!("pool-{:02}", i % 16)),
+                index_name("geo", REGIONS[(i / 16) % REGIONS.len()]),
+            ],
+        })
+        .collect();
+    fleet.sort_by(|a, b| (a.latency, &a.id).cmp(&(b.latency, &b.id)));
     Arc::new(fleet)
 }
 
-async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>) -> Figures {
+/// What an acquire asks for: any proxy, or one selector's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Any,
+    Pool,
+    Geo,
+}
+
+impl Ask {
+    /// The selector's index; `None` for any proxy.
+    fn index(self) -> Option<String> {
+        match self {
+            Ask::Any => None,
+            Ask::Pool => Some(index_name("pool", "pool-07")),
+            Ask::Geo => Some(index_name("geo", "eu")),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Ask::Any => "",
+            Ask::Pool => ", pool=pool-07 (1/16 of the fleet)",
+            Ask::Geo => ", geo=eu (1/4 of the fleet)",
+        }
+    }
+
+    fn scope(self) -> Scope {
+        self.index()
+            .map_or(Scope::Installation, |name| Scope::Indexed(vec![name]))
+    }
+
+    /// The candidates the API reads for it, in lease order: its index's proxies.
+    fn candidates(self, fleet: &[Proxy]) -> Arc<Vec<(String, i64)>> {
+        let index = self.index();
+        Arc::new(
+            fleet
+                .iter()
+                .filter(|p| index.as_ref().is_none_or(|name| p.indexes.contains(name)))
+                .map(|p| (p.id.clone(), p.latency))
+                .collect(),
+        )
+    }
+}
+
+async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>, ask: Ask) -> Figures {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
@@ -56,7 +123,7 @@ async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>) -> Fig
             let req = LeaseRequest {
                 ttl: Duration::from_secs(60),
                 target: None,
-                scope: Scope::Installation,
+                scope: ask.scope(),
             };
             let (mut times, mut errors) = (Vec::new(), 0usize);
             while started.elapsed() < MEASURE {
@@ -133,8 +200,9 @@ async fn script_times(
             // FCALL, the function, 1, the key, then the function's own arguments.
             let own = arguments(args).saturating_sub(4);
             let requests = match *name {
-                // now, retention, ended kept, cap, then ttl, target, lease id per request.
-                "acquire_indexed" => own.saturating_sub(4) / 3,
+                // now, retention, ended kept, cap, then ttl, target, lease id, 0 or 1, and the
+                // index (this bench's requests name at most one) per request.
+                "acquire_indexed" => own.saturating_sub(4) / if args_name_an_index(args) { 5 } else { 4 },
                 // now, ended kept, retention, then the lease ids.
                 "release" => own.saturating_sub(3),
                 _ => 1,
@@ -145,6 +213,11 @@ async fn script_times(
         }
     }
     sums.into_iter().map(|(k, (sum, n))| (k, sum / n as f64)).collect()
+}
+
+/// Whether an indexed acquire's call names an index (its first request's count of names).
+fn args_name_an_index(args: &[redis::Value]) -> bool {
+    matches!(args.get(11), Some(redis::Value::BulkString(k)) if k.as_slice() == b"1")
 }
 
 /// How many arguments a slow log entry's call had: the log keeps 32, the last of them then
@@ -170,7 +243,8 @@ async fn redis_figures(
     url: &str,
     tls: &Tls,
     nodes: &mut [redis::aio::MultiplexedConnection],
-    fleet: Arc<Vec<(String, i64)>>,
+    fleet: &[Proxy],
+    ask: Ask,
 ) -> (Figures, HashMap<&'static str, f64>) {
     static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let prefix = format!(
@@ -183,12 +257,13 @@ async fn redis_figures(
     let functions = store.function_names();
     let view: Vec<ViewEntry> = fleet
         .iter()
-        .map(|(id, latency)| ViewEntry {
-            id: id.clone(),
+        .map(|p| ViewEntry {
+            id: p.id.clone(),
             healthy: true,
-            latency_millis: *latency,
+            latency_millis: p.latency,
             max_leases: 5,
             offered: true,
+            indexed: p.indexes.to_vec(),
         })
         .collect();
     store.publish_view(&view).await.expect("the view published");
@@ -204,7 +279,7 @@ async fn redis_figures(
             .await
             .expect("CONFIG RESETSTAT");
     }
-    let figures = load(Arc::new(store), fleet).await;
+    let figures = load(Arc::new(store), ask.candidates(fleet), ask).await;
     let mut times = HashMap::new();
     let (mut calls, mut micros) = (0u64, 0u64);
     for node in nodes.iter_mut() {
@@ -267,7 +342,7 @@ fn pin(pid: u32, cores: &str) {
     egress_testkit::redis::pin(pid, cores).expect("taskset (util-linux)");
 }
 
-/// One store's row of the table; `m`: the memory store's figures on the same fleet.
+/// One store's row of the table; `m`: the memory store's figures on the same fleet and ask.
 fn row(n: usize, name: &str, r: &Figures, m: &Figures, times: &HashMap<&'static str, f64>) {
     let shown = |name: &str| times.get(name).map_or("?".to_owned(), |t| format!("{t:.1}"));
     println!(
@@ -317,40 +392,51 @@ async fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     for n in SIZES {
         let fleet = fleet(n);
-        let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-        let m = load(memory, fleet.clone()).await;
-        println!(
-            "| {n} | memory | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | | | {} |",
-            m.pairs_per_second,
-            quantile(&m.acquire, 0.5),
-            quantile(&m.acquire, 0.99),
-            quantile(&m.release, 0.5),
-            quantile(&m.release, 0.99),
-            m.errors
-        );
-        for (name, url) in [
-            ("redis", redis.url()),
-            ("3-master cluster", cluster.url()),
-            ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
-        ] {
-            let admin = if url == redis.url() { &mut single } else { &mut nodes };
-            let (r, times) = redis_figures(&url, &Tls::default(), admin, fleet.clone()).await;
-            row(n, name, &r, &m, &times);
-        }
-        let (r, times) = redis_figures(&tls_url, &tls, &mut tls_single, fleet.clone()).await;
-        row(n, "redis over TLS", &r, &m, &times);
-        // Redis on a core of its own and the bench on the other, as Redis runs in production:
-        // unpinned, the slow log's wall time also counts Redis waiting for a core.
-        if let (Some(pid), true) = (redis.pid(), cores >= 2) {
-            pin(pid, "1");
-            let (r, times) = egress_testkit::redis::on_one_worker(
-                "0",
-                &every_core,
-                redis_figures(&redis.url(), &Tls::default(), &mut single, fleet.clone()),
-            )
-            .expect("the run on core 0");
-            pin(pid, &every_core);
-            row(n, "redis on core 1, the bench on core 0", &r, &m, &times);
+        for ask in [Ask::Any, Ask::Pool, Ask::Geo] {
+            let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
+            let m = load(memory, ask.candidates(&fleet), ask).await;
+            println!(
+                "| {n} | memory{} | {:.0} | {:.3} / {:.3} | {:.3} / {:.3} | | | {} |",
+                ask.label(),
+                m.pairs_per_second,
+                quantile(&m.acquire, 0.5),
+                quantile(&m.acquire, 0.99),
+                quantile(&m.release, 0.5),
+                quantile(&m.release, 0.99),
+                m.errors
+            );
+            let stores = if ask == Ask::Any {
+                vec![
+                    ("redis", redis.url()),
+                    ("3-master cluster", cluster.url()),
+                    ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
+                ]
+            } else {
+                vec![("redis", redis.url())]
+            };
+            for (name, url) in stores {
+                let admin = if url == redis.url() { &mut single } else { &mut nodes };
+                let (r, times) = redis_figures(&url, &Tls::default(), admin, &fleet, ask).await;
+                row(n, &format!("{name}{}", ask.label()), &r, &m, &times);
+            }
+            if ask != Ask::Any {
+                continue;
+            }
+            let (r, times) = redis_figures(&tls_url, &tls, &mut tls_single, &fleet, ask).await;
+            row(n, "redis over TLS", &r, &m, &times);
+            // Redis on a core of its own and the bench on the other, as Redis runs in
+            // production: unpinned, the slow log's wall time also counts Redis waiting for a core.
+            if let (Some(pid), true) = (redis.pid(), cores >= 2) {
+                pin(pid, "1");
+                let (r, times) = egress_testkit::redis::on_one_worker(
+                    "0",
+                    &every_core,
+                    redis_figures(&redis.url(), &Tls::default(), &mut single, &fleet, ask),
+                )
+                .expect("the run on core 0");
+                pin(pid, &every_core);
+                row(n, "redis on core 1, the bench on core 0", &r, &m, &times);
+            }
         }
     }
 }

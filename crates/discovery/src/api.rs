@@ -113,8 +113,7 @@ fn leased(p: &ProxyInfo, active: usize) -> LeasedProxy<'_> {
     }
 }
 
-/// A selector: every key's values must all be the proxy's attribute.
-type Selector = BTreeMap<String, Vec<String>>;
+use crate::selection::{Plan, Selector};
 
 fn matches(p: &ProxyInfo, selector: &Selector) -> bool {
     selector
@@ -161,16 +160,17 @@ fn list_query(query: Option<&str>) -> Result<(Option<bool>, Selector), Answer> {
     Ok((healthy, selector))
 }
 
-/// The lease candidates among `proxies`, lazily, in (latency, id) order: the store stops at the
-/// first idle eligible proxy, so a lease costs the same with ten proxies or ten thousand.
-/// Standby and draining pool members, and proxies outside the caller's scope, are none.
+/// The lease candidates among `proxies` that `plan` reads, lazily, in (latency, id) order: the
+/// store stops at the first idle eligible proxy, so a lease costs the same with ten proxies or
+/// ten thousand. Standby and draining pool members, and proxies outside the caller's scope, are
+/// none.
 fn candidates<'a>(
     proxies: &'a Fleet,
+    plan: &Plan,
     selector: &'a Selector,
     scope: Option<&'a ClientScope>,
 ) -> impl Iterator<Item = Candidate<'a>> + Send + 'a {
-    proxies
-        .in_lease_order()
+    crate::selection::read(plan, proxies)
         .filter(move |p| leasable(p, selector, scope))
         .map(candidate)
 }
@@ -189,18 +189,43 @@ fn candidate(p: &ProxyInfo) -> Candidate<'_> {
     }
 }
 
-/// Which proxies the store may choose from. An empty selector is every offered proxy: a shared
-/// store answers it from its index of the installation. The index knows no client scopes, so a
-/// scoped caller's candidates are always the listed ones.
-fn lease_scope(selector_is_empty: bool, scope: Option<&ClientScope>) -> Scope {
-    if selector_is_empty && scope.is_none() {
-        Scope::Installation
-    } else {
-        Scope::Listed
-    }
+type Acquired = Result<Grant, NoMatch>;
+
+/// `POST /v1/leases`' body, validated.
+struct Asked {
+    ttl: Duration,
+    target: Option<Target>,
+    session: Option<SessionName>,
+    /// The selector as given (what a refusal is counted for).
+    pairs: BTreeMap<String, String>,
+    /// The same as the list's selector.
+    selector: Selector,
 }
 
-type Acquired = Result<Grant, NoMatch>;
+/// The acquire's body, or the `400` that says what is wrong with it (a TTL over `max_ttl`).
+fn asked(body: &[u8], max_ttl: Duration) -> Result<Asked, Answer> {
+    let body: wire::LeaseRequest = decode(body)?;
+    let ttl = effective_ttl(body.ttl_seconds, max_ttl).map_err(|e| error(400, "invalid_ttl", &e.to_string()))?;
+    let target = target(body.target.as_deref())?;
+    let session = body
+        .session
+        .as_deref()
+        .map(SessionName::parse)
+        .transpose()
+        .map_err(|e| error(400, "invalid_session", &e.to_string()))?;
+    let selector = body
+        .selector
+        .iter()
+        .map(|(k, v)| (k.clone(), vec![v.clone()]))
+        .collect();
+    Ok(Asked {
+        ttl,
+        target,
+        session,
+        pairs: body.selector,
+        selector,
+    })
+}
 
 impl DiscoveryApi {
     /// `GET /v1/proxies?healthy=&attr.<k>=`: the proxies the caller may see (its scope's).
@@ -234,67 +259,47 @@ impl DiscoveryApi {
 
     /// `POST /v1/leases`, choosing among the proxies the caller may lease (its scope's).
     pub(crate) async fn acquire(&self, client: &crate::ClientName, scope: Option<&ClientScope>, body: &[u8]) -> Answer {
-        let body: wire::LeaseRequest = match decode(body) {
-            Ok(b) => b,
+        let asked = match asked(body, self.max_ttl) {
+            Ok(a) => a,
             Err(answer) => return answer,
-        };
-        let ttl = match effective_ttl(body.ttl_seconds, self.max_ttl) {
-            Ok(t) => t,
-            Err(e) => return error(400, "invalid_ttl", &e.to_string()),
-        };
-        let target = match target(body.target.as_deref()) {
-            Ok(t) => t,
-            Err(answer) => return answer,
-        };
-        let session = match body.session.as_deref().map(SessionName::parse).transpose() {
-            Ok(s) => s,
-            Err(e) => return error(400, "invalid_session", &e.to_string()),
         };
         let proxies = match self.directory.proxies() {
             Ok(p) => p,
             Err(e) => return list_failed(&e, "listing proxies for lease"),
         };
-        let selector: Selector = body
-            .selector
-            .iter()
-            .map(|(k, v)| (k.clone(), vec![v.clone()]))
-            .collect();
-        if let Some(name) = &session {
+        let plan = crate::selection::plan(&asked.selector, &proxies);
+        if let Some(name) = &asked.session {
             let session = Session {
                 client: client.as_str(),
                 name,
                 cap: self.max_sessions,
             };
-            let req = LeaseRequest {
-                ttl,
-                target,
-                scope: Scope::Listed,
-            };
-            return self
-                .acquire_in_session(&proxies, &selector, scope, &req, &session, &body.selector)
-                .await;
+            return self.acquire_in_session(&proxies, &plan, &asked, scope, &session).await;
         }
         let req = LeaseRequest {
-            ttl,
-            target,
-            scope: lease_scope(body.selector.is_empty(), scope),
+            ttl: asked.ttl,
+            target: asked.target,
+            scope: crate::selection::store_scope(&plan, scope.is_some(), &proxies),
         };
         let acquired = match self
             .store
-            .acquire(&mut candidates(&proxies, &selector, scope), &req)
+            .acquire(&mut candidates(&proxies, &plan, &asked.selector, scope), &req)
             .await
         {
             Ok(a) => a,
             Err(e) => return store_failed(&e, "acquiring a lease"),
         };
-        let acquired = match self.among_own(acquired, &proxies, &selector, scope, req).await {
+        let acquired = match self
+            .among_own(acquired, &proxies, &plan, &asked.selector, scope, req)
+            .await
+        {
             Ok(a) => a,
             Err(answer) => return answer,
         };
         match acquired {
             Ok(grant) => granted(&proxies, &grant),
             Err(n) => {
-                self.record_refusal(scope, &body.selector);
+                self.record_refusal(scope, &asked.pairs);
                 no_match(&n)
             }
         }
@@ -306,21 +311,26 @@ impl DiscoveryApi {
     async fn acquire_in_session(
         &self,
         proxies: &Fleet,
-        selector: &Selector,
+        plan: &Plan,
+        asked: &Asked,
         scope: Option<&ClientScope>,
-        req: &LeaseRequest,
         session: &Session<'_>,
-        asked: &BTreeMap<String, String>,
     ) -> Answer {
+        let selector = &asked.selector;
         let member = |id: &str| proxies.get(id).filter(|p| leasable(p, selector, scope)).map(candidate);
+        let req = LeaseRequest {
+            ttl: asked.ttl,
+            target: asked.target,
+            scope: Scope::Listed,
+        };
         let acquired = self
             .store
-            .acquire_session(&mut candidates(proxies, selector, scope), &member, req, session)
+            .acquire_session(&mut candidates(proxies, plan, selector, scope), &member, &req, session)
             .await;
         match acquired {
             Ok(Ok(grant)) => granted(proxies, &grant),
             Ok(Err(SessionRefused::NoMatch(n))) => {
-                self.record_refusal(scope, asked);
+                self.record_refusal(scope, &asked.pairs);
                 no_match(&n)
             }
             Ok(Err(SessionRefused::TooMany { held, cap })) => error(
@@ -362,15 +372,17 @@ impl DiscoveryApi {
         }
     }
 
-    /// From its index, a shared store may grant a proxy this replica does not offer yet (or
-    /// any more): the leader's view is newer or older than its cache. That lease is given back
-    /// (if that fails, it holds its slot until its expiry) and the choice made among the
-    /// proxies offered here. A grant outside the caller's scope (which the listed candidates
-    /// never give) would be handled the same: a lease answer never carries such a proxy.
+    /// From its indexes, a shared store may grant a proxy this replica does not offer yet (or
+    /// any more), or whose attributes it knows otherwise: the leader's view is newer or older
+    /// than its cache. That lease is given back (if that fails, it holds its slot until its
+    /// expiry) and the choice made among the proxies offered here. A grant outside the caller's
+    /// scope (which the listed candidates never give) would be handled the same: a lease answer
+    /// never carries such a proxy.
     async fn among_own(
         &self,
         acquired: Acquired,
         proxies: &Fleet,
+        plan: &Plan,
         selector: &Selector,
         scope: Option<&ClientScope>,
         req: LeaseRequest,
@@ -380,7 +392,7 @@ impl DiscoveryApi {
         };
         if proxies
             .get(&grant.proxy_id)
-            .is_some_and(|p| p.offered && in_scope(scope, p))
+            .is_some_and(|p| leasable(p, selector, scope))
         {
             return Ok(acquired);
         }
@@ -392,7 +404,7 @@ impl DiscoveryApi {
             ..req
         };
         self.store
-            .acquire(&mut candidates(proxies, selector, scope), &listed)
+            .acquire(&mut candidates(proxies, plan, selector, scope), &listed)
             .await
             .map_err(|e| store_failed(&e, "acquiring a lease"))
     }
@@ -521,19 +533,6 @@ fn form_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_an_unscoped_caller_s_empty_selector_is_answered_from_the_installation_s_index() {
-        let scope = ClientScope::new(None, Some(vec!["eu".into()])).unwrap();
-        assert_eq!(lease_scope(true, None), Scope::Installation);
-        assert_eq!(lease_scope(false, None), Scope::Listed);
-        assert_eq!(
-            lease_scope(true, Some(&scope)),
-            Scope::Listed,
-            "the index knows no scopes"
-        );
-        assert_eq!(lease_scope(false, Some(&scope)), Scope::Listed);
-    }
 
     #[test]
     fn queries_decode_as_forms() {

@@ -1,23 +1,66 @@
 //! The fleet as the routes read it: every proxy once, in the two orders they need (lease order,
-//! (latency, id), for acquires; id order for the list), as one immutable snapshot.
+//! (latency, id), for acquires; id order for the list), and in lease order again within each
+//! index of an indexed attribute's value, as one immutable snapshot.
 //!
 //! A change costs what it touches, never the fleet's size: both orders are persistent maps
 //! (`imbl::OrdMap`), so a copy shares everything but the path to the changed entry, and a
 //! directory that follows its proxies change by change hands each reader a consistent snapshot
 //! without ever sorting, and without a reader holding up a writer.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use imbl::OrdMap;
 
 use crate::proxy::ProxyInfo;
 
+/// The attribute key of a pool's name, always indexed.
+pub const POOL_KEY: &str = "pool";
+/// Indexed attribute keys unless told otherwise (`--lease-index-attributes`), beside `pool`.
+pub const DEFAULT_INDEXED_KEYS: [&str; 2] = ["geo", "tier"];
+
+/// The attribute keys whose values a fleet indexes: `pool`, and those the operator is told to
+/// index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexedKeys(Arc<BTreeSet<String>>);
+
+impl IndexedKeys {
+    /// `keys` and `pool`.
+    pub fn new<S: Into<String>>(keys: impl IntoIterator<Item = S>) -> Self {
+        let mut set: BTreeSet<String> = keys.into_iter().map(Into::into).collect();
+        set.insert(POOL_KEY.to_owned());
+        Self(Arc::new(set))
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.0.contains(key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+}
+
+impl Default for IndexedKeys {
+    /// [`DEFAULT_INDEXED_KEYS`] and `pool`.
+    fn default() -> Self {
+        Self::new(DEFAULT_INDEXED_KEYS)
+    }
+}
+
+/// Proxies in lease order, keyed by (latency, id).
+type LeaseOrder = OrdMap<(i64, Arc<str>), Arc<ProxyInfo>>;
+
 /// One snapshot of the fleet. Cloning is cheap (the maps are shared until one is changed).
 #[derive(Clone, Default)]
 pub struct Fleet {
     by_id: OrdMap<Arc<str>, Arc<ProxyInfo>>,
     /// The same entries keyed by (latency, id): the order leases are chosen in.
-    by_lease_order: OrdMap<(i64, Arc<str>), Arc<ProxyInfo>>,
+    by_lease_order: LeaseOrder,
+    keys: IndexedKeys,
+    /// For each value of an indexed key ([`egress_lease::index_name`], `key=value`), its
+    /// proxies in lease order; an index without proxies is dropped.
+    by_index: OrdMap<Arc<str>, LeaseOrder>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -36,17 +79,65 @@ impl PartialEq for Fleet {
 impl Eq for Fleet {}
 
 impl FromIterator<ProxyInfo> for Fleet {
-    /// A fleet of `proxies`; of two with one id, the later stays.
+    /// A fleet of `proxies` indexing the default keys; of two with one id, the later stays.
     fn from_iter<I: IntoIterator<Item = ProxyInfo>>(proxies: I) -> Self {
         let mut fleet = Self::default();
-        for p in proxies {
-            fleet.upsert(p);
-        }
+        fleet.extend(proxies);
         fleet
     }
 }
 
+impl Extend<ProxyInfo> for Fleet {
+    /// Puts each of `proxies` in; of two with one id, the later stays.
+    fn extend<I: IntoIterator<Item = ProxyInfo>>(&mut self, proxies: I) {
+        for p in proxies {
+            self.upsert(p);
+        }
+    }
+}
+
 impl Fleet {
+    /// An empty fleet indexing the values of `keys`.
+    pub fn indexing(keys: IndexedKeys) -> Self {
+        Self {
+            keys,
+            ..Self::default()
+        }
+    }
+
+    /// The keys whose values it indexes.
+    pub fn indexed_keys(&self) -> &IndexedKeys {
+        &self.keys
+    }
+
+    /// The proxies of the index `name` (`key=value`) in lease order; none for an index it does
+    /// not hold.
+    pub fn in_index<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a ProxyInfo> + use<'a> {
+        self.by_index
+            .get(name)
+            .into_iter()
+            .flat_map(|order| order.values().map(AsRef::as_ref))
+    }
+
+    /// How many proxies the index `name` holds.
+    pub fn index_len(&self, name: &str) -> usize {
+        self.by_index.get(name).map_or(0, OrdMap::len)
+    }
+
+    /// How many indexes it holds (values of indexed keys that some proxy has).
+    pub fn index_count(&self) -> usize {
+        self.by_index.len()
+    }
+
+    /// The indexes `p` is in: one per indexed key among its attributes.
+    pub fn index_names_of(&self, p: &ProxyInfo) -> Vec<String> {
+        p.attributes
+            .iter()
+            .filter(|(k, _)| self.keys.contains(k))
+            .map(|(k, v)| egress_lease::index_name(k, v))
+            .collect()
+    }
+
     /// How many proxies it holds.
     pub fn len(&self) -> usize {
         self.by_id.len()
@@ -81,6 +172,12 @@ impl Fleet {
         let id: Arc<str> = Arc::from(proxy.id.as_str());
         let latency = proxy.latency_millis;
         let proxy = Arc::new(proxy);
+        for name in self.index_names_of(&proxy) {
+            self.by_index
+                .entry(Arc::from(name))
+                .or_default()
+                .insert((latency, id.clone()), proxy.clone());
+        }
         self.by_lease_order.insert((latency, id.clone()), proxy.clone());
         self.by_id.insert(id, proxy);
         true
@@ -91,7 +188,16 @@ impl Fleet {
         let Some((id, gone)) = self.by_id.remove_with_key(id) else {
             return false;
         };
-        self.by_lease_order.remove(&(gone.latency_millis, id));
+        let key = (gone.latency_millis, id);
+        for name in self.index_names_of(&gone) {
+            if let Some(order) = self.by_index.get_mut(name.as_str()) {
+                order.remove(&key);
+                if order.is_empty() {
+                    self.by_index.remove(name.as_str());
+                }
+            }
+        }
+        self.by_lease_order.remove(&key);
         true
     }
 }
@@ -137,6 +243,38 @@ mod tests {
         assert_eq!(ids(fleet.in_lease_order()), ["ns/a", "ns/c"]);
         assert_eq!(ids(fleet.in_id_order()), ["ns/a", "ns/c"]);
         assert_eq!(fleet.get("ns/a").map(|p| p.latency_millis), Some(1));
+    }
+
+    fn with(mut p: ProxyInfo, key: &str, value: &str) -> ProxyInfo {
+        p.attributes.insert(key.into(), value.into());
+        p
+    }
+
+    #[test]
+    fn each_indexed_value_holds_its_proxies_in_lease_order() {
+        let mut fleet = Fleet::indexing(IndexedKeys::new(["geo"]));
+        for p in [
+            with(with(proxy("ns/a", 9), "geo", "eu"), "pool", "x"),
+            with(proxy("ns/b", 5), "geo", "eu"),
+            with(with(proxy("ns/c", 1), "geo", "us"), "purpose", "crawl"),
+        ] {
+            fleet.upsert(p);
+        }
+        assert_eq!(ids(fleet.in_index("geo=eu")), ["ns/b", "ns/a"]);
+        assert_eq!(ids(fleet.in_index("pool=x")), ["ns/a"], "pool is always indexed");
+        assert_eq!(
+            ids(fleet.in_index("purpose=crawl")),
+            Vec::<&str>::new(),
+            "not an indexed key"
+        );
+        assert_eq!(fleet.index_count(), 3);
+        // A proxy whose value changes moves between indexes; an empty index goes.
+        fleet.upsert(with(proxy("ns/c", 1), "geo", "eu"));
+        assert_eq!(ids(fleet.in_index("geo=eu")), ["ns/c", "ns/b", "ns/a"]);
+        assert_eq!(fleet.index_len("geo=us"), 0);
+        fleet.remove("ns/a");
+        assert_eq!((fleet.index_len("geo=eu"), fleet.index_len("pool=x")), (2, 0));
+        assert_eq!(fleet.index_count(), 1);
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub mod openapi;
 mod proxy;
 pub mod refusals;
 pub mod scope;
+pub mod selection;
 mod server;
 pub mod view;
 pub mod wire;
@@ -60,7 +61,7 @@ pub use auth::{
     parse_tokens, read_token_file,
 };
 pub use clients_config::{ClientsFile, MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
-pub use fleet::Fleet;
+pub use fleet::{DEFAULT_INDEXED_KEYS, Fleet, IndexedKeys, POOL_KEY};
 pub use proxy::ProxyInfo;
 pub use refusals::Refusals;
 pub use scope::{ClientScope, ScopeTable, Scopes};

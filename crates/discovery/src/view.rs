@@ -28,6 +28,7 @@ pub fn entries(proxies: &Fleet) -> Vec<ViewEntry> {
             latency_millis: p.latency_millis,
             max_leases: p.max_leases,
             offered: p.offered,
+            indexed: crate::selection::published_indexes(proxies, p),
         })
         .collect()
 }

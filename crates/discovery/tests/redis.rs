@@ -150,9 +150,19 @@ async fn sixty_four_clients_on_two_replicas(url: &str) {
     for i in 0..64 {
         let client = if i % 2 == 0 { a.clone() } else { b.clone() };
         let (held, granted, refused) = (held.clone(), granted.clone(), refused.clone());
+        // Half the clients select by an indexed attribute every proxy has: the installation's
+        // index and the attribute's are kept in step by the same grants and releases.
+        let asked = AcquireRequest {
+            selector: if i % 4 < 2 {
+                Default::default()
+            } else {
+                [("geo".to_owned(), "eu".to_owned())].into()
+            },
+            ..Default::default()
+        };
         clients.push(tokio::spawn(async move {
             for _ in 0..20 {
-                match client.acquire(&AcquireRequest::default()).await {
+                match client.acquire(&asked).await {
                     Ok(lease) => {
                         held.take(&lease.proxy.id);
                         assert!(lease.proxy.active_leases <= CAPACITY as u64, "{lease:?}");

@@ -62,6 +62,7 @@ async fn lease_and_release(store: &RedisStore) -> Result<String, StoreError> {
             latency_millis,
             max_leases,
             offered: true,
+            indexed: Vec::new(),
         }])
         .await?;
     let mut candidates = [Candidate {

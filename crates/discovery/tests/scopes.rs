@@ -70,7 +70,7 @@ impl LeaseStore for Recording {
         candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        self.scopes.lock().unwrap().push(req.scope);
+        self.scopes.lock().unwrap().push(req.scope.clone());
         if self.rogue.swap(false, Ordering::SeqCst) {
             let outside = Candidate {
                 id: "crawlers/b-1",
@@ -265,7 +265,7 @@ async fn a_scoped_client_is_granted_only_its_pool_s_members_and_refused_as_if_no
     }
     assert_eq!(granted.into_iter().collect::<Vec<_>>(), IN_SCOPE);
     assert!(
-        s.scopes_asked().iter().all(|&scope| scope == Scope::Listed),
+        s.scopes_asked().iter().all(|scope| *scope == Scope::Listed),
         "a scoped client never takes the installation's index"
     );
     // Its pool is full: refused, with counts of its own candidates only, though five other

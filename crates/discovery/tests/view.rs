@@ -92,7 +92,7 @@ async fn the_view_is_published_at_once_and_the_publisher_stops_on_shutdown() {
         published: Notify::new(),
     });
     let directory = Arc::new(Fixed::new(vec![
-        info("crawl/b", true, 20, 3, &[]),
+        info("crawl/b", true, 20, 3, &[("geo", "eu"), ("purpose", "crawl")]),
         info("crawl/a", false, 10, 0, &[]),
     ]));
     let stop = CancellationToken::new();
@@ -111,6 +111,7 @@ async fn the_view_is_published_at_once_and_the_publisher_stops_on_shutdown() {
                 latency_millis: 10,
                 max_leases: 0,
                 offered: true,
+                indexed: vec![],
             },
             ViewEntry {
                 id: "crawl/b".into(),
@@ -118,6 +119,8 @@ async fn the_view_is_published_at_once_and_the_publisher_stops_on_shutdown() {
                 latency_millis: 20,
                 max_leases: 3,
                 offered: true,
+                // The indexed keys' values only (the default: geo, tier, pool).
+                indexed: vec!["geo=eu".into()],
             },
         ]
     );

@@ -35,12 +35,14 @@ pub(crate) struct Calls {
     pub(crate) wait_replicas: usize,
 }
 
-/// An acquire from the installation's index, as one request of a batch.
+/// An acquire from an index of the view, as one request of a batch.
 pub(crate) struct Indexed {
     pub(crate) ttl: Duration,
     /// The target's digest; empty for none.
     pub(crate) target: String,
     pub(crate) lease_id: String,
+    /// The indexes whose proxies it chooses among (`key=value`); none: the installation's.
+    pub(crate) names: Vec<String>,
 }
 
 /// What an acquire script answered one request.
@@ -206,6 +208,8 @@ impl Calls {
             args.push(duration_millis(r.ttl).to_string());
             args.push(r.target.clone());
             args.push(r.lease_id.clone());
+            args.push(r.names.len().to_string());
+            args.extend(r.names.iter().cloned());
         }
         for _ in 0..EXPIRY_RUNS {
             args[0] = self.now();

@@ -18,9 +18,11 @@
 //! | `all` | sorted set | every unreleased lease by expiry | [`EXPIRY_GRACE`] past the last lease's expiry |
 //! | `ended` | list | leases released or found expired, oldest first | as long as the longest-lived record it names; at most [`MAX_ENDED`] entries |
 //! | `cool:<proxy>` | hash | cooldown end (ms) by target digest (`""`: global); at most [`MAX_COOLDOWN_TARGETS`] targets | one cooldown window after the last report |
-//! | `view` | hash | `healthy,latency,max,offered` by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
-//! | `count` | hash | the view's offered and unhealthy proxies, and its publication's token | as the view |
-//! | `free` | sorted set | the index: the view's offered, healthy proxies with room, by (active leases, latency, id) | as the view |
+//! | `view` | hash | `healthy,latency,max,offered` and, after a NUL each, the indexes it is in, by proxy id, as published | [`VIEW_LIFETIME`] after the last publication |
+//! | `count` | hash | the view's offered and unhealthy proxies, and its publication's token; per index `o:<name>`, `u:<name>` | as the view |
+//! | `free` | sorted set | the installation's index: the view's offered, healthy proxies with room, by (active leases, latency, id) | as the view |
+//! | `free:<key>=<value>` | sorted set | the same, of the proxies whose indexed attribute `key` is `value` | as the view |
+//! | `indexes` | set | the names of the attribute indexes (what each publication keeps alive) | as the view |
 //! | `session:<client>/<name>` | string | `<lease>,<proxy>`: the session's lease | [`EXPIRY_GRACE`] past its lease's expiry, or until the lease is released |
 //! | `lsess:<lease>` | string | the session (`<client>/<name>`) the lease is of | as the lease's record |
 //! | `sessions:<client>` | sorted set | the client's sessions by their lease's expiry; at most its cap live | [`EXPIRY_GRACE`] past the last lease's expiry |
@@ -28,10 +30,13 @@
 //!
 //! An acquire scoped to the installation ([`Scope::Installation`], an empty selector) is
 //! answered from `free`: its head, passing over at most [`INDEX_LOOK`] proxies that cool down
-//! for the request. Every script that grants or ends a lease, and every publication, moves the
-//! proxies it touches in `free`, so an acquire, a release, a report and the expiry of a lease
-//! each do a bounded amount of work whatever the fleet's size. Other selectors send their
-//! candidates (at most [`BATCH`] at first, every one when those are busy).
+//! for the request. One scoped to attribute indexes ([`Scope::Indexed`], a selector whose every
+//! key is indexed) is answered the same way from the smallest of its indexes, passing over the
+//! proxies that are not in the others too. Every script that grants or ends a lease, and every
+//! publication, moves the proxies it touches in `free` and in their indexes, so an acquire, a
+//! release, a report and the expiry of a lease each do a bounded amount of work whatever the
+//! fleet's size (one step per index a proxy is in). Other selectors send their candidates (at
+//! most [`BATCH`] at first, every one when those are busy).
 //!
 //! Those installation-wide acquires, and all releases, go to Redis in rounds (`gather.rs`,
 //! `calls::Rounds`): the requests that arrive while a round is on its way go together in the
@@ -323,16 +328,22 @@ impl RedisStore {
         Err(taken())
     }
 
-    /// Acquires from the installation's index, in a batch with the acquires that arrive
-    /// meanwhile; `None` when there is no index (no view published) or the cooldowns at its
-    /// head hide more than [`INDEX_LOOK`] proxies (the caller then sends its candidates).
-    async fn acquire_indexed(&self, req: &LeaseRequest) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
+    /// Acquires from the index of `names` (none: the installation's), in a batch with the
+    /// acquires that arrive meanwhile; `None` when the index cannot answer (no view published,
+    /// one that does not know the index, cooldowns at its head hiding more than [`INDEX_LOOK`]
+    /// proxies, several indexes with no proxy in all): the caller then sends its candidates.
+    async fn acquire_indexed(
+        &self,
+        req: &LeaseRequest,
+        names: &[String],
+    ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
         let target = req.target.as_ref().map(Target::hex).unwrap_or_default();
         for _ in 0..3 {
             let request = Indexed {
                 ttl: req.ttl,
                 target: target.clone(),
                 lease_id: lease_id(),
+                names: names.to_vec(),
             };
             match self.rounds.call(Request::Acquire(request)).await? {
                 Reply::Acquire(Answer::Taken { lease_id }) => self.calls.release_later(lease_id),
@@ -395,9 +406,14 @@ impl LeaseStore for RedisStore {
         candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        // The installation's index answers in a bounded number of steps whatever the fleet.
-        if req.scope == Scope::Installation
-            && let Some(answer) = self.acquire_indexed(req).await?
+        // An index answers in a bounded number of steps whatever the fleet.
+        let names = match &req.scope {
+            Scope::Listed => None,
+            Scope::Installation => Some(&[][..]),
+            Scope::Indexed(names) => Some(&names[..]),
+        };
+        if let Some(names) = names
+            && let Some(answer) = self.acquire_indexed(req, names).await?
         {
             return Ok(answer);
         }

@@ -49,13 +49,18 @@ impl RedisStore {
         let entries: HashMap<String, String> = view
             .iter()
             .map(|e| {
-                let value = format!(
+                let mut value = format!(
                     "{},{},{},{}",
                     u8::from(e.healthy),
                     e.latency_millis,
                     e.max_leases,
                     u8::from(e.offered)
                 );
+                // Each index after a NUL (`lua/index.lua`); a name holding one is left out.
+                for name in e.indexed.iter().filter(|n| !n.is_empty() && !n.contains('\0')) {
+                    value.push('\0');
+                    value.push_str(name);
+                }
                 (e.id.clone(), value)
             })
             .collect();

@@ -154,6 +154,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         latency_millis: 7,
         max_leases: 1,
         offered: true,
+        indexed: Vec::new(),
     }])
     .await
     .expect("publish");
@@ -171,6 +172,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         latency_millis: 7,
         max_leases: 5,
         offered: true,
+        indexed: Vec::new(),
     }])
     .await
     .expect("publish");
@@ -186,6 +188,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         latency_millis: 7,
         max_leases: 5,
         offered: false,
+        indexed: Vec::new(),
     }])
     .await
     .expect("publish");
@@ -271,6 +274,7 @@ async fn every_key_has_a_ttl_of_its_kind() {
         latency_millis: 1,
         max_leases: 5,
         offered: true,
+        indexed: Vec::new(),
     }])
     .await
     .expect("publish");
@@ -290,7 +294,7 @@ async fn every_key_has_a_ttl_of_its_kind() {
             // As long as the longest-lived record it names.
             "ended" => ttl + window.max(grace),
             // The view and its index.
-            "view" | "count" | "free" => view,
+            "view" | "count" | "free" | "indexes" => view,
             other => panic!("a key of unknown kind: {key} ({other})"),
         };
         assert!(left > 0 && left <= most, "{key}: {left} ms left, at most {most}");
@@ -480,6 +484,7 @@ fn entry(id: &str, healthy: bool, latency_millis: i64, max_leases: i32) -> egres
         latency_millis,
         max_leases,
         offered: true,
+        indexed: Vec::new(),
     }
 }
 
@@ -513,6 +518,96 @@ async fn the_index_answers_from_the_view_without_reading_the_candidates() {
             unhealthy: 1,
         }
     );
+}
+
+/// An acquire scoped to the indexes `names`, without candidates: what the indexes alone answer.
+async fn from_indexes(s: &RedisStore, names: &[&str]) -> Result<egress_lease::Grant, egress_lease::NoMatch> {
+    let req = egress_lease::LeaseRequest {
+        scope: egress_lease::Scope::Indexed(names.iter().map(|n| (*n).to_owned()).collect()),
+        ..suite::req(None)
+    };
+    s.acquire(&mut std::iter::empty(), &req)
+        .await
+        .expect("the store answers")
+}
+
+fn in_indexes(entry: egress_lease::ViewEntry, names: &[&str]) -> egress_lease::ViewEntry {
+    egress_lease::ViewEntry {
+        indexed: names.iter().map(|n| (*n).to_owned()).collect(),
+        ..entry
+    }
+}
+
+#[tokio::test]
+async fn attribute_indexes_answer_from_the_view_and_follow_its_changes() {
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let clock = ManualClock::new(suite::start());
+    let s = on_clock(&url, &prefix, &clock);
+    s.publish_view(&[
+        in_indexes(entry("ns/a", true, 10, 1), &["pool=x", "geo=eu"]),
+        in_indexes(entry("ns/b", true, 5, 1), &["pool=x", "geo=us"]),
+        in_indexes(entry("ns/c", false, 1, 1), &["pool=x", "geo=eu"]),
+        entry("ns/d", true, 0, 1),
+    ])
+    .await
+    .expect("publish");
+    // No candidates given: the indexes alone answer.
+    assert_eq!(from_indexes(&s, &["pool=x", "geo=eu"]).await.unwrap().proxy_id, "ns/a");
+    assert_eq!(from_indexes(&s, &["pool=x"]).await.unwrap().proxy_id, "ns/b");
+    assert_eq!(
+        from_indexes(&s, &["pool=x"])
+            .await
+            .expect_err("a and b full, c unhealthy"),
+        egress_lease::NoMatch {
+            considered: 3,
+            at_capacity: 2,
+            in_cooldown: 0,
+            unhealthy: 1
+        }
+    );
+    // An index the view does not know, and several with no proxy in all: the candidates (none
+    // here) decide.
+    assert_eq!(
+        from_indexes(&s, &["pool=y"]).await,
+        Err(egress_lease::NoMatch::default())
+    );
+    // A change of attributes moves the proxy between indexes: d joins pool=y, b leaves pool=x
+    // for it.
+    s.publish_view(&[
+        in_indexes(entry("ns/a", true, 10, 1), &["pool=x", "geo=eu"]),
+        in_indexes(entry("ns/b", true, 5, 1), &["pool=y"]),
+        in_indexes(entry("ns/c", false, 1, 1), &["pool=x", "geo=eu"]),
+        in_indexes(entry("ns/d", true, 0, 1), &["pool=y"]),
+    ])
+    .await
+    .expect("publish");
+    assert_eq!(from_indexes(&s, &["pool=y"]).await.unwrap().proxy_id, "ns/d");
+    assert_eq!(
+        from_indexes(&s, &["pool=x"]).await.expect_err("a full, c unhealthy"),
+        egress_lease::NoMatch {
+            considered: 2,
+            at_capacity: 1,
+            in_cooldown: 0,
+            unhealthy: 1
+        }
+    );
+    // Every index key lives as the view does, and one nobody is in is gone.
+    let (mut c, keys) = keys_under(&url, &prefix).await;
+    let indexes: Vec<&String> = keys.iter().filter(|k| k.contains("}free:")).collect();
+    for key in &indexes {
+        let left: i64 = redis::cmd("PTTL").arg(*key).query_async(&mut c).await.unwrap();
+        let view = egress_lease_redis::VIEW_LIFETIME.as_millis() as i64;
+        assert!(left > 0 && left <= view, "{key}: {left} ms");
+    }
+    let names: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(format!("{}indexes", tag(&prefix)))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["geo=eu", "pool=x", "pool=y"], "geo=us has no proxy left");
 }
 
 #[tokio::test]
@@ -741,7 +836,8 @@ async fn a_call_of_many_requests_answers_each_as_if_they_came_in_turn() {
     let (mut c, _) = keys_under(&url, &prefix).await;
     let now = start_millis();
     let retention = suite::COOLDOWN.as_millis().to_string();
-    // Five acquires: ttl, target, lease id each. The third reuses the second's id.
+    // Five acquires from the installation's index: ttl, target, lease id, and no index name
+    // each. The third reuses the second's id.
     let mut acquires = redis::cmd("FCALL");
     acquires
         .arg(&function["acquire_indexed"])
@@ -752,7 +848,7 @@ async fn a_call_of_many_requests_answers_each_as_if_they_came_in_turn() {
         .arg(100)
         .arg(128);
     for lease in ["l1", "l2", "l2", "l3", "l4"] {
-        acquires.arg(60_000).arg("").arg(lease);
+        acquires.arg(60_000).arg("").arg(lease).arg(0);
     }
     let answer: redis::Value = acquires.query_async(&mut c).await.unwrap();
     let t = now + 60_000;

@@ -77,16 +77,25 @@ pub struct LeaseRequest {
 }
 
 /// Which proxies an acquire's candidates are, so a shared store can answer from an index of
-/// its own instead of reading them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// its own instead of reading them. Whatever the scope, the candidates are still given, in
+/// order: a store without an index, or whose index cannot answer (no view published yet, or
+/// one that does not know the index), reads them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Scope {
     /// Exactly the candidates given (a selector no index serves).
     #[default]
     Listed,
     /// Every offered proxy of the installation, as the published view holds them (an empty
-    /// selector). The candidates are still given, in order: a store without an index, or whose
-    /// index is not built (no view published yet), reads them.
+    /// selector).
     Installation,
+    /// Every offered proxy in all of these indexes ([`index_name`]s, at least one), as the
+    /// published view holds them ([`ViewEntry::indexed`]): a selector whose every key is indexed.
+    Indexed(Vec<String>),
+}
+
+/// The name of the index of the proxies whose attribute `key` is `value`.
+pub fn index_name(key: &str, value: &str) -> String {
+    format!("{key}={value}")
 }
 
 /// A lease granted.
@@ -156,6 +165,9 @@ pub struct ViewEntry {
     /// store refuses a candidate its view marks not offered, so a replica whose cache has not
     /// yet seen the role change cannot lease it; such a candidate is not counted as considered.
     pub offered: bool,
+    /// The indexes it is in ([`index_name`]s of its indexed attributes), for acquires scoped
+    /// [`Scope::Indexed`].
+    pub indexed: Vec<String>,
 }
 
 /// A lease store. Implementations keep selection and insertion atomic. Every call may fail with

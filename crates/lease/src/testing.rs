@@ -22,8 +22,12 @@ use proptest::prelude::*;
 pub use proptest;
 
 mod indexed;
+mod invariants;
+mod selectors;
 mod sessions;
 pub use indexed::Indexed;
+pub use invariants::*;
+pub use selectors::*;
 pub use sessions::*;
 
 pub const COOLDOWN: Duration = Duration::from_secs(900);
@@ -64,6 +68,8 @@ pub struct P {
     pub healthy: bool,
     pub latency_millis: i64,
     pub max_leases: i32,
+    /// Its indexed attributes, `(key, value)`.
+    pub attributes: Vec<(String, String)>,
 }
 
 pub fn proxy(id: &str, latency_millis: i64, max_leases: i32) -> P {
@@ -72,20 +78,38 @@ pub fn proxy(id: &str, latency_millis: i64, max_leases: i32) -> P {
         healthy: true,
         latency_millis,
         max_leases,
+        attributes: Vec::new(),
+    }
+}
+
+impl P {
+    /// The proxy with the attribute `key` = `value` too.
+    #[must_use]
+    pub fn with(mut self, key: &str, value: &str) -> Self {
+        self.attributes.push((key.into(), value.into()));
+        self
+    }
+
+    /// Whether every pair of `selector` is one of its attributes.
+    pub fn matches(&self, selector: &[(&str, &str)]) -> bool {
+        selector
+            .iter()
+            .all(|(k, v)| self.attributes.iter().any(|(ak, av)| ak == k && av == v))
+    }
+
+    fn candidate(&self) -> Candidate<'_> {
+        Candidate {
+            id: &self.id,
+            healthy: self.healthy,
+            latency_millis: self.latency_millis,
+            max_leases: self.max_leases,
+        }
     }
 }
 
 /// Acquires over `fleet`, handing the store its candidates in the order it wants.
 pub async fn acquire(s: &dyn LeaseStore, fleet: &[P], r: &LeaseRequest) -> Result<Grant, NoMatch> {
-    let mut candidates: Vec<Candidate<'_>> = fleet
-        .iter()
-        .map(|p| Candidate {
-            id: &p.id,
-            healthy: p.healthy,
-            latency_millis: p.latency_millis,
-            max_leases: p.max_leases,
-        })
-        .collect();
+    let mut candidates: Vec<Candidate<'_>> = fleet.iter().map(P::candidate).collect();
     candidates.sort_by(|a, b| a.order(b));
     s.acquire(&mut candidates.into_iter(), r)
         .await
@@ -450,144 +474,6 @@ pub async fn only_the_newest_ended_leases_stay_reportable(s: Arc<dyn LeaseStore>
     );
 }
 
-#[derive(Debug, Clone)]
-pub enum Op {
-    Acquire(Option<u8>),
-    Release(usize),
-    Report(usize, bool, Option<u8>),
-    Advance(u16),
-    Sweep,
-}
-
-pub fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        4 => proptest::option::of(0u8..3).prop_map(Op::Acquire),
-        2 => any::<usize>().prop_map(Op::Release),
-        2 => (any::<usize>(), any::<bool>(), proptest::option::of(0u8..3)).prop_map(|(i, b, t)| Op::Report(i, b, t)),
-        1 => (0u16..1200).prop_map(Op::Advance),
-        1 => Just(Op::Sweep),
-    ]
-}
-
-/// A lease as the test remembers it, to know what the store must decide.
-struct Known {
-    id: String,
-    proxy: usize,
-    target: Option<String>,
-    expires: SystemTime,
-    released: bool,
-}
-
-/// The active leases of each of the `n` proxies by the model: granted, not released, not expired.
-fn model_active(granted: &[Known], n: usize, now: SystemTime) -> Vec<usize> {
-    (0..n)
-        .map(|i| {
-            granted
-                .iter()
-                .filter(|l| l.proxy == i && !l.released && l.expires > now)
-                .count()
-        })
-        .collect()
-}
-
-/// Runs `ops` on a fresh store against a model of the rules kept here: every acquire grants
-/// exactly the proxy the model chooses (fewest active leases, then latency, then id, among the
-/// healthy ones with room that do not cool down for the request), or refuses with the model's
-/// counts; every proxy's active leases are the model's; reports are accepted exactly within
-/// the retention.
-pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let s = s.as_ref();
-    // Capacities 0, 1, 2, 0 and an unhealthy one; latencies tie for p1 and p4.
-    let fleet: Vec<P> = (0..5)
-        .map(|i| P {
-            healthy: i != 4,
-            ..proxy(&format!("ns/p{i}"), i64::from(i % 4), i % 3)
-        })
-        .collect();
-    let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
-    let mut granted: Vec<Known> = Vec::new();
-    // (proxy, target or None for global, end).
-    let mut cooldowns: Vec<(usize, Option<String>, SystemTime)> = Vec::new();
-    let site = |t: Option<u8>| t.map(|t| format!("site{t}"));
-    for op in ops {
-        let now = crate::Clock::now(&clock);
-        let active = model_active(&granted, fleet.len(), now);
-        match op {
-            Op::Acquire(t) => {
-                let t = site(t);
-                let cooling = |i: usize| {
-                    cooldowns
-                        .iter()
-                        .any(|(p, ct, end)| *p == i && *end > now && (ct.is_none() || *ct == t))
-                };
-                let mut refused = NoMatch::default();
-                let mut best: Option<(usize, i64, &str, usize)> = None;
-                for (i, p) in fleet.iter().enumerate() {
-                    refused.considered += 1;
-                    if !p.healthy {
-                        refused.unhealthy += 1;
-                    } else if active[i] >= p.max_leases.max(0) as usize {
-                        refused.at_capacity += 1;
-                    } else if cooling(i) {
-                        refused.in_cooldown += 1;
-                    } else if best.is_none_or(|(a, l, id, _)| (active[i], p.latency_millis, p.id.as_str()) < (a, l, id))
-                    {
-                        best = Some((active[i], p.latency_millis, &p.id, i));
-                    }
-                }
-                match (acquire(s, &fleet, &req(t.as_deref())).await, best) {
-                    (Ok(g), Some((a, _, id, i))) => {
-                        prop_assert_eq!(
-                            (g.proxy_id.as_str(), g.active_leases),
-                            (id, a + 1),
-                            "not the model's choice"
-                        );
-                        granted.push(Known {
-                            id: g.lease_id,
-                            proxy: i,
-                            target: t,
-                            expires: g.expires_at,
-                            released: false,
-                        });
-                    }
-                    (Err(n), None) => prop_assert_eq!(n, refused, "not the model's counts"),
-                    (got, want) => prop_assert!(false, "got {got:?}, the model chose {want:?}"),
-                }
-            }
-            Op::Release(i) if !granted.is_empty() => {
-                let i = i % granted.len();
-                let id = granted[i].id.clone();
-                release(s, &id).await;
-                granted[i].released = true;
-                let after = total(s).await;
-                release(s, &id).await;
-                prop_assert_eq!(total(s).await, after, "a second release changed something");
-            }
-            Op::Report(i, banned, t) if !granted.is_empty() => {
-                let lease = &granted[i % granted.len()];
-                let result = if banned {
-                    ReportResult::Banned
-                } else {
-                    ReportResult::RateLimited
-                };
-                let reported = report(s, &lease.id, result, site(t).as_deref()).await;
-                let retained = lease.expires + COOLDOWN > now;
-                prop_assert_eq!(reported.is_ok(), retained, "reportable exactly within the retention");
-                if retained {
-                    let resolved = site(t).or_else(|| lease.target.clone());
-                    cooldowns.push((lease.proxy, resolved, now + COOLDOWN));
-                }
-            }
-            Op::Advance(secs) => clock.advance(Duration::from_secs(secs.into())),
-            Op::Sweep => sweep(s).await,
-            _ => {}
-        }
-        let model = model_active(&granted, fleet.len(), crate::Clock::now(&clock));
-        prop_assert_eq!(s.active_leases(&ids).await.unwrap(), model, "active leases");
-    }
-    Ok(())
-}
-
 /// One `#[tokio::test]` per case over `$backend` (an expression implementing [`Backend`]). The
 /// calling crate needs `tokio` (with `macros`, `rt-multi-thread`) among its dev-dependencies:
 /// the expansion names it (proptest comes through this module).
@@ -614,6 +500,8 @@ macro_rules! lease_store_suite {
             a_session_ends_with_its_lease,
             a_client_s_sessions_are_capped_but_resuming_never_is,
             a_held_lease_is_renewed_while_its_proxy_is_fit,
+            a_selector_chooses_within_its_indexes_only,
+            a_selector_passes_over_cooling_and_unhealthy_proxies_and_counts_them,
         );
 
         #[tokio::test]

@@ -79,6 +79,9 @@ pub struct Options {
     pub max_lease_ttl: Duration,
     /// `--max-sessions-per-client`: live sessions one discovery client may hold.
     pub max_sessions_per_client: usize,
+    /// `--lease-index-attributes`: the attribute keys whose values acquires are indexed by,
+    /// beside `pool`.
+    pub lease_index_attributes: Vec<String>,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
     pub max_connections: usize,
     /// `memory`, or a `redis://`, `redis+cluster://`, `rediss://` or `rediss+cluster://` URL.
@@ -132,6 +135,7 @@ impl Default for Options {
             discovery_clients_config: String::new(),
             max_lease_ttl: Duration::from_secs(3600),
             max_sessions_per_client: egress_discovery::DEFAULT_MAX_SESSIONS,
+            lease_index_attributes: egress_discovery::DEFAULT_INDEXED_KEYS.map(String::from).to_vec(),
             max_connections: 1024,
             lease_store: "memory".into(),
             lease_store_ca_file: String::new(),
@@ -502,6 +506,16 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
             },
     ),
     Flag::new(
+        "lease-index-attributes",
+        Kind::Text,
+        "geo,tier",
+        "Attribute keys, comma-separated (at most 16), whose values lease selectors are answered from an index by (pool always is); a selector on another key reads at most 10000 proxies.",
+        |o, value| {
+                o.lease_index_attributes = attribute_keys(value)?;
+                Ok(())
+            },
+    ),
+    Flag::new(
         "max-connections",
         Kind::Text,
         "1024",
@@ -680,6 +694,26 @@ fn allowed_destinations(value: &str) -> Result<Vec<String>, String> {
 
 /// A list of namespaces (`--proxy-namespace`, `--external-proxy-namespaces`): names, or `*`
 /// alone for every namespace.
+/// Indexed attribute keys: at most 16, each 1 to 63 of `A-Z`, `a-z`, `0-9`, `.`, `_`, `-`
+/// and `/` (an index is named `key=value`, so no `=`).
+fn attribute_keys(value: &str) -> Result<Vec<String>, String> {
+    let keys = list(value);
+    if keys.len() > 16 {
+        return Err("at most 16 attribute keys".into());
+    }
+    let key = |k: &str| {
+        (1..=63).contains(&k.len())
+            && k.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b'/'))
+    };
+    match keys.iter().find(|k| !key(k)) {
+        Some(bad) => Err(format!(
+            "{bad:?} is not an attribute key (1 to 63 of A-Z a-z 0-9 . _ - /)"
+        )),
+        None => Ok(keys),
+    }
+}
+
 fn namespaces(value: &str) -> Result<Vec<String>, String> {
     let names = list(value);
     if names == ["*"] {
@@ -793,7 +827,7 @@ mod tests {
 
     #[test]
     fn unusable_command_lines_are_named() {
-        let cases: [(&[&str], &str); 13] = [
+        let cases: [(&[&str], &str); 17] = [
             (&["--nope"], "flag provided but not defined: -nope"),
             (&["--providers-config"], "flag needs an argument: -providers-config"),
             (
@@ -828,6 +862,22 @@ mod tests {
             (
                 &["--installation-id=-blue"],
                 "invalid value \"-blue\" for flag -installation-id: must be at most 63 lowercase letters, digits, '-' or '_', starting and ending with a letter or digit (it becomes a label value on every backend)",
+            ),
+            (
+                &["--lease-index-attributes=geo,ge=o"],
+                "invalid value \"geo,ge=o\" for flag -lease-index-attributes: \"ge=o\" is not an attribute key (1 to 63 of A-Z a-z 0-9 . _ - /)",
+            ),
+            (
+                &["--lease-index-attributes=a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q"],
+                "invalid value \"a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q\" for flag -lease-index-attributes: at most 16 attribute keys",
+            ),
+            (
+                &["--max-sessions-per-client=0"],
+                "invalid value \"0\" for flag -max-sessions-per-client: must be a whole number from 1 to 1000000",
+            ),
+            (
+                &["--max-sessions-per-client=many"],
+                "invalid value \"many\" for flag -max-sessions-per-client: must be a whole number from 1 to 1000000",
             ),
             (
                 &["--zap-encoder=xml"],
@@ -1015,6 +1065,7 @@ mod tests {
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",
                 Kind::Text if f.name == "lease-store" => "redis://127.0.0.1:6379",
                 Kind::Text if f.name == "cluster-cidrs" => "10.96.0.0/12",
+                Kind::Text if f.name == "lease-index-attributes" => "geo,example.com/tier",
                 Kind::Text => "x",
             };
             (f.set)(&mut Options::default(), value).unwrap_or_else(|e| panic!("{}: {e}", f.name));

@@ -182,7 +182,8 @@ async fn start_replica(
     let (credentials, keep_credentials) =
         proxy::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
     // One directory for the API and the leader's view publisher, following both caches.
-    let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials);
+    let indexed = egress_discovery::IndexedKeys::new(options.lease_index_attributes.iter().cloned());
+    let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials, indexed);
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
     if let Some(follower) = follow_tls {

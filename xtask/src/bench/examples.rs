@@ -142,6 +142,19 @@ pub(super) fn discovery(root: &Path, release: bool) -> Result<()> {
         cell(25),
         cell(26)
     );
+    for (first, selector) in [
+        (27, "{\"pool\": \"pool-07\"} (1/16 of the fleet)"),
+        (32, "{\"geo\": \"eu\"} (1/2)"),
+    ] {
+        println!(
+            "| selector {selector}: in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | {}, {} ({}), {} ms / {} ms |",
+            cell(first),
+            cell(first + 1),
+            cell(first + 2),
+            cell(first + 3),
+            cell(first + 4)
+        );
+    }
     Ok(())
 }
 

@@ -1,9 +1,13 @@
 -- Put after ended.lua before every script (lib.rs joins them). The pieces every script that
 -- grants or ends a lease shares, and the index an installation-wide acquire chooses from:
 --
---   <p>view   HASH   proxy id -> "healthy,latency,max,offered", as published
---   <p>count  HASH   offered, unhealthy (of the offered), token (of the last publication)
---   <p>free   ZSET   the offered, healthy proxies with room, scored active * 2^32 + latency
+--   <p>view     HASH  proxy id -> "healthy,latency,max,offered" and "\0key=value" for each
+--                     index it is in, as published
+--   <p>count    HASH  offered, unhealthy (of the offered), token (of the last publication), and
+--                     per index `o:<name>`, `u:<name>` (its offered and unhealthy)
+--   <p>free     ZSET  the offered, healthy proxies with room, scored active * 2^32 + latency
+--   <p>free:<name>    the same, of the proxies in the index `name` (`key=value`)
+--   <p>indexes  SET   the names of the indexes (what a publication keeps alive)
 --
 -- Equal scores sort by the member's bytes, so the head of `free` is the in-memory store's
 -- choice: fewest active leases, then lowest latency, then smallest id. Whoever changes a
@@ -22,42 +26,65 @@ local SHIFT = 4294967296
 -- view expires too, and the next publication rebuilds the index whole.
 local GRACE = 360000
 
--- The proxy's published entry: healthy, latency, max, offered; nil when it has none.
+-- The proxy's published entry: healthy, latency, max, offered, and the indexes it belongs to
+-- (a list of `key=value` names); nil when it has none. An entry is "h,l,m,o", then "\0name" for
+-- each index.
 local function view_entry(p, id)
   local published = redis.call('HGET', p .. 'view', id)
   if not published then return nil end
-  local h, l, m, o = string.match(published, '^([01]),(%-?%d+),(%-?%d+),?([01]?)$')
+  local head, rest = string.match(published, '^([^%z]*)(.*)$')
+  local h, l, m, o = string.match(head, '^([01]),(%-?%d+),(%-?%d+),?([01]?)$')
   if not h then return nil end
-  return h == '1', tonumber(l), tonumber(m), o ~= '0'
+  local names = {}
+  for name in string.gmatch(rest, '%z([^%z]+)') do names[#names + 1] = name end
+  return h == '1', tonumber(l), tonumber(m), o ~= '0', names
 end
 
--- Puts the proxy in `free` at its place, or takes it out. `active`: its active leases when the
--- caller knows them (else they are counted).
+-- The key of an index: the installation's (`name` nil) or one attribute value's.
+local function index_key(p, name)
+  if name then return p .. 'free:' .. name end
+  return p .. 'free'
+end
+
+-- Puts the proxy in the index `key` at `score`, or takes it out (`score` nil). An index lives
+-- as long as the view it indexes (a member added may have made the key).
+local function place(p, key, id, score)
+  if not score then
+    redis.call('ZREM', key, id)
+    return
+  end
+  if redis.call('ZADD', key, score, id) == 1 and redis.call('PTTL', key) == -1 then
+    local lives = redis.call('PTTL', p .. 'view')
+    if lives > 0 then redis.call('PEXPIRE', key, lives) else redis.call('DEL', key) end
+  end
+end
+
+-- Puts the proxy in `free` and in each of its indexes at its place, or takes it out. `active`:
+-- its active leases when the caller knows them (else they are counted).
 local function rescore(p, id, active)
-  local key = p .. 'free'
-  local healthy, latency, max, offered = view_entry(p, id)
+  local healthy, latency, max, offered, names = view_entry(p, id)
+  local score
   if healthy and offered then
     active = active or redis.call('ZCARD', p .. 'active:' .. id)
     if active < max then
       -- Latencies beyond 2^32 - 1 ms (seven weeks) rank as equal; negative ones as 0.
       if latency < 0 then latency = 0 elseif latency >= SHIFT then latency = SHIFT - 1 end
-      -- The index lives as long as the view it indexes (a member added may have made the key).
-      if redis.call('ZADD', key, active * SHIFT + latency, id) == 1 and redis.call('PTTL', key) == -1 then
-        local lives = redis.call('PTTL', p .. 'view')
-        if lives > 0 then redis.call('PEXPIRE', key, lives) else redis.call('DEL', key) end
-      end
-      return
+      score = active * SHIFT + latency
     end
   end
-  redis.call('ZREM', key, id)
+  place(p, index_key(p), id, score)
+  for _, name in ipairs(names or {}) do place(p, index_key(p, name), id, score) end
 end
 
--- Moves the proxy up `free` after one of its leases ended: a proxy in `free` had room and still
--- has, under the same view entry, one lease fewer (its score says how many it had). One that
--- was not there (full, say), or whose score said no lease at all, is placed by `rescore`.
+-- Moves the proxy up `free` and its indexes after one of its leases ended: a proxy in `free`
+-- had room and still has, under the same view entry, one lease fewer (its score says how many
+-- it had), and its place in each index is the same. One that was not there (full, say), or
+-- whose score said no lease at all, is placed by `rescore`.
 local function rescore_released(p, id)
   local score = redis.call('ZADD', p .. 'free', 'XX', 'INCR', -SHIFT, id)
-  if not score or tonumber(score) < 0 then rescore(p, id) end
+  if not score or tonumber(score) < 0 then return rescore(p, id) end
+  local _, _, _, _, names = view_entry(p, id)
+  for _, name in ipairs(names or {}) do place(p, index_key(p, name), id, tonumber(score)) end
 end
 
 -- How long a lease's record lives past its expiry (ms): a cooldown window, at least GRACE.

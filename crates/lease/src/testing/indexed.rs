@@ -11,7 +11,8 @@ use crate::{
 
 /// `B`'s stores as the discovery API uses them for an empty selector: before each acquire the
 /// candidates are published as the view (when they changed), and the request is scoped to the
-/// installation, so a shared store answers from its index of the view. The suite run over
+/// installation, so a shared store answers from its index of the view. A request scoped to a
+/// selector's indexes goes as it is (its caller published the view). The suite run over
 /// `Indexed(backend)` proves the index decides as the candidates do.
 #[derive(Debug)]
 pub struct Indexed<B>(pub B);
@@ -52,6 +53,7 @@ impl IndexedStore {
                 latency_millis: c.latency_millis,
                 max_leases: c.max_leases,
                 offered: true,
+                indexed: Vec::new(),
             })
             .collect();
         let mut published = self.published.lock().await;
@@ -77,9 +79,20 @@ impl LeaseStore for IndexedStore {
         candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
+        // A selector's indexes: its caller published the view they are of.
+        if matches!(req.scope, crate::Scope::Indexed(_)) {
+            return self.inner.acquire(candidates, req).await;
+        }
         let listed: Vec<Candidate<'c>> = candidates.collect();
         self.publish(&listed).await?;
         self.inner.acquire(&mut listed.into_iter(), &installation(req)).await
+    }
+
+    async fn publish_view(&self, view: &[ViewEntry]) -> Result<(), StoreError> {
+        let mut published = self.published.lock().await;
+        self.inner.publish_view(view).await?;
+        *published = Some(view.to_vec());
+        Ok(())
     }
 
     async fn acquire_session<'c>(

@@ -13,15 +13,6 @@ fn name(n: &str) -> SessionName {
     SessionName::parse(n).expect("a session name")
 }
 
-fn candidate(p: &P) -> Candidate<'_> {
-    Candidate {
-        id: &p.id,
-        healthy: p.healthy,
-        latency_millis: p.latency_millis,
-        max_leases: p.max_leases,
-    }
-}
-
 /// Acquires in the session `session` of `client` (at most `cap` sessions) over `fleet`, whose
 /// members are exactly the request's candidates.
 pub async fn in_session(
@@ -32,9 +23,9 @@ pub async fn in_session(
     session: &str,
     cap: usize,
 ) -> Result<Grant, SessionRefused> {
-    let mut candidates: Vec<Candidate<'_>> = fleet.iter().map(candidate).collect();
+    let mut candidates: Vec<Candidate<'_>> = fleet.iter().map(P::candidate).collect();
     candidates.sort_by(|a, b| a.order(b));
-    let member = |id: &str| fleet.iter().find(|p| p.id == id).map(candidate);
+    let member = |id: &str| fleet.iter().find(|p| p.id == id).map(P::candidate);
     let name = name(session);
     let session = Session {
         client,
