@@ -8,8 +8,8 @@
 //! Redis runs in production on a machine of its own: unpinned, Redis and the API take turns on
 //! both cores and the store's ratio to the in-memory store also measures that sharing. Then
 //! the in-memory and the Redis (`appendfsync always`) runs with a selector on an indexed
-//! attribute: `{"pool": "pool-07"}` (a sixteenth of the fleet) and `{"geo": "eu"}` (half).
-//! Prints one `|`-separated row.
+//! attribute: `{"pool": "pool-07"}` (a sixteenth of the fleet) and `{"geo": "eu"}` (half),
+//! unpinned and pinned. Prints one `|`-separated row.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -227,18 +227,24 @@ async fn main() {
     }
     // The bench on core 0, Redis on core 1; then the bench on every core again.
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let (memory_pinned, redis_pinned) = if cores >= 2 {
-        let (m, r) = egress_testkit::redis::on_one_worker("0", &format!("0-{}", cores - 1), async move {
-            let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-            let m = api_run(fleet.clone(), memory, false, ANY).await;
-            let r = redis_run(fleet, "always", Some("1"), ANY).await;
-            (m, r)
+    // Each of the three acquires so: no selector, a pool's, a region's.
+    let pinned_runs: Vec<(Option<Figures>, Option<Figures>)> = if cores >= 2 {
+        egress_testkit::redis::on_one_worker("0", &format!("0-{}", cores - 1), async move {
+            let mut runs = Vec::new();
+            for body in [ANY, POOL, GEO] {
+                let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
+                let m = api_run(fleet.clone(), memory, false, body).await;
+                let r = redis_run(fleet.clone(), "always", Some("1"), body).await;
+                runs.push((Some(m), Some(r)));
+            }
+            runs
         })
-        .expect("the runs on core 0");
-        (Some(m), Some(r))
+        .expect("the runs on core 0")
     } else {
-        (None, None)
+        (0..3).map(|_| (None, None)).collect()
     };
+    let mut pinned_runs = pinned_runs.into_iter();
+    let (memory_pinned, redis_pinned) = pinned_runs.next().unwrap_or((None, None));
     let pinned = |f: &Option<Figures>, cell: &dyn Fn(&Figures) -> String| f.as_ref().map_or("?".to_owned(), cell);
     let cells = [
         PROXIES.to_string(),
@@ -273,7 +279,12 @@ async fn main() {
         pinned(&redis_pinned, &|r| format!("{:.2}", quantile(&r.acquire, 0.99))),
     ];
     let mut cells = cells.to_vec();
-    for (m, r) in &selected {
+    let selected = selected.into_iter().map(|(m, r)| (Some(m), Some(r)));
+    for (m, r) in selected.chain(pinned_runs) {
+        let (Some(m), Some(r)) = (m, r) else {
+            cells.extend(["?", "?", "?", "?", "?"].map(String::from));
+            continue;
+        };
         cells.extend([
             format!("{:.0}", m.pairs_per_second),
             format!("{:.0}", r.pairs_per_second),

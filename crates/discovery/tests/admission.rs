@@ -9,83 +9,29 @@ use std::time::Duration;
 
 use common::{Fixed, info, serve_on_loopback};
 use egress_discovery::{Admission, AdmissionMetrics, Auth, Budget, Budgets, ClientName, DiscoveryApi, TokenSet};
-use egress_lease::{
-    Candidate, Grant, LeaseRequest, LeaseStore, MemoryStore, NoMatch, ReportResult, StoreError, SystemClock, Target,
-    UnknownLease,
-};
+use egress_lease::testing::{Hooked, Hooks};
+use egress_lease::{MemoryStore, SystemClock};
 use tokio::sync::{Semaphore, watch};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// The in-memory store, but each `active_leases` (the list route's store call) waits for a
-/// permit of `gate`; the ids each call asked for are recorded in the order calls arrive.
-struct Gated {
-    inner: MemoryStore,
+/// Each `active_leases` (the list route's store call) waits for a permit of `gate`; the ids
+/// each call asked for are recorded in the order calls arrive.
+struct Gate {
     gate: Semaphore,
     calls: Mutex<Vec<Vec<String>>>,
     arrived: watch::Sender<usize>,
 }
 
 #[async_trait::async_trait]
-impl LeaseStore for Gated {
-    async fn acquire<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        req: &LeaseRequest,
-    ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        self.inner.acquire(candidates, req).await
-    }
-    async fn acquire_session<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        member: &egress_lease::Member<'c>,
-        req: &LeaseRequest,
-        session: &egress_lease::Session<'_>,
-    ) -> Result<Result<Grant, egress_lease::SessionRefused>, StoreError> {
-        self.inner.acquire_session(candidates, member, req, session).await
-    }
-    async fn renew(
-        &self,
-        lease_id: &str,
-        ttl: std::time::Duration,
-        fit: &egress_lease::Fit<'_>,
-    ) -> Result<Result<Grant, egress_lease::NotRenewed>, StoreError> {
-        self.inner.renew(lease_id, ttl, fit).await
-    }
-    fn sessions_now(&self) -> Vec<(String, usize)> {
-        self.inner.sessions_now()
-    }
-    async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        self.inner.release(lease_id).await
-    }
-    async fn report(
-        &self,
-        lease_id: &str,
-        result: ReportResult,
-        target: Option<Target>,
-    ) -> Result<Result<(), UnknownLease>, StoreError> {
-        self.inner.report(lease_id, result, target).await
-    }
-    fn cooldowns_dropped(&self) -> u64 {
-        self.inner.cooldowns_dropped()
-    }
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
+impl Hooks for Gate {
+    async fn reading_active(&self, proxies: &[&str]) {
         self.calls
             .lock()
             .unwrap()
             .push(proxies.iter().map(|p| (*p).to_owned()).collect());
         self.arrived.send_modify(|n| *n += 1);
         self.gate.acquire().await.expect("the gate stays open").forget();
-        self.inner.active_leases(proxies).await
-    }
-    async fn active_total(&self) -> Result<usize, StoreError> {
-        self.inner.active_total().await
-    }
-    fn active_total_now(&self) -> usize {
-        self.inner.active_total_now()
-    }
-    async fn sweep(&self) -> Result<(), StoreError> {
-        self.inner.sweep().await
     }
 }
 
@@ -110,11 +56,13 @@ async fn eventually(what: &str, check: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_slot_goes_to_the_client_with_fewer_requests_not_to_the_longest_queue() {
     let (arrived, mut arrivals) = watch::channel(0);
-    let store = Arc::new(Gated {
+    let store = Arc::new(Hooked {
         inner: MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)),
-        gate: Semaphore::new(0),
-        calls: Mutex::default(),
-        arrived,
+        hooks: Gate {
+            gate: Semaphore::new(0),
+            calls: Mutex::default(),
+            arrived,
+        },
     });
     let clients = BTreeMap::from([
         (ClientName::parse("abuse").unwrap(), vec!["abuse-token".to_owned()]),
@@ -160,19 +108,19 @@ async fn a_freed_slot_goes_to_the_client_with_fewer_requests_not_to_the_longest_
     let polite = list("polite-token", "polite");
     eventually("the polite request waiting", || metrics.waiting("polite") == 1).await;
     // One slot frees: it goes to the client with none in flight.
-    store.gate.add_permits(1);
+    store.hooks.gate.add_permits(1);
     until(&mut arrivals, |n| *n == 3).await;
     assert_eq!(
-        store.calls.lock().unwrap()[2],
+        store.hooks.calls.lock().unwrap()[2],
         ["ns/b"],
         "the polite request is served third"
     );
-    store.gate.add_permits(100);
+    store.hooks.gate.add_permits(100);
     assert_eq!(polite.await.unwrap().unwrap(), 200);
     for a in abusive {
         assert_eq!(a.await.unwrap().unwrap(), 200);
     }
-    assert_eq!(store.calls.lock().unwrap().len(), 7);
+    assert_eq!(store.hooks.calls.lock().unwrap().len(), 7);
     assert_eq!((metrics.answers("abuse", 200), metrics.answers("polite", 200)), (6, 1));
     assert_eq!((metrics.in_flight("abuse"), metrics.waiting("abuse")), (0, 0));
 }

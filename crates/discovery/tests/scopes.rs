@@ -13,10 +13,8 @@ use std::time::{Duration, SystemTime};
 
 use common::{Fixed, info, serve_on_loopback};
 use egress_discovery::{Auth, ClientName, ClientScope, DiscoveryApi, ProxyInfo, Refusals, Scopes, TokenSet};
-use egress_lease::{
-    Candidate, Grant, LeaseRequest, LeaseStore, ManualClock, MemoryStore, NoMatch, ReportResult, Scope, StoreError,
-    Target, UnknownLease,
-};
+use egress_lease::testing::{Hooked, Hooks};
+use egress_lease::{Candidate, LeaseRequest, ManualClock, MemoryStore, Scope};
 use serde_json::Value;
 
 const TEAM_A: &str = "team-a-token";
@@ -58,81 +56,25 @@ fn team_a_scope(pool: &str) -> Arc<ClientScope> {
 /// acquire grants `crawlers/b-1` whatever the candidates (as an index that knew no scopes
 /// would).
 struct Recording {
-    inner: MemoryStore,
     scopes: Mutex<Vec<Scope>>,
     rogue: AtomicBool,
 }
 
-#[async_trait::async_trait]
-impl LeaseStore for Recording {
-    async fn acquire<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        req: &LeaseRequest,
-    ) -> Result<Result<Grant, NoMatch>, StoreError> {
+impl Hooks for Recording {
+    fn acquiring(&self, req: &LeaseRequest) -> Option<Candidate<'static>> {
         self.scopes.lock().unwrap().push(req.scope.clone());
-        if self.rogue.swap(false, Ordering::SeqCst) {
-            let outside = Candidate {
-                id: "crawlers/b-1",
-                healthy: true,
-                latency_millis: 0,
-                max_leases: CAPACITY,
-            };
-            return self.inner.acquire(&mut std::iter::once(outside), req).await;
-        }
-        self.inner.acquire(candidates, req).await
-    }
-    async fn acquire_session<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        member: &egress_lease::Member<'c>,
-        req: &LeaseRequest,
-        session: &egress_lease::Session<'_>,
-    ) -> Result<Result<Grant, egress_lease::SessionRefused>, StoreError> {
-        self.inner.acquire_session(candidates, member, req, session).await
-    }
-    async fn renew(
-        &self,
-        lease_id: &str,
-        ttl: std::time::Duration,
-        fit: &egress_lease::Fit<'_>,
-    ) -> Result<Result<Grant, egress_lease::NotRenewed>, StoreError> {
-        self.inner.renew(lease_id, ttl, fit).await
-    }
-    fn sessions_now(&self) -> Vec<(String, usize)> {
-        self.inner.sessions_now()
-    }
-    async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        self.inner.release(lease_id).await
-    }
-    async fn report(
-        &self,
-        lease_id: &str,
-        result: ReportResult,
-        target: Option<Target>,
-    ) -> Result<Result<(), UnknownLease>, StoreError> {
-        self.inner.report(lease_id, result, target).await
-    }
-    fn cooldowns_dropped(&self) -> u64 {
-        self.inner.cooldowns_dropped()
-    }
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
-        self.inner.active_leases(proxies).await
-    }
-    async fn active_total(&self) -> Result<usize, StoreError> {
-        self.inner.active_total().await
-    }
-    fn active_total_now(&self) -> usize {
-        self.inner.active_total_now()
-    }
-    async fn sweep(&self) -> Result<(), StoreError> {
-        self.inner.sweep().await
+        self.rogue.swap(false, Ordering::SeqCst).then_some(Candidate {
+            id: "crawlers/b-1",
+            healthy: true,
+            latency_millis: 0,
+            max_leases: CAPACITY,
+        })
     }
 }
 
 struct Server {
     url: String,
-    store: Arc<Recording>,
+    store: Arc<Hooked<Recording>>,
     scopes: Scopes,
     refusals: Arc<Refusals>,
     http: reqwest::Client,
@@ -149,10 +91,12 @@ async fn start(auth: bool) -> Server {
         (ClientName::default(), vec![DEFAULT.to_owned()]),
     ]);
     let clock = ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
-    let store = Arc::new(Recording {
+    let store = Arc::new(Hooked {
         inner: MemoryStore::new(Arc::new(clock), Duration::from_secs(900)),
-        scopes: Mutex::default(),
-        rogue: AtomicBool::new(false),
+        hooks: Recording {
+            scopes: Mutex::default(),
+            rogue: AtomicBool::new(false),
+        },
     });
     let scopes = Scopes::default();
     scopes.set(BTreeMap::from([("team-a".to_owned(), team_a_scope("pool-a"))]));
@@ -217,7 +161,7 @@ impl Server {
     }
 
     fn scopes_asked(&self) -> Vec<Scope> {
-        std::mem::take(&mut *self.store.scopes.lock().unwrap())
+        std::mem::take(&mut *self.store.hooks.scopes.lock().unwrap())
     }
 }
 
@@ -305,7 +249,7 @@ async fn a_scoped_client_is_granted_only_its_pool_s_members_and_refused_as_if_no
 #[tokio::test]
 async fn a_grant_outside_the_scope_is_given_back_and_the_choice_made_within_it() {
     let s = start(true).await;
-    s.store.rogue.store(true, Ordering::SeqCst);
+    s.store.hooks.rogue.store(true, Ordering::SeqCst);
     let (status, answer) = s.lease(TEAM_A, "{}").await;
     assert_eq!(status, 201, "{answer}");
     assert_eq!(answer["proxy"]["id"], "crawlers/a-1", "{answer}");

@@ -10,85 +10,30 @@ use std::time::Duration;
 use common::{Fixed, info, serve_on_loopback};
 use egress_discovery::DiscoveryApi;
 use egress_discovery::selection::MAX_SCAN;
-use egress_lease::{
-    Candidate, Fit, Grant, LeaseRequest, LeaseStore, Member, MemoryStore, NoMatch, NotRenewed, ReportResult, Scope,
-    Session, SessionRefused, StoreError, SystemClock, Target, UnknownLease,
-};
+use egress_lease::testing::{Hooked, Hooks};
+use egress_lease::{Candidate, LeaseRequest, MemoryStore, Scope, SystemClock};
 use serde_json::{Value, json};
 
-/// A memory store that remembers the scope of each acquire.
-struct Scopes {
-    inner: MemoryStore,
-    asked: Mutex<Vec<Scope>>,
-}
+/// Remembers the scope of each acquire.
+#[derive(Default)]
+struct Scopes(Mutex<Vec<Scope>>);
 
-#[async_trait::async_trait]
-impl LeaseStore for Scopes {
-    async fn acquire<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        req: &LeaseRequest,
-    ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        self.asked.lock().unwrap().push(req.scope.clone());
-        self.inner.acquire(candidates, req).await
-    }
-    async fn acquire_session<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        member: &Member<'c>,
-        req: &LeaseRequest,
-        session: &Session<'_>,
-    ) -> Result<Result<Grant, SessionRefused>, StoreError> {
-        self.inner.acquire_session(candidates, member, req, session).await
-    }
-    async fn renew(
-        &self,
-        lease_id: &str,
-        ttl: Duration,
-        fit: &Fit<'_>,
-    ) -> Result<Result<Grant, NotRenewed>, StoreError> {
-        self.inner.renew(lease_id, ttl, fit).await
-    }
-    fn sessions_now(&self) -> Vec<(String, usize)> {
-        self.inner.sessions_now()
-    }
-    async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        self.inner.release(lease_id).await
-    }
-    async fn report(
-        &self,
-        lease_id: &str,
-        result: ReportResult,
-        target: Option<Target>,
-    ) -> Result<Result<(), UnknownLease>, StoreError> {
-        self.inner.report(lease_id, result, target).await
-    }
-    fn cooldowns_dropped(&self) -> u64 {
-        self.inner.cooldowns_dropped()
-    }
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
-        self.inner.active_leases(proxies).await
-    }
-    async fn active_total(&self) -> Result<usize, StoreError> {
-        self.inner.active_total().await
-    }
-    fn active_total_now(&self) -> usize {
-        self.inner.active_total_now()
-    }
-    async fn sweep(&self) -> Result<(), StoreError> {
-        self.inner.sweep().await
+impl Hooks for Scopes {
+    fn acquiring(&self, req: &LeaseRequest) -> Option<Candidate<'static>> {
+        self.0.lock().unwrap().push(req.scope.clone());
+        None
     }
 }
 
 /// `MAX_SCAN` fast proxies, then the slowest: in `geo=eu` and with `purpose=rare`.
-async fn start() -> (String, Arc<Scopes>, tokio_util::sync::DropGuard) {
+async fn start() -> (String, Arc<Hooked<Scopes>>, tokio_util::sync::DropGuard) {
     let mut fleet: Vec<_> = (0..MAX_SCAN)
         .map(|i| info(&format!("ns/p{i:05}"), true, 1, 1, &[("geo", "us")]))
         .collect();
     fleet.push(info("ns/last", true, 99, 1, &[("geo", "eu"), ("purpose", "rare")]));
-    let store = Arc::new(Scopes {
+    let store = Arc::new(Hooked {
         inner: MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)),
-        asked: Mutex::default(),
+        hooks: Scopes::default(),
     });
     let (url, stop) = serve_on_loopback(DiscoveryApi {
         directory: Arc::new(Fixed::new(fleet)),
@@ -132,7 +77,7 @@ async fn an_indexed_selector_finds_its_proxy_anywhere_and_another_reads_a_capped
         "an index nobody is in: {granted}"
     );
     assert_eq!(
-        *store.asked.lock().unwrap(),
+        *store.hooks.0.lock().unwrap(),
         [
             Scope::Indexed(vec!["geo=eu".into()]),
             Scope::Listed,

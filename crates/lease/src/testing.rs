@@ -21,10 +21,12 @@ use proptest::prelude::*;
 /// depend on proptest themselves.
 pub use proptest;
 
+mod hooked;
 mod indexed;
 mod invariants;
 mod selectors;
 mod sessions;
+pub use hooked::{Hooked, Hooks};
 pub use indexed::Indexed;
 pub use invariants::*;
 pub use selectors::*;

@@ -142,12 +142,16 @@ pub(super) fn discovery(root: &Path, release: bool) -> Result<()> {
         cell(25),
         cell(26)
     );
+    let pool = "{\"pool\": \"pool-07\"} (1/16 of the fleet)";
+    let geo = "{\"geo\": \"eu\"} (1/2)";
     for (first, selector) in [
-        (27, "{\"pool\": \"pool-07\"} (1/16 of the fleet)"),
-        (32, "{\"geo\": \"eu\"} (1/2)"),
+        (27, format!("selector {pool}")),
+        (32, format!("selector {geo}")),
+        (37, format!("the bench on one core, Redis on another, selector {pool}")),
+        (42, format!("the bench on one core, Redis on another, selector {geo}")),
     ] {
         println!(
-            "| selector {selector}: in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | {}, {} ({}), {} ms / {} ms |",
+            "| {selector}: in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | {}, {} ({}), {} ms / {} ms |",
             cell(first),
             cell(first + 1),
             cell(first + 2),

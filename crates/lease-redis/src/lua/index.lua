@@ -76,13 +76,20 @@ local function rescore(p, id, active)
   for _, name in ipairs(names or {}) do place(p, index_key(p, name), id, score) end
 end
 
+-- Whether the view has attribute indexes at all: what a script that ends leases asks once, so
+-- that an installation without them pays nothing per lease for them.
+local function has_indexes(p)
+  return redis.call('EXISTS', p .. 'indexes') == 1
+end
+
 -- Moves the proxy up `free` and its indexes after one of its leases ended: a proxy in `free`
 -- had room and still has, under the same view entry, one lease fewer (its score says how many
 -- it had), and its place in each index is the same. One that was not there (full, say), or
--- whose score said no lease at all, is placed by `rescore`.
-local function rescore_released(p, id)
+-- whose score said no lease at all, is placed by `rescore`. `indexed`: `has_indexes(p)`.
+local function rescore_released(p, id, indexed)
   local score = redis.call('ZADD', p .. 'free', 'XX', 'INCR', -SHIFT, id)
   if not score or tonumber(score) < 0 then return rescore(p, id) end
+  if not indexed then return end
   local _, _, _, _, names = view_entry(p, id)
   for _, name in ipairs(names or {}) do place(p, index_key(p, name), id, tonumber(score)) end
 end
@@ -141,12 +148,12 @@ local function expire_due(p, now, max_ended, retention, limit)
     last = tonumber(due[i + 1])
   end
   call_in_runs('ZREM', {p .. 'all'}, expired)
-  local found = records(p, expired)
+  local found, indexed = records(p, expired), has_indexes(p)
   for i, lease in ipairs(expired) do
     local proxy = found[i][1]
     if proxy then
       if redis.call('ZREM', p .. 'active:' .. proxy, lease) == 1 then
-        rescore_released(p, proxy)
+        rescore_released(p, proxy, indexed)
       else
         -- Not in its proxy's set: that went behind the scripts' back (see release.lua).
         rescore(p, proxy)
@@ -241,9 +248,10 @@ local function bind_session(p, key, lease, proxy, expires, now, retention)
   session_lives(p, key, lease, expires, now, retention)
 end
 
--- Ends the sessions whose leases `leases` (just ended) still are.
+-- Ends the sessions whose leases `leases` (just ended) still are. An installation without
+-- sessions pays one read per call for them.
 local function end_sessions(p, leases)
-  if #leases == 0 then return end
+  if #leases == 0 or redis.call('EXISTS', p .. 'session-clients') == 0 then return end
   local keys = {}
   for i, lease in ipairs(leases) do keys[i] = p .. 'lsess:' .. lease end
   local found = {}
@@ -269,7 +277,7 @@ local function release_leases(p, leases, now, max_ended, retention)
   local gone, lives = {}, 0
   if #leases > 0 then
     local scores = redis.call('ZMSCORE', p .. 'all', unpack(leases))
-    local found = records(p, leases)
+    local found, indexed = records(p, leases), has_indexes(p)
     local seen = {}
     for i, lease in ipairs(leases) do
       local proxy, _, expires = unpack(found[i])
@@ -278,7 +286,7 @@ local function release_leases(p, leases, now, max_ended, retention)
       seen[lease] = true
       local held = proxy and redis.call('ZREM', p .. 'active:' .. proxy, lease) == 1
       if held then
-        rescore_released(p, proxy)
+        rescore_released(p, proxy, indexed)
       elseif active and proxy then
         -- Active, yet not in its proxy's set: the set went behind the scripts' back (its TTL,
         -- an eviction), so the proxy's place in the index is counted afresh.
