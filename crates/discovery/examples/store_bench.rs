@@ -6,7 +6,8 @@
 //! time per script call, read from the slow logs with every call recorded (per acquire and per
 //! release) and from `INFO commandstats` (`FCALL`'s `usec`, per call and per request); then the
 //! single server again on a core of its own, the bench on the other (on a runtime of one
-//! worker). Prints a Markdown table.
+//! worker). Each single-server row runs on a redis-server of its own; the cluster and the TLS
+//! server serve every row of theirs. Prints a Markdown table.
 //!
 //! Every proxy is healthy with room for 5 leases, in one of 16 pools (`pool=pool-00` to
 //! `pool-15`) and one of 4 regions (`geo=eu`, ...). Each acquire is what the discovery API sends
@@ -361,10 +362,31 @@ fn row(n: usize, name: &str, r: &Figures, m: &Figures, times: &HashMap<&'static 
     );
 }
 
+/// One row on a redis-server of its own: every single-server row starts on an empty
+/// append-only file (one server for every row made each row pay for the files of the rows
+/// before it: a row of 100 000 proxies measured after the others ran on a file of some 500 MB).
+/// `pinned`: Redis on core 1 and the bench on core 0 (given `every_core` to return to).
+async fn fresh_redis_figures(fleet: &[Proxy], ask: Ask, pinned: Option<&str>) -> (Figures, HashMap<&'static str, f64>) {
+    let redis = egress_testkit::redis::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
+    let mut single = admin(&[redis.url()]).await;
+    let Some(every_core) = pinned else {
+        return redis_figures(&redis.url(), &Tls::default(), &mut single, fleet, ask).await;
+    };
+    let pid = redis.pid().expect("redis-server runs");
+    pin(pid, "1");
+    let figures = egress_testkit::redis::on_one_worker(
+        "0",
+        every_core,
+        redis_figures(&redis.url(), &Tls::default(), &mut single, fleet, ask),
+    )
+    .expect("the run on core 0");
+    pin(pid, every_core);
+    figures
+}
+
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let redis = egress_testkit::redis::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
     // The same over TLS, with a certificate of a test CA that the store is given.
     let pki = egress_testkit::pki();
     let tls_redis = egress_testkit::redis::LocalRedis::start_tls(&egress_testkit::redis::TlsFiles {
@@ -382,7 +404,6 @@ async fn main() {
     let mut tls_single = admin(&[tls_redis.url()]).await;
     let cluster = egress_testkit::redis::LocalCluster::start(3, 1, "always")
         .expect("a Redis Cluster (apt-get install redis-server redis-tools)");
-    let mut single = admin(&[redis.url()]).await;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let every_core = format!("0-{}", cores - 1);
     let mut nodes = admin(&cluster.node_urls()).await;
@@ -405,38 +426,32 @@ async fn main() {
                 quantile(&m.release, 0.99),
                 m.errors
             );
-            let stores = if ask == Ask::Any {
-                vec![
-                    ("redis", redis.url()),
-                    ("3-master cluster", cluster.url()),
-                    ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
-                ]
-            } else {
-                vec![("redis", redis.url())]
-            };
-            for (name, url) in stores {
-                let admin = if url == redis.url() { &mut single } else { &mut nodes };
-                let (r, times) = redis_figures(&url, &Tls::default(), admin, &fleet, ask).await;
-                row(n, &format!("{name}{}", ask.label()), &r, &m, &times);
+            let (r, times) = fresh_redis_figures(&fleet, ask, None).await;
+            row(n, &format!("redis{}", ask.label()), &r, &m, &times);
+            // Redis on a core of its own and the bench on the other, as Redis runs in
+            // production: unpinned, the slow log's wall time also counts Redis waiting for a core.
+            if cores >= 2 {
+                let (r, times) = fresh_redis_figures(&fleet, ask, Some(&every_core)).await;
+                row(
+                    n,
+                    &format!("redis on core 1, the bench on core 0{}", ask.label()),
+                    &r,
+                    &m,
+                    &times,
+                );
             }
             if ask != Ask::Any {
                 continue;
             }
+            for (name, url) in [
+                ("3-master cluster", cluster.url()),
+                ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
+            ] {
+                let (r, times) = redis_figures(&url, &Tls::default(), &mut nodes, &fleet, ask).await;
+                row(n, name, &r, &m, &times);
+            }
             let (r, times) = redis_figures(&tls_url, &tls, &mut tls_single, &fleet, ask).await;
             row(n, "redis over TLS", &r, &m, &times);
-            // Redis on a core of its own and the bench on the other, as Redis runs in
-            // production: unpinned, the slow log's wall time also counts Redis waiting for a core.
-            if let (Some(pid), true) = (redis.pid(), cores >= 2) {
-                pin(pid, "1");
-                let (r, times) = egress_testkit::redis::on_one_worker(
-                    "0",
-                    &every_core,
-                    redis_figures(&redis.url(), &Tls::default(), &mut single, &fleet, ask),
-                )
-                .expect("the run on core 0");
-                pin(pid, &every_core);
-                row(n, "redis on core 1, the bench on core 0", &r, &m, &times);
-            }
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The smoke run (`cargo xtask dev --smoke`, and `cargo xtask test`): without a person, the
 //! running system is checked end to end. The discovery API refuses a caller without the token;
 //! a lease is granted with credentials; the leased proxy refuses a request without them and
-//! carries one with them to the local target; a lease naming the pool lands on a member;
-//! `kubectl describe` shows the operator's events; and the operator's log holds no password.
+//! carries one with them to the local target; a lease naming the pool lands on a member; a
+//! session's second acquire answers its lease again, and the lease is renewed; `kubectl
+//! describe` shows the operator's events; and the operator's log holds no password.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ pub(super) async fn run(
     let ca = pki_ca(&layout.file("ca.pem"))?;
     let password = smoke(discovery, target, &ca).await?;
     smoke_pool(discovery, target, &ca).await?;
+    smoke_session(discovery).await?;
     // The operator minted, probed with and handed out that password: none of it may be logged.
     let log = std::fs::read_to_string(layout.file("operator.log"))?;
     if log.contains(&password) {
@@ -262,6 +264,46 @@ async fn smoke_pool(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca:
         .release(&lease.lease_id)
         .await
         .map_err(|e| anyhow::anyhow!("releasing the pool's lease: {e}"))
+}
+
+/// The smoke check of sessions: a session's second acquire answers its lease again, which is
+/// then renewed.
+async fn smoke_session(discovery: &Discovery<'_>) -> Result<()> {
+    let client = Client::new(discovery.url, Some(discovery.token.to_owned())).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let asked = AcquireRequest {
+        ttl_seconds: Some(60),
+        session: Some("smoke-login".to_owned()),
+        ..Default::default()
+    };
+    let first = client
+        .acquire(&asked)
+        .await
+        .map_err(|e| anyhow::anyhow!("acquiring a session's lease: {e}"))?;
+    let again = client
+        .acquire(&asked)
+        .await
+        .map_err(|e| anyhow::anyhow!("acquiring the session again: {e}"))?;
+    if again.lease_id != first.lease_id || again.proxy.id != first.proxy.id {
+        bail!(
+            "the session's second acquire got lease {} on {}, not its lease {} on {}",
+            again.lease_id,
+            again.proxy.id,
+            first.lease_id,
+            first.proxy.id
+        );
+    }
+    let renewed = client
+        .renew(&first.lease_id, Some(Duration::from_secs(120)))
+        .await
+        .map_err(|e| anyhow::anyhow!("renewing the session's lease: {e}"))?;
+    println!(
+        "dev: smoke: session smoke-login kept lease {} on {} and renewed it to {} s",
+        first.lease_id, first.proxy.id, renewed.ttl_seconds
+    );
+    client
+        .release(&first.lease_id)
+        .await
+        .map_err(|e| anyhow::anyhow!("releasing the session's lease: {e}"))
 }
 
 /// A client that sends every request through the proxy at `proxy_url` (credentials in it) and

@@ -38,7 +38,9 @@ pub struct Hooked<H> {
 
 impl<H> std::fmt::Debug for Hooked<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hooked").field("inner", &self.inner).finish_non_exhaustive()
+        f.debug_struct("Hooked")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
     }
 }
 
