@@ -504,7 +504,9 @@ fn target(raw: Option<&str>) -> Result<Option<Target>, Answer> {
 
 /// Decodes a JSON body whatever its content type; an empty body is `{}`. As the Go operator's
 /// decoder read it: the first JSON value only (what follows it is ignored), keys in any case,
-/// `null` for a field or the whole body as nothing (`{"selector": null}` is no selector).
+/// `null` for a field or the whole body as nothing (`{"selector": null}` is no selector), and
+/// any other value than an object refused (serde would fill a struct from an array's items in
+/// order, which Go never did).
 fn decode<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, Answer> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
@@ -521,6 +523,9 @@ fn decode<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, An
         .next()
         .unwrap_or(Ok(serde_json::Value::Null))
         .map_err(invalid)?;
+    if !(value.is_object() || value.is_null()) {
+        return Err(error(400, "invalid_body", "the body must be a JSON object"));
+    }
     egress_go_decode::from_value(&value, egress_go_decode::Rules::Json).map_err(invalid)
 }
 

@@ -447,6 +447,13 @@ async fn bodies_the_go_operator_took_are_taken() {
     let lease = g["leaseID"].as_str().unwrap().to_string();
     let report = format!("/v1/leases/{lease}/report");
     assert_eq!(s.post(&report, r#"{"Result": "ok"}garbage"#).await.0, 204);
+    // Still refused, as Go refused them: a body that is not an object (an array's items do not
+    // fill the fields in order), on every route that reads one.
+    for path in ["/v1/leases", &report, &format!("/v1/leases/{lease}/renew")] {
+        for body in ["[]", r#"[{"geo": "us"}, 30]"#, r#"["ok"]"#, "7", r#""ok""#] {
+            assert_error(&s.post(path, body).await, 400, "invalid_body");
+        }
+    }
     // Still refused, as Go refused them: a value of the wrong type, and no JSON at all.
     assert_error(
         &s.post("/v1/leases", r#"{"selector": ["geo"]}"#).await,
@@ -544,6 +551,7 @@ async fn no_client_mistake_is_a_500() {
     let paths = [
         "/v1/leases",
         "/v1/leases/x/report",
+        "/v1/leases/x/renew",
         "/v1/proxies?healthy=%ff",
         "/v1//report",
         "/v1/leases//report",

@@ -108,7 +108,8 @@ pub struct Grant {
     pub ttl: Duration,
     /// The proxy's active leases, this one included.
     pub active_leases: usize,
-    /// The session's lease as it was, extended (no new lease, no capacity taken).
+    /// A lease that was held already, extended (a session's answered again, or a renewal):
+    /// no new lease, no capacity taken.
     pub resumed: bool,
 }
 
