@@ -194,6 +194,28 @@ fn pin(pid: u32, cores: &str) {
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let fleet = fleet();
+    let ceiling = load(format!("http://{}", trivial_server().await), false, ANY).await;
+    let api = api_run(fleet.clone(), memory(), false, ANY).await;
+    let on_redis = redis_run(fleet.clone(), "always", None, ANY).await;
+    let on_redis_everysec = redis_run(fleet.clone(), "everysec", None, ANY).await;
+    let mut selected = Vec::new();
+    for body in [POOL, GEO] {
+        let m = api_run(fleet.clone(), memory(), false, body).await;
+        let r = redis_run(fleet.clone(), "always", None, body).await;
+        selected.push((Some(m), Some(r)));
+    }
+    let mut pinned = pinned_runs(fleet).await.into_iter();
+    let mut cells = head_cells(&api, &ceiling, &on_redis, &on_redis_everysec);
+    // The pinned empty selector's, then the selectors' unpinned and pinned.
+    for (m, r) in pinned.next().into_iter().chain(selected).chain(pinned) {
+        cells.extend(pair_cells(m.as_ref(), r.as_ref()));
+    }
+    println!("{}", cells.join("|"));
+}
+
+/// The bench's fleet: `PROXIES` Ready proxies, half in each region, in 16 pools.
+fn fleet() -> Arc<Fleet> {
     let fleet: Vec<ProxyInfo> = (0..PROXIES)
         .map(|i| ProxyInfo {
             id: format!("bench/p{i:05}"),
@@ -213,85 +235,73 @@ async fn main() {
             pool: None,
         })
         .collect();
-    let fleet = Arc::new(fleet.into_iter().collect::<Fleet>());
-    let ceiling = load(format!("http://{}", trivial_server().await), false, ANY).await;
-    let memory = || Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-    let api = api_run(fleet.clone(), memory(), false, ANY).await;
-    let on_redis = redis_run(fleet.clone(), "always", None, ANY).await;
-    let on_redis_everysec = redis_run(fleet.clone(), "everysec", None, ANY).await;
-    let mut selected = Vec::new();
-    for body in [POOL, GEO] {
-        let m = api_run(fleet.clone(), memory(), false, body).await;
-        let r = redis_run(fleet.clone(), "always", None, body).await;
-        selected.push((m, r));
-    }
-    // The bench on core 0, Redis on core 1; then the bench on every core again.
+    Arc::new(fleet.into_iter().collect::<Fleet>())
+}
+
+fn memory() -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)))
+}
+
+/// The in-memory and Redis runs of each acquire (no selector, a pool's, a region's) with the
+/// bench on core 0 and Redis on core 1, then the bench on every core again; `None`s on a
+/// machine of one core.
+async fn pinned_runs(fleet: Arc<Fleet>) -> Vec<(Option<Figures>, Option<Figures>)> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    // Each of the three acquires so: no selector, a pool's, a region's.
-    let pinned_runs: Vec<(Option<Figures>, Option<Figures>)> = if cores >= 2 {
-        egress_testkit::redis::on_one_worker("0", &format!("0-{}", cores - 1), async move {
-            let mut runs = Vec::new();
-            for body in [ANY, POOL, GEO] {
-                let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900)));
-                let m = api_run(fleet.clone(), memory, false, body).await;
-                let r = redis_run(fleet.clone(), "always", Some("1"), body).await;
-                runs.push((Some(m), Some(r)));
-            }
-            runs
-        })
-        .expect("the runs on core 0")
-    } else {
-        (0..3).map(|_| (None, None)).collect()
-    };
-    let mut pinned_runs = pinned_runs.into_iter();
-    let (memory_pinned, redis_pinned) = pinned_runs.next().unwrap_or((None, None));
-    let pinned = |f: &Option<Figures>, cell: &dyn Fn(&Figures) -> String| f.as_ref().map_or("?".to_owned(), cell);
-    let cells = [
+    if cores < 2 {
+        return (0..3).map(|_| (None, None)).collect();
+    }
+    egress_testkit::redis::on_one_worker("0", &format!("0-{}", cores - 1), async move {
+        let mut runs = Vec::new();
+        for body in [ANY, POOL, GEO] {
+            let m = api_run(fleet.clone(), memory(), false, body).await;
+            let r = redis_run(fleet.clone(), "always", Some("1"), body).await;
+            runs.push((Some(m), Some(r)));
+        }
+        runs
+    })
+    .expect("the runs on core 0")
+}
+
+/// The cells of the empty selector's unpinned runs and the ceiling's.
+fn head_cells(api: &Figures, ceiling: &Figures, on_redis: &Figures, everysec: &Figures) -> Vec<String> {
+    let ms = |sorted: &[Duration], q| format!("{:.2}", quantile(sorted, q));
+    vec![
         PROXIES.to_string(),
         CLIENTS.to_string(),
         format!("{:.0}", api.pairs_per_second),
-        format!("{:.2}", quantile(&api.acquire, 0.5)),
-        format!("{:.2}", quantile(&api.acquire, 0.99)),
-        format!("{:.2}", quantile(&api.release, 0.5)),
-        format!("{:.2}", quantile(&api.release, 0.99)),
-        format!("{:.2}", quantile(&api.pair, 0.5)),
-        format!("{:.2}", quantile(&api.pair, 0.99)),
+        ms(&api.acquire, 0.5),
+        ms(&api.acquire, 0.99),
+        ms(&api.release, 0.5),
+        ms(&api.release, 0.99),
+        ms(&api.pair, 0.5),
+        ms(&api.pair, 0.99),
         format!("{:.0}", ceiling.pairs_per_second),
-        format!("{:.2}", quantile(&ceiling.acquire, 0.5)),
-        format!("{:.2}", quantile(&ceiling.acquire, 0.99)),
-        format!("{:.2}", quantile(&ceiling.pair, 0.99)),
+        ms(&ceiling.acquire, 0.5),
+        ms(&ceiling.acquire, 0.99),
+        ms(&ceiling.pair, 0.99),
         format!("{:.0} %", api.pairs_per_second / ceiling.pairs_per_second * 100.0),
         format!("{:.0}", on_redis.pairs_per_second),
-        format!("{:.2}", quantile(&on_redis.acquire, 0.5)),
-        format!("{:.2}", quantile(&on_redis.acquire, 0.99)),
-        format!("{:.2}", quantile(&on_redis.release, 0.5)),
-        format!("{:.2}", quantile(&on_redis.release, 0.99)),
-        format!("{:.0}", on_redis_everysec.pairs_per_second),
-        format!("{:.2}", quantile(&on_redis_everysec.acquire, 0.5)),
-        format!("{:.2}", quantile(&on_redis_everysec.acquire, 0.99)),
-        pinned(&memory_pinned, &|m| format!("{:.0}", m.pairs_per_second)),
-        pinned(&redis_pinned, &|r| format!("{:.0}", r.pairs_per_second)),
-        pinned(&redis_pinned, &|r| match &memory_pinned {
-            Some(m) => format!("{:.0} %", r.pairs_per_second / m.pairs_per_second * 100.0),
-            None => "?".to_owned(),
-        }),
-        pinned(&redis_pinned, &|r| format!("{:.2}", quantile(&r.acquire, 0.5))),
-        pinned(&redis_pinned, &|r| format!("{:.2}", quantile(&r.acquire, 0.99))),
-    ];
-    let mut cells = cells.to_vec();
-    let selected = selected.into_iter().map(|(m, r)| (Some(m), Some(r)));
-    for (m, r) in selected.chain(pinned_runs) {
-        let (Some(m), Some(r)) = (m, r) else {
-            cells.extend(["?", "?", "?", "?", "?"].map(String::from));
-            continue;
-        };
-        cells.extend([
-            format!("{:.0}", m.pairs_per_second),
-            format!("{:.0}", r.pairs_per_second),
-            format!("{:.0} %", r.pairs_per_second / m.pairs_per_second * 100.0),
-            format!("{:.2}", quantile(&r.acquire, 0.5)),
-            format!("{:.2}", quantile(&r.acquire, 0.99)),
-        ]);
-    }
-    println!("{}", cells.join("|"));
+        ms(&on_redis.acquire, 0.5),
+        ms(&on_redis.acquire, 0.99),
+        ms(&on_redis.release, 0.5),
+        ms(&on_redis.release, 0.99),
+        format!("{:.0}", everysec.pairs_per_second),
+        ms(&everysec.acquire, 0.5),
+        ms(&everysec.acquire, 0.99),
+    ]
+}
+
+/// In-memory pairs per second, on Redis pairs per second, their share, and the Redis
+/// acquire's p50 and p99; `?` for runs not made.
+fn pair_cells(memory: Option<&Figures>, redis: Option<&Figures>) -> [String; 5] {
+    let (Some(m), Some(r)) = (memory, redis) else {
+        return ["?", "?", "?", "?", "?"].map(String::from);
+    };
+    [
+        format!("{:.0}", m.pairs_per_second),
+        format!("{:.0}", r.pairs_per_second),
+        format!("{:.0} %", r.pairs_per_second / m.pairs_per_second * 100.0),
+        format!("{:.2}", quantile(&r.acquire, 0.5)),
+        format!("{:.2}", quantile(&r.acquire, 0.99)),
+    ]
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{PATIENCE, cluster, lease, start_probing, wait_for_proxy};
 use egress_api::{Phase, Proxy, ProxySpec};
@@ -15,17 +15,22 @@ use serde_json::{Value, json};
 /// The client `default`'s token, as `start_probing` gives it.
 const TOKEN: &str = "crawler-token";
 
-/// `body`'s acquire, asked again every 100 ms until it is granted (the discovery API sees a
-/// proxy healthy a moment after its status says Ready).
+/// `body`'s acquire, asked again on every tick of 100 ms until it is anything but `no_match`
+/// (the discovery API sees a proxy healthy a moment after its status says Ready), within
+/// [`PATIENCE`].
 async fn granted(discovery: &str, body: &str) -> (u16, Value) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let (status, answer) = lease(discovery, TOKEN, body).await;
-        if status != 409 || answer["error"] != "no_match" || Instant::now() > deadline {
-            return (status, answer);
+    let mut again = tokio::time::interval(Duration::from_millis(100));
+    let answered = tokio::time::timeout(PATIENCE, async {
+        loop {
+            again.tick().await;
+            let (status, answer) = lease(discovery, TOKEN, body).await;
+            if status != 409 || answer["error"] != "no_match" {
+                return (status, answer);
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    answered.unwrap_or_else(|_| panic!("{body}: no lease within {PATIENCE:?}"))
 }
 
 async fn renew(discovery: &str, lease_id: &Value, ttl: u64) -> (u16, Value) {

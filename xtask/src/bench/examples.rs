@@ -82,84 +82,53 @@ pub(super) fn discovery(root: &Path, release: bool) -> Result<()> {
     }
     let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let cells: Vec<&str> = line.split('|').collect();
-    let cell = |i: usize| cells.get(i).copied().unwrap_or("?");
     println!();
-    println!(
-        "| discovery API on loopback ({} proxies, {} clients) | figure |",
-        cell(0),
-        cell(1)
-    );
-    println!("|---|---|");
-    println!("| acquire+release pairs per second | {} |", cell(2));
-    println!(
-        "| acquire (POST /v1/leases) p50 / p99 (target p99 < 5 ms) | {} ms / {} ms |",
-        cell(3),
-        cell(4)
-    );
-    println!(
-        "| release (DELETE /v1/leases/{{id}}) p50 / p99 (target p99 < 5 ms) | {} ms / {} ms |",
-        cell(5),
-        cell(6)
-    );
-    println!(
-        "| whole pair p50 / p99 (two requests back to back) | {} ms / {} ms |",
-        cell(7),
-        cell(8)
-    );
-    println!(
-        "| trivial hyper handler, same clients: pairs per second | {} |",
-        cell(9)
-    );
-    println!(
-        "| trivial handler: one request p50 / p99, whole pair p99 | {} ms / {} ms, {} ms |",
-        cell(10),
-        cell(11),
-        cell(12)
-    );
-    println!("| API rate / ceiling (target at least 50 %) | {} |", cell(13));
-    println!(
-        "| on the Redis lease store (local redis-server, appendfsync always): pairs per second | {} |",
-        cell(14)
-    );
-    println!(
-        "| on Redis: acquire p50 / p99, release p50 / p99 | {} ms / {} ms, {} ms / {} ms |",
-        cell(15),
-        cell(16),
-        cell(17),
-        cell(18)
-    );
-    println!(
-        "| on Redis with appendfsync everysec (a crash may lose the last second): pairs per second, acquire p50 / p99 | {}, {} ms / {} ms |",
-        cell(19),
-        cell(20),
-        cell(21)
-    );
-    println!(
-        "| the bench on one core, Redis (appendfsync always) on another: in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | {}, {} ({}), {} ms / {} ms |",
-        cell(22),
-        cell(23),
-        cell(24),
-        cell(25),
-        cell(26)
-    );
-    let pool = "{\"pool\": \"pool-07\"} (1/16 of the fleet)";
-    let geo = "{\"geo\": \"eu\"} (1/2)";
-    for (first, selector) in [
-        (27, format!("selector {pool}")),
-        (32, format!("selector {geo}")),
-        (37, format!("the bench on one core, Redis on another, selector {pool}")),
-        (42, format!("the bench on one core, Redis on another, selector {geo}")),
-    ] {
-        println!(
-            "| {selector}: in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | {}, {} ({}), {} ms / {} ms |",
-            cell(first),
-            cell(first + 1),
-            cell(first + 2),
-            cell(first + 3),
-            cell(first + 4)
-        );
+    for row in discovery_rows(&cells) {
+        println!("{row}");
     }
     Ok(())
+}
+
+/// The rows of the discovery bench's table: each figure's text, with its value cells (what
+/// examples/discovery_bench.rs prints, `|`-separated, in this order) put in for the `{}`s.
+fn discovery_rows(cells: &[&str]) -> Vec<String> {
+    const SHARE: &str = "in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | {}, {} ({}), {} ms / {} ms";
+    let pool = "{\"pool\": \"pool-07\"} (1/16 of the fleet)";
+    let geo = "{\"geo\": \"eu\"} (1/2)";
+    let rows: Vec<String> = [
+        "discovery API on loopback ({} proxies, {} clients) | figure".to_owned(),
+        "acquire+release pairs per second | {}".to_owned(),
+        "acquire (POST /v1/leases) p50 / p99 (target p99 < 5 ms) | {} ms / {} ms".to_owned(),
+        "release (DELETE /v1/leases/{id}) p50 / p99 (target p99 < 5 ms) | {} ms / {} ms".to_owned(),
+        "whole pair p50 / p99 (two requests back to back) | {} ms / {} ms".to_owned(),
+        "trivial hyper handler, same clients: pairs per second | {}".to_owned(),
+        "trivial handler: one request p50 / p99, whole pair p99 | {} ms / {} ms, {} ms".to_owned(),
+        "API rate / ceiling (target at least 50 %) | {}".to_owned(),
+        "on the Redis lease store (local redis-server, appendfsync always): pairs per second | {}".to_owned(),
+        "on Redis: acquire p50 / p99, release p50 / p99 | {} ms / {} ms, {} ms / {} ms".to_owned(),
+        "on Redis with appendfsync everysec (a crash may lose the last second): pairs per second, acquire p50 / p99 | {}, {} ms / {} ms".to_owned(),
+        format!("the bench on one core, Redis (appendfsync always) on another: {SHARE}"),
+        format!("selector {pool}: {SHARE}"),
+        format!("selector {geo}: {SHARE}"),
+        format!("the bench on one core, Redis on another, selector {pool}: {SHARE}"),
+        format!("the bench on one core, Redis on another, selector {geo}: {SHARE}"),
+    ]
+    .into();
+    let mut next = cells.iter().copied().chain(std::iter::repeat("?"));
+    let mut table: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            let parts: Vec<&str> = row.split("{}").collect();
+            let mut filled = parts[0].to_owned();
+            for part in &parts[1..] {
+                filled.push_str(next.next().unwrap_or("?"));
+                filled.push_str(part);
+            }
+            format!("| {filled} |")
+        })
+        .collect();
+    table.insert(1, "|---|---|".to_owned());
+    table
 }
 
 /// The lease stores without HTTP at three fleet sizes, and Redis's own time per script call
@@ -173,4 +142,31 @@ pub(super) fn lease_store(root: &Path, release: bool) -> Result<()> {
         bail!("the lease store bench failed");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_discovery_table_puts_each_cell_in_its_row_in_order() {
+        let numbers: Vec<String> = (0..47).map(|i| i.to_string()).collect();
+        let cells: Vec<&str> = numbers.iter().map(String::as_str).collect();
+        let rows = discovery_rows(&cells);
+        assert_eq!(rows.len(), 17);
+        assert_eq!(rows[0], "| discovery API on loopback (0 proxies, 1 clients) | figure |");
+        assert_eq!(rows[1], "|---|---|");
+        assert_eq!(
+            rows[4],
+            "| release (DELETE /v1/leases/{id}) p50 / p99 (target p99 < 5 ms) | 5 ms / 6 ms |"
+        );
+        assert_eq!(
+            rows[16],
+            "| the bench on one core, Redis on another, selector {\"geo\": \"eu\"} (1/2): in-memory pairs per second, on Redis pairs per second (share of in-memory), acquire p50 / p99 | 42, 43 (44), 45 ms / 46 ms |"
+        );
+        assert!(
+            discovery_rows(&[]).iter().skip(2).all(|r| r.contains('?')),
+            "missing cells show ?"
+        );
+    }
 }
