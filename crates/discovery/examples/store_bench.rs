@@ -7,10 +7,13 @@
 //! release) and from `INFO commandstats` (`FCALL`'s `usec`, per call and per request); then the
 //! single server again on a core of its own, the bench on the other (on a runtime of one
 //! worker). Each single-server row runs on a redis-server of its own; the cluster and the TLS
-//! server serve every row of theirs. Prints a Markdown table.
+//! server serve every row of theirs. Prints a Markdown table, then for each size where the
+//! cluster row's shards live (each shard's slot and master) and each master's share of the
+//! row's keys and calls.
 //!
 //! Every proxy is healthy with room for 5 leases, in one of 16 pools (`pool=pool-00` to
-//! `pool-15`) and one of 4 regions (`geo=eu`, ...). Each acquire is what the discovery API sends
+//! `pool-15`; on Redis each pool's leases are a shard of their own) and one of 4 regions
+//! (`geo=eu`, ...). Each acquire is what the discovery API sends
 //! for its selector: for an empty one scoped to the installation, with the whole fleet as
 //! candidates in (latency, id) order; for `pool=pool-07` (a sixteenth of the fleet) or `geo=eu`
 //! (a quarter) scoped to that index, with its proxies as candidates (what each replica's own
@@ -23,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egress_lease::{Candidate, LeaseRequest, LeaseStore, MemoryStore, Scope, SystemClock, ViewEntry, index_name};
-use egress_lease_redis::{Tls, TlsRoots};
+use egress_lease_redis::{RedisStore, Tls, TlsRoots};
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
 const TASKS: usize = 64;
@@ -49,6 +52,8 @@ fn quantile(sorted: &[Duration], q: f64) -> f64 {
 struct Proxy {
     id: String,
     latency: i64,
+    /// `pool-NN`.
+    pool: String,
     /// `pool=pool-NN` and `geo=<region>`.
     indexes: [String; 2],
 }
@@ -58,13 +63,17 @@ const REGIONS: [&str; 4] = ["eu", "us", "ap", "sa"];
 /// `n` proxies in (latency, id) order.
 fn fleet(n: usize) -> Arc<Vec<Proxy>> {
     let mut fleet: Vec<Proxy> = (0..n)
-        .map(|i| Proxy {
-            id: format!("bench/p{i:06}"),
-            latency: (i % 97) as i64,
-            indexes: [
-                index_name("pool", &format!("pool-{:02}", i % 16)),
-                index_name("geo", REGIONS[(i / 16) % REGIONS.len()]),
-            ],
+        .map(|i| {
+            let pool = format!("pool-{:02}", i % 16);
+            Proxy {
+                id: format!("bench/p{i:06}"),
+                latency: (i % 97) as i64,
+                indexes: [
+                    index_name("pool", &pool),
+                    index_name("geo", REGIONS[(i / 16) % REGIONS.len()]),
+                ],
+                pool,
+            }
         })
         .collect();
     fleet.sort_by(|a, b| (a.latency, &a.id).cmp(&(b.latency, &b.id)));
@@ -103,19 +112,30 @@ impl Ask {
     }
 
     /// The candidates the API reads for it, in lease order: its index's proxies.
-    fn candidates(self, fleet: &[Proxy]) -> Arc<Vec<(String, i64)>> {
+    fn candidates(self, fleet: &[Proxy]) -> Arc<Vec<Listed>> {
         let index = self.index();
         Arc::new(
             fleet
                 .iter()
                 .filter(|p| index.as_ref().is_none_or(|name| p.indexes.contains(name)))
-                .map(|p| (p.id.clone(), p.latency))
+                .map(|p| Listed {
+                    id: p.id.clone(),
+                    latency: p.latency,
+                    pool: p.pool.clone(),
+                })
                 .collect(),
         )
     }
 }
 
-async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>, ask: Ask) -> Figures {
+/// A candidate as the API lists it.
+struct Listed {
+    id: String,
+    latency: i64,
+    pool: String,
+}
+
+async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<Listed>>, ask: Ask) -> Figures {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
@@ -129,11 +149,12 @@ async fn load(store: Arc<dyn LeaseStore>, fleet: Arc<Vec<(String, i64)>>, ask: A
             let (mut times, mut errors) = (Vec::new(), 0usize);
             while started.elapsed() < MEASURE {
                 let t = Instant::now();
-                let mut candidates = fleet.iter().map(|(id, latency)| Candidate {
-                    id,
+                let mut candidates = fleet.iter().map(|c| Candidate {
+                    id: &c.id,
                     healthy: true,
-                    latency_millis: *latency,
+                    latency_millis: c.latency,
                     max_leases: 5,
+                    pool: Some(&c.pool),
                 });
                 // A call the store could not answer (a 3 s budget run out) is counted, not timed.
                 let grant = match store.acquire(&mut candidates, &req).await {
@@ -246,15 +267,14 @@ async fn redis_figures(
     nodes: &mut [redis::aio::MultiplexedConnection],
     fleet: &[Proxy],
     ask: Ask,
-) -> (Figures, HashMap<&'static str, f64>) {
+) -> (Figures, HashMap<&'static str, f64>, Arc<RedisStore>) {
     static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let prefix = format!(
         "bench-{}-{}:",
         fleet.len(),
         RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let store = egress_lease_redis::RedisStore::new_with_tls(url, &prefix, Duration::from_secs(900), tls)
-        .expect("a Redis store");
+    let store = RedisStore::new_with_tls(url, &prefix, Duration::from_secs(900), tls).expect("a Redis store");
     let functions = store.function_names();
     let view: Vec<ViewEntry> = fleet
         .iter()
@@ -265,6 +285,7 @@ async fn redis_figures(
             max_leases: 5,
             offered: true,
             indexed: p.indexes.to_vec(),
+            pool: Some(p.pool.clone()),
         })
         .collect();
     store.publish_view(&view).await.expect("the view published");
@@ -280,7 +301,8 @@ async fn redis_figures(
             .await
             .expect("CONFIG RESETSTAT");
     }
-    let figures = load(Arc::new(store), ask.candidates(fleet), ask).await;
+    let store = Arc::new(store);
+    let figures = load(store.clone(), ask.candidates(fleet), ask).await;
     let mut times = HashMap::new();
     let (mut calls, mut micros) = (0u64, 0u64);
     for node in nodes.iter_mut() {
@@ -292,7 +314,59 @@ async fn redis_figures(
     let requests = (figures.acquire.len() + figures.release.len()).max(1);
     times.insert("fcall per call", micros as f64 / calls.max(1) as f64);
     times.insert("fcall per request", micros as f64 / requests as f64);
-    (figures, times)
+    (figures, times, store)
+}
+
+/// Where each shard of a cluster row's store lives (its hash tag's slot and master), and each
+/// master's share of the row's keys (`CLUSTER COUNTKEYSINSLOT` of its shards' slots) and of its
+/// calls (`INFO commandstats`' `FCALL` calls since the row began): a Markdown section.
+async fn cluster_shares(
+    n: usize,
+    store: &RedisStore,
+    urls: &[String],
+    nodes: &mut [redis::aio::MultiplexedConnection],
+) -> String {
+    let homes = store.shard_homes().await.expect("the cluster's map of slots");
+    let mut out = format!(
+        "\n{n} proxies on the 3-master cluster: each shard\n\n| shard | hash tag | slot | master |\n|---|---|---|---|\n"
+    );
+    for h in &homes {
+        out += &format!("| {} | `{}` | {} | {} |\n", h.shard.0, h.tag, h.slot, h.master);
+    }
+    let mut masters = Vec::new();
+    for (url, node) in urls.iter().zip(nodes.iter_mut()) {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(node)
+            .await
+            .expect("INFO");
+        if !info.lines().any(|l| l.trim() == "role:master") {
+            continue;
+        }
+        let address = url.trim_start_matches("redis://").to_owned();
+        let mut keys = 0u64;
+        for h in homes.iter().filter(|h| h.master == address) {
+            let in_slot: u64 = redis::cmd("CLUSTER")
+                .arg("COUNTKEYSINSLOT")
+                .arg(h.slot)
+                .query_async(node)
+                .await
+                .expect("CLUSTER COUNTKEYSINSLOT");
+            keys += in_slot;
+        }
+        let shards = homes.iter().filter(|h| h.master == address).count();
+        masters.push((address, shards, keys, fcall_stats(node).await.0));
+    }
+    let (all_keys, all_calls) = masters.iter().fold((0u64, 0u64), |(k, c), m| (k + m.2, c + m.3));
+    out += "\n| master | shards | keys (share) | FCALL calls (share) |\n|---|---|---|---|\n";
+    for (address, shards, keys, calls) in masters {
+        out += &format!(
+            "| {address} | {shards} | {keys} ({:.1} %) | {calls} ({:.1} %) |\n",
+            keys as f64 / all_keys.max(1) as f64 * 100.0,
+            calls as f64 / all_calls.max(1) as f64 * 100.0
+        );
+    }
+    out
 }
 
 /// `FCALL`'s calls and microseconds since the last `CONFIG RESETSTAT`, from `INFO
@@ -370,18 +444,19 @@ async fn fresh_redis_figures(fleet: &[Proxy], ask: Ask, pinned: Option<&str>) ->
     let redis = egress_testkit::redis::LocalRedis::start().expect("redis-server (apt-get install redis-server)");
     let mut single = admin(&[redis.url()]).await;
     let Some(every_core) = pinned else {
-        return redis_figures(&redis.url(), &Tls::default(), &mut single, fleet, ask).await;
+        let (figures, times, _) = redis_figures(&redis.url(), &Tls::default(), &mut single, fleet, ask).await;
+        return (figures, times);
     };
     let pid = redis.pid().expect("redis-server runs");
     pin(pid, "1");
-    let figures = egress_testkit::redis::on_one_worker(
+    let (figures, times, _) = egress_testkit::redis::on_one_worker(
         "0",
         every_core,
         redis_figures(&redis.url(), &Tls::default(), &mut single, fleet, ask),
     )
     .expect("the run on core 0");
     pin(pid, every_core);
-    figures
+    (figures, times)
 }
 
 #[tokio::main]
@@ -411,6 +486,7 @@ async fn main() {
         "| proxies | store | pairs per second | acquire p50 / p99 (ms) | release p50 / p99 (ms) | Redis per acquire / release (µs, slow log) | Redis per FCALL / per request (µs, INFO commandstats) | calls unanswered |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let mut shares = Vec::new();
     for n in SIZES {
         let fleet = fleet(n);
         for ask in [Ask::Any, Ask::Pool, Ask::Geo] {
@@ -447,11 +523,17 @@ async fn main() {
                 ("3-master cluster", cluster.url()),
                 ("3-master cluster, wait=1", format!("{}?wait=1", cluster.url())),
             ] {
-                let (r, times) = redis_figures(&url, &Tls::default(), &mut nodes, &fleet, ask).await;
+                let (r, times, store) = redis_figures(&url, &Tls::default(), &mut nodes, &fleet, ask).await;
                 row(n, name, &r, &m, &times);
+                if !url.contains("wait=") {
+                    shares.push(cluster_shares(n, &store, &cluster.node_urls(), &mut nodes).await);
+                }
             }
-            let (r, times) = redis_figures(&tls_url, &tls, &mut tls_single, &fleet, ask).await;
+            let (r, times, _) = redis_figures(&tls_url, &tls, &mut tls_single, &fleet, ask).await;
             row(n, "redis over TLS", &r, &m, &times);
         }
+    }
+    for section in shares {
+        print!("{section}");
     }
 }

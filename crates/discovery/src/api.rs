@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use egress_lease::{
-    Candidate, Grant, LeaseRequest, LeaseStore, NoMatch, NotRenewed, ReportResult, Scope, Session, SessionName,
-    SessionRefused, StoreError, Target, effective_ttl,
+    Candidate, Grant, LeaseRequest, LeaseStore, NoMatch, NotRenewed, ProxyRef, ReportResult, Scope, Session,
+    SessionName, SessionRefused, StoreError, Target, effective_ttl,
 };
 
 use crate::fleet::Fleet;
@@ -186,6 +186,7 @@ fn candidate(p: &ProxyInfo) -> Candidate<'_> {
         healthy: p.healthy,
         latency_millis: p.latency_millis,
         max_leases: p.max_leases,
+        pool: p.lease_pool(),
     }
 }
 
@@ -242,8 +243,14 @@ impl DiscoveryApi {
             .in_id_order()
             .filter(|p| healthy.is_none_or(|h| p.healthy == h) && matches(p, &selector) && in_scope(scope, p))
             .collect();
-        let ids: Vec<&str> = proxies.iter().map(|p| p.id.as_str()).collect();
-        let active = match self.store.active_leases(&ids).await {
+        let placed: Vec<ProxyRef<'_>> = proxies
+            .iter()
+            .map(|p| ProxyRef {
+                id: &p.id,
+                pool: p.lease_pool(),
+            })
+            .collect();
+        let active = match self.store.active_leases(&placed).await {
             Ok(a) => a,
             Err(e) => return store_failed(&e, "reading active leases"),
         };

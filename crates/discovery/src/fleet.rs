@@ -14,8 +14,7 @@ use imbl::OrdMap;
 
 use crate::proxy::ProxyInfo;
 
-/// The attribute key of a pool's name, always indexed.
-pub const POOL_KEY: &str = "pool";
+pub use egress_lease::POOL_KEY;
 /// Indexed attribute keys unless told otherwise (`--lease-index-attributes`), beside `pool`.
 pub const DEFAULT_INDEXED_KEYS: [&str; 2] = ["geo", "tier"];
 

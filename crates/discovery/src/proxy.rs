@@ -33,3 +33,11 @@ pub struct ProxyInfo {
     /// client scope's pools match ([`crate::ClientScope`]).
     pub pool: Option<String>,
 }
+
+impl ProxyInfo {
+    /// The pool a lease store keeps its leases with (a shard of their own on Redis): its `pool`
+    /// attribute, which is what a `pool` selector matches, member or not.
+    pub fn lease_pool(&self) -> Option<&str> {
+        self.attributes.get(egress_lease::POOL_KEY).map(String::as_str)
+    }
+}

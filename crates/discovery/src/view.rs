@@ -29,6 +29,7 @@ pub fn entries(proxies: &Fleet) -> Vec<ViewEntry> {
             max_leases: p.max_leases,
             offered: p.offered,
             indexed: crate::selection::published_indexes(proxies, p),
+            pool: p.lease_pool().map(str::to_owned),
         })
         .collect()
 }

@@ -25,11 +25,11 @@ struct Gate {
 
 #[async_trait::async_trait]
 impl Hooks for Gate {
-    async fn reading_active(&self, proxies: &[&str]) {
+    async fn reading_active(&self, proxies: &[egress_lease::ProxyRef<'_>]) {
         self.calls
             .lock()
             .unwrap()
-            .push(proxies.iter().map(|p| (*p).to_owned()).collect());
+            .push(proxies.iter().map(|p| p.id.to_owned()).collect());
         self.arrived.send_modify(|n| *n += 1);
         self.gate.acquire().await.expect("the gate stays open").forget();
     }

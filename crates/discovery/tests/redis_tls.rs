@@ -63,6 +63,7 @@ async fn lease_and_release(store: &RedisStore) -> Result<String, StoreError> {
             max_leases,
             offered: true,
             indexed: Vec::new(),
+            pool: None,
         }])
         .await?;
     let mut candidates = [Candidate {
@@ -70,6 +71,7 @@ async fn lease_and_release(store: &RedisStore) -> Result<String, StoreError> {
         healthy: true,
         latency_millis,
         max_leases,
+        pool: None,
     }]
     .into_iter();
     let request = LeaseRequest {

@@ -68,6 +68,7 @@ impl Hooks for Recording {
             healthy: true,
             latency_millis: 0,
             max_leases: CAPACITY,
+            pool: None,
         })
     }
 }

@@ -109,7 +109,10 @@ async fn a_session_is_answered_again_until_its_proxy_is_unfit() {
     let (status, moved) = s.lease(TEAM_A, json!({"session": "login-1"})).await;
     assert_eq!((status, &moved["proxy"]["id"]), (201, &json!("ns/b")), "{moved}");
     assert_eq!(
-        s.store.active_leases(&["ns/a", "ns/b"]).await.unwrap(),
+        s.store
+            .active_leases(&["ns/a", "ns/b"].map(egress_lease::ProxyRef::unpooled))
+            .await
+            .unwrap(),
         [0, 2],
         "a's slot given back; team-b's session is on b"
     );

@@ -55,6 +55,7 @@ async fn the_view_is_published_at_once_and_the_publisher_stops_on_shutdown() {
                 max_leases: 0,
                 offered: true,
                 indexed: vec![],
+                pool: None,
             },
             ViewEntry {
                 id: "crawl/b".into(),
@@ -64,6 +65,7 @@ async fn the_view_is_published_at_once_and_the_publisher_stops_on_shutdown() {
                 offered: true,
                 // The indexed keys' values only (the default: geo, tier, pool).
                 indexed: vec!["geo=eu".into()],
+                pool: None,
             },
         ]
     );

@@ -117,6 +117,19 @@ impl Calls {
         self.answered(answer)
     }
 
+    /// Sends a pipeline of plain commands within [`CALL_BUDGET`].
+    pub(crate) async fn query_pipe<T: redis::FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T, StoreError> {
+        let answer = self
+            .connection
+            .get()
+            .within(
+                CALL_BUDGET,
+                |mut live| async move { pipe.query_async::<T>(&mut live).await },
+            )
+            .await;
+        self.answered(answer)
+    }
+
     /// A call's answer, or the [`StoreError`] that says why there is none.
     pub(crate) fn answered<T>(&self, answer: Option<redis::RedisResult<T>>) -> Result<T, StoreError> {
         match answer {

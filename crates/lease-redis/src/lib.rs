@@ -7,11 +7,14 @@
 //! proxy's last slot. The scripts read Redis's own clock, so replicas agree on the time
 //! whatever theirs say (tests inject a clock with [`RedisStore::with_clock`]).
 //!
-//! Keys, each starting with `{<prefix>}` (default prefix [`DEFAULT_PREFIX`]) and each with a TTL
-//! so nothing outlives its use. The braces make the prefix the keys' hash tag: on a Redis
-//! Cluster every key of one store is in one slot, so each script runs on one node.
+//! The state is in shards (`placement.rs`): each pool's, and the unpooled proxies' over
+//! [`RedisStore::with_unpooled_shards`] shards. A shard's keys start with its hash tag,
+//! `{<prefix>}` for shard 0 (the tag of the layout before shards) and `{<prefix>|s<n>}` for
+//! shard `n` (default prefix [`DEFAULT_PREFIX`]), and each has a TTL so nothing outlives its
+//! use. On a Redis Cluster every key of one shard is in one slot, so each script runs on one
+//! node, and the shards spread over the masters. `route.rs` sends each call to its shards.
 //!
-//! | Key | Type | Holds | Lives |
+//! | Key (in each shard) | Type | Holds | Lives |
 //! |---|---|---|---|
 //! | `lease:<id>` | string | `<expires (ms)>,<target digest>,<proxy>` | until one cooldown window (at least [`EXPIRY_GRACE`]) after its expiry, or until it is among the oldest beyond the newest [`MAX_ENDED`] ended leases |
 //! | `active:<proxy>` | sorted set | the proxy's unreleased leases by expiry | [`EXPIRY_GRACE`] past its last lease's expiry |
@@ -27,6 +30,9 @@
 //! | `lsess:<lease>` | string | the session (`<client>/<name>`) the lease is of | as the lease's record |
 //! | `sessions:<client>` | sorted set | the client's sessions by their lease's expiry; at most its cap live | [`EXPIRY_GRACE`] past the last lease's expiry |
 //! | `session-clients` | set | the clients with sessions (the sweep counts each one's) | as the longest-lived `sessions:` |
+//!
+//! And under shard 0's tag, `shards` (a hash): the directory of the shards the published view
+//! places proxies in (`directory.rs`), living as the view.
 //!
 //! An acquire scoped to the installation ([`Scope::Installation`], an empty selector) is
 //! answered from `free`: its head, passing over at most [`INDEX_LOOK`] proxies that cool down
@@ -56,28 +62,36 @@
 
 mod calls;
 mod connection;
+mod directory;
 mod functions;
 mod gather;
+mod homes;
+mod placement;
 mod publish;
+mod route;
 mod session;
+mod shard;
 mod tls;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use egress_lease::{
-    Candidate, Clock, Fit, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, Member, NoMatch,
-    NotRenewed, ReportResult, Scope, Session, SessionRefused, StoreError, Target, UnknownLease, ViewEntry, lease_id,
+    Candidate, Clock, Fit, Grant, LeaseRequest, LeaseStore, MAX_ENDED, Member, NoMatch, NotRenewed, ProxyRef,
+    ReportResult, Session, SessionRefused, StoreError, Target, UnknownLease, ViewEntry,
 };
 
-use crate::calls::{Answer, Calls, Indexed, Reply, Request, Rounds, count, expiry, int, parse, text};
+use crate::calls::Calls;
 pub use crate::connection::shown_url;
 use crate::connection::{Current, split_wait};
+use crate::directory::Directory;
 use crate::functions::{Library, Op};
-use crate::gather::Gather;
+pub use crate::homes::ShardHome;
+pub use crate::placement::{MAX_UNPOOLED_SHARDS, MAX_WALK, ShardId};
+use crate::placement::{Placement, shard_of_lease, shard_tag};
 pub use crate::publish::PUBLISH_CHUNK;
-use crate::publish::Published;
+use crate::shard::Shard;
 pub use crate::tls::{ClientIdentity, Tls, TlsRoots};
 
 /// The key prefix unless told otherwise.
@@ -102,6 +116,9 @@ pub const EXPIRY_GRACE: Duration = Duration::from_secs(360);
 /// Indexed acquire runs that may each move a thousand expired leases before the choice, at
 /// most; past them the caller's candidates decide.
 pub const EXPIRY_RUNS: usize = 4;
+/// Shards a replica keeps its rounds and counts for, at most; a call for a shard beyond them
+/// (a lease id someone made up names any) goes alone.
+const MAX_KEPT_SHARDS: usize = 4096;
 
 /// Milliseconds since the epoch.
 fn millis(t: SystemTime) -> u64 {
@@ -118,20 +135,18 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// The scheme of a Redis Cluster's URL over TLS.
 pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 
-/// The lease store on one Redis server, or on a Redis Cluster: every key of one store lives in
-/// one slot.
+/// The lease store on one Redis server, or on a Redis Cluster: its state in shards, each in
+/// one slot (`placement.rs`).
 pub struct RedisStore {
-    calls: Arc<Calls>,
-    /// The installation's acquires and all releases, sent to Redis in rounds.
-    rounds: Gather<Rounds>,
-    /// All active leases as of this replica's last call (the scrape-time gauge).
-    last_total: AtomicUsize,
-    /// Cooldowns this replica's reports dropped for [`MAX_COOLDOWN_TARGETS`].
-    dropped: AtomicU64,
-    /// Live sessions by client, as of this replica's last session call or sweep.
-    sessions: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
-    /// This replica's last publication of the view, while it is known to be the one in Redis.
-    published: tokio::sync::Mutex<Option<Published>>,
+    /// What every shard's calls share; its tag is shard 0's, which also holds the directory.
+    calls: Calls,
+    prefix: String,
+    placement: Placement,
+    /// The shards this replica has called, by id.
+    shards: Mutex<HashMap<ShardId, Arc<Shard>>>,
+    directory: Directory,
+    /// The shards this replica's last publication placed proxies in; `None` before its first.
+    published: tokio::sync::Mutex<Option<std::collections::BTreeSet<ShardId>>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -139,6 +154,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("redis", &self.calls.shown)
             .field("keys", &self.calls.tag)
+            .field("placement", &self.placement)
             .field("cooldown", &self.calls.cooldown)
             .finish_non_exhaustive()
     }
@@ -148,9 +164,10 @@ impl RedisStore {
     /// A store on the Redis at `url` (`redis://[user:password@]host:port[/db]`, or
     /// `redis+cluster://[user:password@]host:port[,host:port…]` for a Redis Cluster; `rediss`
     /// for either over TLS, the server checked against the system's CA certificates), keys under
-    /// `{<prefix>}`, with the cooldown window (and lease retention after expiry) `cooldown`,
-    /// on Redis's clock. Connects lazily: a Redis that is down at start only makes calls fail
-    /// until it is up. Must be called inside a tokio runtime.
+    /// `{<prefix>}` and `{<prefix>|s<shard>}`, with the cooldown window (and lease retention
+    /// after expiry) `cooldown`, on Redis's clock, the unpooled proxies in one shard.
+    /// Connects lazily: a Redis that is down at start only makes calls fail until it is up.
+    /// Must be called inside a tokio runtime.
     ///
     /// # Errors
     /// The URL is not a Redis URL, or the prefix holds a brace (it would break the hash tag).
@@ -169,19 +186,20 @@ impl RedisStore {
     /// off).
     pub fn new_with_tls(url: &str, prefix: &str, cooldown: Duration, tls: &Tls) -> Result<Self, String> {
         let shown = shown_url(url);
-        let tag = tag(prefix)?;
+        check_prefix(prefix)?;
         let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
         let connection = Current::open(&url, tls).map_err(|e| format!("lease store {shown}: {e}"))?;
-        Ok(Self::on(Calls {
+        let calls = Calls {
             connection: Arc::new(connection),
             library: Arc::new(Library::new()),
-            tag,
+            tag: shard_tag(prefix, ShardId(0)),
             clock: None,
             cooldown,
             max_ended: MAX_ENDED,
             shown,
             wait_replicas,
-        }))
+        };
+        Ok(Self::on(calls, prefix, Placement::new(1)?))
     }
 
     /// Makes the store's calls from now on go over a new connection made with `tls`: a renewed
@@ -200,21 +218,28 @@ impl RedisStore {
             .map_err(|e| format!("lease store {}: {e}", self.calls.shown))
     }
 
-    fn on(calls: Calls) -> Self {
-        let calls = Arc::new(calls);
+    fn on(calls: Calls, prefix: &str, placement: Placement) -> Self {
         Self {
-            rounds: Gather::new(Arc::new(Rounds(calls.clone()))),
             calls,
-            last_total: AtomicUsize::new(0),
-            dropped: AtomicU64::new(0),
-            sessions: std::sync::Mutex::default(),
+            prefix: prefix.to_owned(),
+            placement,
+            shards: Mutex::default(),
+            directory: Directory::new(),
             published: tokio::sync::Mutex::new(None),
         }
     }
 
+    /// A store like this one (same connection), with `calls` changed by `change`.
+    fn remade(self, change: impl FnOnce(&mut Calls)) -> Self {
+        let mut calls = self.calls.clone();
+        change(&mut calls);
+        Self::on(calls, &self.prefix, self.placement)
+    }
+
     /// Each operation's name (`acquire`, `acquire_indexed`, `release`, `report`, `active`,
-    /// `sweep`, `publish`) and its function's (what `FCALL` and Redis's slow log name it by),
-    /// for benches and diagnostics that attribute Redis's time to the operations.
+    /// `sweep`, `publish`, `session`, `renew`) and its function's (what `FCALL` and Redis's
+    /// slow log name it by), for benches and diagnostics that attribute Redis's time to the
+    /// operations.
     pub fn function_names(&self) -> Vec<(&'static str, String)> {
         Op::ALL
             .iter()
@@ -222,13 +247,11 @@ impl RedisStore {
             .collect()
     }
 
-    /// The same store keeping at most `max_ended` ended leases reportable (tests of the bound).
+    /// The same store keeping at most `max_ended` ended leases reportable in each shard (tests
+    /// of the bound).
     #[must_use]
     pub fn with_max_ended(self, max_ended: usize) -> Self {
-        Self::on(Calls {
-            max_ended,
-            ..(*self.calls).clone()
-        })
+        self.remade(|c| c.max_ended = max_ended)
     }
 
     /// The same store (and connection) with its keys under `prefix`: a caller that checks the
@@ -238,165 +261,82 @@ impl RedisStore {
     /// # Errors
     /// The prefix holds a brace (it would break the hash tag).
     pub fn with_prefix(self, prefix: &str) -> Result<Self, String> {
-        Ok(Self::on(Calls {
-            tag: tag(prefix)?,
-            ..(*self.calls).clone()
-        }))
+        check_prefix(prefix)?;
+        let placement = self.placement;
+        let mut calls = self.calls;
+        calls.tag = shard_tag(prefix, ShardId(0));
+        Ok(Self::on(calls, prefix, placement))
+    }
+
+    /// The same store with the unpooled proxies spread over `shards` shards (1 to
+    /// [`MAX_UNPOOLED_SHARDS`]); every replica of an installation must be told the same.
+    ///
+    /// # Errors
+    /// `shards` is out of that range.
+    pub fn with_unpooled_shards(self, shards: u16) -> Result<Self, String> {
+        let placement = Placement::new(shards)?;
+        Ok(Self::on(self.calls, &self.prefix, placement))
     }
 
     /// The same store on `clock` instead of Redis's (tests that move time by hand).
     #[must_use]
     pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
-        Self::on(Calls {
-            clock: Some(clock),
-            ..(*self.calls).clone()
-        })
+        self.remade(|c| c.clock = Some(clock))
     }
 
-    /// Runs the operation's function on the store's keys with `args` within [`CALL_BUDGET`].
-    async fn run<T: redis::FromRedisValue>(&self, op: Op, args: &[String]) -> Result<T, StoreError> {
-        self.calls.run(op, args).await
+    /// The hash tag of each shard this replica has called, by shard (benches that show where
+    /// the shards live).
+    pub fn shard_tags(&self) -> Vec<(ShardId, String)> {
+        let mut tags: Vec<(ShardId, String)> = self.kept().iter().map(|s| (s.id, s.calls.tag.clone())).collect();
+        tags.sort();
+        tags
     }
 
-    /// One run of the acquire script over `batch`; `None` when the batch had no idle eligible
-    /// proxy and was not `last` (the caller then sends every candidate).
-    async fn acquire_listed(
-        &self,
-        batch: &[Candidate<'_>],
-        last: bool,
-        req: &LeaseRequest,
-    ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
-        let answer = self.run_listed(batch, last, req, None).await?;
-        Ok(self.answer(answer, req))
-    }
-
-    /// One run of the acquire script over `batch`, in the session `session` (its key and the
-    /// client's cap) if any. Tried with a new lease id when the last was taken (three tries).
-    async fn run_listed(
-        &self,
-        batch: &[Candidate<'_>],
-        last: bool,
-        req: &LeaseRequest,
-        session: Option<(&str, usize)>,
-    ) -> Result<Answer, StoreError> {
-        let mut args = vec![
-            self.calls.now(),
-            duration_millis(req.ttl).to_string(),
-            req.target.as_ref().map(Target::hex).unwrap_or_default(),
-            String::new(),
-            duration_millis(self.calls.cooldown).to_string(),
-            batch.len().to_string(),
-            if last { "1" } else { "0" }.to_owned(),
-            self.calls.max_ended.to_string(),
-            session.map(|(key, _)| key.to_owned()).unwrap_or_default(),
-            session.map_or(0, |(_, cap)| cap).to_string(),
-        ];
-        for c in batch {
-            args.push(c.id.to_owned());
-            args.push(if c.healthy { "1" } else { "0" }.to_owned());
-            args.push(c.latency_millis.to_string());
-            args.push(c.max_leases.to_string());
+    /// The shard `id`, made on first use.
+    fn shard(&self, id: ShardId) -> Arc<Shard> {
+        let mut shards = self.shards.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(shard) = shards.get(&id) {
+            return shard.clone();
         }
-        for _ in 0..3 {
-            args[3] = lease_id();
-            let answer = self
-                .calls
-                .run_acquire(Op::Acquire, &args)
-                .await
-                .and_then(|(answer, replicated)| {
-                    // A grant carries all active leases after its lease.
-                    let granted = matches!(answer.first(), Some(redis::Value::Int(1)));
-                    let total = if granted { int(answer.get(4))? } else { 0 };
-                    let parsed = parse(&answer, &args[3], total)?;
-                    if granted {
-                        self.calls.replicated(replicated)?;
-                    }
-                    Ok(parsed)
-                });
-            match answer {
-                Ok(Answer::Taken { lease_id }) => self.calls.release_later(lease_id),
-                Ok(answer) => return Ok(answer),
-                Err(e) => {
-                    // The script may have run and granted with its answer lost, or granted
-                    // what no replica had in time: that lease is given back, so a retried
-                    // request does not find the slot taken.
-                    self.calls.release_later(args[3].clone());
-                    return Err(e);
-                }
-            }
+        let shard = Arc::new(self.new_shard(id));
+        if shards.len() < MAX_KEPT_SHARDS {
+            shards.insert(id, shard.clone());
         }
-        Err(taken())
+        shard
     }
 
-    /// Acquires from the index of `names` (none: the installation's), in a batch with the
-    /// acquires that arrive meanwhile; `None` when the index cannot answer (no view published,
-    /// one that does not know the index, cooldowns at its head hiding more than [`INDEX_LOOK`]
-    /// proxies, several indexes with no proxy in all): the caller then sends its candidates.
-    async fn acquire_indexed(
-        &self,
-        req: &LeaseRequest,
-        names: &[String],
-    ) -> Result<Option<Result<Grant, NoMatch>>, StoreError> {
-        let target = req.target.as_ref().map(Target::hex).unwrap_or_default();
-        for _ in 0..3 {
-            let request = Indexed {
-                ttl: req.ttl,
-                target: target.clone(),
-                lease_id: lease_id(),
-                names: names.to_vec(),
-            };
-            match self.rounds.call(Request::Acquire(request)).await? {
-                Reply::Acquire(Answer::Taken { lease_id }) => self.calls.release_later(lease_id),
-                Reply::Acquire(answer) => return Ok(self.answer(answer, req)),
-                Reply::Release(_) => return Err(mixed_up()),
-            }
-        }
-        Err(taken())
+    /// The shards this replica keeps.
+    fn kept(&self) -> Vec<Arc<Shard>> {
+        let shards = self.shards.lock().unwrap_or_else(PoisonError::into_inner);
+        shards.values().cloned().collect()
     }
 
-    /// What an acquire answers for a script's answer other than [`Answer::Taken`]; `None` for
-    /// [`Answer::Candidates`].
-    fn answer(&self, answer: Answer, req: &LeaseRequest) -> Option<Result<Grant, NoMatch>> {
-        match answer {
-            Answer::Granted {
-                lease_id,
-                proxy,
-                active,
-                expires,
-                total,
-                sessions: _,
-            } => {
-                self.remember_total(total);
-                Some(Ok(Grant {
-                    lease_id,
-                    proxy_id: proxy,
-                    expires_at: expiry(expires),
-                    ttl: req.ttl,
-                    active_leases: active,
-                    resumed: false,
-                }))
-            }
-            Answer::NoMatch(n) => Some(Err(n)),
-            // The last two only answer a request in a session (`session.rs`).
-            Answer::Candidates | Answer::Taken { .. } | Answer::SessionChanged | Answer::TooManySessions { .. } => None,
-        }
+    /// The shard of the lease `lease_id`. A shard this replica has not used is not kept for
+    /// it: anyone may make up an id naming any shard.
+    fn lease_shard(&self, lease_id: &str) -> Arc<Shard> {
+        let id = shard_of_lease(lease_id);
+        let kept = self
+            .shards
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+            .cloned();
+        kept.unwrap_or_else(|| Arc::new(self.new_shard(id)))
     }
 
-    fn remember_total(&self, total: i64) {
-        self.last_total
-            .store(usize::try_from(total).unwrap_or(0), Ordering::Relaxed);
+    fn new_shard(&self, id: ShardId) -> Shard {
+        Shard::new(
+            id,
+            Calls {
+                tag: shard_tag(&self.prefix, id),
+                ..self.calls.clone()
+            },
+        )
     }
-}
 
-/// A round answered a request with the other kind's answer: a fault of the round.
-fn mixed_up() -> StoreError {
-    StoreError("a round answered a request of another kind".to_owned())
-}
-
-/// Three lease ids in a row taken (see [`Answer::Taken`]): 128 random bits do not collide in
-/// practice, so that is a fault.
-fn taken() -> StoreError {
-    StoreError("three lease ids in a row were taken".to_owned())
+    fn shard_of(&self, id: &str, pool: Option<&str>) -> ShardId {
+        self.placement.shard(id, pool)
+    }
 }
 
 #[async_trait::async_trait]
@@ -406,33 +346,7 @@ impl LeaseStore for RedisStore {
         candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
         req: &LeaseRequest,
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
-        // An index answers in a bounded number of steps whatever the fleet.
-        let names = match &req.scope {
-            Scope::Listed => None,
-            Scope::Installation => Some(&[][..]),
-            Scope::Indexed(names) => Some(&names[..]),
-        };
-        if let Some(names) = names
-            && let Some(answer) = self.acquire_indexed(req, names).await?
-        {
-            return Ok(answer);
-        }
-        // The first batch holds the best idle proxy on any fleet with free ones; only without
-        // one does Redis get every candidate, in one run, so the choice stays atomic. The rest
-        // of the fleet is read only then, so the usual acquire costs the same on any fleet.
-        let mut all: Vec<Candidate<'c>> = (&mut *candidates).take(BATCH).collect();
-        let next = candidates.next();
-        let answer = match self.acquire_listed(&all, next.is_none(), req).await? {
-            Some(answer) => answer,
-            None => {
-                all.extend(next);
-                all.extend(candidates);
-                self.acquire_listed(&all, true, req)
-                    .await?
-                    .ok_or_else(|| StoreError("the final acquire run asked for more".to_owned()))?
-            }
-        };
-        Ok(answer)
+        self.acquire_routed(candidates, req).await
     }
 
     async fn acquire_session<'c>(
@@ -451,20 +365,22 @@ impl LeaseStore for RedisStore {
         ttl: Duration,
         fit: &Fit<'_>,
     ) -> Result<Result<Grant, NotRenewed>, StoreError> {
-        self.renew_lease(lease_id, ttl, fit).await
+        self.lease_shard(lease_id).renew_lease(lease_id, ttl, fit).await
     }
 
     fn sessions_now(&self) -> Vec<(String, usize)> {
-        let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
-        sessions.iter().map(|(client, n)| (client.clone(), *n)).collect()
+        let mut by_client = std::collections::BTreeMap::<String, usize>::new();
+        for shard in self.kept() {
+            let sessions = shard.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+            for (client, n) in sessions.iter() {
+                *by_client.entry(client.clone()).or_default() += n;
+            }
+        }
+        by_client.into_iter().collect()
     }
 
     async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        let Reply::Release(total) = self.rounds.call(Request::Release(lease_id.to_owned())).await? else {
-            return Err(mixed_up());
-        };
-        self.remember_total(total);
-        Ok(())
+        self.lease_shard(lease_id).release(lease_id).await
     }
 
     async fn report(
@@ -473,60 +389,35 @@ impl LeaseStore for RedisStore {
         result: ReportResult,
         target: Option<Target>,
     ) -> Result<Result<(), UnknownLease>, StoreError> {
-        let kind = if result == ReportResult::Ok { "ok" } else { "cool" };
-        let known: i64 = self
-            .run(
-                Op::Report,
-                &[
-                    self.calls.now(),
-                    lease_id.to_owned(),
-                    kind.to_owned(),
-                    target.as_ref().map(Target::hex).unwrap_or_default(),
-                    duration_millis(self.calls.cooldown).to_string(),
-                    MAX_COOLDOWN_TARGETS.to_string(),
-                ],
-            )
-            .await?;
-        if known == 2 {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(if known == 0 { Err(UnknownLease) } else { Ok(()) })
+        self.lease_shard(lease_id).report(lease_id, result, target).await
     }
 
     fn cooldowns_dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.kept().iter().map(|s| s.dropped()).sum()
     }
 
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
-        let mut args = vec![self.calls.now()];
-        args.extend(proxies.iter().map(|p| (*p).to_owned()));
-        let mut counts: Vec<i64> = self.run(Op::Active, &args).await?;
-        if let Some(total) = counts.pop() {
-            self.remember_total(total);
-        }
-        Ok(counts.into_iter().map(|n| usize::try_from(n).unwrap_or(0)).collect())
+    async fn active_leases(&self, proxies: &[ProxyRef<'_>]) -> Result<Vec<usize>, StoreError> {
+        self.active_by_shard(proxies).await
     }
 
     async fn active_total(&self) -> Result<usize, StoreError> {
-        let counts: Vec<i64> = self.run(Op::Active, &[self.calls.now()]).await?;
-        let total = counts.last().copied().unwrap_or(0);
-        self.remember_total(total);
-        Ok(usize::try_from(total).unwrap_or(0))
+        let listed = self.listed_shards().await?;
+        let totals = futures::future::try_join_all(
+            listed
+                .iter()
+                .map(|s| async move { self.shard(*s).active(&[]).await.map(|(_, total)| total) }),
+        )
+        .await?;
+        Ok(totals.into_iter().sum())
     }
 
     fn active_total_now(&self) -> usize {
-        self.last_total.load(Ordering::Relaxed)
+        self.kept().iter().map(|s| s.total_now()).sum()
     }
 
     async fn sweep(&self) -> Result<(), StoreError> {
-        let [max_ended, retention] = self.calls.ended_args();
-        let answer: Vec<redis::Value> = self.run(Op::Sweep, &[self.calls.now(), max_ended, retention]).await?;
-        self.remember_total(int(answer.first())?);
-        let mut sessions = std::collections::BTreeMap::new();
-        for pair in answer.get(1..).unwrap_or_default().chunks(2) {
-            sessions.insert(text(pair.first())?, count(pair.get(1))?);
-        }
-        *self.sessions.lock().unwrap_or_else(PoisonError::into_inner) = sessions;
+        let listed = self.listed_shards().await?;
+        futures::future::try_join_all(listed.iter().map(|s| async move { self.shard(*s).sweep().await })).await?;
         Ok(())
     }
 
@@ -535,12 +426,12 @@ impl LeaseStore for RedisStore {
     }
 }
 
-/// The hash tag of `prefix`'s keys, `{<prefix>}`.
-fn tag(prefix: &str) -> Result<String, String> {
+/// Refuses a prefix that would break the hash tags.
+fn check_prefix(prefix: &str) -> Result<(), String> {
     if prefix.contains(['{', '}']) {
         return Err(format!("lease store key prefix {prefix:?}: braces are not allowed"));
     }
-    Ok(format!("{{{prefix}}}"))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use std::collections::{HashMap, HashSet};
 use egress_lease::{StoreError, ViewEntry, lease_id};
 
 use crate::functions::Op;
-use crate::{RedisStore, VIEW_LIFETIME, duration_millis};
+use crate::shard::Shard;
+use crate::{VIEW_LIFETIME, duration_millis};
 
 /// The most proxies (set or removed) one publication run carries.
 pub const PUBLISH_CHUNK: usize = 1000;
@@ -44,8 +45,9 @@ enum First<'a> {
     Take,
 }
 
-impl RedisStore {
-    pub(crate) async fn publish(&self, view: &[ViewEntry]) -> Result<(), StoreError> {
+impl Shard {
+    /// Publishes the shard's part of the view.
+    pub(crate) async fn publish(&self, view: &[&ViewEntry]) -> Result<(), StoreError> {
         let entries: HashMap<String, String> = view
             .iter()
             .map(|e| {
@@ -144,7 +146,7 @@ impl RedisStore {
                 args.push((*id).to_owned());
                 args.push((*value).to_owned());
             }
-            let size: i64 = self.run(Op::Publish, &args).await?;
+            let size: i64 = self.calls.run(Op::Publish, &args).await?;
             let Ok(size) = usize::try_from(size) else {
                 return Ok(None);
             };

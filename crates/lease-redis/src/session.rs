@@ -11,25 +11,20 @@
 //!
 //! A session's first lease is chosen from the candidates, never from the installation's index:
 //! the index cannot bind a session, and a session asks for a new lease only when it starts or
-//! moves.
+//! moves. A session lives in its lease's shard; `route.rs` finds it there.
 
 use std::time::Duration;
 
-use egress_lease::{
-    Candidate, Fit, Grant, LeaseRequest, Member, NotRenewed, Session, SessionRefused, StoreError, Target,
-};
+use egress_lease::{Fit, Grant, LeaseRequest, NotRenewed, Session, StoreError, Target};
 use redis::Value;
 
-use crate::calls::{Answer, count, expiry, int, text};
+use crate::calls::{count, expiry, int, text};
+use crate::duration_millis;
 use crate::functions::Op;
-use crate::{BATCH, RedisStore, duration_millis};
-
-/// Reads of a session in one acquire, at most: each further one follows another replica's
-/// change to the session, and a session changes only when its lease starts, moves or ends.
-const SESSION_READS: usize = 3;
+use crate::shard::Shard;
 
 /// What the session step did.
-enum Step {
+pub(crate) enum Step {
     /// The session changed since it was read.
     Changed,
     /// The session's lease, extended.
@@ -38,83 +33,9 @@ enum Step {
     Free,
 }
 
-/// The request's candidates, read as far as needed and kept for another try.
-struct Listed<'a, 'c> {
-    read: Vec<Candidate<'c>>,
-    rest: &'a mut (dyn Iterator<Item = Candidate<'c>> + Send),
-}
-
-impl<'c> Listed<'_, 'c> {
-    /// The first batch, and whether it is all of them.
-    fn first(&mut self) -> (&[Candidate<'c>], bool) {
-        let want = (BATCH + 1).saturating_sub(self.read.len());
-        self.read.extend((&mut *self.rest).take(want));
-        let last = self.read.len() <= BATCH;
-        (&self.read[..self.read.len().min(BATCH)], last)
-    }
-
-    fn all(&mut self) -> &[Candidate<'c>] {
-        self.read.extend(&mut *self.rest);
-        &self.read
-    }
-}
-
-impl RedisStore {
-    /// [`egress_lease::LeaseStore::acquire_session`].
-    pub(crate) async fn in_session<'c>(
-        &self,
-        candidates: &mut (dyn Iterator<Item = Candidate<'c>> + Send),
-        member: &Member<'c>,
-        req: &LeaseRequest,
-        session: &Session<'_>,
-    ) -> Result<Result<Grant, SessionRefused>, StoreError> {
-        let key = session.key();
-        let mut listed = Listed {
-            read: Vec::new(),
-            rest: candidates,
-        };
-        for _ in 0..SESSION_READS {
-            if let Some((lease, proxy)) = self.read_session(&key).await? {
-                let fit = member(&proxy).is_some_and(|c| c.healthy);
-                match self.session_step(session, &key, &lease, fit, req).await? {
-                    Step::Changed => continue,
-                    Step::Resumed(grant) => return Ok(Ok(grant)),
-                    Step::Free => {}
-                }
-            }
-            let (first, last) = listed.first();
-            let mut answer = self.run_listed(first, last, req, Some((&key, session.cap))).await?;
-            if answer == Answer::Candidates {
-                answer = self
-                    .run_listed(listed.all(), true, req, Some((&key, session.cap)))
-                    .await?;
-            }
-            let refused = match answer {
-                Answer::SessionChanged => continue,
-                Answer::TooManySessions { held } => SessionRefused::TooMany { held, cap: session.cap },
-                Answer::NoMatch(n) => SessionRefused::NoMatch(n),
-                Answer::Granted { sessions, .. } => {
-                    if let Some(n) = sessions {
-                        self.note_sessions(session.client, n);
-                    }
-                    return match self.answer(answer, req) {
-                        Some(Ok(grant)) => Ok(Ok(grant)),
-                        _ => Err(StoreError("a grant did not read as one".to_owned())),
-                    };
-                }
-                Answer::Candidates | Answer::Taken { .. } => {
-                    return Err(StoreError("the final acquire run asked for more".to_owned()));
-                }
-            };
-            return Ok(Err(refused));
-        }
-        Err(StoreError(format!(
-            "session {key}: changed by other replicas {SESSION_READS} times while this one asked for it"
-        )))
-    }
-
+impl Shard {
     /// The session's lease and its proxy, when it names one.
-    async fn read_session(&self, key: &str) -> Result<Option<(String, String)>, StoreError> {
+    pub(crate) async fn read_session(&self, key: &str) -> Result<Option<(String, String)>, StoreError> {
         let mut get = redis::cmd("GET");
         get.arg(format!("{}session:{key}", self.calls.tag));
         let held: Option<String> = self.calls.query(&get).await?;
@@ -122,7 +43,7 @@ impl RedisStore {
     }
 
     /// `lua/session.lua` on the session as read (`lease`), its proxy `fit` for the request.
-    async fn session_step(
+    pub(crate) async fn session_step(
         &self,
         session: &Session<'_>,
         key: &str,
@@ -173,7 +94,7 @@ impl RedisStore {
             duration_millis(ttl).to_string(),
             duration_millis(self.calls.cooldown).to_string(),
         ];
-        let peeked: Vec<Value> = self.run(Op::Renew, &args).await?;
+        let peeked: Vec<Value> = self.calls.run(Op::Renew, &args).await?;
         let Some(proxy) = peeked.first().map(|p| text(Some(p))).transpose()? else {
             return Ok(Err(NotRenewed::Ended));
         };
@@ -190,7 +111,7 @@ impl RedisStore {
         Ok(Ok(extended(lease_id, &answer)?))
     }
 
-    fn note_sessions(&self, client: &str, n: usize) {
+    pub(crate) fn note_sessions(&self, client: &str, n: usize) {
         let mut sessions = self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if n == 0 {
             sessions.remove(client);

@@ -6,103 +6,100 @@
 use egress_lease::testing as suite;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use egress_lease::{LeaseStore, ManualClock};
 use egress_lease_redis::RedisStore;
 
-/// The test Redis, or `None` (skip) when there is none and none is required.
-pub fn redis_url() -> Option<String> {
-    test_url("EGRESS_TEST_REDIS_URL", "redis-server")
+mod common;
+use common::{cluster_url, fresh_prefix, nodes_of, redis_url};
+
+/// Suite stores on the test Redis or on the test cluster, the unpooled proxies over `shards`
+/// shards; each pool has a shard of its own whatever `shards` is.
+struct Redis {
+    cluster: bool,
+    shards: u16,
 }
 
-/// The test Redis Cluster (three masters), or `None` (skip) when there is none and none is
-/// required.
-pub fn cluster_url() -> Option<String> {
-    test_url("EGRESS_TEST_REDIS_CLUSTER_URL", "a Redis Cluster")
-}
+/// One Redis, the unpooled proxies in one shard.
+const ONE: Redis = Redis {
+    cluster: false,
+    shards: 1,
+};
+/// The cluster (three masters), the unpooled proxies in one shard.
+const CLUSTER: Redis = Redis {
+    cluster: true,
+    shards: 1,
+};
 
-fn test_url(var: &str, what: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            egress_testkit::real::skip_or_fail(
-                &format!("a case on {what}"),
-                &format!("{var} is not set (`cargo xtask test` starts {what} and sets it)"),
-            );
-            None
-        }
+impl Redis {
+    fn url(&self) -> Option<String> {
+        if self.cluster { cluster_url() } else { redis_url() }
     }
-}
 
-/// A prefix no other test uses, so cases share one Redis.
-pub fn fresh_prefix() -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "test-{}-{}-{}:",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros()),
-        N.fetch_add(1, Ordering::SeqCst)
-    )
-}
-
-struct Redis;
-
-/// A suite store on `url` under `prefix`.
-fn suite_store(url: &str, prefix: &str, clock: &ManualClock, cooldown: Duration) -> Arc<dyn LeaseStore> {
-    Arc::new(
-        RedisStore::new(url, prefix, cooldown)
-            .expect("a store")
-            .with_clock(Arc::new(clock.clone()))
-            .with_max_ended(suite::MAX_ENDED),
-    )
-}
-
-/// Two stores on the same keys, each with its own connection: two replicas of the API.
-fn suite_replicas(url: &str, clock: &ManualClock) -> [Arc<dyn LeaseStore>; 2] {
-    let prefix = fresh_prefix();
-    [0, 1].map(|_| suite_store(url, &prefix, clock, suite::COOLDOWN))
+    /// A suite store under `prefix`.
+    fn store_under(&self, url: &str, prefix: &str, clock: &ManualClock, cooldown: Duration) -> Arc<dyn LeaseStore> {
+        Arc::new(
+            RedisStore::new(url, prefix, cooldown)
+                .and_then(|s| s.with_unpooled_shards(self.shards))
+                .expect("a store")
+                .with_clock(Arc::new(clock.clone()))
+                .with_max_ended(suite::MAX_ENDED),
+        )
+    }
 }
 
 impl suite::Backend for Redis {
     fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
-        Some(suite_store(&redis_url()?, &fresh_prefix(), &clock, cooldown))
+        Some(self.store_under(&self.url()?, &fresh_prefix(), &clock, cooldown))
     }
 
+    /// Two stores on the same keys, each with its own connection: two replicas of the API.
     fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
-        Some(suite_replicas(&redis_url()?, &clock))
+        let (url, prefix) = (self.url()?, fresh_prefix());
+        Some([0, 1].map(|_| self.store_under(&url, &prefix, &clock, suite::COOLDOWN)))
+    }
+
+    fn keeps_pools_apart(&self) -> bool {
+        true
     }
 }
 
-egress_lease::lease_store_suite!(Redis);
+egress_lease::lease_store_suite!(ONE);
 
-/// Every key of a store in one slot of a Redis Cluster: the same cases there.
-struct RedisCluster;
-
-impl suite::Backend for RedisCluster {
-    fn store_with_cooldown(&self, clock: ManualClock, cooldown: Duration) -> Option<Arc<dyn LeaseStore>> {
-        Some(suite_store(&cluster_url()?, &fresh_prefix(), &clock, cooldown))
-    }
-
-    fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
-        Some(suite_replicas(&cluster_url()?, &clock))
-    }
-}
-
+/// Each shard's keys in a slot of their own on a Redis Cluster: the same cases there.
 mod cluster {
-    egress_lease::lease_store_suite!(super::RedisCluster);
+    egress_lease::lease_store_suite!(super::CLUSTER);
 
     mod indexed {
-        egress_lease::lease_store_suite!(egress_lease::testing::Indexed(super::super::RedisCluster));
+        egress_lease::lease_store_suite!(egress_lease::testing::Indexed(super::super::CLUSTER));
     }
 }
 
 /// The same cases answered from the installation's index of the published view.
 mod indexed {
-    egress_lease::lease_store_suite!(egress_lease::testing::Indexed(super::Redis));
+    egress_lease::lease_store_suite!(egress_lease::testing::Indexed(super::ONE));
+}
+
+/// The unpooled proxies over four shards, on one Redis and on the cluster.
+mod sharded {
+    const ONE: super::Redis = super::Redis {
+        cluster: false,
+        shards: 4,
+    };
+    const CLUSTER: super::Redis = super::Redis {
+        cluster: true,
+        shards: 4,
+    };
+    egress_lease::lease_store_suite!(sharded: ONE);
+
+    mod cluster {
+        egress_lease::lease_store_suite!(sharded: super::CLUSTER);
+    }
+
+    mod indexed {
+        egress_lease::lease_store_suite!(sharded: egress_lease::testing::Indexed(super::ONE));
+    }
 }
 
 /// Every key of the store under `prefix` starts with this (its hash tag).
@@ -122,6 +119,18 @@ async fn keys_under(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnecti
         .query_async(&mut c)
         .await
         .unwrap();
+    (c, keys)
+}
+
+/// A connection of the test's own, and every key of the store under `prefix` in any shard.
+async fn keys_under_every_shard(url: &str, prefix: &str) -> (redis::aio::MultiplexedConnection, Vec<String>) {
+    let (mut c, mut keys) = keys_under(url, prefix).await;
+    let others: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{prefix}|s*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    keys.extend(others);
     (c, keys)
 }
 
@@ -155,6 +164,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         max_leases: 1,
         offered: true,
         indexed: Vec::new(),
+        pool: None,
     }])
     .await
     .expect("publish");
@@ -173,6 +183,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         max_leases: 5,
         offered: true,
         indexed: Vec::new(),
+        pool: None,
     }])
     .await
     .expect("publish");
@@ -189,6 +200,7 @@ async fn the_published_view_decides_capacity_and_health_for_every_replica() {
         max_leases: 5,
         offered: false,
         indexed: Vec::new(),
+        pool: None,
     }])
     .await
     .expect("publish");
@@ -275,6 +287,7 @@ async fn every_key_has_a_ttl_of_its_kind() {
         max_leases: 5,
         offered: true,
         indexed: Vec::new(),
+        pool: None,
     }])
     .await
     .expect("publish");
@@ -293,8 +306,8 @@ async fn every_key_has_a_ttl_of_its_kind() {
             "cool" => window,
             // As long as the longest-lived record it names.
             "ended" => ttl + window.max(grace),
-            // The view and its index.
-            "view" | "count" | "free" | "indexes" => view,
+            // The view, its index and the directory of shards.
+            "view" | "count" | "free" | "indexes" | "shards" => view,
             other => panic!("a key of unknown kind: {key} ({other})"),
         };
         assert!(left > 0 && left <= most, "{key}: {left} ms left, at most {most}");
@@ -327,6 +340,7 @@ async fn every_key_has_a_ttl_of_its_kind() {
             "session",
             "session-clients",
             "sessions",
+            "shards",
             "view"
         ]
     );
@@ -469,6 +483,7 @@ async fn scoped(s: &RedisStore, fleet: &[suite::P]) -> Result<egress_lease::Gran
         healthy: p.healthy,
         latency_millis: p.latency_millis,
         max_leases: p.max_leases,
+        pool: p.pool(),
     });
     let req = egress_lease::LeaseRequest {
         scope: egress_lease::Scope::Installation,
@@ -485,6 +500,7 @@ fn entry(id: &str, healthy: bool, latency_millis: i64, max_leases: i32) -> egres
         max_leases,
         offered: true,
         indexed: Vec::new(),
+        pool: None,
     }
 }
 
@@ -531,9 +547,11 @@ async fn from_indexes(s: &RedisStore, names: &[&str]) -> Result<egress_lease::Gr
         .expect("the store answers")
 }
 
+/// `entry` in the indexes `names`, and in the pool a `pool=` one names.
 fn in_indexes(entry: egress_lease::ViewEntry, names: &[&str]) -> egress_lease::ViewEntry {
     egress_lease::ViewEntry {
         indexed: names.iter().map(|n| (*n).to_owned()).collect(),
+        pool: names.iter().find_map(|n| n.strip_prefix("pool=")).map(str::to_owned),
         ..entry
     }
 }
@@ -592,22 +610,25 @@ async fn attribute_indexes_answer_from_the_view_and_follow_its_changes() {
             unhealthy: 1
         }
     );
-    // Every index key lives as the view does, and one nobody is in is gone.
-    let (mut c, keys) = keys_under(&url, &prefix).await;
+    // Every index key lives as the view does, and one nobody is in is gone: in every shard.
+    let (mut c, keys) = keys_under_every_shard(&url, &prefix).await;
     let indexes: Vec<&String> = keys.iter().filter(|k| k.contains("}free:")).collect();
     for key in &indexes {
         let left: i64 = redis::cmd("PTTL").arg(*key).query_async(&mut c).await.unwrap();
         let view = egress_lease_redis::VIEW_LIFETIME.as_millis() as i64;
         assert!(left > 0 && left <= view, "{key}: {left} ms");
     }
-    let names: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(format!("{}indexes", tag(&prefix)))
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let mut names = names;
+    let mut names = Vec::new();
+    for key in keys.iter().filter(|k| k.ends_with("}indexes")) {
+        let in_shard: Vec<String> = redis::cmd("SMEMBERS").arg(key).query_async(&mut c).await.unwrap();
+        names.extend(in_shard);
+    }
     names.sort();
     assert_eq!(names, ["geo=eu", "pool=x", "pool=y"], "geo=us has no proxy left");
+    // Each pool's view is in a shard of its own (d, the unpooled one, joined pool y).
+    let views: Vec<&String> = keys.iter().filter(|k| k.ends_with("}view")).collect();
+    assert_eq!(views.len(), 2, "{keys:?}");
+    assert!(views.iter().all(|k| k.contains("|s")), "{views:?}");
 }
 
 #[tokio::test]
@@ -709,14 +730,6 @@ async fn a_mass_expiry_beyond_the_runs_falls_back_to_the_candidates() {
     assert_eq!(s.active_total().await.expect("answers"), 1);
 }
 
-/// The plain `redis://` URL of every node `url` names (one for a single server).
-fn nodes_of(url: &str) -> Vec<String> {
-    match url.strip_prefix(egress_lease_redis::CLUSTER_SCHEME) {
-        Some(hosts) => hosts.split(',').map(|h| format!("redis://{h}")).collect(),
-        None => vec![url.to_owned()],
-    }
-}
-
 /// A server that has lost the store's functions (restarted without its data, or a node new to
 /// the cluster) gets them loaded by the next call, which is answered as if nothing happened.
 #[tokio::test]
@@ -785,7 +798,12 @@ async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
             .await
             .unwrap();
     }
-    assert_eq!(s.active_leases(&["ns/a", "ns/b"]).await.unwrap(), vec![1, 0]);
+    assert_eq!(
+        s.active_leases(&["ns/a", "ns/b"].map(egress_lease::ProxyRef::unpooled))
+            .await
+            .unwrap(),
+        vec![1, 0]
+    );
     // The due one is moved out of the index of all leases and its proxy's set by the sweep.
     s.sweep().await.expect("the sweep reads the old record");
     assert_eq!(s.active_total().await.unwrap(), 1);
@@ -803,7 +821,12 @@ async fn leases_recorded_as_hashes_by_the_previous_build_still_end() {
     let refused = scoped(&s, &one("ns/a", 5)).await.expect_err("ns/a cools down");
     assert_eq!(refused.in_cooldown, 1);
     s.release("old-live").await.expect("released");
-    assert_eq!(s.active_leases(&["ns/a"]).await.unwrap(), vec![0]);
+    assert_eq!(
+        s.active_leases(&["ns/a"].map(egress_lease::ProxyRef::unpooled))
+            .await
+            .unwrap(),
+        vec![0]
+    );
     assert_eq!(s.active_total().await.unwrap(), 0);
 }
 
@@ -877,7 +900,12 @@ async fn a_call_of_many_requests_answers_each_as_if_they_came_in_turn() {
         .await
         .unwrap();
     assert_eq!(ended, ["l1", "l3"], "each ended once, in order");
-    assert_eq!(s.active_leases(&["ns/a", "ns/b"]).await.unwrap(), vec![0, 1]);
+    assert_eq!(
+        s.active_leases(&["ns/a", "ns/b"].map(egress_lease::ProxyRef::unpooled))
+            .await
+            .unwrap(),
+        vec![0, 1]
+    );
     assert_eq!(scoped(&s, &[]).await.expect("ns/a is free again").proxy_id, "ns/a");
 }
 

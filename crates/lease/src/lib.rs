@@ -30,8 +30,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use memory::MemoryStore;
 pub use session::{InvalidSession, MAX_SESSION_NAME, NotRenewed, Session, SessionName, SessionRefused};
 pub use store::{
-    Candidate, Fit, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, Member, NoMatch, ReportResult,
-    Scope, StoreError, UnknownLease, ViewEntry, index_name, lease_id,
+    Candidate, Fit, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, Member, NoMatch, POOL_KEY,
+    ProxyRef, ReportResult, Scope, StoreError, UnknownLease, ViewEntry, index_name, lease_id,
 };
 pub use target::{MAX_TARGET_BYTES, Target, TargetTooLong, host_port};
 pub use ttl::{DEFAULT_TTL, TtlError, effective_ttl};

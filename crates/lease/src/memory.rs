@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use crate::clock::Clock;
 use crate::session::{NotRenewed, Session, SessionRefused, extended};
 use crate::store::{
-    Candidate, Fit, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, Member, NoMatch, ReportResult,
-    StoreError, UnknownLease, lease_id,
+    Candidate, Fit, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, MAX_ENDED, Member, NoMatch, ProxyRef,
+    ReportResult, StoreError, UnknownLease, lease_id,
 };
 use crate::target::Target;
 
@@ -539,8 +539,9 @@ impl LeaseStore for MemoryStore {
         self.lock().dropped
     }
 
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
-        Ok(self.active_leases_now(proxies))
+    async fn active_leases(&self, proxies: &[ProxyRef<'_>]) -> Result<Vec<usize>, StoreError> {
+        let ids: Vec<&str> = proxies.iter().map(|p| p.id).collect();
+        Ok(self.active_leases_now(&ids))
     }
 
     async fn active_total(&self) -> Result<usize, StoreError> {

@@ -49,6 +49,16 @@ pub struct Candidate<'a> {
     pub latency_millis: i64,
     /// Capacity; 0 (or less) means the proxy is never leased.
     pub max_leases: i32,
+    /// Its `pool` attribute (what a `pool` selector matches): a sharded store keeps a pool's
+    /// leases together.
+    pub pool: Option<&'a str>,
+}
+
+impl<'a> ProxyRef<'a> {
+    /// A proxy of no pool.
+    pub fn unpooled(id: &'a str) -> Self {
+        Self { id, pool: None }
+    }
 }
 
 impl Candidate<'_> {
@@ -92,6 +102,10 @@ pub enum Scope {
     /// published view holds them ([`ViewEntry::indexed`]): a selector whose every key is indexed.
     Indexed(Vec<String>),
 }
+
+/// The attribute that names a proxy's pool, always indexed: `pool=<name>` in [`Scope::Indexed`]
+/// names the pool's members.
+pub const POOL_KEY: &str = "pool";
 
 /// The name of the index of the proxies whose attribute `key` is `value`.
 pub fn index_name(key: &str, value: &str) -> String {
@@ -169,6 +183,16 @@ pub struct ViewEntry {
     /// The indexes it is in ([`index_name`]s of its indexed attributes), for acquires scoped
     /// [`Scope::Indexed`].
     pub indexed: Vec<String>,
+    /// Its `pool` attribute (see [`Candidate::pool`]).
+    pub pool: Option<String>,
+}
+
+/// A proxy as a store finds its leases: its id and its pool (see [`Candidate::pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyRef<'a> {
+    /// `<namespace>/<name>`.
+    pub id: &'a str,
+    pub pool: Option<&'a str>,
 }
 
 /// A lease store. Implementations keep selection and insertion atomic. Every call may fail with
@@ -258,7 +282,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// # Errors
     ///
     /// [`StoreError`] when the store is unavailable.
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError>;
+    async fn active_leases(&self, proxies: &[ProxyRef<'_>]) -> Result<Vec<usize>, StoreError>;
 
     /// All active leases.
     ///

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::{
-    Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, ManualClock, NoMatch, ReportResult, Target,
-    UnknownLease,
+    Candidate, Grant, LeaseRequest, LeaseStore, MAX_COOLDOWN_TARGETS, ManualClock, NoMatch, ProxyRef, ReportResult,
+    Target, UnknownLease,
 };
 use proptest::prelude::*;
 
@@ -56,6 +56,12 @@ pub trait Backend: Send + Sync + 'static {
     fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
         let one = self.store(clock)?;
         Some([one.clone(), one])
+    }
+
+    /// Whether the store keeps each pool's leases apart (a sharded store): an acquire without a
+    /// pool then grants the best proxy of the pool it tries, not of the fleet.
+    fn keeps_pools_apart(&self) -> bool {
+        false
     }
 }
 
@@ -105,7 +111,24 @@ impl P {
             healthy: self.healthy,
             latency_millis: self.latency_millis,
             max_leases: self.max_leases,
+            pool: self.pool(),
         }
+    }
+
+    /// Where a store finds its leases.
+    pub fn placed(&self) -> ProxyRef<'_> {
+        ProxyRef {
+            id: &self.id,
+            pool: self.pool(),
+        }
+    }
+
+    /// Its pool: the value of its `pool` attribute.
+    pub fn pool(&self) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == crate::POOL_KEY)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -163,7 +186,9 @@ pub async fn selection_prefers_fewest_leases_then_latency_then_id(s: Arc<dyn Lea
     let g = acquire(s, &fleet, &req(None)).await.unwrap();
     assert_eq!((g.proxy_id.as_str(), g.active_leases), ("ns/a", 1));
     assert_eq!(
-        s.active_leases(&["ns/a", "ns/b", "ns/c", "ns/none"]).await.unwrap(),
+        s.active_leases(&["ns/a", "ns/b", "ns/c", "ns/none"].map(ProxyRef::unpooled))
+            .await
+            .unwrap(),
         [1, 1, 1, 0]
     );
     assert_eq!(total(s).await, 3);
@@ -375,7 +400,7 @@ pub async fn sixty_four_clients_never_exceed_any_capacity(s: Arc<dyn LeaseStore>
     for t in 0..64 {
         let (s, fleet) = (s.clone(), fleet.clone());
         tasks.push(tokio::spawn(async move {
-            let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
+            let ids: Vec<ProxyRef<'_>> = fleet.iter().map(P::placed).collect();
             for round in 0..50 {
                 let target = (round % 3 == 0).then(|| format!("site{}", t % 4));
                 if let Ok(g) = acquire(s.as_ref(), &fleet, &req(target.as_deref())).await {
@@ -479,17 +504,20 @@ pub async fn only_the_newest_ended_leases_stay_reportable(s: Arc<dyn LeaseStore>
 /// One `#[tokio::test]` per case over `$backend` (an expression implementing [`Backend`]). The
 /// calling crate needs `tokio` (with `macros`, `rt-multi-thread`) among its dev-dependencies:
 /// the expansion names it (proptest comes through this module).
+///
+/// `lease_store_suite!(sharded: $backend)` runs only the cases whose rules hold whatever shard
+/// the store tries first: capacity, cooldowns, expiry, retention, sessions' uniqueness and the
+/// invariants. It leaves out those that name which proxy of the fleet is chosen, and the
+/// session cap, which a sharded store keeps in each shard.
 #[macro_export]
 macro_rules! lease_store_suite {
-    ($backend:expr) => {
+    (sharded: $backend:expr) => {
         $crate::lease_store_suite!(@cases $backend;
-            selection_prefers_fewest_leases_then_latency_then_id,
             capacity_zero_and_unhealthy_proxies_are_never_leased_and_counted_once,
             release_frees_capacity_at_once_and_is_idempotent,
             expiry_frees_capacity_whenever_the_sweep_runs,
             a_targeted_cooldown_blocks_only_that_target,
             the_reports_target_wins_over_the_leases,
-            a_global_cooldown_blocks_every_request,
             an_ok_report_records_nothing,
             overlapping_cooldowns_keep_the_later_end,
             an_expired_or_released_lease_stays_reportable_for_one_window,
@@ -497,10 +525,7 @@ macro_rules! lease_store_suite {
             a_target_names_a_site_whatever_its_spelling,
             a_proxy_cools_down_for_at_most_64_targets,
             only_the_newest_ended_leases_stay_reportable,
-            a_session_keeps_its_lease_and_extends_it,
-            a_session_moves_when_its_proxy_is_unfit,
             a_session_ends_with_its_lease,
-            a_client_s_sessions_are_capped_but_resuming_never_is,
             a_held_lease_is_renewed_while_its_proxy_is_fit,
             a_selector_chooses_within_its_indexes_only,
             a_selector_passes_over_cooling_and_unhealthy_proxies_and_counts_them,
@@ -535,10 +560,21 @@ macro_rules! lease_store_suite {
                 let _inside = runtime.enter();
                 let clock = $crate::ManualClock::new($crate::testing::start());
                 if let Some(store) = $crate::testing::Backend::store(&$backend, clock.clone()) {
-                    runtime.block_on($crate::testing::invariants_hold(store, clock, ops))?;
+                    let apart = $crate::testing::Backend::keeps_pools_apart(&$backend);
+                    runtime.block_on($crate::testing::invariants_hold(store, clock, ops, apart))?;
                 }
             }
         }
+    };
+    ($backend:expr) => {
+        $crate::lease_store_suite!(sharded: $backend);
+        $crate::lease_store_suite!(@cases $backend;
+            selection_prefers_fewest_leases_then_latency_then_id,
+            a_global_cooldown_blocks_every_request,
+            a_session_keeps_its_lease_and_extends_it,
+            a_session_moves_when_its_proxy_is_unfit,
+            a_client_s_sessions_are_capped_but_resuming_never_is,
+        );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
         $(

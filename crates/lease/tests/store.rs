@@ -41,6 +41,7 @@ async fn what_abuse_leaves_behind_is_bounded() {
             healthy: true,
             latency_millis: 1,
             max_leases: 5,
+            pool: None,
         });
         let request = LeaseRequest {
             ttl: std::time::Duration::from_secs(300),

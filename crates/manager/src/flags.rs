@@ -93,6 +93,9 @@ pub struct Options {
     /// asks for one (both or neither).
     pub lease_store_client_cert_file: String,
     pub lease_store_client_key_file: String,
+    /// `--lease-store-shards`: shards the unpooled proxies' lease state is spread over on
+    /// Redis (each pool has one of its own).
+    pub lease_store_shards: u16,
     pub lease_cooldown: Duration,
     pub health_workers: usize,
     pub trace_health_probes: bool,
@@ -141,6 +144,7 @@ impl Default for Options {
             lease_store_ca_file: String::new(),
             lease_store_client_cert_file: String::new(),
             lease_store_client_key_file: String::new(),
+            lease_store_shards: 1,
             lease_cooldown: Duration::from_secs(900),
             health_workers: 10,
             trace_health_probes: false,
@@ -383,6 +387,20 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
         "PEM file of the certificate (and its chain) shown to a rediss:// lease store that asks for one; needs --lease-store-client-key-file (read at start and every 10s).",
         |o, value| {
                 o.lease_store_client_cert_file = value.into();
+                Ok(())
+            },
+    ),
+    Flag::new(
+        "lease-store-shards",
+        Kind::Text,
+        "1",
+        "Shards the unpooled proxies' leases are spread over on a Redis lease store (1 to 256; each pool has a shard of its own); on a Redis Cluster each shard may land on another master. Every replica must be given the same.",
+        |o, value| {
+                o.lease_store_shards = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=egress_lease_redis::MAX_UNPOOLED_SHARDS).contains(n))
+                    .ok_or_else(|| "must be a whole number from 1 to 256".to_string())?;
                 Ok(())
             },
     ),
@@ -827,7 +845,7 @@ mod tests {
 
     #[test]
     fn unusable_command_lines_are_named() {
-        let cases: [(&[&str], &str); 17] = [
+        let cases: [(&[&str], &str); 19] = [
             (&["--nope"], "flag provided but not defined: -nope"),
             (&["--providers-config"], "flag needs an argument: -providers-config"),
             (
@@ -870,6 +888,14 @@ mod tests {
             (
                 &["--lease-index-attributes=a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q"],
                 "invalid value \"a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q\" for flag -lease-index-attributes: at most 16 attribute keys",
+            ),
+            (
+                &["--lease-store-shards=0"],
+                "invalid value \"0\" for flag -lease-store-shards: must be a whole number from 1 to 256",
+            ),
+            (
+                &["--lease-store-shards=257"],
+                "invalid value \"257\" for flag -lease-store-shards: must be a whole number from 1 to 256",
             ),
             (
                 &["--max-sessions-per-client=0"],
@@ -1055,7 +1081,8 @@ mod tests {
                 Kind::Text
                     if f.name == "health-workers"
                         || f.name == "max-connections"
-                        || f.name == "max-sessions-per-client" =>
+                        || f.name == "max-sessions-per-client"
+                        || f.name == "lease-store-shards" =>
                 {
                     "4"
                 }

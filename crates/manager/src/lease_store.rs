@@ -48,6 +48,12 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
                 format!("{flag} is for a lease store reached over TLS (rediss://)"),
             ));
         }
+        if options.lease_store_shards != 1 {
+            return Err(Fatal::new(
+                FAILED,
+                "--lease-store-shards is for a Redis lease store; the memory store has no shards".to_owned(),
+            ));
+        }
         return Ok(Prepared(Settings::Memory));
     }
     if let Some(unpaired) = files.unpaired() {
@@ -61,6 +67,7 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
         options.lease_cooldown,
         &tls,
     )
+    .and_then(|store| store.with_unpooled_shards(options.lease_store_shards))
     .map_err(|e| Fatal::new(FAILED, e))?;
     Ok(Prepared(Settings::Redis(Box::new(RedisSettings {
         store,
@@ -327,6 +334,31 @@ mod tests {
                 .err()
                 .and_then(|f| f.error)
                 .is_some_and(|e| e.contains("--lease-store-ca-file is for a lease store reached over TLS")),
+        );
+    }
+
+    #[tokio::test]
+    async fn shards_are_for_a_redis_store_and_are_taken_there() {
+        let memory = Options {
+            lease_store_shards: 4,
+            ..Options::default()
+        };
+        let refused = prepare(&memory).err().and_then(|f| f.error).unwrap_or_default();
+        assert!(
+            refused.contains("--lease-store-shards is for a Redis lease store"),
+            "{refused}"
+        );
+        let redis = Options {
+            lease_store: "redis://127.0.0.1:1".to_owned(),
+            ..memory
+        };
+        let Ok(Prepared(Settings::Redis(settings))) = prepare(&redis) else {
+            panic!("a Redis store with four shards was refused");
+        };
+        assert!(
+            format!("{:?}", settings.store).contains("unpooled: 4"),
+            "{:?}",
+            settings.store
         );
     }
 }

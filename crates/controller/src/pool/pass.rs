@@ -351,8 +351,16 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|p| format!("{}/{}", self.namespace, p.name_any()))
             .collect();
-        let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-        match self.ctx.store.active_leases(&id_refs).await {
+        // Where the store keeps each member's leases: by its `pool` attribute.
+        let placed: Vec<egress_lease::ProxyRef<'_>> = ids
+            .iter()
+            .zip(live)
+            .map(|(id, p)| egress_lease::ProxyRef {
+                id,
+                pool: p.spec.attributes.get(egress_lease::POOL_KEY).map(String::as_str),
+            })
+            .collect();
+        match self.ctx.store.active_leases(&placed).await {
             Ok(l) => (l, true),
             Err(e) => {
                 tracing::info!(error = %e, "reading the members' leases failed; assuming each holds one");

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::{
-    Candidate, Fit, Grant, LeaseRequest, LeaseStore, Member, MemoryStore, NoMatch, NotRenewed, ReportResult, Session,
-    SessionRefused, StoreError, Target, UnknownLease, ViewEntry,
+    Candidate, Fit, Grant, LeaseRequest, LeaseStore, Member, MemoryStore, NoMatch, NotRenewed, ProxyRef, ReportResult,
+    Session, SessionRefused, StoreError, Target, UnknownLease, ViewEntry,
 };
 
 /// What a test watches or changes; each hook does nothing unless it is given.
@@ -20,7 +20,7 @@ pub trait Hooks: Send + Sync + 'static {
     }
 
     /// Before each read of active leases; may hold it.
-    async fn reading_active(&self, proxies: &[&str]) {
+    async fn reading_active(&self, proxies: &[ProxyRef<'_>]) {
         let _ = proxies;
     }
 
@@ -105,7 +105,7 @@ impl<H: Hooks> LeaseStore for Hooked<H> {
         self.inner.cooldowns_dropped()
     }
 
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
+    async fn active_leases(&self, proxies: &[ProxyRef<'_>]) -> Result<Vec<usize>, StoreError> {
         self.hooks.reading_active(proxies).await;
         self.inner.active_leases(proxies).await
     }

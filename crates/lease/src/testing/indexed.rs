@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::Backend;
 use crate::{
-    Candidate, Fit, Grant, LeaseRequest, LeaseStore, ManualClock, Member, NoMatch, NotRenewed, ReportResult, Session,
-    SessionRefused, StoreError, Target, UnknownLease, ViewEntry,
+    Candidate, Fit, Grant, LeaseRequest, LeaseStore, ManualClock, Member, NoMatch, NotRenewed, ProxyRef, ReportResult,
+    Session, SessionRefused, StoreError, Target, UnknownLease, ViewEntry,
 };
 
 /// `B`'s stores as the discovery API uses them for an empty selector: before each acquire the
@@ -24,6 +24,10 @@ impl<B: Backend> Backend for Indexed<B> {
 
     fn replicas(&self, clock: ManualClock) -> Option<[Arc<dyn LeaseStore>; 2]> {
         Some(self.0.replicas(clock)?.map(IndexedStore::on))
+    }
+
+    fn keeps_pools_apart(&self) -> bool {
+        self.0.keeps_pools_apart()
     }
 }
 
@@ -54,6 +58,7 @@ impl IndexedStore {
                 max_leases: c.max_leases,
                 offered: true,
                 indexed: Vec::new(),
+                pool: c.pool.map(str::to_owned),
             })
             .collect();
         let mut published = self.published.lock().await;
@@ -139,7 +144,7 @@ impl LeaseStore for IndexedStore {
         self.inner.cooldowns_dropped()
     }
 
-    async fn active_leases(&self, proxies: &[&str]) -> Result<Vec<usize>, StoreError> {
+    async fn active_leases(&self, proxies: &[ProxyRef<'_>]) -> Result<Vec<usize>, StoreError> {
         self.inner.active_leases(proxies).await
     }
 

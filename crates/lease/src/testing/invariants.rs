@@ -77,10 +77,15 @@ fn model_choice<'a>(
 
 /// Runs `ops` on a fresh store against a model of the rules kept here: every acquire grants
 /// exactly the proxy the model chooses (fewest active leases, then latency, then id, among the
-/// healthy ones with room that do not cool down for the request), or refuses with the model's
-/// counts; every proxy's active leases are the model's; reports are accepted exactly within
-/// the retention.
-pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// healthy ones with room that do not cool down for the request; with `pools_apart`, among
+/// those of the granted proxy's pool), or refuses with the model's counts; every proxy's
+/// active leases are the model's; reports are accepted exactly within the retention.
+pub async fn invariants_hold(
+    s: Arc<dyn LeaseStore>,
+    clock: ManualClock,
+    ops: Vec<Op>,
+    pools_apart: bool,
+) -> Result<(), TestCaseError> {
     let s = s.as_ref();
     // Capacities 0, 1, 2, 0 and an unhealthy one; latencies tie for p1 and p4; two pools.
     let fleet: Vec<P> = (0..5)
@@ -89,7 +94,7 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
             ..proxy(&format!("ns/p{i}"), i64::from(i % 4), i % 3).with("pool", &format!("pool-{}", i % 2))
         })
         .collect();
-    let ids: Vec<&str> = fleet.iter().map(|c| c.id.as_str()).collect();
+    let ids: Vec<crate::ProxyRef<'_>> = fleet.iter().map(P::placed).collect();
     let mut granted: Vec<Known> = Vec::new();
     // (proxy, target or None for global, end).
     let mut cooldowns: Vec<(usize, Option<String>, SystemTime)> = Vec::new();
@@ -108,7 +113,16 @@ pub async fn invariants_hold(s: Arc<dyn LeaseStore>, clock: ManualClock, ops: Ve
                 let pool = pool.map(|n| format!("pool-{n}"));
                 let selector: Vec<(&str, &str)> = pool.iter().map(|p| ("pool", p.as_str())).collect();
                 let (refused, best) = model_choice(&fleet, &active, |p| p.matches(&selector), cooling);
-                match (acquire_selected(s, &fleet, &selector, &req(t.as_deref())).await, best) {
+                let granted_now = acquire_selected(s, &fleet, &selector, &req(t.as_deref())).await;
+                // A store that keeps pools apart chooses within the pool it tried.
+                let best = match (&granted_now, pools_apart) {
+                    (Ok(g), true) => {
+                        let pool = fleet.iter().find(|p| p.id == g.proxy_id).and_then(P::pool);
+                        model_choice(&fleet, &active, |p| p.matches(&selector) && p.pool() == pool, cooling).1
+                    }
+                    _ => best,
+                };
+                match (granted_now, best) {
                     (Ok(g), Some((a, _, id, i))) => {
                         prop_assert_eq!(
                             (g.proxy_id.as_str(), g.active_leases),

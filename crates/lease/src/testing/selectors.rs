@@ -25,6 +25,7 @@ pub fn view_of(fleet: &[P]) -> Vec<ViewEntry> {
             max_leases: p.max_leases,
             offered: true,
             indexed: p.attributes.iter().map(|(k, v)| index_name(k, v)).collect(),
+            pool: p.pool().map(str::to_owned),
         })
         .collect()
 }

@@ -49,7 +49,8 @@ async fn renew(s: &dyn LeaseStore, lease: &str, secs: u64, fit: bool) -> Result<
 }
 
 async fn active(s: &dyn LeaseStore, proxies: &[&str]) -> Vec<usize> {
-    s.active_leases(proxies).await.expect("the store answers")
+    let placed: Vec<crate::ProxyRef<'_>> = proxies.iter().copied().map(crate::ProxyRef::unpooled).collect();
+    s.active_leases(&placed).await.expect("the store answers")
 }
 
 fn unhealthy(p: P) -> P {
