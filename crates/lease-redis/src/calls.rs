@@ -214,7 +214,7 @@ impl Calls {
     /// [`EXPIRY_RUNS`] runs did not move every expired lease (a mass expiry the sweep has not
     /// caught up with; the candidates' own expired leases are then moved as they are looked
     /// at).
-    async fn acquire_indexed(&self, batch: &[Indexed]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+    async fn acquire_indexed(&self, batch: &[&Indexed]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let [max_ended, retention] = self.ended_args();
         let mut args = vec![String::new(), retention, max_ended, INDEX_LOOK.to_string()];
         for r in batch {
@@ -261,107 +261,129 @@ impl Calls {
 /// several when each request passes over many cooling proxies).
 pub(crate) const MAX_PER_CALL: usize = 32;
 
-/// A request of a round: an acquire from the installation's index, or a release.
+/// A request of a round: an acquire from an index, or a release, each with the calls of its
+/// shard.
 pub(crate) enum Request {
-    Acquire(Indexed),
-    Release(String),
+    Acquire(Arc<Calls>, Indexed),
+    Release(Arc<Calls>, String),
 }
 
-/// What a round answered one request: the acquire script's answer, or all active leases after
-/// a release.
+/// What a round answered one request: the acquire script's answer (with its shard's calls, to
+/// give a grant back whose caller left), or the shard's active leases after a release.
 pub(crate) enum Reply {
-    Acquire(Answer),
+    Acquire(Answer, Arc<Calls>),
     Release(i64),
 }
 
-/// The installation's acquires and all releases, sent in rounds (`gather.rs`): the releases of a
-/// round go first (what they free is then there for its acquires), at most [`MAX_PER_CALL`] of
-/// a kind in one call.
+/// The indexed acquires and all releases of every shard, sent in rounds (`gather.rs`): the
+/// releases of a round go first (what they free is then there for its acquires), at most
+/// [`MAX_PER_CALL`] of a kind in one call, one call or more per shard.
 ///
 /// Why together: with `appendfsync always`, Redis syncs its append-only file once per turn of
 /// its loop, before it answers what that turn ran, and a sync costs as much as a whole call's
-/// scripts on a virtual disk. The calls of a round are handed to the connection at once, so the
-/// client library writes them in one go and Redis runs them in one turn, with one sync; sent as
-/// separate batches, acquires and releases arrived apart and paid a sync each.
-pub(crate) struct Rounds(pub(crate) Arc<Calls>);
+/// scripts on a virtual disk. The calls of a round, of every shard, are handed to the
+/// connection at once, so the client library writes them in one go and Redis runs them in one
+/// turn, with one sync (on a cluster, one per master the round reaches); sent as separate
+/// batches, acquires and releases arrived apart and paid a sync each, and a round per shard
+/// paid one per shard.
+pub(crate) struct Rounds;
 
-impl Rounds {
-    /// One call of the indexed acquire over `batch`, and what it granted given back where the
-    /// grant cannot be answered.
-    async fn acquire(&self, batch: &[Indexed]) -> Vec<Result<Answer, StoreError>> {
-        let calls = &self.0;
-        match calls.acquire_indexed(batch).await {
-            Ok(answers) => {
-                for (r, a) in batch.iter().zip(&answers) {
-                    // Granted but not answered as such (no replica had it in time, or the
-                    // answer did not parse): given back.
-                    if a.is_err() {
-                        calls.release_later(r.lease_id.clone());
-                    }
-                }
-                answers
-            }
-            Err(e) => {
-                // The script may have run and granted with its answer lost: those leases are
-                // given back, so retried requests do not find the slots taken.
-                for r in batch {
+/// One call of the indexed acquire over `batch` (with where each answer goes), and what it
+/// granted given back where the grant cannot be answered.
+async fn acquire_call(calls: &Arc<Calls>, batch: &[(usize, Indexed)]) -> Vec<(usize, Result<Reply, StoreError>)> {
+    let requests: Vec<&Indexed> = batch.iter().map(|(_, r)| r).collect();
+    let answers = match calls.acquire_indexed(&requests).await {
+        Ok(answers) => {
+            for (r, a) in requests.iter().zip(&answers) {
+                // Granted but not answered as such (no replica had it in time, or the
+                // answer did not parse): given back.
+                if a.is_err() {
                     calls.release_later(r.lease_id.clone());
                 }
-                batch.iter().map(|_| Err(e.clone())).collect()
             }
+            answers
         }
-    }
-
-    /// One call of `lua/release.lua` over `lease_ids`: each answered with all active leases.
-    async fn release(&self, lease_ids: &[String]) -> Vec<Result<i64, StoreError>> {
-        let calls = &self.0;
-        let [max_ended, retention] = calls.ended_args();
-        let mut args = vec![calls.now(), max_ended, retention];
-        args.extend_from_slice(lease_ids);
-        vec![calls.run::<i64>(Op::Release, &args).await; lease_ids.len()]
-    }
+        Err(e) => {
+            // The script may have run and granted with its answer lost: those leases are
+            // given back, so retried requests do not find the slots taken.
+            for r in &requests {
+                calls.release_later(r.lease_id.clone());
+            }
+            requests.iter().map(|_| Err(e.clone())).collect()
+        }
+    };
+    batch
+        .iter()
+        .zip(answers)
+        .map(|((i, _), a)| (*i, a.map(|a| Reply::Acquire(a, calls.clone()))))
+        .collect()
 }
+
+/// One call of `lua/release.lua` over `batch`'s lease ids: each answered with the shard's
+/// active leases.
+async fn release_call(calls: &Calls, batch: &[(usize, String)]) -> Vec<(usize, Result<Reply, StoreError>)> {
+    let [max_ended, retention] = calls.ended_args();
+    let mut args = vec![calls.now(), max_ended, retention];
+    args.extend(batch.iter().map(|(_, id)| id.clone()));
+    let total = calls.run::<i64>(Op::Release, &args).await;
+    batch
+        .iter()
+        .map(|(i, _)| (*i, total.clone().map(Reply::Release)))
+        .collect()
+}
+
+/// A round's requests of one kind by shard (its tag), each with its place in the round.
+type ByShard<T> = std::collections::BTreeMap<String, (Arc<Calls>, Vec<(usize, T)>)>;
 
 impl Batches for Rounds {
     type Request = Request;
     type Answer = Reply;
 
     async fn send(&self, batch: Vec<Request>) -> Vec<Result<Reply, StoreError>> {
-        let mut acquires = Vec::new();
-        let mut releases = Vec::new();
-        let kinds: Vec<bool> = batch
-            .into_iter()
-            .map(|r| match r {
-                Request::Acquire(a) => {
-                    acquires.push(a);
-                    true
-                }
-                Request::Release(id) => {
-                    releases.push(id);
-                    false
-                }
-            })
-            .collect();
+        let carried = batch.len();
+        let mut acquires: ByShard<Indexed> = ByShard::new();
+        let mut releases: ByShard<String> = ByShard::new();
+        for (i, r) in batch.into_iter().enumerate() {
+            match r {
+                Request::Acquire(calls, a) => acquires
+                    .entry(calls.tag.clone())
+                    .or_insert_with(|| (calls, Vec::new()))
+                    .1
+                    .push((i, a)),
+                Request::Release(calls, id) => releases
+                    .entry(calls.tag.clone())
+                    .or_insert_with(|| (calls, Vec::new()))
+                    .1
+                    .push((i, id)),
+            }
+        }
         // Polled together, in this order: each call reaches the connection before any waits.
-        let released = futures::future::join_all(releases.chunks(MAX_PER_CALL).map(|c| self.release(c)));
-        let acquired = futures::future::join_all(acquires.chunks(MAX_PER_CALL).map(|c| self.acquire(c)));
+        let released = futures::future::join_all(
+            releases
+                .values()
+                .flat_map(|(calls, rs)| rs.chunks(MAX_PER_CALL).map(move |c| release_call(calls, c))),
+        );
+        let acquired = futures::future::join_all(
+            acquires
+                .values()
+                .flat_map(|(calls, rs)| rs.chunks(MAX_PER_CALL).map(move |c| acquire_call(calls, c))),
+        );
         let (released, acquired) = futures::future::join(released, acquired).await;
-        let mut released = released.into_iter().flatten().map(|r| r.map(Reply::Release));
-        let mut acquired = acquired.into_iter().flatten().map(|r| r.map(Reply::Acquire));
-        kinds
+        let mut answers: Vec<Option<Result<Reply, StoreError>>> = (0..carried).map(|_| None).collect();
+        for (i, answer) in released.into_iter().chain(acquired).flatten() {
+            answers[i] = Some(answer);
+        }
+        answers
             .into_iter()
-            .map(|acquire| {
-                let answer = if acquire { acquired.next() } else { released.next() };
-                answer.unwrap_or_else(|| Err(StoreError("a round answered fewer requests than it carried".to_owned())))
-            })
+            .map(|a| a.unwrap_or_else(|| Err(StoreError("a round answered fewer requests than it carried".to_owned()))))
             .collect()
     }
 
     /// A grant whose caller left is given back; a release whose caller left has still ended
     /// its lease, with nothing to undo.
     fn orphan(&self, answer: Reply) {
-        if let Reply::Acquire(Answer::Granted { lease_id, .. } | Answer::Taken { lease_id }) = answer {
-            self.0.release_later(lease_id);
+        if let Reply::Acquire(Answer::Granted { lease_id, .. } | Answer::Taken { lease_id }, calls) = answer {
+            calls.release_later(lease_id);
         }
     }
 }

@@ -82,11 +82,12 @@ use egress_lease::{
     ReportResult, Session, SessionRefused, StoreError, Target, UnknownLease, ViewEntry,
 };
 
-use crate::calls::Calls;
+use crate::calls::{Calls, Rounds};
 pub use crate::connection::shown_url;
 use crate::connection::{Current, split_wait};
 use crate::directory::Directory;
 use crate::functions::{Library, Op};
+use crate::gather::Gather;
 pub use crate::homes::ShardHome;
 pub use crate::placement::{MAX_UNPOOLED_SHARDS, MAX_WALK, ShardId};
 use crate::placement::{Placement, shard_of_lease, shard_tag};
@@ -116,7 +117,7 @@ pub const EXPIRY_GRACE: Duration = Duration::from_secs(360);
 /// Indexed acquire runs that may each move a thousand expired leases before the choice, at
 /// most; past them the caller's candidates decide.
 pub const EXPIRY_RUNS: usize = 4;
-/// Shards a replica keeps its rounds and counts for, at most; a call for a shard beyond them
+/// Shards a replica keeps its counts for, at most; a call for a shard beyond them
 /// (a lease id someone made up names any) goes alone.
 const MAX_KEPT_SHARDS: usize = 4096;
 
@@ -144,7 +145,11 @@ pub struct RedisStore {
     placement: Placement,
     /// The shards this replica has called, by id.
     shards: Mutex<HashMap<ShardId, Arc<Shard>>>,
+    /// Every shard's indexed acquires and releases, sent to Redis in rounds.
+    rounds: Arc<Gather<Rounds>>,
     directory: Directory,
+    /// The walk each scope's acquires without a pool take, drawn anew every few milliseconds.
+    walks: route::HeldWalks,
     /// The shards this replica's last publication placed proxies in; `None` before its first.
     published: tokio::sync::Mutex<Option<std::collections::BTreeSet<ShardId>>>,
 }
@@ -224,7 +229,9 @@ impl RedisStore {
             prefix: prefix.to_owned(),
             placement,
             shards: Mutex::default(),
+            rounds: Arc::new(Gather::new(Arc::new(Rounds))),
             directory: Directory::new(),
+            walks: route::HeldWalks::new(route::WALK_HOLD),
             published: tokio::sync::Mutex::new(None),
         }
     }
@@ -331,6 +338,7 @@ impl RedisStore {
                 tag: shard_tag(&self.prefix, id),
                 ..self.calls.clone()
             },
+            self.rounds.clone(),
         )
     }
 

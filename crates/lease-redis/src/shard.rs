@@ -1,6 +1,7 @@
 //! One shard of the lease state on Redis: every key under one hash tag, so each script runs
-//! on one node. Each shard gathers its own rounds (`gather.rs`) and keeps its own publication
-//! of the view (`publish.rs`); [`crate::RedisStore`] routes each call to its shard.
+//! on one node. Each shard keeps its own publication of the view (`publish.rs`); its indexed
+//! acquires and releases go in the rounds every shard of the store shares (`gather.rs`).
+//! [`crate::RedisStore`] routes each call to its shard.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,8 +22,8 @@ use crate::publish::Published;
 pub(crate) struct Shard {
     pub(crate) id: ShardId,
     pub(crate) calls: Arc<Calls>,
-    /// The shard's indexed acquires and releases, sent to Redis in rounds.
-    rounds: Gather<Rounds>,
+    /// The store's rounds, which carry the shard's indexed acquires and releases.
+    rounds: Arc<Gather<Rounds>>,
     /// The shard's active leases as of this replica's last call.
     last_total: AtomicUsize,
     /// Cooldowns this replica's reports dropped for [`MAX_COOLDOWN_TARGETS`].
@@ -35,12 +36,11 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(id: ShardId, calls: Calls) -> Self {
-        let calls = Arc::new(calls);
+    pub(crate) fn new(id: ShardId, calls: Calls, rounds: Arc<Gather<Rounds>>) -> Self {
         Self {
             id,
-            rounds: Gather::new(Arc::new(Rounds(calls.clone()))),
-            calls,
+            rounds,
+            calls: Arc::new(calls),
             last_total: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
             sessions: Mutex::default(),
@@ -140,9 +140,9 @@ impl Shard {
                 lease_id: lease_id_in(self.id),
                 names: names.to_vec(),
             };
-            match self.rounds.call(Request::Acquire(request)).await? {
-                Reply::Acquire(Answer::Taken { lease_id }) => self.calls.release_later(lease_id),
-                Reply::Acquire(answer) => return Ok(self.answer(answer, req)),
+            match self.rounds.call(Request::Acquire(self.calls.clone(), request)).await? {
+                Reply::Acquire(Answer::Taken { lease_id }, _) => self.calls.release_later(lease_id),
+                Reply::Acquire(answer, _) => return Ok(self.answer(answer, req)),
                 Reply::Release(_) => return Err(mixed_up()),
             }
         }
@@ -191,7 +191,8 @@ impl Shard {
     }
 
     pub(crate) async fn release(&self, lease_id: &str) -> Result<(), StoreError> {
-        let Reply::Release(total) = self.rounds.call(Request::Release(lease_id.to_owned())).await? else {
+        let request = Request::Release(self.calls.clone(), lease_id.to_owned());
+        let Reply::Release(total) = self.rounds.call(request).await? else {
             return Err(mixed_up());
         };
         self.remember_total(total);
