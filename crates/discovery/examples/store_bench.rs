@@ -331,7 +331,9 @@ async fn cluster_shares(
         "\n{n} proxies on the 3-master cluster: each shard\n\n| shard | hash tag | slot | master |\n|---|---|---|---|\n"
     );
     for h in &homes {
-        out += &format!("| {} | `{}` | {} | {} |\n", h.shard.0, h.tag, h.slot, h.master);
+        // A `|` in a cell ends it, even in a code span, unless escaped.
+        let tag = h.tag.replace('|', "\\|");
+        out += &format!("| {} | `{tag}` | {} | {} |\n", h.shard.0, h.slot, h.master);
     }
     let mut masters = Vec::new();
     for (url, node) in urls.iter().zip(nodes.iter_mut()) {
