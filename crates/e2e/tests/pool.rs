@@ -470,15 +470,7 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
     }
 
     // 6. Deleting the pool drains and deletes its members, then the pool goes.
-    let uid = pools.get(POOL).await.unwrap().uid().unwrap();
-    pools.delete(POOL, &DeleteParams::default()).await.unwrap();
-    tokio::time::timeout(
-        PATIENCE,
-        kube::runtime::wait::await_condition(pools.clone(), POOL, kube::runtime::wait::conditions::is_deleted(&uid)),
-    )
-    .await
-    .expect("the pool goes once its members are gone")
-    .unwrap();
+    delete_and_wait(&pools, POOL).await;
     let left = proxies
         .list(&ListParams::default().labels(&format!("{LABEL_POOL}={POOL}")))
         .await
@@ -487,7 +479,25 @@ async fn a_pool_replaces_rolls_and_rotates_its_members_without_cutting_a_lease()
     assert_eq!(left.len(), 0, "members outlived their pool");
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
-    let left: Vec<_> = std::fs::read_dir(&state)
+    assert_no_instance_left(&state);
+}
+
+/// Deletes the pool `name` and waits until it is gone, which it is only once its members are.
+async fn delete_and_wait(pools: &Api<ProxyPool>, name: &str) {
+    let uid = pools.get(name).await.unwrap().uid().unwrap();
+    pools.delete(name, &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(
+        PATIENCE,
+        kube::runtime::wait::await_condition(pools.clone(), name, kube::runtime::wait::conditions::is_deleted(&uid)),
+    )
+    .await
+    .expect("the pool goes once its members are gone")
+    .unwrap();
+}
+
+/// Every instance the local provider made under `state` is gone (its tinyproxy stopped with it).
+fn assert_no_instance_left(state: &std::path::Path) {
+    let left: Vec<_> = std::fs::read_dir(state)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "instances left in the state directory: {left:?}");
@@ -712,6 +722,7 @@ async fn a_pool_whose_probe_target_is_down_stops_replacing_and_recovers_without_
         mut op,
         metrics,
         client,
+        state,
         cluster: _cluster,
         ..
     } = setup_probing("pool-dark", pki, addr).await;
@@ -794,9 +805,11 @@ async fn a_pool_whose_probe_target_is_down_stops_replacing_and_recovers_without_
     let scraped = scrape(&metrics).await;
     assert_eq!(metric(&scraped, &allowed), 1.0);
 
-    pools.delete(DARK, &DeleteParams::default()).await.unwrap();
+    // Its members go with it before the operator stops: their tinyproxies with them.
+    delete_and_wait(&pools, DARK).await;
     op.terminate();
     assert_eq!(op.wait_exit().code(), Some(0), "{}", op.output());
+    assert_no_instance_left(&state);
 }
 
 /// The operator's metrics page, as a scrape sees it now.
