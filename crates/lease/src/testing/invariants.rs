@@ -75,6 +75,65 @@ fn model_choice<'a>(
     (refused, best)
 }
 
+/// What the model knows when an acquire is asked.
+struct Model<'a> {
+    fleet: &'a [P],
+    active: &'a [usize],
+    /// (proxy, target or None for global, end).
+    cooldowns: &'a [(usize, Option<String>, SystemTime)],
+    now: SystemTime,
+    pools_apart: bool,
+}
+
+/// An acquire of the sequence: its target and the pool its selector names.
+struct Asked {
+    target: Option<String>,
+    pool: Option<String>,
+}
+
+/// Asks `s` for `asked` and checks the answer against the model: the grant (remembered) is
+/// the model's choice, a refusal has the model's counts.
+async fn check_acquire(s: &dyn LeaseStore, m: &Model<'_>, asked: Asked) -> Result<Option<Known>, TestCaseError> {
+    let t = asked.target;
+    let cooling = |i: usize| {
+        m.cooldowns
+            .iter()
+            .any(|(p, ct, end)| *p == i && *end > m.now && (ct.is_none() || *ct == t))
+    };
+    let selector: Vec<(&str, &str)> = asked.pool.iter().map(|p| ("pool", p.as_str())).collect();
+    let (refused, best) = model_choice(m.fleet, m.active, |p| p.matches(&selector), cooling);
+    let granted_now = acquire_selected(s, m.fleet, &selector, &req(t.as_deref())).await;
+    // A store that keeps pools apart chooses within the pool it tried.
+    let best = match (&granted_now, m.pools_apart) {
+        (Ok(g), true) => {
+            let pool = m.fleet.iter().find(|p| p.id == g.proxy_id).and_then(P::pool);
+            model_choice(m.fleet, m.active, |p| p.matches(&selector) && p.pool() == pool, cooling).1
+        }
+        _ => best,
+    };
+    match (granted_now, best) {
+        (Ok(g), Some((a, _, id, i))) => {
+            prop_assert_eq!(
+                (g.proxy_id.as_str(), g.active_leases),
+                (id, a + 1),
+                "not the model's choice"
+            );
+            Ok(Some(Known {
+                id: g.lease_id,
+                proxy: i,
+                target: t,
+                expires: g.expires_at,
+                released: false,
+            }))
+        }
+        (Err(n), None) => {
+            prop_assert_eq!(n, refused, "not the model's counts");
+            Ok(None)
+        }
+        (got, want) => Err(TestCaseError::fail(format!("got {got:?}, the model chose {want:?}"))),
+    }
+}
+
 /// Runs `ops` on a fresh store against a model of the rules kept here: every acquire grants
 /// exactly the proxy the model chooses (fewest active leases, then latency, then id, among the
 /// healthy ones with room that do not cool down for the request; with `pools_apart`, among
@@ -104,42 +163,18 @@ pub async fn invariants_hold(
         let active = model_active(&granted, fleet.len(), now);
         match op {
             Op::Acquire(t, pool) => {
-                let t = site(t);
-                let cooling = |i: usize| {
-                    cooldowns
-                        .iter()
-                        .any(|(p, ct, end)| *p == i && *end > now && (ct.is_none() || *ct == t))
+                let asked = Asked {
+                    target: site(t),
+                    pool: pool.map(|n| format!("pool-{n}")),
                 };
-                let pool = pool.map(|n| format!("pool-{n}"));
-                let selector: Vec<(&str, &str)> = pool.iter().map(|p| ("pool", p.as_str())).collect();
-                let (refused, best) = model_choice(&fleet, &active, |p| p.matches(&selector), cooling);
-                let granted_now = acquire_selected(s, &fleet, &selector, &req(t.as_deref())).await;
-                // A store that keeps pools apart chooses within the pool it tried.
-                let best = match (&granted_now, pools_apart) {
-                    (Ok(g), true) => {
-                        let pool = fleet.iter().find(|p| p.id == g.proxy_id).and_then(P::pool);
-                        model_choice(&fleet, &active, |p| p.matches(&selector) && p.pool() == pool, cooling).1
-                    }
-                    _ => best,
+                let model = Model {
+                    fleet: &fleet,
+                    active: &active,
+                    cooldowns: &cooldowns,
+                    now,
+                    pools_apart,
                 };
-                match (granted_now, best) {
-                    (Ok(g), Some((a, _, id, i))) => {
-                        prop_assert_eq!(
-                            (g.proxy_id.as_str(), g.active_leases),
-                            (id, a + 1),
-                            "not the model's choice"
-                        );
-                        granted.push(Known {
-                            id: g.lease_id,
-                            proxy: i,
-                            target: t,
-                            expires: g.expires_at,
-                            released: false,
-                        });
-                    }
-                    (Err(n), None) => prop_assert_eq!(n, refused, "not the model's counts"),
-                    (got, want) => prop_assert!(false, "got {got:?}, the model chose {want:?}"),
-                }
+                granted.extend(check_acquire(s, &model, asked).await?);
             }
             Op::Release(i) if !granted.is_empty() => {
                 let i = i % granted.len();
