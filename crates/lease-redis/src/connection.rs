@@ -38,6 +38,11 @@ impl Current {
             .clone()
     }
 
+    /// Whether it is to a Redis Cluster.
+    pub(crate) fn on_cluster(&self) -> bool {
+        matches!(self.get(), Connection::Cluster(_))
+    }
+
     /// Replaces the connection in use with one made with `tls`. Calls on their way end on the
     /// one they started on; the old connection closes when the last of them has.
     pub(crate) fn replace(&self, tls: &Tls) -> Result<(), String> {

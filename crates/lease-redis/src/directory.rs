@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use egress_lease::{StoreError, ViewEntry};
 
 use crate::calls::Calls;
-use crate::placement::{Placement, ShardId};
+use crate::placement::ShardId;
 use crate::{VIEW_LIFETIME, duration_millis};
 
 /// How old a replica's copy of the directory may be before an acquire reads it again.
@@ -71,19 +71,17 @@ impl Listing {
     }
 }
 
-/// Each shard's listing for `view` placed by `placement`: every shard with a proxy in the view.
-pub(crate) fn listings(view: &[ViewEntry], placement: Placement) -> Shards {
-    let mut shards = Shards::new();
-    for e in view {
-        let listing = shards
-            .entry(placement.shard(&e.id, e.pool.as_deref()))
-            .or_insert_with(|| Listing {
-                indexes: Some(BTreeSet::new()),
-                ..Listing::default()
-            });
-        if !e.offered {
-            continue;
-        }
+/// Each shard's listing, of the view's proxies placed in it (`by_shard`).
+pub(crate) fn listings(by_shard: &BTreeMap<ShardId, Vec<&ViewEntry>>) -> Shards {
+    by_shard.iter().map(|(s, entries)| (*s, listing(entries))).collect()
+}
+
+fn listing(entries: &[&ViewEntry]) -> Listing {
+    let mut listing = Listing {
+        indexes: Some(BTreeSet::new()),
+        ..Listing::default()
+    };
+    for e in entries.iter().filter(|e| e.offered) {
         listing.offered += 1;
         listing.healthy += u64::from(e.healthy);
         if let Some(names) = &mut listing.indexes {
@@ -93,7 +91,7 @@ pub(crate) fn listings(view: &[ViewEntry], placement: Placement) -> Shards {
             }
         }
     }
-    shards
+    listing
 }
 
 /// A replica's copy of the directory.
@@ -174,7 +172,7 @@ async fn read(calls: &Calls) -> Result<Shards, StoreError> {
 mod tests {
     use super::*;
 
-    fn entry(id: &str, pool: Option<&str>, healthy: bool, offered: bool, indexed: &[&str]) -> ViewEntry {
+    fn entry(id: &str, healthy: bool, offered: bool, indexed: &[&str]) -> ViewEntry {
         ViewEntry {
             id: id.into(),
             healthy,
@@ -182,25 +180,25 @@ mod tests {
             max_leases: 1,
             offered,
             indexed: indexed.iter().map(|n| (*n).to_owned()).collect(),
-            pool: pool.map(str::to_owned),
+            pool: None,
         }
     }
 
     #[test]
-    fn a_view_lists_each_shard_with_its_offered_healthy_proxies_and_indexes() {
-        let placement = Placement::new(1).unwrap();
-        let view = [
-            entry("ns/a", None, true, true, &["geo=de"]),
-            entry("ns/b", None, false, true, &["geo=fr"]),
-            entry("ns/c", None, true, false, &["geo=us"]),
-            entry("ns/m", Some("blue"), true, true, &["pool=blue"]),
-        ];
-        let shards = listings(&view, placement);
+    fn a_shard_is_listed_with_its_offered_healthy_proxies_and_indexes() {
+        let (a, b, c) = (
+            entry("ns/a", true, true, &["geo=de"]),
+            entry("ns/b", false, true, &["geo=fr"]),
+            entry("ns/c", true, false, &["geo=us"]),
+        );
+        let m = entry("ns/m", true, true, &["pool=blue"]);
+        let by_shard = BTreeMap::from([(ShardId(0), vec![&a, &b, &c]), (ShardId(300), vec![&m])]);
+        let shards = listings(&by_shard);
         let unpooled = &shards[&ShardId(0)];
         assert_eq!((unpooled.offered, unpooled.healthy), (2, 1));
         assert!(unpooled.may_have(&["geo=de".into()]) && unpooled.may_have(&["geo=fr".into()]));
         assert!(!unpooled.may_have(&["geo=us".into()]), "not offered: not listed");
-        let blue = &shards[&crate::placement::pool_shard("blue")];
+        let blue = &shards[&ShardId(300)];
         assert_eq!((blue.offered, blue.healthy), (1, 1));
         assert!(!blue.may_have(&["geo=de".into()]));
     }
@@ -208,11 +206,11 @@ mod tests {
     #[test]
     fn a_shard_with_many_indexes_is_listed_as_having_any() {
         let view: Vec<ViewEntry> = (0..=MAX_LISTED_INDEXES)
-            .map(|i| entry(&format!("ns/{i}"), None, true, true, &[&format!("geo=g{i}")]))
+            .map(|i| entry(&format!("ns/{i}"), true, true, &[&format!("geo=g{i}")]))
             .collect();
-        let shards = listings(&view, Placement::new(1).unwrap());
-        assert_eq!(shards[&ShardId(0)].indexes, None);
-        assert!(shards[&ShardId(0)].may_have(&["tier=anything".into()]));
+        let listed = listing(&view.iter().collect::<Vec<_>>());
+        assert_eq!(listed.indexes, None);
+        assert!(listed.may_have(&["tier=anything".into()]));
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Where the shards live on a Redis Cluster: each shard's slot (`CLUSTER KEYSLOT` of its hash
 //! tag) and the master that serves it (`CLUSTER SLOTS`), for benches and diagnostics that show
-//! how the load spreads.
+//! how the load spreads, and for choosing a new pool's shard (`pools.rs`).
 
 use egress_lease::StoreError;
 use redis::Value;
 
 use crate::RedisStore;
+use crate::calls::Calls;
 use crate::placement::ShardId;
 
 /// One shard, where it lives.
@@ -25,16 +26,14 @@ impl RedisStore {
     /// # Errors
     /// Redis cannot be reached, or is not a cluster.
     pub async fn shard_homes(&self) -> Result<Vec<ShardHome>, StoreError> {
-        let raw: Vec<Value> = self.calls.query(redis::cmd("CLUSTER").arg("SLOTS")).await?;
-        let ranges = slot_ranges(&raw)?;
+        let masters = Masters::read(&self.calls).await?;
         let mut homes = Vec::new();
         for (shard, tag) in self.shard_tags() {
             let slot: u16 = self.calls.query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(&tag)).await?;
-            let master = ranges
-                .iter()
-                .find(|(from, to, _)| (*from..=*to).contains(&slot))
-                .map(|(_, _, m)| m.clone())
-                .ok_or_else(|| StoreError(format!("no master serves slot {slot}")))?;
+            let master = masters
+                .of(slot)
+                .ok_or_else(|| StoreError(format!("no master serves slot {slot}")))?
+                .to_owned();
             homes.push(ShardHome {
                 shard,
                 tag,
@@ -43,6 +42,31 @@ impl RedisStore {
             });
         }
         Ok(homes)
+    }
+}
+
+/// A Redis Cluster's masters by the slots each serves, as `CLUSTER SLOTS` answered.
+#[derive(Debug, Default)]
+pub(crate) struct Masters(Vec<(u16, u16, String)>);
+
+impl Masters {
+    /// The cluster's masters now.
+    pub(crate) async fn read(calls: &Calls) -> Result<Self, StoreError> {
+        let raw: Vec<Value> = calls.query(redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        Ok(Self(slot_ranges(&raw)?))
+    }
+
+    /// The master serving `slot` (`host:port`).
+    pub(crate) fn of(&self, slot: u16) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(from, to, _)| (*from..=*to).contains(&slot))
+            .map(|(_, _, m)| m.as_str())
+    }
+
+    /// Every master, each once.
+    pub(crate) fn all(&self) -> std::collections::BTreeSet<&str> {
+        self.0.iter().map(|(_, _, m)| m.as_str()).collect()
     }
 }
 

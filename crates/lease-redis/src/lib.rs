@@ -32,7 +32,9 @@
 //! | `session-clients` | set | the clients with sessions (the sweep counts each one's) | as the longest-lived `sessions:` |
 //!
 //! And under shard 0's tag, `shards` (a hash): the directory of the shards the published view
-//! places proxies in (`directory.rs`), living as the view.
+//! places proxies in (`directory.rs`), living as the view; and `pool:<name>` (a string): the
+//! pool's shard, chosen once (`pools.rs`), living [`POOL_LIFETIME`](pools::POOL_LIFETIME)
+//! past its last read.
 //!
 //! An acquire scoped to the installation ([`Scope::Installation`], an empty selector) is
 //! answered from `free`: its head, passing over at most [`INDEX_LOOK`] proxies that cool down
@@ -67,6 +69,7 @@ mod functions;
 mod gather;
 mod homes;
 mod placement;
+mod pools;
 mod publish;
 mod route;
 mod session;
@@ -148,6 +151,8 @@ pub struct RedisStore {
     /// Every shard's indexed acquires and releases, sent to Redis in rounds.
     rounds: Arc<Gather<Rounds>>,
     directory: Directory,
+    /// Each pool's shard, as stored.
+    pools: pools::Pools,
     /// The walk each scope's acquires without a pool take, drawn anew every few milliseconds.
     walks: route::HeldWalks,
     /// The shards this replica's last publication placed proxies in; `None` before its first.
@@ -231,6 +236,7 @@ impl RedisStore {
             shards: Mutex::default(),
             rounds: Arc::new(Gather::new(Arc::new(Rounds))),
             directory: Directory::new(),
+            pools: pools::Pools::new(),
             walks: route::HeldWalks::new(route::WALK_HOLD),
             published: tokio::sync::Mutex::new(None),
         }
@@ -340,10 +346,6 @@ impl RedisStore {
             },
             self.rounds.clone(),
         )
-    }
-
-    fn shard_of(&self, id: &str, pool: Option<&str>) -> ShardId {
-        self.placement.shard(id, pool)
     }
 }
 

@@ -2,8 +2,8 @@
 //! keys, how a lease id names its shard, and the order an acquire without a pool tries shards
 //! in. Pure functions: every replica, of any version that shares this layout, places alike.
 //!
-//! A pool's members share a shard, numbered from the pool's name; the installation's unpooled
-//! proxies are spread over [`RedisStore::with_unpooled_shards`](crate::RedisStore) shards by
+//! A pool's members share a shard, one of the numbers drawn from the pool's name (which one is
+//! chosen once, `pools.rs`); the installation's unpooled proxies are spread over [`RedisStore::with_unpooled_shards`](crate::RedisStore) shards by
 //! their id. Each shard's keys carry a hash tag of their own, so on a Redis Cluster the shards
 //! land in different slots and, as the cluster spreads slots, on different masters.
 
@@ -43,23 +43,56 @@ impl Placement {
         (0..self.unpooled).map(ShardId)
     }
 
-    pub(crate) fn shard(self, id: &str, pool: Option<&str>) -> ShardId {
-        match pool {
-            Some(pool) => pool_shard(pool),
-            None if self.unpooled == 1 => ShardId(0),
-            None => {
-                let n = digest(id.as_bytes()) % u64::from(self.unpooled);
-                ShardId(u16::try_from(n).unwrap_or(0))
-            }
+    /// The shard of the unpooled proxy `id`. (A pool's shard is chosen once and stored:
+    /// `pools.rs`.)
+    pub(crate) fn unpooled(self, id: &str) -> ShardId {
+        if self.unpooled == 1 {
+            return ShardId(0);
         }
+        let n = digest(id.as_bytes()) % u64::from(self.unpooled);
+        ShardId(u16::try_from(n).unwrap_or(0))
     }
 }
 
-/// The shard of the pool named `pool`.
+/// Shards a new pool may be given, at most: the first choice is [`pool_shard`], the others let
+/// the pool go to the master of a Redis Cluster with the least load (`pools.rs`).
+pub(crate) const MAX_CHOICES: u16 = 256;
+
+/// The first choice of shard for the pool named `pool`: on one Redis, its shard unless another
+/// pool took it first.
 pub(crate) fn pool_shard(pool: &str) -> ShardId {
+    pooled(digest(pool.as_bytes()))
+}
+
+/// The shards the pool named `pool` may be given, in order of preference: [`MAX_CHOICES`]
+/// numbers drawn from its name, the first [`pool_shard`]'s.
+pub(crate) fn pool_choices(pool: &str) -> impl Iterator<Item = ShardId> + '_ {
+    (0..MAX_CHOICES).map(move |k| {
+        if k == 0 {
+            return pool_shard(pool);
+        }
+        let mut bytes = pool.as_bytes().to_vec();
+        bytes.push(0);
+        bytes.extend_from_slice(&k.to_be_bytes());
+        pooled(digest(&bytes))
+    })
+}
+
+/// The pools' shard numbered by `digest`: one above the unpooled ones.
+fn pooled(digest: u64) -> ShardId {
     let span = u64::from(u16::MAX) + 1 - u64::from(MAX_UNPOOLED_SHARDS);
-    let n = u64::from(MAX_UNPOOLED_SHARDS) + digest(pool.as_bytes()) % span;
+    let n = u64::from(MAX_UNPOOLED_SHARDS) + digest % span;
     ShardId(u16::try_from(n).unwrap_or(u16::MAX))
+}
+
+/// Hash slots of a Redis Cluster.
+const SLOTS: u16 = 16_384;
+
+/// The Redis Cluster slot of the keys under the hash tag `tag` (`{...}`): CRC16 (XMODEM) of what
+/// the braces hold, modulo the slots, as the cluster computes it (`CLUSTER KEYSLOT`).
+pub(crate) fn slot(tag: &str) -> u16 {
+    let inside = tag.strip_prefix('{').and_then(|t| t.strip_suffix('}')).unwrap_or(tag);
+    crc16::State::<crc16::XMODEM>::calculate(inside.as_bytes()) % SLOTS
 }
 
 /// The hash tag of `shard`'s keys under `prefix`. Shard 0 keeps the tag of the layout before
@@ -180,20 +213,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_pools_members_share_its_shard_and_unpooled_proxies_spread_over_theirs() {
+    fn a_pools_choices_are_pooled_shards_and_unpooled_proxies_spread_over_theirs() {
         let p = Placement::new(4).unwrap();
-        assert_eq!(p.shard("ns/a", Some("blue")), p.shard("ns/b", Some("blue")));
-        assert_eq!(p.shard("ns/a", Some("blue")), pool_shard("blue"));
-        assert!(pool_shard("blue").0 >= MAX_UNPOOLED_SHARDS);
+        let choices: Vec<ShardId> = pool_choices("blue").collect();
+        assert_eq!(choices.len(), usize::from(MAX_CHOICES));
+        assert_eq!(choices[0], pool_shard("blue"));
+        assert!(choices.iter().all(|s| s.0 >= MAX_UNPOOLED_SHARDS), "{choices:?}");
+        let distinct: std::collections::BTreeSet<&ShardId> = choices.iter().collect();
+        assert!(distinct.len() > 250, "{} distinct choices", distinct.len());
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..100 {
-            let s = p.shard(&format!("ns/p{i}"), None);
+            let s = p.unpooled(&format!("ns/p{i}"));
             assert!(s.0 < 4, "{s:?}");
             seen.insert(s);
         }
         assert_eq!(seen.len(), 4, "every unpooled shard is used");
         let one = Placement::new(1).unwrap();
-        assert_eq!(one.shard("ns/anything", None), ShardId(0));
+        assert_eq!(one.unpooled("ns/anything"), ShardId(0));
     }
 
     #[test]
@@ -219,9 +255,18 @@ mod tests {
         assert_eq!(pool_shard("pool-00"), ShardId(PINNED_POOL_00));
         assert_eq!(pool_shard("pool-00"), pool_shard("pool-00"));
         assert_eq!(
-            Placement::new(3).unwrap().shard("ns/x", None).0,
+            Placement::new(3).unwrap().unpooled("ns/x").0,
             (digest(b"ns/x") % 3) as u16
         );
+    }
+
+    #[test]
+    fn a_tags_slot_is_the_clusters() {
+        // The examples of the Redis Cluster specification: CRC16 of "123456789" is 0x31C3, and
+        // a key's hash tag alone decides its slot.
+        assert_eq!(slot("{123456789}"), 0x31C3);
+        assert_eq!(slot("{user1000}"), slot("user1000"));
+        assert!(slot("{egress-proxy:|s300}") < SLOTS);
     }
 
     #[test]

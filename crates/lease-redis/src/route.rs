@@ -1,7 +1,8 @@
 //! Which shards a call goes to (`placement.rs`, `directory.rs`).
 //!
 //! - A release, a renewal and a report go to the shard their lease id names.
-//! - An acquire whose selector names a pool goes to the pool's shard. One without a pool walks
+//! - An acquire whose selector names a pool goes to the pool's shard (`pools.rs`; one that has
+//!   none yet is chosen by the first acquire among the pool's members). One without a pool walks
 //!   the shards the directory lists with an offered proxy (and, scoped to indexes, with a proxy
 //!   in each), in a random order weighted by their healthy proxies, at most [`MAX_WALK`] of
 //!   them, until one grants: each answers as the whole store did, among its own proxies. A
@@ -27,7 +28,7 @@ use futures::future::try_join_all;
 
 use crate::calls::Answer;
 use crate::directory::{Shards, listings};
-use crate::placement::{MAX_WALK, ShardId, keyed_draw, pool_shard, random_draw, walk};
+use crate::placement::{MAX_WALK, Placement, ShardId, keyed_draw, random_draw, walk};
 use crate::session::Step;
 use crate::{BATCH, RedisStore};
 
@@ -57,12 +58,41 @@ fn add(total: &mut NoMatch, n: NoMatch) {
     total.unhealthy += n.unhealthy;
 }
 
-/// Candidates by shard, each group in the caller's order, the groups in order of their first.
-fn grouped<'c>(store: &RedisStore, candidates: &[Candidate<'c>]) -> Vec<(ShardId, Vec<Candidate<'c>>)> {
+/// Where one call's proxies are: the unpooled by the placement, the pooled by their pool's
+/// stored shard.
+pub(crate) struct Placed {
+    placement: Placement,
+    pools: HashMap<String, ShardId>,
+}
+
+impl Placed {
+    /// The shard of the proxy `id` of `pool`; `None`: its pool has no shard yet.
+    fn shard(&self, id: &str, pool: Option<&str>) -> Option<ShardId> {
+        match pool {
+            None => Some(self.placement.unpooled(id)),
+            Some(pool) => self.pools.get(pool).copied(),
+        }
+    }
+}
+
+/// Each pool's members among `pools` (one entry per proxy; `None`: unpooled).
+fn members<'p>(pools: impl Iterator<Item = Option<&'p str>>) -> BTreeMap<&'p str, u64> {
+    let mut members = BTreeMap::new();
+    for pool in pools.flatten() {
+        *members.entry(pool).or_default() += 1;
+    }
+    members
+}
+
+/// Candidates by shard, each group in the caller's order, the groups in order of their first
+/// (a candidate whose pool has no shard is left out).
+fn grouped<'c>(placed: &Placed, candidates: &[Candidate<'c>]) -> Vec<(ShardId, Vec<Candidate<'c>>)> {
     let mut groups: Vec<(ShardId, Vec<Candidate<'c>>)> = Vec::new();
     let mut at: BTreeMap<ShardId, usize> = BTreeMap::new();
     for c in candidates {
-        let shard = store.shard_of(c.id, c.pool);
+        let Some(shard) = placed.shard(c.id, c.pool) else {
+            continue;
+        };
         let i = *at.entry(shard).or_insert_with(|| {
             groups.push((shard, Vec::new()));
             groups.len() - 1
@@ -142,12 +172,13 @@ struct SessionCandidates<'a, 'c> {
 }
 
 impl<'c> SessionCandidates<'_, 'c> {
-    fn groups(&mut self, store: &RedisStore) -> &BTreeMap<ShardId, Vec<Candidate<'c>>> {
+    async fn groups(&mut self, store: &RedisStore) -> Result<&BTreeMap<ShardId, Vec<Candidate<'c>>>, StoreError> {
         if let Some(unread) = self.unread.take() {
             let all: Vec<Candidate<'c>> = unread.collect();
-            self.groups = grouped(store, &all).into_iter().collect();
+            let placed = store.placed(members(all.iter().map(|c| c.pool)), true).await?;
+            self.groups = grouped(&placed, &all).into_iter().collect();
         }
-        &self.groups
+        Ok(&self.groups)
     }
 }
 
@@ -159,6 +190,44 @@ enum Started {
 }
 
 impl RedisStore {
+    /// Where the proxies of `pools` (each with its members) are. A pool without a stored shard
+    /// gets one chosen now when `choose` (the pool's members are the caller's own proxies),
+    /// else has none.
+    pub(crate) async fn placed(&self, pools: BTreeMap<&str, u64>, choose: bool) -> Result<Placed, StoreError> {
+        let mut known = self.pools.stored(&self.calls, pools.keys().copied()).await?;
+        let new: Vec<(&str, u64)> = pools
+            .iter()
+            .filter(|(p, _)| !known.contains_key(**p))
+            .map(|(p, n)| (*p, *n))
+            .collect();
+        if choose && !new.is_empty() {
+            let directory = self.directory.now(&self.calls).await?;
+            let chosen = self
+                .pools
+                .choose(&self.calls, &self.prefix, &new, &directory, &known)
+                .await?;
+            known.extend(chosen);
+        }
+        Ok(Placed {
+            placement: self.placement,
+            pools: known,
+        })
+    }
+
+    /// The stored shard of the pool named `pool` (a selector's: none is chosen for it).
+    async fn pool_shard(&self, pool: &str) -> Result<Option<ShardId>, StoreError> {
+        let stored = self.pools.stored(&self.calls, std::iter::once(pool)).await?;
+        Ok(stored.get(pool).copied())
+    }
+
+    /// The shard of the proxy `id` of `pool` as this replica last read it, if it has.
+    fn last_placed(&self, id: &str, pool: Option<&str>) -> Option<ShardId> {
+        match pool {
+            None => Some(self.placement.unpooled(id)),
+            Some(pool) => self.pools.last_read(pool),
+        }
+    }
+
     /// The shards a sweep and the count of all leases visit: the directory's, the unpooled
     /// ones, and those this replica has used.
     pub(crate) async fn listed_shards(&self) -> Result<BTreeSet<ShardId>, StoreError> {
@@ -170,9 +239,13 @@ impl RedisStore {
 
     /// [`egress_lease::LeaseStore::active_leases`]: each shard asked for its proxies at once.
     pub(crate) async fn active_by_shard(&self, proxies: &[ProxyRef<'_>]) -> Result<Vec<usize>, StoreError> {
+        let placed = self.placed(members(proxies.iter().map(|p| p.pool)), false).await?;
         let mut by_shard: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
         for (i, p) in proxies.iter().enumerate() {
-            by_shard.entry(self.shard_of(p.id, p.pool)).or_default().push(i);
+            // A pool without a shard has no leases.
+            if let Some(shard) = placed.shard(p.id, p.pool) {
+                by_shard.entry(shard).or_default().push(i);
+            }
         }
         let counts = try_join_all(by_shard.iter().map(|(shard, at)| async move {
             let ids: Vec<&str> = at.iter().map(|i| proxies[*i].id).collect();
@@ -216,16 +289,20 @@ impl RedisStore {
                 only = Some(unanswered);
             }
         }
-        let mut kept = candidates.filter(|c| only.as_ref().is_none_or(|o| o.contains(&self.shard_of(c.id, c.pool))));
+        // A candidate of a pool this replica has not read the shard of yet goes too.
+        let mut kept = candidates.filter(|c| {
+            only.as_ref()
+                .is_none_or(|o| self.last_placed(c.id, c.pool).is_none_or(|s| o.contains(&s)))
+        });
         self.acquire_listed(&mut kept, req, refused).await
     }
 
     /// The shards an acquire scoped to the indexes `names` tries, in order: a pool's own; else
     /// those the directory lists that may hold a proxy of every index (none without a
-    /// directory: the candidates then decide).
+    /// directory, or for a pool without a shard: the candidates then decide).
     async fn index_walk(&self, names: &[String]) -> Result<Vec<ShardId>, StoreError> {
         if let Some(pool) = pool_of(names) {
-            return Ok(vec![pool_shard(pool)]);
+            return Ok(self.pool_shard(pool).await?.into_iter().collect());
         }
         let directory = self.directory.now(&self.calls).await?;
         let order = self.walks.held_or_drawn(names, &directory, || {
@@ -248,7 +325,7 @@ impl RedisStore {
     ) -> Result<Result<Grant, NoMatch>, StoreError> {
         let mut all: Vec<Candidate<'c>> = (&mut *candidates).take(BATCH).collect();
         let next = candidates.next();
-        let groups = grouped(self, &all);
+        let groups = grouped(&self.placed(members(all.iter().map(|c| c.pool)), true).await?, &all);
         // One shard with every candidate: its run is the last.
         let last = next.is_none() && groups.len() == 1;
         let mut answered = BTreeSet::new();
@@ -264,7 +341,8 @@ impl RedisStore {
         }
         all.extend(next);
         all.extend(candidates);
-        for (shard, group) in grouped(self, &all).iter().take(MAX_WALK) {
+        let placed = self.placed(members(all.iter().map(|c| c.pool)), true).await?;
+        for (shard, group) in grouped(&placed, &all).iter().take(MAX_WALK) {
             if answered.contains(shard) {
                 continue;
             }
@@ -301,7 +379,10 @@ impl RedisStore {
                     Step::Free => {}
                 }
             }
-            match self.start_session(&order, listed.groups(self), req, session).await? {
+            match self
+                .start_session(&order, listed.groups(self).await?, req, session)
+                .await?
+            {
                 Started::Changed => continue,
                 Started::Done(answer) => return Ok(answer),
             }
@@ -312,7 +393,7 @@ impl RedisStore {
     }
 
     /// The shards a session lives in, in its order: its pool's; else the directory's that may
-    /// hold its proxies; without a directory, those of its candidates.
+    /// hold its proxies; without a directory (or a shard for its pool), those of its candidates.
     async fn session_walk(
         &self,
         req: &LeaseRequest,
@@ -320,8 +401,10 @@ impl RedisStore {
         listed: &mut SessionCandidates<'_, '_>,
     ) -> Result<Vec<ShardId>, StoreError> {
         let names = index_names(&req.scope).unwrap_or_default();
-        if let Some(pool) = pool_of(names) {
-            return Ok(vec![pool_shard(pool)]);
+        if let Some(pool) = pool_of(names)
+            && let Some(shard) = self.pool_shard(pool).await?
+        {
+            return Ok(vec![shard]);
         }
         let directory = self.directory.now(&self.calls).await?;
         let mut weighted: Vec<(ShardId, u64)> = directory
@@ -330,7 +413,12 @@ impl RedisStore {
             .map(|(s, l)| (*s, l.offered))
             .collect();
         if weighted.is_empty() {
-            weighted = listed.groups(self).iter().map(|(s, g)| (*s, g.len() as u64)).collect();
+            weighted = listed
+                .groups(self)
+                .await?
+                .iter()
+                .map(|(s, g)| (*s, g.len() as u64))
+                .collect();
         }
         Ok(walk(&weighted, keyed_draw(key)))
     }
@@ -400,12 +488,14 @@ impl RedisStore {
     /// empties its view), then the directory.
     pub(crate) async fn publish(&self, view: &[ViewEntry]) -> Result<(), StoreError> {
         let mut published = self.published.lock().await;
+        let placed = self
+            .placed(members(view.iter().map(|e| e.pool.as_deref())), true)
+            .await?;
         let mut by_shard: BTreeMap<ShardId, Vec<&ViewEntry>> = BTreeMap::new();
         for e in view {
-            by_shard
-                .entry(self.shard_of(&e.id, e.pool.as_deref()))
-                .or_default()
-                .push(e);
+            if let Some(shard) = placed.shard(&e.id, e.pool.as_deref()) {
+                by_shard.entry(shard).or_default().push(e);
+            }
         }
         // The shards a publication before this one placed proxies in: this replica's last, or
         // on its first, the directory's (another replica's, or this one's before a restart).
@@ -419,9 +509,7 @@ impl RedisStore {
         for (shard, entries) in &by_shard {
             self.shard(*shard).publish(entries).await?;
         }
-        self.directory
-            .write(&self.calls, &before, listings(view, self.placement))
-            .await?;
+        self.directory.write(&self.calls, &before, listings(&by_shard)).await?;
         *published = Some(by_shard.into_keys().collect());
         Ok(())
     }
@@ -430,6 +518,12 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_count_each_pools_proxies() {
+        let pools = [Some("x"), None, Some("y"), Some("x")];
+        assert_eq!(members(pools.into_iter()), BTreeMap::from([("x", 2), ("y", 1)]));
+    }
 
     #[test]
     fn a_scope_names_a_pool_only_with_a_pool_index() {
@@ -475,12 +569,12 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn candidates_group_by_shard_in_order_of_their_first() {
-        // Contacts nothing: grouping is placement alone.
-        let store = RedisStore::new("redis://h:1", crate::DEFAULT_PREFIX, std::time::Duration::from_secs(1))
-            .and_then(|s| s.with_unpooled_shards(1))
-            .unwrap();
+    #[test]
+    fn candidates_group_by_shard_in_order_of_their_first() {
+        let placed = Placed {
+            placement: Placement::new(1).unwrap(),
+            pools: HashMap::from([("x".to_owned(), ShardId(300)), ("y".to_owned(), ShardId(301))]),
+        };
         let c = |id: &'static str, pool: Option<&'static str>| Candidate {
             id,
             healthy: true,
@@ -493,8 +587,9 @@ mod tests {
             c("ns/b", None),
             c("ns/c", Some("x")),
             c("ns/d", Some("y")),
+            c("ns/e", Some("no shard yet")),
         ];
-        let groups = grouped(&store, &listed);
+        let groups = grouped(&placed, &listed);
         let shape: Vec<(ShardId, Vec<&str>)> = groups
             .iter()
             .map(|(s, g)| (*s, g.iter().map(|c| c.id).collect()))
@@ -502,9 +597,9 @@ mod tests {
         assert_eq!(
             shape,
             [
-                (pool_shard("x"), vec!["ns/a", "ns/c"]),
+                (ShardId(300), vec!["ns/a", "ns/c"]),
                 (ShardId(0), vec!["ns/b"]),
-                (pool_shard("y"), vec!["ns/d"]),
+                (ShardId(301), vec!["ns/d"]),
             ]
         );
     }

@@ -1,12 +1,13 @@
 //! The lease state in shards, on the test Redis and on the test cluster: an acquire without a
-//! pool walks every shard, one with a pool goes to the pool's, a lease id leads every later
-//! call to its shard, and on a cluster the shards land on different masters.
+//! pool walks every shard, one with a pool goes to the pool's, a pool's shard is chosen once for
+//! every replica, a lease id leads every later call to its shard, and on a cluster the pools
+//! spread evenly over the masters.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use egress_lease::testing as suite;
-use egress_lease::{Grant, LeaseRequest, LeaseStore, ManualClock, NoMatch, Scope, ViewEntry};
+use egress_lease::{Candidate, Grant, LeaseRequest, LeaseStore, ManualClock, NoMatch, Scope, ViewEntry};
 use egress_lease_redis::RedisStore;
 
 mod common;
@@ -129,7 +130,7 @@ async fn a_pool_selector_is_answered_by_its_pools_shard_alone() {
 }
 
 #[tokio::test]
-async fn on_a_cluster_sixteen_pools_land_on_more_than_one_master() {
+async fn on_a_cluster_sixteen_pools_split_evenly_over_the_masters() {
     let Some(url) = cluster_url() else { return };
     let (prefix, clock) = (fresh_prefix(), ManualClock::new(suite::start()));
     let s = sharded(&url, &prefix, &clock);
@@ -142,8 +143,94 @@ async fn on_a_cluster_sixteen_pools_land_on_more_than_one_master() {
         from_view(&s, scope).await.expect("each pool's proxy");
     }
     let homes = s.shard_homes().await.expect("the cluster tells");
-    assert_eq!(homes.len(), 16, "{homes:?}");
-    let masters: BTreeSet<&str> = homes.iter().map(|h| h.master.as_str()).collect();
-    // 16 shards in random slots all on one of three masters: about one chance in 14 million.
-    assert!(masters.len() > 1, "every shard on {masters:?}");
+    assert_eq!(homes.len(), 16, "a shard each: {homes:?}");
+    let mut per_master: BTreeMap<&str, usize> = BTreeMap::new();
+    for h in &homes {
+        *per_master.entry(h.master.as_str()).or_default() += 1;
+    }
+    let mut counts: Vec<usize> = per_master.into_values().collect();
+    counts.sort_unstable();
+    assert_eq!(counts, [5, 5, 6], "{homes:?}");
+}
+
+#[tokio::test]
+async fn a_pools_shard_is_chosen_once_and_every_replica_places_the_pool_alike() {
+    for url in [redis_url(), cluster_url()].into_iter().flatten() {
+        let (prefix, clock) = (fresh_prefix(), ManualClock::new(suite::start()));
+        // Replica a leases blue's proxy among its candidates before any publication: the
+        // acquire chooses blue's shard.
+        let a = sharded(&url, &prefix, &clock);
+        let member = Candidate {
+            id: "ns/blue-0",
+            healthy: true,
+            latency_millis: 1,
+            max_leases: 1,
+            pool: Some("blue"),
+        };
+        let g = a
+            .acquire(&mut std::iter::once(member), &suite::req(None))
+            .await
+            .expect("answers")
+            .expect("blue's proxy");
+        // Replica b publishes blue among many other pools, whose load would have sent a new
+        // blue elsewhere on the cluster: blue stays where a chose, so b finds a's lease.
+        let b = sharded(&url, &prefix, &clock);
+        let mut view: Vec<ViewEntry> = (0..24)
+            .map(|i| entry(&format!("ns/m{i}"), Some(&format!("other-{i}"))))
+            .collect();
+        view.push(entry("ns/blue-0", Some("blue")));
+        b.publish_view(&view).await.expect("publish");
+        let blue = egress_lease::ProxyRef {
+            id: "ns/blue-0",
+            pool: Some("blue"),
+        };
+        assert_eq!(b.active_leases(&[blue]).await.expect("answers"), [1], "{url}");
+        let refused = from_view(&b, Scope::Indexed(vec!["pool=blue".into()]))
+            .await
+            .expect_err("blue's only proxy is a's");
+        assert_eq!((refused.considered, refused.at_capacity), (1, 1), "{url}");
+        b.release(&g.lease_id).await.expect("released");
+        let again = from_view(&b, Scope::Indexed(vec!["pool=blue".into()])).await;
+        assert_eq!(again.expect("free again").proxy_id, "ns/blue-0", "{url}");
+    }
+}
+
+#[tokio::test]
+async fn a_pool_selector_naming_no_pool_stores_nothing() {
+    for url in [redis_url(), cluster_url()].into_iter().flatten() {
+        let (prefix, clock) = (fresh_prefix(), ManualClock::new(suite::start()));
+        let s = sharded(&url, &prefix, &clock);
+        s.publish_view(&fleet()).await.expect("publish");
+        let published = s.shard_tags();
+        for i in 0..20 {
+            let made_up = Scope::Indexed(vec![format!("pool=made-up-{i}")]);
+            let refused = from_view(&s, made_up).await.expect_err("no such pool");
+            assert_eq!(refused.considered, 0, "{url}");
+        }
+        assert_eq!(s.shard_tags(), published, "{url}: no shard called for a made-up pool");
+    }
+    let Some(url) = redis_url() else { return };
+    let prefix = fresh_prefix();
+    let s = sharded(&url, &prefix, &ManualClock::new(suite::start()));
+    s.publish_view(&fleet()).await.expect("publish");
+    for i in 0..20 {
+        let made_up = Scope::Indexed(vec![format!("pool=made-up-{i}")]);
+        from_view(&s, made_up).await.expect_err("no such pool");
+    }
+    let mut c = redis::Client::open(url.as_str())
+        .expect("a client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connects");
+    let mut stored: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{prefix}}}pool:*"))
+        .query_async(&mut c)
+        .await
+        .expect("answers");
+    stored.sort();
+    let fleets: Vec<String> = (0..4).map(|i| format!("{{{prefix}}}pool:pool-{i}")).collect();
+    assert_eq!(
+        stored, fleets,
+        "the fleet's pools' shards, and nothing for a made-up one"
+    );
 }
