@@ -393,7 +393,8 @@ impl RedisStore {
     }
 
     /// The shards a session lives in, in its order: its pool's; else the directory's that may
-    /// hold its proxies; without a directory (or a shard for its pool), those of its candidates.
+    /// hold its proxies; without a directory (or a shard for its pool yet), those of its
+    /// candidates.
     async fn session_walk(
         &self,
         req: &LeaseRequest,
@@ -401,17 +402,19 @@ impl RedisStore {
         listed: &mut SessionCandidates<'_, '_>,
     ) -> Result<Vec<ShardId>, StoreError> {
         let names = index_names(&req.scope).unwrap_or_default();
-        if let Some(pool) = pool_of(names)
-            && let Some(shard) = self.pool_shard(pool).await?
-        {
-            return Ok(vec![shard]);
+        let mut weighted: Vec<(ShardId, u64)> = Vec::new();
+        if let Some(pool) = pool_of(names) {
+            if let Some(shard) = self.pool_shard(pool).await? {
+                return Ok(vec![shard]);
+            }
+        } else {
+            let directory = self.directory.now(&self.calls).await?;
+            weighted = directory
+                .iter()
+                .filter(|(_, l)| l.offered > 0 && l.may_have(names))
+                .map(|(s, l)| (*s, l.offered))
+                .collect();
         }
-        let directory = self.directory.now(&self.calls).await?;
-        let mut weighted: Vec<(ShardId, u64)> = directory
-            .iter()
-            .filter(|(_, l)| l.offered > 0 && l.may_have(names))
-            .map(|(s, l)| (*s, l.offered))
-            .collect();
         if weighted.is_empty() {
             weighted = listed
                 .groups(self)
