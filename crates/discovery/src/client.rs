@@ -252,6 +252,16 @@ impl Client {
         })
     }
 
+    /// The same client, on the same connections, presenting `token`: a gateway calls for each
+    /// of its clients with that client's own token, so their admission and scopes apply.
+    #[must_use]
+    pub fn for_token(&self, token: &str) -> Self {
+        Self {
+            token: Some(token.to_owned()),
+            ..self.clone()
+        }
+    }
+
     /// Sends `req`, again after a `429` as [`after_rate_limit`] allows, all within the call's
     /// budget. A `429` it gives up on is [`ClientError::RateLimited`].
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, String), ClientError> {

@@ -1,0 +1,107 @@
+//! The leases behind each connection, taken from the discovery API with the client's own token
+//! (so its admission and scopes apply, and the gateway holds no token of its own), over one
+//! pool of keep-alive connections to the API.
+
+use std::net::{IpAddr, SocketAddr};
+
+use egress_discovery::client::{AcquireRequest, Client, ClientError, Lease, ReportResult};
+
+use crate::chain::Backend;
+use crate::username::Routing;
+
+/// A lease the gateway holds for a connection.
+#[derive(Debug)]
+pub struct Held {
+    pub lease_id: String,
+    /// `<namespace>/<name>`.
+    pub proxy_id: String,
+    pub backend: Backend,
+    /// Held by a session: it outlives the connection, which does not give it back.
+    pub in_session: bool,
+}
+
+/// Why a connection got no lease, as the client is told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseError {
+    /// The token is missing or wrong: 407, nothing dialled.
+    #[error("the discovery API did not take the password as a token: {0}")]
+    Unauthorized(String),
+    /// No proxy fits (the lease API's reason): 503.
+    #[error("{0}")]
+    NoProxy(String),
+    /// Anything else the API answered or could not (overloaded, unreachable, a bad request).
+    #[error("the discovery API: {0}")]
+    Api(String),
+}
+
+/// The discovery API as the gateway calls it.
+#[derive(Debug, Clone)]
+pub struct Leases {
+    api: Client,
+}
+
+impl Leases {
+    /// On the API client `api` (its base URL, budget and connection pool; its token unused).
+    pub fn new(api: Client) -> Self {
+        Self { api }
+    }
+
+    /// A lease for a connection to `host` (the cooldowns' target) as `routing` asks.
+    ///
+    /// # Errors
+    /// [`LeaseError`], by what the API answered.
+    pub async fn acquire(&self, token: &str, routing: &Routing, host: &str) -> Result<Held, LeaseError> {
+        let request = AcquireRequest {
+            selector: routing.selector(),
+            ttl_seconds: routing.ttl.map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX)),
+            target: Some(host.to_owned()),
+            session: routing.session.as_ref().map(|s| s.as_str().to_owned()),
+        };
+        let lease = self.api.for_token(token).acquire(&request).await.map_err(refused)?;
+        held(lease, routing.session.is_some())
+    }
+
+    /// Gives the lease back; one that already ended is fine.
+    pub async fn release(&self, token: &str, held: &Held) {
+        let _ = self.api.for_token(token).release(&held.lease_id).await;
+    }
+
+    /// Reports `result` for `host` on the lease's proxy (its cooldown for that target).
+    pub async fn report(&self, token: &str, held: &Held, result: ReportResult, host: &str) {
+        let _ = self
+            .api
+            .for_token(token)
+            .report(&held.lease_id, result, Some(host))
+            .await;
+    }
+}
+
+fn refused(e: ClientError) -> LeaseError {
+    match e {
+        ClientError::Unauthorized(m) => LeaseError::Unauthorized(m),
+        e @ (ClientError::NoMatch { .. } | ClientError::TooManySessions(_)) => LeaseError::NoProxy(e.to_string()),
+        e => LeaseError::Api(e.to_string()),
+    }
+}
+
+/// The lease as the gateway holds it: its proxy's address and credentials.
+fn held(lease: Lease, in_session: bool) -> Result<Held, LeaseError> {
+    let proxy = &lease.proxy;
+    let ip: IpAddr = proxy
+        .ip
+        .parse()
+        .map_err(|_| LeaseError::Api(format!("proxy {} has no address yet", proxy.id)))?;
+    let credentials = match (&proxy.username, &proxy.password) {
+        (Some(u), Some(p)) => Some((u.to_string(), p.to_string())),
+        _ => None,
+    };
+    Ok(Held {
+        lease_id: lease.lease_id.to_string(),
+        proxy_id: proxy.id.to_string(),
+        backend: Backend {
+            addr: SocketAddr::new(ip, proxy.port),
+            credentials,
+        },
+        in_session,
+    })
+}
