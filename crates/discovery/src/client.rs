@@ -337,6 +337,17 @@ impl Client {
         Self::expect::<wire::ProxyList<'static>>(status, &[200], &body).map(|l| l.proxies)
     }
 
+    /// `GET /v1/whoami`: the name of the client this client's token belongs to.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Unauthorized`] for a token the API does not know; the API's other
+    /// errors; transport.
+    pub async fn whoami(&self) -> Result<String, ClientError> {
+        let (status, body) = self.send(self.http.get(format!("{}/v1/whoami", self.base))).await?;
+        Self::expect::<wire::WhoAmI<'static>>(status, &[200], &body).map(|w| w.client.into_owned())
+    }
+
     /// `POST /v1/leases`. With `req.session`, the session's lease again (same id, extended)
     /// while its proxy stays fit, else its new one.
     ///

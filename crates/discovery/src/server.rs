@@ -119,6 +119,7 @@ pub fn router(api: Arc<DiscoveryApi>) -> Router {
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
         .route("/v1/proxies", get(list))
+        .route("/v1/whoami", get(whoami))
         .route("/v1/leases", post(acquire))
         .route("/v1/leases/{id}", delete(release))
         .route("/v1/leases/{id}/report", post(report))
@@ -156,6 +157,15 @@ fn scope(api: &DiscoveryApi, req: &Request<Body>) -> Option<Arc<crate::ClientSco
 async fn list(State(api): Shared, req: Request<Body>) -> Response<Body> {
     let scope = scope(&api, &req);
     respond(api.list(scope.as_deref(), req.uri().query()).await)
+}
+
+/// The caller's client: what a gateway checks a client's token with before it routes for it.
+async fn whoami(req: Request<Body>) -> Response<Body> {
+    let client = req.extensions().get::<crate::ClientName>().cloned().unwrap_or_default();
+    let answer = crate::wire::WhoAmI {
+        client: client.as_str().into(),
+    };
+    respond((200, serde_json::to_vec(&answer).ok()))
 }
 
 async fn acquire(State(api): Shared, req: Request<Body>) -> Response<Body> {

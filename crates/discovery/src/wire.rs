@@ -106,6 +106,12 @@ pub struct Lease<'a> {
     pub ttl_seconds: u64,
 }
 
+/// `GET /v1/whoami`'s answer (schema `WhoAmI`): the client the caller's token belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoAmI<'a> {
+    pub client: Cow<'a, str>,
+}
+
 /// `POST /v1/leases`' body (schema `LeaseRequest`): what to borrow.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

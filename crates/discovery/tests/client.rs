@@ -285,3 +285,17 @@ async fn the_server_s_answers_round_trip_through_the_client_s_types_whole() {
     assert_eq!(listed[0].pool_role.as_deref(), Some("active"));
     assert_eq!(listed[0].attributes.len(), 2);
 }
+
+#[tokio::test]
+async fn whoami_names_the_tokens_client_and_refuses_a_stranger() {
+    let (url, _stop) = start().await;
+    let known = Client::new(&url, Some("tok".into())).unwrap();
+    assert_eq!(known.whoami().await.unwrap(), "default");
+    let stranger = known.for_token("not-a-token");
+    assert!(matches!(stranger.whoami().await, Err(ClientError::Unauthorized(_))));
+    assert_eq!(
+        known.whoami().await.unwrap(),
+        "default",
+        "for_token left the original alone"
+    );
+}

@@ -111,6 +111,9 @@ async fn real_answers_validate_against_the_documented_schemas() {
     assert!(!validator(doc, "Proxy").is_valid(&json!({"id": "x", "surprise": 1})));
     let (_, list) = call(&url, "GET", "/v1/proxies", None).await;
     check("ProxyList", &list);
+    let (status, me) = call(&url, "GET", "/v1/whoami", None).await;
+    assert_eq!(status, 200, "{me}");
+    check("WhoAmI", &me);
     let (status, lease) = call(
         &url,
         "POST",
@@ -266,7 +269,7 @@ fn keys(object: &Value) -> Vec<String> {
 #[test]
 fn the_wire_types_have_the_documented_fields() {
     use egress_discovery::wire::{
-        ErrorBody, Lease, LeaseRequest, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Renewal, Report,
+        ErrorBody, Lease, LeaseRequest, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Renewal, Report, WhoAmI,
     };
     let doc = egress_discovery::openapi::document();
     let schema = |name: &str| &doc["components"]["schemas"][name];
@@ -297,6 +300,11 @@ fn the_wire_types_have_the_documented_fields() {
         pool_role: Some("active".into()),
         ..bare.clone()
     };
+    let me = WhoAmI {
+        client: "default".into(),
+    };
+    assert_eq!(keys(&encoded(&me)), keys(&schema("WhoAmI")["properties"]));
+    assert_eq!(keys(&encoded(&me)), required("WhoAmI"));
     assert_eq!(keys(&encoded(&full)), keys(&schema("Proxy")["properties"]));
     assert_eq!(keys(&encoded(&bare)), required("Proxy"));
     let leased = |view: ProxyView<'static>, with_credentials: bool| LeasedProxy {

@@ -22,8 +22,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::Gateway;
 use crate::auth::ClientAuth;
-use crate::chain::{self, ChainError, Tunnel};
+use crate::chain::{self, ChainError};
 use crate::leases::{Held, LeaseError};
+use crate::tunnels::Failure;
 use crate::username::{self, Routing};
 
 /// The bodies the front answers with.
@@ -35,31 +36,22 @@ const REALM: &str = "Basic realm=\"egress-gateway\"";
 /// Serves HTTP proxy clients on `listener` until the task is dropped: at most the gateway's
 /// connections at once (the others are closed as they come).
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
-    loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
-        };
-        let Ok(permit) = gateway.connections.clone().try_acquire_owned() else {
-            drop(tcp);
-            continue;
-        };
+    crate::accept(listener, gateway, serve_connection).await;
+}
+
+async fn serve_connection(gateway: Arc<Gateway>, tcp: TcpStream) {
+    let settings = gateway.settings.clone();
+    let service = hyper::service::service_fn(move |req| {
         let gateway = gateway.clone();
-        tokio::spawn(async move {
-            let settings = &gateway.settings;
-            let service = hyper::service::service_fn(|req| {
-                let gateway = gateway.clone();
-                async move { Ok::<_, Infallible>(gateway.handle(req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(settings.head_timeout)
-                .max_buf_size(settings.max_head.max(8192))
-                .serve_connection(TokioIo::new(tcp), service)
-                .with_upgrades()
-                .await;
-            drop(permit);
-        });
-    }
+        async move { Ok::<_, Infallible>(gateway.handle(req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.head_timeout)
+        .max_buf_size(settings.max_head.max(8192))
+        .serve_connection(TokioIo::new(tcp), service)
+        .with_upgrades()
+        .await;
 }
 
 impl Gateway {
@@ -93,7 +85,8 @@ impl Gateway {
         let host = authority.host().to_owned();
         let (held, mut tunnel) = match self.establish(&client, &routing, authority.as_str(), &host).await {
             Ok(t) => t,
-            Err(answer) => return answer,
+            Err(Failure::Lease(e)) => return lease_refused(&e),
+            Err(Failure::Chain(e)) => return chain_failed(e.as_ref()),
         };
         tokio::spawn(async move {
             if let Ok(upgraded) = hyper::upgrade::on(req).await {
@@ -103,41 +96,6 @@ impl Gateway {
             self.give_back(&client, &held).await;
         });
         Response::new(empty())
-    }
-
-    /// A lease and a tunnel through its proxy to `authority`: a backend that fails first is
-    /// reported for `host` and given back, and one more lease is tried when another backend
-    /// may do better.
-    async fn establish(
-        &self,
-        client: &ClientAuth,
-        routing: &Routing,
-        authority: &str,
-        host: &str,
-    ) -> Result<(Held, Tunnel), Response<Body>> {
-        let mut failed = None;
-        for _ in 0..2 {
-            let held = self
-                .leases
-                .acquire(client.token(), routing, host)
-                .await
-                .map_err(|e| lease_refused(&e))?;
-            match chain::tunnel(&held.backend, authority, self.settings.chain).await {
-                Ok(tunnel) => return Ok((held, tunnel)),
-                Err(e) => {
-                    self.leases
-                        .report(client.token(), &held, ReportResult::Banned, host)
-                        .await;
-                    self.give_back(client, &held).await;
-                    let again = e.worth_another();
-                    failed = Some(e);
-                    if !again {
-                        break;
-                    }
-                }
-            }
-        }
-        Err(chain_failed(failed.as_ref()))
     }
 
     /// A plain-HTTP request, sent on to a leased backend in absolute form with the backend's
@@ -211,13 +169,6 @@ impl Gateway {
         tokio::time::timeout(budget, sent)
             .await
             .unwrap_or(Err(ChainError::Timeout(budget)))
-    }
-
-    /// Gives a connection's lease back, unless a session holds it.
-    async fn give_back(&self, client: &ClientAuth, held: &Held) {
-        if !held.in_session {
-            self.leases.release(client.token(), held).await;
-        }
     }
 }
 

@@ -2,7 +2,10 @@
 //! (so its admission and scopes apply, and the gateway holds no token of its own), over one
 //! pool of keep-alive connections to the API.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use egress_discovery::client::{AcquireRequest, Client, ClientError, Lease, ReportResult};
 
@@ -34,16 +37,51 @@ pub enum LeaseError {
     Api(String),
 }
 
+/// How long a token's client, once the API named it, is taken as known.
+const KNOWN_FOR: Duration = Duration::from_secs(10);
+/// Tokens whose client is kept known, at most.
+const MAX_KNOWN: usize = 1024;
+
 /// The discovery API as the gateway calls it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Leases {
     api: Client,
+    /// Each token the API recently took, its client and when it said so.
+    known: Mutex<HashMap<String, (Instant, String)>>,
 }
 
 impl Leases {
     /// On the API client `api` (its base URL, budget and connection pool; its token unused).
     pub fn new(api: Client) -> Self {
-        Self { api }
+        Self {
+            api,
+            known: Mutex::default(),
+        }
+    }
+
+    /// The client `token` belongs to, as the API named it within [`KNOWN_FOR`] or names it now
+    /// (a SOCKS5 client is told whether its credentials were taken before it names a
+    /// destination, so before any lease).
+    ///
+    /// # Errors
+    /// [`LeaseError::Unauthorized`] for a token the API does not take; [`LeaseError::Api`]
+    /// when it cannot say.
+    pub async fn client_of(&self, token: &str) -> Result<String, LeaseError> {
+        {
+            let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((at, client)) = known.get(token)
+                && at.elapsed() < KNOWN_FOR
+            {
+                return Ok(client.clone());
+            }
+        }
+        let client = self.api.for_token(token).whoami().await.map_err(refused)?;
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if known.len() >= MAX_KNOWN {
+            known.clear();
+        }
+        known.insert(token.to_owned(), (Instant::now(), client.clone()));
+        Ok(client)
     }
 
     /// A lease for a connection to `host` (the cooldowns' target) as `routing` asks.

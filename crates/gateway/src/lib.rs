@@ -15,6 +15,8 @@ pub mod auth;
 pub mod chain;
 pub mod http_front;
 pub mod leases;
+pub mod socks_front;
+mod tunnels;
 pub mod username;
 
 /// What a gateway allows.
@@ -63,5 +65,40 @@ impl Gateway {
             settings,
             connections,
         }
+    }
+}
+
+/// Accepts connections on `listener` until the task is dropped, each served by `serve` in a
+/// task of its own: at most the gateway's connections at once (the others are closed as they
+/// come).
+async fn accept<F, Fut>(listener: tokio::net::TcpListener, gateway: Arc<Gateway>, serve: F)
+where
+    F: Fn(Arc<Gateway>, tokio::net::TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    // After a failed accept (out of file descriptors, say), a pause doubling from 5 ms to 1 s,
+    // as egress-http's server does, instead of spinning.
+    let mut pause = Duration::ZERO;
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => {
+                pause = Duration::ZERO;
+                tcp
+            }
+            Err(_) => {
+                pause = (pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        };
+        let Ok(permit) = gateway.connections.clone().try_acquire_owned() else {
+            drop(tcp);
+            continue;
+        };
+        let serving = serve(gateway.clone(), tcp);
+        tokio::spawn(async move {
+            serving.await;
+            drop(permit);
+        });
     }
 }
