@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Empty;
-use hyper::{Method, Request, StatusCode};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{Connection, SendRequest};
+use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
@@ -86,21 +88,57 @@ pub type Tunnel = TokioIo<hyper::upgrade::Upgraded>;
 /// # Errors
 /// [`ChainError`] says what went wrong; nothing was sent but the `CONNECT`.
 pub async fn tunnel(backend: &Backend, authority: &str, limits: Limits) -> Result<Tunnel, ChainError> {
-    tokio::time::timeout(limits.budget, open(backend, authority, limits.max_head))
-        .await
-        .unwrap_or(Err(ChainError::Timeout(limits.budget)))
+    within(limits.budget, open(backend, authority, limits.max_head)).await
 }
 
-async fn open(backend: &Backend, authority: &str, max_head: usize) -> Result<Tunnel, ChainError> {
+/// A plain-HTTP request sent on to `backend` as it is (absolute form, the caller's headers), and
+/// the head of its answer, within `limits`.
+///
+/// # Errors
+/// [`ChainError`] for a backend that could not be reached or did not answer HTTP in time.
+pub async fn forward(
+    backend: &Backend,
+    req: Request<Incoming>,
+    limits: Limits,
+) -> Result<Response<Incoming>, ChainError> {
+    within(limits.budget, async {
+        let (mut sender, connection) = dial(backend, limits.max_head).await?;
+        tokio::spawn(connection);
+        sender.send_request(req).await.map_err(|_| ChainError::Protocol)
+    })
+    .await
+}
+
+async fn within<T>(budget: Duration, work: impl Future<Output = Result<T, ChainError>>) -> Result<T, ChainError> {
+    tokio::time::timeout(budget, work)
+        .await
+        .unwrap_or(Err(ChainError::Timeout(budget)))
+}
+
+/// An HTTP/1 connection to `backend`: the sender of its requests, and the connection, which
+/// the caller drives.
+async fn dial<B>(
+    backend: &Backend,
+    max_head: usize,
+) -> Result<(SendRequest<B>, Connection<TokioIo<TcpStream>, B>), ChainError>
+where
+    B: hyper::body::Body + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tcp = TcpStream::connect(backend.addr)
         .await
         .map_err(|e| ChainError::Dial(e.kind().to_string()))?;
     let _ = tcp.set_nodelay(true);
-    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+    hyper::client::conn::http1::Builder::new()
         .max_buf_size(max_head.max(8192))
-        .handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
+        .handshake(TokioIo::new(tcp))
         .await
-        .map_err(|_| ChainError::Protocol)?;
+        .map_err(|_| ChainError::Protocol)
+}
+
+async fn open(backend: &Backend, authority: &str, max_head: usize) -> Result<Tunnel, ChainError> {
+    let (mut sender, connection) = dial::<Empty<Bytes>>(backend, max_head).await?;
     // The connection runs until the upgrade takes it over (or the answer fails); it ends with
     // the tunnel's setup.
     let driving = tokio::spawn(connection.with_upgrades());

@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::Gateway;
 use crate::auth::ClientAuth;
 use crate::chain::{self, ChainError};
-use crate::leases::{Held, LeaseError};
+use crate::leases::LeaseError;
 use crate::tunnels::Failure;
 use crate::username::{self, Routing};
 
@@ -127,7 +127,7 @@ impl Gateway {
         {
             req.headers_mut().insert(PROXY_AUTHORIZATION, value);
         }
-        let answer = match self.send(&held, req).await {
+        let answer = match chain::forward(&held.backend, req, self.settings.chain).await {
             Ok(a) => a,
             Err(e) => {
                 self.leases
@@ -149,26 +149,6 @@ impl Gateway {
             tokio::spawn(async move { gateway.give_back(&client, &held).await });
         };
         Response::from_parts(parts, Released::new(body, release).boxed())
-    }
-
-    /// `req` sent to the lease's backend, within the tunnel budget until its answer's head.
-    async fn send(&self, held: &Held, req: Request<Incoming>) -> Result<Response<Incoming>, ChainError> {
-        let budget = self.settings.chain.budget;
-        let sent = async {
-            let tcp = TcpStream::connect(held.backend.addr)
-                .await
-                .map_err(|e| ChainError::Dial(e.kind().to_string()))?;
-            let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
-                .max_buf_size(self.settings.chain.max_head.max(8192))
-                .handshake(TokioIo::new(tcp))
-                .await
-                .map_err(|_| ChainError::Protocol)?;
-            tokio::spawn(connection);
-            sender.send_request(req).await.map_err(|_| ChainError::Protocol)
-        };
-        tokio::time::timeout(budget, sent)
-            .await
-            .unwrap_or(Err(ChainError::Timeout(budget)))
     }
 }
 

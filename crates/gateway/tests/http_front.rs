@@ -98,3 +98,57 @@ async fn without_good_credentials_the_gateway_answers_407_and_dials_nothing() {
     assert!(w.seen.lock().unwrap().is_empty(), "nothing reached the target");
     assert_eq!(active(&w).await, 0, "no lease was taken");
 }
+
+/// The gateway's answer to `request`, sent as raw bytes, read to the end.
+async fn raw(w: &World, request: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(w.gateway).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn requests_the_gateway_cannot_route_are_refused_and_dial_nothing() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let w = world().await;
+    let auth = format!(
+        "Proxy-Authorization: Basic {}\r\nConnection: close\r\n",
+        data_encoding::BASE64.encode(format!("any:{TOKEN}").as_bytes())
+    );
+    let no_port = raw(
+        &w,
+        format!("CONNECT example.test HTTP/1.1\r\nHost: example.test\r\n{auth}\r\n"),
+    )
+    .await;
+    assert!(no_port.starts_with("HTTP/1.1 400"), "{no_port}");
+    assert!(no_port.contains("host:port"), "{no_port}");
+    let origin_form = raw(&w, format!("GET /204 HTTP/1.1\r\nHost: {}\r\n{auth}\r\n", w.target)).await;
+    assert!(origin_form.starts_with("HTTP/1.1 400"), "{origin_form}");
+    let https = raw(
+        &w,
+        format!("GET https://{0}/204 HTTP/1.1\r\nHost: {0}\r\n{auth}\r\n", w.target),
+    )
+    .await;
+    assert!(
+        https.starts_with("HTTP/1.1 400"),
+        "absolute https:// is CONNECT's: {https}"
+    );
+    let huge = format!(
+        "GET http://{0}/204 HTTP/1.1\r\nHost: {0}\r\nX-Pad: {1}\r\n{auth}\r\n",
+        w.target,
+        "a".repeat(64 * 1024)
+    );
+    let answer = raw(&w, huge).await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+        "a head over the cap: {answer}"
+    );
+    let garbage = raw(&w, "\x16\x03\x01\x02\x00 not http\r\n\r\n".to_owned()).await;
+    assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage}");
+    assert!(w.seen.lock().unwrap().is_empty(), "nothing reached the target");
+    assert_eq!(active(&w).await, 0, "no lease was taken");
+}
