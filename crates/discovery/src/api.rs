@@ -438,15 +438,8 @@ impl DiscoveryApi {
 
     /// `POST /v1/leases/{id}/report`.
     pub(crate) async fn report(&self, id: &str, body: &[u8]) -> Answer {
-        let body: Report = match decode(body) {
-            Ok(b) => b,
-            Err(answer) => return answer,
-        };
-        let Ok(result) = body.result.parse::<ReportResult>() else {
-            return error(400, "invalid_result", "result must be ok, rate_limited or banned");
-        };
-        let target = match target(body.target.as_deref()) {
-            Ok(t) => t,
+        let (result, target) = match reported(body) {
+            Ok(r) => r,
             Err(answer) => return answer,
         };
         match self.store.report(id, result, target).await {
@@ -455,6 +448,53 @@ impl DiscoveryApi {
             Err(e) => store_failed(&e, "recording a report"),
         }
     }
+
+    /// `POST /v1/sessions/{session}/report`: the report on the caller's session's lease, as
+    /// on the lease itself, for a client that knows its session but not its lease (one behind
+    /// the gateway). A ban for the target moves the session at its next acquire for it.
+    pub(crate) async fn report_session(&self, client: &crate::ClientName, session: &str, body: &[u8]) -> Answer {
+        let name = match SessionName::parse(session) {
+            Ok(n) => n,
+            Err(e) => return error(400, "invalid_session", &e.to_string()),
+        };
+        let (result, target) = match reported(body) {
+            Ok(r) => r,
+            Err(answer) => return answer,
+        };
+        let key = Session {
+            client: client.as_str(),
+            name: &name,
+            cap: self.max_sessions,
+        }
+        .key();
+        let leases = match self.store.session_leases(&key).await {
+            Ok(l) => l,
+            Err(e) => return store_failed(&e, "finding a session's lease"),
+        };
+        if leases.is_empty() {
+            return error(404, "unknown_session", "this client has no live session of that name");
+        }
+        for lease in &leases {
+            // A lease that ended meanwhile is no longer the session's: nothing to report on.
+            if let Err(e) = self.store.report(lease, result, target).await {
+                return store_failed(&e, "recording a report");
+            }
+        }
+        (204, None)
+    }
+}
+
+/// A report's body: its result and target, or the `400` that says what is wrong.
+fn reported(body: &[u8]) -> Result<(ReportResult, Option<Target>), Answer> {
+    let body: Report = decode(body)?;
+    let Ok(result) = body.result.parse::<ReportResult>() else {
+        return Err(error(
+            400,
+            "invalid_result",
+            "result must be ok, rate_limited or banned",
+        ));
+    };
+    Ok((result, target(body.target.as_deref())?))
 }
 
 /// The lease and its proxy: `201` for a new lease, `200` for one extended (a session's, or a

@@ -80,6 +80,9 @@ pub enum ClientError {
     },
     #[error("unknown lease: {0}")]
     UnknownLease(String),
+    /// A report on a session the client holds no live lease for.
+    #[error("unknown session: {0}")]
+    UnknownSession(String),
     #[error("not found: {0}")]
     NotFound(String),
     #[error("method not allowed: {0}")]
@@ -139,6 +142,7 @@ fn from_answer(status: u16, body: &str) -> ClientError {
             }
         }
         "unknown_lease" => ClientError::UnknownLease(message),
+        "unknown_session" => ClientError::UnknownSession(message),
         "not_found" => ClientError::NotFound(message),
         "method_not_allowed" => ClientError::MethodNotAllowed(message),
         "overloaded" => ClientError::Overloaded(message),
@@ -406,6 +410,28 @@ impl Client {
     ///
     /// [`ClientError::UnknownLease`]; the API's other errors; transport.
     pub async fn report(&self, lease_id: &str, result: ReportResult, target: Option<&str>) -> Result<(), ClientError> {
+        let path = format!("/v1/leases/{}/report", segment(lease_id));
+        self.send_report(&path, result, target).await
+    }
+
+    /// `POST /v1/sessions/{session}/report`: a report on this client's session's lease (for a
+    /// client that knows only its session, as one behind the gateway does).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::UnknownSession`] when the session has no live lease;
+    /// [`ClientError::InvalidSession`]; the API's other errors; transport.
+    pub async fn report_session(
+        &self,
+        session: &str,
+        result: ReportResult,
+        target: Option<&str>,
+    ) -> Result<(), ClientError> {
+        let path = format!("/v1/sessions/{}/report", segment(session));
+        self.send_report(&path, result, target).await
+    }
+
+    async fn send_report(&self, path: &str, result: ReportResult, target: Option<&str>) -> Result<(), ClientError> {
         let result = match result {
             ReportResult::Ok => "ok",
             ReportResult::RateLimited => "rate_limited",
@@ -418,7 +444,7 @@ impl Client {
         let body = serde_json::to_string(&body).map_err(|e| ClientError::InvalidBody(e.to_string()))?;
         let request = self
             .http
-            .post(format!("{}/v1/leases/{}/report", self.base, segment(lease_id)))
+            .post(format!("{}{path}", self.base))
             .header("content-type", "application/json")
             .body(body);
         match self.send(request).await? {
@@ -450,6 +476,10 @@ mod tests {
         assert_eq!(
             from_answer(404, r#"{"error":"unknown_lease","message":"no such lease"}"#),
             ClientError::UnknownLease("no such lease".into())
+        );
+        assert_eq!(
+            from_answer(404, r#"{"error":"unknown_session","message":"none"}"#),
+            ClientError::UnknownSession("none".into())
         );
         assert!(matches!(
             from_answer(502, "<html>bad gateway</html>"),

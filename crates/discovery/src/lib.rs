@@ -4,9 +4,12 @@
 //! ```text
 //! GET    /healthz                  200 ok (never authenticated)
 //! GET    /v1/proxies               {"proxies": [view...], "count": n}
-//! POST   /v1/leases                201 grant | 409 no_match | 503 store_unavailable
+//! GET    /v1/whoami                {"client": name}
+//! POST   /v1/leases                201 grant | 200 a session's | 409 no_match | 503 store_unavailable
 //! DELETE /v1/leases/{id}           204, always
+//! POST   /v1/leases/{id}/renew     200 | 404 unknown_lease | 409 not_renewable
 //! POST   /v1/leases/{id}/report    204 | 404 unknown_lease
+//! POST   /v1/sessions/{s}/report   204 | 404 unknown_session
 //! ```
 //!
 //! It is served by the shared stack of `egress-http` (connection cap, header, body, write and

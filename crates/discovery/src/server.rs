@@ -91,6 +91,7 @@ fn pattern(method: &Method, path: &str) -> String {
         ["v1", "leases", _] => "/v1/leases/{id}",
         ["v1", "leases", _, "report"] => "/v1/leases/{id}/report",
         ["v1", "leases", _, "renew"] => "/v1/leases/{id}/renew",
+        ["v1", "sessions", _, "report"] => "/v1/sessions/{session}/report",
         _ => "unmatched",
     };
     format!("{method} {route}")
@@ -124,6 +125,7 @@ pub fn router(api: Arc<DiscoveryApi>) -> Router {
         .route("/v1/leases/{id}", delete(release))
         .route("/v1/leases/{id}/report", post(report))
         .route("/v1/leases/{id}/renew", post(renew))
+        .route("/v1/sessions/{session}/report", post(report_session))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
         .layer(axum::middleware::from_fn_with_state(api.clone(), authenticate))
@@ -194,6 +196,17 @@ async fn renew(State(api): Shared, req: Request<Body>) -> Response<Body> {
     let id = lease_id(&req).to_owned();
     match body(req).await {
         Ok(body) => respond(api.renew(&id, &body).await),
+        Err(answer) => respond(answer),
+    }
+}
+
+async fn report_session(State(api): Shared, req: Request<Body>) -> Response<Body> {
+    let client = req.extensions().get::<crate::ClientName>().cloned().unwrap_or_default();
+    // `/v1/sessions/{session}/report`: the third segment, as sent (a session name needs no
+    // escaping; one that does is refused as a name).
+    let session = req.uri().path().split('/').nth(3).unwrap_or_default().to_owned();
+    match body(req).await {
+        Ok(body) => respond(api.report_session(&client, &session, &body).await),
         Err(answer) => respond(answer),
     }
 }
@@ -503,6 +516,10 @@ mod tests {
         );
         assert_eq!(pattern(&Method::DELETE, "/v1/leases/ABC"), "DELETE /v1/leases/{id}");
         assert_eq!(pattern(&Method::GET, "/v1/proxies"), "GET /v1/proxies");
+        assert_eq!(
+            pattern(&Method::POST, "/v1/sessions/login-1/report"),
+            "POST /v1/sessions/{session}/report"
+        );
         assert_eq!(pattern(&Method::GET, "/nope"), "GET unmatched");
     }
 }

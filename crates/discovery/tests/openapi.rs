@@ -71,7 +71,10 @@ async fn every_documented_operation_is_routed_and_every_route_documented() {
     let mut documented = Vec::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
-            documented.push((method.to_uppercase(), path.replace("{id}", "SOMELEASE")));
+            documented.push((
+                method.to_uppercase(),
+                path.replace("{id}", "SOMELEASE").replace("{session}", "some-session"),
+            ));
         }
     }
     documented.sort();
@@ -86,7 +89,8 @@ async fn every_documented_operation_is_routed_and_every_route_documented() {
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in ["GET", "POST", "DELETE", "PUT", "PATCH"] {
             if item.get(method.to_lowercase()).is_none() {
-                let (status, body) = call(&url, method, &path.replace("{id}", "X"), None).await;
+                let path = path.replace("{id}", "X").replace("{session}", "s");
+                let (status, body) = call(&url, method, &path, None).await;
                 assert_eq!(
                     (status, &body["error"]),
                     (405, &json!("method_not_allowed")),
@@ -155,6 +159,8 @@ async fn real_answers_validate_against_the_documented_schemas() {
         ("POST", "/v1/leases", Some(r#"{"session": "a b"}"#)),
         ("POST", "/v1/leases/X/renew", Some("{}")),
         ("POST", "/v1/leases/X/renew", Some(r#"{"ttlSeconds": -1}"#)),
+        ("POST", "/v1/sessions/login-2/report", Some(r#"{"result": "banned"}"#)),
+        ("POST", "/v1/sessions/a%20b/report", Some(r#"{"result": "banned"}"#)),
         ("GET", "/nowhere", None),
         ("PUT", "/v1/leases", None),
     ] {
@@ -227,7 +233,7 @@ async fn a_client_over_its_budget_gets_the_documented_429_on_every_authenticated
                 ),
             })
             .await;
-            let path = path.replace("{id}", "L");
+            let path = path.replace("{id}", "L").replace("{session}", "s");
             let method = method.to_uppercase();
             let _ = call(&url, &method, &path, Some("{}")).await;
             let client = reqwest::Client::new();

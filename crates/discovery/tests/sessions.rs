@@ -63,7 +63,8 @@ async fn start(cap: usize) -> Server {
 }
 
 impl Server {
-    async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+    /// The status and the body as text.
+    async fn post_text(&self, token: &str, path: &str, body: Value) -> (u16, String) {
         let r = self
             .http
             .post(format!("{}{path}", self.url))
@@ -73,11 +74,22 @@ impl Server {
             .await
             .unwrap();
         let status = r.status().as_u16();
-        (status, r.json().await.unwrap())
+        (status, r.text().await.unwrap())
+    }
+
+    async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        let (status, text) = self.post_text(token, path, body).await;
+        (status, serde_json::from_str(&text).unwrap())
     }
 
     async fn lease(&self, token: &str, body: Value) -> (u16, Value) {
         self.post(token, "/v1/leases", body).await
+    }
+
+    /// `POST /v1/sessions/{session}/report`: the status and the body as text.
+    async fn report_session(&self, token: &str, session: &str, body: Value) -> (u16, String) {
+        self.post_text(token, &format!("/v1/sessions/{session}/report"), body)
+            .await
     }
 
     async fn renew(&self, id: &Value, body: Value) -> (u16, Value) {
@@ -183,6 +195,37 @@ async fn a_held_lease_is_renewed_and_an_ended_or_unfit_one_is_not() {
 }
 
 #[tokio::test]
+async fn a_ban_reported_by_session_moves_it_for_that_target_only() {
+    let s = start(10).await;
+    let at = |target: &str| json!({"session": "login-1", "target": target});
+    let (status, first) = s.lease(TEAM_A, at("shop.example")).await;
+    assert_eq!((status, &first["proxy"]["id"]), (201, &json!("ns/a")), "{first}");
+    let banned = json!({"result": "banned", "target": "shop.example"});
+    // Another client has no session of that name; a name outside the grammar; a bad result.
+    assert_eq!(s.report_session(TEAM_B, "login-1", banned.clone()).await.0, 404);
+    let (status, e) = s.report_session(TEAM_A, "no%20spaces", banned.clone()).await;
+    assert!(status == 400 && e.contains("invalid_session"), "{status} {e}");
+    let (status, e) = s.report_session(TEAM_A, "login-1", json!({"result": "meh"})).await;
+    assert!(status == 400 && e.contains("invalid_result"), "{status} {e}");
+    assert_eq!(s.report_session(TEAM_A, "login-1", banned).await, (204, String::new()));
+    // Elsewhere the session stays where it is; for the banned target it moves.
+    let (status, other) = s.lease(TEAM_A, at("other.example")).await;
+    assert_eq!((status, &other["leaseID"]), (200, &first["leaseID"]), "{other}");
+    let (status, moved) = s.lease(TEAM_A, at("shop.example")).await;
+    assert_eq!((status, &moved["proxy"]["id"]), (201, &json!("ns/b")), "{moved}");
+    // Released, the session has ended: nothing to report on.
+    let lease = moved["leaseID"].as_str().unwrap();
+    s.http
+        .delete(format!("{}/v1/leases/{lease}", s.url))
+        .bearer_auth(TEAM_A)
+        .send()
+        .await
+        .unwrap();
+    let (status, e) = s.report_session(TEAM_A, "login-1", json!({"result": "banned"})).await;
+    assert!(status == 404 && e.contains("unknown_session"), "{status} {e}");
+}
+
+#[tokio::test]
 async fn session_names_outside_the_grammar_are_refused() {
     let s = start(10).await;
     for bad in [json!(""), json!("a b"), json!("x".repeat(65)), json!("ünï"), json!(7)] {
@@ -228,9 +271,16 @@ async fn the_rust_client_resumes_renews_and_names_the_session_errors() {
         api.renew(&first.lease_id, None).await,
         Err(ClientError::NotRenewable(_))
     ));
+    api.report_session("s", egress_lease::ReportResult::Banned, Some("shop.example"))
+        .await
+        .unwrap();
     api.release(&first.lease_id).await.unwrap();
     assert!(matches!(
         api.renew(&first.lease_id, None).await,
         Err(ClientError::UnknownLease(_))
+    ));
+    assert!(matches!(
+        api.report_session("s", egress_lease::ReportResult::Banned, None).await,
+        Err(ClientError::UnknownSession(_))
     ));
 }

@@ -378,6 +378,10 @@ impl LeaseStore for RedisStore {
         self.lease_shard(lease_id).renew_lease(lease_id, ttl, fit).await
     }
 
+    async fn session_leases(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        self.leases_of_session(key).await
+    }
+
     fn sessions_now(&self) -> Vec<(String, usize)> {
         let mut by_client = std::collections::BTreeMap::<String, usize>::new();
         for shard in self.kept() {

@@ -426,6 +426,26 @@ impl RedisStore {
         Ok(walk(&weighted, keyed_draw(key)))
     }
 
+    /// [`egress_lease::LeaseStore::session_leases`]: the session looked for in every shard
+    /// the directory lists and every unpooled shard, at once. A report on a session (rare: a
+    /// ban seen inside a tunnel) has no selector to say which; the shards are bounded by the
+    /// placement's choices.
+    pub(crate) async fn leases_of_session(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        let directory = self.directory.now(&self.calls).await?;
+        let shards: BTreeSet<ShardId> = directory
+            .keys()
+            .copied()
+            .chain(self.placement.unpooled_shards())
+            .collect();
+        let found = try_join_all(
+            shards
+                .iter()
+                .map(|s| async move { self.shard(*s).read_session(key).await }),
+        )
+        .await?;
+        Ok(found.into_iter().flatten().map(|(lease, _)| lease).collect())
+    }
+
     /// The session's lease and proxy, and its shard: the first of `order` that has one.
     async fn find_session(
         &self,

@@ -515,6 +515,16 @@ impl LeaseStore for MemoryStore {
         Ok(self.renew_now(lease_id, ttl, fit))
     }
 
+    async fn session_leases(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let Some(lease_id) = state.sessions.get(key).cloned() else {
+            return Ok(Vec::new());
+        };
+        // Its lease may have expired unnoticed: then the session has ended with it.
+        Ok(state.live_lease(&lease_id, now).map(|_| lease_id).into_iter().collect())
+    }
+
     fn sessions_now(&self) -> Vec<(String, usize)> {
         let mut counts: Vec<(String, usize)> = self.lock().session_counts.clone().into_iter().collect();
         counts.sort();

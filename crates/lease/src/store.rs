@@ -248,6 +248,15 @@ pub trait LeaseStore: Send + Sync + 'static {
         fit: &Fit<'_>,
     ) -> Result<Result<Grant, NotRenewed>, StoreError>;
 
+    /// The live leases of the session `key` ([`Session::key`]), for a report on the session:
+    /// none once it has ended. A shared store with shards returns one for each shard the
+    /// session lives in (a session asked for with two pools lives in both pools' shards).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store is unavailable.
+    async fn session_leases(&self, key: &str) -> Result<Vec<String>, StoreError>;
+
     /// Live sessions by client name, as last known, without waiting (read at scrape time):
     /// exact for the in-memory store, as of this replica's last session call or sweep for a
     /// shared one. Clients without a session are left out.

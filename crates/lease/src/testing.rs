@@ -526,6 +526,7 @@ macro_rules! lease_store_suite {
             a_proxy_cools_down_for_at_most_64_targets,
             only_the_newest_ended_leases_stay_reportable,
             a_session_ends_with_its_lease,
+            a_session_names_its_lease_for_reports,
             a_held_lease_is_renewed_while_its_proxy_is_fit,
             a_selector_chooses_within_its_indexes_only,
             a_selector_passes_over_cooling_and_unhealthy_proxies_and_counts_them,

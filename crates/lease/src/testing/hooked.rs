@@ -84,6 +84,10 @@ impl<H: Hooks> LeaseStore for Hooked<H> {
         self.inner.renew(lease_id, ttl, fit).await
     }
 
+    async fn session_leases(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.session_leases(key).await
+    }
+
     fn sessions_now(&self) -> Vec<(String, usize)> {
         self.inner.sessions_now()
     }

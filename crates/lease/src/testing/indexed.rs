@@ -123,6 +123,10 @@ impl LeaseStore for IndexedStore {
         self.inner.renew(lease_id, ttl, fit).await
     }
 
+    async fn session_leases(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.session_leases(key).await
+    }
+
     fn sessions_now(&self) -> Vec<(String, usize)> {
         self.inner.sessions_now()
     }

@@ -155,6 +155,24 @@ pub async fn a_session_ends_with_its_lease(s: Arc<dyn LeaseStore>, clock: Manual
     assert_eq!(total(s).await, 1);
 }
 
+/// A report on a session goes to the lease the store names for it: its live lease, and none
+/// once it is released (a shared store may name an expired one for a short grace, which a
+/// report may still name).
+pub async fn a_session_names_its_lease_for_reports(s: Arc<dyn LeaseStore>, _c: ManualClock) {
+    let s = s.as_ref();
+    let fleet = [proxy("ns/a", 10, 5), proxy("ns/b", 20, 5)];
+    let lease = sticky(s, &fleet, &req(None), "s").await.unwrap();
+    let named = |key: &'static str| async move { s.session_leases(key).await.expect("the store answers") };
+    assert_eq!(named("team-a/s").await, std::slice::from_ref(&lease.lease_id));
+    assert!(
+        named("team-b/s").await.is_empty(),
+        "another client's session of that name"
+    );
+    assert!(named("team-a/t").await.is_empty(), "a session never started");
+    release(s, &lease.lease_id).await;
+    assert!(named("team-a/s").await.is_empty(), "released: the session has ended");
+}
+
 pub async fn a_client_s_sessions_are_capped_but_resuming_never_is(s: Arc<dyn LeaseStore>, clock: ManualClock) {
     let s = s.as_ref();
     let fleet = [proxy("ns/a", 10, 5), proxy("ns/b", 20, 5)];
