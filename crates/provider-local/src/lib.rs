@@ -3,7 +3,9 @@
 //!
 //! Each instance is a real tinyproxy listening on its own loopback address
 //! (127.a.b.c, derived from its name) at the Proxy's port, so any number of
-//! them share one machine and the usual `ip:port` contract holds. Its marks,
+//! them share one machine and the usual `ip:port` contract holds. It also
+//! leaves from that address (`Bind`): each proxy has its own exit, as in a
+//! real fleet, and a local target can tell them apart. Its marks,
 //! address, port and pid live in a record in the state directory; the
 //! process runs in its own process group, so it outlives an operator
 //! restart and the next operator finds it by its record.

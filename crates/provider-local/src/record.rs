@@ -142,8 +142,9 @@ pub struct Rules<'a> {
     pub credentials: Option<&'a egress_provider::Credentials>,
 }
 
-/// The tinyproxy config of one instance: listen on its own loopback address and port, CONNECT
-/// only to `rules.connect_ports`, the credentials when given, long tunnels, its log in the
+/// The tinyproxy config of one instance: listen on its own loopback address and port, and
+/// leave from that address too (`Bind`), so each proxy has its own exit as in a real fleet and a
+/// target can tell them apart; CONNECT only to `rules.connect_ports`, the credentials when given, long tunnels, its log in the
 /// instance directory. `drop_to` names the user and group tinyproxy switches to when started as
 /// root. The text holds the password when there are credentials: it is written readable by its
 /// owner only.
@@ -151,6 +152,7 @@ pub fn tinyproxy_config(record: &Record, dir: &Path, drop_to: Option<(&str, &str
     let mut text = format!(
         "# Written by egress-provider-local for {name}; rewritten at every start.\n\
          Listen {address}\n\
+         Bind {address}\n\
          Port {port}\n\
          Timeout 600\n\
          MaxClients 100\n\
@@ -247,7 +249,7 @@ mod tests {
     }
 
     #[test]
-    fn tinyproxy_config_listens_on_the_record_address_and_drops_root() {
+    fn tinyproxy_config_listens_and_leaves_on_the_record_address_and_drops_root() {
         let open = Rules {
             connect_ports: &[443],
             credentials: None,
@@ -260,6 +262,7 @@ mod tests {
         );
         for line in [
             "Listen 127.9.8.7",
+            "Bind 127.9.8.7",
             "Port 3128",
             "LogFile \"/state/proxy-abc/tinyproxy.log\"",
             "User nobody",

@@ -100,14 +100,16 @@ async fn wait_for(
     }
 }
 
-/// A target that answers one line of text on every connection.
+/// A target that answers one line of text on every connection, naming the address the
+/// connection came from.
 async fn hello_target() -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
+        while let Ok((mut s, peer)) = listener.accept().await {
             tokio::spawn(async move {
-                let _ = s.write_all(b"hello from the target\n").await;
+                let line = format!("hello from the target to {}\n", peer.ip());
+                let _ = s.write_all(line.as_bytes()).await;
             });
         }
     });
@@ -139,7 +141,11 @@ async fn tunnel(
         .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 512];
-    while !String::from_utf8_lossy(&got).contains("from the target") {
+    let whole_line = |got: &[u8]| {
+        let text = String::from_utf8_lossy(got);
+        text.contains("from the target") && text.ends_with('\n')
+    };
+    while !whole_line(&got) {
         let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
             .await
             .expect("an answer in time")
@@ -175,6 +181,8 @@ async fn a_created_proxy_carries_a_connect_and_delete_leaves_nothing() {
     let answer = through((ip, 3128).into(), target).await;
     assert!(answer.starts_with("HTTP/1.") && answer.contains(" 200 "), "{answer}");
     assert!(answer.contains("from the target"), "{answer}");
+    // It leaves from its own address (`Bind`), not from 127.0.0.1 as every proxy would.
+    assert!(answer.contains(&format!("from the target to {ip}\n")), "{answer}");
 
     p.delete(&cx, &id).await.expect("delete");
     let gone = p.get(&cx, &id).await.expect_err("gone after delete");
