@@ -47,7 +47,8 @@ pub enum Mode {
     validation = Rule::new("self.mode != 'Managed' || !has(self.endpoint)").message("spec.endpoint is for External proxies only"),
     validation = Rule::new("!has(oldSelf.provider) || (has(self.provider) && self.provider == oldSelf.provider)").message("spec.provider is immutable"),
     validation = Rule::new("!has(self.credentials) || self.credentials.type != 'Generated' || self.mode != 'External'").message("Generated credentials are for Managed proxies (an External proxy names its Secret: type Secret)"),
-    validation = Rule::new("!has(self.credentials) || self.credentials.type != 'Secret' || self.mode == 'External'").message("credentials of type Secret are for External proxies (a Managed proxy uses Generated)")
+    validation = Rule::new("!has(self.credentials) || self.credentials.type != 'Secret' || self.mode == 'External'").message("credentials of type Secret are for External proxies (a Managed proxy uses Generated)"),
+    validation = Rule::new("!has(self.attributes) || self.attributes.all(k, k != 'session' && k != 'ttl' && !k.startsWith('exit.'))").message("the attribute names session, ttl and exit.* are reserved (a gateway username uses them for routing, not selection)")
 )]
 pub struct ProxySpec {
     /// `Managed` (default) or `External`.
@@ -71,6 +72,8 @@ pub struct ProxySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<Endpoint>,
     /// Free-form selection labels (`geo`, `asn`, `purpose`, ...) the discovery API filters on.
+    /// `session`, `ttl` and names starting with `exit.` are reserved: a gateway username uses
+    /// them for routing, so no selector could name them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attributes: BTreeMap<String, String>,
     /// Lease capacity. Absent means 5; an explicit 0 means the proxy is never leased.

@@ -244,6 +244,18 @@ async fn malformed_proxies_are_refused_with_the_reason() {
             json!({"provider": "kvm", "attributes": {"geo": 1}}),
             "spec.attributes.geo in body must be of type string",
         ),
+        (
+            json!({"provider": "kvm", "attributes": {"geo": "eu", "session": "x"}}),
+            "the attribute names session, ttl and exit.* are reserved",
+        ),
+        (
+            json!({"provider": "kvm", "attributes": {"ttl": "60"}}),
+            "the attribute names session, ttl and exit.* are reserved",
+        ),
+        (
+            json!({"provider": "kvm", "attributes": {"exit.country": "de"}}),
+            "the attribute names session, ttl and exit.* are reserved",
+        ),
     ];
     for (i, (spec, words)) in cases.into_iter().enumerate() {
         let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "crawl.example.com/v1alpha1",
