@@ -96,11 +96,12 @@ pub async fn tunnel(backend: &Backend, authority: &str, limits: Limits) -> Resul
 ///
 /// # Errors
 /// [`ChainError`] for a backend that could not be reached or did not answer HTTP in time.
-pub async fn forward(
-    backend: &Backend,
-    req: Request<Incoming>,
-    limits: Limits,
-) -> Result<Response<Incoming>, ChainError> {
+pub async fn forward<B>(backend: &Backend, req: Request<B>, limits: Limits) -> Result<Response<Incoming>, ChainError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     within(limits.budget, async {
         let (mut sender, connection) = dial(backend, limits.max_head).await?;
         tokio::spawn(connection);

@@ -8,7 +8,9 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use egress_discovery::client::ReportResult;
@@ -22,9 +24,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::Gateway;
 use crate::auth::ClientAuth;
+use crate::caps::Slot;
 use crate::chain::{self, ChainError};
-use crate::leases::LeaseError;
-use crate::tunnels::Failure;
+use crate::leases::{Held, LeaseError};
+use crate::metrics::Front;
+use crate::tunnels::{Carried, Failure, Request as Asked};
 use crate::username::{self, Routing};
 
 /// The bodies the front answers with.
@@ -41,17 +45,25 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
 
 async fn serve_connection(gateway: Arc<Gateway>, tcp: TcpStream) {
     let settings = gateway.settings.clone();
+    let stopping = gateway.stopping.clone();
     let service = hyper::service::service_fn(move |req| {
         let gateway = gateway.clone();
         async move { Ok::<_, Infallible>(gateway.handle(req).await) }
     });
-    let _ = hyper::server::conn::http1::Builder::new()
+    let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.head_timeout)
         .max_buf_size(settings.max_head.max(8192))
         .serve_connection(TokioIo::new(tcp), service)
-        .with_upgrades()
-        .await;
+        .with_upgrades();
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        () = stopping.cancelled() => {}
+    }
+    // The drain: the request being answered finishes, the connection takes no other.
+    connection.as_mut().graceful_shutdown();
+    let _ = connection.await;
 }
 
 impl Gateway {
@@ -61,13 +73,17 @@ impl Gateway {
             .get(PROXY_AUTHORIZATION)
             .and_then(|v| ClientAuth::from_basic(v.as_bytes()));
         let Some(client) = client else {
+            self.metrics.refused("credentials");
             return need_credentials(
                 "proxy credentials are required: the username routes, the password is a discovery token",
             );
         };
         let routing = match username::parse(&client.username, self.settings.max_ttl) {
             Ok(r) => r,
-            Err(e) => return need_credentials(&e.to_string()),
+            Err(e) => {
+                self.metrics.refused("credentials");
+                return need_credentials(&e.to_string());
+            }
         };
         if req.method() == Method::CONNECT {
             self.connect(req, client, routing).await
@@ -82,30 +98,31 @@ impl Gateway {
         let Some(authority) = req.uri().authority().filter(|a| a.port_u16().is_some()).cloned() else {
             return text(StatusCode::BAD_REQUEST, "CONNECT needs host:port");
         };
-        let host = authority.host().to_owned();
-        let (held, mut tunnel) = match self.establish(&client, &routing, authority.as_str(), &host).await {
-            Ok(t) => t,
-            Err(Failure::Lease(e)) => return lease_refused(&e),
-            Err(Failure::Chain(e)) => return chain_failed(e.as_ref()),
+        let asked = Asked {
+            client,
+            routing,
+            front: Front::Connect,
+            authority: authority.as_str().to_owned(),
+            host: authority.host().to_owned(),
+            since: Instant::now(),
         };
-        tokio::spawn(async move {
-            if let Ok(upgraded) = hyper::upgrade::on(req).await {
-                let mut from_client = TokioIo::new(upgraded);
-                let _ = tokio::io::copy_bidirectional(&mut from_client, &mut tunnel).await;
+        let opened = match self.establish(&asked).await {
+            Ok(o) => o,
+            Err(failure) => return refused(&failure),
+        };
+        let gateway = self.clone();
+        self.tasks.spawn(async move {
+            match hyper::upgrade::on(req).await {
+                Ok(upgraded) => gateway.carry(&asked, opened, TokioIo::new(upgraded)).await,
+                Err(_) => gateway.give_back(&asked.client, &opened.held).await,
             }
-            self.give_back(&client, &held).await;
         });
         Response::new(empty())
     }
 
     /// A plain-HTTP request, sent on to a leased backend in absolute form with the backend's
     /// credentials; an answer with a ban status is reported for the host.
-    async fn forward(
-        self: Arc<Self>,
-        mut req: Request<Incoming>,
-        client: ClientAuth,
-        routing: Routing,
-    ) -> Response<Body> {
+    async fn forward(self: Arc<Self>, req: Request<Incoming>, client: ClientAuth, routing: Routing) -> Response<Body> {
         let uri = req.uri().clone();
         let Some(host) = uri
             .host()
@@ -117,38 +134,90 @@ impl Gateway {
                 "send an absolute-form http:// request, or CONNECT for anything else",
             );
         };
-        let held = match self.leases.acquire(client.token(), &routing, &host).await {
-            Ok(h) => h,
-            Err(e) => return lease_refused(&e),
+        let asked = Asked {
+            client,
+            routing,
+            front: Front::Http,
+            authority: format!("{host}:{}", uri.port_u16().unwrap_or(80)),
+            host,
+            since: Instant::now(),
         };
-        strip_hop_by_hop(req.headers_mut());
+        let mut known_as = None;
+        let admitted = self.admit(&asked, &mut known_as).await;
+        let name = known_as.unwrap_or_default();
+        let (held, slot) = match admitted {
+            Ok((_, slot)) => match self
+                .leases
+                .acquire(asked.client.token(), &asked.routing, &asked.host)
+                .await
+            {
+                Ok(held) => (held, slot),
+                Err(e) => return self.failed(&asked, &name, &Failure::Lease(e)),
+            },
+            Err(failure) => return self.failed(&asked, &name, &failure),
+        };
+        self.send_on(req, asked, name, held, slot).await
+    }
+
+    /// The metrics and log line of a request that got no backend, and its answer.
+    fn failed(&self, asked: &Asked, name: &str, failure: &Failure) -> Response<Body> {
+        self.account_failure(asked, name, failure);
+        refused(failure)
+    }
+
+    /// Sends the request to the leased backend and answers with the backend's answer, whose
+    /// body gives the lease back and accounts for the request once it is done with.
+    async fn send_on(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        asked: Asked,
+        name: String,
+        held: Held,
+        slot: Slot,
+    ) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
         if let Some((user, password)) = &held.backend.credentials
             && let Ok(value) = HeaderValue::from_str(&chain::basic(user, password))
         {
-            req.headers_mut().insert(PROXY_AUTHORIZATION, value);
+            parts.headers.insert(PROXY_AUTHORIZATION, value);
         }
+        let sent = Arc::new(AtomicU64::new(0));
+        let counted = sent.clone();
+        let body = Released::new(body, move |n| counted.store(n, Ordering::Relaxed));
+        let req = Request::from_parts(parts, body);
         let answer = match chain::forward(&held.backend, req, self.settings.chain).await {
             Ok(a) => a,
             Err(e) => {
-                self.leases
-                    .report(client.token(), &held, ReportResult::Banned, &host)
-                    .await;
-                self.give_back(&client, &held).await;
-                return chain_failed(Some(&e));
+                self.report_and_give_back(&asked.client, &held, &asked.host).await;
+                return self.failed(&asked, &name, &Failure::Chain(Some(e)));
             }
         };
-        if self.settings.ban_statuses.contains(&answer.status().as_u16()) {
+        let banned = self.settings.ban_statuses.contains(&answer.status().as_u16());
+        if banned {
             self.leases
-                .report(client.token(), &held, ReportResult::Banned, &host)
+                .report(asked.client.token(), &held, ReportResult::Banned, &asked.host)
                 .await;
         }
         let (mut parts, body) = answer.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        let active = self.metrics.active();
         let gateway = self.clone();
-        let release = move || {
-            tokio::spawn(async move { gateway.give_back(&client, &held).await });
+        let done = move |down: u64| {
+            drop(active);
+            let task = gateway.clone();
+            gateway.tasks.spawn(async move {
+                task.give_back(&asked.client, &held).await;
+                let carried = Carried {
+                    up: sent.load(Ordering::Relaxed),
+                    down,
+                    outcome: if banned { "banned" } else { "answered" },
+                };
+                task.account(&asked, &name, &held.proxy_id, carried);
+                drop(slot);
+            });
         };
-        Response::from_parts(parts, Released::new(body, release).boxed())
+        Response::from_parts(parts, Released::new(body, done).boxed())
     }
 }
 
@@ -217,36 +286,46 @@ fn chain_failed(e: Option<&ChainError>) -> Response<Body> {
     }
 }
 
-/// A backend's answer body that calls `on_end` once it is done with (read to its end, or
-/// dropped): the lease of a plain-HTTP request goes back then.
-struct Released<F: FnOnce()> {
+/// A body that counts the bytes it yields and calls `on_end` with them once it is done with
+/// (read to its end, or dropped): a plain-HTTP request's lease goes back then, and its bytes
+/// are counted.
+struct Released<F: FnOnce(u64)> {
     body: Incoming,
+    bytes: u64,
     on_end: Option<F>,
 }
 
-impl<F: FnOnce()> Released<F> {
+impl<F: FnOnce(u64)> Released<F> {
     fn new(body: Incoming, on_end: F) -> Self {
         Self {
             body,
+            bytes: 0,
             on_end: Some(on_end),
         }
     }
 }
 
-impl<F: FnOnce()> Drop for Released<F> {
+impl<F: FnOnce(u64)> Drop for Released<F> {
     fn drop(&mut self) {
         if let Some(f) = self.on_end.take() {
-            f();
+            f(self.bytes);
         }
     }
 }
 
-impl<F: FnOnce() + Unpin> hyper::body::Body for Released<F> {
+impl<F: FnOnce(u64) + Unpin> hyper::body::Body for Released<F> {
     type Data = Bytes;
     type Error = hyper::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            this.bytes += data.len() as u64;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -255,6 +334,18 @@ impl<F: FnOnce() + Unpin> hyper::body::Body for Released<F> {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// The answer to a request that got no tunnel or backend.
+fn refused(failure: &Failure) -> Response<Body> {
+    match failure {
+        Failure::Lease(e) => lease_refused(e),
+        Failure::TooMany => text(
+            StatusCode::TOO_MANY_REQUESTS,
+            "this client has as many tunnels and requests open as it may",
+        ),
+        Failure::Chain(e) => chain_failed(e.as_ref()),
     }
 }
 

@@ -21,6 +21,8 @@ pub struct Held {
     pub backend: Backend,
     /// Held by a session: it outlives the connection, which does not give it back.
     pub in_session: bool,
+    /// How long it had when granted: a session's lease is renewed at half of it.
+    pub ttl: Duration,
 }
 
 /// Why a connection got no lease, as the client is told.
@@ -99,6 +101,20 @@ impl Leases {
         held(lease, routing.session.is_some())
     }
 
+    /// Extends the lease to `ttl` from now (`None`: the API's default), as a session's lease is
+    /// while its tunnels are in use.
+    ///
+    /// # Errors
+    /// [`LeaseError`]: the lease ended, or its proxy may no longer be leased.
+    pub async fn renew(&self, token: &str, held: &Held, ttl: Option<Duration>) -> Result<(), LeaseError> {
+        self.api
+            .for_token(token)
+            .renew(&held.lease_id, ttl)
+            .await
+            .map(drop)
+            .map_err(refused)
+    }
+
     /// Gives the lease back; one that already ended is fine.
     pub async fn release(&self, token: &str, held: &Held) {
         let _ = self.api.for_token(token).release(&held.lease_id).await;
@@ -141,5 +157,6 @@ fn held(lease: Lease, in_session: bool) -> Result<Held, LeaseError> {
             credentials,
         },
         in_session,
+        ttl: Duration::from_secs(lease.ttl_seconds),
     })
 }

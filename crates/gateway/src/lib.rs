@@ -4,17 +4,28 @@
 //! with the client's own token ([`leases`]), with that proxy's credentials, which the client
 //! never sees ([`chain`]). [`http_front`] serves HTTP `CONNECT` and plain-HTTP forwarding.
 //!
-//! Built so far: the username grammar, the HTTP front and the chaining through a backend. The
-//! SOCKS5 front, session renewal and reports by session, per-client caps, metrics, the access
-//! log, the drain and the binary come next (issue "The gateway").
+//! [`socks_front`] serves SOCKS5. [`relay`] carries a tunnel's bytes; each tunnel and request is
+//! counted in [`metrics`] and, when asked, logged on one access line (target
+//! `egress_gateway::access`; never a token or a backend's password).
+//!
+//! Bounded: client connections at once ([`Settings::max_connections`]), each client's tunnels
+//! at once ([`Settings::per_client`]), request heads and handshakes (size and time), idle
+//! tunnels, and a drain ([`Gateway::drain`]) that stops accepting, lets tunnels finish within
+//! its budget and then closes the rest.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
 pub mod auth;
+mod caps;
 pub mod chain;
 pub mod http_front;
 pub mod leases;
+pub mod metrics;
+pub mod relay;
 pub mod socks_front;
 mod tunnels;
 pub mod username;
@@ -34,6 +45,12 @@ pub struct Settings {
     pub max_connections: usize,
     /// Plain-HTTP answer statuses reported as bans for their host and proxy.
     pub ban_statuses: Vec<u16>,
+    /// Tunnels and plain-HTTP requests of one client (by name) at once, at most.
+    pub per_client: usize,
+    /// A tunnel neither side sent a byte on for this long is closed.
+    pub idle_timeout: Duration,
+    /// One access log line per tunnel and request.
+    pub access_log: bool,
 }
 
 impl Default for Settings {
@@ -45,32 +62,67 @@ impl Default for Settings {
             head_timeout: Duration::from_secs(10),
             max_connections: 4096,
             ban_statuses: vec![403, 429],
+            per_client: 1024,
+            idle_timeout: Duration::from_secs(300),
+            access_log: false,
         }
     }
 }
 
-/// A gateway: its leases and what it allows.
+/// A gateway: its leases, what it allows, its counts, and its tunnels (for the drain).
 #[derive(Debug)]
 pub struct Gateway {
     leases: leases::Leases,
     settings: Settings,
     connections: Arc<tokio::sync::Semaphore>,
+    caps: Arc<caps::ClientCaps>,
+    metrics: metrics::Metrics,
+    /// Cancelled when the drain begins: the fronts stop accepting, idle connections close.
+    stopping: CancellationToken,
+    /// Cancelled when the drain's budget ran out: every tunnel still open closes.
+    closing: CancellationToken,
+    /// Every connection's and tunnel's task, for the drain to wait on.
+    tasks: TaskTracker,
 }
 
 impl Gateway {
     pub fn new(leases: leases::Leases, settings: Settings) -> Self {
-        let connections = Arc::new(tokio::sync::Semaphore::new(settings.max_connections));
         Self {
             leases,
+            connections: Arc::new(tokio::sync::Semaphore::new(settings.max_connections)),
+            caps: caps::ClientCaps::new(settings.per_client),
             settings,
-            connections,
+            metrics: metrics::Metrics::default(),
+            stopping: CancellationToken::new(),
+            closing: CancellationToken::new(),
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// Its metrics, to register where they are served.
+    pub fn metrics(&self) -> &metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Stops accepting, lets open tunnels and requests finish within `budget`, then closes
+    /// what is left. Whether everything finished in time.
+    pub async fn drain(&self, budget: Duration) -> bool {
+        self.stopping.cancel();
+        self.tasks.close();
+        let finished = tokio::time::timeout(budget, self.tasks.wait()).await.is_ok();
+        if !finished {
+            self.closing.cancel();
+            // Relays end at once on `closing`; a handshake or a backend's answer still in
+            // progress has its own time limits.
+            self.tasks.wait().await;
+        }
+        finished
     }
 }
 
-/// Accepts connections on `listener` until the task is dropped, each served by `serve` in a
-/// task of its own: at most the gateway's connections at once (the others are closed as they
-/// come).
+/// Accepts connections on `listener` until the drain begins (or the task is dropped), each
+/// served by `serve` in a task of its own: at most the gateway's connections at once (the
+/// others are closed as they come, and counted).
 async fn accept<F, Fut>(listener: tokio::net::TcpListener, gateway: Arc<Gateway>, serve: F)
 where
     F: Fn(Arc<Gateway>, tokio::net::TcpStream) -> Fut,
@@ -80,7 +132,11 @@ where
     // as egress-http's server does, instead of spinning.
     let mut pause = Duration::ZERO;
     loop {
-        let tcp = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = gateway.stopping.cancelled() => return,
+        };
+        let tcp = match accepted {
             Ok((tcp, _)) => {
                 pause = Duration::ZERO;
                 tcp
@@ -92,11 +148,12 @@ where
             }
         };
         let Ok(permit) = gateway.connections.clone().try_acquire_owned() else {
+            gateway.metrics.refused("connection_cap");
             drop(tcp);
             continue;
         };
         let serving = serve(gateway.clone(), tcp);
-        tokio::spawn(async move {
+        gateway.tasks.spawn(async move {
             serving.await;
             drop(permit);
         });

@@ -13,6 +13,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,7 +21,8 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::Gateway;
 use crate::auth::ClientAuth;
 use crate::chain::ChainError;
-use crate::tunnels::Failure;
+use crate::metrics::Front;
+use crate::tunnels::{Failure, Request};
 use crate::username::{self, Routing};
 
 const VERSION: u8 = 5;
@@ -81,17 +83,28 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
 
 impl Gateway {
     async fn socks(&self, mut tcp: TcpStream) {
+        let since = Instant::now();
         let asked = tokio::time::timeout(self.settings.head_timeout, self.handshake(&mut tcp)).await;
-        let Ok(Ok(asked)) = asked else { return };
-        match self
-            .establish(&asked.client, &asked.routing, &asked.authority, &asked.host)
-            .await
-        {
-            Ok((held, mut tunnel)) => {
+        let asked = match asked {
+            Ok(Ok(asked)) => asked,
+            Ok(Err(HandshakeError::Refused(_))) => return self.metrics.refused("credentials"),
+            Ok(Err(_)) | Err(_) => return self.metrics.refused("handshake"),
+        };
+        let req = Request {
+            client: asked.client,
+            routing: asked.routing,
+            front: Front::Socks,
+            authority: asked.authority,
+            host: asked.host,
+            since,
+        };
+        match self.establish(&req).await {
+            Ok(opened) => {
                 if reply(&mut tcp, Reply::Succeeded).await.is_ok() {
-                    let _ = tokio::io::copy_bidirectional(&mut tcp, &mut tunnel).await;
+                    self.carry(&req, opened, tcp).await;
+                } else {
+                    self.give_back(&req.client, &opened.held).await;
                 }
-                self.give_back(&asked.client, &held).await;
             }
             Err(failure) => {
                 let _ = reply(&mut tcp, reply_for(&failure)).await;
@@ -204,6 +217,7 @@ async fn reply<S: AsyncWrite + Unpin>(s: &mut S, code: Reply) -> std::io::Result
 fn reply_for(failure: &Failure) -> Reply {
     match failure {
         Failure::Chain(Some(ChainError::Refused(hyper::StatusCode::FORBIDDEN))) => Reply::NotAllowed,
+        Failure::TooMany => Reply::NotAllowed,
         Failure::Lease(_) | Failure::Chain(_) => Reply::GeneralFailure,
     }
 }
