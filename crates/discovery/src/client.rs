@@ -226,6 +226,11 @@ fn form(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
+/// Idle keep-alive connections to the API kept for reuse, at most (each closes after 90 s
+/// unused): a gateway calling for thousands of tunnels reuses these rather than keeping one
+/// per call that ever ran at once.
+pub const MAX_IDLE_CONNECTIONS: usize = 64;
+
 impl Client {
     /// A client of the API at `base` (`http://host:8090`), with the bearer token when the
     /// operator has one.
@@ -246,6 +251,7 @@ impl Client {
         // reqwest is built without a default crypto provider; ring is the workspace's.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(MAX_IDLE_CONNECTIONS)
             .build()
             .map_err(|e| ClientError::Transport(e.to_string()))?;
         Ok(Self {

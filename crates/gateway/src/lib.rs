@@ -25,6 +25,7 @@ pub mod chain;
 pub mod http_front;
 pub mod leases;
 pub mod metrics;
+pub mod program;
 pub mod relay;
 pub mod socks_front;
 mod tunnels;

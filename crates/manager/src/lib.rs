@@ -42,8 +42,8 @@ use crate::flags::Options;
 pub const PROGRAM: Program = Program {
     name: "egress-operator",
     service: "egress-proxies-operator",
-    commit: env!("EGRESS_COMMIT"),
-    rust_version: env!("EGRESS_RUSTC_VERSION"),
+    commit: egress_runtime::COMMIT,
+    rust_version: egress_runtime::RUSTC_VERSION,
     span_keys: &[log_keys::RECONCILE],
 };
 /// The commit this binary was built from.

@@ -103,9 +103,23 @@ type Denied = (StatusCode, &'static str);
 /// Remembered answers: SHA-256 of (token, path) to the answer and when it was given.
 type Answers = std::collections::HashMap<[u8; 32], (Result<(), Denied>, std::time::Instant)>;
 
-/// Who may read metrics when they are served securely.
+/// Who may read metrics when they are served securely: callers the API server authenticates
+/// and authorises ([`Guard::new`]), or, for a program with no Kubernetes API access, callers
+/// presenting one configured token ([`Guard::token`]).
 #[derive(Clone)]
-pub struct Guard {
+pub struct Guard(Check);
+
+#[derive(Clone)]
+enum Check {
+    Reviewed(Reviews),
+    /// SHA-256 of the one token taken: compared digest to digest, so a wrong token's length
+    /// or first bytes tell nothing.
+    Token([u8; 32]),
+}
+
+/// The API server's reviews, remembered.
+#[derive(Clone)]
+struct Reviews {
     client: kube::Client,
     /// SHA-256 of (token, path): the answer and when it was given. Tokens are not kept.
     answers: Arc<Mutex<Answers>>,
@@ -119,14 +133,31 @@ impl std::fmt::Debug for Guard {
 }
 
 const INTERNAL: Denied = (StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error");
+const UNAUTHORIZED: Denied = (StatusCode::UNAUTHORIZED, "Unauthorized");
+
+fn sha256(parts: &[&[u8]]) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for part in parts {
+        h.update(part);
+    }
+    h.finalize().into()
+}
 
 impl Guard {
+    /// Callers whose bearer token the API server accepts (TokenReview) and who may `get` the
+    /// path (SubjectAccessReview).
     pub fn new(client: kube::Client) -> Self {
-        Self {
+        Self(Check::Reviewed(Reviews {
             client,
             answers: Arc::default(),
             reviews: Arc::new(tokio::sync::Semaphore::new(REVIEWS_AT_ONCE)),
-        }
+        }))
+    }
+
+    /// Callers whose bearer token is `token`.
+    pub fn token(token: &str) -> Self {
+        Self(Check::Token(sha256(&[token.as_bytes()])))
     }
 
     /// `Ok` when the bearer token belongs to someone allowed to `get` the request's path;
@@ -139,15 +170,18 @@ impl Guard {
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, t)| t.trim())
             .filter(|t| !t.is_empty())
-            .ok_or((StatusCode::UNAUTHORIZED, "Unauthorized"))?;
-        let key: [u8; 32] = {
-            use sha2::Digest as _;
-            let mut h = sha2::Sha256::new();
-            h.update(token.as_bytes());
-            h.update([0]);
-            h.update(path.as_bytes());
-            h.finalize().into()
-        };
+            .ok_or(UNAUTHORIZED)?;
+        match &self.0 {
+            Check::Token(taken) if *taken == sha256(&[token.as_bytes()]) => Ok(()),
+            Check::Token(_) => Err(UNAUTHORIZED),
+            Check::Reviewed(reviews) => reviews.check(token, path).await,
+        }
+    }
+}
+
+impl Reviews {
+    async fn check(&self, token: &str, path: &str) -> Result<(), Denied> {
+        let key = sha256(&[token.as_bytes(), &[0], path.as_bytes()]);
         if let Some((answer, at)) = self.answers.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
             && at.elapsed() < REVIEW_TTL
         {
@@ -199,7 +233,7 @@ impl Guard {
         let answer = self.create(&review, "authentication").await?;
         let status = answer.status.unwrap_or_default();
         if status.authenticated != Some(true) {
-            return Err((StatusCode::UNAUTHORIZED, "Unauthorized"));
+            return Err(UNAUTHORIZED);
         }
         let user = status.user.unwrap_or_default();
         let sar = SubjectAccessReview {
@@ -312,6 +346,26 @@ fn self_signed(http2: bool) -> Result<tokio_rustls::TlsAcceptor, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_token_guard_takes_its_token_only() {
+        let guard = Guard::token("s3cret");
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, http::HeaderValue::from_static(v));
+            h
+        };
+        assert_eq!(guard.check(&with("Bearer s3cret"), "/metrics").await, Ok(()));
+        assert_eq!(guard.check(&with("bearer s3cret"), "/metrics").await, Ok(()));
+        for wrong in [
+            with("Bearer s3cre"),
+            with("Basic s3cret"),
+            with("Bearer "),
+            HeaderMap::new(),
+        ] {
+            assert_eq!(guard.check(&wrong, "/metrics").await, Err(UNAUTHORIZED));
+        }
+    }
 
     #[test]
     fn go_listen_addresses() {

@@ -1,4 +1,4 @@
-//! Records the commit the binary is built from, for `--version`, the start-up line and the
+//! Records the commit the binaries are built from, for `--version`, the start-up line and the
 //! `service.version` of exported spans. `EGRESS_BUILD_COMMIT` wins (image builds without `.git`).
 
 use std::process::Command;
