@@ -6,36 +6,13 @@
 
 mod common;
 
-use common::{TOKEN, World, active, until_released, world};
+use common::{TOKEN, World, active, curl_through, until_released, world};
 use egress_testkit::tinyproxy_available;
 
-/// curl's status code and body for `url` through the gateway, with `user` as its proxy
-/// credentials (`None`: none) and `tunnel` forcing a `CONNECT` for plain HTTP.
+/// curl's status code and body for the target's `path` through the gateway, with `user` as
+/// its proxy credentials (`None`: none) and `tunnel` forcing a `CONNECT` for plain HTTP.
 async fn curl(w: &World, user: Option<&str>, tunnel: bool, path: &str) -> (String, String) {
-    let mut cmd = tokio::process::Command::new("curl");
-    cmd.args(["-sS", "--max-time", "20", "-w", "\n%{http_code}/%{http_connect}"])
-        .arg("-x")
-        .arg(format!("http://{}", w.gateway));
-    if let Some(user) = user {
-        cmd.arg("--proxy-user").arg(user);
-    }
-    if tunnel {
-        cmd.arg("--proxytunnel");
-    }
-    let out = cmd
-        .arg(format!("http://{}{path}", w.target))
-        .output()
-        .await
-        .expect("curl runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, codes) = stdout.rsplit_once('\n').unwrap_or(("", &stdout));
-    // A CONNECT the gateway refused leaves no answer from the target: its code is the CONNECT's.
-    let code = match codes.split_once('/') {
-        Some(("000", connect)) => connect,
-        Some((code, _)) => code,
-        None => codes,
-    };
-    (code.to_owned(), body.to_owned())
+    curl_through(w.gateway, user, tunnel, &format!("http://{}{path}", w.target)).await
 }
 
 #[tokio::test]

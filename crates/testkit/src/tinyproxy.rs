@@ -14,6 +14,8 @@ pub struct Tinyproxy {
     dir: PathBuf,
     connect_ports: Vec<u16>,
     basic_auth: Option<(String, String)>,
+    /// The address its outgoing connections leave from (`Bind`), when not the system's choice.
+    leaves_from: Option<std::net::Ipv4Addr>,
 }
 
 /// Whether tinyproxy is installed; tests that need it skip with a reason otherwise, and fail
@@ -38,6 +40,16 @@ impl Tinyproxy {
 
     /// Starts tinyproxy that takes only this user and password (`BasicAuth`).
     pub fn start_with(connect_ports: &[u16], basic_auth: Option<(&str, &str)>) -> Self {
+        Self::start_leaving_from(connect_ports, basic_auth, None)
+    }
+
+    /// [`Tinyproxy::start_with`], its connections to targets leaving from `leaves_from` (a
+    /// loopback address: each proxy of a test then has an exit of its own a target can see).
+    pub fn start_leaving_from(
+        connect_ports: &[u16],
+        basic_auth: Option<(&str, &str)>,
+        leaves_from: Option<std::net::Ipv4Addr>,
+    ) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("egress-tinyproxy-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -47,6 +59,7 @@ impl Tinyproxy {
             dir,
             connect_ports: connect_ports.to_vec(),
             basic_auth: basic_auth.map(|(u, p)| (u.to_owned(), p.to_owned())),
+            leaves_from,
         };
         t.resume();
         t
@@ -67,6 +80,9 @@ impl Tinyproxy {
         }
         if let Some((user, password)) = &self.basic_auth {
             conf.push_str(&format!("BasicAuth {user} {password}\n"));
+        }
+        if let Some(ip) = self.leaves_from {
+            conf.push_str(&format!("Bind {ip}\n"));
         }
         let path = self.dir.join("tinyproxy.conf");
         std::fs::write(&path, conf).unwrap();
