@@ -5,6 +5,9 @@
 //!                                                         (3 Proxies, a pool of 2 + 1 standby)
 //!          ▲                              │  └─ health probes ──► TLS target (this process)
 //!     samples applied                     └─ discovery API 127.0.0.1:<port>
+//!                                                  ▲
+//!                        egress-gateway ───────────┘ leases with each client's token
+//!                        (HTTP and SOCKS5 fronts on 127.0.0.1)
 //! ```
 //!
 //! Everything lives under `<target>/egress-dev/`: the kubeconfig, the providers config, the
@@ -16,10 +19,12 @@
 //! are `egress-testkit`'s, the ones the tests use.
 //!
 //! The steps, each in its module: [`leftovers`] (what an earlier run left), [`session`] (start,
-//! use, tear down), [`samples`] (applied and followed to Ready), [`guide`] (for a person),
+//! use, tear down), [`gateway`] (started, its guide lines and their check), [`samples`]
+//! (applied and followed to Ready), [`guide`] (for a person),
 //! [`smoke`] (the check without one), [`running`] (the children and the teardown), [`layout`]
 //! (the run's files and names).
 
+mod gateway;
 mod guide;
 mod layout;
 mod leftovers;

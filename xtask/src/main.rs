@@ -11,9 +11,10 @@
 //!   the smoke run out).
 //! - `dev [--smoke] [--release] [--discovery-port N]`: the README's run
 //!   command: the operator against a local Kubernetes test server, with three
-//!   sample Proxies as tinyproxy processes, and a guide to try it; Ctrl-C
-//!   tears everything down. `--smoke` leases a proxy, sends a request through
-//!   it and tears down, without waiting for a person.
+//!   sample Proxies as tinyproxy processes, the gateway, and a guide to try it;
+//!   Ctrl-C tears everything down. `--smoke` leases a proxy, sends a request
+//!   through it, runs the guide's gateway lines and tears down, without waiting
+//!   for a person.
 //! - `conformance --provider P [--real]`: one provider's conformance suite,
 //!   against its fake backend or (`--real`) the real one, which must then be
 //!   there. For gcp, `--real` takes a project from the environment, checks the credentials

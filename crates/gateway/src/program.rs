@@ -65,6 +65,13 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// How long open tunnels may finish at SIGTERM.
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout
+    }
+}
+
 impl ProgramOptions for Options {
     fn log(&mut self) -> &mut LogOptions {
         &mut self.log

@@ -13,6 +13,7 @@ pub(super) fn print(
     discovery: &Discovery<'_>,
     target: std::net::SocketAddr,
     names: &[String],
+    gateway_lines: &[Vec<String>],
 ) {
     let kubeconfig = kubeconfig.display();
     let ca = layout.file("ca.pem");
@@ -52,12 +53,22 @@ proxies of the local provider. Try, in another terminal:
   # give the lease back (its leaseID from the answer above)
   curl -s -X DELETE -H 'Authorization: Bearer {token}' {discovery}/v1/leases/LEASE_ID
 
+  # or let the gateway lease for you: the proxy username routes, the password is the token;
+  # over HTTP CONNECT through one of the pool's members,
+  {http_line}
+  # and over SOCKS5, sticky to one proxy for the session login-1
+  {socks_line}
+
 The operator's log: {log}
+The gateway's log (one access line per tunnel): {gateway_log}
 ",
         n = names.len(),
         first = names.first().map_or("NAME", String::as_str),
         discovery = discovery.url,
         token = discovery.token,
         token_file = layout.file("discovery-token").display(),
+        http_line = super::gateway::shell_line(&gateway_lines[0]),
+        socks_line = super::gateway::shell_line(&gateway_lines[1]),
+        gateway_log = layout.file("gateway.log").display(),
     );
 }

@@ -1,5 +1,6 @@
-//! The running system of one `cargo xtask dev` run: its children (the test server and the
-//! operator) and what it created in the cluster; and its teardown, orderly or hurried.
+//! The running system of one `cargo xtask dev` run: its children (the test server, the
+//! operator and the gateway) and what it created in the cluster; and its teardown, orderly or
+//! hurried.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ pub(super) struct Running<'a> {
     pub(super) layout: &'a Layout,
     server: Option<Killed>,
     operator: Option<Killed>,
+    gateway: Option<Killed>,
     pub(super) api: Option<Api<Proxy>>,
     pub(super) pools: Option<Api<ProxyPool>>,
 }
@@ -32,9 +34,15 @@ impl<'a> Running<'a> {
             layout,
             server: Some(server),
             operator: Some(operator),
+            gateway: None,
             api: None,
             pools: None,
         }
+    }
+
+    /// The gateway, started: stopped first at the teardown.
+    pub(super) fn with_gateway(&mut self, gateway: Killed) {
+        self.gateway = Some(gateway);
     }
 
     /// An error when the operator has stopped, carrying its log's last lines.
@@ -50,6 +58,7 @@ impl<'a> Running<'a> {
     /// The hurried teardown: the operator and the test server are killed, the proxies removed
     /// directly.
     pub(super) async fn kill_now(&mut self) -> Result<()> {
+        drop(self.gateway.take());
         drop(self.operator.take());
         drop(self.server.take());
         remove_instances(&self.layout.state()).await?;
@@ -61,6 +70,9 @@ impl<'a> Running<'a> {
     /// test server, removes whatever instance is left, and checks that no tinyproxy survived.
     pub(super) async fn tear_down(&mut self) -> Result<()> {
         println!("dev: tearing down");
+        if let Some(gateway) = self.gateway.take() {
+            gateway.stop(Duration::from_secs(5));
+        }
         // Pools first: their members drain and go with them (deleting the members alone would
         // only make the pools make new ones).
         if let Some(pools) = self.pools.take() {

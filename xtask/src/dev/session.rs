@@ -12,7 +12,7 @@ use kube::api::Api;
 use super::layout::{Discovery, ENTRY, Layout, NAMESPACE, discovery_token};
 use super::running::Running;
 use super::smoke::TARGET_GREETING;
-use super::{guide, samples, smoke};
+use super::{gateway, guide, samples, smoke};
 use crate::procs::Killed;
 use crate::test_server;
 
@@ -122,8 +122,10 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
         url: &discovery,
         token: &token,
     };
+    let (started, fronts) = gateway::start(bin, layout, &api)?;
+    running.with_gateway(started);
     let used = tokio::select! {
-        used = use_it(&mut running, root, &api, target, options) => used,
+        used = use_it(&mut running, root, &api, (target, fronts), options) => used,
         _ = interrupts.recv() => {
             println!("\ndev: interrupted (Ctrl-C again to stop at once)");
             Ok(())
@@ -143,12 +145,12 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
 }
 
 /// Applies the samples, waits for Ready, then prints the guide and waits for Ctrl-C, or (smoke)
-/// leases a proxy and sends a request through it.
+/// leases a proxy and sends a request through it, and runs the guide's gateway lines.
 async fn use_it(
     running: &mut Running<'_>,
     root: &Path,
     discovery: &Discovery<'_>,
-    target: std::net::SocketAddr,
+    (target, fronts): (std::net::SocketAddr, gateway::Fronts),
     options: &Options,
 ) -> Result<()> {
     let kubeconfig: PathBuf = running.layout.file("kubeconfig");
@@ -166,11 +168,17 @@ async fn use_it(
     );
     samples::wait_ready(&api, &applied.proxies, running).await?;
     samples::wait_pools(&pools, &applied.pools, running).await?;
-    guide::print(running.layout, &kubeconfig, discovery, target, &applied.proxies);
+    let lines = gateway::curl_lines(fronts, discovery.token, &running.layout.file("ca.pem"), target);
+    guide::print(running.layout, &kubeconfig, discovery, target, &applied.proxies, &lines);
     if !options.smoke {
         println!("Press Ctrl-C to stop everything.");
         std::future::pending::<()>().await;
     }
     let first = applied.proxies.first();
-    smoke::run(running.layout, api, discovery, target, first, options.require_kubectl).await
+    let checks = smoke::Checks {
+        first,
+        require_kubectl: options.require_kubectl,
+        gateway_lines: &lines,
+    };
+    smoke::run(running.layout, api, discovery, target, checks).await
 }

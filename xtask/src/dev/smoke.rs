@@ -3,7 +3,8 @@
 //! a lease is granted with credentials; the leased proxy refuses a request without them and
 //! carries one with them to the local target; a lease naming the pool lands on a member; a
 //! session's second acquire answers its lease again, and the lease is renewed; `kubectl
-//! describe` shows the operator's events; and the operator's log holds no password.
+//! describe` shows the operator's events; the guide's curl lines through the gateway work as
+//! printed; and neither the operator's log nor the gateway's holds a password.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,23 +20,32 @@ use super::layout::{Discovery, Layout, NAMESPACE};
 /// What the target answers on every path but the probe's.
 pub(super) const TARGET_GREETING: &str = "hello from the egress dev target";
 
-/// The whole smoke check of the run of `layout`: `first` (a sample Proxy, when there is one)
-/// must show its events, the leases must work as the module says, the log hold no password.
+/// What the smoke run checks beyond the leases.
+pub(super) struct Checks<'a> {
+    /// A sample Proxy whose events `kubectl describe` must show, when there is one.
+    pub(super) first: Option<&'a String>,
+    pub(super) require_kubectl: bool,
+    /// The guide's curl lines through the gateway.
+    pub(super) gateway_lines: &'a [Vec<String>],
+}
+
+/// The whole smoke check of the run of `layout`: the sample Proxy must show its events, the
+/// leases and the gateway must work as the module says, the logs hold no password.
 pub(super) async fn run(
     layout: &Layout,
     api: Api<Proxy>,
     discovery: &Discovery<'_>,
     target: std::net::SocketAddr,
-    first: Option<&String>,
-    require_kubectl: bool,
+    checks: Checks<'_>,
 ) -> Result<()> {
-    if let Some(first) = first {
-        describe_shows_events(api, &layout.file("kubeconfig"), first, require_kubectl).await?;
+    if let Some(first) = checks.first {
+        describe_shows_events(api, &layout.file("kubeconfig"), first, checks.require_kubectl).await?;
     }
     let ca = pki_ca(&layout.file("ca.pem"))?;
     let password = smoke(discovery, target, &ca).await?;
     smoke_pool(discovery, target, &ca).await?;
     smoke_session(discovery).await?;
+    super::gateway::smoke(layout, checks.gateway_lines, discovery.token, &password).await?;
     // The operator minted, probed with and handed out that password: none of it may be logged.
     let log = std::fs::read_to_string(layout.file("operator.log"))?;
     if log.contains(&password) {
