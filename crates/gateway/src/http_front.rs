@@ -46,6 +46,7 @@ pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
 async fn serve_connection(gateway: Arc<Gateway>, tcp: TcpStream) {
     let settings = gateway.settings.clone();
     let stopping = gateway.stopping.clone();
+    let counts = gateway.clone();
     let service = hyper::service::service_fn(move |req| {
         let gateway = gateway.clone();
         async move { Ok::<_, Infallible>(gateway.handle(req).await) }
@@ -57,13 +58,20 @@ async fn serve_connection(gateway: Arc<Gateway>, tcp: TcpStream) {
         .serve_connection(TokioIo::new(tcp), service)
         .with_upgrades();
     tokio::pin!(connection);
-    tokio::select! {
-        _ = connection.as_mut() => return,
-        () = stopping.cancelled() => {}
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        () = stopping.cancelled() => {
+            // The drain: the request being answered finishes, the connection takes no other.
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    // A head that was too large, malformed or too slow: hyper answered (431, 400) or closed.
+    if let Err(e) = served
+        && (e.is_parse() || e.is_parse_too_large() || e.is_timeout())
+    {
+        counts.metrics.refused("head");
     }
-    // The drain: the request being answered finishes, the connection takes no other.
-    connection.as_mut().graceful_shutdown();
-    let _ = connection.await;
 }
 
 impl Gateway {

@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! establish: the client's name (the API's, cached) ─► a slot under its cap ─► a lease for the
-//!            destination's host ─► CONNECT through the lease's proxy (2xx, or report it for
-//!            the host, give it back, one more lease when another proxy may do better)
+//!            destination's host ─► CONNECT through the lease's proxy (2xx; or, when it
+//!            failed, report it for the host, give it back and take one more lease; when it
+//!            refused the destination by its rules, give it back and answer that)
 //! carry:     bytes both ways (relay) while a session's lease is renewed ─► the lease given
 //!            back (a session keeps its own) ─► metrics and the access log line
 //! ```
@@ -120,8 +121,14 @@ impl Gateway {
                     });
                 }
                 Err(e) => {
-                    self.report_and_give_back(&req.client, &held, &req.host).await;
+                    // A proxy that refused the destination by its own rules did its job: no
+                    // report (a cooldown would turn the next such request's 403 into a 503).
                     let again = e.worth_another();
+                    if again {
+                        self.report_and_give_back(&req.client, &held, &req.host).await;
+                    } else {
+                        self.give_back(&req.client, &held).await;
+                    }
                     failed = Some(e);
                     if !again {
                         break;

@@ -21,6 +21,23 @@ fn metrics(handle: &egress_gateway::Gateway) -> String {
     text
 }
 
+/// Waits (within a deadline) until the gateway's metrics hold each of `lines`: a tunnel is
+/// counted once its lease is given back, which can be after its client saw it close.
+async fn counted(handle: &egress_gateway::Gateway, lines: &[&str]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics(handle);
+        if lines.iter().all(|line| text.lines().any(|l| l == *line)) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all of {lines:?} in\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Reads until the gateway closes the connection: what came before the end.
 async fn until_closed(tcp: &mut tokio::net::TcpStream) -> Vec<u8> {
     let mut got = Vec::new();
@@ -55,11 +72,11 @@ async fn a_client_past_its_cap_is_refused_until_a_tunnel_ends() {
         assert!(tokio::time::Instant::now() < deadline, "still {code}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let text = metrics(&w.handle);
-    assert!(
-        text.contains(r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="client_cap"} 1"#),
-        "{text}"
-    );
+    counted(
+        &w.handle,
+        &[r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="client_cap"} 1"#],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -76,11 +93,11 @@ async fn a_tunnel_nobody_speaks_on_is_closed_at_the_idle_limit_and_its_lease_giv
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(until_closed(&mut tcp).await.is_empty());
     assert_eq!(until_released(&w).await, 0);
-    let text = metrics(&w.handle);
-    assert!(
-        text.contains(r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="idle"} 1"#),
-        "{text}"
-    );
+    counted(
+        &w.handle,
+        &[r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="idle"} 1"#],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -99,12 +116,69 @@ async fn a_drain_stops_accepting_and_closes_tunnels_left_at_its_end() {
         "no connection is taken once draining"
     );
     assert_eq!(until_released(&w).await, 0);
-    let text = metrics(&w.handle);
-    assert!(text.contains(r#"outcome="drained"} 1"#), "{text}");
+    counted(
+        &w.handle,
+        &[r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="drained"} 1"#],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_drain_with_nothing_open_ends_at_once() {
     let w = world_with(0, Settings::default()).await;
     assert!(w.handle.drain(Duration::from_secs(30)).await);
+}
+
+/// What the gateway sent back to `sent` before it closed the connection (`stall`: then send
+/// nothing more, as a slow client does).
+async fn answer_to(at: std::net::SocketAddr, sent: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(at).await.unwrap();
+    // A huge head may be refused before all of it is written: the rest does not matter.
+    let _ = tcp.write_all(sent).await;
+    until_closed(&mut tcp).await
+}
+
+#[tokio::test]
+async fn hostile_heads_and_handshakes_are_answered_or_closed_and_counted() {
+    let settings = Settings {
+        head_timeout: Duration::from_millis(200),
+        max_head: 8 * 1024,
+        ..Settings::default()
+    };
+    let w = world_with(0, settings).await;
+    // A head that never ends: closed at the head timeout.
+    let slow = answer_to(w.gateway, b"CONNECT example.test:443 HTTP/1.1\r\nHost: exa").await;
+    assert!(
+        String::from_utf8_lossy(&slow).is_empty() || slow.starts_with(b"HTTP/1.1 408"),
+        "{slow:?}"
+    );
+    // A head over the limit: 431.
+    let mut huge = b"GET http://example.test/ HTTP/1.1\r\nX-Pad: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 64 * 1024));
+    let answer = answer_to(w.gateway, &huge).await;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    // Not HTTP: 400.
+    let answer = answer_to(w.gateway, b"\x16\x03\x01\x02\x00garbage\r\n\r\n").await;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 400"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    // SOCKS4, a SOCKS5 greeting that stops half-way, and one offering no method: closed.
+    assert!(answer_to(w.socks, &[4, 1, 0, 80, 127, 0, 0, 1, 0]).await.is_empty());
+    assert!(answer_to(w.socks, &[5, 3, 2]).await.is_empty());
+    assert_eq!(answer_to(w.socks, &[5, 0]).await, [5, 0xFF]);
+    counted(
+        &w.handle,
+        &[
+            r#"proxy_gateway_connections_refused_total{reason="head"} 3"#,
+            r#"proxy_gateway_connections_refused_total{reason="handshake"} 3"#,
+        ],
+    )
+    .await;
 }

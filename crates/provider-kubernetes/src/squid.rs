@@ -99,6 +99,18 @@ impl SquidFiles {
             coredump_dir: "/tmp".into(),
         }
     }
+
+    /// Everything in `dir`: `htpasswd`, `access.log`, `cache.log`, core dumps; no pid file.
+    /// For Squid run outside a Pod (tests, a bench).
+    pub fn under(dir: &std::path::Path) -> Self {
+        Self {
+            htpasswd: dir.join("htpasswd").display().to_string(),
+            access_log: format!("stdio:{}", dir.join("access.log").display()),
+            cache_log: dir.join("cache.log").display().to_string(),
+            pid: "none".into(),
+            coredump_dir: dir.display().to_string(),
+        }
+    }
 }
 
 /// The config of a proxy listening on `port`, enforcing `rules`, and asking for the credentials

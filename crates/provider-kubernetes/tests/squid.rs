@@ -1,7 +1,7 @@
 //! Real Squid (Debian's `squid` package) running the config this crate generates for its Pods.
 //!
-//! The test re-runs itself inside a network namespace of its own (`unshare --net`) that has only
-//! a loopback device carrying two test addresses (192.0.2.10 and 192.0.2.20, TEST-NET-1): no
+//! The test re-runs itself inside a network namespace of its own (`unshare --net`,
+//! `egress_testkit::netns`) that has only a loopback device carrying two test addresses (192.0.2.10 and 192.0.2.20, TEST-NET-1): no
 //! request can leave the machine, even through a broken rule, and the denied addresses the
 //! cases name (169.254.169.254, 10.1.2.3) have no route at all. Squid's `dst` rules would need
 //! DNS for names, which is offline here, so every case names a literal address except the
@@ -14,20 +14,19 @@
 //! as root and installs Squid.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use egress_credentials::Credentials;
 use egress_provider_kubernetes::squid::{AccessRules, SquidFiles, squid_conf};
 use egress_testkit::ScratchDir;
-use egress_testkit::real::skip_or_fail;
+use egress_testkit::netns;
+use egress_testkit::squid::{SQUID, Squid, deny_note, squid_available};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// Set in the re-run inside the namespace.
 const IN_NAMESPACE: &str = "EGRESS_SQUID_TEST_NETNS";
-const SQUID: &str = "/usr/sbin/squid";
 /// The proxy's and the allowed client's address.
 const PROXY_IP: &str = "192.0.2.10";
 /// A client outside the allowed sources.
@@ -44,147 +43,25 @@ const OUTER_BUDGET: Duration = Duration::from_secs(300);
 
 #[test]
 fn generated_squid_config_enforces_credentials_and_every_access_rule() {
-    if std::env::var_os(IN_NAMESPACE).is_some() {
+    if netns::inside(IN_NAMESPACE) {
         return in_namespace();
     }
-    if !Path::new(SQUID).exists() {
-        return skip_or_fail(
-            "the Squid access test",
-            "Squid is not installed (apt-get install squid; cargo xtask test installs it)",
-        );
+    if !squid_available("the Squid access test") {
+        return;
     }
-    // The same test binary, this test only, inside a new network namespace.
-    let exe = std::env::current_exe().unwrap();
-    // Bounded as a whole too: coreutils' `timeout` ends a run that hangs anywhere.
-    let output = Command::new("timeout")
-        .args([
-            "--kill-after=10",
-            &OUTER_BUDGET.as_secs().to_string(),
-            "unshare",
-            "--net",
-        ])
-        .arg("--")
-        .arg(exe)
-        .args([
-            "--exact",
-            "generated_squid_config_enforces_credentials_and_every_access_rule",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(IN_NAMESPACE, "1")
-        .output()
-        .expect("running unshare");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() && stderr.contains("unshare failed") {
-        return skip_or_fail(
-            "the Squid access test",
-            &format!("cannot make a network namespace (root is needed): {}", stderr.trim()),
-        );
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_ne!(
-        output.status.code(),
-        Some(124),
-        "the run inside the namespace did not end within {OUTER_BUDGET:?}:\n{stdout}\n{stderr}"
+    netns::rerun_isolated(
+        "generated_squid_config_enforces_credentials_and_every_access_rule",
+        IN_NAMESPACE,
+        "the Squid access test",
+        OUTER_BUDGET,
     );
-    assert!(
-        output.status.success(),
-        "the run inside the namespace failed:\n{stdout}\n{stderr}"
-    );
-    // The re-run must have run the test, not filtered it away.
-    assert!(stdout.contains("1 passed"), "{stdout}");
 }
 
-fn run(cmd: &mut Command) {
-    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(status.success(), "{cmd:?}: {status}");
-}
-
-/// The uid Squid drops to (`cache_effective_user proxy` in Debian's build).
-fn proxy_uid() -> u32 {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
-    passwd
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.first() == Some(&"proxy")).then(|| f[2].parse().unwrap())
-        })
-        .expect("a proxy user (Debian's squid package makes it)")
-}
-
-struct Squid {
-    child: Child,
-    /// Squid's files; removed after Squid is stopped.
-    dir: ScratchDir,
-}
-
-impl Squid {
-    /// Starts Squid on `port` with the generated config and waits until it accepts connections.
-    fn start(name: &str, port: u16, rules: &AccessRules, htpasswd: Option<&str>) -> Self {
-        let scratch = ScratchDir::new(&format!("squid-{name}"));
-        let dir = scratch.path();
-        // Squid writes its logs as the proxy user.
-        std::os::unix::fs::chown(dir, Some(proxy_uid()), None).unwrap();
-        let files = SquidFiles {
-            htpasswd: dir.join("htpasswd").display().to_string(),
-            access_log: format!("stdio:{}", dir.join("access.log").display()),
-            cache_log: dir.join("cache.log").display().to_string(),
-            pid: "none".into(),
-            coredump_dir: dir.display().to_string(),
-        };
-        if let Some(line) = htpasswd {
-            std::fs::write(&files.htpasswd, format!("{line}\n")).unwrap();
-        }
-        let conf = squid_conf(port, rules, htpasswd.is_some(), &files);
-        let conf_path = dir.join("squid.conf");
-        std::fs::write(&conf_path, conf).unwrap();
-        let child = Command::new(SQUID)
-            .arg("-N")
-            .arg("-f")
-            .arg(&conf_path)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
-            .spawn()
-            .expect("starting squid");
-        let mut squid = Self { child, dir: scratch };
-        let deadline = Instant::now() + BUDGET;
-        while std::net::TcpStream::connect((PROXY_IP, port)).is_err() {
-            if let Some(status) = squid.child.try_wait().unwrap() {
-                panic!("squid exited at start ({status}): {}", squid.logs());
-            }
-            assert!(Instant::now() < deadline, "squid did not listen: {}", squid.logs());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        squid
-    }
-
-    fn logs(&self) -> String {
-        let read = |f: &str| std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
-        format!("{}\n{}", read("stderr"), read("cache.log"))
-    }
-
-    /// The access log's lines, once there is a line with each of `needles` (a line is written
-    /// when its transaction ends, which can be after the client saw the answer; the readiness
-    /// check's connections add lines of their own, so a count would not do).
-    async fn access_log(&self, needles: &[String]) -> Vec<String> {
-        let deadline = Instant::now() + BUDGET;
-        loop {
-            let text = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
-            let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-            if needles.iter().all(|n| lines.iter().any(|l| l.contains(n.as_str()))) {
-                return lines;
-            }
-            assert!(Instant::now() < deadline, "the access log has {lines:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Squid {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Squid on `port` with the generated config for `rules` (and credentials when `htpasswd` is
+/// given), its files in its own directory.
+fn start_squid(name: &str, port: u16, rules: &AccessRules, htpasswd: Option<&str>) -> Squid {
+    let conf = |dir: &Path| squid_conf(port, rules, htpasswd.is_some(), &SquidFiles::under(dir));
+    Squid::start(name, (PROXY_IP, port), conf, htpasswd)
 }
 
 /// A TLS target on `PROXY_IP:TARGET_PORT` that answers every request 204, and a client config
@@ -336,26 +213,13 @@ async fn connect_unbounded(
     }
 }
 
-/// The `egress-deny` note of the last log line holding `needle` (the last field; `-` when none).
-fn note_of(log: &[String], needle: &str) -> String {
-    let line = log
-        .iter()
-        .rev()
-        .find(|l| l.contains(needle))
-        .unwrap_or_else(|| panic!("no log line with {needle:?}: {log:#?}"));
-    line.rsplit(' ').next().unwrap().to_owned()
-}
-
 /// The `egress-deny` note of the log line about `CONNECT authority`.
 fn note_for(log: &[String], authority: &str) -> String {
-    note_of(log, &format!(" CONNECT {authority} "))
+    deny_note(log, &format!(" CONNECT {authority} "))
 }
 
 fn in_namespace() {
-    run(Command::new("ip").args(["link", "set", "lo", "up"]));
-    for ip in [PROXY_IP, STRANGER_IP] {
-        run(Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]));
-    }
+    netns::loopback_with(&[PROXY_IP, STRANGER_IP]);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -373,7 +237,7 @@ async fn cases() {
         allowed_sources: Some(vec![format!("{PROXY_IP}/32")]),
         ..AccessRules::default()
     };
-    let squid = Squid::start("auth", AUTH_PORT, &rules, Some(&good.htpasswd_line()));
+    let squid = start_squid("auth", AUTH_PORT, &rules, Some(&good.htpasswd_line()));
     let target = format!("{PROXY_IP}:{TARGET_PORT}");
     let ask = |authority: &str, credentials: Option<&Credentials>| {
         let (authority, credentials) = (authority.to_owned(), credentials.cloned());
@@ -480,7 +344,7 @@ async fn cases() {
         assert_eq!(note_for(&log, &logged(r)), r.2, "{}: {log:#?}", r.0);
     }
     for (url, rule) in &plain {
-        assert_eq!(note_of(&log, &format!(" GET {url} ")), *rule, "{url}: {log:#?}");
+        assert_eq!(deny_note(&log, &format!(" GET {url} ")), *rule, "{url}: {log:#?}");
     }
     let stranger_line = log.iter().find(|l| l.contains(&format!(" {STRANGER_IP} "))).unwrap();
     assert!(stranger_line.ends_with(" source"), "{stranger_line}");
@@ -492,7 +356,7 @@ async fn cases() {
     );
 
     // Without credentials nothing is asked for, and the same rules hold.
-    let open = Squid::start("open", OPEN_PORT, &rules, None);
+    let open = start_squid("open", OPEN_PORT, &rules, None);
     let answer = connect(PROXY_IP, OPEN_PORT, &target, None, Some(&tls)).await;
     assert_eq!(
         answer,
@@ -564,18 +428,14 @@ fn the_vm_samples_carry_the_generated_rules_and_squid_reads_them() {
             lines.iter().rfind(|l| l.starts_with("http_access")),
             Some(&"http_access allow all")
         );
-        if !Path::new(SQUID).exists() {
-            skip_or_fail(
-                "parsing the samples' configs with Squid",
-                "Squid is not installed (cargo xtask test installs it)",
-            );
+        if !squid_available("parsing the samples' configs with Squid") {
             continue;
         }
         // Squid itself reads it (basic_ncsa_auth is where the sample says, as on the VM).
         let dir = ScratchDir::new("squid-sample");
         let path = dir.path().join("squid.conf");
         std::fs::write(&path, &conf).unwrap();
-        let out = Command::new(SQUID)
+        let out = std::process::Command::new(SQUID)
             .args(["-k", "parse", "-f"])
             .arg(&path)
             .output()

@@ -2,18 +2,21 @@
 //! `tests/` by path: a test PKI, TLS and HTTP targets, a scripted proxy, real tinyproxy
 //! processes, scratch directories, example programs run as their users run them, a Secret volume laid out as the kubelet lays it out, an image mirror that can
 //! misbehave, a restart of the test hypervisor's libvirtd, a frozen host (a user's processes
-//! stopped), and redis-servers and Redis Clusters of a test's own ([`redis`]). A dev-dependency
+//! stopped), redis-servers and Redis Clusters of a test's own ([`redis`]), real Squid
+//! ([`squid`]) and tests re-run in a network namespace of their own ([`netns`]). A dev-dependency
 //! only; never linked into the operator.
 
 pub mod examples;
 pub mod freeze;
 pub mod image_server;
 mod libvirtd;
+pub mod netns;
 mod pki;
 pub mod real;
 pub mod redis;
 mod scratch;
 pub mod secret_volume;
+pub mod squid;
 mod targets;
 mod tinyproxy;
 mod tools;

@@ -24,6 +24,12 @@ pub const BACKEND_PASSWORD: &str = "backend-secret-sentinel";
 #[derive(Default)]
 pub struct Directory(Mutex<Vec<ProxyInfo>>);
 
+impl Directory {
+    pub fn of(proxies: Vec<ProxyInfo>) -> Arc<Self> {
+        Arc::new(Self(Mutex::new(proxies)))
+    }
+}
+
 impl ProxyDirectory for Directory {
     fn proxies(&self) -> Result<Arc<Fleet>, String> {
         Ok(Arc::new(self.0.lock().unwrap().iter().cloned().collect()))
@@ -71,7 +77,7 @@ pub async fn world_with(proxies: usize, settings: Settings) -> World {
         infos.push(info(i, proxy.port));
         started.push(proxy);
     }
-    let directory = Arc::new(Directory(Mutex::new(infos)));
+    let directory = Directory::of(infos);
     let stop = CancellationToken::new();
     let api = serve_api(directory.clone(), stop.clone()).await;
     let handle = Arc::new(Gateway::new(leases(&api), settings));
@@ -92,16 +98,29 @@ pub async fn world_with(proxies: usize, settings: Settings) -> World {
 }
 
 fn info(i: usize, port: u16) -> ProxyInfo {
+    let mut info = backend(
+        &format!("ns/eu-{}", i + 1),
+        "127.0.0.1",
+        port,
+        "gw-backend",
+        BACKEND_PASSWORD,
+    );
+    info.latency_millis = i64::try_from(i).unwrap() + 1;
+    info
+}
+
+/// A healthy, offered backend `id` at `ip:port` asking for `user` and `password`, `geo=eu`.
+pub fn backend(id: &str, ip: &str, port: u16, user: &str, password: &str) -> ProxyInfo {
     ProxyInfo {
-        id: format!("ns/eu-{}", i + 1),
-        ip: "127.0.0.1".into(),
+        id: id.into(),
+        ip: ip.into(),
         port,
         attributes: [("geo".to_owned(), "eu".to_owned())].into(),
         phase: "Ready".into(),
         healthy: true,
-        latency_millis: i64::try_from(i).unwrap() + 1,
+        latency_millis: 1,
         max_leases: 5,
-        credentials: Some(egress_credentials::Credentials::new("gw-backend", BACKEND_PASSWORD).unwrap()),
+        credentials: Some(egress_credentials::Credentials::new(user, password).unwrap()),
         offered: true,
         pool_role: None,
         pool: None,
@@ -109,7 +128,7 @@ fn info(i: usize, port: u16) -> ProxyInfo {
 }
 
 /// The discovery API over `directory`, on a memory store, taking [`TOKEN`].
-async fn serve_api(directory: Arc<Directory>, stop: CancellationToken) -> String {
+pub async fn serve_api(directory: Arc<Directory>, stop: CancellationToken) -> String {
     let api = DiscoveryApi {
         directory,
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),
@@ -131,12 +150,12 @@ async fn serve_api(directory: Arc<Directory>, stop: CancellationToken) -> String
     url
 }
 
-fn leases(api: &str) -> Leases {
+pub fn leases(api: &str) -> Leases {
     Leases::new(Client::new(api, None).unwrap())
 }
 
 /// Both fronts of `gateway` on loopback until `stop`: the HTTP one's address, the SOCKS5 one's.
-async fn serve_gateway(gateway: Arc<Gateway>, stop: &CancellationToken) -> (SocketAddr, SocketAddr) {
+pub async fn serve_gateway(gateway: Arc<Gateway>, stop: &CancellationToken) -> (SocketAddr, SocketAddr) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = listener.local_addr().unwrap();
     let serving = tokio::spawn(http_front::serve(listener, gateway.clone()));
@@ -226,8 +245,20 @@ pub async fn until_released(w: &World) -> u64 {
 /// What curl got for `url` through the HTTP front at `gateway` as `user` (`None`: no proxy
 /// credentials; over `CONNECT` when `tunnel`): its status code, and the body.
 pub async fn curl_through(gateway: SocketAddr, user: Option<&str>, tunnel: bool, url: &str) -> (String, String) {
+    curl_with(gateway, user, tunnel, url, &[]).await
+}
+
+/// [`curl_through`] with more of curl's arguments (`--cacert <file>`).
+pub async fn curl_with(
+    gateway: SocketAddr,
+    user: Option<&str>,
+    tunnel: bool,
+    url: &str,
+    more: &[&str],
+) -> (String, String) {
     let mut cmd = tokio::process::Command::new("curl");
     cmd.args(["-sS", "--max-time", "20", "-w", "\n%{http_code}/%{http_connect}"])
+        .args(more)
         .arg("-x")
         .arg(format!("http://{gateway}"));
     if let Some(user) = user {
