@@ -20,7 +20,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use crate::Gateway;
 use crate::auth::ClientAuth;
@@ -37,13 +37,32 @@ pub type Body = BoxBody<Bytes, hyper::Error>;
 /// The realm the front's 407 names.
 const REALM: &str = "Basic realm=\"egress-gateway\"";
 
-/// Serves HTTP proxy clients on `listener` until the task is dropped: at most the gateway's
-/// connections at once (the others are closed as they come).
+/// Serves HTTP proxy clients on `listener` until the drain begins (or the task is dropped): at
+/// most the gateway's connections at once (the others are closed as they come).
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
     crate::accept(listener, gateway, serve_connection).await;
 }
 
-async fn serve_connection(gateway: Arc<Gateway>, tcp: TcpStream) {
+/// [`serve`] over TLS (an `https://` proxy URL), with the certificate in force when each
+/// connection comes ([`crate::tls_front`]); the handshake within the head timeout.
+pub async fn serve_tls(listener: TcpListener, gateway: Arc<Gateway>, tls: crate::tls_front::CurrentTls) {
+    crate::accept(listener, gateway, move |gateway, tcp| {
+        let acceptor = tls.acceptor();
+        async move {
+            let handshake = tokio::time::timeout(gateway.settings.head_timeout, acceptor.accept(tcp)).await;
+            match handshake {
+                Ok(Ok(stream)) => serve_connection(gateway, stream).await,
+                Ok(Err(_)) | Err(_) => gateway.metrics.refused("tls"),
+            }
+        }
+    })
+    .await;
+}
+
+async fn serve_connection<S>(gateway: Arc<Gateway>, tcp: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let settings = gateway.settings.clone();
     let stopping = gateway.stopping.clone();
     let counts = gateway.clone();

@@ -4,7 +4,7 @@
 //! with the client's own token ([`leases`]), with that proxy's credentials, which the client
 //! never sees ([`chain`]). [`http_front`] serves HTTP `CONNECT` and plain-HTTP forwarding.
 //!
-//! [`socks_front`] serves SOCKS5. [`relay`] carries a tunnel's bytes; each tunnel and request is
+//! [`socks_front`] serves SOCKS5; [`tls_front`] puts TLS on the HTTP front. [`relay`] carries a tunnel's bytes; each tunnel and request is
 //! counted in [`metrics`] and, when asked, logged on one access line (target
 //! `egress_gateway::access`; never a token or a backend's password).
 //!
@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod program;
 pub mod relay;
 pub mod socks_front;
+pub mod tls_front;
 mod tunnels;
 pub mod username;
 

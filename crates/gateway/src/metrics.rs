@@ -106,7 +106,7 @@ impl Metrics {
         );
         registry.register(
             "proxy_gateway_connections_refused",
-            "Client connections refused before any lease, by reason (connection_cap: the gateway is full; credentials: missing, or a username outside the grammar; head: an HTTP request head too large, malformed or too slow; handshake: a SOCKS5 handshake that is not SOCKS5, or not finished in time).",
+            "Client connections refused before any lease, by reason (connection_cap: the gateway is full; credentials: missing, or a username outside the grammar; head: an HTTP request head too large, malformed or too slow; handshake: a SOCKS5 handshake that is not SOCKS5, or not finished in time; tls: a TLS handshake on the TLS front that failed or was too slow).",
             self.refused.clone(),
         );
     }

@@ -16,7 +16,9 @@ use egress_runtime::logging::LogOptions;
 use egress_runtime::{Fatal, Program, ProgramOptions, serve};
 use tokio_util::sync::CancellationToken;
 
+use crate::tls_front::{self, CurrentTls, TlsFiles, TlsFollower};
 use crate::{Gateway, Settings, http_front, leases::Leases, socks_front};
+use egress_files::Follower;
 
 /// Who the program is.
 pub const PROGRAM: Program = Program {
@@ -38,6 +40,9 @@ pub struct Options {
     version: bool,
     listen: String,
     socks_listen: String,
+    tls_listen: String,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
     health: String,
     metrics: String,
     metrics_token_file: Option<PathBuf>,
@@ -54,6 +59,9 @@ impl Default for Options {
             version: false,
             listen: ":8080".into(),
             socks_listen: ":1080".into(),
+            tls_listen: "0".into(),
+            tls_cert_file: None,
+            tls_key_file: None,
             health: ":8081".into(),
             metrics: "0".into(),
             metrics_token_file: None,
@@ -121,6 +129,36 @@ const GATEWAY_FLAGS: &[Flag<Options>] = &[
         "Address of the SOCKS5 front; 0 turns it off.",
         |o, v| {
             o.socks_listen = v.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "tls-listen",
+        Kind::Text,
+        "0",
+        "Address of the HTTP front over TLS (an https:// proxy URL), with --tls-cert-file and --tls-key-file; 0 turns it off.",
+        |o, v| {
+            o.tls_listen = v.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "tls-cert-file",
+        Kind::Text,
+        "",
+        "PEM certificate chain of the TLS front (read at start and every 10s).",
+        |o, v| {
+            o.tls_cert_file = Some(v.into());
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "tls-key-file",
+        Kind::Text,
+        "",
+        "PEM private key of the TLS front (read at start and every 10s).",
+        |o, v| {
+            o.tls_key_file = Some(v.into());
             Ok(())
         },
     ),
@@ -316,7 +354,9 @@ pub async fn run(o: Options, shutdown: CancellationToken) -> Result<(), Fatal> {
     let fronts = [
         ("listen", &o.listen, Front::Http),
         ("socks-listen", &o.socks_listen, Front::Socks),
+        ("tls-listen", &o.tls_listen, Front::Tls),
     ];
+    let tls = tls_front_files(&o)?.map(load_tls).transpose()?;
     for (flag, value, front) in fronts {
         let Some(addr) = address(flag, value)? else { continue };
         let listener = serve::listen(addr)
@@ -326,7 +366,16 @@ pub async fn run(o: Options, shutdown: CancellationToken) -> Result<(), Fatal> {
             .local_addr()
             .map_err(|e| Fatal::new("Failed to read a bound address", e))?;
         tracing::info!(address = %bound, front = front.name(), "Serving");
-        tokio::spawn(front.serve(listener, gateway.clone()));
+        let gateway = gateway.clone();
+        match (front, &tls) {
+            (Front::Http, _) => tokio::spawn(http_front::serve(listener, gateway)),
+            (Front::Socks, _) => tokio::spawn(socks_front::serve(listener, gateway)),
+            (Front::Tls, Some((current, _))) => tokio::spawn(http_front::serve_tls(listener, gateway, current.clone())),
+            (Front::Tls, None) => unreachable!("tls_front_files refuses --tls-listen without its files"),
+        };
+    }
+    if let Some((_, follower)) = tls {
+        tokio::spawn(follower.run(TLS_FOLLOW, shutdown.clone()));
     }
     shutdown.cancelled().await;
     tracing::info!(budget = ?o.drain_timeout, "Draining: no new connections; open tunnels may finish");
@@ -340,6 +389,7 @@ pub async fn run(o: Options, shutdown: CancellationToken) -> Result<(), Fatal> {
 enum Front {
     Http,
     Socks,
+    Tls,
 }
 
 impl Front {
@@ -347,15 +397,38 @@ impl Front {
         match self {
             Self::Http => "http",
             Self::Socks => "socks5",
+            Self::Tls => "https",
         }
     }
+}
 
-    async fn serve(self, listener: tokio::net::TcpListener, gateway: Arc<Gateway>) {
-        match self {
-            Self::Http => http_front::serve(listener, gateway).await,
-            Self::Socks => socks_front::serve(listener, gateway).await,
-        }
+/// How often the TLS front's files are read again.
+const TLS_FOLLOW: Duration = Duration::from_secs(10);
+
+/// The TLS front's files, when it is on.
+///
+/// # Errors
+/// `--tls-listen` without both files, or files without `--tls-listen`.
+fn tls_front_files(o: &Options) -> Result<Option<TlsFiles>, Fatal> {
+    let on = o.tls_listen != "0";
+    match (on, &o.tls_cert_file, &o.tls_key_file) {
+        (true, Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        })),
+        (false, None, None) => Ok(None),
+        (true, _, _) => Err(Fatal::plain("--tls-listen needs --tls-cert-file and --tls-key-file")),
+        (false, _, _) => Err(Fatal::plain(
+            "--tls-cert-file and --tls-key-file are for the TLS front: set --tls-listen too",
+        )),
     }
+}
+
+/// The TLS front's certificate in force, and its follower.
+fn load_tls(files: TlsFiles) -> Result<(CurrentTls, Follower<TlsFollower>), Fatal> {
+    let (current, follower) =
+        tls_front::load(files).map_err(|e| Fatal::new("Failed to load the TLS front's files", e))?;
+    Ok((current, Follower::new(follower)))
 }
 
 /// `/metrics` over HTTPS for callers presenting the token in `token_file`.
@@ -432,5 +505,23 @@ mod tests {
         ] {
             assert!(parsed(&[bad]).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_tls_front_needs_both_files_and_files_need_the_front() {
+        let files = |args: &[&str]| tls_front_files(&parsed(args).unwrap()).map_err(|e| e.message);
+        assert_eq!(files(&[]), Ok(None));
+        let on = files(&["--tls-listen=:8443", "--tls-cert-file=/c", "--tls-key-file=/k"]).unwrap();
+        assert_eq!(on.map(|f| (f.cert, f.key)), Some(("/c".into(), "/k".into())));
+        assert!(
+            files(&["--tls-listen=:8443", "--tls-cert-file=/c"])
+                .unwrap_err()
+                .contains("needs")
+        );
+        assert!(
+            files(&["--tls-cert-file=/c", "--tls-key-file=/k"])
+                .unwrap_err()
+                .contains("set --tls-listen")
+        );
     }
 }

@@ -45,10 +45,14 @@ pub struct World {
     pub seen: Seen,
     /// Answers every request with the address the connection came from: the proxy's exit.
     pub exits: SocketAddr,
+    /// An HTTPS target answering as `target` does, its CA in `ca`.
+    pub tls_target: SocketAddr,
+    pub ca: std::path::PathBuf,
     pub api: String,
     pub directory: Arc<Directory>,
     pub handle: Arc<Gateway>,
     proxies: Vec<Tinyproxy>,
+    _scratch: egress_testkit::ScratchDir,
     stop: CancellationToken,
     _stop: DropGuard,
 }
@@ -69,10 +73,15 @@ pub async fn world_with(proxies: usize, settings: Settings) -> World {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (target, seen) = http_target().await;
     let exits = exit_target().await;
+    let pki = egress_testkit::pki();
+    let (tls_target, _) = egress_testkit::tls_target(&pki).await;
+    let scratch = egress_testkit::ScratchDir::new("gateway-world");
+    let ca = scratch.path().join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
     let mut started = Vec::new();
     let mut infos = Vec::new();
     for i in 0..proxies {
-        let ports = [target.port(), exits.port()];
+        let ports = [target.port(), exits.port(), tls_target.port()];
         let proxy = Tinyproxy::start_leaving_from(&ports, Some(("gw-backend", BACKEND_PASSWORD)), Some(exit_of(i)));
         infos.push(info(i, proxy.port));
         started.push(proxy);
@@ -88,6 +97,9 @@ pub async fn world_with(proxies: usize, settings: Settings) -> World {
         target,
         seen,
         exits,
+        tls_target,
+        ca,
+        _scratch: scratch,
         api,
         directory,
         handle,
