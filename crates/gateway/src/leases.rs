@@ -25,6 +25,28 @@ pub struct Held {
     pub ttl: Duration,
 }
 
+/// What a renewal came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    Renewed,
+    /// The lease has ended, or its proxy may no longer be leased: the session moves at its
+    /// next tunnel.
+    Refused,
+    /// The API could not be asked, or answered otherwise.
+    Failed,
+}
+
+impl Renewal {
+    /// Its name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Renewed => "renewed",
+            Self::Refused => "refused",
+            Self::Failed => "api_error",
+        }
+    }
+}
+
 /// Why a connection got no lease, as the client is told.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseError {
@@ -103,16 +125,12 @@ impl Leases {
 
     /// Extends the lease to `ttl` from now (`None`: the API's default), as a session's lease is
     /// while its tunnels are in use.
-    ///
-    /// # Errors
-    /// [`LeaseError`]: the lease ended, or its proxy may no longer be leased.
-    pub async fn renew(&self, token: &str, held: &Held, ttl: Option<Duration>) -> Result<(), LeaseError> {
-        self.api
-            .for_token(token)
-            .renew(&held.lease_id, ttl)
-            .await
-            .map(drop)
-            .map_err(refused)
+    pub async fn renew(&self, token: &str, held: &Held, ttl: Option<Duration>) -> Renewal {
+        match self.api.for_token(token).renew(&held.lease_id, ttl).await {
+            Ok(_) => Renewal::Renewed,
+            Err(ClientError::UnknownLease(_) | ClientError::NotRenewable(_)) => Renewal::Refused,
+            Err(_) => Renewal::Failed,
+        }
     }
 
     /// Gives the lease back; one that already ended is fine.

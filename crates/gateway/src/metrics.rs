@@ -50,6 +50,7 @@ pub struct Metrics {
     proxy_tunnels: Family<Labels, Counter>,
     proxy_bytes: Family<Labels, Counter>,
     refused: Family<Labels, Counter>,
+    renewals: Family<Labels, Counter>,
     clients: Bounded,
     proxies: Bounded,
 }
@@ -65,6 +66,7 @@ impl Default for Metrics {
             proxy_tunnels: Family::default(),
             proxy_bytes: Family::default(),
             refused: Family::default(),
+            renewals: Family::default(),
             clients: Bounded::default(),
             proxies: Bounded::default(),
         }
@@ -105,10 +107,23 @@ impl Metrics {
             self.proxy_bytes.clone(),
         );
         registry.register(
+            "proxy_gateway_session_renewals",
+            "Renewals of a session's lease while one of its tunnels was open, by outcome (renewed, refused, api_error).",
+            self.renewals.clone(),
+        );
+        registry.register(
             "proxy_gateway_connections_refused",
             "Client connections refused before any lease, by reason (connection_cap: the gateway is full; credentials: missing, or a username outside the grammar; head: an HTTP request head too large, malformed or too slow; handshake: a SOCKS5 handshake that is not SOCKS5, or not finished in time; tls: a TLS handshake on the TLS front that failed or was too slow).",
             self.refused.clone(),
         );
+    }
+
+    /// A session's lease renewed while a tunnel was open (`renewed`), or not (`refused`: it
+    /// ended, or its proxy may no longer be leased; `api_error`).
+    pub fn renewal(&self, outcome: &'static str) {
+        self.renewals
+            .get_or_create(&vec![("outcome", outcome.to_owned())])
+            .inc();
     }
 
     /// One tunnel or request of `client` by `front` ended with `outcome`.

@@ -18,7 +18,7 @@ use crate::Gateway;
 use crate::auth::ClientAuth;
 use crate::caps::Slot;
 use crate::chain::{self, ChainError, Tunnel};
-use crate::leases::{Held, LeaseError};
+use crate::leases::{Held, LeaseError, Renewal};
 use crate::metrics::Front;
 use crate::relay::{Relayed, relay};
 use crate::username::Routing;
@@ -181,7 +181,8 @@ impl Gateway {
             loop {
                 tokio::time::sleep(every).await;
                 let renewed = self.leases.renew(req.client.token(), held, req.routing.ttl).await;
-                if renewed.is_err() {
+                self.metrics.renewal(renewed.as_str());
+                if renewed != Renewal::Renewed {
                     break;
                 }
             }

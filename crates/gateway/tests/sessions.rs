@@ -82,3 +82,39 @@ async fn a_ban_reported_by_the_sessions_name_moves_it_for_that_target() {
     assert_eq!(exit(&w, "login").await, exit_of(1).to_string());
     assert_eq!(exit(&w, "login").await, exit_of(1).to_string());
 }
+
+/// Waits (within a deadline) until the gateway has renewed a session's lease `n` times.
+async fn renewed(w: &World, n: u64) {
+    let line = format!(r#"proxy_gateway_session_renewals_total{{outcome="renewed"}} {n}"#);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut registry = prometheus_client::registry::Registry::default();
+        w.handle.metrics().register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        if text.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no {line:?} in\n{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_sessions_lease_is_renewed_while_its_tunnel_is_open() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let w = world_with(1, Settings::default()).await;
+    // A 2 s lease, renewed every second while the tunnel is open: by the third renewal its
+    // first TTL is long over, and the lease still lives.
+    let (tunnel, head) = common::open_tunnel(w.gateway, "session=long,ttl=2", &w.target.to_string()).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    renewed(&w, 3).await;
+    assert_eq!(
+        common::active_each(&w).await,
+        [1],
+        "the session's lease outlived its first TTL"
+    );
+    drop(tunnel);
+}
