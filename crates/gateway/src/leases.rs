@@ -67,11 +67,17 @@ const KNOWN_FOR: Duration = Duration::from_secs(10);
 const MAX_KNOWN: usize = 1024;
 
 /// The discovery API as the gateway calls it.
-#[derive(Debug)]
 pub struct Leases {
     api: Client,
     /// Each token the API recently took, its client and when it said so.
     known: Mutex<HashMap<String, (Instant, String)>>,
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The tokens it knows are the clients' secrets: never printed.
+        f.debug_struct("Leases").finish_non_exhaustive()
+    }
 }
 
 impl Leases {

@@ -23,6 +23,7 @@ pub mod auth;
 mod caps;
 pub mod chain;
 pub mod http_front;
+mod http_requests;
 pub mod leases;
 pub mod metrics;
 pub mod program;
@@ -87,6 +88,9 @@ pub struct Gateway {
     tasks: TaskTracker,
 }
 
+/// After the drain's budget, how long what is still open may take to close.
+const CLOSE_BUDGET: Duration = Duration::from_secs(5);
+
 impl Gateway {
     pub fn new(leases: leases::Leases, settings: Settings) -> Self {
         Self {
@@ -114,20 +118,25 @@ impl Gateway {
         let finished = tokio::time::timeout(budget, self.tasks.wait()).await.is_ok();
         if !finished {
             self.closing.cancel();
-            // Relays end at once on `closing`; a handshake or a backend's answer still in
-            // progress has its own time limits.
-            self.tasks.wait().await;
+            // Relays and client connections end at once on `closing`; a lease or a backend's
+            // answer still being asked for has its own time limits, and is not waited for
+            // past this.
+            let _ = tokio::time::timeout(CLOSE_BUDGET, self.tasks.wait()).await;
         }
         finished
     }
 }
+
+/// A client connection's place under [`Settings::max_connections`], held by the connection and
+/// by each tunnel it opened (a `CONNECT` tunnel outlives hyper's connection task).
+type Permit = Arc<tokio::sync::OwnedSemaphorePermit>;
 
 /// Accepts connections on `listener` until the drain begins (or the task is dropped), each
 /// served by `serve` in a task of its own: at most the gateway's connections at once (the
 /// others are closed as they come, and counted).
 async fn accept<F, Fut>(listener: tokio::net::TcpListener, gateway: Arc<Gateway>, serve: F)
 where
-    F: Fn(Arc<Gateway>, tokio::net::TcpStream) -> Fut,
+    F: Fn(Arc<Gateway>, tokio::net::TcpStream, Permit) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     // After a failed accept (out of file descriptors, say), a pause doubling from 5 ms to 1 s,
@@ -154,10 +163,6 @@ where
             drop(tcp);
             continue;
         };
-        let serving = serve(gateway.clone(), tcp);
-        gateway.tasks.spawn(async move {
-            serving.await;
-            drop(permit);
-        });
+        gateway.tasks.spawn(serve(gateway.clone(), tcp, Arc::new(permit)));
     }
 }

@@ -107,8 +107,8 @@ impl Metrics {
             self.proxy_bytes.clone(),
         );
         registry.register(
-            "proxy_gateway_session_renewals",
-            "Renewals of a session's lease while one of its tunnels was open, by outcome (renewed, refused, api_error).",
+            "proxy_gateway_lease_renewals",
+            "Renewals of a tunnel's lease (a session's, or the tunnel's own) while it was open, by outcome (renewed, refused, api_error).",
             self.renewals.clone(),
         );
         registry.register(
@@ -118,8 +118,8 @@ impl Metrics {
         );
     }
 
-    /// A session's lease renewed while a tunnel was open (`renewed`), or not (`refused`: it
-    /// ended, or its proxy may no longer be leased; `api_error`).
+    /// A tunnel's lease renewed while it was open (`renewed`), or not (`refused`: it ended, or
+    /// its proxy may no longer be leased; `api_error`).
     pub fn renewal(&self, outcome: &'static str) {
         self.renewals
             .get_or_create(&vec![("outcome", outcome.to_owned())])

@@ -21,6 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::Gateway;
 use crate::auth::ClientAuth;
 use crate::chain::ChainError;
+use crate::leases::LeaseError;
 use crate::metrics::Front;
 use crate::tunnels::{Failure, Request};
 use crate::username::{self, Routing};
@@ -73,11 +74,10 @@ pub enum HandshakeError {
 /// Serves SOCKS5 clients on `listener` until the task is dropped: at most the gateway's
 /// connections at once (the others are closed as they come).
 pub async fn serve(listener: TcpListener, gateway: Arc<Gateway>) {
-    crate::accept(
-        listener,
-        gateway,
-        |gateway, tcp| async move { gateway.socks(tcp).await },
-    )
+    crate::accept(listener, gateway, |gateway, tcp, permit| async move {
+        gateway.socks(tcp).await;
+        drop(permit);
+    })
     .await;
 }
 
@@ -103,7 +103,7 @@ impl Gateway {
                 if reply(&mut tcp, Reply::Succeeded).await.is_ok() {
                     self.carry(&req, opened, tcp).await;
                 } else {
-                    self.give_back(&req.client, &opened.held).await;
+                    self.not_carried(&req, opened, "broken").await;
                 }
             }
             Err(failure) => {
@@ -120,9 +120,11 @@ impl Gateway {
             None => Err("an empty password".to_owned()),
             Some(client) => match username::parse(&client.username, self.settings.max_ttl) {
                 Err(e) => Err(e.to_string()),
+                // The API could not say: the credentials are not refused for that; the
+                // request then gets the general failure the lease's failure gives.
                 Ok(routing) => match self.leases.client_of(client.token()).await {
-                    Err(e) => Err(e.to_string()),
-                    Ok(_) => Ok((client, routing)),
+                    Err(e @ (LeaseError::Unauthorized(_) | LeaseError::NoProxy(_))) => Err(e.to_string()),
+                    Err(LeaseError::Api(_)) | Ok(_) => Ok((client, routing)),
                 },
             },
         };

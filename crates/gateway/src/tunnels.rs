@@ -23,6 +23,10 @@ use crate::metrics::Front;
 use crate::relay::{Relayed, relay};
 use crate::username::Routing;
 
+/// The shortest gap between two renewals of one tunnel's lease (a 1 s session TTL is renewed
+/// twice a second).
+const MIN_RENEWAL_GAP: Duration = Duration::from_millis(200);
+
 /// Why a client got no tunnel.
 #[derive(Debug)]
 pub(crate) enum Failure {
@@ -42,7 +46,9 @@ impl Failure {
             Self::Lease(LeaseError::NoProxy(_)) => "no_proxy",
             Self::Lease(LeaseError::Api(_)) => "api_error",
             Self::TooMany => "client_cap",
-            Self::Chain(Some(ChainError::Refused(hyper::StatusCode::FORBIDDEN))) => "refused",
+            Self::Chain(Some(ChainError::Refused(hyper::StatusCode::FORBIDDEN | hyper::StatusCode::BAD_REQUEST))) => {
+                "refused"
+            }
             Self::Chain(_) => "backend_failed",
         }
     }
@@ -130,7 +136,9 @@ impl Gateway {
                         self.give_back(&req.client, &held).await;
                     }
                     failed = Some(e);
-                    if !again {
+                    // One more proxy only while the request is within one backend budget: a
+                    // client is not kept waiting for two slow backends.
+                    if !again || req.since.elapsed() > self.settings.chain.budget {
                         break;
                     }
                 }
@@ -172,22 +180,34 @@ impl Gateway {
         self.account(req, &name, &held.proxy_id, relayed.into());
     }
 
-    /// Renews a session's lease at half its TTL for as long as it is polled (a lease outside
-    /// a session is the tunnel's alone and needs none); stops trying once the API refuses, and
-    /// the session moves at its next acquire.
+    /// Renews the tunnel's lease at half its TTL for as long as it is polled, so a long tunnel
+    /// keeps its lease (and its proxy's capacity counted) to the end; a session's keeps its
+    /// proxy. Once the API refuses (the lease ended, or its proxy may no longer be leased) it
+    /// stops, and a session moves at its next tunnel; an API that could not answer is asked
+    /// again at the next turn.
     async fn renew_while_open(&self, req: &Request, held: &Held) -> std::convert::Infallible {
-        if held.in_session {
-            let every = (held.ttl / 2).max(Duration::from_secs(1));
-            loop {
-                tokio::time::sleep(every).await;
-                let renewed = self.leases.renew(req.client.token(), held, req.routing.ttl).await;
-                self.metrics.renewal(renewed.as_str());
-                if renewed != Renewal::Renewed {
-                    break;
-                }
+        let every = (held.ttl / 2).max(MIN_RENEWAL_GAP);
+        loop {
+            tokio::time::sleep(every).await;
+            let renewed = self.leases.renew(req.client.token(), held, req.routing.ttl).await;
+            self.metrics.renewal(renewed.as_str());
+            if renewed == Renewal::Refused {
+                break;
             }
         }
         std::future::pending().await
+    }
+
+    /// A tunnel opened that carried nothing (`outcome`: the client left before its `200`, or
+    /// its connection broke at the upgrade or the SOCKS5 reply): given back and counted.
+    pub(crate) async fn not_carried(&self, req: &Request, opened: Opened, outcome: &'static str) {
+        self.give_back(&req.client, &opened.held).await;
+        let nothing = Carried {
+            up: 0,
+            down: 0,
+            outcome,
+        };
+        self.account(req, &opened.name, &opened.held.proxy_id, nothing);
     }
 
     /// Reports a proxy that failed the client's request as banned for its host, and gives its

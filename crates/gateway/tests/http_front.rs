@@ -129,3 +129,38 @@ async fn requests_the_gateway_cannot_route_are_refused_and_dial_nothing() {
     assert!(w.seen.lock().unwrap().is_empty(), "nothing reached the target");
     assert_eq!(active(&w).await, 0, "no lease was taken");
 }
+
+#[tokio::test]
+async fn a_backend_that_fails_is_reported_and_another_carries_the_request() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let w = world().await;
+    // A dead backend, faster on paper than the live one: the first lease goes to it.
+    let dead = egress_testkit::dead_address().await;
+    let mut fast = common::backend(
+        "ns/dead",
+        "127.0.0.1",
+        dead.addr().port(),
+        "gw-backend",
+        common::BACKEND_PASSWORD,
+    );
+    fast.latency_millis = 0;
+    w.add_proxy(fast);
+    let user = format!("any:{TOKEN}");
+    assert_eq!(
+        curl(&w, Some(&user), true, "/204").await.0,
+        "204",
+        "carried by the live one"
+    );
+    // The dead one was reported for the target: the API now passes over it for that target.
+    let api = egress_discovery::client::Client::new(&w.api, Some(TOKEN.into())).unwrap();
+    let lease = api
+        .acquire(&egress_discovery::client::AcquireRequest {
+            target: Some("127.0.0.1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(lease.proxy.id, "ns/eu-1");
+}

@@ -21,18 +21,25 @@ fn metrics(handle: &egress_gateway::Gateway) -> String {
     text
 }
 
-/// Waits (within a deadline) until the gateway's metrics hold each of `lines`: a tunnel is
+/// The value of the series `series` (name and labels, as the text shows them) in `text`.
+pub fn value_of(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (within a deadline) until each of `series` has counted at least its `n`: a tunnel is
 /// counted once its lease is given back, which can be after its client saw it close.
-async fn counted(handle: &egress_gateway::Gateway, lines: &[&str]) {
+async fn counted(handle: &egress_gateway::Gateway, series: &[(&str, u64)]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let text = metrics(handle);
-        if lines.iter().all(|line| text.lines().any(|l| l == *line)) {
+        if series.iter().all(|(s, n)| value_of(&text, s) >= *n) {
             return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "not all of {lines:?} in\n{text}"
+            "not all of {series:?} in\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -74,7 +81,10 @@ async fn a_client_past_its_cap_is_refused_until_a_tunnel_ends() {
     }
     counted(
         &w.handle,
-        &[r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="client_cap"} 1"#],
+        &[(
+            r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="client_cap"}"#,
+            1,
+        )],
     )
     .await;
 }
@@ -95,7 +105,10 @@ async fn a_tunnel_nobody_speaks_on_is_closed_at_the_idle_limit_and_its_lease_giv
     assert_eq!(until_released(&w).await, 0);
     counted(
         &w.handle,
-        &[r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="idle"} 1"#],
+        &[(
+            r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="idle"}"#,
+            1,
+        )],
     )
     .await;
 }
@@ -118,7 +131,10 @@ async fn a_drain_stops_accepting_and_closes_tunnels_left_at_its_end() {
     assert_eq!(until_released(&w).await, 0);
     counted(
         &w.handle,
-        &[r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="drained"} 1"#],
+        &[(
+            r#"proxy_gateway_tunnels_total{client="default",front="connect",outcome="drained"}"#,
+            1,
+        )],
     )
     .await;
 }
@@ -176,8 +192,8 @@ async fn hostile_heads_and_handshakes_are_answered_or_closed_and_counted() {
     counted(
         &w.handle,
         &[
-            r#"proxy_gateway_connections_refused_total{reason="head"} 3"#,
-            r#"proxy_gateway_connections_refused_total{reason="handshake"} 3"#,
+            (r#"proxy_gateway_connections_refused_total{reason="head"}"#, 3),
+            (r#"proxy_gateway_connections_refused_total{reason="handshake"}"#, 3),
         ],
     )
     .await;

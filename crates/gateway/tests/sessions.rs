@@ -83,19 +83,23 @@ async fn a_ban_reported_by_the_sessions_name_moves_it_for_that_target() {
     assert_eq!(exit(&w, "login").await, exit_of(1).to_string());
 }
 
-/// Waits (within a deadline) until the gateway has renewed a session's lease `n` times.
+/// Waits (within a deadline) until the gateway has renewed leases at least `n` times.
 async fn renewed(w: &World, n: u64) {
-    let line = format!(r#"proxy_gateway_session_renewals_total{{outcome="renewed"}} {n}"#);
+    let series = r#"proxy_gateway_lease_renewals_total{outcome="renewed"}"#;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let mut registry = prometheus_client::registry::Registry::default();
         w.handle.metrics().register(&mut registry);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        if text.lines().any(|l| l == line) {
+        let value: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0);
+        if value >= n {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no {line:?} in\n{text}");
+        assert!(tokio::time::Instant::now() < deadline, "{series} is {value} in\n{text}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }

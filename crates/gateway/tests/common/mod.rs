@@ -190,6 +190,11 @@ impl World {
         serve_gateway(replica, &self.stop).await.0
     }
 
+    /// Adds `proxy` to the API's list.
+    pub fn add_proxy(&self, proxy: ProxyInfo) {
+        self.directory.0.lock().unwrap().push(proxy);
+    }
+
     /// Takes the proxy `id` out of the API's list, as when it is deleted.
     pub fn remove_proxy(&self, id: &str) {
         self.directory.0.lock().unwrap().retain(|p| p.id != id);
