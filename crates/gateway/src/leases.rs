@@ -61,6 +61,10 @@ pub enum LeaseError {
     Api(String),
 }
 
+/// Calls the gateway makes to the discovery API at once, at most (under the API's 256 waiting
+/// requests per client; the pool keeps 64 connections idle).
+pub const MAX_API_CALLS: usize = 128;
+
 /// How long a token's client, once the API named it, is taken as known.
 const KNOWN_FOR: Duration = Duration::from_secs(10);
 /// Tokens whose client is kept known, at most.
@@ -69,6 +73,9 @@ const MAX_KNOWN: usize = 1024;
 /// The discovery API as the gateway calls it.
 pub struct Leases {
     api: Client,
+    /// Calls to the API at once, at most: a burst of closing tunnels queues its releases here
+    /// rather than opening a connection each and meeting the API's 429s.
+    calls: tokio::sync::Semaphore,
     /// Each token the API recently took, its client and when it said so.
     known: Mutex<HashMap<String, (Instant, String)>>,
 }
@@ -81,11 +88,23 @@ impl std::fmt::Debug for Leases {
 }
 
 impl Leases {
+    /// The API client for `token`, once a call may go (see [`MAX_API_CALLS`]).
+    async fn api(&self, token: &str) -> (Client, tokio::sync::SemaphorePermit<'_>) {
+        // Never closed: the semaphore lives as long as `self`.
+        let permit = self
+            .calls
+            .acquire()
+            .await
+            .unwrap_or_else(|_| unreachable!("the semaphore is never closed"));
+        (self.api.for_token(token), permit)
+    }
+
     /// On the API client `api` (its base URL, budget and connection pool; its token unused).
     pub fn new(api: Client) -> Self {
         Self {
             api,
             known: Mutex::default(),
+            calls: tokio::sync::Semaphore::new(MAX_API_CALLS),
         }
     }
 
@@ -105,7 +124,8 @@ impl Leases {
                 return Ok(client.clone());
             }
         }
-        let client = self.api.for_token(token).whoami().await.map_err(refused)?;
+        let (api, _permit) = self.api(token).await;
+        let client = api.whoami().await.map_err(refused)?;
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
         if known.len() >= MAX_KNOWN {
             known.clear();
@@ -125,14 +145,16 @@ impl Leases {
             target: Some(host.to_owned()),
             session: routing.session.as_ref().map(|s| s.as_str().to_owned()),
         };
-        let lease = self.api.for_token(token).acquire(&request).await.map_err(refused)?;
+        let (api, _permit) = self.api(token).await;
+        let lease = api.acquire(&request).await.map_err(refused)?;
         held(lease, routing.session.is_some())
     }
 
     /// Extends the lease to `ttl` from now (`None`: the API's default), as a session's lease is
     /// while its tunnels are in use.
     pub async fn renew(&self, token: &str, held: &Held, ttl: Option<Duration>) -> Renewal {
-        match self.api.for_token(token).renew(&held.lease_id, ttl).await {
+        let (api, _permit) = self.api(token).await;
+        match api.renew(&held.lease_id, ttl).await {
             Ok(_) => Renewal::Renewed,
             Err(ClientError::UnknownLease(_) | ClientError::NotRenewable(_)) => Renewal::Refused,
             Err(_) => Renewal::Failed,
@@ -141,16 +163,14 @@ impl Leases {
 
     /// Gives the lease back; one that already ended is fine.
     pub async fn release(&self, token: &str, held: &Held) {
-        let _ = self.api.for_token(token).release(&held.lease_id).await;
+        let (api, _permit) = self.api(token).await;
+        let _ = api.release(&held.lease_id).await;
     }
 
     /// Reports `result` for `host` on the lease's proxy (its cooldown for that target).
     pub async fn report(&self, token: &str, held: &Held, result: ReportResult, host: &str) {
-        let _ = self
-            .api
-            .for_token(token)
-            .report(&held.lease_id, result, Some(host))
-            .await;
+        let (api, _permit) = self.api(token).await;
+        let _ = api.report(&held.lease_id, result, Some(host)).await;
     }
 }
 
