@@ -4,16 +4,20 @@
 //! - `operator`: the operator's memory and convergence with many Proxies, and its lease API as
 //!   crawlers meet it ([`operator`], [`lease_api`]);
 //! - `kvm2`: time to Ready and upload memory on the local hypervisor ([`kvm2`]);
-//! - `pool`: a ProxyPool's failover and rotation ([`pool`]).
+//! - `pool`: a ProxyPool's failover and rotation ([`pool`]);
+//! - `gateway`: the gateway's cost over tinyproxy alone: a new tunnel and request, one long
+//!   tunnel, memory per idle tunnel ([`gateway`]).
 //!
-//! The last three run the shipped programs (the operator, or the operator built with the
-//! reference provider, and `egress-kube-testserver`) as processes of their own, built here first.
+//! `operator`, `kvm2` and `pool` run the shipped programs (the operator, or the operator built
+//! with the reference provider, and `egress-kube-testserver`) as processes of their own, built
+//! here first; `gateway` builds `egress-gateway`, which its example program runs.
 //!
-//! `health`, `operator`, `kvm2` and `pool` each print their result as its guide shows it: a line
+//! `health`, `operator`, `kvm2`, `pool` and `gateway` each print their result as its guide shows it: a line
 //! of the conditions (the bench's counts and durations, the build, the commit, the machine) and
 //! one Markdown table ([`report`]), so updating a guide's figures is a copy.
 
 mod examples;
+mod gateway;
 mod kvm2;
 mod lease_api;
 mod operator;
@@ -28,7 +32,15 @@ use anyhow::{Context, Result, bail};
 use crate::system;
 
 /// Every bench, by the name `--only` takes.
-const KNOWN: [&str; 6] = ["health", "discovery", "lease-store", "operator", "kvm2", "pool"];
+const KNOWN: [&str; 7] = [
+    "health",
+    "discovery",
+    "lease-store",
+    "operator",
+    "kvm2",
+    "pool",
+    "gateway",
+];
 
 /// The benches `only` asks for (all when it is empty), or which name is unknown.
 fn chosen(only: &[String]) -> Result<Vec<&'static str>> {
@@ -80,8 +92,9 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     let wanted = |name: &str| wanted.contains(&name);
     let conditions = report::Conditions::here(root, release);
     // Before anything compiles; the discovery and lease-store benches run local redis-servers
-    // (a cluster with redis-cli).
-    system::require_packages(&[system::BUILD_PACKAGES, &["redis-server", "redis-tools"]].concat())?;
+    // (a cluster with redis-cli), the gateway bench real tinyproxies.
+    let gateway_needs: &[&str] = if wanted("gateway") { &["tinyproxy"] } else { &[] };
+    system::require_packages(&[system::BUILD_PACKAGES, &["redis-server", "redis-tools"], gateway_needs].concat())?;
     if wanted("health") {
         examples::health(root, release, &conditions)?;
     }
@@ -91,21 +104,35 @@ pub(crate) fn run(root: &Path, count: usize, release: bool, only: &[String]) -> 
     if wanted("lease-store") {
         examples::lease_store(root, release)?;
     }
-    if !wanted("operator") && !wanted("kvm2") && !wanted("pool") {
-        return Ok(());
+    if wanted("operator") || wanted("kvm2") || wanted("pool") {
+        shipped(root, count, release, &wanted, &conditions)?;
     }
+    if wanted("gateway") {
+        gateway::run(root, release, &conditions)?;
+    }
+    Ok(())
+}
+
+/// The benches of the shipped programs that `wanted` names: `kvm2`, `pool`, `operator`.
+fn shipped(
+    root: &Path,
+    count: usize,
+    release: bool,
+    wanted: &dyn Fn(&str) -> bool,
+    conditions: &report::Conditions,
+) -> Result<()> {
     let bin = build_programs(root, release)?;
     let dir = crate::target_dir(root).join("bench");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     if wanted("kvm2") {
-        kvm2::run(root, &bin, &dir, &conditions)?;
+        kvm2::run(root, &bin, &dir, conditions)?;
     }
     if wanted("pool") {
-        pool::run(root, &bin, &dir, &conditions)?;
+        pool::run(root, &bin, &dir, conditions)?;
     }
     if wanted("operator") {
-        operator::run(root, &bin, &dir, count, &conditions)?;
+        operator::run(root, &bin, &dir, count, conditions)?;
     }
     Ok(())
 }
@@ -118,6 +145,19 @@ mod tests {
     fn no_name_chooses_every_bench_and_an_unknown_name_is_refused() {
         assert_eq!(chosen(&[]).unwrap(), KNOWN);
         assert_eq!(chosen(&["pool".to_owned()]).unwrap(), ["pool"]);
+        assert_eq!(chosen(&["gateway".to_owned()]).unwrap(), ["gateway"]);
+        assert_eq!(
+            KNOWN,
+            [
+                "health",
+                "discovery",
+                "lease-store",
+                "operator",
+                "kvm2",
+                "pool",
+                "gateway"
+            ]
+        );
         let refused = chosen(&["pool".to_owned(), "nope".to_owned()]).unwrap_err().to_string();
         assert!(refused.starts_with("no bench named \"nope\""), "{refused}");
     }

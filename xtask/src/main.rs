@@ -31,9 +31,9 @@
 //! - `bench [--proxies N] [--debug] [--only NAME]`: tables of figures: the health engine at
 //!   1 000 and 10 000 proxies, the discovery API under 64 clients and the lease stores, the
 //!   operator's resident memory and time to Ready with N Proxies (default 10 000) and its lease
-//!   API, kvm2 on the local hypervisor, a ProxyPool's failover and rotation. The health,
-//!   operator, kvm2 and pool benches print a line of their conditions and one Markdown table,
-//!   as their guides show them.
+//!   API, kvm2 on the local hypervisor, a ProxyPool's failover and rotation, the gateway against
+//!   tinyproxy alone. The health, operator, kvm2, pool and gateway benches print a line of their
+//!   conditions and one Markdown table, as their guides show them.
 //!
 //! - `hypervisor up|down|status`: a real libvirtd with QEMU, reached over a
 //!   real sshd on 127.0.0.1, a storage pool, a NAT network and the test
@@ -136,8 +136,8 @@ enum Cmd {
         /// Measure a debug build (faster to build, not representative of the image).
         #[arg(long)]
         debug: bool,
-        /// Run only these benches (health, discovery, lease-store, operator, kvm2, pool); all by
-        /// default.
+        /// Run only these benches (health, discovery, lease-store, operator, kvm2, pool,
+        /// gateway); all by default.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },

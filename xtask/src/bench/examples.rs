@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use super::report::{self, Conditions, Table};
 
 /// `cargo run --quiet -p <package> --example <example>` in `root`, a release build when `release`.
-fn example(root: &Path, package: &str, example: &str, release: bool) -> Command {
+pub(super) fn example(root: &Path, package: &str, example: &str, release: bool) -> Command {
     let mut cmd = Command::new(crate::cargo_bin());
     cmd.current_dir(root)
         .args(["run", "--quiet", "-p", package, "--example", example]);
