@@ -4,11 +4,12 @@
 //!   command. As root, installs the system packages the workspace needs (apt) and starts the
 //!   services the tests use; then runs `cargo test --workspace --no-fail-fast` (so one failure
 //!   shows all the others), streaming cargo's own output, `dev --smoke` and
-//!   `conformance --provider gcp --real` against the fake Compute server; closes with one
-//!   line `N passed, M failed` summed over every test binary (the last two count as one test
-//!   each) and exits with cargo's status, else 1 when one of those two failed. `--repeat N` runs the chosen
-//!   tests N times in a row, to hunt flakes; `-p`, `--test` and a filter choose them (and leave
-//!   the smoke run out).
+//!   `conformance --provider gcp --real` against the fake Compute server, and the Python
+//!   package's ruff, mypy and pytest (`python`); closes with one line `N passed, M failed`
+//!   summed over every test binary (the smoke and gcp runs count as one test each, ruff and
+//!   mypy as one, pytest's tests one each) and exits with cargo's status, else 1 when one of
+//!   those steps failed. `--repeat N` runs the chosen tests N times in a row, to hunt flakes;
+//!   `-p`, `--test` and a filter choose them (and leave the later steps out).
 //! - `dev [--smoke] [--release] [--discovery-port N]`: the README's run
 //!   command: the operator against a local Kubernetes test server, with three
 //!   sample Proxies as tinyproxy processes, the gateway, and a guide to try it;
@@ -52,6 +53,7 @@ mod gcp_real;
 mod hypervisor;
 mod map;
 mod procs;
+mod python;
 mod system;
 mod tally;
 mod test_server;
@@ -302,13 +304,15 @@ enum Failure {
     Smoke(anyhow::Error),
     /// `conformance --provider gcp --real` against the fake failed.
     GcpReal(anyhow::Error),
+    /// The Python package's checks failed.
+    Python(String),
 }
 
 impl Failure {
     fn exit_code(&self) -> i32 {
         match self {
             Self::Cargo(code) => *code,
-            Self::Smoke(_) | Self::GcpReal(_) => 1,
+            Self::Smoke(_) | Self::GcpReal(_) | Self::Python(_) => 1,
         }
     }
 }
@@ -319,6 +323,7 @@ impl std::fmt::Display for Failure {
             Self::Cargo(code) => write!(f, "cargo test failed (exit status {code})"),
             Self::Smoke(e) => write!(f, "the dev smoke run failed: {e:#}"),
             Self::GcpReal(e) => write!(f, "conformance --provider gcp --real against the fake failed: {e:#}"),
+            Self::Python(e) => write!(f, "the Python package's checks failed: {e}"),
         }
     }
 }
@@ -382,6 +387,18 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
             &mut failure,
             gcp_real::check_against_fake(root).map_err(Failure::GcpReal),
         );
+        println!("xtask: the Python package (clients/python): ruff, mypy, pytest");
+        match python::check(root) {
+            Ok((counts, problem)) => {
+                total.add(&counts);
+                if let Some(problem) = problem
+                    && failure.is_none()
+                {
+                    failure = Some(Failure::Python(problem));
+                }
+            }
+            Err(e) => count(&mut total, &mut failure, Err(Failure::Python(format!("{e:#}")))),
+        }
     }
     Ok((total, failure))
 }
