@@ -33,13 +33,14 @@ pub(crate) fn check(root: &Path) -> Result<(Counts, Option<String>)> {
             .arg(package.join("requirements-dev.txt")),
         "installing the pinned test tools",
     )?;
-    // With the pinned backend just installed, not whatever version an isolated build fetches.
+    // Built as a wheel with the pinned backend just installed (not whatever version an
+    // isolated build fetches), and installed afresh: the tests import what a user installs.
     run(
         Command::new(&python)
             .args(pip)
-            .args(["--no-build-isolation", "--no-deps", "-e"])
+            .args(["--no-build-isolation", "--no-deps", "--force-reinstall"])
             .arg(&package),
-        "installing the package",
+        "building and installing the package",
     )?;
     let mut counts = Counts::default();
     let mut problem = None;
