@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -151,6 +153,11 @@ class _Base:
         self._token = token
         self._timeout = timeout
 
+    @property
+    def timeout(self) -> float:
+        """Each call's budget, in seconds, retries included."""
+        return self._timeout
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._base!r}, token={'<set>' if self._token else None})"
 
@@ -167,6 +174,19 @@ class _Base:
         return wait if wait < left else None
 
 
+#: The environment variable naming a CA file to trust, when a client is given no `verify`.
+CA_FILE_ENV = "EGRESS_CA_FILE"
+
+
+def _verify(verify: str | bool | None) -> ssl.SSLContext | bool:
+    """TLS verification: off for `False`; else the CA file given, or the one `EGRESS_CA_FILE`
+    names, or the system's CAs."""
+    if verify is False:
+        return False
+    cafile = verify if isinstance(verify, str) else os.environ.get(CA_FILE_ENV)
+    return ssl.create_default_context(cafile=cafile) if cafile else True
+
+
 def _transport_error(e: httpx.HTTPError) -> TransportError:
     # httpx's messages name the URL, never the headers.
     return TransportError(f"the discovery API did not answer: {type(e).__name__}: {e}")
@@ -181,11 +201,11 @@ class Client(_Base):
         token: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        verify: str | bool = True,
+        verify: str | bool | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(base_url, token, timeout)
-        self._http = httpx.Client(timeout=timeout, verify=verify, transport=transport)
+        self._http = httpx.Client(timeout=timeout, verify=_verify(verify), transport=transport)
 
     def __enter__(self) -> Client:
         return self
@@ -278,11 +298,11 @@ class AsyncClient(_Base):
         token: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
-        verify: str | bool = True,
+        verify: str | bool | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(base_url, token, timeout)
-        self._http = httpx.AsyncClient(timeout=timeout, verify=verify, transport=transport)
+        self._http = httpx.AsyncClient(timeout=timeout, verify=_verify(verify), transport=transport)
 
     async def __aenter__(self) -> AsyncClient:
         return self
