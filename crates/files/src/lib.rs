@@ -27,4 +27,4 @@ pub mod follow;
 pub mod read;
 
 pub use follow::{Followed, Follower, Kept, Report, Reports};
-pub use read::{Problem, ReadError, read_regular_file, read_regular_file_async};
+pub use read::{Problem, ReadError, others_may_access, read_regular_file, read_regular_file_async};

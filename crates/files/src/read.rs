@@ -119,6 +119,16 @@ fn size(bytes: u64) -> String {
     }
 }
 
+/// The permission bits of a file that others than its owner and its group may read, write or
+/// run (a private key kept so is exposed); `None` when they may not. Group access stays
+/// allowed: a Kubernetes Secret volume's files are root's, read by the Pod through its fsGroup.
+#[must_use]
+pub fn others_may_access(meta: &std::fs::Metadata) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = meta.permissions().mode() & 0o777;
+    (mode & 0o007 != 0).then_some(mode)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

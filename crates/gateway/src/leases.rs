@@ -61,9 +61,11 @@ pub enum LeaseError {
     Api(String),
 }
 
-/// Calls the gateway makes to the discovery API at once, at most (under the API's 256 waiting
-/// requests per client; the pool keeps 64 connections idle).
-pub const MAX_API_CALLS: usize = 128;
+/// Calls the gateway makes to the discovery API at once, at most: each holds one connection,
+/// and the API serves one source address 64 at once (`--max-connections-per-source`), so a
+/// gateway replica stays under that with room for a probe or two; also under the API's 256
+/// waiting requests per client.
+pub const MAX_API_CALLS: usize = 48;
 
 /// How long a token's client, once the API named it, is taken as known.
 const KNOWN_FOR: Duration = Duration::from_secs(10);

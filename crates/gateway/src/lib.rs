@@ -29,7 +29,8 @@ pub mod metrics;
 pub mod program;
 pub mod relay;
 pub mod socks_front;
-pub mod tls_front;
+/// TLS on the HTTP front: the certificate files as the one serving stack follows them.
+pub use egress_http::tls_files as tls_front;
 mod tunnels;
 pub mod username;
 

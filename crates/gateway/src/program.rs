@@ -31,7 +31,7 @@ pub const PROGRAM: Program = Program {
 
 /// The discovery API's Service in the default install.
 pub const DEFAULT_DISCOVERY_URL: &str =
-    "http://egress-proxies-operator-controller-manager-discovery-service.egress-proxies-operator-system.svc:8090";
+    "https://egress-proxies-operator-controller-manager-discovery-service.egress-proxies-operator-system.svc:8090";
 
 /// The command line, parsed.
 #[derive(Debug)]
@@ -47,6 +47,7 @@ pub struct Options {
     metrics: String,
     metrics_token_file: Option<PathBuf>,
     discovery_url: String,
+    discovery_ca_file: Option<PathBuf>,
     api_timeout: Duration,
     drain_timeout: Duration,
     settings: Settings,
@@ -66,6 +67,7 @@ impl Default for Options {
             metrics: "0".into(),
             metrics_token_file: None,
             discovery_url: DEFAULT_DISCOVERY_URL.into(),
+            discovery_ca_file: None,
             api_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(30),
             settings: Settings::default(),
@@ -204,6 +206,16 @@ const GATEWAY_FLAGS: &[Flag<Options>] = &[
     )
     .hidden(),
     Flag::new(
+        "discovery-ca-file",
+        Kind::Text,
+        "",
+        "PEM file of the CA certificates an https:// discovery API's certificate must chain to, instead of the system's (the ca.crt of the Secret discovery-tls).",
+        |o: &mut Options, v| {
+            o.discovery_ca_file = (!v.is_empty()).then(|| v.into());
+            Ok(())
+        },
+    ),
+    Flag::new(
         "discovery-timeout",
         Kind::Duration,
         "10s",
@@ -333,14 +345,25 @@ fn address(flag: &str, value: &str) -> Result<Option<SocketAddr>, Fatal> {
     serve::bind_address(flag, value).map(Some).map_err(Fatal::plain)
 }
 
+/// The discovery API's client: its certificate checked against `--discovery-ca-file` when
+/// given (read at start), else the system's CAs.
+fn discovery_client(o: &Options) -> Result<Client, Fatal> {
+    const FAILED: &str = "Failed to set up the discovery API client";
+    let Some(path) = &o.discovery_ca_file else {
+        return Client::with_timeout(&o.discovery_url, None, o.api_timeout).map_err(|e| Fatal::new(FAILED, e));
+    };
+    let ca = egress_runtime::files::read_regular_file(path, 1024 * 1024)
+        .map_err(|e| Fatal::new(FAILED, format!("--discovery-ca-file {}: {}", path.display(), e.problem)))?;
+    Client::with_ca(&o.discovery_url, None, o.api_timeout, &ca).map_err(|e| Fatal::new(FAILED, e))
+}
+
 /// Serves until `shutdown`, then drains.
 ///
 /// # Errors
 /// A listener that cannot be bound, a metrics token that cannot be read, a discovery URL the
 /// client refuses.
 pub async fn run(o: Options, shutdown: CancellationToken) -> Result<(), Fatal> {
-    let api = Client::with_timeout(&o.discovery_url, None, o.api_timeout)
-        .map_err(|e| Fatal::new("Failed to set up the discovery API client", e))?;
+    let api = discovery_client(&o)?;
     let gateway = Arc::new(Gateway::new(Leases::new(api), o.settings.clone()));
     let limits = egress_http::Limits::default();
     if let Some(addr) = address("health-probe-bind-address", &o.health)? {

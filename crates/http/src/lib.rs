@@ -7,7 +7,7 @@
 //!
 //! | client                                   | outcome                                             |
 //! |------------------------------------------|-----------------------------------------------------|
-//! | connects beyond [`Limits::max_connections`] | the server's [`Rejection::Overloaded`] answer (plain HTTP), then close; over TLS, closed |
+//! | connects beyond [`Limits::max_connections`], or beyond [`Limits::max_connections_per_source`] from its address | the server's [`Rejection::Overloaded`] answer (plain HTTP), then close; over TLS, closed |
 //! | sends its head (or its TLS handshake) slower than [`Limits::header_read`] | closed (hyper's header timer) |
 //! | stays idle between requests for [`Limits::header_read`] | closed: hyper starts the header timer the moment an HTTP/1 connection waits for its next request, so this is also the keep-alive idle timeout; an HTTP/2 connection closes once no request has been in flight that long, whatever frames (PINGs, window updates) it sends |
 //! | HTTP/1 headers over [`Limits::max_header_bytes`] | [`Rejection::HeadersTooLarge`] (the server's own body) |
@@ -23,6 +23,8 @@
 
 mod body;
 mod io;
+mod sources;
+pub mod tls_files;
 mod token_bucket;
 
 use std::convert::Infallible;
@@ -53,6 +55,10 @@ pub const HYPER_BUFFER: usize = 64 * 1024;
 pub struct Limits {
     /// Connections served at once; one more is answered [`Rejection::Overloaded`] and closed.
     pub max_connections: usize,
+    /// Connections served at once from one source address (clients behind one SNAT address
+    /// share it); one more is answered as over [`Limits::max_connections`], before any byte of
+    /// it is read.
+    pub max_connections_per_source: usize,
     /// The request line and headers together, in bytes (names, values and line ends).
     pub max_header_bytes: usize,
     /// A request's head must arrive within this of the connection waiting for it (its first
@@ -66,10 +72,11 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The operator's defaults: 1024 connections, 16 KiB of headers, 5 s for a head (and for
-    /// an idle keep-alive), 10 s to write a response, 5 s to drain.
+    /// The operator's defaults: 1024 connections, 64 from one source, 16 KiB of headers, 5 s
+    /// for a head (and for an idle keep-alive), 10 s to write a response, 5 s to drain.
     pub const DEFAULT: Self = Self {
         max_connections: 1024,
+        max_connections_per_source: 64,
         max_header_bytes: 16 * 1024,
         header_read: Duration::from_secs(5),
         write: Duration::from_secs(10),
@@ -125,7 +132,7 @@ pub fn plain_rejection(rejection: Rejection) -> Response<Body> {
 pub struct Server {
     name: &'static str,
     limits: Limits,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<tls_files::CurrentTls>,
     reject: Rejecter,
     open: watch::Sender<usize>,
 }
@@ -162,8 +169,8 @@ impl Server {
     /// Serves over TLS; HTTP/2 is spoken when the acceptor's ALPN list offers `h2` and the
     /// client picks it, HTTP/1.1 otherwise. Plain connections are always HTTP/1.1.
     #[must_use]
-    pub fn tls(mut self, acceptor: tokio_rustls::TlsAcceptor) -> Self {
-        self.tls = Some(acceptor);
+    pub fn tls(mut self, acceptor: impl Into<tls_files::CurrentTls>) -> Self {
+        self.tls = Some(acceptor.into());
         self
     }
 
@@ -182,70 +189,48 @@ impl Server {
 
     /// Serves `router` on `listener` until `shutdown`, then drains (see the crate docs).
     pub async fn serve(self, listener: TcpListener, router: Router, shutdown: CancellationToken) {
+        let mut gate = Gate::new(&self);
+        let (name, limits, tls) = (self.name, self.limits, self.tls);
         let shared = Arc::new(Shared {
-            name: self.name,
-            limits: self.limits,
+            name,
+            limits,
             reject: self.reject,
             router,
             open: self.open,
         });
-        let slots = Arc::new(Semaphore::new(self.limits.max_connections));
-        // Over-cap clients get their answer from a few short tasks of their own; beyond those
-        // they are closed at once, so a flood costs a bounded amount of work.
-        let rejecting = Arc::new(Semaphore::new(REJECTERS));
-        // At the cap: a warning at most once a minute, however many clients are turned away.
-        let mut warned: Option<std::time::Instant> = None;
         // Connection tasks; finished ones are reaped as the loop goes, and whatever outlives
         // the drain at shutdown is aborted.
         let mut connections = JoinSet::new();
-        // After a failed accept (out of file descriptors, say), wait before the next, doubling
-        // from 5 ms to 1 s as Go's net/http does, instead of spinning.
         let mut pause = Duration::ZERO;
         loop {
-            let stream = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 () = shutdown.cancelled() => break,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
+                    Ok(accepted) => {
                         pause = Duration::ZERO;
-                        stream
+                        accepted
                     }
                     Err(e) => {
-                        pause = (pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                        tracing::error!(server = self.name, error = %e, retry_in = ?pause, "accepting a connection failed");
-                        tokio::select! {
-                            () = shutdown.cancelled() => break,
-                            () = tokio::time::sleep(pause) => continue,
+                        if failed_accept(name, &e, &mut pause, &shutdown).await {
+                            break;
                         }
+                        continue;
                     }
                 },
             };
             while connections.try_join_next().is_some() {}
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                if warned.is_none_or(|at| at.elapsed() >= CAP_WARNING_EVERY) {
-                    warned = Some(std::time::Instant::now());
-                    tracing::warn!(
-                        server = self.name,
-                        max_connections = self.limits.max_connections,
-                        "at the connection cap: new clients are turned away until some close"
-                    );
-                }
-                if self.tls.is_none()
-                    && let Ok(permit) = rejecting.clone().try_acquire_owned()
-                {
-                    let answer = (self.reject)(Rejection::Overloaded);
-                    tokio::spawn(async move {
-                        turn_away(stream, answer).await;
-                        drop(permit);
-                    });
-                }
+            let Some((source, slot)) = gate.admit(peer) else {
+                gate.turn_away(stream);
                 continue;
             };
             let shared = shared.clone();
-            let tls = self.tls.clone();
+            // The certificate in force when the connection came: a renewal serves the next one.
+            let tls = tls.as_ref().map(tls_files::CurrentTls::acceptor);
             let shutdown = shutdown.clone();
             connections.spawn(async move {
-                // Dropped in reverse: the count falls before the slot is given back, so it
+                // Dropped in reverse: the count falls before the slots are given back, so it
                 // never reads more than the cap.
+                let _source = source;
                 let _slot = slot;
                 let open = shared.clone();
                 let _open = Open::count(&open.open);
@@ -253,18 +238,107 @@ impl Server {
             });
         }
         drop(listener);
-        let drained = tokio::time::timeout(self.limits.drain, async {
-            while connections.join_next().await.is_some() {}
-        })
-        .await;
+        let drained =
+            tokio::time::timeout(limits.drain, async { while connections.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::debug!(
-                server = self.name,
+                server = name,
                 left = connections.len(),
                 "connections outlived the drain; dropped"
             );
         }
         connections.shutdown().await;
+    }
+}
+
+/// After a failed accept (out of file descriptors, say): logs it and waits before the next,
+/// doubling from 5 ms to 1 s as Go's net/http does, instead of spinning. Whether `shutdown`
+/// came meanwhile.
+async fn failed_accept(name: &str, e: &std::io::Error, pause: &mut Duration, shutdown: &CancellationToken) -> bool {
+    *pause = (*pause * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    tracing::error!(server = name, error = %e, retry_in = ?*pause, "accepting a connection failed");
+    tokio::select! {
+        () = shutdown.cancelled() => true,
+        () = tokio::time::sleep(*pause) => false,
+    }
+}
+
+/// Who gets a connection: the caps on connections, of the server and of each source address,
+/// and the answer of those over one.
+struct Gate {
+    name: &'static str,
+    limits: Limits,
+    tls: bool,
+    reject: Rejecter,
+    slots: Arc<Semaphore>,
+    sources: Arc<sources::Sources>,
+    /// Over-cap clients get their answer from a few short tasks of their own; beyond those
+    /// they are closed at once, so a flood costs a bounded amount of work.
+    rejecting: Arc<Semaphore>,
+    /// At a cap: a warning at most once a minute, however many clients are turned away.
+    warned: Option<std::time::Instant>,
+    warned_source: Option<std::time::Instant>,
+}
+
+impl Gate {
+    fn new(server: &Server) -> Self {
+        Self {
+            name: server.name,
+            limits: server.limits,
+            tls: server.tls.is_some(),
+            reject: server.reject,
+            slots: Arc::new(Semaphore::new(server.limits.max_connections)),
+            sources: sources::Sources::new(server.limits.max_connections_per_source),
+            rejecting: Arc::new(Semaphore::new(REJECTERS)),
+            warned: None,
+            warned_source: None,
+        }
+    }
+
+    /// The slots of a connection from `peer`, or `None` when its source or the server is at
+    /// its cap (said at most once a minute each).
+    fn admit(
+        &mut self,
+        peer: std::net::SocketAddr,
+    ) -> Option<(sources::SourceSlot, tokio::sync::OwnedSemaphorePermit)> {
+        let Some(source) = self.sources.take(peer.ip()) else {
+            if self.warned_source.is_none_or(|at| at.elapsed() >= CAP_WARNING_EVERY) {
+                self.warned_source = Some(std::time::Instant::now());
+                tracing::warn!(
+                    server = self.name,
+                    source = %peer.ip(),
+                    max_connections_per_source = self.limits.max_connections_per_source,
+                    "a source is at its connection cap: its new connections are turned away until some close"
+                );
+            }
+            return None;
+        };
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            if self.warned.is_none_or(|at| at.elapsed() >= CAP_WARNING_EVERY) {
+                self.warned = Some(std::time::Instant::now());
+                tracing::warn!(
+                    server = self.name,
+                    max_connections = self.limits.max_connections,
+                    "at the connection cap: new clients are turned away until some close"
+                );
+            }
+            return None;
+        };
+        Some((source, slot))
+    }
+
+    /// Answers a connection over a cap [`Rejection::Overloaded`] from a short task of its own
+    /// (plain HTTP; over TLS it is closed), or closes it when that many answers are under way.
+    fn turn_away(&self, stream: TcpStream) {
+        if !self.tls
+            && let Ok(permit) = self.rejecting.clone().try_acquire_owned()
+        {
+            let answer = (self.reject)(Rejection::Overloaded);
+            tokio::spawn(async move {
+                turn_away(stream, answer).await;
+                drop(permit);
+            });
+        }
     }
 }
 

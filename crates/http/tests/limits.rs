@@ -17,6 +17,7 @@ const GUARD: Duration = Duration::from_secs(30);
 
 const SHORT: Limits = Limits {
     max_connections: 8,
+    max_connections_per_source: 8,
     max_header_bytes: 16 * 1024,
     header_read: Duration::from_millis(200),
     write: Duration::from_millis(200),

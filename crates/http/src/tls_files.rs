@@ -1,8 +1,8 @@
-//! TLS on the HTTP front: clients that use an `https://` proxy URL (curl's `-x https://...`)
-//! speak TLS to the gateway, then HTTP inside it, as on the plain front. The certificate and
-//! its key come from PEM files followed with the one file follower ([`egress_files::Follower`]):
-//! a renewed certificate is in force for the next connection, without a restart; files that
-//! cannot be used leave the certificate in force, and say why once.
+//! A server's certificate and key from PEM files (a `kubernetes.io/tls` Secret's `tls.crt` and
+//! `tls.key`), followed with the one file follower ([`egress_files::Follower`]): a renewed
+//! certificate is in force for the next connection, without a restart; files that cannot be
+//! used leave the certificate in force, and say why once. The gateway's TLS front and the
+//! discovery API serve with it; [`CurrentTls::fixed`] holds a certificate made in memory.
 //!
 //! The key is a secret: no error, log line or `Debug` output shows any of it.
 
@@ -27,6 +27,12 @@ pub struct TlsFiles {
 #[derive(Clone)]
 pub struct CurrentTls(Arc<RwLock<TlsAcceptor>>);
 
+impl From<TlsAcceptor> for CurrentTls {
+    fn from(acceptor: TlsAcceptor) -> Self {
+        Self(Arc::new(RwLock::new(acceptor)))
+    }
+}
+
 impl std::fmt::Debug for CurrentTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("CurrentTls(..)")
@@ -39,7 +45,8 @@ impl CurrentTls {
         self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    fn replace(&self, acceptor: TlsAcceptor) {
+    /// Puts `acceptor` in force for the next connection.
+    pub fn replace(&self, acceptor: TlsAcceptor) {
         *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = acceptor;
     }
 }
@@ -59,8 +66,11 @@ fn read(files: &TlsFiles) -> Result<(Vec<u8>, Vec<u8>), Unusable> {
 }
 
 /// An acceptor for the certificate chain in `cert_pem` and the key in `key_pem` (HTTP/1.1 by
-/// ALPN: the fronts speak HTTP/1).
-fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, Unusable> {
+/// ALPN: the servers that use it speak HTTP/1).
+///
+/// # Errors
+/// No certificate, no key, or a key that is not the certificate's.
+pub fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, Unusable> {
     let mut chain = Vec::new();
     for (i, cert) in CertificateDer::pem_slice_iter(cert_pem).enumerate() {
         chain.push(cert.map_err(|e| Unusable(format!("certificate {}: not PEM: {e}", i + 1)))?);
@@ -84,7 +94,7 @@ fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, Unusable> {
 /// [`egress_files::Follower`]).
 ///
 /// # Errors
-/// [`Unusable`]: the gateway does not start without a certificate it can serve.
+/// [`Unusable`]: a server does not start without a certificate it can serve.
 pub fn load(files: TlsFiles) -> Result<(CurrentTls, TlsFollower), Unusable> {
     let (cert, key) = read(&files)?;
     let current = CurrentTls(Arc::new(RwLock::new(acceptor(&cert, &key)?)));
@@ -156,7 +166,7 @@ mod tests {
 
     #[test]
     fn a_changed_certificate_is_put_in_force_and_a_broken_one_is_not() {
-        let dir = egress_testkit::ScratchDir::new("gateway-tls");
+        let dir = egress_testkit::ScratchDir::new("http-tls-files");
         let (first, second) = (egress_testkit::pki(), egress_testkit::pki());
         let files = write(dir.path(), &first);
         let (current, mut follower) = load(files.clone()).unwrap();
