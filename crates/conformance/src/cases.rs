@@ -160,3 +160,11 @@ pub(crate) fn uid(tag: &str) -> String {
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{tag}-{:08x}-{n}", std::process::id())
 }
+
+/// Writes a credential file as a Secret volume holds one: readable by its owner only (a
+/// provider may refuse a key others can read).
+pub(crate) fn write_credential(path: &std::path::Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, contents)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}

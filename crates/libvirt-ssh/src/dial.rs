@@ -358,6 +358,14 @@ impl Dialer {
             })?;
         let text = String::from_utf8(bytes).map_err(|_| parse_error("not text: not a private key".to_owned()))?;
         let key = crate::key_file::decode_private_key(&text).map_err(|e| parse_error(key_error_text(&e)))?;
+        // Checked once the file is known to hold a key, so a file that holds none says so.
+        let meta = tokio::fs::metadata(&self.options.key_file).await.map_err(read_error)?;
+        if let Some(mode) = egress_files::others_may_access(&meta) {
+            return Err(DialCause::KeyExposed {
+                path: path.clone(),
+                mode,
+            });
+        }
         let key = Arc::new(key);
         // NB: the stamp taken before the read: a file replaced between the two is read again
         // on the next dial rather than kept under the newer stamp.

@@ -61,6 +61,17 @@ pub enum DialCause {
         /// What the parser said (never the file's content).
         reason: String,
     },
+    /// The key file may be read by others than its owner and group: a private key kept so is
+    /// taken as exposed, and not used.
+    #[error(
+        "ssh key file {path} may be read by others (mode {mode:03o}): a private key must not be; make it 0600, or 0440 with the Pod's fsGroup (the Secret volume's defaultMode)"
+    )]
+    KeyExposed {
+        /// The file.
+        path: String,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// The known_hosts file could not be read.
     #[error("reading known_hosts file {path}: {source}")]
     KnownHostsRead {
@@ -147,7 +158,10 @@ pub struct DialError {
 impl DialError {
     /// Whether the key file is missing or unreadable, or holds no usable key.
     pub fn is_key_error(&self) -> bool {
-        matches!(self.cause, DialCause::KeyRead { .. } | DialCause::KeyParse { .. })
+        matches!(
+            self.cause,
+            DialCause::KeyRead { .. } | DialCause::KeyParse { .. } | DialCause::KeyExposed { .. }
+        )
     }
 
     /// Whether the host key could not be verified (unknown, changed, revoked, or known_hosts

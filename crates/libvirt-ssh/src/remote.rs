@@ -91,7 +91,7 @@ impl RemoteHost {
 fn dial_error(e: &DialError) -> LibvirtError {
     let failure = match &e.cause {
         DialCause::KeyRead { .. } => DialFailure::KeyUnreadable,
-        DialCause::KeyParse { .. } => DialFailure::KeyInvalid,
+        DialCause::KeyParse { .. } | DialCause::KeyExposed { .. } => DialFailure::KeyInvalid,
         DialCause::KnownHostsRead { .. } => DialFailure::KnownHostsUnreadable,
         DialCause::KnownHostsParse { .. } => DialFailure::KnownHostsInvalid,
         DialCause::HostKeyUnknown { .. } | DialCause::HostKeyChanged { .. } | DialCause::HostKeyRevoked { .. } => {

@@ -317,7 +317,10 @@ impl ConformanceTarget for RealTarget {
         let (url, sha256) = served_image(&env).clone();
         let files = Arc::new(ScratchDir::new("kvm2-real"));
         let key = std::fs::read(&env.ssh_key).map_err(|e| NotConfigured(format!("{}: {e}", env.ssh_key.display())))?;
-        std::fs::write(files.path().join("id_ed25519"), key).unwrap();
+        let copy = files.path().join("id_ed25519");
+        std::fs::write(&copy, key).unwrap();
+        // A private key is refused when others may read it.
+        std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         Ok(RealBackend {
             generation: self.generation,
             env,

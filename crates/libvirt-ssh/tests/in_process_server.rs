@@ -161,7 +161,12 @@ fn known_hosts(dir: &Path, file: &str, address: &str, key: &Path) -> PathBuf {
 #[tokio::test]
 async fn a_p256_key_whose_scalar_is_written_in_31_bytes_works_as_client_and_host_key() {
     let dir = egress_testkit::scratch_dir("russh-test-short-scalar");
-    let short = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys/ecdsa-p256-short-scalar");
+    // Copied out of the checkout, readable by its owner only: a key others may read is refused.
+    let short = dir.join("ecdsa-p256-short-scalar");
+    let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/keys");
+    std::fs::copy(keys.join("ecdsa-p256-short-scalar"), &short).unwrap();
+    std::fs::copy(keys.join("ecdsa-p256-short-scalar.pub"), short.with_extension("pub")).unwrap();
+    std::fs::set_permissions(&short, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let (host_key, client) = (new_key(&dir, "host"), new_key(&dir, "client"));
 
     let address = serve(&host_key, &short).await;
@@ -343,8 +348,24 @@ async fn a_refused_missing_or_unparsable_key_says_so() {
 
     let garbage = dir.join("garbage");
     std::fs::write(&garbage, "not a key at all\n").unwrap();
-    let e = dial(&garbage, HostKeys::KnownHosts(known), &address).await;
+    let e = dial(&garbage, HostKeys::KnownHosts(known.clone()), &address).await;
     assert!(matches!(e.cause, DialCause::KeyParse { .. }), "{e}");
+
+    // The right key, readable by others: refused as exposed, naming the file; readable by its
+    // group only (a Secret volume's 0440 with the Pod's fsGroup), it is used.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = dial(&client, HostKeys::KnownHosts(known.clone()), &address).await;
+    assert!(
+        matches!(e.cause, DialCause::KeyExposed { mode: 0o644, .. }) && e.is_key_error(),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&client.display().to_string()), "{e}");
+    assert!(e.to_string().contains("may be read by others (mode 644)"), "{e}");
+    std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o440)).unwrap();
+    let e = dial(&client, HostKeys::KnownHosts(known), &address).await;
+    // Past SSH (the key signed, the server took it): the channel is where this server says no.
+    assert_eq!(e.stage, Stage::Socket, "a key its group may read is used: {e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -46,10 +46,10 @@ pub struct KvmConfig {
     /// Image catalogue for `placement.image`.
     #[serde(default)]
     pub images: BTreeMap<String, KvmImage>,
-    /// The hosts a Proxy's `placement.image` URL may name (review M12). Absent: any host but a
-    /// link-local or cloud metadata address (as Go refused link-local ones). Empty: URL images
-    /// are off for this entry. Catalogue URLs (`images`) are the operator's own and are not
-    /// restricted.
+    /// The hosts a Proxy's `placement.image` URL may name (review M12), whatever their address.
+    /// Absent: any host that is not internal by name or address, and whose name resolves to no
+    /// internal address (`engine::url_guard`). Empty: URL images are off for this entry.
+    /// Catalogue URLs (`images`) are the operator's own and are not restricted.
     #[serde(default)]
     pub image_url_hosts: Option<Vec<String>>,
     /// Machine catalogue for `placement.machineType`.

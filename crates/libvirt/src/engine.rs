@@ -16,7 +16,7 @@ pub mod ops;
 pub mod placement;
 pub mod provider;
 pub mod traced;
-pub mod url_host;
+pub mod url_guard;
 
 use egress_provider::{ErrorClass, Op};
 

@@ -4,12 +4,15 @@
 
 use egress_libvirt::testing as support;
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use egress_conformance::{CallKind, Fault, Times};
+use egress_libvirt::engine::url_guard::{Addresses, Lookup};
 use egress_libvirt::fake::{FakeHost, FakeVolume};
 use egress_libvirt::host::{DomainState, Host, PauseReason};
 use egress_libvirt::{DomainSpec, Generation, KVM_NAMESPACE, KVM2_NAMESPACE, Mark};
+use egress_netguard::Guard;
 use egress_provider::{ErrorClass, InstanceState, OpCtx, Provider, ProviderError, ProviderId};
 use egress_provider_kvm2::Kvm2Provider;
 use egress_testkit::image_server::Serve;
@@ -636,10 +639,7 @@ async fn m12_url_images_come_only_from_listed_hosts_and_redirects_stay_on_them()
     unlisted.placement.image = elsewhere.clone();
     let (c, message) = class(p.create(&cx, &unlisted).await);
     assert_eq!(c, ErrorClass::Permanent);
-    assert!(
-        message.contains("host localhost is not in kvm2.imageUrlHosts"),
-        "{message}"
-    );
+    assert!(message.contains("host localhost is not in imageUrlHosts"), "{message}");
     assert_eq!(b.server.requests(), 0, "no HTTP request");
 
     // A listed mirror that redirects to an unlisted host: refused, nothing fetched or made.
@@ -650,7 +650,7 @@ async fn m12_url_images_come_only_from_listed_hosts_and_redirects_stay_on_them()
     let (c, message) = class(p.create(&cx, &redirected).await);
     assert_eq!(c, ErrorClass::Permanent, "{message}");
     assert!(
-        message.contains("redirect to localhost, a host not in imageUrlHosts, refused"),
+        message.contains("redirect refused: host localhost is not in imageUrlHosts"),
         "{message}"
     );
     assert_eq!(b.server.requests(), 0, "the redirect was not followed");
@@ -662,6 +662,99 @@ async fn m12_url_images_come_only_from_listed_hosts_and_redirects_stay_on_them()
     let p = b.provider(ENTRY, cfg).unwrap();
     p.create(&cx, &redirected).await.unwrap();
     assert!(b.server.gets() > 0);
+}
+
+/// Names resolved where a test says: each name to its address, anything else not found.
+#[derive(Debug)]
+struct Names(Vec<(&'static str, std::net::IpAddr)>);
+
+impl Lookup for Names {
+    fn lookup(&self, name: &str) -> Addresses {
+        let found: Vec<_> = self.0.iter().filter(|(n, _)| *n == name).map(|(_, ip)| *ip).collect();
+        Box::pin(async move {
+            if found.is_empty() {
+                return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "no such name"));
+            }
+            Ok(found)
+        })
+    }
+}
+
+#[tokio::test]
+async fn m12_every_spelling_of_an_internal_address_is_refused_before_any_request() {
+    let (b, p) = backend().await;
+    for (n, url) in [
+        "http://2852039166/x.qcow2",
+        "http://0xa9fea9fe/x.qcow2",
+        "http://169.254.169.254./x.qcow2",
+        "http://[::ffff:169.254.169.254]/x.qcow2",
+        "http://[64:ff9b::a9fe:a9fe]/x.qcow2",
+        "http://metadata.google.internal/x.qcow2",
+        "http://10.0.0.5/x.qcow2",
+        "http://192.168.1.1:8080/x.qcow2",
+        "http://mirror.egress.svc/x.qcow2",
+        "http://mirror.egress.svc.cluster.local/x.qcow2",
+        "http://169.254.169.254\\@mirror.example/x.qcow2",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut req = request_in(&format!("m12-form-{n}"), HOSTS[0]);
+        req.placement.image = url.into();
+        let (c, message) = class(p.create(&OpCtx::background(), &req).await);
+        assert_eq!(c, ErrorClass::Permanent, "{url}: {message}");
+        assert!(message.contains("list it in imageUrlHosts"), "{url}: {message}");
+    }
+    assert!(b.interceptor.call_log().is_empty(), "no libvirt call");
+}
+
+#[tokio::test]
+async fn m12_a_name_that_resolves_inside_is_refused_as_it_connects_redirect_or_not() {
+    let b = FakeBackend::new(egress_libvirt::Generation::Kvm2).await;
+    let cx = OpCtx::background();
+    // The tests' mirror (127.0.0.1) is let through; 127.0.0.2 is loopback like any other.
+    let inside = egress_testkit::image_server::ImageServer::start(image_bytes(), "127.0.0.2:0").await;
+    let names = Names(vec![
+        ("mirror.example", "127.0.0.1".parse().unwrap()),
+        ("inside.example", "127.0.0.2".parse().unwrap()),
+    ]);
+    let guard = Guard::new(&[], &["127.0.0.1".to_owned()]).unwrap();
+    let p = b
+        .provider_resolving(ENTRY, b.config(false), guard, Arc::new(names))
+        .unwrap();
+    let port = |url: &str| reqwest_port(url);
+    let inside_url = format!("http://inside.example:{}/x.img", port(&inside.url()));
+
+    let mut direct = request_in("m12-inside", HOSTS[0]);
+    direct.placement.image = inside_url.clone();
+    let (c, message) = class(p.create(&cx, &direct).await);
+    assert_eq!(c, ErrorClass::Permanent, "{message}");
+    assert!(
+        message.contains("host inside.example resolves to 127.0.0.2, a loopback or unspecified address"),
+        "{message}"
+    );
+
+    let redirector = egress_testkit::image_server::ImageServer::start(image_bytes(), "127.0.0.1:0").await;
+    redirector.serve(Serve::Redirect(inside_url));
+    let mut redirected = request_in("m12-inside-redirect", HOSTS[0]);
+    redirected.placement.image = format!("http://mirror.example:{}/x.img", port(&redirector.url()));
+    let (c, message) = class(p.create(&cx, &redirected).await);
+    assert_eq!(c, ErrorClass::Permanent, "{message}");
+    assert!(message.contains("resolves to 127.0.0.2"), "{message}");
+    assert!(redirector.requests() > 0, "the mirror itself was asked");
+    assert_eq!(inside.requests(), 0, "nothing reached the inside address");
+    assert!(!host(&b).domains().contains_key(&redirected.name));
+
+    // The same mirror by the name that resolves to an allowed address serves the image.
+    let mut fine = request_in("m12-named", HOSTS[0]);
+    fine.placement.image = format!("http://mirror.example:{}/x.img", port(&b.server.url()));
+    p.create(&cx, &fine).await.unwrap();
+}
+
+/// The port of an `http://127.0.0.1:PORT/...` URL.
+fn reqwest_port(url: &str) -> u16 {
+    let after = url.rsplit_once(':').map(|(_, rest)| rest).unwrap_or_default();
+    after.split('/').next().unwrap_or_default().parse().expect("a port")
 }
 
 #[tokio::test]

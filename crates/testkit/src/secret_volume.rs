@@ -72,6 +72,14 @@ impl Volume {
         self.link_keys();
     }
 
+    /// What the kubelet does when a key leaves the Secret: a new version without it swapped
+    /// in, and the key's link removed.
+    pub fn remove_key(&mut self, key: &str) {
+        self.keys.remove(key);
+        self.update_keys(&[]);
+        let _ = std::fs::remove_file(self.dir.join(key));
+    }
+
     /// [`update_keys`](Self::update_keys) of key `token`.
     pub fn update(&mut self, text: &str) {
         self.update_keys(&[("token", text)]);

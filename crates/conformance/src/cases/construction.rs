@@ -58,7 +58,7 @@ pub async fn ct_a02_missing_credentials_are_lazy<T: ConformanceTarget>(s: Scenar
     let req = s.request(&uid("a02"));
     let e = expect_err("create without a credential file", p.create(&s.cx(), &req).await);
     assert_class("create without a credential file", &e, ErrorClass::Transient);
-    std::fs::write(&path, &good).expect("restore the credential file");
+    super::write_credential(&path, &good).expect("restore the credential file");
     expect_ok("create after the file appeared", p.create(&s.cx(), &req).await);
     if s.target_is_real() {
         // A real backend cannot be handed a second valid credential to rotate to.
@@ -68,14 +68,14 @@ pub async fn ct_a02_missing_credentials_are_lazy<T: ConformanceTarget>(s: Scenar
         Credentials::MountedFiles { rereads: true } => {
             // Rotation (CRD5): a new valid credential is used without a rebuild.
             let rotated = s.hooks().valid_credential("rotated").await?;
-            std::fs::write(&path, rotated).expect("rotate the credential file");
+            super::write_credential(&path, rotated).expect("rotate the credential file");
             expect_ok("get after rotation", p.get(&s.cx(), &s.id_for(&req.name)).await);
         }
         Credentials::Environment => {
             // Rotation (CRD5) of a key that is exchanged for short-lived tokens: once the old
             // key and its tokens are retired, the provider must read the rotated file again.
             let rotated = s.hooks().valid_credential("rotated").await?;
-            std::fs::write(&path, rotated).expect("rotate the credential file");
+            super::write_credential(&path, rotated).expect("rotate the credential file");
             s.hooks().retire_credentials().await?;
             expect_ok("get after rotation", p.get(&s.cx(), &s.id_for(&req.name)).await);
         }
@@ -87,7 +87,7 @@ pub async fn ct_a02_missing_credentials_are_lazy<T: ConformanceTarget>(s: Scenar
 /// CT-A03 (CRD2, CRD3): a credential file with garbage is Permanent, and its content never shows in the error.
 pub async fn ct_a03_unparsable_credentials_are_permanent<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let path = s.hooks().credential_path().await?;
-    std::fs::write(&path, format!("garbage {SENTINEL_CRED} garbage\n\n")).expect("write garbage");
+    super::write_credential(&path, format!("garbage {SENTINEL_CRED} garbage\n\n")).expect("write garbage");
     let p = s.provider();
     let e = expect_err(
         "create with garbage credentials",

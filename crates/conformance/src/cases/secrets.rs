@@ -81,7 +81,7 @@ pub async fn ct_h01_cloud_init_sentinel_never_leaks<T: ConformanceTarget>(s: Sce
 pub async fn ct_h02_credential_sentinel_never_leaks<T: ConformanceTarget>(s: Scenario<T>) -> CaseResult {
     let path = s.hooks().credential_path().await?;
     let cred = s.hooks().valid_credential(SENTINEL_CRED).await?;
-    std::fs::write(&path, cred).expect("write the credential");
+    super::write_credential(&path, cred).expect("write the credential");
     let p = s.provider();
     let cx = s.cx();
     let req = s.request(&uid("h02"));

@@ -6,6 +6,8 @@
 use crate::config::{KvmConfig, KvmHost};
 use egress_provider::Placement;
 
+use super::url_guard::UrlHosts;
+
 use crate::generation::Generation;
 
 /// The image a placement asks for.
@@ -49,44 +51,29 @@ fn is_http_url(raw: &str) -> bool {
     })
 }
 
-/// The host of http(s) URL `raw` (an IPv6 address keeps its brackets).
-fn url_host(raw: &str) -> String {
-    let rest = raw.split_once("//").map_or("", |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host_port = authority.rsplit('@').next().unwrap_or_default();
-    if host_port.starts_with('[') {
-        host_port.split(']').next().map(|h| format!("{h}]")).unwrap_or_default()
-    } else {
-        host_port.split(':').next().unwrap_or_default().to_owned()
-    }
-}
-
-/// Why the operator will not fetch the placement's image URL `raw`, if it will not.
-fn url_refusal(block: &str, allowed: Option<&[String]>, raw: &str) -> Option<String> {
-    let host = url_host(raw);
+/// Why the operator will not fetch the placement's image URL `raw`, if it will not: the URL
+/// read by the parser the download uses, its host judged by `hosts` (a name is judged again
+/// where it resolves, as the download connects).
+fn url_refusal(hosts: &UrlHosts, raw: &str) -> Option<String> {
     // Review L24: credentials in the URL stay out of the message.
-    let raw = egress_provider::redact(raw);
-    match allowed {
-        Some([]) => Some(format!(
-            "placement.image {raw:?} is a URL, and URL images are off for this entry ({block}.imageUrlHosts is empty)"
-        )),
-        Some(list) if !super::url_host::host_listed(list, &host) => Some(format!(
-            "placement.image {raw:?}: host {host} is not in {block}.imageUrlHosts"
-        )),
-        // Listed hosts are the operator's word, link-local ones included.
-        Some(_) => None,
-        None if super::url_host::is_metadata_host(&host) => Some(format!(
-            "placement.image {raw:?} points at a link-local or cloud metadata address; the operator does not fetch from there"
-        )),
-        None => None,
-    }
+    let shown = egress_provider::redact(raw);
+    let why = match reqwest::Url::parse(raw) {
+        Err(e) => format!("not a URL the download can read ({e})"),
+        Ok(url) => hosts.refusal(&url)?,
+    };
+    Some(format!("placement.image {shown:?}: {why}"))
 }
 
 /// Resolves `placement` for `generation`'s block of a validated config.
 ///
 /// # Errors
 /// The message of the first field that cannot work (Permanent for the provider).
-pub fn resolve<'a>(generation: Generation, cfg: &'a KvmConfig, placement: &Placement) -> Result<Resolved<'a>, String> {
+pub fn resolve<'a>(
+    generation: Generation,
+    cfg: &'a KvmConfig,
+    url_hosts: &UrlHosts,
+    placement: &Placement,
+) -> Result<Resolved<'a>, String> {
     let block = generation.block();
     let host = if placement.zone.is_empty() {
         match cfg.hosts.as_slice() {
@@ -119,10 +106,11 @@ pub fn resolve<'a>(generation: Generation, cfg: &'a KvmConfig, placement: &Place
             from_url: false,
         },
         // Review M12: an image URL comes from the Proxy, not the operator's config. It may not
-        // send the operator to a link-local or metadata address (a cloud metadata service), nor, where the
-        // entry lists the hosts URL images may come from, anywhere else.
+        // send the operator to an internal address (a cloud metadata service, a private or
+        // cluster address), nor, where the entry lists the hosts URL images may come from,
+        // anywhere else.
         None if is_http_url(&placement.image) => {
-            if let Some(refusal) = url_refusal(block, cfg.image_url_hosts.as_deref(), &placement.image) {
+            if let Some(refusal) = url_refusal(url_hosts, &placement.image) {
                 return Err(refusal);
             }
             Image {
@@ -189,6 +177,12 @@ mod tests {
         }
     }
 
+    /// `resolve` with the URL hosts of `cfg`'s `imageUrlHosts`, internal addresses refused.
+    fn resolve<'a>(generation: Generation, cfg: &'a KvmConfig, p: &Placement) -> Result<Resolved<'a>, String> {
+        let hosts = UrlHosts::for_proxies(cfg.image_url_hosts.as_deref(), egress_netguard::Guard::default());
+        super::resolve(generation, cfg, &hosts, p)
+    }
+
     fn placement(zone: &str, machine: &str, image: &str) -> Placement {
         Placement {
             region: "ignored".into(),
@@ -228,7 +222,7 @@ mod tests {
         cfg.image_url_hosts = Some(Vec::new());
         assert_eq!(
             resolve(Generation::Kvm, &cfg, &placement("", "small", url)).unwrap_err(),
-            "placement.image \"https://Mirror.Example/x.qcow2\" is a URL, and URL images are off for this entry (kvm.imageUrlHosts is empty)"
+            "placement.image \"https://Mirror.Example/x.qcow2\": URL images are off for this entry (imageUrlHosts is empty)"
         );
         // The catalogue is the operator's own: not restricted.
         assert!(resolve(Generation::Kvm, &cfg, &placement("", "small", "debian-13")).is_ok());
@@ -257,7 +251,7 @@ mod tests {
         ] {
             assert_eq!(
                 resolve(Generation::Kvm2, &cfg, &placement("", "small", unlisted)).unwrap_err(),
-                format!("placement.image {shown:?}: host {host} is not in kvm2.imageUrlHosts")
+                format!("placement.image {shown:?}: host {host} is not in imageUrlHosts")
             );
         }
     }
@@ -288,15 +282,19 @@ mod tests {
             ),
             (
                 placement("nuc", "small", "http://169.254.169.254/latest/meta-data/x.qcow2"),
-                "placement.image \"http://169.254.169.254/latest/meta-data/x.qcow2\" points at a link-local or cloud metadata address; the operator does not fetch from there",
+                "placement.image \"http://169.254.169.254/latest/meta-data/x.qcow2\": host 169.254.169.254 is a link-local address; list it in imageUrlHosts to fetch from it",
             ),
             (
                 placement("nuc", "small", "http://[fe80::1]:80/x.qcow2"),
-                "placement.image \"http://[fe80::1]:80/x.qcow2\" points at a link-local or cloud metadata address; the operator does not fetch from there",
+                "placement.image \"http://[fe80::1]:80/x.qcow2\": host [fe80::1] is a link-local address; list it in imageUrlHosts to fetch from it",
             ),
             (
                 placement("nuc", "small", "https:///x.qcow2"),
                 "placement.image \"https:///x.qcow2\" is neither a key in kvm2.images nor an http(s) URL",
+            ),
+            (
+                placement("nuc", "small", "http://mirror.default.svc/x.qcow2"),
+                "placement.image \"http://mirror.default.svc/x.qcow2\": host mirror.default.svc is a cluster name (a Service, a Pod, or a name without a dot); list it in imageUrlHosts to fetch from it",
             ),
         ] {
             assert_eq!(resolve(Generation::Kvm2, &two, &p).unwrap_err(), want);

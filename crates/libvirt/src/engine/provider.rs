@@ -21,8 +21,10 @@ use super::image::{self, Cached};
 use super::locks::KeyedLocks;
 use super::placement;
 use super::traced::{Traced, error_name};
+use super::url_guard::{Lookup, SystemLookup, UrlHosts};
 use super::{check, id, observe, ops};
 use crate::generation::Generation;
+use egress_netguard::Guard;
 
 mod create;
 mod mark;
@@ -46,7 +48,9 @@ struct Shared {
     hosts: BTreeMap<String, Arc<dyn Host>>,
     /// Downloads of catalogue images (the operator's own URLs).
     http: reqwest::Client,
-    /// Downloads of the URLs Proxies give: redirects stay on `imageUrlHosts` when it is set.
+    /// Where the URLs Proxies give may lead (`imageUrlHosts`, else no internal address).
+    url_hosts: UrlHosts,
+    /// Downloads of the URLs Proxies give, checked by `url_hosts` as they resolve and redirect.
     url_http: reqwest::Client,
     /// Create and delete of one name take turns.
     names: KeyedLocks,
@@ -78,6 +82,7 @@ impl LibvirtProvider {
             )
             .into());
         }
+        refuse_exposed_key(&cfg.ssh_key_file)?;
         warn_about_files(&cfg);
         let mut by_name: BTreeMap<String, Arc<dyn Host>> = BTreeMap::new();
         for host in hosts {
@@ -87,7 +92,8 @@ impl LibvirtProvider {
             return Err(format!("host {:?} has no connection", missing.name).into());
         }
         let probing = cfg.hosts.iter().map(|h| (h.name.clone(), Arc::default())).collect();
-        let url_http = image::http_client(cfg.image_url_hosts.clone())?;
+        let url_hosts = UrlHosts::for_proxies(cfg.image_url_hosts.as_deref(), Guard::default());
+        let url_http = image::http_client(url_hosts.clone(), Arc::new(SystemLookup))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 generation,
@@ -95,13 +101,28 @@ impl LibvirtProvider {
                 entry: entry.to_owned(),
                 cfg,
                 hosts: by_name,
-                http: image::http_client(None)?,
+                http: image::http_client(UrlHosts::Catalogue, Arc::new(SystemLookup))?,
+                url_hosts,
                 url_http,
                 names: KeyedLocks::new(),
                 images: KeyedLocks::new(),
                 writer: super::fence::new_writer_id(),
             }),
         })
+    }
+
+    /// The provider with its downloads resolving names through `lookup`, and `guard` judging
+    /// what is internal for the URLs Proxies give when `imageUrlHosts` is absent: for tests,
+    /// whose mirrors are on loopback and whose names resolve where the test says.
+    ///
+    /// # Errors
+    /// The HTTP clients failing to build.
+    pub fn with_url_resolution(mut self, guard: Guard, lookup: Arc<dyn Lookup>) -> Result<Self, BoxError> {
+        let shared = Arc::get_mut(&mut self.shared).ok_or("the provider is already shared")?;
+        shared.url_hosts = UrlHosts::for_proxies(shared.cfg.image_url_hosts.as_deref(), guard);
+        shared.url_http = image::http_client(shared.url_hosts.clone(), lookup.clone())?;
+        shared.http = image::http_client(UrlHosts::Catalogue, lookup)?;
+        Ok(self)
     }
 
     fn generation(&self) -> Generation {
@@ -138,6 +159,21 @@ impl LibvirtProvider {
 /// The startup warnings: SSH files not readable yet (the Secret may be mounted later; calls
 /// fail until it is), host keys not checked, images fetched without integrity (review M17:
 /// warned, not refused, so existing configs keep loading).
+/// A key file others may read is refused at once, naming it (a missing one is warned about:
+/// its Secret may come later). Each dial checks again.
+fn refuse_exposed_key(path: &str) -> Result<(), BoxError> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    match egress_files::others_may_access(&meta) {
+        None => Ok(()),
+        Some(mode) => Err(format!(
+            "ssh key file {path} may be read by others (mode {mode:03o}): a private key must not be; make it 0600, or 0440 with the Pod's fsGroup (the Secret volume's defaultMode)"
+        )
+        .into()),
+    }
+}
+
 fn warn_about_files(cfg: &KvmConfig) {
     let unreadable = |path: &str| std::fs::metadata(path).err().map(|e| e.to_string());
     if let Some(reason) = unreadable(&cfg.ssh_key_file) {
@@ -173,8 +209,13 @@ fn owned_mark(generation: Generation, name: &str, element: Option<String>) -> Re
 impl Provider for LibvirtProvider {
     async fn create(&self, cx: &OpCtx, req: &CreateRequest) -> Result<ProviderId, ProviderError> {
         let op = egress_provider::Op::Create;
-        let resolved = placement::resolve(self.generation(), &self.shared.cfg, &req.placement)
-            .map_err(|m| self.fail(op, "", OpFailure::permanent(m)))?;
+        let resolved = placement::resolve(
+            self.generation(),
+            &self.shared.cfg,
+            &self.shared.url_hosts,
+            &req.placement,
+        )
+        .map_err(|m| self.fail(op, "", OpFailure::permanent(m)))?;
         let id = id::format(&resolved.host.name, &req.name);
         let img = Cached::new(
             self.generation(),

@@ -22,11 +22,13 @@ use super::{
 };
 use crate::config::KvmConfig;
 use crate::engine::LibvirtProvider;
+use crate::engine::url_guard::{Lookup, SystemLookup};
 use crate::fake::FakeHost;
 use crate::generation::Generation;
 use crate::host::{Address, AddressSource, DomainState, Host, Interface};
 use crate::seed::read_seed_file;
 use crate::{DomainSpec, Mark, rfc3339};
+use egress_netguard::Guard;
 
 /// The fake hypervisors and the image mirror.
 #[derive(Clone, Debug)]
@@ -43,7 +45,10 @@ impl FakeBackend {
     pub async fn new(generation: Generation) -> Self {
         let interceptor = Interceptor::new();
         let files = Arc::new(ScratchDir::new("kvm2-fake"));
-        std::fs::write(files.path().join("id_ed25519"), FAKE_KEY).unwrap();
+        let key = files.path().join("id_ed25519");
+        std::fs::write(&key, FAKE_KEY).unwrap();
+        // A private key is refused when others may read it.
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         std::fs::write(files.path().join("known_hosts"), "hv-a ssh-ed25519 AAAA\n").unwrap();
         let hosts: Vec<FakeHost> = HOSTS
             .iter()
@@ -77,14 +82,28 @@ impl FakeBackend {
         cfg
     }
 
-    /// A provider of entry `entry` over this backend.
+    /// A provider of entry `entry` over this backend, whose URL images may come from loopback
+    /// (where the tests' mirrors are) but no other internal address.
     pub fn provider(&self, entry: &str, cfg: KvmConfig) -> Result<LibvirtProvider, BoxError> {
+        let loopback = Guard::new(&[], &["127.0.0.0/8".to_owned()])?;
+        self.provider_resolving(entry, cfg, loopback, Arc::new(SystemLookup))
+    }
+
+    /// A provider of entry `entry` over this backend whose downloads resolve names through
+    /// `lookup`, `guard` judging what is internal.
+    pub fn provider_resolving(
+        &self,
+        entry: &str,
+        cfg: KvmConfig,
+        guard: Guard,
+        lookup: Arc<dyn Lookup>,
+    ) -> Result<LibvirtProvider, BoxError> {
         let hosts = self
             .hosts
             .iter()
             .map(|h| Box::new(h.clone()) as Box<dyn Host>)
             .collect();
-        LibvirtProvider::new(self.generation, entry, cfg, hosts)
+        LibvirtProvider::new(self.generation, entry, cfg, hosts)?.with_url_resolution(guard, lookup)
     }
 
     /// The provider's metadata namespace.

@@ -1,33 +1,48 @@
 //! The image over HTTP: the client that fetches it (redirects kept safe) and what the mirror's
 //! answers mean for the create (a length to rely on, or a failure of the right class).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use egress_provider::redact;
 use reqwest::StatusCode;
 
 use crate::engine::failure::OpFailure;
-use crate::engine::url_host::{host_listed, is_metadata_host};
+use crate::engine::url_guard::{GuardedResolver, Lookup, Refused, UrlHosts};
 
 /// The precheck's HEAD (or GET) budget, and the download's until its headers arrive.
 pub const PROBE_BUDGET: Duration = Duration::from_secs(30);
 
-/// The HTTP client of the image downloads: no overall timeout (each request carries its own),
-/// identity encoding (a decompressed body would hide `Content-Length`), and redirects that stay
-/// on http(s), never downgrade from https and never lead to a link-local or cloud metadata address (a cloud
-/// metadata service). With `allowed` (an entry's `imageUrlHosts`, for the URLs Proxies give),
-/// a redirect must also stay on a listed host.
+/// The HTTP client of the image downloads whose URLs `hosts` judges: no overall timeout (each
+/// request carries its own), identity encoding (a decompressed body would hide
+/// `Content-Length`), names resolved by `lookup` and every address checked before the client
+/// connects ([`GuardedResolver`]), no proxy from the environment for a Proxy's URLs (it would
+/// resolve names itself), and redirects that stay on http(s), never downgrade from https, and lead only where
+/// `hosts` lets the first URL go.
 ///
 /// # Errors
 /// The client cannot be built (no TLS roots, say).
-pub fn http_client(allowed: Option<Vec<String>>) -> Result<reqwest::Client, reqwest::Error> {
+pub fn http_client(hosts: UrlHosts, lookup: Arc<dyn Lookup>) -> Result<reqwest::Client, reqwest::Error> {
     // reqwest is built without a default crypto provider; ring is the workspace's.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    // The catalogue's downloads go through `HTTP(S)_PROXY` as they always have (a cluster that
+    // reaches the internet through a proxy); a Proxy's URL never does: a proxy would resolve
+    // its name instead of the guarded resolver.
+    let builder = match hosts {
+        UrlHosts::Catalogue => reqwest::Client::builder(),
+        _ => reqwest::Client::builder().no_proxy(),
+    };
+    let hosts = Arc::new(hosts);
+    let resolver = GuardedResolver {
+        hosts: hosts.clone(),
+        lookup,
+    };
+    builder
+        .dns_resolver(resolver)
         .redirect(reqwest::redirect::Policy::custom(move |attempt| {
-            let refused = redirect_refusal(attempt.previous().last(), attempt.url(), allowed.as_deref());
+            let refused = redirect_refusal(attempt.previous().last(), attempt.url(), &hosts);
             match refused {
-                Some(why) => attempt.error(why),
+                Some(why) => attempt.error(Refused(why)),
                 None if attempt.previous().len() >= 10 => attempt.error("more than 10 redirects"),
                 None => attempt.follow(),
             }
@@ -35,23 +50,12 @@ pub fn http_client(allowed: Option<Vec<String>>) -> Result<reqwest::Client, reqw
         .build()
 }
 
-/// Why a redirect from `from` to `to` is refused, if it is (`allowed`: the hosts it may lead to).
-fn redirect_refusal(from: Option<&reqwest::Url>, to: &reqwest::Url, allowed: Option<&[String]>) -> Option<String> {
-    if !matches!(to.scheme(), "http" | "https") {
-        return Some(format!("redirect to a {} URL refused", to.scheme()));
-    }
+/// Why a redirect from `from` to `to` is refused, if it is.
+fn redirect_refusal(from: Option<&reqwest::Url>, to: &reqwest::Url, hosts: &UrlHosts) -> Option<String> {
     if from.is_some_and(|f| f.scheme() == "https") && to.scheme() == "http" {
         return Some("redirect from https to http refused".to_owned());
     }
-    let host = to.host_str().unwrap_or_default();
-    match allowed {
-        Some(list) if !host_listed(list, host) => {
-            Some(format!("redirect to {host}, a host not in imageUrlHosts, refused"))
-        }
-        Some(_) => None,
-        None if is_metadata_host(host) => Some("redirect to a link-local or cloud metadata address refused".to_owned()),
-        None => None,
-    }
+    hosts.refusal(to).map(|why| format!("redirect refused: {why}"))
 }
 
 /// The verdict on an image response (§6.4): its length, or why it cannot be used.
@@ -106,11 +110,23 @@ fn status_text(status: StatusCode) -> String {
 /// mirror sends the operator where it will not go, and asking again changes nothing.
 pub(super) fn fetch_error(url: &str, e: &reqwest::Error) -> OpFailure {
     let message = format!("fetching image {url}: {}", http_error_text(e));
-    if e.is_redirect() {
+    if e.is_redirect() || refused(e) {
         OpFailure::permanent(message)
     } else {
         OpFailure::transient(message)
     }
+}
+
+/// Whether the URL guard refused the download (at a redirect, or where a name resolved to).
+fn refused(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<Refused>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// reqwest's error with its causes (connection refused, a certificate...), the URL left out:
@@ -192,36 +208,27 @@ mod tests {
     #[test]
     fn redirects_stay_safe() {
         let u = |s: &str| reqwest::Url::parse(s).unwrap();
-        assert_eq!(redirect_refusal(Some(&u("http://a/x")), &u("https://b/y"), None), None);
-        assert!(redirect_refusal(Some(&u("https://a/x")), &u("http://b/y"), None).is_some());
-        assert!(redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data"), None).is_some());
-        assert!(redirect_refusal(None, &u("http://[fe80::1]/x"), None).is_some());
-        assert!(redirect_refusal(None, &u("ftp://a/x"), None).is_some());
+        let public = UrlHosts::for_proxies(None, egress_netguard::Guard::default());
+        assert_eq!(
+            redirect_refusal(Some(&u("http://a.example/x")), &u("https://b.example/y"), &public),
+            None
+        );
+        assert!(redirect_refusal(Some(&u("https://a.example/x")), &u("http://b.example/y"), &public).is_some());
+        assert!(redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data"), &public).is_some());
+        assert!(redirect_refusal(None, &u("http://10.0.0.5/x"), &public).is_some());
+        assert!(redirect_refusal(None, &u("ftp://a.example/x"), &public).is_some());
+        // The catalogue's redirects keep off metadata services only.
+        assert_eq!(
+            redirect_refusal(None, &u("http://10.0.0.5/x"), &UrlHosts::Catalogue),
+            None
+        );
+        assert!(redirect_refusal(None, &u("http://[fe80::1]/x"), &UrlHosts::Catalogue).is_some());
         // With imageUrlHosts, a redirect stays on a listed host (review M12).
-        let listed = ["Mirror.Example".to_owned(), "[fd00::5]".to_owned()];
+        let listed = UrlHosts::Listed(vec!["Mirror.Example".to_owned()]);
+        assert_eq!(redirect_refusal(None, &u("https://mirror.example/y"), &listed), None);
         assert_eq!(
-            redirect_refusal(None, &u("https://mirror.example/y"), Some(&listed)),
-            None
+            redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data"), &listed).as_deref(),
+            Some("redirect refused: host 169.254.169.254 is not in imageUrlHosts")
         );
-        assert_eq!(
-            redirect_refusal(None, &u("http://[fd00::5]:8080/y"), Some(&listed)),
-            None
-        );
-        assert_eq!(
-            redirect_refusal(None, &u("http://169.254.169.254/latest/meta-data"), Some(&listed)).as_deref(),
-            Some("redirect to 169.254.169.254, a host not in imageUrlHosts, refused")
-        );
-        assert!(redirect_refusal(None, &u("https://elsewhere.example/y"), Some(&listed)).is_some());
-        assert!(redirect_refusal(None, &u("https://mirror.example/y"), Some(&[])).is_some());
-        assert!(!is_metadata_host("192.168.1.10") && !is_metadata_host("mirror.example"));
-        for other_spelling in [
-            "2852039166",
-            "0xa9fea9fe",
-            "169.254.169.254.",
-            "[::ffff:169.254.169.254]",
-            "metadata.google.internal",
-        ] {
-            assert!(is_metadata_host(other_spelling), "{other_spelling}");
-        }
     }
 }
