@@ -58,15 +58,39 @@ fn build(root: &Path, release: bool) -> Result<std::path::PathBuf> {
     Ok(crate::target_dir(root).join(if release { "release" } else { "debug" }))
 }
 
+/// The directory of this program, where cargo put the workspace's other programs; each one the
+/// run starts must be there.
+fn built_beside_xtask() -> Result<std::path::PathBuf> {
+    let exe = std::env::current_exe().context("finding the xtask program")?;
+    let dir = exe
+        .parent()
+        .context("the xtask program has no directory")?
+        .to_path_buf();
+    for program in ["egress-operator", "egress-kube-testserver", "egress-gateway"] {
+        if !dir.join(program).exists() {
+            bail!(
+                "{program} is not built in {}: run cargo build --workspace first",
+                dir.display()
+            );
+        }
+    }
+    Ok(dir)
+}
+
 pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
     // Before anything compiles: the build needs libvirt-dev, the run needs tinyproxy.
     system::require_packages(&[system::BUILD_PACKAGES, &["tinyproxy"]].concat())?;
     if !Path::new(TINYPROXY).exists() {
         bail!("{TINYPROXY} is needed: apt-get install tinyproxy (as root, cargo xtask dev installs it)");
     }
-    let bin = build(root, options.release)?;
+    // The stack for tests runs the programs `cargo xtask test` built, beside this one, in a
+    // directory of its own (a person's `cargo xtask dev` may be running too).
+    let (bin, dir) = match &options.stack_file {
+        None => (build(root, options.release)?, "egress-dev"),
+        Some(_) => (built_beside_xtask()?, "egress-stack"),
+    };
     let layout = Layout {
-        dir: crate::target_dir(root).join("egress-dev"),
+        dir: crate::target_dir(root).join(dir),
     };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(leftovers::clean_leftovers(&layout))?;

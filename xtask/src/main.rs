@@ -10,12 +10,13 @@
 //!   mypy as one, pytest's tests one each) and exits with cargo's status, else 1 when one of
 //!   those steps failed. `--repeat N` runs the chosen tests N times in a row, to hunt flakes;
 //!   `-p`, `--test` and a filter choose them (and leave the later steps out).
-//! - `dev [--smoke] [--release] [--discovery-port N]`: the README's run
+//! - `dev [--smoke] [--release] [--discovery-port N] [--stack-file F]`: the README's run
 //!   command: the operator against a local Kubernetes test server, with three
 //!   sample Proxies as tinyproxy processes, the gateway, and a guide to try it;
 //!   Ctrl-C tears everything down. `--smoke` leases a proxy, sends a request
 //!   through it, runs the guide's gateway lines and tears down, without waiting
-//!   for a person.
+//!   for a person. `--stack-file` serves the same system to tests (the Python
+//!   package's fixture) from the programs already built, under `target/egress-stack`.
 //! - `conformance --provider P [--real]`: one provider's conformance suite,
 //!   against its fake backend or (`--real`) the real one, which must then be
 //!   there. For gcp, `--real` takes a project from the environment, checks the credentials
@@ -24,6 +25,7 @@
 //!   then `test`.
 //! - `deny`: `cargo deny check licenses bans sources` (advisories need the
 //!   network, which these machines do not have).
+//! - `python`: the Python package's checks alone, as `test` runs them.
 //! - `packages`: installs the Debian packages the build and the tests need
 //!   (the libvirt C bindings need libvirt-dev before anything compiles).
 //! - `crds [--check]`: writes `deploy/crds/*.yaml` from the `egress-api` types;
@@ -94,6 +96,11 @@ enum Cmd {
         /// The discovery API's port on 127.0.0.1 (0: any free one; the default with --smoke).
         #[arg(long)]
         discovery_port: Option<u16>,
+        /// For tests (the Python package's fixture): run the programs already built beside
+        /// xtask, write where everything is to this JSON file once Ready, and serve until
+        /// SIGINT or SIGTERM.
+        #[arg(long, conflicts_with_all = ["smoke", "release"])]
+        stack_file: Option<PathBuf>,
     },
     /// One provider's conformance suite (providers: reference, local, kubernetes, gcp, kvm, kvm2).
     Conformance {
@@ -111,6 +118,9 @@ enum Cmd {
     },
     /// Install the Debian packages the build and the tests need (as root; otherwise list them).
     Packages,
+    /// The Python package's checks alone (as `test` runs them last), against the programs
+    /// already built.
+    Python,
     /// Formatting check, clippy with warnings denied, then `test`.
     Ci,
     /// License, ban and source checks with cargo-deny.
@@ -191,13 +201,15 @@ fn run(cli: Cli) -> Result<()> {
             smoke,
             release,
             discovery_port,
+            stack_file,
         } => dev::run(
             &root,
             &dev::Options {
                 smoke,
                 release,
-                discovery_port: discovery_port.unwrap_or(if smoke { 0 } else { 8090 }),
+                discovery_port: discovery_port.unwrap_or(if smoke || stack_file.is_some() { 0 } else { 8090 }),
                 require_kubectl: false,
+                stack_file,
             },
         ),
         Cmd::Conformance { provider, real } => conformance(&root, &provider, real),
@@ -211,6 +223,11 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Unused => unused::run(&root),
         Cmd::Bench { proxies, debug, only } => bench::run(&root, proxies, !debug, &only),
         Cmd::Packages => system::ensure_packages(system::APT_PACKAGES),
+        Cmd::Python => {
+            let (counts, problem) = python::check(&root)?;
+            println!("xtask: {}", counts.line());
+            problem.map_or(Ok(()), |p| Err(anyhow::anyhow!(p)))
+        }
         Cmd::Ci => {
             system::ensure_packages(system::APT_PACKAGES)?;
             cargo(&root, &["fmt", "--all", "--check"])?;
@@ -377,6 +394,7 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
                 discovery_port: 0,
                 // As for the tests: a missing kubectl fails the describe check.
                 require_kubectl: true,
+                stack_file: None,
             },
         );
         // The smoke run counts as one test of the suite, and so does the gcp --real path.

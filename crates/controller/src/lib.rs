@@ -37,4 +37,5 @@ pub mod provider_health;
 pub mod proxy;
 pub mod proxy_cache;
 pub mod runtime_metrics;
+pub mod tls_secret;
 pub mod token_secret;

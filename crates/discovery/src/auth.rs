@@ -10,7 +10,7 @@ mod token_file;
 
 use std::sync::Arc;
 
-pub use follow::{ClientFiles, MAX_CLIENTS};
+pub use follow::{ClientFiles, DEFAULT_REVOKE_GRACE, MAX_CLIENTS};
 pub use name::ClientName;
 pub(crate) use name::is_dns_label;
 pub use table::TokenSet;

@@ -248,12 +248,38 @@ impl Client {
     ///
     /// The HTTP client cannot be built.
     pub fn with_timeout(base: &str, token: Option<String>, timeout: Duration) -> Result<Self, ClientError> {
+        Self::build(base, token, timeout, None)
+    }
+
+    /// As [`Client::with_timeout`], an `https://` API's certificate checked against the CA
+    /// certificates of `ca_pem` only (a PEM bundle: the `ca.crt` of the Secret
+    /// `discovery-tls`, or a private CA's), not the system's.
+    ///
+    /// # Errors
+    ///
+    /// No certificate in `ca_pem`; the HTTP client cannot be built.
+    pub fn with_ca(base: &str, token: Option<String>, timeout: Duration, ca_pem: &[u8]) -> Result<Self, ClientError> {
+        let roots = reqwest::Certificate::from_pem_bundle(ca_pem)
+            .map_err(|e| ClientError::Transport(format!("the CA file: {e}")))?;
+        if roots.is_empty() {
+            return Err(ClientError::Transport("the CA file holds no certificate".into()));
+        }
+        Self::build(base, token, timeout, Some(roots))
+    }
+
+    fn build(
+        base: &str,
+        token: Option<String>,
+        timeout: Duration,
+        roots: Option<Vec<reqwest::Certificate>>,
+    ) -> Result<Self, ClientError> {
         // reqwest is built without a default crypto provider; ring is the workspace's.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(MAX_IDLE_CONNECTIONS)
-            .build()
-            .map_err(|e| ClientError::Transport(e.to_string()))?;
+        let mut builder = reqwest::Client::builder().pool_max_idle_per_host(MAX_IDLE_CONNECTIONS);
+        if let Some(roots) = roots {
+            builder = builder.tls_certs_only(roots);
+        }
+        let http = builder.build().map_err(|e| ClientError::Transport(e.to_string()))?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),

@@ -60,13 +60,13 @@ pub use admission::{Admission, Budget, Budgets};
 pub use admission_metrics::AdmissionMetrics;
 pub use api::{DEFAULT_MAX_SESSIONS, DiscoveryApi, ProxyDirectory};
 pub use auth::{
-    Auth, ClientFiles, ClientName, FileTokens, MAX_CLIENTS, MAX_TOKEN_BYTES, MAX_TOKENS, TokenError, TokenSet,
-    parse_tokens, read_token_file,
+    Auth, ClientFiles, ClientName, DEFAULT_REVOKE_GRACE, FileTokens, MAX_CLIENTS, MAX_TOKEN_BYTES, MAX_TOKENS,
+    TokenError, TokenSet, parse_tokens, read_token_file,
 };
 pub use clients_config::{ClientsFile, MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
 pub use fleet::{DEFAULT_INDEXED_KEYS, Fleet, IndexedKeys, POOL_KEY};
 pub use proxy::ProxyInfo;
 pub use refusals::Refusals;
 pub use scope::{ClientScope, ScopeTable, Scopes};
-pub use server::{MAX_BODY, router, serve};
+pub use server::{MAX_BODY, router, serve, serve_tls};
 pub use view::publish_view;

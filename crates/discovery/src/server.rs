@@ -412,17 +412,29 @@ async fn observe(req: Request<Body>, next: Next) -> Response<Body> {
 
 /// Serves the API on `listener` within `limits` until `shutdown`, then drains.
 pub async fn serve(listener: TcpListener, api: Arc<DiscoveryApi>, limits: Limits, shutdown: CancellationToken) {
+    serve_tls(listener, api, limits, None, shutdown).await;
+}
+
+/// [`serve`], over TLS with the certificate `tls` holds (a renewal serves the next
+/// connection); plain HTTP without.
+pub async fn serve_tls(
+    listener: TcpListener,
+    api: Arc<DiscoveryApi>,
+    limits: Limits,
+    tls: Option<egress_http::tls_files::CurrentTls>,
+    shutdown: CancellationToken,
+) {
     if matches!(api.auth, crate::Auth::None) {
         tracing::warn!(
             target: "discovery",
             "--discovery-auth=none: the discovery API serves anyone who can reach it"
         );
     }
-    egress_http::Server::new("discovery")
-        .limits(limits)
-        .rejecter(rejection)
-        .serve(listener, router(api), shutdown)
-        .await;
+    let mut server = egress_http::Server::new("discovery").limits(limits).rejecter(rejection);
+    if let Some(tls) = tls {
+        server = server.tls(tls);
+    }
+    server.serve(listener, router(api), shutdown).await;
 }
 
 #[cfg(test)]

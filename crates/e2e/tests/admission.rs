@@ -74,6 +74,7 @@ async fn a_client_over_its_budget_gets_429_while_another_is_served() {
         providers_flag,
         "--zap-encoder=json".into(),
         "--discovery-addr=127.0.0.1:0".into(),
+        "--discovery-tls=off".into(),
         format!(
             "--discovery-token-dir={}",
             tokens.file("team-a").parent().unwrap().display()

@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Cluster, Operator, PATIENCE, cluster, operator_binary};
+use common::{
+    Cluster, Operator, PATIENCE, cluster, create_unreachable_external, operator_binary, served, until_status_written,
+};
 use egress_api::Proxy;
 use egress_kube_testserver::Verb;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -39,11 +41,6 @@ const CONTROLLER_RUNTIME_FAMILIES: &[&str] = &[
     "process_start_time_seconds",
 ];
 
-/// The address a server logged it is serving on.
-fn served(line: &serde_json::Value) -> String {
-    line["address"].as_str().expect("address").to_string()
-}
-
 async fn get(url: &str) -> (u16, String) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -73,6 +70,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
             "--metrics-secure=false",
             "--zap-encoder=json",
             "--discovery-addr=127.0.0.1:0",
+            "--discovery-tls=off",
             "--zap-time-encoding=rfc3339",
             &format!("--allowed-internal-destinations={}", common::LOCAL_DESTINATIONS),
             "--external-proxy-namespaces=default",
@@ -289,6 +287,7 @@ async fn secure_metrics_serve_only_authorised_callers_over_https() {
                 &http2_flag,
                 "--zap-encoder=json",
                 "--discovery-addr=127.0.0.1:0",
+                "--discovery-tls=off",
             ],
             &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
         );
@@ -359,6 +358,7 @@ async fn a_replica_that_loses_the_lease_stops_with_exit_1() {
             "--health-probe-bind-address=0",
             "--zap-encoder=json",
             "--discovery-addr=127.0.0.1:0",
+            "--discovery-tls=off",
         ],
         &[
             ("KUBECONFIG", kubeconfig.as_str()),
@@ -416,6 +416,7 @@ async fn a_standby_replica_stops_with_exit_0_on_sigterm() {
             "--health-probe-bind-address=0",
             "--zap-encoder=json",
             "--discovery-addr=127.0.0.1:0",
+            "--discovery-tls=off",
         ],
         &[
             ("KUBECONFIG", kubeconfig.as_str()),
@@ -428,235 +429,6 @@ async fn a_standby_replica_stops_with_exit_0_on_sigterm() {
     // A rolling update stops standbys this way; a failure exit would page someone.
     assert_eq!(status.code(), Some(0), "{}", op.output());
     assert!(!op.output().contains("\"msg\":\"Starting manager\""), "{}", op.output());
-}
-
-/// With `--lease-store=redis://…`: the leader publishes its proxies to Redis, leases are
-/// decided there, and a Redis that goes away makes the lease API answer 503.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_keeps_leases_in_redis() {
-    keeps_leases_in_redis(false).await;
-}
-
-/// The same over TLS: `--lease-store=rediss://…` with `--lease-store-ca-file` naming the CA
-/// that signed the server's certificate, and a client certificate the server asks for.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_keeps_leases_in_redis_over_tls() {
-    keeps_leases_in_redis(true).await;
-}
-
-/// A redis-server taking TLS with `pki`'s server certificate, that asks clients for a
-/// certificate `pki`'s CA signed, as Redis does by default once TLS is on.
-fn tls_redis(pki: &egress_testkit::Pki) -> egress_testkit::redis::LocalRedis {
-    egress_testkit::redis::LocalRedis::start_tls(&egress_testkit::redis::TlsFiles {
-        cert_pem: pki.server_cert_pem.clone(),
-        key_pem: pki.server_key_pem.clone(),
-        ca_pem: pki.ca_pem.clone(),
-        client_certificates_required: true,
-    })
-    .expect("redis-server with TLS")
-}
-
-async fn keeps_leases_in_redis(tls: bool) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    if !egress_testkit::redis::available_for_test() {
-        return;
-    }
-    let Cluster {
-        server,
-        kubeconfig,
-        providers_flag,
-        dir,
-        ..
-    } = cluster(if tls { "redis-tls" } else { "redis" }, "providers: []\n").await;
-    let mut flags = vec![
-        providers_flag,
-        "--installation-id=blue".to_owned(),
-        "--health-probe-bind-address=0".to_owned(),
-        "--metrics-bind-address=0".to_owned(),
-        "--zap-encoder=json".to_owned(),
-        "--discovery-addr=127.0.0.1:0".to_owned(),
-    ];
-    let mut redis = if tls {
-        let pki = egress_testkit::pki();
-        let redis = tls_redis(&pki);
-        flags.push(format!("--lease-store={}", redis.tls_url().expect("a TLS port")));
-        // The server asks for a client certificate, as Redis does by default once TLS is on.
-        for (flag, file, text) in [
-            ("ca", "redis-ca.pem", &pki.ca_pem),
-            ("client-cert", "redis-client.pem", &pki.client_cert_pem),
-            ("client-key", "redis-client-key.pem", &pki.client_key_pem),
-        ] {
-            let path = dir.join(file);
-            std::fs::write(&path, text).unwrap();
-            flags.push(format!("--lease-store-{flag}-file={}", path.display()));
-        }
-        redis
-    } else {
-        let redis = egress_testkit::redis::LocalRedis::start().expect("redis-server");
-        flags.push(format!("--lease-store={}", redis.url()));
-        redis
-    };
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut op = Operator::start(
-        &operator_binary(),
-        &flags,
-        &[
-            ("KUBECONFIG", kubeconfig.as_str()),
-            ("DISCOVERY_TOKEN", "crawler-token"),
-        ],
-    );
-    let kept = op.wait_msg("Leases are kept in Redis");
-    assert_eq!(kept["prefix"], "egress-proxy:blue:");
-    let discovery = served(&op.wait_msg("Serving the discovery API"));
-    op.wait_msg("Starting manager");
-    let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
-    create_unreachable_external(&proxies).await;
-    // The leader's view reaches Redis.
-    let mut redis_conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let view: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-            .arg("{egress-proxy:blue:}view")
-            .query_async(&mut redis_conn)
-            .await
-            .unwrap();
-        if view.contains_key("default/outside") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no published view: {view:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
-    assert_eq!(status, 409, "{answer}");
-    assert_eq!(answer["considered"], 1, "{answer}");
-    redis.kill();
-    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
-    assert_eq!(
-        (status, answer["error"].as_str()),
-        (503, Some("store_unavailable")),
-        "{answer}"
-    );
-    op.terminate();
-    let status = op.wait_exit();
-    assert_eq!(status.code(), Some(0), "{}", op.output());
-}
-
-/// The lease store's TLS files are read again while the operator runs (every 10 s), as a
-/// Secret volume's files change in place when a CA is rotated or a client certificate renewed:
-/// started with a CA that did not sign the server's certificate, it leases once the file holds
-/// the right one; a change it cannot use (a key that is not the certificate's) is logged by
-/// flag and file, never by content, and the connection in use stays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_follows_its_lease_store_tls_files() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    if !egress_testkit::redis::available_for_test() {
-        return;
-    }
-    let Cluster {
-        server,
-        kubeconfig,
-        providers_flag,
-        ..
-    } = cluster("redis-tls-rotation", "providers: []\n").await;
-    let (pki, other) = (egress_testkit::pki(), egress_testkit::pki());
-    let redis = tls_redis(&pki);
-    // The files as a Secret volume holds them, swapped whole on an update.
-    let mut volume = egress_testkit::secret_volume::Volume::with_keys(
-        "redis-tls-rotation",
-        &[
-            ("ca.crt", &other.ca_pem),
-            ("tls.crt", &pki.client_cert_pem),
-            ("tls.key", &pki.client_key_pem),
-        ],
-    );
-    let mut flags = vec![
-        providers_flag,
-        "--health-probe-bind-address=0".to_owned(),
-        "--metrics-bind-address=0".to_owned(),
-        "--zap-encoder=json".to_owned(),
-        "--discovery-addr=127.0.0.1:0".to_owned(),
-        format!("--lease-store={}", redis.tls_url().expect("a TLS port")),
-    ];
-    for (flag, key) in [("ca", "ca.crt"), ("client-cert", "tls.crt"), ("client-key", "tls.key")] {
-        flags.push(format!("--lease-store-{flag}-file={}", volume.file(key).display()));
-    }
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut op = Operator::start(
-        &operator_binary(),
-        &flags,
-        &[
-            ("KUBECONFIG", kubeconfig.as_str()),
-            ("DISCOVERY_TOKEN", "crawler-token"),
-        ],
-    );
-    let discovery = served(&op.wait_msg("Serving the discovery API"));
-    op.wait_msg("Starting manager");
-    let proxies: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
-    create_unreachable_external(&proxies).await;
-    // Once the operator has written the Proxy's status, its cache, and so the API's directory,
-    // holds it: a lease is then asked of the store.
-    until_status_written(proxies).await;
-    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
-    assert_eq!(
-        (status, answer["error"].as_str()),
-        (503, Some("store_unavailable")),
-        "a server whose CA the operator was not given: {answer}"
-    );
-
-    volume.update_keys(&[("ca.crt", &pki.ca_pem)]);
-    let changed = op.wait_msg("Lease store TLS files changed; new calls to Redis use them");
-    assert!(
-        changed["files"].as_str().is_some_and(|f| f.contains("ca.crt")),
-        "{changed}"
-    );
-    // The store's next call goes over a connection made with the new CA: Redis decides, and
-    // the one Proxy's probes fail.
-    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
-    assert_eq!((status, answer["considered"].as_u64()), (409, Some(1)), "{answer}");
-
-    // Another certificate's key: refused, by flag and file, and the connection in use stays.
-    volume.update_keys(&[("tls.key", &other.client_key_pem)]);
-    // Warnings carry the Go logger's prefix.
-    let refused = op.wait_msg("WARNING: Lease store TLS files cannot be used; the connection in use stays");
-    assert_eq!(
-        refused["flag"], "--lease-store-client-cert-file and --lease-store-client-key-file",
-        "{refused}"
-    );
-    assert!(
-        refused["path"].as_str().is_some_and(|p| p.contains("tls.key")),
-        "{refused}"
-    );
-    let (status, answer) = common::lease(&discovery, "crawler-token", "{}").await;
-    assert_eq!((status, answer["considered"].as_u64()), (409, Some(1)), "{answer}");
-    op.terminate();
-    let status = op.wait_exit();
-    assert_eq!(status.code(), Some(0), "{}", op.output());
-    // No key reached the log: neither the one in use nor the one refused.
-    let key_body = |pem: &str| pem.lines().nth(1).expect("a PEM body line").to_owned();
-    for key in [&pki.client_key_pem, &other.client_key_pem] {
-        assert!(!op.output().contains(&key_body(key)), "a key in the log");
-    }
-}
-
-/// Waits until the operator has written a status on Proxy `outside`.
-async fn until_status_written(proxies: Api<Proxy>) {
-    let observed = kube::runtime::wait::await_condition(proxies, "outside", |p: Option<&Proxy>| {
-        p.is_some_and(|p| p.status.is_some())
-    });
-    tokio::time::timeout(PATIENCE, observed)
-        .await
-        .expect("the operator never wrote a status")
-        .unwrap();
-}
-
-/// Creates External Proxy `outside` at 127.0.0.1:1, where nothing listens: its probes fail.
-async fn create_unreachable_external(proxies: &Api<Proxy>) {
-    let proxy = Proxy::new("outside", common::external_spec(1));
-    proxies.create(&PostParams::default(), &proxy).await.unwrap();
 }
 
 /// `--kubeconfig`, the Go operator's flag (controller-runtime's), names the file the client
@@ -679,6 +451,7 @@ async fn the_kubeconfig_flag_names_the_cluster() {
             "--metrics-bind-address=0",
             "--zap-encoder=json",
             "--discovery-addr=127.0.0.1:0",
+            "--discovery-tls=off",
         ],
         &[("KUBECONFIG", "/nonexistent/kubeconfig")],
     );

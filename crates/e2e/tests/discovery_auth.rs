@@ -22,6 +22,7 @@ fn deployment_args(providers_flag: &str, token_file: &str) -> Vec<String> {
         "--zap-encoder=json".into(),
         "--zap-time-encoding=rfc3339".into(),
         "--discovery-addr=127.0.0.1:0".into(),
+        "--discovery-tls=off".into(),
         format!("--discovery-token-file={token_file}"),
     ]
 }

@@ -19,6 +19,7 @@ async fn a_kubernetes_entry_is_built_and_checked() {
         "--health-probe-bind-address=0".into(),
         "--zap-encoder=json".into(),
         "--discovery-addr=127.0.0.1:0".into(),
+        "--discovery-tls=off".into(),
         "--provider-check-interval=10s".into(),
     ];
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();

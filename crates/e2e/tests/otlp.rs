@@ -127,6 +127,7 @@ async fn start(env: &[(&str, &str)], name: &str) -> Run {
             "--leader-elect",
             "--zap-encoder=json",
             "--discovery-addr=127.0.0.1:0",
+            "--discovery-tls=off",
         ],
         &all_env,
     );
@@ -393,6 +394,7 @@ async fn the_kubernetes_entrys_api_calls_are_spans_under_the_check() {
             "--health-probe-bind-address=0",
             "--zap-encoder=json",
             "--discovery-addr=127.0.0.1:0",
+            "--discovery-tls=off",
             "--provider-check-interval=10s",
         ],
         &[

@@ -612,6 +612,7 @@ async fn a_fleet_the_go_operator_left_is_adopted_whole_and_a_later_change_replac
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--discovery-token-file={}", token.display()),
         "--discovery-addr=127.0.0.1:0".into(),
+        "--discovery-tls=off".into(),
         "--health-probe-bind-address=0".into(),
         "--metrics-bind-address=0".into(),
         "--provider-check-interval=10s".into(),

@@ -13,20 +13,26 @@ use redis::cluster_async::ClusterConnection;
 use crate::tls::{Tls, certificates};
 use crate::{CALL_BUDGET, CLUSTER_SCHEME, TLS_CLUSTER_SCHEME};
 
-/// The connection a store's calls use, which new TLS settings replace (a client certificate
-/// renewed, a CA rotated): each call takes the one in use when it starts and ends on it.
+/// The connection a store's calls use, which new settings replace (a client certificate
+/// renewed, a CA rotated, a password changed): each call takes the one in use when it starts and
+/// ends on it. No `Debug`: it holds the password.
 pub(crate) struct Current {
     /// The URL without the store's own parameters: what a replacement connects to.
     url: String,
+    /// The TLS settings and the password (when it is not in the URL) of the connection in use.
+    settings: std::sync::Mutex<(Tls, Option<String>)>,
     in_use: std::sync::RwLock<Connection>,
 }
 
 impl Current {
-    /// Connects lazily to `url` as `tls` says (see [`Connection::open`]).
-    pub(crate) fn open(url: &str, tls: &Tls) -> Result<Self, String> {
+    /// Connects lazily to `url` as `tls` says (see [`Connection::open`]), with `password` when
+    /// given (the URL must then hold none).
+    pub(crate) fn open(url: &str, tls: &Tls, password: Option<&str>) -> Result<Self, String> {
+        let connection = Connection::open(&with_password(url, password)?, tls)?;
         Ok(Self {
             url: url.to_owned(),
-            in_use: std::sync::RwLock::new(Connection::open(url, tls)?),
+            settings: std::sync::Mutex::new((tls.clone(), password.map(str::to_owned))),
+            in_use: std::sync::RwLock::new(connection),
         })
     }
 
@@ -43,13 +49,39 @@ impl Current {
         matches!(self.get(), Connection::Cluster(_))
     }
 
-    /// Replaces the connection in use with one made with `tls`. Calls on their way end on the
-    /// one they started on; the old connection closes when the last of them has.
-    pub(crate) fn replace(&self, tls: &Tls) -> Result<(), String> {
-        let renewed = Connection::open(&self.url, tls)?;
+    /// Replaces the connection in use with one made with `tls`, or with `password`, the other
+    /// setting as it was. Calls on their way end on the one they started on; the old
+    /// connection closes when the last of them has. On an error the connection in use stays.
+    pub(crate) fn replace(&self, tls: Option<&Tls>, password: Option<&str>) -> Result<(), String> {
+        let mut settings = self.settings.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tls = tls.cloned().unwrap_or_else(|| settings.0.clone());
+        let password = password.map(str::to_owned).or_else(|| settings.1.clone());
+        let renewed = Connection::open(&with_password(&self.url, password.as_deref())?, &tls)?;
         *self.in_use.write().unwrap_or_else(std::sync::PoisonError::into_inner) = renewed;
+        *settings = (tls, password);
         Ok(())
     }
+}
+
+/// `url` with `password` as its credentials' password (percent-encoded; the user, if any,
+/// kept): what a password given apart from the URL becomes. A URL that holds a password
+/// already is refused: the password would be in two places.
+pub(crate) fn with_password(url: &str, password: Option<&str>) -> Result<String, String> {
+    let Some(password) = password else {
+        return Ok(url.to_owned());
+    };
+    let (scheme, rest) = url.split_once("://").ok_or("not a URL")?;
+    // The credentials end at the last '@' before the path (a password may hold '@' encoded).
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (user, hosts) = match rest[..authority_end].rsplit_once('@') {
+        Some((credentials, _)) if credentials.contains(':') => {
+            return Err("the URL holds a password already: give it in one place".to_owned());
+        }
+        Some((user, _)) => (user, &rest[user.len() + 1..]),
+        None => ("", rest),
+    };
+    let encoded = percent_encoding::utf8_percent_encode(password, percent_encoding::NON_ALPHANUMERIC);
+    Ok(format!("{scheme}://{user}:{encoded}@{hosts}"))
 }
 
 /// A connection to one Redis server, or to a Redis Cluster (MOVED and ASK answers followed, the
@@ -264,6 +296,30 @@ pub(crate) fn split_wait(url: &str) -> Result<(String, usize), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_given_apart_goes_into_the_url_once() {
+        let put = |url: &str| with_password(url, Some("p@ss:w/rd"));
+        assert_eq!(
+            put("redis://10.0.0.1:6379/0").unwrap(),
+            "redis://:p%40ss%3Aw%2Frd@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            put("rediss://app@redis:6380").unwrap(),
+            "rediss://app:p%40ss%3Aw%2Frd@redis:6380"
+        );
+        assert_eq!(
+            put("redis+cluster://a:7000,b:7001/?protocol=resp3").unwrap(),
+            "redis+cluster://:p%40ss%3Aw%2Frd@a:7000,b:7001/?protocol=resp3"
+        );
+        for twice in ["redis://:old@10.0.0.1", "redis://app:old@10.0.0.1/0"] {
+            assert_eq!(
+                put(twice).unwrap_err(),
+                "the URL holds a password already: give it in one place"
+            );
+        }
+        assert_eq!(with_password("redis://:old@h", None).unwrap(), "redis://:old@h");
+    }
 
     #[test]
     fn passwords_never_show() {

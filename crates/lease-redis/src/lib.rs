@@ -195,10 +195,26 @@ impl RedisStore {
     /// without TLS, and a URL fragment (the client library's `#insecure` would turn the check
     /// off).
     pub fn new_with_tls(url: &str, prefix: &str, cooldown: Duration, tls: &Tls) -> Result<Self, String> {
+        Self::new_with_password(url, prefix, cooldown, tls, None)
+    }
+
+    /// [`new_with_tls`](Self::new_with_tls), with `password` (when given) as the credentials'
+    /// password, which the URL must then not hold: the password kept out of the URL (a file
+    /// the operator follows, never the process list).
+    ///
+    /// # Errors
+    /// As [`new_with_tls`](Self::new_with_tls); also a password given both ways.
+    pub fn new_with_password(
+        url: &str,
+        prefix: &str,
+        cooldown: Duration,
+        tls: &Tls,
+        password: Option<&str>,
+    ) -> Result<Self, String> {
         let shown = shown_url(url);
         check_prefix(prefix)?;
         let (url, wait_replicas) = split_wait(url).map_err(|e| format!("lease store {shown}: {e}"))?;
-        let connection = Current::open(&url, tls).map_err(|e| format!("lease store {shown}: {e}"))?;
+        let connection = Current::open(&url, tls, password).map_err(|e| format!("lease store {shown}: {e}"))?;
         let calls = Calls {
             connection: Arc::new(connection),
             library: Arc::new(Library::new()),
@@ -224,7 +240,19 @@ impl RedisStore {
     pub fn use_tls(&self, tls: &Tls) -> Result<(), String> {
         self.calls
             .connection
-            .replace(tls)
+            .replace(Some(tls), None)
+            .map_err(|e| format!("lease store {}: {e}", self.calls.shown))
+    }
+
+    /// As [`use_tls`](Self::use_tls), for a changed password (one given apart from the URL):
+    /// the store's calls from now on go over a connection that authenticates with it.
+    ///
+    /// # Errors
+    /// The store's URL holds a password itself; the connection in use then stays.
+    pub fn use_password(&self, password: &str) -> Result<(), String> {
+        self.calls
+            .connection
+            .replace(None, Some(password))
             .map_err(|e| format!("lease store {}: {e}", self.calls.shown))
     }
 

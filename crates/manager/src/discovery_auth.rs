@@ -34,7 +34,9 @@ fn env_tokens() -> Vec<String> {
 
 /// The token sources the flags name; an empty flag names none.
 fn client_files(options: &Options) -> ClientFiles {
-    let mut files = ClientFiles::default().fixed_tokens(env_tokens());
+    let mut files = ClientFiles::default()
+        .fixed_tokens(env_tokens())
+        .revoke_grace(options.token_revoke_grace);
     if !options.discovery_token_file.is_empty() {
         files = files.token_file(PathBuf::from(&options.discovery_token_file));
     }

@@ -28,6 +28,19 @@ pub enum DiscoveryAuth {
     None,
 }
 
+/// Whether the discovery API serves TLS when no certificate files are given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscoveryTls {
+    /// The certificate files given, else the Secret `discovery-tls` (made when missing).
+    Auto,
+    /// Plain HTTP: only where something else encrypts, or nobody else listens (logged).
+    Off,
+}
+
+/// The Service the discovery API is reached by in the shipped install, whose names the
+/// certificate the manager makes holds.
+pub const DEFAULT_DISCOVERY_SERVICE: &str = "egress-proxies-operator-controller-manager-discovery-service";
+
 /// Every flag's value after parsing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -67,6 +80,15 @@ pub struct Options {
     pub discovery_token_file: String,
     /// The dir whose files are the discovery clients, each named as its file (the Secret volume).
     pub discovery_token_dir: String,
+    /// `--token-revoke-grace`: how long a token file may be missing or empty before its
+    /// tokens are revoked.
+    pub token_revoke_grace: Duration,
+    /// `--discovery-tls`, `--discovery-tls-cert-file`, `--discovery-tls-key-file` and
+    /// `--discovery-tls-service`.
+    pub discovery_tls: DiscoveryTls,
+    pub discovery_tls_cert_file: String,
+    pub discovery_tls_key_file: String,
+    pub discovery_tls_service: String,
     /// Every discovery client's budget unless the clients config gives it another
     /// (`--discovery-client-rate`, `--discovery-client-burst`, `--discovery-client-concurrency`;
     /// a concurrency of 0: the store's default).
@@ -84,11 +106,15 @@ pub struct Options {
     pub lease_index_attributes: Vec<String>,
     /// Connections each HTTP server (discovery, metrics, health probes) serves at once.
     pub max_connections: usize,
+    /// `--max-connections-per-source`: of those, from one source address.
+    pub max_connections_per_source: usize,
     /// `memory`, or a `redis://`, `redis+cluster://`, `rediss://` or `rediss+cluster://` URL.
     pub lease_store: String,
     /// PEM file of the CA certificates a TLS lease store's certificate must chain to, instead
     /// of the system's (empty: the system's).
     pub lease_store_ca_file: String,
+    /// `--lease-store-password-file`: the Redis password, kept out of `--lease-store`.
+    pub lease_store_password_file: String,
     /// PEM files of the certificate and the private key the store shows a TLS lease store that
     /// asks for one (both or neither).
     pub lease_store_client_cert_file: String,
@@ -130,6 +156,11 @@ impl Default for Options {
             discovery_auth: DiscoveryAuth::Token,
             discovery_token_file: DEFAULT_DISCOVERY_TOKEN_FILE.into(),
             discovery_token_dir: DEFAULT_DISCOVERY_TOKEN_DIR.into(),
+            token_revoke_grace: Duration::from_secs(30),
+            discovery_tls: DiscoveryTls::Auto,
+            discovery_tls_cert_file: String::new(),
+            discovery_tls_key_file: String::new(),
+            discovery_tls_service: DEFAULT_DISCOVERY_SERVICE.into(),
             discovery_budget: egress_discovery::Budget {
                 concurrency: 0,
                 ..egress_discovery::admission::DEFAULT_BUDGET
@@ -140,8 +171,10 @@ impl Default for Options {
             max_sessions_per_client: egress_discovery::DEFAULT_MAX_SESSIONS,
             lease_index_attributes: egress_discovery::DEFAULT_INDEXED_KEYS.map(String::from).to_vec(),
             max_connections: 1024,
+            max_connections_per_source: 64,
             lease_store: "memory".into(),
             lease_store_ca_file: String::new(),
+            lease_store_password_file: String::new(),
             lease_store_client_cert_file: String::new(),
             lease_store_client_key_file: String::new(),
             lease_store_shards: 1,
@@ -371,6 +404,16 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
     // malformed one may hide its password from any pattern).
     .hidden(),
     Flag::new(
+        "lease-store-password-file",
+        Kind::Text,
+        "",
+        "File whose first line is the Redis lease store's password, so that --lease-store need not hold it (nor the process list show it); read at start and every 10s. A password in --lease-store as well is an error.",
+        |o, value| {
+                o.lease_store_password_file = value.into();
+                Ok(())
+            },
+    ),
+    Flag::new(
         "lease-store-ca-file",
         Kind::Text,
         "",
@@ -446,6 +489,63 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
         "The discovery API's named clients: each file is a client named as the file (a DNS label; at most 64 clients with default), holding its bearer tokens one per line, re-read every 10s. A missing dir has no clients; empty: none.",
         |o, value| {
             o.discovery_token_dir = value.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "discovery-tls",
+        Kind::Text,
+        "auto",
+        "TLS on the discovery API: auto (the certificate files when given, else the Secret discovery-tls of the manager's namespace, made with a CA of its own when missing; clients trust its ca.crt) or off (plain HTTP: tokens and proxy passwords in clear).",
+        |o, value| {
+            o.discovery_tls = match value {
+                "auto" => DiscoveryTls::Auto,
+                "off" => DiscoveryTls::Off,
+                _ => return Err("must be auto or off".to_string()),
+            };
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "discovery-tls-cert-file",
+        Kind::Text,
+        "",
+        "PEM file of the discovery API's certificate (its chain after it), with --discovery-tls-key-file; read at start and every 10s, a renewal serving the next connection.",
+        |o, value| {
+            o.discovery_tls_cert_file = value.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "discovery-tls-key-file",
+        Kind::Text,
+        "",
+        "PEM file of the discovery API certificate's private key, with --discovery-tls-cert-file.",
+        |o, value| {
+            o.discovery_tls_key_file = value.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "discovery-tls-service",
+        Kind::Text,
+        DEFAULT_DISCOVERY_SERVICE,
+        "The Service clients reach the discovery API by: the certificate the manager makes names it in the manager's namespace (NAME, NAME.NS, NAME.NS.svc, NAME.NS.svc.cluster.local), and localhost.",
+        |o, value| {
+            if value.is_empty() {
+                return Err("must name a Service".to_string());
+            }
+            o.discovery_tls_service = value.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "token-revoke-grace",
+        Kind::Duration,
+        "30s",
+        "How long a discovery token file (the token file, or a client's file in the token dir) may be missing or empty before its tokens are revoked; a Secret update swaps files, so a short gap is no removal. 0: at once. DISCOVERY_TOKEN is never revoked.",
+        |o, value| {
+            o.token_revoke_grace = parse_duration(value)?;
             Ok(())
         },
     ),
@@ -537,9 +637,23 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
         "max-connections",
         Kind::Text,
         "1024",
-        "Connections each HTTP server (discovery, metrics, health probes) serves at once; one more is answered 503 and closed.",
+        "Connections each HTTP server (discovery, metrics, health probes) serves at once; one more is answered 503 and closed (over TLS, closed).",
         |o, value| {
                 o.max_connections = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=65_536).contains(n))
+                    .ok_or_else(|| "must be a whole number from 1 to 65536".to_string())?;
+                Ok(())
+            },
+    ),
+    Flag::new(
+        "max-connections-per-source",
+        Kind::Text,
+        "64",
+        "Connections each HTTP server serves at once from one source address, before any authentication (clients behind one SNAT address share it); one more is answered 503 and closed (over TLS, closed).",
+        |o, value| {
+                o.max_connections_per_source = value
                     .parse()
                     .ok()
                     .filter(|n| (1..=65_536).contains(n))
@@ -1081,6 +1195,7 @@ mod tests {
                 Kind::Text
                     if f.name == "health-workers"
                         || f.name == "max-connections"
+                        || f.name == "max-connections-per-source"
                         || f.name == "max-sessions-per-client"
                         || f.name == "lease-store-shards" =>
                 {
@@ -1089,6 +1204,7 @@ mod tests {
                 Kind::Text if f.name.starts_with("discovery-client-") || f.name == "discovery-max-in-flight" => "4",
                 Kind::Text if f.name == "discovery-addr" => ":0",
                 Kind::Text if f.name == "discovery-auth" => "none",
+                Kind::Text if f.name == "discovery-tls" => "off",
                 Kind::Text if f.name == "health-check-url" => "https://x.test/",
                 Kind::Text if f.name == "lease-store" => "redis://127.0.0.1:6379",
                 Kind::Text if f.name == "cluster-cidrs" => "10.96.0.0/12",

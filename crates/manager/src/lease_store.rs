@@ -9,6 +9,7 @@ use egress_lease_redis::{ClientIdentity, RedisStore, Tls, TlsRoots};
 
 use crate::flags::Options;
 use crate::followed::{Followed, Unusable, read_pem_file};
+use crate::lease_password::PasswordFollower;
 use egress_runtime::Fatal;
 
 const FAILED: &str = "Failed to set up the lease store";
@@ -18,6 +19,7 @@ const FAILED: &str = "Failed to set up the lease store";
 pub(crate) struct LeaseStore {
     pub(crate) store: Arc<dyn egress_lease::LeaseStore>,
     pub(crate) follow_tls: Option<TlsFollower>,
+    pub(crate) follow_password: Option<PasswordFollower>,
 }
 
 /// What `--lease-store` and its TLS files say, read and checked: everything but the key
@@ -35,6 +37,8 @@ struct RedisSettings {
     store: RedisStore,
     files: TlsFiles,
     read: TlsBytes,
+    /// The password read from `--lease-store-password-file`, when given.
+    password: Option<String>,
 }
 
 /// Reads and checks the store's settings and files. Contacts nothing, so a problem stops the
@@ -46,6 +50,12 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
             return Err(Fatal::new(
                 FAILED,
                 format!("{flag} is for a lease store reached over TLS (rediss://)"),
+            ));
+        }
+        if !options.lease_store_password_file.is_empty() {
+            return Err(Fatal::new(
+                FAILED,
+                format!("{} is for a Redis lease store", crate::lease_password::FLAG),
             ));
         }
         if options.lease_store_shards != 1 {
@@ -61,11 +71,16 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
     }
     let read = files.read().map_err(|u| u.fatal(FAILED))?;
     let tls = read.tls(&files).map_err(|u| u.fatal(FAILED))?;
-    let store = RedisStore::new_with_tls(
+    let password = match options.lease_store_password_file.as_str() {
+        "" => None,
+        path => Some(crate::lease_password::read_password(path).map_err(|u| u.fatal(FAILED))?),
+    };
+    let store = RedisStore::new_with_password(
         &options.lease_store,
         egress_lease_redis::DEFAULT_PREFIX,
         options.lease_cooldown,
         &tls,
+        password.as_deref(),
     )
     .and_then(|store| store.with_unpooled_shards(options.lease_store_shards))
     .map_err(|e| Fatal::new(FAILED, e))?;
@@ -73,6 +88,7 @@ pub(crate) fn prepare(options: &Options) -> Result<Prepared, Fatal> {
         store,
         files,
         read,
+        password,
     }))))
 }
 
@@ -89,11 +105,17 @@ impl Prepared {
                         options.lease_cooldown,
                     )),
                     follow_tls: None,
+                    follow_password: None,
                 });
             }
             Settings::Redis(redis) => *redis,
         };
-        let RedisSettings { store, files, read } = redis;
+        let RedisSettings {
+            store,
+            files,
+            read,
+            password,
+        } = redis;
         let prefix = format!("{}{installation}:", egress_lease_redis::DEFAULT_PREFIX);
         let store = Arc::new(store.with_prefix(&prefix).map_err(|e| Fatal::new(FAILED, e))?);
         tracing::info!(redis = %egress_lease_redis::shown_url(&options.lease_store), prefix, "Leases are kept in Redis");
@@ -103,7 +125,16 @@ impl Prepared {
             files,
             applied: read,
         });
-        Ok(LeaseStore { store, follow_tls })
+        let follow_password = password.map(|applied| PasswordFollower {
+            store: store.clone(),
+            path: options.lease_store_password_file.clone(),
+            applied,
+        });
+        Ok(LeaseStore {
+            store,
+            follow_tls,
+            follow_password,
+        })
     }
 }
 

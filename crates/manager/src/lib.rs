@@ -13,9 +13,11 @@
 
 mod clients_config;
 mod discovery_auth;
+mod discovery_tls;
 pub mod flags;
 mod followed;
 mod install;
+mod lease_password;
 mod lease_store;
 mod log_keys;
 mod manager;

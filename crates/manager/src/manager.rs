@@ -173,7 +173,11 @@ async fn start_replica(
         .await
         .map_err(|e| Fatal::new("Failed to create the Kubernetes client", e))?;
     let installation = crate::install::installation_id(options, &client, &namespaces.own).await?;
-    let crate::lease_store::LeaseStore { store, follow_tls } = prepared.open(options, &installation)?;
+    let crate::lease_store::LeaseStore {
+        store,
+        follow_tls,
+        follow_password,
+    } = prepared.open(options, &installation)?;
 
     let provider_health = ProviderHealthSnapshot::default();
     tracing::info!(namespaces = %namespaces.served, "Serving the Proxies of these namespaces");
@@ -186,10 +190,7 @@ async fn start_replica(
     let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials, indexed);
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
-    if let Some(follower) = follow_tls {
-        let following = crate::followed::Following::new(follower);
-        tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
-    }
+    follow_store_files(follow_tls, follow_password, &mut tasks, shutdown);
     tasks.spawn(keep_credentials);
     let Served {
         registry,
@@ -204,6 +205,7 @@ async fn start_replica(
 
     let limits = egress_http::Limits {
         max_connections: options.max_connections,
+        max_connections_per_source: options.max_connections_per_source,
         ..egress_http::Limits::DEFAULT
     };
     crate::servers::serve_probes_and_metrics(options, &client, &metrics, limits, shutdown).await?;
@@ -648,6 +650,23 @@ async fn stop(mut tasks: tokio::task::JoinSet<()>) -> Result<(), Fatal> {
     }
     tracing::info!("Stopped");
     Ok(())
+}
+
+/// Spawns the followers of the lease store's files (TLS, password), those there are.
+fn follow_store_files(
+    tls: Option<crate::lease_store::TlsFollower>,
+    password: Option<crate::lease_password::PasswordFollower>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &CancellationToken,
+) {
+    if let Some(follower) = tls {
+        let following = crate::followed::Following::new(follower);
+        tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
+    }
+    if let Some(follower) = password {
+        let following = crate::followed::Following::new(follower);
+        tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
+    }
 }
 
 #[cfg(test)]

@@ -72,6 +72,8 @@ pub(crate) async fn serve_discovery(
         .local_addr()
         .map_err(|e| Fatal::new("Failed to start the discovery server", e))?;
     let auth = discovery_auth::start(options, parts.client, parts.own_namespace, tasks, shutdown).await;
+    let tls = crate::discovery_tls::start(options, parts.client, parts.own_namespace, tasks, shutdown)?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let clients = crate::clients_config::clients(options, parts.admission_metrics)?;
     if let Some(following) = clients.following {
         tasks.spawn(following.run(crate::followed::FILE_POLL, shutdown.clone()));
@@ -87,12 +89,13 @@ pub(crate) async fn serve_discovery(
         max_sessions: options.max_sessions_per_client,
     };
     let refusals = api.refusals.clone();
-    let serving = tasks.spawn(egress_discovery::serve(
+    let serving = tasks.spawn(egress_discovery::serve_tls(
         listener,
         Arc::new(api),
         limits,
+        tls,
         shutdown.clone(),
     ));
-    tracing::info!(address = %bound, "Serving the discovery API");
+    tracing::info!(address = %bound, scheme, "Serving the discovery API");
     Ok((serving.id(), refusals))
 }

@@ -28,14 +28,28 @@ pub fn pki_for(names: &[&str]) -> Pki {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // As strict verifiers (Python 3.13's default context) ask: key usages, and the authority
+    // key identifier on what the CA signs.
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
     ca_params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "egress test CA");
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf_params =
+    let mut leaf_params =
         rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_string()).collect::<Vec<_>>()).unwrap();
+    leaf_params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    // Client too: redis-server nodes show their server certificate to each other.
+    leaf_params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    leaf_params.use_authority_key_identifier_extension = true;
     let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
     let client_key = rcgen::KeyPair::generate().unwrap();
     let mut client_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();

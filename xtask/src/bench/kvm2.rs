@@ -351,6 +351,7 @@ fn start_operator(
             "--metrics-secure=false",
             "--health-probe-bind-address=0",
             "--discovery-addr=127.0.0.1:0",
+            "--discovery-tls=off",
             "--zap-encoder=json",
         ])
         .env("KUBECONFIG", kubeconfig)

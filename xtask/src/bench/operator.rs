@@ -130,6 +130,8 @@ fn start_operator(setup: &Setup<'_>) -> Result<Killed> {
         .arg("--proxy-namespace=bench")
         .arg(format!("--metrics-bind-address={}", setup.metrics))
         .arg(format!("--discovery-addr={}", setup.discovery))
+        // Plain HTTP: the figures are the API's own, as its earlier ones were.
+        .arg("--discovery-tls=off")
         // Authentication on, as deployed: the two clients' files, and no default client.
         .arg(format!("--discovery-token-dir={}", setup.clients.display()))
         .arg(format!(

@@ -104,6 +104,7 @@ pub(super) fn run(root: &Path, bin: &Path, dir: &Path, conditions: &Conditions) 
             // The bench's pools are in `bench`; the operator otherwise serves its own namespace.
             .arg("--proxy-namespace=bench")
             .arg(format!("--discovery-addr={}", discovery.trim_start_matches("http://")))
+            .arg("--discovery-tls=off")
             .args([
                 "--metrics-bind-address=0",
                 "--health-probe-bind-address=0",

@@ -34,6 +34,7 @@ pub(super) fn start(bin: &Path, layout: &Layout, discovery: &Discovery<'_>) -> R
             .arg(format!("--listen={}", fronts.http))
             .arg(format!("--socks-listen={}", fronts.socks))
             .arg(format!("--discovery-url={}", discovery.url))
+            .arg(format!("--discovery-ca-file={}", discovery.ca.display()))
             .args(["--health-probe-bind-address=0", "--access-log"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

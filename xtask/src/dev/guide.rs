@@ -35,12 +35,13 @@ proxies of the local provider. Try, in another terminal:
   kubectl --kubeconfig {kubeconfig} describe ppool local-pool
   kubectl --kubeconfig {kubeconfig} scale ppool local-pool --replicas=3
 
-  # the discovery API (its token: {token_file}): list, then lease a proxy in the EU for 60 s
-  curl -s -H 'Authorization: Bearer {token}' {discovery}/v1/proxies
-  curl -s -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
+  # the discovery API over TLS (its CA: {ca}; its token: {token_file}): list, then lease a
+  # proxy in the EU for 60 s
+  curl -s --cacert {ca} -H 'Authorization: Bearer {token}' {discovery}/v1/proxies
+  curl -s --cacert {ca} -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
        -d '{{\"selector\": {{\"geo\": \"eu\"}}, \"ttlSeconds\": 60}}' {discovery}/v1/leases
   # or one of the pool's members
-  curl -s -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
+  curl -s --cacert {ca} -X POST -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' \\
        -d '{{\"selector\": {{\"pool\": \"local-pool\"}}}}' {discovery}/v1/leases
 
   # traffic through the leased proxy: put the lease's proxy.url (http://user:password@ip:port;
@@ -51,7 +52,7 @@ proxies of the local provider. Try, in another terminal:
   curl -x PROXY_URL https://www.gstatic.com/generate_204 -w '%{{http_code}}\\n'
 
   # give the lease back (its leaseID from the answer above)
-  curl -s -X DELETE -H 'Authorization: Bearer {token}' {discovery}/v1/leases/LEASE_ID
+  curl -s --cacert {ca} -X DELETE -H 'Authorization: Bearer {token}' {discovery}/v1/leases/LEASE_ID
 
   # or let the gateway lease for you: the proxy username routes, the password is the token;
   # over HTTP CONNECT through one of the pool's members,

@@ -37,10 +37,22 @@ impl Layout {
     }
 }
 
-/// Where the run's discovery API is, and its token.
+/// Where the run's discovery API is (over TLS, its certificate signed by the run's CA), and its
+/// token.
 pub(super) struct Discovery<'a> {
     pub(super) url: &'a str,
     pub(super) token: &'a str,
+    /// The CA file its certificate chains to.
+    pub(super) ca: &'a std::path::Path,
+}
+
+impl Discovery<'_> {
+    /// A client of the API that trusts the run's CA, with `token` when given.
+    pub(super) fn client(&self, token: Option<String>) -> Result<egress_discovery::client::Client> {
+        let ca = std::fs::read(self.ca)?;
+        egress_discovery::client::Client::with_ca(self.url, token, std::time::Duration::from_secs(10), &ca)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
 }
 
 /// A new random discovery token for one run (hex of 24 random bytes).

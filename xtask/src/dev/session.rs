@@ -27,6 +27,9 @@ pub(crate) struct Options {
     /// The smoke run's `kubectl describe` check fails, rather than skips, without kubectl
     /// (under `cargo xtask test`, as for the tests).
     pub(crate) require_kubectl: bool,
+    /// Serve the system to tests: once it is Ready, write where everything is to this file
+    /// (JSON, [`StackFile`]) and wait for SIGINT or SIGTERM to tear down. No guide is printed.
+    pub(crate) stack_file: Option<PathBuf>,
 }
 
 /// Starts the test server from `bin` in a process group of its own, and waits for its
@@ -74,6 +77,14 @@ fn start_operator(bin: &Path, layout: &Layout, discovery_port: u16, target_port:
                 "--health-check-url=https://127.0.0.1:{target_port}/generate_204"
             ))
             .arg(format!("--health-check-ca-file={}", layout.file("ca.pem").display()))
+            .arg(format!(
+                "--discovery-tls-cert-file={}",
+                layout.file("discovery.crt").display()
+            ))
+            .arg(format!(
+                "--discovery-tls-key-file={}",
+                layout.file("discovery.key").display()
+            ))
             .args([
                 "--leader-elect=false",
                 "--metrics-bind-address=0",
@@ -97,7 +108,7 @@ fn start_operator(bin: &Path, layout: &Layout, discovery_port: u16, target_port:
 pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &Options) -> Result<()> {
     // From here on Ctrl-C no longer kills this process: it starts the teardown (and a second
     // one hurries it), so nothing started below is left behind.
-    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut interrupts = Stops::new()?;
     let pki = egress_testkit::pki();
     std::fs::write(layout.file("ca.pem"), &pki.ca_pem)?;
     let target = egress_testkit::tls_greeting_target(&pki, TARGET_GREETING).await?;
@@ -106,7 +117,10 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
     } else {
         options.discovery_port
     };
-    let discovery = format!("http://127.0.0.1:{discovery_port}");
+    let discovery = format!("https://127.0.0.1:{discovery_port}");
+    // The API serves TLS as installed, its certificate from the run's CA (as the target's).
+    std::fs::write(layout.file("discovery.crt"), &pki.server_cert_pem)?;
+    write_private(&layout.file("discovery.key"), &pki.server_key_pem)?;
     let server = start_test_server(root, bin, layout)?;
     std::fs::write(
         layout.file("providers.yaml"),
@@ -118,9 +132,11 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
     std::fs::write(layout.file("discovery-token"), format!("{token}\n"))?;
     let operator = start_operator(bin, layout, discovery_port, target.port())?;
     let mut running = Running::new(layout, server, operator);
+    let ca = layout.file("ca.pem");
     let api = Discovery {
         url: &discovery,
         token: &token,
+        ca: &ca,
     };
     let (started, fronts) = gateway::start(bin, layout, &api)?;
     running.with_gateway(started);
@@ -142,6 +158,79 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
         (Err(e), _) | (Ok(()), Err(e)) => Err(e),
         (Ok(()), Ok(())) => Ok(()),
     }
+}
+
+/// The signals that stop a run: Ctrl-C (SIGINT) from a person, SIGTERM from a test fixture.
+struct Stops {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Stops {
+    fn new() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
+/// Writes `text` to `path`, readable by its owner only (a private key).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Serves until stopped (by a signal, in [`session`]), or fails when the operator exits.
+async fn serve(running: &mut Running<'_>) -> Result<()> {
+    loop {
+        running.check_operator()?;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// Writes the stack file for tests, a whole file or none (written beside it, then renamed):
+/// the discovery API's base URL and the token of its client `default`; the gateway's HTTP front
+/// (`http://127.0.0.1:PORT`) and SOCKS5 front (`127.0.0.1:PORT`); the sample Proxies and pools
+/// applied, all Ready; the run's directory (its logs); and `ca`, the CA file the API's and the
+/// probes' target's certificates chain to.
+fn write_stack_file(
+    path: &Path,
+    discovery: &Discovery<'_>,
+    fronts: gateway::Fronts,
+    applied: &samples::Applied,
+    dir: &Path,
+) -> Result<()> {
+    let stack = serde_json::json!({
+        "discovery": discovery.url,
+        "token": discovery.token,
+        "gateway": format!("http://{}", fronts.http),
+        "socks": fronts.socks.to_string(),
+        "proxies": applied.proxies,
+        "pools": applied.pools,
+        "dir": dir,
+        "ca": discovery.ca,
+    });
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, serde_json::to_vec_pretty(&stack)?)
+        .with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Applies the samples, waits for Ready, then prints the guide and waits for Ctrl-C, or (smoke)
@@ -168,6 +257,11 @@ async fn use_it(
     );
     samples::wait_ready(&api, &applied.proxies, running).await?;
     samples::wait_pools(&pools, &applied.pools, running).await?;
+    if let Some(path) = &options.stack_file {
+        write_stack_file(path, discovery, fronts, &applied, &running.layout.dir)?;
+        println!("dev: serving; wrote {}; SIGINT or SIGTERM stops it", path.display());
+        return serve(running).await;
+    }
     let lines = gateway::curl_lines(fronts, discovery.token, &running.layout.file("ca.pem"), target);
     guide::print(running.layout, &kubeconfig, discovery, target, &applied.proxies, &lines);
     if !options.smoke {

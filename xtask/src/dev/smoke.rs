@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use egress_api::Proxy;
-use egress_discovery::client::{AcquireRequest, Client};
+use egress_discovery::client::AcquireRequest;
 use kube::api::Api;
 
 use super::layout::{Discovery, Layout, NAMESPACE};
@@ -171,14 +171,14 @@ async fn bare_connect(ip: &str, port: u16, authority: &str) -> Result<u16> {
 /// without them, and one with them reaches the local target. Returns the lease's password.
 async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<String> {
     // Without the token the API answers 401 and nothing else.
-    let anonymous = Client::new(discovery.url, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let anonymous = discovery.client(None)?;
     match anonymous.list(&Default::default()).await {
         Err(egress_discovery::client::ClientError::Unauthorized(_)) => {
             println!("dev: smoke: without the token the discovery API answers 401");
         }
         other => bail!("the discovery API served a request without the token: {other:?}"),
     }
-    let client = Client::new(discovery.url, Some(discovery.token.to_owned())).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = discovery.client(Some(discovery.token.to_owned()))?;
     let lease = client
         .acquire(&AcquireRequest {
             selector: BTreeMap::from([("geo".to_owned(), "eu".to_owned())]),
@@ -240,7 +240,7 @@ async fn smoke(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &req
 /// The smoke check of the pool: a lease that names the pool lands on one of its members, whose
 /// proxy carries a request with the lease's credentials.
 async fn smoke_pool(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca: &reqwest::Certificate) -> Result<()> {
-    let client = Client::new(discovery.url, Some(discovery.token.to_owned())).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = discovery.client(Some(discovery.token.to_owned()))?;
     let lease = client
         .acquire(&AcquireRequest {
             selector: BTreeMap::from([("pool".to_owned(), "local-pool".to_owned())]),
@@ -279,7 +279,7 @@ async fn smoke_pool(discovery: &Discovery<'_>, target: std::net::SocketAddr, ca:
 /// The smoke check of sessions: a session's second acquire answers its lease again, which is
 /// then renewed.
 async fn smoke_session(discovery: &Discovery<'_>) -> Result<()> {
-    let client = Client::new(discovery.url, Some(discovery.token.to_owned())).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = discovery.client(Some(discovery.token.to_owned()))?;
     let asked = AcquireRequest {
         ttl_seconds: Some(60),
         session: Some("smoke-login".to_owned()),

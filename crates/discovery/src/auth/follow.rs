@@ -16,7 +16,7 @@ use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use egress_files::{Follower, Kept};
 use tokio_util::sync::CancellationToken;
@@ -28,25 +28,62 @@ use super::token_file::{FileTokens, read_token_file};
 /// The most clients served, the default client included.
 pub const MAX_CLIENTS: usize = 64;
 
-/// One file as followed: the tokens it last gave, which stay in force while it is missing,
-/// empty or unusable, and the problem last logged about it.
+/// How long a token file may be missing or empty before its tokens are revoked, unless told
+/// otherwise (`--token-revoke-grace`): the kubelet updates a Secret volume by swapping files, so
+/// a short gap is not a removal.
+pub const DEFAULT_REVOKE_GRACE: Duration = Duration::from_secs(30);
+
+/// One file as followed: the tokens it last gave, which stay in force while it is unusable and,
+/// for the grace, while it is missing or empty; and the problem last logged about it.
 #[derive(Default)]
-struct Followed(Kept<Vec<String>, String>);
+struct Followed {
+    kept: Kept<Vec<String>, String>,
+    /// Since when the file has been missing or empty while its tokens were in force.
+    gone_since: Option<Instant>,
+}
+
+/// What a pass over one file has to say.
+#[derive(Debug, PartialEq, Eq)]
+enum Event {
+    /// A new problem: the file cannot be used (its tokens stay).
+    Unusable(String),
+    /// The file has just gone missing or empty: its tokens go once the grace has passed.
+    Going,
+    /// The grace has passed: its tokens are revoked.
+    Revoked,
+}
 
 impl Followed {
     /// The tokens kept (none before the file gave any).
     fn kept(&self) -> &[String] {
-        self.0.value().map_or(&[], Vec::as_slice)
+        self.kept.value().map_or(&[], Vec::as_slice)
     }
 
-    /// Takes what the file gave now; answers the problem to log, when it is a new one.
-    fn take(&mut self, read: FileTokens) -> Option<String> {
-        let look = match read {
-            FileTokens::Tokens(tokens) if !tokens.is_empty() => Ok(Some(tokens)),
-            FileTokens::Tokens(_) | FileTokens::Missing => Ok(None),
-            FileTokens::Unusable(why) => Err(why),
+    /// Takes what the file gave at `now`: tokens replace those kept; a problem keeps them; a
+    /// missing or empty file keeps them for `grace`, then revokes them.
+    fn take(&mut self, read: FileTokens, now: Instant, grace: Duration) -> Option<Event> {
+        let tokens = match read {
+            FileTokens::Tokens(tokens) if !tokens.is_empty() => tokens,
+            FileTokens::Unusable(why) => {
+                self.gone_since = None;
+                return self.kept.take(Err(why)).cloned().map(Event::Unusable);
+            }
+            FileTokens::Tokens(_) | FileTokens::Missing => {
+                self.kept.take(Ok(None));
+                if self.kept().is_empty() {
+                    return None;
+                }
+                let since = *self.gone_since.get_or_insert(now);
+                if now.saturating_duration_since(since) >= grace {
+                    *self = Self::default();
+                    return Some(Event::Revoked);
+                }
+                return (since == now).then_some(Event::Going);
+            }
         };
-        self.0.take(look).cloned()
+        self.gone_since = None;
+        self.kept.take(Ok(Some(tokens)));
+        None
     }
 }
 
@@ -118,11 +155,11 @@ fn joined(names: &[ClientName]) -> String {
 /// Where the clients' tokens come from, and what each file last gave. [`reload`](Self::reload)
 /// reads them all once; [`follow`](Self::follow) does it on a schedule. Its `Debug` shows paths
 /// and names, never a token.
-#[derive(Default)]
 pub struct ClientFiles {
     token_file: Option<PathBuf>,
     dir: Option<PathBuf>,
     fixed: Vec<String>,
+    revoke_grace: Duration,
     from_token_file: Followed,
     from_default_file: Followed,
     named: BTreeMap<ClientName, Followed>,
@@ -130,6 +167,22 @@ pub struct ClientFiles {
     /// What this follower last put in force: a pass that gives the same changes nothing (and
     /// leaves a token the manager made in force while no file gives one).
     last: Arc<Table>,
+}
+
+impl Default for ClientFiles {
+    fn default() -> Self {
+        Self {
+            token_file: None,
+            dir: None,
+            fixed: Vec::new(),
+            revoke_grace: DEFAULT_REVOKE_GRACE,
+            from_token_file: Followed::default(),
+            from_default_file: Followed::default(),
+            named: BTreeMap::new(),
+            logged: Logged::default(),
+            last: Arc::default(),
+        }
+    }
 }
 
 impl fmt::Debug for ClientFiles {
@@ -159,6 +212,14 @@ impl ClientFiles {
         self
     }
 
+    /// How long a file may be missing or empty before its tokens are revoked
+    /// ([`DEFAULT_REVOKE_GRACE`] unless told); 0 revokes at the first pass that finds it so.
+    #[must_use]
+    pub fn revoke_grace(mut self, grace: Duration) -> Self {
+        self.revoke_grace = grace;
+        self
+    }
+
     /// Tokens of the default client that never change (`DISCOVERY_TOKEN`).
     #[must_use]
     pub fn fixed_tokens(mut self, tokens: Vec<String>) -> Self {
@@ -183,24 +244,36 @@ impl ClientFiles {
         Some(changed)
     }
 
-    /// Reads the token file, then the files the token dir lists that are served.
+    /// Reads the token file, then the token dir's files of the clients served: a file the dir
+    /// no longer lists is missing. When the dir cannot be listed, its clients stay as they are.
     fn read_files(&mut self) {
+        let (now, grace) = (Instant::now(), self.revoke_grace);
+        let default = ClientName::default();
         if let Some(path) = &self.token_file {
-            let problem = self.from_token_file.take(read_token_file(path));
-            unusable(problem, &ClientName::default());
+            let event = self.from_token_file.take(read_token_file(path), now, grace);
+            say(event, &default, path, grace);
         }
-        let listing = self.list_dir();
+        let Some(listing) = self.list_dir() else { return };
         let served = self.serve_within_cap(&listing.clients);
         let Some(dir) = &self.dir else { return };
-        if listing.default {
-            let problem = self
-                .from_default_file
-                .take(read_token_file(&dir.join(ClientName::DEFAULT)));
-            unusable(problem, &ClientName::default());
-        }
-        for name in served.iter().filter(|n| listing.clients.contains(*n)) {
-            let read = read_token_file(&dir.join(name.as_str()));
-            unusable(self.named.entry(name.clone()).or_default().take(read), name);
+        let read = |listed: bool, path: &Path| {
+            if listed {
+                read_token_file(path)
+            } else {
+                FileTokens::Missing
+            }
+        };
+        let path = dir.join(ClientName::DEFAULT);
+        let event = self.from_default_file.take(read(listing.default, &path), now, grace);
+        say(event, &default, &path, grace);
+        for name in served {
+            let path = dir.join(name.as_str());
+            let event = self.named.entry(name.clone()).or_default().take(
+                read(listing.clients.contains(&name), &path),
+                now,
+                grace,
+            );
+            say(event, &name, &path, grace);
         }
     }
 
@@ -222,11 +295,11 @@ impl ClientFiles {
         same.then(|| file.file_name().map(OsStr::to_owned)).flatten()
     }
 
-    /// The token dir's entries, sorted out; nothing when it is missing or cannot be listed
-    /// (then the clients read before stay).
-    fn list_dir(&mut self) -> Listing {
+    /// The token dir's entries, sorted out; none when there is no dir or it is missing, and
+    /// `None` when it cannot be listed (then the clients read before stay).
+    fn list_dir(&mut self) -> Option<Listing> {
         let Some(dir) = self.dir.clone() else {
-            return Listing::default();
+            return Some(Listing::default());
         };
         let names = match read_names(&dir) {
             Ok(names) => names,
@@ -237,7 +310,7 @@ impl ClientFiles {
                     tracing::warn!(target: "discovery", problem = %why, "the discovery token dir cannot be listed; the clients in force stay");
                     self.logged.dir_problem = Some(why);
                 }
-                return Listing::default();
+                return None;
             }
         };
         self.logged.dir_problem = None;
@@ -250,7 +323,7 @@ impl ClientFiles {
             );
         }
         self.logged.not_labels.clone_from(&listing.not_labels);
-        listing
+        Some(listing)
     }
 
     /// The named clients to serve: those listed now and those served before whose file went
@@ -325,10 +398,19 @@ impl egress_files::Followed for Following {
     }
 }
 
-/// Logs a token file's new problem.
-fn unusable(problem: Option<String>, client: &ClientName) {
-    if let Some(why) = problem {
-        tracing::warn!(target: "discovery", problem = %why, client = %client, "the discovery token file cannot be used; the tokens in force stay");
+/// Logs what a pass over `client`'s file `path` found, if anything.
+fn say(event: Option<Event>, client: &ClientName, path: &Path, grace: Duration) {
+    match event {
+        None => {}
+        Some(Event::Unusable(why)) => {
+            tracing::warn!(target: "discovery", problem = %why, client = %client, "the discovery token file cannot be used; the tokens in force stay")
+        }
+        Some(Event::Going) => {
+            tracing::info!(target: "discovery", client = %client, file = %path.display(), grace = ?grace, "a discovery token file is missing or empty: its tokens are revoked once the grace has passed, unless it comes back")
+        }
+        Some(Event::Revoked) => {
+            tracing::warn!(target: "discovery", client = %client, file = %path.display(), "a discovery token file was removed or emptied: its tokens are revoked")
+        }
     }
 }
 
@@ -352,22 +434,47 @@ mod tests {
     }
 
     #[test]
-    fn a_file_that_goes_missing_empty_or_unusable_keeps_its_tokens() {
+    fn a_file_that_is_unusable_keeps_its_tokens() {
         let mut file = Followed::default();
-        assert_eq!(file.take(FileTokens::Tokens(tokens(&["f1"]))), None);
-        assert_eq!(file.take(FileTokens::Tokens(Vec::new())), None);
-        assert_eq!(file.take(FileTokens::Missing), None);
-        assert_eq!(file.kept(), tokens(&["f1"]));
-        assert_eq!(file.take(FileTokens::Unusable("bad".into())), Some("bad".into()));
-        assert_eq!(file.take(FileTokens::Unusable("bad".into())), None, "logged once");
-        assert_eq!(file.take(FileTokens::Unusable("worse".into())), Some("worse".into()));
-        assert_eq!(file.kept(), tokens(&["f1"]));
-        assert_eq!(file.take(FileTokens::Tokens(tokens(&["f2"]))), None);
-        assert_eq!(file.kept(), tokens(&["f2"]));
+        let (now, grace) = (Instant::now(), Duration::ZERO);
+        let mut take = |read| file.take(read, now, grace);
+        let bad = |why: &str| Some(Event::Unusable(why.into()));
+        assert_eq!(take(FileTokens::Tokens(tokens(&["f1"]))), None);
+        assert_eq!(take(FileTokens::Unusable("bad".into())), bad("bad"));
+        assert_eq!(take(FileTokens::Unusable("bad".into())), None, "logged once");
+        assert_eq!(take(FileTokens::Unusable("worse".into())), bad("worse"));
+        assert_eq!(take(FileTokens::Tokens(tokens(&["f2"]))), None);
         assert_eq!(
-            file.take(FileTokens::Unusable("bad".into())),
-            Some("bad".into()),
+            take(FileTokens::Unusable("bad".into())),
+            bad("bad"),
             "a problem back is new again"
+        );
+        assert_eq!(file.kept(), tokens(&["f2"]));
+    }
+
+    #[test]
+    fn a_file_missing_or_empty_past_the_grace_is_revoked_not_before() {
+        let grace = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut file = Followed::default();
+        assert_eq!(file.take(FileTokens::Tokens(tokens(&["f1"])), at(0), grace), None);
+        assert_eq!(file.take(FileTokens::Missing, at(1), grace), Some(Event::Going));
+        assert_eq!(file.take(FileTokens::Tokens(Vec::new()), at(20), grace), None);
+        assert_eq!(file.kept(), tokens(&["f1"]), "kept within the grace");
+        // Back within the grace: the count starts again at the next gap.
+        assert_eq!(file.take(FileTokens::Tokens(tokens(&["f1"])), at(25), grace), None);
+        assert_eq!(file.take(FileTokens::Missing, at(40), grace), Some(Event::Going));
+        assert_eq!(file.take(FileTokens::Missing, at(69), grace), None);
+        assert_eq!(file.take(FileTokens::Missing, at(70), grace), Some(Event::Revoked));
+        assert!(file.kept().is_empty());
+        assert_eq!(file.take(FileTokens::Missing, at(80), grace), None, "said once");
+        // A grace of 0 revokes at the first pass that finds the file gone.
+        let mut file = Followed::default();
+        file.take(FileTokens::Tokens(tokens(&["f1"])), at(0), Duration::ZERO);
+        assert_eq!(
+            file.take(FileTokens::Missing, at(0), Duration::ZERO),
+            Some(Event::Revoked)
         );
     }
 
@@ -447,7 +554,10 @@ mod tests {
             .fixed_tokens(tokens(&["sentinel-fixed-token"]));
         files.named.insert(
             name("team-a"),
-            Followed(Kept::holding(tokens(&["sentinel-team-token"]))),
+            Followed {
+                kept: Kept::holding(tokens(&["sentinel-team-token"])),
+                gone_since: None,
+            },
         );
         let (table, _) = Table::build(&files.clients());
         let shown = format!("{files:?} {table:?}");

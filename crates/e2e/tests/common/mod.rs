@@ -114,6 +114,7 @@ fn start_probing_as(
         "--health-probe-bind-address=0".to_owned(),
         "--zap-encoder=json".to_owned(),
         "--discovery-addr=127.0.0.1:0".to_owned(),
+        "--discovery-tls=off".to_owned(),
         // The tests' proxies and targets listen on this machine; their Proxies are in `default`.
         format!("--allowed-internal-destinations={LOCAL_DESTINATIONS}"),
         "--external-proxy-namespaces=default".to_owned(),
@@ -392,4 +393,26 @@ pub async fn lease(discovery: &str, token: &str, body: &str) -> (u16, serde_json
         .expect("the discovery API answers");
     let status = answer.status().as_u16();
     (status, answer.json().await.expect("a JSON answer"))
+}
+
+/// The address a server logged it is serving on.
+pub fn served(line: &serde_json::Value) -> String {
+    line["address"].as_str().expect("address").to_string()
+}
+
+/// Waits until the operator has written a status on Proxy `outside`.
+pub async fn until_status_written(proxies: kube::Api<Proxy>) {
+    let observed = kube::runtime::wait::await_condition(proxies, "outside", |p: Option<&Proxy>| {
+        p.is_some_and(|p| p.status.is_some())
+    });
+    tokio::time::timeout(PATIENCE, observed)
+        .await
+        .expect("the operator never wrote a status")
+        .unwrap();
+}
+
+/// Creates External Proxy `outside` at 127.0.0.1:1, where nothing listens: its probes fail.
+pub async fn create_unreachable_external(proxies: &kube::Api<Proxy>) {
+    let proxy = Proxy::new("outside", external_spec(1));
+    proxies.create(&kube::api::PostParams::default(), &proxy).await.unwrap();
 }

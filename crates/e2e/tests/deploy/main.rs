@@ -10,6 +10,7 @@ use serde_json::Value;
 
 /// The network policies and the gateway's install.
 mod policies;
+mod tls;
 use policies::deployment;
 
 pub(crate) fn deploy(file: &str) -> PathBuf {
