@@ -15,8 +15,8 @@ fn main() -> ExitCode {
                 .with(egress_provider_gcp::provider_type(egress_provider_gcp::WireOptions {
                     full_payloads: flags.gcp_wire_log_full_payloads,
                 }))
-                .with(egress_provider_kvm::provider_type())
-                .with(egress_provider_kvm2::provider_type())
+                .with(egress_provider_kvm::provider_type_judging(flags.internal.clone()))
+                .with(egress_provider_kvm2::provider_type_judging(flags.internal.clone()))
                 .with(egress_provider_local::provider_type())
         }),
         health: egress_manager::Health::Engine,

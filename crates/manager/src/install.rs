@@ -1,5 +1,5 @@
-//! Who this install is: the namespace it runs in, the namespaces it serves, and its
-//! installation id. Read once at start.
+//! Who this install is: the namespace it runs in, the namespaces it serves, its installation
+//! id, and this replica's name. Read once at start.
 
 use std::time::Duration;
 
@@ -94,4 +94,19 @@ pub(crate) async fn own_namespace(kubeconfig: &str) -> String {
             .await
             .map_or_else(|_| "default".to_owned(), |c| c.default_namespace),
     }
+}
+
+/// This replica's name in the Lease: the pod (or host) name plus a random suffix, as
+/// controller-runtime makes it, so a restarted pod is a new candidate.
+pub(crate) fn replica_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "egress-operator".into());
+    let suffix = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|u| u.trim().to_string())
+        .unwrap_or_else(|_| format!("{}", std::process::id()));
+    format!("{host}_{suffix}")
 }

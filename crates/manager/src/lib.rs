@@ -62,6 +62,10 @@ pub struct ProviderFlags {
     pub gcp_wire_log_full_payloads: bool,
     /// The namespaces the operator serves (`--proxy-namespace`, resolved); `None`: every one.
     pub proxy_namespaces: Option<Vec<String>>,
+    /// What is internal for what providers fetch on a Proxy's word (kvm and kvm2 image URLs):
+    /// the fixed lists, plus `--cluster-cidrs`, minus `--allowed-internal-destinations`; the
+    /// same judge the External Proxies' endpoints meet.
+    pub internal: egress_netguard::Guard,
 }
 
 /// Builds the registry of provider types once the command line is parsed.

@@ -55,9 +55,11 @@ pub(crate) async fn operate(
     // Where the operator runs (contacts nothing), and so which namespaces it serves.
     let own_namespace = crate::install::own_namespace(&options.kubeconfig).await;
     let served = crate::install::namespaces(&options.proxy_namespaces, &own_namespace);
+    let internal = internal_guard(&options)?;
     let registry = registry(&ProviderFlags {
         gcp_wire_log_full_payloads: options.gcp_wire_log_full_payloads,
         proxy_namespaces: served.names().map(|n| n.iter().cloned().collect()),
+        internal: internal.clone(),
     });
     let loaded = load_providers(&options, &registry, &health)?;
     if let Some(notice) = notice {
@@ -260,7 +262,7 @@ async fn lead(options: &Options, replica: &Replica, shutdown: &CancellationToken
     let elector = Elector::new(
         kube::Api::namespaced(replica.client.clone(), namespace),
         LEASE_NAME,
-        &identity(),
+        &crate::install::replica_identity(),
         ElectionTimings::default(),
     )
     .map_err(|e| Fatal::new("Failed to set up leader election", e))?;
@@ -600,32 +602,22 @@ async fn supervise(
     }
 }
 
+/// What is internal: the fixed lists, the cluster's ranges (`--cluster-cidrs`), minus
+/// `--allowed-internal-destinations`.
+fn internal_guard(options: &Options) -> Result<egress_netguard::Guard, Fatal> {
+    // Both lists were checked as the flags were read.
+    egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
+        .map_err(|e| Fatal::plain(format!("invalid --cluster-cidrs: {e}")))
+}
+
 /// Where External Proxies are accepted (by default only in the operator's own namespace) and
 /// what they may not point at.
 fn external_rules(options: &Options, own_namespace: &str) -> Result<proxy::destinations::ExternalRules, Fatal> {
     use proxy::destinations::ExternalRules;
-    // Both lists were checked as the flags were read.
-    let guard = egress_netguard::Guard::new(&options.cluster_cidrs, &options.allowed_internal_destinations)
-        .map_err(|e| Fatal::plain(format!("invalid --cluster-cidrs: {e}")))?;
     Ok(ExternalRules {
         namespaces: crate::install::namespaces(&options.external_proxy_namespaces, own_namespace),
-        guard: Arc::new(guard),
+        guard: Arc::new(internal_guard(options)?),
     })
-}
-
-/// This replica's name in the Lease: the pod (or host) name plus a random suffix, as
-/// controller-runtime makes it, so a restarted pod is a new candidate.
-fn identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "egress-operator".into());
-    let suffix = std::fs::read_to_string("/proc/sys/kernel/random/uuid")
-        .map(|u| u.trim().to_string())
-        .unwrap_or_else(|_| format!("{}", std::process::id()));
-    format!("{host}_{suffix}")
 }
 
 /// Forgets ended leases and cooldowns every 30 s, until `shutdown`.

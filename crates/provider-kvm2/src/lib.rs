@@ -20,12 +20,14 @@ use std::sync::Arc;
 
 use egress_libvirt::Host;
 use egress_libvirt::config::KvmConfig;
+use egress_libvirt::engine::url_guard::SystemLookup;
 pub use egress_libvirt::engine::{
     Generation, LibvirtProvider, check, classify, failure, fence, id, image, locks, observe, ops, placement, provider,
     traced,
 };
 pub use egress_libvirt::names;
 use egress_libvirt_ssh::{DialOptions, HostKeys, HostTarget};
+use egress_netguard::Guard;
 use egress_provider::config::ProviderConfig;
 use egress_provider::{BoxError, Provider, ProviderType};
 use tracing::field::Empty;
@@ -44,9 +46,18 @@ pub fn new(entry: &str, cfg: KvmConfig, hosts: Vec<Box<dyn Host>>) -> Result<Kvm
 /// The `type:` value.
 pub const TYPE_NAME: &str = "kvm2";
 
-/// The `kvm2` provider type for the operator's registry.
+/// The `kvm2` provider type for the operator's registry, judging image URLs by the fixed
+/// lists of internal addresses alone ([`provider_type_judging`] adds the cluster's).
 pub fn provider_type() -> ProviderType {
-    ProviderType::with_block::<KvmConfig>(TYPE_NAME, construct).sharing("libvirt", egress_libvirt::config::shared_pools)
+    provider_type_judging(Guard::default())
+}
+
+/// The `kvm2` provider type whose entries refuse the image URLs of Proxies that `internal`
+/// finds internal (when an entry has no `imageUrlHosts`): the operator passes the judge its
+/// `--cluster-cidrs` and `--allowed-internal-destinations` make.
+pub fn provider_type_judging(internal: Guard) -> ProviderType {
+    ProviderType::with_block::<KvmConfig>(TYPE_NAME, move |entry| construct_judging(entry, &internal))
+        .sharing("libvirt", egress_libvirt::config::shared_pools)
 }
 
 /// The span of every dial to a host, pooled or dedicated.
@@ -71,6 +82,14 @@ fn dial_span(host: &HostTarget) -> tracing::Span {
 /// No `kvm2` block (the validator refuses that first); an entry name that cannot be part of a
 /// volume name.
 pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> {
+    construct_judging(entry, &Guard::default())
+}
+
+/// [`construct`], with `internal` judging what is internal for the image URLs of Proxies.
+///
+/// # Errors
+/// As [`construct`].
+pub fn construct_judging(entry: &ProviderConfig, internal: &Guard) -> Result<Arc<dyn Provider>, BoxError> {
     let cfg: KvmConfig = entry.block()?.ok_or("kvm2 block is required")?;
     let host_keys = if cfg.insecure_ignore_host_key {
         HostKeys::AcceptAny
@@ -83,5 +102,6 @@ pub fn construct(entry: &ProviderConfig) -> Result<Arc<dyn Provider>, BoxError> 
         ..DialOptions::new(&cfg.ssh_key_file, host_keys)
     };
     let hosts = egress_libvirt_ssh::hosts_of(&cfg, options);
-    Ok(Arc::new(new(&entry.name, cfg, hosts)?))
+    let provider = new(&entry.name, cfg, hosts)?.with_url_resolution(internal.clone(), Arc::new(SystemLookup))?;
+    Ok(Arc::new(provider))
 }

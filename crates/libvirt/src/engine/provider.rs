@@ -112,8 +112,9 @@ impl LibvirtProvider {
     }
 
     /// The provider with its downloads resolving names through `lookup`, and `guard` judging
-    /// what is internal for the URLs Proxies give when `imageUrlHosts` is absent: for tests,
-    /// whose mirrors are on loopback and whose names resolve where the test says.
+    /// what is internal for the URLs Proxies give when `imageUrlHosts` is absent: the
+    /// operator's judge (with the cluster's ranges), or a test's, whose mirrors are on loopback
+    /// and whose names resolve where the test says.
     ///
     /// # Errors
     /// The HTTP clients failing to build.
