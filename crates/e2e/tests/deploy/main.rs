@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use egress_manager::flags::{self, Command};
 use serde_json::Value;
 
+/// The install as the docs walk it: the example overlay, the generated providers ConfigMap.
+mod install;
 /// The network policies and the gateway's install.
 mod policies;
 mod tls;
@@ -133,8 +135,7 @@ fn load(text: &str) -> egress_provider::config::ProvidersConfig {
 }
 
 fn shipped_providers_text() -> String {
-    let cm = yaml("manager/providers_config.yaml");
-    cm["data"]["providers.yaml"].as_str().unwrap().to_owned()
+    std::fs::read_to_string(deploy("manager/providers.yaml")).unwrap()
 }
 
 /// The commented example entries of the shipped config, each uncommented.
@@ -241,10 +242,15 @@ fn the_samples_name_entries_that_exist() {
 
 /// `kubectl kustomize deploy/<dir>`, one value per document; None when kubectl is missing.
 pub(crate) fn render(dir: &str, test: &str) -> Option<Vec<Value>> {
+    render_path(&deploy(dir), test)
+}
+
+/// `kubectl kustomize <dir>`, one value per document; None when kubectl is missing.
+pub(crate) fn render_path(dir: &Path, test: &str) -> Option<Vec<Value>> {
     let kubectl = egress_testkit::on_path("kubectl", test)?;
     let out = std::process::Command::new(kubectl)
         .arg("kustomize")
-        .arg(deploy(dir))
+        .arg(dir)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -262,10 +268,7 @@ fn the_rendered_default_install_carries_a_config_that_loads() {
     let Some(rendered) = render("default", "the_rendered_default_install_carries_a_config_that_loads") else {
         return;
     };
-    let config_map = rendered
-        .into_iter()
-        .find(|v| v["kind"] == "ConfigMap" && v["metadata"]["name"] == "egress-proxies-operator-providers-config")
-        .expect("the providers ConfigMap is rendered");
+    let config_map = install::providers_config_map(&rendered);
     assert_eq!(config_map["metadata"]["namespace"], "egress-proxies-operator-system");
     let config = load(config_map["data"]["providers.yaml"].as_str().unwrap());
     assert!(
@@ -526,6 +529,7 @@ fn the_kustomizations_name_files_that_exist() {
         "samples",
         "samples/other-providers",
         "default",
+        "example",
     ] {
         let k = yaml(&format!("{dir}/kustomization.yaml"));
         let components = if k["components"].is_array() {
@@ -533,7 +537,12 @@ fn the_kustomizations_name_files_that_exist() {
         } else {
             Vec::new()
         };
-        for r in strings(&k["resources"]).into_iter().chain(components) {
+        let generated = k["configMapGenerator"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| strings(&g["files"]));
+        for r in strings(&k["resources"]).into_iter().chain(components).chain(generated) {
             assert!(
                 deploy(dir).join(&r).exists(),
                 "{dir}/kustomization.yaml lists missing {r}"
