@@ -30,6 +30,12 @@
 //!   (the libvirt C bindings need libvirt-dev before anything compiles).
 //! - `crds [--check]`: writes `deploy/crds/*.yaml` from the `egress-api` types;
 //!   `--check` fails when the files are stale (CI runs it).
+//! - `licenses [--check]`: writes `deploy/licenses/rust-crates.tsv`, the Rust crates the image
+//!   ships with their licences, from Cargo.lock; `--check` fails when it is stale (CI runs it).
+//! - `image [--debug] [--tag T]`: the operator's image built with podman from
+//!   `deploy/Dockerfile` without any registry (the Debian base made with mmdebstrap when
+//!   absent), saved as `target/image/egress-proxies-operator.oci.tar`; prints its size and
+//!   the packages its runtime layer adds.
 //!
 //! - `bench [--proxies N] [--debug] [--only NAME]`: tables of figures: the health engine at
 //!   1 000 and 10 000 proxies, the discovery API under 64 clients and the lease stores, the
@@ -53,6 +59,8 @@ mod crds;
 mod dev;
 mod gcp_real;
 mod hypervisor;
+mod image;
+mod licenses;
 mod map;
 mod procs;
 mod python;
@@ -139,6 +147,21 @@ enum Cmd {
     /// Fail on a dependency a manifest declares and its crate does not use (cargo-machete at a
     /// pinned version, installed when missing).
     Unused,
+    /// Write deploy/licenses/rust-crates.tsv from Cargo.lock (`--check`: fail if it is stale).
+    Licenses {
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the image with podman, without any registry, and save it as an OCI archive under
+    /// target/image.
+    Image {
+        /// From the debug binaries `cargo build --workspace` made, instead of a release build.
+        #[arg(long)]
+        debug: bool,
+        /// The image's tag.
+        #[arg(long, default_value = "dev")]
+        tag: String,
+    },
     /// The benchmarks (a release build by default): the health engine, the discovery API, the
     /// lease stores, the operator's memory and time to Ready with many Proxies, kvm2 on the local
     /// hypervisor, a ProxyPool's failover and rotation.
@@ -221,6 +244,11 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Crds { check } => crds::run(&root, check),
         Cmd::Map { check } => map::run(&root, check),
         Cmd::Unused => unused::run(&root),
+        Cmd::Licenses { check } => licenses::run(&root, check),
+        Cmd::Image { debug, tag } => {
+            let built = image::build(&root, !debug, &tag)?;
+            image::describe(&root, &built)
+        }
         Cmd::Bench { proxies, debug, only } => bench::run(&root, proxies, !debug, &only),
         Cmd::Packages => system::ensure_packages(system::APT_PACKAGES),
         Cmd::Python => {
@@ -232,6 +260,7 @@ fn run(cli: Cli) -> Result<()> {
             system::ensure_packages(system::APT_PACKAGES)?;
             cargo(&root, &["fmt", "--all", "--check"])?;
             crds::run(&root, true)?;
+            licenses::run(&root, true)?;
             map::run(&root, true)?;
             unused::run(&root)?;
             cargo(&root, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
@@ -323,13 +352,15 @@ enum Failure {
     GcpReal(anyhow::Error),
     /// The Python package's checks failed.
     Python(String),
+    /// The image for the shipped-install test could not be built.
+    Image(anyhow::Error),
 }
 
 impl Failure {
     fn exit_code(&self) -> i32 {
         match self {
             Self::Cargo(code) => *code,
-            Self::Smoke(_) | Self::GcpReal(_) | Self::Python(_) => 1,
+            Self::Smoke(_) | Self::GcpReal(_) | Self::Python(_) | Self::Image(_) => 1,
         }
     }
 }
@@ -341,6 +372,7 @@ impl std::fmt::Display for Failure {
             Self::Smoke(e) => write!(f, "the dev smoke run failed: {e:#}"),
             Self::GcpReal(e) => write!(f, "conformance --provider gcp --real against the fake failed: {e:#}"),
             Self::Python(e) => write!(f, "the Python package's checks failed: {e}"),
+            Self::Image(e) => write!(f, "building the image for the shipped-install test failed: {e:#}"),
         }
     }
 }
@@ -416,6 +448,17 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
                 }
             }
             Err(e) => count(&mut total, &mut failure, Err(Failure::Python(format!("{e:#}")))),
+        }
+        // Last and alone: its Pod binds the manager's ports on the host's network.
+        println!("xtask: the shipped install, run from the image with podman");
+        match image::test_shipped_install(root) {
+            Ok((status, counts)) => {
+                total.add(&counts);
+                if !status.success() && failure.is_none() {
+                    failure = Some(Failure::Cargo(status.code().unwrap_or(1)));
+                }
+            }
+            Err(e) => count(&mut total, &mut failure, Err(Failure::Image(e))),
         }
     }
     Ok((total, failure))

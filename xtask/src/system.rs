@@ -14,8 +14,9 @@ pub(crate) const BUILD_PACKAGES: &[&str] = &["ca-certificates", "libvirt-dev", "
 /// probes and the local provider); the OpenSSH client (test keys); redis-server and redis-tools'
 /// `redis-cli` (the shared lease store's tests, on one server and on a cluster); Squid (the kubernetes provider's generated config, run for real) with
 /// iproute2 and util-linux's `unshare` (the Squid test's own network namespace); strace (the
-/// record of where the binary sends packets, in the test of refused destinations). The
-/// hypervisor's own packages are `cargo xtask hypervisor up`'s.
+/// record of where the binary sends packets, in the test of refused destinations); podman,
+/// runc, catatonit, mmdebstrap and binutils (the image, `crate::image::PACKAGES`, built and run
+/// by the shipped-install test). The hypervisor's own packages are `cargo xtask hypervisor up`'s.
 pub(crate) const APT_PACKAGES: &[&str] = &[
     "ca-certificates",
     "libvirt-dev",
@@ -28,6 +29,11 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "util-linux",
     "strace",
+    "podman",
+    "runc",
+    "catatonit",
+    "mmdebstrap",
+    "binutils",
 ];
 
 /// Packages whose install starts a system service the tests do not want: Debian's squid

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{cluster, start_probing, wait_for_proxy};
-use egress_api::{CloudInit, HealthCheckSpec, Mode, Phase, Placement, Proxy, ProxySpec};
+use egress_api::{HealthCheckSpec, Phase, Proxy};
 use egress_libvirt::HypervisorEnv;
 use egress_libvirt::host::{Host, UNDEFINE_FLAGS};
 use egress_libvirt_ssh::{DialOptions, Dialer, HostKeys, HostTarget, Pool, RemoteHost};
@@ -88,30 +88,6 @@ fn providers_file(env: &HypervisorEnv, entry: &str, url: &str, digest: &str, bri
     )
 }
 
-/// A Managed Proxy `name` on `entry`'s host `hv`, booting the image `test-image`.
-fn vm_proxy(name: &str, entry: &str) -> Proxy {
-    Proxy::new(
-        name,
-        ProxySpec {
-            mode: Mode::Managed,
-            provider: entry.into(),
-            placement: Some(Placement {
-                zone: "hv".into(),
-                machine_type: "small".into(),
-                image: "test-image".into(),
-                ..Placement::default()
-            }),
-            cloud_init: Some(CloudInit {
-                inline: Some("#cloud-config\n".into()),
-                ..CloudInit::default()
-            }),
-            port: 3128,
-            health_check: Some(HealthCheckSpec::default()),
-            ..ProxySpec::default()
-        },
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
     let Some(env) = HypervisorEnv::for_test() else { return };
@@ -131,7 +107,7 @@ async fn a_kvm2_proxy_boots_is_leased_carries_traffic_and_is_removed() {
     let server = &cluster.server;
 
     let api: Api<Proxy> = Api::namespaced(server.client().unwrap(), "default");
-    let proxy = vm_proxy("vm-1", entry);
+    let proxy = common::vm_proxy("vm-1", entry);
     api.create(&PostParams::default(), &proxy).await.unwrap();
     let ready = wait_for_proxy(&api, "vm-1", "Ready", BOOT_PATIENCE, |p| {
         p.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready)
@@ -264,7 +240,7 @@ async fn a_kvm2_guest_that_never_gets_an_address_is_replaced_at_the_provisioning
     let (mut op, _) = start_probing(&cluster, &pki.ca_pem, &health_url, &["--provisioning-timeout=30s"], &[]);
     let client = cluster.server.client().unwrap();
     let api: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    api.create(&PostParams::default(), &vm_proxy("vm-dark", entry))
+    api.create(&PostParams::default(), &common::vm_proxy("vm-dark", entry))
         .await
         .unwrap();
 
@@ -356,7 +332,7 @@ async fn a_kvm2_pool_member_lost_behind_the_operators_back_is_replaced_by_its_st
     let pool_events = watcher(events, watcher::Config::default()).applied_objects();
     let mut pool_events = std::pin::pin!(pool_events);
 
-    let mut spec = vm_proxy("template", entry).spec;
+    let mut spec = common::vm_proxy("template", entry).spec;
     // Probed often, so the loss shows in seconds rather than the default minute and a half.
     spec.health_check = Some(HealthCheckSpec {
         interval_seconds: Some(2),

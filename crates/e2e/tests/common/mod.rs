@@ -416,3 +416,27 @@ pub async fn create_unreachable_external(proxies: &kube::Api<Proxy>) {
     let proxy = Proxy::new("outside", external_spec(1));
     proxies.create(&kube::api::PostParams::default(), &proxy).await.unwrap();
 }
+
+/// A Managed Proxy `name` on `entry`'s host `hv`, booting the image `test-image`.
+pub fn vm_proxy(name: &str, entry: &str) -> Proxy {
+    egress_api::Proxy::new(
+        name,
+        egress_api::ProxySpec {
+            mode: egress_api::Mode::Managed,
+            provider: entry.into(),
+            placement: Some(egress_api::Placement {
+                zone: "hv".into(),
+                machine_type: "small".into(),
+                image: "test-image".into(),
+                ..egress_api::Placement::default()
+            }),
+            cloud_init: Some(egress_api::CloudInit {
+                inline: Some("#cloud-config\n".into()),
+                ..egress_api::CloudInit::default()
+            }),
+            port: 3128,
+            health_check: Some(egress_api::HealthCheckSpec::default()),
+            ..egress_api::ProxySpec::default()
+        },
+    )
+}
