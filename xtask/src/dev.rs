@@ -24,6 +24,7 @@
 //! [`smoke`] (the check without one), [`running`] (the children and the teardown), [`layout`]
 //! (the run's files and names).
 
+mod exits;
 mod gateway;
 mod guide;
 mod layout;

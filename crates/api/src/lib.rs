@@ -15,8 +15,8 @@ pub mod served;
 pub use condition::{Condition, ConditionStatus};
 pub use provider_health::{ProviderHealth, ProviderHealthFields, ProviderHealthStatus, ProviderTarget};
 pub use proxy::{
-    CloudInit, Credentials, CredentialsSecretRef, CredentialsType, Endpoint, HealthCheck, HealthCheckSpec, Mode, Phase,
-    Placement, PoolMembership, PoolRole, Proxy, ProxySpec, ProxyStatus, SecretRef,
+    CloudInit, Credentials, CredentialsSecretRef, CredentialsType, Endpoint, ExitSpec, ExitStatus, HealthCheck,
+    HealthCheckSpec, Mode, Phase, Placement, PoolMembership, PoolRole, Proxy, ProxySpec, ProxyStatus, SecretRef,
 };
 pub use proxy_pool::{
     IntOrString, PoolAutoscale, PoolStrategy, ProxyPool, ProxyPoolSpec, ProxyPoolStatus, ProxyTemplate,
@@ -82,10 +82,23 @@ pub mod conditions {
     pub const HEALTHY: &str = "Healthy";
     /// On a ProviderHealth: every target is ready.
     pub const READY: &str = "Ready";
+    /// On a Proxy, with an echo URL configured: what the exit check found.
+    pub const EXIT_VERIFIED: &str = "ExitVerified";
 }
 
 /// Condition reasons.
 pub mod reasons {
+    /// `ExitVerified=True`: one exit, this Proxy's alone, not the operator's, in an expected
+    /// country.
+    pub const EXIT_VERIFIED: &str = "Verified";
+    /// `ExitVerified=False`: other Proxies have the same exit.
+    pub const EXIT_SHARED: &str = "Shared";
+    /// `ExitVerified=False`: the exit is the operator's own address; the proxy hides nothing.
+    pub const EXIT_OPERATOR_ADDRESS: &str = "OperatorAddress";
+    /// `ExitVerified=False`: the exit's country is not one `spec.exit.countries` names.
+    pub const EXIT_UNEXPECTED: &str = "Unexpected";
+    /// `ExitVerified=Unknown`: the exit check failed (not a health failure).
+    pub const EXIT_UNKNOWN: &str = "Unknown";
     pub const PROVISIONING: &str = "Provisioning";
     pub const RUNNING: &str = "Running";
     pub const PERMANENT_ERROR: &str = "PermanentError";

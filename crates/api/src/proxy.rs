@@ -38,7 +38,9 @@ pub enum Mode {
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"IP","type":"string","jsonPath":".status.ip"}"#,
-    printcolumn = r#"{"name":"Healthy","type":"string","jsonPath":".status.conditions[?(@.type==\"Healthy\")].status"}"#
+    printcolumn = r#"{"name":"Healthy","type":"string","jsonPath":".status.conditions[?(@.type==\"Healthy\")].status"}"#,
+    printcolumn = r#"{"name":"Exit","type":"string","priority":1,"jsonPath":".status.exit.address"}"#,
+    printcolumn = r#"{"name":"Country","type":"string","priority":1,"jsonPath":".status.exit.country"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -86,6 +88,21 @@ pub struct ProxySpec {
     /// What the proxy demands of its clients. Absent: nothing (type `None`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<Credentials>,
+    /// What the proxy's exit is expected to be, checked through it when the operator has an echo
+    /// URL and a country database. `attributes` are never read as expectations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitSpec>,
+}
+
+/// `spec.exit`: what the exit check expects.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitSpec {
+    /// The countries the exit may be in (ISO 3166-1 alpha-2, upper case: `DE`, `US`). Empty or
+    /// absent: any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 250), inner(regex(pattern = r"^[A-Z]{2}$")))]
+    pub countries: Vec<String>,
 }
 
 /// How a Proxy's clients authenticate to it.
@@ -144,6 +161,7 @@ impl Default for ProxySpec {
             max_leases: None,
             health_check: None,
             credentials: None,
+            exit: None,
         }
     }
 }
@@ -324,6 +342,30 @@ pub struct ProxyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub latency_millis: Option<i64>,
+    /// The address targets see when a request comes through the proxy, as the last exit check
+    /// found it; absent while unknown. (Boxed: most statuses have none, and a status travels
+    /// by value through every reconcile decision.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<Box<ExitStatus>>,
+}
+
+/// `status.exit`: the proxy's observed exit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitStatus {
+    /// The IP address the echo URL saw.
+    pub address: String,
+    /// When the exit checks started to see this address (RFC 3339).
+    pub observed_at: String,
+    /// The address's country (ISO 3166-1 alpha-2), from the country database when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    /// The address's autonomous system, from the ASN database when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asn: Option<u32>,
+    /// The autonomous system's organisation, from the ASN database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub organization: Option<String>,
 }
 
 impl Proxy {

@@ -84,7 +84,10 @@ fn identity_is_the_go_operators() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, vec!["Mode", "Provider", "Phase", "IP", "Healthy"]);
+    assert_eq!(
+        columns,
+        vec!["Mode", "Provider", "Phase", "IP", "Healthy", "Exit", "Country"]
+    );
     let ph = ProviderHealth::crd();
     assert_eq!(ph.spec.scope, "Cluster");
     assert_eq!(ph.spec.names.short_names, Some(vec!["ph".to_string()]));
@@ -383,6 +386,13 @@ async fn status_round_trips_and_kubectl_columns_read_it() {
             condition("Healthy", ConditionStatus::True),
         ],
         latency_millis: Some(42),
+        exit: Some(Box::new(egress_api::ExitStatus {
+            address: "203.0.113.7".into(),
+            observed_at: "2027-01-15T08:00:00Z".into(),
+            country: Some("DE".into()),
+            asn: Some(64500),
+            organization: Some("Example Networks".into()),
+        })),
     };
     let patched = api
         .patch_status("a", &PatchParams::default(), &Patch::Merge(json!({"status": status})))
@@ -403,11 +413,31 @@ async fn status_round_trips_and_kubectl_columns_read_it() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, vec!["Name", "Mode", "Provider", "Phase", "IP", "Healthy"]);
+    assert_eq!(
+        names,
+        vec!["Name", "Mode", "Provider", "Phase", "IP", "Healthy", "Exit", "Country"]
+    );
     assert_eq!(
         table["rows"][0]["cells"],
-        json!(["a", "Managed", "kvm-home", "Ready", "10.0.0.7", "True"])
+        json!([
+            "a",
+            "Managed",
+            "kvm-home",
+            "Ready",
+            "10.0.0.7",
+            "True",
+            "203.0.113.7",
+            "DE"
+        ])
     );
+    // Exit and Country only with -o wide.
+    let priorities: Vec<i64> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["priority"].as_i64().unwrap_or(0))
+        .collect();
+    assert_eq!(priorities, vec![0, 0, 0, 0, 0, 0, 1, 1]);
 }
 
 #[tokio::test]

@@ -6,18 +6,19 @@
 //! view, a Secret's change recomputes the Proxies that take their credentials from it, and only
 //! a re-list reads a whole store again. Requests never build or sort anything.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use arc_swap::ArcSwap;
-use egress_api::{Mode, PoolRole, Proxy};
-use egress_discovery::{Fleet, IndexedKeys, ProxyDirectory, ProxyInfo};
+use egress_api::{ConditionStatus, Mode, PoolRole, Proxy};
+use egress_discovery::{EXIT_ASN_KEY, EXIT_COUNTRY_KEY, ExitInfo, Fleet, IndexedKeys, ProxyDirectory, ProxyInfo};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use crate::proxy::credentials::{CredentialCache, Lookup};
+use crate::proxy::exit::ExitPolicy;
 use crate::proxy_cache::ProxyCache;
 
 /// A Proxy's id in the API: `<namespace>/<name>`.
@@ -28,8 +29,10 @@ fn id_of(proxy: &Proxy) -> String {
 /// A Proxy as the discovery API shows it, with the credentials it demands; `None` while it is
 /// being deleted. One that asks for credentials the cache cannot give is shown unhealthy, so
 /// it is never leased: a lease without them would be refused by the proxy. One whose Secret
-/// does not name it is not offered at all (no lease candidate), whatever its last verdict.
-pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
+/// does not name it is not offered at all (no lease candidate), whatever its last verdict; nor,
+/// under [`ExitPolicy::Enforce`], one whose exit was found Shared, the operator's or Unexpected.
+/// A verified exit's country and ASN are selectable as `exit.country` and `exit.asn`.
+pub fn info(proxy: &Proxy, credentials: Lookup, exit_policy: ExitPolicy) -> Option<ProxyInfo> {
     if proxy.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -47,27 +50,67 @@ pub fn info(proxy: &Proxy, credentials: Lookup) -> Option<ProxyInfo> {
     let verdict = crate::proxy::status::last_verdict(&status);
     let membership = proxy.pool();
     let role = membership.map(|m| m.role);
+    let exit_condition = proxy.condition(egress_api::conditions::EXIT_VERIFIED);
+    let exit_refused = exit_condition.is_some_and(|c| c.status == ConditionStatus::False);
+    let exit_verified = exit_condition.is_some_and(|c| c.status == ConditionStatus::True);
     Some(ProxyInfo {
         id: id_of(proxy),
         ip,
         port: u16::try_from(port).unwrap_or(0),
-        attributes: proxy.spec.attributes.clone(),
+        attributes: with_exit_keys(&proxy.spec.attributes, status.exit.as_deref().filter(|_| exit_verified)),
         phase: status.phase.map(|p| format!("{p:?}")).unwrap_or_default(),
         healthy: usable && verdict.is_some_and(|v| v.healthy),
         latency_millis: status.latency_millis.unwrap_or(0),
         max_leases: proxy.spec.effective_max_leases(),
         credentials,
-        offered: !refused && role.is_none_or(PoolRole::offered),
+        offered: !refused
+            && role.is_none_or(PoolRole::offered)
+            && !(exit_refused && exit_policy == ExitPolicy::Enforce),
+        exit: status.exit.as_ref().map(|e| ExitInfo {
+            address: e.address.clone(),
+            verification: exit_condition.map(|c| c.reason.clone()).unwrap_or_default(),
+            country: e.country.clone(),
+            asn: e.asn,
+            organization: e.organization.clone(),
+        }),
         pool_role: role.map(PoolRole::as_str),
         pool: membership.map(|m| m.pool.to_owned()),
     })
 }
 
+/// A Proxy's attributes with its verified exit's country and ASN under the keys that select
+/// them (a Proxy's own `exit.` attribute names are refused by the CRD).
+fn with_exit_keys(
+    attributes: &BTreeMap<String, String>,
+    verified: Option<&egress_api::ExitStatus>,
+) -> BTreeMap<String, String> {
+    let mut all = attributes.clone();
+    if let Some(exit) = verified {
+        if let Some(country) = &exit.country {
+            all.insert(EXIT_COUNTRY_KEY.to_owned(), country.clone());
+        }
+        if let Some(asn) = exit.asn {
+            all.insert(EXIT_ASN_KEY.to_owned(), asn.to_string());
+        }
+    }
+    all
+}
+
 /// The fleet of every Proxy in `proxies`, built from nothing: what the live directory must
 /// always equal.
-pub fn built(proxies: &Store<Proxy>, credentials: &CredentialCache, keys: &IndexedKeys) -> Fleet {
+pub fn built(
+    proxies: &Store<Proxy>,
+    credentials: &CredentialCache,
+    keys: &IndexedKeys,
+    exit_policy: ExitPolicy,
+) -> Fleet {
     let mut fleet = Fleet::indexing(keys.clone());
-    fleet.extend(proxies.state().iter().filter_map(|p| info(p, credentials.lookup(p))));
+    fleet.extend(
+        proxies
+            .state()
+            .iter()
+            .filter_map(|p| info(p, credentials.lookup(p), exit_policy)),
+    );
     fleet
 }
 
@@ -126,6 +169,8 @@ pub struct LiveDirectory {
     credentials: CredentialCache,
     /// The attribute keys whose values the fleet indexes.
     keys: IndexedKeys,
+    /// Whether Proxies with an exit found wanting are offered.
+    exit_policy: ExitPolicy,
     /// Fires when a new snapshot is published.
     changed: tokio::sync::watch::Sender<()>,
 }
@@ -139,9 +184,15 @@ impl std::fmt::Debug for LiveDirectory {
 }
 
 impl LiveDirectory {
-    /// A directory that follows both caches from now on, indexing the values of `keys`.
-    pub fn following(cache: &ProxyCache, credentials: &CredentialCache, keys: IndexedKeys) -> Arc<Self> {
-        let directory = Self::over(cache.store(), credentials.clone(), keys);
+    /// A directory that follows both caches from now on, indexing the values of `keys`, offering
+    /// Proxies as `exit_policy` says.
+    pub fn following(
+        cache: &ProxyCache,
+        credentials: &CredentialCache,
+        keys: IndexedKeys,
+        exit_policy: ExitPolicy,
+    ) -> Arc<Self> {
+        let directory = Self::over(cache.store(), credentials.clone(), keys, exit_policy);
         let weak = Arc::downgrade(&directory);
         cache.observe(Arc::new(move |event| {
             if let Some(d) = Weak::upgrade(&weak) {
@@ -162,7 +213,12 @@ impl LiveDirectory {
 
     /// A directory over the two stores, built once; its owner tells it of each event
     /// ([`Self::on_proxy_event`], [`Self::on_secret_event`]).
-    pub fn over(proxies: Store<Proxy>, credentials: CredentialCache, keys: IndexedKeys) -> Arc<Self> {
+    pub fn over(
+        proxies: Store<Proxy>,
+        credentials: CredentialCache,
+        keys: IndexedKeys,
+        exit_policy: ExitPolicy,
+    ) -> Arc<Self> {
         let directory = Arc::new(Self {
             current: ArcSwap::from_pointee(Fleet::indexing(keys.clone())),
             writer: Mutex::new(Writer {
@@ -172,6 +228,7 @@ impl LiveDirectory {
             proxies,
             credentials,
             keys,
+            exit_policy,
             changed: tokio::sync::watch::Sender::new(()),
         });
         directory.rebuild();
@@ -217,7 +274,7 @@ impl LiveDirectory {
     /// Puts `proxy`'s view (or its absence) in the working copy. Whether the fleet changed.
     fn apply(&self, w: &mut Writer, id: &str, proxy: Option<&Proxy>) -> bool {
         w.users.set(id, proxy.and_then(CredentialCache::secret_of));
-        match proxy.and_then(|p| info(p, self.credentials.lookup(p))) {
+        match proxy.and_then(|p| info(p, self.credentials.lookup(p), self.exit_policy)) {
             Some(view) => w.fleet.upsert(view),
             None => w.fleet.remove(id),
         }
@@ -240,7 +297,7 @@ impl LiveDirectory {
                 users.set(&id_of(&proxy), CredentialCache::secret_of(&proxy));
             }
             w.users = users;
-            let fleet = built(&self.proxies, &self.credentials, &self.keys);
+            let fleet = built(&self.proxies, &self.credentials, &self.keys, self.exit_policy);
             let changed = fleet != w.fleet;
             w.fleet = fleet;
             changed
@@ -294,7 +351,7 @@ mod tests {
             }],
             ..Default::default()
         });
-        let v = info(&p, Lookup::NotNeeded).unwrap();
+        let v = info(&p, Lookup::NotNeeded, ExitPolicy::Observe).unwrap();
         assert_eq!(
             (
                 v.id.as_str(),
@@ -309,15 +366,15 @@ mod tests {
         );
         assert_eq!(v.attributes["geo"], "eu");
         // Credentials asked for and not to be had: listed, never leased.
-        let v = info(&p, Lookup::Missing).unwrap();
+        let v = info(&p, Lookup::Missing, ExitPolicy::Observe).unwrap();
         assert_eq!((v.healthy, v.credentials), (false, None));
         let found = egress_credentials::Credentials::new("u", "p").unwrap();
-        let v = info(&p, Lookup::Found(found.clone())).unwrap();
+        let v = info(&p, Lookup::Found(found.clone()), ExitPolicy::Observe).unwrap();
         assert_eq!((v.healthy, v.credentials), (true, Some(found)));
         p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
-        assert_eq!(info(&p, Lookup::NotNeeded), None);
+        assert_eq!(info(&p, Lookup::NotNeeded, ExitPolicy::Observe), None);
     }
 
     #[test]
@@ -331,7 +388,7 @@ mod tests {
             },
         );
         p.metadata.namespace = Some("ns".into());
-        let v = info(&p, Lookup::NotNeeded).unwrap();
+        let v = info(&p, Lookup::NotNeeded, ExitPolicy::Observe).unwrap();
         assert_eq!(
             (v.pool, v.pool_role),
             (None, None),
@@ -347,9 +404,13 @@ mod tests {
             ..Default::default()
         };
         p.metadata.owner_references = Some(vec![owner("other")]);
-        assert_eq!(info(&p, Lookup::NotNeeded).unwrap().pool, None, "owned by another pool");
+        assert_eq!(
+            info(&p, Lookup::NotNeeded, ExitPolicy::Observe).unwrap().pool,
+            None,
+            "owned by another pool"
+        );
         p.metadata.owner_references = Some(vec![owner("eu")]);
-        let v = info(&p, Lookup::NotNeeded).unwrap();
+        let v = info(&p, Lookup::NotNeeded, ExitPolicy::Observe).unwrap();
         assert_eq!((v.pool.as_deref(), v.pool_role), (Some("eu"), Some("standby")));
     }
 }

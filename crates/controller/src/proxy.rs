@@ -20,6 +20,8 @@ pub mod credentials;
 pub mod decide;
 pub mod destinations;
 pub mod events;
+pub mod exit;
+pub mod exit_findings;
 pub mod health;
 pub mod reconciler;
 pub mod secret;

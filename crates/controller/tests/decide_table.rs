@@ -140,6 +140,7 @@ fn run(proxy: &Proxy, w: &World) -> (Vec<&'static str>, Vec<Action>, Outcome) {
         provider_configured: w.configured,
         configured_providers: &w.names,
         verdict: w.verdict,
+        exit: egress_controller::proxy::exit_findings::ExitFinding::Off,
         credentials_cached: w.cached,
         credentials_refused: w.refused.clone(),
         address_missing_since: w.missing_since.clone(),

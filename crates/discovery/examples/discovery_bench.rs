@@ -233,6 +233,7 @@ fn fleet() -> Arc<Fleet> {
             offered: true,
             pool_role: None,
             pool: None,
+            exit: None,
         })
         .collect();
     Arc::new(fleet.into_iter().collect::<Fleet>())

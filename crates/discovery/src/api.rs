@@ -13,7 +13,7 @@ use egress_lease::{
 use crate::fleet::Fleet;
 use crate::proxy::ProxyInfo;
 use crate::scope::ClientScope;
-use crate::wire::{self, ErrorBody, Lease, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Report};
+use crate::wire::{self, ErrorBody, ExitView, Lease, LeasedProxy, NoMatchCounts, ProxyList, ProxyView, Report};
 
 /// Where the API reads proxies from.
 pub trait ProxyDirectory: Send + Sync + 'static {
@@ -99,6 +99,13 @@ fn view(p: &ProxyInfo, active: usize) -> ProxyView<'_> {
         active_leases: u64::try_from(active).unwrap_or(u64::MAX),
         max_leases: i64::from(p.max_leases),
         pool_role: p.pool_role.map(Cow::Borrowed),
+        exit: p.exit.as_ref().map(|e| ExitView {
+            address: Cow::Borrowed(&e.address),
+            verification: Cow::Borrowed(&e.verification),
+            country: e.country.as_deref().map(Cow::Borrowed),
+            asn: e.asn,
+            organization: e.organization.as_deref().map(Cow::Borrowed),
+        }),
     }
 }
 

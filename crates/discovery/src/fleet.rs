@@ -18,16 +18,26 @@ pub use egress_lease::POOL_KEY;
 /// Indexed attribute keys unless told otherwise (`--lease-index-attributes`), beside `pool`.
 pub const DEFAULT_INDEXED_KEYS: [&str; 2] = ["geo", "tier"];
 
-/// The attribute keys whose values a fleet indexes: `pool`, and those the operator is told to
-/// index.
+/// The keys that select on a proxy's verified exit (its country and its autonomous system),
+/// always indexed, as `pool` is. Proxies never carry them as attributes of their own: a Proxy's
+/// `exit.` attribute names are refused, and these are filled from its verified exit.
+pub const EXIT_KEYS: [&str; 2] = [EXIT_COUNTRY_KEY, EXIT_ASN_KEY];
+/// The verified exit's country (ISO 3166-1 alpha-2).
+pub const EXIT_COUNTRY_KEY: &str = "exit.country";
+/// The verified exit's autonomous system number, in decimal.
+pub const EXIT_ASN_KEY: &str = "exit.asn";
+
+/// The attribute keys whose values a fleet indexes: `pool` and the [`EXIT_KEYS`], and those the
+/// operator is told to index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexedKeys(Arc<BTreeSet<String>>);
 
 impl IndexedKeys {
-    /// `keys` and `pool`.
+    /// `keys`, `pool` and the [`EXIT_KEYS`].
     pub fn new<S: Into<String>>(keys: impl IntoIterator<Item = S>) -> Self {
         let mut set: BTreeSet<String> = keys.into_iter().map(Into::into).collect();
         set.insert(POOL_KEY.to_owned());
+        set.extend(EXIT_KEYS.map(str::to_owned));
         Self(Arc::new(set))
     }
 
@@ -219,6 +229,7 @@ mod tests {
             offered: true,
             pool_role: None,
             pool: None,
+            exit: None,
         }
     }
 

@@ -64,8 +64,8 @@ pub use auth::{
     TokenError, TokenSet, parse_tokens, read_token_file,
 };
 pub use clients_config::{ClientsFile, MAX_FILE_BYTES as MAX_CLIENTS_CONFIG_BYTES, parse_clients_config};
-pub use fleet::{DEFAULT_INDEXED_KEYS, Fleet, IndexedKeys, POOL_KEY};
-pub use proxy::ProxyInfo;
+pub use fleet::{DEFAULT_INDEXED_KEYS, EXIT_ASN_KEY, EXIT_COUNTRY_KEY, EXIT_KEYS, Fleet, IndexedKeys, POOL_KEY};
+pub use proxy::{ExitInfo, ProxyInfo};
 pub use refusals::Refusals;
 pub use scope::{ClientScope, ScopeTable, Scopes};
 pub use server::{MAX_BODY, router, serve, serve_tls};

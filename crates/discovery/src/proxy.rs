@@ -4,6 +4,18 @@
 
 use std::collections::BTreeMap;
 
+/// A proxy's observed exit, as its status records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub address: String,
+    /// The `ExitVerified` condition's reason (`Verified`, `Shared`, `OperatorAddress`,
+    /// `Unexpected`, `Unknown`).
+    pub verification: String,
+    pub country: Option<String>,
+    pub asn: Option<u32>,
+    pub organization: Option<String>,
+}
+
 /// A proxy as the API shows it (the caller leaves out Proxies being deleted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyInfo {
@@ -28,6 +40,8 @@ pub struct ProxyInfo {
     /// A pool member's role (`active`, `standby`, `draining`), shown as `poolRole` in the list;
     /// `None` for a proxy in no pool.
     pub pool_role: Option<&'static str>,
+    /// Its observed exit, when the exit checks found one.
+    pub exit: Option<ExitInfo>,
     /// The name of the ProxyPool that owns it (in its namespace); `None` for a proxy in no
     /// pool. Membership is the owner, not the `pool` attribute any Proxy may carry: what a
     /// client scope's pools match ([`crate::ClientScope`]).

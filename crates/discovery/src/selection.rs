@@ -103,6 +103,7 @@ mod tests {
             offered: true,
             pool_role: None,
             pool: None,
+            exit: None,
         }
     }
 

@@ -118,6 +118,7 @@ mod tests {
             offered,
             pool_role: None,
             pool: None,
+            exit: None,
         }
     }
 

@@ -35,6 +35,25 @@ pub struct ProxyView<'a> {
     /// A pool member's role (`active`, `standby`, `draining`); left out for a proxy in no pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_role: Option<Cow<'a, str>>,
+    /// The observed exit (schema `ProxyExit`); left out while none is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitView<'a>>,
+}
+
+/// A proxy's observed exit (schema `ProxyExit`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitView<'a> {
+    pub address: Cow<'a, str>,
+    /// What the exit check concluded: `Verified`, `Shared`, `OperatorAddress`, `Unexpected` or
+    /// `Unknown`.
+    pub verification: Cow<'a, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<Cow<'a, str>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asn: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub organization: Option<Cow<'a, str>>,
 }
 
 fn no_attributes(attributes: &BTreeMap<String, String>) -> bool {

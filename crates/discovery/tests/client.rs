@@ -226,7 +226,7 @@ fn fields(object: &serde_json::Value) -> Vec<String> {
 
 #[tokio::test]
 async fn the_server_s_answers_round_trip_through_the_client_s_types_whole() {
-    // A proxy with every optional field: attributes, a pool role, credentials.
+    // A proxy with every optional field: attributes, a pool role, credentials, an exit.
     let c = egress_credentials::Credentials::generate();
     let (url, _stop) = serve_on_loopback(DiscoveryApi {
         directory: Arc::new(Fixed::new(vec![egress_discovery::ProxyInfo {
@@ -234,6 +234,13 @@ async fn the_server_s_answers_round_trip_through_the_client_s_types_whole() {
             offered: true,
             pool_role: Some("active"),
             pool: Some("eu-pool".into()),
+            exit: Some(egress_discovery::ExitInfo {
+                address: "203.0.113.7".into(),
+                verification: "Verified".into(),
+                country: Some("DE".into()),
+                asn: Some(64500),
+                organization: Some("Example Networks".into()),
+            }),
             ..info("ns/full", true, 7, 3, &[("geo", "eu"), ("tier", "gold")])
         }])),
         store: Arc::new(MemoryStore::new(Arc::new(SystemClock), Duration::from_secs(900))),

@@ -300,10 +300,18 @@ fn the_wire_types_have_the_documented_fields() {
         active_leases: 0,
         max_leases: 5,
         pool_role: None,
+        exit: None,
     };
     let full = ProxyView {
         attributes: std::borrow::Cow::Owned([("geo".to_owned(), "eu".to_owned())].into()),
         pool_role: Some("active".into()),
+        exit: Some(egress_discovery::wire::ExitView {
+            address: "203.0.113.7".into(),
+            verification: "Verified".into(),
+            country: Some("DE".into()),
+            asn: Some(64500),
+            organization: Some("Example Networks".into()),
+        }),
         ..bare.clone()
     };
     let me = WhoAmI {
@@ -312,6 +320,15 @@ fn the_wire_types_have_the_documented_fields() {
     assert_eq!(keys(&encoded(&me)), keys(&schema("WhoAmI")["properties"]));
     assert_eq!(keys(&encoded(&me)), required("WhoAmI"));
     assert_eq!(keys(&encoded(&full)), keys(&schema("Proxy")["properties"]));
+    let exit = full.exit.clone().unwrap();
+    assert_eq!(keys(&encoded(&exit)), keys(&schema("ProxyExit")["properties"]));
+    let bare_exit = egress_discovery::wire::ExitView {
+        country: None,
+        asn: None,
+        organization: None,
+        ..exit
+    };
+    assert_eq!(keys(&encoded(&bare_exit)), required("ProxyExit"));
     assert_eq!(keys(&encoded(&bare)), required("Proxy"));
     let leased = |view: ProxyView<'static>, with_credentials: bool| LeasedProxy {
         view,

@@ -284,6 +284,7 @@ async fn in_process(count: usize, polite_token: &str, abuse_token: &str) -> (Str
             offered: true,
             pool_role: None,
             pool: None,
+            exit: None,
         })
         .collect();
     let clients = BTreeMap::from([

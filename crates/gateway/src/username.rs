@@ -19,7 +19,8 @@ pub const ANY: &str = "any";
 pub const POOL: &str = "pool";
 pub const SESSION: &str = "session";
 pub const TTL: &str = "ttl";
-/// The prefix of keys kept for the proxies' observed exits.
+/// The prefix of keys kept for the proxies' observed exits: only
+/// [`egress_discovery::EXIT_KEYS`] (`exit.country`, `exit.asn`) select; the others are refused.
 pub const EXIT_PREFIX: &str = "exit.";
 
 /// What a username asks for.
@@ -59,7 +60,7 @@ pub enum UsernameError {
     Duplicate(String),
     #[error("username key {0:?} has an empty value")]
     EmptyValue(String),
-    #[error("username key {0:?} is reserved (keys starting with exit. are)")]
+    #[error("username key {0:?} is reserved (keys starting with exit. are, but exit.country and exit.asn)")]
     Reserved(String),
     #[error("username session {0:?}: a session is 1 to 64 of A-Z, a-z, 0-9, '_' and '-'")]
     BadSession(String),
@@ -111,6 +112,9 @@ fn take(routing: &mut Routing, key: String, value: String, max_ttl: Duration) ->
             routing.session = Some(name);
         }
         TTL => routing.ttl = Some(ttl(&value, max_ttl)?),
+        _ if egress_discovery::EXIT_KEYS.contains(&key.as_str()) => {
+            routing.attributes.insert(key, value);
+        }
         _ if key.starts_with(EXIT_PREFIX) => return Err(UsernameError::Reserved(key)),
         _ => {
             routing.attributes.insert(key, value);
@@ -212,6 +216,16 @@ mod tests {
         assert_eq!(err("geo=eu%2"), UsernameError::BadEncoding("geo=eu%2".into()));
         assert_eq!(err("geo=%FF"), UsernameError::BadEncoding("geo=%FF".into()));
         assert_eq!(err("exit.ip=1.2.3.4"), UsernameError::Reserved("exit.ip".into()));
+        // The verified exit's country and ASN select, as attributes the directory fills.
+        let routing = parse("exit.country=DE,exit.asn=64500,geo=eu", Duration::from_secs(3600)).unwrap();
+        assert_eq!(
+            routing.selector(),
+            BTreeMap::from([
+                ("exit.asn".to_owned(), "64500".to_owned()),
+                ("exit.country".to_owned(), "DE".to_owned()),
+                ("geo".to_owned(), "eu".to_owned()),
+            ])
+        );
         assert_eq!(err("session=a/b"), UsernameError::BadSession("a/b".into()));
         assert_eq!(
             err(&format!("session={}", "s".repeat(65))),
@@ -231,7 +245,7 @@ mod tests {
     fn every_message_names_the_part_at_fault() {
         for (username, names) in [
             ("geo=eu,geo=us", "\"geo\""),
-            ("exit.asn=1", "exit.asn"),
+            ("exit.ip=1", "exit.ip"),
             ("session=s,ttl=9h", "\"9h\""),
             ("tier", "\"tier\""),
         ] {

@@ -10,6 +10,11 @@
 //!                                         events (try_send; retried when full)
 //! ```
 //!
+//! With an echo URL ([`EngineConfig::exit`]) the engine also checks each proxy's exit: right
+//! after its first probe that passes, then once per exit interval, as one more job for the same
+//! workers (probes go first). A changed exit tells the reconciler about the proxy and about every
+//! other proxy at its old or new address, whose sharing changed with it.
+//!
 //! A record is keyed by namespace/name and tagged with the Proxy's UID and address: a Proxy
 //! recreated under the same name, or moved to another host or port, starts a fresh record, and a
 //! result for a record that has since changed is discarded. A record is pruned when its proxy
@@ -19,8 +24,9 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::fmt;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -29,9 +35,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::exit::EchoError;
 use crate::metrics::HealthMetrics;
-use crate::probe::{ProbeOutcome, ProbeRequest, ProbeTls};
+use crate::probe::{ProbeOutcome, ProbeRequest};
 use crate::state::{Thresholds, Verdict};
+
+mod prober;
+mod snapshot;
+
+pub use prober::{ConnectProber, Prober};
+pub use snapshot::{ExitSeen, Snapshot};
 
 /// A proxy's identity: namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,117 +110,6 @@ pub trait ProxySource: Send + Sync + 'static {
     }
 }
 
-/// Probes one proxy. The engine's only I/O; tests replace it. A probe must end within
-/// `req.timeout`: the engine does not cut it off.
-pub trait Prober: Send + Sync + 'static {
-    fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send;
-}
-
-/// The real probe ([`crate::probe::probe`]), with TLS settings that can be replaced while
-/// probes run (a CA file rotated): each probe uses the settings in force when it starts. Clones
-/// share the settings, so a clone kept outside the engine replaces them for it.
-#[derive(Debug, Clone)]
-pub struct ConnectProber {
-    tls: Arc<RwLock<ProbeTls>>,
-}
-
-impl ConnectProber {
-    #[must_use]
-    pub fn new(tls: ProbeTls) -> Self {
-        Self {
-            tls: Arc::new(RwLock::new(tls)),
-        }
-    }
-
-    /// Probes that start from now on use `tls`; those running end with what they began with.
-    pub fn use_tls(&self, tls: ProbeTls) {
-        *self.tls.write().unwrap_or_else(std::sync::PoisonError::into_inner) = tls;
-    }
-
-    /// Fetches `url` with no proxy ([`crate::probe::fetch_directly`]), trusting what probes
-    /// trust now.
-    pub async fn fetch_directly(&self, url: &str, expected_status: u16, timeout: Duration) -> ProbeOutcome {
-        let tls = self
-            .tls
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        crate::probe::fetch_directly(url, expected_status, timeout, &tls).await
-    }
-}
-
-impl Prober for ConnectProber {
-    fn probe(&self, req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
-        let tls = self
-            .tls
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        async move { crate::probe::probe(&req, &tls).await }
-    }
-}
-
-/// The current verdicts, by proxy. Clones share them.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot(Arc<RwLock<HashMap<Arc<ProxyKey>, Entry>>>);
-
-/// A verdict and what it is about: the Proxy's UID and the address probed.
-#[derive(Debug, Clone)]
-struct Entry {
-    uid: Arc<str>,
-    host: Arc<str>,
-    port: u16,
-    verdict: Verdict,
-}
-
-impl Snapshot {
-    /// The verdict for a proxy, if it has one.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Verdict> {
-        // NB: the key is built for the lookup; verdicts are read once per reconcile, not per probe.
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&ProxyKey::new(namespace, name))
-            .map(|e| e.verdict)
-    }
-
-    /// The verdict for this Proxy at this address: `None` when the verdict is about an earlier
-    /// Proxy of the same name or another address (until the engine catches up with the change).
-    pub fn get_for(&self, view: &ProxyView) -> Option<Verdict> {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&view.key)
-            .filter(|e| *e.uid == *view.uid && *e.host == *view.host && e.port == view.port)
-            .map(|e| e.verdict)
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn set(&self, record: &Record, verdict: Verdict) {
-        let entry = Entry {
-            uid: record.uid.clone(),
-            host: record.host.clone(),
-            port: record.port,
-            verdict,
-        };
-        self.0
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(record.key.clone(), entry);
-    }
-
-    fn remove(&self, key: &ProxyKey) -> bool {
-        self.0.write().unwrap_or_else(|p| p.into_inner()).remove(key).is_some()
-    }
-}
-
 /// How the engine runs.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -217,6 +119,8 @@ pub struct EngineConfig {
     pub refresh: Duration,
     /// One `health.probe` root span per probe (`--trace-health-probes`).
     pub trace_probes: bool,
+    /// The exit check, when an echo URL is set.
+    pub exit: Option<ExitCheck>,
 }
 
 impl Default for EngineConfig {
@@ -225,9 +129,20 @@ impl Default for EngineConfig {
             workers: 10,
             refresh: Duration::from_secs(1),
             trace_probes: false,
+            exit: None,
         }
     }
 }
+
+/// The exit check: where the echo is, and how often each proxy's exit is checked again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitCheck {
+    pub url: String,
+    pub interval: Duration,
+}
+
+/// How often a proxy's exit is checked again, unless told otherwise (`--exit-check-interval`).
+pub const DEFAULT_EXIT_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Capacity of the event channel the operator creates for [`Engine::new`] (spec: 1024).
 pub const EVENT_CAPACITY: usize = 1024;
@@ -246,6 +161,11 @@ struct Record {
     next_due: Instant,
     in_flight: bool,
     thresholds: Thresholds,
+    /// The exit check to run, built once; `None` when the engine has no echo URL.
+    exit_request: Option<Arc<ProbeRequest>>,
+    /// When the exit is checked next; `None` until the first probe that passes.
+    exit_next: Option<Instant>,
+    exit_in_flight: bool,
 }
 
 /// The engine's state: one record per proxy (by record id, with an index by proxy), the queue of
@@ -256,6 +176,8 @@ struct Schedule {
     records: HashMap<u64, Record, BuildHasherDefault<IdHasher>>,
     index: HashMap<Arc<ProxyKey>, u64>,
     due: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// The queue of due exit checks, kept as `due` is.
+    exit_due: BinaryHeap<Reverse<(Instant, u64)>>,
     unsent: HashSet<Arc<ProxyKey>>,
     next_id: u64,
     /// The source's generation at the last refresh.
@@ -284,7 +206,13 @@ impl std::hash::Hasher for IdHasher {
 
 struct Done {
     id: u64,
-    outcome: ProbeOutcome,
+    outcome: Outcome,
+}
+
+/// What a job found.
+enum Outcome {
+    Probe(ProbeOutcome),
+    Exit(Result<IpAddr, EchoError>),
 }
 
 /// The health engine.
@@ -358,7 +286,7 @@ impl<P: Prober> Engine<P> {
             }
             let now = Instant::now();
             while let Ok(done) = done_rx.try_recv() {
-                self.finish(&mut s, done);
+                self.finish(&mut s, done, now);
             }
             if now >= next_refresh {
                 self.refresh(&mut s, now);
@@ -368,9 +296,12 @@ impl<P: Prober> Engine<P> {
             self.resend(&mut s.unsent);
             // The next turn: the next due probe or refresh, on the grid; no later than one grain
             // while probes run (their results and freed workers are picked up then).
-            let mut wake = s.due.peek().map_or(next_refresh, |Reverse((due, _))| {
-                on_grid(started, *due).min(next_refresh)
-            });
+            let next_due = [s.due.peek(), s.exit_due.peek()]
+                .into_iter()
+                .flatten()
+                .map(|Reverse((due, _))| *due)
+                .min();
+            let mut wake = next_due.map_or(next_refresh, |due| on_grid(started, due).min(next_refresh));
             if pool.running.load(Ordering::Acquire) > 0 || !done_rx.is_empty() || !s.unsent.is_empty() {
                 wake = wake.min(on_grid(started, now + GRAIN));
             }
@@ -403,6 +334,7 @@ impl<P: Prober> Engine<P> {
                     let last_start = record.next_due.checked_sub(record.settings.interval);
                     record.settings = v.settings.clone();
                     record.request = Arc::new(request(&record.host, record.port, &record.settings));
+                    record.exit_request = self.exit_request(&record.host, record.port, &record.settings);
                     if let Some(last) = last_start
                         && !record.in_flight
                     {
@@ -424,9 +356,13 @@ impl<P: Prober> Engine<P> {
         for key in gone {
             s.index.remove(&key);
             self.metrics.forget(&key.to_string());
-            if self.snapshot.remove(&key) {
-                // Its verdict is gone: the status should drop it.
+            if let Some(sharers) = self.snapshot.remove(&key) {
+                // Its verdict is gone: the status should drop it; those that shared its exit
+                // share it with one fewer.
                 self.notify(&key, &mut s.unsent);
+                for other in sharers {
+                    self.notify(&other, &mut s.unsent);
+                }
             }
         }
         for (key, view) in views.drain() {
@@ -447,6 +383,9 @@ impl<P: Prober> Engine<P> {
                     id,
                     series: self.metrics.series(&key.to_string()),
                     request: Arc::new(request(&view.host, view.port, &view.settings)),
+                    exit_request: self.exit_request(&view.host, view.port, &view.settings),
+                    exit_next: None,
+                    exit_in_flight: false,
                     key,
                     next_due: due,
                     uid: view.uid.into(),
@@ -460,8 +399,64 @@ impl<P: Prober> Engine<P> {
         }
     }
 
-    /// Starts the due probes there are workers for, oldest due first.
+    /// The exit check of a proxy at `host:port`: the probe's request with the echo URL.
+    fn exit_request(&self, host: &str, port: u16, settings: &ProbeSettings) -> Option<Arc<ProbeRequest>> {
+        let check = self.config.exit.as_ref()?;
+        let mut req = request(host, port, settings);
+        req.url.clone_from(&check.url);
+        Some(Arc::new(req))
+    }
+
+    /// Starts the due probes, then the due exit checks, there are workers for.
     fn dispatch(&self, s: &mut Schedule, now: Instant, pool: &Arc<Pool>, done_tx: &Arc<mpsc::UnboundedSender<Done>>) {
+        self.dispatch_probes(s, now, pool, done_tx);
+        self.dispatch_exits(s, now, pool, done_tx);
+    }
+
+    /// Starts the due exit checks there are workers for, oldest due first.
+    fn dispatch_exits(
+        &self,
+        s: &mut Schedule,
+        now: Instant,
+        pool: &Arc<Pool>,
+        done_tx: &Arc<mpsc::UnboundedSender<Done>>,
+    ) {
+        while let Some(Reverse((due, _))) = s.exit_due.peek() {
+            if *due > now || pool.running.load(Ordering::Acquire) >= pool.workers {
+                return;
+            }
+            let Some(Reverse((due, id))) = s.exit_due.pop() else {
+                return;
+            };
+            let Some(record) = s.records.get_mut(&id) else {
+                continue; // pruned
+            };
+            let Some(req) = record.exit_request.clone() else {
+                continue;
+            };
+            if record.exit_in_flight || record.exit_next != Some(due) {
+                continue; // outdated
+            }
+            record.exit_in_flight = true;
+            pool.running.fetch_add(1, Ordering::AcqRel);
+            let prober = self.prober.clone();
+            let (pool, tx) = (pool.clone(), done_tx.clone());
+            tokio::spawn(async move {
+                // Reports even if the prober panics, so the worker and the record are freed.
+                let mut report = Report::new(pool, tx, id, Outcome::Exit(Err(panicked())));
+                report.outcome = Some(Outcome::Exit(prober.exit(req).await));
+            });
+        }
+    }
+
+    /// Starts the due probes there are workers for, oldest due first.
+    fn dispatch_probes(
+        &self,
+        s: &mut Schedule,
+        now: Instant,
+        pool: &Arc<Pool>,
+        done_tx: &Arc<mpsc::UnboundedSender<Done>>,
+    ) {
         while let Some(Reverse((due, _))) = s.due.peek() {
             if *due > now {
                 return;
@@ -489,40 +484,77 @@ impl<P: Prober> Engine<P> {
             // Bounded by the probe's own timeout, so no cancellation is needed at shutdown.
             tokio::spawn(async move {
                 // Reports even if the prober panics, so the worker and the record are freed.
-                let mut report = Report {
-                    pool,
-                    tx,
-                    id,
-                    outcome: None,
-                };
-                report.outcome = Some(match key {
+                let panic = Outcome::Probe(ProbeOutcome {
+                    result: Err(crate::probe::ProbeError::Io("the probe panicked".into())),
+                    latency: Duration::ZERO,
+                });
+                let mut report = Report::new(pool, tx, id, panic);
+                report.outcome = Some(Outcome::Probe(match key {
                     Some(key) => traced_probe(&*prober, req, &key).await,
                     None => prober.probe(req).await,
-                });
+                }));
             });
         }
     }
 
-    /// Folds one result into its record, and queues the record's next probe.
-    fn finish(&self, s: &mut Schedule, done: Done) {
+    /// Folds one result into its record, and queues the record's next job.
+    fn finish(&self, s: &mut Schedule, done: Done, now: Instant) {
+        match done.outcome {
+            Outcome::Probe(outcome) => self.finish_probe(s, done.id, &outcome, now),
+            Outcome::Exit(found) => self.finish_exit(s, done.id, found, now),
+        }
+    }
+
+    /// Records an exit check's finding, and queues the next one an interval from now.
+    fn finish_exit(&self, s: &mut Schedule, id: u64, found: Result<IpAddr, EchoError>, now: Instant) {
+        let (Some(record), Some(check)) = (s.records.get_mut(&id), self.config.exit.as_ref()) else {
+            return;
+        };
+        record.exit_in_flight = false;
+        let next = now + check.interval;
+        record.exit_next = Some(next);
+        s.exit_due.push(Reverse((next, id)));
+        let seen = match found {
+            Ok(ip) => ExitSeen::Address {
+                ip,
+                since: SystemTime::now(),
+            },
+            Err(e) => {
+                tracing::debug!(proxy = %record.key, reason = %e, "exit check failed");
+                ExitSeen::Unknown { why: e.to_string() }
+            }
+        };
+        let key = record.key.clone();
+        for touched in self.snapshot.set_exit(&key, seen) {
+            self.notify(&touched, &mut s.unsent);
+        }
+    }
+
+    /// Folds a probe's result into its record, and queues its next probe; after the first probe
+    /// that passes, its first exit check.
+    fn finish_probe(&self, s: &mut Schedule, id: u64, outcome: &ProbeOutcome, now: Instant) {
         // Ids are never reused: a result for a pruned or replaced record (a Proxy recreated under
         // the same name, or moved) finds nothing and is dropped.
-        let Some(record) = s.records.get_mut(&done.id) else {
+        let Some(record) = s.records.get_mut(&id) else {
             return;
         };
         record.in_flight = false;
         s.due.push(Reverse((record.next_due, record.id)));
-        let ok = done.outcome.ok();
-        let auth_refused = matches!(done.outcome.result, Err(crate::probe::ProbeError::ProxyAuthRequired));
-        record.series.observe(done.outcome.latency, ok);
-        if let Err(e) = &done.outcome.result {
+        let ok = outcome.ok();
+        let auth_refused = matches!(outcome.result, Err(crate::probe::ProbeError::ProxyAuthRequired));
+        record.series.observe(outcome.latency, ok);
+        if ok && record.exit_request.is_some() && record.exit_next.is_none() {
+            record.exit_next = Some(now);
+            s.exit_due.push(Reverse((now, id)));
+        }
+        if let Err(e) = &outcome.result {
             tracing::debug!(proxy = %record.key, reason = %e, "health probe failed");
         }
         let settings = &record.settings;
         if let Some(verdict) = record.thresholds.fold(
             ok,
             auth_refused,
-            done.outcome.latency,
+            outcome.latency,
             settings.success_threshold,
             settings.failure_threshold,
         ) {
@@ -569,7 +601,21 @@ struct Report {
     pool: Arc<Pool>,
     tx: Arc<mpsc::UnboundedSender<Done>>,
     id: u64,
-    outcome: Option<ProbeOutcome>,
+    outcome: Option<Outcome>,
+    /// What is reported when the job unwinds before it set `outcome`.
+    if_panicked: Option<Outcome>,
+}
+
+impl Report {
+    fn new(pool: Arc<Pool>, tx: Arc<mpsc::UnboundedSender<Done>>, id: u64, if_panicked: Outcome) -> Self {
+        Self {
+            pool,
+            tx,
+            id,
+            outcome: None,
+            if_panicked: Some(if_panicked),
+        }
+    }
 }
 
 impl Drop for Report {
@@ -577,12 +623,14 @@ impl Drop for Report {
         if self.pool.running.fetch_sub(1, Ordering::AcqRel) == self.pool.workers {
             self.pool.freed.notify_one();
         }
-        let outcome = self.outcome.take().unwrap_or(ProbeOutcome {
-            result: Err(crate::probe::ProbeError::Io("the probe panicked".into())),
-            latency: Duration::ZERO,
-        });
-        let _ = self.tx.send(Done { id: self.id, outcome });
+        if let Some(outcome) = self.outcome.take().or_else(|| self.if_panicked.take()) {
+            let _ = self.tx.send(Done { id: self.id, outcome });
+        }
     }
+}
+
+fn panicked() -> EchoError {
+    EchoError::Fetch(crate::probe::ProbeError::Io("the exit check panicked".into()))
 }
 
 /// How late a due probe may start, so starts can be batched.

@@ -171,16 +171,16 @@ pub fn check_url(url: &str) -> Result<(), ProbeError> {
 
 /// The parts of a target URL a probe needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Target {
-    tls: bool,
-    host: String,
-    port: u16,
+pub(crate) struct Target {
+    pub(crate) tls: bool,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// `host` or `host:port` as the `Host` header carries it.
-    host_header: String,
-    path: String,
+    pub(crate) host_header: String,
+    pub(crate) path: String,
 }
 
-fn target(url: &str) -> Result<Target, ProbeError> {
+pub(crate) fn target(url: &str) -> Result<Target, ProbeError> {
     let uri: http::Uri = url.parse().map_err(|e| ProbeError::BadUrl(format!("{e}")))?;
     let tls = match uri.scheme_str() {
         Some("https") => true,
@@ -293,7 +293,10 @@ async fn get<S: AsyncRead + AsyncWrite + Unpin>(
 /// Connects to the proxy at `proxy` (`host:port`). With `guard`, the addresses the host resolves
 /// to are checked first: one internal address refuses them all (a name may answer with several,
 /// and which one a connection takes is not ours to choose).
-async fn connect_proxy(proxy: &str, guard: Option<&egress_netguard::Guard>) -> Result<TcpStream, ProbeError> {
+pub(crate) async fn connect_proxy(
+    proxy: &str,
+    guard: Option<&egress_netguard::Guard>,
+) -> Result<TcpStream, ProbeError> {
     let unreachable = |e: std::io::Error| ProbeError::Unreachable(e.to_string());
     let Some(guard) = guard else {
         return TcpStream::connect(proxy).await.map_err(unreachable);
@@ -308,36 +311,55 @@ async fn connect_proxy(proxy: &str, guard: Option<&egress_netguard::Guard>) -> R
     TcpStream::connect(&addresses[..]).await.map_err(unreachable)
 }
 
+/// A `CONNECT` to the target's host and port through the proxy connection `tcp`, answered
+/// 2xx: the tunnel (its reader holds whatever the proxy sent after its answer's head).
+pub(crate) async fn tunnel(
+    tcp: TcpStream,
+    target: &Target,
+    credentials: Option<&egress_credentials::Credentials>,
+) -> Result<BufReader<TcpStream>, ProbeError> {
+    let mut conn = BufReader::new(tcp);
+    let authority = if target.host.contains(':') {
+        format!("[{}]:{}", target.host, target.port)
+    } else {
+        format!("{}:{}", target.host, target.port)
+    };
+    let auth = proxy_authorization(credentials);
+    let connect =
+        format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n{auth}\r\n");
+    conn.write_all(connect.as_bytes())
+        .await
+        .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+    conn.flush().await.map_err(|e| ProbeError::Unreachable(e.to_string()))?;
+    match read_status(&mut conn).await? {
+        200..=299 => Ok(conn),
+        401 | 407 => Err(ProbeError::ProxyAuthRequired),
+        code => Err(ProbeError::TunnelRefused(code)),
+    }
+}
+
+/// TLS with the target over `io`, its certificate verified with `tls`.
+pub(crate) async fn tls_with<S: AsyncRead + AsyncWrite + Unpin>(
+    io: S,
+    target: &Target,
+    tls: &ProbeTls,
+) -> Result<tokio_rustls::client::TlsStream<S>, ProbeError> {
+    let name =
+        rustls::pki_types::ServerName::try_from(target.host.clone()).map_err(|e| ProbeError::BadUrl(e.to_string()))?;
+    tokio_rustls::TlsConnector::from(tls.0.clone())
+        .connect(name, io)
+        .await
+        .map_err(|e| ProbeError::Tls(e.to_string()))
+}
+
 async fn probe_inner(req: &ProbeRequest, tls: &ProbeTls) -> Result<(), ProbeError> {
     let target = target(&req.url)?;
     let tcp = connect_proxy(&req.proxy, req.destinations.as_deref()).await?;
     let _ = tcp.set_nodelay(true);
     let status = if target.tls {
-        let mut conn = BufReader::new(tcp);
-        let authority = if target.host.contains(':') {
-            format!("[{}]:{}", target.host, target.port)
-        } else {
-            format!("{}:{}", target.host, target.port)
-        };
-        let auth = proxy_authorization(req.credentials.as_ref());
-        let connect =
-            format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: {USER_AGENT}\r\n{auth}\r\n");
-        conn.write_all(connect.as_bytes())
-            .await
-            .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
-        conn.flush().await.map_err(|e| ProbeError::Unreachable(e.to_string()))?;
-        match read_status(&mut conn).await? {
-            200..=299 => {}
-            401 | 407 => return Err(ProbeError::ProxyAuthRequired),
-            code => return Err(ProbeError::TunnelRefused(code)),
-        }
-        let name = rustls::pki_types::ServerName::try_from(target.host.clone())
-            .map_err(|e| ProbeError::BadUrl(e.to_string()))?;
-        let tunnel = tokio_rustls::TlsConnector::from(tls.0.clone())
-            .connect(name, conn)
-            .await
-            .map_err(|e| ProbeError::Tls(e.to_string()))?;
-        get(tunnel, &target.path, &target.host_header, "").await?
+        let conn = tunnel(tcp, &target, req.credentials.as_ref()).await?;
+        let stream = tls_with(conn, &target, tls).await?;
+        get(stream, &target.path, &target.host_header, "").await?
     } else {
         let absolute = format!("http://{}{}", target.host_header, target.path);
         let auth = proxy_authorization(req.credentials.as_ref());
@@ -391,12 +413,7 @@ async fn fetch_inner(url: &str, expected_status: u16, tls: &ProbeTls) -> Result<
         .map_err(|e| ProbeError::Unreachable(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
     let status = if target.tls {
-        let name = rustls::pki_types::ServerName::try_from(target.host.clone())
-            .map_err(|e| ProbeError::BadUrl(e.to_string()))?;
-        let stream = tokio_rustls::TlsConnector::from(tls.0.clone())
-            .connect(name, tcp)
-            .await
-            .map_err(|e| ProbeError::Tls(e.to_string()))?;
+        let stream = tls_with(tcp, &target, tls).await?;
         get(stream, &target.path, &target.host_header, "").await?
     } else {
         get(tcp, &target.path, &target.host_header, "").await?

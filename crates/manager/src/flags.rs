@@ -128,6 +128,13 @@ pub struct Options {
     pub gcp_wire_log_full_payloads: bool,
     pub health_check_url: String,
     pub health_check_ca_file: String,
+    /// `--exit-check-url`: the echo each proxy's exit is checked with; empty: no exit checks.
+    pub exit_check_url: String,
+    pub exit_check_interval: Duration,
+    pub exit_policy: egress_controller::proxy::exit::ExitPolicy,
+    /// MaxMind DB files for the exits' country and ASN; empty: none.
+    pub geoip_country_file: String,
+    pub geoip_asn_file: String,
     pub version: bool,
     pub log: LogOptions,
 }
@@ -184,6 +191,11 @@ impl Default for Options {
             gcp_wire_log_full_payloads: false,
             health_check_url: DEFAULT_HEALTH_CHECK_URL.into(),
             health_check_ca_file: String::new(),
+            exit_check_url: String::new(),
+            exit_check_interval: egress_health::DEFAULT_EXIT_INTERVAL,
+            exit_policy: egress_controller::proxy::exit::ExitPolicy::Observe,
+            geoip_country_file: String::new(),
+            geoip_asn_file: String::new(),
             version: false,
             log: LogOptions::default(),
         }
@@ -727,6 +739,68 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
             },
     ),
     Flag::new(
+        "exit-check-url",
+        Kind::Text,
+        "",
+        "An echo URL answering its caller's IP address: each proxy's exit is checked through it after its first passing probe and every --exit-check-interval (empty: no exit checks; prefer https).",
+        |o, value| {
+            if !value.is_empty() {
+                egress_health::check_url(value).map_err(|e| e.to_string())?;
+            }
+            o.exit_check_url = value.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "exit-check-interval",
+        Kind::Duration,
+        "10m0s",
+        "Time between two exit checks of one proxy, and between the operator's checks of its own exit (at least 10s).",
+        |o, value| {
+            let d = parse_duration(value)?;
+            if d < Duration::from_secs(10) {
+                return Err("must be at least 10s".into());
+            }
+            o.exit_check_interval = d;
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "exit-policy",
+        Kind::Text,
+        "observe",
+        "observe: a proxy whose exit is Shared, the operator's own or Unexpected is still leased (its ExitVerified condition says so); enforce: it is not, and a pool replaces it.",
+        |o, value| {
+            use egress_controller::proxy::exit::ExitPolicy;
+            o.exit_policy = match value {
+                "observe" => ExitPolicy::Observe,
+                "enforce" => ExitPolicy::Enforce,
+                _ => return Err("expected observe or enforce".into()),
+            };
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "geoip-country-file",
+        Kind::Text,
+        "",
+        "A MaxMind DB file of countries (GeoLite2 or DB-IP country, at most 32 MiB): each exit's country, read at start and when it changes.",
+        |o, value| {
+            o.geoip_country_file = value.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
+        "geoip-asn-file",
+        Kind::Text,
+        "",
+        "A MaxMind DB file of autonomous systems (GeoLite2 or DB-IP ASN, at most 32 MiB): each exit's ASN and organisation, read at start and when it changes.",
+        |o, value| {
+            o.geoip_asn_file = value.into();
+            Ok(())
+        },
+    ),
+    Flag::new(
         "version",
         Kind::Bool,
         "false",
@@ -1205,7 +1279,8 @@ mod tests {
                 Kind::Text if f.name == "discovery-addr" => ":0",
                 Kind::Text if f.name == "discovery-auth" => "none",
                 Kind::Text if f.name == "discovery-tls" => "off",
-                Kind::Text if f.name == "health-check-url" => "https://x.test/",
+                Kind::Text if f.name == "health-check-url" || f.name == "exit-check-url" => "https://x.test/",
+                Kind::Text if f.name == "exit-policy" => "enforce",
                 Kind::Text if f.name == "lease-store" => "redis://127.0.0.1:6379",
                 Kind::Text if f.name == "cluster-cidrs" => "10.96.0.0/12",
                 Kind::Text if f.name == "lease-index-attributes" => "geo,example.com/tier",

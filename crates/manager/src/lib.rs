@@ -14,6 +14,7 @@
 mod clients_config;
 mod discovery_auth;
 mod discovery_tls;
+mod exit_check;
 pub mod flags;
 mod followed;
 mod install;

@@ -189,7 +189,8 @@ async fn start_replica(
         proxy::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
     // One directory for the API and the leader's view publisher, following both caches.
     let indexed = egress_discovery::IndexedKeys::new(options.lease_index_attributes.iter().cloned());
-    let directory = egress_controller::discovery::LiveDirectory::following(&cache, &credentials, indexed);
+    let directory =
+        egress_controller::discovery::LiveDirectory::following(&cache, &credentials, indexed, options.exit_policy);
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
     follow_store_files(follow_tls, follow_password, &mut tasks, shutdown);
@@ -423,7 +424,8 @@ fn spawn_controllers(
         .with_credentials(replica.credentials)
         .with_external_rules(external)
         .with_metrics(replica.reconcile_metrics)
-        .with_create_budgets(loaded.create_budgets),
+        .with_create_budgets(loaded.create_budgets)
+        .with_exit_findings(verdicts.exits),
     );
     let mut pools = pool::pass::PoolContext::new(
         replica.client.clone(),
@@ -480,6 +482,7 @@ struct EngineParts {
 /// also fetches it directly (so a pool can tell a dead target from dead members).
 struct LeaderVerdicts {
     verdicts: Arc<dyn HealthVerdicts>,
+    exits: Arc<dyn proxy::exit_findings::ExitFindings>,
     events: HealthEvents,
     fetched_target: Option<egress_controller::probe_target::ProbeTarget>,
 }
@@ -495,30 +498,24 @@ fn leader_verdicts(
     match health {
         Health::Scripted { verdicts, events } => Ok(LeaderVerdicts {
             verdicts,
+            exits: Arc::new(proxy::exit_findings::NoExitChecks),
             events,
             fetched_target: None,
         }),
-        Health::Engine => {
-            let target = engine.target.clone();
-            let (verdicts, events) = start_health_engine(options, engine, running, work)?;
-            Ok(LeaderVerdicts {
-                verdicts,
-                events,
-                fetched_target: Some(target),
-            })
-        }
+        Health::Engine => start_health_engine(options, engine, running, work),
     }
 }
 
-/// The leader's health engine over `parts.source`, with its CA file followed and its default
-/// target also fetched directly: the verdicts and events the reconciler takes. The engine is an
-/// essential part.
+/// The leader's health engine over `parts.source`, with its CA file followed, its default
+/// target also fetched directly and, with an echo URL, exits checked: the verdicts, exit
+/// findings and events the reconciler takes. The engine is an essential part.
 fn start_health_engine(
     options: &Options,
     parts: EngineParts,
     running: &mut Running,
     work: &CancellationToken,
-) -> Result<(Arc<dyn HealthVerdicts>, HealthEvents), Fatal> {
+) -> Result<LeaderVerdicts, Fatal> {
+    let fetched_target = Some(parts.target.clone());
     let (prober, follower) = parts
         .roots
         .ok_or_else(|| Fatal::plain("the health engine has no TLS settings (a bug)"))?
@@ -535,12 +532,14 @@ fn start_health_engine(
     }
     let snapshot = egress_health::Snapshot::default();
     let (tx, rx) = tokio::sync::mpsc::channel(egress_health::engine::EVENT_CAPACITY);
+    let exits = crate::exit_check::start(options, (&snapshot, &prober, &tx), &mut running.tasks, work)?;
     let engine = egress_health::Engine::new(
         Arc::new(parts.source),
         prober,
         egress_health::EngineConfig {
             workers: options.health_workers,
             trace_probes: options.trace_health_probes,
+            exit: crate::exit_check::engine_setting(options),
             ..Default::default()
         },
         parts.metrics,
@@ -549,7 +548,12 @@ fn start_health_engine(
     );
     running.spawn_essential(engine.run(work.clone()));
     let events = tokio_stream::wrappers::ReceiverStream::new(rx).map(|key| proxy::health::object_ref(&key));
-    Ok((Arc::new(snapshot), Box::pin(events)))
+    Ok(LeaderVerdicts {
+        verdicts: Arc::new(snapshot),
+        exits,
+        events: Box::pin(events),
+        fetched_target,
+    })
 }
 
 /// Step 5: runs until shutdown, a lost Lease, or an essential part that ends.

@@ -6,6 +6,7 @@
 //! ([`squid`]) and tests re-run in a network namespace of their own ([`netns`]). A dev-dependency
 //! only; never linked into the operator.
 
+pub mod echo;
 pub mod examples;
 pub mod freeze;
 pub mod image_server;

@@ -48,20 +48,26 @@ fn start_test_server(root: &Path, bin: &Path, layout: &Layout) -> Result<Killed>
 }
 
 /// The providers file: the local entry, its state in the run's directory, allowed to connect
-/// to the target's port and 443.
-fn providers_yaml(state: &Path, target_port: u16) -> String {
+/// to the target's port, the echo's and 443.
+fn providers_yaml(state: &Path, target_port: u16, echo_port: u16) -> String {
     format!(
         "providers:\n  - name: {ENTRY}\n    type: local\n    local:\n      stateDir: {}\n      \
-         # the local target, and the public one the guide's curl line names\n      \
-         connectPorts: [{}, 443]\n",
+         # the local target, the exit check's echo, and the public one the guide's curl line names\n      \
+         connectPorts: [{}, {}, 443]\n",
         state.display(),
-        target_port
+        target_port,
+        echo_port
     )
 }
 
 /// Starts the operator from `bin` in a process group of its own, with the run's files, its
 /// discovery API on `discovery_port` and its health probe aimed at the target on `target_port`.
-fn start_operator(bin: &Path, layout: &Layout, discovery_port: u16, target_port: u16) -> Result<Killed> {
+fn start_operator(
+    bin: &Path,
+    layout: &Layout,
+    discovery_port: u16,
+    (target_port, echo): (u16, &str),
+) -> Result<Killed> {
     let operator = Killed(
         Command::new(bin.join("egress-operator"))
             .arg(format!(
@@ -77,6 +83,8 @@ fn start_operator(bin: &Path, layout: &Layout, discovery_port: u16, target_port:
                 "--health-check-url=https://127.0.0.1:{target_port}/generate_204"
             ))
             .arg(format!("--health-check-ca-file={}", layout.file("ca.pem").display()))
+            // Each proxy's exit, through it, against the run's own echo (the same CA).
+            .arg(format!("--exit-check-url={echo}"))
             .arg(format!(
                 "--discovery-tls-cert-file={}",
                 layout.file("discovery.crt").display()
@@ -112,6 +120,7 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
     let pki = egress_testkit::pki();
     std::fs::write(layout.file("ca.pem"), &pki.ca_pem)?;
     let target = egress_testkit::tls_greeting_target(&pki, TARGET_GREETING).await?;
+    let echo = egress_testkit::echo::EchoTarget::https(&pki, "127.0.0.1").await;
     let discovery_port = if options.discovery_port == 0 {
         egress_testkit::try_free_port()?
     } else {
@@ -124,13 +133,13 @@ pub(super) async fn session(root: &Path, bin: &Path, layout: &Layout, options: &
     let server = start_test_server(root, bin, layout)?;
     std::fs::write(
         layout.file("providers.yaml"),
-        providers_yaml(&layout.state(), target.port()),
+        providers_yaml(&layout.state(), target.port(), echo.addr.port()),
     )?;
     // The discovery API asks for a token, as installed: one made for this run, in a file the
     // operator follows (as it follows the Secret volume in a cluster).
     let token = discovery_token();
     std::fs::write(layout.file("discovery-token"), format!("{token}\n"))?;
-    let operator = start_operator(bin, layout, discovery_port, target.port())?;
+    let operator = start_operator(bin, layout, discovery_port, (target.port(), &echo.url()))?;
     let mut running = Running::new(layout, server, operator);
     let ca = layout.file("ca.pem");
     let api = Discovery {
@@ -271,6 +280,7 @@ async fn use_it(
     let first = applied.proxies.first();
     let checks = smoke::Checks {
         first,
+        proxies: &applied.proxies,
         require_kubectl: options.require_kubectl,
         gateway_lines: &lines,
     };

@@ -24,6 +24,8 @@ pub(super) const TARGET_GREETING: &str = "hello from the egress dev target";
 pub(super) struct Checks<'a> {
     /// A sample Proxy whose events `kubectl describe` must show, when there is one.
     pub(super) first: Option<&'a String>,
+    /// The sample Proxies, whose exits `kubectl get -o wide` must show.
+    pub(super) proxies: &'a [String],
     pub(super) require_kubectl: bool,
     /// The guide's curl lines through the gateway.
     pub(super) gateway_lines: &'a [Vec<String>],
@@ -39,7 +41,16 @@ pub(super) async fn run(
     checks: Checks<'_>,
 ) -> Result<()> {
     if let Some(first) = checks.first {
-        describe_shows_events(api, &layout.file("kubeconfig"), first, checks.require_kubectl).await?;
+        describe_shows_events(api.clone(), &layout.file("kubeconfig"), first, checks.require_kubectl).await?;
+    }
+    match kubectl() {
+        Some(kubectl) => {
+            super::exits::wide_shows_exits(&api, &layout.file("kubeconfig"), checks.proxies, &kubectl).await?;
+        }
+        None if checks.require_kubectl || egress_testkit::real::required() => {
+            bail!("kubectl is needed on PATH for the smoke run's exit check")
+        }
+        None => println!("dev: smoke: SKIPPED the kubectl get -o wide check: no kubectl on PATH"),
     }
     let ca = pki_ca(&layout.file("ca.pem"))?;
     let password = smoke(discovery, target, &ca).await?;

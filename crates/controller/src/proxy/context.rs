@@ -17,6 +17,7 @@ use crate::identity::reporting_instance;
 use crate::proxy::credentials::CredentialCache;
 use crate::proxy::decide::{ProviderFailure, Timings};
 use crate::proxy::destinations::ExternalRules;
+use crate::proxy::exit_findings::{ExitFindings, NoExitChecks};
 use crate::proxy::health::HealthVerdicts;
 use crate::runtime_metrics::ReconcileMetrics;
 
@@ -28,6 +29,8 @@ pub struct Context {
     pub client: Client,
     pub providers: Arc<Providers>,
     pub health: Arc<dyn HealthVerdicts>,
+    /// What the exit checks found ([`crate::proxy::exit_findings`]); off unless given.
+    pub exits: Arc<dyn ExitFindings>,
     pub timings: Timings,
     /// The installation the operator runs as, if any: the mark providers write at create, and
     /// the one a pass writes on its Proxy's running instance that carries none.
@@ -80,6 +83,7 @@ impl Context {
             provider_names,
             providers,
             health,
+            exits: Arc::new(NoExitChecks),
             timings,
             installation,
             shutdown,
@@ -113,6 +117,13 @@ impl Context {
     #[must_use]
     pub fn with_external_rules(mut self, rules: Arc<ExternalRules>) -> Self {
         self.external = rules;
+        self
+    }
+
+    /// Judges exits with what `findings` gives (the engine's exit checks).
+    #[must_use]
+    pub fn with_exit_findings(mut self, findings: Arc<dyn ExitFindings>) -> Self {
+        self.exits = findings;
         self
     }
 

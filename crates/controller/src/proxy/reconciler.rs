@@ -255,6 +255,7 @@ async fn run_pass(
         provider_configured: provider.is_some(),
         configured_providers: &ctx.provider_names,
         verdict: ctx.health.verdict_for(proxy),
+        exit: ctx.exits.finding(proxy),
         credentials_cached: matches!(lookup, Some(crate::proxy::credentials::Lookup::Found(_))),
         credentials_refused: match lookup {
             Some(crate::proxy::credentials::Lookup::Refused(refusal)) => Some(refusal),

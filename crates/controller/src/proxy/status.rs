@@ -7,6 +7,7 @@ use egress_api::{ConditionStatus, Mode, Phase, ProxyStatus, conditions, reasons}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::conditions::{remove_condition, set_condition};
+use crate::proxy::exit_findings::ExitFinding;
 
 /// The health engine's verdict for one Proxy, the one type of it the workspace has: unhealthy
 /// with `auth_refused` gets the reason `ProxyAuthRequired`.
@@ -111,6 +112,30 @@ pub fn apply_verdict(status: &mut ProxyStatus, verdict: Option<Verdict>, generat
     }
 }
 
+/// The `ExitVerified` condition and `status.exit` from what the exit checks found: set from a
+/// finding, removed when the checks are off, left as recorded until the first finding.
+pub fn apply_exit(status: &mut ProxyStatus, finding: &ExitFinding, generation: Option<i64>, now: &Time) {
+    match finding {
+        ExitFinding::Off => {
+            remove_condition(&mut status.conditions, conditions::EXIT_VERIFIED);
+            status.exit = None;
+        }
+        ExitFinding::NotYet => {}
+        ExitFinding::Found { verdict, exit } => {
+            set_condition(
+                &mut status.conditions,
+                conditions::EXIT_VERIFIED,
+                verdict.status,
+                verdict.reason,
+                &verdict.message,
+                generation,
+                now,
+            );
+            status.exit.clone_from(exit);
+        }
+    }
+}
+
 /// The verdict the status records (its `Healthy` condition and latency), if any.
 pub fn last_verdict(status: &ProxyStatus) -> Option<Verdict> {
     let healthy_condition = status.conditions.iter().find(|c| c.type_ == conditions::HEALTHY)?;
@@ -158,6 +183,44 @@ mod tests {
             &at(0),
         );
         assert!(!latched(&status, Some(3)), "a quota wait is never a latch");
+    }
+
+    #[test]
+    fn an_exit_finding_sets_the_condition_none_yet_keeps_it_and_checks_off_remove_it() {
+        use crate::proxy::exit::{ExitFacts, judge};
+        let ip: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+        let verdict = judge(&ExitFacts {
+            seen: Ok(ip),
+            sharing: 2,
+            own: None,
+            country: None,
+            expected: &[],
+        });
+        let exit = egress_api::ExitStatus {
+            address: ip.to_string(),
+            observed_at: "2026-12-07T00:00:00Z".into(),
+            ..Default::default()
+        };
+        let mut status = ProxyStatus::default();
+        let found = ExitFinding::Found {
+            verdict,
+            exit: Some(Box::new(exit.clone())),
+        };
+        apply_exit(&mut status, &found, Some(1), &at(0));
+        let condition = |s: &ProxyStatus| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == conditions::EXIT_VERIFIED)
+                .cloned()
+        };
+        assert_eq!(condition(&status).unwrap().reason, reasons::EXIT_SHARED);
+        assert_eq!(status.exit.as_deref(), Some(&exit));
+        apply_exit(&mut status, &ExitFinding::NotYet, Some(1), &at(1));
+        assert_eq!(condition(&status).unwrap().reason, reasons::EXIT_SHARED, "kept");
+        assert_eq!(status.exit.as_deref(), Some(&exit));
+        apply_exit(&mut status, &ExitFinding::Off, Some(1), &at(2));
+        assert!(condition(&status).is_none());
+        assert!(status.exit.is_none());
     }
 
     #[test]

@@ -23,6 +23,7 @@ fn proxy(id: &str, pool: Option<&str>, attribute: Option<&str>) -> ProxyInfo {
         offered: true,
         pool_role: pool.map(|_| "active"),
         pool: pool.map(str::to_owned),
+        exit: None,
     }
 }
 

@@ -26,6 +26,7 @@ pub fn info(id: &str, healthy: bool, latency: i64, max: i32, attrs: &[(&str, &st
         offered: true,
         pool_role: None,
         pool: None,
+        exit: None,
     }
 }
 

@@ -149,6 +149,7 @@ fn backend_info(name: &str, port: u16) -> ProxyInfo {
         offered: true,
         pool_role: None,
         pool: None,
+        exit: None,
     }
 }
 

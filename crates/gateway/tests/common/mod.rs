@@ -136,6 +136,7 @@ pub fn backend(id: &str, ip: &str, port: u16, user: &str, password: &str) -> Pro
         offered: true,
         pool_role: None,
         pool: None,
+        exit: None,
     }
 }
 

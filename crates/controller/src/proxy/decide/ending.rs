@@ -9,7 +9,7 @@ use super::facts::{Input, ProviderFailure};
 use super::outcome::{Next, Outcome, Requeue};
 use super::timings::Timings;
 use crate::conditions::set_condition;
-use crate::proxy::status::{InstanceView, apply_verdict, last_verdict, latched, phase, provider_missing};
+use crate::proxy::status::{InstanceView, apply_exit, apply_verdict, last_verdict, latched, phase, provider_missing};
 
 pub(super) fn has_finalizer(proxy: &Proxy) -> bool {
     proxy
@@ -44,6 +44,7 @@ pub(super) fn outcome(input: &Input<'_>, mut status: ProxyStatus, instance: Inst
     // instance (a latch, a quota wait) leaves it alone.
     if !deleting && (mode == Mode::External || instance != InstanceView::Unobserved) {
         apply_verdict(&mut status, verdict, generation(proxy), &input.now);
+        apply_exit(&mut status, &input.exit, generation(proxy), &input.now);
     }
     // A latched error, or a provider the config lacks: nothing can be provisioned.
     let blocked = latched(&status, generation(proxy)) || provider_missing(&status);

@@ -29,6 +29,8 @@ pub struct Input<'a> {
     pub configured_providers: &'a [String],
     /// The health engine's verdict for this Proxy, if it has one.
     pub verdict: Option<Verdict>,
+    /// What the exit checks found for it.
+    pub exit: crate::proxy::exit_findings::ExitFinding,
     /// Whether the credential cache already shows the Generated Proxy's Secret serving the
     /// instance its status records; when it does not, the running instance's Secret is read
     /// from the API server before the instance is trusted.

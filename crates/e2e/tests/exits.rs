@@ -1,0 +1,185 @@
+//! The exit check, on the shipped binary against real tinyproxies (each leaving from an
+//! address of its own, as the local provider's do) and a local echo target: distinct exits
+//! Verified, with their country and ASN from test databases in the status and the discovery
+//! list; two External Proxies on one tinyproxy Shared, and not offered under enforce; a
+//! tinyproxy leaving from the operator's own address found out; a lease selecting a country
+//! getting only the proxies verified in it; an echo that lies leaving exits Unknown, never a
+//! health failure.
+//!
+//! Skips without tinyproxy; fails under `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PATIENCE, cluster, external_spec, lease, start_probing};
+use egress_api::{ConditionStatus, Proxy, conditions, reasons};
+use egress_testkit::echo::{Echo, EchoTarget};
+use egress_testkit::{Tinyproxy, tinyproxy_available};
+use kube::api::{Api, PostParams};
+
+/// Several exit checks of every proxy, at the shortest interval the flag allows.
+const EXIT_PATIENCE: Duration = Duration::from_secs(90);
+
+/// Test databases for the tinyproxies' exits: 127.0.0.2 in DE, 127.0.0.3 in FR, all of
+/// 127.0.0.0/8 in AS 64500.
+fn databases(dir: &std::path::Path) -> (String, String) {
+    let countries =
+        egress_geoip::testing::country_database("Test-Country", &[("127.0.0.2/32", "DE"), ("127.0.0.3/32", "FR")]);
+    let asns = egress_geoip::testing::asn_database(&[("127.0.0.0/8", 64500, "Loopback Networks")]);
+    let (country, asn) = (dir.join("country.mmdb"), dir.join("asn.mmdb"));
+    std::fs::write(&country, countries).unwrap();
+    std::fs::write(&asn, asns).unwrap();
+    (country.display().to_string(), asn.display().to_string())
+}
+
+/// An External Proxy `name` at tinyproxy `proxy`, checked each second with a 2 s budget.
+fn external(name: &str, proxy: &Tinyproxy, countries: &[&str]) -> Proxy {
+    let port: u16 = proxy.addr().rsplit_once(':').unwrap().1.parse().unwrap();
+    let mut spec = external_spec(port);
+    spec.attributes = [("name".to_owned(), name.to_owned())].into();
+    spec.health_check = Some(egress_api::HealthCheckSpec {
+        timeout_seconds: Some(2),
+        ..Default::default()
+    });
+    if !countries.is_empty() {
+        spec.exit = Some(egress_api::ExitSpec {
+            countries: countries.iter().map(|c| (*c).to_owned()).collect(),
+        });
+    }
+    Proxy::new(name, spec)
+}
+
+/// Waits until Proxy `name`'s `ExitVerified` condition has `reason`, and returns the Proxy.
+async fn until_exit(api: &Api<Proxy>, name: &str, reason: &'static str) -> Proxy {
+    common::wait_for_proxy(api, name, reason, EXIT_PATIENCE, move |p| {
+        p.condition(conditions::EXIT_VERIFIED)
+            .is_some_and(|c| c.reason == reason)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_are_verified_shared_or_the_operators_and_selectable_by_country() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let echo = EchoTarget::http("127.0.0.1").await;
+    let echo_port = echo.addr.port();
+    let (target, _) = egress_testkit::http_target_at("127.0.0.1").await;
+    let ports = [echo_port, target.port()];
+    let leaving =
+        |last: u8| Tinyproxy::start_leaving_from(&ports, None, Some(std::net::Ipv4Addr::new(127, 0, 0, last)));
+    let (germany, france, shared) = (leaving(2), leaving(3), leaving(4));
+    // Leaves from 127.0.0.1, where the operator's own fetch of the echo comes from too.
+    let open = Tinyproxy::start(&ports);
+    let cluster = cluster("exits", "providers: []\n").await;
+    let (country_db, asn_db) = databases(&cluster.dir);
+    let flags = [
+        format!("--exit-check-url={}", echo.url()),
+        "--exit-check-interval=10s".to_owned(),
+        "--exit-policy=enforce".to_owned(),
+        format!("--geoip-country-file={country_db}"),
+        format!("--geoip-asn-file={asn_db}"),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let health_url = format!("http://127.0.0.1:{}/204", target.port());
+    let ca = egress_testkit::pki().ca_pem;
+    let (_op, discovery) = start_probing(&cluster, &ca, &health_url, &flags, &[]);
+    let api: Api<Proxy> = Api::namespaced(cluster.server.client().unwrap(), "default");
+    for proxy in [
+        external("de", &germany, &["DE"]),
+        external("fr", &france, &["DE"]),
+        external("twin-a", &shared, &[]),
+        external("twin-b", &shared, &[]),
+        external("open", &open, &[]),
+    ] {
+        api.create(&PostParams::default(), &proxy).await.unwrap();
+    }
+
+    let de = until_exit(&api, "de", reasons::EXIT_VERIFIED).await;
+    let exit = de.status.as_ref().unwrap().exit.clone().unwrap();
+    assert_eq!(exit.address, "127.0.0.2");
+    assert_eq!(exit.country.as_deref(), Some("DE"));
+    assert_eq!(
+        (exit.asn, exit.organization.as_deref()),
+        (Some(64500), Some("Loopback Networks"))
+    );
+    let fr = until_exit(&api, "fr", reasons::EXIT_UNEXPECTED).await;
+    assert!(
+        fr.condition(conditions::EXIT_VERIFIED)
+            .unwrap()
+            .message
+            .contains("is in FR")
+    );
+    for twin in ["twin-a", "twin-b"] {
+        let p = until_exit(&api, twin, reasons::EXIT_SHARED).await;
+        let condition = p.condition(conditions::EXIT_VERIFIED).unwrap();
+        assert_eq!(condition.status, ConditionStatus::False);
+        assert!(
+            condition.message.contains("shared with 1 other Proxy"),
+            "{}",
+            condition.message
+        );
+    }
+    until_exit(&api, "open", reasons::EXIT_OPERATOR_ADDRESS).await;
+    for name in ["de", "fr", "twin-a", "twin-b", "open"] {
+        let p = api.get(name).await.unwrap();
+        assert!(
+            p.condition(conditions::HEALTHY)
+                .is_some_and(|c| c.status == ConditionStatus::True),
+            "{name} stays healthy"
+        );
+    }
+
+    // The list shows the exits; a country selects the proxies verified in it, and under
+    // enforce the others are no candidates.
+    let list: serde_json::Value = reqwest::Client::new()
+        .get(format!("http://{discovery}/v1/proxies"))
+        .bearer_auth("crawler-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let shown = |id: &str| {
+        list["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {list}"))
+            .clone()
+    };
+    assert_eq!(shown("default/de")["exit"]["country"], "DE");
+    assert_eq!(shown("default/de")["exit"]["verification"], "Verified");
+    assert_eq!(shown("default/de")["attributes"]["exit.asn"], "64500");
+    assert_eq!(shown("default/twin-a")["exit"]["verification"], "Shared");
+    let (status, grant) = lease(&discovery, "crawler-token", r#"{"selector": {"exit.country": "DE"}}"#).await;
+    assert_eq!(
+        (status, grant["proxy"]["id"].as_str()),
+        (201, Some("default/de")),
+        "{grant}"
+    );
+    for name in ["fr", "twin-a", "open"] {
+        let body = format!(r#"{{"selector": {{"name": "{name}"}}}}"#);
+        let (status, answer) = lease(&discovery, "crawler-token", &body).await;
+        assert_eq!(status, 409, "{name} is offered under enforce: {answer}");
+    }
+
+    // An echo that answers a list: every exit Unknown at the next checks, none unhealthy.
+    echo.answer_as(Echo::List);
+    let de = until_exit(&api, "de", reasons::EXIT_UNKNOWN).await;
+    assert!(
+        de.condition(conditions::EXIT_VERIFIED)
+            .unwrap()
+            .message
+            .contains("a list")
+    );
+    assert!(
+        de.condition(conditions::HEALTHY)
+            .is_some_and(|c| c.status == ConditionStatus::True)
+    );
+    assert!(PATIENCE <= EXIT_PATIENCE);
+}
