@@ -417,51 +417,57 @@ fn test_with_services(root: &Path, selection: &TestSelection) -> Result<(tally::
     drop(redis);
     drop(redis_cluster);
     if selection.is_whole_suite() {
-        println!("xtask: cargo xtask dev --smoke");
-        let smoke = dev::run(
-            root,
-            &dev::Options {
-                smoke: true,
-                release: false,
-                discovery_port: 0,
-                // As for the tests: a missing kubectl fails the describe check.
-                require_kubectl: true,
-                stack_file: None,
-            },
-        );
-        // The smoke run counts as one test of the suite, and so does the gcp --real path.
-        count(&mut total, &mut failure, smoke.map_err(Failure::Smoke));
-        println!("xtask: cargo xtask conformance --provider gcp --real, against the fake Compute server");
-        count(
-            &mut total,
-            &mut failure,
-            gcp_real::check_against_fake(root).map_err(Failure::GcpReal),
-        );
-        println!("xtask: the Python package (clients/python): ruff, mypy, pytest");
-        match python::check(root) {
-            Ok((counts, problem)) => {
-                total.add(&counts);
-                if let Some(problem) = problem
-                    && failure.is_none()
-                {
-                    failure = Some(Failure::Python(problem));
-                }
-            }
-            Err(e) => count(&mut total, &mut failure, Err(Failure::Python(format!("{e:#}")))),
-        }
-        // Last and alone: its Pod binds the manager's ports on the host's network.
-        println!("xtask: the shipped install, run from the image with podman");
-        match image::test_shipped_install(root) {
-            Ok((status, counts)) => {
-                total.add(&counts);
-                if !status.success() && failure.is_none() {
-                    failure = Some(Failure::Cargo(status.code().unwrap_or(1)));
-                }
-            }
-            Err(e) => count(&mut total, &mut failure, Err(Failure::Image(e))),
-        }
+        whole_suite_steps(root, &mut total, &mut failure);
     }
     Ok((total, failure))
+}
+
+/// The steps only the whole suite runs, after cargo's tests: the dev smoke run, the gcp --real
+/// path against the fake, the Python package, and last the shipped install from the image.
+fn whole_suite_steps(root: &Path, total: &mut tally::Counts, failure: &mut Option<Failure>) {
+    println!("xtask: cargo xtask dev --smoke");
+    let smoke = dev::run(
+        root,
+        &dev::Options {
+            smoke: true,
+            release: false,
+            discovery_port: 0,
+            // As for the tests: a missing kubectl fails the describe check.
+            require_kubectl: true,
+            stack_file: None,
+        },
+    );
+    // The smoke run counts as one test of the suite, and so does the gcp --real path.
+    count(total, failure, smoke.map_err(Failure::Smoke));
+    println!("xtask: cargo xtask conformance --provider gcp --real, against the fake Compute server");
+    count(
+        total,
+        failure,
+        gcp_real::check_against_fake(root).map_err(Failure::GcpReal),
+    );
+    println!("xtask: the Python package (clients/python): ruff, mypy, pytest");
+    match python::check(root) {
+        Ok((counts, problem)) => {
+            total.add(&counts);
+            if let Some(problem) = problem
+                && failure.is_none()
+            {
+                *failure = Some(Failure::Python(problem));
+            }
+        }
+        Err(e) => count(total, failure, Err(Failure::Python(format!("{e:#}")))),
+    }
+    // Last and alone: its Pod binds the manager's ports on the host's network.
+    println!("xtask: the shipped install, run from the image with podman");
+    match image::test_shipped_install(root) {
+        Ok((status, counts)) => {
+            total.add(&counts);
+            if !status.success() && failure.is_none() {
+                *failure = Some(Failure::Cargo(status.code().unwrap_or(1)));
+            }
+        }
+        Err(e) => count(total, failure, Err(Failure::Image(e))),
+    }
 }
 
 /// Counts one whole-run step as a test; keeps the first failure and reports later ones.

@@ -52,40 +52,9 @@ fn seam(env: &HypervisorEnv) -> RemoteHost {
     )
 }
 
-/// A providers file with one kvm2 entry `entry` on the local hypervisor, its host's VMs on
-/// `bridge`, and the image `test-image` from `url`.
+/// [`common::kvm2_providers_file`] with the hypervisor's own SSH files.
 fn providers_file(env: &HypervisorEnv, entry: &str, url: &str, digest: &str, bridge: &str) -> String {
-    format!(
-        "providers:
-  - name: {entry}
-    type: kvm2
-    kvm2:
-      sshKeyFile: {key}
-      knownHostsFile: {known}
-      domainType: {domain_type}
-      diskSizeGb: 1
-      images:
-        test-image:
-          url: {url}
-          sha256: {digest}
-      machineTypes:
-        small: {{vcpus: 1, memoryMiB: 256}}
-      hosts:
-        - name: hv
-          address: {address}
-          user: {user}
-          socket: {socket}
-          pool: {pool}
-          bridge: {bridge}
-",
-        key = env.ssh_key.display(),
-        known = env.known_hosts.display(),
-        domain_type = env.domain_type,
-        address = env.ssh_address,
-        user = env.ssh_user,
-        socket = env.libvirt_socket,
-        pool = env.pool,
-    )
+    common::kvm2_providers_file(env, entry, (&env.ssh_key, &env.known_hosts), (url, digest), bridge)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

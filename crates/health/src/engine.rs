@@ -318,7 +318,7 @@ impl<P: Prober> Engine<P> {
             return;
         }
         s.seen = generation;
-        let mut views: HashMap<ProxyKey, ProxyView> = self
+        let views: HashMap<ProxyKey, ProxyView> = self
             .source
             .proxies()
             .into_iter()
@@ -365,7 +365,12 @@ impl<P: Prober> Engine<P> {
                 }
             }
         }
-        for (key, view) in views.drain() {
+        self.add_records(s, views, now);
+    }
+
+    /// Starts a record for each of `views` the schedule has none for.
+    fn add_records(&self, s: &mut Schedule, views: HashMap<ProxyKey, ProxyView>, now: Instant) {
+        for (key, view) in views {
             if s.index.contains_key(&key) {
                 continue;
             }

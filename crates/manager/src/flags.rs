@@ -769,7 +769,7 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
         "exit-policy",
         Kind::Text,
         "observe",
-        "observe: a proxy whose exit is Shared, the operator's own or Unexpected is still leased (its ExitVerified condition says so); enforce: it is not, and a pool replaces it.",
+        "observe: a proxy whose exit is Shared, the operator's own or Unexpected is still leased (its ExitVerified condition says so); enforce: it is not.",
         |o, value| {
             use egress_controller::proxy::exit::ExitPolicy;
             o.exit_policy = match value {
@@ -1151,6 +1151,42 @@ mod tests {
             "--cluster-cidrs=10.96.0.1/12",
             "--cluster-cidrs=cluster.local",
             "--allowed-internal-destinations=10.8.0.0/33",
+        ] {
+            assert!(parse([bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_exit_check_flags_take_what_they_say_and_refuse_the_rest() {
+        use egress_controller::proxy::exit::ExitPolicy;
+        let Ok(Command::Run(o)) = parse([
+            "--exit-check-url=https://echo.example/ip",
+            "--exit-check-interval=30s",
+            "--exit-policy=enforce",
+            "--geoip-country-file=/geo/country.mmdb",
+            "--geoip-asn-file=/geo/asn.mmdb",
+        ]) else {
+            panic!("refused");
+        };
+        assert_eq!(o.exit_check_url, "https://echo.example/ip");
+        assert_eq!(o.exit_check_interval, Duration::from_secs(30));
+        assert_eq!(o.exit_policy, ExitPolicy::Enforce);
+        assert_eq!(
+            (o.geoip_country_file.as_str(), o.geoip_asn_file.as_str()),
+            ("/geo/country.mmdb", "/geo/asn.mmdb")
+        );
+        let Ok(Command::Run(defaults)) = parse::<[&str; 0], &str>([]) else {
+            panic!("refused");
+        };
+        assert_eq!(defaults.exit_check_url, "", "off unless asked");
+        assert_eq!(defaults.exit_policy, ExitPolicy::Observe);
+        assert_eq!(defaults.exit_check_interval, egress_health::DEFAULT_EXIT_INTERVAL);
+        for bad in [
+            "--exit-check-url=ftp://echo.example/ip",
+            "--exit-check-url=https://user:pw@echo.example/ip",
+            "--exit-check-interval=5s",
+            "--exit-check-interval=soon",
+            "--exit-policy=strict",
         ] {
             assert!(parse([bad]).is_err(), "{bad}");
         }

@@ -187,10 +187,7 @@ async fn start_replica(
         egress_controller::proxy_cache::proxy_cache(client.clone(), &namespaces.served, shutdown.clone());
     let (credentials, keep_credentials) =
         proxy::credentials::credential_cache(client.clone(), &namespaces.served, shutdown.clone());
-    // One directory for the API and the leader's view publisher, following both caches.
-    let indexed = egress_discovery::IndexedKeys::new(options.lease_index_attributes.iter().cloned());
-    let directory =
-        egress_controller::discovery::LiveDirectory::following(&cache, &credentials, indexed, options.exit_policy);
+    let directory = crate::servers::live_directory(options, &cache, &credentials);
     let mut tasks = JoinSet::new();
     let cache_task = tasks.spawn(keep_cache).id();
     follow_store_files(follow_tls, follow_password, &mut tasks, shutdown);
@@ -206,11 +203,7 @@ async fn start_replica(
     let metrics = Arc::new(Mutex::new(registry));
     let mut essential: HashSet<Id> = [cache_task, tasks.spawn(sweep(store.clone(), shutdown.clone())).id()].into();
 
-    let limits = egress_http::Limits {
-        max_connections: options.max_connections,
-        max_connections_per_source: options.max_connections_per_source,
-        ..egress_http::Limits::DEFAULT
-    };
+    let limits = crate::servers::server_limits(options);
     crate::servers::serve_probes_and_metrics(options, &client, &metrics, limits, shutdown).await?;
     let mut refusals = None;
     if options.discovery_addr != "0" {

@@ -1,5 +1,5 @@
 //! The servers every replica starts: health probes, metrics, and the discovery API with its
-//! token and clients files followed.
+//! token and clients files followed, its directory, and the connection limits they share.
 
 use std::sync::{Arc, Mutex};
 
@@ -98,4 +98,23 @@ pub(crate) async fn serve_discovery(
     ));
     tracing::info!(address = %bound, scheme, "Serving the discovery API");
     Ok((serving.id(), refusals))
+}
+
+/// One directory for the API and the leader's view publisher, following both caches.
+pub(crate) fn live_directory(
+    options: &Options,
+    cache: &egress_controller::proxy_cache::ProxyCache,
+    credentials: &egress_controller::proxy::credentials::CredentialCache,
+) -> Arc<egress_controller::discovery::LiveDirectory> {
+    let indexed = egress_discovery::IndexedKeys::new(options.lease_index_attributes.iter().cloned());
+    egress_controller::discovery::LiveDirectory::following(cache, credentials, indexed, options.exit_policy)
+}
+
+/// The connection limits of every server this replica runs.
+pub(crate) fn server_limits(options: &Options) -> egress_http::Limits {
+    egress_http::Limits {
+        max_connections: options.max_connections,
+        max_connections_per_source: options.max_connections_per_source,
+        ..egress_http::Limits::DEFAULT
+    }
 }

@@ -23,7 +23,7 @@ pub enum ExitPolicy {
     /// Offered all the same; the condition says what was found.
     #[default]
     Observe,
-    /// Not offered while Shared, OperatorAddress or Unexpected (a pool replaces it).
+    /// Not offered while Shared, OperatorAddress or Unexpected.
     Enforce,
 }
 

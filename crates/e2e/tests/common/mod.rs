@@ -440,3 +440,46 @@ pub fn vm_proxy(name: &str, entry: &str) -> Proxy {
         },
     )
 }
+
+/// A providers file with one kvm2 entry `entry` on the local hypervisor, its SSH key and
+/// known_hosts at `ssh` (where the operator reads them), its host's VMs on `bridge`, and the
+/// image `test-image` from `url` with sha256 `digest`.
+pub fn kvm2_providers_file(
+    env: &egress_libvirt::HypervisorEnv,
+    entry: &str,
+    (key, known): (&Path, &Path),
+    (url, digest): (&str, &str),
+    bridge: &str,
+) -> String {
+    format!(
+        "providers:
+  - name: {entry}
+    type: kvm2
+    kvm2:
+      sshKeyFile: {key}
+      knownHostsFile: {known}
+      domainType: {domain_type}
+      diskSizeGb: 1
+      images:
+        test-image:
+          url: {url}
+          sha256: {digest}
+      machineTypes:
+        small: {{vcpus: 1, memoryMiB: 256}}
+      hosts:
+        - name: hv
+          address: {address}
+          user: {user}
+          socket: {socket}
+          pool: {pool}
+          bridge: {bridge}
+",
+        key = key.display(),
+        known = known.display(),
+        domain_type = env.domain_type,
+        address = env.ssh_address,
+        user = env.ssh_user,
+        socket = env.libvirt_socket,
+        pool = env.pool,
+    )
+}

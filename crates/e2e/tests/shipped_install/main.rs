@@ -158,36 +158,11 @@ fn work_dir() -> PathBuf {
 /// The providers file: one kvm2 entry on the local hypervisor, its key where the Deployment
 /// mounts the kvm-ssh Secret, its image from this test's mirror.
 fn providers_file(env: &HypervisorEnv, mirror: &str, digest: &str) -> String {
-    format!(
-        "providers:
-  - name: kvm2-image
-    type: kvm2
-    kvm2:
-      sshKeyFile: {SSH_MOUNT}/id_ed25519
-      knownHostsFile: {SSH_MOUNT}/known_hosts
-      domainType: {domain_type}
-      diskSizeGb: 1
-      images:
-        test-image:
-          url: {mirror}
-          sha256: {digest}
-      machineTypes:
-        small: {{vcpus: 1, memoryMiB: 256}}
-      hosts:
-        - name: hv
-          address: {address}
-          user: {user}
-          socket: {socket}
-          pool: {pool}
-          bridge: {bridge}
-",
-        domain_type = env.domain_type,
-        address = env.ssh_address,
-        user = env.ssh_user,
-        socket = env.libvirt_socket,
-        pool = env.pool,
-        bridge = env.bridge,
-    )
+    let (key, known) = (
+        Path::new(SSH_MOUNT).join("id_ed25519"),
+        Path::new(SSH_MOUNT).join("known_hosts"),
+    );
+    common::kvm2_providers_file(env, "kvm2-image", (&key, &known), (mirror, digest), &env.bridge)
 }
 
 /// `deploy/example` as a platform engineer adapts it: its base, the image, the providers, plus
