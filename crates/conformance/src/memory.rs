@@ -121,6 +121,7 @@ impl ConformanceTarget for MemoryTarget {
             port: 3128,
             installation: None,
             credentials: None,
+            spread_group: None,
         }
     }
 

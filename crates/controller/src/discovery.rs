@@ -17,8 +17,8 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
+use crate::exit_policy::ExitPolicy;
 use crate::proxy::credentials::{CredentialCache, Lookup};
-use crate::proxy::exit::ExitPolicy;
 use crate::proxy_cache::ProxyCache;
 
 /// A Proxy's id in the API: `<namespace>/<name>`.
@@ -51,7 +51,6 @@ pub fn info(proxy: &Proxy, credentials: Lookup, exit_policy: ExitPolicy) -> Opti
     let membership = proxy.pool();
     let role = membership.map(|m| m.role);
     let exit_condition = proxy.condition(egress_api::conditions::EXIT_VERIFIED);
-    let exit_refused = exit_condition.is_some_and(|c| c.status == ConditionStatus::False);
     let exit_verified = exit_condition.is_some_and(|c| c.status == ConditionStatus::True);
     Some(ProxyInfo {
         id: id_of(proxy),
@@ -63,9 +62,7 @@ pub fn info(proxy: &Proxy, credentials: Lookup, exit_policy: ExitPolicy) -> Opti
         latency_millis: status.latency_millis.unwrap_or(0),
         max_leases: proxy.spec.effective_max_leases(),
         credentials,
-        offered: !refused
-            && role.is_none_or(PoolRole::offered)
-            && !(exit_refused && exit_policy == ExitPolicy::Enforce),
+        offered: !refused && role.is_none_or(PoolRole::offered) && !crate::exit_policy::refused(proxy, exit_policy),
         exit: status.exit.as_ref().map(|e| ExitInfo {
             address: e.address.clone(),
             verification: exit_condition.map(|c| c.reason.clone()).unwrap_or_default(),

@@ -14,7 +14,8 @@
 //! provider-health monitor ([`provider_health`]), the create budgets of the provider entries
 //! ([`create_budget`]), the discovery API's directory ([`discovery`]), the discovery token
 //! Secret ([`token_secret`]), the installation id ([`installation`]), the probe target fetched
-//! directly ([`probe_target`]) and the metrics ([`metrics`], [`runtime_metrics`]). The building
+//! directly ([`probe_target`]), whether an exit keeps a Proxy from leases ([`exit_policy`]) and
+//! the metrics ([`metrics`], [`runtime_metrics`], [`exit_metrics`]). The building
 //! blocks both controllers write with: [`conditions`], [`merge`], [`events`] and [`identity`].
 //!
 //! No module of one controller uses the other's, and the shared ones use neither, except the
@@ -24,6 +25,8 @@ pub mod conditions;
 pub mod create_budget;
 pub mod discovery;
 pub mod events;
+pub mod exit_metrics;
+pub mod exit_policy;
 pub mod gc;
 pub mod identity;
 pub mod installation;

@@ -194,7 +194,8 @@ impl Collector for LeaseSessions {
 /// Registers the controller's scrape-time metrics.
 pub fn register(registry: &mut Registry, snapshot: ProviderHealthSnapshot, proxies: Store<Proxy>) {
     registry.register_collector(Box::new(ProviderTargetGauges(snapshot)));
-    registry.register_collector(Box::new(ProxyPhases(proxies)));
+    registry.register_collector(Box::new(ProxyPhases(proxies.clone())));
+    registry.register_collector(Box::new(crate::exit_metrics::DistinctExits(proxies)));
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ fn neither_the_probe_nor_the_directory_gets_the_credentials_of_a_proxy_its_secre
         proxy_store.clone(),
         credentials.clone(),
         egress_discovery::IndexedKeys::default(),
-        egress_controller::proxy::exit::ExitPolicy::Observe,
+        egress_controller::exit_policy::ExitPolicy::Observe,
     );
     let apply_proxy = |proxies: &mut reflector::store::Writer<Proxy>, p: Proxy| {
         let event = Event::Apply(p);

@@ -305,7 +305,7 @@ impl World {
             proxy_store.clone(),
             credentials.clone(),
             egress_discovery::IndexedKeys::default(),
-            egress_controller::proxy::exit::ExitPolicy::Observe,
+            egress_controller::exit_policy::ExitPolicy::Observe,
         );
         Self {
             proxies,
@@ -363,7 +363,7 @@ impl World {
             &self.proxy_store,
             &self.credentials,
             &egress_discovery::IndexedKeys::default(),
-            egress_controller::proxy::exit::ExitPolicy::Observe,
+            egress_controller::exit_policy::ExitPolicy::Observe,
         )
     }
 }

@@ -87,6 +87,7 @@ async fn an_hour_of_passes() -> (Vec<i64>, usize) {
             hash: &hash,
             now,
             grace: wanted.startup_grace,
+            exit_policy: Default::default(),
         };
         let judged: Vec<_> = members
             .iter()

@@ -32,6 +32,7 @@ fn member(name: &str, role: Role) -> Member {
         age: 10 * MIN,
         ready: true,
         failed: false,
+        exit_refused: false,
         leases: 0,
         draining_for: Duration::ZERO,
     }

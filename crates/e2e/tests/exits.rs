@@ -4,7 +4,8 @@
 //! list; two External Proxies on one tinyproxy Shared, and not offered under enforce; a
 //! tinyproxy leaving from the operator's own address found out; a lease selecting a country
 //! getting only the proxies verified in it; an echo that lies leaving exits Unknown, never a
-//! health failure.
+//! health failure; and, under enforce, a pool of the local provider replacing the member whose
+//! exit the country database moves out of the template's countries.
 //!
 //! Skips without tinyproxy; fails under `cargo xtask test` (EGRESS_REAL_BACKENDS_REQUIRED=1).
 
@@ -13,10 +14,12 @@ mod common;
 use std::time::Duration;
 
 use common::{PATIENCE, cluster, external_spec, lease, start_probing};
-use egress_api::{ConditionStatus, Proxy, conditions, reasons};
+use egress_api::{ConditionStatus, Proxy, ProxyPool, conditions, reasons};
 use egress_testkit::echo::{Echo, EchoTarget};
 use egress_testkit::{Tinyproxy, tinyproxy_available};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, PostParams};
 
 /// Several exit checks of every proxy, at the shortest interval the flag allows.
 const EXIT_PATIENCE: Duration = Duration::from_secs(90);
@@ -182,4 +185,129 @@ async fn exits_are_verified_shared_or_the_operators_and_selectable_by_country() 
             .is_some_and(|c| c.status == ConditionStatus::True)
     );
     assert!(PATIENCE <= EXIT_PATIENCE);
+}
+
+/// The members of pool `pool` that are not being deleted.
+async fn live_members(api: &Api<Proxy>, pool: &str) -> Vec<Proxy> {
+    let selector = format!("{}={pool}", egress_api::LABEL_POOL);
+    let mut all = api.list(&ListParams::default().labels(&selector)).await.unwrap().items;
+    all.retain(|p| p.metadata.deletion_timestamp.is_none());
+    all
+}
+
+/// Looks at pool `pool`'s live members (every 200 ms, at most [`EXIT_PATIENCE`]) until `done`
+/// holds for them, and returns them.
+async fn until_members(api: &Api<Proxy>, pool: &str, what: &str, done: impl Fn(&[Proxy]) -> bool) -> Vec<Proxy> {
+    let deadline = tokio::time::Instant::now() + EXIT_PATIENCE;
+    loop {
+        let members = live_members(api, pool).await;
+        if done(&members) {
+            return members;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pool}: not {what} within {EXIT_PATIENCE:?}: {:#?}",
+            members.iter().map(|p| (p.name_any(), &p.status)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether `members` are `n`, each with its exit Verified.
+fn all_verified(members: &[Proxy], n: usize) -> bool {
+    members.len() == n
+        && members.iter().all(|p| {
+            p.condition(conditions::EXIT_VERIFIED)
+                .is_some_and(|c| c.reason == reasons::EXIT_VERIFIED)
+        })
+}
+
+/// Writes `bytes` to `path` as a new file (a rename), as a database update is delivered.
+fn replace_file(path: &std::path::Path, bytes: &[u8]) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, bytes).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_enforce_a_pool_replaces_a_member_whose_exit_is_in_another_country() {
+    if !tinyproxy_available() {
+        return;
+    }
+    let echo = EchoTarget::http("127.0.0.1").await;
+    let (target, _) = egress_testkit::http_target_at("127.0.0.1").await;
+    let state = egress_testkit::scratch_dir("operator-exit-pool-state").join("state");
+    let providers = format!(
+        "providers:\n  - name: local\n    type: local\n    local:\n      stateDir: {}\n      connectPorts: [{}, {}]\n",
+        state.display(),
+        target.port(),
+        echo.addr.port()
+    );
+    let cluster = cluster("exit-pool", &providers).await;
+    // Every local exit (127.a.b.c) in DE, as the template expects.
+    let country_db = cluster.dir.join("country.mmdb");
+    let germany = ("127.0.0.0/8", "DE");
+    replace_file(
+        &country_db,
+        &egress_geoip::testing::country_database("Test-Country", &[germany]),
+    );
+    let flags = [
+        format!("--exit-check-url={}", echo.url()),
+        "--exit-check-interval=10s".to_owned(),
+        "--exit-policy=enforce".to_owned(),
+        format!("--geoip-country-file={}", country_db.display()),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let health_url = format!("http://127.0.0.1:{}/204", target.port());
+    let (_op, _) = start_probing(&cluster, &egress_testkit::pki().ca_pem, &health_url, &flags, &[]);
+    let client = cluster.server.client().unwrap();
+    let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
+    let pool: ProxyPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "de"},
+        "spec": {
+            "replicas": 2, "maxUnhealthy": 1,
+            "template": {"spec": {"provider": "local", "exit": {"countries": ["DE"]}}}
+        }
+    }))
+    .unwrap();
+    Api::<ProxyPool>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+    let members = until_members(&proxies, "de", "two members verified in DE", |m| all_verified(m, 2)).await;
+
+    // The databases move one member's exit to FR: the pool drains and replaces it.
+    let moved = &members[0];
+    let address = moved.status.as_ref().unwrap().exit.as_ref().unwrap().address.clone();
+    let france = format!("{address}/32");
+    replace_file(
+        &country_db,
+        &egress_geoip::testing::country_database("Test-Country", &[germany, (&france, "FR")]),
+    );
+    let gone = moved.name_any();
+    let members = until_members(&proxies, "de", "two members verified in DE again", |m| {
+        all_verified(m, 2) && m.iter().all(|p| p.name_any() != gone)
+    })
+    .await;
+    for p in &members {
+        assert_eq!(
+            p.status.as_ref().unwrap().exit.as_ref().unwrap().country.as_deref(),
+            Some("DE")
+        );
+    }
+    let events: Api<Event> = Api::namespaced(client, "default");
+    let drained = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .any(|e| {
+            e.reason.as_deref() == Some("Draining")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&gone) && n.contains("(exit refused)"))
+        });
+    assert!(drained, "a Draining Event names {gone} and its exit");
 }

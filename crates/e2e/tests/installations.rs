@@ -141,6 +141,7 @@ async fn orphan(backend: &MemoryBackend, installation: &str, uid: &str) -> Strin
         port: 3128,
         installation: Some(installation.to_owned()),
         credentials: None,
+        spread_group: None,
     };
     provider(backend).create(&OpCtx::background(), &request).await.unwrap();
     name

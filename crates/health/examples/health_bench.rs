@@ -4,7 +4,12 @@
 //! - the scheduler's own CPU, with a probe that does nothing (so only scheduling is measured);
 //! - the memory each proxy's state costs (resident memory before and after the records exist);
 //! - probes per second sustained with real TLS probes through an in-process CONNECT proxy to an
-//!   in-process TLS target (both on loopback, in this process, so they share its CPU).
+//!   in-process TLS target (both on loopback, in this process, so they share its CPU);
+//! - the exit check's cost: the same runs with the check off and on at its default interval,
+//!   each measured from the engine's start (so every first exit check, made right after a
+//!   proxy's first passing probe, falls in the window): the no-op probe's CPU with a no-op
+//!   check naming a new address each time, and the TLS probes' rate and CPU with the real check
+//!   through the proxy to an in-process echo (every proxy one exit, the worst case for sharing).
 //!
 //! Prints its figures for one fleet size (`--proxies N`) as one line of `|`-separated cells;
 //! `cargo xtask bench --only health` runs it per size and prints the guide's table. Not a test: it
@@ -16,9 +21,12 @@ use egress_testkit as support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use egress_health::{
-    ConnectProber, Engine, EngineConfig, HealthMetrics, ProbeOutcome, ProbeRequest, ProbeSettings, ProbeTls, Prober,
-    ProxyKey, ProxySource, ProxyView, Snapshot,
+    ConnectProber, DEFAULT_EXIT_INTERVAL, EchoError, Engine, EngineConfig, ExitCheck, HealthMetrics, ProbeOutcome,
+    ProbeRequest, ProbeSettings, ProbeTls, Prober, ProxyKey, ProxySource, ProxyView, Snapshot,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -60,8 +68,10 @@ fn fleet(n: usize, proxy: &str, url: &str) -> Arc<Fleet> {
     ))
 }
 
-/// A probe that does nothing, so only the engine is measured.
-struct NoOp;
+/// A probe that does nothing, so only the engine is measured; its exit check names a new
+/// address each time (a fleet whose every proxy has an exit of its own).
+#[derive(Default)]
+struct NoOp(AtomicU32);
 
 impl Prober for NoOp {
     fn probe(&self, _req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
@@ -69,6 +79,23 @@ impl Prober for NoOp {
             result: Ok(()),
             latency: Duration::from_millis(1),
         })
+    }
+
+    fn exit(&self, _req: Arc<ProbeRequest>) -> impl Future<Output = Result<IpAddr, EchoError>> + Send {
+        let n = self.0.fetch_add(1, Ordering::Relaxed);
+        std::future::ready(Ok(IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n))))
+    }
+}
+
+/// The engine's settings: 64 workers, and the exit check at `echo` when given.
+fn config(echo: Option<&str>) -> EngineConfig {
+    EngineConfig {
+        workers: 64,
+        exit: echo.map(|url| ExitCheck {
+            url: url.to_owned(),
+            interval: DEFAULT_EXIT_INTERVAL,
+        }),
+        ..Default::default()
     }
 }
 
@@ -107,7 +134,7 @@ fn probes_done(registry: &prometheus_client::registry::Registry) -> u64 {
 async fn run_engine<P: Prober>(
     source: Arc<Fleet>,
     prober: P,
-    workers: usize,
+    config: EngineConfig,
     warmup: Duration,
     measure: Duration,
 ) -> (f64, f64, f64) {
@@ -117,17 +144,7 @@ async fn run_engine<P: Prober>(
     let metrics = HealthMetrics::new();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let engine = Engine::new(
-        source,
-        prober,
-        EngineConfig {
-            workers,
-            ..Default::default()
-        },
-        metrics,
-        Snapshot::default(),
-        tx,
-    );
+    let engine = Engine::new(source, prober, config, metrics, Snapshot::default(), tx);
     tokio::spawn(engine.run(stop.clone()));
     tokio::time::sleep(warmup).await;
     // Before the counting below allocates its text.
@@ -183,6 +200,10 @@ async fn connect_proxy() -> String {
 
 /// One row for `--proxies N` (default 1000), as `|`-separated cells. One process per size, so
 /// the memory figure of one size is not hidden in memory freed by another.
+/// The warm-up before a window that starts later than the engine, and the window.
+const WARMUP: Duration = Duration::from_secs(3);
+const MEASURE: Duration = Duration::from_secs(10);
+
 #[tokio::main]
 async fn main() {
     let n: usize = std::env::args()
@@ -200,22 +221,56 @@ async fn main() {
     // engine holds the records (their thresholds, verdicts, queue entries and metric series).
     let source = fleet(n, &proxy, &url);
     let before = rss_kib();
-    let (noop_rate, noop_cpu, during) =
-        run_engine(source, NoOp, 64, Duration::from_secs(3), Duration::from_secs(10)).await;
+    let (noop_rate, noop_cpu, during) = run_engine(source, NoOp::default(), config(None), WARMUP, MEASURE).await;
     let per_proxy_kib = (during - before).max(0.0) / n as f64;
 
     // Real TLS probes through the in-process proxy.
-    let (tls_rate, tls_cpu, _) = run_engine(
+    let prober = ConnectProber::new(tls.clone());
+    let (tls_rate, tls_cpu, _) = run_engine(fleet(n, &proxy, &url), prober, config(None), WARMUP, MEASURE).await;
+
+    // The exit check off, then on at its default interval, each from the engine's start.
+    let echo_target = egress_testkit::echo::EchoTarget::http("127.0.0.1").await;
+    let echo = echo_target.url();
+    let whole = WARMUP + MEASURE;
+    let (_, noop_off, _) = run_engine(
         fleet(n, &proxy, &url),
-        ConnectProber::new(tls),
-        64,
-        Duration::from_secs(3),
-        Duration::from_secs(10),
+        NoOp::default(),
+        config(None),
+        Duration::ZERO,
+        whole,
     )
     .await;
+    let (_, noop_on, _) = run_engine(
+        fleet(n, &proxy, &url),
+        NoOp::default(),
+        config(Some(&echo)),
+        Duration::ZERO,
+        whole,
+    )
+    .await;
+    let prober = || ConnectProber::new(tls.clone());
+    let (tls_off_rate, tls_off, _) =
+        run_engine(fleet(n, &proxy, &url), prober(), config(None), Duration::ZERO, whole).await;
+    let (tls_on_rate, tls_on, _) = run_engine(
+        fleet(n, &proxy, &url),
+        prober(),
+        config(Some(&echo)),
+        Duration::ZERO,
+        whole,
+    )
+    .await;
+    let pct = |x: f64| x * 100.0;
+    let change = |on: f64, off: f64| if off > 0.0 { (on / off - 1.0) * 100.0 } else { 0.0 };
     println!(
-        "{n}|{noop_rate:.0}|{:.1} %|{per_proxy_kib:.2} KiB|{tls_rate:.0}|{:.0} %",
-        noop_cpu * 100.0,
-        tls_cpu * 100.0
+        "{n}|{noop_rate:.0}|{:.1} %|{per_proxy_kib:.2} KiB|{tls_rate:.0}|{:.0} %|{:.1} % / {:.1} % ({:+.0} %)|{tls_off_rate:.0} / {tls_on_rate:.0} ({:+.0} %)|{:.0} % / {:.0} % ({:+.0} %)",
+        pct(noop_cpu),
+        pct(tls_cpu),
+        pct(noop_off),
+        pct(noop_on),
+        change(noop_on, noop_off),
+        change(tls_on_rate, tls_off_rate),
+        pct(tls_off),
+        pct(tls_on),
+        change(tls_on, tls_off),
     );
 }

@@ -12,8 +12,9 @@
 //!
 //! With an echo URL ([`EngineConfig::exit`]) the engine also checks each proxy's exit: right
 //! after its first probe that passes, then once per exit interval, as one more job for the same
-//! workers (probes go first). A changed exit tells the reconciler about the proxy and about every
-//! other proxy at its old or new address, whose sharing changed with it.
+//! workers (probes go first). A changed exit tells the reconciler about the proxy, and about the
+//! one other proxy it makes shared or leaves alone; a proxy whose exit is shared by more or fewer
+//! since it was last told hears at its own next check (O(N) notices for N proxies at one exit).
 //!
 //! A record is keyed by namespace/name and tagged with the Proxy's UID and address: a Proxy
 //! recreated under the same name, or moved to another host or port, starts a fresh record, and a

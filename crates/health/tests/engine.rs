@@ -624,6 +624,9 @@ async fn proxies_at_one_exit_share_it_and_hear_when_that_changes() {
         .script_exits("10.0.0.2:3128", vec![Ok(shared), Ok(ip("203.0.113.2"))]);
     let s = r.snapshot.clone();
     until("both exits recorded", || s.sharing(shared) == 2).await;
+    let mut known: Vec<String> = r.snapshot.with_exit().into_iter().map(|k| k.name).collect();
+    known.sort();
+    assert_eq!(known, ["a", "b"], "every proxy with a known exit, each once");
     while r.events.try_recv().is_ok() {}
     // b's next check finds another exit: a and b both hear of it.
     let mut heard = vec![r.next_event().await.name, r.next_event().await.name];

@@ -186,5 +186,6 @@ pub fn request_in(uid: &str, location: &str) -> CreateRequest {
         port: 3128,
         installation: None,
         credentials: None,
+        spread_group: None,
     }
 }

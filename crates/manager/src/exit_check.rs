@@ -18,8 +18,9 @@ use crate::flags::Options;
 
 /// The budget of one direct fetch of the operator's own exit.
 const OWN_EXIT_BUDGET: Duration = Duration::from_secs(5);
-/// How often the GeoIP files are looked at again.
-const GEOIP_POLL: Duration = Duration::from_secs(60);
+/// How often the GeoIP files are looked at again (a look is one `stat` each), as often as the
+/// other followed files.
+const GEOIP_POLL: Duration = crate::discovery_auth::FILE_POLL;
 
 /// The engine's exit check; `None` without an echo URL.
 pub(crate) fn engine_setting(options: &Options) -> Option<ExitCheck> {
@@ -38,6 +39,11 @@ pub(crate) fn start(
     shutdown: &CancellationToken,
 ) -> Result<Arc<dyn ExitFindings>, Fatal> {
     let (geoip, files) = geoip(options)?;
+    let files = files.into_iter().map(|file| Rejudged {
+        file,
+        snapshot: snapshot.clone(),
+        events: events.clone(),
+    });
     follow_geoip(files, tasks, shutdown);
     let parts = (snapshot.clone(), geoip, prober.clone());
     Ok(findings(options, parts, events.clone(), tasks, shutdown))
@@ -62,9 +68,44 @@ fn geoip(options: &Options) -> Result<(GeoIp, Vec<DatabaseFile>), Fatal> {
 }
 
 /// Follows the GeoIP files read at start until `shutdown`.
-fn follow_geoip(files: Vec<DatabaseFile>, tasks: &mut tokio::task::JoinSet<()>, shutdown: &CancellationToken) {
+fn follow_geoip(
+    files: impl Iterator<Item = Rejudged>,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) {
     for file in files {
         tasks.spawn(egress_files::Follower::new(file).run(GEOIP_POLL, shutdown.clone()));
+    }
+}
+
+/// A GeoIP file whose change has every Proxy with a known exit judged again: their country,
+/// ASN and organisation come from the new data at once, not at their next changed exit.
+struct Rejudged {
+    file: DatabaseFile,
+    snapshot: Snapshot,
+    events: mpsc::Sender<ProxyKey>,
+}
+
+impl egress_files::Followed for Rejudged {
+    type Change = std::path::PathBuf;
+    type Problem = egress_geoip::GeoError;
+
+    fn check(&mut self) -> Result<Option<Self::Change>, Self::Problem> {
+        self.file.check()
+    }
+
+    fn changed(&self, path: &Self::Change) {
+        self.file.changed(path);
+        // On the follower's blocking thread: waiting for room in the queue is fine here.
+        for key in self.snapshot.with_exit() {
+            if self.events.blocking_send(key).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn unusable(&self, problem: &Self::Problem) {
+        self.file.unusable(problem);
     }
 }
 

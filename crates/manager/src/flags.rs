@@ -131,7 +131,7 @@ pub struct Options {
     /// `--exit-check-url`: the echo each proxy's exit is checked with; empty: no exit checks.
     pub exit_check_url: String,
     pub exit_check_interval: Duration,
-    pub exit_policy: egress_controller::proxy::exit::ExitPolicy,
+    pub exit_policy: egress_controller::exit_policy::ExitPolicy,
     /// MaxMind DB files for the exits' country and ASN; empty: none.
     pub geoip_country_file: String,
     pub geoip_asn_file: String,
@@ -193,7 +193,7 @@ impl Default for Options {
             health_check_ca_file: String::new(),
             exit_check_url: String::new(),
             exit_check_interval: egress_health::DEFAULT_EXIT_INTERVAL,
-            exit_policy: egress_controller::proxy::exit::ExitPolicy::Observe,
+            exit_policy: egress_controller::exit_policy::ExitPolicy::Observe,
             geoip_country_file: String::new(),
             geoip_asn_file: String::new(),
             version: false,
@@ -771,7 +771,7 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
         "observe",
         "observe: a proxy whose exit is Shared, the operator's own or Unexpected is still leased (its ExitVerified condition says so); enforce: it is not.",
         |o, value| {
-            use egress_controller::proxy::exit::ExitPolicy;
+            use egress_controller::exit_policy::ExitPolicy;
             o.exit_policy = match value {
                 "observe" => ExitPolicy::Observe,
                 "enforce" => ExitPolicy::Enforce,
@@ -1158,7 +1158,7 @@ mod tests {
 
     #[test]
     fn the_exit_check_flags_take_what_they_say_and_refuse_the_rest() {
-        use egress_controller::proxy::exit::ExitPolicy;
+        use egress_controller::exit_policy::ExitPolicy;
         let Ok(Command::Run(o)) = parse([
             "--exit-check-url=https://echo.example/ip",
             "--exit-check-interval=30s",

@@ -426,7 +426,8 @@ fn spawn_controllers(
         replica.store,
         replica.pool_metrics,
         replica.refusals,
-    );
+    )
+    .with_exit_policy(options.exit_policy);
     if let Some(target) = verdicts.fetched_target {
         pools = pools.with_probe_target(target);
     }

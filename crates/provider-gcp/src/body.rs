@@ -126,6 +126,7 @@ mod tests {
             port: 3128,
             installation: None,
             credentials: None,
+            spread_group: None,
         }
     }
 

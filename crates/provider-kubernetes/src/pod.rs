@@ -2,15 +2,18 @@
 //! generated config passed in `SQUID_CONF`, the GC marks as labels, owned by its Proxy, and able
 //! to run under the `restricted` Pod Security Standard. A Proxy with credentials gets the
 //! htpasswd key of its credentials Secret mounted read-only (the password never enters the Pod).
+//! The Pods of one spread group (a pool's members) are spread over nodes, since each node is
+//! one exit address.
 
 use std::collections::BTreeMap;
 
 use egress_provider::{CreateRequest, LABEL_INSTALLATION, LABEL_MANAGED, LABEL_MANAGED_YES, LABEL_UID};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, KeyToPath, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, TopologySpreadConstraint, Volume,
+    VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 
 use crate::squid::{AccessRules, CREDENTIALS_DIR, SquidFiles, squid_conf};
 
@@ -30,6 +33,12 @@ pub const PROXY_API_VERSION: &str = "crawl.example.com/v1alpha1";
 pub const PROXY_KIND: &str = "Proxy";
 /// The name of that volume.
 pub const CREDENTIALS_VOLUME: &str = "credentials";
+/// The label naming a Pod's spread group ([`CreateRequest::spread_group`]): the Pods of one
+/// group are spread over nodes.
+pub const LABEL_SPREAD_GROUP: &str = "proxy-operator-spread-group";
+/// What the Pods of a group are spread over: nodes, so that each group's Pods leave from as
+/// many node addresses as the cluster has (a cluster masquerades Pod traffic as its node's).
+pub const SPREAD_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
 
 /// What the Pod is made of beside the request.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -91,6 +100,7 @@ pub fn build_pod(req: &CreateRequest, settings: &PodSettings) -> Pod {
                 ..PodSecurityContext::default()
             }),
             volumes: Some(volumes(req)),
+            topology_spread_constraints: spread(req),
             ..PodSpec::default()
         }),
         ..Pod::default()
@@ -106,7 +116,38 @@ fn marks(req: &CreateRequest) -> BTreeMap<String, String> {
     if let Some(installation) = &req.installation {
         labels.insert(LABEL_INSTALLATION.to_owned(), installation.clone());
     }
+    if let Some(group) = &req.spread_group {
+        labels.insert(LABEL_SPREAD_GROUP.to_owned(), group.clone());
+    }
     labels
+}
+
+/// For a Pod in a spread group: at most one more of the group's Pods on any node than on
+/// another, as a preference (`ScheduleAnyway`), so a Pod still runs when nodes are too few.
+fn spread(req: &CreateRequest) -> Option<Vec<TopologySpreadConstraint>> {
+    let group = req.spread_group.as_ref()?;
+    Some(vec![TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: SPREAD_TOPOLOGY_KEY.to_owned(),
+        when_unsatisfiable: "ScheduleAnyway".to_owned(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(LABEL_SPREAD_GROUP.to_owned(), group.clone())])),
+            ..LabelSelector::default()
+        }),
+        ..TopologySpreadConstraint::default()
+    }])
+}
+
+/// Whether `value` may be a label value: at most 63 characters, letters, digits, `-`, `_` and
+/// `.`, beginning and ending with a letter or digit (or empty).
+pub fn is_label_value(value: &str) -> bool {
+    let edge = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    value.len() <= 63
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && edge(value.chars().next())
+        && edge(value.chars().last())
 }
 
 /// The Proxy as the Pod's controller (not blocking its deletion); none without a Proxy to name.
@@ -227,6 +268,7 @@ mod tests {
             port: 3130,
             installation: Some("prod".into()),
             credentials: None,
+            spread_group: None,
         }
     }
 
@@ -265,6 +307,55 @@ mod tests {
         assert!(!format!("{:?}", spec.volumes).contains("credentials"));
         // Cloud-init has no meaning for a Pod and goes nowhere in it.
         assert!(!format!("{pod:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn a_pod_in_a_spread_group_is_spread_over_nodes_as_a_preference() {
+        assert_eq!(
+            build_pod(&req(), &PodSettings::default())
+                .spec
+                .unwrap()
+                .topology_spread_constraints,
+            None
+        );
+        let grouped = CreateRequest {
+            spread_group: Some("7d1e2f40-pool-uid".into()),
+            ..req()
+        };
+        let pod = build_pod(&grouped, &PodSettings::default());
+        assert_eq!(
+            pod.metadata.labels.as_ref().unwrap()[LABEL_SPREAD_GROUP],
+            "7d1e2f40-pool-uid"
+        );
+        let spread = pod.spec.unwrap().topology_spread_constraints.unwrap();
+        assert_eq!(spread.len(), 1);
+        let c = &spread[0];
+        assert_eq!(
+            (c.max_skew, c.topology_key.as_str(), c.when_unsatisfiable.as_str()),
+            (1, "kubernetes.io/hostname", "ScheduleAnyway")
+        );
+        let selector = c.label_selector.as_ref().unwrap();
+        assert_eq!(
+            selector.match_labels.as_ref().unwrap(),
+            &BTreeMap::from([(LABEL_SPREAD_GROUP.to_owned(), "7d1e2f40-pool-uid".to_owned())])
+        );
+        assert_eq!(selector.match_expressions, None);
+    }
+
+    #[test]
+    fn label_values_are_told_apart() {
+        for ok in [
+            "",
+            "a",
+            "7d1e2f40-0b7d-4d2a-9e55-1c2b3d4e5f60",
+            "a.b_c-d",
+            &"x".repeat(63),
+        ] {
+            assert!(is_label_value(ok), "{ok:?}");
+        }
+        for bad in ["-a", "a-", "a b", "a/b", "ü", &"x".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::classify::{CallFailure, classify, is_already_exists};
-use crate::pod::{PodSettings, build_pod};
+use crate::pod::{PodSettings, build_pod, is_label_value};
 use crate::{id, state};
 
 /// The budget of one API call.
@@ -203,6 +203,13 @@ impl Provider for KubernetesProvider {
         let op = Op::Create;
         let id = id::format(&req.namespace, &req.name);
         self.in_scope(op, &id, &req.namespace)?;
+        if let Some(group) = req.spread_group.as_deref().filter(|g| !is_label_value(g)) {
+            return Err(self.permanent(
+                op,
+                &id,
+                format!("spread group {group:?} is not a label value (at most 63 letters, digits, '-', '_', '.')"),
+            ));
+        }
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &req.namespace);
         let pod = build_pod(req, &self.settings);
         match self

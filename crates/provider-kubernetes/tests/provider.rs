@@ -35,6 +35,7 @@ fn request(uid: &str) -> CreateRequest {
         port: 3128,
         installation: None,
         credentials: None,
+        spread_group: None,
     }
 }
 
@@ -77,6 +78,47 @@ async fn a_pod_is_created_read_listed_and_deleted() {
     assert_eq!(e.class(), ErrorClass::NotFound, "{e}");
     p.delete(&cx, &id).await.unwrap();
     assert!(p.list_by_tag(&cx).await.unwrap().is_empty());
+}
+
+/// The test server schedules nothing, so the spread is checked on the Pod as stored: what a
+/// scheduler would read.
+#[tokio::test]
+async fn a_pools_pods_carry_their_spread_over_nodes_and_a_bad_group_is_refused() {
+    let s = server().await;
+    let p = provider(&s);
+    let cx = OpCtx::background();
+    let pods: Api<Pod> = Api::namespaced(s.client().unwrap(), "crawl");
+    for uid in ["u-a", "u-b"] {
+        let req = CreateRequest {
+            spread_group: Some("pool-uid-1".into()),
+            ..request(uid)
+        };
+        p.create(&cx, &req).await.unwrap();
+    }
+    let grouped = pods
+        .list(&kube::api::ListParams::default().labels("proxy-operator-spread-group=pool-uid-1"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(grouped.len(), 2, "the group's label selects both Pods");
+    for pod in &grouped {
+        let spread = pod.spec.as_ref().unwrap().topology_spread_constraints.clone().unwrap();
+        let c = &spread[0];
+        assert_eq!(
+            (c.topology_key.as_str(), c.when_unsatisfiable.as_str(), c.max_skew),
+            ("kubernetes.io/hostname", "ScheduleAnyway", 1)
+        );
+        let selector = c.label_selector.as_ref().unwrap().match_labels.clone().unwrap();
+        assert_eq!(selector["proxy-operator-spread-group"], "pool-uid-1");
+    }
+    let bad = CreateRequest {
+        spread_group: Some("not a label".into()),
+        ..request("u-c")
+    };
+    let e = p.create(&cx, &bad).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("not a label value"), "{e}");
+    assert!(pods.get_opt(&bad.name).await.unwrap().is_none(), "nothing made");
 }
 
 #[tokio::test]

@@ -77,6 +77,7 @@ async fn run() -> Result<(), String> {
         port: 3128,
         installation: None,
         credentials: None,
+        spread_group: None,
     };
     let cx = OpCtx::background().with_deadline((Instant::now() + BOOT_PATIENCE).into());
     let id = match provider.create(&cx, &request).await {

@@ -61,6 +61,7 @@ fn request(uid: &str) -> CreateRequest {
         port: 3128,
         installation: None,
         credentials: None,
+        spread_group: None,
     }
 }
 

@@ -79,6 +79,7 @@ async fn run() -> Result<(), String> {
         installation: None,
         // A tool handing the proxy to others would mint credentials here, as the operator does.
         credentials: None,
+        spread_group: None,
     };
     let cx = OpCtx::background().with_deadline((Instant::now() + START_PATIENCE).into());
     let id = match provider.create(&cx, &request).await {

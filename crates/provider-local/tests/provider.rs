@@ -76,6 +76,7 @@ fn request(uid: &str) -> CreateRequest {
         port: 3128,
         installation: Some("dev-install".to_owned()),
         credentials: None,
+        spread_group: None,
     }
 }
 

@@ -93,6 +93,12 @@ pub struct CreateRequest {
     /// The credentials the proxy must demand of every client (`spec.credentials: Generated`);
     /// `None`: the proxy takes clients without them (its other rules still apply).
     pub credentials: Option<ProxyCredentials>,
+    /// The group of instances this one belongs with and should be placed apart from (the
+    /// members of one pool), as a token of at most 63 letters, digits, `-`, `_` and `.`
+    /// beginning and ending with a letter or digit (a Kubernetes label value; the reconciler
+    /// gives the pool's UID). A backend that can spread instances (kubernetes: over nodes)
+    /// does; the others ignore it. `None`: the instance belongs to no group.
+    pub spread_group: Option<String>,
 }
 
 /// The credentials one instance demands, in each form a backend may need. Minted by the
@@ -145,6 +151,7 @@ impl fmt::Debug for CreateRequest {
             .field("port", &self.port)
             .field("installation", &self.installation)
             .field("credentials", &self.credentials)
+            .field("spread_group", &self.spread_group)
             .finish()
     }
 }

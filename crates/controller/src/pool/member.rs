@@ -16,11 +16,15 @@ pub struct Member {
     pub current: bool,
     /// Since the member was created.
     pub age: Duration,
-    /// Provisioned and Healthy.
+    /// Provisioned and Healthy, and not kept from leases for its exit.
     pub ready: bool,
-    /// Judged failed: its instance lost or failed for good, or failing its probes once it has
-    /// been Ready or past its startup grace ([`crate::pool::remediation::judge`]).
+    /// Judged failed: its instance lost or failed for good, failing its probes once it has
+    /// been Ready or past its startup grace ([`crate::pool::remediation::judge`]), or kept
+    /// from leases for its exit.
     pub failed: bool,
+    /// Kept from leases for its exit ([`crate::exit_policy::refused`]): replaced as a failed
+    /// member, and drained with its own reason.
+    pub exit_refused: bool,
     /// Its active leases.
     pub leases: u32,
     /// How long it has been draining (draining members only).

@@ -44,8 +44,8 @@ pub(crate) struct PoolLabels {
 pub(crate) struct DrainLabels {
     pub(crate) namespace: String,
     pub(crate) pool: String,
-    /// `failed`, `rotation` (outdated: another template or past `maxAge`), `scale_down`,
-    /// `pool_deleted`.
+    /// `failed`, `exit_refused`, `rotation` (outdated: another template or past `maxAge`),
+    /// `scale_down`, `pool_deleted`.
     pub(crate) reason: &'static str,
 }
 
@@ -118,7 +118,7 @@ impl PoolMetrics {
         );
         registry.register(
             "proxy_operator_pool_drains",
-            "Members drained, by pool and reason (failed, rotation, scale_down, pool_deleted).",
+            "Members drained, by pool and reason (failed, exit_refused, rotation, scale_down, pool_deleted).",
             self.drains.clone(),
         );
         registry.register(

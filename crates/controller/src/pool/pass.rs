@@ -40,6 +40,7 @@ use tracing::Instrument;
 
 use crate::conditions::set_condition;
 use crate::events::{self, Event};
+use crate::exit_policy::ExitPolicy;
 use crate::identity::{reconcile_id, reporting_instance};
 use crate::pool::autoscale::Policy;
 use crate::pool::autoscaler::Autoscaler;
@@ -97,6 +98,8 @@ pub struct PoolContext {
     watches: HealthWatches,
     /// The operator's probe target as it answers the operator directly, when it is fetched.
     probe_target: Option<ProbeTarget>,
+    /// Whether members whose exit was found wanting are kept from leases, and so replaced.
+    exit_policy: ExitPolicy,
 }
 
 impl std::fmt::Debug for PoolContext {
@@ -125,7 +128,16 @@ impl PoolContext {
             autoscaler: Autoscaler::default(),
             watches: HealthWatches::default(),
             probe_target: None,
+            exit_policy: ExitPolicy::default(),
         }
+    }
+
+    /// Replaces members the discovery API does not offer for their exit under `policy`
+    /// (`--exit-policy`): they are failed members to the pool.
+    #[must_use]
+    pub fn with_exit_policy(mut self, policy: ExitPolicy) -> Self {
+        self.exit_policy = policy;
+        self
     }
 
     /// Tells pools that stop remediation what fetching `target` directly found.
@@ -170,6 +182,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
         hash: &hash,
         now: p.now,
         grace: asked.as_ref().map_or(DEFAULT_STARTUP_GRACE, |d| d.startup_grace),
+        exit_policy: ctx.exit_policy,
     };
     let mut watched = ctx.watches.judge(pool, &found.live, &leases, &look);
     let leased = p.record_leases(&watched.members, leases_known);

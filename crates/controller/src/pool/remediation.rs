@@ -209,7 +209,8 @@ pub struct Watch {
 pub struct Observed<'a> {
     pub name: &'a str,
     pub ready: bool,
-    /// Failed (judged) without ever having been Ready, and not draining.
+    /// Failed (judged) without ever having been Ready, or with its exit refused (a failed
+    /// creation unless it was once offered), and not draining.
     pub failed_creation: bool,
 }
 
@@ -219,7 +220,7 @@ impl<'a> Observed<'a> {
         Self {
             name: &m.name,
             ready: m.ready,
-            failed_creation: m.failed && !h.proven && m.role != Role::Draining,
+            failed_creation: m.failed && (!h.proven || m.exit_refused) && m.role != Role::Draining,
         }
     }
 }
@@ -266,7 +267,10 @@ impl Watch {
             if m.ready && self.proven.insert(m.name.to_owned()) {
                 newly_ready |= !first;
             }
-            if m.failed_creation && self.counted.insert(m.name.to_owned()) && !first {
+            // A member once offered and refused later (another Proxy came to share its exit)
+            // was no failed creation: replacing it is no reason to wait.
+            let once_offered = self.proven.contains(m.name);
+            if m.failed_creation && !once_offered && self.counted.insert(m.name.to_owned()) && !first {
                 never_ready.push(m.name.to_owned());
             }
         }
@@ -582,6 +586,45 @@ mod tests {
         assert!(!w.proven("ok"));
         w.observe(&[seen("c", true, false)], at(60));
         assert_eq!(w.backoff(), Backoff::default());
+    }
+
+    #[test]
+    fn a_refused_exit_is_a_failed_creation_unless_the_member_was_offered_before() {
+        let at = |secs: i64| Timestamp::from_second(secs).unwrap();
+        let m = |name: &str, ready, exit_refused| Member {
+            name: name.into(),
+            role: Role::Active,
+            current: true,
+            age: MIN,
+            ready,
+            failed: exit_refused,
+            exit_refused,
+            leases: 0,
+            draining_for: Duration::ZERO,
+        };
+        // Running and passing its probes (so proven to its health), but never offered.
+        let proven = Health {
+            broken: false,
+            failing_probes: false,
+            proven: true,
+            running_for: MIN,
+        };
+        let mut w = Watch::default();
+        w.observe(&[], at(0));
+        let (fresh, veteran) = (m("fresh", false, true), m("veteran", true, false));
+        w.observe(&[Observed::of(&veteran, &proven)], at(5));
+        let counted = w.observe(
+            &[Observed::of(&fresh, &proven), Observed::of(&veteran, &proven)],
+            at(10),
+        );
+        assert_eq!((counted, w.backoff().failed_creations), (vec!["fresh".to_owned()], 1));
+        // The veteran, offered before, is refused later: replaced, but no failed creation.
+        let refused = m("veteran", false, true);
+        let counted = w.observe(
+            &[Observed::of(&fresh, &proven), Observed::of(&refused, &proven)],
+            at(20),
+        );
+        assert_eq!((counted.len(), w.backoff().failed_creations), (0, 1));
     }
 
     #[test]

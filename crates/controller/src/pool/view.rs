@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
 
+use crate::exit_policy::ExitPolicy;
 use crate::pool::decide::Desired;
 use crate::pool::member::Member;
 use crate::pool::remediation::{
@@ -137,6 +138,8 @@ pub struct Look<'a> {
     pub now: Timestamp,
     /// The pool's startup grace.
     pub grace: Duration,
+    /// Whether members whose exit was found wanting are kept from leases (and so replaced).
+    pub exit_policy: ExitPolicy,
 }
 
 /// One member as the decision sees it, with its `leases`; `proven` when it has been Ready
@@ -149,13 +152,15 @@ pub fn member(proxy: &Proxy, role: PoolRole, leases: u32, proven: bool, look: &L
         .get(ANNOTATION_DRAINING_SINCE)
         .and_then(|t| t.parse::<Timestamp>().ok())
         .unwrap_or(now);
+    let exit_refused = crate::exit_policy::refused(proxy, look.exit_policy);
     Member {
         name: proxy.name_any(),
         role,
         current: proxy.labels().get(LABEL_POOL_TEMPLATE_HASH).map(String::as_str) == Some(look.hash),
         age: since(created, now),
-        ready: proxy.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready),
-        failed: judge(health(proxy, proven, now), look.grace).failed,
+        ready: proxy.status.as_ref().and_then(|s| s.phase) == Some(Phase::Ready) && !exit_refused,
+        failed: judge(health(proxy, proven, now), look.grace).failed || exit_refused,
+        exit_refused,
         leases,
         draining_for: since(draining_since, now),
     }
@@ -281,6 +286,8 @@ pub(crate) fn at_rest(desired: &Desired, members: &[(&Proxy, Member)]) -> bool {
 pub(crate) fn drain_reason(m: &Member, desired: &Desired, deleting: bool) -> &'static str {
     if deleting {
         "pool_deleted"
+    } else if m.exit_refused {
+        "exit_refused"
     } else if m.failed {
         "failed"
     } else if !m.current || desired.max_age.is_some_and(|a| m.age >= a) {
@@ -460,6 +467,52 @@ mod tests {
     }
 
     #[test]
+    fn a_ready_member_with_a_refused_exit_fails_under_enforce_only() {
+        let t = Time(Timestamp::from_second(1000).unwrap());
+        let mut p = Proxy::new("m", ProxySpec::default());
+        p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(0).unwrap()));
+        let status = p.status.get_or_insert_with(Default::default);
+        status.phase = Some(Phase::Ready);
+        let look = |exit_policy| Look {
+            hash: "h",
+            now: t.0,
+            grace: Duration::from_secs(300),
+            exit_policy,
+        };
+        let judged = |p: &Proxy, policy| member(p, PoolRole::Active, 0, true, &look(policy));
+        let fine = judged(&p, ExitPolicy::Enforce);
+        assert!(fine.ready && !fine.failed && !fine.exit_refused);
+        for (status, refused) in [
+            (ConditionStatus::Unknown, false),
+            (ConditionStatus::True, false),
+            (ConditionStatus::False, true),
+        ] {
+            crate::conditions::set_condition(
+                &mut p.status.as_mut().unwrap().conditions,
+                conditions::EXIT_VERIFIED,
+                status,
+                reasons::EXIT_SHARED,
+                "",
+                None,
+                &t,
+            );
+            let enforced = judged(&p, ExitPolicy::Enforce);
+            assert_eq!(
+                (enforced.ready, enforced.failed, enforced.exit_refused),
+                (!refused, refused, refused),
+                "{status:?} under enforce"
+            );
+            let observed = judged(&p, ExitPolicy::Observe);
+            assert!(observed.ready && !observed.failed, "{status:?} under observe");
+        }
+        let refused = judged(&p, ExitPolicy::Enforce);
+        let spec = pool(json!({"replicas": 1, "template": {"spec": {"provider": "p"}}})).spec;
+        let desired = desired(&spec, false).unwrap();
+        assert_eq!(drain_reason(&refused, &desired, false), "exit_refused");
+        assert_eq!(drain_reason(&refused, &desired, true), "pool_deleted");
+    }
+
+    #[test]
     fn counts_and_conditions() {
         let proxy = |max: Option<i32>| {
             Proxy::new(
@@ -477,6 +530,7 @@ mod tests {
             age: Duration::ZERO,
             ready,
             failed: false,
+            exit_refused: false,
             leases: 0,
             draining_for: Duration::ZERO,
         };

@@ -111,7 +111,7 @@ impl HealthWatches {
             events.push(Event::warning(
                 "MemberNeverReady",
                 format!(
-                    "{} never became Ready within startupGrace {}s; {} failed creations in a row: the next member is made after {}s",
+                    "{} never became Ready within startupGrace {}s, or came up with a refused exit; {} failed creations in a row: the next member is made after {}s",
                     never_ready.join(", "),
                     look.grace.as_secs(),
                     backoff.failed_creations,

@@ -17,15 +17,7 @@ use std::net::IpAddr;
 
 use egress_api::{ConditionStatus, reasons};
 
-/// Whether a Proxy whose exit is not verified is still offered for leases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ExitPolicy {
-    /// Offered all the same; the condition says what was found.
-    #[default]
-    Observe,
-    /// Not offered while Shared, OperatorAddress or Unexpected.
-    Enforce,
-}
+use crate::exit_policy::ExitPolicy;
 
 /// What is known about one Proxy's exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -87,6 +87,9 @@ fn create_request(
         port: u16::try_from(proxy.spec.port).unwrap_or(egress_api::DEFAULT_PORT as u16),
         installation,
         credentials,
+        // A pool's members are spread apart where the backend can: on one node they would
+        // share one exit.
+        spread_group: proxy.pool().map(|m| m.pool_uid.to_owned()),
     }
 }
 
@@ -548,4 +551,30 @@ pub fn error_policy(proxy: Arc<Proxy>, error: &ReconcileError, ctx: Arc<Context>
         tracing::warn!(proxy = %proxy.name_any(), namespace = ?proxy.namespace(), error = %error, retry_in = ?delay, "reconcile failed");
     }
     ControllerAction::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egress_api::{LABEL_POOL, ProxySpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    #[test]
+    fn a_pool_member_is_created_in_its_pools_spread_group() {
+        let mut proxy = Proxy::new("eu-x1y2z", ProxySpec::default());
+        proxy.metadata.uid = Some("proxy-uid".into());
+        let group = |p: &Proxy| create_request(p, Vec::new(), None, None).spread_group;
+        assert_eq!(group(&proxy), None, "a Proxy of its own");
+        proxy.metadata.labels = Some([(LABEL_POOL.to_owned(), "eu".to_owned())].into());
+        assert_eq!(group(&proxy), None, "a label alone makes no member");
+        proxy.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: egress_api::API_VERSION.into(),
+            kind: "ProxyPool".into(),
+            name: "eu".into(),
+            uid: "pool-uid".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        assert_eq!(group(&proxy).as_deref(), Some("pool-uid"));
+    }
 }

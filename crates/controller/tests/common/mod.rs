@@ -190,6 +190,7 @@ pub fn mem_request(uid: &str, namespace: &str, proxy_name: &str) -> egress_provi
         port: 3128,
         installation: None,
         credentials: None,
+        spread_group: None,
     }
 }
 

@@ -47,6 +47,8 @@ struct Entry {
     port: u16,
     verdict: Verdict,
     exit: Option<ExitSeen>,
+    /// How many proxies shared its exit when it was last told about it.
+    told_sharing: usize,
 }
 
 impl Entry {
@@ -106,6 +108,16 @@ impl Snapshot {
             .unwrap_or_default()
     }
 
+    /// Every proxy whose last exit check named an address.
+    pub fn with_exit(&self) -> Vec<ProxyKey> {
+        self.read()
+            .exits
+            .values()
+            .flatten()
+            .map(|k| ProxyKey::clone(k))
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.read().entries.len()
     }
@@ -122,23 +134,28 @@ impl Snapshot {
             .entries
             .get(&record.key)
             .filter(|e| same(e))
-            .and_then(|e| e.exit.clone());
+            .map(|e| (e.exit.clone(), e.told_sharing));
+        let (exit, told_sharing) = exit.unwrap_or_default();
         let entry = Entry {
             uid: record.uid.clone(),
             host: record.host.clone(),
             port: record.port,
             verdict,
             exit,
+            told_sharing,
         };
         inner.entries.insert(record.key.clone(), entry);
     }
 
     /// Records an exit check's finding for a proxy that has a verdict. Returns the proxies
-    /// whose status may change: none when the finding is the one recorded; else this one and
-    /// every other at the old or the new address (they now share it with one fewer or more).
+    /// whose status may change: this one when its finding or the count sharing its exit
+    /// changed since it was last told; and another proxy only when this one makes it shared or
+    /// leaves it alone at its address. Others sharing an exit hear of a new count at their own
+    /// next check, so N proxies at one exit cost O(N) notices, not O(N²).
     pub(super) fn set_exit(&self, key: &Arc<ProxyKey>, seen: ExitSeen) -> Vec<Arc<ProxyKey>> {
-        let mut inner = self.write();
-        let Some(entry) = inner.entries.get_mut(key) else {
+        let mut guard = self.write();
+        let inner = &mut *guard;
+        let Some(entry) = inner.entries.get(key) else {
             return Vec::new();
         };
         let old = entry.exit.as_ref().and_then(ExitSeen::ip);
@@ -147,25 +164,33 @@ impl Snapshot {
             (Some(ExitSeen::Unknown { why }), ExitSeen::Unknown { why: new }) => why == new,
             _ => false,
         };
+        let mut touched = Vec::new();
         if unchanged {
-            return Vec::new();
+            if entry.told_sharing != sharing_of(&inner.exits, entry.exit.as_ref()) {
+                touched.push(key.clone());
+            }
+        } else {
+            touched.push(key.clone());
+            if let Some(ip) = old {
+                touched.extend(inner.leave(ip, key));
+            }
+            if let Some(ip) = seen.ip() {
+                touched.extend(inner.join(ip, key));
+            }
+            if let Some(e) = inner.entries.get_mut(key) {
+                e.exit = Some(seen);
+            }
         }
-        let new = seen.ip();
-        entry.exit = Some(seen);
-        let mut touched = vec![key.clone()];
-        if let Some(ip) = old {
-            touched.extend(inner.leave(ip, key));
-        }
-        if let Some(ip) = new {
-            let at = inner.exits.entry(ip).or_default();
-            touched.extend(at.iter().cloned());
-            at.insert(key.clone());
+        for other in &touched {
+            if let Some(e) = inner.entries.get_mut(other) {
+                e.told_sharing = sharing_of(&inner.exits, e.exit.as_ref());
+            }
         }
         touched
     }
 
-    /// Forgets a proxy. Returns `None` when it had no entry; else the other proxies that shared
-    /// its exit (they now share it with one fewer).
+    /// Forgets a proxy. Returns `None` when it had no entry; else the proxy it leaves alone at
+    /// its exit, if any (no longer shared).
     pub(super) fn remove(&self, key: &ProxyKey) -> Option<Vec<Arc<ProxyKey>>> {
         let mut inner = self.write();
         let (key, entry) = inner.entries.remove_entry(key)?;
@@ -177,16 +202,101 @@ impl Snapshot {
 }
 
 impl Inner {
-    /// Takes `key` out of the proxies at `ip`; returns the others there.
+    /// Takes `key` out of the proxies at `ip`; returns the one left there, if it is alone now
+    /// (no longer shared).
     fn leave(&mut self, ip: IpAddr, key: &Arc<ProxyKey>) -> Vec<Arc<ProxyKey>> {
         let Some(at) = self.exits.get_mut(&ip) else {
             return Vec::new();
         };
         at.remove(key);
-        let others: Vec<_> = at.iter().cloned().collect();
+        let alone: Vec<_> = if at.len() == 1 {
+            at.iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
         if at.is_empty() {
             self.exits.remove(&ip);
         }
-        others
+        alone
+    }
+
+    /// Puts `key` among the proxies at `ip`; returns the one that was there alone, if any (it
+    /// is shared now).
+    fn join(&mut self, ip: IpAddr, key: &Arc<ProxyKey>) -> Vec<Arc<ProxyKey>> {
+        let at = self.exits.entry(ip).or_default();
+        let alone: Vec<_> = if at.len() == 1 {
+            at.iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        at.insert(key.clone());
+        alone
+    }
+}
+
+/// How many proxies share the exit `seen` names (0 when it names none).
+fn sharing_of(exits: &HashMap<IpAddr, HashSet<Arc<ProxyKey>>>, seen: Option<&ExitSeen>) -> usize {
+    seen.and_then(ExitSeen::ip)
+        .map_or(0, |ip| exits.get(&ip).map_or(0, HashSet::len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot with a verdict for each of `names` and no exit yet.
+    fn with(names: &[&str]) -> (Snapshot, Vec<Arc<ProxyKey>>) {
+        let s = Snapshot::default();
+        let keys: Vec<_> = names.iter().map(|n| Arc::new(ProxyKey::new("ns", n))).collect();
+        for key in &keys {
+            let entry = Entry {
+                uid: "uid".into(),
+                host: "10.0.0.1".into(),
+                port: 3128,
+                verdict: Verdict {
+                    healthy: true,
+                    latency: std::time::Duration::ZERO,
+                    auth_refused: false,
+                },
+                exit: None,
+                told_sharing: 0,
+            };
+            s.write().entries.insert(key.clone(), entry);
+        }
+        (s, keys)
+    }
+
+    fn names(keys: Vec<Arc<ProxyKey>>) -> Vec<String> {
+        let mut names: Vec<String> = keys.iter().map(|k| k.name.clone()).collect();
+        names.sort();
+        names
+    }
+
+    fn at(ip: &str) -> ExitSeen {
+        ExitSeen::Address {
+            ip: ip.parse().unwrap(),
+            since: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn proxies_at_one_exit_are_told_in_a_notice_each_not_one_per_pair() {
+        let (s, k) = with(&["a", "b", "c"]);
+        let one = "203.0.113.1";
+        assert_eq!(names(s.set_exit(&k[0], at(one))), ["a"]);
+        assert_eq!(names(s.set_exit(&k[1], at(one))), ["a", "b"], "a is shared now");
+        assert_eq!(names(s.set_exit(&k[2], at(one))), ["c"], "a and b were shared already");
+        // Their next checks find the same exit: a and b hear of the new count; c knows it.
+        assert_eq!(names(s.set_exit(&k[0], at(one))), ["a"]);
+        assert_eq!(names(s.set_exit(&k[1], at(one))), ["b"]);
+        assert!(s.set_exit(&k[2], at(one)).is_empty());
+        assert!(s.set_exit(&k[0], at(one)).is_empty(), "told once per count");
+        // c leaves: a and b still share. b joins c: a is alone, c is shared.
+        assert_eq!(names(s.set_exit(&k[2], at("203.0.113.2"))), ["c"]);
+        assert_eq!(names(s.set_exit(&k[1], at("203.0.113.2"))), ["a", "b", "c"]);
+        assert_eq!(s.sharing(one.parse().unwrap()), 1);
+        // c gone: b is alone.
+        assert_eq!(names(s.remove(&k[2]).unwrap()), ["b"]);
+        assert_eq!(s.with_exit().len(), 2);
     }
 }

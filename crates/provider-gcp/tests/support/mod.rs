@@ -296,6 +296,7 @@ pub fn request_in(uid: &str, zone: &str) -> CreateRequest {
         port: 3128,
         installation: None,
         credentials: None,
+        spread_group: None,
     }
 }
 

@@ -402,6 +402,7 @@ pub fn request_in(uid: &str, location: &str) -> CreateRequest {
         port: 3128,
         installation: None,
         credentials: None,
+        spread_group: None,
     }
 }
 

@@ -721,6 +721,7 @@ impl ConformanceTarget for LocalTarget {
             port: 3128,
             installation: None,
             credentials: None,
+            spread_group: None,
         }
     }
 
