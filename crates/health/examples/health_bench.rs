@@ -9,7 +9,8 @@
 //!   each measured from the engine's start (so every first exit check, made right after a
 //!   proxy's first passing probe, falls in the window): the no-op probe's CPU with a no-op
 //!   check naming a new address each time, and the TLS probes' rate and CPU with the real check
-//!   through the proxy to an in-process echo (every proxy one exit, the worst case for sharing).
+//!   through the proxy to an in-process https echo (every proxy one exit, the worst case for
+//!   sharing).
 //!
 //! Prints its figures for one fleet size (`--proxies N`) as one line of `|`-separated cells;
 //! `cargo xtask bench --only health` runs it per size and prints the guide's table. Not a test: it
@@ -71,7 +72,7 @@ fn fleet(n: usize, proxy: &str, url: &str) -> Arc<Fleet> {
 /// A probe that does nothing, so only the engine is measured; its exit check names a new
 /// address each time (a fleet whose every proxy has an exit of its own).
 #[derive(Default)]
-struct NoOp(AtomicU32);
+struct NoOp(Arc<AtomicU32>);
 
 impl Prober for NoOp {
     fn probe(&self, _req: Arc<ProbeRequest>) -> impl Future<Output = ProbeOutcome> + Send {
@@ -200,6 +201,23 @@ async fn connect_proxy() -> String {
 
 /// One row for `--proxies N` (default 1000), as `|`-separated cells. One process per size, so
 /// the memory figure of one size is not hidden in memory freed by another.
+/// What the exit check costs in steady state, at its default interval: the extra CPU and the
+/// probes lost per check in the windows above (where every first check fell), times the checks
+/// a second the interval makes (`n` / 600 s), as a share of the probing's CPU and rate.
+fn at_default_interval(
+    n: usize,
+    checks: usize,
+    (cpu_off, cpu_on): (f64, f64),
+    (rate_off, rate_on): (f64, f64),
+) -> String {
+    let window = (WARMUP + MEASURE).as_secs_f64();
+    let per_second = n as f64 / DEFAULT_EXIT_INTERVAL.as_secs_f64();
+    let per_check = |extra: f64| extra.max(0.0) * window / checks.max(1) as f64;
+    let cpu = per_check(cpu_on - cpu_off) * per_second / cpu_off * 100.0;
+    let rate = per_check(rate_off - rate_on) * per_second / rate_off * 100.0;
+    format!("+{cpu:.2} % CPU, -{rate:.2} % probes per second")
+}
+
 /// The warm-up before a window that starts later than the engine, and the window.
 const WARMUP: Duration = Duration::from_secs(3);
 const MEASURE: Duration = Duration::from_secs(10);
@@ -229,40 +247,28 @@ async fn main() {
     let (tls_rate, tls_cpu, _) = run_engine(fleet(n, &proxy, &url), prober, config(None), WARMUP, MEASURE).await;
 
     // The exit check off, then on at its default interval, each from the engine's start.
-    let echo_target = egress_testkit::echo::EchoTarget::http("127.0.0.1").await;
-    let echo = echo_target.url();
-    let whole = WARMUP + MEASURE;
-    let (_, noop_off, _) = run_engine(
-        fleet(n, &proxy, &url),
-        NoOp::default(),
-        config(None),
-        Duration::ZERO,
-        whole,
-    )
-    .await;
-    let (_, noop_on, _) = run_engine(
-        fleet(n, &proxy, &url),
-        NoOp::default(),
-        config(Some(&echo)),
-        Duration::ZERO,
-        whole,
-    )
-    .await;
+    // An https echo, as the docs recommend: a CONNECT tunnel and TLS, as a probe goes.
+    let echo_target = egress_testkit::echo::EchoTarget::https(&pki, "127.0.0.1").await;
+    let echo = format!("https://localhost:{}/ip", echo_target.addr.port());
+    let from_start = |echo| (fleet(n, &proxy, &url), config(echo), Duration::ZERO, WARMUP + MEASURE);
+    let (source, off, from, window) = from_start(None);
+    let (_, noop_off, _) = run_engine(source, NoOp::default(), off, from, window).await;
+    let noop_checks = Arc::new(AtomicU32::new(0));
+    let (source, on, from, window) = from_start(Some(&echo));
+    let (_, noop_on, _) = run_engine(source, NoOp(noop_checks.clone()), on, from, window).await;
+    let (source, off, from, window) = from_start(None);
     let prober = || ConnectProber::new(tls.clone());
-    let (tls_off_rate, tls_off, _) =
-        run_engine(fleet(n, &proxy, &url), prober(), config(None), Duration::ZERO, whole).await;
-    let (tls_on_rate, tls_on, _) = run_engine(
-        fleet(n, &proxy, &url),
-        prober(),
-        config(Some(&echo)),
-        Duration::ZERO,
-        whole,
-    )
-    .await;
+    let (tls_off_rate, tls_off, _) = run_engine(source, prober(), off, from, window).await;
+    let (source, on, from, window) = from_start(Some(&echo));
+    let (tls_on_rate, tls_on, _) = run_engine(source, prober(), on, from, window).await;
+    // Exit checks made in the windows: a cost unchanged because no check ran would prove nothing.
+    let noop_checks = noop_checks.load(Ordering::Relaxed);
+    let tls_checks = echo_target.peers().len();
     let pct = |x: f64| x * 100.0;
     let change = |on: f64, off: f64| if off > 0.0 { (on / off - 1.0) * 100.0 } else { 0.0 };
+    let steady = at_default_interval(n, tls_checks, (tls_off, tls_on), (tls_off_rate, tls_on_rate));
     println!(
-        "{n}|{noop_rate:.0}|{:.1} %|{per_proxy_kib:.2} KiB|{tls_rate:.0}|{:.0} %|{:.1} % / {:.1} % ({:+.0} %)|{tls_off_rate:.0} / {tls_on_rate:.0} ({:+.0} %)|{:.0} % / {:.0} % ({:+.0} %)",
+        "{n}|{noop_rate:.0}|{:.1} %|{per_proxy_kib:.2} KiB|{tls_rate:.0}|{:.0} %|{:.1} % / {:.1} % ({:+.0} %), {noop_checks} checks|{tls_off_rate:.0} / {tls_on_rate:.0} ({:+.0} %), {tls_checks} checks|{:.0} % / {:.0} % ({:+.0} %)|{steady}",
         pct(noop_cpu),
         pct(tls_cpu),
         pct(noop_off),

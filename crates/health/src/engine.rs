@@ -12,9 +12,11 @@
 //!
 //! With an echo URL ([`EngineConfig::exit`]) the engine also checks each proxy's exit: right
 //! after its first probe that passes, then once per exit interval, as one more job for the same
-//! workers (probes go first). A changed exit tells the reconciler about the proxy, and about the
-//! one other proxy it makes shared or leaves alone; a proxy whose exit is shared by more or fewer
-//! since it was last told hears at its own next check (O(N) notices for N proxies at one exit).
+//! workers (probes go first, but due exit checks always have [`exit_reserve`] workers). A
+//! changed exit tells the reconciler about the proxy, and about the one other proxy it makes
+//! shared or leaves alone; a proxy whose exit is shared by more or fewer since it was last told
+//! hears at its own next check (O(N) notices for N proxies at one exit). The exit check's parts
+//! are in `engine/exits.rs`.
 //!
 //! A record is keyed by namespace/name and tagged with the Proxy's UID and address: a Proxy
 //! recreated under the same name, or moved to another host or port, starts a fresh record, and a
@@ -27,7 +29,7 @@ use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -41,9 +43,11 @@ use crate::metrics::HealthMetrics;
 use crate::probe::{ProbeOutcome, ProbeRequest};
 use crate::state::{Thresholds, Verdict};
 
+mod exits;
 mod prober;
 mod snapshot;
 
+pub use exits::{DEFAULT_EXIT_INTERVAL, ExitCheck, exit_reserve};
 pub use prober::{ConnectProber, Prober};
 pub use snapshot::{ExitSeen, Snapshot};
 
@@ -135,16 +139,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// The exit check: where the echo is, and how often each proxy's exit is checked again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExitCheck {
-    pub url: String,
-    pub interval: Duration,
-}
-
-/// How often a proxy's exit is checked again, unless told otherwise (`--exit-check-interval`).
-pub const DEFAULT_EXIT_INTERVAL: Duration = Duration::from_secs(600);
-
 /// Capacity of the event channel the operator creates for [`Engine::new`] (spec: 1024).
 pub const EVENT_CAPACITY: usize = 1024;
 
@@ -179,6 +173,8 @@ struct Schedule {
     due: BinaryHeap<Reverse<(Instant, u64)>>,
     /// The queue of due exit checks, kept as `due` is.
     exit_due: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Exit checks under way.
+    exits_running: usize,
     unsent: HashSet<Arc<ProxyKey>>,
     next_id: u64,
     /// The source's generation at the last refresh.
@@ -405,54 +401,13 @@ impl<P: Prober> Engine<P> {
         }
     }
 
-    /// The exit check of a proxy at `host:port`: the probe's request with the echo URL.
-    fn exit_request(&self, host: &str, port: u16, settings: &ProbeSettings) -> Option<Arc<ProbeRequest>> {
-        let check = self.config.exit.as_ref()?;
-        let mut req = request(host, port, settings);
-        req.url.clone_from(&check.url);
-        Some(Arc::new(req))
-    }
-
-    /// Starts the due probes, then the due exit checks, there are workers for.
+    /// Starts due jobs there are workers for: exit checks up to their reserve, then probes,
+    /// then exit checks again on any worker left. Probes go first, but an engine whose probes
+    /// are always overdue still checks exits on its reserve, rather than never.
     fn dispatch(&self, s: &mut Schedule, now: Instant, pool: &Arc<Pool>, done_tx: &Arc<mpsc::UnboundedSender<Done>>) {
+        self.dispatch_exits(s, now, pool, done_tx, exit_reserve(pool.workers));
         self.dispatch_probes(s, now, pool, done_tx);
-        self.dispatch_exits(s, now, pool, done_tx);
-    }
-
-    /// Starts the due exit checks there are workers for, oldest due first.
-    fn dispatch_exits(
-        &self,
-        s: &mut Schedule,
-        now: Instant,
-        pool: &Arc<Pool>,
-        done_tx: &Arc<mpsc::UnboundedSender<Done>>,
-    ) {
-        while let Some(Reverse((due, _))) = s.exit_due.peek() {
-            if *due > now || pool.running.load(Ordering::Acquire) >= pool.workers {
-                return;
-            }
-            let Some(Reverse((due, id))) = s.exit_due.pop() else {
-                return;
-            };
-            let Some(record) = s.records.get_mut(&id) else {
-                continue; // pruned
-            };
-            let Some(req) = record.exit_request.clone() else {
-                continue;
-            };
-            if record.exit_in_flight || record.exit_next != Some(due) {
-                continue; // outdated
-            }
-            record.exit_in_flight = true;
-            pool.running.fetch_add(1, Ordering::AcqRel);
-            let prober = self.prober.clone();
-            let (pool, tx) = (pool.clone(), done_tx.clone());
-            tokio::spawn(async move {
-                // Reports even if the prober panics, so the worker and the record are freed.
-                let mut report = Report::new(pool, tx, id, Outcome::Exit(Err(panicked())));
-                report.outcome = Some(Outcome::Exit(prober.exit(req).await));
-            });
-        }
+        self.dispatch_exits(s, now, pool, done_tx, pool.workers);
     }
 
     /// Starts the due probes there are workers for, oldest due first.
@@ -507,32 +462,10 @@ impl<P: Prober> Engine<P> {
     fn finish(&self, s: &mut Schedule, done: Done, now: Instant) {
         match done.outcome {
             Outcome::Probe(outcome) => self.finish_probe(s, done.id, &outcome, now),
-            Outcome::Exit(found) => self.finish_exit(s, done.id, found, now),
-        }
-    }
-
-    /// Records an exit check's finding, and queues the next one an interval from now.
-    fn finish_exit(&self, s: &mut Schedule, id: u64, found: Result<IpAddr, EchoError>, now: Instant) {
-        let (Some(record), Some(check)) = (s.records.get_mut(&id), self.config.exit.as_ref()) else {
-            return;
-        };
-        record.exit_in_flight = false;
-        let next = now + check.interval;
-        record.exit_next = Some(next);
-        s.exit_due.push(Reverse((next, id)));
-        let seen = match found {
-            Ok(ip) => ExitSeen::Address {
-                ip,
-                since: SystemTime::now(),
-            },
-            Err(e) => {
-                tracing::debug!(proxy = %record.key, reason = %e, "exit check failed");
-                ExitSeen::Unknown { why: e.to_string() }
+            Outcome::Exit(found) => {
+                s.exits_running = s.exits_running.saturating_sub(1);
+                self.finish_exit(s, done.id, found, now);
             }
-        };
-        let key = record.key.clone();
-        for touched in self.snapshot.set_exit(&key, seen) {
-            self.notify(&touched, &mut s.unsent);
         }
     }
 
@@ -633,10 +566,6 @@ impl Drop for Report {
             let _ = self.tx.send(Done { id: self.id, outcome });
         }
     }
-}
-
-fn panicked() -> EchoError {
-    EchoError::Fetch(crate::probe::ProbeError::Io("the exit check panicked".into()))
 }
 
 /// How late a due probe may start, so starts can be batched.
