@@ -1,6 +1,7 @@
 //! `cargo xtask licenses [--check]`: `deploy/licenses/rust-crates.tsv`, the Rust crates the
 //! image ships (every crate the two binaries link, from `Cargo.lock` as cargo resolves it for
-//! Linux on x86_64), each with its version, licence expression and source. The image carries
+//! those two packages on Linux on x86_64, so a test-only feature adds nothing), each with its
+//! version, licence expression and source. The image carries
 //! the file beside Debian's copyright files; `--check` fails when it is stale, as CI runs it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,7 +18,12 @@ pub(crate) const FILE: &str = "deploy/licenses/rust-crates.tsv";
 const SHIPPED: &[&str] = &["egress-operator", "egress-gateway-bin"];
 
 pub(crate) fn run(root: &Path, check: bool) -> Result<()> {
-    let want = render(&shipped_crates(&metadata(root)?)?);
+    let linked = linked(root)?;
+    let crates = shipped_crates(&metadata(root)?)?
+        .into_iter()
+        .filter(|c| linked.contains(&(c.name.clone(), c.version.clone())))
+        .collect();
+    let want = render(&crates);
     let path = root.join(FILE);
     if check {
         let have = std::fs::read_to_string(&path).unwrap_or_default();
@@ -45,6 +51,38 @@ fn metadata(root: &Path) -> Result<Value> {
         bail!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     serde_json::from_slice(&out.stdout).context("reading cargo metadata's answer")
+}
+
+/// The crates (name, version) the shipped binaries link, as `cargo tree` resolves them for
+/// those packages alone: `cargo metadata` resolves the whole workspace, where a test's feature
+/// (egress-geoip's `testing`, say) adds crates no shipped binary links.
+fn linked(root: &Path) -> Result<BTreeSet<(String, String)>> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root)
+        .args(["tree", "--locked", "--offline", "-e", "normal"]);
+    for package in SHIPPED {
+        cmd.args(["-p", package]);
+    }
+    let out = cmd
+        .args(["--target", "x86_64-unknown-linux-gnu", "--prefix", "none", "-f", "{p}"])
+        .output()
+        .context("running cargo tree")?;
+    if !out.status.success() {
+        bail!("cargo tree failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(tree_crates(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// (name, version) of each line of `cargo tree --prefix none -f {p}`: `tokio v1.0.0 (*)`.
+fn tree_crates(tree: &str) -> BTreeSet<(String, String)> {
+    tree.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let name = words.next()?;
+            let version = words.next()?.strip_prefix('v')?;
+            Some((name.to_owned(), version.to_owned()))
+        })
+        .collect()
 }
 
 /// One shipped crate.
@@ -153,5 +191,19 @@ mod tests {
         assert_eq!(names, ["egress-gateway-bin", "egress-operator", "tokio"]);
         let text = render(&shipped_crates(&metadata).unwrap());
         assert!(text.ends_with("tokio\t1.0.0\tMIT\tregistry+x\n"), "{text}");
+    }
+
+    #[test]
+    fn cargo_trees_lines_give_name_and_version_once() {
+        let tree = "egress-operator v0.1.0 (/src/bins/egress-operator)\ntokio v1.48.0\ntokio v1.48.0 (*)\n\nserde v1.0.228 (proc-macro)\n";
+        let crates: Vec<(String, String)> = tree_crates(tree).into_iter().collect();
+        assert_eq!(
+            crates,
+            [
+                ("egress-operator".to_owned(), "0.1.0".to_owned()),
+                ("serde".to_owned(), "1.0.228".to_owned()),
+                ("tokio".to_owned(), "1.48.0".to_owned()),
+            ]
+        );
     }
 }
