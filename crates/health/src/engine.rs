@@ -354,8 +354,8 @@ impl<P: Prober> Engine<P> {
             s.index.remove(&key);
             self.metrics.forget(&key.to_string());
             if let Some(sharers) = self.snapshot.remove(&key) {
-                // Its verdict is gone: the status should drop it; those that shared its exit
-                // share it with one fewer.
+                // Its verdict is gone: the status should drop it; a proxy it leaves alone at its
+                // exit is no longer shared (the others hear the new count at their next check).
                 self.notify(&key, &mut s.unsent);
                 for other in sharers {
                     self.notify(&other, &mut s.unsent);
