@@ -330,6 +330,32 @@ fn flag_errors_name_the_problem_and_exit_non_zero() {
     }
 }
 
+/// A GeoIP file that cannot be used stops the operator as it starts, before it connects to the
+/// cluster or stands for election (so before it could lead with exits judged on nothing).
+#[test]
+fn a_geoip_file_that_cannot_be_used_stops_the_start() {
+    let dir = egress_testkit::scratch_dir("operator-geoip");
+    let config = dir.join("providers.yaml");
+    std::fs::write(&config, "providers: []\n").unwrap();
+    let garbage = dir.join("garbage.mmdb");
+    std::fs::write(&garbage, "not a database").unwrap();
+    let asn = dir.join("asn.mmdb");
+    let asns = egress_geoip::testing::asn_database(&[("127.0.0.0/8", 64500, "Loopback Networks")]);
+    std::fs::write(&asn, asns).unwrap();
+    let country = |p: &std::path::Path| format!("--geoip-country-file={}", p.display());
+    for (flag, want) in [
+        (country(&dir.join("absent.mmdb")), "absent.mmdb"),
+        (country(&garbage), "not a MaxMind DB"),
+        (country(&asn), "not a country or city database"),
+    ] {
+        let providers = format!("--providers-config={}", config.display());
+        let (code, out) = run_to_exit(&operator_binary(), &[&providers, &flag, "--zap-encoder=json"]);
+        assert_eq!(code, Some(1), "{flag}: {out}");
+        assert!(out.contains("Failed to read a GeoIP database"), "{flag}: {out}");
+        assert!(out.contains(want), "{flag}: {want:?} missing from {out}");
+    }
+}
+
 #[test]
 fn a_lease_store_password_never_reaches_the_error_line() {
     for url in ["rediss:/:hunter2-pw@cache:6380", "redis:/user:hunter2-pw@cache"] {

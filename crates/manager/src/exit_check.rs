@@ -49,6 +49,13 @@ pub(crate) fn start(
     Ok(findings(options, parts, events.clone(), tasks, shutdown))
 }
 
+/// Reads the GeoIP databases the flags name and lets them go, when the process starts (on every
+/// replica, before it runs anything): a file that cannot be used stops it there, rather than
+/// at the election that makes it leader. The leader reads them again for use ([`start`]).
+pub(crate) fn check_geoip(options: &Options) -> Result<(), Fatal> {
+    geoip(options).map(drop)
+}
+
 /// The GeoIP databases the flags name, read now: a file that cannot be used stops the start.
 fn geoip(options: &Options) -> Result<(GeoIp, Vec<DatabaseFile>), Fatal> {
     let geoip = GeoIp::default();
@@ -61,7 +68,7 @@ fn geoip(options: &Options) -> Result<(GeoIp, Vec<DatabaseFile>), Fatal> {
             continue;
         }
         let mut file = DatabaseFile::new(geoip.clone(), kind, path.into());
-        egress_files::Followed::check(&mut file).map_err(|e| Fatal::plain(e.to_string()))?;
+        egress_files::Followed::check(&mut file).map_err(|e| Fatal::new("Failed to read a GeoIP database", e))?;
         followed.push(file);
     }
     Ok((geoip, followed))

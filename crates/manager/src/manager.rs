@@ -96,7 +96,8 @@ struct Loaded {
     probe_roots: Option<crate::probe_tls::ProbeRoots>,
 }
 
-/// Step 1: the providers file, loaded and built (all or nothing), and the probes' TLS roots.
+/// Step 1: the providers file, loaded and built (all or nothing), the probes' TLS roots, and
+/// the GeoIP files checked.
 fn load_providers(options: &Options, registry: &egress_provider::Registry, health: &Health) -> Result<Loaded, Fatal> {
     if options.providers_config.is_empty() {
         return Err(Fatal::plain("--providers-config is required"));
@@ -113,6 +114,7 @@ fn load_providers(options: &Options, registry: &egress_provider::Registry, healt
         Health::Scripted { .. } => None,
         Health::Engine => Some(crate::probe_tls::load(&options.health_check_ca_file)?),
     };
+    crate::exit_check::check_geoip(options)?;
     let provider_metrics = ProviderMetrics::new();
     let providers = Arc::new(
         registry
