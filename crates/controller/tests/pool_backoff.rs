@@ -88,6 +88,7 @@ async fn an_hour_of_passes() -> (Vec<i64>, usize) {
             now,
             grace: wanted.startup_grace,
             exit_policy: Default::default(),
+            exit_holders: &Default::default(),
         };
         let judged: Vec<_> = members
             .iter()

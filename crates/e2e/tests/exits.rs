@@ -229,6 +229,24 @@ fn replace_file(path: &std::path::Path, bytes: &[u8]) {
     std::fs::rename(&next, path).unwrap();
 }
 
+/// A pool `de` of two local-provider members expecting an exit in `country`, one of which may
+/// fail at a time (so a lone replacement is never held back).
+async fn create_pool_of_two_in(client: kube::Client, country: &str) {
+    let pool: ProxyPool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+        "metadata": {"name": "de"},
+        "spec": {
+            "replicas": 2, "maxUnhealthy": 1,
+            "template": {"spec": {"provider": "local", "exit": {"countries": [country]}}}
+        }
+    }))
+    .unwrap();
+    Api::<ProxyPool>::namespaced(client, "default")
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_enforce_a_pool_replaces_a_member_whose_exit_is_in_another_country() {
     if !tinyproxy_available() {
@@ -262,19 +280,7 @@ async fn under_enforce_a_pool_replaces_a_member_whose_exit_is_in_another_country
     let (_op, _) = start_probing(&cluster, &egress_testkit::pki().ca_pem, &health_url, &flags, &[]);
     let client = cluster.server.client().unwrap();
     let proxies: Api<Proxy> = Api::namespaced(client.clone(), "default");
-    let pool: ProxyPool = serde_json::from_value(serde_json::json!({
-        "apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
-        "metadata": {"name": "de"},
-        "spec": {
-            "replicas": 2, "maxUnhealthy": 1,
-            "template": {"spec": {"provider": "local", "exit": {"countries": ["DE"]}}}
-        }
-    }))
-    .unwrap();
-    Api::<ProxyPool>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap();
+    create_pool_of_two_in(client.clone(), "DE").await;
     let members = until_members(&proxies, "de", "two members verified in DE", |m| all_verified(m, 2)).await;
 
     // The databases move one member's exit to FR: the pool drains and replaces it.

@@ -199,8 +199,6 @@ async fn connect_proxy() -> String {
     addr
 }
 
-/// One row for `--proxies N` (default 1000), as `|`-separated cells. One process per size, so
-/// the memory figure of one size is not hidden in memory freed by another.
 /// What the exit check costs in steady state, at its default interval: the extra CPU and the
 /// probes lost per check in the windows above (where every first check fell), times the checks
 /// a second the interval makes (`n` / 600 s), as a share of the probing's CPU and rate.
@@ -218,10 +216,13 @@ fn at_default_interval(
     format!("+{cpu:.2} % CPU, -{rate:.2} % probes per second")
 }
 
-/// The warm-up before a window that starts later than the engine, and the window.
+/// The warm-up before a window that starts later than the engine.
 const WARMUP: Duration = Duration::from_secs(3);
+/// The window measured.
 const MEASURE: Duration = Duration::from_secs(10);
 
+/// One row for `--proxies N` (default 1000), as `|`-separated cells. One process per size, so
+/// the memory figure of one size is not hidden in memory freed by another.
 #[tokio::main]
 async fn main() {
     let n: usize = std::env::args()

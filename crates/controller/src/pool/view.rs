@@ -2,6 +2,7 @@
 //! spec with its defaults, the template hash, a new member Proxy, a member Proxy read into the
 //! decision's [`Member`], and the pool's status and conditions from its members.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use egress_api::{
@@ -140,6 +141,32 @@ pub struct Look<'a> {
     pub grace: Duration,
     /// Whether members whose exit was found wanting are kept from leases (and so replaced).
     pub exit_policy: ExitPolicy,
+    /// The members that hold a shared exit ([`exit_holders`]): not replaced for it.
+    pub exit_holders: &'a HashSet<String>,
+}
+
+/// Of the pool's `members` found Shared at one address, the one seen there first (then by name)
+/// holds it: it is not replaced for sharing, the others are. Replacing every one of them would
+/// leave the exit to nobody, and a newcomer landing on a member's exit would take out the
+/// member it lands on, again and again. (It still gets no lease under enforce while another
+/// shares its exit; it does again once the newcomer is replaced.)
+pub fn exit_holders(members: &[&Proxy]) -> HashSet<String> {
+    let mut first: HashMap<&str, (Timestamp, String)> = HashMap::new();
+    for p in members {
+        let shared = p
+            .condition(conditions::EXIT_VERIFIED)
+            .is_some_and(|c| c.status == ConditionStatus::False && c.reason == reasons::EXIT_SHARED);
+        let Some(exit) = p.status.as_ref().and_then(|s| s.exit.as_deref()).filter(|_| shared) else {
+            continue;
+        };
+        let seen = exit.observed_at.parse::<Timestamp>().unwrap_or(Timestamp::MAX);
+        let candidate = (seen, p.name_any());
+        first
+            .entry(exit.address.as_str())
+            .and_modify(|held| *held = std::cmp::min(held.clone(), candidate.clone()))
+            .or_insert(candidate);
+    }
+    first.into_values().map(|(_, name)| name).collect()
 }
 
 /// One member as the decision sees it, with its `leases`; `proven` when it has been Ready
@@ -152,9 +179,10 @@ pub fn member(proxy: &Proxy, role: PoolRole, leases: u32, proven: bool, look: &L
         .get(ANNOTATION_DRAINING_SINCE)
         .and_then(|t| t.parse::<Timestamp>().ok())
         .unwrap_or(now);
-    let exit_refused = crate::exit_policy::refused(proxy, look.exit_policy);
+    let name = proxy.name_any();
+    let exit_refused = crate::exit_policy::refused(proxy, look.exit_policy) && !look.exit_holders.contains(&name);
     Member {
-        name: proxy.name_any(),
+        name,
         role,
         current: proxy.labels().get(LABEL_POOL_TEMPLATE_HASH).map(String::as_str) == Some(look.hash),
         age: since(created, now),
@@ -473,11 +501,13 @@ mod tests {
         p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(0).unwrap()));
         let status = p.status.get_or_insert_with(Default::default);
         status.phase = Some(Phase::Ready);
+        let none = HashSet::new();
         let look = |exit_policy| Look {
             hash: "h",
             now: t.0,
             grace: Duration::from_secs(300),
             exit_policy,
+            exit_holders: &none,
         };
         let judged = |p: &Proxy, policy| member(p, PoolRole::Active, 0, true, &look(policy));
         let fine = judged(&p, ExitPolicy::Enforce);
@@ -510,6 +540,72 @@ mod tests {
         let desired = desired(&spec, false).unwrap();
         assert_eq!(drain_reason(&refused, &desired, false), "exit_refused");
         assert_eq!(drain_reason(&refused, &desired, true), "pool_deleted");
+    }
+
+    #[test]
+    fn of_members_sharing_an_exit_the_first_seen_holds_it_and_is_not_replaced() {
+        let t = Time(Timestamp::from_second(1000).unwrap());
+        let proxy = |name: &str, address: &str, seen: &str, reason: &str| {
+            let mut p = Proxy::new(name, ProxySpec::default());
+            let status = p.status.get_or_insert_with(Default::default);
+            status.phase = Some(Phase::Ready);
+            status.exit = Some(Box::new(egress_api::ExitStatus {
+                address: address.into(),
+                observed_at: seen.into(),
+                ..Default::default()
+            }));
+            let s = if reason == reasons::EXIT_VERIFIED {
+                ConditionStatus::True
+            } else {
+                ConditionStatus::False
+            };
+            crate::conditions::set_condition(
+                &mut status.conditions,
+                conditions::EXIT_VERIFIED,
+                s,
+                reason,
+                "",
+                None,
+                &t,
+            );
+            p
+        };
+        let (shared, other) = (reasons::EXIT_SHARED, reasons::EXIT_UNEXPECTED);
+        let members = [
+            proxy("old", "203.0.113.1", "2026-12-01T10:00:00Z", shared),
+            proxy("new", "203.0.113.1", "2026-12-07T10:00:00Z", shared),
+            proxy("b", "203.0.113.2", "2026-12-07T10:00:00Z", shared),
+            proxy("a", "203.0.113.2", "2026-12-07T10:00:00Z", shared),
+            proxy("abroad", "203.0.113.3", "2026-12-01T10:00:00Z", other),
+            proxy("alone", "203.0.113.4", "2026-12-01T10:00:00Z", reasons::EXIT_VERIFIED),
+        ];
+        let refs: Vec<&Proxy> = members.iter().collect();
+        let holders = exit_holders(&refs);
+        assert_eq!(
+            holders,
+            HashSet::from(["old".to_owned(), "a".to_owned()]),
+            "first seen, then by name"
+        );
+        let look = Look {
+            hash: "h",
+            now: t.0,
+            grace: Duration::from_secs(300),
+            exit_policy: ExitPolicy::Enforce,
+            exit_holders: &holders,
+        };
+        let failed: Vec<(String, bool)> = members
+            .iter()
+            .map(|p| (p.name_any(), member(p, PoolRole::Active, 0, true, &look).failed))
+            .collect();
+        let want = [
+            ("old", false),
+            ("new", true),
+            ("b", true),
+            ("a", false),
+            ("abroad", true),
+            ("alone", false),
+        ];
+        assert_eq!(failed, want.map(|(n, f)| (n.to_owned(), f)));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The exit verdict (pure): what a Proxy's exit check found, judged against the other Proxies'
-//! exits, the operator's own, and what the spec expects; and whether the Proxy is offered for
-//! leases under the policy (`--exit-policy`).
+//! exits, the operator's own, and what the spec expects. What each means for leases under
+//! `--exit-policy` is [`crate::exit_policy`]'s.
 //!
 //! ```text
 //!  no address ───────────────────────────────► Unknown          (offered)
@@ -17,8 +17,6 @@ use std::net::IpAddr;
 
 use egress_api::{ConditionStatus, reasons};
 
-use crate::exit_policy::ExitPolicy;
-
 /// What is known about one Proxy's exit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExitFacts<'a> {
@@ -34,30 +32,22 @@ pub struct ExitFacts<'a> {
     pub expected: &'a [String],
 }
 
-/// The `ExitVerified` condition of a Proxy, and whether enforcement keeps it from leases.
+/// The `ExitVerified` condition of a Proxy. A `False` one keeps it from leases under enforce
+/// ([`crate::exit_policy::refused`] reads the condition).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExitVerdict {
     pub status: ConditionStatus,
     pub reason: &'static str,
     pub message: String,
-    /// Shared, OperatorAddress or Unexpected: under `Enforce`, not offered.
-    pub refused: bool,
 }
 
 impl ExitVerdict {
     fn new(status: ConditionStatus, reason: &'static str, message: String) -> Self {
-        let refused = status == ConditionStatus::False;
         Self {
             status,
             reason,
             message,
-            refused,
         }
-    }
-
-    /// Whether the Proxy is offered for leases under `policy` (its health decides the rest).
-    pub fn offered(&self, policy: ExitPolicy) -> bool {
-        policy == ExitPolicy::Observe || !self.refused
     }
 }
 
@@ -167,12 +157,6 @@ mod tests {
         for (facts, reason, status) in cases {
             let verdict = judge(&facts);
             assert_eq!((verdict.reason, verdict.status), (reason, status), "{facts:?}");
-            assert!(verdict.offered(ExitPolicy::Observe));
-            assert_eq!(
-                verdict.offered(ExitPolicy::Enforce),
-                status != ConditionStatus::False,
-                "{facts:?}"
-            );
         }
     }
 

@@ -192,12 +192,19 @@ impl Snapshot {
     /// Forgets a proxy. Returns `None` when it had no entry; else the proxy it leaves alone at
     /// its exit, if any (no longer shared).
     pub(super) fn remove(&self, key: &ProxyKey) -> Option<Vec<Arc<ProxyKey>>> {
-        let mut inner = self.write();
+        let mut guard = self.write();
+        let inner = &mut *guard;
         let (key, entry) = inner.entries.remove_entry(key)?;
-        Some(match entry.exit.and_then(|e| e.ip()) {
+        let alone = match entry.exit.and_then(|e| e.ip()) {
             Some(ip) => inner.leave(ip, &key),
             None => Vec::new(),
-        })
+        };
+        for other in &alone {
+            if let Some(e) = inner.entries.get_mut(other) {
+                e.told_sharing = sharing_of(&inner.exits, e.exit.as_ref());
+            }
+        }
+        Some(alone)
     }
 }
 
@@ -295,8 +302,9 @@ mod tests {
         assert_eq!(names(s.set_exit(&k[2], at("203.0.113.2"))), ["c"]);
         assert_eq!(names(s.set_exit(&k[1], at("203.0.113.2"))), ["a", "b", "c"]);
         assert_eq!(s.sharing(one.parse().unwrap()), 1);
-        // c gone: b is alone.
+        // c gone: b is alone, and told so once.
         assert_eq!(names(s.remove(&k[2]).unwrap()), ["b"]);
+        assert!(s.set_exit(&k[1], at("203.0.113.2")).is_empty());
         assert_eq!(s.with_exit().len(), 2);
     }
 }
