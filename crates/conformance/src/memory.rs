@@ -136,29 +136,7 @@ impl ConformanceTarget for MemoryTarget {
             f(&mut p);
             p
         };
-        let classify_rows = [
-            (Fault::NotFound, ErrorClass::NotFound),
-            (Fault::Quota, ErrorClass::QuotaExceeded),
-            (Fault::RateLimit, ErrorClass::QuotaExceeded),
-            (Fault::Unauthenticated, ErrorClass::Permanent),
-            (Fault::PermissionDenied, ErrorClass::Permanent),
-            (Fault::BadRequest, ErrorClass::Permanent),
-            (Fault::Server5xx, ErrorClass::Transient),
-            (Fault::Timeout, ErrorClass::Transient),
-            (Fault::ConnectionReset, ErrorClass::Transient),
-            (Fault::Busy, ErrorClass::Transient),
-            (Fault::Raw("unexpected answer".to_owned()), ErrorClass::Transient),
-        ];
-        let mut classify_cases = ClassifyCase::rows(
-            classify_rows
-                .into_iter()
-                .map(|(fault, expected)| (format!("{fault:?}"), classify(&fault), expected)),
-        );
-        let io = std::io::Error::other("not from the backend");
-        classify_cases.push(ClassifyCase::not_a_backend_error(
-            "an io::Error, not a backend error",
-            &io,
-        ));
+        let classify_cases = classify_cases();
         Fixtures {
             malformed_ids: [
                 "",
@@ -222,4 +200,33 @@ impl ConformanceTarget for MemoryTarget {
             insecure_switch: None,
         }
     }
+}
+
+/// The classify table's cases: each fault as the backend answers it, and an error that is not
+/// the backend's.
+fn classify_cases() -> Vec<ClassifyCase> {
+    let classify_rows = [
+        (Fault::NotFound, ErrorClass::NotFound),
+        (Fault::Quota, ErrorClass::QuotaExceeded),
+        (Fault::RateLimit, ErrorClass::QuotaExceeded),
+        (Fault::Unauthenticated, ErrorClass::Permanent),
+        (Fault::PermissionDenied, ErrorClass::Permanent),
+        (Fault::BadRequest, ErrorClass::Permanent),
+        (Fault::Server5xx, ErrorClass::Transient),
+        (Fault::Timeout, ErrorClass::Transient),
+        (Fault::ConnectionReset, ErrorClass::Transient),
+        (Fault::Busy, ErrorClass::Transient),
+        (Fault::Raw("unexpected answer".to_owned()), ErrorClass::Transient),
+    ];
+    let mut classify_cases = ClassifyCase::rows(
+        classify_rows
+            .into_iter()
+            .map(|(fault, expected)| (format!("{fault:?}"), classify(&fault), expected)),
+    );
+    let io = std::io::Error::other("not from the backend");
+    classify_cases.push(ClassifyCase::not_a_backend_error(
+        "an io::Error, not a backend error",
+        &io,
+    ));
+    classify_cases
 }

@@ -197,15 +197,7 @@ async fn the_binary_starts_serves_and_stops_on_sigterm() {
     assert_eq!(anonymous.status(), 401);
     let envelope: serde_json::Value = anonymous.json().await.unwrap();
     assert_eq!(envelope["error"], "unauthorized");
-    let listed: serde_json::Value = http
-        .get(format!("http://{discovery}/v1/proxies"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = common::proxy_list(&discovery, &token).await;
     assert_eq!(listed["count"], 1, "{listed}");
     assert_eq!(listed["proxies"][0]["id"], "default/outside");
     assert_eq!(listed["proxies"][0]["healthy"], false);

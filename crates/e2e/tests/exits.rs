@@ -17,9 +17,11 @@ use common::{PATIENCE, cluster, external_spec, lease, start_probing};
 use egress_api::{ConditionStatus, Proxy, ProxyPool, conditions, reasons};
 use egress_testkit::echo::{Echo, EchoTarget};
 use egress_testkit::{Tinyproxy, tinyproxy_available};
+use futures::TryStreamExt as _;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
 
 /// Several exit checks of every proxy, at the shortest interval the flag allows.
 const EXIT_PATIENCE: Duration = Duration::from_secs(90);
@@ -137,15 +139,7 @@ async fn exits_are_verified_shared_or_the_operators_and_selectable_by_country() 
 
     // The list shows the exits; a country selects the proxies verified in it, and under
     // enforce the others are no candidates.
-    let list: serde_json::Value = reqwest::Client::new()
-        .get(format!("http://{discovery}/v1/proxies"))
-        .bearer_auth("crawler-token")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = common::proxy_list(&discovery, "crawler-token").await;
     let shown = |id: &str| {
         list["proxies"]
             .as_array()
@@ -187,29 +181,35 @@ async fn exits_are_verified_shared_or_the_operators_and_selectable_by_country() 
     assert!(PATIENCE <= EXIT_PATIENCE);
 }
 
-/// The members of pool `pool` that are not being deleted.
-async fn live_members(api: &Api<Proxy>, pool: &str) -> Vec<Proxy> {
-    let selector = format!("{}={pool}", egress_api::LABEL_POOL);
-    let mut all = api.list(&ListParams::default().labels(&selector)).await.unwrap().items;
-    all.retain(|p| p.metadata.deletion_timestamp.is_none());
-    all
-}
-
-/// Looks at pool `pool`'s live members (every 200 ms, at most [`EXIT_PATIENCE`]) until `done`
-/// holds for them, and returns them.
+/// Watches pool `pool`'s members that are not being deleted until `done` holds for them (at
+/// most [`EXIT_PATIENCE`]), and returns them.
 async fn until_members(api: &Api<Proxy>, pool: &str, what: &str, done: impl Fn(&[Proxy]) -> bool) -> Vec<Proxy> {
-    let deadline = tokio::time::Instant::now() + EXIT_PATIENCE;
-    loop {
-        let members = live_members(api, pool).await;
-        if done(&members) {
-            return members;
+    let selector = format!("{}={pool}", egress_api::LABEL_POOL);
+    let (store, writer) = kube::runtime::reflector::store();
+    let events = kube::runtime::reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default().labels(&selector)),
+    );
+    let live = || -> Vec<Proxy> {
+        let all = store.state().into_iter().map(|p| Proxy::clone(&p));
+        all.filter(|p| p.metadata.deletion_timestamp.is_none()).collect()
+    };
+    let wait = async {
+        let mut events = std::pin::pin!(events);
+        while events.try_next().await.unwrap().is_some() {
+            let members = live();
+            if done(&members) {
+                return members;
+            }
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
+        panic!("{pool}: the watch ended");
+    };
+    match tokio::time::timeout(EXIT_PATIENCE, wait).await {
+        Ok(members) => members,
+        Err(_) => panic!(
             "{pool}: not {what} within {EXIT_PATIENCE:?}: {:#?}",
-            members.iter().map(|p| (p.name_any(), &p.status)).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+            live().iter().map(|p| (p.name_any(), &p.status)).collect::<Vec<_>>()
+        ),
     }
 }
 

@@ -19,15 +19,7 @@ async fn make_namespace(server: &egress_kube_testserver::TestServer, name: &str)
 
 /// The ids the discovery API lists.
 async fn listed(discovery: &str) -> Vec<String> {
-    let answer: serde_json::Value = reqwest::Client::new()
-        .get(format!("http://{discovery}/v1/proxies"))
-        .bearer_auth("crawler-token")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = common::proxy_list(discovery, "crawler-token").await;
     let mut ids: Vec<String> = answer["proxies"]
         .as_array()
         .unwrap()

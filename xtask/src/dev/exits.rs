@@ -3,7 +3,7 @@
 //! exit address in `kubectl get px -o wide`, as a person would.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use egress_api::Proxy;
@@ -19,20 +19,17 @@ pub(super) async fn wide_shows_exits(
     names: &[String],
     kubectl: &Path,
 ) -> Result<()> {
-    let deadline = Instant::now() + EXIT_BUDGET;
+    let deadline = tokio::time::Instant::now() + EXIT_BUDGET;
     let mut exits = Vec::new();
     for name in names {
-        let address = loop {
-            let proxy = api.get(name).await?;
-            if let Some(exit) = proxy.status.and_then(|s| s.exit) {
-                break exit.address;
-            }
-            if Instant::now() > deadline {
-                bail!("{name} has no exit after {EXIT_BUDGET:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        let has_exit = |p: Option<&Proxy>| p.and_then(|p| p.status.as_ref()).is_some_and(|s| s.exit.is_some());
+        let watched = kube::runtime::wait::await_condition(api.clone(), name, has_exit);
+        let proxy = match tokio::time::timeout_at(deadline, watched).await {
+            Ok(found) => found.with_context(|| format!("watching {name}"))?,
+            Err(_) => bail!("{name} has no exit after {EXIT_BUDGET:?}"),
         };
-        exits.push((name, address));
+        let address = proxy.and_then(|p| p.status).and_then(|s| s.exit).map(|e| e.address);
+        exits.push((name, address.context("an exit, as waited for")?));
     }
     let out = tokio::process::Command::new(kubectl)
         .args(["get", "px", "-o", "wide", "--request-timeout=20s"])

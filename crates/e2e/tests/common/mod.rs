@@ -395,6 +395,19 @@ pub async fn lease(discovery: &str, token: &str, body: &str) -> (u16, serde_json
     (status, answer.json().await.expect("a JSON answer"))
 }
 
+/// `GET /v1/proxies` from the discovery API at `discovery` with `token`: the list as JSON.
+pub async fn proxy_list(discovery: &str, token: &str) -> serde_json::Value {
+    reqwest::Client::new()
+        .get(format!("http://{discovery}/v1/proxies"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("the discovery API answers")
+        .json()
+        .await
+        .expect("a JSON answer")
+}
+
 /// The address a server logged it is serving on.
 pub fn served(line: &serde_json::Value) -> String {
     line["address"].as_str().expect("address").to_string()
