@@ -117,15 +117,21 @@ def assert_given_back(stack: Stack, leases: list[str]) -> None:
 # --- the local site --------------------------------------------------------------------
 
 
+#: The page a soft-banning site answers a banned peer with.
+CAPTCHA = "<html><body>CAPTCHA</body></html>"
+
+
 @dataclass
 class Site:
     """A site of `pages` pages linking to each other, on one or more ports of 127.0.0.1 (each
-    port another lease target). Answers 429 to peers in `banned`; with `ban_first`, the first
-    peer it sees is banned."""
+    port another lease target). Answers 429 to peers in `banned` (with `soft_ban`, a 200 page
+    holding only `CAPTCHA`, a ban no status shows); with `ban_first`, the first peer it sees is
+    banned."""
 
     pages: int = 12
     ports: int = 1
     ban_first: bool = False
+    soft_ban: bool = False
     banned: set[str] = field(default_factory=set)
     peers: dict[str, int] = field(default_factory=dict)
     _servers: list[ThreadingHTTPServer] = field(default_factory=list)
@@ -147,7 +153,7 @@ class Site:
             if self.ban_first and not self.banned:
                 self.banned.add(peer)
             if peer in self.banned:
-                return 429, "too many requests"
+                return (200, CAPTCHA) if self.soft_ban else (429, "too many requests")
         found = re.fullmatch(r"/page/(\d+)", path)
         if found is None or int(found[1]) >= self.pages:
             return 404, "no such page"

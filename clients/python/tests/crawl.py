@@ -21,6 +21,11 @@ from scrapy.http import Response
 from egress_proxies.scrapy import EgressProxyMiddleware
 
 
+def is_captcha(response: Response, request: Request) -> bool:
+    """The `EGRESS_RESPONSE_IS_BAN` hook for the site's soft ban (`Site.soft_ban`)."""
+    return b"CAPTCHA" in response.body
+
+
 class SiteSpider(Spider):
     name = "site"
 

@@ -162,3 +162,29 @@ def test_gateway_mode_routes_through_the_gateway_in_sessions(
     assert "127.0.0.1" not in site.peers
     log = (tmp_path / "crawl.log").read_text()
     assert stack.token not in log
+
+
+def test_in_gateway_mode_a_ban_only_the_crawl_sees_moves_its_session(
+    tmp_path: Path, stack: Stack, site: Site
+) -> None:
+    # A 200 page the hook calls a ban: the gateway sees nothing wrong, so only the
+    # middleware's report, on the request's own session and for the host the gateway leased
+    # for, moves the session off the banned proxy.
+    site.ban_first = True
+    site.soft_ban = True
+    site.start()
+    out = crawl(
+        tmp_path,
+        stack,
+        site,
+        EGRESS_GATEWAY_URL=stack.gateway,
+        EGRESS_LEASE_TTL=5,
+        EGRESS_RESPONSE_IS_BAN="crawl.is_captcha",
+    )
+    assert set(out["pages"]) == site.urls()
+    assert "egress/reports_unmatched" not in out["stats"]
+    # The one report moved the session: the page was sent again once, through another proxy,
+    # and the banned proxy was never asked again.
+    assert (out["stats"]["egress/bans"], out["stats"]["egress/retries"]) == (1, 1)
+    (banned,) = site.banned
+    assert site.peers[banned] == 1

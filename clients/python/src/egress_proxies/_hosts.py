@@ -57,11 +57,16 @@ def ban_result(status: int) -> Result:
 def target_of(url: str) -> str:
     """The lease target of a URL: its host, with the port when it is not the scheme's."""
     parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    if ":" in host:
-        host = f"[{host}]"
     default = {"http": 80, "https": 443}.get(parts.scheme)
+    host = host_of(url)
     return host if parts.port in (None, default) else f"{host}:{parts.port}"
+
+
+def host_of(url: str) -> str:
+    """A URL's host alone (an IPv6 address in brackets): the target the gateway leases for, so
+    the one a report on a gateway session must name to move it."""
+    host = (urlsplit(url).hostname or "").lower()
+    return f"[{host}]" if ":" in host else host
 
 
 def renew_at(lease: Lease, now: float) -> float:

@@ -2,8 +2,9 @@
 
 ```python
 DOWNLOADER_MIDDLEWARES = {"egress_proxies.scrapy.EgressProxyMiddleware": 600}
-EGRESS_API_URL = "http://127.0.0.1:8090"
+EGRESS_API_URL = "https://127.0.0.1:8090"
 EGRESS_TOKEN_FILE = "target/egress-dev/discovery-token"
+EGRESS_CA_FILE = "target/egress-dev/ca.pem"
 ```
 
 Priority 600 puts it after Scrapy's retry middleware (550) and before its proxy middleware
@@ -33,11 +34,12 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.settings import BaseSettings
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 
 from ._client import DEFAULT_TIMEOUT, AsyncClient, Result
 from ._errors import EgressError, NoMatch, UnknownSession
-from ._hosts import DEFAULT_NO_MATCH_WAIT, HostLeases, ban_result, target_of
+from ._hosts import DEFAULT_NO_MATCH_WAIT, HostLeases, ban_result, host_of, target_of
 from ._model import Lease
 
 log = logging.getLogger("egress_proxies")
@@ -49,6 +51,7 @@ DEFAULT_MAX_RETRIES = 3
 #: The request meta keys this middleware keeps its own state in.
 META_LEASE = "egress_lease"
 META_RETRIES = "egress_retries"
+META_SESSION = "egress_session"
 #: The reason a crawl closes with when no proxy could be leased.
 NO_MATCH_REASON = "egress_no_match"
 
@@ -150,7 +153,9 @@ class EgressProxyMiddleware:
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
         target = target_of(request.url)
         if self._gateway is not None:
-            request.meta["proxy"] = self._gateway_url(request)
+            session = self._session_of(request)
+            request.meta[META_SESSION] = session
+            request.meta["proxy"] = self._gateway_url(session)
             return
         try:
             lease = await self._leases.take(target)
@@ -202,11 +207,22 @@ class EgressProxyMiddleware:
 
     # --- what the methods share ---------------------------------------------------------
 
-    def _gateway_url(self, request: Request) -> str:
-        """The gateway with this request's session (one per download slot) and selector."""
+    def _session_of(self, request: Request) -> str:
+        """The gateway session of the request's download slot, the slot named as Scrapy's
+        downloader names it: it sets `download_slot` only after this middleware has seen the
+        request, so a name made from that meta key alone would differ between a request's
+        first try and its report."""
+        engine = self._crawler.engine
+        if engine is not None:
+            slot = engine.downloader.get_slot_key(request)
+        else:
+            slot = request.meta.get("download_slot") or urlparse_cached(request).hostname or ""
+        return session_name(self._session_prefix, str(slot))
+
+    def _gateway_url(self, session: str) -> str:
+        """The gateway with `session` and the selector in the username."""
         assert self._gateway is not None
-        slot = str(request.meta.get("download_slot") or target_of(request.url))
-        parts = [f"session={session_name(self._session_prefix, slot)}"]
+        parts = [f"session={session}"]
         if self._lease_ttl:
             parts.append(f"ttl={self._lease_ttl}")
         parts += [f"{k}={v}" for k, v in sorted(self._selector.items())]
@@ -226,20 +242,20 @@ class EgressProxyMiddleware:
         return self._is_ban is not None and self._is_ban(response, request)
 
     async def _report(self, request: Request, lease: Lease | None, result: Result) -> None:
-        target = target_of(request.url)
         if lease is not None:
             # Counted by the leases, as `egress/bans`.
-            await self._leases.ban(target, lease, result)
+            await self._leases.ban(target_of(request.url), lease, result)
             return
-        # Gateway mode: the gateway holds the lease; the session names it.
+        # Gateway mode: the gateway holds the lease; the session names it, and the gateway
+        # leased it for the host alone, the target the report must name to move the session.
         self._inc("bans")
-        slot = str(request.meta.get("download_slot") or target)
-        session = session_name(self._session_prefix, slot)
+        session = request.meta.get(META_SESSION) or self._session_of(request)
         try:
-            await self._api.report_session(session, result, target)
+            await self._api.report_session(session, result, host_of(request.url))
         except UnknownSession:
             # The session has no live lease: the gateway saw the ban too (a plain-HTTP answer)
             # and moved it, or its lease ended. Its next tunnel takes a fresh proxy anyway.
+            self._inc("reports_unmatched")
             log.debug("egress: session %s had already let its proxy go", session)
         except EgressError as e:
             self._inc("report_errors")
@@ -257,6 +273,7 @@ class EgressProxyMiddleware:
         again = request.replace(dont_filter=True)
         again.meta[META_RETRIES] = retries + 1
         again.meta.pop("proxy", None)
+        again.meta.pop(META_SESSION, None)
         again.headers.pop(b"Proxy-Authorization", None)
         return again
 
