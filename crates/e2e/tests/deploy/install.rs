@@ -94,7 +94,8 @@ fn the_install_steps_name_what_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     for doc in ["README.md", "docs/operations.md"] {
         let text = std::fs::read_to_string(root.join(doc)).unwrap();
-        for path in deploy_paths(&text) {
+        let copy = overlay_copy(doc, &text);
+        for path in deploy_paths(&text).into_iter().filter(|p| *p != copy) {
             assert!(root.join(&path).exists(), "{doc} names {path}, which does not exist");
         }
     }
@@ -136,6 +137,26 @@ fn the_install_steps_name_what_exists() {
         args.contains(&"--zap-devel=false".to_owned()),
         "the production logger: {args:?}"
     );
+}
+
+/// Where the install steps in `text` copy the overlay (`cp -r deploy/example DEST`), checked to
+/// work as written: beside deploy/example, so that the copy's `resources: ../default` still finds
+/// deploy/default, and applied by that path.
+fn overlay_copy(doc: &str, text: &str) -> String {
+    let (_, rest) = text
+        .split_once("cp -r deploy/example ")
+        .unwrap_or_else(|| panic!("{doc} copies deploy/example"));
+    let copy: String = rest.chars().take_while(|c| !c.is_whitespace() && *c != '`').collect();
+    assert_eq!(
+        Path::new(&copy).parent(),
+        Some(Path::new("deploy")),
+        "{doc}: the copy {copy} must sit beside deploy/example, or its ../default finds nothing"
+    );
+    assert!(
+        text.contains(&format!("apply --server-side -k {copy}\n")),
+        "{doc} applies {copy}"
+    );
+    copy
 }
 
 /// Every `deploy/...` path in `text` (up to a character that ends a path).
