@@ -336,16 +336,7 @@ mod tests {
         p.status = Some(ProxyStatus {
             phase: Some(Phase::Ready),
             latency_millis: Some(42),
-            conditions: vec![Condition {
-                type_: "Healthy".into(),
-                status: ConditionStatus::True,
-                observed_generation: None,
-                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                ),
-                reason: "ProbeSucceeded".into(),
-                message: String::new(),
-            }],
+            conditions: vec![condition("Healthy", ConditionStatus::True, "ProbeSucceeded")],
             ..Default::default()
         });
         let v = info(&p, Lookup::NotNeeded, ExitPolicy::Observe).unwrap();
@@ -372,6 +363,62 @@ mod tests {
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
         assert_eq!(info(&p, Lookup::NotNeeded, ExitPolicy::Observe), None);
+    }
+
+    fn condition(type_: &str, status: ConditionStatus, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status,
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            reason: reason.into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn only_a_verified_exit_is_selectable_and_only_enforce_keeps_a_refused_one_from_leases() {
+        use egress_api::{ExitStatus, conditions, reasons};
+        let mut p = Proxy::new("out", ProxySpec::default());
+        p.metadata.namespace = Some("ns".into());
+        let with_exit = |p: &mut Proxy, status: ConditionStatus, reason: &str| {
+            p.status = Some(ProxyStatus {
+                phase: Some(Phase::Ready),
+                exit: Some(Box::new(ExitStatus {
+                    address: "203.0.113.7".into(),
+                    observed_at: "2026-12-07T00:00:00Z".into(),
+                    country: Some("DE".into()),
+                    asn: Some(64500),
+                    organization: Some("Example".into()),
+                })),
+                conditions: vec![condition(conditions::EXIT_VERIFIED, status, reason)],
+                ..Default::default()
+            });
+        };
+        with_exit(&mut p, ConditionStatus::True, reasons::EXIT_VERIFIED);
+        let v = info(&p, Lookup::NotNeeded, ExitPolicy::Enforce).unwrap();
+        assert_eq!(v.attributes[EXIT_COUNTRY_KEY], "DE");
+        assert_eq!(v.attributes[EXIT_ASN_KEY], "64500");
+        assert!(v.offered);
+        // Shared: listed with its exit and why, never selectable by it; leased under observe only.
+        with_exit(&mut p, ConditionStatus::False, reasons::EXIT_SHARED);
+        for policy in [ExitPolicy::Observe, ExitPolicy::Enforce] {
+            let v = info(&p, Lookup::NotNeeded, policy).unwrap();
+            assert!(!v.attributes.contains_key(EXIT_COUNTRY_KEY), "{policy:?}");
+            assert!(!v.attributes.contains_key(EXIT_ASN_KEY), "{policy:?}");
+            let exit = v.exit.expect("the exit is listed");
+            assert_eq!(
+                (exit.verification.as_str(), exit.country.as_deref()),
+                ("Shared", Some("DE"))
+            );
+            assert_eq!(v.offered, policy == ExitPolicy::Observe, "{policy:?}");
+        }
+        // Unknown (the echo failed) keeps it offered under either policy, still not selectable.
+        with_exit(&mut p, ConditionStatus::Unknown, reasons::EXIT_UNKNOWN);
+        let v = info(&p, Lookup::NotNeeded, ExitPolicy::Enforce).unwrap();
+        assert!(v.offered && !v.attributes.contains_key(EXIT_COUNTRY_KEY));
     }
 
     #[test]

@@ -769,7 +769,7 @@ const OPERATOR_FLAGS: &[Flag<Options>] = &[
         "exit-policy",
         Kind::Text,
         "observe",
-        "observe: a proxy whose exit is Shared, the operator's own or Unexpected is still leased (its ExitVerified condition says so); enforce: it is not.",
+        "observe: a proxy whose exit is Shared, the operator's own or Unexpected is still leased (its ExitVerified condition says so); enforce: it is not, and a ProxyPool replaces it.",
         |o, value| {
             use egress_controller::exit_policy::ExitPolicy;
             o.exit_policy = match value {

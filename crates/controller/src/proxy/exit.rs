@@ -107,7 +107,7 @@ mod tests {
     }
 
     #[test]
-    fn each_finding_has_its_reason_and_only_refusals_are_kept_from_leases_under_enforce() {
+    fn each_finding_has_its_reason_and_status_operator_address_before_shared() {
         let ip: IpAddr = "203.0.113.7".parse().unwrap();
         let de = ["DE".to_owned()];
         let fr = ["FR".to_owned(), "BE".to_owned()];
