@@ -178,7 +178,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     let hash = template_hash(&pool.spec.template);
     let policy = pool.spec.autoscale.as_ref().map(Policy::from_spec).transpose();
     let asked = desired(&pool.spec, p.deleting).and_then(|d| policy.clone().map(|_| d));
-    let exit_holders = exit_holders(&found.live);
+    let exit_holders = exit_holders(&found.live, cached.iter().map(AsRef::as_ref));
     let look = Look {
         hash: &hash,
         now: p.now,
