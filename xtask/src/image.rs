@@ -22,8 +22,14 @@ pub(crate) const REPOSITORY: &str = "localhost/egress-proxies-operator";
 /// The base the Dockerfile's runtime stage names.
 const BASE: &str = "docker.io/library/debian:bookworm-slim";
 /// The Debian packages the build needs: podman and what it runs with, mmdebstrap for the base,
-/// binutils' strip for the binaries.
-pub(crate) const PACKAGES: &[&str] = &["podman", "runc", "catatonit", "mmdebstrap", "binutils"];
+/// binutils' strip for the binaries, skopeo to read the archive back as a registry push would.
+pub(crate) const PACKAGES: &[&str] = &["podman", "runc", "catatonit", "mmdebstrap", "binutils", "skopeo"];
+/// The licence files the image must carry: the Rust crates' list, and a Debian copyright file
+/// of a library the runtime layer adds.
+const LICENCE_FILES: &[&str] = &[
+    "/usr/share/doc/egress-proxies-operator/rust-crates.tsv",
+    "/usr/share/doc/libvirt0/copyright",
+];
 /// The binaries the image ships.
 const BINARIES: &[&str] = &["egress-operator", "egress-gateway"];
 
@@ -83,7 +89,25 @@ pub(crate) fn build(root: &Path, release: bool, tag: &str) -> Result<Built> {
             .arg(&archive)
             .arg(&image),
     )?;
+    copies_with_skopeo(root, &archive)?;
     Ok(Built { image, archive })
+}
+
+/// The archive read back whole by skopeo, as the install guide's `skopeo copy oci-archive:...
+/// docker://REGISTRY/...` reads it (every blob against its digest), into a directory: no
+/// registry runs here.
+fn copies_with_skopeo(root: &Path, archive: &Path) -> Result<()> {
+    let copy = dir(root).join("skopeo-copy");
+    let _ = std::fs::remove_dir_all(&copy);
+    let copied = checked(
+        Command::new("skopeo")
+            .args(["copy", "--quiet"])
+            .arg(format!("oci-archive:{}", archive.display()))
+            .arg(format!("dir:{}", copy.display())),
+    )
+    .context("skopeo does not take the archive");
+    let _ = std::fs::remove_dir_all(&copy);
+    copied.map(drop)
 }
 
 /// The build context: the binaries (debug sections stripped: they only cost size) and the
@@ -162,8 +186,8 @@ fn ensure_base(root: &Path) -> Result<()> {
 }
 
 /// Prints the image's size and the Debian packages its runtime layer adds to the base, and
-/// checks that the operator starts in it (its shared libraries are there): `-version` prints
-/// the commit it was built from.
+/// checks that the operator and the gateway start in it (their shared libraries are there:
+/// `-version` prints the commit they were built from) and that it carries its licences.
 pub(crate) fn describe(root: &Path, built: &Built) -> Result<()> {
     let size = text(checked(
         podman(root)
@@ -183,6 +207,29 @@ pub(crate) fn describe(root: &Path, built: &Built) -> Result<()> {
             .arg("-version"),
     )
     .context("the operator does not start in the image")?;
+    checked(
+        podman(root)
+            .args([
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "--entrypoint",
+                "/usr/local/bin/egress-gateway",
+            ])
+            .arg(&built.image)
+            .arg("-version"),
+    )
+    .context("the gateway does not start in the image")?;
+    for file in LICENCE_FILES {
+        checked(
+            podman(root)
+                .args(["run", "--rm", "--network", "none", "--entrypoint", "test"])
+                .arg(&built.image)
+                .args(["-s", file]),
+        )
+        .with_context(|| format!("the image lacks {file}"))?;
+    }
     println!(
         "xtask: image {} ({} MB; the operator of commit {}), archive {}",
         built.image,

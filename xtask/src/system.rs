@@ -34,6 +34,7 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     "catatonit",
     "mmdebstrap",
     "binutils",
+    "skopeo",
 ];
 
 /// Packages whose install starts a system service the tests do not want: Debian's squid

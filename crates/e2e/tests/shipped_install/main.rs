@@ -100,7 +100,7 @@ async fn the_shipped_manager_runs_from_the_image() {
     std::fs::write(&file, play::file_text(&documents)).unwrap();
     let played = pod::Played::play(&file, DEPLOYMENT, "manager", named_volumes(&deployment));
 
-    probes_answer().await;
+    probes_answer(&deployment).await;
     security_context_holds(&played);
     let ca = discovery_ca(&server).await;
     token_rotation_is_followed(&ca, &mut token).await;
@@ -293,10 +293,15 @@ async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 }
 
 /// The liveness and readiness probes, asked as the Deployment tells the kubelet to ask them.
-async fn probes_answer() {
-    for path in ["/healthz", "/readyz"] {
-        let url = format!("http://127.0.0.1:8081{path}");
-        eventually(&format!("GET {url} answers 200"), START_PATIENCE, || async {
+async fn probes_answer(deployment: &Value) {
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    for kind in ["livenessProbe", "readinessProbe"] {
+        let get = &container[kind]["httpGet"];
+        let (Some(path), Some(port)) = (get["path"].as_str(), get["port"].as_u64()) else {
+            panic!("the manager's {kind} is an httpGet on a numbered port: {get}");
+        };
+        let url = format!("http://127.0.0.1:{port}{path}");
+        eventually(&format!("{kind}: GET {url} answers 200"), START_PATIENCE, || async {
             let answer = reqwest::get(&url).await.ok()?;
             answer.status().is_success().then_some(())
         })
