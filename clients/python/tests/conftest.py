@@ -124,14 +124,15 @@ CAPTCHA = "<html><body>CAPTCHA</body></html>"
 @dataclass
 class Site:
     """A site of `pages` pages linking to each other, on one or more ports of 127.0.0.1 (each
-    port another lease target). Answers 429 to peers in `banned` (with `soft_ban`, a 200 page
-    holding only `CAPTCHA`, a ban no status shows); with `ban_first`, the first peer it sees is
-    banned."""
+    port another lease target). Answers `ban_status` to peers in `banned` (200: a page holding
+    only `CAPTCHA`, a ban no status shows); with `ban_first`, the first peer it sees is banned,
+    with `ban_every`, every peer."""
 
     pages: int = 12
     ports: int = 1
     ban_first: bool = False
-    soft_ban: bool = False
+    ban_every: bool = False
+    ban_status: int = 429
     banned: set[str] = field(default_factory=set)
     peers: dict[str, int] = field(default_factory=dict)
     _servers: list[ThreadingHTTPServer] = field(default_factory=list)
@@ -150,10 +151,10 @@ class Site:
     def answer(self, peer: str, path: str) -> tuple[int, str]:
         with self._lock:
             self.peers[peer] = self.peers.get(peer, 0) + 1
-            if self.ban_first and not self.banned:
+            if self.ban_every or (self.ban_first and not self.banned):
                 self.banned.add(peer)
             if peer in self.banned:
-                return (200, CAPTCHA) if self.soft_ban else (429, "too many requests")
+                return self.ban_status, CAPTCHA if self.ban_status == 200 else "refused"
         found = re.fullmatch(r"/page/(\d+)", path)
         if found is None or int(found[1]) >= self.pages:
             return 404, "no such page"

@@ -95,6 +95,28 @@ def test_a_banned_proxy_is_reported_cooled_down_and_the_crawl_goes_on(
                 api.release(lease.lease_id)
 
 
+def test_the_ban_statuses_are_the_settings_and_a_request_banned_everywhere_gives_up(
+    tmp_path: Path, stack: Stack, site: Site
+) -> None:
+    site.ban_every = True
+    site.ban_status = 503
+    site.start()
+    out = crawl(tmp_path, stack, site, EGRESS_BAN_STATUSES=[503], EGRESS_MAX_RETRIES=1)
+    # Reported on the first proxy and on the one it was sent again through, then given up:
+    # the 503 goes to the spider (Scrapy's error middleware keeps it from parse), and Scrapy's
+    # retry middleware, which retries a 503 by default, leaves it alone.
+    stats = out["stats"]
+    assert (stats["egress/bans"], stats["egress/retries"], stats["egress/retries_exhausted"]) == (
+        2,
+        1,
+        1,
+    )
+    assert "retry/count" not in stats
+    assert out["pages"] == []
+    assert len(site.banned) == 2
+    assert_given_back(stack, out["leases"])
+
+
 def test_no_matching_proxy_ends_the_crawl_with_a_clear_error(
     tmp_path: Path, stack: Stack, site: Site
 ) -> None:
@@ -171,7 +193,7 @@ def test_in_gateway_mode_a_ban_only_the_crawl_sees_moves_its_session(
     # middleware's report, on the request's own session and for the host the gateway leased
     # for, moves the session off the banned proxy.
     site.ban_first = True
-    site.soft_ban = True
+    site.ban_status = 200
     site.start()
     out = crawl(
         tmp_path,
