@@ -207,6 +207,19 @@ fn table(f: &Figures) -> Table {
         format!("{}; {}", added(f, "alone_", "held"), added(f, "alone_", "own")),
         "",
     );
+    let share = text(f, "paced_share_pct");
+    row(
+        format!(
+            "{clients} clients paced to {share} % of (a)'s requests per second in all (the cores not kept busy): (a) / (b) requests/s, p50 / p99"
+        ),
+        format!("{}; {}", route(f, "paced_direct"), route(f, "paced_held")),
+        "",
+    );
+    row(
+        "paced: (b) added over (a) p50 / p99".to_owned(),
+        added(f, "paced_", "held"),
+        "",
+    );
     other_rows(f, &mut row);
     t
 }
@@ -254,7 +267,8 @@ fn setup(f: &Figures) -> String {
          leases are) in front of an HTTPS target in the bench's process, all on loopback and \
          sharing the machine's cores; {clients} clients each opening a new tunnel, TLS to the \
          target, `GET`, the answer read, closed, again and again for {measure} s per route, after \
-         one request of each client by each route; then one client for {alone} s per route; the \
+         one request of each client by each route; then one client for {alone} s per route; then \
+         (a) and (b) for {measure} s each with the clients paced to {share} % of (a)'s rate; the \
          long tunnel read for {stream} s, {rounds} times per path taking turns, \
          the median; the {idle} idle tunnels through the gateway to a bench-only in-process \
          CONNECT backend (it answers 200 and holds the tunnel without dialling the destination, \
@@ -264,6 +278,7 @@ fn setup(f: &Figures) -> String {
         clients = text(f, "clients"),
         measure = text(f, "measure_s"),
         alone = text(f, "alone_s"),
+        share = text(f, "paced_share_pct"),
         stream = text(f, "stream_s"),
         rounds = text(f, "stream_rounds"),
         idle = num(f, "idle_tunnels").map_or("?".to_owned(), |n| report::count(n as u64)),
@@ -280,12 +295,14 @@ mod tests {
             "clients=64\ndirect_per_s=1234\ndirect_p50_ms=10.00\ndirect_p99_ms=20.00\ndirect_errors=0\n\
              held_per_s=1000\nheld_p50_ms=10.50\nheld_p99_ms=21.25\nheld_errors=1\n\
              alone_direct_p50_ms=1.00\nalone_direct_p99_ms=2.00\nalone_held_p50_ms=1.25\n\
+             paced_share_pct=25\npaced_direct_p50_ms=5.00\npaced_direct_p99_ms=9.00\n\
+             paced_held_p50_ms=5.40\npaced_held_p99_ms=9.75\n\
              stream_direct_mibs=1000.0\nstream_gateway_mibs=850.0\nidle_tunnels=1000\n\
              rss_before_kib=10240\nrss_open_kib=30720\nidle_opened=1000\nnoise\n",
         );
         let md = table(&f).markdown();
         let rows: Vec<&str> = md.lines().collect();
-        assert_eq!(rows.len(), 16);
+        assert_eq!(rows.len(), 18);
         assert!(rows[2].contains("64 clients"), "{}", rows[2]);
         assert!(
             rows[2].contains("| 1 234/s, 10.00 ms / 20.00 ms (0 failed) |"),
@@ -299,8 +316,10 @@ mod tests {
         );
         assert!(rows[5].contains("| ?/s, ? ms / ? ms (? failed) |"), "{}", rows[5]);
         assert!(rows[11].contains("| +0.25 ms / ?; ? / ? |"), "{}", rows[11]);
-        assert!(rows[13].contains("| 85 % | at least 80 % |"), "{}", rows[13]);
-        assert!(rows[14].contains("with 1 000 idle"), "{}", rows[14]);
-        assert!(rows[15].contains("| 20.0 MiB (≈ 20.5 KiB a tunnel) |"), "{}", rows[15]);
+        assert!(rows[12].contains("paced to 25 %"), "{}", rows[12]);
+        assert!(rows[13].contains("| +0.40 ms / +0.75 ms |"), "{}", rows[13]);
+        assert!(rows[15].contains("| 85 % | at least 80 % |"), "{}", rows[15]);
+        assert!(rows[16].contains("with 1 000 idle"), "{}", rows[16]);
+        assert!(rows[17].contains("| 20.0 MiB (≈ 20.5 KiB a tunnel) |"), "{}", rows[17]);
     }
 }

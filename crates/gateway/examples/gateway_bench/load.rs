@@ -1,8 +1,10 @@
 //! The request bench: [`CLIENTS`] clients each opening a new tunnel and making one small HTTPS
 //! request through it, again and again for [`MEASURE`], by one of three routes over the same
 //! tinyproxies; then one client alone by each route for [`ALONE`] (no queueing: the latency a
-//! route adds to one request). While the gateway's routes run, one more client times the
-//! discovery API's calls the gateway makes for them, and the gateway's CPU time is read.
+//! route adds to one request); then the direct route and the held sessions again with the
+//! clients paced to [`PACED_SHARE`] of the direct route's rate. While the gateway's routes run
+//! loaded, one more client times the discovery API's calls the gateway makes for them, and the
+//! gateway's CPU time is read.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -19,6 +21,10 @@ pub(crate) const CLIENTS: usize = 64;
 pub(crate) const MEASURE: Duration = Duration::from_secs(10);
 /// How long each route is measured with one client.
 pub(crate) const ALONE: Duration = Duration::from_secs(5);
+/// The share of the direct route's loaded rate the paced runs ask for in all: enough clients
+/// at once that they overlap, few enough requests that the cores have time to spare, so a
+/// route's latency is its own work and not mostly the wait for a core.
+pub(crate) const PACED_SHARE: f64 = 0.25;
 /// The pause between two samples of the API probe: it samples the API under the gateway's load
 /// without adding much of its own (at most 100 a second).
 const PROBE_PAUSE: Duration = Duration::from_millis(10);
@@ -95,8 +101,13 @@ enum Until {
     Elapsed(Duration),
 }
 
+/// When each client of a run sends its requests: as soon as the last one is answered, or one
+/// every `Some(interval)` (the clients' starts spread over one interval; a client whose request
+/// took longer goes again at once).
+type Pace = Option<Duration>;
+
 /// `clients` clients' requests by `route` (clients `0..clients`).
-async fn run(world: &World, route: Route, clients: usize, until: Until) -> Samples {
+async fn run(world: &World, route: Route, clients: usize, until: Until, pace: Pace) -> Samples {
     let started = Instant::now();
     let mut running = tokio::task::JoinSet::new();
     for i in 0..clients {
@@ -105,11 +116,16 @@ async fn run(world: &World, route: Route, clients: usize, until: Until) -> Sampl
         running.spawn(async move {
             let mut samples = Samples::default();
             let mut done = 0;
+            let mut next = pace.map(|p| tokio::time::Instant::from_std(started) + p * i as u32 / clients as u32);
             while match until {
                 Until::Rounds(n) => done < n,
                 Until::Elapsed(d) => started.elapsed() < d,
             } {
                 done += 1;
+                if let (Some(at), Some(interval)) = (next.as_mut(), pace) {
+                    tokio::time::sleep_until(*at).await;
+                    *at = (*at + interval).max(tokio::time::Instant::now());
+                }
                 let t = Instant::now();
                 match https_request(proxy, &auth, target, &tls).await {
                     Ok(()) => samples.sorted.push(t.elapsed()),
@@ -189,6 +205,9 @@ pub(crate) struct RouteFigures {
     pub(crate) loaded: Samples,
     /// With one client.
     pub(crate) alone: Samples,
+    /// With [`CLIENTS`] clients paced to [`PACED_SHARE`] of the direct route's loaded rate
+    /// (none for a lease per tunnel).
+    pub(crate) paced: Samples,
     /// The gateway's CPU time per successful request of the loaded run, in milliseconds.
     pub(crate) gateway_cpu_ms: f64,
     /// The API's calls for the route, sampled during the loaded run (none for the direct one).
@@ -201,7 +220,7 @@ async fn loaded(world: &World, route: Route) -> RouteFigures {
     let stop = CancellationToken::new();
     let probing = (route != Route::Direct).then(|| tokio::spawn(probe_api(world.api.clone(), route, stop.clone())));
     let cpu = world.gateway.cpu_seconds();
-    let samples = run(world, route, CLIENTS, Until::Elapsed(MEASURE)).await;
+    let samples = run(world, route, CLIENTS, Until::Elapsed(MEASURE), None).await;
     let cpu = world.gateway.cpu_seconds() - cpu;
     stop.cancel();
     let api = match probing {
@@ -212,6 +231,7 @@ async fn loaded(world: &World, route: Route) -> RouteFigures {
         gateway_cpu_ms: cpu * 1e3 / samples.sorted.len().max(1) as f64,
         loaded: samples,
         alone: Samples::default(),
+        paced: Samples::default(),
         api,
     }
 }
@@ -221,7 +241,7 @@ async fn loaded(world: &World, route: Route) -> RouteFigures {
 /// each route loaded; then each route with one client.
 pub(crate) async fn measure(world: &World) -> Vec<RouteFigures> {
     for route in ROUTES {
-        let warm = run(world, route, CLIENTS, Until::Rounds(1)).await;
+        let warm = run(world, route, CLIENTS, Until::Rounds(1), None).await;
         if let Some(e) = &warm.first_error {
             eprintln!("gateway bench: warm-up {route:?}: {} failed, e.g. {e}", warm.errors);
         }
@@ -236,7 +256,13 @@ pub(crate) async fn measure(world: &World) -> Vec<RouteFigures> {
     }
     eprintln!("gateway bench: one client, {ALONE:?} per route");
     for (route, f) in ROUTES.into_iter().zip(&mut figures) {
-        f.alone = run(world, route, 1, Until::Elapsed(ALONE)).await;
+        f.alone = run(world, route, 1, Until::Elapsed(ALONE), None).await;
+    }
+    let rate = figures[0].loaded.per_second() * PACED_SHARE;
+    let interval = Duration::from_secs_f64(CLIENTS as f64 / rate.max(1.0));
+    eprintln!("gateway bench: {CLIENTS} clients paced to {rate:.0} requests a second in all");
+    for (route, f) in ROUTES.into_iter().zip(&mut figures).take(2) {
+        f.paced = run(world, route, CLIENTS, Until::Elapsed(MEASURE), Some(interval)).await;
     }
     figures
 }

@@ -6,7 +6,8 @@
 //! 1. a new tunnel plus one small HTTPS request, [`load::CLIENTS`] clients at once: directly
 //!    through tinyproxy, through the gateway on held sessions, through the gateway with a lease
 //!    per tunnel; the discovery API's calls for the last two timed from the bench side, and the
-//!    gateway's CPU time per request; then the same with one client ([`load`]);
+//!    gateway's CPU time per request; then the same with one client; then the direct route and
+//!    the held sessions with the clients paced to a share of the direct rate ([`load`]);
 //! 2. one long tunnel's throughput through the gateway against directly through the same
 //!    tinyproxy ([`stream`]);
 //! 3. the gateway's resident memory with 1 000 idle tunnels open through it ([`idle`]).
@@ -47,6 +48,7 @@ async fn main() {
         ("proxies", PROXIES.to_string()),
         ("measure_s", load::MEASURE.as_secs().to_string()),
         ("alone_s", load::ALONE.as_secs().to_string()),
+        ("paced_share_pct", format!("{:.0}", load::PACED_SHARE * 100.0)),
         ("stream_s", stream::STREAM_FOR.as_secs().to_string()),
         ("stream_rounds", stream::ROUNDS.to_string()),
         ("idle_tunnels", idle::IDLE_TUNNELS.to_string()),
@@ -56,6 +58,9 @@ async fn main() {
     for (name, route) in ["direct", "held", "own"].into_iter().zip(&routes) {
         out.extend(figures(name, &route.loaded));
         out.extend(figures(&format!("alone_{name}"), &route.alone));
+        if !route.paced.sorted.is_empty() || route.paced.errors > 0 {
+            out.extend(figures(&format!("paced_{name}"), &route.paced));
+        }
         out.push((format!("{name}_gateway_cpu_ms"), format!("{:.3}", route.gateway_cpu_ms)));
     }
     out.extend(figures("session_acquire", &routes[1].api.acquire));
