@@ -25,6 +25,7 @@ pub mod member;
 pub mod metrics;
 pub mod pass;
 pub mod remediation;
+pub mod shared_exit;
 pub mod view;
 mod watch;
 pub mod writes;

@@ -48,7 +48,8 @@ use crate::pool::decide::{Desired, Plan, plan};
 use crate::pool::member::Member;
 use crate::pool::metrics::{PoolLabels, PoolMetrics, ScaleLabels};
 use crate::pool::remediation::{DEFAULT_STARTUP_GRACE, Gate};
-use crate::pool::view::{Look, at_rest, counts, desired, exit_holders, set_conditions, template_hash};
+use crate::pool::shared_exit;
+use crate::pool::view::{Look, at_rest, counts, desired, set_conditions, template_hash};
 use crate::pool::watch::{HealthWatches, Watched};
 use crate::pool::writes::{CreateFailures, Expected, MAX_WRITES, PoolError, Writer, kube_error, params};
 use crate::probe_target::ProbeTarget;
@@ -178,7 +179,7 @@ async fn pass(pool: &ProxyPool, ctx: &PoolContext, span: &tracing::Span) -> Resu
     let hash = template_hash(&pool.spec.template);
     let policy = pool.spec.autoscale.as_ref().map(Policy::from_spec).transpose();
     let asked = desired(&pool.spec, p.deleting).and_then(|d| policy.clone().map(|_| d));
-    let exit_holders = exit_holders(&found.live, cached.iter().map(AsRef::as_ref));
+    let exit_holders = shared_exit::holders(&found.live, cached.iter().map(AsRef::as_ref));
     let look = Look {
         hash: &hash,
         now: p.now,
