@@ -238,7 +238,8 @@ async fn loaded(world: &World, route: Route) -> RouteFigures {
 
 /// The three routes: each client's first tunnel by each route made before any timing (so the
 /// held sessions hold their lease, and every path's connections and caches are warm); then
-/// each route loaded; then each route with one client.
+/// each route loaded; then each route with one client; then the direct route and the held
+/// sessions with the clients paced ([`PACED_SHARE`]).
 pub(crate) async fn measure(world: &World) -> Vec<RouteFigures> {
     for route in ROUTES {
         let warm = run(world, route, CLIENTS, Until::Rounds(1), None).await;
