@@ -125,14 +125,15 @@ CAPTCHA = "<html><body>CAPTCHA</body></html>"
 class Site:
     """A site of `pages` pages linking to each other, on one or more ports of 127.0.0.1 (each
     port another lease target). Answers `ban_status` to peers in `banned` (200: a page holding
-    only `CAPTCHA`, a ban no status shows); with `ban_first`, the first peer it sees is banned,
-    with `ban_every`, every peer."""
+    only `CAPTCHA`, a ban no status shows), or with `hang`, no answer for that many seconds;
+    with `ban_first`, the first peer it sees is banned, with `ban_every`, every peer."""
 
     pages: int = 12
     ports: int = 1
     ban_first: bool = False
     ban_every: bool = False
     ban_status: int = 429
+    hang: float = 0.0
     banned: set[str] = field(default_factory=set)
     peers: dict[str, int] = field(default_factory=dict)
     _servers: list[ThreadingHTTPServer] = field(default_factory=list)
@@ -153,8 +154,12 @@ class Site:
             self.peers[peer] = self.peers.get(peer, 0) + 1
             if self.ban_every or (self.ban_first and not self.banned):
                 self.banned.add(peer)
-            if peer in self.banned:
-                return self.ban_status, CAPTCHA if self.ban_status == 200 else "refused"
+            banned = peer in self.banned
+        if banned and self.hang:
+            # The site's behaviour towards that proxy, not a wait for anything.
+            time.sleep(self.hang)
+        if banned:
+            return self.ban_status, CAPTCHA if self.ban_status == 200 else "refused"
         found = re.fullmatch(r"/page/(\d+)", path)
         if found is None or int(found[1]) >= self.pages:
             return 404, "no such page"
@@ -169,11 +174,14 @@ class Site:
             def do_GET(self) -> None:
                 status, body = site.answer(self.client_address[0], self.path)
                 data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the proxy gave up on a hanging answer
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

@@ -117,6 +117,28 @@ def test_the_ban_statuses_are_the_settings_and_a_request_banned_everywhere_gives
     assert_given_back(stack, out["leases"])
 
 
+def test_a_request_that_times_out_through_a_proxy_is_reported_and_sent_through_another(
+    tmp_path: Path, stack: Stack, site: Site
+) -> None:
+    # The site never answers the first proxy it sees: the download times out (an exception,
+    # not an answer), which is reported on that proxy's lease for the site.
+    site.ban_first = True
+    site.hang = 20
+    site.start()
+    out = crawl(tmp_path, stack, site, DOWNLOAD_TIMEOUT=2)
+    assert set(out["pages"]) == site.urls()
+    stats = out["stats"]
+    assert (stats["egress/proxy_failures"], stats["egress/bans"], stats["egress/retries"]) == (
+        1,
+        1,
+        1,
+    )
+    assert "retry/count" not in stats
+    (hung,) = site.banned
+    assert site.peers[hung] == 1
+    assert_given_back(stack, out["leases"])
+
+
 def test_no_matching_proxy_ends_the_crawl_with_a_clear_error(
     tmp_path: Path, stack: Stack, site: Site
 ) -> None:
