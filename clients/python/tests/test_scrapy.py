@@ -123,9 +123,9 @@ def test_a_request_that_times_out_through_a_proxy_is_reported_and_sent_through_a
     # The site never answers the first proxy it sees: the download times out (an exception,
     # not an answer), which is reported on that proxy's lease for the site.
     site.ban_first = True
-    site.hang = 20
+    site.hang = 30
     site.start()
-    out = crawl(tmp_path, stack, site, DOWNLOAD_TIMEOUT=2)
+    out = crawl(tmp_path, stack, site, DOWNLOAD_TIMEOUT=5)
     assert set(out["pages"]) == site.urls()
     stats = out["stats"]
     assert (stats["egress/proxy_failures"], stats["egress/bans"], stats["egress/retries"]) == (
