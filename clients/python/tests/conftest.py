@@ -125,7 +125,7 @@ CAPTCHA = "<html><body>CAPTCHA</body></html>"
 class Site:
     """A site of `pages` pages linking to each other, on one or more ports of 127.0.0.1 (each
     port another lease target). Answers `ban_status` to peers in `banned` (200: a page holding
-    only `CAPTCHA`, a ban no status shows), or with `hang`, no answer for that many seconds;
+    only `CAPTCHA`, a ban no status shows), or with `hang`, no answer until the site stops;
     with `ban_first`, the first peer it sees is banned, with `ban_every`, every peer."""
 
     pages: int = 12
@@ -133,11 +133,12 @@ class Site:
     ban_first: bool = False
     ban_every: bool = False
     ban_status: int = 429
-    hang: float = 0.0
+    hang: bool = False
     banned: set[str] = field(default_factory=set)
     peers: dict[str, int] = field(default_factory=dict)
     _servers: list[ThreadingHTTPServer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopped: threading.Event = field(default_factory=threading.Event)
 
     def url(self, page: int = 0) -> str:
         port = self._servers[page % len(self._servers)].server_address[1]
@@ -156,8 +157,8 @@ class Site:
                 self.banned.add(peer)
             banned = peer in self.banned
         if banned and self.hang:
-            # The site's behaviour towards that proxy, not a wait for anything.
-            time.sleep(self.hang)
+            # Never answers that proxy while the test runs; the answer is let go at stop.
+            self._stopped.wait()
         if banned:
             return self.ban_status, CAPTCHA if self.ban_status == 200 else "refused"
         found = re.fullmatch(r"/page/(\d+)", path)
@@ -193,6 +194,7 @@ class Site:
             self._servers.append(server)
 
     def stop(self) -> None:
+        self._stopped.set()
         for server in self._servers:
             server.shutdown()
             server.server_close()

@@ -123,7 +123,7 @@ def test_a_request_that_times_out_through_a_proxy_is_reported_and_sent_through_a
     # The site never answers the first proxy it sees: the download times out (an exception,
     # not an answer), which is reported on that proxy's lease for the site.
     site.ban_first = True
-    site.hang = 30
+    site.hang = True
     site.start()
     out = crawl(tmp_path, stack, site, DOWNLOAD_TIMEOUT=5)
     assert set(out["pages"]) == site.urls()
