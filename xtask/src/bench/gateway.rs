@@ -192,6 +192,13 @@ fn table(f: &Figures) -> Table {
         format!("{}, {}", p50_p99(f, "acquire"), p50_p99(f, "release")),
         "",
     );
+    quiet_rows(f, &mut row);
+    other_rows(f, &mut row);
+    t
+}
+
+/// The rows where the cores are not kept busy: one client alone, and the clients paced.
+fn quiet_rows(f: &Figures, row: &mut impl FnMut(String, String, &str)) {
     row(
         "one client alone (no queueing): (a) / (b) / (c) p50 / p99".to_owned(),
         format!(
@@ -207,7 +214,7 @@ fn table(f: &Figures) -> Table {
         format!("{}; {}", added(f, "alone_", "held"), added(f, "alone_", "own")),
         "",
     );
-    let share = text(f, "paced_share_pct");
+    let (clients, share) = (text(f, "clients"), text(f, "paced_share_pct"));
     row(
         format!(
             "{clients} clients paced to {share} % of (a)'s requests per second in all (the cores not kept busy): (a) / (b) requests/s, p50 / p99"
@@ -220,8 +227,6 @@ fn table(f: &Figures) -> Table {
         added(f, "paced_", "held"),
         "",
     );
-    other_rows(f, &mut row);
-    t
 }
 
 /// The long tunnel's rows and the memory rows.
