@@ -200,41 +200,12 @@ pub(crate) fn describe(root: &Path, built: &Built) -> Result<()> {
         .into_iter()
         .filter(|p| !base.contains(p))
         .collect();
-    let commit = checked(
-        podman(root)
-            .args(["run", "--rm", "--network", "none"])
-            .arg(&built.image)
-            .arg("-version"),
-    )
-    .context("the operator does not start in the image")?;
-    checked(
-        podman(root)
-            .args([
-                "run",
-                "--rm",
-                "--network",
-                "none",
-                "--entrypoint",
-                "/usr/local/bin/egress-gateway",
-            ])
-            .arg(&built.image)
-            .arg("-version"),
-    )
-    .context("the gateway does not start in the image")?;
-    for file in LICENCE_FILES {
-        checked(
-            podman(root)
-                .args(["run", "--rm", "--network", "none", "--entrypoint", "test"])
-                .arg(&built.image)
-                .args(["-s", file]),
-        )
-        .with_context(|| format!("the image lacks {file}"))?;
-    }
+    let commit = starts_with_its_licences(root, &built.image)?;
     println!(
         "xtask: image {} ({} MB; the operator of commit {}), archive {}",
         built.image,
         size / 1_000_000,
-        text(commit).trim(),
+        commit,
         built.archive.display()
     );
     println!(
@@ -245,13 +216,36 @@ pub(crate) fn describe(root: &Path, built: &Built) -> Result<()> {
     Ok(())
 }
 
+/// The commit the operator in `image` was built from (its `-version`), once it and the gateway
+/// have started there (their shared libraries are in the image) and its licence files are found.
+fn starts_with_its_licences(root: &Path, image: &str) -> Result<String> {
+    let commit = run_in(root, image, None, &["-version"]).context("the operator does not start in the image")?;
+    run_in(root, image, Some("/usr/local/bin/egress-gateway"), &["-version"])
+        .context("the gateway does not start in the image")?;
+    for file in LICENCE_FILES {
+        run_in(root, image, Some("test"), &["-s", file]).with_context(|| format!("the image lacks {file}"))?;
+    }
+    Ok(text(commit).trim().to_owned())
+}
+
+/// `podman run` of `image` with no network, `entrypoint` in place of the image's own when given,
+/// and `args`; its output when it exits 0.
+fn run_in(root: &Path, image: &str, entrypoint: Option<&str>, args: &[&str]) -> Result<Output> {
+    let mut cmd = podman(root);
+    cmd.args(["run", "--rm", "--network", "none"]);
+    if let Some(entrypoint) = entrypoint {
+        cmd.args(["--entrypoint", entrypoint]);
+    }
+    checked(cmd.arg(image).args(args))
+}
+
 /// The Debian packages in `image`, as `name version`.
 fn packages(root: &Path, image: &str) -> Result<Vec<String>> {
-    let out = checked(
-        podman(root)
-            .args(["run", "--rm", "--network", "none", "--entrypoint", "dpkg-query"])
-            .arg(image)
-            .args(["-W", "-f=${binary:Package} ${Version}\\n"]),
+    let out = run_in(
+        root,
+        image,
+        Some("dpkg-query"),
+        &["-W", "-f=${binary:Package} ${Version}\\n"],
     )?;
     Ok(text(out).lines().map(str::to_owned).collect())
 }
